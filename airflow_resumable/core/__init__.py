@@ -1,0 +1,28 @@
+"""The core: checkpoint model, signal, chunk loop, lease, stores. It never imports Airflow."""
+
+from airflow_resumable.core.checkpoint import Checkpoint, Status
+from airflow_resumable.core.chunked import chunk_loop
+from airflow_resumable.core.context import RunContext, TransactionConnection
+from airflow_resumable.core.errors import (
+    Cancelled,
+    ConfigurationError,
+    CorruptCheckpoint,
+    InvalidCheckpoint,
+    LeaseBusy,
+    LeaseLost,
+    OverlapSkip,
+    OverlapWait,
+    ResumableError,
+    SchemaVersionError,
+    StoreUnavailable,
+)
+from airflow_resumable.core.runner import Attempt, Options, Outcome
+from airflow_resumable.core.signal import Reason, Signal
+from airflow_resumable.core.stores import PostgresStore, SQLiteStore, Store
+
+__all__ = [
+    "Attempt", "Cancelled", "Checkpoint", "ConfigurationError", "CorruptCheckpoint", "InvalidCheckpoint",
+    "LeaseBusy", "LeaseLost", "Options", "Outcome", "OverlapSkip", "OverlapWait", "PostgresStore",
+    "Reason", "ResumableError", "RunContext", "SQLiteStore", "SchemaVersionError", "Signal", "Status",
+    "Store", "StoreUnavailable", "TransactionConnection", "chunk_loop",
+]

@@ -1,0 +1,104 @@
+"""The chunked loop: a handler built from ``read`` and ``process``, for when the operator owns the loop.
+
+Each round reads up to ``chunk_size`` items after the current position, processes them, moves the
+position to the last item's key and saves the checkpoint; the signal is checked after the save
+(and before the next read), so a cancel stops at a consistent point with the last chunk saved.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from airflow_resumable.core.context import RunContext
+from airflow_resumable.core.errors import ConfigurationError
+
+ReadFn = Callable[[RunContext, Any, int], Sequence[Any]]
+ProcessFn = Callable[[RunContext, Sequence[Any]], Any]
+
+
+def default_key(item: Any) -> Any:
+    """The position of an item: ``item["id"]`` for a mapping, ``item[0]`` for a row tuple, else the item."""
+    if isinstance(item, Mapping):
+        if "id" not in item:
+            raise KeyError("the item has no 'id'; pass position=<function of an item> to ChunkedOperator")
+        return item["id"]
+    if isinstance(item, (tuple, list)):
+        return item[0]
+    return item
+
+
+def validate_chunked(*, read: Any, process: Any, chunk_size: Any, position: Any, total: Any, job: str | None = None) -> None:
+    """Raise :class:`ConfigurationError` naming every bad argument (at DAG parse time)."""
+    problems = []
+    if not callable(read):
+        problems.append(f"read must be callable as read(ctx, after, limit), got {type(read).__name__}")
+    if not callable(process):
+        problems.append(f"process must be callable as process(ctx, batch), got {type(process).__name__}")
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size <= 0:
+        problems.append(f"chunk_size must be a positive integer, got {chunk_size!r}")
+    if position is not None and not callable(position):
+        problems.append(f"position must be a function of the last item of a batch, got {type(position).__name__}")
+    if total is not None and not callable(total) and (isinstance(total, bool) or not isinstance(total, int) or total < 0):
+        problems.append(f"total must be a non-negative int or a function of ctx, got {total!r}")
+    if problems:
+        raise ConfigurationError("; ".join(problems), job=job, hint="Fix the task's arguments")
+
+
+def chunk_loop(
+    read: ReadFn,
+    process: ProcessFn,
+    *,
+    chunk_size: int,
+    position: Callable[[Any], Any] | None = None,
+    total: int | Callable[[RunContext], int | None] | None = None,
+    start: Any = None,
+) -> Callable[[RunContext], dict[str, Any]]:
+    """Build the handler that runs ``read``/``process`` chunk by chunk from the saved position.
+
+    Args:
+        read: ``read(ctx, after, limit)`` returns up to ``limit`` items after position ``after``
+            (``start`` on a fresh run), in position order. An empty batch ends the run.
+        process: ``process(ctx, batch)`` does the chunk's work: idempotently, or through
+            ``ctx.transaction()`` for exactly-once writes to the checkpoint database.
+        chunk_size: items per chunk: the worst-case cancel delay and ``items / chunk_size``
+            checkpoints.
+        position: the position of an item (default :func:`default_key`).
+        total: the expected item count, or a function of ``ctx`` computing it once per run.
+        start: the position before the first item.
+    """
+    validate_chunked(read=read, process=process, chunk_size=chunk_size, position=position, total=total)
+    key = position or default_key
+
+    def handler(ctx: RunContext) -> dict[str, Any]:
+        if ctx.total is None and total is not None:
+            ctx.total = total(ctx) if callable(total) else total
+        after = ctx.position if ctx.position is not None else start
+        chunks = 0
+        while True:
+            ctx.signal.raise_if_cancelled()
+            batch = read(ctx, after, chunk_size)
+            if not batch:
+                break
+            if len(batch) > chunk_size:
+                raise ConfigurationError(
+                    f"read returned {len(batch)} items for a limit of {chunk_size}",
+                    job=ctx.job,
+                    slot=ctx.slot,
+                    hint="read(ctx, after, limit) must return at most limit items",
+                )
+            process(ctx, batch)
+            new_after = key(batch[-1])
+            if new_after == after:
+                raise ConfigurationError(
+                    f"the position did not advance past {after!r}",
+                    job=ctx.job,
+                    slot=ctx.slot,
+                    hint="read must return only items after 'after', ordered by the position key",
+                )
+            after = new_after
+            chunks += 1
+            ctx.checkpoint(after, processed=ctx.processed + len(batch))
+        return {"chunks": chunks}
+
+    return handler

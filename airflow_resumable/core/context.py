@@ -1,0 +1,163 @@
+"""What a handler sees: the run context."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from airflow_resumable.core.checkpoint import Checkpoint, encode
+from airflow_resumable.core.signal import Signal
+
+if TYPE_CHECKING:
+    from airflow_resumable.core.runner import Attempt
+
+
+class TransactionConnection:
+    """The checkpoint database's connection, lent to the handler for one chunk's writes.
+
+    Whatever is written through it commits *together with* the next ``ctx.checkpoint()``, in the
+    same database transaction: a crash before the checkpoint loses both, a crash after keeps both.
+    Committing or closing it yourself would break that, so ``commit()`` and ``close()`` raise.
+    Everything else (``cursor()``, ``execute()`` on SQLite, ``rollback()``) is the driver's own.
+    """
+
+    def __init__(self, conn: Any, paramstyle: str):
+        self._conn = conn
+        #: The driver's parameter marker style: ``qmark`` (SQLite, ``?``) or ``pyformat`` (PostgreSQL, ``%s``).
+        self.paramstyle = paramstyle
+
+    def commit(self) -> None:
+        raise RuntimeError(
+            "ctx.transaction() commits with the next ctx.checkpoint(); do not commit it yourself"
+        )
+
+    def close(self) -> None:
+        raise RuntimeError("ctx.transaction() belongs to the run; do not close it")
+
+    def execute(self, sql: str, params: Any = ()) -> Any:
+        cur = self._conn.cursor()
+        cur.execute(sql, params)
+        return cur
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._conn, name)
+
+    def __enter__(self) -> TransactionConnection:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        """Leaving the block neither commits nor rolls back: the checkpoint decides."""
+
+
+class RunContext:
+    """The run as its handler sees it.
+
+    Attributes:
+        job: the job's name (default ``<dag_id>.<task_id>``, plus ``[map_index]`` for a mapped task).
+        slot: the run's key, the same on every attempt of that run.
+        attempt: Airflow's try number (grows on every retry and every Clear).
+        scheduled_at: the run's data interval start or logical date, if it has one.
+        signal: the cancellation token (``cancelled``, ``reason``, ``raise_if_cancelled()``, ``wait()``).
+        state: a JSON dict carried across attempts with the position; mutate it, then checkpoint.
+        log: a logger that reaches the task log.
+    """
+
+    def __init__(self, attempt: Attempt, row: Checkpoint, *, resumed: bool):
+        self._attempt = attempt
+        self._row = row
+        self.job: str = row.job
+        self.slot: str = row.slot
+        self.attempt: int = attempt.attempt
+        self.scheduled_at: datetime | None = attempt.scheduled_at
+        self.signal: Signal = attempt.signal
+        self.state: dict[str, Any] = dict(row.state)
+        self.log: logging.Logger = attempt.log
+        self._position: Any = row.position
+        self._processed: int = row.processed
+        self._total: int | None = row.total
+        #: True when this attempt continues a checkpoint an earlier attempt saved.
+        self.resumed: bool = resumed
+        #: The position this attempt started from (None on a fresh start).
+        self.resumed_from: Any = row.position if resumed else None
+
+    @property
+    def position(self) -> Any:
+        """Where to continue: None on a fresh start, else the last saved position."""
+        return self._position
+
+    @property
+    def processed(self) -> int:
+        return self._processed
+
+    @property
+    def total(self) -> int | None:
+        return self._total
+
+    @total.setter
+    def total(self, value: int | None) -> None:
+        """Set the expected item count; it is saved with the next checkpoint."""
+        self._total = None if value is None else int(value)
+
+    @property
+    def row(self) -> Checkpoint:
+        """The checkpoint row as last written by this attempt."""
+        return self._row
+
+    def checkpoint(
+        self,
+        position: Any,
+        *,
+        state: dict[str, Any] | None = None,
+        processed: int | None = None,
+        total: int | None = None,
+    ) -> None:
+        """Save progress durably, then report it, then stop if the signal fired.
+
+        ``position`` is where the next attempt continues (any JSON value). ``state`` defaults to
+        ``ctx.state`` (so mutate it in place, or pass a new dict). ``processed``/``total`` default to
+        their current values. Writes made through :meth:`transaction` commit in the same transaction.
+
+        Raises:
+            InvalidCheckpoint: position or state is not plain JSON; nothing was written.
+            LeaseLost: another attempt holds the slot; nothing was written.
+            Cancelled: after the save, when the signal has fired: this is a chunk boundary.
+        """
+        self._attempt.save(self, position, state=state, processed=processed, total=total)
+        self.signal.raise_if_cancelled()
+
+    def transaction(self) -> TransactionConnection:
+        """The checkpoint database's connection; writes on it commit with the next checkpoint."""
+        return self._attempt.transaction()
+
+    def _saved(self, row: Checkpoint, state: dict[str, Any]) -> None:
+        self._row = row
+        self._position = row.position
+        self._processed = row.processed
+        self._total = row.total
+        self.state = state
+
+    def _encode(self, position: Any, state: dict[str, Any]) -> tuple[str, str]:
+        if not isinstance(state, dict):
+            from airflow_resumable.core.errors import InvalidCheckpoint
+
+            raise InvalidCheckpoint(
+                f"state must be a dict, got {type(state).__name__}",
+                job=self.job,
+                slot=self.slot,
+                hint="Pass a dict of JSON values; nothing was written",
+            )
+        return (
+            encode(position, what="position", job=self.job, slot=self.slot),
+            encode(state, what="state", job=self.job, slot=self.slot),
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"RunContext(job={self.job!r}, slot={self.slot!r}, attempt={self.attempt}, "
+            f"position={self._position!r}, processed={self._processed}, total={self._total})"
+        )
+
+
+Handler = Callable[[RunContext], Any]

@@ -1,0 +1,95 @@
+"""Errors raised by the core.
+
+Every error names the job and the slot it is about and, where there is one, what to do next.
+How each error maps to an Airflow outcome (retry, fail without retry, skip, reschedule) is decided
+in one place: ``airflow_resumable.operators.outcome``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class ResumableError(Exception):
+    """Base class of every error this package raises on purpose."""
+
+    def __init__(self, message: str, *, job: str | None = None, slot: str | None = None, hint: str | None = None):
+        self.message = message
+        self.job = job
+        self.slot = slot
+        self.hint = hint
+        super().__init__(self.__str__())
+
+    def __str__(self) -> str:
+        where = []
+        if self.job is not None:
+            where.append(f"job={self.job!r}")
+        if self.slot is not None:
+            where.append(f"slot={self.slot!r}")
+        text = self.message
+        if where:
+            text = f"{text} [{' '.join(where)}]"
+        if self.hint:
+            text = f"{text}. {self.hint}"
+        return text
+
+
+class ConfigurationError(ResumableError):
+    """The task is set up wrongly; retrying cannot help."""
+
+
+class InvalidCheckpoint(ConfigurationError):
+    """A position or state given to ``checkpoint()`` cannot be stored as JSON. Nothing was written."""
+
+
+class CorruptCheckpoint(ResumableError):
+    """A stored checkpoint row cannot be read. It is left as it is, for a person to look at."""
+
+
+class SchemaVersionError(ResumableError):
+    """The checkpoint database was created by a newer airflow-resumable than this one."""
+
+
+class StoreUnavailable(ResumableError):
+    """The checkpoint database could not be reached. Retrying may help."""
+
+
+class LeaseLost(ResumableError):
+    """Another attempt holds this slot's lease now; this attempt's writes are rejected."""
+
+
+class LeaseBusy(ResumableError):
+    """Another live attempt held this slot's lease for longer than this attempt would wait."""
+
+    def __init__(self, message: str, *, holder: str | None = None, **kwargs: Any):
+        self.holder = holder
+        super().__init__(message, **kwargs)
+
+
+class OverlapSkip(ResumableError):
+    """An earlier run of the same job is still live and the overlap policy is ``skip``."""
+
+    def __init__(self, message: str, *, others: list[str] | None = None, **kwargs: Any):
+        self.others = others or []
+        super().__init__(message, **kwargs)
+
+
+class OverlapWait(ResumableError):
+    """An earlier run of the same job is still live and the overlap policy is ``wait``."""
+
+    def __init__(self, message: str, *, others: list[str] | None = None, **kwargs: Any):
+        self.others = others or []
+        super().__init__(message, **kwargs)
+
+
+class Cancelled(Exception):
+    """Raised at a chunk boundary once the run's signal has fired.
+
+    ``reason`` is one of :class:`airflow_resumable.core.signal.Reason` (``timeout``, ``user``,
+    ``shutdown``, ``lease_lost``, ``superseded``, ``terminated``) or a reason of the handler's own.
+    """
+
+    def __init__(self, reason: str, message: str | None = None):
+        self.reason = reason
+        self.message = message or f"cancelled: {reason}"
+        super().__init__(self.message)

@@ -1,0 +1,103 @@
+"""The lease keeper: renews a slot's lease from its own thread while the handler runs.
+
+Renewal runs on a separate connection, so it goes on while the handler computes: CPython switches
+threads at least every few milliseconds even in pure-Python loops, and the database drivers release
+the GIL while they wait. When a renewal finds the lease taken over, or cannot renew it for a whole
+lease duration, the keeper raises the run's signal with reason ``lease_lost``; a cancel request left
+on the row (``superseded``, ``user``) is raised the same way. The keeper never logs and never calls
+Airflow: it only sets the signal, which the handler reads at its next chunk boundary.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+from airflow_resumable.core.errors import LeaseLost
+from airflow_resumable.core.signal import Reason, Signal
+from airflow_resumable.core.stores.base import Store
+
+
+class LeaseKeeper:
+    """Heartbeats for one (job, slot, owner, token) every ``interval`` seconds until stopped."""
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        job: str,
+        slot: str,
+        owner: str,
+        token: int,
+        lease_seconds: float,
+        signal: Signal,
+        interval: float | None = None,
+    ):
+        self.store = store
+        self.job, self.slot, self.owner, self.token = job, slot, owner, token
+        self.lease_seconds = lease_seconds
+        self.interval = interval if interval is not None else heartbeat_interval(lease_seconds)
+        self.signal = signal
+        self.beats = 0
+        self.errors = 0
+        self.last_error: BaseException | None = None
+        self.lost = False
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> LeaseKeeper:
+        self._thread = threading.Thread(target=self._run, name=f"resumable-lease:{self.job}", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+
+    def __enter__(self) -> LeaseKeeper:
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    def _run(self) -> None:
+        session = None
+        last_ok = time.monotonic()
+        try:
+            while not self._stop.wait(self.interval):
+                try:
+                    if session is None:
+                        session = self.store.session(autocommit=True)
+                    request = session.heartbeat(self.job, self.slot, self.owner, self.token, self.lease_seconds)
+                except LeaseLost:
+                    self.lost = True
+                    self.signal.cancel(Reason.LEASE_LOST, "another attempt took over this slot's lease")
+                    return
+                except Exception as exc:  # the database blinked: retry until the lease would expire
+                    self.errors += 1
+                    self.last_error = exc
+                    if session is not None:
+                        session.close()
+                        session = None
+                    if time.monotonic() - last_ok >= self.lease_seconds:
+                        self.lost = True
+                        self.signal.cancel(
+                            Reason.LEASE_LOST,
+                            f"could not renew the lease for {self.lease_seconds:g}s: {type(exc).__name__}",
+                        )
+                        return
+                    continue
+                self.beats += 1
+                last_ok = time.monotonic()
+                if request:
+                    self.signal.cancel(request, f"{request}: requested through the checkpoint row")
+        finally:
+            if session is not None:
+                session.close()
+
+
+def heartbeat_interval(lease_seconds: float) -> float:
+    """Renew three times per lease: two renewals may fail before the lease can expire."""
+    return lease_seconds / 3.0

@@ -1,0 +1,87 @@
+"""Progress: the figures reported after each durable checkpoint, and how they reach people."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Callable
+
+from airflow_resumable.core.checkpoint import Checkpoint
+
+
+@dataclasses.dataclass(frozen=True)
+class Progress:
+    processed: int
+    total: int | None
+    #: items per second over this attempt
+    rate: float | None
+    #: seconds left at that rate, if the total is known
+    eta: float | None
+
+    @property
+    def percent(self) -> float | None:
+        if not self.total:
+            return None
+        return min(100.0, 100.0 * self.processed / self.total)
+
+    def format(self) -> str:
+        parts = []
+        if self.percent is not None:
+            parts.append(f"{self.percent:.0f}%")
+        parts.append(f"processed={self.processed}" + (f"/{self.total}" if self.total is not None else ""))
+        if self.rate is not None:
+            parts.append(f"rate={self.rate:,.0f}/s")
+        if self.eta is not None:
+            parts.append(f"eta={_duration(self.eta)}")
+        return " ".join(parts)
+
+
+class Reporter:
+    """Receives the run's events, always *after* the row they describe is durable.
+
+    The default writes progress lines to a logger, at most one per ``interval`` seconds (the first
+    and the last checkpoint are always logged). Subclasses add other channels (Airflow's XCom).
+    """
+
+    def __init__(self, log: logging.Logger | None = None, *, interval: float = 10.0, clock: Callable[[], float] = time.monotonic):
+        self.log = log or logging.getLogger("airflow_resumable")
+        self.interval = interval
+        self._clock = clock
+        self._last: float | None = None
+
+    def on_start(self, cp: Checkpoint, *, resumed: bool) -> None:
+        """The attempt holds the lease and its row says ``running``."""
+
+    def on_checkpoint(self, cp: Checkpoint, progress: Progress) -> None:
+        now = self._clock()
+        last = progress.total is not None and progress.processed >= progress.total
+        if self._last is None or last or now - self._last >= self.interval:
+            self._last = now
+            self.log.info("progress %s [job=%s slot=%s]", progress.format(), cp.job, cp.slot)
+
+    def on_finish(self, cp: Checkpoint) -> None:
+        """The attempt ended (any status) and released its lease."""
+
+
+class ProgressMeter:
+    """Turns successive ``processed`` counts into a rate and an ETA for this attempt."""
+
+    def __init__(self, processed_at_start: int, clock: Callable[[], float] = time.monotonic):
+        self._start = clock()
+        self._base = processed_at_start
+        self._clock = clock
+
+    def measure(self, processed: int, total: int | None) -> Progress:
+        elapsed = self._clock() - self._start
+        done = processed - self._base
+        rate = done / elapsed if elapsed > 0 and done > 0 else None
+        eta = (total - processed) / rate if rate and total is not None and total >= processed else None
+        return Progress(processed=processed, total=total, rate=rate, eta=eta)
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    h, rem = divmod(seconds, 3600)
+    m, s = divmod(rem, 60)
+    return f"{h}h{m:02d}m{s:02d}s" if h else (f"{m}m{s:02d}s" if m else f"{s}s")

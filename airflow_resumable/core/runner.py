@@ -1,0 +1,431 @@
+"""One attempt of one slot: the loop every entry point runs.
+
+:class:`Attempt` is the whole life of an attempt, in order:
+
+1. open the checkpoint database and check its schema;
+2. take the slot's lease (waiting, bounded, for a live holder's lease to expire);
+3. apply the overlap policy against the job's other live slots;
+4. decide between resume, start over (the slot was ``done``) and restart (asked for on purpose);
+5. run the handler with a :class:`~airflow_resumable.core.context.RunContext`, the lease renewed
+   by a :class:`~airflow_resumable.core.lease.LeaseKeeper` thread; each ``ctx.checkpoint()``
+   saves (fenced by the lease), *then* reports progress, *then* checks the signal;
+6. record how it ended (``done``, ``failed``, ``cancelled`` with the reason) and release the lease.
+
+The class operator, the chunked operator and ``@task.resumable`` all run this; the chunked loop
+(:func:`airflow_resumable.core.chunked.chunk_loop`) is just a handler.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
+
+from airflow_resumable.core.checkpoint import Checkpoint, Status
+from airflow_resumable.core.context import RunContext, TransactionConnection
+from airflow_resumable.core.errors import (
+    Cancelled,
+    ConfigurationError,
+    LeaseBusy,
+    LeaseLost,
+    OverlapSkip,
+    OverlapWait,
+)
+from airflow_resumable.core.lease import LeaseKeeper, heartbeat_interval
+from airflow_resumable.core.progress import ProgressMeter, Reporter
+from airflow_resumable.core.signal import Reason, Signal
+from airflow_resumable.core.stores.base import Store, StoreSession
+
+OVERLAP_POLICIES = ("skip", "allow", "wait", "replace")
+
+#: The shortest lease that leaves its heartbeats room (three renewals per lease).
+MIN_LEASE = 0.3
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    """How an attempt behaves. Validated on construction, so bad values fail at DAG parse time.
+
+    Attributes:
+        timeout: seconds after which the signal fires with reason ``timeout`` (None: never).
+        lease: seconds a lease lasts without renewal; renewed every ``lease / 3``.
+        lease_wait: how long to wait for another live attempt's lease before giving up
+            (None: one lease duration plus one heartbeat, enough for a dead holder's lease to lapse).
+        overlap: ``skip``, ``allow``, ``wait`` or ``replace`` (between slots of the same job).
+        restart: discard an unfinished checkpoint and start over, on purpose.
+        progress_interval: seconds between progress log lines.
+    """
+
+    timeout: float | None = None
+    lease: float = 30.0
+    lease_wait: float | None = None
+    overlap: str = "skip"
+    restart: bool = False
+    progress_interval: float = 10.0
+
+    def __post_init__(self) -> None:
+        problems = validate_options(
+            timeout=self.timeout, lease=self.lease, lease_wait=self.lease_wait, overlap=self.overlap,
+            progress_interval=self.progress_interval,
+        )
+        if problems:
+            raise ConfigurationError("; ".join(problems))
+
+    @property
+    def effective_lease_wait(self) -> float:
+        return self.lease_wait if self.lease_wait is not None else self.lease + heartbeat_interval(self.lease)
+
+
+def validate_options(
+    *, timeout: Any, lease: Any, lease_wait: Any, overlap: Any, progress_interval: Any = 0
+) -> list[str]:
+    """Every problem with these options, as sentences (empty when they are fine)."""
+    problems = []
+    if timeout is not None and (not _number(timeout) or timeout <= 0):
+        problems.append(f"timeout must be a positive number of seconds or a timedelta, got {timeout!r}")
+    if not _number(lease) or lease < MIN_LEASE:
+        problems.append(
+            f"lease must be at least {MIN_LEASE} seconds (it is renewed every lease/3), got {lease!r}"
+        )
+    if lease_wait is not None and (not _number(lease_wait) or lease_wait < 0):
+        problems.append(f"lease_wait must be a non-negative number of seconds, got {lease_wait!r}")
+    if overlap not in OVERLAP_POLICIES:
+        problems.append(f"overlap must be one of {', '.join(OVERLAP_POLICIES)}, got {overlap!r}")
+    if not _number(progress_interval) or progress_interval < 0:
+        problems.append(f"progress_interval must be a non-negative number, got {progress_interval!r}")
+    return problems
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    """What a finished attempt returns: the handler's value and the final row."""
+
+    result: Any
+    checkpoint: Checkpoint
+    resumed_from: Any
+
+    def summary(self) -> dict[str, Any]:
+        cp = self.checkpoint
+        return {
+            "job": cp.job,
+            "slot": cp.slot,
+            "position": cp.position,
+            "processed": cp.processed,
+            "total": cp.total,
+            "status": cp.status,
+            "attempts": cp.attempts,
+            "resumed_from": self.resumed_from,
+        }
+
+
+class Attempt:
+    """One attempt of one (job, slot). Create it, then call :meth:`run` once."""
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        job: str,
+        slot: str,
+        attempt: int,
+        owner: str,
+        options: Options | None = None,
+        scheduled_at: datetime | None = None,
+        reporter: Reporter | None = None,
+        log: logging.Logger | None = None,
+        resolve_reason: Callable[[str], str] | None = None,
+        heartbeat: float | None = None,
+    ):
+        if not job or not isinstance(job, str):
+            raise ConfigurationError(f"job must be a non-empty string, got {job!r}", slot=slot)
+        if not slot or not isinstance(slot, str):
+            raise ConfigurationError(f"slot must be a non-empty string, got {slot!r}", job=job)
+        self.store = store
+        self.job = job
+        self.slot = slot
+        self.attempt = int(attempt)
+        self.owner = owner
+        self.options = options or Options()
+        self.scheduled_at = scheduled_at
+        self.log = log or logging.getLogger("airflow_resumable")
+        self.reporter = reporter or Reporter(self.log, interval=self.options.progress_interval)
+        self.signal = Signal()
+        self._resolve_reason = resolve_reason
+        self._heartbeat = heartbeat
+        self._session: StoreSession | None = None
+        self._token: int | None = None
+        self._meter: ProgressMeter | None = None
+        self.keeper: LeaseKeeper | None = None
+        #: The last row this attempt wrote or read (also after a failure).
+        self.checkpoint_row: Checkpoint | None = None
+
+    # -- the run -------------------------------------------------------------------------------
+
+    def run(self, handler: Callable[[RunContext], Any]) -> Outcome:
+        """Run ``handler(ctx)`` from the slot's last checkpoint.
+
+        Raises:
+            ConfigurationError: the handler is not callable, or a checkpoint is not JSON.
+            OverlapSkip / OverlapWait: another slot of the job is live (policy ``skip`` / ``wait``).
+            LeaseBusy: another live attempt kept this slot's lease past ``lease_wait``.
+            LeaseLost: another attempt took over this slot while this one ran.
+            Cancelled: the signal fired and the handler stopped at a chunk boundary.
+            Exception: whatever the handler raised (recorded on the row as ``failed``).
+        """
+        if not callable(handler):
+            raise ConfigurationError(
+                f"the handler must be callable, got {type(handler).__name__}",
+                job=self.job,
+                slot=self.slot,
+                hint="Pass a function taking the run context: handler=fn, where def fn(ctx): ...",
+            )
+        if self.options.timeout is not None:
+            self.signal = Signal(deadline=time.monotonic() + self.options.timeout)
+        with self.store.open() as session:
+            self._session = session
+            session.ensure_schema()
+            row, created = self._acquire(session)
+            self._token = row.lease_token
+            self._overlap(session, row, created)
+            row, resumed, resumed_from = self._begin(session, row, created)
+            self.checkpoint_row = row
+            ctx = RunContext(self, row, resumed=resumed)
+            self._meter = ProgressMeter(row.processed)
+            self.reporter.on_start(row, resumed=resumed)
+            self.keeper = LeaseKeeper(
+                self.store,
+                job=self.job,
+                slot=self.slot,
+                owner=self.owner,
+                token=self._token,
+                lease_seconds=self.options.lease,
+                signal=self.signal,
+                interval=self._heartbeat,
+            ).start()
+            try:
+                result = handler(ctx)
+            except Cancelled as exc:
+                self.keeper.stop()
+                session.rollback()  # the unfinished chunk's writes go with it
+                if exc.reason == Reason.LEASE_LOST or self.keeper.lost:
+                    self.log.error(
+                        "stopped: another attempt took over this slot's lease; nothing more is written "
+                        "[job=%s slot=%s attempt=%s]", self.job, self.slot, self.attempt,
+                    )
+                    raise
+                reason = self._resolve(exc.reason)
+                exc.reason = reason
+                self.log.warning(
+                    "cancelled (%s) at position=%r processed=%s [job=%s slot=%s attempt=%s]; "
+                    "the checkpoint is kept and the next attempt resumes from it",
+                    reason, ctx.position, ctx.processed, self.job, self.slot, self.attempt,
+                )
+                self._end(session, Status.CANCELLED, error=exc.message, cancel_reason=reason)
+                raise
+            except LeaseLost:
+                self.keeper.stop()
+                session.rollback()
+                self.log.error(
+                    "this attempt lost the lease of its slot to another attempt; stopping without "
+                    "writing [job=%s slot=%s attempt=%s]", self.job, self.slot, self.attempt,
+                )
+                raise
+            except BaseException as exc:
+                self.keeper.stop()
+                session.rollback()
+                if self.signal.reason == Reason.LEASE_LOST:
+                    raise
+                cancel_reason = self._resolve(self.signal.reason) if self.signal.cancelled else None
+                self._end(session, Status.FAILED, error=_error_text(exc), cancel_reason=cancel_reason)
+                raise
+            self.keeper.stop()
+            if self.keeper.lost:
+                session.rollback()
+                raise LeaseLost("the lease was lost while the handler ran", job=self.job, slot=self.slot)
+            # Writes made through ctx.transaction() after the last checkpoint commit with "done".
+            final = self._end(session, Status.DONE)
+            return Outcome(result=result, checkpoint=final, resumed_from=resumed_from)
+
+    # -- steps ---------------------------------------------------------------------------------
+
+    def _acquire(self, session: StoreSession) -> tuple[Checkpoint, bool]:
+        deadline = time.monotonic() + self.options.effective_lease_wait
+        announced = False
+        while True:
+            got = session.acquire(self.job, self.slot, self.owner, self.options.lease)
+            if got is not None:
+                return got
+            holder = session.load(self.job, self.slot)
+            if time.monotonic() >= deadline:
+                raise LeaseBusy(
+                    f"another attempt ({holder.lease_owner if holder else '?'}) still holds this slot's "
+                    f"lease after waiting {self.options.effective_lease_wait:g}s",
+                    holder=holder.lease_owner if holder else None,
+                    job=self.job,
+                    slot=self.slot,
+                    hint="If that attempt is alive it keeps the slot; otherwise its lease expires "
+                    f"within {self.options.lease:g}s and a retry takes over",
+                )
+            if not announced:
+                self.log.warning(
+                    "slot is held by %s (lease until %s); waiting up to %.0fs for it to end or expire "
+                    "[job=%s slot=%s]",
+                    holder.lease_owner if holder else "?",
+                    holder.lease_expires_at.isoformat() if holder and holder.lease_expires_at else "?",
+                    self.options.effective_lease_wait, self.job, self.slot,
+                )
+                announced = True
+            time.sleep(min(max(self.options.lease / 10.0, 0.05), 1.0, max(0.0, deadline - time.monotonic())))
+
+    def _overlap(self, session: StoreSession, row: Checkpoint, created: bool) -> None:
+        policy = self.options.overlap
+        if policy == "allow":
+            return
+        mine = (row.lease_acquired_at, row.slot)
+        others = [
+            o for o in session.live_others(self.job, self.slot)
+            if policy == "replace" or (o.lease_acquired_at, o.slot) < mine  # type: ignore[operator]
+        ]
+        if not others:
+            return
+        slots = [o.slot for o in others]
+        if policy == "replace":
+            for other in others:
+                session.request_cancel(self.job, other.slot, Reason.SUPERSEDED.value)
+            self.log.warning(
+                "asked the live run(s) of slot(s) %s to stop at their next chunk boundary (superseded) "
+                "[job=%s slot=%s]", ", ".join(slots), self.job, self.slot,
+            )
+            return
+        self._release(session, created)
+        error = OverlapSkip if policy == "skip" else OverlapWait
+        raise error(
+            f"an earlier run of this job is still running (slot {', '.join(slots)}); overlap policy is {policy!r}",
+            others=slots,
+            job=self.job,
+            slot=self.slot,
+        )
+
+    def _release(self, session: StoreSession, created: bool) -> None:
+        """Give the lease back without touching the row's progress (an overlap decision)."""
+        assert self._token is not None
+        if created:
+            session._execute(
+                "DELETE FROM resumable_checkpoints WHERE job = %s AND slot = %s AND lease_owner = %s AND lease_token = %s",
+                (self.job, self.slot, self.owner, self._token),
+            )
+        else:
+            session._execute(
+                "UPDATE resumable_checkpoints SET lease_owner = NULL, lease_expires_at = NULL "
+                "WHERE job = %s AND slot = %s AND lease_owner = %s AND lease_token = %s",
+                (self.job, self.slot, self.owner, self._token),
+            )
+        session.commit()
+
+    def _begin(self, session: StoreSession, row: Checkpoint, created: bool) -> tuple[Checkpoint, bool, Any]:
+        assert self._token is not None
+        has_progress = row.position is not None or row.processed > 0 or bool(row.state)
+        if created or not has_progress and row.status != Status.DONE.value:
+            self.log.info("starting from the beginning [job=%s slot=%s attempt=%s]", self.job, self.slot, self.attempt)
+            fresh = session.start(self.job, self.slot, self.owner, self._token, self.attempt, reset=True, resumed_from=None)
+            return fresh, False, None
+        if row.status == Status.DONE.value:
+            self.log.warning(
+                "this slot finished at %s (run %s); running it again from the start "
+                "[job=%s slot=%s attempt=%s]",
+                row.finished_at.isoformat() if row.finished_at else "?", row.runs,
+                self.job, self.slot, self.attempt,
+            )
+            fresh = session.start(self.job, self.slot, self.owner, self._token, self.attempt, reset=True, resumed_from=None)
+            return fresh, False, None
+        if self.options.restart:
+            self.log.warning(
+                "restart requested: discarding the unfinished checkpoint at position=%r processed=%s "
+                "(status %s) and starting over [job=%s slot=%s attempt=%s]",
+                row.position, row.processed, row.status, self.job, self.slot, self.attempt,
+            )
+            fresh = session.start(self.job, self.slot, self.owner, self._token, self.attempt, reset=True, resumed_from=None)
+            return fresh, False, None
+        from airflow_resumable.core.checkpoint import encode
+
+        resumed_from = encode(row.position, what="position", job=self.job, slot=self.slot)
+        self.log.warning(
+            "attempt %s: resuming from position=%r processed=%s%s (last status %s%s) [job=%s slot=%s]",
+            self.attempt, row.position, row.processed, f"/{row.total}" if row.total is not None else "",
+            row.status, f", {row.cancel_reason}" if row.cancel_reason else "", self.job, self.slot,
+        )
+        resumed = session.start(
+            self.job, self.slot, self.owner, self._token, self.attempt, reset=False, resumed_from=resumed_from
+        )
+        return resumed, True, row.position
+
+    def save(
+        self, ctx: RunContext, position: Any, *, state: dict[str, Any] | None, processed: int | None, total: int | None
+    ) -> None:
+        """``ctx.checkpoint()``: encode, fenced write + commit, then report (write before report)."""
+        assert self._session is not None and self._token is not None and self._meter is not None
+        state = ctx.state if state is None else state
+        processed = ctx.processed if processed is None else int(processed)
+        total = ctx.total if total is None else int(total)
+        position_json, state_json = ctx._encode(position, state)
+        if self.signal.reason == Reason.LEASE_LOST:
+            self._session.rollback()
+            raise LeaseLost("this attempt lost its lease; the checkpoint was not written", job=self.job, slot=self.slot)
+        self._session.save(
+            self.job, self.slot, self.owner, self._token,
+            position=position_json, state=state_json, processed=processed, total=total,
+        )
+        row = dataclasses.replace(
+            ctx.row, position=_roundtrip(position_json), state=state, processed=processed, total=total,
+            updated_at=datetime.now(tz=ctx.row.started_at.tzinfo if ctx.row.started_at else None),
+        )
+        ctx._saved(row, state)
+        self.checkpoint_row = row
+        self.reporter.on_checkpoint(row, self._meter.measure(processed, total))
+
+    def transaction(self) -> TransactionConnection:
+        assert self._session is not None
+        style = "qmark" if self.store.dialect.marker == "?" else "pyformat"
+        return TransactionConnection(self._session.conn, style)
+
+    def _end(
+        self, session: StoreSession, status: Status, *, error: str | None = None, cancel_reason: str | None = None
+    ) -> Checkpoint:
+        assert self._token is not None
+        try:
+            final = session.finish(
+                self.job, self.slot, self.owner, self._token, status=status, last_error=error, cancel_reason=cancel_reason
+            )
+        except LeaseLost:
+            self.log.error("could not record status %s: the lease was taken over [job=%s slot=%s]", status, self.job, self.slot)
+            raise
+        self.checkpoint_row = final
+        self.reporter.on_finish(final)
+        return final
+
+    def _resolve(self, reason: str | None) -> str:
+        reason = reason or "unknown"
+        if self._resolve_reason is not None:
+            try:
+                return self._resolve_reason(reason)
+            except Exception:  # never let classification hide the cancel
+                self.log.exception("could not classify cancel reason %r", reason)
+        return reason
+
+
+def _roundtrip(text: str) -> Any:
+    import json
+
+    return json.loads(text)
+
+
+def _error_text(exc: BaseException, limit: int = 2000) -> str:
+    text = f"{type(exc).__name__}: {exc}"
+    return text if len(text) <= limit else text[: limit - 3] + "..."

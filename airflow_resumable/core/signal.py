@@ -1,0 +1,111 @@
+"""The cancellation token every cancel source folds into.
+
+A :class:`Signal` is raised once, with a reason; the first reason wins. Handlers read it at chunk
+boundaries (``signal.cancelled``, ``signal.raise_if_cancelled()``) or sleep on it
+(``signal.wait(seconds)``).
+
+``cancel()`` is safe to call from a POSIX signal handler running on the main thread (Airflow calls
+``on_kill`` from its SIGTERM handler): on the main thread it only assigns attributes and takes no
+lock, so it cannot deadlock against the code it interrupted. From any other thread it also wakes
+``wait()``.
+"""
+
+from __future__ import annotations
+
+import enum
+import threading
+import time
+from collections.abc import Callable
+
+from airflow_resumable.core.errors import Cancelled
+
+#: How often ``wait()`` re-reads the flag when woken by nothing (a cancel from the main thread,
+#: or a signal handler, does not wake the event).
+_POLL = 0.05
+
+
+class Reason(str, enum.Enum):
+    """Why a run was asked to stop."""
+
+    TIMEOUT = "timeout"
+    USER = "user"
+    SHUTDOWN = "shutdown"
+    LEASE_LOST = "lease_lost"
+    SUPERSEDED = "superseded"
+    #: SIGTERM arrived and it is not yet known whether a person or a worker shutdown sent it.
+    TERMINATED = "terminated"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class Signal:
+    """One cancellation token with a reason, and an optional deadline (the cooperative timeout)."""
+
+    def __init__(self, *, deadline: float | None = None, clock: Callable[[], float] = time.monotonic):
+        self._clock = clock
+        self._deadline = deadline
+        self._reason: str | None = None
+        self._message: str | None = None
+        self._event = threading.Event()
+
+    @property
+    def deadline(self) -> float | None:
+        """The monotonic time at which the signal fires with reason ``timeout``, if any."""
+        return self._deadline
+
+    def cancel(self, reason: str | Reason, message: str | None = None) -> bool:
+        """Raise the signal. Returns False if it had already been raised (the first reason wins)."""
+        if self._reason is not None:
+            return False
+        self._message = message
+        self._reason = str(reason)
+        if threading.current_thread() is not threading.main_thread():
+            self._event.set()
+        return True
+
+    def _check_deadline(self) -> None:
+        if self._reason is None and self._deadline is not None and self._clock() >= self._deadline:
+            self.cancel(Reason.TIMEOUT, "the run's timeout passed")
+
+    @property
+    def cancelled(self) -> bool:
+        """True once any source raised the signal (or the deadline passed)."""
+        self._check_deadline()
+        return self._reason is not None
+
+    @property
+    def reason(self) -> str | None:
+        """Why the signal was raised, or None while it was not."""
+        self._check_deadline()
+        return self._reason
+
+    @property
+    def message(self) -> str | None:
+        """A human-readable sentence about the cancel, if the source gave one."""
+        self._check_deadline()
+        return self._message
+
+    def raise_if_cancelled(self) -> None:
+        """Raise :class:`~airflow_resumable.core.errors.Cancelled` if the signal was raised.
+
+        Raises:
+            Cancelled: carrying the reason.
+        """
+        if self.cancelled:
+            raise Cancelled(self._reason or "", self._message)
+
+    def wait(self, seconds: float) -> bool:
+        """Sleep up to ``seconds``, waking early when the signal is raised. Returns ``cancelled``."""
+        end = self._clock() + max(0.0, seconds)
+        while not self.cancelled:
+            remaining = end - self._clock()
+            if remaining <= 0:
+                return False
+            if self._deadline is not None:
+                remaining = min(remaining, max(0.0, self._deadline - self._clock()))
+            self._event.wait(min(remaining, _POLL))
+        return True
+
+    def __repr__(self) -> str:
+        return f"Signal(cancelled={self.cancelled}, reason={self._reason!r})"

@@ -1,0 +1,106 @@
+"""PostgreSQL checkpoint store (psycopg2): for many workers and production."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from airflow_resumable.core.errors import ConfigurationError, StoreUnavailable
+from airflow_resumable.core.stores.base import Dialect, Store
+
+DIALECT = Dialect(
+    name="postgres",
+    marker="%s",
+    now="clock_timestamp()",
+    timestamp_type="TIMESTAMPTZ",
+    now_plus="(clock_timestamp() + %s * interval '1 second')",
+    # Two workers creating the schema at once would race on CREATE TABLE IF NOT EXISTS.
+    schema_lock=("SELECT pg_advisory_xact_lock(7241730117)",),
+)
+
+#: Connection parameters that may come from an Airflow connection's extras.
+_EXTRA_KEYS = {
+    "sslmode",
+    "sslrootcert",
+    "sslcert",
+    "sslkey",
+    "options",
+    "connect_timeout",
+    "application_name",
+    "target_session_attrs",
+    "keepalives",
+    "keepalives_idle",
+}
+
+
+def _psycopg2() -> Any:
+    try:
+        import psycopg2
+    except ImportError as exc:  # pragma: no cover - depends on the install
+        raise ConfigurationError(
+            "the PostgreSQL checkpoint store needs psycopg2",
+            hint="Install it with: pip install 'airflow-resumable[postgres]' (or psycopg2-binary)",
+        ) from exc
+    return psycopg2
+
+
+class PostgresStore(Store):
+    """Checkpoints in a PostgreSQL table.
+
+    Args:
+        host, port, user, password, dbname: where to connect. The password is never logged.
+        **params: further libpq parameters (``sslmode``, ``options``, ``connect_timeout`` ...).
+    """
+
+    dialect = DIALECT
+
+    def __init__(
+        self,
+        *,
+        host: str | None = None,
+        port: int | None = None,
+        user: str | None = None,
+        password: str | None = None,
+        dbname: str | None = None,
+        **params: Any,
+    ):
+        self._params: dict[str, Any] = {
+            k: v
+            for k, v in dict(host=host, port=port, user=user, password=password, dbname=dbname).items()
+            if v not in (None, "")
+        }
+        unknown = set(params) - _EXTRA_KEYS
+        if unknown:
+            raise ConfigurationError(
+                f"unknown PostgreSQL connection parameter(s) {sorted(unknown)}",
+                hint=f"Use one of {sorted(_EXTRA_KEYS)}",
+            )
+        self._params.update(params)
+        self._params.setdefault("connect_timeout", 10)
+        self._params.setdefault("application_name", "airflow-resumable")
+
+    @classmethod
+    def from_dsn(cls, dsn: str) -> PostgresStore:
+        """Build from a libpq DSN or URI (``postgresql://user@host:5432/db``)."""
+        from psycopg2.extensions import parse_dsn
+
+        return cls(**parse_dsn(dsn))
+
+    def connect(self, *, autocommit: bool = False) -> Any:
+        psycopg2 = _psycopg2()
+        try:
+            conn = psycopg2.connect(**self._params)
+        except psycopg2.OperationalError as exc:
+            # libpq's message names host, port and user, never the password.
+            raise StoreUnavailable(
+                f"cannot connect to the PostgreSQL checkpoint database {self.describe()}: "
+                f"{str(exc).strip()}",
+                hint="Check the Airflow connection's host, port, login and database, and that the server runs",
+            ) from exc
+        conn.autocommit = autocommit
+        return conn
+
+    def describe(self) -> str:
+        p = self._params
+        user = f"{p['user']}@" if p.get("user") else ""
+        port = f":{p['port']}" if p.get("port") else ""
+        return f"postgresql://{user}{p.get('host', '')}{port}/{p.get('dbname', '')}"

@@ -1,0 +1,61 @@
+"""SQLite checkpoint store: the embedded default for one machine (WAL, no server)."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from typing import Any
+
+from airflow_resumable.core.errors import StoreUnavailable
+from airflow_resumable.core.stores.base import Dialect, Store
+
+_NOW = "((julianday('now') - 2440587.5) * 86400.0)"
+
+DIALECT = Dialect(
+    name="sqlite",
+    marker="?",
+    now=_NOW,
+    timestamp_type="REAL",
+    now_plus=f"({_NOW} + %s)",
+)
+
+
+class SQLiteStore(Store):
+    """Checkpoints in one SQLite file, in WAL mode so the lease keeper can write beside the run.
+
+    Args:
+        path: the database file; its folder is created if missing.
+        busy_timeout: seconds a connection waits for another's write lock.
+        synchronous: SQLite's ``synchronous`` pragma. ``FULL`` (the default) makes a checkpoint
+            survive a power loss; ``NORMAL`` survives a process crash only, and is faster.
+    """
+
+    dialect = DIALECT
+
+    def __init__(self, path: str | os.PathLike[str], *, busy_timeout: float = 30.0, synchronous: str = "FULL"):
+        self.path = os.fspath(path)
+        if not self.path or self.path == ":memory:":
+            raise ValueError("a SQLite checkpoint store needs a file path (':memory:' is not shared by the run's threads)")
+        if synchronous.upper() not in {"OFF", "NORMAL", "FULL", "EXTRA"}:
+            raise ValueError(f"unknown SQLite synchronous mode {synchronous!r}")
+        self.busy_timeout = busy_timeout
+        self.synchronous = synchronous.upper()
+
+    def connect(self, *, autocommit: bool = False) -> Any:
+        folder = os.path.dirname(os.path.abspath(self.path))
+        try:
+            os.makedirs(folder, exist_ok=True)
+            conn = sqlite3.connect(
+                self.path, timeout=self.busy_timeout, isolation_level=None if autocommit else ""
+            )
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute(f"PRAGMA synchronous={self.synchronous}")
+        except (sqlite3.Error, OSError) as exc:
+            raise StoreUnavailable(
+                f"cannot open the SQLite checkpoint file {self.path!r}: {exc}",
+                hint="Check that the path is absolute, its folder writable, and the file a SQLite database",
+            ) from exc
+        return conn
+
+    def describe(self) -> str:
+        return f"sqlite:///{self.path}"
