@@ -1,0 +1,31 @@
+# Two commands on a fresh machine: `make demo` and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+CONSTRAINTS := constraints-3.11.txt
+DEMO_HOME := $(CURDIR)/.airflow-home
+
+.PHONY: demo test bench venv clean
+
+$(VENV)/.installed: setup.cfg pyproject.toml $(CONSTRAINTS)
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade "pip==26.3" || true
+	$(PY) -m pip install --quiet -c $(CONSTRAINTS) -e ".[test]"
+	touch $@
+
+venv: $(VENV)/.installed
+
+## The lesson's loan report as a real Airflow DAG on the embedded default (SQLite everywhere).
+demo: venv
+	@bash scripts/demo.sh
+
+## The whole test suite; exits non-zero on any failure.
+test: venv
+	$(PY) -m pytest -p no:cacheprovider -ra $(PYTEST_ARGS)
+
+## Benchmarks: ratios measured side by side, each with its target.
+bench: venv
+	$(PY) -m bench
+
+clean:
+	rm -rf $(VENV) $(DEMO_HOME) .bench

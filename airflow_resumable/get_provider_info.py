@@ -1,0 +1,30 @@
+"""Provider metadata, read by Airflow through the ``apache_airflow_provider`` entry point."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from airflow_resumable import __version__
+
+
+def get_provider_info() -> dict[str, Any]:
+    return {
+        "package-name": "airflow-resumable",
+        "name": "Resumable",
+        "description": "Chunked, resumable operators with slot-keyed checkpoints, leases and overlap policy.",
+        "versions": [__version__],
+        "integrations": [
+            {
+                "integration-name": "Resumable",
+                "python-modules": ["airflow_resumable.operators.resumable"],
+                "tags": ["software"],
+            }
+        ],
+        "operators": [
+            {"integration-name": "Resumable", "python-modules": ["airflow_resumable.operators.resumable"]}
+        ],
+        "hooks": [{"integration-name": "Resumable", "python-modules": ["airflow_resumable.hooks.resumable"]}],
+        "task-decorators": [
+            {"name": "resumable", "class-name": "airflow_resumable.decorators.resumable.resumable_task"}
+        ],
+    }

@@ -1,0 +1,84 @@
+"""The hook that turns an Airflow connection into a checkpoint store."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from airflow_resumable.core.errors import ConfigurationError
+from airflow_resumable.core.stores import PostgresStore, SQLiteStore, Store
+from airflow_resumable.core.stores.postgres import _EXTRA_KEYS
+from airflow_resumable.version_compat import AirflowNotFoundException, BaseHook
+
+DEFAULT_CONN_ID = "resumable_default"
+
+_HOW_TO = (
+    "Configure it, e.g. AIRFLOW_CONN_{env}='sqlite:////absolute/path/checkpoints.db' for the embedded "
+    "store, or AIRFLOW_CONN_{env}='postgresql://user:password@host:5432/dbname' for PostgreSQL "
+    "(or `airflow connections add {conn_id} --conn-uri ...`)"
+)
+
+
+class ResumableHook(BaseHook):
+    """Opens the checkpoint store named by an Airflow connection.
+
+    The connection's type picks the store: ``sqlite`` (the file is the connection's host or schema,
+    i.e. ``sqlite:////abs/path.db``) or ``postgres`` (host, port, login, password, schema as the
+    database, and libpq options such as ``sslmode`` in the extras).
+
+    :param resumable_conn_id: the connection's id (default ``resumable_default``).
+    """
+
+    conn_name_attr = "resumable_conn_id"
+    default_conn_name = DEFAULT_CONN_ID
+    conn_type = "resumable"
+    hook_name = "Resumable checkpoints"
+
+    def __init__(self, resumable_conn_id: str = DEFAULT_CONN_ID, *, job: str | None = None, slot: str | None = None):
+        super().__init__()
+        self.resumable_conn_id = resumable_conn_id
+        self._job, self._slot = job, slot
+
+    def get_store(self) -> Store:
+        """The store for this connection.
+
+        Raises:
+            ConfigurationError: the connection is missing or of a type no store serves.
+        """
+        try:
+            conn = self.get_connection(self.resumable_conn_id)
+        except AirflowNotFoundException:
+            env = self.resumable_conn_id.upper()
+            raise ConfigurationError(
+                f"the Airflow connection {self.resumable_conn_id!r} for the checkpoint store does not exist",
+                job=self._job,
+                slot=self._slot,
+                hint=_HOW_TO.format(env=env, conn_id=self.resumable_conn_id),
+            ) from None
+        return store_from_connection(conn, job=self._job, slot=self._slot)
+
+
+def store_from_connection(conn: Any, *, job: str | None = None, slot: str | None = None) -> Store:
+    """Build a store from an Airflow ``Connection`` (or anything with the same attributes)."""
+    conn_type = (conn.conn_type or "").lower()
+    if conn_type == "sqlite":
+        path = conn.host or conn.schema
+        if not path:
+            raise ConfigurationError(
+                f"the SQLite connection {conn.conn_id!r} names no database file",
+                job=job,
+                slot=slot,
+                hint="Use a URI with an absolute path: sqlite:////absolute/path/checkpoints.db",
+            )
+        extra = conn.extra_dejson or {}
+        return SQLiteStore(path, synchronous=str(extra.get("synchronous", "FULL")))
+    if conn_type in ("postgres", "postgresql"):
+        extra = {k: v for k, v in (conn.extra_dejson or {}).items() if k in _EXTRA_KEYS}
+        return PostgresStore(
+            host=conn.host, port=conn.port, user=conn.login, password=conn.password, dbname=conn.schema, **extra
+        )
+    raise ConfigurationError(
+        f"the connection {conn.conn_id!r} has type {conn.conn_type!r}, which no checkpoint store serves",
+        job=job,
+        slot=slot,
+        hint="Use a connection of type 'sqlite' (embedded, one machine) or 'postgres'",
+    )

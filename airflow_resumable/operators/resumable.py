@@ -1,0 +1,354 @@
+"""Operators that run chunked handlers from their last checkpoint.
+
+``ResumableOperator`` runs a handler that owns its loop (``handler(ctx)``); ``ChunkedOperator``
+owns the loop and calls ``read``/``process``. Both run the core's single attempt loop
+(:class:`airflow_resumable.core.runner.Attempt`); this module only translates Airflow's context
+into the core's terms (job, slot, attempt, owner), reports to XCom and the task log, and maps
+outcomes through :mod:`airflow_resumable.operators.outcome`.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from airflow_resumable.core.checkpoint import Checkpoint
+from airflow_resumable.core.chunked import chunk_loop, validate_chunked
+from airflow_resumable.core.context import RunContext
+from airflow_resumable.core.errors import ConfigurationError, OverlapWait
+from airflow_resumable.core.progress import Progress, Reporter
+from airflow_resumable.core.runner import Attempt, Options, validate_options
+from airflow_resumable.core.signal import Reason
+from airflow_resumable.hooks.resumable import DEFAULT_CONN_ID, ResumableHook
+from airflow_resumable.operators.outcome import to_airflow
+from airflow_resumable.version_compat import AirflowException, AirflowRescheduleException, BaseOperator, Context
+
+#: DAG-run conf key that discards unfinished checkpoints on purpose: ``true`` for every resumable
+#: task of the run, or a list of task ids / job names.
+RESTART_CONF_KEY = "resumable_restart"
+
+#: XCom key under which the checkpoint row is pushed.
+XCOM_KEY = "checkpoint"
+
+
+def _seconds(value: Any) -> Any:
+    if isinstance(value, timedelta):
+        return value.total_seconds()
+    return value
+
+
+def slot_of(context: Mapping[str, Any]) -> tuple[str, datetime | None]:
+    """The run's slot: its data interval start, else its logical date, else its run id."""
+    when = context.get("data_interval_start") or context.get("logical_date")
+    if when is not None:
+        return when.isoformat(), when
+    return str(context["run_id"]), None
+
+
+class AirflowReporter(Reporter):
+    """Logs progress and pushes the checkpoint row to XCom (key ``checkpoint``), throttled.
+
+    Runs on the task's main thread only, after the row is durable.
+    """
+
+    def __init__(self, log: Any, ti: Any, *, interval: float, xcom_interval: float):
+        super().__init__(log, interval=interval)
+        self.ti = ti
+        self.xcom_interval = xcom_interval
+        self._last_push: float | None = None
+
+    def push(self, cp: Checkpoint) -> None:
+        self._last_push = time.monotonic()
+        try:
+            self.ti.xcom_push(key=XCOM_KEY, value=cp.to_dict())
+        except Exception:  # XCom is a report channel; never fail the work over it
+            self.log.warning("could not push the checkpoint row to XCom", exc_info=True)
+
+    def on_start(self, cp: Checkpoint, *, resumed: bool) -> None:
+        self.push(cp)
+
+    def on_checkpoint(self, cp: Checkpoint, progress: Progress) -> None:
+        super().on_checkpoint(cp, progress)
+        if self._last_push is None or time.monotonic() - self._last_push >= self.xcom_interval:
+            self.push(cp)
+
+    def on_finish(self, cp: Checkpoint) -> None:
+        self.push(cp)
+
+
+class ResumableOperator(BaseOperator):
+    """Run ``handler(ctx)`` so that a retry or a Clear continues from its last checkpoint.
+
+    The handler owns its loop: it reads ``ctx.position`` (None on a fresh start), does a chunk,
+    calls ``ctx.checkpoint(position, ...)``, and repeats. ``checkpoint()`` saves durably, reports
+    progress, then raises :class:`~airflow_resumable.core.errors.Cancelled` if the run was asked
+    to stop. Returning means the work is done.
+
+    :param handler: ``fn(ctx)``, or ``fn(ctx, **handler_kwargs)``.
+    :param conn_id: Airflow connection of the checkpoint store (``sqlite`` or ``postgres``).
+    :param job: the job's name (templated). Default ``<dag_id>.<task_id>``, plus ``[map_index]``
+        for a mapped task. Two tasks with the same job share checkpoints and the overlap policy.
+    :param timeout: cooperative timeout per attempt (seconds or timedelta): the signal fires with
+        reason ``timeout``, the handler stops at its next chunk boundary, the attempt fails and
+        is retried from the checkpoint. When ``execution_timeout`` is not set, it is set to
+        ``timeout + timeout_grace`` as a backstop.
+    :param timeout_grace: seconds between the cooperative timeout and the backstop.
+    :param lease: seconds a slot's lease lasts without renewal (renewed every ``lease / 3``).
+    :param lease_wait: seconds to wait for another live attempt of the same slot (default: one
+        lease and one heartbeat).
+    :param overlap: ``skip`` (default), ``allow``, ``wait`` or ``replace``: what to do when
+        another slot of the same job is still running.
+    :param overlap_poke: seconds between checks while ``overlap="wait"``.
+    :param overlap_timeout: seconds ``overlap="wait"`` waits in all before failing the attempt.
+    :param progress_interval: seconds between progress lines in the task log.
+    :param xcom_interval: seconds between pushes of the checkpoint row to XCom.
+    :param handler_kwargs: keyword arguments for the handler (templated).
+    """
+
+    template_fields: Sequence[str] = ("job", "handler_kwargs")
+    template_fields_renderers = {"handler_kwargs": "json"}
+    ui_color = "#e8f4ea"
+
+    def __init__(
+        self,
+        *,
+        handler: Callable[..., Any] | None = None,
+        conn_id: str = DEFAULT_CONN_ID,
+        job: str | None = None,
+        timeout: float | timedelta | None = None,
+        timeout_grace: float | timedelta = 60.0,
+        lease: float | timedelta = 30.0,
+        lease_wait: float | timedelta | None = None,
+        overlap: str = "skip",
+        overlap_poke: float | timedelta = 30.0,
+        overlap_timeout: float | timedelta = 3600.0,
+        progress_interval: float | timedelta = 10.0,
+        xcom_interval: float | timedelta = 5.0,
+        handler_kwargs: Mapping[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.handler = handler
+        self.conn_id = conn_id
+        self.job = job
+        self.timeout = _seconds(timeout)
+        self.timeout_grace = _seconds(timeout_grace)
+        self.lease = _seconds(lease)
+        self.lease_wait = _seconds(lease_wait)
+        self.overlap = overlap
+        self.overlap_poke = _seconds(overlap_poke)
+        self.overlap_timeout = _seconds(overlap_timeout)
+        self.progress_interval = _seconds(progress_interval)
+        self.xcom_interval = _seconds(xcom_interval)
+        self.handler_kwargs = dict(handler_kwargs or {})
+        self._attempt: Attempt | None = None
+        self._validate()
+        if self.timeout is not None and self.execution_timeout is None:
+            self.execution_timeout = timedelta(seconds=self.timeout + self.timeout_grace)
+
+    # -- validation at parse time --------------------------------------------------------------
+
+    def _validate(self) -> None:
+        problems = validate_options(
+            timeout=self.timeout,
+            lease=self.lease,
+            lease_wait=self.lease_wait,
+            overlap=self.overlap,
+            progress_interval=self.progress_interval,
+        )
+        if self.handler is not None and not callable(self.handler):
+            problems.append(f"handler must be callable as handler(ctx), got {type(self.handler).__name__}")
+        if self.handler is None and type(self)._handler is ResumableOperator._handler:
+            problems.append("handler is required: ResumableOperator(handler=fn), where def fn(ctx): ...")
+        if not isinstance(self.timeout_grace, (int, float)) or self.timeout_grace < 0:
+            problems.append(f"timeout_grace must be a non-negative number of seconds, got {self.timeout_grace!r}")
+        if not isinstance(self.overlap_poke, (int, float)) or self.overlap_poke <= 0:
+            problems.append(f"overlap_poke must be a positive number of seconds, got {self.overlap_poke!r}")
+        if not isinstance(self.overlap_timeout, (int, float)) or self.overlap_timeout < 0:
+            problems.append(f"overlap_timeout must be a non-negative number of seconds, got {self.overlap_timeout!r}")
+        if not isinstance(self.xcom_interval, (int, float)) or self.xcom_interval < 0:
+            problems.append(f"xcom_interval must be a non-negative number of seconds, got {self.xcom_interval!r}")
+        if not isinstance(self.conn_id, str) or not self.conn_id:
+            problems.append(f"conn_id must be a connection id, got {self.conn_id!r}")
+        if problems:
+            raise ConfigurationError(
+                f"task {self.task_id!r}: " + "; ".join(problems), hint="Fix the operator's arguments"
+            )
+
+    # -- what subclasses change ----------------------------------------------------------------
+
+    def _handler(self, context: Context) -> Callable[[RunContext], Any]:
+        handler, kwargs = self.handler, self.handler_kwargs
+        assert handler is not None
+        if not kwargs:
+            return handler
+        return lambda ctx: handler(ctx, **kwargs)
+
+    # -- execution -----------------------------------------------------------------------------
+
+    def job_name(self, context: Context) -> str:
+        if self.job:
+            return str(self.job)
+        ti = context["ti"]
+        name = f"{self.dag_id}.{self.task_id}"
+        map_index = getattr(ti, "map_index", -1)
+        if map_index is not None and map_index >= 0:
+            name = f"{name}[{map_index}]"
+        return name
+
+    def _restart_requested(self, context: Context, job: str) -> bool:
+        dag_run = context.get("dag_run")
+        conf = getattr(dag_run, "conf", None) or {}
+        flag = conf.get(RESTART_CONF_KEY)
+        if not flag:
+            return False
+        if context["ti"].try_number != 1:
+            # The restart was for the run's first try; its retries and Clears resume.
+            return False
+        if flag is True or (isinstance(flag, str) and flag.lower() in ("true", "1", "yes")):
+            return True
+        if isinstance(flag, (list, tuple)):
+            return self.task_id in flag or job in flag
+        return False
+
+    def _classify(self, context: Context) -> Callable[[str], str]:
+        """After SIGTERM, ask Airflow whether a person ended the task (``user``) or the worker is
+        stopping (``shutdown``). Runs on the main thread at a chunk boundary, never in on_kill."""
+        ti = context["ti"]
+
+        def resolve(reason: str) -> str:
+            if reason != Reason.TERMINATED.value:
+                return reason
+            try:
+                states = ti.get_task_states(
+                    dag_id=ti.dag_id, map_index=ti.map_index, task_ids=[ti.task_id], run_ids=[ti.run_id]
+                )
+                state = states.get(ti.run_id, {}).get(ti.task_id)
+            except Exception:
+                return Reason.SHUTDOWN.value
+            if state in (None, "running"):
+                return Reason.SHUTDOWN.value
+            return Reason.USER.value
+
+        return resolve
+
+    def execute(self, context: Context) -> Any:
+        ti = context["ti"]
+        job = self.job_name(context)
+        slot, scheduled_at = slot_of(context)
+        options = Options(
+            timeout=self.timeout,
+            lease=self.lease,
+            lease_wait=self.lease_wait,
+            overlap=self.overlap,
+            restart=self._restart_requested(context, job),
+            progress_interval=self.progress_interval,
+        )
+        owner = f"{getattr(ti, 'id', '?')}/try{ti.try_number}@{socket.gethostname()}:{os.getpid()}"
+        try:
+            store = ResumableHook(self.conn_id, job=job, slot=slot).get_store()
+            self.log.info("checkpoints in %s [job=%s slot=%s attempt=%s]", store.describe(), job, slot, ti.try_number)
+            attempt = Attempt(
+                store,
+                job=job,
+                slot=slot,
+                attempt=ti.try_number,
+                owner=owner,
+                options=options,
+                scheduled_at=scheduled_at,
+                reporter=AirflowReporter(
+                    self.log, ti, interval=self.progress_interval, xcom_interval=self.xcom_interval
+                ),
+                log=self.log,
+                resolve_reason=self._classify(context),
+            )
+            self._attempt = attempt
+            outcome = attempt.run(self._handler(context))
+        except OverlapWait as exc:
+            raise self._wait_or_give_up(context, exc) from exc
+        except BaseException as exc:
+            mapped = to_airflow(exc, job=job, slot=slot)
+            if mapped is None:
+                raise
+            raise mapped from exc
+        finally:
+            self._attempt = None
+        if outcome.result is not None:
+            return outcome.result
+        return outcome.summary()
+
+    def _wait_or_give_up(self, context: Context, exc: OverlapWait) -> BaseException:
+        """``overlap="wait"``: reschedule (no worker slot, no retry used) until ``overlap_timeout``."""
+        first = context["ti"].get_first_reschedule_date(context)
+        if first is not None:
+            waited = (datetime.now(tz=timezone.utc) - first).total_seconds()
+            if waited > self.overlap_timeout:
+                return AirflowException(
+                    f"gave up after waiting {waited:.0f}s (overlap_timeout={self.overlap_timeout:g}s) for an "
+                    f"earlier run to finish: {exc}"
+                )
+        self.log.info("waiting for an earlier run: %s; checking again in %gs", exc, self.overlap_poke)
+        return AirflowRescheduleException(datetime.now(tz=timezone.utc) + timedelta(seconds=self.overlap_poke))
+
+    def on_kill(self) -> None:
+        """Called from Airflow's SIGTERM handler: only raise the signal (no I/O, no locks)."""
+        attempt = self._attempt
+        if attempt is not None:
+            attempt.signal.cancel(Reason.TERMINATED, "the task process received SIGTERM")
+
+
+class ChunkedOperator(ResumableOperator):
+    """The operator owns the loop: ``read`` a chunk after the position, ``process`` it, checkpoint.
+
+    :param read: ``read(ctx, after, limit) -> list``: up to ``limit`` items after position
+        ``after`` (``start`` on a fresh run), ordered by their position.
+    :param process: ``process(ctx, batch)``: the chunk's work; make it idempotent, or write
+        through ``ctx.transaction()`` to commit it atomically with the checkpoint.
+    :param chunk_size: items per chunk (the worst-case cancel delay; ``items / chunk_size``
+        checkpoints).
+    :param position: function of an item giving its position (default ``item["id"]``,
+        ``item[0]`` or the item).
+    :param total: the item count, or ``fn(ctx)`` computing it once per run (for percent and ETA).
+    :param start: the position before the first item (default None).
+
+    Every other argument is :class:`ResumableOperator`'s.
+    """
+
+    def __init__(
+        self,
+        *,
+        read: Callable[..., Sequence[Any]],
+        process: Callable[..., Any],
+        chunk_size: int,
+        position: Callable[[Any], Any] | None = None,
+        total: int | Callable[[RunContext], int | None] | None = None,
+        start: Any = None,
+        **kwargs: Any,
+    ) -> None:
+        try:
+            validate_chunked(read=read, process=process, chunk_size=chunk_size, position=position, total=total)
+        except ConfigurationError as exc:
+            raise ConfigurationError(f"task {kwargs.get('task_id')!r}: {exc.message}", hint=exc.hint) from None
+        self.read = read
+        self.process = process
+        self.chunk_size = chunk_size
+        self.position = position
+        self.total = total
+        self.start = start
+        super().__init__(**kwargs)
+
+    def _handler(self, context: Context) -> Callable[[RunContext], Any]:
+        loop = chunk_loop(
+            self.read, self.process, chunk_size=self.chunk_size, position=self.position, total=self.total,
+            start=self.start,
+        )
+
+        def handler(ctx: RunContext) -> None:
+            loop(ctx)
+            return None  # the summary is the return value
+
+        return handler

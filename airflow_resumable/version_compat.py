@@ -1,0 +1,31 @@
+"""Every import from Airflow that could move between versions, in one place.
+
+The package targets Airflow 3.3 (task SDK 1.3); operators, hooks and exceptions come from the
+task SDK, the public surface DAG authors use.
+"""
+
+from __future__ import annotations
+
+from airflow.sdk import BaseHook, BaseOperator, Context
+from airflow.sdk.bases.decorator import DecoratedOperator, KeywordParameters, task_decorator_factory
+from airflow.sdk.exceptions import (
+    AirflowException,
+    AirflowFailException,
+    AirflowNotFoundException,
+    AirflowRescheduleException,
+    AirflowSkipException,
+)
+
+__all__ = [
+    "AirflowException",
+    "AirflowFailException",
+    "AirflowNotFoundException",
+    "AirflowRescheduleException",
+    "AirflowSkipException",
+    "BaseHook",
+    "BaseOperator",
+    "Context",
+    "DecoratedOperator",
+    "KeywordParameters",
+    "task_decorator_factory",
+]

@@ -1,0 +1,141 @@
+"""Shared fixtures: a project-local Airflow home, PostgreSQL, and the checkpoint stores.
+
+Airflow reads its configuration when first imported, so the environment is set here, at import
+time, before any test module imports Airflow.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+
+_HOME = Path(tempfile.mkdtemp(prefix="resumable-airflow-home-"))
+_DAGS = _HOME / "dags"
+os.environ["AIRFLOW_HOME"] = str(_HOME)
+os.environ["AIRFLOW__CORE__DAGS_FOLDER"] = str(_DAGS)
+os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
+os.environ["AIRFLOW__CORE__UNIT_TEST_MODE"] = "False"
+os.environ.setdefault("AIRFLOW__LOGGING__LOGGING_LEVEL", "INFO")
+os.environ.pop("AIRFLOW_CONN_RESUMABLE_DEFAULT", None)
+
+from support.postgres import Server, dsn  # noqa: E402
+
+from airflow_resumable.core.stores import PostgresStore, SQLiteStore, Store  # noqa: E402
+
+# -- PostgreSQL ---------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[Server]:
+    """The PostgreSQL server (fails, never skips, when there is none)."""
+    try:
+        server = Server().start()
+    except RuntimeError as exc:
+        pytest.fail(str(exc), pytrace=False)
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def pg_params(pg_server: Server) -> dict[str, Any]:
+    """libpq parameters of a fresh, empty database."""
+    return pg_server.create_database()
+
+
+# -- stores ---------------------------------------------------------------------------------------
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def store_kind(request: pytest.FixtureRequest) -> str:
+    return request.param
+
+
+@pytest.fixture
+def store(store_kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> Store:
+    """A checkpoint store of each kind, empty."""
+    if store_kind == "sqlite":
+        return SQLiteStore(tmp_path / "checkpoints.db")
+    params = request.getfixturevalue("pg_params")
+    return PostgresStore(**params)
+
+
+@pytest.fixture
+def store_uri(store: Store, store_kind: str, request: pytest.FixtureRequest) -> str:
+    """The Airflow connection URI of ``store``."""
+    if store_kind == "sqlite":
+        return f"sqlite:///{store.path}"  # type: ignore[attr-defined]
+    return dsn(request.getfixturevalue("pg_params"))
+
+
+# -- Airflow --------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def airflow_home() -> Path:
+    """A migrated Airflow metadata DB (SQLite) and a dags folder with the example and test DAGs."""
+    _DAGS.mkdir(parents=True, exist_ok=True)
+    for folder in (ROOT / "dags", ROOT / "tests" / "dags"):
+        for path in folder.glob("*.py"):
+            link = _DAGS / path.name
+            if not link.exists():
+                link.symlink_to(path)
+    result = subprocess.run(
+        [sys.executable, "-m", "airflow", "db", "migrate"], capture_output=True, text=True, env=os.environ.copy()
+    )
+    if result.returncode != 0:
+        pytest.fail(f"airflow db migrate failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}", pytrace=False)
+    return _HOME
+
+
+_MODULES: dict[Path, Any] = {}
+
+
+def load_dag(dag_id: str) -> Any:
+    """The DAG object with this id, from the dags folder."""
+    from airflow.sdk import DAG
+
+    for path in sorted(_DAGS.glob("*.py")):
+        module = _MODULES.get(path)
+        if module is None:
+            spec = importlib.util.spec_from_file_location(f"_resumable_dags_{path.stem}", path)
+            assert spec and spec.loader
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+            _MODULES[path] = module
+        for value in vars(module).values():
+            if isinstance(value, DAG) and value.dag_id == dag_id:
+                return value
+    raise LookupError(f"no DAG {dag_id!r} in {_DAGS}")
+
+
+@pytest.fixture
+def checkpoints(store: Store, store_uri: str, monkeypatch: pytest.MonkeyPatch) -> Store:
+    """Point the ``resumable_default`` connection at a fresh store of each kind."""
+    monkeypatch.setenv("AIRFLOW_CONN_RESUMABLE_DEFAULT", store_uri)
+    return store
+
+
+@pytest.fixture
+def run_dag(airflow_home: Path):
+    """Run a DAG with ``dag.test()``; returns the DagRun."""
+
+    def run(dag_id: str, *, conf: dict[str, Any] | None = None, logical_date: datetime | None = None) -> Any:
+        dag = load_dag(dag_id)
+        kwargs: dict[str, Any] = {"run_conf": conf or {}}
+        if logical_date is not None:
+            kwargs["logical_date"] = logical_date
+        return dag.test(**kwargs)
+
+    return run
