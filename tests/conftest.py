@@ -131,10 +131,11 @@ def checkpoints(store: Store, store_uri: str, monkeypatch: pytest.MonkeyPatch) -
 def run_dag(airflow_home: Path):
     """Run a DAG with ``dag.test()``; returns the DagRun."""
 
-    def run(dag_id: str, *, conf: dict[str, Any] | None = None, logical_date: datetime | None = None) -> Any:
+    def run(dag_id: str, *, conf: dict[str, Any] | None = None, logical_date: Any = "default") -> Any:
+        """``logical_date=None`` makes a run without one (as manual runs may be in Airflow 3)."""
         dag = load_dag(dag_id)
         kwargs: dict[str, Any] = {"run_conf": conf or {}}
-        if logical_date is not None:
+        if logical_date != "default":
             kwargs["logical_date"] = logical_date
         return dag.test(**kwargs)
 

@@ -237,7 +237,7 @@ class StoreSession:
     def list_slots(self, job: str, limit: int = 100) -> list[Checkpoint]:
         """The job's most recently updated slots, newest first."""
         cur = self._execute(
-            f"SELECT {_SELECT} FROM {TABLE} WHERE job = %s ORDER BY updated_at DESC LIMIT %s", (job, int(limit))
+            f"SELECT {_SELECT} FROM {TABLE} WHERE job = %s ORDER BY updated_at DESC, slot DESC LIMIT %s", (job, int(limit))
         )
         rows = cur.fetchall()
         self.commit()
@@ -265,7 +265,7 @@ class StoreSession:
         cur = self._execute(
             f"INSERT INTO {TABLE} (job, slot, state, processed, status, attempt, attempts, runs, started_at, "
             "updated_at, lease_owner, lease_token, lease_expires_at, heartbeat_at, lease_acquired_at) "
-            "VALUES (%s, %s, '{}', 0, 'running', 0, 0, 1, {now}, {now}, %s, 1, {now_plus}, {now}, {now}) "
+            "VALUES (%s, %s, '{}', 0, 'running', 0, 0, 0, {now}, {now}, %s, 1, {now_plus}, {now}, {now}) "
             f"ON CONFLICT (job, slot) DO NOTHING RETURNING {_SELECT}",
             (job, slot, owner, lease_seconds),
         )

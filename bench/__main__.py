@@ -1,0 +1,120 @@
+"""``python -m bench [--only 1,2,...]``: run the benchmarks and print one table of ratios.
+
+The table goes to stdout (and to ``.bench/results.md``); progress lines go to stderr. The exit
+status is 1 when a row could not be measured (an error), or with ``--strict`` when a target was
+missed; 0 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import sqlite3
+import sys
+import time
+import traceback
+
+# Airflow reads its configuration on first import: set up its temporary home before anything
+# imports it (rows 3 and 7 run real tasks).
+from bench import airflow_env
+
+airflow_env.configure()
+
+from bench.common import ROOT, Database, Result, say, table  # noqa: E402
+
+ROWS = ("1", "2", "3", "4", "5", "6", "7")
+
+
+def _runner(row: str):  # noqa: ANN202 - a module's run(db) -> list[Result]
+    import importlib
+
+    module = {
+        "1": "bench.commit",
+        "2": "bench.loans",
+        "3": "bench.native",
+        "4": "bench.cancel",
+        "5": "bench.heartbeat",
+        "6": "bench.scale",
+        "7": "bench.overhead",
+    }[row]
+    return importlib.import_module(module).run
+
+
+def _machine() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    return f"{os.cpu_count()} cores ({cpu}), load average {load}, Python {platform.python_version()}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    parser.add_argument("--only", default=",".join(ROWS), help="comma-separated rows to run (default: all)")
+    parser.add_argument("--strict", action="store_true", help="exit 1 when a target is missed")
+    args = parser.parse_args(argv)
+    rows = [r.strip() for r in args.only.split(",") if r.strip()]
+    unknown = set(rows) - set(ROWS)
+    if unknown:
+        parser.error(f"unknown row(s) {sorted(unknown)}; rows are {', '.join(ROWS)}")
+
+    started = time.monotonic()
+    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    db = Database()
+    results: list[Result] = []
+    errors = 0
+    try:
+        header = [
+            f"airflow-resumable benchmarks, {when}",
+            f"machine: {_machine()}",
+            f"checkpoints: {db.describe()}, database {db.name}; SQLite {sqlite3.sqlite_version}",
+        ]
+        for line in header:
+            say(line)
+        for row in rows:
+            try:
+                results += _runner(row)(db)
+            except Exception as exc:  # one broken row must not hide the others
+                errors += 1
+                traceback.print_exc()
+                results.append(Result(row, "could not be measured", f"{type(exc).__name__}: {exc}"[:160], None, "-", False))
+    finally:
+        db.drop()
+        airflow_env.cleanup()
+
+    elapsed = time.monotonic() - started
+    from importlib.metadata import version
+
+    header.append(f"Airflow {version('apache-airflow')}, task SDK {version('apache-airflow-task-sdk')}; total {elapsed:.0f} s")
+    text = "\n".join(header) + "\n\n" + table(results)
+    notes = [f"- [{r.key}] {n}" for r in results for n in r.notes]
+    if notes:
+        text += "\n\nNotes:\n" + "\n".join(notes)
+    print(text, flush=True)
+
+    out = ROOT / ".bench"
+    out.mkdir(exist_ok=True)
+    (out / "results.md").write_text(text + "\n")
+    (out / "results.json").write_text(
+        json.dumps(
+            [{**r.__dict__, "verdict": r.verdict} for r in results], indent=2, default=str
+        )
+        + "\n"
+    )
+    missed = sum(1 for r in results if r.passed is False)
+    if errors:
+        return 1
+    return 1 if args.strict and missed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,83 @@
+"""A temporary Airflow home for the rows that run real tasks (3 and 7) with ``dag.test()``.
+
+Airflow reads its configuration when first imported, so :func:`configure` runs before anything
+imports Airflow. The metadata database is SQLite in the temporary home (``dag.test()``'s usual
+setup; a PostgreSQL metadata database would also need the ``asyncpg`` driver, which this
+environment does not install). The dags folder is ``bench/dags``; the checkpoint store of the
+operators is the connection ``resumable_default``, pointed at the benchmark's PostgreSQL database
+(or a SQLite file) per run.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+DAGS = Path(__file__).resolve().parent / "dags"
+
+_home: Path | None = None
+_migrated = False
+_modules: dict[Path, Any] = {}
+
+
+def configure() -> Path:
+    """Set the environment of a fresh Airflow home (idempotent). Call before importing Airflow."""
+    global _home
+    if _home is None:
+        _home = Path(tempfile.mkdtemp(prefix="resumable-bench-airflow-"))
+        os.environ["AIRFLOW_HOME"] = str(_home)
+        os.environ["AIRFLOW__CORE__DAGS_FOLDER"] = str(DAGS)
+        os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
+        os.environ["AIRFLOW__CORE__UNIT_TEST_MODE"] = "False"
+        # Task logs cost the same on both sides of every comparison; keep them out of the output.
+        os.environ["AIRFLOW__LOGGING__LOGGING_LEVEL"] = os.environ.get("BENCH_AIRFLOW_LOG_LEVEL", "ERROR")
+        os.environ.pop("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", None)
+        os.environ.pop("AIRFLOW_CONN_RESUMABLE_DEFAULT", None)
+    return _home
+
+
+def migrate() -> None:
+    """``airflow db migrate`` in a subprocess, once."""
+    global _migrated
+    if _migrated:
+        return
+    configure()
+    result = subprocess.run(
+        [sys.executable, "-m", "airflow", "db", "migrate"], capture_output=True, text=True, env=os.environ.copy()
+    )
+    if result.returncode != 0:
+        raise RuntimeError(f"airflow db migrate failed:\n{result.stdout[-2000:]}\n{result.stderr[-2000:]}")
+    _migrated = True
+
+
+def load_dag(dag_id: str) -> Any:
+    """The DAG object with this id, from ``bench/dags`` (loaded once per file)."""
+    from airflow.sdk import DAG
+
+    for path in sorted(DAGS.glob("*.py")):
+        module = _modules.get(path)
+        if module is None:
+            spec = importlib.util.spec_from_file_location(f"_bench_dags_{path.stem}", path)
+            assert spec and spec.loader
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+            _modules[path] = module
+        for value in vars(module).values():
+            if isinstance(value, DAG) and value.dag_id == dag_id:
+                return value
+    raise LookupError(f"no DAG {dag_id!r} in {DAGS}")
+
+
+def state(dag_run: Any) -> str:
+    return str(getattr(dag_run, "state", "")).rsplit(".", 1)[-1].lower()
+
+
+def cleanup() -> None:
+    if _home is not None:
+        shutil.rmtree(_home, ignore_errors=True)

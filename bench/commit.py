@@ -1,0 +1,151 @@
+"""Row 1: a checkpoint commit against the physical floor.
+
+Ours: ``StoreSession.save`` on the real schema, fenced by the lease (``WHERE job, slot,
+lease_owner, lease_token``), and the whole ``ctx.checkpoint()`` a handler calls (JSON encoding, the
+fenced save, the progress report). The floor: what a user would write by hand, a bare single-row
+upsert + commit through the driver on a table of the same shape (``LIKE resumable_checkpoints``),
+serializing the same state. Both write the same values to the same database, alternating call by
+call.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from airflow_resumable.core.runner import Attempt, Options
+from airflow_resumable.core.stores import PostgresStore, SQLiteStore, Store
+
+from bench.common import Database, Result, at_most, interleave, median, ms, say
+
+TARGET = 1.25
+ROUNDS = 1500
+JOB, SLOT, OWNER = "bench.commit", "2026-01-01T00:00:00+00:00", "bench-owner"
+
+_UPSERT = (
+    "INSERT INTO bare_checkpoints (job, slot, position, state, processed, total, status, updated_at) "
+    "VALUES ({m}, {m}, {m}, {m}, {m}, {m}, 'running', {now}) "
+    "ON CONFLICT (job, slot) DO UPDATE SET position = excluded.position, state = excluded.state, "
+    "processed = excluded.processed, total = excluded.total, updated_at = excluded.updated_at"
+)
+
+
+def _bare(conn: Any, marker: str, now: str) -> Callable[[int], None]:
+    """The hand-written checkpoint: one upsert, one commit."""
+    sql = _UPSERT.format(m=marker, now=now)
+    state = {"total": 0}
+
+    def upsert(i: int) -> None:
+        state["total"] += i
+        cur = conn.cursor()
+        cur.execute(sql, (JOB, SLOT, json.dumps(i), json.dumps(state), i, ROUNDS))
+        conn.commit()
+
+    return upsert
+
+
+def _prepare(store: Store, conn: Any) -> None:
+    """Create the real schema, a leased row for ours and an identical empty table for the bare side."""
+    with store.open() as s:
+        s.ensure_schema()
+    cur = conn.cursor()
+    if store.dialect.name == "postgres":
+        cur.execute("CREATE TABLE bare_checkpoints (LIKE resumable_checkpoints INCLUDING ALL)")
+    else:
+        ddl = conn.execute(
+            "SELECT sql FROM sqlite_master WHERE type = 'table' AND name = 'resumable_checkpoints'"
+        ).fetchone()[0]
+        conn.execute(ddl.replace("resumable_checkpoints", "bare_checkpoints", 1))
+    conn.commit()
+
+
+def _measure(store: Store, conn: Any, *, now: str) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """(save vs bare, ctx.checkpoint vs bare) per-call times."""
+    marker = store.dialect.marker
+    bare = _bare(conn, marker, now)
+
+    # 1a: StoreSession.save on a row leased by hand, as the runner does.
+    with store.open() as session:
+        row, _ = session.acquire(JOB, SLOT, OWNER, 600)
+        session.start(JOB, SLOT, OWNER, row.lease_token, 1, reset=True, resumed_from=None)
+        state = {"total": 0}
+        counter = iter(range(10**9))
+
+        def save() -> None:
+            i = next(counter)
+            state["total"] += i
+            session.save(
+                JOB, SLOT, OWNER, row.lease_token,
+                position=json.dumps(i), state=json.dumps(state), processed=i, total=ROUNDS,
+            )
+
+        bare_counter = iter(range(10**9))
+        raw = interleave({"ours": save, "bare": lambda: bare(next(bare_counter))}, rounds=ROUNDS, warmup=50)
+        session.finish(JOB, SLOT, OWNER, row.lease_token, status=_done())
+
+    # 1b: ctx.checkpoint() inside a real attempt (lease keeper running, progress reported).
+    timings: dict[str, list[float]] = {}
+
+    def handler(ctx: Any) -> None:
+        n = iter(range(10**9))
+
+        def checkpoint() -> None:
+            i = next(n)
+            ctx.state["total"] = ctx.state.get("total", 0) + i
+            ctx.checkpoint(i, processed=i, total=ROUNDS)
+
+        bare_n = iter(range(10**9))
+        timings.update(interleave({"ours": checkpoint, "bare": lambda: bare(next(bare_n))}, rounds=ROUNDS, warmup=50))
+
+    Attempt(
+        store, job=JOB + ".ctx", slot=SLOT, attempt=1, owner=OWNER, options=Options(lease=30, progress_interval=3600)
+    ).run(handler)
+    return raw, timings
+
+
+def _done() -> Any:
+    from airflow_resumable.core.checkpoint import Status
+
+    return Status.DONE
+
+
+def _row(key: str, what: str, times: dict[str, list[float]], floor: str) -> Result:
+    ours, bare = median(times["ours"]), median(times["bare"])
+    ratio = ours / bare
+    return Result(
+        key, what, f"{ms(ours)} vs {floor} {ms(bare)}", ratio, f"<= {TARGET:.2f}x", at_most(ratio, TARGET)
+    )
+
+
+def run(db: Database) -> list[Result]:
+    say("row 1: checkpoint commit vs bare upsert + commit (PostgreSQL)")
+    pg = PostgresStore(**db.schema_params("commit"))
+    conn = db.connect("commit")
+    try:
+        _prepare(pg, conn)
+        raw, ctx = _measure(pg, conn, now="clock_timestamp()")
+    finally:
+        conn.close()
+    results = [
+        _row("1a", "PG: StoreSession.save (fenced) vs bare upsert+commit", raw, "bare"),
+        _row("1b", "PG: ctx.checkpoint() (encode+save+report) vs bare", ctx, "bare"),
+    ]
+
+    say("row 1: checkpoint commit vs bare upsert + commit (SQLite, WAL, synchronous=FULL)")
+    with tempfile.TemporaryDirectory(prefix="resumable-bench-") as tmp:
+        path = Path(tmp) / "checkpoints.db"
+        lite = SQLiteStore(path)
+        conn = lite.connect()  # the same pragmas (WAL, synchronous=FULL) for the bare side
+        try:
+            _prepare(lite, conn)
+            raw, ctx = _measure(lite, conn, now="((julianday('now') - 2440587.5) * 86400.0)")
+        finally:
+            conn.close()
+    results += [
+        _row("1c", "SQLite: StoreSession.save (fenced) vs bare upsert+commit", raw, "bare"),
+        _row("1d", "SQLite: ctx.checkpoint() vs bare", ctx, "bare"),
+    ]
+    return results

@@ -1,0 +1,114 @@
+"""DAGs the test-suite drives through dag.test(). Behaviour comes from the DAG run's conf.
+
+conf keys: ``items``, ``chunk``, ``fail`` ([attempt, chunk] to raise in), ``seen`` (a SQLite file
+where every processed item is logged, outside the checkpoint transaction), ``sleep`` (seconds per
+chunk, spent in ``ctx.signal.wait``).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from datetime import datetime, timedelta
+from typing import Any
+
+from airflow.sdk import DAG, get_current_context, task
+
+from airflow_resumable import ChunkedOperator, ResumableOperator, RunContext
+
+START = datetime(2026, 1, 1)
+
+
+def _conf() -> dict[str, Any]:
+    return dict(get_current_context()["dag_run"].conf or {})
+
+
+def _log_seen(path: str | None, items: list[int], attempt: int, part: int = 0) -> None:
+    if not path:
+        return
+    with sqlite3.connect(path, timeout=30) as db:
+        db.execute("CREATE TABLE IF NOT EXISTS seen (part INTEGER, item INTEGER, attempt INTEGER)")
+        db.executemany("INSERT INTO seen VALUES (?, ?, ?)", [(part, i, attempt) for i in items])
+
+
+def process_items(ctx: RunContext, part: int = 0) -> dict[str, Any]:
+    conf = _conf()
+    n, size = int(conf.get("items", 20)), int(conf.get("chunk", 5))
+    fail = conf.get("fail")
+    ctx.total = n
+    i = ctx.position or 0
+    while i < n:
+        ctx.signal.raise_if_cancelled()
+        batch = list(range(i, min(i + size, n)))
+        _log_seen(conf.get("seen"), batch, ctx.attempt, part)
+        if fail and [ctx.attempt, i // size] == list(fail):
+            raise RuntimeError(f"injected failure in chunk {i // size}")
+        ctx.state["sum"] = ctx.state.get("sum", 0) + sum(batch)
+        if conf.get("sleep"):
+            ctx.signal.wait(float(conf["sleep"]))
+        i = batch[-1] + 1
+        ctx.checkpoint(i, processed=i)
+    return {"sum": ctx.state.get("sum", 0), "part": part}
+
+
+with DAG("rt_items", schedule="@daily", start_date=START, catchup=False) as rt_items:
+    ResumableOperator(task_id="work", handler=process_items, retries=2, retry_delay=timedelta(0), progress_interval=0,
+                      xcom_interval=0)
+
+with DAG("rt_no_retry", schedule="@daily", start_date=START, catchup=False) as rt_no_retry:
+    ResumableOperator(task_id="work", handler=process_items, retries=0)
+
+with DAG("rt_timeout", schedule="@daily", start_date=START, catchup=False) as rt_timeout:
+    ResumableOperator(task_id="work", handler=process_items, timeout=0.6, retries=8, retry_delay=timedelta(0))
+
+with DAG("rt_manual", schedule=None, start_date=START, catchup=False) as rt_manual:
+    ResumableOperator(task_id="work", handler=process_items, retries=1, retry_delay=timedelta(0))
+
+with DAG("rt_mapped", schedule="@daily", start_date=START, catchup=False) as rt_mapped:
+    ResumableOperator.partial(task_id="part", handler=process_items, retries=1, retry_delay=timedelta(0)).expand(
+        handler_kwargs=[{"part": 0}, {"part": 1}, {"part": 2}]
+    )
+
+with DAG("rt_conn", schedule="@daily", start_date=START, catchup=False) as rt_conn:
+    ResumableOperator(task_id="work", handler=process_items, conn_id="resumable_missing", retries=3)
+
+
+def read_numbers(ctx: RunContext, after: int | None, limit: int) -> list[int]:
+    n = int(_conf().get("items", 20))
+    first = 0 if after is None else after + 1
+    return list(range(first, min(first + limit, n)))
+
+
+def add_numbers(ctx: RunContext, batch: list[int]) -> None:
+    conf = _conf()
+    _log_seen(conf.get("seen"), batch, ctx.attempt)
+    ctx.state["sum"] = ctx.state.get("sum", 0) + sum(batch)
+    if conf.get("fail") and [ctx.attempt, batch[0] // len(batch)] == list(conf["fail"]):
+        raise RuntimeError("injected failure")
+
+
+with DAG("rt_chunked", schedule="@daily", start_date=START, catchup=False) as rt_chunked:
+    ChunkedOperator(
+        task_id="work", read=read_numbers, process=add_numbers, chunk_size=4,
+        total=lambda ctx: int(_conf().get("items", 20)), retries=1, retry_delay=timedelta(0),
+    )
+
+
+with DAG("rt_taskflow", schedule="@daily", start_date=START, catchup=False) as rt_taskflow:
+
+    @task
+    def how_many() -> int:
+        return int(_conf().get("items", 12))
+
+    @task.resumable(retries=1, retry_delay=timedelta(0))
+    def count_up(ctx: RunContext, n: int, step: int = 1) -> dict[str, int]:
+        i = ctx.position or 0
+        while i < n:
+            _log_seen(_conf().get("seen"), [i], ctx.attempt)
+            if _conf().get("fail") and ctx.attempt == 1 and i == n // 2:
+                raise RuntimeError("injected failure")
+            ctx.state["sum"] = ctx.state.get("sum", 0) + i
+            i += step
+            ctx.checkpoint(i, processed=i, total=n)
+        return {"sum": ctx.state.get("sum", 0), "n": n}
+
+    count_up(how_many())

@@ -1,0 +1,97 @@
+"""DAGs driven by a real scheduler in tests/test_scheduler.py (``airflow standalone``).
+
+``sched_slow`` runs one ResumableOperator whose handler works through ``items`` numbered items,
+``chunk`` at a time, slowly (``delay`` seconds per item, waiting on the run's signal), so that the
+tests can mark it failed, clear it, and signal or kill its processes while it runs.
+
+Each finished item is written to ``sched_items`` through ``ctx.transaction()``: the write commits
+with the chunk's checkpoint, so ``writes`` counts how often an item was *committed* (exactly once).
+Each item the handler *starts* is also logged to ``sched_seen`` on a separate autocommit connection,
+outside the checkpoint's transaction: that log shows how much work a crash made an attempt repeat.
+Both tables live in the checkpoint database (connection ``resumable_default``, PostgreSQL) and are
+created by the test.
+
+The file imports cleanly anywhere (only Airflow and the provider at import time).
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import datetime, timedelta
+from typing import Any
+
+from airflow.sdk import DAG
+
+from airflow_resumable import ResumableOperator, RunContext
+
+SEEN_TABLE = "sched_seen"
+ITEMS_TABLE = "sched_items"
+
+
+def _seen_log() -> Any:
+    """An autocommit connection to the checkpoint database, for the side-effect log (or None)."""
+    uri = os.environ.get("AIRFLOW_CONN_RESUMABLE_DEFAULT", "")
+    if not uri.startswith(("postgresql://", "postgres://")):
+        return None
+    import psycopg2
+
+    conn = psycopg2.connect(uri.replace("postgres://", "postgresql://", 1))
+    conn.autocommit = True
+    return conn
+
+
+def work_items(ctx: RunContext, *, items: Any, chunk: Any, delay: Any) -> dict[str, Any]:
+    """Process items ``0 .. items-1`` from the checkpoint on; the position is the next item."""
+    items, chunk, delay = int(items), int(chunk), float(delay)
+    seen = _seen_log()
+    tx = ctx.transaction()
+    nxt = 0 if ctx.position is None else int(ctx.position)
+    try:
+        while nxt < items:
+            batch = list(range(nxt, min(nxt + chunk, items)))
+            for item in batch:
+                if seen is not None:
+                    seen.cursor().execute(
+                        f"INSERT INTO {SEEN_TABLE} (slot, item, attempt) VALUES (%s, %s, %s)",
+                        (ctx.slot, item, ctx.attempt),
+                    )
+                ctx.signal.wait(delay)
+                # A cancel drops the unfinished chunk (its writes roll back with it).
+                ctx.signal.raise_if_cancelled()
+                tx.execute(
+                    f"INSERT INTO {ITEMS_TABLE} (slot, item, writes, attempt) VALUES (%s, %s, 1, %s) "
+                    f"ON CONFLICT (slot, item) DO UPDATE SET writes = {ITEMS_TABLE}.writes + 1, "
+                    "attempt = EXCLUDED.attempt",
+                    (ctx.slot, item, ctx.attempt),
+                )
+            nxt = batch[-1] + 1
+            ctx.checkpoint(nxt, processed=ctx.processed + len(batch), total=items)
+    finally:
+        if seen is not None:
+            seen.close()
+    return {"items": items, "resumed_from": ctx.resumed_from, "attempt": ctx.attempt}
+
+
+with DAG(
+    dag_id="sched_slow",
+    schedule=None,
+    start_date=datetime(2024, 1, 1),
+    catchup=False,
+    max_active_runs=4,
+    default_args={"retries": 3, "retry_delay": timedelta(seconds=2)},
+    tags=["resumable-tests"],
+):
+    ResumableOperator(
+        task_id="work",
+        handler=work_items,
+        # A short lease: after a SIGKILL the retry takes the slot over within a few seconds.
+        lease=4,
+        overlap="allow",
+        progress_interval=2,
+        xcom_interval=1,
+        handler_kwargs={
+            "items": "{{ dag_run.conf.get('items', 60) }}",
+            "chunk": "{{ dag_run.conf.get('chunk', 2) }}",
+            "delay": "{{ dag_run.conf.get('delay', 0.2) }}",
+        },
+    )

@@ -1,0 +1,362 @@
+"""The example DAGs in ``dags/``: each file imports cleanly, and each DAG runs to success with
+``dag.test()`` against PostgreSQL (checkpoints, and the customer export's source and warehouse).
+
+The customer export is also interrupted mid-run, once as a deploy would (the run's signal fires
+after two batches) and once as a crash would (an error after a batch's upsert, before its
+checkpoint): after Airflow's retry the warehouse holds every customer exactly once, with the
+source's values, and the batches attempt 1 had committed were not exported again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import closing
+from pathlib import Path
+from typing import Any
+
+import psycopg2
+import pytest
+from support.postgres import Server, dsn
+
+ROOT = Path(__file__).resolve().parent.parent
+DAGS_DIR = ROOT / "dags"
+DAG_FILES = sorted(DAGS_DIR.glob("*.py"))
+EXAMPLE_DAG_IDS = ["chunked_example", "customer_export", "loan_report", "mapped_partitions", "taskflow_example"]
+
+pytestmark = pytest.mark.postgres
+
+
+# -- helpers --------------------------------------------------------------------------------------
+
+
+def query(params: dict[str, Any], sql: str, args: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    with closing(psycopg2.connect(**params)) as conn, conn.cursor() as cur:
+        cur.execute(sql, args)
+        return cur.fetchall()
+
+
+def checkpoint_rows(params: dict[str, Any], job_like: str) -> list[dict[str, Any]]:
+    """The store's rows whose job matches the LIKE pattern, in job order, JSON columns decoded."""
+    cols = ["job", "slot", "position", "state", "processed", "total", "status", "attempt", "attempts", "resumed_from"]
+    rows = query(
+        params, f"SELECT {', '.join(cols)} FROM resumable_checkpoints WHERE job LIKE %s ORDER BY job", (job_like,)
+    )
+    out = []
+    for row in rows:
+        item = dict(zip(cols, row))
+        for key in ("position", "state", "resumed_from"):
+            item[key] = None if item[key] is None else json.loads(item[key])
+        out.append(item)
+    return out
+
+
+def state_of(run: Any) -> str:
+    return str(getattr(run, "state", "")).rsplit(".", 1)[-1].lower()
+
+
+def task_instances(run: Any) -> dict[tuple[str, int], tuple[str, int]]:
+    """(task_id, map_index) -> (state, try_number) of the run's task instances."""
+    from airflow.models.taskinstance import TaskInstance
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    with create_session() as session:
+        tis = session.scalars(
+            select(TaskInstance).where(TaskInstance.dag_id == run.dag_id, TaskInstance.run_id == run.run_id)
+        ).all()
+        return {(ti.task_id, ti.map_index): (str(ti.state).rsplit(".", 1)[-1].lower(), ti.try_number) for ti in tis}
+
+
+def xcom(run: Any, task_id: str, *, key: str = "return_value", map_index: int = -1) -> Any:
+    from airflow.models.xcom import XComModel
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        row = session.scalars(
+            XComModel.get_many(
+                run_id=run.run_id, dag_ids=run.dag_id, task_ids=task_id, key=key, map_indexes=map_index
+            )
+        ).first()
+        assert row is not None, f"no XCom {key!r} for {task_id}[{map_index}] in {run.run_id}"
+        return XComModel.deserialize_value(row)
+
+
+def assert_succeeded(run: Any) -> dict[tuple[str, int], tuple[str, int]]:
+    tis = task_instances(run)
+    assert state_of(run) == "success", f"{run.dag_id} ended {state_of(run)}: {tis}"
+    assert tis and all(state == "success" for state, _ in tis.values()), tis
+    return tis
+
+
+@pytest.fixture
+def pg_checkpoints(pg_params: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """``resumable_default`` points at a fresh PostgreSQL database; ``export_source`` is unset."""
+    monkeypatch.setenv("AIRFLOW_CONN_RESUMABLE_DEFAULT", dsn(pg_params))
+    monkeypatch.delenv("AIRFLOW_CONN_EXPORT_SOURCE", raising=False)
+    return pg_params
+
+
+# -- every file imports -------------------------------------------------------------------------
+
+_IMPORT_PROBE = r"""
+import json, sys
+from airflow.dag_processing.dagbag import DagBag
+
+bag = DagBag(dag_folder=sys.argv[1])
+files = {}
+for dag in bag.dags.values():
+    files.setdefault(dag.fileloc, []).append({
+        "dag_id": dag.dag_id,
+        "tags": sorted(dag.tags),
+        "catchup": dag.catchup,
+        "doc_md": bool((dag.doc_md or "").strip()),
+        "tasks": len(dag.tasks),
+    })
+print(json.dumps({"errors": {k: str(v) for k, v in bag.import_errors.items()}, "files": files}))
+"""
+
+
+def test_every_dag_file_imports_without_errors_or_a_database(tmp_path: Path) -> None:
+    """Parse dags/ as the dag-processor does, in a plain environment: no connections, and a
+    metadata database that cannot be reached (so touching a database at import time fails)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW_CONN_", "AIRFLOW__", "LOANS_DB"))}
+    env.update(
+        AIRFLOW_HOME=str(tmp_path),
+        AIRFLOW__CORE__DAGS_FOLDER=str(DAGS_DIR),
+        AIRFLOW__CORE__LOAD_EXAMPLES="False",
+        AIRFLOW__DATABASE__SQL_ALCHEMY_CONN="postgresql+psycopg2://nobody@127.0.0.1:1/unreachable",
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", _IMPORT_PROBE, str(DAGS_DIR)], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report["errors"] == {}
+    assert DAG_FILES, "dags/ has no DAG files"
+    for path in DAG_FILES:
+        dags = report["files"].get(str(path))
+        assert dags, f"{path.name} defines no DAG"
+        for dag in dags:
+            assert dag["tasks"] >= 1, dag
+            assert {"resumable", "example"} <= set(dag["tags"]), dag
+            assert dag["catchup"] is False, dag
+            assert dag["doc_md"], dag
+    found = sorted(d["dag_id"] for dags in report["files"].values() for d in dags)
+    assert found == EXAMPLE_DAG_IDS
+
+
+def test_snippet_markers_are_balanced() -> None:
+    """Every ``# [START name]`` the README quotes has one ``# [END name]`` after it, names unique."""
+    seen: dict[str, str] = {}
+    for path in DAG_FILES:
+        text = path.read_text()
+        starts = re.findall(r"#\s*\[START (\w+)\]", text)
+        ends = re.findall(r"#\s*\[END (\w+)\]", text)
+        assert sorted(starts) == sorted(ends), path.name
+        for name in starts:
+            assert name not in seen, f"{name} in both {seen.get(name)} and {path.name}"
+            seen[name] = path.name
+            assert text.index(f"[START {name}]") < text.index(f"[END {name}]"), name
+    assert {"customer_export_handler", "customer_export_dag", "mapped_partitions_dag", "taskflow_example_task",
+            "chunked_example_dag", "loan_report_dag"} <= set(seen)
+
+
+# -- every DAG runs -------------------------------------------------------------------------------
+
+
+def test_loan_report_resumes_and_totals_right(
+    run_dag: Callable[..., Any], pg_checkpoints: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("LOANS_DB", str(tmp_path / "loans.db"))
+    run = run_dag("loan_report")
+    tis = assert_succeeded(run)
+    assert tis[("loan_report", -1)] == ("success", 2)  # cancelled at 40 %, resumed by the retry
+    [row] = checkpoint_rows(pg_checkpoints, "loan_report.%")
+    assert row["status"] == "done"
+    assert (row["processed"], row["total"], row["resumed_from"]) == (30_000, 30_000, 12_000)
+    assert row["state"] == {"total": 435_000}
+
+
+def test_chunked_example_totals_every_order(run_dag: Callable[..., Any], pg_checkpoints: dict[str, Any]) -> None:
+    run = run_dag("chunked_example")
+    assert_succeeded(run)
+    expected = sum((i * 7919) % 5_000 + 100 for i in range(1, 5_001))
+    [row] = checkpoint_rows(pg_checkpoints, "chunked_example.%")
+    assert row["job"] == "chunked_example.total_revenue"
+    assert (row["status"], row["position"], row["processed"], row["total"]) == ("done", 5_000, 5_000, 5_000)
+    assert row["state"] == {"revenue_cents": expected}
+    summary = xcom(run, "total_revenue")
+    assert (summary["status"], summary["processed"], summary["position"]) == ("done", 5_000, 5_000)
+    assert xcom(run, "total_revenue", key="checkpoint")["state"] == {"revenue_cents": expected}
+
+
+def test_taskflow_example_returns_the_sum(run_dag: Callable[..., Any], pg_checkpoints: dict[str, Any]) -> None:
+    run = run_dag("taskflow_example")
+    assert_succeeded(run)
+    expected = sum(i * i for i in range(1, 10_001))
+    assert xcom(run, "sum_of_squares") == expected
+    [row] = checkpoint_rows(pg_checkpoints, "taskflow_example.%")
+    assert row["job"] == "taskflow_example.sum_of_squares"
+    assert (row["status"], row["position"], row["processed"], row["total"]) == ("done", 10_000, 10_000, 10_000)
+    assert row["state"] == {"sum": expected}
+    assert row["slot"] == run.data_interval_start.isoformat()
+
+
+def test_mapped_partitions_keeps_one_checkpoint_per_partition(
+    run_dag: Callable[..., Any], pg_checkpoints: dict[str, Any]
+) -> None:
+    run = run_dag("mapped_partitions")
+    tis = assert_succeeded(run)
+    regions = {"north": 1_200, "south": 800, "east": 500, "west": 1_500}
+    assert sorted(i for (task_id, i) in tis if task_id == "sum_partition") == [0, 1, 2, 3]
+
+    def amount(region: str) -> int:
+        return sum((i * 37 + len(region) * 101) % 10_000 for i in range(1, regions[region] + 1))
+
+    rows = checkpoint_rows(pg_checkpoints, "mapped_partitions.%")
+    assert [r["job"] for r in rows] == [f"mapped_partitions.sum_partition[{i}]" for i in range(4)]
+    assert {r["slot"] for r in rows} == {run.data_interval_start.isoformat()}
+    for index, (row, region) in enumerate(zip(rows, regions)):
+        assert (row["status"], row["processed"], row["total"], row["position"]) == (
+            "done", regions[region], regions[region], regions[region],
+        ), row
+        assert row["state"] == {"region": region, "amount_cents": amount(region)}
+        assert xcom(run, "sum_partition", map_index=index) == {
+            "region": region, "orders": regions[region], "amount_cents": amount(region),
+        }
+    assert xcom(run, "combine") == sum(amount(r) for r in regions)
+
+
+# -- the customer export --------------------------------------------------------------------------
+
+CUSTOMERS = 1_000
+BATCH = 200
+
+
+def warehouse(params: dict[str, Any]) -> list[tuple[Any, ...]]:
+    return query(params, "SELECT id, name, email, country, export_attempt FROM warehouse_customers ORDER BY id")
+
+
+def source(params: dict[str, Any]) -> list[tuple[Any, ...]]:
+    return query(params, "SELECT id, name, email, country FROM customers ORDER BY id")
+
+
+def assert_exported_exactly_once(warehouse_db: dict[str, Any], source_db: dict[str, Any]) -> list[tuple[Any, ...]]:
+    rows = warehouse(warehouse_db)
+    customers = source(source_db)
+    assert len(customers) == CUSTOMERS
+    assert [r[:4] for r in rows] == customers  # every customer, once, with the source's values
+    return rows
+
+
+def test_customer_export_copies_every_customer(run_dag: Callable[..., Any], pg_checkpoints: dict[str, Any]) -> None:
+    """Without ``export_source`` the customers come from the checkpoint database."""
+    run = run_dag("customer_export")
+    tis = assert_succeeded(run)
+    assert tis[("export_customers", -1)] == ("success", 1)
+    rows = assert_exported_exactly_once(pg_checkpoints, pg_checkpoints)
+    assert {r[4] for r in rows} == {1}
+    [row] = checkpoint_rows(pg_checkpoints, "customer_export.%")
+    assert row["job"] == "customer_export.export_customers"
+    assert (row["status"], row["position"], row["processed"], row["total"]) == ("done", CUSTOMERS, CUSTOMERS, CUSTOMERS)
+    assert xcom(run, "export_customers")["status"] == "done"
+
+
+@pytest.fixture
+def separate_source(
+    pg_server: Server, pg_checkpoints: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> dict[str, Any]:
+    """``export_source`` points at its own database, apart from the checkpoints and the warehouse."""
+    params = pg_server.create_database(prefix="resumable_source")
+    monkeypatch.setenv("AIRFLOW_CONN_EXPORT_SOURCE", dsn(params))
+    return params
+
+
+@pytest.fixture
+def export_batch_hook(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[Callable[..., None]], None]]:
+    """Replace ``export_batch`` in the DAG file's module with ``wrap(real)``, for this test only."""
+    from conftest import load_dag
+
+    handler = load_dag("customer_export").get_task("export_customers").handler
+    module_globals = handler.__globals__
+
+    def install(wrap: Callable[..., Any]) -> None:
+        monkeypatch.setitem(module_globals, "export_batch", wrap(module_globals["export_batch"]))
+
+    yield install
+
+
+def test_customer_export_interrupted_like_a_deploy_resumes_after_the_last_batch(
+    run_dag: Callable[..., Any],
+    pg_checkpoints: dict[str, Any],
+    separate_source: dict[str, Any],
+    export_batch_hook: Callable[..., None],
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    """Attempt 1's signal fires after two batches (as on a worker shutdown): it stops at that
+    batch boundary; the retry continues after customer 400 and exports the rest."""
+    stopped_after = 2
+    calls: list[tuple[int, int]] = []
+
+    def wrap(real: Callable[..., None]) -> Callable[..., None]:
+        def export_batch(ctx: Any, batch: Any) -> None:
+            real(ctx, batch)
+            calls.append((ctx.attempt, batch[0][0]))
+            if ctx.attempt == 1 and len(calls) == stopped_after:
+                ctx.signal.cancel("shutdown", "the worker is shutting down (test)")
+
+        return export_batch
+
+    export_batch_hook(wrap)
+    run = run_dag("customer_export")
+    tis = assert_succeeded(run)
+    assert tis[("export_customers", -1)] == ("success", 2)
+    cut = stopped_after * BATCH
+    # Attempt 1 exported its two batches; attempt 2 started after them, not from the beginning.
+    assert calls == [(1, 1), (1, 201)] + [(2, first) for first in range(cut + 1, CUSTOMERS + 1, BATCH)]
+    rows = assert_exported_exactly_once(pg_checkpoints, separate_source)
+    assert [r[4] for r in rows] == [1] * cut + [2] * (CUSTOMERS - cut)
+    [row] = checkpoint_rows(pg_checkpoints, "customer_export.%")
+    assert (row["status"], row["processed"], row["attempt"], row["resumed_from"]) == ("done", CUSTOMERS, 2, cut)
+    # The source database got no warehouse table, the warehouse database no customers.
+    assert query(separate_source, "SELECT to_regclass('warehouse_customers')") == [(None,)]
+    assert query(pg_checkpoints, "SELECT to_regclass('customers')") == [(None,)]
+    out, err = capfd.readouterr()
+    assert f"attempt 2, continuing after {cut}" in out + err
+
+
+def test_customer_export_crash_mid_batch_loses_the_batch_with_its_checkpoint(
+    run_dag: Callable[..., Any],
+    pg_checkpoints: dict[str, Any],
+    separate_source: dict[str, Any],
+    export_batch_hook: Callable[..., None],
+) -> None:
+    """Attempt 1 fails after upserting its third batch but before that batch's checkpoint. The
+    batch's rows were in the checkpoint's transaction, so they are gone with it: the retry finds
+    exactly the 400 customers of the two checkpointed batches, and exports the rest once."""
+    seen_by_retry: list[int] = []
+
+    def wrap(real: Callable[..., None]) -> Callable[..., None]:
+        def export_batch(ctx: Any, batch: Any) -> None:
+            if ctx.attempt == 2 and not seen_by_retry:
+                seen_by_retry.append(query(pg_checkpoints, "SELECT count(*) FROM warehouse_customers")[0][0])
+            real(ctx, batch)
+            if ctx.attempt == 1 and batch[0][0] == 2 * BATCH + 1:
+                raise RuntimeError("the worker died mid-batch (test)")
+
+        return export_batch
+
+    export_batch_hook(wrap)
+    run = run_dag("customer_export")
+    tis = assert_succeeded(run)
+    assert tis[("export_customers", -1)] == ("success", 2)
+    assert seen_by_retry == [2 * BATCH]
+    rows = assert_exported_exactly_once(pg_checkpoints, separate_source)
+    assert [r[4] for r in rows] == [1] * (2 * BATCH) + [2] * (CUSTOMERS - 2 * BATCH)
+    [row] = checkpoint_rows(pg_checkpoints, "customer_export.%")
+    assert (row["status"], row["processed"], row["resumed_from"]) == ("done", CUSTOMERS, 2 * BATCH)

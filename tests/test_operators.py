@@ -1,0 +1,182 @@
+"""The operators in real Airflow DAG runs (dag.test()), against both checkpoint stores."""
+
+from __future__ import annotations
+
+import sqlite3
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from airflow_resumable.core.stores import Store
+
+DAY = datetime(2026, 3, 1, tzinfo=timezone.utc)
+SLOT = DAY.isoformat()
+
+
+def seen(path: Path, part: int | None = None) -> list[tuple[int, int]]:
+    with sqlite3.connect(path) as db:
+        q = "SELECT item, attempt FROM seen" + ("" if part is None else f" WHERE part = {part}")
+        return db.execute(q + " ORDER BY rowid").fetchall()
+
+
+def ti_of(run: Any, task_id: str, map_index: int = -1) -> Any:
+    return run.get_task_instance(task_id, map_index=map_index)
+
+
+def xcom(run: Any, task_id: str, key: str = "return_value", map_index: int = -1) -> Any:
+    from airflow.models.xcom import XComModel
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        row = (
+            session.query(XComModel)
+            .filter_by(dag_id=run.dag_id, run_id=run.run_id, task_id=task_id, key=key, map_index=map_index)
+            .one_or_none()
+        )
+        return None if row is None else XComModel.deserialize_value(row)
+
+
+def row_of(store: Store, job: str, slot: str = SLOT) -> Any:
+    with store.open() as s:
+        return s.load(job, slot)
+
+
+def test_a_retry_resumes_at_the_failed_chunk(checkpoints: Store, run_dag, tmp_path: Path) -> None:
+    log = tmp_path / "seen.db"
+    run = run_dag("rt_items", conf={"items": 40, "chunk": 5, "fail": [1, 3], "seen": str(log)}, logical_date=DAY)
+    assert str(run.state) == "success"
+    events = seen(log)
+    attempt1 = [i for i, a in events if a == 1]
+    attempt2 = [i for i, a in events if a == 2]
+    assert attempt1 == list(range(0, 20))  # chunks 0-2 checkpointed, chunk 3 failed mid-way
+    assert attempt2 == list(range(15, 40))  # resumed at chunk 3: only its items twice
+    row = row_of(checkpoints, "rt_items.work")
+    assert (row.status, row.processed, row.total, row.attempt, row.attempts) == ("done", 40, 40, 2, 2)
+    assert row.state == {"sum": sum(range(40))}
+    assert xcom(run, "work") == {"sum": sum(range(40)), "part": 0}
+    assert ti_of(run, "work").try_number == 2
+
+
+def test_running_a_failed_slot_again_continues_it_as_a_clear_does(checkpoints: Store, run_dag, tmp_path: Path) -> None:
+    log = tmp_path / "seen.db"
+    conf = {"items": 30, "chunk": 5, "fail": [1, 2], "seen": str(log)}
+    first = run_dag("rt_no_retry", conf=conf, logical_date=DAY)
+    assert str(first.state) == "failed"
+    failed = row_of(checkpoints, "rt_no_retry.work")
+    assert (failed.status, failed.position) == ("failed", 10) and "injected failure in chunk 2" in failed.last_error
+    again = run_dag("rt_no_retry", conf={**conf, "fail": None}, logical_date=DAY)
+    assert str(again.state) == "success"
+    assert [i for i, _ in seen(log)] == list(range(0, 15)) + list(range(10, 30))
+    done = row_of(checkpoints, "rt_no_retry.work")
+    assert (done.status, done.processed, done.resumed_from, done.attempts) == ("done", 30, 10, 2)
+
+
+def test_a_done_slot_starts_over_when_run_again(checkpoints: Store, run_dag, tmp_path: Path) -> None:
+    log = tmp_path / "seen.db"
+    conf = {"items": 10, "chunk": 5, "seen": str(log)}
+    assert str(run_dag("rt_items", conf=conf, logical_date=DAY).state) == "success"
+    assert str(run_dag("rt_items", conf=conf, logical_date=DAY).state) == "success"
+    assert [i for i, _ in seen(log)] == list(range(10)) * 2
+    assert row_of(checkpoints, "rt_items.work").runs == 2
+
+
+def test_the_restart_flag_discards_an_unfinished_checkpoint(checkpoints: Store, run_dag, tmp_path: Path) -> None:
+    log = tmp_path / "seen.db"
+    conf = {"items": 20, "chunk": 5, "fail": [1, 2], "seen": str(log)}
+    assert str(run_dag("rt_no_retry", conf=conf, logical_date=DAY).state) == "failed"
+    run = run_dag("rt_no_retry", conf={**conf, "fail": None, "resumable_restart": True}, logical_date=DAY)
+    assert str(run.state) == "success"
+    assert [i for i, _ in seen(log)] == list(range(0, 15)) + list(range(0, 20))
+    assert row_of(checkpoints, "rt_no_retry.work").resumed_from is None
+
+
+def test_the_cooperative_timeout_fails_the_attempt_and_retries_finish_exactly(
+    checkpoints: Store, run_dag, tmp_path: Path
+) -> None:
+    log = tmp_path / "seen.db"
+    run = run_dag("rt_timeout", conf={"items": 24, "chunk": 2, "sleep": 0.15, "seen": str(log)}, logical_date=DAY)
+    assert str(run.state) == "success"
+    items = [i for i, _ in seen(log)]
+    assert sorted(items) == list(range(24)), "a cooperative timeout stops after a checkpoint: nothing repeats"
+    assert ti_of(run, "work").try_number >= 2
+    row = row_of(checkpoints, "rt_timeout.work")
+    assert row.state == {"sum": sum(range(24))} and row.status == "done"
+    task = run.get_dag().get_task("work") if hasattr(run, "get_dag") else None
+    if task is not None:
+        assert task.execution_timeout.total_seconds() == pytest.approx(60.6)
+
+
+def test_mapped_tasks_keep_one_checkpoint_per_map_index(checkpoints: Store, run_dag, tmp_path: Path) -> None:
+    log = tmp_path / "seen.db"
+    run = run_dag("rt_mapped", conf={"items": 10, "chunk": 5, "fail": [1, 1], "seen": str(log)}, logical_date=DAY)
+    assert str(run.state) == "success"
+    for part in range(3):
+        row = row_of(checkpoints, f"rt_mapped.part[{part}]")
+        assert (row.status, row.processed, row.attempts) == ("done", 10, 2)
+        assert [i for i, a in seen(log, part) if a == 2] == list(range(5, 10))
+        assert xcom(run, "part", map_index=part) == {"sum": 45, "part": part}
+
+
+def test_a_run_without_a_logical_date_uses_its_run_id_as_slot(checkpoints: Store, run_dag) -> None:
+    run = run_dag("rt_manual", conf={"items": 5, "chunk": 5}, logical_date=None)
+    assert str(run.state) == "success"
+    with checkpoints.open() as s:
+        rows = s.list_slots("rt_manual.work")
+    assert [r.slot for r in rows] == [run.run_id]
+
+
+def test_the_checkpoint_row_is_in_xcom_as_plain_json_without_credentials(
+    store_kind: str, pg_params: dict[str, Any], run_dag, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from support.postgres import Server, dsn
+
+    # Given a PostgreSQL login with a password (trust auth ignores it, but it is in the connection)
+    uri = dsn({**pg_params, "password": "s3cr3t-pw"})
+    monkeypatch.setenv("AIRFLOW_CONN_RESUMABLE_DEFAULT", uri)
+    run = run_dag("rt_items", conf={"items": 10, "chunk": 5}, logical_date=DAY)
+    assert str(run.state) == "success"
+    cp = xcom(run, "work", key="checkpoint")
+    assert cp["job"] == "rt_items.work" and cp["slot"] == SLOT
+    assert (cp["status"], cp["processed"], cp["total"], cp["percent"]) == ("done", 10, 10, 100.0)
+    assert isinstance(cp["updated_at"], str) and cp["lease_owner"] is None
+    assert "s3cr3t-pw" not in repr(cp)
+    summary = xcom(run, "work")
+    assert summary == {"sum": 45, "part": 0}
+    del Server
+
+
+def test_the_chunked_operator_resumes_and_returns_a_summary(checkpoints: Store, run_dag, tmp_path: Path) -> None:
+    log = tmp_path / "seen.db"
+    run = run_dag("rt_chunked", conf={"items": 20, "fail": [1, 2], "seen": str(log)}, logical_date=DAY)
+    assert str(run.state) == "success"
+    assert [i for i, a in seen(log) if a == 2] == list(range(8, 20))
+    summary = xcom(run, "work")
+    assert summary == {
+        "job": "rt_chunked.work", "slot": SLOT, "position": 19, "processed": 20, "total": 20,
+        "status": "done", "attempts": 2, "resumed_from": 7,
+    }
+
+
+def test_task_resumable_is_the_taskflow_twin(checkpoints: Store, run_dag, tmp_path: Path) -> None:
+    log = tmp_path / "seen.db"
+    run = run_dag("rt_taskflow", conf={"items": 12, "fail": True, "seen": str(log)}, logical_date=DAY)
+    assert str(run.state) == "success"
+    assert xcom(run, "count_up") == {"sum": sum(range(12)), "n": 12}
+    assert [i for i, a in seen(log) if a == 2] == list(range(6, 12))
+    row = row_of(checkpoints, "rt_taskflow.count_up")
+    assert (row.status, row.resumed_from) == ("done", 6)
+
+
+def test_a_missing_connection_fails_without_retry_and_says_how_to_configure_it(
+    airflow_home: Path, run_dag, capfd: pytest.CaptureFixture[str]
+) -> None:
+    run = run_dag("rt_conn", conf={}, logical_date=DAY)
+    assert str(run.state) == "failed"
+    ti = ti_of(run, "work")
+    assert ti.try_number == 1, "a configuration error is not retried"
+    out, err = capfd.readouterr()
+    text = out + err
+    assert "'resumable_missing' for the checkpoint store does not exist" in text
+    assert "AIRFLOW_CONN_RESUMABLE_MISSING='sqlite:////" in text and "job='rt_conn.work'" in text

@@ -1,0 +1,281 @@
+"""The attempt loop, without Airflow: resume, at most one chunk repeated, timeout, re-runs, bad input.
+
+Given / When / Then, against both stores.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+import pytest
+
+from airflow_resumable.core import (
+    Attempt,
+    Cancelled,
+    ConfigurationError,
+    InvalidCheckpoint,
+    Options,
+    Signal,
+    Store,
+    chunk_loop,
+)
+
+JOB, SLOT = "loans", "2026-01-01T00:00:00+00:00"
+
+
+def attempt(store: Store, n: int, **options: Any) -> Attempt:
+    return Attempt(store, job=JOB, slot=SLOT, attempt=n, owner=f"owner-{n}", options=Options(**options))
+
+
+class Items:
+    """A handler over items 0..n-1 that records every item it processes (the side effect)."""
+
+    def __init__(self, n: int, chunk: int, *, fail: tuple[int, int] | None = None):
+        self.n, self.chunk, self.fail = n, chunk, fail
+        self.seen: list[int] = []
+
+    def __call__(self, ctx) -> int:
+        i = ctx.position or 0
+        ctx.total = self.n
+        while i < self.n:
+            ctx.signal.raise_if_cancelled()
+            batch = list(range(i, min(i + self.chunk, self.n)))
+            self.seen.extend(batch)
+            if self.fail and (ctx.attempt, i // self.chunk) == self.fail:
+                raise RuntimeError(f"injected failure in chunk {i // self.chunk}")
+            ctx.state["sum"] = ctx.state.get("sum", 0) + sum(batch)
+            i = batch[-1] + 1
+            ctx.checkpoint(i, processed=i)
+        return ctx.state["sum"]
+
+
+def test_a_retry_resumes_and_repeats_at_most_the_failed_chunk(store: Store) -> None:
+    # Given a handler that fails on attempt 1 in chunk 3 (after 3 checkpoints)
+    work = Items(50, 5, fail=(1, 3))
+    with pytest.raises(RuntimeError, match="injected"):
+        attempt(store, 1).run(work)
+    with store.open() as s:
+        row = s.load(JOB, SLOT)
+    assert (row.status, row.position, row.processed) == ("failed", 15, 15)
+    assert "injected failure in chunk 3" in row.last_error and row.lease_owner is None
+    # When attempt 2 runs
+    outcome = attempt(store, 2).run(work)
+    # Then it started at chunk 3, only chunk 3's items were processed twice, and the total is exact
+    assert outcome.resumed_from == 15
+    assert outcome.result == sum(range(50))
+    twice = sorted({i for i in work.seen if work.seen.count(i) == 2})
+    assert twice == list(range(15, 20)) and set(work.seen) == set(range(50))
+    assert outcome.checkpoint.status == "done" and outcome.checkpoint.attempts == 2
+
+
+def test_the_cooperative_timeout_stops_at_a_chunk_boundary_and_the_retry_finishes(store: Store) -> None:
+    def slow(ctx) -> int:
+        i = ctx.position or 0
+        while i < 40:
+            ctx.signal.raise_if_cancelled()
+            ctx.state["sum"] = ctx.state.get("sum", 0) + sum(range(i, i + 4))
+            i += 4
+            ctx.signal.wait(0.05)  # a chunk takes ~50 ms
+            ctx.checkpoint(i, processed=i, total=40)
+        return ctx.state["sum"]
+
+    with pytest.raises(Cancelled) as stopped:
+        attempt(store, 1, timeout=0.3).run(slow)
+    assert stopped.value.reason == "timeout"
+    with store.open() as s:
+        row = s.load(JOB, SLOT)
+    assert row.status == "cancelled" and row.cancel_reason == "timeout" and 0 < row.processed < 40
+    outcome = attempt(store, 2).run(slow)
+    assert outcome.result == sum(range(40)) and outcome.resumed_from == row.position
+
+
+def test_the_signal_is_checked_after_the_save_so_the_chunk_is_kept(store: Store) -> None:
+    def handler(ctx) -> None:
+        ctx.checkpoint(1, processed=1)
+        ctx.signal.cancel("user", "user cancelled")
+        ctx.checkpoint(2, processed=2)  # saved, then raises
+        raise AssertionError("not reached")
+
+    with pytest.raises(Cancelled, match="user cancelled"):
+        attempt(store, 1).run(handler)
+    with store.open() as s:
+        row = s.load(JOB, SLOT)
+    assert (row.position, row.status, row.cancel_reason) == (2, "cancelled", "user")
+
+
+def test_a_done_slot_run_again_starts_over(store: Store, caplog: pytest.LogCaptureFixture) -> None:
+    first = attempt(store, 1).run(Items(10, 5))
+    assert first.checkpoint.status == "done"
+    again = Items(10, 5)
+    with caplog.at_level(logging.WARNING):
+        outcome = attempt(store, 1).run(again)
+    assert again.seen == list(range(10)) and outcome.resumed_from is None
+    assert outcome.checkpoint.runs == 2
+    assert "finished at" in caplog.text and "running it again from the start" in caplog.text
+
+
+def test_restart_discards_an_unfinished_checkpoint_on_purpose_and_says_so(
+    store: Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    with pytest.raises(RuntimeError):
+        attempt(store, 1).run(Items(20, 5, fail=(1, 2)))
+    fresh = Items(20, 5)
+    with caplog.at_level(logging.WARNING):
+        outcome = attempt(store, 2, restart=True).run(fresh)
+    assert fresh.seen == list(range(20)) and outcome.resumed_from is None
+    assert "restart requested: discarding the unfinished checkpoint at position=10" in caplog.text
+
+
+def test_transaction_writes_commit_with_the_checkpoint_and_vanish_with_a_failed_chunk(store: Store) -> None:
+    with store.open() as s:
+        s.ensure_schema()
+        s._execute("CREATE TABLE sink (item INTEGER PRIMARY KEY)")
+        s.commit()
+
+    def handler(ctx) -> None:
+        conn = ctx.transaction()
+        mark = "?" if conn.paramstyle == "qmark" else "%s"
+        start = ctx.position or 0
+        for i in range(start, 6):
+            conn.cursor().execute(f"INSERT INTO sink (item) VALUES ({mark})", (i,))
+            if i % 2 == 1:
+                ctx.checkpoint(i + 1, processed=i + 1)
+            if i == 4 and ctx.attempt == 1:
+                raise RuntimeError("crash after writing item 4, before its checkpoint")
+
+    with pytest.raises(RuntimeError):
+        attempt(store, 1).run(handler)
+    with store.open() as s:
+        cur = s.conn.cursor()
+        cur.execute("SELECT item FROM sink ORDER BY item")
+        assert [r[0] for r in cur.fetchall()] == [0, 1, 2, 3]
+    attempt(store, 2).run(handler)
+    with store.open() as s:
+        cur = s.conn.cursor()
+        cur.execute("SELECT item FROM sink ORDER BY item")
+        assert [r[0] for r in cur.fetchall()] == [0, 1, 2, 3, 4, 5]
+
+
+def test_the_transaction_cannot_be_committed_behind_the_checkpoint_s_back(store: Store) -> None:
+    def handler(ctx) -> None:
+        ctx.transaction().commit()
+
+    with pytest.raises(RuntimeError, match="commits with the next ctx.checkpoint"):
+        attempt(store, 1).run(handler)
+
+
+@pytest.mark.parametrize(
+    ("position", "state", "message"),
+    [
+        (object(), None, "position"),
+        ({1, 2}, None, "position"),
+        (float("nan"), None, "position"),
+        (1, {"when": __import__("datetime").datetime(2026, 1, 1)}, "state"),
+        (1, {1: "non-string key"}, "non-string keys"),
+        (1, ["not", "a", "dict"], "state must be a dict"),
+    ],
+)
+def test_a_position_or_state_that_is_not_json_is_refused_and_nothing_is_written(
+    store: Store, position: Any, state: Any, message: str
+) -> None:
+    def handler(ctx) -> None:
+        ctx.checkpoint(7, processed=7)
+        ctx.checkpoint(position, state=state, processed=8)
+
+    with pytest.raises(InvalidCheckpoint) as err:
+        attempt(store, 1).run(handler)
+    assert message in str(err.value) and JOB in str(err.value) and SLOT in str(err.value)
+    with store.open() as s:
+        row = s.load(JOB, SLOT)
+    assert (row.position, row.processed, row.status) == (7, 7, "failed")
+
+
+def test_a_handler_that_is_not_callable_is_refused(store: Store) -> None:
+    with pytest.raises(ConfigurationError, match=r"handler must be callable.*job='loans'"):
+        attempt(store, 1).run("not a function")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"chunk_size": 0}, "chunk_size must be a positive integer"),
+        ({"chunk_size": -3}, "chunk_size must be a positive integer"),
+        ({"chunk_size": 2.5}, "chunk_size must be a positive integer"),
+        ({"chunk_size": 10, "total": -1}, "total must be"),
+    ],
+)
+def test_bad_chunk_arguments_are_refused_before_anything_runs(kwargs: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigurationError, match=message):
+        chunk_loop(lambda ctx, after, limit: [], lambda ctx, batch: None, **kwargs)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"overlap": "sometimes"}, "overlap must be one of skip, allow, wait, replace"),
+        ({"lease": 0.1}, "lease must be at least"),
+        ({"timeout": -1}, "timeout must be a positive number"),
+        ({"lease_wait": -1}, "lease_wait must be a non-negative"),
+    ],
+)
+def test_bad_options_are_refused(options: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigurationError, match=message):
+        Options(**options)
+
+
+def test_the_chunk_loop_reads_after_the_position_and_checkpoints_each_chunk(store: Store) -> None:
+    rows = [{"id": i * 10, "v": i} for i in range(1, 24)]
+    reads: list[Any] = []
+
+    def read(ctx, after, limit):
+        reads.append(after)
+        return [r for r in rows if after is None or r["id"] > after][:limit]
+
+    def process(ctx, batch):
+        ctx.state["v"] = ctx.state.get("v", 0) + sum(r["v"] for r in batch)
+        if ctx.attempt == 1 and batch[-1]["id"] >= 100:
+            ctx.signal.cancel("shutdown")
+
+    handler = chunk_loop(read, process, chunk_size=5, total=len(rows))
+    with pytest.raises(Cancelled):
+        attempt(store, 1).run(handler)
+    reads.clear()
+    outcome = attempt(store, 2).run(handler)
+    assert reads[0] == 100 and outcome.resumed_from == 100
+    with store.open() as s:
+        row = s.load(JOB, SLOT)
+    assert row.state == {"v": sum(range(1, 24))} and (row.processed, row.total) == (23, 23)
+
+
+def test_a_read_that_does_not_advance_is_an_error_not_an_endless_loop(store: Store) -> None:
+    handler = chunk_loop(lambda ctx, after, limit: [{"id": 1}], lambda ctx, batch: None, chunk_size=5)
+    with pytest.raises(ConfigurationError, match="did not advance"):
+        attempt(store, 1).run(handler)
+
+
+# -- the signal ------------------------------------------------------------------------------
+
+
+def test_the_first_reason_wins() -> None:
+    sig = Signal()
+    assert sig.cancel("user") and not sig.cancel("timeout")
+    assert sig.reason == "user"
+    with pytest.raises(Cancelled) as err:
+        sig.raise_if_cancelled()
+    assert err.value.reason == "user"
+
+
+def test_wait_wakes_when_another_thread_cancels() -> None:
+    sig = Signal()
+    threading.Timer(0.05, sig.cancel, args=("shutdown",)).start()
+    assert sig.wait(30) is True and sig.reason == "shutdown"
+
+
+def test_the_deadline_fires_as_timeout() -> None:
+    now = [100.0]
+    sig = Signal(deadline=105.0, clock=lambda: now[0])
+    assert not sig.cancelled
+    now[0] = 105.0
+    assert sig.cancelled and sig.reason == "timeout"

@@ -1,0 +1,301 @@
+"""With a real scheduler: UI actions, worker shutdown and a killed task process, end to end.
+
+One ``airflow standalone`` (LocalExecutor, PostgreSQL metadata database, a short task-instance
+heartbeat timeout) runs for the whole module; the checkpoint store is another PostgreSQL database.
+The scenarios run one after another against DAG ``sched_slow`` (tests/dags/scheduler_dags.py),
+each on its own manual DAG run (slot = run id), and drive Airflow only as a user or an operator
+would: through the REST API and with signals to the worker's processes.
+
+Measured times are printed (run with ``-s``): from the UI's *mark failed* to the handler
+stopping, and from a SIGKILL of the task process to the retry resuming.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import closing
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil
+import psycopg2
+import pytest
+from support.postgres import Server, dsn
+from support.standalone import Standalone, wait_for
+
+from airflow_resumable.core.checkpoint import Checkpoint
+from airflow_resumable.core.stores import PostgresStore
+from airflow_resumable.core.stores.base import StoreSession
+
+pytestmark = pytest.mark.scheduler
+
+ROOT = Path(__file__).resolve().parent.parent
+DAG_FILE = ROOT / "tests" / "dags" / "scheduler_dags.py"
+DAG_ID = "sched_slow"
+TASK_ID = "work"
+JOB = f"{DAG_ID}.{TASK_ID}"
+ITEMS = 60
+CHUNK = 2
+DELAY = 0.2  # seconds per item: a chunk takes CHUNK * DELAY
+#: [scheduler] task_instance_heartbeat_timeout for this standalone (300 s by default).
+HEARTBEAT_TIMEOUT = 15
+#: Airflow's supervisor heartbeats at most every [workers] min_heartbeat_interval (5 s), and
+#: escalates SIGTERM to SIGKILL after 5 s (hard-coded in the task SDK's supervisor).
+SUPERVISOR_HEARTBEAT = 5.0
+SIGKILL_ESCALATION = 5.0
+
+TABLES = (
+    "CREATE TABLE sched_items (slot TEXT NOT NULL, item INTEGER NOT NULL, writes INTEGER NOT NULL, "
+    "attempt INTEGER NOT NULL, PRIMARY KEY (slot, item))",
+    "CREATE TABLE sched_seen (slot TEXT NOT NULL, item INTEGER NOT NULL, attempt INTEGER NOT NULL, "
+    "seen_at TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp())",
+)
+
+MEASURED: dict[str, float] = {}
+
+
+@dataclass
+class Env:
+    airflow: Standalone
+    session: StoreSession
+    sink: Any  # autocommit psycopg2 connection on the checkpoint database
+
+    @property
+    def api(self) -> Any:
+        assert self.airflow.api is not None
+        return self.airflow.api
+
+    # -- the checkpoint database -----------------------------------------------------------------
+
+    def row(self, slot: str) -> Checkpoint | None:
+        return self.session.load(JOB, slot)
+
+    def committed(self, slot: str) -> dict[int, int]:
+        """item -> how many times its write was committed (through ctx.transaction())."""
+        with self.sink.cursor() as cur:
+            cur.execute("SELECT item, writes FROM sched_items WHERE slot = %s ORDER BY item", (slot,))
+            return dict(cur.fetchall())
+
+    def seen(self, slot: str) -> list[tuple[int, int]]:
+        """(item, attempt) for every item an attempt started, in order."""
+        with self.sink.cursor() as cur:
+            cur.execute("SELECT item, attempt FROM sched_seen WHERE slot = %s ORDER BY seen_at", (slot,))
+            return [tuple(r) for r in cur.fetchall()]
+
+    # -- Airflow ---------------------------------------------------------------------------------
+
+    def trigger(self, prefix: str) -> str:
+        run_id = f"{prefix}_{uuid.uuid4().hex[:8]}"
+        self.api.trigger(DAG_ID, run_id=run_id, conf={"items": ITEMS, "chunk": CHUNK, "delay": DELAY})
+        return run_id
+
+    def ti(self, run_id: str) -> dict[str, Any]:
+        return self.api.task_instance(DAG_ID, run_id, TASK_ID)
+
+    def running_with_progress(self, run_id: str, at_least: int = 3 * CHUNK, attempt: int = 1) -> Checkpoint:
+        """Wait until the task runs try ``attempt`` and has committed ``at_least`` items."""
+
+        def ready() -> Checkpoint | None:
+            row = self.row(run_id)
+            if row and row.status == "running" and row.attempt == attempt and row.processed >= at_least:
+                return row
+            return None
+
+        return wait_for(ready, timeout=180, interval=0.1, what=f"{run_id} try {attempt} to make progress",
+                        on_timeout=lambda: self.explain(run_id))
+
+    def run_state(self, run_id: str, states: tuple[str, ...], timeout: float = 180) -> str:
+        return wait_for(
+            lambda: (s := self.api.dag_run(DAG_ID, run_id)["state"]) in states and s,
+            timeout=timeout, interval=0.5, what=f"DAG run {run_id} to reach {states}",
+            on_timeout=lambda: self.explain(run_id),
+        )
+
+    def explain(self, run_id: str) -> str:
+        """What to look at when a wait fails: the row, the task instance, the logs."""
+        parts = [f"row: {self.row(run_id)}"]
+        try:
+            ti = self.ti(run_id)
+            parts.append(f"task instance: state={ti['state']} try={ti['try_number']} pid={ti['pid']}")
+            for n in range(1, ti["try_number"] + 1):
+                parts.append(f"--- task log, try {n} ---\n{self.airflow.task_log(DAG_ID, run_id, TASK_ID, n)[-4000:]}")
+        except Exception as exc:  # noqa: BLE001 - diagnostics only
+            parts.append(f"(task instance unavailable: {exc!r})")
+        parts.append(self.airflow.tail(40))
+        return "\n".join(parts)
+
+    def stopped(self, run_id: str, *, attempt: int) -> Checkpoint:
+        """Poll until try ``attempt`` no longer runs on the row; the row as that try left it."""
+
+        def ended() -> Checkpoint | None:
+            row = self.row(run_id)
+            return row if row and (row.attempt != attempt or row.status != "running") else None
+
+        row = wait_for(ended, timeout=60, interval=0.05, what=f"try {attempt} of {run_id} to stop",
+                       on_timeout=lambda: self.explain(run_id))
+        assert row.attempt == attempt, f"a new try started before try {attempt} was seen to stop: {row}"
+        return row
+
+
+def assert_exactly_once(env: Env, slot: str, upto: int) -> None:
+    committed = env.committed(slot)
+    assert sorted(committed) == list(range(upto)), f"committed items {sorted(committed)} != 0..{upto - 1}"
+    repeated = {item: n for item, n in committed.items() if n != 1}
+    assert not repeated, f"items committed more than once: {repeated}"
+
+
+def assert_no_repeats_before(env: Env, slot: str, position: int, attempt: int) -> None:
+    """Try ``attempt`` started at ``position``: it did not touch an item before it."""
+    later = [item for item, a in env.seen(slot) if a == attempt]
+    assert later, f"try {attempt} processed nothing"
+    assert min(later) == position, f"try {attempt} started at item {min(later)}, its checkpoint was {position}"
+
+
+@pytest.fixture(scope="module")
+def env(pg_server: Server) -> Iterator[Env]:
+    metadata = pg_server.create_database("resumable_sched_meta")
+    checkpoints = pg_server.create_database("resumable_sched_ckpt")
+    store = PostgresStore(**checkpoints)
+    with closing(psycopg2.connect(dsn(checkpoints))) as sink:
+        sink.autocommit = True
+        with sink.cursor() as cur:
+            for statement in TABLES:
+                cur.execute(statement)
+        airflow = Standalone(
+            metadata_uri=dsn(metadata).replace("postgresql://", "postgresql+psycopg2://", 1),
+            dag_files=[DAG_FILE],
+            env={
+                "AIRFLOW_CONN_RESUMABLE_DEFAULT": dsn(checkpoints),
+                "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": str(HEARTBEAT_TIMEOUT),
+                "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT_DETECTION_INTERVAL": "2",
+            },
+        )
+        try:
+            airflow.start()
+            api = airflow.api
+            assert api is not None
+            wait_for(
+                lambda: api.request("GET", f"/dags/{DAG_ID}", expect=(200, 404)).get("dag_id"),
+                timeout=120, interval=1.0, what=f"the dag-processor to parse {DAG_ID}", on_timeout=airflow.tail,
+            )
+            api.unpause(DAG_ID)
+            with store.open(autocommit=True) as session:
+                session.ensure_schema()
+                yield Env(airflow=airflow, session=session, sink=sink)
+        finally:
+            airflow.stop()
+            airflow.cleanup()
+    if MEASURED:
+        print("\nmeasured: " + ", ".join(f"{k} = {v:.2f}s" for k, v in MEASURED.items()))
+
+
+@pytest.fixture(scope="module")
+def marked_failed(env: Env) -> tuple[str, Checkpoint]:
+    """Scenario a: a running task marked failed through the REST API, as the UI's button does."""
+    run_id = env.trigger("markfailed")
+    env.running_with_progress(run_id)
+    ti = env.ti(run_id)
+    assert ti["state"] == "running" and ti["try_number"] == 1
+    patched = time.monotonic()
+    env.api.set_task_state(DAG_ID, run_id, TASK_ID, "failed")
+    row = env.stopped(run_id, attempt=1)
+    MEASURED["mark failed -> handler stopped"] = time.monotonic() - patched
+    print(f"\n[scheduler] mark failed -> handler stopped: {MEASURED['mark failed -> handler stopped']:.2f}s")
+    return run_id, row
+
+
+def test_mark_failed_stops_the_handler_as_user_with_the_checkpoint_intact(
+    env: Env, marked_failed: tuple[str, Checkpoint]
+) -> None:
+    run_id, row = marked_failed
+    assert row.status == "cancelled", row
+    assert row.cancel_reason == "user", row
+    # Stopped at a chunk boundary before Airflow's SIGKILL: the last chunk's checkpoint is intact.
+    assert row.position == row.processed, row
+    assert 0 < row.processed < ITEMS and row.processed % CHUNK == 0, row
+    assert row.lease_owner is None, row
+    assert_exactly_once(env, run_id, row.position)
+    elapsed = MEASURED["mark failed -> handler stopped"]
+    assert elapsed < SUPERVISOR_HEARTBEAT + SIGKILL_ESCALATION, f"stopped after {elapsed:.1f}s"
+    # The person's decision stands: the task instance stays failed, nothing retried it.
+    wait_for(lambda: env.ti(run_id)["state"] == "failed", timeout=30, what="the task instance to stay failed")
+    ti = env.ti(run_id)
+    assert ti["try_number"] == 1, ti
+
+
+def test_clear_resumes_from_the_checkpoint(env: Env, marked_failed: tuple[str, Checkpoint]) -> None:
+    run_id, cancelled = marked_failed
+    # The old task process is gone before we clear (the supervisor waits for it).
+    wait_for(lambda: env.ti(run_id)["state"] == "failed", timeout=30, what="the task instance to be failed")
+    env.api.clear(DAG_ID, run_id, [TASK_ID])
+    assert env.run_state(run_id, ("success", "failed")) == "success", env.explain(run_id)
+    row = env.row(run_id)
+    assert row is not None
+    assert row.status == "done" and row.attempt == 2, row
+    assert row.resumed_from == cancelled.position, row
+    assert row.processed == ITEMS and row.position == ITEMS, row
+    assert_exactly_once(env, run_id, ITEMS)
+    assert_no_repeats_before(env, run_id, cancelled.position, attempt=2)
+    ti = env.ti(run_id)
+    assert ti["state"] == "success" and ti["try_number"] == 2, ti
+
+
+def test_worker_shutdown_fails_retryable_and_the_retry_resumes(env: Env) -> None:
+    run_id = env.trigger("shutdown")
+    env.running_with_progress(run_id)
+    ti = env.ti(run_id)
+    task, supervisor = env.airflow.processes_of(ti["id"])
+    assert "LocalExecutor" in " ".join(supervisor.cmdline()), supervisor.cmdline()
+    supervisor.send_signal(signal.SIGTERM)  # the worker is stopping: it forwards SIGTERM to the task
+    row = env.stopped(run_id, attempt=1)
+    assert row.status == "cancelled", row
+    assert row.cancel_reason == "shutdown", row
+    assert row.position == row.processed and 0 < row.processed < ITEMS, row
+    # The attempt failed as retryable (never success), and the retry resumed and finished.
+    assert env.run_state(run_id, ("success", "failed")) == "success", env.explain(run_id)
+    first = env.api.task_try(DAG_ID, run_id, TASK_ID, 1)
+    assert first is not None and first["state"] == "up_for_retry", first
+    final = env.row(run_id)
+    assert final is not None and final.status == "done" and final.attempt == 2, final
+    assert final.resumed_from == row.position, final
+    assert_exactly_once(env, run_id, ITEMS)
+    assert_no_repeats_before(env, run_id, row.position, attempt=2)
+
+
+def test_sigkill_of_the_task_process_is_retried_and_resumes(env: Env) -> None:
+    run_id = env.trigger("sigkill")
+    env.running_with_progress(run_id)
+    ti = env.ti(run_id)
+    task, _ = env.airflow.processes_of(ti["id"])
+    before = env.row(run_id)
+    assert before is not None
+    task.send_signal(signal.SIGKILL)
+    killed = time.monotonic()
+    psutil.wait_procs([task], timeout=10)
+
+    def resumed() -> Checkpoint | None:
+        row = env.row(run_id)
+        return row if row and row.attempt == 2 and row.status == "running" else None
+
+    row = wait_for(resumed, timeout=HEARTBEAT_TIMEOUT + 120, interval=0.05, what="the retry to resume",
+                   on_timeout=lambda: env.explain(run_id))
+    MEASURED["SIGKILL -> retry resumed"] = time.monotonic() - killed
+    print(f"\n[scheduler] SIGKILL of the task process -> retry resumed: {MEASURED['SIGKILL -> retry resumed']:.2f}s")
+    assert row.resumed_from is not None and row.resumed_from >= before.position, (row, before)
+    assert env.run_state(run_id, ("success", "failed")) == "success", env.explain(run_id)
+    first = env.api.task_try(DAG_ID, run_id, TASK_ID, 1)
+    assert first is not None and first["state"] == "up_for_retry", first
+    final = env.row(run_id)
+    assert final is not None and final.status == "done" and final.attempt == 2, final
+    # Committed work exactly once; repeated work (started by try 1, redone by try 2) at most a chunk.
+    assert_exactly_once(env, run_id, ITEMS)
+    assert_no_repeats_before(env, run_id, row.resumed_from, attempt=2)
+    seen = env.seen(run_id)
+    first_try = {item for item, a in seen if a == 1}
+    second_try = {item for item, a in seen if a == 2}
+    repeated = sorted(first_try & second_try)
+    assert len(repeated) <= CHUNK, f"more than one chunk repeated: {repeated}"

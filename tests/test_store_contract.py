@@ -1,0 +1,174 @@
+"""One contract for every checkpoint store: run against SQLite and PostgreSQL alike."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from airflow_resumable.core.checkpoint import Status
+from airflow_resumable.core.errors import CorruptCheckpoint, LeaseLost, SchemaVersionError
+from airflow_resumable.core.stores import SCHEMA_VERSION, Store
+
+JOB, SLOT = "export", "2026-01-01T12:00:00+00:00"
+
+
+def acquire(session, owner: str = "a", lease: float = 30.0, slot: str = SLOT):
+    got = session.acquire(JOB, slot, owner, lease)
+    assert got is not None, "the lease should have been free"
+    return got
+
+
+def test_schema_is_created_once_and_stamped(store: Store) -> None:
+    with store.open() as s:
+        assert s.ensure_schema() == SCHEMA_VERSION
+        assert s.ensure_schema() == SCHEMA_VERSION  # idempotent
+        cur = s.conn.cursor()
+        cur.execute("SELECT value FROM resumable_meta WHERE key = 'schema_version'")
+        assert cur.fetchone()[0] == str(SCHEMA_VERSION)
+
+
+def test_a_newer_schema_is_refused_and_left_alone(store: Store) -> None:
+    with store.open() as s:
+        s.ensure_schema()
+        s._execute("UPDATE resumable_meta SET value = %s WHERE key = 'schema_version'", (str(SCHEMA_VERSION + 1),))
+        s.commit()
+    with store.open() as s, pytest.raises(SchemaVersionError, match="newer than this airflow-resumable understands"):
+        s.ensure_schema()
+    with store.open() as s:
+        cur = s.conn.cursor()
+        cur.execute("SELECT value FROM resumable_meta WHERE key = 'schema_version'")
+        assert cur.fetchone()[0] == str(SCHEMA_VERSION + 1)
+
+
+def test_first_acquire_creates_the_row_and_a_save_round_trips_json(store: Store) -> None:
+    with store.open() as s:
+        s.ensure_schema()
+        row, created = acquire(s)
+        assert created and row.lease_owner == "a" and row.lease_token == 1 and row.status == "running"
+        position = [42, "2026-01-01", {"k": [1, 2.5, None, True]}]
+        s.save(JOB, SLOT, "a", 1, position=json.dumps(position), state=json.dumps({"total": 7}), processed=10, total=30)
+        got = s.load(JOB, SLOT)
+        assert got.position == position and got.state == {"total": 7}
+        assert (got.processed, got.total) == (10, 30)
+        assert got.updated_at is not None and got.updated_at.tzinfo is not None
+
+
+def test_a_live_lease_is_not_taken_and_an_expired_one_is(store: Store) -> None:
+    with store.open() as s:
+        s.ensure_schema()
+        acquire(s, owner="a", lease=30)
+        assert s.acquire(JOB, SLOT, "b", 30) is None
+        # the holder's lease lapses (as after a crash): shorten it in the database's own clock
+        s._execute("UPDATE resumable_checkpoints SET lease_expires_at = {now} WHERE job = %s", (JOB,))
+        s.commit()
+        row, created = acquire(s, owner="b")
+        assert not created and row.lease_owner == "b" and row.lease_token == 2
+
+
+def test_fencing_rejects_the_stale_holder_and_keeps_the_new_one(store: Store) -> None:
+    with store.open() as s:
+        s.ensure_schema()
+        acquire(s, owner="a")
+        s.save(JOB, SLOT, "a", 1, position="5", state="{}", processed=5, total=None)
+        s._execute("UPDATE resumable_checkpoints SET lease_expires_at = {now} WHERE job = %s", (JOB,))
+        s.commit()
+        acquire(s, owner="b")
+        s.save(JOB, SLOT, "b", 2, position="8", state="{}", processed=8, total=None)
+        with pytest.raises(LeaseLost):
+            s.save(JOB, SLOT, "a", 1, position="6", state="{}", processed=6, total=None)
+        with pytest.raises(LeaseLost):
+            s.heartbeat(JOB, SLOT, "a", 1, 30)
+        with pytest.raises(LeaseLost):
+            s.finish(JOB, SLOT, "a", 1, status=Status.FAILED, last_error="stale")
+        row = s.load(JOB, SLOT)
+        assert row.position == 8 and row.lease_owner == "b" and row.last_error is None
+
+
+def test_a_rejected_save_rolls_back_the_chunk_writes_made_beside_it(store: Store) -> None:
+    with store.open() as s:
+        s.ensure_schema()
+        s._execute("CREATE TABLE sink (item INTEGER PRIMARY KEY)")
+        s.commit()
+        acquire(s, owner="a")
+        s._execute("UPDATE resumable_checkpoints SET lease_owner = 'b', lease_token = 9 WHERE job = %s", (JOB,))
+        s.commit()
+        s._execute("INSERT INTO sink (item) VALUES (1)")
+        with pytest.raises(LeaseLost):
+            s.save(JOB, SLOT, "a", 1, position="1", state="{}", processed=1, total=None)
+        cur = s.conn.cursor()
+        cur.execute("SELECT count(*) FROM sink")
+        assert cur.fetchone()[0] == 0
+
+
+def test_heartbeat_extends_the_lease_and_carries_cancel_requests(store: Store) -> None:
+    with store.open() as s:
+        s.ensure_schema()
+        row, _ = acquire(s, lease=5)
+        assert s.heartbeat(JOB, SLOT, "a", 1, 60) is None
+        extended = s.load(JOB, SLOT)
+        assert (extended.lease_expires_at - row.lease_expires_at).total_seconds() > 50
+        assert s.request_cancel(JOB, SLOT, "superseded")
+        assert s.heartbeat(JOB, SLOT, "a", 1, 60) == "superseded"
+
+
+def test_finish_records_the_outcome_and_releases_the_lease(store: Store) -> None:
+    with store.open() as s:
+        s.ensure_schema()
+        acquire(s)
+        row = s.finish(JOB, SLOT, "a", 1, status=Status.CANCELLED, last_error="cancelled: timeout", cancel_reason="timeout")
+        assert (row.status, row.cancel_reason, row.last_error) == ("cancelled", "timeout", "cancelled: timeout")
+        assert row.lease_owner is None and row.lease_expires_at is None and row.finished_at is None
+        acquire(s, owner="b")  # free for the next attempt at once
+        done = s.finish(JOB, SLOT, "b", 2, status=Status.DONE)
+        assert done.status == "done" and done.finished_at is not None
+
+
+def test_start_resumes_or_resets(store: Store) -> None:
+    with store.open() as s:
+        s.ensure_schema()
+        acquire(s)
+        s.start(JOB, SLOT, "a", 1, 1, reset=True, resumed_from=None)
+        s.save(JOB, SLOT, "a", 1, position="3", state='{"t": 1}', processed=3, total=9)
+        s.finish(JOB, SLOT, "a", 1, status=Status.FAILED, last_error="boom")
+        acquire(s, owner="b")
+        resumed = s.start(JOB, SLOT, "b", 2, 2, reset=False, resumed_from="3")
+        assert (resumed.position, resumed.processed, resumed.attempt, resumed.attempts) == (3, 3, 2, 2)
+        assert resumed.resumed_from == 3 and resumed.last_error == "boom"
+        reset = s.start(JOB, SLOT, "b", 2, 2, reset=True, resumed_from=None)
+        assert (reset.position, reset.state, reset.processed, reset.total, reset.attempts) == (None, {}, 0, None, 1)
+        assert reset.runs == 2 and reset.last_error is None
+
+
+def test_live_others_lists_only_other_live_slots_of_the_job(store: Store) -> None:
+    with store.open() as s:
+        s.ensure_schema()
+        acquire(s, owner="a", slot="s1")
+        acquire(s, owner="b", slot="s2")
+        acquire(s, owner="c", slot="s3")
+        s.finish(JOB, "s3", "c", 1, status=Status.DONE)
+        assert s.acquire("other-job", "s1", "x", 30) is not None
+        assert [o.slot for o in s.live_others(JOB, "s2")] == ["s1"]
+
+
+def test_list_slots_is_newest_first(store: Store) -> None:
+    with store.open() as s:
+        s.ensure_schema()
+        for i in range(3):
+            acquire(s, owner=f"o{i}", slot=f"s{i}")
+            s.save(JOB, f"s{i}", f"o{i}", 1, position=str(i), state="{}", processed=i, total=None)
+        assert [r.slot for r in s.list_slots(JOB, limit=2)] == ["s2", "s1"]
+
+
+def test_an_unreadable_row_is_reported_with_job_and_slot_and_left_alone(store: Store) -> None:
+    with store.open() as s:
+        s.ensure_schema()
+        acquire(s)
+        s._execute("UPDATE resumable_checkpoints SET position = %s WHERE job = %s", ("{not json", JOB))
+        s.commit()
+        with pytest.raises(CorruptCheckpoint) as err:
+            s.load(JOB, SLOT)
+        assert JOB in str(err.value) and SLOT in str(err.value) and "restart" in str(err.value)
+        cur = s.conn.cursor()
+        cur.execute("SELECT position FROM resumable_checkpoints WHERE job = 'export'")
+        assert cur.fetchone()[0] == "{not json"
