@@ -59,9 +59,17 @@ def _compose_binary() -> str:
     return found
 
 
+_HOME: list[Path] = []  # an empty home for the binary, so no Docker CLI configuration of the caller's applies
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _empty_home(tmp_path_factory: pytest.TempPathFactory) -> None:
+    _HOME[:] = [tmp_path_factory.mktemp("compose-home")]
+
+
 def _compose_env() -> dict[str, str]:
     """Only what the binary needs: no variable of the caller's may change the interpolation."""
-    return {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": os.environ.get("HOME", "/tmp")}
+    return {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(_HOME[0])}
 
 
 def compose(*args: str, file: Path = COMPOSE_FILE) -> subprocess.CompletedProcess[str]:
@@ -204,10 +212,12 @@ def test_airflow_configuration_is_shared_and_sane(services: dict[str, Any]) -> N
     assert env["AIRFLOW__CORE__EXECUTOR"] == "LocalExecutor"
     assert env["AIRFLOW__CORE__LOAD_EXAMPLES"].lower() == "false"
     assert env["AIRFLOW__CORE__AUTH_MANAGER"].endswith(".SimpleAuthManager")
-    # One JWT secret for the components that sign and check tokens; long enough for HS512.
-    assert len(env["AIRFLOW__API_AUTH__JWT_SECRET"]) >= 32
+    # One JWT secret for the components that sign and check tokens, as long as the HS512 that
+    # Airflow picks for a secret wants (PyJWT warns about shorter keys on every token).
+    assert len(env["AIRFLOW__API_AUTH__JWT_SECRET"].encode()) >= 64
     # The metadata database is the postgres service's.
-    assert re.fullmatch(rf"postgresql\+psycopg2://[^@]+@{POSTGRES}:5432/airflow", env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"])
+    metadata = env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"]
+    assert re.fullmatch(rf"postgresql\+psycopg2://[^@]+@{POSTGRES}:5432/airflow", metadata), metadata
 
 
 def test_tasks_reach_the_execution_api_of_the_api_server(services: dict[str, Any]) -> None:

@@ -112,3 +112,13 @@ with DAG("rt_taskflow", schedule="@daily", start_date=START, catchup=False) as r
         return {"sum": ctx.state.get("sum", 0), "n": n}
 
     count_up(how_many())
+
+
+# Overlap: each DAG's task shares the job "shared-job" with an older run started by the test.
+for _policy in ("skip", "allow", "wait", "replace"):
+    with DAG(f"rt_overlap_{_policy}", schedule="@daily", start_date=START, catchup=False) as _dag:
+        ResumableOperator(
+            task_id="work", handler=process_items, job="shared-job", overlap=_policy, overlap_poke=0.5,
+            lease=1.5, retries=0,
+        )
+    globals()[f"rt_overlap_{_policy}"] = _dag

@@ -1,0 +1,58 @@
+"""An attempt in its own process that reports each checkpoint on stdout, for lease tests.
+
+    python lease_worker.py STORE_SPEC JOB SLOT ITEMS CHUNK CHUNK_SECONDS ATTEMPT LEASE
+
+Each chunk waits CHUNK_SECONDS on the signal, writes its items to ``sink`` through
+ctx.transaction(), and checkpoints; then a JSON line ``{"event": "checkpoint", ...}`` is printed.
+At the end: ``{"event": "stopped", "error": ..., "reason": ...}``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from support.stores import store_of  # noqa: E402
+
+from airflow_resumable.core.runner import Attempt, Options  # noqa: E402
+
+
+def say(**event) -> None:
+    print(json.dumps({**event, "t": time.time(), "pid": os.getpid()}), flush=True)
+
+
+def main() -> None:
+    spec, job, slot, items, chunk, chunk_s, attempt, lease = sys.argv[1:9]
+    n, size, pause = int(items), int(chunk), float(chunk_s)
+    owner = f"attempt{attempt}-pid{os.getpid()}"
+
+    def handler(ctx):
+        mark = "?" if ctx.transaction().paramstyle == "qmark" else "%s"
+        i = ctx.position or 0
+        while i < n:
+            ctx.signal.raise_if_cancelled()
+            ctx.signal.wait(pause)
+            batch = list(range(i, min(i + size, n)))
+            cur = ctx.transaction().cursor()
+            for item in batch:
+                cur.execute(f"INSERT INTO sink (item, owner) VALUES ({mark}, {mark})", (item, owner))
+            i = batch[-1] + 1
+            ctx.checkpoint(i, processed=i, total=n)
+            say(event="checkpoint", position=i)
+        return i
+
+    run = Attempt(store_of(spec), job=job, slot=slot, attempt=int(attempt), owner=owner, options=Options(lease=float(lease)))
+    try:
+        run.run(handler)
+    except BaseException as exc:  # report how it stopped
+        say(event="stopped", error=type(exc).__name__, reason=getattr(exc, "reason", None), beats=run.keeper.beats if run.keeper else 0)
+        sys.exit(3)
+    say(event="stopped", error=None, reason=None, beats=run.keeper.beats if run.keeper else 0)
+
+
+if __name__ == "__main__":
+    main()

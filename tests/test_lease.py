@@ -1,0 +1,164 @@
+"""Guarantee 5, fencing: one live attempt per slot; a stale one is rejected and stops itself."""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from airflow_resumable.core import Attempt, LeaseBusy, Options, Store
+
+from support.stores import spec_of
+
+WORKER = Path(__file__).parent / "support" / "lease_worker.py"
+JOB, SLOT = "zombie", "2026-05-01T00:00:00+00:00"
+
+
+class Worker:
+    """A lease_worker subprocess whose JSON events are read on a thread."""
+
+    def __init__(
+        self, store: Store, *, attempt: int, items: int, chunk: int, chunk_s: float, lease: float,
+        job: str = JOB, slot: str = SLOT,
+    ):
+        self.proc = subprocess.Popen(
+            [sys.executable, str(WORKER), spec_of(store), job, slot, str(items), str(chunk), str(chunk_s),
+             str(attempt), str(lease)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+        self.events: queue.Queue[dict[str, Any]] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout
+        for line in self.proc.stdout:
+            self.events.put(json.loads(line))
+
+    def next_event(self, timeout: float = 60) -> dict[str, Any]:
+        return self.events.get(timeout=timeout)
+
+    def wait_checkpoints(self, count: int, timeout: float = 60) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        seen = 0
+        while True:
+            event = self.next_event(max(0.01, deadline - time.monotonic()))
+            assert event["event"] == "checkpoint", event
+            seen += 1
+            if seen >= count:
+                return event
+
+    def stopped(self, timeout: float = 60) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while True:
+            event = self.next_event(max(0.01, deadline - time.monotonic()))
+            if event["event"] == "stopped":
+                return event
+
+
+def wait_until(predicate, timeout: float = 30, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+def lease_expired(store: Store) -> bool:
+    with store.open() as s:
+        cur = s._execute("SELECT lease_expires_at < {now} FROM resumable_checkpoints WHERE job = %s AND slot = %s", (JOB, SLOT))
+        (expired,) = cur.fetchone()
+        s.commit()
+    return bool(expired)
+
+
+def test_a_stale_attempt_is_fenced_off_and_stops_within_a_heartbeat_and_a_chunk(store: Store) -> None:
+    lease, chunk_s, items, chunk = 0.9, 0.1, 300, 10
+    heartbeat = lease / 3
+    with store.open() as s:
+        s.ensure_schema()
+        s._execute("CREATE TABLE sink (item INTEGER NOT NULL, owner TEXT NOT NULL)")
+        s.commit()
+    # Given attempt 1 running, then frozen (a partitioned worker: no heartbeats, no progress)
+    a = Worker(store, attempt=1, items=items, chunk=chunk, chunk_s=chunk_s, lease=lease)
+    frozen_at = a.wait_checkpoints(5)["position"]
+    os.kill(a.proc.pid, signal.SIGSTOP)
+    try:
+        wait_until(lambda: lease_expired(store), what="the frozen attempt's lease to expire")
+        # When attempt 2 takes the slot over and makes progress
+        b = Worker(store, attempt=2, items=items, chunk=chunk, chunk_s=chunk_s, lease=lease)
+        b.wait_checkpoints(3)
+    finally:
+        os.kill(a.proc.pid, signal.SIGCONT)
+    woke = time.time()
+    # Then the stale attempt learns it lost the lease and stops, writing nothing more
+    stop = a.stopped(timeout=30)
+    assert stop["error"] in ("LeaseLost", "Cancelled") and stop["reason"] in (None, "lease_lost"), stop
+    assert stop["t"] - woke <= heartbeat + chunk_s + 1.0, f"stopped {stop['t'] - woke:.2f}s after waking"
+    assert a.proc.wait(30) == 3
+    assert b.stopped(timeout=120)["error"] is None and b.proc.wait(30) == 0
+    with store.open() as s:
+        row = s.load(JOB, SLOT)
+        cur = s.conn.cursor()
+        cur.execute("SELECT item, count(*) FROM sink GROUP BY item HAVING count(*) <> 1")
+        assert cur.fetchall() == []
+        cur.execute("SELECT max(item) FROM sink WHERE owner LIKE 'attempt1-%'")
+        assert cur.fetchone()[0] == frozen_at - 1, "attempt 1 wrote nothing after it was frozen"
+        cur.execute("SELECT count(*) FROM sink")
+        assert cur.fetchone()[0] == items
+    assert (row.status, row.position, row.attempt) == ("done", items, 2)
+    assert row.resumed_from == frozen_at
+
+
+def _spin(seconds: float) -> int:
+    """Pure-Python CPU work that never yields on purpose."""
+    end, n = time.monotonic() + seconds, 0
+    while time.monotonic() < end:
+        n += sum(i * i for i in range(200))
+    return n
+
+
+def test_heartbeats_go_on_while_the_handler_burns_cpu_for_ten_leases(store: Store) -> None:
+    lease = 0.5
+    intruder: list[Any] = []
+
+    def handler(ctx) -> None:
+        _spin(10 * lease)
+        with store.open() as other:  # another attempt tries to take the slot meanwhile
+            intruder.append(other.acquire(JOB, SLOT, "intruder", lease))
+        ctx.checkpoint(1, processed=1)  # fenced: fails if the lease had been lost
+
+    run = Attempt(store, job=JOB, slot=SLOT, attempt=1, owner="cpu", options=Options(lease=lease))
+    outcome = run.run(handler)
+    assert outcome.checkpoint.status == "done"
+    assert intruder == [None], "the lease stayed live: nobody else could take the slot"
+    assert not run.keeper.lost and run.keeper.beats >= 10 * 3 * 0.6
+
+
+def test_an_attempt_waits_bounded_for_a_live_holder_then_gives_up_naming_it(store: Store) -> None:
+    with store.open() as s:
+        s.ensure_schema()
+        assert s.acquire(JOB, SLOT, "holder", 30) is not None
+    run = Attempt(store, job=JOB, slot=SLOT, attempt=2, owner="late", options=Options(lease=30, lease_wait=0.3))
+    with pytest.raises(LeaseBusy, match=r"another attempt \(holder\) still holds this slot's lease") as err:
+        run.run(lambda ctx: None)
+    assert err.value.holder == "holder" and JOB in str(err.value)
+
+
+def test_an_attempt_takes_over_once_a_dead_holder_s_lease_lapses(store: Store) -> None:
+    with store.open() as s:
+        s.ensure_schema()
+        assert s.acquire(JOB, SLOT, "dead", 0.5) is not None
+    started = time.monotonic()
+    outcome = Attempt(store, job=JOB, slot=SLOT, attempt=2, owner="next", options=Options(lease=0.5)).run(
+        lambda ctx: ctx.checkpoint(1)
+    )
+    assert outcome.checkpoint.status == "done" and time.monotonic() - started < 5

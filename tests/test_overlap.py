@@ -1,0 +1,97 @@
+"""Overlap policy between runs of the same job in different slots, in real DAG runs.
+
+The older run is an attempt of the same job in another process (a run of yesterday's slot still
+going); the newer run is a DAG run through dag.test().
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+
+from airflow_resumable.core.stores import Store
+
+from test_lease import Worker
+
+JOB = "shared-job"
+NEW = datetime(2026, 6, 2, tzinfo=timezone.utc)
+
+
+def older_run(store: Store, *, items: int, chunk_s: float) -> Worker:
+    """Yesterday's slot, running (it announces its first checkpoint before we go on)."""
+    with store.open() as s:
+        s.ensure_schema()
+        s._execute("CREATE TABLE IF NOT EXISTS sink (item INTEGER NOT NULL, owner TEXT NOT NULL)")
+        s.commit()
+    worker = Worker(store, attempt=1, items=items, chunk=1, chunk_s=chunk_s, lease=1.5, job=JOB,
+                    slot="2026-06-01T00:00:00+00:00")
+    worker.wait_checkpoints(1)
+    return worker
+
+
+def newer_row(store: Store):
+    with store.open() as s:
+        return s.load(JOB, NEW.isoformat())
+
+
+def test_skip_ends_the_newer_run_as_skipped_and_names_the_other_slot(
+    checkpoints: Store, run_dag, capfd: pytest.CaptureFixture[str]
+) -> None:
+    older = older_run(checkpoints, items=400, chunk_s=0.05)
+    try:
+        run = run_dag("rt_overlap_skip", conf={"items": 5}, logical_date=NEW)
+    finally:
+        older.proc.kill()
+    ti = run.get_task_instance("work")
+    assert str(ti.state) == "skipped"
+    out = "".join(capfd.readouterr())
+    assert "an earlier run of this job is still running (slot 2026-06-01T00:00:00+00:00)" in out
+    assert newer_row(checkpoints) is None, "a skipped run leaves no checkpoint behind"
+
+
+def test_allow_runs_both_slots_at_once(checkpoints: Store, run_dag) -> None:
+    older = older_run(checkpoints, items=400, chunk_s=0.05)
+    try:
+        run = run_dag("rt_overlap_allow", conf={"items": 5}, logical_date=NEW)
+        assert older.proc.poll() is None, "the older run was still going"
+    finally:
+        older.proc.kill()
+    assert str(run.state) == "success"
+    assert newer_row(checkpoints).status == "done"
+
+
+def test_wait_reschedules_without_using_a_retry_until_the_older_run_ends(checkpoints: Store, run_dag) -> None:
+    older = older_run(checkpoints, items=30, chunk_s=0.1)  # ~3 s more of work
+    started = time.monotonic()
+    run = run_dag("rt_overlap_wait", conf={"items": 5}, logical_date=NEW)
+    assert older.stopped()["error"] is None, "the older run finished undisturbed"
+    assert str(run.state) == "success"
+    ti = run.get_task_instance("work")
+    assert ti.try_number == 1, "waiting used no retry"
+    from airflow.models.taskreschedule import TaskReschedule
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        reschedules = session.query(TaskReschedule).filter(TaskReschedule.ti_id == ti.id).count()
+    assert reschedules >= 1
+    row = newer_row(checkpoints)
+    assert row.status == "done" and row.started_at is not None
+    assert time.monotonic() - started >= 1.0
+
+
+def test_replace_stops_the_older_run_at_a_chunk_boundary_and_proceeds(checkpoints: Store, run_dag) -> None:
+    older = older_run(checkpoints, items=4000, chunk_s=0.05)
+    run = run_dag("rt_overlap_replace", conf={"items": 5}, logical_date=NEW)
+    stop = older.stopped(timeout=30)
+    assert stop["reason"] == "superseded", stop
+    assert str(run.state) == "success"
+    with checkpoints.open() as s:
+        old = s.load(JOB, "2026-06-01T00:00:00+00:00")
+        cur = s.conn.cursor()
+        cur.execute("SELECT count(*) FROM sink")
+        written = cur.fetchone()[0]
+    assert (old.status, old.cancel_reason) == ("cancelled", "superseded")
+    assert old.position == written, "its checkpoint is intact and resumable"
