@@ -279,3 +279,36 @@ def test_the_deadline_fires_as_timeout() -> None:
     assert not sig.cancelled
     now[0] = 105.0
     assert sig.cancelled and sig.reason == "timeout"
+
+
+def test_the_checkpoint_is_durable_before_progress_is_reported(store: Store) -> None:
+    """Write order: whoever hears of progress can already read it from another connection."""
+    from airflow_resumable.core.progress import Reporter
+
+    observed: list[tuple[int, int]] = []
+
+    class Witness(Reporter):
+        def on_checkpoint(self, cp, progress) -> None:
+            with store.open() as other:
+                observed.append((progress.processed, other.load(JOB, SLOT).processed))
+
+    Attempt(store, job=JOB, slot=SLOT, attempt=1, owner="w", reporter=Witness()).run(Items(20, 5))
+    assert observed == [(5, 5), (10, 10), (15, 15), (20, 20)]
+
+
+def test_progress_lines_carry_percent_counts_rate_and_eta(store: Store, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.INFO, logger="airflow_resumable"):
+        attempt(store, 1, progress_interval=0).run(Items(20, 5))
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("progress")]
+    assert len(lines) == 4
+    assert lines[1].startswith("progress 50% processed=10/20 rate=") and " eta=" in lines[1]
+    assert f"job={JOB}" in lines[1] and f"slot={SLOT}" in lines[1]
+
+
+def test_progress_lines_are_throttled_but_the_last_one_is_always_logged(
+    store: Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.INFO, logger="airflow_resumable"):
+        attempt(store, 1, progress_interval=3600).run(Items(20, 5))
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("progress")]
+    assert [line.split()[1] for line in lines] == ["25%", "100%"]
