@@ -312,3 +312,30 @@ def test_progress_lines_are_throttled_but_the_last_one_is_always_logged(
         attempt(store, 1, progress_interval=3600).run(Items(20, 5))
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("progress")]
     assert [line.split()[1] for line in lines] == ["25%", "100%"]
+
+
+def test_writes_after_the_last_checkpoint_commit_with_done_without_stalling_the_finish(store: Store) -> None:
+    """On SQLite the pending writes hold the write lock the heartbeat waits for: finishing must not
+    wait on the heartbeat thread while holding that lock."""
+    import time
+
+    with store.open() as s:
+        s.ensure_schema()
+        s._execute("CREATE TABLE sink (item INTEGER PRIMARY KEY)")
+        s.commit()
+
+    def handler(ctx) -> None:
+        conn = ctx.transaction()
+        mark = "?" if conn.paramstyle == "qmark" else "%s"
+        ctx.checkpoint(1, processed=1)
+        conn.cursor().execute(f"INSERT INTO sink (item) VALUES ({mark})", (2,))
+        ctx.signal.wait(1.0)  # heartbeats (every 0.2 s) queue behind the pending write
+
+    started = time.monotonic()
+    outcome = attempt(store, 1, lease=0.6).run(handler)
+    assert time.monotonic() - started < 5
+    assert outcome.checkpoint.status == "done"
+    with store.open() as s:
+        cur = s.conn.cursor()
+        cur.execute("SELECT item FROM sink")
+        assert cur.fetchall() == [(2,)]

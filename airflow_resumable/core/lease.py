@@ -51,9 +51,11 @@ class LeaseKeeper:
         self._thread.start()
         return self
 
-    def stop(self, timeout: float = 10.0) -> None:
+    def stop(self, *, join: bool = True, timeout: float = 10.0) -> None:
+        """Stop heartbeating. Ask first (``join=False``) while this thread may hold a lock the
+        keeper's connection waits for (SQLite's write lock), and join once it is released."""
         self._stop.set()
-        if self._thread is not None and self._thread is not threading.current_thread():
+        if join and self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout)
 
     def __enter__(self) -> LeaseKeeper:

@@ -18,13 +18,14 @@ The class operator, the chunked operator and ``@task.resumable`` all run this; t
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import time
 from collections.abc import Callable
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Any
 
-from airflow_resumable.core.checkpoint import Checkpoint, Status
+from airflow_resumable.core.checkpoint import Checkpoint, Status, encode
 from airflow_resumable.core.context import RunContext, TransactionConnection
 from airflow_resumable.core.errors import (
     Cancelled,
@@ -187,7 +188,7 @@ class Attempt:
                 hint="Pass a function taking the run context: handler=fn, where def fn(ctx): ...",
             )
         if self.options.timeout is not None:
-            self.signal = Signal(deadline=time.monotonic() + self.options.timeout)
+            self.signal.fire_after(self.options.timeout)
         with self.store.open() as session:
             self._session = session
             session.ensure_schema()
@@ -209,12 +210,14 @@ class Attempt:
                 signal=self.signal,
                 interval=self._heartbeat,
             ).start()
+            keeper = self.keeper
             try:
                 result = handler(ctx)
             except Cancelled as exc:
-                self.keeper.stop()
+                keeper.stop(join=False)
                 session.rollback()  # the unfinished chunk's writes go with it
-                if exc.reason == Reason.LEASE_LOST or self.keeper.lost:
+                keeper.stop()
+                if exc.reason == Reason.LEASE_LOST or keeper.lost:
                     self.log.error(
                         "stopped: another attempt took over this slot's lease; nothing more is written "
                         "[job=%s slot=%s attempt=%s]", self.job, self.slot, self.attempt,
@@ -230,27 +233,33 @@ class Attempt:
                 self._end(session, Status.CANCELLED, error=exc.message, cancel_reason=reason)
                 raise
             except LeaseLost:
-                self.keeper.stop()
+                keeper.stop(join=False)
                 session.rollback()
+                keeper.stop()
                 self.log.error(
                     "this attempt lost the lease of its slot to another attempt; stopping without "
                     "writing [job=%s slot=%s attempt=%s]", self.job, self.slot, self.attempt,
                 )
                 raise
             except BaseException as exc:
-                self.keeper.stop()
+                keeper.stop(join=False)
                 session.rollback()
+                keeper.stop()
                 if self.signal.reason == Reason.LEASE_LOST:
                     raise
                 cancel_reason = self._resolve(self.signal.reason) if self.signal.cancelled else None
                 self._end(session, Status.FAILED, error=_error_text(exc), cancel_reason=cancel_reason)
                 raise
-            self.keeper.stop()
-            if self.keeper.lost:
+            keeper.stop(join=False)
+            if keeper.lost:
                 session.rollback()
+                keeper.stop()
                 raise LeaseLost("the lease was lost while the handler ran", job=self.job, slot=self.slot)
             # Writes made through ctx.transaction() after the last checkpoint commit with "done".
-            final = self._end(session, Status.DONE)
+            try:
+                final = self._end(session, Status.DONE)
+            finally:
+                keeper.stop()
             return Outcome(result=result, checkpoint=final, resumed_from=resumed_from)
 
     # -- steps ---------------------------------------------------------------------------------
@@ -282,7 +291,9 @@ class Attempt:
                     self.options.effective_lease_wait, self.job, self.slot,
                 )
                 announced = True
-            time.sleep(min(max(self.options.lease / 10.0, 0.05), 1.0, max(0.0, deadline - time.monotonic())))
+            pause = min(max(self.options.lease / 10.0, 0.05), 1.0, max(0.0, deadline - time.monotonic()))
+            if self.signal.wait(pause):
+                self.signal.raise_if_cancelled()
 
     def _overlap(self, session: StoreSession, row: Checkpoint, created: bool) -> None:
         policy = self.options.overlap
@@ -330,41 +341,35 @@ class Attempt:
         session.commit()
 
     def _begin(self, session: StoreSession, row: Checkpoint, created: bool) -> tuple[Checkpoint, bool, Any]:
+        """Resume the slot's checkpoint, or start it over (fresh, done before, or restart asked)."""
         assert self._token is not None
         has_progress = row.position is not None or row.processed > 0 or bool(row.state)
-        if created or not has_progress and row.status != Status.DONE.value:
-            self.log.info("starting from the beginning [job=%s slot=%s attempt=%s]", self.job, self.slot, self.attempt)
-            fresh = session.start(self.job, self.slot, self.owner, self._token, self.attempt, reset=True, resumed_from=None)
-            return fresh, False, None
-        if row.status == Status.DONE.value:
+        where = f"[job={self.job} slot={self.slot} attempt={self.attempt}]"
+        if created or (not has_progress and row.status != Status.DONE.value):
+            self.log.info("starting from the beginning %s", where)
+        elif row.status == Status.DONE.value:
             self.log.warning(
-                "this slot finished at %s (run %s); running it again from the start "
-                "[job=%s slot=%s attempt=%s]",
-                row.finished_at.isoformat() if row.finished_at else "?", row.runs,
-                self.job, self.slot, self.attempt,
+                "this slot finished at %s (run %s); running it again from the start %s",
+                row.finished_at.isoformat() if row.finished_at else "?", row.runs, where,
             )
-            fresh = session.start(self.job, self.slot, self.owner, self._token, self.attempt, reset=True, resumed_from=None)
-            return fresh, False, None
-        if self.options.restart:
+        elif self.options.restart:
             self.log.warning(
                 "restart requested: discarding the unfinished checkpoint at position=%r processed=%s "
-                "(status %s) and starting over [job=%s slot=%s attempt=%s]",
-                row.position, row.processed, row.status, self.job, self.slot, self.attempt,
+                "(status %s) and starting over %s", row.position, row.processed, row.status, where,
             )
-            fresh = session.start(self.job, self.slot, self.owner, self._token, self.attempt, reset=True, resumed_from=None)
-            return fresh, False, None
-        from airflow_resumable.core.checkpoint import encode
-
-        resumed_from = encode(row.position, what="position", job=self.job, slot=self.slot)
-        self.log.warning(
-            "attempt %s: resuming from position=%r processed=%s%s (last status %s%s) [job=%s slot=%s]",
-            self.attempt, row.position, row.processed, f"/{row.total}" if row.total is not None else "",
-            row.status, f", {row.cancel_reason}" if row.cancel_reason else "", self.job, self.slot,
-        )
-        resumed = session.start(
-            self.job, self.slot, self.owner, self._token, self.attempt, reset=False, resumed_from=resumed_from
-        )
-        return resumed, True, row.position
+        else:
+            self.log.warning(
+                "attempt %s: resuming from position=%r processed=%s%s (last status %s%s) [job=%s slot=%s]",
+                self.attempt, row.position, row.processed, f"/{row.total}" if row.total is not None else "",
+                row.status, f", {row.cancel_reason}" if row.cancel_reason else "", self.job, self.slot,
+            )
+            resumed_from = encode(row.position, what="position", job=self.job, slot=self.slot)
+            resumed = session.start(
+                self.job, self.slot, self.owner, self._token, self.attempt, reset=False, resumed_from=resumed_from
+            )
+            return resumed, True, row.position
+        fresh = session.start(self.job, self.slot, self.owner, self._token, self.attempt, reset=True, resumed_from=None)
+        return fresh, False, None
 
     def save(
         self, ctx: RunContext, position: Any, *, state: dict[str, Any] | None, processed: int | None, total: int | None
@@ -384,7 +389,7 @@ class Attempt:
         )
         row = dataclasses.replace(
             ctx.row, position=_roundtrip(position_json), state=state, processed=processed, total=total,
-            updated_at=datetime.now(tz=ctx.row.started_at.tzinfo if ctx.row.started_at else None),
+            updated_at=datetime.now(tz=timezone.utc),
         )
         ctx._saved(row, state)
         self.checkpoint_row = row
@@ -421,8 +426,6 @@ class Attempt:
 
 
 def _roundtrip(text: str) -> Any:
-    import json
-
     return json.loads(text)
 
 

@@ -54,6 +54,10 @@ class Signal:
         """The monotonic time at which the signal fires with reason ``timeout``, if any."""
         return self._deadline
 
+    def fire_after(self, seconds: float) -> None:
+        """Start the timeout: the signal fires with reason ``timeout`` ``seconds`` from now."""
+        self._deadline = self._clock() + seconds
+
     def cancel(self, reason: str | Reason, message: str | None = None) -> bool:
         """Raise the signal. Returns False if it had already been raised (the first reason wins)."""
         if self._reason is not None:
