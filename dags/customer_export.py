@@ -110,7 +110,12 @@ def source_connection() -> Any:
             f"AIRFLOW_CONN_{SOURCE_CONN_ID.upper()}='postgresql://user:password@host:5432/dbname'"
         )
     return psycopg2.connect(
-        host=conn.host, port=conn.port or 5432, user=conn.login, password=conn.password, dbname=conn.schema
+        host=conn.host,
+        port=conn.port,
+        user=conn.login,
+        password=conn.password,
+        dbname=conn.schema,
+        sslmode=conn.extra_dejson.get("sslmode"),  # None values are left out
     )
 
 

@@ -13,6 +13,7 @@ the checkpoint's ``state``; ``combine`` adds up the partitions' results.
 from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
+from typing import Any
 
 from airflow.sdk import DAG, task
 
@@ -29,7 +30,7 @@ def order_amount(region: str, order_id: int) -> int:
 
 
 # [START mapped_partitions_handler]
-def sum_partition(ctx: RunContext, region: str, orders: int) -> dict[str, object]:
+def sum_partition(ctx: RunContext, region: str, orders: int) -> dict[str, Any]:
     """Sum one region's order amounts, :data:`CHUNK` orders per checkpoint."""
     ctx.total = orders
     after = ctx.position or 0  # the last order id summed (0 on a fresh start)
@@ -55,7 +56,7 @@ with DAG(
 ) as dag:
 
     @task
-    def list_partitions() -> list[dict[str, object]]:
+    def list_partitions() -> list[dict[str, Any]]:
         """One mapped instance per region: its keyword arguments for the handler."""
         return [{"region": region, "orders": orders} for region, orders in REGIONS.items()]
 
@@ -68,9 +69,9 @@ with DAG(
     ).expand(handler_kwargs=list_partitions())
 
     @task
-    def combine(results: list[dict[str, object]]) -> int:
+    def combine(results: list[dict[str, Any]]) -> int:
         """Add up the partitions' sums."""
-        total = sum(int(r["amount_cents"]) for r in results)  # type: ignore[call-overload]
+        total = sum(int(r["amount_cents"]) for r in results)
         print(f"{len(results)} partitions, total {total / 100:.2f}")
         return total
 

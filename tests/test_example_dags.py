@@ -147,7 +147,7 @@ def test_every_dag_file_imports_without_errors_or_a_database(tmp_path: Path) -> 
             assert dag["catchup"] is False, dag
             assert dag["doc_md"], dag
     found = sorted(d["dag_id"] for dags in report["files"].values() for d in dags)
-    assert found == EXAMPLE_DAG_IDS
+    assert found == EXAMPLE_DAG_IDS, "a DAG added to dags/ needs a run test in this file"
 
 
 def test_snippet_markers_are_balanced() -> None:
@@ -230,6 +230,34 @@ def test_mapped_partitions_keeps_one_checkpoint_per_partition(
             "region": region, "orders": regions[region], "amount_cents": amount(region),
         }
     assert xcom(run, "combine") == sum(amount(r) for r in regions)
+
+
+def test_mapped_partitions_retry_resumes_only_the_failed_partition(
+    run_dag: Callable[..., Any], pg_checkpoints: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Partition 1 (south) fails once after its second checkpoint (order 500): only that mapped
+    instance is retried, and it resumes after order 500 with the sum so far."""
+    from conftest import load_dag
+
+    module_globals = load_dag("mapped_partitions").get_task("list_partitions").python_callable.__globals__
+    real = module_globals["order_amount"]
+    failed: list[int] = []
+
+    def order_amount(region: str, order_id: int) -> int:
+        if region == "south" and order_id == 501 and not failed:
+            failed.append(order_id)
+            raise RuntimeError("the partition's worker died (test)")
+        return real(region, order_id)
+
+    monkeypatch.setitem(module_globals, "order_amount", order_amount)
+    run = run_dag("mapped_partitions")
+    tis = assert_succeeded(run)
+    assert failed == [501]
+    assert [tis[("sum_partition", i)][1] for i in range(4)] == [1, 2, 1, 1]
+    rows = checkpoint_rows(pg_checkpoints, "mapped_partitions.%")
+    assert [(r["attempts"], r["resumed_from"]) for r in rows] == [(1, None), (2, 500), (1, None), (1, None)]
+    south = sum((i * 37 + len("south") * 101) % 10_000 for i in range(1, 801))
+    assert rows[1]["state"] == {"region": "south", "amount_cents": south}
 
 
 # -- the customer export --------------------------------------------------------------------------
@@ -360,3 +388,38 @@ def test_customer_export_crash_mid_batch_loses_the_batch_with_its_checkpoint(
     assert [r[4] for r in rows] == [1] * (2 * BATCH) + [2] * (CUSTOMERS - 2 * BATCH)
     [row] = checkpoint_rows(pg_checkpoints, "customer_export.%")
     assert (row["status"], row["processed"], row["resumed_from"]) == ("done", CUSTOMERS, 2 * BATCH)
+
+
+def test_customer_export_with_sqlite_checkpoints_keeps_the_warehouse_beside_them(
+    run_dag: Callable[..., Any], pg_params: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The embedded checkpoint store works too: customers come from PostgreSQL (``export_source``),
+    the warehouse table is written through ``ctx.transaction()`` into the SQLite file."""
+    import sqlite3
+
+    path = tmp_path / "checkpoints.db"
+    monkeypatch.setenv("AIRFLOW_CONN_RESUMABLE_DEFAULT", f"sqlite:///{path}")
+    monkeypatch.setenv("AIRFLOW_CONN_EXPORT_SOURCE", dsn(pg_params))
+    run = run_dag("customer_export")
+    assert_succeeded(run)
+    with closing(sqlite3.connect(path)) as db:
+        rows = db.execute("SELECT id, name, email, country FROM warehouse_customers ORDER BY id").fetchall()
+        status = db.execute("SELECT status, processed FROM resumable_checkpoints").fetchall()
+    assert rows == source(pg_params)
+    assert status == [("done", CUSTOMERS)]
+
+
+def test_customer_export_without_a_postgresql_source_fails_with_a_hint(
+    run_dag: Callable[..., Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """With SQLite checkpoints and no ``export_source`` there is no PostgreSQL to read customers
+    from: the run fails at once (no retries spent) and says which connection to create."""
+    monkeypatch.setenv("AIRFLOW_CONN_RESUMABLE_DEFAULT", f"sqlite:///{tmp_path / 'checkpoints.db'}")
+    monkeypatch.delenv("AIRFLOW_CONN_EXPORT_SOURCE", raising=False)
+    run = run_dag("customer_export")
+    assert state_of(run) == "failed"
+    tis = task_instances(run)
+    assert tis[("prepare_source", -1)] == ("failed", 1)
+    assert tis[("export_customers", -1)][0] == "upstream_failed"
+    out, err = capfd.readouterr()
+    assert "Create the connection 'export_source'" in out + err

@@ -267,3 +267,12 @@ def test_an_unreachable_postgres_names_host_but_not_password(airflow_home: Path)
         store.connect()
     assert "127.0.0.1" in str(err.value) and "hunter2-secret" not in str(err.value)
     assert "hunter2-secret" not in repr(store) and "hunter2-secret" not in store.describe()
+
+
+def test_a_mapped_chunked_operator_passes_handler_kwargs_to_read_and_process(checkpoints: Store, run_dag) -> None:
+    run = run_dag("rt_chunked_mapped", logical_date=DAY)
+    assert str(run.state) == "success"
+    north = row_of(checkpoints, "rt_chunked_mapped.region[0]")
+    south = row_of(checkpoints, "rt_chunked_mapped.region[1]")
+    assert (north.state, north.processed) == ({"north": 7}, 7)
+    assert (south.state, south.processed) == ({"south": 4}, 4)

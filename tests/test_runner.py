@@ -339,3 +339,9 @@ def test_writes_after_the_last_checkpoint_commit_with_done_without_stalling_the_
         cur = s.conn.cursor()
         cur.execute("SELECT item FROM sink")
         assert cur.fetchall() == [(2,)]
+
+
+def test_a_total_learned_with_no_checkpoint_is_saved_with_the_final_status(store: Store) -> None:
+    handler = chunk_loop(lambda ctx, after, limit: [], lambda ctx, batch: None, chunk_size=5, total=0)
+    outcome = attempt(store, 1).run(handler)
+    assert (outcome.checkpoint.status, outcome.checkpoint.total, outcome.summary()["total"]) == ("done", 0, 0)

@@ -163,6 +163,7 @@ class Attempt:
         self._session: StoreSession | None = None
         self._token: int | None = None
         self._meter: ProgressMeter | None = None
+        self._ctx: RunContext | None = None
         self.keeper: LeaseKeeper | None = None
         #: The last row this attempt wrote or read (also after a failure).
         self.checkpoint_row: Checkpoint | None = None
@@ -197,7 +198,7 @@ class Attempt:
             self._overlap(session, row, created)
             row, resumed, resumed_from = self._begin(session, row, created)
             self.checkpoint_row = row
-            ctx = RunContext(self, row, resumed=resumed)
+            ctx = self._ctx = RunContext(self, row, resumed=resumed)
             self._meter = ProgressMeter(row.processed)
             self.reporter.on_start(row, resumed=resumed)
             self.keeper = LeaseKeeper(
@@ -404,9 +405,11 @@ class Attempt:
         self, session: StoreSession, status: Status, *, error: str | None = None, cancel_reason: str | None = None
     ) -> Checkpoint:
         assert self._token is not None
+        total = self._ctx.total if self._ctx is not None else None
         try:
             final = session.finish(
-                self.job, self.slot, self.owner, self._token, status=status, last_error=error, cancel_reason=cancel_reason
+                self.job, self.slot, self.owner, self._token, status=status, last_error=error,
+                cancel_reason=cancel_reason, total=total,
             )
         except LeaseLost:
             self.log.error("could not record status %s: the lease was taken over [job=%s slot=%s]", status, self.job, self.slot)

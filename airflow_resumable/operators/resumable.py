@@ -9,6 +9,7 @@ outcomes through :mod:`airflow_resumable.operators.outcome`.
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 import time
@@ -219,15 +220,18 @@ class ResumableOperator(BaseOperator):
         """After SIGTERM, ask Airflow whether a person ended the task (``user``) or the worker is
         stopping (``shutdown``). Runs on the main thread at a chunk boundary, never in on_kill."""
         ti = context["ti"]
+        map_index = getattr(ti, "map_index", -1)
+        # Airflow keys the states of a mapped task instance as "<task_id>_<map_index>".
+        key = ti.task_id if map_index is None or map_index < 0 else f"{ti.task_id}_{map_index}"
 
         def resolve(reason: str) -> str:
             if reason != Reason.TERMINATED.value:
                 return reason
             try:
                 states = ti.get_task_states(
-                    dag_id=ti.dag_id, map_index=ti.map_index, task_ids=[ti.task_id], run_ids=[ti.run_id]
+                    dag_id=ti.dag_id, map_index=map_index, task_ids=[ti.task_id], run_ids=[ti.run_id]
                 )
-                state = states.get(ti.run_id, {}).get(ti.task_id)
+                state = states.get(ti.run_id, {}).get(key)
             except Exception:
                 return Reason.SHUTDOWN.value
             if state in (None, "running"):
@@ -314,6 +318,8 @@ class ChunkedOperator(ResumableOperator):
         ``item[0]`` or the item).
     :param total: the item count, or ``fn(ctx)`` computing it once per run (for percent and ETA).
     :param start: the position before the first item (default None).
+    :param handler_kwargs: keyword arguments passed to both ``read`` and ``process`` (templated;
+        ``.expand()`` them to map the task over partitions).
 
     Every other argument is :class:`ResumableOperator`'s.
     """
@@ -342,9 +348,12 @@ class ChunkedOperator(ResumableOperator):
         super().__init__(**kwargs)
 
     def _handler(self, context: Context) -> Callable[[RunContext], Any]:
+        read, process, kwargs = self.read, self.process, self.handler_kwargs
+        if kwargs:  # e.g. one partition per mapped task instance: .expand(handler_kwargs=[...])
+            read = functools.partial(self.read, **kwargs)
+            process = functools.partial(self.process, **kwargs)
         loop = chunk_loop(
-            self.read, self.process, chunk_size=self.chunk_size, position=self.position, total=self.total,
-            start=self.start,
+            read, process, chunk_size=self.chunk_size, position=self.position, total=self.total, start=self.start
         )
 
         def handler(ctx: RunContext) -> None:

@@ -122,3 +122,18 @@ for _policy in ("skip", "allow", "wait", "replace"):
             lease=1.5, retries=0,
         )
     globals()[f"rt_overlap_{_policy}"] = _dag
+
+
+def read_region(ctx: RunContext, after: int | None, limit: int, *, region: str, size: int) -> list[dict[str, Any]]:
+    first = 0 if after is None else after + 1
+    return [{"id": i, "region": region} for i in range(first, min(first + limit, size))]
+
+
+def count_region(ctx: RunContext, batch: list[dict[str, Any]], *, region: str, size: int) -> None:
+    ctx.state[region] = ctx.state.get(region, 0) + len(batch)
+
+
+with DAG("rt_chunked_mapped", schedule="@daily", start_date=START, catchup=False) as rt_chunked_mapped:
+    ChunkedOperator.partial(task_id="region", read=read_region, process=count_region, chunk_size=3).expand(
+        handler_kwargs=[{"region": "north", "size": 7}, {"region": "south", "size": 4}]
+    )

@@ -382,8 +382,9 @@ class StoreSession:
         status: Status,
         last_error: str | None = None,
         cancel_reason: str | None = None,
+        total: int | None = None,
     ) -> Checkpoint:
-        """Record how the attempt ended and release the lease.
+        """Record how the attempt ended (and the total, if it became known) and release the lease.
 
         Raises:
             LeaseLost: another attempt holds the lease; the row was not touched.
@@ -391,10 +392,11 @@ class StoreSession:
         finished = "{now}" if status is Status.DONE else "NULL"
         cur = self._execute(
             f"UPDATE {TABLE} SET status = %s, last_error = COALESCE(%s, last_error), cancel_reason = %s, "
+            "total = COALESCE(%s, total), "
             f"finished_at = {finished}, updated_at = {{now}}, lease_owner = NULL, lease_expires_at = NULL, "
             "cancel_request = NULL "
             f"WHERE job = %s AND slot = %s AND lease_owner = %s AND lease_token = %s RETURNING {_SELECT}",
-            (status.value, last_error, cancel_reason, job, slot, owner, token),
+            (status.value, last_error, cancel_reason, total, job, slot, owner, token),
         )
         row = cur.fetchone()
         self.commit()
