@@ -85,7 +85,6 @@ def report_cancelled(context) -> None:
 
 # [START loan_report_dag]
 with DAG(
-
     dag_id="loan_report",
     schedule="@monthly",
     start_date=datetime(2026, 1, 1),

@@ -1,0 +1,30 @@
+"""The README stays true: its snippets are the example DAGs' code, its commands exist."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+README = (ROOT / "README.md").read_text()
+
+
+def test_readme_snippets_are_the_example_dags_code() -> None:
+    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "readme_snippets.py")], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert README.count("<!-- snippet: ") >= 7
+
+
+def test_the_quick_start_commands_are_make_targets_and_ci_runs_the_test_one() -> None:
+    quick = README[README.index("## Quick start"):README.index("## Concepts")]
+    assert "make demo" in quick and "make test" in quick
+    makefile = (ROOT / "Makefile").read_text()
+    assert re.search(r"^demo:", makefile, re.M) and re.search(r"^test:", makefile, re.M)
+    assert "make test" in (ROOT / ".ci" / "run").read_text()
+
+
+def test_every_example_dag_is_mentioned() -> None:
+    for path in (ROOT / "dags").glob("*.py"):
+        assert f"dags/{path.name}" in README, path.name
