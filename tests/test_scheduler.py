@@ -2,22 +2,28 @@
 
 One ``airflow standalone`` (LocalExecutor, PostgreSQL metadata database, a short task-instance
 heartbeat timeout) runs for the whole module; the checkpoint store is another PostgreSQL database.
-The scenarios run one after another against DAG ``sched_slow`` (tests/dags/scheduler_dags.py),
-each on its own manual DAG run (slot = run id), and drive Airflow only as a user or an operator
-would: through the REST API and with signals to the worker's processes.
+The scenarios run one after another against DAG ``sched_slow`` (and ``sched_mapped`` for a mapped
+task; tests/dags/scheduler_dags.py), each on its own manual DAG run (slot = run id), and drive
+Airflow only as a user or an operator would: through the REST API and with signals to the worker's
+processes.
 
 Measured times are printed (run with ``-s``): from the UI's *mark failed* to the handler
-stopping, and from a SIGKILL of the task process to the retry resuming.
+stopping (and, within it, from the supervisor's SIGTERM), from a SIGKILL of the task process to
+the retry resuming, and from a crash of the whole worker (supervisor and task SIGKILLed, noticed
+only by the heartbeat timeout) to the retry resuming.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import signal
 import time
 import uuid
 from collections.abc import Iterator
 from contextlib import closing
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +44,8 @@ DAG_FILE = ROOT / "tests" / "dags" / "scheduler_dags.py"
 DAG_ID = "sched_slow"
 TASK_ID = "work"
 JOB = f"{DAG_ID}.{TASK_ID}"
-ITEMS = 60
+MAPPED_DAG_ID = "sched_mapped"
+ITEMS = 80
 CHUNK = 2
 DELAY = 0.2  # seconds per item: a chunk takes CHUNK * DELAY
 #: [scheduler] task_instance_heartbeat_timeout for this standalone (300 s by default).
@@ -49,13 +56,29 @@ SUPERVISOR_HEARTBEAT = 5.0
 SIGKILL_ESCALATION = 5.0
 
 TABLES = (
-    "CREATE TABLE sched_items (slot TEXT NOT NULL, item INTEGER NOT NULL, writes INTEGER NOT NULL, "
-    "attempt INTEGER NOT NULL, PRIMARY KEY (slot, item))",
-    "CREATE TABLE sched_seen (slot TEXT NOT NULL, item INTEGER NOT NULL, attempt INTEGER NOT NULL, "
-    "seen_at TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp())",
+    "CREATE TABLE sched_items (job TEXT NOT NULL, slot TEXT NOT NULL, item INTEGER NOT NULL, "
+    "writes INTEGER NOT NULL, attempt INTEGER NOT NULL, PRIMARY KEY (job, slot, item))",
+    "CREATE TABLE sched_seen (job TEXT NOT NULL, slot TEXT NOT NULL, item INTEGER NOT NULL, "
+    "attempt INTEGER NOT NULL, seen_at TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp())",
 )
 
 MEASURED: dict[str, float] = {}
+
+#: What the task log says when the supervisor terminates the task, and when our handler stops.
+SUPERVISOR_TERMINATES = "Server indicated the task shouldn't be running anymore"
+CANCELLED_USER = "cancelled (user)"
+
+
+def log_time(log: str, needle: str) -> datetime:
+    """The timestamp of the first JSON log line whose event contains ``needle``."""
+    for line in log.splitlines():
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        if needle in str(event.get("event", "")):
+            return datetime.fromisoformat(event["timestamp"].replace("Z", "+00:00"))
+    raise AssertionError(f"no log line with {needle!r}:\n{log[-3000:]}")
 
 
 @dataclass
@@ -71,19 +94,21 @@ class Env:
 
     # -- the checkpoint database -----------------------------------------------------------------
 
-    def row(self, slot: str) -> Checkpoint | None:
-        return self.session.load(JOB, slot)
+    def row(self, slot: str, job: str = JOB) -> Checkpoint | None:
+        return self.session.load(job, slot)
 
-    def committed(self, slot: str) -> dict[int, int]:
+    def committed(self, slot: str, job: str = JOB) -> dict[int, int]:
         """item -> how many times its write was committed (through ctx.transaction())."""
         with self.sink.cursor() as cur:
-            cur.execute("SELECT item, writes FROM sched_items WHERE slot = %s ORDER BY item", (slot,))
+            cur.execute("SELECT item, writes FROM sched_items WHERE job = %s AND slot = %s", (job, slot))
             return dict(cur.fetchall())
 
-    def seen(self, slot: str) -> list[tuple[int, int]]:
+    def seen(self, slot: str, job: str = JOB) -> list[tuple[int, int]]:
         """(item, attempt) for every item an attempt started, in order."""
         with self.sink.cursor() as cur:
-            cur.execute("SELECT item, attempt FROM sched_seen WHERE slot = %s ORDER BY seen_at", (slot,))
+            cur.execute(
+                "SELECT item, attempt FROM sched_seen WHERE job = %s AND slot = %s ORDER BY seen_at", (job, slot)
+            )
             return [tuple(r) for r in cur.fetchall()]
 
     # -- Airflow ---------------------------------------------------------------------------------
@@ -96,11 +121,13 @@ class Env:
     def ti(self, run_id: str) -> dict[str, Any]:
         return self.api.task_instance(DAG_ID, run_id, TASK_ID)
 
-    def running_with_progress(self, run_id: str, at_least: int = 3 * CHUNK, attempt: int = 1) -> Checkpoint:
+    def running_with_progress(
+        self, run_id: str, at_least: int = 3 * CHUNK, attempt: int = 1, job: str = JOB
+    ) -> Checkpoint:
         """Wait until the task runs try ``attempt`` and has committed ``at_least`` items."""
 
         def ready() -> Checkpoint | None:
-            row = self.row(run_id)
+            row = self.row(run_id, job)
             if row and row.status == "running" and row.attempt == attempt and row.processed >= at_least:
                 return row
             return None
@@ -108,9 +135,9 @@ class Env:
         return wait_for(ready, timeout=180, interval=0.1, what=f"{run_id} try {attempt} to make progress",
                         on_timeout=lambda: self.explain(run_id))
 
-    def run_state(self, run_id: str, states: tuple[str, ...], timeout: float = 180) -> str:
+    def run_state(self, run_id: str, states: tuple[str, ...], timeout: float = 180, dag_id: str = DAG_ID) -> str:
         return wait_for(
-            lambda: (s := self.api.dag_run(DAG_ID, run_id)["state"]) in states and s,
+            lambda: (s := self.api.dag_run(dag_id, run_id)["state"]) in states and s,
             timeout=timeout, interval=0.5, what=f"DAG run {run_id} to reach {states}",
             on_timeout=lambda: self.explain(run_id),
         )
@@ -128,11 +155,29 @@ class Env:
         parts.append(self.airflow.tail(40))
         return "\n".join(parts)
 
-    def stopped(self, run_id: str, *, attempt: int) -> Checkpoint:
+    def states_of_try(self, run_id: str, try_number: int) -> list[str]:
+        """Poll the task instance until its next try starts; the states try ``try_number`` went through.
+
+        (Airflow's try history records a retried try as ``failed``; only the live task instance
+        shows ``up_for_retry``.)
+        """
+        states: list[str] = []
+
+        def next_try() -> bool:
+            ti = self.ti(run_id)
+            if ti["try_number"] == try_number and (not states or states[-1] != ti["state"]):
+                states.append(ti["state"])
+            return ti["try_number"] > try_number
+
+        wait_for(next_try, timeout=120, interval=0.05, what=f"try {try_number + 1} of {run_id} to start",
+                 on_timeout=lambda: f"states of try {try_number}: {states}\n{self.explain(run_id)}")
+        return states
+
+    def stopped(self, run_id: str, *, attempt: int, job: str = JOB) -> Checkpoint:
         """Poll until try ``attempt`` no longer runs on the row; the row as that try left it."""
 
         def ended() -> Checkpoint | None:
-            row = self.row(run_id)
+            row = self.row(run_id, job)
             return row if row and (row.attempt != attempt or row.status != "running") else None
 
         row = wait_for(ended, timeout=60, interval=0.05, what=f"try {attempt} of {run_id} to stop",
@@ -141,8 +186,9 @@ class Env:
         return row
 
 
-def assert_exactly_once(env: Env, slot: str, upto: int) -> None:
-    committed = env.committed(slot)
+def assert_exactly_once(env: Env, slot: str, upto: int, job: str = JOB) -> None:
+    """Items ``0 .. upto-1`` were committed, each exactly once."""
+    committed = env.committed(slot, job)
     assert sorted(committed) == list(range(upto)), f"committed items {sorted(committed)} != 0..{upto - 1}"
     repeated = {item: n for item, n in committed.items() if n != 1}
     assert not repeated, f"items committed more than once: {repeated}"
@@ -178,17 +224,22 @@ def env(pg_server: Server) -> Iterator[Env]:
             airflow.start()
             api = airflow.api
             assert api is not None
-            wait_for(
-                lambda: api.request("GET", f"/dags/{DAG_ID}", expect=(200, 404)).get("dag_id"),
-                timeout=120, interval=1.0, what=f"the dag-processor to parse {DAG_ID}", on_timeout=airflow.tail,
-            )
+            for dag_id in (DAG_ID, MAPPED_DAG_ID):
+                wait_for(
+                    lambda: api.request("GET", f"/dags/{dag_id}", expect=(200, 404)).get("dag_id"),
+                    timeout=120, interval=1.0, what=f"the dag-processor to parse {dag_id}", on_timeout=airflow.tail,
+                )
             api.unpause(DAG_ID)
+            api.unpause(MAPPED_DAG_ID)
             with store.open(autocommit=True) as session:
                 session.ensure_schema()
                 yield Env(airflow=airflow, session=session, sink=sink)
         finally:
             airflow.stop()
-            airflow.cleanup()
+            if os.environ.get("RESUMABLE_TEST_KEEP_HOME"):
+                print(f"\nairflow standalone home kept: {airflow.home}")
+            else:
+                airflow.cleanup()
     if MEASURED:
         print("\nmeasured: " + ", ".join(f"{k} = {v:.2f}s" for k, v in MEASURED.items()))
 
@@ -205,6 +256,14 @@ def marked_failed(env: Env) -> tuple[str, Checkpoint]:
     row = env.stopped(run_id, attempt=1)
     MEASURED["mark failed -> handler stopped"] = time.monotonic() - patched
     print(f"\n[scheduler] mark failed -> handler stopped: {MEASURED['mark failed -> handler stopped']:.2f}s")
+    # Of which: the supervisor's next heartbeat learning of it, then its SIGTERM -> the handler stopping.
+    log = wait_for(
+        lambda: (text := env.airflow.task_log(DAG_ID, run_id, TASK_ID, 1)) and CANCELLED_USER in text and text,
+        timeout=30, what="the task log to show the cancel",
+    )
+    terminated, cancelled = log_time(log, SUPERVISOR_TERMINATES), log_time(log, CANCELLED_USER)
+    MEASURED["SIGTERM -> handler stopped"] = (cancelled - terminated).total_seconds()
+    print(f"[scheduler] supervisor's SIGTERM -> handler stopped: {MEASURED['SIGTERM -> handler stopped']:.3f}s")
     return run_id, row
 
 
@@ -221,6 +280,7 @@ def test_mark_failed_stops_the_handler_as_user_with_the_checkpoint_intact(
     assert_exactly_once(env, run_id, row.position)
     elapsed = MEASURED["mark failed -> handler stopped"]
     assert elapsed < SUPERVISOR_HEARTBEAT + SIGKILL_ESCALATION, f"stopped after {elapsed:.1f}s"
+    assert MEASURED["SIGTERM -> handler stopped"] < SIGKILL_ESCALATION, MEASURED
     # The person's decision stands: the task instance stays failed, nothing retried it.
     wait_for(lambda: env.ti(run_id)["state"] == "failed", timeout=30, what="the task instance to stay failed")
     ti = env.ti(run_id)
@@ -248,7 +308,7 @@ def test_worker_shutdown_fails_retryable_and_the_retry_resumes(env: Env) -> None
     run_id = env.trigger("shutdown")
     env.running_with_progress(run_id)
     ti = env.ti(run_id)
-    task, supervisor = env.airflow.processes_of(ti["id"])
+    _, supervisor = env.airflow.processes_of(ti["id"])
     assert "LocalExecutor" in " ".join(supervisor.cmdline()), supervisor.cmdline()
     supervisor.send_signal(signal.SIGTERM)  # the worker is stopping: it forwards SIGTERM to the task
     row = env.stopped(run_id, attempt=1)
@@ -256,9 +316,10 @@ def test_worker_shutdown_fails_retryable_and_the_retry_resumes(env: Env) -> None
     assert row.cancel_reason == "shutdown", row
     assert row.position == row.processed and 0 < row.processed < ITEMS, row
     # The attempt failed as retryable (never success), and the retry resumed and finished.
+    states = env.states_of_try(run_id, 1)
+    print(f"\n[scheduler] worker SIGTERM: try 1 went through {states}")
+    assert "up_for_retry" in states and "success" not in states, states
     assert env.run_state(run_id, ("success", "failed")) == "success", env.explain(run_id)
-    first = env.api.task_try(DAG_ID, run_id, TASK_ID, 1)
-    assert first is not None and first["state"] == "up_for_retry", first
     final = env.row(run_id)
     assert final is not None and final.status == "done" and final.attempt == 2, final
     assert final.resumed_from == row.position, final
@@ -281,14 +342,15 @@ def test_sigkill_of_the_task_process_is_retried_and_resumes(env: Env) -> None:
         row = env.row(run_id)
         return row if row and row.attempt == 2 and row.status == "running" else None
 
+    states = env.states_of_try(run_id, 1)
+    print(f"\n[scheduler] task SIGKILL: try 1 went through {states}")
+    assert "up_for_retry" in states and "success" not in states, states
     row = wait_for(resumed, timeout=HEARTBEAT_TIMEOUT + 120, interval=0.05, what="the retry to resume",
                    on_timeout=lambda: env.explain(run_id))
     MEASURED["SIGKILL -> retry resumed"] = time.monotonic() - killed
     print(f"\n[scheduler] SIGKILL of the task process -> retry resumed: {MEASURED['SIGKILL -> retry resumed']:.2f}s")
     assert row.resumed_from is not None and row.resumed_from >= before.position, (row, before)
     assert env.run_state(run_id, ("success", "failed")) == "success", env.explain(run_id)
-    first = env.api.task_try(DAG_ID, run_id, TASK_ID, 1)
-    assert first is not None and first["state"] == "up_for_retry", first
     final = env.row(run_id)
     assert final is not None and final.status == "done" and final.attempt == 2, final
     # Committed work exactly once; repeated work (started by try 1, redone by try 2) at most a chunk.
@@ -299,3 +361,74 @@ def test_sigkill_of_the_task_process_is_retried_and_resumes(env: Env) -> None:
     second_try = {item for item, a in seen if a == 2}
     repeated = sorted(first_try & second_try)
     assert len(repeated) <= CHUNK, f"more than one chunk repeated: {repeated}"
+
+
+def test_worker_crash_is_caught_by_the_heartbeat_timeout_and_the_retry_resumes(env: Env) -> None:
+    """The whole worker dies (supervisor and task SIGKILLed): only the heartbeat timeout notices."""
+    run_id = env.trigger("crash")
+    env.running_with_progress(run_id)
+    ti = env.ti(run_id)
+    task, supervisor = env.airflow.processes_of(ti["id"])
+    before = env.row(run_id)
+    assert before is not None
+    supervisor.send_signal(signal.SIGKILL)  # first, so that nobody reports the task's death
+    task.send_signal(signal.SIGKILL)
+    crashed = time.monotonic()
+    psutil.wait_procs([supervisor, task], timeout=10)
+
+    def resumed() -> Checkpoint | None:
+        row = env.row(run_id)
+        return row if row and row.attempt == 2 and row.status == "running" else None
+
+    states = env.states_of_try(run_id, 1)
+    print(f"\n[scheduler] worker crash: try 1 went through {states}")
+    assert "success" not in states, states
+    row = wait_for(resumed, timeout=HEARTBEAT_TIMEOUT + 120, interval=0.05, what="the retry to resume",
+                   on_timeout=lambda: env.explain(run_id))
+    MEASURED["worker crash -> retry resumed"] = elapsed = time.monotonic() - crashed
+    print(f"\n[scheduler] SIGKILL of the worker and its task -> retry resumed: {elapsed:.2f}s "
+          f"(task_instance_heartbeat_timeout={HEARTBEAT_TIMEOUT}s)")
+    assert row.resumed_from is not None and row.resumed_from >= before.position, (row, before)
+    assert env.run_state(run_id, ("success", "failed")) == "success", env.explain(run_id)
+    final = env.row(run_id)
+    assert final is not None and final.status == "done" and final.attempt == 2, final
+    assert_exactly_once(env, run_id, ITEMS)
+    assert_no_repeats_before(env, run_id, row.resumed_from, attempt=2)
+    seen = env.seen(run_id)
+    repeated = sorted({i for i, a in seen if a == 1} & {i for i, a in seen if a == 2})
+    assert len(repeated) <= CHUNK, f"more than one chunk repeated: {repeated}"
+
+
+def test_mark_failed_on_a_mapped_task_is_also_user(env: Env) -> None:
+    """The cancel of one mapped task instance is classified by *its* state (map index 1 runs on)."""
+    run_id = f"mapped_{uuid.uuid4().hex[:8]}"
+    env.api.trigger(MAPPED_DAG_ID, run_id=run_id)
+    first, second = f"{MAPPED_DAG_ID}.{TASK_ID}[0]", f"{MAPPED_DAG_ID}.{TASK_ID}[1]"
+    env.running_with_progress(run_id, job=first)
+    env.api.set_task_state(MAPPED_DAG_ID, run_id, TASK_ID, "failed", map_index=0)
+    row = env.stopped(run_id, attempt=1, job=first)
+    assert row.status == "cancelled" and row.cancel_reason == "user", row
+    assert row.position == row.processed and 0 < row.processed < ITEMS, row
+    assert env.run_state(run_id, ("success", "failed"), timeout=120, dag_id=MAPPED_DAG_ID) == "failed"
+    assert_exactly_once(env, run_id, row.position, job=first)
+    other = env.row(run_id, second)
+    assert other is not None and other.status == "done" and other.processed == ITEMS, other
+    assert_exactly_once(env, run_id, ITEMS, job=second)
+
+
+def test_clear_of_a_running_task_stops_it_as_user_and_the_next_try_resumes(env: Env) -> None:
+    """Clear while running: Airflow sets RESTARTING, terminates the try, and runs a new one."""
+    run_id = env.trigger("clearrunning")
+    env.running_with_progress(run_id)
+    cleared = time.monotonic()
+    env.api.clear(DAG_ID, run_id, [TASK_ID])
+    row = env.stopped(run_id, attempt=1)
+    print(f"\n[scheduler] Clear of a running task -> handler stopped: {time.monotonic() - cleared:.2f}s")
+    assert row.status == "cancelled" and row.cancel_reason == "user", row
+    assert row.position == row.processed and 0 < row.processed < ITEMS, row
+    assert env.run_state(run_id, ("success", "failed")) == "success", env.explain(run_id)
+    final = env.row(run_id)
+    assert final is not None and final.status == "done" and final.attempt == 2, final
+    assert final.resumed_from == row.position, final
+    assert_exactly_once(env, run_id, ITEMS)
+    assert_no_repeats_before(env, run_id, row.position, attempt=2)

@@ -141,7 +141,7 @@ class Attempt:
         scheduled_at: datetime | None = None,
         reporter: Reporter | None = None,
         log: logging.Logger | None = None,
-        resolve_reason: Callable[[str], str] | None = None,
+        resolve_reason: Callable[[str], str | tuple[str, str]] | None = None,
         heartbeat: float | None = None,
     ):
         if not job or not isinstance(job, str):
@@ -224,8 +224,9 @@ class Attempt:
                         "[job=%s slot=%s attempt=%s]", self.job, self.slot, self.attempt,
                     )
                     raise
-                reason = self._resolve(exc.reason)
-                exc.reason = reason
+                reason, message = self._resolve(exc.reason, exc.message)
+                exc.reason, exc.message = reason, message
+                exc.args = (message,)
                 self.log.warning(
                     "cancelled (%s) at position=%r processed=%s [job=%s slot=%s attempt=%s]; "
                     "the checkpoint is kept and the next attempt resumes from it",
@@ -248,7 +249,7 @@ class Attempt:
                 keeper.stop()
                 if self.signal.reason == Reason.LEASE_LOST:
                     raise
-                cancel_reason = self._resolve(self.signal.reason) if self.signal.cancelled else None
+                cancel_reason = self._resolve(self.signal.reason, None)[0] if self.signal.cancelled else None
                 self._end(session, Status.FAILED, error=_error_text(exc), cancel_reason=cancel_reason)
                 raise
             keeper.stop(join=False)
@@ -418,14 +419,20 @@ class Attempt:
         self.reporter.on_finish(final)
         return final
 
-    def _resolve(self, reason: str | None) -> str:
+    def _resolve(self, reason: str | None, message: str | None) -> tuple[str, str]:
+        """Let the embedding (Airflow) say what a bare ``terminated`` meant: ``user`` or ``shutdown``."""
         reason = reason or "unknown"
+        message = message or f"cancelled: {reason}"
         if self._resolve_reason is not None:
             try:
-                return self._resolve_reason(reason)
+                resolved = self._resolve_reason(reason)
             except Exception:  # never let classification hide the cancel
                 self.log.exception("could not classify cancel reason %r", reason)
-        return reason
+                return reason, message
+            if isinstance(resolved, tuple):
+                return resolved[0], resolved[1]
+            return resolved, message
+        return reason, message
 
 
 def _roundtrip(text: str) -> Any:

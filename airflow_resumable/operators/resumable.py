@@ -147,6 +147,7 @@ class ResumableOperator(BaseOperator):
         self.xcom_interval = _seconds(xcom_interval)
         self.handler_kwargs = dict(handler_kwargs or {})
         self._attempt: Attempt | None = None
+        self._terminated = False
         self._validate()
         if self.timeout is not None and self.execution_timeout is None:
             self.execution_timeout = timedelta(seconds=self.timeout + self.timeout_grace)
@@ -216,7 +217,7 @@ class ResumableOperator(BaseOperator):
             return self.task_id in flag or job in flag
         return False
 
-    def _classify(self, context: Context) -> Callable[[str], str]:
+    def _classify(self, context: Context) -> Callable[[str], str | tuple[str, str]]:
         """After SIGTERM, ask Airflow whether a person ended the task (``user``) or the worker is
         stopping (``shutdown``). Runs on the main thread at a chunk boundary, never in on_kill."""
         ti = context["ti"]
@@ -224,7 +225,7 @@ class ResumableOperator(BaseOperator):
         # Airflow keys the states of a mapped task instance as "<task_id>_<map_index>".
         key = ti.task_id if map_index is None or map_index < 0 else f"{ti.task_id}_{map_index}"
 
-        def resolve(reason: str) -> str:
+        def resolve(reason: str) -> str | tuple[str, str]:
             if reason != Reason.TERMINATED.value:
                 return reason
             try:
@@ -233,10 +234,10 @@ class ResumableOperator(BaseOperator):
                 )
                 state = states.get(ti.run_id, {}).get(key)
             except Exception:
-                return Reason.SHUTDOWN.value
+                return Reason.SHUTDOWN.value, "SIGTERM while Airflow's state could not be read: treated as a shutdown"
             if state in (None, "running"):
-                return Reason.SHUTDOWN.value
-            return Reason.USER.value
+                return Reason.SHUTDOWN.value, "SIGTERM while the task is still running: the worker is shutting down"
+            return Reason.USER.value, f"ended in Airflow (task instance state: {state})"
 
         return resolve
 
@@ -271,6 +272,8 @@ class ResumableOperator(BaseOperator):
                 resolve_reason=self._classify(context),
             )
             self._attempt = attempt
+            if self._terminated:  # SIGTERM came while the store was being opened
+                attempt.signal.cancel(Reason.TERMINATED, "the task process received SIGTERM")
             outcome = attempt.run(self._handler(context))
         except OverlapWait as exc:
             raise self._wait_or_give_up(context, exc) from exc
@@ -281,6 +284,7 @@ class ResumableOperator(BaseOperator):
             raise mapped from exc
         finally:
             self._attempt = None
+            self._terminated = False
         if outcome.result is not None:
             return outcome.result
         return outcome.summary()
@@ -299,7 +303,11 @@ class ResumableOperator(BaseOperator):
         return AirflowRescheduleException(datetime.now(tz=timezone.utc) + timedelta(seconds=self.overlap_poke))
 
     def on_kill(self) -> None:
-        """Called from Airflow's SIGTERM handler: only raise the signal (no I/O, no locks)."""
+        """Called from Airflow's SIGTERM handler: only raise the signal (no I/O, no locks).
+
+        A SIGTERM that arrives before the attempt exists is remembered and raised as soon as it does.
+        """
+        self._terminated = True
         attempt = self._attempt
         if attempt is not None:
             attempt.signal.cancel(Reason.TERMINATED, "the task process received SIGTERM")

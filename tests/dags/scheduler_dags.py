@@ -52,17 +52,17 @@ def work_items(ctx: RunContext, *, items: Any, chunk: Any, delay: Any) -> dict[s
             for item in batch:
                 if seen is not None:
                     seen.cursor().execute(
-                        f"INSERT INTO {SEEN_TABLE} (slot, item, attempt) VALUES (%s, %s, %s)",
-                        (ctx.slot, item, ctx.attempt),
+                        f"INSERT INTO {SEEN_TABLE} (job, slot, item, attempt) VALUES (%s, %s, %s, %s)",
+                        (ctx.job, ctx.slot, item, ctx.attempt),
                     )
                 ctx.signal.wait(delay)
                 # A cancel drops the unfinished chunk (its writes roll back with it).
                 ctx.signal.raise_if_cancelled()
                 tx.execute(
-                    f"INSERT INTO {ITEMS_TABLE} (slot, item, writes, attempt) VALUES (%s, %s, 1, %s) "
-                    f"ON CONFLICT (slot, item) DO UPDATE SET writes = {ITEMS_TABLE}.writes + 1, "
+                    f"INSERT INTO {ITEMS_TABLE} (job, slot, item, writes, attempt) VALUES (%s, %s, %s, 1, %s) "
+                    f"ON CONFLICT (job, slot, item) DO UPDATE SET writes = {ITEMS_TABLE}.writes + 1, "
                     "attempt = EXCLUDED.attempt",
-                    (ctx.slot, item, ctx.attempt),
+                    (ctx.job, ctx.slot, item, ctx.attempt),
                 )
             nxt = batch[-1] + 1
             ctx.checkpoint(nxt, processed=ctx.processed + len(batch), total=items)
@@ -95,3 +95,17 @@ with DAG(
             "delay": "{{ dag_run.conf.get('delay', 0.2) }}",
         },
     )
+
+
+with DAG(
+    dag_id="sched_mapped",
+    schedule=None,
+    start_date=datetime(2024, 1, 1),
+    catchup=False,
+    default_args={"retries": 3, "retry_delay": timedelta(seconds=2)},
+    tags=["resumable-tests"],
+):
+    # Two mapped task instances: jobs ``sched_mapped.work[0]`` and ``sched_mapped.work[1]``.
+    ResumableOperator.partial(
+        task_id="work", handler=work_items, lease=4, overlap="allow", progress_interval=2, xcom_interval=1
+    ).expand(handler_kwargs=[{"items": 80, "chunk": 2, "delay": 0.2}, {"items": 80, "chunk": 2, "delay": 0.2}])

@@ -124,11 +124,12 @@ class ApiClient:
     def dag_run(self, dag_id: str, run_id: str) -> dict[str, Any]:
         return self.get(f"/dags/{dag_id}/dagRuns/{run_id}")
 
-    def set_task_state(self, dag_id: str, run_id: str, task_id: str, state: str) -> Any:
+    def set_task_state(self, dag_id: str, run_id: str, task_id: str, state: str, map_index: int | None = None) -> Any:
         """Mark a task instance ``failed`` / ``success``, as the UI's buttons do."""
-        return self.request(
-            "PATCH", f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}", json={"new_state": state}
-        )
+        path = f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}"
+        if map_index is not None:
+            path += f"/{map_index}"
+        return self.request("PATCH", path, json={"new_state": state})
 
     def clear(self, dag_id: str, run_id: str, task_ids: list[str]) -> Any:
         """Clear task instances of one run, as the UI's Clear button does."""
@@ -163,7 +164,9 @@ class Standalone:
         self.env = self._environment(metadata_uri, env or {})
         self.process: subprocess.Popen[bytes] | None = None
         self._log_file: Any = None
-        self._started_pids: set[int] = set()
+        #: Every process of the tree seen so far. psutil.Process remembers its creation time, so a
+        #: pid reused by an unrelated process later is never taken for one of ours.
+        self._tree: dict[tuple[int, float], psutil.Process] = {}
         self.api: ApiClient | None = None
 
     def _environment(self, metadata_uri: str, extra: dict[str, str]) -> dict[str, str]:
@@ -212,7 +215,7 @@ class Standalone:
             start_new_session=True,  # setsid: signals sent to the test's group do not reach it
             preexec_fn=child_setup,
         )
-        self._started_pids.add(self.process.pid)
+        self._remember(psutil.Process(self.process.pid))
         wait_for(self._healthy, timeout=timeout, interval=1.0, what="airflow standalone to become healthy",
                  on_timeout=self.tail)
         self.api = ApiClient(self.base_url, "admin", self.admin_password())
@@ -235,14 +238,19 @@ class Standalone:
         passwords = json.loads((self.home / PASSWORD_FILE).read_text())
         return passwords["admin"]
 
+    def _remember(self, proc: psutil.Process) -> None:
+        try:
+            self._tree.setdefault((proc.pid, proc.create_time()), proc)
+        except psutil.Error:
+            pass
+
     def _remember_children(self) -> None:
         """Note every process of the tree, so :meth:`stop` can end stragglers by pid."""
         if self.process is None:
             return
         try:
-            root = psutil.Process(self.process.pid)
-            for child in root.children(recursive=True):
-                self._started_pids.add(child.pid)
+            for child in psutil.Process(self.process.pid).children(recursive=True):
+                self._remember(child)
         except psutil.Error:
             pass
 
@@ -251,12 +259,7 @@ class Standalone:
         if self.api is not None:
             self.api.close()
         self._remember_children()
-        survivors: list[psutil.Process] = []
-        for pid in self._started_pids:
-            try:
-                survivors.append(psutil.Process(pid))
-            except psutil.Error:
-                pass
+        survivors = [proc for proc in self._tree.values() if proc.is_running()]
         if self.process is not None and self.process.poll() is None:
             self.process.send_signal(signal.SIGINT)
             try:
@@ -286,9 +289,11 @@ class Standalone:
             return "(no standalone log)"
         return "--- airflow standalone (last lines) ---\n" + "\n".join(text[-lines:])
 
-    def task_log(self, dag_id: str, run_id: str, task_id: str, try_number: int) -> str:
+    def task_log(self, dag_id: str, run_id: str, task_id: str, try_number: int, map_index: int = -1) -> str:
         """The task's log file for one try, as written by the worker (empty if none yet)."""
         folder = self.home / "logs" / f"dag_id={dag_id}" / f"run_id={run_id}" / f"task_id={task_id}"
+        if map_index >= 0:
+            folder = folder / f"map_index={map_index}"
         path = folder / f"attempt={try_number}.log"
         try:
             return path.read_text(errors="replace")
@@ -302,15 +307,16 @@ class Standalone:
         worker that supervises it, has ``airflow worker -- LocalExecutor: <ti id>``.
         """
         self._remember_children()
-        for pid in sorted(self._started_pids):
+        for proc in self._tree.values():
             try:
-                proc = psutil.Process(pid)
+                if not proc.is_running():
+                    continue
                 title = " ".join(proc.cmdline())
+                parent = proc.parent()
             except psutil.Error:
                 continue
             if title.strip() == f"airflow worker -- {ti_id}":
-                parent = proc.parent()
                 if parent is None:
-                    raise AssertionError(f"the task process {pid} of {ti_id} has no parent")
+                    raise AssertionError(f"the task process {proc.pid} of {ti_id} has no parent")
                 return proc, parent
         raise LookupError(f"no task process for task instance {ti_id}")
