@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 CONSTRAINTS := constraints-3.11.txt
 DEMO_HOME := $(CURDIR)/.airflow-home
 
-.PHONY: demo test bench venv clean
+.PHONY: demo test bench standalone venv clean
 
 $(VENV)/.installed: setup.cfg pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
@@ -22,6 +22,10 @@ demo: venv
 ## The whole test suite; exits non-zero on any failure.
 test: venv
 	$(PY) -m pytest -p no:cacheprovider -ra $(PYTEST_ARGS)
+
+## A local Airflow with the example DAGs (UI on :8080); Ctrl-C stops it.
+standalone: venv
+	@bash scripts/standalone.sh
 
 ## Benchmarks: ratios measured side by side, each with its target.
 bench: venv

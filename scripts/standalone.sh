@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# `make standalone`: a local Airflow (api-server, scheduler, dag-processor, triggerer; LocalExecutor)
+# with the example DAGs, for trying them in the UI. Stop it with Ctrl-C.
+#   RESUMABLE_CONN  the checkpoint store's connection URI (default: a SQLite file in .airflow-home/);
+#                   the customer export needs PostgreSQL, e.g. postgresql://postgres@127.0.0.1:5432/postgres
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT="$PWD"
+export PATH="$ROOT/.venv/bin:$PATH"
+export AIRFLOW_HOME="${AIRFLOW_HOME:-$ROOT/.airflow-home}"
+export AIRFLOW__CORE__DAGS_FOLDER="$ROOT/dags"
+export AIRFLOW__CORE__LOAD_EXAMPLES=False
+export AIRFLOW__CORE__PARALLELISM="${AIRFLOW__CORE__PARALLELISM:-4}"
+export AIRFLOW_CONN_RESUMABLE_DEFAULT="${RESUMABLE_CONN:-sqlite:///$AIRFLOW_HOME/checkpoints.db}"
+export LOANS_DB="${LOANS_DB:-$AIRFLOW_HOME/loans.db}"
+mkdir -p "$AIRFLOW_HOME"
+echo "checkpoints: ${AIRFLOW_CONN_RESUMABLE_DEFAULT%%://*}://...  (set RESUMABLE_CONN to change)"
+echo "UI: http://localhost:8080  (user admin; password in $AIRFLOW_HOME/simple_auth_manager_passwords.json.generated)"
+exec airflow standalone
