@@ -215,9 +215,7 @@ class Attempt:
             try:
                 result = handler(ctx)
             except Cancelled as exc:
-                keeper.stop(join=False)
-                session.rollback()  # the unfinished chunk's writes go with it
-                keeper.stop()
+                self._quiesce(session, keeper)  # the unfinished chunk's writes go with it
                 if exc.reason == Reason.LEASE_LOST or keeper.lost:
                     self.log.error(
                         "stopped: another attempt took over this slot's lease; nothing more is written "
@@ -235,29 +233,24 @@ class Attempt:
                 self._end(session, Status.CANCELLED, error=exc.message, cancel_reason=reason)
                 raise
             except LeaseLost:
-                keeper.stop(join=False)
-                session.rollback()
-                keeper.stop()
+                self._quiesce(session, keeper)
                 self.log.error(
                     "this attempt lost the lease of its slot to another attempt; stopping without "
                     "writing [job=%s slot=%s attempt=%s]", self.job, self.slot, self.attempt,
                 )
                 raise
             except BaseException as exc:
-                keeper.stop(join=False)
-                session.rollback()
-                keeper.stop()
+                self._quiesce(session, keeper)
                 if self.signal.reason == Reason.LEASE_LOST:
                     raise
                 cancel_reason = self._resolve(self.signal.reason, None)[0] if self.signal.cancelled else None
                 self._end(session, Status.FAILED, error=_error_text(exc), cancel_reason=cancel_reason)
                 raise
-            keeper.stop(join=False)
             if keeper.lost:
-                session.rollback()
-                keeper.stop()
+                self._quiesce(session, keeper)
                 raise LeaseLost("the lease was lost while the handler ran", job=self.job, slot=self.slot)
             # Writes made through ctx.transaction() after the last checkpoint commit with "done".
+            keeper.stop(join=False)
             try:
                 final = self._end(session, Status.DONE)
             finally:
@@ -265,6 +258,15 @@ class Attempt:
             return Outcome(result=result, checkpoint=final, resumed_from=resumed_from)
 
     # -- steps ---------------------------------------------------------------------------------
+
+    @staticmethod
+    def _quiesce(session: StoreSession, keeper: LeaseKeeper) -> None:
+        """Stop heartbeats and roll back the unfinished chunk. The keeper is asked to stop before
+        the rollback and joined after it: on SQLite its connection may be waiting for the write
+        lock this session holds."""
+        keeper.stop(join=False)
+        session.rollback()
+        keeper.stop()
 
     def _acquire(self, session: StoreSession) -> tuple[Checkpoint, bool]:
         deadline = time.monotonic() + self.options.effective_lease_wait
