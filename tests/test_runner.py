@@ -345,3 +345,30 @@ def test_a_total_learned_with_no_checkpoint_is_saved_with_the_final_status(store
     handler = chunk_loop(lambda ctx, after, limit: [], lambda ctx, batch: None, chunk_size=5, total=0)
     outcome = attempt(store, 1).run(handler)
     assert (outcome.checkpoint.status, outcome.checkpoint.total, outcome.summary()["total"]) == ("done", 0, 0)
+
+
+def test_checkpoint_interval_saves_less_often_but_before_stopping_and_at_the_end(store: Store) -> None:
+    items = list(range(1, 101))
+    saves: list[int] = []
+    from airflow_resumable.core.progress import Reporter
+
+    class Count(Reporter):
+        def due(self, processed, total) -> bool:
+            saves.append(processed)
+            return False
+
+    def process(ctx, batch):
+        if ctx.attempt == 1 and batch[-1] == 60:
+            ctx.signal.cancel("shutdown")
+
+    handler = chunk_loop(
+        lambda ctx, after, limit: [i for i in items if i > (after or 0)][:limit], process, chunk_size=10,
+        checkpoint_interval=3600,
+    )
+    with pytest.raises(Cancelled):
+        Attempt(store, job=JOB, slot=SLOT, attempt=1, owner="a", reporter=Count()).run(handler)
+    assert saves == [60], "no save within the interval, but the pending position before stopping"
+    saves.clear()
+    outcome = Attempt(store, job=JOB, slot=SLOT, attempt=2, owner="b", reporter=Count()).run(handler)
+    assert outcome.resumed_from == 60 and saves == [100]
+    assert (outcome.checkpoint.position, outcome.checkpoint.processed) == (100, 100)

@@ -74,6 +74,10 @@ class Checkpoint:
         return out
 
 
+#: One encoder for every checkpoint (json.dumps with options builds a new one per call).
+_ENCODER = json.JSONEncoder(allow_nan=False, separators=(",", ":"))
+
+
 def encode(value: Any, *, what: str, job: str, slot: str) -> str:
     """Serialize a position or state to JSON text, or explain why it cannot be stored.
 
@@ -81,7 +85,7 @@ def encode(value: Any, *, what: str, job: str, slot: str) -> str:
         InvalidCheckpoint: the value is not plain JSON (e.g. a datetime, a set, NaN).
     """
     try:
-        text = json.dumps(value, allow_nan=False, separators=(",", ":"), sort_keys=False)
+        text = _ENCODER.encode(value)
     except (TypeError, ValueError) as exc:
         raise InvalidCheckpoint(
             f"the {what} {_short(value)} cannot be stored as JSON ({exc})",
@@ -124,6 +128,8 @@ def to_datetime(value: Any) -> datetime | None:
     """Normalize a timestamp read from a store (datetime, or epoch seconds) to an aware datetime."""
     if value is None:
         return None
+    if type(value) is float:  # SQLite's REAL epoch seconds: the common case, first
+        return datetime.fromtimestamp(value, tz=timezone.utc)
     if isinstance(value, datetime):
         return value if value.tzinfo else value.replace(tzinfo=timezone.utc)
     if isinstance(value, (int, float)) and math.isfinite(value):

@@ -7,6 +7,7 @@ position to the last item's key and saves the checkpoint; the signal is checked 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -28,7 +29,10 @@ def default_key(item: Any) -> Any:
     return item
 
 
-def validate_chunked(*, read: Any, process: Any, chunk_size: Any, position: Any, total: Any, job: str | None = None) -> None:
+def validate_chunked(
+    *, read: Any, process: Any, chunk_size: Any, position: Any, total: Any, checkpoint_interval: Any = None,
+    job: str | None = None,
+) -> None:
     """Raise :class:`ConfigurationError` naming every bad argument (at DAG parse time)."""
     problems = []
     if not callable(read):
@@ -41,6 +45,10 @@ def validate_chunked(*, read: Any, process: Any, chunk_size: Any, position: Any,
         problems.append(f"position must be a function of the last item of a batch, got {type(position).__name__}")
     if total is not None and not callable(total) and (isinstance(total, bool) or not isinstance(total, int) or total < 0):
         problems.append(f"total must be a non-negative int or a function of ctx, got {total!r}")
+    if checkpoint_interval is not None and (
+        isinstance(checkpoint_interval, bool) or not isinstance(checkpoint_interval, (int, float)) or checkpoint_interval < 0
+    ):
+        problems.append(f"checkpoint_interval must be a non-negative number of seconds, got {checkpoint_interval!r}")
     if problems:
         raise ConfigurationError("; ".join(problems), job=job, hint="Fix the task's arguments")
 
@@ -53,6 +61,7 @@ def chunk_loop(
     position: Callable[[Any], Any] | None = None,
     total: int | Callable[[RunContext], int | None] | None = None,
     start: Any = None,
+    checkpoint_interval: float | None = None,
 ) -> Callable[[RunContext], dict[str, Any]]:
     """Build the handler that runs ``read``/``process`` chunk by chunk from the saved position.
 
@@ -66,16 +75,29 @@ def chunk_loop(
         position: the position of an item (default :func:`default_key`).
         total: the expected item count, or a function of ``ctx`` computing it once per run.
         start: the position before the first item.
+        checkpoint_interval: save at most every this many seconds instead of after every chunk
+            (None: every chunk). The signal is still checked after every chunk, and a pending
+            position is saved before stopping and at the end; but a *crash* now repeats up to
+            this many seconds of chunks instead of one. For tiny, fast chunks whose checkpoint
+            would cost a large share of their work.
     """
-    validate_chunked(read=read, process=process, chunk_size=chunk_size, position=position, total=total)
+    validate_chunked(
+        read=read, process=process, chunk_size=chunk_size, position=position, total=total,
+        checkpoint_interval=checkpoint_interval,
+    )
     key = position or default_key
 
     def handler(ctx: RunContext) -> dict[str, Any]:
         if ctx.total is None and total is not None:
             ctx.total = total(ctx) if callable(total) else total
         after = ctx.position if ctx.position is not None else start
+        processed = ctx.processed
         chunks = 0
+        pending = False  # chunks done since the last save (only with checkpoint_interval)
+        saved_at = time.monotonic()
         while True:
+            if pending and ctx.signal.cancelled:
+                ctx.checkpoint(after, processed=processed)  # saves the finished chunks, then raises
             ctx.signal.raise_if_cancelled()
             batch = read(ctx, after, chunk_size)
             if not batch:
@@ -97,8 +119,15 @@ def chunk_loop(
                     hint="read must return only items after 'after', ordered by the position key",
                 )
             after = new_after
+            processed += len(batch)
             chunks += 1
-            ctx.checkpoint(after, processed=ctx.processed + len(batch))
+            if checkpoint_interval is None or time.monotonic() - saved_at >= checkpoint_interval:
+                ctx.checkpoint(after, processed=processed)
+                saved_at, pending = time.monotonic(), False
+            else:
+                pending = True
+        if pending:
+            ctx.checkpoint(after, processed=processed)
         return {"chunks": chunks}
 
     return handler

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
+import time
 from collections.abc import Callable
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 from airflow_resumable.core.checkpoint import Checkpoint, encode
@@ -66,7 +69,8 @@ class RunContext:
 
     def __init__(self, attempt: Attempt, row: Checkpoint, *, resumed: bool):
         self._attempt = attempt
-        self._row = row
+        self._row: Checkpoint | None = row
+        self._base = row
         self.job: str = row.job
         self.slot: str = row.slot
         self.attempt: int = attempt.attempt
@@ -75,8 +79,10 @@ class RunContext:
         self.state: dict[str, Any] = dict(row.state)
         self.log: logging.Logger = attempt.log
         self._position: Any = row.position
+        self._position_json: str | None = None  # set by a save; decoded on first read
         self._processed: int = row.processed
         self._total: int | None = row.total
+        self._saved_at: float | None = None
         #: True when this attempt continues a checkpoint an earlier attempt saved.
         self.resumed: bool = resumed
         #: The position this attempt started from (None on a fresh start).
@@ -84,7 +90,11 @@ class RunContext:
 
     @property
     def position(self) -> Any:
-        """Where to continue: None on a fresh start, else the last saved position."""
+        """Where to continue: None on a fresh start, else the last saved position (as JSON gives
+        it back: a tuple comes back as a list)."""
+        if self._position_json is not None:
+            self._position = json.loads(self._position_json)
+            self._position_json = None
         return self._position
 
     @property
@@ -103,6 +113,15 @@ class RunContext:
     @property
     def row(self) -> Checkpoint:
         """The checkpoint row as last written by this attempt."""
+        if self._row is None:
+            self._row = dataclasses.replace(
+                self._base,
+                position=self.position,
+                state=self.state,
+                processed=self._processed,
+                total=self._total,
+                updated_at=datetime.fromtimestamp(self._saved_at, tz=timezone.utc) if self._saved_at else None,
+            )
         return self._row
 
     def checkpoint(
@@ -131,12 +150,14 @@ class RunContext:
         """The checkpoint database's connection; writes on it commit with the next checkpoint."""
         return self._attempt.transaction()
 
-    def _saved(self, row: Checkpoint, state: dict[str, Any]) -> None:
-        self._row = row
-        self._position = row.position
-        self._processed = row.processed
-        self._total = row.total
+    def _saved(self, position_json: str, state: dict[str, Any], processed: int, total: int | None) -> None:
+        """Record what the store just committed (cheaply: the row is rebuilt only when read)."""
+        self._position_json = position_json
         self.state = state
+        self._processed = processed
+        self._total = total
+        self._saved_at = time.time()
+        self._row = None
 
     def _encode(self, position: Any, state: dict[str, Any]) -> tuple[str, str]:
         if not isinstance(state, dict):

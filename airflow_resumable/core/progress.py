@@ -53,11 +53,19 @@ class Reporter:
     def on_start(self, cp: Checkpoint, *, resumed: bool) -> None:
         """The attempt holds the lease and its row says ``running``."""
 
+    def due(self, processed: int, total: int | None) -> bool:
+        """Whether :meth:`on_checkpoint` would report anything now (checked before building the
+        row and the figures it needs, which most checkpoints of a fast loop can skip)."""
+        return self._log_due(processed, total)
+
+    def _log_due(self, processed: int, total: int | None) -> bool:
+        if self._last is None or (total is not None and processed >= total):
+            return True
+        return self._clock() - self._last >= self.interval
+
     def on_checkpoint(self, cp: Checkpoint, progress: Progress) -> None:
-        now = self._clock()
-        last = progress.total is not None and progress.processed >= progress.total
-        if self._last is None or last or now - self._last >= self.interval:
-            self._last = now
+        if self._log_due(progress.processed, progress.total):
+            self._last = self._clock()
             self.log.info("progress %s [job=%s slot=%s]", progress.format(), cp.job, cp.slot)
 
     def on_finish(self, cp: Checkpoint) -> None:

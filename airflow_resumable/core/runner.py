@@ -18,11 +18,10 @@ The class operator, the chunked operator and ``@task.resumable`` all run this; t
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import time
 from collections.abc import Callable
-from datetime import datetime, timezone
+from datetime import datetime
 from typing import Any
 
 from airflow_resumable.core.checkpoint import Checkpoint, Status, encode
@@ -165,8 +164,14 @@ class Attempt:
         self._meter: ProgressMeter | None = None
         self._ctx: RunContext | None = None
         self.keeper: LeaseKeeper | None = None
-        #: The last row this attempt wrote or read (also after a failure).
-        self.checkpoint_row: Checkpoint | None = None
+        self._last_row: Checkpoint | None = None
+
+    @property
+    def checkpoint_row(self) -> Checkpoint | None:
+        """The last row this attempt wrote or read (also after it ended)."""
+        if self._ctx is not None and self._last_row is None:
+            return self._ctx.row
+        return self._last_row
 
     # -- the run -------------------------------------------------------------------------------
 
@@ -190,14 +195,15 @@ class Attempt:
             )
         if self.options.timeout is not None:
             self.signal.fire_after(self.options.timeout)
-        with self.store.open() as session:
+        # Autocommit until the handler asks for ctx.transaction(): a checkpoint is then one
+        # statement, one round trip.
+        with self.store.open(autocommit=True) as session:
             self._session = session
             session.ensure_schema()
             row, created = self._acquire(session)
             self._token = row.lease_token
             self._overlap(session, row, created)
             row, resumed, resumed_from = self._begin(session, row, created)
-            self.checkpoint_row = row
             ctx = self._ctx = RunContext(self, row, resumed=resumed)
             self._meter = ProgressMeter(row.processed)
             self.reporter.on_start(row, resumed=resumed)
@@ -391,16 +397,13 @@ class Attempt:
             self.job, self.slot, self.owner, self._token,
             position=position_json, state=state_json, processed=processed, total=total,
         )
-        row = dataclasses.replace(
-            ctx.row, position=_roundtrip(position_json), state=state, processed=processed, total=total,
-            updated_at=datetime.now(tz=timezone.utc),
-        )
-        ctx._saved(row, state)
-        self.checkpoint_row = row
-        self.reporter.on_checkpoint(row, self._meter.measure(processed, total))
+        ctx._saved(position_json, state, processed, total)
+        if self.reporter.due(processed, total):
+            self.reporter.on_checkpoint(ctx.row, self._meter.measure(processed, total))
 
     def transaction(self) -> TransactionConnection:
         assert self._session is not None
+        self._session.begin_transactions()
         style = "qmark" if self.store.dialect.marker == "?" else "pyformat"
         return TransactionConnection(self._session.conn, style)
 
@@ -417,7 +420,7 @@ class Attempt:
         except LeaseLost:
             self.log.error("could not record status %s: the lease was taken over [job=%s slot=%s]", status, self.job, self.slot)
             raise
-        self.checkpoint_row = final
+        self._last_row = final
         self.reporter.on_finish(final)
         return final
 
@@ -435,10 +438,6 @@ class Attempt:
                 return resolved[0], resolved[1]
             return resolved, message
         return reason, message
-
-
-def _roundtrip(text: str) -> Any:
-    return json.loads(text)
 
 
 def _error_text(exc: BaseException, limit: int = 2000) -> str:

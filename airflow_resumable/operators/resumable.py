@@ -72,9 +72,15 @@ class AirflowReporter(Reporter):
     def on_start(self, cp: Checkpoint, *, resumed: bool) -> None:
         self.push(cp)
 
+    def _xcom_due(self) -> bool:
+        return self._last_push is None or time.monotonic() - self._last_push >= self.xcom_interval
+
+    def due(self, processed: int, total: int | None) -> bool:
+        return self._xcom_due() or super().due(processed, total)
+
     def on_checkpoint(self, cp: Checkpoint, progress: Progress) -> None:
         super().on_checkpoint(cp, progress)
-        if self._last_push is None or time.monotonic() - self._last_push >= self.xcom_interval:
+        if self._xcom_due():
             self.push(cp)
 
     def on_finish(self, cp: Checkpoint) -> None:
@@ -326,6 +332,9 @@ class ChunkedOperator(ResumableOperator):
         ``item[0]`` or the item).
     :param total: the item count, or ``fn(ctx)`` computing it once per run (for percent and ETA).
     :param start: the position before the first item (default None).
+    :param checkpoint_interval: save at most every this many seconds (default: after every chunk).
+        Cancels still stop at the next chunk boundary and save there, but a crash repeats up to
+        this long a stretch of chunks instead of one. For tiny, fast chunks.
     :param handler_kwargs: keyword arguments passed to both ``read`` and ``process`` (templated;
         ``.expand()`` them to map the task over partitions).
 
@@ -341,10 +350,15 @@ class ChunkedOperator(ResumableOperator):
         position: Callable[[Any], Any] | None = None,
         total: int | Callable[[RunContext], int | None] | None = None,
         start: Any = None,
+        checkpoint_interval: float | timedelta | None = None,
         **kwargs: Any,
     ) -> None:
+        checkpoint_interval = _seconds(checkpoint_interval)
         try:
-            validate_chunked(read=read, process=process, chunk_size=chunk_size, position=position, total=total)
+            validate_chunked(
+                read=read, process=process, chunk_size=chunk_size, position=position, total=total,
+                checkpoint_interval=checkpoint_interval,
+            )
         except ConfigurationError as exc:
             raise ConfigurationError(f"task {kwargs.get('task_id')!r}: {exc.message}", hint=exc.hint) from None
         self.read = read
@@ -353,6 +367,7 @@ class ChunkedOperator(ResumableOperator):
         self.position = position
         self.total = total
         self.start = start
+        self.checkpoint_interval = checkpoint_interval
         super().__init__(**kwargs)
 
     def _handler(self, context: Context) -> Callable[[RunContext], Any]:
@@ -361,7 +376,8 @@ class ChunkedOperator(ResumableOperator):
             read = functools.partial(self.read, **kwargs)
             process = functools.partial(self.process, **kwargs)
         loop = chunk_loop(
-            read, process, chunk_size=self.chunk_size, position=self.position, total=self.total, start=self.start
+            read, process, chunk_size=self.chunk_size, position=self.position, total=self.total, start=self.start,
+            checkpoint_interval=self.checkpoint_interval,
         )
 
         def handler(ctx: RunContext) -> None:

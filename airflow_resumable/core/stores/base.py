@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import json
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -51,7 +52,7 @@ _COLUMNS = (
     "lease_acquired_at",
 )
 _SELECT = ", ".join(_COLUMNS)
-_TIMESTAMPS = {"started_at", "updated_at", "finished_at", "lease_expires_at", "heartbeat_at", "lease_acquired_at"}
+_loads = json.loads
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,6 +70,8 @@ class Dialect:
     now_plus: str
     #: Statements run before creating the schema, inside its transaction (serializes creators).
     schema_lock: tuple[str, ...] = ()
+    #: The statement that opens an explicit transaction.
+    begin: str = "BEGIN"
 
 
 def _schema(d: Dialect) -> list[str]:
@@ -114,6 +117,10 @@ class Store(abc.ABC):
         """Open a DB-API connection. With ``autocommit`` every statement commits on its own."""
 
     @abc.abstractmethod
+    def set_autocommit(self, conn: Any, on: bool) -> None:
+        """Switch a connection of this store between autocommit and transactions."""
+
+    @abc.abstractmethod
     def describe(self) -> str:
         """Where the checkpoints live, for logs: never includes a password."""
 
@@ -156,12 +163,20 @@ class StoreSession:
         return cur
 
     def commit(self) -> None:
-        if not self.autocommit:
-            self.conn.commit()
+        """Commit the open transaction, if any (a no-op in autocommit mode)."""
+        self.conn.commit()
 
     def rollback(self) -> None:
-        if not self.autocommit:
-            self.conn.rollback()
+        """Roll back the open transaction, if any (a no-op in autocommit mode)."""
+        self.conn.rollback()
+
+    def begin_transactions(self) -> None:
+        """Leave autocommit mode: from now on statements join a transaction that lasts until the
+        next commit. The run does this when the handler first asks for ``ctx.transaction()``, so a
+        checkpoint costs one round trip until then."""
+        if self.autocommit:
+            self.store.set_autocommit(self.conn, False)
+            self.autocommit = False
 
     def close(self) -> None:
         try:
@@ -170,22 +185,26 @@ class StoreSession:
             pass
 
     def _row(self, row: Sequence[Any] | None) -> Checkpoint | None:
+        """A row of ``_COLUMNS`` as a :class:`Checkpoint` (hot: ``list_slots`` decodes 100 at once)."""
         if row is None:
             return None
-        raw = dict(zip(_COLUMNS, row))
-        job, slot = raw["job"], raw["slot"]
-        values: dict[str, Any] = {}
-        for name, value in raw.items():
-            if name in _TIMESTAMPS:
-                values[name] = to_datetime(value)
-            elif name in ("position", "resumed_from"):
-                values[name] = decode(value, what=name, job=job, slot=slot)
-            elif name == "state":
-                state = decode(value, what="state", job=job, slot=slot)
-                values[name] = state if state is not None else {}
-            else:
-                values[name] = value
-        return Checkpoint(**values)
+        (job, slot, position, state, processed, total, status, attempt, attempts, runs, resumed_from,
+         started_at, updated_at, finished_at, last_error, cancel_reason, cancel_request, lease_owner,
+         lease_token, lease_expires_at, heartbeat_at, lease_acquired_at) = row
+        try:
+            position = None if position is None else _loads(position)
+            resumed_from = None if resumed_from is None else _loads(resumed_from)
+            state = _loads(state) if state is not None else {}
+        except (TypeError, ValueError):
+            for name, text in (("position", row[2]), ("state", row[3]), ("resumed_from", row[10])):
+                decode(text, what=name, job=job, slot=slot)  # raises CorruptCheckpoint naming the column
+            raise
+        return Checkpoint(
+            job, slot, position, state if state is not None else {}, processed, total, status, attempt, attempts,
+            runs, resumed_from, to_datetime(started_at), to_datetime(updated_at), to_datetime(finished_at),
+            last_error, cancel_reason, cancel_request, lease_owner, lease_token, to_datetime(lease_expires_at),
+            to_datetime(heartbeat_at), to_datetime(lease_acquired_at),
+        )
 
     # -- schema --------------------------------------------------------------------------------
 
@@ -193,8 +212,11 @@ class StoreSession:
         """Create the tables on first use; refuse a schema newer than this code. Returns the version."""
         version = self._schema_version()
         if version is None:
-            if not self.autocommit and self.d.name == "sqlite":
-                self.conn.execute("BEGIN IMMEDIATE")
+            # One transaction, serialized between concurrent creators (SQLite: the write lock taken
+            # up front; PostgreSQL: an advisory lock).
+            explicit = self.autocommit or self.d.name == "sqlite"
+            if explicit:
+                self._execute(self.d.begin)
             for stmt in self.d.schema_lock:
                 self._execute(stmt)
             for stmt in _schema(self.d):
@@ -203,7 +225,10 @@ class StoreSession:
                 f"INSERT INTO {META} (key, value) VALUES ('schema_version', %s) ON CONFLICT (key) DO NOTHING",
                 (str(SCHEMA_VERSION),),
             )
-            self.commit()
+            if explicit:
+                self._execute("COMMIT")
+            else:
+                self.commit()
             version = self._schema_version()
         if version is not None and version > SCHEMA_VERSION:
             raise SchemaVersionError(

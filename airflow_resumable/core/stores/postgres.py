@@ -99,6 +99,9 @@ class PostgresStore(Store):
         conn.autocommit = autocommit
         return conn
 
+    def set_autocommit(self, conn: Any, on: bool) -> None:
+        conn.autocommit = on
+
     def describe(self) -> str:
         p = self._params
         user = f"{p['user']}@" if p.get("user") else ""

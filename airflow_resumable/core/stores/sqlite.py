@@ -17,6 +17,7 @@ DIALECT = Dialect(
     now=_NOW,
     timestamp_type="REAL",
     now_plus=f"({_NOW} + %s)",
+    begin="BEGIN IMMEDIATE",
 )
 
 
@@ -56,6 +57,10 @@ class SQLiteStore(Store):
                 hint="Check that the path is absolute, its folder writable, and the file a SQLite database",
             ) from exc
         return conn
+
+    def set_autocommit(self, conn: Any, on: bool) -> None:
+        # None: every statement commits itself; "": the driver opens a transaction before DML.
+        conn.isolation_level = None if on else ""
 
     def describe(self) -> str:
         return f"sqlite:///{self.path}"
