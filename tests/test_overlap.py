@@ -95,3 +95,30 @@ def test_replace_stops_the_older_run_at_a_chunk_boundary_and_proceeds(checkpoint
         written = cur.fetchone()[0]
     assert (old.status, old.cancel_reason) == ("cancelled", "superseded")
     assert old.position == written, "its checkpoint is intact and resumable"
+
+
+def test_an_older_run_retrying_is_not_skipped_by_a_run_that_started_in_its_retry_gap(checkpoints: Store) -> None:
+    """skip judges by when each *run* began: a retry of yesterday's slot is still the older run."""
+    from airflow_resumable.core import Attempt, Options
+
+    def fail_after_one_chunk(ctx) -> None:
+        ctx.checkpoint(1, processed=1)
+        raise RuntimeError("crash")
+
+    old_slot = "2026-06-01T00:00:00+00:00"
+    with checkpoints.open() as s:
+        s.ensure_schema()
+        s._execute("CREATE TABLE IF NOT EXISTS sink (item INTEGER NOT NULL, owner TEXT NOT NULL)")
+        s.commit()
+    with pytest.raises(RuntimeError):
+        Attempt(checkpoints, job=JOB, slot=old_slot, attempt=1, owner="old-1",
+                options=Options(overlap="skip", lease=1.5)).run(fail_after_one_chunk)
+    # meanwhile today's run starts (nothing was live) and is still running
+    newer = Worker(checkpoints, attempt=1, items=400, chunk=1, chunk_s=0.05, lease=1.5, job=JOB, slot=NEW.isoformat())
+    try:
+        newer.wait_checkpoints(1)
+        outcome = Attempt(checkpoints, job=JOB, slot=old_slot, attempt=2, owner="old-2",
+                          options=Options(overlap="skip", lease=1.5)).run(lambda ctx: ctx.checkpoint(2, processed=2))
+    finally:
+        newer.proc.kill()
+    assert outcome.checkpoint.status == "done" and outcome.resumed_from == 1

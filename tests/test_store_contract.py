@@ -122,6 +122,7 @@ def test_finish_records_the_outcome_and_releases_the_lease(store: Store) -> None
         acquire(s, owner="b")  # free for the next attempt at once
         done = s.finish(JOB, SLOT, "b", 2, status=Status.DONE)
         assert done.status == "done" and done.finished_at is not None
+        assert done.last_error is None and done.cancel_reason is None, "a finished run carries no stale error"
 
 
 def test_start_resumes_or_resets(store: Store) -> None:

@@ -309,10 +309,10 @@ class Attempt:
         policy = self.options.overlap
         if policy == "allow":
             return
-        mine = (row.lease_acquired_at, row.slot)
+        mine = (_run_started(row), row.slot)
         others = [
             o for o in session.live_others(self.job, self.slot)
-            if policy == "replace" or (o.lease_acquired_at, o.slot) < mine  # type: ignore[operator]
+            if policy == "replace" or (_run_started(o), o.slot) < mine
         ]
         if not others:
             return
@@ -438,6 +438,17 @@ class Attempt:
                 return resolved[0], resolved[1]
             return resolved, message
         return reason, message
+
+
+def _run_started(row: Checkpoint) -> datetime:
+    """When the slot's current run began, for deciding which of two live runs is the earlier one.
+
+    A retry keeps its run's start (it is still the older run), while a slot that was ``done`` and
+    runs again is a new run that starts now.
+    """
+    started = row.lease_acquired_at if row.status == Status.DONE.value else (row.started_at or row.lease_acquired_at)
+    assert started is not None
+    return started
 
 
 def _error_text(exc: BaseException, limit: int = 2000) -> str:

@@ -414,14 +414,17 @@ class StoreSession:
         Raises:
             LeaseLost: another attempt holds the lease; the row was not touched.
         """
-        finished = "{now}" if status is Status.DONE else "NULL"
+        done = status is Status.DONE
+        finished = "{now}" if done else "NULL"
+        # A finished run keeps no error: last_error and cancel_reason describe an unfinished one.
+        last_error_sql = "NULL" if done else "COALESCE(%s, last_error)"
         cur = self._execute(
-            f"UPDATE {TABLE} SET status = %s, last_error = COALESCE(%s, last_error), cancel_reason = %s, "
+            f"UPDATE {TABLE} SET status = %s, last_error = {last_error_sql}, cancel_reason = %s, "
             "total = COALESCE(%s, total), "
             f"finished_at = {finished}, updated_at = {{now}}, lease_owner = NULL, lease_expires_at = NULL, "
             "cancel_request = NULL "
             f"WHERE job = %s AND slot = %s AND lease_owner = %s AND lease_token = %s RETURNING {_SELECT}",
-            (status.value, last_error, cancel_reason, total, job, slot, owner, token),
+            (status.value, *(() if done else (last_error,)), cancel_reason, total, job, slot, owner, token),
         )
         row = cur.fetchone()
         self.commit()
