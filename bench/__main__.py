@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import logging
 import os
 import platform
 import sqlite3
@@ -17,13 +18,8 @@ import sys
 import time
 import traceback
 
-# Airflow reads its configuration on first import: set up its temporary home before anything
-# imports it (rows 3 and 7 run real tasks).
 from bench import airflow_env
-
-airflow_env.configure()
-
-from bench.common import ROOT, Database, Result, say, table  # noqa: E402
+from bench.common import ROOT, Database, Result, say, table
 
 ROWS = ("1", "2", "3", "4", "5", "6", "7")
 
@@ -67,12 +63,18 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown row(s) {sorted(unknown)}; rows are {', '.join(ROWS)}")
 
+    # Airflow reads its configuration on first import: set up its temporary home before any row
+    # imports it (rows 3 and 7 run real tasks; nothing imported so far imports Airflow).
+    airflow_env.configure()
+    # The runs cancelled on purpose log warnings; keep the output to the table.
+    logging.getLogger("airflow_resumable").setLevel(logging.ERROR)
     started = time.monotonic()
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    db = Database()
     results: list[Result] = []
     errors = 0
+    db: Database | None = None
     try:
+        db = Database()
         header = [
             f"airflow-resumable benchmarks, {when}",
             f"machine: {_machine()}",
@@ -86,15 +88,19 @@ def main(argv: list[str] | None = None) -> int:
             except Exception as exc:  # one broken row must not hide the others
                 errors += 1
                 traceback.print_exc()
-                results.append(Result(row, "could not be measured", f"{type(exc).__name__}: {exc}"[:160], None, "-", False))
+                error = f"{type(exc).__name__}: {exc}"[:160]
+                results.append(Result(row, "could not be measured", error, None, "-", False))
     finally:
-        db.drop()
+        if db is not None:
+            db.drop()
         airflow_env.cleanup()
 
     elapsed = time.monotonic() - started
     from importlib.metadata import version
 
-    header.append(f"Airflow {version('apache-airflow')}, task SDK {version('apache-airflow-task-sdk')}; total {elapsed:.0f} s")
+    header.append(
+        f"Airflow {version('apache-airflow')}, task SDK {version('apache-airflow-task-sdk')}; total {elapsed:.0f} s"
+    )
     text = "\n".join(header) + "\n\n" + table(results)
     notes = [f"- [{r.key}] {n}" for r in results for n in r.notes]
     if notes:

@@ -81,3 +81,28 @@ def state(dag_run: Any) -> str:
 def cleanup() -> None:
     if _home is not None:
         shutil.rmtree(_home, ignore_errors=True)
+
+
+def run_dag(dag_id: str, logical_date: Any) -> tuple[Any, float, float | None]:
+    """Run one DAG run with ``dag.test()``: (dag run, wall seconds, the task's recorded duration).
+
+    Fails when the run does not succeed (a benchmark of a failing task measures nothing).
+    """
+    import time
+
+    from airflow import settings
+    from airflow.models.taskinstance import TaskInstance
+
+    dag = load_dag(dag_id)
+    start = time.perf_counter()
+    dag_run = dag.test(logical_date=logical_date)
+    wall = time.perf_counter() - start
+    if state(dag_run) != "success":
+        raise RuntimeError(f"dag.test() of {dag_id} ended {state(dag_run)!r}; rerun with BENCH_AIRFLOW_LOG_LEVEL=INFO")
+    session = settings.Session()
+    try:
+        tis = session.query(TaskInstance).filter_by(dag_id=dag_id, run_id=dag_run.run_id).all()
+        duration = sum(ti.duration or 0.0 for ti in tis) if tis else None
+    finally:
+        session.close()
+    return dag_run, wall, duration

@@ -11,7 +11,6 @@ Timing rules (the machines are shared and noisy):
 from __future__ import annotations
 
 import dataclasses
-import os
 import statistics
 import sys
 import time
@@ -52,8 +51,10 @@ class Result:
 
     @property
     def verdict(self) -> str:
+        if self.ratio is None:
+            return "ERROR" if self.passed is False else "N/A"
         if self.passed is None:
-            return "INFO" if self.ratio is not None else "N/A"
+            return "INFO"
         return "PASS" if self.passed else "MISS"
 
 
@@ -72,10 +73,10 @@ def table(results: list[Result]) -> str:
         [r.key, r.what, r.measured, "n/a" if r.ratio is None else f"{r.ratio:.2f}x", r.target, r.verdict]
         for r in results
     ]
-    widths = [max(len(str(x)) for x in col) for col in zip(head, *rows)]
+    widths = [max(len(str(x)) for x in col) for col in zip(head, *rows, strict=True)]
 
     def line(cells: list[str]) -> str:
-        return "| " + " | ".join(str(c).ljust(w) for c, w in zip(cells, widths)) + " |"
+        return "| " + " | ".join(str(c).ljust(w) for c, w in zip(cells, widths, strict=True)) + " |"
 
     out = [line(head), "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
     out += [line(r) for r in rows]
@@ -184,7 +185,8 @@ class Database:
         """A postgresql:// URI of the database (public schema), as Airflow connections take it."""
         p = self.params
         password = f":{p['password']}" if p.get("password") else ""
-        return f"postgresql://{p.get('user', 'postgres')}{password}@{p.get('host', '127.0.0.1')}:{p.get('port', 5432)}/{p['dbname']}"
+        where = f"{p.get('host', '127.0.0.1')}:{p.get('port', 5432)}/{p['dbname']}"
+        return f"postgresql://{p.get('user', 'postgres')}{password}@{where}"
 
     def drop(self) -> None:
         self.server.stop()
@@ -197,7 +199,3 @@ def timer() -> Iterator[Callable[[], float]]:
     end: list[float] = []
     yield lambda: (end[0] if end else time.perf_counter()) - start
     end.append(time.perf_counter())
-
-
-def env_flag(name: str) -> bool:
-    return os.environ.get(name, "").lower() in ("1", "true", "yes")

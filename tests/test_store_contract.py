@@ -173,3 +173,20 @@ def test_an_unreadable_row_is_reported_with_job_and_slot_and_left_alone(store: S
         cur = s.conn.cursor()
         cur.execute("SELECT position FROM resumable_checkpoints WHERE job = 'export'")
         assert cur.fetchone()[0] == "{not json"
+
+
+def test_rows_read_back_equal_the_dataclass_built_the_usual_way(store: Store) -> None:
+    import dataclasses
+
+    from airflow_resumable.core.checkpoint import Checkpoint
+
+    with store.open() as s:
+        s.ensure_schema()
+        acquire(s)
+        row = s.load(JOB, SLOT)
+    assert [f.name for f in dataclasses.fields(Checkpoint)] == list(
+        __import__("airflow_resumable.core.stores.base", fromlist=["_COLUMNS"])._COLUMNS
+    )
+    assert row == Checkpoint(**{f.name: getattr(row, f.name) for f in dataclasses.fields(Checkpoint)})
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        row.status = "done"  # type: ignore[misc]

@@ -199,12 +199,21 @@ class StoreSession:
             for name, text in (("position", row[2]), ("state", row[3]), ("resumed_from", row[10])):
                 decode(text, what=name, job=job, slot=slot)  # raises CorruptCheckpoint naming the column
             raise
-        return Checkpoint(
-            job, slot, position, state if state is not None else {}, processed, total, status, attempt, attempts,
-            runs, resumed_from, to_datetime(started_at), to_datetime(updated_at), to_datetime(finished_at),
-            last_error, cancel_reason, cancel_request, lease_owner, lease_token, to_datetime(lease_expires_at),
-            to_datetime(heartbeat_at), to_datetime(lease_acquired_at),
+        # The frozen dataclass's __init__ sets 22 fields through object.__setattr__; filling
+        # __dict__ directly builds the same value in a fraction of the time.
+        cp = object.__new__(Checkpoint)
+        cp.__dict__.update(
+            zip(
+                _COLUMNS,
+                (
+                    job, slot, position, state if state is not None else {}, processed, total, status, attempt,
+                    attempts, runs, resumed_from, to_datetime(started_at), to_datetime(updated_at),
+                    to_datetime(finished_at), last_error, cancel_reason, cancel_request, lease_owner, lease_token,
+                    to_datetime(lease_expires_at), to_datetime(heartbeat_at), to_datetime(lease_acquired_at),
+                ),
+            )
         )
+        return cp
 
     # -- schema --------------------------------------------------------------------------------
 
