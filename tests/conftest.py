@@ -12,7 +12,6 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -30,9 +29,8 @@ os.environ["AIRFLOW__CORE__UNIT_TEST_MODE"] = "False"
 os.environ.setdefault("AIRFLOW__LOGGING__LOGGING_LEVEL", "INFO")
 os.environ.pop("AIRFLOW_CONN_RESUMABLE_DEFAULT", None)
 
-from support.postgres import Server, dsn  # noqa: E402
-
 from airflow_resumable.core.stores import PostgresStore, SQLiteStore, Store  # noqa: E402
+from support.postgres import Server, dsn  # noqa: E402
 
 # -- PostgreSQL ---------------------------------------------------------------------------------
 

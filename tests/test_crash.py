@@ -16,7 +16,6 @@ import time
 from pathlib import Path
 
 from airflow_resumable.core.stores import Store
-
 from support.stores import spec_of
 
 WORKER = Path(__file__).parent / "support" / "kill_worker.py"

@@ -21,6 +21,7 @@ from typing import Any
 
 import psycopg2
 import pytest
+
 from support.postgres import Server, dsn
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -48,7 +49,7 @@ def checkpoint_rows(params: dict[str, Any], job_like: str) -> list[dict[str, Any
     )
     out = []
     for row in rows:
-        item = dict(zip(cols, row))
+        item = dict(zip(cols, row, strict=False))
         for key in ("position", "state", "resumed_from"):
             item[key] = None if item[key] is None else json.loads(item[key])
         out.append(item)
@@ -221,7 +222,7 @@ def test_mapped_partitions_keeps_one_checkpoint_per_partition(
     rows = checkpoint_rows(pg_checkpoints, "mapped_partitions.%")
     assert [r["job"] for r in rows] == [f"mapped_partitions.sum_partition[{i}]" for i in range(4)]
     assert {r["slot"] for r in rows} == {run.data_interval_start.isoformat()}
-    for index, (row, region) in enumerate(zip(rows, regions)):
+    for index, (row, region) in enumerate(zip(rows, regions, strict=False)):
         assert (row["status"], row["processed"], row["total"], row["position"]) == (
             "done", regions[region], regions[region], regions[region],
         ), row

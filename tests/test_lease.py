@@ -16,7 +16,6 @@ from typing import Any
 import pytest
 
 from airflow_resumable.core import Attempt, LeaseBusy, Options, Store
-
 from support.stores import spec_of
 
 WORKER = Path(__file__).parent / "support" / "lease_worker.py"

@@ -8,13 +8,11 @@ from __future__ import annotations
 
 import time
 from datetime import datetime, timezone
-from pathlib import Path
 
 import pytest
+from test_lease import Worker
 
 from airflow_resumable.core.stores import Store
-
-from test_lease import Worker
 
 JOB = "shared-job"
 NEW = datetime(2026, 6, 2, tzinfo=timezone.utc)

@@ -30,12 +30,12 @@ from typing import Any
 import psutil
 import psycopg2
 import pytest
-from support.postgres import Server, dsn
-from support.standalone import Standalone, wait_for
 
 from airflow_resumable.core.checkpoint import Checkpoint
 from airflow_resumable.core.stores import PostgresStore
 from airflow_resumable.core.stores.base import StoreSession
+from support.postgres import Server, dsn
+from support.standalone import Standalone, wait_for
 
 pytestmark = pytest.mark.scheduler
 
@@ -226,7 +226,7 @@ def env(pg_server: Server) -> Iterator[Env]:
             assert api is not None
             for dag_id in (DAG_ID, MAPPED_DAG_ID):
                 wait_for(
-                    lambda: api.request("GET", f"/dags/{dag_id}", expect=(200, 404)).get("dag_id"),
+                    lambda dag_id=dag_id: api.request("GET", f"/dags/{dag_id}", expect=(200, 404)).get("dag_id"),
                     timeout=120, interval=1.0, what=f"the dag-processor to parse {dag_id}", on_timeout=airflow.tail,
                 )
             api.unpause(DAG_ID)

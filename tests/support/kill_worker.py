@@ -13,9 +13,8 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from support.stores import store_of  # noqa: E402
-
 from airflow_resumable.core.runner import Attempt, Options  # noqa: E402
+from support.stores import store_of  # noqa: E402
 
 
 def main() -> None:

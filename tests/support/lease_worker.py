@@ -16,9 +16,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from support.stores import store_of  # noqa: E402
-
 from airflow_resumable.core.runner import Attempt, Options  # noqa: E402
+from support.stores import store_of  # noqa: E402
 
 
 def say(**event) -> None:

@@ -210,7 +210,7 @@ class StoreSession:
                     attempts, runs, resumed_from, to_datetime(started_at), to_datetime(updated_at),
                     to_datetime(finished_at), last_error, cancel_reason, cancel_request, lease_owner, lease_token,
                     to_datetime(lease_expires_at), to_datetime(heartbeat_at), to_datetime(lease_acquired_at),
-                ),
+                ), strict=False,
             )
         )
         return cp
