@@ -169,7 +169,14 @@ def test_an_unreadable_row_is_reported_with_job_and_slot_and_left_alone(store: S
         s.commit()
         with pytest.raises(CorruptCheckpoint) as err:
             s.load(JOB, SLOT)
-        assert JOB in str(err.value) and SLOT in str(err.value) and "restart" in str(err.value)
+        assert JOB in str(err.value) and SLOT in str(err.value) and "DELETE FROM resumable_checkpoints" in str(err.value)
+        s._execute("UPDATE resumable_checkpoints SET lease_expires_at = {now} WHERE job = %s", (JOB,))
+        s.commit()
+        with pytest.raises(CorruptCheckpoint):
+            s.acquire(JOB, SLOT, "next", 30)  # an attempt finds it unreadable...
+        cur = s.conn.cursor()
+        cur.execute("SELECT lease_owner, position FROM resumable_checkpoints WHERE job = 'export'")
+        assert cur.fetchone() == (None, "{not json"), "...keeps no lease on it and leaves it as it was"
         cur = s.conn.cursor()
         cur.execute("SELECT position FROM resumable_checkpoints WHERE job = 'export'")
         assert cur.fetchone()[0] == "{not json"

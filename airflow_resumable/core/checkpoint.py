@@ -119,8 +119,8 @@ def decode(text: str | None, *, what: str, job: str, slot: str) -> Any:
             f"the stored {what} {_short(text)} is not valid JSON ({exc})",
             job=job,
             slot=slot,
-            hint="The row was left as it is. Fix or delete it in the checkpoint table "
-            "(resumable_checkpoints), or run the slot with the restart flag to discard it",
+            hint="The row was left as it is. Fix its JSON, or delete the row to start the slot over: "
+            f"DELETE FROM resumable_checkpoints WHERE job = '{job}' AND slot = '{slot}'",
         ) from None
 
 

@@ -203,7 +203,11 @@ class Attempt:
             row, created = self._acquire(session)
             self._token = row.lease_token
             self._overlap(session, row, created)
-            row, resumed, resumed_from = self._begin(session, row, created)
+            try:
+                row, resumed, resumed_from = self._begin(session, row, created)
+            except BaseException:
+                self._release(session, created=False)  # nothing started: do not hold the slot
+                raise
             ctx = self._ctx = RunContext(self, row, resumed=resumed)
             self._meter = ProgressMeter(row.processed)
             self.reporter.on_start(row, resumed=resumed)
@@ -343,11 +347,7 @@ class Attempt:
                 (self.job, self.slot, self.owner, self._token),
             )
         else:
-            session._execute(
-                "UPDATE resumable_checkpoints SET lease_owner = NULL, lease_expires_at = NULL "
-                "WHERE job = %s AND slot = %s AND lease_owner = %s AND lease_token = %s",
-                (self.job, self.slot, self.owner, self._token),
-            )
+            session.release(self.job, self.slot, self.owner)
         session.commit()
 
     def _begin(self, session: StoreSession, row: Checkpoint, created: bool) -> tuple[Checkpoint, bool, Any]:

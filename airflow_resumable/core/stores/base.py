@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from airflow_resumable.core.checkpoint import Checkpoint, Status, decode, to_datetime
-from airflow_resumable.core.errors import LeaseLost, SchemaVersionError
+from airflow_resumable.core.errors import CorruptCheckpoint, LeaseLost, SchemaVersionError
 
 #: The schema this code reads and writes. A database stamped with a newer one is refused.
 SCHEMA_VERSION = 1
@@ -318,7 +318,20 @@ class StoreSession:
         self.commit()
         if row is None:
             return None
-        return self._row(row), False  # type: ignore[return-value]
+        try:
+            return self._row(row), False  # type: ignore[return-value]
+        except CorruptCheckpoint:
+            self.release(job, slot, owner)  # leave the unreadable row as it was, lease included
+            raise
+
+    def release(self, job: str, slot: str, owner: str) -> None:
+        """Give back the lease without touching the row's progress (nothing was started)."""
+        self._execute(
+            f"UPDATE {TABLE} SET lease_owner = NULL, lease_expires_at = NULL WHERE job = %s AND slot = %s "
+            "AND lease_owner = %s",
+            (job, slot, owner),
+        )
+        self.commit()
 
     def heartbeat(self, job: str, slot: str, owner: str, token: int, lease_seconds: float) -> str | None:
         """Extend the lease. Returns a pending cancel request (e.g. ``superseded``), if any.
