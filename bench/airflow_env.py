@@ -10,7 +10,6 @@ operators is the connection ``resumable_default``, pointed at the benchmark's Po
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import shutil
 import subprocess
@@ -23,7 +22,7 @@ DAGS = Path(__file__).resolve().parent / "dags"
 
 _home: Path | None = None
 _migrated = False
-_modules: dict[Path, Any] = {}
+_folder: Any = None
 
 
 def configure() -> Path:
@@ -57,21 +56,14 @@ def migrate() -> None:
 
 
 def load_dag(dag_id: str) -> Any:
-    """The DAG object with this id, from ``bench/dags`` (loaded once per file)."""
-    from airflow.sdk import DAG
+    """The DAG object with this id, from ``bench/dags`` (each file loaded once)."""
+    global _folder
+    if _folder is None:
+        sys.path.insert(0, str(DAGS.parent.parent / "tests"))
+        from support.dags import DagFolder  # the tests' loader, reused as is
 
-    for path in sorted(DAGS.glob("*.py")):
-        module = _modules.get(path)
-        if module is None:
-            spec = importlib.util.spec_from_file_location(f"_bench_dags_{path.stem}", path)
-            assert spec and spec.loader
-            module = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(module)
-            _modules[path] = module
-        for value in vars(module).values():
-            if isinstance(value, DAG) and value.dag_id == dag_id:
-                return value
-    raise LookupError(f"no DAG {dag_id!r} in {DAGS}")
+        _folder = DagFolder(DAGS, "_bench_dags_")
+    return _folder.load(dag_id)
 
 
 def state(dag_run: Any) -> str:

@@ -132,7 +132,9 @@ def keyset_upsert_loop(conn: Any, ckpt: Any, job: str) -> int:
         ckpt.commit()
 
 
-def report_handler(conn: Any, chunk: int = CHUNK, gaps: list[float] | None = None) -> Any:
+def report_handler(
+    conn: Any, chunk: int = CHUNK, gaps: list[float] | None = None, checkpoint_interval: float | None = None
+) -> Any:
     """Our loan report: the handler the user writes, with chunk_loop owning the loop.
 
     With ``gaps``, appends the time from the end of each chunk's ``process`` to the next ``read``:
@@ -154,7 +156,10 @@ def report_handler(conn: Any, chunk: int = CHUNK, gaps: list[float] | None = Non
         if gaps is not None:
             ended.append(time.perf_counter())
 
-    return chunk_loop(read, process, chunk_size=chunk, position=lambda loan: loan[0], total=LOANS)
+    return chunk_loop(
+        read, process, chunk_size=chunk, position=lambda loan: loan[0], total=LOANS,
+        checkpoint_interval=checkpoint_interval,
+    )
 
 
 def timed_report_handler(conn: Any, every: float, chunk: int = CHUNK) -> Any:
@@ -164,18 +169,7 @@ def timed_report_handler(conn: Any, every: float, chunk: int = CHUNK) -> Any:
     before stopping, so a cancel still stops within one chunk; a crash repeats up to ``every``
     seconds of chunks instead of one.
     """
-
-    def read(ctx: Any, after: int | None, limit: int) -> list[tuple[int, int]]:
-        cur = conn.cursor()
-        cur.execute("SELECT loan_id, days FROM loan WHERE loan_id > %s ORDER BY loan_id LIMIT %s", (after or 0, limit))
-        return cur.fetchall()
-
-    def process(ctx: Any, batch: list[tuple[int, int]]) -> None:
-        ctx.state["total"] = ctx.state.get("total", 0) + sum(days for _, days in batch)
-
-    return chunk_loop(
-        read, process, chunk_size=chunk, position=lambda loan: loan[0], total=LOANS, checkpoint_interval=every
-    )
+    return report_handler(conn, chunk, checkpoint_interval=every)
 
 
 # -- the row ----------------------------------------------------------------------------------------

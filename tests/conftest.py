@@ -6,7 +6,6 @@ time, before any test module imports Airflow.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -30,6 +29,7 @@ os.environ.setdefault("AIRFLOW__LOGGING__LOGGING_LEVEL", "INFO")
 os.environ.pop("AIRFLOW_CONN_RESUMABLE_DEFAULT", None)
 
 from airflow_resumable.core.stores import PostgresStore, SQLiteStore, Store  # noqa: E402
+from support.dags import DagFolder  # noqa: E402
 from support.postgres import Server, dsn  # noqa: E402
 
 # -- PostgreSQL ---------------------------------------------------------------------------------
@@ -97,25 +97,8 @@ def airflow_home() -> Path:
     return _HOME
 
 
-_MODULES: dict[Path, Any] = {}
-
-
-def load_dag(dag_id: str) -> Any:
-    """The DAG object with this id, from the dags folder."""
-    from airflow.sdk import DAG
-
-    for path in sorted(_DAGS.glob("*.py")):
-        module = _MODULES.get(path)
-        if module is None:
-            spec = importlib.util.spec_from_file_location(f"_resumable_dags_{path.stem}", path)
-            assert spec and spec.loader
-            module = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(module)
-            _MODULES[path] = module
-        for value in vars(module).values():
-            if isinstance(value, DAG) and value.dag_id == dag_id:
-                return value
-    raise LookupError(f"no DAG {dag_id!r} in {_DAGS}")
+#: The DAG object with an id, from the dags folder.
+load_dag = DagFolder(_DAGS, "_resumable_dags_").load
 
 
 @pytest.fixture

@@ -11,6 +11,7 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 from airflow_resumable.core.checkpoint import Checkpoint, encode
+from airflow_resumable.core.errors import InvalidCheckpoint
 from airflow_resumable.core.signal import Signal
 
 if TYPE_CHECKING:
@@ -161,8 +162,6 @@ class RunContext:
 
     def _encode(self, position: Any, state: dict[str, Any]) -> tuple[str, str]:
         if not isinstance(state, dict):
-            from airflow_resumable.core.errors import InvalidCheckpoint
-
             raise InvalidCheckpoint(
                 f"state must be a dict, got {type(state).__name__}",
                 job=self.job,

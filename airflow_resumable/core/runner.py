@@ -340,15 +340,7 @@ class Attempt:
 
     def _release(self, session: StoreSession, created: bool) -> None:
         """Give the lease back without touching the row's progress (an overlap decision)."""
-        assert self._token is not None
-        if created:
-            session._execute(
-                "DELETE FROM resumable_checkpoints WHERE job = %s AND slot = %s AND lease_owner = %s AND lease_token = %s",
-                (self.job, self.slot, self.owner, self._token),
-            )
-        else:
-            session.release(self.job, self.slot, self.owner)
-        session.commit()
+        session.release(self.job, self.slot, self.owner, delete=created)
 
     def _begin(self, session: StoreSession, row: Checkpoint, created: bool) -> tuple[Checkpoint, bool, Any]:
         """Resume the slot's checkpoint, or start it over (fresh, done before, or restart asked)."""

@@ -324,13 +324,19 @@ class StoreSession:
             self.release(job, slot, owner)  # leave the unreadable row as it was, lease included
             raise
 
-    def release(self, job: str, slot: str, owner: str) -> None:
-        """Give back the lease without touching the row's progress (nothing was started)."""
-        self._execute(
-            f"UPDATE {TABLE} SET lease_owner = NULL, lease_expires_at = NULL WHERE job = %s AND slot = %s "
-            "AND lease_owner = %s",
-            (job, slot, owner),
-        )
+    def release(self, job: str, slot: str, owner: str, *, delete: bool = False) -> None:
+        """Give back the lease without touching the row's progress (nothing was started).
+
+        With ``delete``, remove the row instead: it was created by this very acquire.
+        """
+        if delete:
+            sql = f"DELETE FROM {TABLE} WHERE job = %s AND slot = %s AND lease_owner = %s"
+        else:
+            sql = (
+                f"UPDATE {TABLE} SET lease_owner = NULL, lease_expires_at = NULL WHERE job = %s AND slot = %s "
+                "AND lease_owner = %s"
+            )
+        self._execute(sql, (job, slot, owner))
         self.commit()
 
     def heartbeat(self, job: str, slot: str, owner: str, token: int, lease_seconds: float) -> str | None:
