@@ -15,6 +15,8 @@ from airflow.sdk.exceptions import (
     AirflowRescheduleException,
     AirflowSkipException,
 )
+from airflow.sdk.serde import deserialize as serde_deserialize
+from airflow.sdk.serde import serialize as serde_serialize
 
 __all__ = [
     "AirflowException",
@@ -27,5 +29,7 @@ __all__ = [
     "Context",
     "DecoratedOperator",
     "KeywordParameters",
+    "serde_deserialize",
+    "serde_serialize",
     "task_decorator_factory",
 ]

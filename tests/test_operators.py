@@ -73,15 +73,6 @@ def test_running_a_failed_slot_again_continues_it_as_a_clear_does(checkpoints: S
     assert (done.status, done.processed, done.resumed_from, done.attempts) == ("done", 30, 10, 2)
 
 
-def test_a_done_slot_starts_over_when_run_again(checkpoints: Store, run_dag, tmp_path: Path) -> None:
-    log = tmp_path / "seen.db"
-    conf = {"items": 10, "chunk": 5, "seen": str(log)}
-    assert str(run_dag("rt_items", conf=conf, logical_date=DAY).state) == "success"
-    assert str(run_dag("rt_items", conf=conf, logical_date=DAY).state) == "success"
-    assert [i for i, _ in seen(log)] == list(range(10)) * 2
-    assert row_of(checkpoints, "rt_items.work").runs == 2
-
-
 def test_the_restart_flag_discards_an_unfinished_checkpoint(checkpoints: Store, run_dag, tmp_path: Path) -> None:
     log = tmp_path / "seen.db"
     conf = {"items": 20, "chunk": 5, "fail": [1, 2], "seen": str(log)}
@@ -152,7 +143,7 @@ def test_the_chunked_operator_resumes_and_returns_a_summary(checkpoints: Store, 
     summary = xcom(run, "work")
     assert summary == {
         "job": "rt_chunked.work", "slot": SLOT, "position": 19, "processed": 20, "total": 20,
-        "status": "done", "attempts": 2, "resumed_from": 7,
+        "status": "done", "attempts": 2, "resumed_from": 7, "already_done": False,
     }
 
 
@@ -276,3 +267,71 @@ def test_a_mapped_chunked_operator_passes_handler_kwargs_to_read_and_process(che
     south = row_of(checkpoints, "rt_chunked_mapped.region[1]")
     assert (north.state, north.processed) == ({"north": 7}, 7)
     assert (south.state, south.processed) == ({"south": 4}, 4)
+
+
+def sink_rows(store: Store) -> list[tuple[int, int]]:
+    with store.open() as s:
+        return [tuple(r) for r in s.execute("SELECT item, attempt FROM rt_sink ORDER BY item, attempt").fetchall()]
+
+
+def test_a_failure_after_the_slot_is_done_is_retried_without_redoing_the_work(
+    checkpoints: Store, run_dag, capfd: pytest.CaptureFixture[str]
+) -> None:
+    # Given a task that writes 30 items exactly once through ctx.transaction() and then fails in
+    # the end-of-run window (after its slot is done, before Airflow records success), with retries
+    run = run_dag("rt_end_window", conf={"items": 30, "fail_after_done": True}, logical_date=DAY)
+    # Then Airflow's retry finds the slot done: it succeeds with the stored result, redoing nothing
+    assert str(run.state) == "success"
+    assert ti_of(run, "work").try_number == 2
+    assert sink_rows(checkpoints) == [(i, 1) for i in range(30)]
+    assert xcom(run, "work") == {"items": 30, "attempt": 1}
+    row = row_of(checkpoints, "rt_end_window.work")
+    assert (row.status, row.runs, row.attempt, row.result) == ("done", 1, 1, {"items": 30, "attempt": 1})
+    assert row.confirmed_at is not None  # Airflow recorded try 2's success
+    with checkpoints.open() as s:
+        history = [(h.attempt, h.outcome, h.run_id, h.task_id) for h in s.history("rt_end_window.work", SLOT)]
+    assert history == [(1, "done", run.run_id, "work"), (2, "already_done", run.run_id, "work")]
+    out, err = capfd.readouterr()
+    assert f"already finished at {row.finished_at.isoformat()} (run {run.run_id}, attempt 1" in out + err
+
+
+def test_a_return_value_that_cannot_be_stored_fails_before_done_and_spends_no_retry(
+    checkpoints: Store, run_dag
+) -> None:
+    run = run_dag("rt_end_window", conf={"items": 30, "result": "object"}, logical_date=DAY)
+    assert str(run.state) == "failed"
+    assert ti_of(run, "work").try_number == 1, "a retry cannot fix the handler's return value"
+    assert sink_rows(checkpoints) == [(i, 1) for i in range(30)]
+    row = row_of(checkpoints, "rt_end_window.work")
+    assert (row.status, row.position, row.result) == ("failed", 30, None)
+    assert "cannot be stored" in row.last_error and "not marked done" in row.last_error
+
+
+def test_a_new_run_of_a_finished_slot_gets_its_stored_outcome_and_the_restart_flag_runs_it_again(
+    checkpoints: Store, run_dag, tmp_path: Path
+) -> None:
+    log = tmp_path / "seen.db"
+    conf = {"items": 10, "chunk": 5, "seen": str(log)}
+    first = run_dag("rt_items", conf=conf, logical_date=DAY)
+    again = run_dag("rt_items", conf=conf, logical_date=DAY)  # a new DAG run for the same date
+    assert str(again.state) == "success" and again.run_id != first.run_id
+    assert [i for i, _ in seen(log)] == list(range(10)), "the finished slot was not run again"
+    assert xcom(again, "work") == {"sum": 45, "part": 0}
+    assert row_of(checkpoints, "rt_items.work").runs == 1
+    restarted = run_dag("rt_items", conf={**conf, "resumable_restart": True}, logical_date=DAY)
+    assert str(restarted.state) == "success"
+    assert [i for i, _ in seen(log)] == list(range(10)) * 2
+    assert row_of(checkpoints, "rt_items.work").runs == 2
+
+
+def test_mapped_tasks_under_one_job_name_still_keep_one_checkpoint_per_partition(
+    checkpoints: Store, run_dag, tmp_path: Path
+) -> None:
+    log = tmp_path / "seen.db"
+    run = run_dag("rt_mapped_shared_job", conf={"seen": str(log)}, logical_date=DAY)
+    assert str(run.state) == "success"
+    for part in (0, 1):
+        assert [i for i, _ in seen(log, part)] == list(range(part * 100, part * 100 + 10))
+        row = row_of(checkpoints, f"regions[{part}]")
+        assert (row.status, row.position, row.processed, row.map_index) == ("done", part * 100 + 10, 10, part)
+    assert row_of(checkpoints, "regions") is None

@@ -105,15 +105,55 @@ def test_the_signal_is_checked_after_the_save_so_the_chunk_is_kept(store: Store)
     assert (row.position, row.status, row.cancel_reason) == (2, "cancelled", "user")
 
 
-def test_a_done_slot_run_again_starts_over(store: Store, caplog: pytest.LogCaptureFixture) -> None:
+def test_a_done_slot_is_not_run_again_and_gives_back_its_stored_result(
+    store: Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Given a slot that finished with a result
     first = attempt(store, 1).run(Items(10, 5))
-    assert first.checkpoint.status == "done"
+    assert (first.checkpoint.status, first.result) == ("done", 45)
+    # When another attempt reaches it (a retry after the end-of-run window, a duplicate)
     again = Items(10, 5)
     with caplog.at_level(logging.WARNING):
-        outcome = attempt(store, 1).run(again)
-    assert again.seen == list(range(10)) and outcome.resumed_from is None
-    assert outcome.checkpoint.runs == 2
-    assert "finished at" in caplog.text and "running it again from the start" in caplog.text
+        outcome = attempt(store, 2).run(again)
+    # Then the handler does not run, the stored result comes back, and the log says how to re-run
+    assert again.seen == [] and outcome.already_done and outcome.result == 45
+    assert outcome.checkpoint.runs == 1 and outcome.checkpoint.lease_owner is None
+    assert "already finished" in caplog.text and "resumable_restart" in caplog.text
+    with store.open() as s:
+        assert [(h.attempt, h.outcome) for h in s.history(JOB, SLOT)] == [(1, "done"), (2, "already_done")]
+        assert s.load(JOB, SLOT).lease_owner is None
+
+
+def test_a_done_slot_runs_again_when_restart_is_asked_or_the_embedding_says_so(
+    store: Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    attempt(store, 1).run(Items(10, 5))
+    restarted = Items(10, 5)
+    with caplog.at_level(logging.WARNING):
+        outcome = attempt(store, 2, restart=True).run(restarted)
+    assert restarted.seen == list(range(10)) and not outcome.already_done and outcome.checkpoint.runs == 2
+    assert "running it again from the start because restart requested" in caplog.text
+    asked = Items(10, 5)
+    run = Attempt(store, job=JOB, slot=SLOT, attempt=3, owner="o3", rerun=lambda row: "a person asked")
+    assert run.run(asked).checkpoint.runs == 3 and asked.seen == list(range(10))
+    declined = Items(10, 5)
+    run = Attempt(store, job=JOB, slot=SLOT, attempt=4, owner="o4", rerun=lambda row: None)
+    assert run.run(declined).already_done and declined.seen == []
+
+
+def test_a_result_that_cannot_be_stored_fails_before_the_slot_is_marked_done(store: Store) -> None:
+    # Given a handler that does all its work and returns something that is not JSON
+    def handler(ctx) -> object:
+        ctx.checkpoint(10, processed=10)
+        return object()
+
+    with pytest.raises(InvalidCheckpoint, match="return value .* cannot be stored.*not marked done"):
+        attempt(store, 1).run(handler)
+    with store.open() as s:
+        row = s.load(JOB, SLOT)
+    # Then the slot is not done (a later attempt would not find a finished slot with no result)
+    assert (row.status, row.position, row.lease_owner) == ("failed", 10, None)
+    assert "cannot be stored" in row.last_error
 
 
 def test_restart_discards_an_unfinished_checkpoint_on_purpose_and_says_so(

@@ -9,6 +9,7 @@ import pytest
 from airflow_resumable.core.checkpoint import Status
 from airflow_resumable.core.errors import CorruptCheckpoint, LeaseLost, SchemaVersionError
 from airflow_resumable.core.stores import SCHEMA_VERSION, Store
+from airflow_resumable.core.tables import CHECKPOINTS
 
 JOB, SLOT = "export", "2026-01-01T12:00:00+00:00"
 
@@ -133,10 +134,10 @@ def test_start_resumes_or_resets(store: Store) -> None:
         s.save(JOB, SLOT, "a", 1, position="3", state='{"t": 1}', processed=3, total=9)
         s.finish(JOB, SLOT, "a", 1, status=Status.FAILED, last_error="boom")
         acquire(s, owner="b")
-        resumed = s.start(JOB, SLOT, "b", 2, 2, reset=False, resumed_from="3")
+        resumed, _ = s.start(JOB, SLOT, "b", 2, 2, reset=False, resumed_from="3")
         assert (resumed.position, resumed.processed, resumed.attempt, resumed.attempts) == (3, 3, 2, 2)
         assert resumed.resumed_from == 3 and resumed.last_error == "boom"
-        reset = s.start(JOB, SLOT, "b", 2, 2, reset=True, resumed_from=None)
+        reset, _ = s.start(JOB, SLOT, "b", 2, 2, reset=True, resumed_from=None)
         assert (reset.position, reset.state, reset.processed, reset.total, reset.attempts) == (None, {}, 0, None, 1)
         assert reset.runs == 2 and reset.last_error is None
 
@@ -191,9 +192,7 @@ def test_rows_read_back_equal_the_dataclass_built_the_usual_way(store: Store) ->
         s.ensure_schema()
         acquire(s)
         row = s.load(JOB, SLOT)
-    assert [f.name for f in dataclasses.fields(Checkpoint)] == list(
-        __import__("airflow_resumable.core.stores.base", fromlist=["_COLUMNS"])._COLUMNS
-    )
+    assert [f.name for f in dataclasses.fields(Checkpoint)] == list(CHECKPOINTS.names)
     assert row == Checkpoint(**{f.name: getattr(row, f.name) for f in dataclasses.fields(Checkpoint)})
     with pytest.raises(dataclasses.FrozenInstanceError):
         row.status = "done"  # type: ignore[misc]

@@ -5,14 +5,14 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
-import math
-from datetime import datetime, timezone
+from datetime import datetime
 from typing import Any
 
 from airflow_resumable.core.errors import CorruptCheckpoint, InvalidCheckpoint
+from airflow_resumable.core.schema import column
 
 
-class Status(str, enum.Enum):
+class Status(enum.StrEnum):
     """Where the slot's run stands. ``done`` is final until the slot is run again."""
 
     RUNNING = "running"
@@ -20,40 +20,54 @@ class Status(str, enum.Enum):
     FAILED = "failed"
     CANCELLED = "cancelled"
 
-    def __str__(self) -> str:
-        return self.value
-
 
 @dataclasses.dataclass(frozen=True)
 class Checkpoint:
-    """The durable row for one (job, slot).
+    """The durable row for one (job, slot): table ``resumable_checkpoints``.
 
     ``position`` and ``state`` are JSON values; ``processed``/``total`` are the progress counters of
-    the lesson's ``job_status`` table; the lease columns say which attempt owns the slot now.
+    the lesson's ``job_status`` table; the lease columns say which attempt owns the slot now. Each
+    field is a column (:func:`~airflow_resumable.core.schema.column`): this class is the table's
+    one definition.
     """
 
-    job: str
-    slot: str
-    position: Any = None
-    state: dict[str, Any] = dataclasses.field(default_factory=dict)
-    processed: int = 0
-    total: int | None = None
-    status: str = Status.RUNNING.value
-    attempt: int = 0
-    attempts: int = 0
-    runs: int = 1
-    resumed_from: Any = None
-    started_at: datetime | None = None
-    updated_at: datetime | None = None
-    finished_at: datetime | None = None
-    last_error: str | None = None
-    cancel_reason: str | None = None
-    cancel_request: str | None = None
-    lease_owner: str | None = None
-    lease_token: int = 0
-    lease_expires_at: datetime | None = None
-    heartbeat_at: datetime | None = None
-    lease_acquired_at: datetime | None = None
+    job: str = column("text", "the job's name", nullable=False)
+    slot: str = column("text", "the run's key, the same on every attempt of the run", nullable=False)
+    position: Any = column("json", "where the next attempt continues (JSON)", default=None)
+    state: dict[str, Any] = column("json", "JSON object carried across attempts with the position",
+                                   nullable=False, sql_default="'{}'", factory=dict)
+    processed: int = column("bigint", "items processed so far", nullable=False, sql_default="0", default=0)
+    total: int | None = column("bigint", "items expected, when known", default=None)
+    status: str = column("text", "`running`, `done`, `failed` or `cancelled`", nullable=False,
+                         default=Status.RUNNING.value)
+    attempt: int = column("int", "the try number of the attempt that last ran the slot", nullable=False,
+                          sql_default="0", default=0)
+    attempts: int = column("int", "attempts in the slot's current run", nullable=False, sql_default="0",
+                           default=0)
+    runs: int = column("int", "how many times the slot was started from the beginning", nullable=False,
+                       sql_default="1", default=1)
+    resumed_from: Any = column("json", "the position the last attempt resumed from (JSON)", default=None)
+    started_at: datetime | None = column("timestamp", "when the slot's current run began", default=None)
+    updated_at: datetime | None = column("timestamp", "the last write", nullable=False, default=None)
+    finished_at: datetime | None = column("timestamp", "when the run finished (`done`)", default=None)
+    last_error: str | None = column("text", "the error of an unfinished run", default=None)
+    cancel_reason: str | None = column("text", "why the last attempt was cancelled", default=None)
+    cancel_request: str | None = column("text", "a pending request for the holder to stop", default=None)
+    lease_owner: str | None = column("text", "the attempt holding the lease (`ti-id/tryN@host:pid`)",
+                                     default=None)
+    lease_token: int = column("bigint", "grows on every acquire: fences stale attempts", nullable=False,
+                              sql_default="0", default=0)
+    lease_expires_at: datetime | None = column("timestamp", "when the lease lapses unless renewed", default=None)
+    heartbeat_at: datetime | None = column("timestamp", "the holder's last heartbeat", default=None)
+    lease_acquired_at: datetime | None = column("timestamp", "when the holder took the lease", default=None)
+    dag_id: str | None = column("text", "the DAG of the task instance that last ran the slot", default=None)
+    task_id: str | None = column("text", "its task", default=None)
+    run_id: str | None = column("text", "its DAG run", default=None)
+    map_index: int | None = column("int", "its map index (-1: not mapped)", default=None)
+    result: Any = column("json", "the handler's return value, kept with `done` (JSON)", default=None)
+    confirmed_at: datetime | None = column(
+        "timestamp", "when Airflow recorded the task instance of the `done` run as successful "
+        "(a Clear after that runs the slot again)", default=None)
 
     @property
     def percent(self) -> float | None:
@@ -64,14 +78,68 @@ class Checkpoint:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON (timestamps as ISO-8601 strings): what goes to XCom and to logs."""
-        out: dict[str, Any] = {}
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            if isinstance(value, datetime):
-                value = value.isoformat()
-            out[f.name] = value
+        out = _plain(self)
         out["percent"] = None if self.percent is None else round(self.percent, 2)
         return out
+
+
+def _plain(value: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(value):
+        v = getattr(value, f.name)
+        out[f.name] = v.isoformat() if isinstance(v, datetime) else v
+    return out
+
+
+class AttemptEnd(enum.StrEnum):
+    """How one attempt ended, as the attempt history records it."""
+
+    RUNNING = "running"  # not ended yet (or the process died: see the slot's lease)
+    DONE = "done"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    LEASE_LOST = "lease_lost"
+    SKIPPED = "skipped"  # the overlap policy kept it from starting
+    ALREADY_DONE = "already_done"  # the slot had finished: the stored outcome was returned
+
+
+@dataclasses.dataclass(frozen=True)
+class AttemptRecord:
+    """One attempt of a slot: table ``resumable_attempts``, the slot's history.
+
+    Inserted when the attempt starts (in the transaction that marks the slot ``running``) and
+    updated once when it ends (in the transaction that records the slot's status). Deleted with
+    the slot's row.
+    """
+
+    id: int = column("id", "the record's id", nullable=False, default=0)
+    job: str = column("text", "the job", nullable=False, default="")
+    slot: str = column("text", "the slot", nullable=False, default="")
+    attempt: int = column("int", "Airflow's try number", nullable=False, sql_default="0", default=0)
+    owner: str | None = column("text", "the lease owner (`ti-id/tryN@host:pid`)", default=None)
+    host: str | None = column("text", "the worker's host name", default=None)
+    pid: int | None = column("int", "the task process", default=None)
+    dag_id: str | None = column("text", "the task instance's DAG", default=None)
+    task_id: str | None = column("text", "its task", default=None)
+    run_id: str | None = column("text", "its DAG run", default=None)
+    map_index: int | None = column("int", "its map index", default=None)
+    lease_token: int = column("bigint", "the lease token the attempt held", nullable=False, sql_default="0",
+                              default=0)
+    started_at: datetime | None = column("timestamp", "when the attempt started", nullable=False, default=None)
+    ended_at: datetime | None = column("timestamp", "when it ended", default=None)
+    outcome: str = column("text", "`running`, `done`, `failed`, `cancelled`, `lease_lost`, `skipped`, "
+                          "`already_done`", nullable=False, default=AttemptEnd.RUNNING.value)
+    cancel_reason: str | None = column("text", "why it was cancelled", default=None)
+    resumed_from: Any = column("json", "the position it resumed from (JSON)", default=None)
+    position_start: Any = column("json", "the position when it started (JSON)", default=None)
+    processed_start: int = column("bigint", "items processed when it started", nullable=False,
+                                  sql_default="0", default=0)
+    position_end: Any = column("json", "the position when it ended (JSON)", default=None)
+    processed_end: int | None = column("bigint", "items processed when it ended", default=None)
+    error: str | None = column("text", "the error it ended with", default=None)
+
+    def to_dict(self) -> dict[str, Any]:
+        return _plain(self)
 
 
 #: One encoder for every checkpoint (json.dumps with options builds a new one per call).
@@ -124,19 +192,16 @@ def decode(text: str | None, *, what: str, job: str, slot: str) -> Any:
         ) from None
 
 
-def to_datetime(value: Any) -> datetime | None:
-    """Normalize a timestamp read from a store (datetime, or epoch seconds) to an aware datetime."""
-    if value is None:
-        return None
-    if type(value) is float:  # SQLite's REAL epoch seconds: the common case, first
-        return datetime.fromtimestamp(value, tz=timezone.utc)
-    if isinstance(value, datetime):
-        return value if value.tzinfo else value.replace(tzinfo=timezone.utc)
-    if isinstance(value, (int, float)) and math.isfinite(value):
-        return datetime.fromtimestamp(float(value), tz=timezone.utc)
-    raise TypeError(f"not a timestamp: {value!r}")
-
-
 def _short(value: Any, limit: int = 80) -> str:
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+@dataclasses.dataclass(frozen=True)
+class Origin:
+    """The task instance an attempt runs for (recorded on the row and in the history)."""
+
+    dag_id: str | None = None
+    task_id: str | None = None
+    run_id: str | None = None
+    map_index: int | None = None

@@ -18,17 +18,19 @@ The class operator, the chunked operator and ``@task.resumable`` all run this; t
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import time
 from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-from airflow_resumable.core.checkpoint import Checkpoint, Status, encode
+from airflow_resumable.core.checkpoint import AttemptEnd, AttemptRecord, Checkpoint, Origin, Status, encode
 from airflow_resumable.core.context import RunContext, TransactionConnection
 from airflow_resumable.core.errors import (
     Cancelled,
     ConfigurationError,
+    InvalidCheckpoint,
     LeaseBusy,
     LeaseLost,
     OverlapSkip,
@@ -110,6 +112,9 @@ class Outcome:
     result: Any
     checkpoint: Checkpoint
     resumed_from: Any
+    #: True when the slot had already finished and the handler did not run: ``result`` is the
+    #: value stored when it finished.
+    already_done: bool = False
 
     def summary(self) -> dict[str, Any]:
         cp = self.checkpoint
@@ -122,6 +127,7 @@ class Outcome:
             "status": cp.status,
             "attempts": cp.attempts,
             "resumed_from": self.resumed_from,
+            "already_done": self.already_done,
         }
 
 
@@ -142,7 +148,22 @@ class Attempt:
         log: logging.Logger | None = None,
         resolve_reason: Callable[[str], str | tuple[str, str]] | None = None,
         heartbeat: float | None = None,
+        origin: Origin | None = None,
+        rerun: Callable[[Checkpoint], str | None] | None = None,
+        result_codec: tuple[Callable[[Any], str], Callable[[str], Any]] | None = None,
     ):
+        """See the class docstring; the embedding's hooks:
+
+        Args:
+            resolve_reason: turns a bare ``terminated`` into ``user`` or ``shutdown``.
+            origin: the task instance this attempt runs for, recorded on the row and in the history.
+            rerun: asked when the slot is ``done``: a sentence saying why it runs again (someone
+                asked for it), or None to return the stored outcome without running the handler.
+            result_codec: ``(encode, decode)`` between the handler's return value and the JSON value
+                kept on the row (default: the value itself, which must then be plain JSON).
+                ``encode`` raising means the value cannot be kept: the attempt fails *before* the
+                slot is marked done.
+        """
         if not job or not isinstance(job, str):
             raise ConfigurationError(f"job must be a non-empty string, got {job!r}", slot=slot)
         if not slot or not isinstance(slot, str):
@@ -159,6 +180,10 @@ class Attempt:
         self.signal = Signal()
         self._resolve_reason = resolve_reason
         self._heartbeat = heartbeat
+        self.origin = origin or Origin()
+        self._rerun = rerun
+        self._encode_result, self._decode_result = result_codec or (_same, _same)
+        self._record_id: int | None = None
         self._session: StoreSession | None = None
         self._token: int | None = None
         self._meter: ProgressMeter | None = None
@@ -202,6 +227,10 @@ class Attempt:
             session.ensure_schema()
             row, created = self._acquire(session)
             self._token = row.lease_token
+            if row.status == Status.DONE.value:
+                why = self._why_run_again(row)
+                if why is None:
+                    return self._already_done(session, row)
             self._overlap(session, row, created)
             try:
                 row, resumed, resumed_from = self._begin(session, row, created)
@@ -224,13 +253,12 @@ class Attempt:
             keeper = self.keeper
             try:
                 result = handler(ctx)
+                # Fails here, before "done", when the value could not be kept (nor given back later).
+                result_text = self._result_text(result)
             except Cancelled as exc:
                 self._quiesce(session, keeper)  # the unfinished chunk's writes go with it
                 if exc.reason == Reason.LEASE_LOST or keeper.lost:
-                    self.log.error(
-                        "stopped: another attempt took over this slot's lease; nothing more is written "
-                        "[job=%s slot=%s attempt=%s]", self.job, self.slot, self.attempt,
-                    )
+                    self._lost(session, exc)
                     raise
                 reason, message = self._resolve(exc.reason, exc.message)
                 exc.reason, exc.message = reason, message
@@ -242,27 +270,27 @@ class Attempt:
                 )
                 self._end(session, Status.CANCELLED, error=exc.message, cancel_reason=reason)
                 raise
-            except LeaseLost:
+            except LeaseLost as exc:
                 self._quiesce(session, keeper)
-                self.log.error(
-                    "this attempt lost the lease of its slot to another attempt; stopping without "
-                    "writing [job=%s slot=%s attempt=%s]", self.job, self.slot, self.attempt,
-                )
+                self._lost(session, exc)
                 raise
             except BaseException as exc:
                 self._quiesce(session, keeper)
                 if self.signal.reason == Reason.LEASE_LOST:
+                    self._lost(session, exc)
                     raise
                 cancel_reason = self._resolve(self.signal.reason, None)[0] if self.signal.cancelled else None
                 self._end(session, Status.FAILED, error=_error_text(exc), cancel_reason=cancel_reason)
                 raise
             if keeper.lost:
                 self._quiesce(session, keeper)
-                raise LeaseLost("the lease was lost while the handler ran", job=self.job, slot=self.slot)
+                exc = LeaseLost("the lease was lost while the handler ran", job=self.job, slot=self.slot)
+                self._lost(session, exc)
+                raise exc
             # Writes made through ctx.transaction() after the last checkpoint commit with "done".
             keeper.stop(join=False)
             try:
-                final = self._end(session, Status.DONE)
+                final = self._end(session, Status.DONE, result=result_text)
             finally:
                 keeper.stop()
             return Outcome(result=result, checkpoint=final, resumed_from=resumed_from)
@@ -329,7 +357,12 @@ class Attempt:
                 "[job=%s slot=%s]", ", ".join(slots), self.job, self.slot,
             )
             return
-        self._release(session, created)
+        # A skip is history; a wait re-checks every overlap_poke and would flood it.
+        session.release(self.job, self.slot, self.owner, delete=created, record=None if policy == "wait" else self._record(
+            AttemptEnd.SKIPPED, position_start=row.position, processed_start=row.processed,
+            position_end=row.position, processed_end=row.processed,
+            error=f"overlap {policy}: an earlier run is live (slot {', '.join(slots)})",
+        ))
         error = OverlapSkip if policy == "skip" else OverlapWait
         raise error(
             f"an earlier run of this job is still running (slot {', '.join(slots)}); overlap policy is {policy!r}",
@@ -342,8 +375,51 @@ class Attempt:
         """Give the lease back without touching the row's progress (an overlap decision)."""
         session.release(self.job, self.slot, self.owner, delete=created)
 
+    def _why_run_again(self, row: Checkpoint) -> str | None:
+        """Why a ``done`` slot runs again: someone asked (restart, or the embedding says so), else None."""
+        if self.options.restart:
+            return "restart requested"
+        if self._rerun is None:
+            return None
+        return self._rerun(row)
+
+    def _already_done(self, session: StoreSession, row: Checkpoint) -> Outcome:
+        """The slot finished before: give the lease back and return what it stored, without
+        running the handler (an automatic retry after the end-of-run window, a duplicate attempt,
+        another DAG sharing the job)."""
+        try:
+            result = None if row.result is None else self._decode_result(row.result)
+        except Exception as exc:  # the row is done; its copy of the result cannot be read back
+            self.log.warning("could not read back the stored result of this slot (%s); returning None", exc)
+            result = None
+        self.log.warning(
+            "this slot already finished at %s (run %s, attempt %s%s): not running it again; returning its "
+            "stored outcome. To run it again on purpose, Clear the task instance after it succeeded, or "
+            "trigger with conf {\"resumable_restart\": true}, or set restart=True [job=%s slot=%s attempt=%s]",
+            row.finished_at.isoformat() if row.finished_at else "?", row.run_id or "?", row.attempt,
+            f", {row.dag_id}.{row.task_id}" if row.dag_id else "", self.job, self.slot, self.attempt,
+        )
+        session.release(self.job, self.slot, self.owner, record=self._record(
+            AttemptEnd.ALREADY_DONE, position_start=row.position, processed_start=row.processed,
+            position_end=row.position, processed_end=row.processed,
+        ))
+        self._last_row = dataclasses.replace(row, lease_owner=None, lease_expires_at=None)
+        self.reporter.on_finish(self._last_row)
+        return Outcome(result=result, checkpoint=self._last_row, resumed_from=None, already_done=True)
+
+    def _record(self, end: AttemptEnd = AttemptEnd.RUNNING, **fields: Any) -> AttemptRecord:
+        """This attempt's history record."""
+        host, _, pid = StoreSession.who().rpartition(":")
+        o = self.origin
+        return AttemptRecord(
+            job=self.job, slot=self.slot, attempt=self.attempt, owner=self.owner, host=host, pid=int(pid),
+            dag_id=o.dag_id, task_id=o.task_id, run_id=o.run_id, map_index=o.map_index,
+            lease_token=self._token or 0, outcome=end.value, **fields,
+        )
+
     def _begin(self, session: StoreSession, row: Checkpoint, created: bool) -> tuple[Checkpoint, bool, Any]:
-        """Resume the slot's checkpoint, or start it over (fresh, done before, or restart asked)."""
+        """Resume the slot's checkpoint, or start it over (fresh, asked to run a done slot again,
+        or restart asked)."""
         assert self._token is not None
         has_progress = row.position is not None or row.processed > 0 or bool(row.state)
         where = f"[job={self.job} slot={self.slot} attempt={self.attempt}]"
@@ -351,8 +427,9 @@ class Attempt:
             self.log.info("starting from the beginning %s", where)
         elif row.status == Status.DONE.value:
             self.log.warning(
-                "this slot finished at %s (run %s); running it again from the start %s",
-                row.finished_at.isoformat() if row.finished_at else "?", row.runs, where,
+                "this slot finished at %s (run %s, attempt %s); running it again from the start because %s %s",
+                row.finished_at.isoformat() if row.finished_at else "?", row.run_id or "?", row.attempt,
+                self._why_run_again(row), where,
             )
         elif self.options.restart:
             self.log.warning(
@@ -366,11 +443,15 @@ class Attempt:
                 row.status, f", {row.cancel_reason}" if row.cancel_reason else "", self.job, self.slot,
             )
             resumed_from = encode(row.position, what="position", job=self.job, slot=self.slot)
-            resumed = session.start(
-                self.job, self.slot, self.owner, self._token, self.attempt, reset=False, resumed_from=resumed_from
+            resumed, self._record_id = session.start(
+                self.job, self.slot, self.owner, self._token, self.attempt, reset=False, resumed_from=resumed_from,
+                record=self._record(resumed_from=row.position),
             )
             return resumed, True, row.position
-        fresh = session.start(self.job, self.slot, self.owner, self._token, self.attempt, reset=True, resumed_from=None)
+        fresh, self._record_id = session.start(
+            self.job, self.slot, self.owner, self._token, self.attempt, reset=True, resumed_from=None,
+            record=self._record(),
+        )
         return fresh, False, None
 
     def save(
@@ -400,14 +481,15 @@ class Attempt:
         return TransactionConnection(self._session.conn, style)
 
     def _end(
-        self, session: StoreSession, status: Status, *, error: str | None = None, cancel_reason: str | None = None
+        self, session: StoreSession, status: Status, *, error: str | None = None, cancel_reason: str | None = None,
+        result: str | None = None,
     ) -> Checkpoint:
         assert self._token is not None
         total = self._ctx.total if self._ctx is not None else None
         try:
             final = session.finish(
                 self.job, self.slot, self.owner, self._token, status=status, last_error=error,
-                cancel_reason=cancel_reason, total=total,
+                cancel_reason=cancel_reason, total=total, result=result, record_id=self._record_id,
             )
         except LeaseLost:
             self.log.error("could not record status %s: the lease was taken over [job=%s slot=%s]", status, self.job, self.slot)
@@ -415,6 +497,36 @@ class Attempt:
         self._last_row = final
         self.reporter.on_finish(final)
         return final
+
+    def _lost(self, session: StoreSession, exc: BaseException) -> None:
+        """Another attempt owns the slot now: write nothing to the row, only end this attempt's own
+        history record."""
+        self.log.error(
+            "stopped: another attempt took over this slot's lease; nothing more is written "
+            "[job=%s slot=%s attempt=%s]", self.job, self.slot, self.attempt,
+        )
+        if self._record_id is None:
+            return
+        try:
+            session.end_record(self._record_id, AttemptEnd.LEASE_LOST, error=_error_text(exc),
+                               cancel_reason=Reason.LEASE_LOST.value)
+        except Exception:  # the history is a record, never a reason to hide the real outcome
+            self.log.warning("could not record the lost lease in the attempt history", exc_info=True)
+
+    def _result_text(self, result: Any) -> str | None:
+        if result is None:
+            return None
+        try:
+            return _RESULT_ENCODER.encode(self._encode_result(result))
+        except Exception as exc:
+            raise InvalidCheckpoint(
+                f"the handler's return value {_short(result)} cannot be stored ({type(exc).__name__}: {exc}); "
+                "the slot was not marked done",
+                job=self.job,
+                slot=self.slot,
+                hint="Return JSON values (numbers, strings, lists, dicts), or None; the checkpoint is kept and "
+                "a retry resumes from it once the handler returns something storable",
+            ) from exc
 
     def _resolve(self, reason: str | None, message: str | None) -> tuple[str, str]:
         """Let the embedding (Airflow) say what a bare ``terminated`` meant: ``user`` or ``shutdown``."""
@@ -441,6 +553,18 @@ def _run_started(row: Checkpoint) -> datetime:
     started = row.lease_acquired_at if row.status == Status.DONE.value else (row.started_at or row.lease_acquired_at)
     assert started is not None
     return started
+
+
+def _same(value: Any) -> Any:
+    return value
+
+
+_RESULT_ENCODER = json.JSONEncoder(allow_nan=False, separators=(",", ":"))
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _error_text(exc: BaseException, limit: int = 2000) -> str:

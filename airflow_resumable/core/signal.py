@@ -24,7 +24,7 @@ from airflow_resumable.core.errors import Cancelled
 _POLL = 0.05
 
 
-class Reason(str, enum.Enum):
+class Reason(enum.StrEnum):
     """Why a run was asked to stop."""
 
     TIMEOUT = "timeout"
@@ -34,9 +34,6 @@ class Reason(str, enum.Enum):
     SUPERSEDED = "superseded"
     #: SIGTERM arrived and it is not yet known whether a person or a worker shutdown sent it.
     TERMINATED = "terminated"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 class Signal:

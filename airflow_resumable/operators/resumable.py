@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from airflow_resumable.core.checkpoint import Checkpoint
+from airflow_resumable.core.checkpoint import Checkpoint, Origin
 from airflow_resumable.core.chunked import chunk_loop, validate_chunked
 from airflow_resumable.core.context import RunContext
 from airflow_resumable.core.errors import ConfigurationError, OverlapWait
@@ -26,7 +26,14 @@ from airflow_resumable.core.runner import Attempt, Options, validate_options
 from airflow_resumable.core.signal import Reason
 from airflow_resumable.hooks.resumable import DEFAULT_CONN_ID, ResumableHook
 from airflow_resumable.operators.outcome import to_airflow
-from airflow_resumable.version_compat import AirflowException, AirflowRescheduleException, BaseOperator, Context
+from airflow_resumable.version_compat import (
+    AirflowException,
+    AirflowRescheduleException,
+    BaseOperator,
+    Context,
+    serde_deserialize,
+    serde_serialize,
+)
 
 #: DAG-run conf key that discards unfinished checkpoints on purpose: ``true`` for every resumable
 #: task of the run, or a list of task ids / job names.
@@ -97,8 +104,13 @@ class ResumableOperator(BaseOperator):
 
     :param handler: ``fn(ctx)``, or ``fn(ctx, **handler_kwargs)``.
     :param conn_id: Airflow connection of the checkpoint store (``sqlite`` or ``postgres``).
-    :param job: the job's name (templated). Default ``<dag_id>.<task_id>``, plus ``[map_index]``
-        for a mapped task. Two tasks with the same job share checkpoints and the overlap policy.
+    :param job: the job's name (templated). Default ``<dag_id>.<task_id>``. A mapped task
+        instance always adds its ``[map_index]``, whatever ``job`` says: one checkpoint per
+        partition. Two tasks with the same job share checkpoints and the overlap policy: the slot
+        one of them finished is not run again by the other.
+    :param restart: run the slot from the beginning on the run's first try, on purpose: an
+        unfinished checkpoint is discarded and a finished slot runs again (templated: a bool or
+        ``"true"``/``"false"``, e.g. ``"{{ params.restart }}"``). Retries and Clears resume as usual.
     :param timeout: cooperative timeout per attempt (seconds or timedelta): the signal fires with
         reason ``timeout``, the handler stops at its next chunk boundary, the attempt fails and
         is retried from the checkpoint. When ``execution_timeout`` is not set, it is set to
@@ -116,7 +128,7 @@ class ResumableOperator(BaseOperator):
     :param handler_kwargs: keyword arguments for the handler (templated).
     """
 
-    template_fields: Sequence[str] = ("job", "handler_kwargs")
+    template_fields: Sequence[str] = ("job", "restart", "handler_kwargs")
     template_fields_renderers = {"handler_kwargs": "json"}
     ui_color = "#e8f4ea"
 
@@ -136,12 +148,14 @@ class ResumableOperator(BaseOperator):
         progress_interval: float | timedelta = 10.0,
         xcom_interval: float | timedelta = 5.0,
         handler_kwargs: Mapping[str, Any] | None = None,
+        restart: bool | str = False,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.handler = handler
         self.conn_id = conn_id
         self.job = job
+        self.restart = restart
         self.timeout = _seconds(timeout)
         self.timeout_grace = _seconds(timeout_grace)
         self.lease = _seconds(lease)
@@ -199,29 +213,56 @@ class ResumableOperator(BaseOperator):
     # -- execution -----------------------------------------------------------------------------
 
     def job_name(self, context: Context) -> str:
-        if self.job:
-            return str(self.job)
-        ti = context["ti"]
-        name = f"{self.dag_id}.{self.task_id}"
-        map_index = getattr(ti, "map_index", -1)
-        if map_index is not None and map_index >= 0:
+        """``job`` (default ``<dag_id>.<task_id>``), plus ``[map_index]`` for a mapped task instance:
+        partitions never share a checkpoint, even under a shared ``job``."""
+        name = str(self.job) if self.job else f"{self.dag_id}.{self.task_id}"
+        map_index = _map_index(context["ti"])
+        if map_index >= 0:
             name = f"{name}[{map_index}]"
         return name
 
     def _restart_requested(self, context: Context, job: str) -> bool:
+        """``restart=True`` or the run's conf flag, on the run's first try (its retries and Clears resume)."""
+        if context["ti"].try_number != 1:
+            return False
+        if _truthy(self.restart):
+            return True
         dag_run = context.get("dag_run")
         conf = getattr(dag_run, "conf", None) or {}
         flag = conf.get(RESTART_CONF_KEY)
         if not flag:
             return False
-        if context["ti"].try_number != 1:
-            # The restart was for the run's first try; its retries and Clears resume.
-            return False
-        if flag is True or (isinstance(flag, str) and flag.lower() in ("true", "1", "yes")):
+        if _truthy(flag):
             return True
         if isinstance(flag, (list, tuple)):
-            return self.task_id in flag or job in flag
+            return self.task_id in flag or job in flag or (self.job is not None and self.job in flag)
         return False
+
+    def _rerun(self, context: Context) -> Callable[[Checkpoint], str | None]:
+        """Whether a ``done`` slot runs again: only for a Clear of this task instance after Airflow
+        recorded it as successful.
+
+        Airflow does not tell a running try how its previous try ended, so the operator records it
+        itself: the success callback (which Airflow runs after it committed the success) marks the
+        row ``confirmed_at``. A new try of the same task instance that is the first try since a
+        Clear (``try_number == max_tries - retries + 1``; an automatic retry never is) then means
+        "do it again". A Clear after the task *failed* past ``done`` (the end-of-run window) finds
+        no confirmation and finishes without redoing the work.
+        """
+        ti = context["ti"]
+        me = _origin(ti)
+
+        def rerun(row: Checkpoint) -> str | None:
+            if row.confirmed_at is None:
+                return None
+            if (row.dag_id, row.task_id, row.run_id, row.map_index) != (me.dag_id, me.task_id, me.run_id, me.map_index):
+                return None
+            max_tries = getattr(ti, "max_tries", None)
+            if max_tries is None or ti.try_number != max_tries - (self.retries or 0) + 1:
+                return None
+            return f"the task instance was cleared after it succeeded (try {row.attempt}); this is try {ti.try_number}"
+
+        return rerun
 
     def _classify(self, context: Context) -> Callable[[str], str | tuple[str, str]]:
         """After SIGTERM, ask Airflow whether a person ended the task (``user``) or the worker is
@@ -251,6 +292,7 @@ class ResumableOperator(BaseOperator):
         ti = context["ti"]
         job = self.job_name(context)
         slot, scheduled_at = slot_of(context)
+        origin = _origin(ti)
         options = Options(
             timeout=self.timeout,
             lease=self.lease,
@@ -276,10 +318,14 @@ class ResumableOperator(BaseOperator):
                 ),
                 log=self.log,
                 resolve_reason=self._classify(context),
+                origin=origin,
+                rerun=self._rerun(context),
+                result_codec=(serde_serialize, serde_deserialize),
             )
             self._attempt = attempt
             if self._terminated:  # SIGTERM came while the store was being opened
                 attempt.signal.cancel(Reason.TERMINATED, "the task process received SIGTERM")
+            self._confirm_on_success(store, job, slot, origin)
             outcome = attempt.run(self._handler(context))
         except OverlapWait as exc:
             raise self._wait_or_give_up(context, exc) from exc
@@ -294,6 +340,26 @@ class ResumableOperator(BaseOperator):
         if outcome.result is not None:
             return outcome.result
         return outcome.summary()
+
+    def _confirm_on_success(self, store: Any, job: str, slot: str, origin: Origin) -> None:
+        """Add a success callback that marks the slot's ``done`` row as confirmed by Airflow.
+
+        Airflow runs success callbacks after it committed the task instance's success, so the mark
+        means "this task instance succeeded": a later Clear of it asks for the work again. Without
+        the mark (a failure or a kill after ``done``), a new try finishes without redoing it.
+        """
+        log = self.log
+
+        def confirm(context: Context) -> None:
+            try:
+                with store.open(autocommit=True) as session:
+                    session.confirm(job, slot, origin)
+            except Exception as exc:  # a missing mark only means a later Clear finishes instead of redoing
+                log.warning("could not record the success on the checkpoint row: %s [job=%s slot=%s]", exc, job, slot)
+
+        confirm.resumable_confirm = True  # type: ignore[attr-defined]
+        kept = [cb for cb in self.on_success_callback or () if not getattr(cb, "resumable_confirm", False)]
+        self.on_success_callback = [*kept, confirm]
 
     def _wait_or_give_up(self, context: Context, exc: OverlapWait) -> BaseException:
         """``overlap="wait"``: reschedule (no worker slot, no retry used) until ``overlap_timeout``."""
@@ -317,6 +383,19 @@ class ResumableOperator(BaseOperator):
         attempt = self._attempt
         if attempt is not None:
             attempt.signal.cancel(Reason.TERMINATED, "the task process received SIGTERM")
+
+
+def _map_index(ti: Any) -> int:
+    map_index = getattr(ti, "map_index", -1)
+    return -1 if map_index is None else int(map_index)
+
+
+def _origin(ti: Any) -> Origin:
+    return Origin(dag_id=ti.dag_id, task_id=ti.task_id, run_id=ti.run_id, map_index=_map_index(ti))
+
+
+def _truthy(flag: Any) -> bool:
+    return flag is True or (isinstance(flag, str) and flag.strip().lower() in ("true", "1", "yes"))
 
 
 class ChunkedOperator(ResumableOperator):

@@ -137,3 +137,87 @@ with DAG("rt_chunked_mapped", schedule="@daily", start_date=START, catchup=False
     ChunkedOperator.partial(task_id="region", read=read_region, process=count_region, chunk_size=3).expand(
         handler_kwargs=[{"region": "north", "size": 7}, {"region": "south", "size": 4}]
     )
+
+
+# -- The end of a run: a failure after the slot is done, and a return value Airflow cannot store ----------
+
+
+def write_items(ctx: RunContext) -> Any:
+    """Items 0..n-1 written to ``rt_sink`` through ctx.transaction(): each write commits with its chunk."""
+    conf = _conf()
+    n, size = int(conf.get("items", 30)), int(conf.get("chunk", 10))
+    tx = ctx.transaction()
+    mark = "?" if tx.paramstyle == "qmark" else "%s"
+    tx.execute("CREATE TABLE IF NOT EXISTS rt_sink (slot TEXT, item INTEGER, attempt INTEGER)")
+    i = ctx.position or 0
+    while i < n:
+        for item in range(i, min(i + size, n)):
+            tx.execute(f"INSERT INTO rt_sink (slot, item, attempt) VALUES ({mark}, {mark}, {mark})",
+                       (ctx.slot, item, ctx.attempt))
+        i = min(i + size, n)
+        ctx.checkpoint(i, processed=i, total=n)
+    if conf.get("result") == "object":
+        return object()  # neither JSON nor anything Airflow's XCom serializer knows
+    return {"items": n, "attempt": ctx.attempt}
+
+
+def fail_after_done(context: Any, result: Any) -> None:
+    """Runs after execute() returned (the slot is done), before Airflow stores the result: an API
+    error or a kill in that window."""
+    if _conf().get("fail_after_done") and context["ti"].try_number == 1:
+        raise RuntimeError("injected failure after the slot was done")
+
+
+with DAG("rt_end_window", schedule="@daily", start_date=START, catchup=False) as rt_end_window:
+    ResumableOperator(task_id="work", handler=write_items, retries=2, retry_delay=timedelta(0),
+                      post_execute=fail_after_done)
+
+
+def own_items(ctx: RunContext, part: int) -> dict[str, Any]:
+    """Partition ``part`` owns items part*100 .. part*100+9; the position is the next one."""
+    first, last = part * 100, part * 100 + 10
+    i = ctx.position if ctx.position is not None else first
+    while i < last:
+        _log_seen(_conf().get("seen"), [i], ctx.attempt, part)
+        i += 1
+        ctx.checkpoint(i, processed=i - first, total=10)
+    return {"part": part, "first": first}
+
+
+with DAG("rt_mapped_shared_job", schedule="@daily", start_date=START, catchup=False) as rt_mapped_shared_job:
+    # A fixed job for every map index: each partition must still get its own checkpoint.
+    ResumableOperator.partial(task_id="part", handler=own_items, job="regions", retries=0).expand(
+        handler_kwargs=[{"part": 0}, {"part": 1}]
+    )
+
+
+# -- Two DAGs sharing one job on the same schedule, run at once by two processes (tests/test_race.py) ------
+
+
+def gated_items(ctx: RunContext) -> dict[str, Any]:
+    """Waits for the file ``gate`` (conf) before working, so that a test can hold two attempts at once;
+    each item is written to ``race_sink`` through ctx.transaction()."""
+    import os
+
+    conf = _conf()
+    gate = conf.get("gate")
+    while gate and not os.path.exists(gate):
+        ctx.signal.wait(0.05)
+        ctx.signal.raise_if_cancelled()
+    tx = ctx.transaction()
+    mark = "?" if tx.paramstyle == "qmark" else "%s"
+    tx.execute("CREATE TABLE IF NOT EXISTS race_sink (item INTEGER, dag_id TEXT)")
+    dag_id = get_current_context()["ti"].dag_id
+    i = ctx.position or 0
+    while i < 20:
+        tx.execute(f"INSERT INTO race_sink (item, dag_id) VALUES ({mark}, {mark})", (i, dag_id))
+        i += 1
+        if i % 5 == 0:
+            ctx.checkpoint(i, processed=i, total=20)
+    return {"items": 20, "by": dag_id}
+
+
+for _name in ("rt_race_a", "rt_race_b"):
+    with DAG(_name, schedule="@daily", start_date=START, catchup=False) as _dag:
+        ResumableOperator(task_id="work", handler=gated_items, job="race", lease=2, lease_wait=120, retries=0)
+    globals()[_name] = _dag

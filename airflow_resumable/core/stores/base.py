@@ -12,99 +12,106 @@ it acquired, and matches no row once another attempt has taken the lease over.
 from __future__ import annotations
 
 import abc
-import dataclasses
 import json
-from collections.abc import Iterator, Sequence
+import os
+import socket
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from airflow_resumable.core.checkpoint import Checkpoint, Status, decode, to_datetime
-from airflow_resumable.core.errors import CorruptCheckpoint, LeaseLost, SchemaVersionError
+from airflow_resumable.core.checkpoint import AttemptEnd, AttemptRecord, Checkpoint, Origin, Status, decode
+from airflow_resumable.core.errors import CorruptCheckpoint, LeaseLost
+from airflow_resumable.core.migrations import SCHEMA_VERSION, migrate
+from airflow_resumable.core.schema import Column
+from airflow_resumable.core.tables import ATTEMPTS, CHECKPOINTS
 
-#: The schema this code reads and writes. A database stamped with a newer one is refused.
-SCHEMA_VERSION = 1
+__all__ = ["SCHEMA_VERSION", "Dialect", "Store", "StoreSession"]
 
-TABLE = "resumable_checkpoints"
-META = "resumable_meta"
-
-_COLUMNS = (
-    "job",
-    "slot",
-    "position",
-    "state",
-    "processed",
-    "total",
-    "status",
-    "attempt",
-    "attempts",
-    "runs",
-    "resumed_from",
-    "started_at",
-    "updated_at",
-    "finished_at",
-    "last_error",
-    "cancel_reason",
-    "cancel_request",
-    "lease_owner",
-    "lease_token",
-    "lease_expires_at",
-    "heartbeat_at",
-    "lease_acquired_at",
-)
-_SELECT = ", ".join(_COLUMNS)
-_loads = json.loads
+TABLE = CHECKPOINTS.name
+HISTORY = ATTEMPTS.name
+_SELECT = CHECKPOINTS.select
 
 
-@dataclasses.dataclass(frozen=True)
 class Dialect:
-    """What differs between backends, as SQL fragments. Queries are written with ``%s`` markers."""
+    """What differs between backends. Queries are written once, with ``%s`` markers and the
+    ``{now}`` / ``{now_plus}`` time expressions; :meth:`sql` turns them into this backend's SQL."""
 
-    name: str
-    #: DB-API parameter marker of the driver: ``%s`` or ``?``.
-    marker: str
-    #: Expression for the database's current time, in the type of the timestamp columns.
-    now: str
-    #: Column type of timestamps.
-    timestamp_type: str
-    #: Expression template for "now plus N seconds" with one parameter.
-    now_plus: str
-    #: Statements run before creating the schema, inside its transaction (serializes creators).
-    schema_lock: tuple[str, ...] = ()
-    #: The statement that opens an explicit transaction.
-    begin: str = "BEGIN"
+    def __init__(
+        self,
+        name: str,
+        *,
+        marker: str,
+        now: str,
+        timestamp_type: str,
+        now_plus: str,
+        id_type: str,
+        schema_lock: tuple[str, ...] = (),
+        migration_setup: tuple[str, ...] = (),
+        begin: str = "BEGIN",
+    ):
+        self.name = name
+        #: DB-API parameter marker of the driver: ``%s`` or ``?``.
+        self.marker = marker
+        #: Expression for the database's current time, in the type of the timestamp columns.
+        self.now = now
+        self.timestamp_type = timestamp_type
+        #: "now plus N seconds", N being one parameter.
+        self.now_plus = now_plus
+        #: Column type of an auto-numbered primary key.
+        self.id_type = id_type
+        #: Statements that serialize schema changes between processes, run first in their transaction.
+        self.schema_lock = schema_lock
+        #: Statements run at the start of every migration step's transaction (e.g. a lock timeout).
+        self.migration_setup = migration_setup
+        #: The statement that opens an explicit transaction (SQLite: take the write lock up front).
+        self.begin = begin
+        self._cache: dict[str, str] = {}
+
+    def sql(self, text: str) -> str:
+        """A query written with ``%s`` and ``{now}``/``{now_plus}`` in this dialect (cached)."""
+        out = self._cache.get(text)
+        if out is None:
+            out = text.replace("{now_plus}", self.now_plus).replace("{now}", self.now)
+            if self.marker != "%s":
+                out = out.replace("%s", self.marker)
+            self._cache[text] = out
+        return out
+
+    def type_of(self, column: Column) -> str:
+        return {
+            "text": "TEXT", "json": "TEXT", "int": "INTEGER", "bigint": "BIGINT",
+            "timestamp": self.timestamp_type, "id": self.id_type,
+        }[column.kind]
+
+    @property
+    def paramstyle(self) -> str:
+        """The DB-API paramstyle of :attr:`marker`."""
+        return "qmark" if self.marker == "?" else "format"
 
 
-def _schema(d: Dialect) -> list[str]:
-    ts = d.timestamp_type
-    return [
-        f"CREATE TABLE IF NOT EXISTS {META} (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
-        f"""CREATE TABLE IF NOT EXISTS {TABLE} (
-            job TEXT NOT NULL,
-            slot TEXT NOT NULL,
-            position TEXT,
-            state TEXT NOT NULL DEFAULT '{{}}',
-            processed BIGINT NOT NULL DEFAULT 0,
-            total BIGINT,
-            status TEXT NOT NULL,
-            attempt INTEGER NOT NULL DEFAULT 0,
-            attempts INTEGER NOT NULL DEFAULT 0,
-            runs INTEGER NOT NULL DEFAULT 1,
-            resumed_from TEXT,
-            started_at {ts},
-            updated_at {ts} NOT NULL,
-            finished_at {ts},
-            last_error TEXT,
-            cancel_reason TEXT,
-            cancel_request TEXT,
-            lease_owner TEXT,
-            lease_token BIGINT NOT NULL DEFAULT 0,
-            lease_expires_at {ts},
-            heartbeat_at {ts},
-            lease_acquired_at {ts},
-            PRIMARY KEY (job, slot)
-        )""",
-        f"CREATE INDEX IF NOT EXISTS {TABLE}_job_updated ON {TABLE} (job, updated_at DESC)",
-    ]
+def _insert(table: str, values: Mapping[str, str], returning: str | None = None) -> str:
+    """An INSERT of column -> SQL expression, columns checked against the table's definition."""
+    for name in values:
+        assert name in CHECKPOINTS.names or name in ATTEMPTS.names, name
+    text = f"INSERT INTO {table} ({', '.join(values)}) VALUES ({', '.join(values.values())})"
+    return text if returning is None else f"{text} RETURNING {returning}"
+
+
+_CREATE_ROW = _insert(TABLE, {
+    "job": "%s", "slot": "%s", "status": "'running'", "runs": "0", "started_at": "{now}", "updated_at": "{now}",
+    "lease_owner": "%s", "lease_token": "1", "lease_expires_at": "{now_plus}", "heartbeat_at": "{now}",
+    "lease_acquired_at": "{now}",
+}) + f" ON CONFLICT (job, slot) DO NOTHING RETURNING {_SELECT}"
+
+_HISTORY_COLUMNS = (
+    "job", "slot", "attempt", "owner", "host", "pid", "dag_id", "task_id", "run_id", "map_index", "lease_token",
+    "outcome", "resumed_from", "position_start", "processed_start",
+)
+_START_HISTORY = _insert(HISTORY, {**dict.fromkeys(_HISTORY_COLUMNS, "%s"), "started_at": "{now}"}, returning="id")
+_ENDED_HISTORY = _insert(HISTORY, {
+    **dict.fromkeys(_HISTORY_COLUMNS, "%s"), "started_at": "{now}", "ended_at": "{now}", "position_end": "%s",
+    "processed_end": "%s", "error": "%s",
+})
 
 
 class Store(abc.ABC):
@@ -148,27 +155,58 @@ class StoreSession:
         self.conn = conn
         self.autocommit = autocommit
         self.d = store.dialect
+        self._in_transaction = False
 
     # -- plumbing ------------------------------------------------------------------------------
 
-    def _sql(self, text: str) -> str:
-        text = text.replace("{now_plus}", self.d.now_plus).replace("{now}", self.d.now)
-        if self.d.marker != "%s":
-            text = text.replace("%s", self.d.marker)
-        return text
-
-    def _execute(self, sql: str, params: Sequence[Any] = ()) -> Any:
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> Any:
+        """Run one statement written with ``%s`` markers and ``{now}``/``{now_plus}``."""
         cur = self.conn.cursor()
-        cur.execute(self._sql(sql), tuple(params))
+        cur.execute(self.d.sql(sql), tuple(params))
         return cur
 
+    _execute = execute
+
     def commit(self) -> None:
-        """Commit the open transaction, if any (a no-op in autocommit mode)."""
-        self.conn.commit()
+        """Commit the open transaction, if any (a no-op in autocommit mode, and inside
+        :meth:`transaction`, which commits once at its end)."""
+        if not self._in_transaction:
+            self.conn.commit()
 
     def rollback(self) -> None:
         """Roll back the open transaction, if any (a no-op in autocommit mode)."""
         self.conn.rollback()
+
+    @contextmanager
+    def transaction(self, *, lock: bool = False) -> Iterator[StoreSession]:
+        """Run the block's statements as one transaction, committed at its end and rolled back if
+        it raises, whatever the session's mode. In transaction mode it joins the open transaction
+        (the handler's writes since the last checkpoint commit with it). ``lock`` takes the
+        dialect's schema lock first (a fresh transaction only)."""
+        if self._in_transaction:
+            yield self
+            return
+        auto = self.autocommit
+        if auto:
+            self.store.set_autocommit(self.conn, False)
+        self._in_transaction = True
+        try:
+            if lock and self.d.name == "sqlite" and not self.conn.in_transaction:
+                self.execute(self.d.begin)
+            if lock:
+                for stmt in self.d.schema_lock:
+                    self.execute(stmt)
+            yield self
+            self._in_transaction = False
+            self.conn.commit()
+        except BaseException:
+            self._in_transaction = False
+            self.conn.rollback()
+            raise
+        finally:
+            self._in_transaction = False
+            if auto:
+                self.store.set_autocommit(self.conn, True)
 
     def begin_transactions(self) -> None:
         """Leave autocommit mode: from now on statements join a transaction that lasts until the
@@ -184,93 +222,59 @@ class StoreSession:
         except Exception:  # pragma: no cover - closing a broken connection
             pass
 
+    @staticmethod
+    def who() -> str:
+        """This process, as the history and the migration stamps name it."""
+        return f"{socket.gethostname()}:{os.getpid()}"
+
     def _row(self, row: Sequence[Any] | None) -> Checkpoint | None:
-        """A row of ``_COLUMNS`` as a :class:`Checkpoint` (hot: ``list_slots`` decodes 100 at once)."""
+        """A row of the checkpoint table's columns as a :class:`Checkpoint`.
+
+        Raises:
+            CorruptCheckpoint: a JSON column holds text that is not JSON, or the state is not a
+                JSON object. The row is left as it is.
+        """
         if row is None:
             return None
-        (job, slot, position, state, processed, total, status, attempt, attempts, runs, resumed_from,
-         started_at, updated_at, finished_at, last_error, cancel_reason, cancel_request, lease_owner,
-         lease_token, lease_expires_at, heartbeat_at, lease_acquired_at) = row
         try:
-            position = None if position is None else _loads(position)
-            resumed_from = None if resumed_from is None else _loads(resumed_from)
-            state = _loads(state) if state is not None else {}
+            cp: Checkpoint = CHECKPOINTS.decode(row)
         except (TypeError, ValueError):
-            for name, text in (("position", row[2]), ("state", row[3]), ("resumed_from", row[10])):
-                decode(text, what=name, job=job, slot=slot)  # raises CorruptCheckpoint naming the column
+            job, slot = row[0], row[1]
+            for i, c in enumerate(CHECKPOINTS.columns):
+                if c.kind == "json":
+                    decode(row[i], what=c.name, job=job, slot=slot)  # raises CorruptCheckpoint naming the column
             raise
-        # The frozen dataclass's __init__ sets 22 fields through object.__setattr__; filling
-        # __dict__ directly builds the same value in a fraction of the time.
-        cp = object.__new__(Checkpoint)
-        cp.__dict__.update(
-            zip(
-                _COLUMNS,
-                (
-                    job, slot, position, state if state is not None else {}, processed, total, status, attempt,
-                    attempts, runs, resumed_from, to_datetime(started_at), to_datetime(updated_at),
-                    to_datetime(finished_at), last_error, cancel_reason, cancel_request, lease_owner, lease_token,
-                    to_datetime(lease_expires_at), to_datetime(heartbeat_at), to_datetime(lease_acquired_at),
-                ), strict=False,
-            )
-        )
+        if type(cp.state) is not dict:
+            if cp.state is None:
+                cp.__dict__["state"] = {}
+            else:
+                raise CorruptCheckpoint(
+                    f"the stored state {row[CHECKPOINTS.names.index('state')]!r} is not a JSON object",
+                    job=cp.job,
+                    slot=cp.slot,
+                    hint="The row was left as it is. Set it to an object, e.g. "
+                    f"UPDATE {TABLE} SET state = '{{}}' WHERE {_where_literal(cp.job, cp.slot)}",
+                )
         return cp
 
     # -- schema --------------------------------------------------------------------------------
 
-    def ensure_schema(self) -> int:
-        """Create the tables on first use; refuse a schema newer than this code. Returns the version."""
-        version = self._schema_version()
-        if version is None:
-            # One transaction, serialized between concurrent creators (SQLite: the write lock taken
-            # up front; PostgreSQL: an advisory lock).
-            explicit = self.autocommit or self.d.name == "sqlite"
-            if explicit:
-                self._execute(self.d.begin)
-            for stmt in self.d.schema_lock:
-                self._execute(stmt)
-            for stmt in _schema(self.d):
-                self._execute(stmt)
-            self._execute(
-                f"INSERT INTO {META} (key, value) VALUES ('schema_version', %s) ON CONFLICT (key) DO NOTHING",
-                (str(SCHEMA_VERSION),),
-            )
-            if explicit:
-                self._execute("COMMIT")
-            else:
-                self.commit()
-            version = self._schema_version()
-        if version is not None and version > SCHEMA_VERSION:
-            raise SchemaVersionError(
-                f"the checkpoint database {self.store.describe()} has schema version {version}, "
-                f"newer than this airflow-resumable understands ({SCHEMA_VERSION})",
-                hint="Upgrade airflow-resumable on this worker to the version that created it; "
-                "the checkpoints were left untouched",
-            )
-        return version or SCHEMA_VERSION
-
-    def _schema_version(self) -> int | None:
-        try:
-            cur = self._execute(f"SELECT value FROM {META} WHERE key = 'schema_version'")
-            row = cur.fetchone()
-            self.commit()
-        except Exception as exc:
-            if not _is_missing_table(exc):
-                raise
-            self.rollback()
-            return None
-        return int(row[0]) if row else None
+    def ensure_schema(self, *, apply: bool = True) -> int:
+        """Create the tables on first use, or apply the migrations an older database lacks; refuse a
+        schema newer than this code. Returns the version. See :mod:`airflow_resumable.core.migrations`."""
+        return migrate(self, apply=apply)
 
     # -- reads ---------------------------------------------------------------------------------
 
     def load(self, job: str, slot: str) -> Checkpoint | None:
-        cur = self._execute(f"SELECT {_SELECT} FROM {TABLE} WHERE job = %s AND slot = %s", (job, slot))
+        cur = self.execute(f"SELECT {_SELECT} FROM {TABLE} WHERE job = %s AND slot = %s", (job, slot))
         row = cur.fetchone()
         self.commit()
         return self._row(row)
 
     def list_slots(self, job: str, limit: int = 100) -> list[Checkpoint]:
         """The job's most recently updated slots, newest first."""
-        cur = self._execute(
+        cur = self.execute(
             f"SELECT {_SELECT} FROM {TABLE} WHERE job = %s ORDER BY updated_at DESC, slot DESC LIMIT %s", (job, int(limit))
         )
         rows = cur.fetchall()
@@ -279,7 +283,7 @@ class StoreSession:
 
     def live_others(self, job: str, slot: str) -> list[Checkpoint]:
         """Other slots of the job whose lease is live now, earliest acquired first."""
-        cur = self._execute(
+        cur = self.execute(
             f"SELECT {_SELECT} FROM {TABLE} WHERE job = %s AND slot <> %s AND lease_owner IS NOT NULL "
             "AND lease_expires_at > {now} ORDER BY lease_acquired_at, slot",
             (job, slot),
@@ -287,6 +291,13 @@ class StoreSession:
         rows = cur.fetchall()
         self.commit()
         return [self._row(r) for r in rows]  # type: ignore[misc]
+
+    def history(self, job: str, slot: str) -> list[AttemptRecord]:
+        """The slot's attempts, oldest first."""
+        cur = self.execute(f"SELECT {ATTEMPTS.select} FROM {HISTORY} WHERE job = %s AND slot = %s ORDER BY id", (job, slot))
+        rows = cur.fetchall()
+        self.commit()
+        return [ATTEMPTS.decode(r) for r in rows]
 
     # -- lease ---------------------------------------------------------------------------------
 
@@ -296,18 +307,12 @@ class StoreSession:
         Returns ``(row, created)`` with the new lease token in ``row.lease_token``, or None when
         another owner holds a live lease.
         """
-        cur = self._execute(
-            f"INSERT INTO {TABLE} (job, slot, state, processed, status, attempt, attempts, runs, started_at, "
-            "updated_at, lease_owner, lease_token, lease_expires_at, heartbeat_at, lease_acquired_at) "
-            "VALUES (%s, %s, '{}', 0, 'running', 0, 0, 0, {now}, {now}, %s, 1, {now_plus}, {now}, {now}) "
-            f"ON CONFLICT (job, slot) DO NOTHING RETURNING {_SELECT}",
-            (job, slot, owner, lease_seconds),
-        )
+        cur = self.execute(_CREATE_ROW, (job, slot, owner, lease_seconds))
         row = cur.fetchone()
         if row is not None:
             self.commit()
             return self._row(row), True  # type: ignore[return-value]
-        cur = self._execute(
+        cur = self.execute(
             f"UPDATE {TABLE} SET lease_owner = %s, lease_token = lease_token + 1, lease_expires_at = {{now_plus}}, "
             "heartbeat_at = {now}, lease_acquired_at = {now} "
             "WHERE job = %s AND slot = %s AND (lease_owner IS NULL OR lease_owner = %s OR lease_expires_at <= {now}) "
@@ -324,10 +329,12 @@ class StoreSession:
             self.release(job, slot, owner)  # leave the unreadable row as it was, lease included
             raise
 
-    def release(self, job: str, slot: str, owner: str, *, delete: bool = False) -> None:
+    def release(self, job: str, slot: str, owner: str, *, delete: bool = False, record: AttemptRecord | None = None) -> None:
         """Give back the lease without touching the row's progress (nothing was started).
 
-        With ``delete``, remove the row instead: it was created by this very acquire.
+        With ``delete``, remove the row instead: it was created by this very acquire. ``record``
+        (an attempt that ended without running: skipped, already done) goes to the history in the
+        same transaction.
         """
         if delete:
             sql = f"DELETE FROM {TABLE} WHERE job = %s AND slot = %s AND lease_owner = %s"
@@ -336,8 +343,11 @@ class StoreSession:
                 f"UPDATE {TABLE} SET lease_owner = NULL, lease_expires_at = NULL WHERE job = %s AND slot = %s "
                 "AND lease_owner = %s"
             )
-        self._execute(sql, (job, slot, owner))
-        self.commit()
+        with self.transaction():
+            self.execute(sql, (job, slot, owner))
+            if record is not None:
+                self.execute(_ENDED_HISTORY, (*_history_values(record), _json_or_none(record.position_end),
+                                               record.processed_end, record.error))
 
     def heartbeat(self, job: str, slot: str, owner: str, token: int, lease_seconds: float) -> str | None:
         """Extend the lease. Returns a pending cancel request (e.g. ``superseded``), if any.
@@ -345,7 +355,7 @@ class StoreSession:
         Raises:
             LeaseLost: the lease is no longer ours.
         """
-        cur = self._execute(
+        cur = self.execute(
             f"UPDATE {TABLE} SET lease_expires_at = {{now_plus}}, heartbeat_at = {{now}} "
             "WHERE job = %s AND slot = %s AND lease_owner = %s AND lease_token = %s RETURNING cancel_request",
             (lease_seconds, job, slot, owner, token),
@@ -358,7 +368,7 @@ class StoreSession:
 
     def request_cancel(self, job: str, slot: str, reason: str) -> bool:
         """Ask the attempt holding the slot's lease to stop at its next chunk boundary."""
-        cur = self._execute(
+        cur = self.execute(
             f"UPDATE {TABLE} SET cancel_request = %s WHERE job = %s AND slot = %s AND lease_owner IS NOT NULL",
             (reason, job, slot),
         )
@@ -369,29 +379,41 @@ class StoreSession:
     # -- fenced writes -------------------------------------------------------------------------
 
     def start(
-        self, job: str, slot: str, owner: str, token: int, attempt: int, *, reset: bool, resumed_from: str | None
-    ) -> Checkpoint:
-        """Record that ``attempt`` runs now; with ``reset``, discard position, state and counters."""
+        self, job: str, slot: str, owner: str, token: int, attempt: int, *, reset: bool, resumed_from: str | None,
+        record: AttemptRecord | None = None,
+    ) -> tuple[Checkpoint, int | None]:
+        """Record that ``attempt`` runs now; with ``reset``, discard position, state and counters.
+
+        The attempt's history ``record``, if given, is inserted in the same transaction. Returns
+        the row and the record's id.
+        """
+        o = record or AttemptRecord()
         if reset:
             sets = (
                 "position = NULL, state = '{}', processed = 0, total = NULL, attempts = 1, runs = runs + 1, "
-                "resumed_from = NULL, started_at = {now}, last_error = NULL"
+                "resumed_from = NULL, started_at = {now}, last_error = NULL, result = NULL"
             )
             params: tuple[Any, ...] = (attempt,)
         else:
             sets = "attempts = attempts + 1, resumed_from = %s"
             params = (resumed_from, attempt)
-        cur = self._execute(
-            f"UPDATE {TABLE} SET {sets}, status = 'running', attempt = %s, cancel_reason = NULL, "
-            "cancel_request = NULL, finished_at = NULL, updated_at = {now} "
-            f"WHERE job = %s AND slot = %s AND lease_owner = %s AND lease_token = %s RETURNING {_SELECT}",
-            (*params, job, slot, owner, token),
-        )
-        row = cur.fetchone()
-        self.commit()
-        if row is None:
-            raise LeaseLost("the lease was taken over before the attempt started", job=job, slot=slot)
-        return self._row(row)  # type: ignore[return-value]
+        with self.transaction():
+            cur = self.execute(
+                f"UPDATE {TABLE} SET {sets}, status = 'running', attempt = %s, cancel_reason = NULL, "
+                "cancel_request = NULL, finished_at = NULL, confirmed_at = NULL, updated_at = {now}, "
+                "dag_id = %s, task_id = %s, run_id = %s, map_index = %s "
+                f"WHERE job = %s AND slot = %s AND lease_owner = %s AND lease_token = %s RETURNING {_SELECT}",
+                (*params, o.dag_id, o.task_id, o.run_id, o.map_index, job, slot, owner, token),
+            )
+            row = cur.fetchone()
+            if row is None:
+                raise LeaseLost("the lease was taken over before the attempt started", job=job, slot=slot)
+            cp: Checkpoint = self._row(row)  # type: ignore[assignment]
+            if record is None:
+                return cp, None
+            record_id = self.execute(_START_HISTORY, _history_values(
+                record, position_start=cp.position, processed_start=cp.processed)).fetchone()[0]
+        return cp, int(record_id)
 
     def save(
         self,
@@ -410,7 +432,7 @@ class StoreSession:
         Raises:
             LeaseLost: another attempt holds the lease; nothing was committed.
         """
-        cur = self._execute(
+        cur = self.execute(
             f"UPDATE {TABLE} SET position = %s, state = %s, processed = %s, total = %s, updated_at = {{now}} "
             "WHERE job = %s AND slot = %s AND lease_owner = %s AND lease_token = %s",
             (position, state, processed, total, job, slot, owner, token),
@@ -436,8 +458,11 @@ class StoreSession:
         last_error: str | None = None,
         cancel_reason: str | None = None,
         total: int | None = None,
+        result: str | None = None,
+        record_id: int | None = None,
     ) -> Checkpoint:
-        """Record how the attempt ended (and the total, if it became known) and release the lease.
+        """Record how the attempt ended (and the total, if it became known; the handler's result
+        with ``done``), end its history record, and release the lease: one transaction.
 
         Raises:
             LeaseLost: another attempt holds the lease; the row was not touched.
@@ -446,28 +471,77 @@ class StoreSession:
         finished = "{now}" if done else "NULL"
         # A finished run keeps no error: last_error and cancel_reason describe an unfinished one.
         last_error_sql = "NULL" if done else "COALESCE(%s, last_error)"
-        cur = self._execute(
-            f"UPDATE {TABLE} SET status = %s, last_error = {last_error_sql}, cancel_reason = %s, "
-            "total = COALESCE(%s, total), "
-            f"finished_at = {finished}, updated_at = {{now}}, lease_owner = NULL, lease_expires_at = NULL, "
-            "cancel_request = NULL "
-            f"WHERE job = %s AND slot = %s AND lease_owner = %s AND lease_token = %s RETURNING {_SELECT}",
-            (status.value, *(() if done else (last_error,)), cancel_reason, total, job, slot, owner, token),
-        )
-        row = cur.fetchone()
-        self.commit()
-        if row is None:
-            raise LeaseLost("final status rejected: the lease was taken over", job=job, slot=slot)
-        return self._row(row)  # type: ignore[return-value]
+        with self.transaction():
+            cur = self.execute(
+                f"UPDATE {TABLE} SET status = %s, last_error = {last_error_sql}, cancel_reason = %s, "
+                "total = COALESCE(%s, total), result = %s, "
+                f"finished_at = {finished}, updated_at = {{now}}, lease_owner = NULL, lease_expires_at = NULL, "
+                "cancel_request = NULL "
+                f"WHERE job = %s AND slot = %s AND lease_owner = %s AND lease_token = %s RETURNING {_SELECT}",
+                (status.value, *(() if done else (last_error,)), cancel_reason, total, result if done else None,
+                 job, slot, owner, token),
+            )
+            row = cur.fetchone()
+            if row is None:
+                raise LeaseLost("final status rejected: the lease was taken over", job=job, slot=slot)
+            cp: Checkpoint = self._row(row)  # type: ignore[assignment]
+            if record_id is not None:
+                self._end_record(record_id, AttemptEnd(status.value), cancel_reason=cancel_reason, error=last_error,
+                                 position=cp.position, processed=cp.processed)
+        return cp
 
-    def delete(self, job: str, slot: str) -> bool:
-        """Remove a slot's row (administration; a run never deletes its own checkpoint)."""
-        cur = self._execute(f"DELETE FROM {TABLE} WHERE job = %s AND slot = %s", (job, slot))
+    def confirm(self, job: str, slot: str, origin: Origin) -> bool:
+        """Record that the embedding (Airflow) counted the task instance that finished the slot as
+        successful. Only a ``done`` row last run by that task instance is marked."""
+        cur = self.execute(
+            f"UPDATE {TABLE} SET confirmed_at = {{now}} WHERE job = %s AND slot = %s AND status = 'done' "
+            "AND dag_id = %s AND task_id = %s AND run_id = %s AND map_index = %s",
+            (job, slot, origin.dag_id, origin.task_id, origin.run_id, origin.map_index),
+        )
         n = cur.rowcount
         self.commit()
         return n > 0
 
+    def end_record(self, record_id: int, outcome: AttemptEnd, *, error: str | None = None,
+                   cancel_reason: str | None = None, position: Any = None, processed: int | None = None) -> None:
+        """End an attempt's history record on its own (an attempt that lost its lease writes
+        nothing else)."""
+        with self.transaction():
+            self._end_record(record_id, outcome, error=error, cancel_reason=cancel_reason, position=position,
+                             processed=processed)
 
-def _is_missing_table(exc: BaseException) -> bool:
-    text = str(exc).lower()
-    return "no such table" in text or ("relation" in text and "does not exist" in text)
+    def _end_record(self, record_id: int, outcome: AttemptEnd, *, error: str | None, cancel_reason: str | None,
+                    position: Any, processed: int | None) -> None:
+        self.execute(
+            f"UPDATE {HISTORY} SET ended_at = {{now}}, outcome = %s, cancel_reason = %s, error = %s, "
+            "position_end = %s, processed_end = %s WHERE id = %s AND ended_at IS NULL",
+            (outcome.value, cancel_reason, error, _json_or_none(position), processed, record_id),
+        )
+
+    def delete(self, job: str, slot: str) -> bool:
+        """Remove a slot's row and its history (administration; a run never deletes its own checkpoint)."""
+        with self.transaction():
+            n = self.execute(f"DELETE FROM {TABLE} WHERE job = %s AND slot = %s", (job, slot)).rowcount
+            self.execute(f"DELETE FROM {HISTORY} WHERE job = %s AND slot = %s", (job, slot))
+        return n > 0
+
+
+def _history_values(record: AttemptRecord, **override: Any) -> tuple[Any, ...]:
+    values = {name: getattr(record, name) for name in _HISTORY_COLUMNS}
+    values.update(override)
+    for name in ("resumed_from", "position_start"):
+        values[name] = _json_or_none(values[name])
+    return tuple(values[name] for name in _HISTORY_COLUMNS)
+
+
+def _json_or_none(value: Any) -> str | None:
+    return None if value is None else json.dumps(value, separators=(",", ":"))
+
+
+def sql_literal(text: str) -> str:
+    """``text`` as an SQL string literal (quotes doubled), for statements printed in hints."""
+    return "'" + str(text).replace("'", "''") + "'"
+
+
+def _where_literal(job: str, slot: str) -> str:
+    return f"job = {sql_literal(job)} AND slot = {sql_literal(slot)}"

@@ -8,13 +8,17 @@ from airflow_resumable.core.errors import ConfigurationError, StoreUnavailable
 from airflow_resumable.core.stores.base import Dialect, Store
 
 DIALECT = Dialect(
-    name="postgres",
+    "postgres",
     marker="%s",
     now="clock_timestamp()",
     timestamp_type="TIMESTAMPTZ",
     now_plus="(clock_timestamp() + %s * interval '1 second')",
-    # Two workers creating the schema at once would race on CREATE TABLE IF NOT EXISTS.
+    id_type="BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY",
+    # Two workers creating or migrating the schema at once would race on the DDL.
     schema_lock=("SELECT pg_advisory_xact_lock(7241730117)",),
+    # ALTER TABLE waits for every open transaction on the table (a long transactional chunk) and
+    # blocks the table's readers meanwhile: give up after a while instead, and retry.
+    migration_setup=("SET LOCAL lock_timeout = '30s'",),
 )
 
 #: Connection parameters that may come from an Airflow connection's extras.

@@ -12,11 +12,12 @@ from airflow_resumable.core.stores.base import Dialect, Store
 _NOW = "((julianday('now') - 2440587.5) * 86400.0)"
 
 DIALECT = Dialect(
-    name="sqlite",
+    "sqlite",
     marker="?",
     now=_NOW,
     timestamp_type="REAL",
     now_plus=f"({_NOW} + %s)",
+    id_type="INTEGER PRIMARY KEY AUTOINCREMENT",
     begin="BEGIN IMMEDIATE",
 )
 

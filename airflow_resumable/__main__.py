@@ -1,0 +1,10 @@
+"""``python -m airflow_resumable``: administer a checkpoint database.
+
+    python -m airflow_resumable migrate --conn-id resumable_default   # apply pending migrations
+    python -m airflow_resumable migrate --conn-id resumable_default --sql   # print them instead
+    python -m airflow_resumable migrate --url sqlite:////var/lib/airflow/checkpoints.db --check
+"""
+
+from airflow_resumable.cli import main
+
+raise SystemExit(main())

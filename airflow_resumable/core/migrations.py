@@ -1,0 +1,255 @@
+"""Numbered, forward-only schema migrations, applied under a lock.
+
+A database records its schema version in ``resumable_meta`` (key ``schema_version``) and, for every
+migration it went through, when and by whom (key ``migration:<n>``). :func:`migrate` brings a
+database to :data:`SCHEMA_VERSION`:
+
+* a fresh database gets the current tables straight from their definition
+  (:mod:`airflow_resumable.core.tables`), stamped with the current version;
+* an older one gets each missing migration in turn, **each in its own transaction**, under a lock
+  that serializes every process doing the same (PostgreSQL: an advisory transaction lock; SQLite:
+  ``BEGIN IMMEDIATE``). After taking the lock the version is read again, so when many tasks start
+  at once exactly one applies a step and the others find it done and go on;
+* a newer one is refused: the code would misread it.
+
+The steps below are history: once released, a step never changes. A change of the tables is a new
+step at the end *and* the matching change of the dataclass; ``tests/test_migrations.py`` checks
+that a database migrated from version 1 has exactly the columns a fresh one has.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from airflow_resumable.core.errors import SchemaVersionError, StoreUnavailable
+from airflow_resumable.core.tables import ATTEMPTS, CHECKPOINTS, META, all_tables
+
+if TYPE_CHECKING:
+    from airflow_resumable.core.stores.base import Dialect, StoreSession
+
+
+@dataclasses.dataclass(frozen=True)
+class Migration:
+    version: int
+    summary: str
+    statements: Callable[[Dialect], list[str]]
+
+
+def _v1(d: Dialect) -> list[str]:
+    """The first release's tables, as it created them."""
+    ts = d.timestamp_type
+    return [
+        f"CREATE TABLE IF NOT EXISTS {META} (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
+        f"""CREATE TABLE IF NOT EXISTS {CHECKPOINTS.name} (
+            job TEXT NOT NULL, slot TEXT NOT NULL, position TEXT, state TEXT NOT NULL DEFAULT '{{}}',
+            processed BIGINT NOT NULL DEFAULT 0, total BIGINT, status TEXT NOT NULL,
+            attempt INTEGER NOT NULL DEFAULT 0, attempts INTEGER NOT NULL DEFAULT 0, runs INTEGER NOT NULL DEFAULT 1,
+            resumed_from TEXT, started_at {ts}, updated_at {ts} NOT NULL, finished_at {ts}, last_error TEXT,
+            cancel_reason TEXT, cancel_request TEXT, lease_owner TEXT, lease_token BIGINT NOT NULL DEFAULT 0,
+            lease_expires_at {ts}, heartbeat_at {ts}, lease_acquired_at {ts},
+            PRIMARY KEY (job, slot)
+        )""",
+        f"CREATE INDEX IF NOT EXISTS {CHECKPOINTS.name}_job_updated ON {CHECKPOINTS.name} (job, updated_at DESC)",
+    ]
+
+
+def _v2(d: Dialect) -> list[str]:
+    """The owning task instance and the handler's result on the row; the attempt history."""
+    ts, t = d.timestamp_type, CHECKPOINTS.name
+    return [
+        f"ALTER TABLE {t} ADD COLUMN dag_id TEXT",
+        f"ALTER TABLE {t} ADD COLUMN task_id TEXT",
+        f"ALTER TABLE {t} ADD COLUMN run_id TEXT",
+        f"ALTER TABLE {t} ADD COLUMN map_index INTEGER",
+        f"ALTER TABLE {t} ADD COLUMN result TEXT",
+        f"ALTER TABLE {t} ADD COLUMN confirmed_at {ts}",
+        f"""CREATE TABLE IF NOT EXISTS {ATTEMPTS.name} (
+            id {d.id_type}, job TEXT NOT NULL, slot TEXT NOT NULL, attempt INTEGER NOT NULL DEFAULT 0,
+            owner TEXT, host TEXT, pid INTEGER, dag_id TEXT, task_id TEXT, run_id TEXT, map_index INTEGER,
+            lease_token BIGINT NOT NULL DEFAULT 0, started_at {ts} NOT NULL, ended_at {ts}, outcome TEXT NOT NULL,
+            cancel_reason TEXT, resumed_from TEXT, position_start TEXT, processed_start BIGINT NOT NULL DEFAULT 0,
+            position_end TEXT, processed_end BIGINT, error TEXT
+        )""",
+        f"CREATE INDEX IF NOT EXISTS {ATTEMPTS.name}_slot ON {ATTEMPTS.name} (job, slot, id)",
+    ]
+
+
+MIGRATIONS: tuple[Migration, ...] = (
+    Migration(1, "checkpoint table and schema stamp", _v1),
+    Migration(2, "owning task instance, result and success confirmation on the row; attempt history table", _v2),
+)
+
+#: The schema this code reads and writes.
+SCHEMA_VERSION = MIGRATIONS[-1].version
+
+HOW_TO_MIGRATE = (
+    "To apply it by hand (for a role that may run DDL): python -m airflow_resumable migrate --conn-id <conn_id>; "
+    "print the SQL with --sql"
+)
+
+
+def current_version(session: StoreSession) -> int | None:
+    """The database's schema version; None for a database without our tables.
+
+    Raises:
+        SchemaVersionError: the tables were damaged by hand (the stamp or the checkpoint table is
+            missing while the other is there).
+    """
+    try:
+        version = _read(session, f"SELECT value FROM {META} WHERE key = 'schema_version'")
+    except Exception as exc:
+        if not _is_missing_table(exc):
+            raise
+        session.rollback()
+        if _exists(session, CHECKPOINTS.name):
+            raise SchemaVersionError(
+                f"the checkpoint table {CHECKPOINTS.name} exists but {META}, which records its schema version, "
+                f"is missing in {session.store.describe()}",
+                hint="It was dropped by hand; nothing was changed. Restore it from a backup, or recreate it "
+                f"with the version the table has (1 if it has no dag_id column, else {SCHEMA_VERSION}): "
+                f"CREATE TABLE {META} (key TEXT PRIMARY KEY, value TEXT NOT NULL); "
+                f"INSERT INTO {META} VALUES ('schema_version', '<version>')",
+            ) from None
+        return None
+    if version is None:
+        return None
+    try:
+        return int(version)
+    except ValueError:
+        raise SchemaVersionError(
+            f"{META} holds a schema version that is not a number: {version!r}",
+            hint=f"Set it to the version the tables have: UPDATE {META} SET value = '<n>' WHERE key = 'schema_version'",
+        ) from None
+
+
+def migrate(session: StoreSession, *, apply: bool = True) -> int:
+    """Bring the database to :data:`SCHEMA_VERSION`; return the version it has now.
+
+    With ``apply=False`` nothing is changed: an older database raises instead (for workers denied DDL).
+
+    Raises:
+        SchemaVersionError: the database is newer than this code, damaged, or older and ``apply``
+            is False or the migration failed (nothing of the failed step stays).
+    """
+    version = current_version(session)
+    if version == SCHEMA_VERSION:
+        if not _exists(session, CHECKPOINTS.name):
+            raise SchemaVersionError(
+                f"the checkpoint table {CHECKPOINTS.name} is missing from {session.store.describe()} although "
+                f"{META} says schema version {version}: it was dropped or renamed by hand",
+                hint="Its checkpoints are gone unless you restore them from a backup (then the slots resume). "
+                f"To start over with empty tables: DELETE FROM {META} WHERE key = 'schema_version' "
+                "(the next task recreates them)",
+            )
+        return version
+    if version is not None and version > SCHEMA_VERSION:
+        raise SchemaVersionError(
+            f"the checkpoint database {session.store.describe()} has schema version {version}, "
+            f"newer than this airflow-resumable understands ({SCHEMA_VERSION})",
+            hint="Upgrade airflow-resumable on this worker to the version that created it; "
+            "the checkpoints were left untouched",
+        )
+    if not apply:
+        raise SchemaVersionError(
+            f"the checkpoint database {session.store.describe()} has schema version {version or 0}; "
+            f"this airflow-resumable needs {SCHEMA_VERSION}",
+            hint=HOW_TO_MIGRATE,
+        )
+    try:
+        if version is None:
+            return _step(session, None, _create_fresh, "created")
+        for m in MIGRATIONS:
+            if m.version > version:
+                version = _step(session, m.version, m.statements, f"migration {m.version}: {m.summary}")
+    except SchemaVersionError:
+        raise
+    except Exception as exc:
+        text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        where = session.store.describe()
+        if "lock timeout" in text or "database is locked" in text:
+            raise StoreUnavailable(
+                f"could not upgrade the checkpoint database {where} to schema {SCHEMA_VERSION}: {text}",
+                hint="A long transaction held the table; nothing was changed and a retry tries again",
+            ) from exc
+        raise SchemaVersionError(
+            f"could not upgrade the checkpoint database {where} from schema {version or 0} to {SCHEMA_VERSION}: "
+            f"{type(exc).__name__}: {text}",
+            hint="Nothing of the failed step was kept. If this role may not run DDL, apply it once with one that "
+            "may: python -m airflow_resumable migrate --conn-id <conn_id> (or print the SQL with --sql)",
+        ) from exc
+    return version
+
+
+def plan(session: StoreSession) -> list[str]:
+    """The SQL :func:`migrate` would run on this database, without running it."""
+    version = current_version(session)
+    if version is None:
+        return _create_fresh(session.d) + [_stamp_sql(session.d, SCHEMA_VERSION)]
+    out: list[str] = []
+    for m in MIGRATIONS:
+        if m.version > version:
+            out += m.statements(session.d) + [_stamp_sql(session.d, m.version)]
+    return out
+
+
+def _create_fresh(d: Dialect) -> list[str]:
+    stmts = [f"CREATE TABLE IF NOT EXISTS {META} (key TEXT PRIMARY KEY, value TEXT NOT NULL)"]
+    for table in all_tables():
+        stmts += table.ddl(d.type_of)
+    return stmts
+
+
+def _stamp_sql(d: Dialect, version: int) -> str:
+    return (
+        f"INSERT INTO {META} (key, value) VALUES ('schema_version', '{version}') "
+        "ON CONFLICT (key) DO UPDATE SET value = excluded.value"
+    )
+
+
+def _step(session: StoreSession, target: int | None, statements: Callable[[Dialect], list[str]], what: str) -> int:
+    """One step in one transaction, under the lock; skipped when another process did it meanwhile."""
+    d = session.d
+    with session.transaction(lock=True):
+        # Creating the stamp table first means reading the version cannot fail inside the transaction.
+        session.execute(f"CREATE TABLE IF NOT EXISTS {META} (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+        found = _read(session, f"SELECT value FROM {META} WHERE key = 'schema_version'")
+        version = None if found is None else int(found)
+        if version is not None and (target is None or version >= target):
+            return version  # another process did it while this one waited for the lock
+        for stmt in d.migration_setup:
+            session.execute(stmt)
+        for stmt in statements(d):
+            session.execute(stmt)
+        version = target if target is not None else SCHEMA_VERSION
+        session.execute(_stamp_sql(d, version))
+        session.execute(
+            f"INSERT INTO {META} (key, value) VALUES (%s, %s) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+            (f"migration:{version}", f"{what}; applied by {session.who()}"),
+        )
+    return version
+
+
+def _read(session: StoreSession, sql: str) -> str | None:
+    cur = session.execute(sql)
+    row = cur.fetchone()
+    session.commit()
+    return None if row is None else row[0]
+
+
+def _exists(session: StoreSession, table: str) -> bool:
+    try:
+        session.execute(f"SELECT 1 FROM {table} WHERE 1 = 0").fetchall()
+        session.commit()
+    except Exception as exc:
+        if not _is_missing_table(exc):
+            raise
+        session.rollback()
+        return False
+    return True
+
+
+def _is_missing_table(exc: BaseException) -> bool:
+    text = str(exc).lower()
+    return "no such table" in text or ("relation" in text and "does not exist" in text)
