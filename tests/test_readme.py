@@ -28,3 +28,12 @@ def test_the_quick_start_commands_are_make_targets_and_ci_runs_the_test_one() ->
 def test_every_example_dag_is_mentioned() -> None:
     for path in (ROOT / "dags").glob("*.py"):
         assert f"dags/{path.name}" in README, path.name
+
+
+def test_the_readme_column_tables_are_the_tables_definitions() -> None:
+    from airflow_resumable.core.tables import all_tables
+
+    for table in all_tables():
+        start = README.index(f"<!-- table: {table.name} -->")
+        body = README[start:README.index("<!-- end table -->", start)].split("\n", 1)[1].strip()
+        assert body == table.markdown(), f"regenerate the README table of {table.name} from Table.markdown()"

@@ -45,6 +45,7 @@ DAG_ID = "sched_slow"
 TASK_ID = "work"
 JOB = f"{DAG_ID}.{TASK_ID}"
 MAPPED_DAG_ID = "sched_mapped"
+END_DAG_ID = "sched_end"
 ITEMS = 80
 CHUNK = 2
 DELAY = 0.2  # seconds per item: a chunk takes CHUNK * DELAY
@@ -224,13 +225,13 @@ def env(pg_server: Server) -> Iterator[Env]:
             airflow.start()
             api = airflow.api
             assert api is not None
-            for dag_id in (DAG_ID, MAPPED_DAG_ID):
+            for dag_id in (DAG_ID, MAPPED_DAG_ID, END_DAG_ID):
                 wait_for(
                     lambda dag_id=dag_id: api.request("GET", f"/dags/{dag_id}", expect=(200, 404)).get("dag_id"),
                     timeout=120, interval=1.0, what=f"the dag-processor to parse {dag_id}", on_timeout=airflow.tail,
                 )
-            api.unpause(DAG_ID)
-            api.unpause(MAPPED_DAG_ID)
+            for dag_id in (DAG_ID, MAPPED_DAG_ID, END_DAG_ID):
+                api.unpause(dag_id)
             with store.open(autocommit=True) as session:
                 session.ensure_schema()
                 yield Env(airflow=airflow, session=session, sink=sink)
@@ -432,3 +433,39 @@ def test_clear_of_a_running_task_stops_it_as_user_and_the_next_try_resumes(env: 
     assert final.resumed_from == row.position, final
     assert_exactly_once(env, run_id, ITEMS)
     assert_no_repeats_before(env, run_id, row.position, attempt=2)
+
+
+def test_clear_after_success_runs_the_finished_slot_again(env: Env) -> None:
+    """A Clear of a task instance Airflow recorded as successful means "do it again"."""
+    run_id = f"again_{uuid.uuid4().hex[:8]}"
+    env.api.trigger(DAG_ID, run_id=run_id, conf={"items": 6, "chunk": 2, "delay": 0.05})
+    assert env.run_state(run_id, ("success", "failed")) == "success", env.explain(run_id)
+    first = env.row(run_id)
+    assert first is not None and first.status == "done" and first.confirmed_at is not None, first
+    env.api.clear(DAG_ID, run_id, [TASK_ID])
+    wait_for(lambda: env.ti(run_id)["try_number"] == 2, timeout=60, what="the Clear to start try 2")
+    assert env.run_state(run_id, ("success", "failed")) == "success", env.explain(run_id)
+    row = env.row(run_id)
+    assert row is not None and (row.status, row.attempt, row.runs) == ("done", 2, 2), row
+    assert [i for i, a in env.seen(run_id) if a == 2] == list(range(6)), "the Clear ran every item again"
+    assert env.committed(run_id) == {i: 2 for i in range(6)}
+    assert [(h.attempt, h.outcome) for h in env.session.history(JOB, run_id)] == [(1, "done"), (2, "done")]
+
+
+def test_clear_after_a_failure_past_done_finishes_without_redoing_the_work(env: Env) -> None:
+    """The try failed after its slot was done (the end-of-run window): a Clear means "finish it"."""
+    run_id = f"endwindow_{uuid.uuid4().hex[:8]}"
+    job = f"{END_DAG_ID}.{TASK_ID}"
+    env.api.trigger(END_DAG_ID, run_id=run_id, conf={"items": 6, "fail_after_done": True})
+    assert env.run_state(run_id, ("success", "failed"), dag_id=END_DAG_ID) == "failed"
+    done = env.row(run_id, job)
+    assert done is not None and done.status == "done" and done.confirmed_at is None, done
+    env.api.clear(END_DAG_ID, run_id, [TASK_ID])
+    assert env.run_state(run_id, ("success", "failed"), dag_id=END_DAG_ID) == "success"
+    assert env.api.task_instance(END_DAG_ID, run_id, TASK_ID)["try_number"] == 2
+    assert [a for _, a in env.seen(run_id, job)] == [1] * 6, "try 2 did not run the handler"
+    assert env.committed(run_id, job) == {i: 1 for i in range(6)}
+    history = [(h.attempt, h.outcome) for h in env.session.history(job, run_id)]
+    assert history == [(1, "done"), (2, "already_done")], history
+    log = env.airflow.task_log(END_DAG_ID, run_id, TASK_ID, 2)
+    assert "already finished" in log and "not running it again" in log, log[-3000:]

@@ -109,3 +109,29 @@ with DAG(
     ResumableOperator.partial(
         task_id="work", handler=work_items, lease=4, overlap="allow", progress_interval=2, xcom_interval=1
     ).expand(handler_kwargs=[{"items": 80, "chunk": 2, "delay": 0.2}, {"items": 80, "chunk": 2, "delay": 0.2}])
+
+
+def fail_after_done(context: Any, result: Any) -> None:
+    """After execute() returned (the slot is done) and before Airflow records success: the
+    end-of-run window, as an API error or a kill would hit it."""
+    if context["dag_run"].conf.get("fail_after_done") and context["ti"].try_number == 1:
+        raise RuntimeError("injected failure after the slot was done")
+
+
+with DAG(
+    dag_id="sched_end",
+    schedule=None,
+    start_date=datetime(2024, 1, 1),
+    catchup=False,
+    tags=["resumable-tests"],
+):
+    # No retries: the task instance ends failed after its slot is done, and a person Clears it.
+    ResumableOperator(
+        task_id="work",
+        handler=work_items,
+        lease=4,
+        overlap="allow",
+        retries=0,
+        post_execute=fail_after_done,
+        handler_kwargs={"items": "{{ dag_run.conf['items'] }}", "chunk": 2, "delay": 0.05},
+    )
