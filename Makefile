@@ -5,12 +5,12 @@ PY := $(VENV)/bin/python
 CONSTRAINTS := constraints-3.11.txt
 DEMO_HOME := $(CURDIR)/.airflow-home
 
-.PHONY: demo test bench standalone venv clean
+.PHONY: demo test fast lint bench standalone venv clean
 
 $(VENV)/.installed: setup.cfg pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade "pip==26.3" || true
-	$(PY) -m pip install --quiet -c $(CONSTRAINTS) -e ".[test]"
+	$(PY) -m pip install --quiet -c $(CONSTRAINTS) -e ".[test,lint]"
 	touch $@
 
 venv: $(VENV)/.installed
@@ -22,6 +22,15 @@ demo: venv
 ## The whole test suite; exits non-zero on any failure.
 test: venv
 	$(PY) -m pytest -p no:cacheprovider -ra $(PYTEST_ARGS)
+
+## The fast part: no real scheduler, no PostgreSQL server needed.
+fast: venv
+	$(PY) -m pytest -p no:cacheprovider -ra -m "not scheduler and not postgres" $(PYTEST_ARGS)
+
+## Lint and type check: ruff over everything, mypy over the package.
+lint: venv
+	$(PY) -m ruff check airflow_resumable tests bench dags scripts
+	$(PY) -m mypy
 
 ## A local Airflow with the example DAGs (UI on :8080); Ctrl-C stops it.
 standalone: venv

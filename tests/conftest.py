@@ -121,3 +121,17 @@ def run_dag(airflow_home: Path):
         return dag.test(**kwargs)
 
     return run
+
+
+# -- markers --------------------------------------------------------------------------------------
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark every test that needs PostgreSQL ``postgres``, so ``-m "not postgres"`` runs the rest
+    without a server: those that use the server's fixtures, and the PostgreSQL half of the tests
+    parametrized over both stores."""
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        on_postgres = callspec is not None and callspec.params.get("store_kind") == "postgres"
+        if on_postgres or "pg_server" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.postgres)

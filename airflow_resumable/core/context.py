@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import logging
 import time
 from collections.abc import Callable
 from datetime import datetime, timezone
@@ -12,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_resumable.core.checkpoint import Checkpoint, encode
 from airflow_resumable.core.errors import InvalidCheckpoint
+from airflow_resumable.core.progress import Log
 from airflow_resumable.core.signal import Signal
 
 if TYPE_CHECKING:
@@ -78,7 +78,7 @@ class RunContext:
         self.scheduled_at: datetime | None = attempt.scheduled_at
         self.signal: Signal = attempt.signal
         self.state: dict[str, Any] = dict(row.state)
-        self.log: logging.Logger = attempt.log
+        self.log: Log = attempt.log
         self._position: Any = row.position
         self._position_json: str | None = None  # set by a save; decoded on first read
         self._processed: int = row.processed

@@ -6,8 +6,19 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable
+from typing import Any, Protocol
 
 from airflow_resumable.core.checkpoint import Checkpoint
+
+
+class Log(Protocol):
+    """What the core logs through: a :class:`logging.Logger`, or Airflow's task logger."""
+
+    def debug(self, msg: str, /, *args: Any, **kwargs: Any) -> Any: ...
+    def info(self, msg: str, /, *args: Any, **kwargs: Any) -> Any: ...
+    def warning(self, msg: str, /, *args: Any, **kwargs: Any) -> Any: ...
+    def error(self, msg: str, /, *args: Any, **kwargs: Any) -> Any: ...
+    def exception(self, msg: str, /, *args: Any, **kwargs: Any) -> Any: ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,8 +55,8 @@ class Reporter:
     and the last checkpoint are always logged). Subclasses add other channels (Airflow's XCom).
     """
 
-    def __init__(self, log: logging.Logger | None = None, *, interval: float = 10.0, clock: Callable[[], float] = time.monotonic):
-        self.log = log or logging.getLogger("airflow_resumable")
+    def __init__(self, log: Log | None = None, *, interval: float = 10.0, clock: Callable[[], float] = time.monotonic):
+        self.log: Log = log or logging.getLogger("airflow_resumable")
         self.interval = interval
         self._clock = clock
         self._last: float | None = None

@@ -37,7 +37,7 @@ from airflow_resumable.core.errors import (
     OverlapWait,
 )
 from airflow_resumable.core.lease import LeaseKeeper, heartbeat_interval
-from airflow_resumable.core.progress import ProgressMeter, Reporter
+from airflow_resumable.core.progress import Log, ProgressMeter, Reporter
 from airflow_resumable.core.signal import Reason, Signal
 from airflow_resumable.core.stores.base import Store, StoreSession
 
@@ -145,12 +145,12 @@ class Attempt:
         options: Options | None = None,
         scheduled_at: datetime | None = None,
         reporter: Reporter | None = None,
-        log: logging.Logger | None = None,
+        log: Log | None = None,
         resolve_reason: Callable[[str], str | tuple[str, str]] | None = None,
         heartbeat: float | None = None,
         origin: Origin | None = None,
         rerun: Callable[[Checkpoint], str | None] | None = None,
-        result_codec: tuple[Callable[[Any], str], Callable[[str], Any]] | None = None,
+        result_codec: tuple[Callable[[Any], Any], Callable[[Any], Any]] | None = None,
     ):
         """See the class docstring; the embedding's hooks:
 
@@ -175,14 +175,15 @@ class Attempt:
         self.owner = owner
         self.options = options or Options()
         self.scheduled_at = scheduled_at
-        self.log = log or logging.getLogger("airflow_resumable")
+        self.log: Log = log or logging.getLogger("airflow_resumable")
         self.reporter = reporter or Reporter(self.log, interval=self.options.progress_interval)
         self.signal = Signal()
         self._resolve_reason = resolve_reason
         self._heartbeat = heartbeat
         self.origin = origin or Origin()
         self._rerun = rerun
-        self._encode_result, self._decode_result = result_codec or (_same, _same)
+        codec: tuple[Callable[[Any], Any], Callable[[Any], Any]] = result_codec or (_same, _same)
+        self._encode_result, self._decode_result = codec
         self._record_id: int | None = None
         self._session: StoreSession | None = None
         self._token: int | None = None
@@ -284,9 +285,9 @@ class Attempt:
                 raise
             if keeper.lost:
                 self._quiesce(session, keeper)
-                exc = LeaseLost("the lease was lost while the handler ran", job=self.job, slot=self.slot)
-                self._lost(session, exc)
-                raise exc
+                lost = LeaseLost("the lease was lost while the handler ran", job=self.job, slot=self.slot)
+                self._lost(session, lost)
+                raise lost
             # Writes made through ctx.transaction() after the last checkpoint commit with "done".
             keeper.stop(join=False)
             try:

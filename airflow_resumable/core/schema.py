@@ -110,7 +110,7 @@ class Table:
             if v is not None:
                 values[i] = to_datetime(v)
         # Filling __dict__ builds the same frozen value as __init__, in a fraction of the time.
-        obj = object.__new__(self.cls)
+        obj: Any = object.__new__(self.cls)
         obj.__dict__.update(zip(self.names, values, strict=True))
         return obj
 

@@ -357,7 +357,7 @@ class ResumableOperator(BaseOperator):
             except Exception as exc:  # a missing mark only means a later Clear finishes instead of redoing
                 log.warning("could not record the success on the checkpoint row: %s [job=%s slot=%s]", exc, job, slot)
 
-        confirm.resumable_confirm = True  # type: ignore[attr-defined]
+        setattr(confirm, "resumable_confirm", True)  # noqa: B010 - a mark mypy cannot see on a function
         kept = [cb for cb in self.on_success_callback or () if not getattr(cb, "resumable_confirm", False)]
         self.on_success_callback = [*kept, confirm]
 

@@ -227,15 +227,13 @@ class StoreSession:
         """This process, as the history and the migration stamps name it."""
         return f"{socket.gethostname()}:{os.getpid()}"
 
-    def _row(self, row: Sequence[Any] | None) -> Checkpoint | None:
+    def _row(self, row: Sequence[Any]) -> Checkpoint:
         """A row of the checkpoint table's columns as a :class:`Checkpoint`.
 
         Raises:
             CorruptCheckpoint: a JSON column holds text that is not JSON, or the state is not a
                 JSON object. The row is left as it is.
         """
-        if row is None:
-            return None
         try:
             cp: Checkpoint = CHECKPOINTS.decode(row)
         except (TypeError, ValueError):
@@ -270,7 +268,7 @@ class StoreSession:
         cur = self.execute(f"SELECT {_SELECT} FROM {TABLE} WHERE job = %s AND slot = %s", (job, slot))
         row = cur.fetchone()
         self.commit()
-        return self._row(row)
+        return None if row is None else self._row(row)
 
     def list_slots(self, job: str, limit: int = 100) -> list[Checkpoint]:
         """The job's most recently updated slots, newest first."""
@@ -279,7 +277,7 @@ class StoreSession:
         )
         rows = cur.fetchall()
         self.commit()
-        return [self._row(r) for r in rows]  # type: ignore[misc]
+        return [self._row(r) for r in rows]
 
     def live_others(self, job: str, slot: str) -> list[Checkpoint]:
         """Other slots of the job whose lease is live now, earliest acquired first."""
@@ -290,7 +288,7 @@ class StoreSession:
         )
         rows = cur.fetchall()
         self.commit()
-        return [self._row(r) for r in rows]  # type: ignore[misc]
+        return [self._row(r) for r in rows]
 
     def history(self, job: str, slot: str) -> list[AttemptRecord]:
         """The slot's attempts, oldest first."""
@@ -311,7 +309,7 @@ class StoreSession:
         row = cur.fetchone()
         if row is not None:
             self.commit()
-            return self._row(row), True  # type: ignore[return-value]
+            return self._row(row), True
         cur = self.execute(
             f"UPDATE {TABLE} SET lease_owner = %s, lease_token = lease_token + 1, lease_expires_at = {{now_plus}}, "
             "heartbeat_at = {now}, lease_acquired_at = {now} "
@@ -324,7 +322,7 @@ class StoreSession:
         if row is None:
             return None
         try:
-            return self._row(row), False  # type: ignore[return-value]
+            return self._row(row), False
         except CorruptCheckpoint:
             self.release(job, slot, owner)  # leave the unreadable row as it was, lease included
             raise
@@ -408,7 +406,7 @@ class StoreSession:
             row = cur.fetchone()
             if row is None:
                 raise LeaseLost("the lease was taken over before the attempt started", job=job, slot=slot)
-            cp: Checkpoint = self._row(row)  # type: ignore[assignment]
+            cp = self._row(row)
             if record is None:
                 return cp, None
             record_id = self.execute(_START_HISTORY, _history_values(
@@ -484,7 +482,7 @@ class StoreSession:
             row = cur.fetchone()
             if row is None:
                 raise LeaseLost("final status rejected: the lease was taken over", job=job, slot=slot)
-            cp: Checkpoint = self._row(row)  # type: ignore[assignment]
+            cp = self._row(row)
             if record_id is not None:
                 self._end_record(record_id, AttemptEnd(status.value), cancel_reason=cancel_reason, error=last_error,
                                  position=cp.position, processed=cp.processed)

@@ -47,9 +47,10 @@ class SQLiteStore(Store):
         folder = os.path.dirname(os.path.abspath(self.path))
         try:
             os.makedirs(folder, exist_ok=True)
-            conn = sqlite3.connect(
-                self.path, timeout=self.busy_timeout, isolation_level=None if autocommit else ""
-            )
+            # None: every statement commits itself; "": the driver opens a transaction before DML.
+            conn = sqlite3.connect(self.path, timeout=self.busy_timeout, isolation_level=None)
+            if not autocommit:
+                self.set_autocommit(conn, False)
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute(f"PRAGMA synchronous={self.synchronous}")
         except (sqlite3.Error, OSError) as exc:
