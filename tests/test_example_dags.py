@@ -181,6 +181,15 @@ def test_loan_report_resumes_and_totals_right(
     assert row["status"] == "done"
     assert (row["processed"], row["total"], row["resumed_from"]) == (30_000, 30_000, 12_000)
     assert row["state"] == {"total": 435_000}
+    # The attempt history tells the whole story: who ran it, how each try ended, and from where.
+    from airflow_resumable.core.stores import PostgresStore
+
+    with PostgresStore(**pg_checkpoints).open() as s:
+        history = s.history(row["job"], row["slot"])
+    assert [(h.attempt, h.outcome, h.cancel_reason, h.processed_start, h.processed_end, h.resumed_from)
+            for h in history] == [(1, "cancelled", "user", 0, 12_000, None), (2, "done", None, 12_000, 30_000, 12_000)]
+    assert all(h.dag_id == "loan_report" and h.task_id == "loan_report" and h.run_id == run.run_id and h.host
+               for h in history)
 
 
 def test_chunked_example_totals_every_order(run_dag: Callable[..., Any], pg_checkpoints: dict[str, Any]) -> None:

@@ -412,3 +412,30 @@ def test_checkpoint_interval_saves_less_often_but_before_stopping_and_at_the_end
     outcome = Attempt(store, job=JOB, slot=SLOT, attempt=2, owner="b", reporter=Count()).run(handler)
     assert outcome.resumed_from == 60 and saves == [100]
     assert (outcome.checkpoint.position, outcome.checkpoint.processed) == (100, 100)
+
+
+def test_progress_reports_carry_the_row_as_stored_with_its_heartbeat_moving_on(store: Store) -> None:
+    # Given a reporter that keeps every row it is handed, and heartbeats every 0.2 s
+    from airflow_resumable.core.progress import Reporter
+
+    class Keep(Reporter):
+        rows: list[Any] = []
+
+        def due(self, processed: int, total: int | None) -> bool:
+            return True
+
+        def on_checkpoint(self, cp, progress) -> None:
+            self.rows.append(cp)
+
+    def handler(ctx) -> None:
+        for i in range(3):
+            ctx.signal.wait(0.5)  # two heartbeats or more between checkpoints
+            ctx.checkpoint(i + 1, processed=i + 1)
+
+    reporter = Keep()
+    Attempt(store, job=JOB, slot=SLOT, attempt=1, owner="o", options=Options(lease=0.6), reporter=reporter).run(handler)
+    # Then each report is the stored row: the heartbeat and the lease expiry move forward
+    beats = [r.heartbeat_at for r in reporter.rows]
+    assert beats == sorted(beats) and len(set(beats)) == 3, beats
+    assert all(r.lease_expires_at > r.heartbeat_at for r in reporter.rows)
+    assert [r.position for r in reporter.rows] == [1, 2, 3]

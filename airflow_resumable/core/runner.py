@@ -473,7 +473,10 @@ class Attempt:
         )
         ctx._saved(position_json, state, processed, total)
         if self.reporter.due(processed, total):
-            self.reporter.on_checkpoint(ctx.row, self._meter.measure(processed, total))
+            # The row as stored (heartbeat and lease expiry move on the keeper's thread), read only
+            # when a report is due: most checkpoints of a fast loop report nothing.
+            stored = self._session.load(self.job, self.slot) or ctx.row
+            self.reporter.on_checkpoint(stored, self._meter.measure(processed, total))
 
     def transaction(self) -> TransactionConnection:
         assert self._session is not None
