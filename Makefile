@@ -29,7 +29,7 @@ fast: venv
 
 ## Lint and type check: ruff over everything, mypy over the package.
 lint: venv
-	$(PY) -m ruff check airflow_resumable tests bench dags scripts
+	$(PY) -m ruff check airflow_resumable devtools tests bench dags scripts
 	$(PY) -m mypy
 
 ## A local Airflow with the example DAGs (UI on :8080); Ctrl-C stops it.

@@ -18,6 +18,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from devtools import airflow_env as env
+
 DAGS = Path(__file__).resolve().parent / "dags"
 
 _home: Path | None = None
@@ -30,14 +32,9 @@ def configure() -> Path:
     global _home
     if _home is None:
         _home = Path(tempfile.mkdtemp(prefix="resumable-bench-airflow-"))
-        os.environ["AIRFLOW_HOME"] = str(_home)
-        os.environ["AIRFLOW__CORE__DAGS_FOLDER"] = str(DAGS)
-        os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
-        os.environ["AIRFLOW__CORE__UNIT_TEST_MODE"] = "False"
         # Task logs cost the same on both sides of every comparison; keep them out of the output.
-        os.environ["AIRFLOW__LOGGING__LOGGING_LEVEL"] = os.environ.get("BENCH_AIRFLOW_LOG_LEVEL", "ERROR")
-        os.environ.pop("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", None)
-        os.environ.pop("AIRFLOW_CONN_RESUMABLE_DEFAULT", None)
+        level = os.environ.get("BENCH_AIRFLOW_LOG_LEVEL", "ERROR")
+        env.apply(env.environment(_home, DAGS, log_level=level))
     return _home
 
 
@@ -59,8 +56,7 @@ def load_dag(dag_id: str) -> Any:
     """The DAG object with this id, from ``bench/dags`` (each file loaded once)."""
     global _folder
     if _folder is None:
-        sys.path.insert(0, str(DAGS.parent.parent / "tests"))
-        from support.dags import DagFolder  # the tests' loader, reused as is
+        from devtools.dags import DagFolder
 
         _folder = DagFolder(DAGS, "_bench_dags_")
     return _folder.load(dag_id)

@@ -144,13 +144,12 @@ class Database:
     """A throwaway PostgreSQL database ``resumable_bench_<random>``, dropped by :meth:`drop`.
 
     Uses the machine's server (``RESUMABLE_TEST_PG_DSN``, else postgres@127.0.0.1:5432, trust),
-    or a throwaway cluster, exactly as the tests do (``tests/support/postgres.py``).
+    or a throwaway cluster, exactly as the tests do (``devtools/postgres.py``).
     Each benchmark works in its own schema, so their tables never meet.
     """
 
     def __init__(self) -> None:
-        sys.path.insert(0, str(ROOT / "tests"))
-        from support.postgres import Server  # the tests' server logic, reused as is
+        from devtools.postgres import Server
 
         self.server = Server().start()
         self.params: dict[str, Any] = self.server.create_database(prefix="resumable_bench")

@@ -5,14 +5,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT="$PWD"
-export AIRFLOW_HOME="${AIRFLOW_HOME:-$ROOT/.airflow-home}"
-export AIRFLOW__CORE__DAGS_FOLDER="$ROOT/dags"
-export AIRFLOW__CORE__LOAD_EXAMPLES=False
-export AIRFLOW__LOGGING__LOGGING_LEVEL="${DEMO_LOG_LEVEL:-CRITICAL}"
-export AIRFLOW_CONN_RESUMABLE_DEFAULT="sqlite:///$AIRFLOW_HOME/checkpoints.db"
-export LOANS_DB="$AIRFLOW_HOME/loans.db"
 PY="${PY:-$ROOT/.venv/bin/python}"
-mkdir -p "$AIRFLOW_HOME"
+HOME_DIR="${AIRFLOW_HOME:-$ROOT/.airflow-home}"
+mkdir -p "$HOME_DIR"
+eval "$("$PY" -m devtools.airflow_env --home "$HOME_DIR" --dags "$ROOT/dags" \
+  --conn "sqlite:///$HOME_DIR/checkpoints.db" --log-level "${DEMO_LOG_LEVEL:-CRITICAL}")"
+export LOANS_DB="$AIRFLOW_HOME/loans.db"
 if [ ! -f "$AIRFLOW_HOME/airflow.db" ]; then
   echo "setting up the Airflow metadata database in $AIRFLOW_HOME (first run only)..."
   "$PY" -m airflow db migrate >/dev/null

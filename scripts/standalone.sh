@@ -7,13 +7,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT="$PWD"
 export PATH="$ROOT/.venv/bin:$PATH"
-export AIRFLOW_HOME="${AIRFLOW_HOME:-$ROOT/.airflow-home}"
-export AIRFLOW__CORE__DAGS_FOLDER="$ROOT/dags"
-export AIRFLOW__CORE__LOAD_EXAMPLES=False
-export AIRFLOW__CORE__PARALLELISM="${AIRFLOW__CORE__PARALLELISM:-4}"
-export AIRFLOW_CONN_RESUMABLE_DEFAULT="${RESUMABLE_CONN:-sqlite:///$AIRFLOW_HOME/checkpoints.db}"
+HOME_DIR="${AIRFLOW_HOME:-$ROOT/.airflow-home}"
+mkdir -p "$HOME_DIR"
+eval "$(python -m devtools.airflow_env --home "$HOME_DIR" --dags "$ROOT/dags" \
+  --conn "${RESUMABLE_CONN:-sqlite:///$HOME_DIR/checkpoints.db}")"
 export LOANS_DB="${LOANS_DB:-$AIRFLOW_HOME/loans.db}"
-mkdir -p "$AIRFLOW_HOME"
 echo "checkpoints: ${AIRFLOW_CONN_RESUMABLE_DEFAULT%%://*}://...  (set RESUMABLE_CONN to change)"
 echo "UI: http://localhost:8080  (user admin; password in $AIRFLOW_HOME/simple_auth_manager_passwords.json.generated)"
 exec airflow standalone

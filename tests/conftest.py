@@ -17,20 +17,17 @@ from typing import Any
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+
+from devtools import airflow_env  # noqa: E402
 
 _HOME = Path(tempfile.mkdtemp(prefix="resumable-airflow-home-"))
 _DAGS = _HOME / "dags"
-os.environ["AIRFLOW_HOME"] = str(_HOME)
-os.environ["AIRFLOW__CORE__DAGS_FOLDER"] = str(_DAGS)
-os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
-os.environ["AIRFLOW__CORE__UNIT_TEST_MODE"] = "False"
-os.environ.setdefault("AIRFLOW__LOGGING__LOGGING_LEVEL", "INFO")
-os.environ.pop("AIRFLOW_CONN_RESUMABLE_DEFAULT", None)
+airflow_env.apply(airflow_env.environment(_HOME, _DAGS, log_level=os.environ.get("AIRFLOW__LOGGING__LOGGING_LEVEL", "INFO")))
 
 from airflow_resumable.core.stores import PostgresStore, SQLiteStore, Store  # noqa: E402
-from support.dags import DagFolder  # noqa: E402
-from support.postgres import Server, dsn  # noqa: E402
+from devtools.dags import DagFolder  # noqa: E402
+from devtools.postgres import Server, dsn  # noqa: E402
 
 # -- PostgreSQL ---------------------------------------------------------------------------------
 

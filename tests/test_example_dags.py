@@ -22,7 +22,7 @@ from typing import Any
 import psycopg2
 import pytest
 
-from support.postgres import Server, dsn
+from devtools.postgres import Server, dsn
 
 ROOT = Path(__file__).resolve().parent.parent
 DAGS_DIR = ROOT / "dags"

@@ -118,7 +118,7 @@ def test_a_run_without_a_logical_date_uses_its_run_id_as_slot(checkpoints: Store
 def test_the_checkpoint_row_is_in_xcom_as_plain_json_without_credentials(
     store_kind: str, pg_params: dict[str, Any], run_dag, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from support.postgres import Server, dsn
+    from devtools.postgres import Server, dsn
 
     # Given a PostgreSQL login with a password (trust auth ignores it, but it is in the connection)
     uri = dsn({**pg_params, "password": "s3cr3t-pw"})

@@ -7,7 +7,7 @@ from contextlib import closing
 import psycopg2
 import pytest
 
-import support.postgres as harness
+import devtools.postgres as harness
 
 
 def test_a_throwaway_cluster_starts_when_nothing_listens(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -34,7 +34,7 @@ import pytest
 from airflow_resumable.core.checkpoint import Checkpoint
 from airflow_resumable.core.stores import PostgresStore
 from airflow_resumable.core.stores.base import StoreSession
-from support.postgres import Server, dsn
+from devtools.postgres import Server, dsn
 from support.standalone import Standalone, wait_for
 
 pytestmark = pytest.mark.scheduler

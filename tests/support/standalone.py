@@ -31,6 +31,8 @@ from typing import Any, TypeVar
 import httpx
 import psutil
 
+from devtools import airflow_env
+
 T = TypeVar("T")
 
 PASSWORD_FILE = "simple_auth_manager_passwords.json.generated"
@@ -172,14 +174,11 @@ class Standalone:
     def _environment(self, metadata_uri: str, extra: dict[str, str]) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW__", "AIRFLOW_CONN_"))}
         bin_dir = str(Path(sys.executable).parent)  # `airflow standalone` runs `airflow <component>`
+        env.update(airflow_env.environment(self.home, self.dags))
         env.update(
             {
                 "PATH": f"{bin_dir}{os.pathsep}{env.get('PATH', '')}",
-                "AIRFLOW_HOME": str(self.home),
-                "AIRFLOW__CORE__DAGS_FOLDER": str(self.dags),
-                "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
                 "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
-                "AIRFLOW__CORE__PARALLELISM": "4",
                 "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": metadata_uri,
                 "AIRFLOW__API__HOST": "127.0.0.1",
                 "AIRFLOW__API__PORT": str(self.port),
