@@ -151,9 +151,8 @@ def export_batch(ctx: RunContext, batch: Sequence[Customer]) -> None:
 
     The rows commit together with the next ``ctx.checkpoint()``: both or neither.
     """
-    tx = ctx.transaction()
-    sql = UPSERT if tx.paramstyle == "pyformat" else UPSERT.replace("%s", "?")  # a SQLite checkpoint store
-    tx.cursor().executemany(sql, [(*customer, ctx.slot, ctx.attempt) for customer in batch])
+    # %s placeholders on both stores: ctx.transaction() translates them for a SQLite store.
+    ctx.transaction().executemany(UPSERT, [(*customer, ctx.slot, ctx.attempt) for customer in batch])
 # [END customer_export_batch]
 
 

@@ -176,10 +176,9 @@ def test_transaction_writes_commit_with_the_checkpoint_and_vanish_with_a_failed_
 
     def handler(ctx) -> None:
         conn = ctx.transaction()
-        mark = "?" if conn.paramstyle == "qmark" else "%s"
         start = ctx.position or 0
         for i in range(start, 6):
-            conn.cursor().execute(f"INSERT INTO sink (item) VALUES ({mark})", (i,))
+            conn.cursor().execute("INSERT INTO sink (item) VALUES (%s)", (i,))
             if i % 2 == 1:
                 ctx.checkpoint(i + 1, processed=i + 1)
             if i == 4 and ctx.attempt == 1:
@@ -366,9 +365,8 @@ def test_writes_after_the_last_checkpoint_commit_with_done_without_stalling_the_
 
     def handler(ctx) -> None:
         conn = ctx.transaction()
-        mark = "?" if conn.paramstyle == "qmark" else "%s"
         ctx.checkpoint(1, processed=1)
-        conn.cursor().execute(f"INSERT INTO sink (item) VALUES ({mark})", (2,))
+        conn.cursor().execute("INSERT INTO sink (item) VALUES (%s)", (2,))
         ctx.signal.wait(1.0)  # heartbeats (every 0.2 s) queue behind the pending write
 
     started = time.monotonic()
@@ -439,3 +437,19 @@ def test_progress_reports_carry_the_row_as_stored_with_its_heartbeat_moving_on(s
     assert beats == sorted(beats) and len(set(beats)) == 3, beats
     assert all(r.lease_expires_at > r.heartbeat_at for r in reporter.rows)
     assert [r.position for r in reporter.rows] == [1, 2, 3]
+
+
+def test_the_transaction_takes_percent_s_placeholders_on_both_stores(store: Store) -> None:
+    def handler(ctx) -> None:
+        tx = ctx.transaction()
+        tx.execute("CREATE TABLE notes (id INTEGER, note TEXT)")
+        tx.execute("INSERT INTO notes (id, note) VALUES (%s, '100%% sure')", (1,))  # %% is a literal %
+        tx.executemany("INSERT INTO notes (id, note) VALUES (%s, %s)", [(2, "b"), (3, "c")])
+        cur = tx.cursor()
+        cur.execute("SELECT count(*) FROM notes WHERE note LIKE %s", ("%sure",))
+        assert cur.fetchone()[0] == 1
+        ctx.checkpoint(1)
+
+    attempt(store, 1).run(handler)
+    with store.open() as s:
+        assert s.execute("SELECT id, note FROM notes ORDER BY id").fetchall() == [(1, "100% sure"), (2, "b"), (3, "c")]

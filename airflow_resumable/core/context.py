@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import time
 from collections.abc import Callable
 from datetime import datetime, timezone
@@ -24,13 +25,19 @@ class TransactionConnection:
     Whatever is written through it commits *together with* the next ``ctx.checkpoint()``, in the
     same database transaction: a crash before the checkpoint loses both, a crash after keeps both.
     Committing or closing it yourself would break that, so ``commit()`` and ``close()`` raise.
-    Everything else (``cursor()``, ``execute()`` on SQLite, ``rollback()``) is the driver's own.
+
+    **One placeholder style on both stores**: psycopg2's ``format`` style, ``%s`` for each
+    parameter and ``%%`` for a literal ``%`` when parameters are given. On SQLite the statements of
+    :meth:`execute`, :meth:`executemany` and :meth:`cursor`'s cursors are translated to its ``?``.
+    Everything else (``rollback()``, ``fetchall()`` on a cursor...) is the driver's own.
     """
 
-    def __init__(self, conn: Any, paramstyle: str):
+    #: The DB-API paramstyle every store takes through this connection.
+    paramstyle = "format"
+
+    def __init__(self, conn: Any, native_marker: str):
         self._conn = conn
-        #: The driver's parameter marker style: ``qmark`` (SQLite, ``?``) or ``pyformat`` (PostgreSQL, ``%s``).
-        self.paramstyle = paramstyle
+        self._translate = native_marker != "%s"
 
     def commit(self) -> None:
         raise RuntimeError(
@@ -40,9 +47,21 @@ class TransactionConnection:
     def close(self) -> None:
         raise RuntimeError("ctx.transaction() belongs to the run; do not close it")
 
-    def execute(self, sql: str, params: Any = ()) -> Any:
+    def cursor(self) -> Any:
         cur = self._conn.cursor()
-        cur.execute(sql, params)
+        return _QmarkCursor(cur) if self._translate else cur
+
+    def execute(self, sql: str, params: Any = None) -> Any:
+        cur = self.cursor()
+        if params is None:
+            cur.execute(sql)
+        else:
+            cur.execute(sql, params)
+        return cur
+
+    def executemany(self, sql: str, seq_of_params: Any) -> Any:
+        cur = self.cursor()
+        cur.executemany(sql, seq_of_params)
         return cur
 
     def __getattr__(self, name: str) -> Any:
@@ -53,6 +72,35 @@ class TransactionConnection:
 
     def __exit__(self, *exc: Any) -> None:
         """Leaving the block neither commits nor rolls back: the checkpoint decides."""
+
+
+_FORMAT_MARK = re.compile(r"%([s%])")
+
+
+def to_qmark(sql: str) -> str:
+    """psycopg2's ``format`` placeholders as SQLite's: ``%s`` -> ``?``, ``%%`` -> ``%``."""
+    return _FORMAT_MARK.sub(lambda m: "?" if m.group(1) == "s" else "%", sql)
+
+
+class _QmarkCursor:
+    """A SQLite cursor that takes ``%s`` placeholders (see :class:`TransactionConnection`)."""
+
+    def __init__(self, cur: Any):
+        self._cur = cur
+
+    def execute(self, sql: str, params: Any = None) -> Any:
+        if params is None:
+            return self._cur.execute(sql)
+        return self._cur.execute(to_qmark(sql), params)
+
+    def executemany(self, sql: str, seq_of_params: Any) -> Any:
+        return self._cur.executemany(to_qmark(sql), seq_of_params)
+
+    def __iter__(self) -> Any:
+        return iter(self._cur)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._cur, name)
 
 
 class RunContext:

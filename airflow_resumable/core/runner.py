@@ -481,8 +481,7 @@ class Attempt:
     def transaction(self) -> TransactionConnection:
         assert self._session is not None
         self._session.begin_transactions()
-        style = "qmark" if self.store.dialect.marker == "?" else "pyformat"
-        return TransactionConnection(self._session.conn, style)
+        return TransactionConnection(self._session.conn, self.store.dialect.marker)
 
     def _end(
         self, session: StoreSession, status: Status, *, error: str | None = None, cancel_reason: str | None = None,

@@ -147,12 +147,11 @@ def write_items(ctx: RunContext) -> Any:
     conf = _conf()
     n, size = int(conf.get("items", 30)), int(conf.get("chunk", 10))
     tx = ctx.transaction()
-    mark = "?" if tx.paramstyle == "qmark" else "%s"
     tx.execute("CREATE TABLE IF NOT EXISTS rt_sink (slot TEXT, item INTEGER, attempt INTEGER)")
     i = ctx.position or 0
     while i < n:
         for item in range(i, min(i + size, n)):
-            tx.execute(f"INSERT INTO rt_sink (slot, item, attempt) VALUES ({mark}, {mark}, {mark})",
+            tx.execute("INSERT INTO rt_sink (slot, item, attempt) VALUES (%s, %s, %s)",
                        (ctx.slot, item, ctx.attempt))
         i = min(i + size, n)
         ctx.checkpoint(i, processed=i, total=n)
@@ -205,12 +204,11 @@ def gated_items(ctx: RunContext) -> dict[str, Any]:
         ctx.signal.wait(0.05)
         ctx.signal.raise_if_cancelled()
     tx = ctx.transaction()
-    mark = "?" if tx.paramstyle == "qmark" else "%s"
     tx.execute("CREATE TABLE IF NOT EXISTS race_sink (item INTEGER, dag_id TEXT)")
     dag_id = get_current_context()["ti"].dag_id
     i = ctx.position or 0
     while i < 20:
-        tx.execute(f"INSERT INTO race_sink (item, dag_id) VALUES ({mark}, {mark})", (i, dag_id))
+        tx.execute("INSERT INTO race_sink (item, dag_id) VALUES (%s, %s)", (i, dag_id))
         i += 1
         if i % 5 == 0:
             ctx.checkpoint(i, processed=i, total=20)

@@ -23,13 +23,12 @@ def main() -> None:
     store = store_of(spec)
 
     def handler(ctx):
-        marker = "?" if ctx.transaction().paramstyle == "qmark" else "%s"
         i = ctx.position or 0
         while i < n:
             batch = list(range(i, min(i + size, n)))
             cur = ctx.transaction().cursor()
             for item in batch:
-                cur.execute(f"INSERT INTO sink (item, attempt) VALUES ({marker}, {marker})", (item, ctx.attempt))
+                cur.execute("INSERT INTO sink (item, attempt) VALUES (%s, %s)", (item, ctx.attempt))
                 sum(range(2000))  # a little work between the writes: the kill lands anywhere
             i = batch[-1] + 1
             ctx.checkpoint(i, processed=i, total=n)

@@ -30,7 +30,6 @@ def main() -> None:
     owner = f"attempt{attempt}-pid{os.getpid()}"
 
     def handler(ctx):
-        mark = "?" if ctx.transaction().paramstyle == "qmark" else "%s"
         i = ctx.position or 0
         while i < n:
             ctx.signal.raise_if_cancelled()
@@ -38,7 +37,7 @@ def main() -> None:
             batch = list(range(i, min(i + size, n)))
             cur = ctx.transaction().cursor()
             for item in batch:
-                cur.execute(f"INSERT INTO sink (item, owner) VALUES ({mark}, {mark})", (item, owner))
+                cur.execute("INSERT INTO sink (item, owner) VALUES (%s, %s)", (item, owner))
             i = batch[-1] + 1
             ctx.checkpoint(i, processed=i, total=n)
             say(event="checkpoint", position=i)
