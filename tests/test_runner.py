@@ -453,3 +453,34 @@ def test_the_transaction_takes_percent_s_placeholders_on_both_stores(store: Stor
     attempt(store, 1).run(handler)
     with store.open() as s:
         assert s.execute("SELECT id, note FROM notes ORDER BY id").fetchall() == [(1, "100% sure"), (2, "b"), (3, "c")]
+
+
+def test_a_status_edited_by_hand_is_refused_by_name_and_the_row_left_free(store: Store) -> None:
+    from airflow_resumable.core.errors import CorruptCheckpoint
+
+    with pytest.raises(RuntimeError):
+        attempt(store, 1).run(Items(20, 5, fail=(1, 2)))
+    with store.open() as s:
+        s.execute("UPDATE resumable_checkpoints SET status = 'paused' WHERE job = %s", (JOB,))
+        s.commit()
+    with pytest.raises(CorruptCheckpoint, match=r"stored status 'paused' is not one of running, done, failed"):
+        attempt(store, 2).run(Items(20, 5))
+    with store.open() as s:
+        row = s.load(JOB, SLOT)
+    assert (row.status, row.position, row.lease_owner) == ("paused", 10, None)
+
+
+def test_a_classified_sigterm_leaves_signal_and_row_saying_the_same(store: Store) -> None:
+    from airflow_resumable.core.signal import Reason
+
+    run = Attempt(store, job=JOB, slot=SLOT, attempt=1, owner="o", resolve_reason=lambda reason: "user")
+
+    def handler(ctx) -> None:
+        ctx.signal.cancel(Reason.TERMINATED, "SIGTERM")
+        ctx.checkpoint(1, processed=1)
+
+    with pytest.raises(Cancelled):
+        run.run(handler)
+    with store.open() as s:
+        assert s.load(JOB, SLOT).cancel_reason == "user"
+    assert run.signal.reason == "user"

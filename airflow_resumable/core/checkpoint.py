@@ -3,22 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
-import enum
 import json
 from datetime import datetime
 from typing import Any
 
 from airflow_resumable.core.errors import CorruptCheckpoint, InvalidCheckpoint
 from airflow_resumable.core.schema import column
+from airflow_resumable.core.states import AttemptEnd, Status
 
-
-class Status(enum.StrEnum):
-    """Where the slot's run stands. ``done`` is final until the slot is run again."""
-
-    RUNNING = "running"
-    DONE = "done"
-    FAILED = "failed"
-    CANCELLED = "cancelled"
+__all__ = ["AttemptEnd", "AttemptRecord", "Checkpoint", "Origin", "Status", "decode", "encode"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,18 +82,6 @@ def _plain(value: Any) -> dict[str, Any]:
         v = getattr(value, f.name)
         out[f.name] = v.isoformat() if isinstance(v, datetime) else v
     return out
-
-
-class AttemptEnd(enum.StrEnum):
-    """How one attempt ended, as the attempt history records it."""
-
-    RUNNING = "running"  # not ended yet (or the process died: see the slot's lease)
-    DONE = "done"
-    FAILED = "failed"
-    CANCELLED = "cancelled"
-    LEASE_LOST = "lease_lost"
-    SKIPPED = "skipped"  # the overlap policy kept it from starting
-    ALREADY_DONE = "already_done"  # the slot had finished: the stored outcome was returned
 
 
 @dataclasses.dataclass(frozen=True)

@@ -42,9 +42,13 @@ class LeaseKeeper:
         self.beats = 0
         self.errors = 0
         self.last_error: BaseException | None = None
-        self.lost = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+
+    @property
+    def lost(self) -> bool:
+        """Whether the lease was lost: read from the run's signal, its one representation."""
+        return self.signal.reason == Reason.LEASE_LOST
 
     def start(self) -> LeaseKeeper:
         self._thread = threading.Thread(target=self._run, name=f"resumable-lease:{self.job}", daemon=True)
@@ -74,7 +78,6 @@ class LeaseKeeper:
                         session = self.store.session(autocommit=True)
                     request = session.heartbeat(self.job, self.slot, self.owner, self.token, self.lease_seconds)
                 except LeaseLost:
-                    self.lost = True
                     self.signal.cancel(Reason.LEASE_LOST, "another attempt took over this slot's lease")
                     return
                 except Exception as exc:  # the database blinked: retry until the lease would expire
@@ -84,7 +87,6 @@ class LeaseKeeper:
                         session.close()
                         session = None
                     if time.monotonic() - last_ok >= self.lease_seconds:
-                        self.lost = True
                         self.signal.cancel(
                             Reason.LEASE_LOST,
                             f"could not renew the lease for {self.lease_seconds:g}s: {type(exc).__name__}",

@@ -30,6 +30,7 @@ from airflow_resumable.core.context import RunContext, TransactionConnection
 from airflow_resumable.core.errors import (
     Cancelled,
     ConfigurationError,
+    CorruptCheckpoint,
     InvalidCheckpoint,
     LeaseBusy,
     LeaseLost,
@@ -39,6 +40,7 @@ from airflow_resumable.core.errors import (
 from airflow_resumable.core.lease import LeaseKeeper, heartbeat_interval
 from airflow_resumable.core.progress import Log, ProgressMeter, Reporter
 from airflow_resumable.core.signal import Reason, Signal
+from airflow_resumable.core.states import check, status_of
 from airflow_resumable.core.stores.base import Store, StoreSession
 
 OVERLAP_POLICIES = ("skip", "allow", "wait", "replace")
@@ -228,7 +230,13 @@ class Attempt:
             session.ensure_schema()
             row, created = self._acquire(session)
             self._token = row.lease_token
-            if row.status == Status.DONE.value:
+            try:
+                status = status_of(row.status, job=self.job, slot=self.slot)
+                check(status, Status.RUNNING, job=self.job, slot=self.slot)
+            except CorruptCheckpoint:
+                self._release(session, created=False)  # leave the hand-edited row as it was
+                raise
+            if status is Status.DONE:
                 why = self._why_run_again(row)
                 if why is None:
                     return self._already_done(session, row)
@@ -256,37 +264,14 @@ class Attempt:
                 result = handler(ctx)
                 # Fails here, before "done", when the value could not be kept (nor given back later).
                 result_text = self._result_text(result)
-            except Cancelled as exc:
-                self._quiesce(session, keeper)  # the unfinished chunk's writes go with it
-                if exc.reason == Reason.LEASE_LOST or keeper.lost:
-                    self._lost(session, exc)
-                    raise
-                reason, message = self._resolve(exc.reason, exc.message)
-                exc.reason, exc.message = reason, message
-                exc.args = (message,)
-                self.log.warning(
-                    "cancelled (%s) at position=%r processed=%s [job=%s slot=%s attempt=%s]; "
-                    "the checkpoint is kept and the next attempt resumes from it",
-                    reason, ctx.position, ctx.processed, self.job, self.slot, self.attempt,
-                )
-                self._end(session, Status.CANCELLED, error=exc.message, cancel_reason=reason)
-                raise
-            except LeaseLost as exc:
-                self._quiesce(session, keeper)
-                self._lost(session, exc)
-                raise
             except BaseException as exc:
-                self._quiesce(session, keeper)
-                if self.signal.reason == Reason.LEASE_LOST:
-                    self._lost(session, exc)
-                    raise
-                cancel_reason = self._resolve(self.signal.reason, None)[0] if self.signal.cancelled else None
-                self._end(session, Status.FAILED, error=_error_text(exc), cancel_reason=cancel_reason)
+                self._quiesce(session, keeper)  # the unfinished chunk's writes go with it
+                self._stopped(session, exc)
                 raise
-            if keeper.lost:
+            if self.signal.reason == Reason.LEASE_LOST:  # lost after the handler's last checkpoint
                 self._quiesce(session, keeper)
                 lost = LeaseLost("the lease was lost while the handler ran", job=self.job, slot=self.slot)
-                self._lost(session, lost)
+                self._stopped(session, lost)
                 raise lost
             # Writes made through ctx.transaction() after the last checkpoint commit with "done".
             keeper.stop(join=False)
@@ -500,6 +485,30 @@ class Attempt:
         self._last_row = final
         self.reporter.on_finish(final)
         return final
+
+    def _stopped(self, session: StoreSession, exc: BaseException) -> None:
+        """Record how the handler stopped: lease lost, cancelled, or failed (see core/states.py)."""
+        ctx = self._ctx
+        assert ctx is not None
+        if isinstance(exc, LeaseLost) or self.signal.reason == Reason.LEASE_LOST:
+            self._lost(session, exc)
+        elif isinstance(exc, Cancelled):
+            reason, message = self._resolve(exc.reason, exc.message)
+            self.signal.classify(reason, message)
+            exc.reason, exc.message = reason, message
+            exc.args = (message,)
+            self.log.warning(
+                "cancelled (%s) at position=%r processed=%s [job=%s slot=%s attempt=%s]; "
+                "the checkpoint is kept and the next attempt resumes from it",
+                reason, ctx.position, ctx.processed, self.job, self.slot, self.attempt,
+            )
+            self._end(session, Status.CANCELLED, error=message, cancel_reason=reason)
+        else:
+            cancel_reason = None
+            if self.signal.cancelled:
+                cancel_reason = self._resolve(self.signal.reason, None)[0]
+                self.signal.classify(cancel_reason)
+            self._end(session, Status.FAILED, error=_error_text(exc), cancel_reason=cancel_reason)
 
     def _lost(self, session: StoreSession, exc: BaseException) -> None:
         """Another attempt owns the slot now: write nothing to the row, only end this attempt's own

@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from airflow_resumable.core.errors import Cancelled
+from airflow_resumable.core.errors import Cancelled, LeaseLost
 
 #: How often ``wait()`` re-reads the flag when woken by nothing (a cancel from the main thread,
 #: or a signal handler, does not wake the event).
@@ -91,10 +91,20 @@ class Signal:
         """Raise :class:`~airflow_resumable.core.errors.Cancelled` if the signal was raised.
 
         Raises:
-            Cancelled: carrying the reason.
+            LeaseLost: the reason is ``lease_lost``: another attempt owns the slot (the one
+                representation of a lost lease that handlers see).
+            Cancelled: carrying any other reason.
         """
         if self.cancelled:
+            if self._reason == Reason.LEASE_LOST:
+                raise LeaseLost(self._message or "another attempt took over this slot's lease")
             raise Cancelled(self._reason or "", self._message)
+
+    def classify(self, reason: str, message: str | None = None) -> None:
+        """Replace a raised ``terminated`` with what it turned out to mean (``user`` or
+        ``shutdown``), so the signal and the row say the same."""
+        if self._reason == Reason.TERMINATED:
+            self._reason, self._message = str(reason), message
 
     def wait(self, seconds: float) -> bool:
         """Sleep up to ``seconds``, waking early when the signal is raised. Returns ``cancelled``."""

@@ -4,7 +4,7 @@
 |---|---|---|
 | ``Cancelled`` (timeout, shutdown, user, terminated) | ``AirflowException``: retry | the checkpoint is kept; the retry resumes |
 | ``Cancelled`` (superseded) | ``AirflowFailException``: no retry | a newer run replaced this one; a retry would fight it. Clear to resume |
-| ``Cancelled`` (lease_lost), ``LeaseLost`` | ``AirflowException`` | another attempt owns the slot; Airflow already replaced this one |
+| ``LeaseLost`` | ``AirflowException`` | another attempt owns the slot; Airflow already replaced this one |
 | ``LeaseBusy``, ``StoreUnavailable`` | ``AirflowException``: retry | passing conditions |
 | ``OverlapSkip`` | ``AirflowSkipException`` | the seed's ``skip``: the run ends as *skipped* |
 | ``OverlapWait`` | ``AirflowRescheduleException`` (in the operator, which knows the bound) | wait without a worker slot or a retry |

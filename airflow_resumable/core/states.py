@@ -1,0 +1,94 @@
+"""The life of a slot, in one table: its statuses, the moves between them, and how an attempt's
+ending maps onto them.
+
+A slot's row is created ``running`` by the first attempt that takes its lease. From there:
+
+| from | to | when |
+|---|---|---|
+| (no row) | ``running`` | the first attempt starts |
+| ``running`` | ``done`` / ``failed`` / ``cancelled`` | the attempt holding the lease ends |
+| ``running`` | ``running`` | a new attempt takes over from one that died holding the slot |
+| ``failed`` / ``cancelled`` | ``running`` | a retry or a Clear resumes (or a restart starts over) |
+| ``done`` | ``running`` | only when someone asked for it (a Clear after success, a restart) |
+
+An attempt that **loses its lease** writes no status at all (the slot belongs to another attempt):
+its only trace is its own history record. Losing the lease has one representation: the run's
+signal with reason ``lease_lost``, raised by the lease keeper or by a rejected write, which
+:meth:`~airflow_resumable.core.signal.Signal.raise_if_cancelled` turns into
+:class:`~airflow_resumable.core.errors.LeaseLost`.
+"""
+
+from __future__ import annotations
+
+import enum
+
+from airflow_resumable.core.errors import CorruptCheckpoint
+
+
+class Status(enum.StrEnum):
+    """Where the slot's run stands. ``done`` is final until someone asks to run the slot again."""
+
+    RUNNING = "running"
+    DONE = "done"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+class AttemptEnd(enum.StrEnum):
+    """How one attempt ended, as the attempt history records it."""
+
+    RUNNING = "running"  # not ended yet (or the process died: see the slot's lease)
+    DONE = "done"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    LEASE_LOST = "lease_lost"
+    SKIPPED = "skipped"  # the overlap policy kept it from starting
+    ALREADY_DONE = "already_done"  # the slot had finished: the stored outcome was returned
+
+
+#: status -> the statuses a write may move it to (None: no row yet).
+TRANSITIONS: dict[Status | None, frozenset[Status]] = {
+    None: frozenset({Status.RUNNING}),
+    Status.RUNNING: frozenset({Status.RUNNING, Status.DONE, Status.FAILED, Status.CANCELLED}),
+    Status.FAILED: frozenset({Status.RUNNING}),
+    Status.CANCELLED: frozenset({Status.RUNNING}),
+    Status.DONE: frozenset({Status.RUNNING}),
+}
+
+#: How an attempt's ending shows on the slot: the status it writes, or None when it writes none
+#: (the lease is another attempt's, or nothing was started).
+SLOT_STATUS: dict[AttemptEnd, Status | None] = {
+    AttemptEnd.DONE: Status.DONE,
+    AttemptEnd.FAILED: Status.FAILED,
+    AttemptEnd.CANCELLED: Status.CANCELLED,
+    AttemptEnd.LEASE_LOST: None,
+    AttemptEnd.SKIPPED: None,
+    AttemptEnd.ALREADY_DONE: None,
+}
+
+
+def status_of(value: str, *, job: str, slot: str) -> Status:
+    """The stored status as a :class:`Status`.
+
+    Raises:
+        CorruptCheckpoint: the row holds a status no release writes (edited by hand).
+    """
+    try:
+        return Status(value)
+    except ValueError:
+        raise CorruptCheckpoint(
+            f"the stored status {value!r} is not one of {', '.join(s.value for s in Status)}",
+            job=job,
+            slot=slot,
+            hint="The row was left as it is. Set status to 'failed' to resume the slot from its position, "
+            "or 'done' if its work is finished",
+        ) from None
+
+
+def check(current: Status | None, new: Status, *, job: str, slot: str) -> None:
+    """Refuse a move the table above does not allow (a bug, or a row edited by hand)."""
+    if new not in TRANSITIONS[current]:
+        raise CorruptCheckpoint(
+            f"the slot cannot go from {current or 'no row'} to {new}", job=job, slot=slot,
+            hint="The row was left as it is; look at its history (resumable_attempts) to see how it got there",
+        )
