@@ -143,7 +143,7 @@ def test_the_chunked_operator_resumes_and_returns_a_summary(checkpoints: Store, 
     summary = xcom(run, "work")
     assert summary == {
         "job": "rt_chunked.work", "slot": SLOT, "position": 19, "processed": 20, "total": 20,
-        "status": "done", "attempts": 2, "resumed_from": 7, "already_done": False,
+        "status": "done", "attempts": 2, "resumed_from": 7,
     }
 
 
@@ -335,3 +335,15 @@ def test_mapped_tasks_under_one_job_name_still_keep_one_checkpoint_per_partition
         row = row_of(checkpoints, f"regions[{part}]")
         assert (row.status, row.position, row.processed, row.map_index) == ("done", part * 100 + 10, 10, part)
     assert row_of(checkpoints, "regions") is None
+
+
+def test_a_chunked_task_retried_after_done_returns_the_same_summary(checkpoints: Store, run_dag, tmp_path: Path) -> None:
+    log = tmp_path / "seen.db"
+    run = run_dag("rt_chunked_end_window", conf={"items": 10, "seen": str(log), "fail_after_done": True},
+                  logical_date=DAY)
+    assert str(run.state) == "success" and ti_of(run, "work").try_number == 2
+    assert [i for i, _ in seen(log)] == list(range(10))
+    assert xcom(run, "work") == {
+        "job": "rt_chunked_end_window.work", "slot": SLOT, "position": 9, "processed": 10, "total": None,
+        "status": "done", "attempts": 1, "resumed_from": None,
+    }

@@ -119,6 +119,8 @@ class Outcome:
     already_done: bool = False
 
     def summary(self) -> dict[str, Any]:
+        """The row's figures, as the task's return value when the handler returns None. Built from
+        the stored row only, so an attempt that finds the slot already done returns the same."""
         cp = self.checkpoint
         return {
             "job": cp.job,
@@ -128,8 +130,7 @@ class Outcome:
             "total": cp.total,
             "status": cp.status,
             "attempts": cp.attempts,
-            "resumed_from": self.resumed_from,
-            "already_done": self.already_done,
+            "resumed_from": cp.resumed_from,
         }
 
 

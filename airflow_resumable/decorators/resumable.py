@@ -52,7 +52,7 @@ class _ResumableDecoratedOperator(DecoratedOperator, ResumableOperator):
     """Runs the decorated function as a resumable handler."""
 
     custom_operator_name = "@task.resumable"
-    template_fields: Sequence[str] = ("op_args", "op_kwargs", "job")
+    template_fields: Sequence[str] = ("op_args", "op_kwargs", "job", "restart")
     template_fields_renderers = {"op_args": "py", "op_kwargs": "py"}
     shallow_copy_attrs: Sequence[str] = ("python_callable", "resumable_fn")
 

@@ -219,3 +219,8 @@ for _name in ("rt_race_a", "rt_race_b"):
     with DAG(_name, schedule="@daily", start_date=START, catchup=False) as _dag:
         ResumableOperator(task_id="work", handler=gated_items, job="race", lease=2, lease_wait=120, retries=0)
     globals()[_name] = _dag
+
+
+with DAG("rt_chunked_end_window", schedule="@daily", start_date=START, catchup=False) as rt_chunked_end_window:
+    ChunkedOperator(task_id="work", read=read_numbers, process=add_numbers, chunk_size=4, retries=1,
+                    retry_delay=timedelta(0), post_execute=fail_after_done)
