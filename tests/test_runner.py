@@ -372,3 +372,145 @@ def test_checkpoint_interval_saves_less_often_but_before_stopping_and_at_the_end
     outcome = Attempt(store, job=JOB, slot=SLOT, attempt=2, owner="b", reporter=Count()).run(handler)
     assert outcome.resumed_from == 60 and saves == [100]
     assert (outcome.checkpoint.position, outcome.checkpoint.processed) == (100, 100)
+
+
+# -- bad input -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), 1e12])
+@pytest.mark.parametrize("option", ["lease", "timeout", "lease_wait", "progress_interval"])
+def test_options_that_are_nan_infinite_or_huge_are_refused_naming_the_option(option: str, value: float) -> None:
+    with pytest.raises(ConfigurationError, match=rf"^{option} must be .*at most .*got {value!r}"):
+        Options(**{option: value})
+
+
+def test_a_lease_over_one_day_is_refused_and_one_day_is_stored_and_read_back(store: Store) -> None:
+    """The bound keeps now + lease inside both databases' time arithmetic and Python's datetime."""
+    from airflow_resumable.core.runner import MAX_LEASE
+
+    with pytest.raises(ConfigurationError, match=r"lease must be .* at most 86400 \(one day\), got 86401"):
+        Options(lease=MAX_LEASE + 1)
+
+    def handler(ctx) -> None:
+        ctx.checkpoint(1, processed=1)
+        with store.open() as s:
+            held = s.load(JOB, SLOT)
+        assert 0.9 * MAX_LEASE < (held.lease_expires_at - held.heartbeat_at).total_seconds() <= MAX_LEASE + 1
+
+    assert attempt(store, 1, lease=MAX_LEASE).run(handler).checkpoint.status == "done"
+
+
+def test_a_checkpoint_after_the_handler_returned_is_refused_and_writes_nothing(store: Store) -> None:
+    from airflow_resumable.core.errors import AttemptEnded
+
+    kept: list[Any] = []
+
+    def handler(ctx) -> None:
+        ctx.checkpoint(5, processed=5)
+        kept.append(ctx)
+
+    attempt(store, 1).run(handler)
+    # When the saved ctx is used after the attempt ended
+    with pytest.raises(AttemptEnded, match=r"ctx.checkpoint\(\) was called after attempt 1's handler returned"):
+        kept[0].checkpoint(6, processed=6)
+    with pytest.raises(AttemptEnded, match=r"ctx.transaction\(\)"):
+        kept[0].transaction()
+    # Then the row is as the attempt left it
+    with store.open() as s:
+        row = s.load(JOB, SLOT)
+    assert (row.position, row.processed, row.status) == (5, 5, "done")
+
+
+def test_a_thread_that_checkpoints_after_the_attempt_ended_is_refused(store: Store) -> None:
+    from airflow_resumable.core.errors import AttemptEnded
+
+    ended = threading.Event()
+    errors: list[BaseException] = []
+
+    def late(ctx) -> None:
+        ended.wait(30)
+        try:
+            ctx.checkpoint(99, processed=99)
+        except BaseException as exc:
+            errors.append(exc)
+
+    def handler(ctx) -> None:
+        ctx.checkpoint(1, processed=1)
+        handler.thread = threading.Thread(target=late, args=(ctx,))
+        handler.thread.start()  # and returns without joining it
+
+    attempt(store, 1).run(handler)
+    ended.set()
+    handler.thread.join(30)
+    assert len(errors) == 1 and isinstance(errors[0], AttemptEnded) and isinstance(errors[0], RuntimeError)
+    with store.open() as s:
+        assert s.load(JOB, SLOT).position == 1
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda ctx: ctx.checkpoint(8, processed="abc"), "processed must be a whole number"),
+        (lambda ctx: ctx.checkpoint(8, processed=-1), "processed must be a whole number"),
+        (lambda ctx: ctx.checkpoint(8, processed=True), "got True (bool)"),
+        (lambda ctx: ctx.checkpoint(8, processed=2.5), "got 2.5 (float)"),
+        (lambda ctx: ctx.checkpoint(8, total=-3), "total must be a whole number"),
+        (lambda ctx: ctx.checkpoint(8, total=False), "got False (bool)"),
+        (lambda ctx: ctx.checkpoint(8, processed=2**63), "processed must be a whole number of items from 0 to 2**63-1"),
+        (lambda ctx: setattr(ctx, "total", -1), "ctx.total must be a whole number"),
+    ],
+)
+def test_counts_that_are_not_whole_numbers_are_refused_and_nothing_is_written(
+    store: Store, call: Any, message: str
+) -> None:
+    def handler(ctx) -> None:
+        ctx.checkpoint(7, processed=7, total=10)
+        call(ctx)
+
+    with pytest.raises(InvalidCheckpoint) as err:
+        attempt(store, 1).run(handler)
+    assert message in str(err.value) and JOB in str(err.value)
+    with store.open() as s:
+        row = s.load(JOB, SLOT)
+    assert (row.position, row.processed, row.total, row.status) == (7, 7, 10, "failed")
+
+
+@pytest.mark.parametrize(
+    ("job", "slot", "message"),
+    [
+        ("loans\x00", SLOT, "job 'loans\\x00' contains a NUL character"),
+        (JOB, "2026\x00", "slot '2026\\x00' contains a NUL character"),
+        ("j" * 1025, SLOT, "job is 1025 bytes long in UTF-8, over the 1024"),
+        (JOB, "s" * 2000, "slot is 2000 bytes long"),
+        ("\ud800", SLOT, "cannot be stored as UTF-8"),
+    ],
+)
+def test_a_job_or_slot_the_database_cannot_store_is_refused_before_the_store_is_opened(
+    job: str, slot: str, message: str
+) -> None:
+    class Unopened(Store):  # any use of the store would fail the test
+        dialect = None  # type: ignore[assignment]
+
+        def connect(self, *, autocommit: bool = False) -> Any:
+            raise AssertionError("the store was opened")
+
+        def set_autocommit(self, conn: Any, on: bool) -> None:
+            raise AssertionError
+
+        def describe(self) -> str:
+            return "unopened"
+
+    with pytest.raises(ConfigurationError) as err:
+        Attempt(Unopened(), job=job, slot=slot, attempt=1, owner="o").run(lambda ctx: None)
+    assert message in str(err.value)
+
+
+def test_names_of_up_to_1024_bytes_are_stored_and_longer_ones_refused(store: Store) -> None:
+    """1024 bytes each, even in 4-byte characters, fit PostgreSQL's primary key index."""
+    job, slot = "\U0001f600" * 256, "\U0001f4a5" * 256
+    with pytest.raises(ConfigurationError, match="job is 1028 bytes long"):
+        Attempt(store, job=job + "x" * 4, slot=slot, attempt=1, owner="o")
+    outcome = Attempt(store, job=job, slot=slot, attempt=1, owner="o").run(lambda ctx: ctx.checkpoint(1))
+    assert (outcome.checkpoint.job, outcome.checkpoint.slot, outcome.checkpoint.position) == (job, slot, 1)
+
+
