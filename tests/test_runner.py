@@ -400,6 +400,114 @@ def test_a_lease_over_one_day_is_refused_and_one_day_is_stored_and_read_back(sto
     assert attempt(store, 1, lease=MAX_LEASE).run(handler).checkpoint.status == "done"
 
 
+@pytest.mark.parametrize("interval", [float("nan"), float("inf")])
+def test_a_checkpoint_interval_that_is_not_a_finite_duration_is_refused(interval: float) -> None:
+    with pytest.raises(ConfigurationError, match="checkpoint_interval must be a non-negative number of seconds"):
+        chunk_loop(lambda ctx, after, limit: [], lambda ctx, batch: None, chunk_size=5, checkpoint_interval=interval)
+
+
+@pytest.mark.parametrize(
+    ("read", "process", "message"),
+    [
+        (lambda ctx, after: [], lambda ctx, batch: None, r"read .*cannot be called as read\(ctx, after, limit\)"),
+        (lambda ctx, after, limit: [], lambda ctx: None, r"process .*cannot be called as process\(ctx, batch\)"),
+    ],
+)
+def test_read_or_process_that_cannot_take_the_loop_s_calls_is_refused_before_anything_runs(
+    read: Any, process: Any, message: str
+) -> None:
+    with pytest.raises(ConfigurationError, match=message):
+        chunk_loop(read, process, chunk_size=5)
+
+
+@pytest.mark.parametrize(
+    ("reader", "seen"),
+    [
+        # ORDER BY id DESC: the first batch goes down
+        (lambda ctx, after, limit: [{"id": i} for i in range(100, 100 - limit, -1)], "[100, 99, 98, 97, 96, 95, ...]"),
+        # no ORDER BY at all: a batch out of order
+        (lambda ctx, after, limit: [{"id": i} for i in (3, 1, 2)], "[3, 1, 2]"),
+    ],
+)
+def test_a_read_out_of_position_order_fails_before_its_batch_is_processed(
+    store: Store, reader: Any, seen: str
+) -> None:
+    processed: list[Any] = []
+    handler = chunk_loop(reader, lambda ctx, batch: processed.extend(batch), chunk_size=10)
+    # When the attempt runs
+    with pytest.raises(ConfigurationError) as err:
+        attempt(store, 1).run(handler)
+    # Then it names the positions and the fix, processed nothing and saved nothing
+    text = str(err.value)
+    assert "read returned positions out of order" in text and seen in text
+    assert "must return the items after 'after' in ascending position order" in text
+    assert processed == []
+    with store.open() as s:
+        row = s.load(JOB, SLOT)
+    assert (row.status, row.position, row.processed) == ("failed", None, 0)
+
+
+def test_a_read_that_goes_back_across_batches_fails_before_processing_the_batch(store: Store) -> None:
+    # Given a read that ignores `after` on its third call: it starts from the beginning again
+    calls = []
+
+    def read(ctx, after, limit):
+        calls.append(after)
+        first = 0 if len(calls) == 3 or after is None else after + 1
+        return list(range(first, min(first + limit, 20)))
+
+    processed: list[int] = []
+    handler = chunk_loop(read, lambda ctx, batch: processed.extend(batch), chunk_size=5)
+    with pytest.raises(ConfigurationError, match=r"0 \(item 0 of the batch\) does not come after 9"):
+        attempt(store, 1).run(handler)
+    # Then the two good batches were processed and saved, the bad one was not
+    assert processed == list(range(10))
+    with store.open() as s:
+        row = s.load(JOB, SLOT)
+    assert (row.position, row.processed) == (9, 10)
+
+
+def test_positions_that_do_not_compare_are_only_checked_for_moving(store: Store) -> None:
+    # Given the same read going 2, 1, 3: as numbers it is refused...
+    def reader(wrap):
+        rows = [{"id": wrap(i)} for i in (2, 1, 3)]
+
+        def read(ctx, after, limit):
+            start = 0 if after is None else [r["id"] for r in rows].index(after) + 1
+            return rows[start:start + limit]
+
+        return read
+
+    with pytest.raises(ConfigurationError, match="out of order"):
+        attempt(store, 1).run(chunk_loop(reader(lambda i: i), lambda ctx, batch: None, chunk_size=2))
+    # ...as dicts, which have no order, the batches are taken as read
+    with store.open() as s:
+        s.delete(JOB, SLOT)
+    outcome = attempt(store, 1).run(chunk_loop(reader(lambda i: {"k": i}), lambda ctx, batch: None, chunk_size=2))
+    assert outcome.checkpoint.position == {"k": 3} and outcome.checkpoint.processed == 3
+
+
+def test_a_composite_position_resumed_from_json_is_still_checked_for_order(store: Store) -> None:
+    # Given tuple positions, which come back from the checkpoint as lists
+    keys = [(d, i) for d in (1, 2) for i in range(3)]
+
+    def read(ctx, after, limit):
+        if ctx.attempt == 2:
+            return keys[:limit]  # the bug: attempt 2 ignores `after` and reads from the start
+        return [k for k in keys if after is None or k > tuple(after)][:limit]
+
+    def process(ctx, batch):
+        if ctx.attempt == 1:
+            ctx.signal.cancel("shutdown")
+
+    handler = chunk_loop(read, process, chunk_size=3, position=lambda k: k)
+    with pytest.raises(Cancelled):
+        attempt(store, 1).run(handler)
+    # When attempt 2 resumes after [1, 2] and reads (1, 0) again
+    with pytest.raises(ConfigurationError, match=r"\(1, 0\) \(item 0 of the batch\) does not come after \(1, 2\)"):
+        attempt(store, 2).run(handler)
+
+
 def test_a_checkpoint_after_the_handler_returned_is_refused_and_writes_nothing(store: Store) -> None:
     from airflow_resumable.core.errors import AttemptEnded
 
