@@ -622,3 +622,28 @@ def test_names_of_up_to_1024_bytes_are_stored_and_longer_ones_refused(store: Sto
     assert (outcome.checkpoint.job, outcome.checkpoint.slot, outcome.checkpoint.position) == (job, slot, 1)
 
 
+@pytest.mark.parametrize("stored", ["[1, 2]", '"x"', "3", "true"])
+def test_a_stored_state_that_is_not_an_object_is_a_corrupt_row_and_the_lease_is_given_back(
+    store: Store, stored: str
+) -> None:
+    from airflow_resumable.core.errors import CorruptCheckpoint
+
+    # Given a failed attempt's row whose state someone edited by hand
+    with pytest.raises(RuntimeError):
+        attempt(store, 1).run(Items(20, 5, fail=(1, 2)))
+    with store.open() as s:
+        s._execute("UPDATE resumable_checkpoints SET state = %s WHERE job = %s", (stored, JOB))
+        s.commit()
+    # When the next attempt starts
+    work = Items(20, 5)
+    with pytest.raises(CorruptCheckpoint) as err:
+        attempt(store, 2).run(work)
+    # Then it names the column and the fix, ran nothing and left the row as it was, lease included
+    text = str(err.value)
+    assert "the stored state" in text and "is JSON but not an object" in text
+    assert "Set the state column to a JSON object" in text and "DELETE FROM resumable_checkpoints" in text
+    assert work.seen == []
+    with store.open() as s:
+        cur = s.conn.cursor()
+        cur.execute("SELECT state, lease_owner, position, status FROM resumable_checkpoints WHERE job = 'loans'")
+        assert cur.fetchone() == (stored, None, "10", "failed")

@@ -199,6 +199,8 @@ class StoreSession:
             for name, text in (("position", row[2]), ("state", row[3]), ("resumed_from", row[10])):
                 decode(text, what=name, job=job, slot=slot)  # raises CorruptCheckpoint naming the column
             raise
+        if state is not None and type(state) is not dict:  # e.g. '[1,2]' written by hand
+            decode(row[3], what="state", job=job, slot=slot, mapping=True)  # raises CorruptCheckpoint
         # The frozen dataclass's __init__ sets 22 fields through object.__setattr__; filling
         # __dict__ directly builds the same value in a fraction of the time.
         cp = object.__new__(Checkpoint)
