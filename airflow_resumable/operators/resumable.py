@@ -13,20 +13,33 @@ import functools
 import os
 import socket
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from airflow_resumable.core.checkpoint import Checkpoint
-from airflow_resumable.core.chunked import chunk_loop, validate_chunked
+from airflow_resumable.core.chunked import calls_problems, chunk_loop, chunked_problems
 from airflow_resumable.core.context import RunContext
 from airflow_resumable.core.errors import ConfigurationError, OverlapWait
 from airflow_resumable.core.progress import Progress, Reporter
-from airflow_resumable.core.runner import Attempt, Options, validate_options
+from airflow_resumable.core.runner import (
+    Attempt,
+    Options,
+    call_problem,
+    duration_problem,
+    key_problem,
+    validate_options,
+)
 from airflow_resumable.core.signal import Reason
 from airflow_resumable.hooks.resumable import DEFAULT_CONN_ID, ResumableHook
 from airflow_resumable.operators.outcome import to_airflow
-from airflow_resumable.version_compat import AirflowException, AirflowRescheduleException, BaseOperator, Context
+from airflow_resumable.version_compat import (
+    AirflowException,
+    AirflowRescheduleException,
+    BaseOperator,
+    Context,
+    XComArg,
+)
 
 #: DAG-run conf key that discards unfinished checkpoints on purpose: ``true`` for every resumable
 #: task of the run, or a list of task ids / job names.
@@ -40,6 +53,10 @@ def _seconds(value: Any) -> Any:
     if isinstance(value, timedelta):
         return value.total_seconds()
     return value
+
+
+def _templated(text: str) -> bool:
+    return "{{" in text or "{%" in text
 
 
 def slot_of(context: Mapping[str, Any]) -> tuple[str, datetime | None]:
@@ -151,11 +168,17 @@ class ResumableOperator(BaseOperator):
         self.overlap_timeout = _seconds(overlap_timeout)
         self.progress_interval = _seconds(progress_interval)
         self.xcom_interval = _seconds(xcom_interval)
-        self.handler_kwargs = dict(handler_kwargs or {})
+        # An XCom (handler_kwargs=upstream_task()) is kept as it is: rendering resolves it to a dict.
+        self.handler_kwargs = handler_kwargs
+        if handler_kwargs is None or isinstance(handler_kwargs, Mapping):
+            self.handler_kwargs = dict(handler_kwargs or {})
         self._attempt: Attempt | None = None
         self._terminated = False
+        #: Problems found while a mapped task instance was being built on the worker: raised by
+        #: execute(), where they fail the task without spending a retry.
+        self._deferred: ConfigurationError | None = None
         self._validate()
-        if self.timeout is not None and self.execution_timeout is None:
+        if self.timeout is not None and self.execution_timeout is None and self._deferred is None:
             self.execution_timeout = timedelta(seconds=self.timeout + self.timeout_grace)
 
     # -- validation at parse time --------------------------------------------------------------
@@ -168,23 +191,81 @@ class ResumableOperator(BaseOperator):
             overlap=self.overlap,
             progress_interval=self.progress_interval,
         )
+        problems += [
+            p for p in (
+                duration_problem("timeout_grace", self.timeout_grace),
+                duration_problem("overlap_poke", self.overlap_poke, positive=True),
+                duration_problem("overlap_timeout", self.overlap_timeout),
+                duration_problem("xcom_interval", self.xcom_interval),
+            ) if p
+        ]
+        problems += self._own_problems()
         if self.handler is not None and not callable(self.handler):
             problems.append(f"handler must be callable as handler(ctx), got {type(self.handler).__name__}")
         if self.handler is None and type(self)._handler is ResumableOperator._handler:
             problems.append("handler is required: ResumableOperator(handler=fn), where def fn(ctx): ...")
-        if not isinstance(self.timeout_grace, (int, float)) or self.timeout_grace < 0:
-            problems.append(f"timeout_grace must be a non-negative number of seconds, got {self.timeout_grace!r}")
-        if not isinstance(self.overlap_poke, (int, float)) or self.overlap_poke <= 0:
-            problems.append(f"overlap_poke must be a positive number of seconds, got {self.overlap_poke!r}")
-        if not isinstance(self.overlap_timeout, (int, float)) or self.overlap_timeout < 0:
-            problems.append(f"overlap_timeout must be a non-negative number of seconds, got {self.overlap_timeout!r}")
-        if not isinstance(self.xcom_interval, (int, float)) or self.xcom_interval < 0:
-            problems.append(f"xcom_interval must be a non-negative number of seconds, got {self.xcom_interval!r}")
+        if isinstance(self.handler_kwargs, Mapping):
+            # Rendering templates changes the values, never the keys: the call is known.
+            problems += self._call_problems(list(self.handler_kwargs), None)
+        elif isinstance(self.handler_kwargs, XComArg):
+            problems += self._call_problems(None, None)  # checked in full by execute()
+        else:
+            problems.append(
+                f"handler_kwargs must be a dict of keyword arguments (or an XCom of one), "
+                f"got {type(self.handler_kwargs).__name__}"
+            )
+        if isinstance(self.job, str) and not _templated(self.job):
+            problem = key_problem("job", self.job)
+            if problem:
+                problems.append(problem)
         if not isinstance(self.conn_id, str) or not self.conn_id:
             problems.append(f"conn_id must be a connection id, got {self.conn_id!r}")
         if problems:
-            raise ConfigurationError(
+            error = ConfigurationError(
                 f"task {self.task_id!r}: " + "; ".join(problems), hint="Fix the operator's arguments"
+            )
+            if getattr(self, "_BaseOperator__from_mapped", False):
+                # A mapped task instance is built on the worker, outside execute(): an error here
+                # would spend a retry. execute() raises it instead.
+                self._deferred = error
+                return
+            raise error
+
+    def _own_problems(self) -> list[str]:
+        """Problems with a subclass's own arguments, reported with the others."""
+        return []
+
+    def _call_problems(self, keywords: Collection[str] | None, context: Context | None) -> list[str]:
+        """Why the user's functions cannot take the calls this task makes, as sentences.
+
+        ``keywords`` are the names in ``handler_kwargs`` (None: not known yet, only the positional
+        part is checked); ``context`` is None at parse time and the task's context in execute().
+        """
+        if type(self)._handler is not ResumableOperator._handler or not callable(self.handler):
+            return []
+        problem = call_problem(self.handler, "handler", ("ctx",), keywords)
+        return [problem] if problem else []
+
+    def _check_calls(self, context: Context, job: str, slot: str) -> None:
+        """At the start of execute(), before any row is touched: the arguments as rendered
+        (mapped or XCom ``handler_kwargs``) against the functions that will take them.
+
+        Raises:
+            ConfigurationError: naming the task, the job and the slot.
+        """
+        if self._deferred is not None:
+            raise ConfigurationError(self._deferred.message, job=job, slot=slot, hint=self._deferred.hint)
+        kwargs = self.handler_kwargs
+        if not isinstance(kwargs, Mapping):
+            problems = [f"handler_kwargs must be a dict of keyword arguments, got {type(kwargs).__name__}"]
+        else:
+            problems = self._call_problems(list(kwargs), context)
+        if problems:
+            raise ConfigurationError(
+                f"task {self.task_id!r}: " + "; ".join(problems),
+                job=job,
+                slot=slot,
+                hint="Change the function's signature or the task's handler_kwargs; nothing was run or written",
             )
 
     # -- what subclasses change ----------------------------------------------------------------
@@ -251,6 +332,10 @@ class ResumableOperator(BaseOperator):
         ti = context["ti"]
         job = self.job_name(context)
         slot, scheduled_at = slot_of(context)
+        try:
+            self._check_calls(context, job, slot)
+        except ConfigurationError as exc:
+            raise to_airflow(exc, job=job, slot=slot) from exc
         options = Options(
             timeout=self.timeout,
             lease=self.lease,
@@ -354,13 +439,6 @@ class ChunkedOperator(ResumableOperator):
         **kwargs: Any,
     ) -> None:
         checkpoint_interval = _seconds(checkpoint_interval)
-        try:
-            validate_chunked(
-                read=read, process=process, chunk_size=chunk_size, position=position, total=total,
-                checkpoint_interval=checkpoint_interval,
-            )
-        except ConfigurationError as exc:
-            raise ConfigurationError(f"task {kwargs.get('task_id')!r}: {exc.message}", hint=exc.hint) from None
         self.read = read
         self.process = process
         self.chunk_size = chunk_size
@@ -369,6 +447,15 @@ class ChunkedOperator(ResumableOperator):
         self.start = start
         self.checkpoint_interval = checkpoint_interval
         super().__init__(**kwargs)
+
+    def _own_problems(self) -> list[str]:
+        return chunked_problems(
+            read=self.read, process=self.process, chunk_size=self.chunk_size, position=self.position,
+            total=self.total, checkpoint_interval=self.checkpoint_interval,
+        )
+
+    def _call_problems(self, keywords: Collection[str] | None, context: Context | None) -> list[str]:
+        return calls_problems(self.read, self.process, keywords)
 
     def _handler(self, context: Context) -> Callable[[RunContext], Any]:
         read, process, kwargs = self.read, self.process, self.handler_kwargs
