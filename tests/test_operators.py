@@ -500,6 +500,32 @@ def test_a_read_in_descending_order_fails_before_processing_anything(
     assert "ascending position order" in "".join(capfd.readouterr())
 
 
+def test_a_huge_state_reaches_xcom_as_a_preview_and_stays_whole_in_the_row(
+    checkpoints: Store, run_dag, capfd: pytest.CaptureFixture[str]
+) -> None:
+    from airflow_resumable.operators.resumable import XCOM_ROW_LIMIT
+
+    # A small state goes whole
+    small = xcom(run_dag("rt_big_state", conf={"kib": 1}, logical_date=DAY), "work", key="checkpoint")
+    assert "xcom_truncated" not in small and small["state"] == {"blob": "x" * 1024, "n": 3}
+    capfd.readouterr()
+    # Given a handler that checkpoints a 200 KiB state three times, pushing the row each time
+    run = run_dag("rt_big_state", conf={"kib": 200}, logical_date=DAY)
+    assert str(run.state) == "success"
+    # Then XCom holds a small row: the state cut to a preview with its size
+    cp = xcom(run, "work", key="checkpoint")
+    assert len(__import__("json").dumps(cp)) < XCOM_ROW_LIMIT
+    assert cp["xcom_truncated"] == ["state"] and (cp["position"], cp["processed"], cp["status"]) == (3, 3, "done")
+    assert cp["state"]["xcom_truncated"] is True and cp["state"]["bytes"] > 200 * 1024
+    assert cp["state"]["preview"].startswith('{"blob": "xxx')
+    # And the row in the database is whole
+    assert row_of(checkpoints, "rt_big_state.work").state == {"blob": "x" * 200 * 1024, "n": 3}
+    # And the log says so once per attempt, naming where the whole row is
+    text = "".join(capfd.readouterr())
+    assert text.count("over the 64 KiB XCom limit") == 1
+    assert "the whole row is in the resumable_checkpoints table of" in text
+
+
 def test_a_relative_sqlite_path_is_refused_naming_the_four_slash_form() -> None:
     from airflow.sdk import Connection
 

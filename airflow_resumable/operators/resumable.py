@@ -10,6 +10,7 @@ outcomes through :mod:`airflow_resumable.operators.outcome`.
 from __future__ import annotations
 
 import functools
+import json
 import os
 import socket
 import time
@@ -48,6 +49,14 @@ RESTART_CONF_KEY = "resumable_restart"
 #: XCom key under which the checkpoint row is pushed.
 XCOM_KEY = "checkpoint"
 
+#: The largest checkpoint row pushed to XCom whole, in bytes of JSON. XCom lives in Airflow's
+#: metadata database and the UI shows it; a larger row goes with its position and state cut to a
+#: preview (the row in the checkpoint table stays whole).
+XCOM_ROW_LIMIT = 64 * 1024
+
+#: The columns that can grow without bound, and how much of a cut one's JSON the preview keeps.
+_CUT_FIELDS, _PREVIEW = ("position", "state", "resumed_from"), 200
+
 
 def _seconds(value: Any) -> Any:
     if isinstance(value, timedelta):
@@ -73,18 +82,48 @@ class AirflowReporter(Reporter):
     Runs on the task's main thread only, after the row is durable.
     """
 
-    def __init__(self, log: Any, ti: Any, *, interval: float, xcom_interval: float):
+    def __init__(
+        self, log: Any, ti: Any, *, interval: float, xcom_interval: float, where: str = "the checkpoint store"
+    ):
         super().__init__(log, interval=interval)
         self.ti = ti
         self.xcom_interval = xcom_interval
+        #: Where the whole row is, for the log line that says the XCom copy is cut.
+        self.where = where
         self._last_push: float | None = None
+        self._cut_logged = False
 
     def push(self, cp: Checkpoint) -> None:
         self._last_push = time.monotonic()
         try:
-            self.ti.xcom_push(key=XCOM_KEY, value=cp.to_dict())
+            self.ti.xcom_push(key=XCOM_KEY, value=self.xcom_row(cp))
         except Exception:  # XCom is a report channel; never fail the work over it
             self.log.warning("could not push the checkpoint row to XCom", exc_info=True)
+
+    def xcom_row(self, cp: Checkpoint) -> dict[str, Any]:
+        """The row as pushed to XCom: whole up to :data:`XCOM_ROW_LIMIT` bytes of JSON, else with
+        each large position/state replaced by ``{"xcom_truncated": true, "bytes": n, "preview": ...}``
+        and the cut columns listed under ``xcom_truncated``."""
+        row = cp.to_dict()
+        size = len(json.dumps(row))  # ASCII (ensure_ascii): characters are bytes
+        if size <= XCOM_ROW_LIMIT:
+            return row
+        cut = {}
+        for name in _CUT_FIELDS:
+            text = json.dumps(row[name])
+            if len(text) > _PREVIEW:
+                row[name] = {"xcom_truncated": True, "bytes": len(text), "preview": text[:_PREVIEW] + "..."}
+                cut[name] = len(text)
+        row["xcom_truncated"] = list(cut)
+        if not self._cut_logged:
+            self._cut_logged = True
+            self.log.warning(
+                "the checkpoint row is %s bytes as JSON, over the %s KiB XCom limit: XCom key %r carries %s "
+                "as a short preview; the whole row is in the resumable_checkpoints table of %s [job=%s slot=%s]",
+                f"{size:,}", XCOM_ROW_LIMIT // 1024, XCOM_KEY,
+                ", ".join(f"{name} ({n:,} bytes)" for name, n in cut.items()), self.where, cp.job, cp.slot,
+            )
+        return row
 
     def on_start(self, cp: Checkpoint, *, resumed: bool) -> None:
         self.push(cp)
@@ -357,7 +396,8 @@ class ResumableOperator(BaseOperator):
                 options=options,
                 scheduled_at=scheduled_at,
                 reporter=AirflowReporter(
-                    self.log, ti, interval=self.progress_interval, xcom_interval=self.xcom_interval
+                    self.log, ti, interval=self.progress_interval, xcom_interval=self.xcom_interval,
+                    where=store.describe(),
                 ),
                 log=self.log,
                 resolve_reason=self._classify(context),

@@ -188,3 +188,15 @@ with DAG("rt_chunked_desc", schedule="@daily", start_date=START, catchup=False) 
         task_id="work", read=read_descending, process=add_numbers, chunk_size=10, retries=2, retry_delay=timedelta(0)
     )
 
+
+def big_state(ctx: RunContext) -> None:
+    """Checkpoints a state of conf ``kib`` KiB (default 200), three times."""
+    blob = "x" * (int(_conf().get("kib", 200)) * 1024)
+    for i in range(1, 4):
+        ctx.state["blob"] = blob
+        ctx.state["n"] = i
+        ctx.checkpoint(i, processed=i, total=3)
+
+
+with DAG("rt_big_state", schedule="@daily", start_date=START, catchup=False) as rt_big_state:
+    ResumableOperator(task_id="work", handler=big_state, xcom_interval=0, progress_interval=0)
