@@ -22,8 +22,8 @@ from airflow_resumable.core.signal import Reason, Signal
 from airflow_resumable.core.stores import PostgresStore, SQLiteStore, Store
 
 __all__ = [
-    "Attempt", "AttemptEnded", "Cancelled", "Checkpoint", "ConfigurationError", "CorruptCheckpoint", "InvalidCheckpoint",
-    "LeaseBusy", "LeaseLost", "Options", "Outcome", "OverlapSkip", "OverlapWait", "PostgresStore",
+    "Attempt", "AttemptEnded", "Cancelled", "Checkpoint", "ConfigurationError", "CorruptCheckpoint",
+    "InvalidCheckpoint", "LeaseBusy", "LeaseLost", "Options", "Outcome", "OverlapSkip", "OverlapWait", "PostgresStore",
     "Reason", "ResumableError", "RunContext", "SQLiteStore", "SchemaVersionError", "Signal", "Status",
     "Store", "StoreUnavailable", "TransactionConnection", "chunk_loop",
 ]

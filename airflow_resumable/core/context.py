@@ -170,7 +170,8 @@ class RunContext:
         self._row = None
 
     def _count(self, name: str, value: Any) -> int:
-        """``value`` as a count of items (an int >= 0 that fits the BIGINT column), or :class:`InvalidCheckpoint` naming ``name``.
+        """``value`` as a count of items (an int >= 0 that fits the BIGINT column), or
+        :class:`InvalidCheckpoint` naming ``name``.
 
         Integral floats and Decimals (``12.0``, a SQL ``sum``) are taken as ints; strings, bools,
         fractions, NaN and negative numbers are refused.
