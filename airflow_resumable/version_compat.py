@@ -6,7 +6,7 @@ task SDK, the public surface DAG authors use.
 
 from __future__ import annotations
 
-from airflow.sdk import BaseHook, BaseOperator, Context
+from airflow.sdk import BaseHook, BaseOperator, Context, XComArg
 from airflow.sdk.bases.decorator import DecoratedOperator, KeywordParameters, task_decorator_factory
 from airflow.sdk.exceptions import (
     AirflowException,
@@ -29,6 +29,7 @@ __all__ = [
     "Context",
     "DecoratedOperator",
     "KeywordParameters",
+    "XComArg",
     "serde_deserialize",
     "serde_serialize",
     "task_decorator_factory",

@@ -484,3 +484,278 @@ def test_a_classified_sigterm_leaves_signal_and_row_saying_the_same(store: Store
     with store.open() as s:
         assert s.load(JOB, SLOT).cancel_reason == "user"
     assert run.signal.reason == "user"
+
+
+# -- bad input -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), 1e12])
+@pytest.mark.parametrize("option", ["lease", "timeout", "lease_wait", "progress_interval"])
+def test_options_that_are_nan_infinite_or_huge_are_refused_naming_the_option(option: str, value: float) -> None:
+    with pytest.raises(ConfigurationError, match=rf"^{option} must be .*at most .*got {value!r}"):
+        Options(**{option: value})
+
+
+def test_a_lease_over_one_day_is_refused_and_one_day_is_stored_and_read_back(store: Store) -> None:
+    """The bound keeps now + lease inside both databases' time arithmetic and Python's datetime."""
+    from airflow_resumable.core.runner import MAX_LEASE
+
+    with pytest.raises(ConfigurationError, match=r"lease must be .* at most 86400 \(one day\), got 86401"):
+        Options(lease=MAX_LEASE + 1)
+
+    def handler(ctx) -> None:
+        ctx.checkpoint(1, processed=1)
+        with store.open() as s:
+            held = s.load(JOB, SLOT)
+        assert 0.9 * MAX_LEASE < (held.lease_expires_at - held.heartbeat_at).total_seconds() <= MAX_LEASE + 1
+
+    assert attempt(store, 1, lease=MAX_LEASE).run(handler).checkpoint.status == "done"
+
+
+@pytest.mark.parametrize("interval", [float("nan"), float("inf")])
+def test_a_checkpoint_interval_that_is_not_a_finite_duration_is_refused(interval: float) -> None:
+    with pytest.raises(ConfigurationError, match="checkpoint_interval must be a non-negative number of seconds"):
+        chunk_loop(lambda ctx, after, limit: [], lambda ctx, batch: None, chunk_size=5, checkpoint_interval=interval)
+
+
+@pytest.mark.parametrize(
+    ("read", "process", "message"),
+    [
+        (lambda ctx, after: [], lambda ctx, batch: None, r"read .*cannot be called as read\(ctx, after, limit\)"),
+        (lambda ctx, after, limit: [], lambda ctx: None, r"process .*cannot be called as process\(ctx, batch\)"),
+    ],
+)
+def test_read_or_process_that_cannot_take_the_loop_s_calls_is_refused_before_anything_runs(
+    read: Any, process: Any, message: str
+) -> None:
+    with pytest.raises(ConfigurationError, match=message):
+        chunk_loop(read, process, chunk_size=5)
+
+
+@pytest.mark.parametrize(
+    ("reader", "seen"),
+    [
+        # ORDER BY id DESC: the first batch goes down
+        (lambda ctx, after, limit: [{"id": i} for i in range(100, 100 - limit, -1)], "[100, 99, 98, 97, 96, 95, ...]"),
+        # no ORDER BY at all: a batch out of order
+        (lambda ctx, after, limit: [{"id": i} for i in (3, 1, 2)], "[3, 1, 2]"),
+    ],
+)
+def test_a_read_out_of_position_order_fails_before_its_batch_is_processed(
+    store: Store, reader: Any, seen: str
+) -> None:
+    processed: list[Any] = []
+    handler = chunk_loop(reader, lambda ctx, batch: processed.extend(batch), chunk_size=10)
+    # When the attempt runs
+    with pytest.raises(ConfigurationError) as err:
+        attempt(store, 1).run(handler)
+    # Then it names the positions and the fix, processed nothing and saved nothing
+    text = str(err.value)
+    assert "read returned positions out of order" in text and seen in text
+    assert "must return the items after 'after' in ascending position order" in text
+    assert processed == []
+    with store.open() as s:
+        row = s.load(JOB, SLOT)
+    assert (row.status, row.position, row.processed) == ("failed", None, 0)
+
+
+def test_a_read_that_goes_back_across_batches_fails_before_processing_the_batch(store: Store) -> None:
+    # Given a read that ignores `after` on its third call: it starts from the beginning again
+    calls = []
+
+    def read(ctx, after, limit):
+        calls.append(after)
+        first = 0 if len(calls) == 3 or after is None else after + 1
+        return list(range(first, min(first + limit, 20)))
+
+    processed: list[int] = []
+    handler = chunk_loop(read, lambda ctx, batch: processed.extend(batch), chunk_size=5)
+    with pytest.raises(ConfigurationError, match=r"0 \(item 0 of the batch\) does not come after 9"):
+        attempt(store, 1).run(handler)
+    # Then the two good batches were processed and saved, the bad one was not
+    assert processed == list(range(10))
+    with store.open() as s:
+        row = s.load(JOB, SLOT)
+    assert (row.position, row.processed) == (9, 10)
+
+
+def test_positions_that_do_not_compare_are_only_checked_for_moving(store: Store) -> None:
+    # Given the same read going 2, 1, 3: as numbers it is refused...
+    def reader(wrap):
+        rows = [{"id": wrap(i)} for i in (2, 1, 3)]
+
+        def read(ctx, after, limit):
+            start = 0 if after is None else [r["id"] for r in rows].index(after) + 1
+            return rows[start:start + limit]
+
+        return read
+
+    with pytest.raises(ConfigurationError, match="out of order"):
+        attempt(store, 1).run(chunk_loop(reader(lambda i: i), lambda ctx, batch: None, chunk_size=2))
+    # ...as dicts, which have no order, the batches are taken as read
+    with store.open() as s:
+        s.delete(JOB, SLOT)
+    outcome = attempt(store, 1).run(chunk_loop(reader(lambda i: {"k": i}), lambda ctx, batch: None, chunk_size=2))
+    assert outcome.checkpoint.position == {"k": 3} and outcome.checkpoint.processed == 3
+
+
+def test_a_composite_position_resumed_from_json_is_still_checked_for_order(store: Store) -> None:
+    # Given tuple positions, which come back from the checkpoint as lists
+    keys = [(d, i) for d in (1, 2) for i in range(3)]
+
+    def read(ctx, after, limit):
+        if ctx.attempt == 2:
+            return keys[:limit]  # the bug: attempt 2 ignores `after` and reads from the start
+        return [k for k in keys if after is None or k > tuple(after)][:limit]
+
+    def process(ctx, batch):
+        if ctx.attempt == 1:
+            ctx.signal.cancel("shutdown")
+
+    handler = chunk_loop(read, process, chunk_size=3, position=lambda k: k)
+    with pytest.raises(Cancelled):
+        attempt(store, 1).run(handler)
+    # When attempt 2 resumes after [1, 2] and reads (1, 0) again
+    with pytest.raises(ConfigurationError, match=r"\(1, 0\) \(item 0 of the batch\) does not come after \(1, 2\)"):
+        attempt(store, 2).run(handler)
+
+
+def test_a_checkpoint_after_the_handler_returned_is_refused_and_writes_nothing(store: Store) -> None:
+    from airflow_resumable.core.errors import AttemptEnded
+
+    kept: list[Any] = []
+
+    def handler(ctx) -> None:
+        ctx.checkpoint(5, processed=5)
+        kept.append(ctx)
+
+    attempt(store, 1).run(handler)
+    # When the saved ctx is used after the attempt ended
+    with pytest.raises(AttemptEnded, match=r"ctx.checkpoint\(\) was called after attempt 1's handler returned"):
+        kept[0].checkpoint(6, processed=6)
+    with pytest.raises(AttemptEnded, match=r"ctx.transaction\(\)"):
+        kept[0].transaction()
+    # Then the row is as the attempt left it
+    with store.open() as s:
+        row = s.load(JOB, SLOT)
+    assert (row.position, row.processed, row.status) == (5, 5, "done")
+
+
+def test_a_thread_that_checkpoints_after_the_attempt_ended_is_refused(store: Store) -> None:
+    from airflow_resumable.core.errors import AttemptEnded
+
+    ended = threading.Event()
+    errors: list[BaseException] = []
+
+    def late(ctx) -> None:
+        ended.wait(30)
+        try:
+            ctx.checkpoint(99, processed=99)
+        except BaseException as exc:
+            errors.append(exc)
+
+    def handler(ctx) -> None:
+        ctx.checkpoint(1, processed=1)
+        handler.thread = threading.Thread(target=late, args=(ctx,))
+        handler.thread.start()  # and returns without joining it
+
+    attempt(store, 1).run(handler)
+    ended.set()
+    handler.thread.join(30)
+    assert len(errors) == 1 and isinstance(errors[0], AttemptEnded) and isinstance(errors[0], RuntimeError)
+    with store.open() as s:
+        assert s.load(JOB, SLOT).position == 1
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda ctx: ctx.checkpoint(8, processed="abc"), "processed must be a whole number"),
+        (lambda ctx: ctx.checkpoint(8, processed=-1), "processed must be a whole number"),
+        (lambda ctx: ctx.checkpoint(8, processed=True), "got True (bool)"),
+        (lambda ctx: ctx.checkpoint(8, processed=2.5), "got 2.5 (float)"),
+        (lambda ctx: ctx.checkpoint(8, total=-3), "total must be a whole number"),
+        (lambda ctx: ctx.checkpoint(8, total=False), "got False (bool)"),
+        (lambda ctx: ctx.checkpoint(8, processed=2**63), "processed must be a whole number of items from 0 to 2**63-1"),
+        (lambda ctx: setattr(ctx, "total", -1), "ctx.total must be a whole number"),
+    ],
+)
+def test_counts_that_are_not_whole_numbers_are_refused_and_nothing_is_written(
+    store: Store, call: Any, message: str
+) -> None:
+    def handler(ctx) -> None:
+        ctx.checkpoint(7, processed=7, total=10)
+        call(ctx)
+
+    with pytest.raises(InvalidCheckpoint) as err:
+        attempt(store, 1).run(handler)
+    assert message in str(err.value) and JOB in str(err.value)
+    with store.open() as s:
+        row = s.load(JOB, SLOT)
+    assert (row.position, row.processed, row.total, row.status) == (7, 7, 10, "failed")
+
+
+@pytest.mark.parametrize(
+    ("job", "slot", "message"),
+    [
+        ("loans\x00", SLOT, "job 'loans\\x00' contains a NUL character"),
+        (JOB, "2026\x00", "slot '2026\\x00' contains a NUL character"),
+        ("j" * 1025, SLOT, "job is 1025 bytes long in UTF-8, over the 1024"),
+        (JOB, "s" * 2000, "slot is 2000 bytes long"),
+        ("\ud800", SLOT, "cannot be stored as UTF-8"),
+    ],
+)
+def test_a_job_or_slot_the_database_cannot_store_is_refused_before_the_store_is_opened(
+    job: str, slot: str, message: str
+) -> None:
+    class Unopened(Store):  # any use of the store would fail the test
+        dialect = None  # type: ignore[assignment]
+
+        def connect(self, *, autocommit: bool = False) -> Any:
+            raise AssertionError("the store was opened")
+
+        def set_autocommit(self, conn: Any, on: bool) -> None:
+            raise AssertionError
+
+        def describe(self) -> str:
+            return "unopened"
+
+    with pytest.raises(ConfigurationError) as err:
+        Attempt(Unopened(), job=job, slot=slot, attempt=1, owner="o").run(lambda ctx: None)
+    assert message in str(err.value)
+
+
+def test_names_of_up_to_1024_bytes_are_stored_and_longer_ones_refused(store: Store) -> None:
+    """1024 bytes each, even in 4-byte characters, fit PostgreSQL's primary key index."""
+    job, slot = "\U0001f600" * 256, "\U0001f4a5" * 256
+    with pytest.raises(ConfigurationError, match="job is 1028 bytes long"):
+        Attempt(store, job=job + "x" * 4, slot=slot, attempt=1, owner="o")
+    outcome = Attempt(store, job=job, slot=slot, attempt=1, owner="o").run(lambda ctx: ctx.checkpoint(1))
+    assert (outcome.checkpoint.job, outcome.checkpoint.slot, outcome.checkpoint.position) == (job, slot, 1)
+
+
+@pytest.mark.parametrize("stored", ["[1, 2]", '"x"', "3", "true"])
+def test_a_stored_state_that_is_not_an_object_is_a_corrupt_row_and_the_lease_is_given_back(
+    store: Store, stored: str
+) -> None:
+    from airflow_resumable.core.errors import CorruptCheckpoint
+
+    # Given a failed attempt's row whose state someone edited by hand
+    with pytest.raises(RuntimeError):
+        attempt(store, 1).run(Items(20, 5, fail=(1, 2)))
+    with store.open() as s:
+        s._execute("UPDATE resumable_checkpoints SET state = %s WHERE job = %s", (stored, JOB))
+        s.commit()
+    # When the next attempt starts
+    work = Items(20, 5)
+    with pytest.raises(CorruptCheckpoint) as err:
+        attempt(store, 2).run(work)
+    # Then it names the column and the fix, ran nothing and left the row as it was, lease included
+    text = str(err.value)
+    assert "the stored state" in text and "is JSON but not an object" in text
+    assert "Set the state column to a JSON object" in text and "DELETE FROM resumable_checkpoints" in text
+    assert work.seen == []
+    with store.open() as s:
+        cur = s.conn.cursor()
+        cur.execute("SELECT state, lease_owner, position, status FROM resumable_checkpoints WHERE job = 'loans'")
+        assert cur.fetchone() == (stored, None, "10", "failed")

@@ -196,3 +196,48 @@ def test_rows_read_back_equal_the_dataclass_built_the_usual_way(store: Store) ->
     assert row == Checkpoint(**{f.name: getattr(row, f.name) for f in dataclasses.fields(Checkpoint)})
     with pytest.raises(dataclasses.FrozenInstanceError):
         row.status = "done"  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    "job",
+    ["o'brien's export", "it''s", "back\\slash'", "two\nlines", "tab\tand 'quote'", "zero\u200bwidth 'space'"],
+)
+def test_the_delete_statement_of_a_corrupt_row_is_valid_sql_whatever_the_names_contain(store: Store, job: str) -> None:
+    import re
+
+    # Given an unreadable row of a job whose name has quotes, a backslash or a line break
+    with store.open() as s:
+        s.ensure_schema()
+        assert s.acquire(job, SLOT, "a", 30) is not None
+        s._execute("UPDATE resumable_checkpoints SET position = %s WHERE job = %s", ("{not json", job))
+        s.commit()
+        with pytest.raises(CorruptCheckpoint) as err:
+            s.load(job, SLOT)
+        # When a person runs the statement the error prints
+        statement = re.search(r"DELETE FROM .*", err.value.hint, re.S).group(0)
+        assert "\n" not in statement and "\t" not in statement, "one line, whatever the names contain"
+        if " = ?" in statement:  # names a literal cannot carry safely are given as parameters
+            assert repr(job) in statement
+            sql, params = statement.split(" (%s on PostgreSQL)")[0], (job, SLOT)
+            s._execute(sql.replace("?", "%s"), params)
+        else:
+            s.conn.cursor().execute(statement)
+        s.commit()
+        # Then exactly that row is gone
+        assert s.load(job, SLOT) is None
+
+
+def test_sql_literals_double_their_quotes() -> None:
+    from airflow_resumable.core.checkpoint import delete_statement, sql_literal
+
+    assert sql_literal("o'brien") == "'o''brien'"
+    assert delete_statement("a'b", "s") == "DELETE FROM resumable_checkpoints WHERE job = 'a''b' AND slot = 's'"
+
+
+def test_a_sqlite_store_on_a_relative_path_is_refused(tmp_path) -> None:
+    from airflow_resumable.core.errors import ConfigurationError
+    from airflow_resumable.core.stores import SQLiteStore
+
+    with pytest.raises(ConfigurationError, match=r"'var/lib/x.db' is a relative path.*e.g. '/var/lib/x.db'"):
+        SQLiteStore("var/lib/x.db")
+    assert SQLiteStore(tmp_path / "x.db").path == str(tmp_path / "x.db")

@@ -4,6 +4,7 @@ from airflow_resumable.core.checkpoint import Checkpoint, Status
 from airflow_resumable.core.chunked import chunk_loop
 from airflow_resumable.core.context import RunContext, TransactionConnection
 from airflow_resumable.core.errors import (
+    AttemptEnded,
     Cancelled,
     ConfigurationError,
     CorruptCheckpoint,
@@ -21,8 +22,8 @@ from airflow_resumable.core.signal import Reason, Signal
 from airflow_resumable.core.stores import PostgresStore, SQLiteStore, Store
 
 __all__ = [
-    "Attempt", "Cancelled", "Checkpoint", "ConfigurationError", "CorruptCheckpoint", "InvalidCheckpoint",
-    "LeaseBusy", "LeaseLost", "Options", "Outcome", "OverlapSkip", "OverlapWait", "PostgresStore",
+    "Attempt", "AttemptEnded", "Cancelled", "Checkpoint", "ConfigurationError", "CorruptCheckpoint",
+    "InvalidCheckpoint", "LeaseBusy", "LeaseLost", "Options", "Outcome", "OverlapSkip", "OverlapWait", "PostgresStore",
     "Reason", "ResumableError", "RunContext", "SQLiteStore", "SchemaVersionError", "Signal", "Status",
     "Store", "StoreUnavailable", "TransactionConnection", "chunk_loop",
 ]

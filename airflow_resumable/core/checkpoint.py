@@ -153,24 +153,60 @@ def encode(value: Any, *, what: str, job: str, slot: str) -> str:
     return text
 
 
-def decode(text: str | None, *, what: str, job: str, slot: str) -> Any:
-    """Parse stored JSON text.
+def decode(text: str | None, *, what: str, job: str, slot: str, mapping: bool = False) -> Any:
+    """Parse stored JSON text; with ``mapping``, the value must be a JSON object (or null).
 
     Raises:
-        CorruptCheckpoint: the stored text is not JSON. The row is left untouched.
+        CorruptCheckpoint: the stored text is not JSON (or not an object). The row is left untouched.
     """
     if text is None:
         return None
     try:
-        return json.loads(text)
+        value = json.loads(text)
     except (TypeError, ValueError) as exc:
         raise CorruptCheckpoint(
             f"the stored {what} {_short(text)} is not valid JSON ({exc})",
             job=job,
             slot=slot,
             hint="The row was left as it is. Fix its JSON, or delete the row to start the slot over: "
-            f"DELETE FROM resumable_checkpoints WHERE job = '{job}' AND slot = '{slot}'",
+            + delete_statement(job, slot),
         ) from None
+    if mapping and value is not None and not isinstance(value, dict):
+        raise CorruptCheckpoint(
+            f"the stored {what} {_short(text)} is JSON but not an object: a {what} must be a dict, "
+            f"not a {type(value).__name__}",
+            job=job,
+            slot=slot,
+            hint=f"The row was left as it is. Set the {what} column to a JSON object (e.g. '{{}}', which drops "
+            "what the run carried), or delete the row to start the slot over: " + delete_statement(job, slot),
+        )
+    return value
+
+
+def delete_statement(job: str, slot: str) -> str:
+    """The SQL that deletes a slot's row, for a person to paste; never broken by what the names contain.
+
+    Names are written as SQL string literals (quotes doubled) when that is safe in every store and
+    setting; a name with a backslash (PostgreSQL reads it as an escape when
+    ``standard_conforming_strings`` is off), a line break, a NUL or another unprintable character
+    is given as a parameter instead.
+    """
+    table = "resumable_checkpoints"
+    if _literal_safe(job) and _literal_safe(slot):
+        return f"DELETE FROM {table} WHERE job = {sql_literal(job)} AND slot = {sql_literal(slot)}"
+    return (
+        f"DELETE FROM {table} WHERE job = ? AND slot = ? (%s on PostgreSQL) with the parameters "
+        f"job={job!r} and slot={slot!r} (Python string syntax)"
+    )
+
+
+def sql_literal(text: str) -> str:
+    """``text`` as a standard SQL string literal: in single quotes, each quote doubled."""
+    return "'" + text.replace("'", "''") + "'"
+
+
+def _literal_safe(text: str) -> bool:
+    return text.isprintable() and "\\" not in text
 
 
 def _short(value: Any, limit: int = 80) -> str:

@@ -7,12 +7,14 @@ position to the last item's key and saves the checkpoint; the signal is checked 
 
 from __future__ import annotations
 
+import operator
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 from airflow_resumable.core.context import RunContext
 from airflow_resumable.core.errors import ConfigurationError
+from airflow_resumable.core.runner import call_problem, duration_problem
 
 ReadFn = Callable[[RunContext, Any, int], Sequence[Any]]
 ProcessFn = Callable[[RunContext, Sequence[Any]], Any]
@@ -34,6 +36,19 @@ def validate_chunked(
     job: str | None = None,
 ) -> None:
     """Raise :class:`ConfigurationError` naming every bad argument (at DAG parse time)."""
+    problems = chunked_problems(
+        read=read, process=process, chunk_size=chunk_size, position=position, total=total,
+        checkpoint_interval=checkpoint_interval,
+    )
+    problems += calls_problems(read, process, ())
+    if problems:
+        raise ConfigurationError("; ".join(problems), job=job, hint="Fix the task's arguments")
+
+
+def chunked_problems(
+    *, read: Any, process: Any, chunk_size: Any, position: Any, total: Any, checkpoint_interval: Any = None,
+) -> list[str]:
+    """Every problem with these arguments but the calls (see :func:`calls_problems`), as sentences."""
     problems = []
     if not callable(read):
         problems.append(f"read must be callable as read(ctx, after, limit), got {type(read).__name__}")
@@ -45,12 +60,21 @@ def validate_chunked(
         problems.append(f"position must be a function of the last item of a batch, got {type(position).__name__}")
     if total is not None and not callable(total) and (isinstance(total, bool) or not isinstance(total, int) or total < 0):
         problems.append(f"total must be a non-negative int or a function of ctx, got {total!r}")
-    if checkpoint_interval is not None and (
-        isinstance(checkpoint_interval, bool) or not isinstance(checkpoint_interval, (int, float)) or checkpoint_interval < 0
-    ):
-        problems.append(f"checkpoint_interval must be a non-negative number of seconds, got {checkpoint_interval!r}")
-    if problems:
-        raise ConfigurationError("; ".join(problems), job=job, hint="Fix the task's arguments")
+    if checkpoint_interval is not None:
+        problem = duration_problem("checkpoint_interval", checkpoint_interval)
+        if problem:
+            problems.append(problem)
+    return problems
+
+
+def calls_problems(read: Any, process: Any, keywords: Collection[str] | None) -> list[str]:
+    """Why ``read``/``process`` cannot take the calls the loop makes, with ``keywords`` (the names of
+    handler_kwargs) besides; None when those are not known yet: the positional part only."""
+    calls = (
+        call_problem(read, "read", ("ctx", "after", "limit"), keywords) if callable(read) else None,
+        call_problem(process, "process", ("ctx", "batch"), keywords) if callable(process) else None,
+    )
+    return [p for p in calls if p]
 
 
 def chunk_loop(
@@ -109,8 +133,9 @@ def chunk_loop(
                     slot=ctx.slot,
                     hint="read(ctx, after, limit) must return at most limit items",
                 )
-            process(ctx, batch)
-            new_after = key(batch[-1])
+            # Checked before process: nothing is done out of order, and the checkpoint does not move.
+            keys = _keys(batch, key)
+            new_after = keys[-1]
             if new_after == after:
                 raise ConfigurationError(
                     f"the position did not advance past {after!r}",
@@ -118,6 +143,8 @@ def chunk_loop(
                     slot=ctx.slot,
                     hint="read must return only items after 'after', ordered by the position key",
                 )
+            _check_order(ctx, after, keys)
+            process(ctx, batch)
             after = new_after
             processed += len(batch)
             chunks += 1
@@ -131,3 +158,63 @@ def chunk_loop(
         return {"chunks": chunks}
 
     return handler
+
+
+def _keys(batch: Sequence[Any], key: Callable[[Any], Any]) -> list[Any]:
+    """The position of every item. :func:`default_key` on a batch of dicts or of row tuples takes
+    the C-speed ``itemgetter`` (its ``isinstance(item, Mapping)`` per item would cost more than a
+    small chunk's work); anything else, or a mixed batch, goes item by item."""
+    if key is default_key:
+        kind = type(batch[0])
+        getter = _ID if kind is dict else (_FIRST if kind is tuple or kind is list else None)
+        if getter is not None:
+            try:
+                return list(map(getter, batch))
+            except (KeyError, IndexError, TypeError):
+                pass  # default_key explains an item it cannot take
+    return list(map(key, batch))
+
+
+_ID, _FIRST = operator.itemgetter("id"), operator.itemgetter(0)
+
+
+def _check_order(ctx: RunContext, after: Any, keys: list[Any]) -> None:
+    """Refuse a batch whose positions do not increase (within it, or from ``after``).
+
+    The loop resumes *after* the last position saved, so out-of-order items (``ORDER BY id DESC``)
+    would be skipped for good. Positions that do not compare with ``<`` (dicts, mixed types) are
+    not checked here; the loop still refuses a position that does not move.
+    """
+    if type(after) is list and type(keys[0]) is tuple:  # a composite position, back from JSON
+        after = tuple(after)
+    try:
+        if all(map(operator.lt, keys, keys[1:])) and (after is None or after < keys[0]):
+            return
+    except TypeError:
+        return
+    previous, where = after, "the position 'after' it was read from"
+    for i, current in enumerate(keys):
+        if previous is not None and not previous < current:
+            break
+        previous, where = current, f"item {i}"
+    else:  # pragma: no cover - the fast check above found a pair out of order
+        return
+    raise ConfigurationError(
+        f"read returned positions out of order: {_short(current)} (item {i} of the batch) does not come after "
+        f"{_short(previous)} ({where}); positions seen: {_preview(keys)} after {_short(after)}; nothing of this "
+        "batch was processed and the checkpoint did not move",
+        job=ctx.job,
+        slot=ctx.slot,
+        hint="read(ctx, after, limit) must return the items after 'after' in ascending position order "
+        "(e.g. WHERE id > after ORDER BY id, not ORDER BY id DESC)",
+    )
+
+
+def _preview(keys: list[Any], limit: int = 6) -> str:
+    shown = ", ".join(_short(k) for k in keys[:limit])
+    return f"[{shown}{', ...' if len(keys) > limit else ''}] ({len(keys)} items)"
+
+
+def _short(value: Any, limit: int = 40) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."

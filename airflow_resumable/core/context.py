@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
+import operator
 import re
 import time
 from collections.abc import Callable
@@ -17,6 +19,9 @@ from airflow_resumable.core.signal import Signal
 
 if TYPE_CHECKING:
     from airflow_resumable.core.runner import Attempt
+
+#: The largest count the checkpoint table's BIGINT columns hold.
+_MAX_COUNT = 2**63 - 1
 
 
 class TransactionConnection:
@@ -156,8 +161,12 @@ class RunContext:
 
     @total.setter
     def total(self, value: int | None) -> None:
-        """Set the expected item count; it is saved with the next checkpoint."""
-        self._total = None if value is None else int(value)
+        """Set the expected item count; it is saved with the next checkpoint.
+
+        Raises:
+            InvalidCheckpoint: not a whole number >= 0 (or None).
+        """
+        self._total = None if value is None else self._count("ctx.total", value)
 
     @property
     def row(self) -> Checkpoint:
@@ -207,6 +216,35 @@ class RunContext:
         self._total = total
         self._saved_at = time.time()
         self._row = None
+
+    def _count(self, name: str, value: Any) -> int:
+        """``value`` as a count of items (an int >= 0 that fits the BIGINT column), or
+        :class:`InvalidCheckpoint` naming ``name``.
+
+        Integral floats and Decimals (``12.0``, a SQL ``sum``) are taken as ints; strings, bools,
+        fractions, NaN and negative numbers are refused.
+        """
+        if type(value) is int and 0 <= value <= _MAX_COUNT:  # the common case, first
+            return value
+        count: int | None = None
+        if not isinstance(value, (bool, str, bytes)):
+            try:
+                count = operator.index(value)
+            except TypeError:
+                try:
+                    if math.isfinite(value) and value == int(value):
+                        count = int(value)
+                except (TypeError, ValueError, OverflowError):
+                    pass
+        if count is None or not 0 <= count <= _MAX_COUNT:
+            raise InvalidCheckpoint(
+                f"{name} must be a whole number of items from 0 to 2**63-1, got {value!r} ({type(value).__name__})",
+                job=self.job,
+                slot=self.slot,
+                hint=f"Pass {name.removeprefix('ctx.')} as an int (e.g. len(batch) or a running count); "
+                "nothing was written",
+            )
+        return count
 
     def _encode(self, position: Any, state: dict[str, Any]) -> tuple[str, str]:
         if not isinstance(state, dict):

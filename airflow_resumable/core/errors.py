@@ -42,6 +42,15 @@ class InvalidCheckpoint(ConfigurationError):
     """A position or state given to ``checkpoint()`` cannot be stored as JSON. Nothing was written."""
 
 
+class AttemptEnded(ResumableError, RuntimeError):
+    """``ctx.checkpoint()`` or ``ctx.transaction()`` was called after the attempt's handler returned.
+
+    A programming error of the caller's, like using a closed file, and not the task's configuration:
+    it is raised in whatever code kept the context (a thread, a saved reference), outside any
+    attempt, so no Airflow outcome applies. Nothing was written.
+    """
+
+
 class CorruptCheckpoint(ResumableError):
     """A stored checkpoint row cannot be read. It is left as it is, for a person to look at."""
 

@@ -18,16 +18,20 @@ The class operator, the chunked operator and ``@task.resumable`` all run this; t
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import json
 import logging
+import math
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Sequence
 from datetime import datetime
 from typing import Any
 
 from airflow_resumable.core.checkpoint import AttemptEnd, AttemptRecord, Checkpoint, Origin, Status, encode
 from airflow_resumable.core.context import RunContext, TransactionConnection
 from airflow_resumable.core.errors import (
+    AttemptEnded,
     Cancelled,
     ConfigurationError,
     CorruptCheckpoint,
@@ -47,6 +51,18 @@ OVERLAP_POLICIES = ("skip", "allow", "wait", "replace")
 
 #: The shortest lease that leaves its heartbeats room (three renewals per lease).
 MIN_LEASE = 0.3
+
+#: The longest lease: one day. A crashed holder blocks its slot for at most this long, and
+#: ``now + lease`` stays inside what both databases' time arithmetic and Python's datetime can hold.
+MAX_LEASE = 86400.0
+
+#: The longest any other duration may be (timeouts, waits, intervals): one year. Far beyond any
+#: sensible setting, and far inside ``timedelta`` and the databases' time ranges.
+MAX_SECONDS = 366 * 86400.0
+
+#: The longest job or slot name, in UTF-8 bytes. Both go into the checkpoint table's primary key,
+#: and PostgreSQL cannot index a key over about 2,700 bytes: two names of 1,024 bytes fit.
+MAX_KEY_BYTES = 1024
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,24 +103,91 @@ def validate_options(
     *, timeout: Any, lease: Any, lease_wait: Any, overlap: Any, progress_interval: Any = 0
 ) -> list[str]:
     """Every problem with these options, as sentences (empty when they are fine)."""
-    problems = []
-    if timeout is not None and (not _number(timeout) or timeout <= 0):
-        problems.append(f"timeout must be a positive number of seconds or a timedelta, got {timeout!r}")
-    if not _number(lease) or lease < MIN_LEASE:
-        problems.append(
-            f"lease must be at least {MIN_LEASE} seconds (it is renewed every lease/3), got {lease!r}"
-        )
-    if lease_wait is not None and (not _number(lease_wait) or lease_wait < 0):
-        problems.append(f"lease_wait must be a non-negative number of seconds, got {lease_wait!r}")
+    problems = [
+        p for p in (
+            None if timeout is None else duration_problem("timeout", timeout, positive=True),
+            duration_problem(
+                "lease", lease, minimum=MIN_LEASE, maximum=MAX_LEASE, why=" (it is renewed every lease/3)"
+            ),
+            None if lease_wait is None else duration_problem("lease_wait", lease_wait),
+        ) if p
+    ]
     if overlap not in OVERLAP_POLICIES:
         problems.append(f"overlap must be one of {', '.join(OVERLAP_POLICIES)}, got {overlap!r}")
-    if not _number(progress_interval) or progress_interval < 0:
-        problems.append(f"progress_interval must be a non-negative number, got {progress_interval!r}")
+    problem = duration_problem("progress_interval", progress_interval)
+    if problem:
+        problems.append(problem)
     return problems
+
+
+def duration_problem(
+    name: str, value: Any, *, positive: bool = False, minimum: float = 0.0, maximum: float = MAX_SECONDS,
+    why: str = "",
+) -> str | None:
+    """What is wrong with a number of seconds, as a sentence, or None when it is fine.
+
+    NaN and infinity are refused: NaN compares false with everything, so it slips past range
+    checks, and neither can become a ``timedelta``, a deadline or a timestamp in the database.
+    """
+    if _number(value) and math.isfinite(value) and minimum <= value <= maximum and not (positive and value == 0):
+        return None
+    limit = f"at most {maximum:g} ({_span(maximum)})"
+    if minimum > 0:
+        what = f"at least {minimum:g} seconds{why} and {limit}"
+    else:
+        what = f"a {'positive' if positive else 'non-negative'} number of seconds{why}, finite and {limit}"
+    return f"{name} must be {what}, got {value!r}"
+
+
+def key_problem(name: str, value: Any) -> str | None:
+    """What keeps a job or slot name out of the checkpoint table, as a sentence, or None."""
+    if not value or not isinstance(value, str):
+        return f"{name} must be a non-empty string, got {value!r}"
+    if "\x00" in value:
+        return f"{name} {_short_name(value)} contains a NUL character, which the database cannot store"
+    try:
+        size = len(value.encode("utf-8"))
+    except UnicodeEncodeError as exc:
+        return f"{name} {_short_name(value)} cannot be stored as UTF-8 ({exc.reason})"
+    if size > MAX_KEY_BYTES:
+        return f"{name} is {size} bytes long in UTF-8, over the {MAX_KEY_BYTES} the checkpoint table's key allows"
+    return None
+
+
+def call_problem(fn: Any, name: str, params: Sequence[str], keywords: Collection[str] | None) -> str | None:
+    """Why ``fn`` cannot take the call ``name(*params, **keywords)``, as a sentence, or None.
+
+    ``keywords`` None means they are not known yet (mapped or XCom handler_kwargs): only the
+    positional part is checked then. Callables without a signature (some builtins) are not checked.
+    """
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return None
+    try:
+        if keywords is None:
+            signature.bind_partial(*params)
+        else:
+            signature.bind(*params, **dict.fromkeys(keywords))
+    except TypeError as exc:
+        shown = ", ".join([*params, *(f"{k}=..." for k in keywords or ())] + ([] if keywords is not None else ["..."]))
+        label = getattr(fn, "__qualname__", None) or type(fn).__name__
+        callee = name if name.isidentifier() else label
+        return f"{name} {label}{signature} cannot be called as {callee}({shown}): {exc}"
+    return None
 
 
 def _number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _span(seconds: float) -> str:
+    return "one day" if seconds == 86400 else ("one year" if seconds == MAX_SECONDS else f"{seconds:g}s")
+
+
+def _short_name(value: str, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 @dataclasses.dataclass(frozen=True)
@@ -167,10 +250,14 @@ class Attempt:
                 ``encode`` raising means the value cannot be kept: the attempt fails *before* the
                 slot is marked done.
         """
-        if not job or not isinstance(job, str):
-            raise ConfigurationError(f"job must be a non-empty string, got {job!r}", slot=slot)
-        if not slot or not isinstance(slot, str):
-            raise ConfigurationError(f"slot must be a non-empty string, got {slot!r}", job=job)
+        job_problem, slot_problem = key_problem("job", job), key_problem("slot", slot)
+        if job_problem or slot_problem:
+            raise ConfigurationError(
+                "; ".join(p for p in (job_problem, slot_problem) if p),
+                job=None if job_problem else job,
+                slot=None if slot_problem else slot,
+                hint=f"Name the job with at most {MAX_KEY_BYTES} bytes and no NUL character (the operator's job=)",
+            )
         self.store = store
         self.job = job
         self.slot = slot
@@ -194,6 +281,10 @@ class Attempt:
         self._ctx: RunContext | None = None
         self.keeper: LeaseKeeper | None = None
         self._last_row: Checkpoint | None = None
+        # Set (under the lock) once the handler has returned or raised: the run context then
+        # refuses to write, whichever thread still holds it.
+        self._ended = False
+        self._lock = threading.Lock()
 
     @property
     def checkpoint_row(self) -> Checkpoint | None:
@@ -262,7 +353,7 @@ class Attempt:
             ).start()
             keeper = self.keeper
             try:
-                result = handler(ctx)
+                result = self._call(handler, ctx)
                 # Fails here, before "done", when the value could not be kept (nor given back later).
                 result_text = self._result_text(result)
             except BaseException as exc:
@@ -283,6 +374,14 @@ class Attempt:
             return Outcome(result=result, checkpoint=final, resumed_from=resumed_from)
 
     # -- steps ---------------------------------------------------------------------------------
+
+    def _call(self, handler: Callable[[RunContext], Any], ctx: RunContext) -> Any:
+        """Run the handler; once it returns or raises, its context can no longer write."""
+        try:
+            return handler(ctx)
+        finally:
+            with self._lock:  # waits for a save another thread has under way
+                self._ended = True
 
     @staticmethod
     def _quiesce(session: StoreSession, keeper: LeaseKeeper) -> None:
@@ -447,27 +546,43 @@ class Attempt:
         """``ctx.checkpoint()``: encode, fenced write + commit, then report (write before report)."""
         assert self._session is not None and self._token is not None and self._meter is not None
         state = ctx.state if state is None else state
-        processed = ctx.processed if processed is None else int(processed)
-        total = ctx.total if total is None else int(total)
+        processed = ctx.processed if processed is None else ctx._count("processed", processed)
+        total = ctx.total if total is None else ctx._count("total", total)
         position_json, state_json = ctx._encode(position, state)
-        if self.signal.reason == Reason.LEASE_LOST:
-            self._session.rollback()
-            raise LeaseLost("this attempt lost its lease; the checkpoint was not written", job=self.job, slot=self.slot)
-        self._session.save(
-            self.job, self.slot, self.owner, self._token,
-            position=position_json, state=state_json, processed=processed, total=total,
-        )
-        ctx._saved(position_json, state, processed, total)
-        if self.reporter.due(processed, total):
-            # The row as stored (heartbeat and lease expiry move on the keeper's thread), read only
-            # when a report is due: most checkpoints of a fast loop report nothing.
-            stored = self._session.load(self.job, self.slot) or ctx.row
-            self.reporter.on_checkpoint(stored, self._meter.measure(processed, total))
+        with self._lock:
+            if self._ended:
+                raise self._ended_error("ctx.checkpoint()")
+            if self.signal.reason == Reason.LEASE_LOST:
+                self._session.rollback()
+                raise LeaseLost(
+                    "this attempt lost its lease; the checkpoint was not written", job=self.job, slot=self.slot
+                )
+            self._session.save(
+                self.job, self.slot, self.owner, self._token,
+                position=position_json, state=state_json, processed=processed, total=total,
+            )
+            ctx._saved(position_json, state, processed, total)
+            if self.reporter.due(processed, total):
+                # The row as stored (heartbeat and lease expiry move on the keeper's thread), read
+                # only when a report is due: most checkpoints of a fast loop report nothing.
+                stored = self._session.load(self.job, self.slot) or ctx.row
+                self.reporter.on_checkpoint(stored, self._meter.measure(processed, total))
 
     def transaction(self) -> TransactionConnection:
         assert self._session is not None
+        if self._ended:
+            raise self._ended_error("ctx.transaction()")
         self._session.begin_transactions()
         return TransactionConnection(self._session.conn, self.store.dialect.marker)
+
+    def _ended_error(self, call: str) -> AttemptEnded:
+        return AttemptEnded(
+            f"{call} was called after attempt {self.attempt}'s handler returned; nothing was written",
+            job=self.job,
+            slot=self.slot,
+            hint="Checkpoint only while the handler runs: do not keep the ctx for later, and join "
+            "threads that use it before the handler returns",
+        )
 
     def _end(
         self, session: StoreSession, status: Status, *, error: str | None = None, cancel_reason: str | None = None,

@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 from airflow_resumable.core.context import RunContext
 from airflow_resumable.core.errors import ConfigurationError
+from airflow_resumable.core.runner import call_problem
+from airflow_resumable.operators.outcome import to_airflow
 from airflow_resumable.operators.resumable import ResumableOperator
 from airflow_resumable.version_compat import Context, DecoratedOperator, KeywordParameters, task_decorator_factory
 
@@ -60,20 +62,52 @@ class _ResumableDecoratedOperator(DecoratedOperator, ResumableOperator):
         fn = getattr(python_callable, "__resumable_fn__", None) or python_callable
         stand_in = python_callable if fn is not python_callable else _without_ctx(fn)
         self.resumable_fn = fn
-        super().__init__(
-            python_callable=stand_in,
-            op_args=op_args,
-            op_kwargs=op_kwargs,
-            kwargs_to_upstream={"handler": fn},
-            **kwargs,
-        )
+        # A mapped instance is built on the worker, outside execute(), where TaskFlow's own argument
+        # check would fail the try and spend a retry. Let it check only what it can (bind_partial);
+        # execute() then refuses a missing argument without a retry, and an unexpected one is
+        # refused here the same way.
+        from_mapped = getattr(self, "_BaseOperator__from_mapped", False)
+        if from_mapped:
+            kwargs["_airflow_mapped_validation_only"] = True
+        try:
+            super().__init__(
+                python_callable=stand_in,
+                op_args=op_args,
+                op_kwargs=op_kwargs,
+                kwargs_to_upstream={"handler": fn},
+                **kwargs,
+            )
+        except TypeError as exc:
+            if not from_mapped:
+                raise
+            error = ConfigurationError(
+                f"task {kwargs.get('task_id')!r}: the @task.resumable function {fn.__name__!r} cannot take "
+                f"its mapped arguments: {exc}",
+                hint="Change the function's signature or the mapped arguments; nothing was run or written",
+            )
+            # Job and slot are not known yet; to_airflow only needs them for a cancel.
+            raise (to_airflow(error, job="", slot="") or error) from exc
 
-    def _handler(self, context: Context) -> Callable[[RunContext], Any]:
+    def _arguments(self, context: Context) -> tuple[list[Any], dict[str, Any]]:
+        """The arguments the function gets after the run context: the task's, and context keys it names."""
         merged = {**context, **self.op_kwargs}
         kwargs = dict(KeywordParameters.determine(self.python_callable, self.op_args, merged).unpacking())
-        args = list(self.op_args)
+        return list(self.op_args), kwargs
+
+    def _handler(self, context: Context) -> Callable[[RunContext], Any]:
+        args, kwargs = self._arguments(context)
         fn = self.resumable_fn
         return lambda ctx: fn(ctx, *args, **kwargs)
+
+    def _call_problems(self, keywords: Collection[str] | None, context: Context | None) -> list[str]:
+        """At parse time TaskFlow checks the arguments itself; execute() checks the call as made
+        (``.expand_kwargs()`` names are known only then)."""
+        if context is None:
+            return []
+        args, kwargs = self._arguments(context)
+        params = ("ctx", *(f"<argument {i + 1}>" for i in range(len(args))))
+        problem = call_problem(self.resumable_fn, "the @task.resumable function", params, kwargs)
+        return [problem] if problem else []
 
 
 def resumable_task(python_callable: Callable[..., Any] | None = None, **kwargs: Any) -> Any:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from airflow_resumable.core.errors import ConfigurationError
@@ -68,6 +69,15 @@ def store_from_connection(conn: Any, *, job: str | None = None, slot: str | None
                 job=job,
                 slot=slot,
                 hint="Use a URI with an absolute path: sqlite:////absolute/path/checkpoints.db",
+            )
+        if not os.path.isabs(path):
+            # sqlite:///var/lib/x.db (three slashes) parses to the relative path var/lib/x.db.
+            raise ConfigurationError(
+                f"the SQLite connection {conn.conn_id!r} names the relative path {path!r}",
+                job=job,
+                slot=slot,
+                hint=f"Use four slashes for an absolute path: sqlite:///{os.path.join(os.sep, path)} "
+                "(sqlite:/// followed by the absolute path)",
             )
         extra = conn.extra_dejson or {}
         return SQLiteStore(path, synchronous=str(extra.get("synchronous", "FULL")))

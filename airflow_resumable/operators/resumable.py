@@ -10,19 +10,27 @@ outcomes through :mod:`airflow_resumable.operators.outcome`.
 from __future__ import annotations
 
 import functools
+import json
 import os
 import socket
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from airflow_resumable.core.checkpoint import Checkpoint, Origin
-from airflow_resumable.core.chunked import chunk_loop, validate_chunked
+from airflow_resumable.core.chunked import calls_problems, chunk_loop, chunked_problems
 from airflow_resumable.core.context import RunContext
 from airflow_resumable.core.errors import ConfigurationError, OverlapWait
 from airflow_resumable.core.progress import Progress, Reporter
-from airflow_resumable.core.runner import Attempt, Options, validate_options
+from airflow_resumable.core.runner import (
+    Attempt,
+    Options,
+    call_problem,
+    duration_problem,
+    key_problem,
+    validate_options,
+)
 from airflow_resumable.core.signal import Reason
 from airflow_resumable.hooks.resumable import DEFAULT_CONN_ID, ResumableHook
 from airflow_resumable.operators.outcome import to_airflow
@@ -31,6 +39,7 @@ from airflow_resumable.version_compat import (
     AirflowRescheduleException,
     BaseOperator,
     Context,
+    XComArg,
     serde_deserialize,
     serde_serialize,
 )
@@ -42,11 +51,23 @@ RESTART_CONF_KEY = "resumable_restart"
 #: XCom key under which the checkpoint row is pushed.
 XCOM_KEY = "checkpoint"
 
+#: The largest checkpoint row pushed to XCom whole, in bytes of JSON. XCom lives in Airflow's
+#: metadata database and the UI shows it; a larger row goes with its position and state cut to a
+#: preview (the row in the checkpoint table stays whole).
+XCOM_ROW_LIMIT = 64 * 1024
+
+#: The columns that can grow without bound, and how much of a cut one's JSON the preview keeps.
+_CUT_FIELDS, _PREVIEW = ("position", "state", "resumed_from"), 200
+
 
 def _seconds(value: Any) -> Any:
     if isinstance(value, timedelta):
         return value.total_seconds()
     return value
+
+
+def _templated(text: str) -> bool:
+    return "{{" in text or "{%" in text
 
 
 def slot_of(context: Mapping[str, Any]) -> tuple[str, datetime | None]:
@@ -63,18 +84,48 @@ class AirflowReporter(Reporter):
     Runs on the task's main thread only, after the row is durable.
     """
 
-    def __init__(self, log: Any, ti: Any, *, interval: float, xcom_interval: float):
+    def __init__(
+        self, log: Any, ti: Any, *, interval: float, xcom_interval: float, where: str = "the checkpoint store"
+    ):
         super().__init__(log, interval=interval)
         self.ti = ti
         self.xcom_interval = xcom_interval
+        #: Where the whole row is, for the log line that says the XCom copy is cut.
+        self.where = where
         self._last_push: float | None = None
+        self._cut_logged = False
 
     def push(self, cp: Checkpoint) -> None:
         self._last_push = time.monotonic()
         try:
-            self.ti.xcom_push(key=XCOM_KEY, value=cp.to_dict())
+            self.ti.xcom_push(key=XCOM_KEY, value=self.xcom_row(cp))
         except Exception:  # XCom is a report channel; never fail the work over it
             self.log.warning("could not push the checkpoint row to XCom", exc_info=True)
+
+    def xcom_row(self, cp: Checkpoint) -> dict[str, Any]:
+        """The row as pushed to XCom: whole up to :data:`XCOM_ROW_LIMIT` bytes of JSON, else with
+        each large position/state replaced by ``{"xcom_truncated": true, "bytes": n, "preview": ...}``
+        and the cut columns listed under ``xcom_truncated``."""
+        row = cp.to_dict()
+        size = len(json.dumps(row))  # ASCII (ensure_ascii): characters are bytes
+        if size <= XCOM_ROW_LIMIT:
+            return row
+        cut = {}
+        for name in _CUT_FIELDS:
+            text = json.dumps(row[name])
+            if len(text) > _PREVIEW:
+                row[name] = {"xcom_truncated": True, "bytes": len(text), "preview": text[:_PREVIEW] + "..."}
+                cut[name] = len(text)
+        row["xcom_truncated"] = list(cut)
+        if not self._cut_logged:
+            self._cut_logged = True
+            self.log.warning(
+                "the checkpoint row is %s bytes as JSON, over the %s KiB XCom limit: XCom key %r carries %s "
+                "as a short preview; the whole row is in the resumable_checkpoints table of %s [job=%s slot=%s]",
+                f"{size:,}", XCOM_ROW_LIMIT // 1024, XCOM_KEY,
+                ", ".join(f"{name} ({n:,} bytes)" for name, n in cut.items()), self.where, cp.job, cp.slot,
+            )
+        return row
 
     def on_start(self, cp: Checkpoint, *, resumed: bool) -> None:
         self.push(cp)
@@ -165,11 +216,17 @@ class ResumableOperator(BaseOperator):
         self.overlap_timeout = _seconds(overlap_timeout)
         self.progress_interval = _seconds(progress_interval)
         self.xcom_interval = _seconds(xcom_interval)
-        self.handler_kwargs = dict(handler_kwargs or {})
+        # An XCom (handler_kwargs=upstream_task()) is kept as it is: rendering resolves it to a dict.
+        self.handler_kwargs = handler_kwargs
+        if handler_kwargs is None or isinstance(handler_kwargs, Mapping):
+            self.handler_kwargs = dict(handler_kwargs or {})
         self._attempt: Attempt | None = None
         self._terminated = False
+        #: Problems found while a mapped task instance was being built on the worker: raised by
+        #: execute(), where they fail the task without spending a retry.
+        self._deferred: ConfigurationError | None = None
         self._validate()
-        if self.timeout is not None and self.execution_timeout is None:
+        if self.timeout is not None and self.execution_timeout is None and self._deferred is None:
             self.execution_timeout = timedelta(seconds=self.timeout + self.timeout_grace)
 
     # -- validation at parse time --------------------------------------------------------------
@@ -182,23 +239,81 @@ class ResumableOperator(BaseOperator):
             overlap=self.overlap,
             progress_interval=self.progress_interval,
         )
+        problems += [
+            p for p in (
+                duration_problem("timeout_grace", self.timeout_grace),
+                duration_problem("overlap_poke", self.overlap_poke, positive=True),
+                duration_problem("overlap_timeout", self.overlap_timeout),
+                duration_problem("xcom_interval", self.xcom_interval),
+            ) if p
+        ]
+        problems += self._own_problems()
         if self.handler is not None and not callable(self.handler):
             problems.append(f"handler must be callable as handler(ctx), got {type(self.handler).__name__}")
         if self.handler is None and type(self)._handler is ResumableOperator._handler:
             problems.append("handler is required: ResumableOperator(handler=fn), where def fn(ctx): ...")
-        if not isinstance(self.timeout_grace, (int, float)) or self.timeout_grace < 0:
-            problems.append(f"timeout_grace must be a non-negative number of seconds, got {self.timeout_grace!r}")
-        if not isinstance(self.overlap_poke, (int, float)) or self.overlap_poke <= 0:
-            problems.append(f"overlap_poke must be a positive number of seconds, got {self.overlap_poke!r}")
-        if not isinstance(self.overlap_timeout, (int, float)) or self.overlap_timeout < 0:
-            problems.append(f"overlap_timeout must be a non-negative number of seconds, got {self.overlap_timeout!r}")
-        if not isinstance(self.xcom_interval, (int, float)) or self.xcom_interval < 0:
-            problems.append(f"xcom_interval must be a non-negative number of seconds, got {self.xcom_interval!r}")
+        if isinstance(self.handler_kwargs, Mapping):
+            # Rendering templates changes the values, never the keys: the call is known.
+            problems += self._call_problems(list(self.handler_kwargs), None)
+        elif isinstance(self.handler_kwargs, XComArg):
+            problems += self._call_problems(None, None)  # checked in full by execute()
+        else:
+            problems.append(
+                f"handler_kwargs must be a dict of keyword arguments (or an XCom of one), "
+                f"got {type(self.handler_kwargs).__name__}"
+            )
+        if isinstance(self.job, str) and not _templated(self.job):
+            problem = key_problem("job", self.job)
+            if problem:
+                problems.append(problem)
         if not isinstance(self.conn_id, str) or not self.conn_id:
             problems.append(f"conn_id must be a connection id, got {self.conn_id!r}")
         if problems:
-            raise ConfigurationError(
+            error = ConfigurationError(
                 f"task {self.task_id!r}: " + "; ".join(problems), hint="Fix the operator's arguments"
+            )
+            if getattr(self, "_BaseOperator__from_mapped", False):
+                # A mapped task instance is built on the worker, outside execute(): an error here
+                # would spend a retry. execute() raises it instead.
+                self._deferred = error
+                return
+            raise error
+
+    def _own_problems(self) -> list[str]:
+        """Problems with a subclass's own arguments, reported with the others."""
+        return []
+
+    def _call_problems(self, keywords: Collection[str] | None, context: Context | None) -> list[str]:
+        """Why the user's functions cannot take the calls this task makes, as sentences.
+
+        ``keywords`` are the names in ``handler_kwargs`` (None: not known yet, only the positional
+        part is checked); ``context`` is None at parse time and the task's context in execute().
+        """
+        if type(self)._handler is not ResumableOperator._handler or not callable(self.handler):
+            return []
+        problem = call_problem(self.handler, "handler", ("ctx",), keywords)
+        return [problem] if problem else []
+
+    def _check_calls(self, context: Context, job: str, slot: str) -> None:
+        """At the start of execute(), before any row is touched: the arguments as rendered
+        (mapped or XCom ``handler_kwargs``) against the functions that will take them.
+
+        Raises:
+            ConfigurationError: naming the task, the job and the slot.
+        """
+        if self._deferred is not None:
+            raise ConfigurationError(self._deferred.message, job=job, slot=slot, hint=self._deferred.hint)
+        kwargs = self.handler_kwargs
+        if not isinstance(kwargs, Mapping):
+            problems = [f"handler_kwargs must be a dict of keyword arguments, got {type(kwargs).__name__}"]
+        else:
+            problems = self._call_problems(list(kwargs), context)
+        if problems:
+            raise ConfigurationError(
+                f"task {self.task_id!r}: " + "; ".join(problems),
+                job=job,
+                slot=slot,
+                hint="Change the function's signature or the task's handler_kwargs; nothing was run or written",
             )
 
     # -- what subclasses change ----------------------------------------------------------------
@@ -293,6 +408,10 @@ class ResumableOperator(BaseOperator):
         job = self.job_name(context)
         slot, scheduled_at = slot_of(context)
         origin = _origin(ti)
+        try:
+            self._check_calls(context, job, slot)
+        except ConfigurationError as exc:
+            raise (to_airflow(exc, job=job, slot=slot) or exc) from exc
         options = Options(
             timeout=self.timeout,
             lease=self.lease,
@@ -314,7 +433,8 @@ class ResumableOperator(BaseOperator):
                 options=options,
                 scheduled_at=scheduled_at,
                 reporter=AirflowReporter(
-                    self.log, ti, interval=self.progress_interval, xcom_interval=self.xcom_interval
+                    self.log, ti, interval=self.progress_interval, xcom_interval=self.xcom_interval,
+                    where=store.describe(),
                 ),
                 log=self.log,
                 resolve_reason=self._classify(context),
@@ -432,22 +552,23 @@ class ChunkedOperator(ResumableOperator):
         checkpoint_interval: float | timedelta | None = None,
         **kwargs: Any,
     ) -> None:
-        checkpoint_interval = _seconds(checkpoint_interval)
-        try:
-            validate_chunked(
-                read=read, process=process, chunk_size=chunk_size, position=position, total=total,
-                checkpoint_interval=checkpoint_interval,
-            )
-        except ConfigurationError as exc:
-            raise ConfigurationError(f"task {kwargs.get('task_id')!r}: {exc.message}", hint=exc.hint) from None
         self.read = read
         self.process = process
         self.chunk_size = chunk_size
         self.position = position
         self.total = total
         self.start = start
-        self.checkpoint_interval = checkpoint_interval
+        self.checkpoint_interval: float | None = _seconds(checkpoint_interval)
         super().__init__(**kwargs)
+
+    def _own_problems(self) -> list[str]:
+        return chunked_problems(
+            read=self.read, process=self.process, chunk_size=self.chunk_size, position=self.position,
+            total=self.total, checkpoint_interval=self.checkpoint_interval,
+        )
+
+    def _call_problems(self, keywords: Collection[str] | None, context: Context | None) -> list[str]:
+        return calls_problems(self.read, self.process, keywords)
 
     def _handler(self, context: Context) -> Callable[[RunContext], Any]:
         read, process, kwargs = self.read, self.process, self.handler_kwargs

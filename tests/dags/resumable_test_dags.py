@@ -224,3 +224,66 @@ for _name in ("rt_race_a", "rt_race_b"):
 with DAG("rt_chunked_end_window", schedule="@daily", start_date=START, catchup=False) as rt_chunked_end_window:
     ChunkedOperator(task_id="work", read=read_numbers, process=add_numbers, chunk_size=4, retries=1,
                     retry_delay=timedelta(0), post_execute=fail_after_done)
+
+
+# -- bad input that only shows when the task runs: each must fail without a retry, writing nothing --
+
+with DAG("rt_bad_mapped_kwargs", schedule="@daily", start_date=START, catchup=False) as rt_bad_mapped_kwargs:
+    # A typo in a mapped keyword: process_items takes `part`.
+    ResumableOperator.partial(task_id="part", handler=process_items, retries=2, retry_delay=timedelta(0)).expand(
+        handler_kwargs=[{"prat": 0}]
+    )
+
+with DAG("rt_bad_mapped_lease", schedule="@daily", start_date=START, catchup=False) as rt_bad_mapped_lease:
+    # .partial() arguments are checked only when the mapped instance is built, on the worker.
+    ResumableOperator.partial(
+        task_id="part", handler=process_items, lease=float("nan"), retries=2, retry_delay=timedelta(0)
+    ).expand(handler_kwargs=[{"part": 0}])
+
+with DAG("rt_xcom_kwargs", schedule="@daily", start_date=START, catchup=False) as rt_xcom_kwargs:
+
+    @task
+    def kwargs_for_work() -> dict[str, int]:
+        """conf ``key`` names the keyword (default ``part``, the one process_items takes)."""
+        return {str(_conf().get("key", "part")): 1}
+
+    ResumableOperator(
+        task_id="work", handler=process_items, handler_kwargs=kwargs_for_work(), retries=2, retry_delay=timedelta(0)
+    )
+
+with DAG("rt_taskflow_bad_kwargs", schedule="@daily", start_date=START, catchup=False) as rt_taskflow_bad_kwargs:
+
+    @task.resumable(retries=2, retry_delay=timedelta(0))
+    def count_to(ctx: RunContext, n: int, step: int = 1) -> int:
+        ctx.checkpoint(n, processed=n)
+        return n
+
+    # Mapped arguments are known only when the task runs: one it does not take, one without `n`.
+    count_to.override(task_id="unexpected").expand_kwargs([{"m": 3}])
+    count_to.override(task_id="missing").expand_kwargs([{"step": 2}])
+
+
+def read_descending(ctx: RunContext, after: int | None, limit: int) -> list[int]:
+    """The bug: ORDER BY id DESC. Items 0..n-1, largest first, below `after`."""
+    n = int(_conf().get("items", 100))
+    top = n - 1 if after is None else after - 1
+    return list(range(top, max(top - limit, -1), -1))
+
+
+with DAG("rt_chunked_desc", schedule="@daily", start_date=START, catchup=False) as rt_chunked_desc:
+    ChunkedOperator(
+        task_id="work", read=read_descending, process=add_numbers, chunk_size=10, retries=2, retry_delay=timedelta(0)
+    )
+
+
+def big_state(ctx: RunContext) -> None:
+    """Checkpoints a state of conf ``kib`` KiB (default 200), three times."""
+    blob = "x" * (int(_conf().get("kib", 200)) * 1024)
+    for i in range(1, 4):
+        ctx.state["blob"] = blob
+        ctx.state["n"] = i
+        ctx.checkpoint(i, processed=i, total=3)
+
+
+with DAG("rt_big_state", schedule="@daily", start_date=START, catchup=False) as rt_big_state:
+    ResumableOperator(task_id="work", handler=big_state, xcom_interval=0, progress_interval=0)

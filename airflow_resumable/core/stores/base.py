@@ -30,6 +30,7 @@ __all__ = ["SCHEMA_VERSION", "Dialect", "Store", "StoreSession"]
 TABLE = CHECKPOINTS.name
 HISTORY = ATTEMPTS.name
 _SELECT = CHECKPOINTS.select
+_STATE = CHECKPOINTS.names.index("state")
 
 
 class Dialect:
@@ -243,16 +244,9 @@ class StoreSession:
                     decode(row[i], what=c.name, job=job, slot=slot)  # raises CorruptCheckpoint naming the column
             raise
         if type(cp.state) is not dict:
-            if cp.state is None:
-                cp.__dict__["state"] = {}
-            else:
-                raise CorruptCheckpoint(
-                    f"the stored state {row[CHECKPOINTS.names.index('state')]!r} is not a JSON object",
-                    job=cp.job,
-                    slot=cp.slot,
-                    hint="The row was left as it is. Set it to an object, e.g. "
-                    f"UPDATE {TABLE} SET state = '{{}}' WHERE {_where_literal(cp.job, cp.slot)}",
-                )
+            if cp.state is not None:  # e.g. '[1,2]' written by hand
+                decode(row[_STATE], what="state", job=cp.job, slot=cp.slot, mapping=True)  # raises CorruptCheckpoint
+            cp.__dict__["state"] = {}
         return cp
 
     # -- schema --------------------------------------------------------------------------------
@@ -534,12 +528,3 @@ def _history_values(record: AttemptRecord, **override: Any) -> tuple[Any, ...]:
 
 def _json_or_none(value: Any) -> str | None:
     return None if value is None else json.dumps(value, separators=(",", ":"))
-
-
-def sql_literal(text: str) -> str:
-    """``text`` as an SQL string literal (quotes doubled), for statements printed in hints."""
-    return "'" + str(text).replace("'", "''") + "'"
-
-
-def _where_literal(job: str, slot: str) -> str:
-    return f"job = {sql_literal(job)} AND slot = {sql_literal(slot)}"

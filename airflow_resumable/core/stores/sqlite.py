@@ -6,7 +6,7 @@ import os
 import sqlite3
 from typing import Any
 
-from airflow_resumable.core.errors import StoreUnavailable
+from airflow_resumable.core.errors import ConfigurationError, StoreUnavailable
 from airflow_resumable.core.stores.base import Dialect, Store
 
 _NOW = "((julianday('now') - 2440587.5) * 86400.0)"
@@ -26,7 +26,7 @@ class SQLiteStore(Store):
     """Checkpoints in one SQLite file, in WAL mode so the lease keeper can write beside the run.
 
     Args:
-        path: the database file; its folder is created if missing.
+        path: the database file, an absolute path; its folder is created if missing.
         busy_timeout: seconds a connection waits for another's write lock.
         synchronous: SQLite's ``synchronous`` pragma. ``FULL`` (the default) makes a checkpoint
             survive a power loss; ``NORMAL`` survives a process crash only, and is faster.
@@ -38,6 +38,12 @@ class SQLiteStore(Store):
         self.path = os.fspath(path)
         if not self.path or self.path == ":memory:":
             raise ValueError("a SQLite checkpoint store needs a file path (':memory:' is not shared by the run's threads)")
+        if not os.path.isabs(self.path):
+            raise ConfigurationError(
+                f"the SQLite checkpoint file {self.path!r} is a relative path, which would depend on each "
+                "worker's current directory",
+                hint=f"Give an absolute path, e.g. {os.path.join(os.sep, self.path)!r}",
+            )
         if synchronous.upper() not in {"OFF", "NORMAL", "FULL", "EXTRA"}:
             raise ValueError(f"unknown SQLite synchronous mode {synchronous!r}")
         self.busy_timeout = busy_timeout
