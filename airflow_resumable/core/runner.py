@@ -17,6 +17,7 @@ The class operator, the chunked operator and ``@task.resumable`` all run this; t
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import inspect
 import json
@@ -24,7 +25,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -540,33 +541,50 @@ class Attempt:
         )
         return fresh, False, None
 
-    def save(
-        self, ctx: RunContext, position: Any, *, state: dict[str, Any] | None, processed: int | None, total: int | None
-    ) -> None:
-        """``ctx.checkpoint()``: encode, fenced write + commit, then report (write before report)."""
-        assert self._session is not None and self._token is not None and self._meter is not None
-        state = ctx.state if state is None else state
-        processed = ctx.processed if processed is None else ctx._count("processed", processed)
-        total = ctx.total if total is None else ctx._count("total", total)
-        position_json, state_json = ctx._encode(position, state)
+    @contextlib.contextmanager
+    def writing(self, call: str) -> Iterator[None]:
+        """Hold the attempt for one write of its context: refused once the handler has returned
+        (a kept ``ctx``, a thread) and once the lease is lost; serialized with the attempt's end.
+
+        Raises:
+            AttemptEnded: the handler already returned; nothing is written.
+            LeaseLost: another attempt holds the slot; the open transaction is rolled back.
+        """
+        assert self._session is not None
         with self._lock:
             if self._ended:
-                raise self._ended_error("ctx.checkpoint()")
+                raise self._ended_error(call)
             if self.signal.reason == Reason.LEASE_LOST:
                 self._session.rollback()
                 raise LeaseLost(
                     "this attempt lost its lease; the checkpoint was not written", job=self.job, slot=self.slot
                 )
-            self._session.save(
-                self.job, self.slot, self.owner, self._token,
-                position=position_json, state=state_json, processed=processed, total=total,
-            )
-            ctx._saved(position_json, state, processed, total)
-            if self.reporter.due(processed, total):
-                # The row as stored (heartbeat and lease expiry move on the keeper's thread), read
-                # only when a report is due: most checkpoints of a fast loop report nothing.
-                stored = self._session.load(self.job, self.slot) or ctx.row
-                self.reporter.on_checkpoint(stored, self._meter.measure(processed, total))
+            yield
+
+    def save(self, position: str, state: str, processed: int, total: int | None) -> None:
+        """Write a checkpoint (JSON text already encoded by the context), fenced by the lease, and
+        commit it with the handler's pending writes. Call inside :meth:`writing`.
+
+        Raises:
+            LeaseLost: another attempt holds the slot; nothing was committed.
+        """
+        assert self._session is not None and self._token is not None
+        self._session.save(
+            self.job, self.slot, self.owner, self._token, position=position, state=state, processed=processed,
+            total=total,
+        )
+
+    def report(self, ctx: RunContext) -> None:
+        """Report progress after a durable checkpoint (write before report), when a report is due.
+
+        The row reported is the row as stored (heartbeat and lease expiry move on the keeper's
+        thread), read only then: most checkpoints of a fast loop report nothing.
+        """
+        assert self._session is not None and self._meter is not None
+        processed, total = ctx.processed, ctx.total
+        if self.reporter.due(processed, total):
+            stored = self._session.load(self.job, self.slot) or ctx.row
+            self.reporter.on_checkpoint(stored, self._meter.measure(processed, total))
 
     def transaction(self) -> TransactionConnection:
         assert self._session is not None
