@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from datetime import datetime, timezone
 from pathlib import Path
@@ -609,3 +610,22 @@ def test_a_relative_sqlite_path_is_refused_naming_the_four_slash_form() -> None:
         store_from_connection(conn, job="j", slot="s")
     text = str(err.value)
     assert "relative path 'var/lib/x.db'" in text and "sqlite:////var/lib/x.db" in text and "job='j'" in text
+
+
+def test_a_postgres_connection_takes_every_extra_the_postgres_provider_supports(pg_params: dict[str, Any]) -> None:
+    from airflow.sdk import Connection
+
+    from airflow_resumable.hooks.resumable import store_from_connection
+
+    # client_encoding and keepalives_count were never on a list of ours: the provider passes them on
+    conn = Connection(
+        conn_id="ck", conn_type="postgres", host=pg_params["host"], port=int(pg_params["port"]),
+        login=pg_params["user"], schema=pg_params["dbname"],
+        extra=json.dumps({"client_encoding": "LATIN1", "keepalives_count": 3, "application_name": "ck-test"}),
+    )
+    store = store_from_connection(conn)
+    with store.open() as s:
+        assert s.execute("SHOW client_encoding").fetchone()[0] == "LATIN1"
+        assert s.execute("SHOW application_name").fetchone()[0] == "ck-test"
+        s.ensure_schema()
+    assert store.describe() == f"postgresql://{pg_params['user']}@{pg_params['host']}:{pg_params['port']}/{pg_params['dbname']}"

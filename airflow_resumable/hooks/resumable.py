@@ -7,7 +7,6 @@ from typing import Any
 
 from airflow_resumable.core.errors import ConfigurationError
 from airflow_resumable.core.stores import PostgresStore, SQLiteStore, Store
-from airflow_resumable.core.stores.postgres import _EXTRA_KEYS
 from airflow_resumable.version_compat import AirflowNotFoundException, BaseHook
 
 DEFAULT_CONN_ID = "resumable_default"
@@ -23,16 +22,15 @@ class ResumableHook(BaseHook):
     """Opens the checkpoint store named by an Airflow connection.
 
     The connection's type picks the store: ``sqlite`` (the file is the connection's host or schema,
-    i.e. ``sqlite:////abs/path.db``) or ``postgres`` (host, port, login, password, schema as the
-    database, and libpq options such as ``sslmode`` in the extras).
+    i.e. ``sqlite:////abs/path.db``) or ``postgres``, Airflow's standard PostgreSQL connection:
+    the Postgres provider's hook connects, so every extra it supports works here too (``sslmode``
+    and other libpq options, ``iam`` for AWS RDS, ``options``...).
 
     :param resumable_conn_id: the connection's id (default ``resumable_default``).
     """
 
     conn_name_attr = "resumable_conn_id"
     default_conn_name = DEFAULT_CONN_ID
-    conn_type = "resumable"
-    hook_name = "Resumable checkpoints"
 
     def __init__(self, resumable_conn_id: str = DEFAULT_CONN_ID, *, job: str | None = None, slot: str | None = None):
         super().__init__()
@@ -82,10 +80,19 @@ def store_from_connection(conn: Any, *, job: str | None = None, slot: str | None
         extra = conn.extra_dejson or {}
         return SQLiteStore(path, synchronous=str(extra.get("synchronous", "FULL")))
     if conn_type in ("postgres", "postgresql"):
-        extra = {k: v for k, v in (conn.extra_dejson or {}).items() if k in _EXTRA_KEYS}
-        return PostgresStore(
-            host=conn.host, port=conn.port, user=conn.login, password=conn.password, dbname=conn.schema, **extra
-        )
+        try:
+            from airflow.providers.postgres.hooks.postgres import PostgresHook
+        except ImportError:
+            raise ConfigurationError(
+                f"the PostgreSQL connection {conn.conn_id!r} needs Airflow's Postgres provider",
+                job=job,
+                slot=slot,
+                hint="Install it with: pip install 'airflow-resumable[postgres]'",
+            ) from None
+        # The connection already read: no second lookup, and none from the lease keeper's thread.
+        hook = PostgresHook(postgres_conn_id=conn.conn_id, connection=conn)
+        return PostgresStore.from_connect(hook.get_conn, host=conn.host, port=conn.port, user=conn.login,
+                                          dbname=conn.schema)
     raise ConfigurationError(
         f"the connection {conn.conn_id!r} has type {conn.conn_type!r}, which no checkpoint store serves",
         job=job,

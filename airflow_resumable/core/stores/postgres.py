@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from airflow_resumable.core.errors import ConfigurationError, StoreUnavailable
@@ -81,6 +82,17 @@ class PostgresStore(Store):
         self._params.update(params)
         self._params.setdefault("connect_timeout", 10)
         self._params.setdefault("application_name", "airflow-resumable")
+        self._connect: Callable[[], Any] | None = None
+
+    @classmethod
+    def from_connect(cls, connect: Callable[[], Any], *, host: Any = None, port: Any = None, user: Any = None,
+                     dbname: Any = None) -> PostgresStore:
+        """A store whose connections come from ``connect()`` (a DB-API connection of psycopg2 or
+        psycopg 3), e.g. the Postgres provider's hook. The other arguments only name the database
+        in logs and errors."""
+        store = cls(host=host, port=port, user=user, dbname=dbname)
+        store._connect = connect
+        return store
 
     @classmethod
     def from_dsn(cls, dsn: str) -> PostgresStore:
@@ -90,6 +102,19 @@ class PostgresStore(Store):
         return cls(**parse_dsn(dsn))
 
     def connect(self, *, autocommit: bool = False) -> Any:
+        if self._connect is not None:
+            try:
+                conn = self._connect()
+            except ConfigurationError:
+                raise
+            except Exception as exc:  # the driver's own error; its text names no password
+                raise StoreUnavailable(
+                    f"cannot connect to the PostgreSQL checkpoint database {self.describe()}: "
+                    f"{type(exc).__name__}: {str(exc).strip()}",
+                    hint="Check the Airflow connection's host, port, login and database, and that the server runs",
+                ) from exc
+            conn.autocommit = autocommit
+            return conn
         psycopg2 = _psycopg2()
         try:
             conn = psycopg2.connect(**self._params)
