@@ -37,3 +37,21 @@ def test_the_readme_column_tables_are_the_tables_definitions() -> None:
         start = README.index(f"<!-- table: {table.name} -->")
         body = README[start:README.index("<!-- end table -->", start)].split("\n", 1)[1].strip()
         assert body == table.markdown(), f"regenerate the README table of {table.name} from Table.markdown()"
+
+
+def test_the_api_table_states_the_defaults_the_code_has() -> None:
+    from airflow_resumable.core import defaults
+
+    def shown(value: object) -> str:
+        if isinstance(value, str):
+            return f'`"{value}"`'
+        return f"`{value:g}`" if isinstance(value, float) else f"`{value}`"
+
+    rows = {
+        "conn_id": shown(defaults.CONN_ID), "timeout_grace": shown(defaults.TIMEOUT_GRACE),
+        "lease": shown(defaults.LEASE), "overlap": shown(defaults.OVERLAP),
+        "overlap_poke` / `overlap_timeout": f"{shown(defaults.OVERLAP_POKE)} / {shown(defaults.OVERLAP_TIMEOUT)}",
+        "progress_interval": shown(defaults.PROGRESS_INTERVAL), "xcom_interval": shown(defaults.XCOM_INTERVAL),
+    }
+    for name, default in rows.items():
+        assert f"| `{name}` | {default} |" in README, f"the README's default for {name} is not {default}"

@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from airflow_resumable.core import defaults
 from airflow_resumable.core.checkpoint import Checkpoint
 
 
@@ -55,7 +56,7 @@ class Reporter:
     and the last checkpoint are always logged). Subclasses add other channels (Airflow's XCom).
     """
 
-    def __init__(self, log: Log | None = None, *, interval: float = 10.0, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, log: Log | None = None, *, interval: float = defaults.PROGRESS_INTERVAL, clock: Callable[[], float] = time.monotonic):
         self.log: Log = log or logging.getLogger("airflow_resumable")
         self.interval = interval
         self._clock = clock

@@ -29,6 +29,7 @@ from collections.abc import Callable, Collection, Iterator, Sequence
 from datetime import datetime
 from typing import Any
 
+from airflow_resumable.core import defaults
 from airflow_resumable.core.checkpoint import AttemptEnd, AttemptRecord, Checkpoint, Origin, Status, encode
 from airflow_resumable.core.context import RunContext, TransactionConnection
 from airflow_resumable.core.errors import (
@@ -81,11 +82,11 @@ class Options:
     """
 
     timeout: float | None = None
-    lease: float = 30.0
+    lease: float = defaults.LEASE
     lease_wait: float | None = None
-    overlap: str = "skip"
+    overlap: str = defaults.OVERLAP
     restart: bool = False
-    progress_interval: float = 10.0
+    progress_interval: float = defaults.PROGRESS_INTERVAL
 
     def __post_init__(self) -> None:
         problems = validate_options(

@@ -5,11 +5,12 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from airflow_resumable.core import defaults
 from airflow_resumable.core.errors import ConfigurationError
 from airflow_resumable.core.stores import PostgresStore, SQLiteStore, Store
 from airflow_resumable.version_compat import AirflowNotFoundException, BaseHook
 
-DEFAULT_CONN_ID = "resumable_default"
+DEFAULT_CONN_ID = defaults.CONN_ID
 
 _HOW_TO = (
     "Configure it, e.g. AIRFLOW_CONN_{env}='sqlite:////absolute/path/checkpoints.db' for the embedded "

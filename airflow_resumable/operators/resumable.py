@@ -18,6 +18,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
+from airflow_resumable.core import defaults
 from airflow_resumable.core.checkpoint import Checkpoint, Origin
 from airflow_resumable.core.chunked import calls_problems, chunk_loop, chunked_problems
 from airflow_resumable.core.context import RunContext
@@ -190,14 +191,14 @@ class ResumableOperator(BaseOperator):
         conn_id: str = DEFAULT_CONN_ID,
         job: str | None = None,
         timeout: float | timedelta | None = None,
-        timeout_grace: float | timedelta = 60.0,
-        lease: float | timedelta = 30.0,
+        timeout_grace: float | timedelta = defaults.TIMEOUT_GRACE,
+        lease: float | timedelta = defaults.LEASE,
         lease_wait: float | timedelta | None = None,
-        overlap: str = "skip",
-        overlap_poke: float | timedelta = 30.0,
-        overlap_timeout: float | timedelta = 3600.0,
-        progress_interval: float | timedelta = 10.0,
-        xcom_interval: float | timedelta = 5.0,
+        overlap: str = defaults.OVERLAP,
+        overlap_poke: float | timedelta = defaults.OVERLAP_POKE,
+        overlap_timeout: float | timedelta = defaults.OVERLAP_TIMEOUT,
+        progress_interval: float | timedelta = defaults.PROGRESS_INTERVAL,
+        xcom_interval: float | timedelta = defaults.XCOM_INTERVAL,
         handler_kwargs: Mapping[str, Any] | None = None,
         restart: bool | str = False,
         **kwargs: Any,

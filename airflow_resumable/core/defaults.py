@@ -1,0 +1,20 @@
+"""Every default, in one place: the core's options, the operators' arguments and the README's API
+table (``tests/test_readme.py`` checks the table) all read them from here."""
+
+from __future__ import annotations
+
+#: Seconds a slot's lease lasts without renewal; renewed every ``LEASE / 3``.
+LEASE = 30.0
+#: What a run does when an earlier run of the same job is still live.
+OVERLAP = "skip"
+#: Seconds between progress lines in the log.
+PROGRESS_INTERVAL = 10.0
+#: Seconds between the cooperative ``timeout`` and the ``execution_timeout`` backstop.
+TIMEOUT_GRACE = 60.0
+#: Seconds between checks while ``overlap="wait"``, and how long it waits in all.
+OVERLAP_POKE = 30.0
+OVERLAP_TIMEOUT = 3600.0
+#: Seconds between pushes of the checkpoint row to XCom.
+XCOM_INTERVAL = 5.0
+#: The Airflow connection of the checkpoint store.
+CONN_ID = "resumable_default"
