@@ -205,9 +205,8 @@ class RunContext:
         processed = self._processed if processed is None else self._count("processed", processed)
         total = self._total if total is None else self._count("total", total)
         position_json, state_json = self._encode(position, state)
-        with self._attempt.writing("ctx.checkpoint()"):
-            self._attempt.save(position_json, state_json, processed, total)
-            self._saved(position_json, state, processed, total)
+        self._attempt.save(position_json, state_json, processed, total)
+        self._saved(position_json, state, processed, total)
         self._attempt.report(self)
         self.signal.raise_if_cancelled()
 

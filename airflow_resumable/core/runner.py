@@ -17,7 +17,6 @@ The class operator, the chunked operator and ``@task.resumable`` all run this; t
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import inspect
 import json
@@ -25,7 +24,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -542,38 +541,28 @@ class Attempt:
         )
         return fresh, False, None
 
-    @contextlib.contextmanager
-    def writing(self, call: str) -> Iterator[None]:
-        """Hold the attempt for one write of its context: refused once the handler has returned
-        (a kept ``ctx``, a thread) and once the lease is lost; serialized with the attempt's end.
+    def save(self, position: str, state: str, processed: int, total: int | None) -> None:
+        """Write a checkpoint (JSON text, encoded by the context), fenced by the lease, and commit
+        it with the handler's pending writes. Serialized with the attempt's end: refused once the
+        handler has returned (a kept ``ctx``, a thread).
 
         Raises:
-            AttemptEnded: the handler already returned; nothing is written.
-            LeaseLost: another attempt holds the slot; the open transaction is rolled back.
+            AttemptEnded: the handler already returned; nothing was written.
+            LeaseLost: another attempt holds the slot; nothing was committed.
         """
-        assert self._session is not None
+        assert self._session is not None and self._token is not None
         with self._lock:
             if self._ended:
-                raise self._ended_error(call)
+                raise self._ended_error("ctx.checkpoint()")
             if self.signal.reason == Reason.LEASE_LOST:
                 self._session.rollback()
                 raise LeaseLost(
                     "this attempt lost its lease; the checkpoint was not written", job=self.job, slot=self.slot
                 )
-            yield
-
-    def save(self, position: str, state: str, processed: int, total: int | None) -> None:
-        """Write a checkpoint (JSON text already encoded by the context), fenced by the lease, and
-        commit it with the handler's pending writes. Call inside :meth:`writing`.
-
-        Raises:
-            LeaseLost: another attempt holds the slot; nothing was committed.
-        """
-        assert self._session is not None and self._token is not None
-        self._session.save(
-            self.job, self.slot, self.owner, self._token, position=position, state=state, processed=processed,
-            total=total,
-        )
+            self._session.save(
+                self.job, self.slot, self.owner, self._token, position=position, state=state, processed=processed,
+                total=total,
+            )
 
     def report(self, ctx: RunContext) -> None:
         """Report progress after a durable checkpoint (write before report), when a report is due.
