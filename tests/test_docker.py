@@ -23,7 +23,6 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path, PurePosixPath
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -231,9 +230,11 @@ def test_tasks_reach_the_execution_api_of_the_api_server(services: dict[str, Any
 def test_the_checkpoint_connection_opens_the_database_the_postgres_service_creates(
     services: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    import psycopg
     import psycopg2
     from airflow.sdk import Connection
 
+    from airflow_resumable.core.errors import StoreUnavailable
     from airflow_resumable.core.stores import PostgresStore
     from airflow_resumable.hooks.resumable import store_from_connection
 
@@ -242,10 +243,18 @@ def test_the_checkpoint_connection_opens_the_database_the_postgres_service_creat
     # As a task in the containers builds its store: Airflow parses the variable, the hook opens it.
     store = store_from_connection(Connection.from_uri(uris.pop(), conn_id="resumable_default"))
     assert isinstance(store, PostgresStore)
-    # What the store would hand to libpq (no server named "postgres" answers here).
+    # What the store would hand to libpq, through the Postgres provider's hook and its driver
+    # (no server named "postgres" answers here).
     params: dict[str, Any] = {}
-    monkeypatch.setattr(psycopg2, "connect", lambda **kwargs: params.update(kwargs) or SimpleNamespace())
-    store.connect()
+
+    def record(*args: Any, **kwargs: Any) -> Any:
+        params.update(kwargs)
+        raise ConnectionRefusedError("recorded")
+
+    monkeypatch.setattr(psycopg2, "connect", record)
+    monkeypatch.setattr(psycopg.Connection, "connect", record)
+    with pytest.raises(StoreUnavailable, match="recorded"):
+        store.connect()
     postgres = services[POSTGRES]
     assert params["host"] == POSTGRES
     assert params.get("port", 5432) == 5432
