@@ -45,7 +45,7 @@ DELAY = 0.25  # seconds per item: a chunk takes CHUNK * DELAY
 HEARTBEAT_TIMEOUT = 15
 #: What "a few seconds" after the chunk means for a worker's exit: the attempt's last writes, the
 #: supervisor's final report to the API server, and Celery closing its pool and connections.
-EXIT_SLACK = 15.0
+EXIT_SLACK = 20.0
 PARTITIONS, PARTITION_ITEMS = 8, 24
 
 MEASURED: dict[str, float] = {}

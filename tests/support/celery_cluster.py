@@ -333,12 +333,14 @@ def main() -> None:
     deployment = CeleryDeployment(
         metadata_uri=dsn(metadata).replace("postgresql://", "postgresql+psycopg2://", 1),
         dag_files=sorted((ROOT / "dags").glob("*.py")),
-        env={"AIRFLOW_CONN_RESUMABLE_DEFAULT": dsn(checkpoints), "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "admin:admin"},
+        env={"AIRFLOW_CONN_RESUMABLE_DEFAULT": dsn(checkpoints)},
+        redis_db=12,  # not the tests' database: both may run at once
     )
     print(f"starting in {deployment.home} (logs there: api-server.log, scheduler.log, worker-a.log, worker-b.log)")
     try:
         deployment.start()
-        print(f"\nUI: {deployment.base_url}  user admin, password {deployment.admin_password()}")
+        print(f"\nUI: {deployment.base_url}  user admin, password in "
+              f"{deployment.home / 'simple_auth_manager_passwords.json.generated'}")
         print("workers: " + ", ".join(f"{n} pid {deployment.components[n].pid}" for n in deployment.WORKERS))
         print("kill -TERM <worker pid> drains it (its resumable tasks stop at a chunk boundary and retry on the "
               "other worker). Ctrl-C stops everything.")
