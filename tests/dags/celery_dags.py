@@ -12,12 +12,19 @@ of the job are on different workers.
 
 from __future__ import annotations
 
+import sys
 from datetime import datetime, timedelta
+from pathlib import Path
 
 from airflow.sdk import DAG
-from scheduler_dags import work_items
 
 from airflow_resumable import ResumableOperator
+
+try:
+    from scheduler_dags import work_items
+except ImportError:  # loaded by path (the tests' DagFolder), not from a dags folder on sys.path
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from scheduler_dags import work_items
 
 START = datetime(2024, 1, 1)
 KWARGS = {
