@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 CONSTRAINTS := constraints-3.11.txt
 DEMO_HOME := $(CURDIR)/.airflow-home
 
-.PHONY: demo test fast lint bench standalone venv clean
+.PHONY: demo test fast lint bench standalone celery venv clean
 
 $(VENV)/.installed: setup.cfg pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
@@ -35,6 +35,10 @@ lint: venv
 ## A local Airflow with the example DAGs (UI on :8080); Ctrl-C stops it.
 standalone: venv
 	@bash scripts/standalone.sh
+
+## A CeleryExecutor deployment with two workers (Redis on 127.0.0.1:6379, PostgreSQL); Ctrl-C stops it.
+celery: venv
+	PYTHONPATH=$(CURDIR):$(CURDIR)/tests $(PY) -m support.celery_cluster
 
 ## Benchmarks: ratios measured side by side, each with its target.
 bench: venv

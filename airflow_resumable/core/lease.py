@@ -6,17 +6,55 @@ the GIL while they wait. When a renewal finds the lease taken over, or cannot re
 lease duration, the keeper raises the run's signal with reason ``lease_lost``; a cancel request left
 on the row (``superseded``, ``user``) is raised the same way. The keeper never logs and never calls
 Airflow: it only sets the signal, which the handler reads at its next chunk boundary.
+
+Stop sources (:func:`add_stop_source`) are plain callables the keeper asks about once a second,
+between heartbeats: one that returns ``(reason, message)`` raises the signal with that reason. The
+embedding registers them; the Celery integration (``airflow_resumable.executors.celery``) uses one
+to drain running attempts when their worker shuts down.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from airflow_resumable.core.errors import LeaseLost
 from airflow_resumable.core.signal import Reason, Signal
 from airflow_resumable.core.stores.base import Store
+
+#: A stop source: returns ``(reason, message)`` when the run must stop, None otherwise. It must be
+#: cheap (it runs about once a second) and must not raise.
+StopSource = Callable[[], "tuple[str, str] | None"]
+
+_STOP_SOURCES: list[StopSource] = []
+
+#: How often the keeper asks the stop sources, whatever the heartbeat interval.
+STOP_POLL = 1.0
+
+
+def add_stop_source(source: StopSource) -> None:
+    """Ask ``source`` about every running attempt of this process (and of processes forked later)."""
+    if source not in _STOP_SOURCES:
+        _STOP_SOURCES.append(source)
+
+
+def remove_stop_source(source: StopSource) -> None:
+    if source in _STOP_SOURCES:
+        _STOP_SOURCES.remove(source)
+
+
+def stop_requested() -> tuple[str, str] | None:
+    """The first stop source that asks to stop, as ``(reason, message)``; a failing source is ignored."""
+    for source in list(_STOP_SOURCES):
+        try:
+            request = source()
+        except Exception:  # a broken source must not stop the heartbeats
+            continue
+        if request:
+            return request
+    return None
 
 
 class LeaseKeeper:
@@ -71,8 +109,15 @@ class LeaseKeeper:
     def _run(self) -> None:
         session = None
         last_ok = time.monotonic()
+        next_beat = time.monotonic() + self.interval
         try:
-            while not self._stop.wait(self.interval):
+            while not self._stop.wait(max(0.0, min(STOP_POLL, next_beat - time.monotonic()))):
+                stop = stop_requested()
+                if stop:
+                    self.signal.cancel(*stop)
+                if time.monotonic() < next_beat:
+                    continue
+                next_beat = time.monotonic() + self.interval
                 try:
                     if session is None:
                         session = self.store.session(autocommit=True)

@@ -1,0 +1,1 @@
+"""Integrations with Airflow executors (imported only where the executor runs)."""
