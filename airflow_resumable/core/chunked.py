@@ -14,7 +14,7 @@ from typing import Any
 
 from airflow_resumable.core.context import RunContext
 from airflow_resumable.core.errors import ConfigurationError
-from airflow_resumable.core.runner import call_problem, duration_problem
+from airflow_resumable.core.options import call_problem, duration_problem
 
 ReadFn = Callable[[RunContext, Any, int], Sequence[Any]]
 ProcessFn = Callable[[RunContext, Sequence[Any]], Any]

@@ -20,7 +20,7 @@ from typing import Any
 
 from airflow_resumable.core.context import RunContext
 from airflow_resumable.core.errors import ConfigurationError
-from airflow_resumable.core.runner import call_problem
+from airflow_resumable.core.options import call_problem
 from airflow_resumable.operators.outcome import to_airflow
 from airflow_resumable.operators.resumable import ResumableOperator
 from airflow_resumable.version_compat import Context, DecoratedOperator, KeywordParameters, task_decorator_factory

@@ -23,15 +23,9 @@ from airflow_resumable.core.checkpoint import Checkpoint, Origin
 from airflow_resumable.core.chunked import calls_problems, chunk_loop, chunked_problems
 from airflow_resumable.core.context import RunContext
 from airflow_resumable.core.errors import ConfigurationError, OverlapWait
+from airflow_resumable.core.options import Options, call_problem, duration_problem, key_problem, validate_options
 from airflow_resumable.core.progress import Progress, Reporter
-from airflow_resumable.core.runner import (
-    Attempt,
-    Options,
-    call_problem,
-    duration_problem,
-    key_problem,
-    validate_options,
-)
+from airflow_resumable.core.runner import Attempt
 from airflow_resumable.core.signal import Reason
 from airflow_resumable.hooks.resumable import DEFAULT_CONN_ID, ResumableHook
 from airflow_resumable.operators.outcome import to_airflow
