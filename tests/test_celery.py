@@ -142,23 +142,12 @@ def env(pg_server: Server) -> Iterator[CeleryEnv]:
         ]
         try:
             cluster.start()
-            api = cluster.api
-            assert api is not None
-            for dag_id in dag_ids:
-                wait_for(
-                    lambda dag_id=dag_id: api.request("GET", f"/dags/{dag_id}", expect=(200, 404)).get("dag_id"),
-                    timeout=120, interval=1.0, what=f"the dag-processor to parse {dag_id}", on_timeout=cluster.tail,
-                )
-                api.unpause(dag_id)
+            cluster.serve(dag_ids)
             with store.open(autocommit=True) as session:
                 session.ensure_schema()
                 yield CeleryEnv(airflow=cluster, session=session, sink=sink)
         finally:
-            cluster.stop()
-            if os.environ.get("RESUMABLE_TEST_KEEP_HOME"):
-                print(f"\nCelery deployment home kept: {cluster.home}")
-            else:
-                cluster.cleanup()
+            cluster.close()
     if MEASURED:
         print("\n[celery] measured: " + ", ".join(f"{k} = {v:.2f}s" for k, v in MEASURED.items()))
     if REPEATED:

@@ -16,7 +16,6 @@ only by the heartbeat timeout) to the retry resuming.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import time
 import uuid
@@ -223,24 +222,12 @@ def env(pg_server: Server) -> Iterator[Env]:
         )
         try:
             airflow.start()
-            api = airflow.api
-            assert api is not None
-            for dag_id in (DAG_ID, MAPPED_DAG_ID, END_DAG_ID):
-                wait_for(
-                    lambda dag_id=dag_id: api.request("GET", f"/dags/{dag_id}", expect=(200, 404)).get("dag_id"),
-                    timeout=120, interval=1.0, what=f"the dag-processor to parse {dag_id}", on_timeout=airflow.tail,
-                )
-            for dag_id in (DAG_ID, MAPPED_DAG_ID, END_DAG_ID):
-                api.unpause(dag_id)
+            airflow.serve((DAG_ID, MAPPED_DAG_ID, END_DAG_ID))
             with store.open(autocommit=True) as session:
                 session.ensure_schema()
                 yield Env(airflow=airflow, session=session, sink=sink)
         finally:
-            airflow.stop()
-            if os.environ.get("RESUMABLE_TEST_KEEP_HOME"):
-                print(f"\nairflow standalone home kept: {airflow.home}")
-            else:
-                airflow.cleanup()
+            airflow.close()
     if MEASURED:
         print("\nmeasured: " + ", ".join(f"{k} = {v:.2f}s" for k, v in MEASURED.items()))
 

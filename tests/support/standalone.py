@@ -279,6 +279,25 @@ class Standalone:
     def cleanup(self) -> None:
         shutil.rmtree(self.home, ignore_errors=True)
 
+    def close(self) -> None:
+        """Stop it and remove its home, unless ``RESUMABLE_TEST_KEEP_HOME`` asks to keep it."""
+        self.stop()
+        if os.environ.get("RESUMABLE_TEST_KEEP_HOME"):
+            print(f"\n{type(self).__name__} home kept: {self.home}")
+        else:
+            self.cleanup()
+
+    def serve(self, dag_ids: Iterable[str], *, timeout: float = 120.0) -> None:
+        """Wait until the dag-processor has parsed each DAG, then unpause it (new DAGs start paused)."""
+        api = self.api
+        assert api is not None
+        for dag_id in dag_ids:
+            wait_for(
+                lambda dag_id=dag_id: api.request("GET", f"/dags/{dag_id}", expect=(200, 404)).get("dag_id"),
+                timeout=timeout, interval=1.0, what=f"the dag-processor to parse {dag_id}", on_timeout=self.tail,
+            )
+            api.unpause(dag_id)
+
     # -- inspection ------------------------------------------------------------------------------
 
     def tail(self, lines: int = 80) -> str:

@@ -84,11 +84,6 @@ class Dialect:
             "timestamp": self.timestamp_type, "id": self.id_type,
         }[column.kind]
 
-    @property
-    def paramstyle(self) -> str:
-        """The DB-API paramstyle of :attr:`marker`."""
-        return "qmark" if self.marker == "?" else "format"
-
 
 def _insert(table: str, values: Mapping[str, str], returning: str | None = None) -> str:
     """An INSERT of column -> SQL expression, columns checked against the table's definition."""
