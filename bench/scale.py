@@ -70,7 +70,7 @@ def _measure(store: Store) -> tuple[dict[str, list[float]], Any]:
             assert len(rows) == 100
 
         # The same listing's SQL and fetch alone, without decoding rows into Checkpoints.
-        sql = session.d.sql("SELECT * FROM resumable_checkpoints WHERE job = %s ORDER BY updated_at DESC LIMIT %s")
+        sql = session.d.placeholders("SELECT * FROM resumable_checkpoints WHERE job = %s ORDER BY updated_at DESC LIMIT %s")
 
         def listing_sql() -> None:
             cur = session.conn.cursor()

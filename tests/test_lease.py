@@ -73,7 +73,7 @@ def wait_until(predicate, timeout: float = 30, what: str = "condition") -> None:
 
 def lease_expired(store: Store) -> bool:
     with store.open() as s:
-        cur = s._execute("SELECT lease_expires_at < {now} FROM resumable_checkpoints WHERE job = %s AND slot = %s", (JOB, SLOT))
+        cur = s.execute(f"SELECT lease_expires_at < {s.d.now()} FROM resumable_checkpoints WHERE job = %s AND slot = %s", (JOB, SLOT))
         (expired,) = cur.fetchone()
         s.commit()
     return bool(expired)

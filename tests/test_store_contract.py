@@ -61,7 +61,7 @@ def test_a_live_lease_is_not_taken_and_an_expired_one_is(store: Store) -> None:
         acquire(s, owner="a", lease=30)
         assert s.acquire(JOB, SLOT, "b", 30) is None
         # the holder's lease lapses (as after a crash): shorten it in the database's own clock
-        s._execute("UPDATE resumable_checkpoints SET lease_expires_at = {now} WHERE job = %s", (JOB,))
+        s.execute(f"UPDATE resumable_checkpoints SET lease_expires_at = {s.d.now()} WHERE job = %s", (JOB,))
         s.commit()
         row, created = acquire(s, owner="b")
         assert not created and row.lease_owner == "b" and row.lease_token == 2
@@ -72,7 +72,7 @@ def test_fencing_rejects_the_stale_holder_and_keeps_the_new_one(store: Store) ->
         s.ensure_schema()
         acquire(s, owner="a")
         s.save(JOB, SLOT, "a", 1, position="5", state="{}", processed=5, total=None)
-        s._execute("UPDATE resumable_checkpoints SET lease_expires_at = {now} WHERE job = %s", (JOB,))
+        s.execute(f"UPDATE resumable_checkpoints SET lease_expires_at = {s.d.now()} WHERE job = %s", (JOB,))
         s.commit()
         acquire(s, owner="b")
         s.save(JOB, SLOT, "b", 2, position="8", state="{}", processed=8, total=None)
@@ -171,7 +171,7 @@ def test_an_unreadable_row_is_reported_with_job_and_slot_and_left_alone(store: S
         with pytest.raises(CorruptCheckpoint) as err:
             s.load(JOB, SLOT)
         assert JOB in str(err.value) and SLOT in str(err.value) and "DELETE FROM resumable_checkpoints" in str(err.value)
-        s._execute("UPDATE resumable_checkpoints SET lease_expires_at = {now} WHERE job = %s", (JOB,))
+        s.execute(f"UPDATE resumable_checkpoints SET lease_expires_at = {s.d.now()} WHERE job = %s", (JOB,))
         s.commit()
         with pytest.raises(CorruptCheckpoint):
             s.acquire(JOB, SLOT, "next", 30)  # an attempt finds it unreadable...

@@ -6,7 +6,6 @@ import dataclasses
 import json
 import math
 import operator
-import re
 import time
 from collections.abc import Callable
 from datetime import datetime, timezone
@@ -16,6 +15,7 @@ from airflow_resumable.core.checkpoint import Checkpoint, encode
 from airflow_resumable.core.errors import InvalidCheckpoint
 from airflow_resumable.core.progress import Log
 from airflow_resumable.core.signal import Signal
+from airflow_resumable.core.stores.base import to_qmark
 
 if TYPE_CHECKING:
     from airflow_resumable.core.runner import Attempt
@@ -77,14 +77,6 @@ class TransactionConnection:
 
     def __exit__(self, *exc: Any) -> None:
         """Leaving the block neither commits nor rolls back: the checkpoint decides."""
-
-
-_FORMAT_MARK = re.compile(r"%([s%])")
-
-
-def to_qmark(sql: str) -> str:
-    """psycopg2's ``format`` placeholders as SQLite's: ``%s`` -> ``?``, ``%%`` -> ``%``."""
-    return _FORMAT_MARK.sub(lambda m: "?" if m.group(1) == "s" else "%", sql)
 
 
 class _QmarkCursor:

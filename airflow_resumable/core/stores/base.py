@@ -12,11 +12,14 @@ it acquired, and matches no row once another attempt has taken the lease over.
 from __future__ import annotations
 
 import abc
+import functools
 import json
 import os
+import re
 import socket
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from types import SimpleNamespace
 from typing import Any
 
 from airflow_resumable.core.checkpoint import AttemptEnd, AttemptRecord, Checkpoint, Origin, Status, decode
@@ -34,48 +37,45 @@ _STATE = CHECKPOINTS.names.index("state")
 
 
 class Dialect:
-    """What differs between backends. Queries are written once, with ``%s`` markers and the
-    ``{now}`` / ``{now_plus}`` time expressions; :meth:`sql` turns them into this backend's SQL."""
+    """What differs between backends, as methods: time arithmetic, types, placeholders, locks.
 
-    def __init__(
-        self,
-        name: str,
-        *,
-        marker: str,
-        now: str,
-        timestamp_type: str,
-        now_plus: str,
-        id_type: str,
-        schema_lock: tuple[str, ...] = (),
-        migration_setup: tuple[str, ...] = (),
-        begin: str = "BEGIN",
-    ):
-        self.name = name
-        #: DB-API parameter marker of the driver: ``%s`` or ``?``.
-        self.marker = marker
-        #: Expression for the database's current time, in the type of the timestamp columns.
-        self.now = now
-        self.timestamp_type = timestamp_type
-        #: "now plus N seconds", N being one parameter.
-        self.now_plus = now_plus
-        #: Column type of an auto-numbered primary key.
-        self.id_type = id_type
-        #: Statements that serialize schema changes between processes, run first in their transaction.
-        self.schema_lock = schema_lock
-        #: Statements run at the start of every migration step's transaction (e.g. a lock timeout).
-        self.migration_setup = migration_setup
-        #: The statement that opens an explicit transaction (SQLite: take the write lock up front).
-        self.begin = begin
-        self._cache: dict[str, str] = {}
+    Queries are written once, in Python f-strings that call these methods, with DB-API ``format``
+    placeholders (``%s``); :meth:`placeholders` gives them this driver's marker. The same single
+    style is what ``ctx.transaction()`` offers handlers.
+    """
 
-    def sql(self, text: str) -> str:
-        """A query written with ``%s`` and ``{now}``/``{now_plus}`` in this dialect (cached)."""
-        out = self._cache.get(text)
+    #: Name of the backend.
+    name: str = ""
+    #: DB-API parameter marker of the driver: ``%s`` or ``?``.
+    marker: str = "%s"
+    #: Column type of timestamps, and of an auto-numbered primary key.
+    timestamp_type: str = "TIMESTAMPTZ"
+    id_type: str = ""
+    #: Statements that serialize schema changes between processes, run first in their transaction.
+    schema_lock: tuple[str, ...] = ()
+    #: Statements run at the start of every migration step's transaction (e.g. a lock timeout).
+    migration_setup: tuple[str, ...] = ()
+    #: The statement that opens an explicit transaction (SQLite: take the write lock up front).
+    begin: str = "BEGIN"
+
+    def __init__(self) -> None:
+        self._translated: dict[str, str] = {}
+
+    def now(self) -> str:
+        """The database's current time, in the type of the timestamp columns."""
+        raise NotImplementedError
+
+    def now_plus(self, seconds: str) -> str:
+        """The database's current time plus ``seconds`` (an SQL expression, e.g. a placeholder)."""
+        raise NotImplementedError
+
+    def placeholders(self, sql: str) -> str:
+        """``sql`` with this driver's parameter marker (translations cached: queries repeat)."""
+        if self.marker == "%s":
+            return sql
+        out = self._translated.get(sql)
         if out is None:
-            out = text.replace("{now_plus}", self.now_plus).replace("{now}", self.now)
-            if self.marker != "%s":
-                out = out.replace("%s", self.marker)
-            self._cache[text] = out
+            out = self._translated[sql] = to_qmark(sql)
         return out
 
     def type_of(self, column: Column) -> str:
@@ -83,6 +83,14 @@ class Dialect:
             "text": "TEXT", "json": "TEXT", "int": "INTEGER", "bigint": "BIGINT",
             "timestamp": self.timestamp_type, "id": self.id_type,
         }[column.kind]
+
+
+_FORMAT_MARK = re.compile(r"%([s%])")
+
+
+def to_qmark(sql: str) -> str:
+    """DB-API ``format`` placeholders as ``qmark`` ones: ``%s`` -> ``?``, ``%%`` -> ``%``."""
+    return _FORMAT_MARK.sub(lambda m: "?" if m.group(1) == "s" else "%", sql)
 
 
 def _insert(table: str, values: Mapping[str, str], returning: str | None = None) -> str:
@@ -93,21 +101,28 @@ def _insert(table: str, values: Mapping[str, str], returning: str | None = None)
     return text if returning is None else f"{text} RETURNING {returning}"
 
 
-_CREATE_ROW = _insert(TABLE, {
-    "job": "%s", "slot": "%s", "status": "'running'", "runs": "0", "started_at": "{now}", "updated_at": "{now}",
-    "lease_owner": "%s", "lease_token": "1", "lease_expires_at": "{now_plus}", "heartbeat_at": "{now}",
-    "lease_acquired_at": "{now}",
-}) + f" ON CONFLICT (job, slot) DO NOTHING RETURNING {_SELECT}"
-
 _HISTORY_COLUMNS = (
     "job", "slot", "attempt", "owner", "host", "pid", "dag_id", "task_id", "run_id", "map_index", "lease_token",
     "outcome", "resumed_from", "position_start", "processed_start",
 )
-_START_HISTORY = _insert(HISTORY, {**dict.fromkeys(_HISTORY_COLUMNS, "%s"), "started_at": "{now}"}, returning="id")
-_ENDED_HISTORY = _insert(HISTORY, {
-    **dict.fromkeys(_HISTORY_COLUMNS, "%s"), "started_at": "{now}", "ended_at": "{now}", "position_end": "%s",
-    "processed_end": "%s", "error": "%s",
-})
+
+
+@functools.cache
+def _statements(d: Dialect) -> SimpleNamespace:
+    """The INSERTs of a run, built once per dialect from the tables' definitions."""
+    now = d.now()
+    return SimpleNamespace(
+        create_row=_insert(TABLE, {
+            "job": "%s", "slot": "%s", "status": "'running'", "runs": "0", "started_at": now, "updated_at": now,
+            "lease_owner": "%s", "lease_token": "1", "lease_expires_at": d.now_plus("%s"), "heartbeat_at": now,
+            "lease_acquired_at": now,
+        }) + f" ON CONFLICT (job, slot) DO NOTHING RETURNING {_SELECT}",
+        start_history=_insert(HISTORY, {**dict.fromkeys(_HISTORY_COLUMNS, "%s"), "started_at": now}, returning="id"),
+        ended_history=_insert(HISTORY, {
+            **dict.fromkeys(_HISTORY_COLUMNS, "%s"), "started_at": now, "ended_at": now, "position_end": "%s",
+            "processed_end": "%s", "error": "%s",
+        }),
+    )
 
 
 class Store(abc.ABC):
@@ -156,9 +171,9 @@ class StoreSession:
     # -- plumbing ------------------------------------------------------------------------------
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> Any:
-        """Run one statement written with ``%s`` markers and ``{now}``/``{now_plus}``."""
+        """Run one statement written with ``%s`` placeholders (see :class:`Dialect`)."""
         cur = self.conn.cursor()
-        cur.execute(self.d.sql(sql), tuple(params))
+        cur.execute(self.d.placeholders(sql), tuple(params))
         return cur
 
     _execute = execute
@@ -270,9 +285,10 @@ class StoreSession:
 
     def live_others(self, job: str, slot: str) -> list[Checkpoint]:
         """Other slots of the job whose lease is live now, earliest acquired first."""
+        now = self.d.now()
         cur = self.execute(
             f"SELECT {_SELECT} FROM {TABLE} WHERE job = %s AND slot <> %s AND lease_owner IS NOT NULL "
-            "AND lease_expires_at > {now} ORDER BY lease_acquired_at, slot",
+            f"AND lease_expires_at > {now} ORDER BY lease_acquired_at, slot",
             (job, slot),
         )
         rows = cur.fetchall()
@@ -294,15 +310,16 @@ class StoreSession:
         Returns ``(row, created)`` with the new lease token in ``row.lease_token``, or None when
         another owner holds a live lease.
         """
-        cur = self.execute(_CREATE_ROW, (job, slot, owner, lease_seconds))
+        now, now_plus = self.d.now(), self.d.now_plus("%s")
+        cur = self.execute(_statements(self.d).create_row, (job, slot, owner, lease_seconds))
         row = cur.fetchone()
         if row is not None:
             self.commit()
             return self._row(row), True
         cur = self.execute(
-            f"UPDATE {TABLE} SET lease_owner = %s, lease_token = lease_token + 1, lease_expires_at = {{now_plus}}, "
-            "heartbeat_at = {now}, lease_acquired_at = {now} "
-            "WHERE job = %s AND slot = %s AND (lease_owner IS NULL OR lease_owner = %s OR lease_expires_at <= {now}) "
+            f"UPDATE {TABLE} SET lease_owner = %s, lease_token = lease_token + 1, lease_expires_at = {now_plus}, "
+            f"heartbeat_at = {now}, lease_acquired_at = {now} "
+            f"WHERE job = %s AND slot = %s AND (lease_owner IS NULL OR lease_owner = %s OR lease_expires_at <= {now}) "
             f"RETURNING {_SELECT}",
             (owner, lease_seconds, job, slot, owner),
         )
@@ -333,7 +350,7 @@ class StoreSession:
         with self.transaction():
             self.execute(sql, (job, slot, owner))
             if record is not None:
-                self.execute(_ENDED_HISTORY, (*_history_values(record), _json_or_none(record.position_end),
+                self.execute(_statements(self.d).ended_history, (*_history_values(record), _json_or_none(record.position_end),
                                                record.processed_end, record.error))
 
     def heartbeat(self, job: str, slot: str, owner: str, token: int, lease_seconds: float) -> str | None:
@@ -342,8 +359,9 @@ class StoreSession:
         Raises:
             LeaseLost: the lease is no longer ours.
         """
+        now, now_plus = self.d.now(), self.d.now_plus("%s")
         cur = self.execute(
-            f"UPDATE {TABLE} SET lease_expires_at = {{now_plus}}, heartbeat_at = {{now}} "
+            f"UPDATE {TABLE} SET lease_expires_at = {now_plus}, heartbeat_at = {now} "
             "WHERE job = %s AND slot = %s AND lease_owner = %s AND lease_token = %s RETURNING cancel_request",
             (lease_seconds, job, slot, owner, token),
         )
@@ -374,11 +392,12 @@ class StoreSession:
         The attempt's history ``record``, if given, is inserted in the same transaction. Returns
         the row and the record's id.
         """
+        now = self.d.now()
         o = record or AttemptRecord()
         if reset:
             sets = (
                 "position = NULL, state = '{}', processed = 0, total = NULL, attempts = 1, runs = runs + 1, "
-                "resumed_from = NULL, started_at = {now}, last_error = NULL, result = NULL"
+                f"resumed_from = NULL, started_at = {now}, last_error = NULL, result = NULL"
             )
             params: tuple[Any, ...] = (attempt,)
         else:
@@ -387,7 +406,7 @@ class StoreSession:
         with self.transaction():
             cur = self.execute(
                 f"UPDATE {TABLE} SET {sets}, status = 'running', attempt = %s, cancel_reason = NULL, "
-                "cancel_request = NULL, finished_at = NULL, confirmed_at = NULL, updated_at = {now}, "
+                f"cancel_request = NULL, finished_at = NULL, confirmed_at = NULL, updated_at = {now}, "
                 "dag_id = %s, task_id = %s, run_id = %s, map_index = %s "
                 f"WHERE job = %s AND slot = %s AND lease_owner = %s AND lease_token = %s RETURNING {_SELECT}",
                 (*params, o.dag_id, o.task_id, o.run_id, o.map_index, job, slot, owner, token),
@@ -398,7 +417,7 @@ class StoreSession:
             cp = self._row(row)
             if record is None:
                 return cp, None
-            record_id = self.execute(_START_HISTORY, _history_values(
+            record_id = self.execute(_statements(self.d).start_history, _history_values(
                 record, position_start=cp.position, processed_start=cp.processed)).fetchone()[0]
         return cp, int(record_id)
 
@@ -419,8 +438,9 @@ class StoreSession:
         Raises:
             LeaseLost: another attempt holds the lease; nothing was committed.
         """
+        now = self.d.now()
         cur = self.execute(
-            f"UPDATE {TABLE} SET position = %s, state = %s, processed = %s, total = %s, updated_at = {{now}} "
+            f"UPDATE {TABLE} SET position = %s, state = %s, processed = %s, total = %s, updated_at = {now} "
             "WHERE job = %s AND slot = %s AND lease_owner = %s AND lease_token = %s",
             (position, state, processed, total, job, slot, owner, token),
         )
@@ -454,15 +474,16 @@ class StoreSession:
         Raises:
             LeaseLost: another attempt holds the lease; the row was not touched.
         """
+        now = self.d.now()
         done = status is Status.DONE
-        finished = "{now}" if done else "NULL"
+        finished = now if done else "NULL"
         # A finished run keeps no error: last_error and cancel_reason describe an unfinished one.
         last_error_sql = "NULL" if done else "COALESCE(%s, last_error)"
         with self.transaction():
             cur = self.execute(
                 f"UPDATE {TABLE} SET status = %s, last_error = {last_error_sql}, cancel_reason = %s, "
                 "total = COALESCE(%s, total), result = %s, "
-                f"finished_at = {finished}, updated_at = {{now}}, lease_owner = NULL, lease_expires_at = NULL, "
+                f"finished_at = {finished}, updated_at = {now}, lease_owner = NULL, lease_expires_at = NULL, "
                 "cancel_request = NULL "
                 f"WHERE job = %s AND slot = %s AND lease_owner = %s AND lease_token = %s RETURNING {_SELECT}",
                 (status.value, *(() if done else (last_error,)), cancel_reason, total, result if done else None,
@@ -480,8 +501,9 @@ class StoreSession:
     def confirm(self, job: str, slot: str, origin: Origin) -> bool:
         """Record that the embedding (Airflow) counted the task instance that finished the slot as
         successful. Only a ``done`` row last run by that task instance is marked."""
+        now = self.d.now()
         cur = self.execute(
-            f"UPDATE {TABLE} SET confirmed_at = {{now}} WHERE job = %s AND slot = %s AND status = 'done' "
+            f"UPDATE {TABLE} SET confirmed_at = {now} WHERE job = %s AND slot = %s AND status = 'done' "
             "AND dag_id = %s AND task_id = %s AND run_id = %s AND map_index = %s",
             (job, slot, origin.dag_id, origin.task_id, origin.run_id, origin.map_index),
         )
@@ -499,8 +521,9 @@ class StoreSession:
 
     def _end_record(self, record_id: int, outcome: AttemptEnd, *, error: str | None, cancel_reason: str | None,
                     position: Any, processed: int | None) -> None:
+        now = self.d.now()
         self.execute(
-            f"UPDATE {HISTORY} SET ended_at = {{now}}, outcome = %s, cancel_reason = %s, error = %s, "
+            f"UPDATE {HISTORY} SET ended_at = {now}, outcome = %s, cancel_reason = %s, error = %s, "
             "position_end = %s, processed_end = %s WHERE id = %s AND ended_at IS NULL",
             (outcome.value, cancel_reason, error, _json_or_none(position), processed, record_id),
         )

@@ -8,19 +8,28 @@ from typing import Any
 from airflow_resumable.core.errors import ConfigurationError, StoreUnavailable
 from airflow_resumable.core.stores.base import Dialect, Store
 
-DIALECT = Dialect(
-    "postgres",
-    marker="%s",
-    now="clock_timestamp()",
-    timestamp_type="TIMESTAMPTZ",
-    now_plus="(clock_timestamp() + %s * interval '1 second')",
-    id_type="BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY",
+
+class PostgresDialect(Dialect):
+    """PostgreSQL: TIMESTAMPTZ from the server's clock, ``%s`` markers, an advisory lock for DDL."""
+
+    name = "postgres"
+    marker = "%s"
+    timestamp_type = "TIMESTAMPTZ"
+    id_type = "BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY"
     # Two workers creating or migrating the schema at once would race on the DDL.
-    schema_lock=("SELECT pg_advisory_xact_lock(7241730117)",),
+    schema_lock = ("SELECT pg_advisory_xact_lock(7241730117)",)
     # ALTER TABLE waits for every open transaction on the table (a long transactional chunk) and
     # blocks the table's readers meanwhile: give up after a while instead, and retry.
-    migration_setup=("SET LOCAL lock_timeout = '30s'",),
-)
+    migration_setup = ("SET LOCAL lock_timeout = '30s'",)
+
+    def now(self) -> str:
+        return "clock_timestamp()"
+
+    def now_plus(self, seconds: str) -> str:
+        return f"(clock_timestamp() + {seconds} * interval '1 second')"
+
+
+DIALECT = PostgresDialect()
 
 #: Connection parameters that may come from an Airflow connection's extras.
 _EXTRA_KEYS = {

@@ -11,15 +11,24 @@ from airflow_resumable.core.stores.base import Dialect, Store
 
 _NOW = "((julianday('now') - 2440587.5) * 86400.0)"
 
-DIALECT = Dialect(
-    "sqlite",
-    marker="?",
-    now=_NOW,
-    timestamp_type="REAL",
-    now_plus=f"({_NOW} + %s)",
-    id_type="INTEGER PRIMARY KEY AUTOINCREMENT",
-    begin="BEGIN IMMEDIATE",
-)
+
+class SQLiteDialect(Dialect):
+    """SQLite: timestamps as REAL epoch seconds, ``?`` markers, the write lock taken up front."""
+
+    name = "sqlite"
+    marker = "?"
+    timestamp_type = "REAL"
+    id_type = "INTEGER PRIMARY KEY AUTOINCREMENT"
+    begin = "BEGIN IMMEDIATE"
+
+    def now(self) -> str:
+        return _NOW
+
+    def now_plus(self, seconds: str) -> str:
+        return f"({_NOW} + {seconds})"
+
+
+DIALECT = SQLiteDialect()
 
 
 class SQLiteStore(Store):
