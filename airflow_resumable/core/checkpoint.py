@@ -11,7 +11,7 @@ from airflow_resumable.core.errors import CorruptCheckpoint, InvalidCheckpoint
 from airflow_resumable.core.schema import column
 from airflow_resumable.core.states import AttemptEnd, Status
 
-__all__ = ["AttemptEnd", "AttemptRecord", "Checkpoint", "Origin", "Status", "decode", "encode"]
+__all__ = ["ENCODER", "AttemptEnd", "AttemptRecord", "Checkpoint", "Origin", "Status", "decode", "encode", "short"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,6 +61,11 @@ class Checkpoint:
     confirmed_at: datetime | None = column(
         "timestamp", "when Airflow recorded the task instance of the `done` run as successful "
         "(a Clear after that runs the slot again)", default=None)
+
+    @property
+    def origin(self) -> Origin:
+        """The task instance that last ran the slot."""
+        return Origin(dag_id=self.dag_id, task_id=self.task_id, run_id=self.run_id, map_index=self.map_index)
 
     @property
     def percent(self) -> float | None:
@@ -123,8 +128,9 @@ class AttemptRecord:
         return _plain(self)
 
 
-#: One encoder for every checkpoint (json.dumps with options builds a new one per call).
-_ENCODER = json.JSONEncoder(allow_nan=False, separators=(",", ":"))
+#: One encoder for every JSON value the stores keep: positions, states, results, history
+#: (json.dumps with options builds a new one per call).
+ENCODER = json.JSONEncoder(allow_nan=False, separators=(",", ":"))
 
 
 def encode(value: Any, *, what: str, job: str, slot: str) -> str:
@@ -134,10 +140,10 @@ def encode(value: Any, *, what: str, job: str, slot: str) -> str:
         InvalidCheckpoint: the value is not plain JSON (e.g. a datetime, a set, NaN).
     """
     try:
-        text = _ENCODER.encode(value)
+        text = ENCODER.encode(value)
     except (TypeError, ValueError) as exc:
         raise InvalidCheckpoint(
-            f"the {what} {_short(value)} cannot be stored as JSON ({exc})",
+            f"the {what} {short(value)} cannot be stored as JSON ({exc})",
             job=job,
             slot=slot,
             hint="Use numbers, strings, booleans, None, lists and dicts with string keys "
@@ -145,7 +151,7 @@ def encode(value: Any, *, what: str, job: str, slot: str) -> str:
         ) from None
     if isinstance(value, dict) and any(not isinstance(k, str) for k in value):
         raise InvalidCheckpoint(
-            f"the {what} {_short(value)} has non-string keys, which JSON would turn into strings",
+            f"the {what} {short(value)} has non-string keys, which JSON would turn into strings",
             job=job,
             slot=slot,
             hint="Use string keys; nothing was written",
@@ -165,7 +171,7 @@ def decode(text: str | None, *, what: str, job: str, slot: str, mapping: bool = 
         value = json.loads(text)
     except (TypeError, ValueError) as exc:
         raise CorruptCheckpoint(
-            f"the stored {what} {_short(text)} is not valid JSON ({exc})",
+            f"the stored {what} {short(text)} is not valid JSON ({exc})",
             job=job,
             slot=slot,
             hint="The row was left as it is. Fix its JSON, or delete the row to start the slot over: "
@@ -173,7 +179,7 @@ def decode(text: str | None, *, what: str, job: str, slot: str, mapping: bool = 
         ) from None
     if mapping and value is not None and not isinstance(value, dict):
         raise CorruptCheckpoint(
-            f"the stored {what} {_short(text)} is JSON but not an object: a {what} must be a dict, "
+            f"the stored {what} {short(text)} is JSON but not an object: a {what} must be a dict, "
             f"not a {type(value).__name__}",
             job=job,
             slot=slot,
@@ -209,7 +215,8 @@ def _literal_safe(text: str) -> bool:
     return text.isprintable() and "\\" not in text
 
 
-def _short(value: Any, limit: int = 80) -> str:
+def short(value: Any, limit: int = 80) -> str:
+    """``repr(value)``, cut to ``limit`` characters for an error message."""
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
 

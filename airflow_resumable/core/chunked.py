@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
+from airflow_resumable.core.checkpoint import short
 from airflow_resumable.core.context import RunContext
 from airflow_resumable.core.errors import ConfigurationError
 from airflow_resumable.core.options import call_problem, duration_problem
@@ -200,8 +201,8 @@ def _check_order(ctx: RunContext, after: Any, keys: list[Any]) -> None:
     else:  # pragma: no cover - the fast check above found a pair out of order
         return
     raise ConfigurationError(
-        f"read returned positions out of order: {_short(current)} (item {i} of the batch) does not come after "
-        f"{_short(previous)} ({where}); positions seen: {_preview(keys)} after {_short(after)}; nothing of this "
+        f"read returned positions out of order: {short(current, 40)} (item {i} of the batch) does not come after "
+        f"{short(previous, 40)} ({where}); positions seen: {_preview(keys)} after {short(after, 40)}; nothing of this "
         "batch was processed and the checkpoint did not move",
         job=ctx.job,
         slot=ctx.slot,
@@ -211,10 +212,6 @@ def _check_order(ctx: RunContext, after: Any, keys: list[Any]) -> None:
 
 
 def _preview(keys: list[Any], limit: int = 6) -> str:
-    shown = ", ".join(_short(k) for k in keys[:limit])
+    shown = ", ".join(short(k, 40) for k in keys[:limit])
     return f"[{shown}{', ...' if len(keys) > limit else ''}] ({len(keys)} items)"
 
-
-def _short(value: Any, limit: int = 40) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."

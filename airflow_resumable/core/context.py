@@ -15,7 +15,7 @@ from airflow_resumable.core.checkpoint import Checkpoint, encode
 from airflow_resumable.core.errors import InvalidCheckpoint
 from airflow_resumable.core.progress import Log
 from airflow_resumable.core.signal import Signal
-from airflow_resumable.core.stores.base import to_qmark
+from airflow_resumable.core.stores.base import Dialect
 
 if TYPE_CHECKING:
     from airflow_resumable.core.runner import Attempt
@@ -40,9 +40,9 @@ class TransactionConnection:
     #: The DB-API paramstyle every store takes through this connection.
     paramstyle = "format"
 
-    def __init__(self, conn: Any, native_marker: str):
+    def __init__(self, conn: Any, dialect: Dialect):
         self._conn = conn
-        self._translate = native_marker != "%s"
+        self._dialect = dialect
 
     def commit(self) -> None:
         raise RuntimeError(
@@ -54,7 +54,7 @@ class TransactionConnection:
 
     def cursor(self) -> Any:
         cur = self._conn.cursor()
-        return _QmarkCursor(cur) if self._translate else cur
+        return cur if self._dialect.marker == "%s" else _QmarkCursor(cur, self._dialect)
 
     def execute(self, sql: str, params: Any = None) -> Any:
         cur = self.cursor()
@@ -82,16 +82,17 @@ class TransactionConnection:
 class _QmarkCursor:
     """A SQLite cursor that takes ``%s`` placeholders (see :class:`TransactionConnection`)."""
 
-    def __init__(self, cur: Any):
+    def __init__(self, cur: Any, dialect: Dialect):
         self._cur = cur
+        self._dialect = dialect
 
     def execute(self, sql: str, params: Any = None) -> Any:
-        if params is None:
+        if params is None:  # as psycopg2: no parameters, no placeholder processing
             return self._cur.execute(sql)
-        return self._cur.execute(to_qmark(sql), params)
+        return self._cur.execute(self._dialect.placeholders(sql), params)
 
     def executemany(self, sql: str, seq_of_params: Any) -> Any:
-        return self._cur.executemany(to_qmark(sql), seq_of_params)
+        return self._cur.executemany(self._dialect.placeholders(sql), seq_of_params)
 
     def __iter__(self) -> Any:
         return iter(self._cur)

@@ -14,6 +14,7 @@ from collections.abc import Collection, Sequence
 from typing import Any
 
 from airflow_resumable.core import defaults
+from airflow_resumable.core.checkpoint import short
 from airflow_resumable.core.errors import ConfigurationError
 from airflow_resumable.core.lease import heartbeat_interval
 
@@ -114,11 +115,11 @@ def key_problem(name: str, value: Any) -> str | None:
     if not value or not isinstance(value, str):
         return f"{name} must be a non-empty string, got {value!r}"
     if "\x00" in value:
-        return f"{name} {_short_name(value)} contains a NUL character, which the database cannot store"
+        return f"{name} {short(value, 60)} contains a NUL character, which the database cannot store"
     try:
         size = len(value.encode("utf-8"))
     except UnicodeEncodeError as exc:
-        return f"{name} {_short_name(value)} cannot be stored as UTF-8 ({exc.reason})"
+        return f"{name} {short(value, 60)} cannot be stored as UTF-8 ({exc.reason})"
     if size > MAX_KEY_BYTES:
         return f"{name} is {size} bytes long in UTF-8, over the {MAX_KEY_BYTES} the checkpoint table's key allows"
     return None
@@ -153,8 +154,3 @@ def _number(value: Any) -> bool:
 
 def _span(seconds: float) -> str:
     return "one day" if seconds == 86400 else ("one year" if seconds == MAX_SECONDS else f"{seconds:g}s")
-
-
-def _short_name(value: str, limit: int = 60) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."

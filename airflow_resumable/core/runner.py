@@ -18,15 +18,25 @@ The class operator, the chunked operator and ``@task.resumable`` all run this; t
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
+import os
+import socket
 import threading
 import time
 from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-from airflow_resumable.core.checkpoint import AttemptEnd, AttemptRecord, Checkpoint, Origin, Status, encode
+from airflow_resumable.core.checkpoint import (
+    ENCODER,
+    AttemptEnd,
+    AttemptRecord,
+    Checkpoint,
+    Origin,
+    Status,
+    encode,
+    short,
+)
 from airflow_resumable.core.context import RunContext, TransactionConnection
 from airflow_resumable.core.errors import (
     AttemptEnded,
@@ -201,13 +211,12 @@ class Attempt:
             except CorruptCheckpoint:
                 self._release(session, created=False)  # leave the hand-edited row as it was
                 raise
-            if status is Status.DONE:
-                why = self._why_run_again(row)
-                if why is None:
-                    return self._already_done(session, row)
+            rerun_because = self._why_run_again(row) if status is Status.DONE else None
+            if status is Status.DONE and rerun_because is None:
+                return self._already_done(session, row)
             self._overlap(session, row, created)
             try:
-                row, resumed, resumed_from = self._begin(session, row, created)
+                row, resumed, resumed_from = self._begin(session, row, created, rerun_because)
             except BaseException:
                 self._release(session, created=False)  # nothing started: do not hold the slot
                 raise
@@ -317,11 +326,9 @@ class Attempt:
             )
             return
         # A skip is history; a wait re-checks every overlap_poke and would flood it.
-        session.release(self.job, self.slot, self.owner, delete=created, record=None if policy == "wait" else self._record(
-            AttemptEnd.SKIPPED, position_start=row.position, processed_start=row.processed,
-            position_end=row.position, processed_end=row.processed,
-            error=f"overlap {policy}: an earlier run is live (slot {', '.join(slots)})",
-        ))
+        skipped = self._unstarted(AttemptEnd.SKIPPED, row, error=f"overlap {policy}: an earlier run is live "
+                                  f"(slot {', '.join(slots)})")
+        session.release(self.job, self.slot, self.owner, delete=created, record=None if policy == "wait" else skipped)
         error = OverlapSkip if policy == "skip" else OverlapWait
         raise error(
             f"an earlier run of this job is still running (slot {', '.join(slots)}); overlap policy is {policy!r}",
@@ -358,27 +365,32 @@ class Attempt:
             row.finished_at.isoformat() if row.finished_at else "?", row.run_id or "?", row.attempt,
             f", {row.dag_id}.{row.task_id}" if row.dag_id else "", self.job, self.slot, self.attempt,
         )
-        session.release(self.job, self.slot, self.owner, record=self._record(
-            AttemptEnd.ALREADY_DONE, position_start=row.position, processed_start=row.processed,
-            position_end=row.position, processed_end=row.processed,
-        ))
+        session.release(self.job, self.slot, self.owner, record=self._unstarted(AttemptEnd.ALREADY_DONE, row))
         self._last_row = dataclasses.replace(row, lease_owner=None, lease_expires_at=None)
         self.reporter.on_finish(self._last_row)
         return Outcome(result=result, checkpoint=self._last_row, resumed_from=None, already_done=True)
 
+    def _unstarted(self, end: AttemptEnd, row: Checkpoint, **fields: Any) -> AttemptRecord:
+        """The history record of an attempt that ended without running the handler: the row stays
+        where it was."""
+        return self._record(end, position_start=row.position, processed_start=row.processed,
+                            position_end=row.position, processed_end=row.processed, **fields)
+
     def _record(self, end: AttemptEnd = AttemptEnd.RUNNING, **fields: Any) -> AttemptRecord:
         """This attempt's history record."""
-        host, _, pid = StoreSession.who().rpartition(":")
         o = self.origin
         return AttemptRecord(
-            job=self.job, slot=self.slot, attempt=self.attempt, owner=self.owner, host=host, pid=int(pid),
+            job=self.job, slot=self.slot, attempt=self.attempt, owner=self.owner, host=socket.gethostname(),
+            pid=os.getpid(),
             dag_id=o.dag_id, task_id=o.task_id, run_id=o.run_id, map_index=o.map_index,
             lease_token=self._token or 0, outcome=end.value, **fields,
         )
 
-    def _begin(self, session: StoreSession, row: Checkpoint, created: bool) -> tuple[Checkpoint, bool, Any]:
-        """Resume the slot's checkpoint, or start it over (fresh, asked to run a done slot again,
-        or restart asked)."""
+    def _begin(
+        self, session: StoreSession, row: Checkpoint, created: bool, rerun_because: str | None
+    ) -> tuple[Checkpoint, bool, Any]:
+        """Resume the slot's checkpoint, or start it over (fresh, a done slot asked to run again
+        ``rerun_because``, or restart asked)."""
         assert self._token is not None
         has_progress = row.position is not None or row.processed > 0 or bool(row.state)
         where = f"[job={self.job} slot={self.slot} attempt={self.attempt}]"
@@ -388,7 +400,7 @@ class Attempt:
             self.log.warning(
                 "this slot finished at %s (run %s, attempt %s); running it again from the start because %s %s",
                 row.finished_at.isoformat() if row.finished_at else "?", row.run_id or "?", row.attempt,
-                self._why_run_again(row), where,
+                rerun_because, where,
             )
         elif self.options.restart:
             self.log.warning(
@@ -453,7 +465,7 @@ class Attempt:
         if self._ended:
             raise self._ended_error("ctx.transaction()")
         self._session.begin_transactions()
-        return TransactionConnection(self._session.conn, self.store.dialect.marker)
+        return TransactionConnection(self._session.conn, self.store.dialect)
 
     def _ended_error(self, call: str) -> AttemptEnded:
         return AttemptEnded(
@@ -525,10 +537,10 @@ class Attempt:
         if result is None:
             return None
         try:
-            return _RESULT_ENCODER.encode(self._encode_result(result))
+            return ENCODER.encode(self._encode_result(result))
         except Exception as exc:
             raise InvalidCheckpoint(
-                f"the handler's return value {_short(result)} cannot be stored ({type(exc).__name__}: {exc}); "
+                f"the handler's return value {short(result)} cannot be stored ({type(exc).__name__}: {exc}); "
                 "the slot was not marked done",
                 job=self.job,
                 slot=self.slot,
@@ -567,12 +579,6 @@ def _same(value: Any) -> Any:
     return value
 
 
-_RESULT_ENCODER = json.JSONEncoder(allow_nan=False, separators=(",", ":"))
-
-
-def _short(value: Any, limit: int = 80) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _error_text(exc: BaseException, limit: int = 2000) -> str:

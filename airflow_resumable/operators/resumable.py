@@ -348,7 +348,7 @@ class ResumableOperator(BaseOperator):
             return self.task_id in flag or job in flag or (self.job is not None and self.job in flag)
         return False
 
-    def _rerun(self, context: Context) -> Callable[[Checkpoint], str | None]:
+    def _rerun(self, context: Context, me: Origin) -> Callable[[Checkpoint], str | None]:
         """Whether a ``done`` slot runs again: only for a Clear of this task instance after Airflow
         recorded it as successful.
 
@@ -360,12 +360,9 @@ class ResumableOperator(BaseOperator):
         no confirmation and finishes without redoing the work.
         """
         ti = context["ti"]
-        me = _origin(ti)
 
         def rerun(row: Checkpoint) -> str | None:
-            if row.confirmed_at is None:
-                return None
-            if (row.dag_id, row.task_id, row.run_id, row.map_index) != (me.dag_id, me.task_id, me.run_id, me.map_index):
+            if row.confirmed_at is None or row.origin != me:
                 return None
             max_tries = getattr(ti, "max_tries", None)
             if max_tries is None or ti.try_number != max_tries - (self.retries or 0) + 1:
@@ -378,9 +375,9 @@ class ResumableOperator(BaseOperator):
         """After SIGTERM, ask Airflow whether a person ended the task (``user``) or the worker is
         stopping (``shutdown``). Runs on the main thread at a chunk boundary, never in on_kill."""
         ti = context["ti"]
-        map_index = getattr(ti, "map_index", -1)
+        map_index = _map_index(ti)
         # Airflow keys the states of a mapped task instance as "<task_id>_<map_index>".
-        key = ti.task_id if map_index is None or map_index < 0 else f"{ti.task_id}_{map_index}"
+        key = ti.task_id if map_index < 0 else f"{ti.task_id}_{map_index}"
 
         def resolve(reason: str) -> str | tuple[str, str]:
             if reason != Reason.TERMINATED.value:
@@ -434,7 +431,7 @@ class ResumableOperator(BaseOperator):
                 log=self.log,
                 resolve_reason=self._classify(context),
                 origin=origin,
-                rerun=self._rerun(context),
+                rerun=self._rerun(context, origin),
                 result_codec=(serde_serialize, serde_deserialize),
             )
             self._attempt = attempt

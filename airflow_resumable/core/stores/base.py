@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import abc
 import functools
-import json
 import os
 import re
 import socket
@@ -22,10 +21,10 @@ from contextlib import contextmanager
 from types import SimpleNamespace
 from typing import Any
 
-from airflow_resumable.core.checkpoint import AttemptEnd, AttemptRecord, Checkpoint, Origin, Status, decode
+from airflow_resumable.core.checkpoint import ENCODER, AttemptEnd, AttemptRecord, Checkpoint, Origin, Status, decode
 from airflow_resumable.core.errors import CorruptCheckpoint, LeaseLost
 from airflow_resumable.core.migrations import SCHEMA_VERSION, migrate
-from airflow_resumable.core.schema import Column
+from airflow_resumable.core.schema import Column, Table
 from airflow_resumable.core.tables import ATTEMPTS, CHECKPOINTS
 
 __all__ = ["SCHEMA_VERSION", "Dialect", "Store", "StoreSession"]
@@ -93,11 +92,11 @@ def to_qmark(sql: str) -> str:
     return _FORMAT_MARK.sub(lambda m: "?" if m.group(1) == "s" else "%", sql)
 
 
-def _insert(table: str, values: Mapping[str, str], returning: str | None = None) -> str:
+def _insert(table: Table, values: Mapping[str, str], returning: str | None = None) -> str:
     """An INSERT of column -> SQL expression, columns checked against the table's definition."""
-    for name in values:
-        assert name in CHECKPOINTS.names or name in ATTEMPTS.names, name
-    text = f"INSERT INTO {table} ({', '.join(values)}) VALUES ({', '.join(values.values())})"
+    unknown = set(values) - set(table.names)
+    assert not unknown, f"not columns of {table.name}: {sorted(unknown)}"
+    text = f"INSERT INTO {table.name} ({', '.join(values)}) VALUES ({', '.join(values.values())})"
     return text if returning is None else f"{text} RETURNING {returning}"
 
 
@@ -112,13 +111,13 @@ def _statements(d: Dialect) -> SimpleNamespace:
     """The INSERTs of a run, built once per dialect from the tables' definitions."""
     now = d.now()
     return SimpleNamespace(
-        create_row=_insert(TABLE, {
+        create_row=_insert(CHECKPOINTS, {
             "job": "%s", "slot": "%s", "status": "'running'", "runs": "0", "started_at": now, "updated_at": now,
             "lease_owner": "%s", "lease_token": "1", "lease_expires_at": d.now_plus("%s"), "heartbeat_at": now,
             "lease_acquired_at": now,
         }) + f" ON CONFLICT (job, slot) DO NOTHING RETURNING {_SELECT}",
-        start_history=_insert(HISTORY, {**dict.fromkeys(_HISTORY_COLUMNS, "%s"), "started_at": now}, returning="id"),
-        ended_history=_insert(HISTORY, {
+        start_history=_insert(ATTEMPTS, {**dict.fromkeys(_HISTORY_COLUMNS, "%s"), "started_at": now}, returning="id"),
+        ended_history=_insert(ATTEMPTS, {
             **dict.fromkeys(_HISTORY_COLUMNS, "%s"), "started_at": now, "ended_at": now, "position_end": "%s",
             "processed_end": "%s", "error": "%s",
         }),
@@ -545,4 +544,4 @@ def _history_values(record: AttemptRecord, **override: Any) -> tuple[Any, ...]:
 
 
 def _json_or_none(value: Any) -> str | None:
-    return None if value is None else json.dumps(value, separators=(",", ":"))
+    return None if value is None else ENCODER.encode(value)
