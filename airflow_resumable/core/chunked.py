@@ -16,6 +16,7 @@ from airflow_resumable.core.checkpoint import short
 from airflow_resumable.core.context import RunContext
 from airflow_resumable.core.errors import ConfigurationError
 from airflow_resumable.core.options import call_problem, duration_problem
+from airflow_resumable.core.readers import Batch, Reader
 
 ReadFn = Callable[[RunContext, Any, int], Sequence[Any]]
 ProcessFn = Callable[[RunContext, Sequence[Any]], Any]
@@ -59,6 +60,8 @@ def chunked_problems(
         problems.append(f"chunk_size must be a positive integer, got {chunk_size!r}")
     if position is not None and not callable(position):
         problems.append(f"position must be a function of the last item of a batch, got {type(position).__name__}")
+    if position is not None and isinstance(read, Reader):
+        problems.append(f"read is a reader ({read!r}), which knows its items' positions: drop position=")
     if total is not None and not callable(total) and (isinstance(total, bool) or not isinstance(total, int) or total < 0):
         problems.append(f"total must be a non-negative int or a function of ctx, got {total!r}")
     if checkpoint_interval is not None:
@@ -72,7 +75,9 @@ def calls_problems(read: Any, process: Any, keywords: Collection[str] | None) ->
     """Why ``read``/``process`` cannot take the calls the loop makes, with ``keywords`` (the names of
     handler_kwargs) besides; None when those are not known yet: the positional part only."""
     calls = (
-        call_problem(read, "read", ("ctx", "after", "limit"), keywords) if callable(read) else None,
+        # A reader takes no handler_kwargs (they go to process only), and its call is known.
+        call_problem(read, "read", ("ctx", "after", "limit"), keywords)
+        if callable(read) and not isinstance(read, Reader) else None,
         call_problem(process, "process", ("ctx", "batch"), keywords) if callable(process) else None,
     )
     return [p for p in calls if p]
@@ -99,7 +104,9 @@ def chunk_loop(
             checkpoints.
         position: the position of an item (default :func:`default_key`).
         total: the expected item count, or a function of ``ctx`` computing it once per run.
-        start: the position before the first item.
+        start: the position before the first item, or a function of ``ctx`` giving it (e.g.
+            ``lambda ctx: ctx.previous.position if ctx.previous else None``: continue where the
+            job's previous run ended). A run that reads nothing still ends at ``start``.
         checkpoint_interval: save at most every this many seconds instead of after every chunk
             (None: every chunk). The signal is still checked after every chunk, and a pending
             position is saved before stopping and at the end; but a *crash* now repeats up to
@@ -113,12 +120,24 @@ def chunk_loop(
     key = position or default_key
 
     def handler(ctx: RunContext) -> dict[str, Any]:
+        try:
+            return loop(ctx)
+        finally:
+            if isinstance(read, Reader):
+                read.close()
+
+    def loop(ctx: RunContext) -> dict[str, Any]:
         if ctx.total is None and total is not None:
             ctx.total = total(ctx) if callable(total) else total
-        after = ctx.position if ctx.position is not None else start
+        after = ctx.position
+        # A fresh run starting from a given position saves it even if it reads nothing: the run's
+        # final position is then where the next run (ctx.previous) continues.
+        pending = after is None and start is not None
+        if pending:
+            after = start(ctx) if callable(start) else start
+            pending = after is not None
         processed = ctx.processed
         chunks = 0
-        pending = False  # chunks done since the last save (only with checkpoint_interval)
         saved_at = time.monotonic()
         while True:
             if pending and ctx.signal.cancelled:
@@ -135,7 +154,7 @@ def chunk_loop(
                     hint="read(ctx, after, limit) must return at most limit items",
                 )
             # Checked before process: nothing is done out of order, and the checkpoint does not move.
-            keys = _keys(batch, key)
+            keys = batch.positions if isinstance(batch, Batch) else _keys(batch, key)
             new_after = keys[-1]
             if new_after == after:
                 raise ConfigurationError(
@@ -144,7 +163,8 @@ def chunk_loop(
                     slot=ctx.slot,
                     hint="read must return only items after 'after', ordered by the position key",
                 )
-            _check_order(ctx, after, keys)
+            if not isinstance(batch, Batch):  # a reader orders by its source's own ORDER BY (collations)
+                _check_order(ctx, after, keys)
             process(ctx, batch)
             after = new_after
             processed += len(batch)

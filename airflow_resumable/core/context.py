@@ -112,9 +112,15 @@ class RunContext:
         signal: the cancellation token (``cancelled``, ``reason``, ``raise_if_cancelled()``, ``wait()``).
         state: a JSON dict carried across attempts with the position; mutate it, then checkpoint.
         log: a logger that reaches the task log.
+        previous: the row of the job's previous finished (``done``) slot, or None: its final
+            ``position`` and ``state``, ``slot``, ``finished_at``, ``processed``. An incremental
+            run starts where it ended. "Previous" is the ``done`` slot sorting last before this
+            one when slots are times (a backfill continues from the interval before it), else
+            the ``done`` slot that finished last; never this slot itself. Read once, when the
+            attempt starts.
     """
 
-    def __init__(self, attempt: Attempt, row: Checkpoint, *, resumed: bool):
+    def __init__(self, attempt: Attempt, row: Checkpoint, *, resumed: bool, previous: Checkpoint | None = None):
         self._attempt = attempt
         self._row: Checkpoint | None = row
         self._base = row
@@ -134,6 +140,8 @@ class RunContext:
         self.resumed: bool = resumed
         #: The position this attempt started from (None on a fresh start).
         self.resumed_from: Any = row.position if resumed else None
+        #: The job's previous finished run (see the class docstring), or None.
+        self.previous: Checkpoint | None = previous
 
     @property
     def position(self) -> Any:

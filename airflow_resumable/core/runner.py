@@ -216,11 +216,12 @@ class Attempt:
                 return self._already_done(session, row)
             self._overlap(session, row, created)
             try:
+                previous = session.previous(self.job, self.slot, by_time=self.scheduled_at is not None)
                 row, resumed, resumed_from = self._begin(session, row, created, rerun_because)
             except BaseException:
                 self._release(session, created=False)  # nothing started: do not hold the slot
                 raise
-            ctx = self._ctx = RunContext(self, row, resumed=resumed)
+            ctx = self._ctx = RunContext(self, row, resumed=resumed, previous=previous)
             self._meter = ProgressMeter(row.processed)
             self.reporter.on_start(row, resumed=resumed)
             self.keeper = LeaseKeeper(

@@ -25,6 +25,7 @@ from airflow_resumable.core.context import RunContext
 from airflow_resumable.core.errors import ConfigurationError, OverlapWait
 from airflow_resumable.core.options import Options, call_problem, duration_problem, key_problem, validate_options
 from airflow_resumable.core.progress import Progress, Reporter
+from airflow_resumable.core.readers import Reader
 from airflow_resumable.core.runner import Attempt
 from airflow_resumable.core.signal import Reason
 from airflow_resumable.hooks.resumable import DEFAULT_CONN_ID, ResumableHook
@@ -514,7 +515,9 @@ class ChunkedOperator(ResumableOperator):
     """The operator owns the loop: ``read`` a chunk after the position, ``process`` it, checkpoint.
 
     :param read: ``read(ctx, after, limit) -> list``: up to ``limit`` items after position
-        ``after`` (``start`` on a fresh run), ordered by their position.
+        ``after`` (``start`` on a fresh run), ordered by their position; or a reader
+        (:mod:`airflow_resumable.readers`: SQL keyset, file, sequence), which knows its items'
+        positions and pages correctly by construction.
     :param process: ``process(ctx, batch)``: the chunk's work; make it idempotent, or write
         through ``ctx.transaction()`` to commit it atomically with the checkpoint.
     :param chunk_size: items per chunk (the worst-case cancel delay; ``items / chunk_size``
@@ -522,7 +525,9 @@ class ChunkedOperator(ResumableOperator):
     :param position: function of an item giving its position (default ``item["id"]``,
         ``item[0]`` or the item).
     :param total: the item count, or ``fn(ctx)`` computing it once per run (for percent and ETA).
-    :param start: the position before the first item (default None).
+    :param start: the position before the first item (default None), or ``fn(ctx)`` giving it,
+        e.g. ``lambda ctx: ctx.previous.position if ctx.previous else None`` to continue where the
+        job's previous finished run ended.
     :param checkpoint_interval: save at most every this many seconds (default: after every chunk).
         Cancels still stop at the next chunk boundary and save there, but a crash repeats up to
         this long a stretch of chunks instead of one. For tiny, fast chunks.
@@ -565,7 +570,8 @@ class ChunkedOperator(ResumableOperator):
     def _handler(self, context: Context) -> Callable[[RunContext], Any]:
         read, process, kwargs = self.read, self.process, self.handler_kwargs
         if kwargs:  # e.g. one partition per mapped task instance: .expand(handler_kwargs=[...])
-            read = functools.partial(self.read, **kwargs)
+            if not isinstance(read, Reader):  # a reader takes none: they go to process only
+                read = functools.partial(self.read, **kwargs)
             process = functools.partial(self.process, **kwargs)
         loop = chunk_loop(
             read, process, chunk_size=self.chunk_size, position=self.position, total=self.total, start=self.start,

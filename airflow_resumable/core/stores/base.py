@@ -282,6 +282,27 @@ class StoreSession:
         self.commit()
         return [self._row(r) for r in rows]
 
+    def previous(self, job: str, slot: str, *, by_time: bool) -> Checkpoint | None:
+        """The job's previous finished run, as seen from ``slot``: where an incremental run starts.
+
+        With ``by_time`` (the slot is the run's data interval start or logical date, ISO-8601):
+        the ``done`` slot that sorts last **before** this one, so a backfill of an old interval
+        continues from the interval before it, not from today's. Without (a run with no logical
+        date, whose slot is its run id): the ``done`` slot that finished last. Never this slot
+        itself (a run started over on purpose looks before itself). None when there is none.
+        """
+        if by_time:
+            where, order = "slot < %s", "slot DESC"
+        else:
+            where, order = "slot <> %s", "finished_at DESC, slot DESC"
+        cur = self.execute(
+            f"SELECT {_SELECT} FROM {TABLE} WHERE job = %s AND status = 'done' AND {where} ORDER BY {order} LIMIT 1",
+            (job, slot),
+        )
+        row = cur.fetchone()
+        self.commit()
+        return None if row is None else self._row(row)
+
     def live_others(self, job: str, slot: str) -> list[Checkpoint]:
         """Other slots of the job whose lease is live now, earliest acquired first."""
         now = self.d.now()
