@@ -85,10 +85,13 @@ class Reader(abc.ABC):
             ConfigurationError: the source cannot be paged correctly (e.g. a key that is not
                 unique); nothing of the batch was returned.
         """
+        self._bind(ctx)
+        return self.read(ctx, after, limit)
+
+    def _bind(self, ctx: RunContext | None) -> None:
         if ctx is not self._ctx:  # a new attempt: nothing held by an earlier one is reused
             self.close()
             self._ctx = ctx
-        return self.read(ctx, after, limit)
 
     @abc.abstractmethod
     def read(self, ctx: RunContext, after: Any, limit: int) -> Batch:
@@ -267,6 +270,7 @@ class KeysetReader(Reader):
 
     def count(self, ctx: RunContext | None = None, after: Any = None) -> int:
         """How many rows come after ``after`` (all of them for None): a ``total=`` for progress."""
+        self._bind(ctx)
         sql, args = self.statement(after, 0)
         sql = sql[: sql.rindex(" ORDER BY ")]
         marker = self._marker(self._connection())
