@@ -19,7 +19,7 @@ from airflow_resumable.core import Attempt, Options
 from airflow_resumable.core.errors import SchemaVersionError
 from airflow_resumable.core.migrations import MIGRATIONS, SCHEMA_VERSION
 from airflow_resumable.core.stores import Store
-from airflow_resumable.core.tables import ATTEMPTS, CHECKPOINTS
+from airflow_resumable.core.tables import all_tables
 from fixtures import schema_v1
 
 
@@ -84,16 +84,36 @@ def test_a_migrated_database_has_exactly_the_columns_of_a_fresh_one(
     first_release_database(store, store_kind)
     with store.open() as s:
         assert s.ensure_schema() == SCHEMA_VERSION
-    migrated = {t.name: columns(store, store_kind, t.name) for t in (CHECKPOINTS, ATTEMPTS)}
+    migrated = {t.name: columns(store, store_kind, t.name) for t in all_tables()}
     fresh_store = _another_empty(store_kind, tmp_path, request)
     with fresh_store.open() as s:
         assert s.ensure_schema() == SCHEMA_VERSION
-    fresh = {t.name: columns(fresh_store, store_kind, t.name) for t in (CHECKPOINTS, ATTEMPTS)}
+    fresh = {t.name: columns(fresh_store, store_kind, t.name) for t in all_tables()}
     assert migrated == fresh
     # and both are exactly the row classes' fields, in name and nullability
-    for table in (CHECKPOINTS, ATTEMPTS):
+    for table in all_tables():
         expected = {c.name: c.nullable and c.kind != "id" for c in table.columns}
         assert fresh[table.name] == expected, table.name
+    # and they have the same indexes, unique ones unique
+    assert indexes(store, store_kind) == indexes(fresh_store, store_kind)
+    assert ("resumable_dead_letters_item", True) in indexes(fresh_store, store_kind)
+
+
+def indexes(store: Store, kind: str) -> set[tuple[str, bool]]:
+    """(name, unique) of our tables' named indexes (not the primary keys')."""
+    with store.open() as s:
+        if kind == "sqlite":
+            out = set()
+            for table in all_tables():
+                for row in s.execute(f"PRAGMA index_list({table.name})").fetchall():
+                    if row[3] == "c":  # made by CREATE INDEX, not by a key constraint
+                        out.add((row[1], bool(row[2])))
+            return out
+        rows = s.execute(
+            "SELECT indexname, indexdef LIKE 'CREATE UNIQUE%%' FROM pg_indexes WHERE tablename LIKE 'resumable_%%' "
+            "AND indexname NOT LIKE '%%_pkey'"
+        ).fetchall()
+        return {(name, bool(unique)) for name, unique in rows}
 
 
 def _another_empty(kind: str, tmp_path, request: pytest.FixtureRequest) -> Store:
@@ -131,7 +151,7 @@ def test_many_tasks_starting_at_once_apply_each_migration_once(store: Store, sto
 
 def test_a_worker_that_may_not_migrate_is_told_the_command(store: Store, store_kind: str) -> None:
     first_release_database(store, store_kind)
-    with store.open() as s, pytest.raises(SchemaVersionError, match="has schema version 1.*needs 2") as err:
+    with store.open() as s, pytest.raises(SchemaVersionError, match=f"has schema version 1.*needs {SCHEMA_VERSION}") as err:
         s.ensure_schema(apply=False)
     assert "python -m airflow_resumable migrate --conn-id" in str(err.value)
     assert meta(store)["schema_version"] == "1"
@@ -143,7 +163,7 @@ def test_a_migration_that_fails_changes_nothing_and_says_why(store: Store, store
     with store.open() as s:
         s.execute("ALTER TABLE resumable_checkpoints ADD COLUMN result TEXT")
         s.commit()
-    with store.open() as s, pytest.raises(SchemaVersionError, match="could not upgrade .* from schema 1 to 2"):
+    with store.open() as s, pytest.raises(SchemaVersionError, match=f"could not upgrade .* from schema 1 to {SCHEMA_VERSION}"):
         s.ensure_schema()
     # Then the step rolled back whole: still schema 1, no half-added columns, no history table
     assert meta(store)["schema_version"] == "1"
@@ -188,7 +208,7 @@ def test_the_migrate_command_prints_applies_and_checks(store: Store, store_kind:
     assert meta(store)["schema_version"] == "1", "--sql changes nothing"
     assert cli("--check").returncode == 1
     applied = cli()
-    assert applied.returncode == 0 and "schema 1 -> 2" in applied.stdout, applied.stderr
+    assert applied.returncode == 0 and f"schema 1 -> {SCHEMA_VERSION}" in applied.stdout, applied.stderr
     assert cli("--check").returncode == 0
     assert json.loads(json.dumps(meta(store)))["schema_version"] == str(SCHEMA_VERSION)
     assert "password" not in applied.stdout + applied.stderr

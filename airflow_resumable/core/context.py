@@ -8,9 +8,11 @@ import math
 import operator
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
+from airflow_resumable.core import defaults
 from airflow_resumable.core.checkpoint import Checkpoint, encode
 from airflow_resumable.core.errors import InvalidCheckpoint
 from airflow_resumable.core.progress import Log
@@ -214,6 +216,31 @@ class RunContext:
     def transaction(self) -> TransactionConnection:
         """The checkpoint database's connection; writes on it commit with the next checkpoint."""
         return self._attempt.transaction()
+
+    def skip(self, item: Any, *, position: Any, error: BaseException, limit: int = defaults.SKIP_LIMIT) -> int:
+        """Record ``item`` as skipped because processing it raised ``error``, and go on: the skip
+        policy for a handler that owns its loop (``ChunkedOperator(skip_on=...)`` calls it for you).
+
+        The item goes to the dead-letter table once per (job, slot, ``position``): a retry that
+        meets it again records nothing new. The record commits at once, or with the next checkpoint
+        once the handler writes through :meth:`transaction`. Returns the slot's skipped count.
+
+        Raises:
+            SkipLimitExceeded: ``limit`` items of this slot are skipped already (this one is not
+                recorded); let it propagate: the attempt fails without a retry.
+            InvalidCheckpoint: ``position`` is not plain JSON.
+        """
+        return self._attempt.skip(item, position=position, error=error, limit=limit)
+
+    def savepoint(self) -> AbstractContextManager[None]:
+        """A block whose writes through :meth:`transaction` are undone if it raises, and only those:
+        the chunk's earlier writes stay pending for the next checkpoint.
+
+        ``with ctx.savepoint(): write(item)`` lets a handler drop one item's half-done writes and go
+        on (e.g. after :meth:`skip`). Outside transaction mode there is nothing to undo: each
+        statement committed already.
+        """
+        return self._attempt.savepoint()
 
     def _saved(self, position_json: str, state: dict[str, Any], processed: int, total: int | None) -> None:
         """Record what the store just committed (cheaply: the row is rebuilt only when read)."""

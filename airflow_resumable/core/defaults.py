@@ -18,3 +18,7 @@ OVERLAP_TIMEOUT = 3600.0
 XCOM_INTERVAL = 5.0
 #: The Airflow connection of the checkpoint store.
 CONN_ID = "resumable_default"
+#: How many items of a slot a skip policy (``skip_on=``) may skip before the attempt fails.
+SKIP_LIMIT = 10
+#: How many skipped items the task's summary (its XCom return value) lists (all are counted).
+SKIPPED_SHOWN = 5

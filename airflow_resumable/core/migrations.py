@@ -24,7 +24,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from airflow_resumable.core.errors import SchemaVersionError, StoreUnavailable
-from airflow_resumable.core.tables import ATTEMPTS, CHECKPOINTS, META, all_tables
+from airflow_resumable.core.tables import ATTEMPTS, CHECKPOINTS, DEAD_LETTERS, META, all_tables
 
 if TYPE_CHECKING:
     from airflow_resumable.core.stores.base import Dialect, StoreSession
@@ -76,9 +76,23 @@ def _v2(d: Dialect) -> list[str]:
     ]
 
 
+def _v3(d: Dialect) -> list[str]:
+    """The dead-letter table: items skipped under a skip policy, one row per (job, slot, position)."""
+    ts, t = d.timestamp_type, DEAD_LETTERS.name
+    return [
+        f"""CREATE TABLE IF NOT EXISTS {t} (
+            id {d.id_type}, job TEXT NOT NULL, slot TEXT NOT NULL, position TEXT NOT NULL, item TEXT,
+            item_format TEXT NOT NULL DEFAULT 'json', error TEXT, attempt INTEGER NOT NULL DEFAULT 0,
+            recorded_at {ts} NOT NULL, status TEXT NOT NULL DEFAULT 'skipped', replayed_at {ts}
+        )""",
+        f"CREATE UNIQUE INDEX IF NOT EXISTS {t}_item ON {t} (job, slot, position)",
+    ]
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "checkpoint table and schema stamp", _v1),
     Migration(2, "owning task instance, result and success confirmation on the row; attempt history table", _v2),
+    Migration(3, "dead-letter table for items skipped under a skip policy", _v3),
 )
 
 #: The schema this code reads and writes.

@@ -24,6 +24,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from datetime import datetime
 from typing import Any
 
@@ -37,6 +38,7 @@ from airflow_resumable.core.checkpoint import (
     encode,
     short,
 )
+from airflow_resumable.core.checkpoint import error_text as _error_text
 from airflow_resumable.core.context import RunContext, TransactionConnection
 from airflow_resumable.core.errors import (
     AttemptEnded,
@@ -64,6 +66,7 @@ from airflow_resumable.core.options import (  # re-exported: the core's public n
 )
 from airflow_resumable.core.progress import Log, ProgressMeter, Reporter
 from airflow_resumable.core.signal import Reason, Signal
+from airflow_resumable.core.skips import skip_item
 from airflow_resumable.core.states import check, status_of
 from airflow_resumable.core.stores.base import Store, StoreSession
 
@@ -468,6 +471,18 @@ class Attempt:
         self._session.begin_transactions()
         return TransactionConnection(self._session.conn, self.store.dialect)
 
+    def skip(self, item: Any, *, position: Any, error: BaseException, limit: int) -> int:
+        """Record a skipped item (see :func:`airflow_resumable.core.skips.skip_item`)."""
+        assert self._session is not None
+        if self._ended:
+            raise self._ended_error("ctx.skip()")
+        return skip_item(self._session, job=self.job, slot=self.slot, attempt=self.attempt, item=item,
+                         position=position, error=error, limit=limit, log=self.log)
+
+    def savepoint(self) -> AbstractContextManager[None]:
+        assert self._session is not None
+        return self._session.savepoint()
+
     def _ended_error(self, call: str) -> AttemptEnded:
         return AttemptEnded(
             f"{call} was called after attempt {self.attempt}'s handler returned; nothing was written",
@@ -580,8 +595,3 @@ def _same(value: Any) -> Any:
     return value
 
 
-
-
-def _error_text(exc: BaseException, limit: int = 2000) -> str:
-    text = f"{type(exc).__name__}: {exc}"
-    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -61,12 +61,14 @@ _loads = json.loads
 class Table:
     """A table whose rows are instances of ``cls`` (a frozen dataclass declared with :func:`column`)."""
 
-    def __init__(self, name: str, cls: type, *, key: Sequence[str], indexes: Sequence[tuple[str, str]] = ()):
+    def __init__(self, name: str, cls: type, *, key: Sequence[str], indexes: Sequence[tuple[str, str]] = (),
+                 unique: Sequence[tuple[str, str]] = ()):
         self.name = name
         self.cls = cls
         self.key = tuple(key)
-        #: (index name suffix, column list) pairs.
+        #: (index name suffix, column list) pairs; ``unique`` ones are UNIQUE indexes.
         self.indexes = tuple(indexes)
+        self.unique = tuple(unique)
         self.columns: tuple[Column, ...] = tuple(
             Column(f.name, *f.metadata["column"]) for f in dataclasses.fields(cls) if "column" in f.metadata
         )
@@ -92,6 +94,8 @@ class Table:
         out = [f"CREATE TABLE IF NOT EXISTS {self.name} (\n    {body}\n)"]
         out += [f"CREATE INDEX IF NOT EXISTS {self.name}_{suffix} ON {self.name} ({cols_})"
                 for suffix, cols_ in self.indexes]
+        out += [f"CREATE UNIQUE INDEX IF NOT EXISTS {self.name}_{suffix} ON {self.name} ({cols_})"
+                for suffix, cols_ in self.unique]
         return out
 
     def decode(self, row: Sequence[Any]) -> Any:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from airflow_resumable.core.checkpoint import AttemptRecord, Checkpoint
+from airflow_resumable.core.checkpoint import AttemptRecord, Checkpoint, DeadLetter
 from airflow_resumable.core.schema import Table
 
 #: The schema stamp and the record of applied migrations: key/value text.
@@ -15,6 +15,9 @@ CHECKPOINTS = Table("resumable_checkpoints", Checkpoint, key=("job", "slot"),
 #: One row per attempt of a slot.
 ATTEMPTS = Table("resumable_attempts", AttemptRecord, key=(), indexes=[("slot", "job, slot, id")])
 
+#: One row per item skipped under a skip policy, unique per (job, slot, item position).
+DEAD_LETTERS = Table("resumable_dead_letters", DeadLetter, key=(), unique=[("item", "job, slot, position")])
+
 
 def all_tables() -> tuple[Table, ...]:
-    return (CHECKPOINTS, ATTEMPTS)
+    return (CHECKPOINTS, ATTEMPTS, DEAD_LETTERS)

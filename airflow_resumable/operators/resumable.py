@@ -26,8 +26,10 @@ from airflow_resumable.core.errors import ConfigurationError, OverlapWait
 from airflow_resumable.core.options import Options, call_problem, duration_problem, key_problem, validate_options
 from airflow_resumable.core.progress import Progress, Reporter
 from airflow_resumable.core.readers import Reader
-from airflow_resumable.core.runner import Attempt
+from airflow_resumable.core.runner import Attempt, Outcome
 from airflow_resumable.core.signal import Reason
+from airflow_resumable.core.skips import shown
+from airflow_resumable.core.stores import Store
 from airflow_resumable.hooks.resumable import DEFAULT_CONN_ID, ResumableHook
 from airflow_resumable.operators.outcome import to_airflow
 from airflow_resumable.version_compat import (
@@ -452,6 +454,10 @@ class ResumableOperator(BaseOperator):
             self._terminated = False
         if outcome.result is not None:
             return outcome.result
+        return self._summary(outcome, store, job, slot)
+
+    def _summary(self, outcome: Outcome, store: Store, job: str, slot: str) -> dict[str, Any]:
+        """The task's return value when the handler returns None: the row's figures."""
         return outcome.summary()
 
     def _confirm_on_success(self, store: Any, job: str, slot: str, origin: Origin) -> None:
@@ -531,8 +537,14 @@ class ChunkedOperator(ResumableOperator):
     :param checkpoint_interval: save at most every this many seconds (default: after every chunk).
         Cancels still stop at the next chunk boundary and save there, but a crash repeats up to
         this long a stretch of chunks instead of one. For tiny, fast chunks.
+    :param skip_on: an exception class, or a tuple of them, that marks an *item* as bad: a chunk
+        raising one has its writes through ``ctx.transaction()`` undone and is processed again item
+        by item; each item raising one is recorded in the dead-letter table
+        ``resumable_dead_letters`` and skipped (default None: any error fails the attempt).
+    :param skip_limit: how many items of the slot may be skipped before the attempt fails without a
+        retry (``SkipLimitExceeded``); default 10.
     :param handler_kwargs: keyword arguments passed to both ``read`` and ``process`` (templated;
-        ``.expand()`` them to map the task over partitions).
+        ``.expand()`` them to map the task over partitions); a reader takes none.
 
     Every other argument is :class:`ResumableOperator`'s.
     """
@@ -547,8 +559,12 @@ class ChunkedOperator(ResumableOperator):
         total: int | Callable[[RunContext], int | None] | None = None,
         start: Any = None,
         checkpoint_interval: float | timedelta | None = None,
+        skip_on: type[Exception] | tuple[type[Exception], ...] | None = None,
+        skip_limit: int = defaults.SKIP_LIMIT,
         **kwargs: Any,
     ) -> None:
+        self.skip_on = skip_on
+        self.skip_limit = skip_limit
         self.read = read
         self.process = process
         self.chunk_size = chunk_size
@@ -561,7 +577,8 @@ class ChunkedOperator(ResumableOperator):
     def _own_problems(self) -> list[str]:
         return chunked_problems(
             read=self.read, process=self.process, chunk_size=self.chunk_size, position=self.position,
-            total=self.total, checkpoint_interval=self.checkpoint_interval,
+            total=self.total, checkpoint_interval=self.checkpoint_interval, skip_on=self.skip_on,
+            skip_limit=self.skip_limit,
         )
 
     def _call_problems(self, keywords: Collection[str] | None, context: Context | None) -> list[str]:
@@ -575,7 +592,7 @@ class ChunkedOperator(ResumableOperator):
             process = functools.partial(self.process, **kwargs)
         loop = chunk_loop(
             read, process, chunk_size=self.chunk_size, position=self.position, total=self.total, start=self.start,
-            checkpoint_interval=self.checkpoint_interval,
+            checkpoint_interval=self.checkpoint_interval, skip_on=self.skip_on, skip_limit=self.skip_limit,
         )
 
         def handler(ctx: RunContext) -> None:
@@ -583,3 +600,14 @@ class ChunkedOperator(ResumableOperator):
             return None  # the summary is the return value
 
         return handler
+
+    def _summary(self, outcome: Outcome, store: Store, job: str, slot: str) -> dict[str, Any]:
+        """With a skip policy, the summary also counts the slot's skipped items and shows the first
+        few (from the store, so an attempt that finds the slot done returns the same)."""
+        summary = super()._summary(outcome, store, job, slot)
+        if self.skip_on is not None:
+            with store.open(autocommit=True) as session:
+                summary["skipped"] = session.count_dead_letters(job, slot)
+                summary["skipped_items"] = shown(
+                    session.dead_letters(job, slot, status="skipped", limit=defaults.SKIPPED_SHOWN))
+        return summary

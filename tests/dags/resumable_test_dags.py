@@ -14,6 +14,7 @@ from typing import Any
 from airflow.sdk import DAG, get_current_context, task
 
 from airflow_resumable import ChunkedOperator, ResumableOperator, RunContext
+from airflow_resumable.readers import SequenceReader
 
 START = datetime(2026, 1, 1)
 
@@ -287,3 +288,21 @@ def big_state(ctx: RunContext) -> None:
 
 with DAG("rt_big_state", schedule="@daily", start_date=START, catchup=False) as rt_big_state:
     ResumableOperator(task_id="work", handler=big_state, xcom_interval=0, progress_interval=0)
+
+
+def upsert_unless_bad(ctx: RunContext, batch: list[int]) -> None:
+    """Writes each number through the run's transaction; conf ``bad`` numbers raise ValueError."""
+    bad = set(_conf().get("bad", []))
+    tx = ctx.transaction()
+    tx.execute("CREATE TABLE IF NOT EXISTS skip_sink (item INTEGER PRIMARY KEY)")
+    for i in batch:
+        if i in bad:
+            raise ValueError(f"bad number {i}")
+        tx.execute("INSERT INTO skip_sink (item) VALUES (%s)", (i,))
+
+
+with DAG("rt_chunked_skips", schedule="@daily", start_date=START, catchup=False) as rt_chunked_skips:
+    ChunkedOperator(
+        task_id="work", read=SequenceReader(range(30)), process=upsert_unless_bad, chunk_size=5,
+        skip_on=ValueError, skip_limit=2, retries=1, retry_delay=timedelta(0),
+    )

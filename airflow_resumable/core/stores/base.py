@@ -21,16 +21,26 @@ from contextlib import contextmanager
 from types import SimpleNamespace
 from typing import Any
 
-from airflow_resumable.core.checkpoint import ENCODER, AttemptEnd, AttemptRecord, Checkpoint, Origin, Status, decode
+from airflow_resumable.core.checkpoint import (
+    ENCODER,
+    AttemptEnd,
+    AttemptRecord,
+    Checkpoint,
+    DeadLetter,
+    Origin,
+    Status,
+    decode,
+)
 from airflow_resumable.core.errors import CorruptCheckpoint, LeaseLost
 from airflow_resumable.core.migrations import SCHEMA_VERSION, migrate
 from airflow_resumable.core.schema import Column, Table
-from airflow_resumable.core.tables import ATTEMPTS, CHECKPOINTS
+from airflow_resumable.core.tables import ATTEMPTS, CHECKPOINTS, DEAD_LETTERS
 
 __all__ = ["SCHEMA_VERSION", "Dialect", "Store", "StoreSession"]
 
 TABLE = CHECKPOINTS.name
 HISTORY = ATTEMPTS.name
+SKIPPED = DEAD_LETTERS.name
 _SELECT = CHECKPOINTS.select
 _STATE = CHECKPOINTS.names.index("state")
 
@@ -218,6 +228,29 @@ class StoreSession:
             if auto:
                 self.store.set_autocommit(self.conn, True)
 
+    @contextmanager
+    def savepoint(self) -> Iterator[None]:
+        """Undo the block's writes if it raises, and only those: the transaction's earlier writes
+        (the chunks since the last checkpoint) stay pending.
+
+        In transaction mode that is ``SAVEPOINT`` / ``ROLLBACK TO SAVEPOINT`` (never released:
+        on SQLite, releasing a savepoint that opened the transaction would commit it; the next
+        commit releases them all). In autocommit mode each statement has committed already,
+        unless the block switched to transactions (its first ``ctx.transaction()``): then every
+        pending write is the block's, and a rollback undoes it.
+        """
+        transactional = not self.autocommit
+        if transactional:
+            self.execute("SAVEPOINT resumable_item")
+        try:
+            yield
+        except BaseException:
+            if transactional:
+                self.execute("ROLLBACK TO SAVEPOINT resumable_item")
+            elif not self.autocommit:
+                self.rollback()
+            raise
+
     def begin_transactions(self) -> None:
         """Leave autocommit mode: from now on statements join a transaction that lasts until the
         next commit. The run does this when the handler first asks for ``ctx.transaction()``, so a
@@ -322,6 +355,67 @@ class StoreSession:
         self.commit()
         return [ATTEMPTS.decode(r) for r in rows]
 
+    # -- dead letters ----------------------------------------------------------------------------
+    # Written on the run's connection without a commit of their own: in autocommit mode each
+    # statement commits at once; once the handler uses ctx.transaction() they commit with the next
+    # checkpoint (a chunk that rolls back takes its skips with it, and its retry records them again).
+
+    def skip_status(self, job: str, slot: str, position: str) -> tuple[bool, int]:
+        """Whether the item at ``position`` (JSON text) is recorded as skipped, and how many items of
+        the slot are."""
+        known = self.execute(
+            f"SELECT 1 FROM {SKIPPED} WHERE job = %s AND slot = %s AND position = %s AND status = 'skipped'",
+            (job, slot, position),
+        ).fetchone()
+        count = self.execute(
+            f"SELECT count(*) FROM {SKIPPED} WHERE job = %s AND slot = %s AND status = 'skipped'", (job, slot)
+        ).fetchone()[0]
+        return known is not None, int(count)
+
+    def record_skip(self, record: DeadLetter) -> None:
+        """Record a skipped item, once per (job, slot, position): a replayed item that fails again
+        is skipped again; one already skipped is left as first recorded."""
+        now = self.d.now()
+        self.execute(
+            f"INSERT INTO {SKIPPED} (job, slot, position, item, item_format, error, attempt, recorded_at, status) "
+            f"VALUES (%s, %s, %s, %s, %s, %s, %s, {now}, 'skipped') ON CONFLICT (job, slot, position) DO UPDATE SET "
+            "item = excluded.item, item_format = excluded.item_format, error = excluded.error, "
+            f"attempt = excluded.attempt, recorded_at = excluded.recorded_at, status = 'skipped', replayed_at = NULL "
+            f"WHERE {SKIPPED}.status <> 'skipped'",
+            (record.job, record.slot, ENCODER.encode(record.position), ENCODER.encode(record.item),
+             record.item_format, record.error, record.attempt),
+        )
+
+    def dead_letters(self, job: str, slot: str | None = None, *, status: str | None = None,
+                     limit: int = 1000) -> list[DeadLetter]:
+        """The job's skipped items (of one slot, or all; of one status, or all), oldest first."""
+        where, params = "job = %s", [job]
+        if slot is not None:
+            where, params = where + " AND slot = %s", [*params, slot]
+        if status is not None:
+            where, params = where + " AND status = %s", [*params, status]
+        rows = self.execute(
+            f"SELECT {DEAD_LETTERS.select} FROM {SKIPPED} WHERE {where} ORDER BY id LIMIT %s", (*params, int(limit))
+        ).fetchall()
+        self.commit()
+        return [DEAD_LETTERS.decode(r) for r in rows]
+
+    def count_dead_letters(self, job: str, slot: str, *, status: str = "skipped") -> int:
+        n = self.execute(f"SELECT count(*) FROM {SKIPPED} WHERE job = %s AND slot = %s AND status = %s",
+                         (job, slot, status)).fetchone()[0]
+        self.commit()
+        return int(n)
+
+    def mark_replayed(self, record_id: int, *, error: str | None = None) -> None:
+        """End a replay of one dead letter: ``replayed`` when ``error`` is None, else it stays
+        ``skipped`` with the replay's error."""
+        now = self.d.now()
+        if error is None:
+            self.execute(f"UPDATE {SKIPPED} SET status = 'replayed', replayed_at = {now} WHERE id = %s", (record_id,))
+        else:
+            self.execute(f"UPDATE {SKIPPED} SET error = %s WHERE id = %s", (error, record_id))
+        self.commit()
+
     # -- lease ---------------------------------------------------------------------------------
 
     def acquire(self, job: str, slot: str, owner: str, lease_seconds: float) -> tuple[Checkpoint, bool] | None:
@@ -424,6 +518,8 @@ class StoreSession:
             sets = "attempts = attempts + 1, resumed_from = %s"
             params = (resumed_from, attempt)
         with self.transaction():
+            if reset:  # the run starts over: its skipped items are found again (or not)
+                self.execute(f"DELETE FROM {SKIPPED} WHERE job = %s AND slot = %s AND status = 'skipped'", (job, slot))
             cur = self.execute(
                 f"UPDATE {TABLE} SET {sets}, status = 'running', attempt = %s, cancel_reason = NULL, "
                 f"cancel_request = NULL, finished_at = NULL, confirmed_at = NULL, updated_at = {now}, "
@@ -553,6 +649,7 @@ class StoreSession:
         with self.transaction():
             n = self.execute(f"DELETE FROM {TABLE} WHERE job = %s AND slot = %s", (job, slot)).rowcount
             self.execute(f"DELETE FROM {HISTORY} WHERE job = %s AND slot = %s", (job, slot))
+            self.execute(f"DELETE FROM {SKIPPED} WHERE job = %s AND slot = %s", (job, slot))
         return n > 0
 
 
