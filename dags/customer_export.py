@@ -46,8 +46,8 @@ ends as *skipped* (the next hour then exports its changes too). The 50-minute ``
 stuck export from blocking the hours after it: the run stops at its next batch boundary and is
 retried from its checkpoint.
 
-**Watching it resume.** Trigger the DAG with ``batch_pause_seconds`` (a DAG parameter, 0 by
-default) set to a few seconds to slow it down; mark the running task failed or stop the worker,
+**Watching it resume.** Trigger the DAG with ``full`` set (every customer, not only the changed
+ones) and ``batch_pause_seconds`` (a DAG parameter, 0 by default) set to a few seconds to slow it down; mark the running task failed or stop the worker,
 then Clear the task: the new attempt logs ``attempt 2, continuing after customer <id>``. The pause
 waits on the run's signal, so an interruption ends it at once.
 """
@@ -178,9 +178,9 @@ def export_batch(ctx: RunContext, batch: Sequence[Customer]) -> None:
 
 
 # [START customer_export_handler]
-def export_customers(ctx: RunContext, batch_pause_seconds: float | str = 0) -> None:
-    """Export the customers changed since the last export, :data:`BATCH_SIZE` at a time."""
-    if ctx.position is None and ctx.previous is not None:
+def export_customers(ctx: RunContext, batch_pause_seconds: float | str = 0, full: bool | str = False) -> None:
+    """Export the customers changed since the last export (all of them with ``full``), :data:`BATCH_SIZE` at a time."""
+    if ctx.position is None and ctx.previous is not None and str(full).lower() not in ("true", "1"):
         # A new hour starts where the last finished export ended: only what changed since is sent.
         # Saved at once, so an hour in which nothing changed ends there too, for the next hour.
         ctx.checkpoint(ctx.previous.position)
@@ -212,6 +212,8 @@ with DAG(
         "batch_pause_seconds": Param(
             0, type="number", minimum=0, description="Seconds to wait after each batch (to watch and interrupt a run)"
         ),
+        "full": Param(False, type="boolean", description="Export every customer, not only those changed since "
+                      "the last export"),
     },
 ) as dag:
 
@@ -223,7 +225,7 @@ with DAG(
     export = ResumableOperator(
         task_id="export_customers",
         handler=export_customers,
-        handler_kwargs={"batch_pause_seconds": "{{ params.batch_pause_seconds }}"},
+        handler_kwargs={"batch_pause_seconds": "{{ params.batch_pause_seconds }}", "full": "{{ params.full }}"},
         timeout=timedelta(minutes=50),  # the signal fires; the run stops at its next batch boundary
         overlap="skip",  # an hour whose export finds the previous hour's still running is skipped
         retries=3,

@@ -41,20 +41,22 @@ def ensure_loans(path: str) -> None:
             )
 
 
+def open_loans() -> sqlite3.Connection:
+    return sqlite3.connect(loans_db())
+
+
+# [START loan_report_reader]
+#: Keyset pagination, ready-made: (loan_id, days) rows after the last loan counted, in loan_id order.
+#: The position is the last row's loan_id; the connection is opened on the first read.
+read_loans = KeysetReader(connect=open_loans, table="loan", columns=("loan_id", "days"), key="loan_id")
+# [END loan_report_reader]
+
+
 # [START loan_report_handlers]
 def count_loans(ctx: RunContext) -> int:
     ensure_loans(loans_db())
     with sqlite3.connect(loans_db()) as db:
         return db.execute("SELECT count(*) FROM loan").fetchone()[0]
-
-
-def open_loans() -> sqlite3.Connection:
-    return sqlite3.connect(loans_db())
-
-
-#: Keyset pagination, ready-made: (loan_id, days) rows after the last loan counted, in loan_id order.
-#: The position is the last row's loan_id; the connection is opened on the first read.
-read_loans = KeysetReader(connect=open_loans, table="loan", columns=("loan_id", "days"), key="loan_id")
 
 
 def add_to_report(ctx: RunContext, batch: list[tuple[int, int]]) -> None:

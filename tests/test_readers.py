@@ -22,41 +22,13 @@ from airflow_resumable.core import Attempt, chunk_loop
 from airflow_resumable.core.errors import ConfigurationError
 from airflow_resumable.core.readers import Batch, FileReader, KeysetReader, SequenceReader
 from airflow_resumable.core.stores import Store
+from support.sources import Source
 
 JOB = "readers"
 SLOT = "2026-01-01T00:00:00+00:00"
 
 
 # -- helpers --------------------------------------------------------------------------------------
-
-
-class Source:
-    """A database to read from: the checkpoint store's own database, through its driver."""
-
-    def __init__(self, kind: str, connect: Callable[[], Any]):
-        self.kind, self.connect = kind, connect
-        self.marker = "?" if kind == "sqlite" else "%s"
-
-    def run(self, sql: str, rows: list[tuple[Any, ...]] | None = None) -> list[tuple[Any, ...]]:
-        with closing(self.connect()) as conn:
-            cur = conn.cursor()
-            if rows is not None:
-                cur.executemany(sql.replace("%s", self.marker), rows)
-                out: list[tuple[Any, ...]] = []
-            else:
-                cur.execute(sql)
-                out = cur.fetchall() if cur.description else []
-            conn.commit()
-            return out
-
-
-@pytest.fixture
-def source(store_kind: str, store: Store, request: pytest.FixtureRequest) -> Source:
-    if store_kind == "sqlite":
-        path = store.path  # type: ignore[attr-defined]
-        return Source("sqlite", lambda: sqlite3.connect(path))
-    params = request.getfixturevalue("pg_params")
-    return Source("postgres", lambda: psycopg2.connect(**params))
 
 
 def events_table(source: Source, rows: list[tuple[int, str]]) -> None:
