@@ -72,30 +72,19 @@ class _Connect:
         return f"connect({self.conn_id!r})"
 
 
-def sql_reader(
-    conn_id: str,
-    *,
-    key: str | Sequence[str],
-    table: str | None = None,
-    query: str | None = None,
-    columns: str | Sequence[str] = "*",
-    where: str | None = None,
-    params: Sequence[Any] = (),
-    as_dict: bool = False,
-) -> KeysetReader:
-    """Rows of ``table`` (or ``query``) through the Airflow connection ``conn_id``, paged on ``key``.
+def sql_reader(conn_id: str, *, key: str | Sequence[str], **options: Any) -> KeysetReader:
+    """Rows of a table (or a query) through the Airflow connection ``conn_id``, paged on ``key``.
 
-    See :class:`~airflow_resumable.core.readers.KeysetReader`: the key must be unique (add ``id``
-    to a timestamp: ``key=("updated_at", "id")``) and should be indexed; ``where``/``query`` use
-    the driver's placeholders (``%s`` for PostgreSQL, ``?`` for SQLite) with ``params``.
+    ``options`` are :class:`~airflow_resumable.core.readers.KeysetReader`'s: ``table=`` or
+    ``query=``, ``columns=``, ``where=``, ``params=``, ``as_dict=``. The key must be unique (add
+    ``id`` to a timestamp: ``key=("updated_at", "id")``) and should be indexed; ``where``/``query``
+    use the driver's placeholders (``%s`` for PostgreSQL, ``?`` for SQLite) with ``params``.
 
     Raises:
         ConfigurationError: bad arguments, all named at once (when the DAG is parsed).
     """
-    return KeysetReader(
-        connect=_Connect(conn_id), key=key, table=table, query=query, columns=columns, where=where, params=params,
-        as_dict=as_dict, name=f"{table or 'query'} (connection {conn_id!r})",
-    )
+    where = options.get("table") or "query"
+    return KeysetReader(connect=_Connect(conn_id), key=key, name=f"{where} (connection {conn_id!r})", **options)
 
 
 class _OpenPath:

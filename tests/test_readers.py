@@ -130,14 +130,25 @@ def test_bad_reader_arguments_are_all_reported_at_once() -> None:
         assert problem in text
 
 
-def test_timestamps_decimals_and_uuids_become_exact_json_positions(pg_params: dict[str, Any], store: Store) -> None:
-    # PostgreSQL gives datetimes; the position is their ISO text, which the next page compares exactly
+@pytest.mark.parametrize("driver", ["psycopg2", "airflow"])
+def test_timestamps_and_decimals_become_exact_json_positions(
+    pg_params: dict[str, Any], store: Store, driver: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # PostgreSQL gives datetimes; the position is their ISO text, which the next page compares
+    # exactly, through psycopg2 and through the Postgres provider's hook (psycopg 3)
+    from airflow_resumable.readers import sql_reader
+    from devtools.postgres import dsn
+
     with closing(psycopg2.connect(**pg_params)) as conn, conn, conn.cursor() as cur:
         cur.execute("CREATE TABLE t (at TIMESTAMPTZ NOT NULL, id NUMERIC NOT NULL, PRIMARY KEY (at, id))")
         base = datetime(2026, 1, 1, tzinfo=timezone.utc)
         cur.executemany("INSERT INTO t VALUES (%s, %s)",
                         [(base + timedelta(microseconds=i // 3), i) for i in range(30)])
-    reader = KeysetReader(connect=lambda: psycopg2.connect(**pg_params), table="t", key=("at", "id"))
+    if driver == "airflow":
+        monkeypatch.setenv("AIRFLOW_CONN_TS_SOURCE", dsn(pg_params))
+        reader = sql_reader("ts_source", table="t", key=("at", "id"))
+    else:
+        reader = KeysetReader(connect=lambda: psycopg2.connect(**pg_params), table="t", key=("at", "id"))
     seen: list[Any] = []
     out = attempt(store, 1).run(chunk_loop(reader, lambda ctx, b: seen.extend(int(r[1]) for r in b), chunk_size=4))
     assert seen == list(range(30))
@@ -343,6 +354,34 @@ def test_an_object_storage_path_is_read_through_airflow(airflow_home: Path, tmp_
     seen: list[str] = []
     attempt(store, 1).run(chunk_loop(reader, lambda c, b: seen.extend(b), chunk_size=30))
     assert seen == [f"line {i:03d}" for i in range(100)]
+
+
+def test_sql_reader_pages_through_an_airflow_connection_of_either_kind(
+    airflow_home: Path, store: Store, store_uri: str, source: Source, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from airflow_resumable.readers import sql_reader
+
+    # Given the events table in a database named by an Airflow connection (PostgreSQL: through the
+    # Postgres provider's hook, whichever driver it uses; SQLite: sqlite3)
+    events_table(source, TIES)
+    monkeypatch.setenv("AIRFLOW_CONN_EVENTS_SOURCE", store_uri)
+    reader = sql_reader("events_source", table="events", columns=("id", "updated_at"), key=("updated_at", "id"),
+                        as_dict=True)
+    seen: list[int] = []
+    with pytest.raises(Crash):
+        attempt(store, 1).run(chunk_loop(reader, lambda c, b: _crash_on(seen, b, {"id": 22, "updated_at": TIES[21][1]}),
+                                         chunk_size=7))
+    attempt(store, 2).run(chunk_loop(reader, lambda c, b: seen.extend(b), chunk_size=7))
+    assert [r["id"] for r in seen] == [i for i, _ in TIES]
+
+
+def test_a_missing_reader_connection_is_named_with_the_fix(airflow_home: Path, store: Store) -> None:
+    from airflow_resumable.readers import sql_reader
+
+    reader = sql_reader("no_such_source", table="events", key="id")  # nothing is looked up at parse time
+    with pytest.raises(ConfigurationError, match="'no_such_source' a reader reads from does not exist") as err:
+        attempt(store, 1).run(chunk_loop(reader, lambda c, b: None, chunk_size=7))
+    assert "AIRFLOW_CONN_NO_SUCH_SOURCE" in str(err.value)
 
 
 # -- sequences ------------------------------------------------------------------------------------

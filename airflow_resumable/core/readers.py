@@ -376,12 +376,17 @@ class KeysetReader(Reader):
 
     def close(self) -> None:
         conn, self._conn = self._conn, None
-        if conn is not None:
-            try:
-                conn.close()
-            except Exception:  # pragma: no cover - closing a broken connection
-                pass
+        _close_quietly(conn)
         super().close()
+
+
+def _close_quietly(resource: Any) -> None:
+    """Close a connection or a file held between chunks; one already broken has nothing to give back."""
+    if resource is not None:
+        try:
+            resource.close()
+        except Exception:  # pragma: no cover - closing a broken connection or file
+            pass
 
 
 def _to_marker(sql: str, marker: str) -> str:
@@ -521,11 +526,7 @@ class FileReader(Reader):
     def close(self) -> None:
         f, self._file = self._file, None
         self._records, self._columns, self._offset, self._data_start = None, None, 0, 0
-        if f is not None:
-            try:
-                f.close()
-            except Exception:  # pragma: no cover - closing a broken file
-                pass
+        _close_quietly(f)
         super().close()
 
 
