@@ -184,6 +184,27 @@ def _restart() -> Any:
     return Options(restart=True)
 
 
+def test_a_handler_that_owns_its_loop_skips_with_ctx_skip_and_undoes_one_item_with_a_savepoint(store: Store) -> None:
+    def handler(ctx: Any) -> int:
+        tx = ctx.transaction()
+        tx.execute("CREATE TABLE IF NOT EXISTS sink (item INTEGER)")
+        for i in range(ctx.position + 1 if ctx.position is not None else 0, 10):
+            try:
+                with ctx.savepoint():
+                    tx.execute("INSERT INTO sink (item) VALUES (%s)", (i,))  # undone for a bad item
+                    if i in (3, 6):
+                        raise ValueError(f"bad item {i}")
+            except ValueError as exc:
+                ctx.skip({"n": i}, position=i, error=exc, limit=2)
+            ctx.checkpoint(i, processed=i + 1)
+        return 0
+
+    Attempt(store, job=JOB, slot=SLOT, attempt=1, owner="o").run(handler)
+    with store.open() as s:
+        assert sorted(r[0] for r in s.execute("SELECT item FROM sink").fetchall()) == [0, 1, 2, 4, 5, 7, 8, 9]
+    assert [(d.position, d.item) for d in letters(store)] == [(3, {"n": 3}), (6, {"n": 6})]
+
+
 def test_bad_skip_arguments_are_reported_together() -> None:
     with pytest.raises(ConfigurationError) as err:
         chunk_loop(SequenceReader(ITEMS), lambda c, b: None, chunk_size=5, skip_on="ValueError", skip_limit=-1)  # type: ignore[arg-type]

@@ -15,15 +15,18 @@ from airflow_resumable.core.errors import (
     OverlapWait,
     ResumableError,
     SchemaVersionError,
+    SkipLimitExceeded,
     StoreUnavailable,
 )
+from airflow_resumable.core.readers import Batch, FileReader, KeysetReader, Reader, SequenceReader
 from airflow_resumable.core.runner import Attempt, Options, Outcome
 from airflow_resumable.core.signal import Reason, Signal
 from airflow_resumable.core.stores import PostgresStore, SQLiteStore, Store
 
 __all__ = [
-    "Attempt", "AttemptEnded", "Cancelled", "Checkpoint", "ConfigurationError", "CorruptCheckpoint",
-    "InvalidCheckpoint", "LeaseBusy", "LeaseLost", "Options", "Outcome", "OverlapSkip", "OverlapWait", "PostgresStore",
-    "Reason", "ResumableError", "RunContext", "SQLiteStore", "SchemaVersionError", "Signal", "Status",
-    "Store", "StoreUnavailable", "TransactionConnection", "chunk_loop",
+    "Attempt", "AttemptEnded", "Batch", "Cancelled", "Checkpoint", "ConfigurationError", "CorruptCheckpoint",
+    "FileReader", "InvalidCheckpoint", "KeysetReader", "LeaseBusy", "LeaseLost", "Options", "Outcome", "OverlapSkip",
+    "OverlapWait", "PostgresStore", "Reader", "Reason", "ResumableError", "RunContext", "SQLiteStore",
+    "SchemaVersionError", "SequenceReader", "Signal", "SkipLimitExceeded", "Status", "Store", "StoreUnavailable",
+    "TransactionConnection", "chunk_loop",
 ]
