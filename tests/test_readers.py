@@ -121,6 +121,21 @@ def test_a_query_with_its_own_where_and_parameters_is_paged_and_rows_come_as_dic
     assert set(seen[0]) == {"id", "updated_at"}
 
 
+def test_null_keys_and_positions_of_another_key_are_refused_naming_the_job_and_slot(
+    store: Store, source: Source
+) -> None:
+    source.run("CREATE TABLE events (id INTEGER PRIMARY KEY, updated_at TEXT)")
+    source.run("INSERT INTO events (id, updated_at) VALUES (%s, %s)", [(1, "a"), (2, None)])
+    reader = KeysetReader(connect=source.connect, table="events", key=("updated_at", "id"))
+    with pytest.raises(ConfigurationError, match="a row has a NULL key") as err:
+        attempt(store, 1).run(chunk_loop(reader, collect([]), chunk_size=5))
+    assert f"slot='{SLOT}'" in str(err.value) and "IS NOT NULL" in str(err.value)
+    # A slot whose checkpoint holds a single id (written by another read function) is not misread
+    with pytest.raises(ConfigurationError, match="the position 7 is not a key of 2 values") as err:
+        attempt(store, 2, "other").run(chunk_loop(reader, collect([]), chunk_size=5, start=7))
+    assert "slot='other'" in str(err.value)
+
+
 def test_bad_reader_arguments_are_all_reported_at_once() -> None:
     with pytest.raises(ConfigurationError) as err:
         KeysetReader(connect="nope", key=("a; DROP TABLE x", "id"), table="t; --", query="SELECT 1")  # type: ignore[arg-type]

@@ -122,7 +122,8 @@ def current_version(session: StoreSession) -> int | None:
                 f"the checkpoint table {CHECKPOINTS.name} exists but {META}, which records its schema version, "
                 f"is missing in {session.store.describe()}",
                 hint="It was dropped by hand; nothing was changed. Restore it from a backup, or recreate it "
-                f"with the version the table has (1 if it has no dag_id column, else {SCHEMA_VERSION}): "
+                f"with the version the tables have (1 if it has no dag_id column, 2 if {DEAD_LETTERS.name} is missing, "
+                f"else {SCHEMA_VERSION}): "
                 f"CREATE TABLE {META} (key TEXT PRIMARY KEY, value TEXT NOT NULL); "
                 f"INSERT INTO {META} VALUES ('schema_version', '<version>')",
             ) from None

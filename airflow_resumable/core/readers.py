@@ -181,7 +181,7 @@ class KeysetReader(Reader):
         columns: the columns to select from ``table`` (default all).
         where: an extra condition on ``table``'s rows (or ``query``'s), in the driver's
             placeholder style, its values in ``params``.
-        params: values for the placeholders of ``where``/``query``.
+        params: values for the placeholders of ``query`` and then ``where``, in that order.
         as_dict: rows as dicts of column name to value instead of the driver's tuples.
         paramstyle: the driver's DB-API paramstyle (``format``/``pyformat``: ``%s``, ``qmark``:
             ``?``); default: read from the driver's module on first connect.
@@ -256,13 +256,15 @@ class KeysetReader(Reader):
         sql = f"{source}{where} ORDER BY {', '.join(self.keys)} LIMIT {marker}"
         return sql, (*args, int(limit))
 
-    def _after_values(self, after: Any) -> list[Any]:
+    def _after_values(self, after: Any, ctx: RunContext | None = None) -> list[Any]:
         if len(self.keys) == 1:
             return [after]
         if not isinstance(after, (list, tuple)) or len(after) != len(self.keys):
             raise ConfigurationError(
                 f"{self.name}: the position {short(after)} is not a key of {len(self.keys)} values "
                 f"({', '.join(self.keys)})",
+                job=ctx.job if ctx else None,
+                slot=ctx.slot if ctx else None,
                 hint="The checkpoint was written by another read function or another key; restart the slot "
                 "on purpose (restart=True) or give start= a position of this key",
             )
@@ -313,6 +315,8 @@ class KeysetReader(Reader):
             pass
 
     def read(self, ctx: RunContext, after: Any, limit: int) -> Batch:
+        if after is not None:
+            self._after_values(after, ctx)  # a position of another key: say so, naming the job and slot
         conn = self._connection()
         marker = self._marker(conn)
         sql, args = self.statement(after, limit + 1, marker="%s")  # one row more: the boundary check

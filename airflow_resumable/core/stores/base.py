@@ -327,7 +327,7 @@ class StoreSession:
         if by_time:
             where, order = "slot < %s", "slot DESC"
         else:
-            where, order = "slot <> %s", "finished_at DESC, slot DESC"
+            where, order = "slot <> %s AND finished_at IS NOT NULL", "finished_at DESC, slot DESC"
         cur = self.execute(
             f"SELECT {_SELECT} FROM {TABLE} WHERE job = %s AND status = 'done' AND {where} ORDER BY {order} LIMIT 1",
             (job, slot),
