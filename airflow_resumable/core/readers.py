@@ -273,15 +273,12 @@ class KeysetReader(Reader):
     def count(self, ctx: RunContext | None = None, after: Any = None) -> int:
         """How many rows come after ``after`` (all of them for None): a ``total=`` for progress."""
         self._bind(ctx)
-        sql, args = self.statement(after, 0)
+        conn = self._connection()
+        sql, args = self.statement(after, 0, marker=self._marker(conn))
         sql = sql[: sql.rindex(" ORDER BY ")]
-        marker = self._marker(self._connection())
-        text = f"SELECT count(*) FROM ({sql}) AS keyset_count"
-        if marker != "%s":
-            text = _to_marker(text, marker)
-        cur = self._connection().cursor()
+        cur = conn.cursor()
         try:
-            cur.execute(text, args[:-1])
+            cur.execute(f"SELECT count(*) FROM ({sql}) AS keyset_count", args[:-1])
             return int(cur.fetchone()[0])
         finally:
             self._end_read(cur)
@@ -319,9 +316,8 @@ class KeysetReader(Reader):
             self._after_values(after, ctx)  # a position of another key: say so, naming the job and slot
         conn = self._connection()
         marker = self._marker(conn)
-        sql, args = self.statement(after, limit + 1, marker="%s")  # one row more: the boundary check
-        if marker != "%s":
-            sql = _to_marker(sql, marker)
+        # The driver's own marker: the user's where=/query= text is passed through untouched.
+        sql, args = self.statement(after, limit + 1, marker=marker)  # one row more: the boundary check
         cur = conn.cursor()
         try:
             cur.execute(sql, args)
@@ -391,11 +387,6 @@ def _close_quietly(resource: Any) -> None:
             resource.close()
         except Exception:  # pragma: no cover - closing a broken connection or file
             pass
-
-
-def _to_marker(sql: str, marker: str) -> str:
-    """``%s`` placeholders as ``marker`` (``%%`` stays a literal ``%``)."""
-    return re.sub(r"%([s%])", lambda m: marker if m.group(1) == "s" else "%", sql)
 
 
 # -- files --------------------------------------------------------------------------------------
