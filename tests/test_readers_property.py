@@ -70,7 +70,9 @@ def run_attempts(store: Store, run: Run, *, chunk: int, crashes: list[int], tran
 
 
 @pytest.mark.parametrize("transactional", [True, False], ids=["transactional", "plain"])
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+# derandomize: the same 25 examples on every run (a CI gate must not flake); widen max_examples to explore
+@settings(max_examples=25, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     groups=st.lists(st.integers(0, 4), max_size=40),  # few distinct timestamps: long runs of ties
     chunk=st.integers(1, 7),
