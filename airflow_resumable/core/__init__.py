@@ -13,8 +13,11 @@ from airflow_resumable.core.errors import (
     LeaseLost,
     OverlapSkip,
     OverlapWait,
+    Paused,
+    RequestRefused,
     ResumableError,
     SchemaVersionError,
+    SlotNotFound,
     StoreUnavailable,
 )
 from airflow_resumable.core.runner import Attempt, Options, Outcome
@@ -23,7 +26,7 @@ from airflow_resumable.core.stores import PostgresStore, SQLiteStore, Store
 
 __all__ = [
     "Attempt", "AttemptEnded", "Cancelled", "Checkpoint", "ConfigurationError", "CorruptCheckpoint",
-    "InvalidCheckpoint", "LeaseBusy", "LeaseLost", "Options", "Outcome", "OverlapSkip", "OverlapWait", "PostgresStore",
-    "Reason", "ResumableError", "RunContext", "SQLiteStore", "SchemaVersionError", "Signal", "Status",
+    "InvalidCheckpoint", "LeaseBusy", "LeaseLost", "Options", "Outcome", "OverlapSkip", "OverlapWait", "Paused", "PostgresStore",
+    "Reason", "RequestRefused", "ResumableError", "RunContext", "SQLiteStore", "SchemaVersionError", "Signal", "SlotNotFound", "Status",
     "Store", "StoreUnavailable", "TransactionConnection", "chunk_loop",
 ]

@@ -18,3 +18,8 @@ OVERLAP_TIMEOUT = 3600.0
 XCOM_INTERVAL = 5.0
 #: The Airflow connection of the checkpoint store.
 CONN_ID = "resumable_default"
+#: A throttle wait at least this long gives the worker back (the task defers); a shorter one
+#: sleeps on the run's signal.
+DEFER_AFTER = 60.0
+#: Seconds between the paused task's checks for a resume or a cancel (in Airflow's triggerer).
+RESUME_POLL = 1.0

@@ -76,9 +76,22 @@ def _v2(d: Dialect) -> list[str]:
     ]
 
 
+def _v3(d: Dialect) -> list[str]:
+    """Control requests (pause, resume, restart) and who made them; when a paused slot continues."""
+    ts, t = d.timestamp_type, CHECKPOINTS.name
+    return [
+        f"ALTER TABLE {t} ADD COLUMN request TEXT",
+        f"ALTER TABLE {t} ADD COLUMN requested_by TEXT",
+        f"ALTER TABLE {t} ADD COLUMN requested_at {ts}",
+        f"ALTER TABLE {t} ADD COLUMN resume_at {ts}",
+        f"ALTER TABLE {ATTEMPTS.name} ADD COLUMN requested_by TEXT",
+    ]
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "checkpoint table and schema stamp", _v1),
     Migration(2, "owning task instance, result and success confirmation on the row; attempt history table", _v2),
+    Migration(3, "control requests (pause, resume, restart) with who asked; resume time of a paused slot", _v3),
 )
 
 #: The schema this code reads and writes.
