@@ -27,8 +27,8 @@ from airflow_resumable.core import (
     RequestRefused,
     SlotNotFound,
     Store,
+    control,
 )
-from airflow_resumable.core import control
 
 JOB, SLOT = "export", "2026-02-01T00:00:00+00:00"
 
