@@ -236,22 +236,22 @@ def test_a_dead_holders_lease_is_released_and_the_next_attempt_takes_over_at_onc
 # -- cancel and restart ---------------------------------------------------------------------
 
 
-def test_cancel_of_a_running_slot_stops_it_as_user_and_of_a_paused_one_at_once(store: Store) -> None:
+def test_cancel_of_a_running_slot_stops_it_as_requested_and_of_a_paused_one_at_once(store: Store) -> None:
     def cancel_once(ctx: Any, i: int) -> None:
         if i == 10:
-            assert control.cancel(store, JOB, SLOT, by="carol").cancel_request == "user"
+            assert control.cancel(store, JOB, SLOT, by="carol").cancel_request == "requested"
             wait_until(lambda: ctx.signal.cancelled)
 
     with pytest.raises(Cancelled) as stopped:
         attempt(store, 1).run(Items(30, 5, cancel_once))
-    assert stopped.value.reason == "user" and not isinstance(stopped.value, Paused)
-    assert (row(store).status, row(store).cancel_reason, row(store).position) == ("cancelled", "user", 15)
+    assert stopped.value.reason == "requested" and not isinstance(stopped.value, Paused)
+    assert (row(store).status, row(store).cancel_reason, row(store).position) == ("cancelled", "requested", 15)
     # A paused slot has no holder: the cancel is the slot's new status
     control.pause(store, JOB, SLOT)
     with pytest.raises(Paused):
         attempt(store, 2).run(Items(30, 5))
     cancelled = control.cancel(store, JOB, SLOT, by="carol")
-    assert (cancelled.status, cancelled.cancel_reason, cancelled.last_error) == ("cancelled", "user", "cancelled by carol")
+    assert (cancelled.status, cancelled.cancel_reason, cancelled.last_error) == ("cancelled", "requested", "cancelled by carol")
     assert cancelled.position == 15 and history(store)[-1] == ("cancel_requested", "carol")
 
 

@@ -9,7 +9,7 @@ or changes nothing and raises :class:`~airflow_resumable.core.errors.RequestRefu
 |---|---|---|
 | ``pause`` | ``running``, ``failed`` or ``cancelled``, no pause pending | the holder stops at its next chunk boundary (seen within one heartbeat) and the slot becomes ``paused``; a slot nobody runs pauses before the first chunk of its next attempt |
 | ``resume`` | ``paused``, or a pause is pending | the paused run continues from its checkpoint (a pending pause is withdrawn) |
-| ``cancel`` | ``running`` or ``paused`` | a live holder stops at its next chunk boundary as ``cancelled`` (reason ``user``); a paused slot, or one whose holder is dead, is ``cancelled`` at once |
+| ``cancel`` | ``running`` or ``paused`` | a live holder stops at its next chunk boundary as ``cancelled`` (reason ``requested``); a paused slot, or one whose holder is dead, is ``cancelled`` at once |
 | ``restart`` | ``done``, ``failed``, ``cancelled`` or ``paused``, nobody running it | its next attempt starts from the beginning (a paused slot continues at once, from the beginning) |
 | ``release`` | a lease that expired or whose holder missed two heartbeats (any lease with ``force``) | the lease is freed and its token moves on, so the old holder's writes are refused |
 
@@ -29,7 +29,7 @@ from airflow_resumable.core.options import key_problem
 from airflow_resumable.core.states import AttemptEnd, Request, Status
 from airflow_resumable.core.stores.base import Store, StoreSession
 
-__all__ = ["ACTIONS", "cancel", "default_by", "pause", "release", "restart", "resume"]
+__all__ = ["ACTIONS", "cancel", "default_by", "pause", "release", "restart", "resume", "wake"]
 
 #: The requests, by name (what the CLI and the REST API accept).
 ACTIONS = ("pause", "resume", "cancel", "restart", "release")
@@ -68,7 +68,7 @@ def resume(store: Store, job: str, slot: str, *, by: str | None = None) -> Check
 
 
 def cancel(store: Store, job: str, slot: str, *, by: str | None = None) -> Checkpoint:
-    """Stop the slot's run for good (reason ``user``): its task fails without a retry. The
+    """Stop the slot's run for good (reason ``requested``): its task fails without a retry. The
     checkpoint is kept: a Clear of the task resumes from it.
 
     Raises:
@@ -124,6 +124,28 @@ def _request(store: Store, job: str, slot: str, action: str, outcome: AttemptEnd
         if row is None:
             raise _refused(session, job, slot, action)
         return row
+
+
+def wake(row: Checkpoint | None, *, until: datetime | None, now: datetime) -> dict[str, str] | None:
+    """What a paused run waits for, read off its row: None to go on waiting, else the event that
+    ends the wait (``{"event": "resumed" | "cancelled" | "missing", "why": ...}``).
+
+    The run continues when a resume or a restart is requested, when its time comes (a throttle's
+    or a time slice's ``until``), or when the slot is no longer paused (a Clear ran it meanwhile);
+    it ends when the slot is cancelled (or a cancel is pending) or its row is gone.
+    """
+    if row is None:
+        return {"event": "missing", "why": "the slot's checkpoint row was deleted while it was paused"}
+    by = row.requested_by or "?"
+    if row.cancel_request or row.status == Status.CANCELLED:
+        return {"event": "cancelled", "why": f"cancelled by {by} while paused"}
+    if row.status != Status.PAUSED:
+        return {"event": "resumed", "why": f"the slot is {row.status} now"}
+    if row.request in (Request.RESUME, Request.RESTART):
+        return {"event": "resumed", "why": f"{row.request} requested by {by}"}
+    if until is not None and now >= until:
+        return {"event": "resumed", "why": f"{row.cancel_reason or 'pause'} over"}
+    return None
 
 
 def _by(by: str | None) -> str:

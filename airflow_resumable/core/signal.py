@@ -32,6 +32,8 @@ class Reason(enum.StrEnum):
     SHUTDOWN = "shutdown"
     LEASE_LOST = "lease_lost"
     SUPERSEDED = "superseded"
+    #: A person cancelled the run through the control API (CLI, UI, REST): not retried.
+    REQUESTED = "requested"
     #: Stop at the next chunk boundary and continue later, in the same try (not a cancel: see
     #: :class:`~airflow_resumable.core.errors.Paused`). A person asked, through the control API.
     PAUSED = "paused"

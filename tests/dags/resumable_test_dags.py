@@ -287,3 +287,22 @@ def big_state(ctx: RunContext) -> None:
 
 with DAG("rt_big_state", schedule="@daily", start_date=START, catchup=False) as rt_big_state:
     ResumableOperator(task_id="work", handler=big_state, xcom_interval=0, progress_interval=0)
+
+
+# Pause, throttle and time slices: the task defers (dag.test() runs the trigger in line).
+def throttle_twice(ctx: RunContext) -> float | None:
+    """A long wait (it defers) after the chunks that end at 10 and 20 items."""
+    return float(_conf().get("throttle_wait", 1.0)) if ctx.processed in (10, 20) else None
+
+
+with DAG("rt_pause", schedule="@daily", start_date=START, catchup=False) as rt_pause:
+    ResumableOperator(task_id="work", handler=process_items, retries=0, resume_poll=0.2, lease=1.5,
+                      progress_interval=0, xcom_interval=0)
+
+with DAG("rt_throttle", schedule="@daily", start_date=START, catchup=False) as rt_throttle:
+    ResumableOperator(task_id="work", handler=process_items, retries=0, throttle=throttle_twice, defer_after=0.5,
+                      resume_poll=0.2)
+
+with DAG("rt_slices", schedule="@daily", start_date=START, catchup=False) as rt_slices:
+    ResumableOperator(task_id="work", handler=process_items, retries=0, max_runtime=0.3, resume_poll=0.2,
+                      timeout=30)
