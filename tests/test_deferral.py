@@ -119,3 +119,17 @@ def test_max_runtime_slices_the_run_and_each_slice_continues_where_the_last_stop
     assert seen(log) == list(range(20))
     outcomes = [o for o, _, _ in history_of(checkpoints, "rt_slices.work")]
     assert outcomes.count("paused") >= 2 and outcomes[-1] == "done"
+
+
+def test_a_taskflow_task_defers_between_slices_and_returns_its_value(checkpoints: Store, run_dag, tmp_path: Path) -> None:
+    from airflow.models.xcom import XComModel
+    from airflow.utils.session import create_session
+
+    log = tmp_path / "seen.db"
+    run = run_dag("rt_taskflow_slices", conf={"seen": str(log)}, logical_date=DAY)
+    assert str(run.state) == "success" and seen(log) == list(range(20))
+    assert "paused" in [o for o, _, _ in history_of(checkpoints, "rt_taskflow_slices.sliced")]
+    with create_session() as session:
+        value = session.query(XComModel).filter_by(dag_id=run.dag_id, run_id=run.run_id, task_id="sliced",
+                                                   key="return_value").one()
+        assert XComModel.deserialize_value(value) == {"n": 20}

@@ -306,3 +306,17 @@ with DAG("rt_throttle", schedule="@daily", start_date=START, catchup=False) as r
 with DAG("rt_slices", schedule="@daily", start_date=START, catchup=False) as rt_slices:
     ResumableOperator(task_id="work", handler=process_items, retries=0, max_runtime=0.3, resume_poll=0.2,
                       timeout=30)
+
+with DAG("rt_taskflow_slices", schedule="@daily", start_date=START, catchup=False) as rt_taskflow_slices:
+
+    @task.resumable(retries=0, max_runtime=0.3, resume_poll=0.2)
+    def sliced(ctx: RunContext, n: int) -> dict[str, int]:
+        i = ctx.position or 0
+        while i < n:
+            _log_seen(_conf().get("seen"), [i], ctx.attempt)
+            ctx.signal.wait(0.05)
+            i += 1
+            ctx.checkpoint(i, processed=i, total=n)
+        return {"n": n}
+
+    sliced(20)
