@@ -323,3 +323,30 @@ def test_options_refuse_a_throttle_that_cannot_take_ctx_and_a_bad_max_runtime() 
         Options(throttle=lambda: None, max_runtime=float("nan"), defer_after=-1)
     text = str(err.value)
     assert "throttle" in text and "max_runtime" in text and "defer_after" in text
+
+
+# -- what a paused task waits for -----------------------------------------------------------
+
+
+def test_a_paused_task_wakes_for_resume_restart_cancel_its_time_or_a_clear_and_not_otherwise() -> None:
+    from datetime import datetime, timezone
+
+    from airflow_resumable.core.checkpoint import Checkpoint
+
+    now = datetime(2026, 2, 1, 12, tzinfo=timezone.utc)
+    paused = Checkpoint(job=JOB, slot=SLOT, status="paused", cancel_reason="paused", requested_by="ann")
+
+    def event(row: Any, until: Any = None) -> Any:
+        found = control.wake(row, until=until, now=now)
+        return found and found["event"]
+
+    assert event(paused) is None
+    assert event(paused, until=now + timedelta(seconds=1)) is None
+    assert event(paused, until=now) == "resumed"
+    assert event(dataclasses.replace(paused, request="resume")) == "resumed"
+    assert event(dataclasses.replace(paused, request="restart")) == "resumed"
+    assert event(dataclasses.replace(paused, request="pause")) is None
+    assert event(dataclasses.replace(paused, cancel_request="requested", request="resume")) == "cancelled"
+    assert event(dataclasses.replace(paused, status="cancelled")) == "cancelled"
+    assert event(dataclasses.replace(paused, status="running")) == "resumed"  # a Clear ran it meanwhile
+    assert event(None) == "missing"

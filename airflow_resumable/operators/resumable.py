@@ -440,7 +440,7 @@ class ResumableOperator(BaseOperator):
         if event.get("event") == "missing":
             raise AirflowFailException(f"{why} {where}; a Clear starts the slot over")
         self.log.info("continuing in the same try: %s [job=%s slot=%s]", why, job, slot)
-        return self._run(context, ran=float(ran), first=False)
+        return self._run(context, ran=float(event.get("ran", ran)), first=False)
 
     def _run(self, context: Context, *, ran: float, first: bool) -> Any:
         """One execution of the task: ``execute()`` and each continuation after a pause. ``ran``
@@ -523,7 +523,8 @@ class ResumableOperator(BaseOperator):
             "it is resumed (airflow_resumable.control.resume)" if until is None else until, job, slot,
         )
         self.defer(
-            trigger=SlotResumeTrigger(conn_id=self.conn_id, job=job, slot=slot, until=until, poll=self.resume_poll),
+            trigger=SlotResumeTrigger(conn_id=self.conn_id, job=job, slot=slot, until=until, poll=self.resume_poll,
+                                      ran=ran),
             method_name="execute_resumed",
             kwargs={"ran": ran},
             timeout=None if timeout is None else timedelta(seconds=timeout),

@@ -320,3 +320,8 @@ with DAG("rt_taskflow_slices", schedule="@daily", start_date=START, catchup=Fals
         return {"n": n}
 
     sliced(20)
+
+with DAG("rt_slices_timeout", schedule="@daily", start_date=START, catchup=False) as rt_slices_timeout:
+    # Slices of 0.3 s, a cooperative timeout of 1 s: only running time summed over the slices reaches it.
+    ResumableOperator(task_id="work", handler=process_items, retries=0, max_runtime=0.3, resume_poll=0.2,
+                      timeout=1.0)
