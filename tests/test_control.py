@@ -168,6 +168,18 @@ def test_a_paused_run_counts_as_live_for_the_overlap_policy(store: Store) -> Non
         attempt(store, 1, slot="2026-02-02T00:00:00+00:00", overlap="skip").run(Items(5, 5))
 
 
+def test_a_newer_run_with_overlap_replace_cancels_a_paused_earlier_run_as_superseded(store: Store) -> None:
+    failed_slot(store)
+    control.pause(store, JOB, SLOT)
+    with pytest.raises(Paused):
+        attempt(store, 2).run(Items(30, 5))
+    newer = "2026-02-02T00:00:00+00:00"
+    assert attempt(store, 1, slot=newer, overlap="replace").run(Items(5, 5)).checkpoint.status == "done"
+    old = row(store)
+    assert (old.status, old.cancel_reason, old.last_error) == ("cancelled", "superseded", "superseded by a newer run")
+    assert control.wake(old, until=None, now=old.updated_at)["event"] == "cancelled"
+
+
 # -- requests a slot cannot take ------------------------------------------------------------
 
 

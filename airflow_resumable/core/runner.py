@@ -325,7 +325,12 @@ class Attempt:
         slots = [o.slot for o in others]
         if policy == "replace":
             for other in others:
-                session.request_cancel(self.job, other.slot, Reason.SUPERSEDED.value)
+                if other.status == Status.PAUSED:  # nothing runs it: cancel it at once, its waiting task ends
+                    session.request(self.job, other.slot, "cancel_now", by=f"a newer run (slot {self.slot})",
+                                    outcome=AttemptEnd.CANCEL_REQUESTED,
+                                    params=(Reason.SUPERSEDED.value, "superseded by a newer run"))
+                else:
+                    session.request_cancel(self.job, other.slot, Reason.SUPERSEDED.value)
             self.log.warning(
                 "asked the live run(s) of slot(s) %s to stop at their next chunk boundary (superseded) "
                 "[job=%s slot=%s]", ", ".join(slots), self.job, self.slot,

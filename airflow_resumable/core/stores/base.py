@@ -123,7 +123,7 @@ def _requests(d: Dialect) -> dict[str, tuple[str, str]]:
         # A live holder is asked to stop at its next chunk boundary; a slot nobody runs (paused, or
         # a dead holder's) is cancelled at once, and a dead holder is fenced out.
         "cancel": ("cancel_request = 'requested'", f"status = 'running' AND {live}"),
-        "cancel_now": (f"status = 'cancelled', cancel_reason = 'requested', last_error = %s, request = NULL, "
+        "cancel_now": (f"status = 'cancelled', cancel_reason = %s, last_error = %s, request = NULL, "
                        f"resume_at = NULL, cancel_request = NULL, {fence}, updated_at = {now}",
                        f"status = 'paused' OR (status = 'running' AND NOT {live})"),
         "restart": ("request = 'restart'",
