@@ -24,6 +24,7 @@ def get_provider_info() -> dict[str, Any]:
             {"integration-name": "Resumable", "python-modules": ["airflow_resumable.operators.resumable"]}
         ],
         "hooks": [{"integration-name": "Resumable", "python-modules": ["airflow_resumable.hooks.resumable"]}],
+        "triggers": [{"integration-name": "Resumable", "python-modules": ["airflow_resumable.triggers.resume"]}],
         "task-decorators": [
             {"name": "resumable", "class-name": "airflow_resumable.decorators.resumable.resumable_task"}
         ],

@@ -17,6 +17,7 @@ from airflow.sdk.exceptions import (
 )
 from airflow.sdk.serde import deserialize as serde_deserialize
 from airflow.sdk.serde import serialize as serde_serialize
+from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 __all__ = [
     "AirflowException",
@@ -26,9 +27,11 @@ __all__ = [
     "AirflowSkipException",
     "BaseHook",
     "BaseOperator",
+    "BaseTrigger",
     "Context",
     "DecoratedOperator",
     "KeywordParameters",
+    "TriggerEvent",
     "XComArg",
     "serde_deserialize",
     "serde_serialize",

@@ -21,7 +21,7 @@ import traceback
 from bench import airflow_env
 from bench.common import ROOT, Database, Result, say, table
 
-ROWS = ("1", "2", "3", "4", "5", "6", "7")
+ROWS = ("1", "2", "3", "4", "5", "6", "7", "8")
 
 
 def _runner(row: str):  # noqa: ANN202 - a module's run(db) -> list[Result]
@@ -35,6 +35,7 @@ def _runner(row: str):  # noqa: ANN202 - a module's run(db) -> list[Result]
         "5": "bench.heartbeat",
         "6": "bench.scale",
         "7": "bench.overhead",
+        "8": "bench.throttle",
     }[row]
     return importlib.import_module(module).run
 

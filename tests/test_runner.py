@@ -461,13 +461,13 @@ def test_a_status_edited_by_hand_is_refused_by_name_and_the_row_left_free(store:
     with pytest.raises(RuntimeError):
         attempt(store, 1).run(Items(20, 5, fail=(1, 2)))
     with store.open() as s:
-        s.execute("UPDATE resumable_checkpoints SET status = 'paused' WHERE job = %s", (JOB,))
+        s.execute("UPDATE resumable_checkpoints SET status = 'stalled' WHERE job = %s", (JOB,))
         s.commit()
-    with pytest.raises(CorruptCheckpoint, match=r"stored status 'paused' is not one of running, done, failed"):
+    with pytest.raises(CorruptCheckpoint, match=r"stored status 'stalled' is not one of running, done, failed"):
         attempt(store, 2).run(Items(20, 5))
     with store.open() as s:
         row = s.load(JOB, SLOT)
-    assert (row.status, row.position, row.lease_owner) == ("paused", 10, None)
+    assert (row.status, row.position, row.lease_owner) == ("stalled", 10, None)
 
 
 def test_a_classified_sigterm_leaves_signal_and_row_saying_the_same(store: Store) -> None:

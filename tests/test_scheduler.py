@@ -30,7 +30,9 @@ import psutil
 import psycopg2
 import pytest
 
+from airflow_resumable.core import control
 from airflow_resumable.core.checkpoint import Checkpoint
+from airflow_resumable.core.errors import RequestRefused
 from airflow_resumable.core.stores import PostgresStore
 from airflow_resumable.core.stores.base import StoreSession
 from devtools.postgres import Server, dsn
@@ -45,6 +47,10 @@ TASK_ID = "work"
 JOB = f"{DAG_ID}.{TASK_ID}"
 MAPPED_DAG_ID = "sched_mapped"
 END_DAG_ID = "sched_end"
+PAUSE_DAG_ID, POOL_DAG_ID, THROTTLE_DAG_ID, SLICES_DAG_ID = "sched_pause", "sched_pool_other", "sched_throttle", "sched_slices"
+POOL = "resumable_pool_one"
+#: sched_pause heartbeats every second (lease 3) and a chunk takes 2 x 0.2 s.
+PAUSE_HEARTBEAT, PAUSE_CHUNK = 1.0, 0.4
 ITEMS = 80
 CHUNK = 2
 DELAY = 0.2  # seconds per item: a chunk takes CHUNK * DELAY
@@ -222,7 +228,10 @@ def env(pg_server: Server) -> Iterator[Env]:
         )
         try:
             airflow.start()
-            airflow.serve((DAG_ID, MAPPED_DAG_ID, END_DAG_ID))
+            airflow.serve((DAG_ID, MAPPED_DAG_ID, END_DAG_ID, PAUSE_DAG_ID, POOL_DAG_ID, THROTTLE_DAG_ID,
+                           SLICES_DAG_ID))
+            airflow.api.request("POST", "/pools", json={"name": POOL, "slots": 1, "include_deferred": False},
+                                expect=(201,))
             with store.open(autocommit=True) as session:
                 session.ensure_schema()
                 yield Env(airflow=airflow, session=session, sink=sink)
@@ -456,3 +465,94 @@ def test_clear_after_a_failure_past_done_finishes_without_redoing_the_work(env: 
     assert history == [(1, "done"), (2, "already_done")], history
     log = env.airflow.task_log(END_DAG_ID, run_id, TASK_ID, 2)
     assert "already finished" in log and "not running it again" in log, log[-3000:]
+
+
+# -- pause, throttle and time slices with the real triggerer ------------------------------------
+
+
+def history_of(env: Env, job: str, slot: str) -> list[tuple[str, str | None, int]]:
+    return [(r.outcome, r.requested_by, r.attempt) for r in env.session.history(job, slot)]
+
+
+def test_a_pause_defers_the_task_frees_its_pool_slot_and_resume_continues_it_in_the_same_try(env: Env) -> None:
+    # Given a resumable task running in a pool of one worker slot
+    run_id, job = f"pause_{uuid.uuid4().hex[:8]}", f"{PAUSE_DAG_ID}.{TASK_ID}"
+    env.api.trigger(PAUSE_DAG_ID, run_id=run_id, conf={"items": 60})
+    env.running_with_progress(run_id, job=job)
+    # When a person pauses it
+    asked = time.monotonic()
+    control.pause(env.session.store, job, run_id, by="pauser")
+    paused = wait_for(lambda: (r := env.row(run_id, job)) and r.status == "paused" and r, timeout=30, interval=0.05,
+                      what="the pause", on_timeout=lambda: env.explain(run_id))
+    MEASURED["pause -> checkpoint saved, paused"] = time.monotonic() - asked
+    wait_for(lambda: env.api.task_instance(PAUSE_DAG_ID, run_id, TASK_ID)["state"] == "deferred", timeout=30,
+             interval=0.05, what="the task to defer")
+    MEASURED["pause -> deferred"] = time.monotonic() - asked
+    print(f"\n[scheduler] pause -> paused row {MEASURED['pause -> checkpoint saved, paused']:.2f}s, "
+          f"-> deferred {MEASURED['pause -> deferred']:.2f}s")
+    # Then it stopped within one heartbeat and one chunk (plus the time Airflow takes to record it)
+    assert MEASURED["pause -> checkpoint saved, paused"] < PAUSE_HEARTBEAT + PAUSE_CHUNK + 1.5
+    assert MEASURED["pause -> deferred"] < PAUSE_HEARTBEAT + PAUSE_CHUNK + 5.0
+    assert paused.lease_owner is None and 0 < paused.processed < 60
+    with pytest.raises(RequestRefused, match="already paused"):
+        control.pause(env.session.store, job, run_id)
+    # And it holds no worker slot: another task runs in the pool of one meanwhile
+    other = f"other_{uuid.uuid4().hex[:8]}"
+    env.api.trigger(POOL_DAG_ID, run_id=other)
+    assert env.run_state(other, ("success", "failed"), timeout=120, dag_id=POOL_DAG_ID) == "success"
+    assert env.api.task_instance(PAUSE_DAG_ID, run_id, TASK_ID)["state"] == "deferred"
+    assert env.row(run_id, job).processed == paused.processed
+    # When it is resumed
+    asked = time.monotonic()
+    control.resume(env.session.store, job, run_id, by="resumer")
+    wait_for(lambda: env.api.task_instance(PAUSE_DAG_ID, run_id, TASK_ID)["state"] == "running", timeout=60,
+             interval=0.05, what="the task to run again")
+    MEASURED["resume -> running"] = time.monotonic() - asked
+    wait_for(lambda: (r := env.row(run_id, job)) and r.status == "running" and r, timeout=60, interval=0.05,
+             what="the slot to run again")
+    MEASURED["resume -> slot running"] = time.monotonic() - asked
+    print(f"[scheduler] resume -> task running {MEASURED['resume -> running']:.2f}s, "
+          f"-> slot running {MEASURED['resume -> slot running']:.2f}s")
+    # Then it continues from the checkpoint in the same try and finishes, each item once
+    assert env.run_state(run_id, ("success", "failed"), dag_id=PAUSE_DAG_ID) == "success"
+    assert env.api.task_instance(PAUSE_DAG_ID, run_id, TASK_ID)["try_number"] == 1
+    assert_exactly_once(env, run_id, 60, job)
+    assert env.row(run_id, job).resumed_from == paused.position
+    assert history_of(env, job, run_id) == [
+        ("paused", None, 1), ("pause_requested", "pauser", 1), ("resume_requested", "resumer", 1), ("done", None, 1),
+    ]
+
+
+def deferrals(env: Env, dag_id: str, run_id: str) -> int:
+    """Poll the task instance until the run ends; how many times it entered ``deferred``."""
+    seen: list[str] = []
+
+    def ended() -> bool:
+        state = env.api.task_instance(dag_id, run_id, TASK_ID)["state"]
+        if not seen or seen[-1] != state:
+            seen.append(state)
+        return env.api.dag_run(dag_id, run_id)["state"] in ("success", "failed")
+
+    wait_for(ended, timeout=180, interval=0.1, what=f"{run_id} to end", on_timeout=lambda: str(seen))
+    return seen.count("deferred")
+
+
+def test_a_throttle_that_asks_for_long_waits_defers_twice_and_finishes_in_one_try(env: Env) -> None:
+    run_id, job = f"throttle_{uuid.uuid4().hex[:8]}", f"{THROTTLE_DAG_ID}.{TASK_ID}"
+    env.api.trigger(THROTTLE_DAG_ID, run_id=run_id)
+    assert deferrals(env, THROTTLE_DAG_ID, run_id) == 2
+    assert env.api.dag_run(THROTTLE_DAG_ID, run_id)["state"] == "success"
+    assert env.api.task_instance(THROTTLE_DAG_ID, run_id, TASK_ID)["try_number"] == 1
+    assert_exactly_once(env, run_id, 30, job)
+    assert [o for o, _, _ in history_of(env, job, run_id)] == ["paused", "paused", "done"]
+
+
+def test_max_runtime_gives_the_worker_back_between_slices_and_finishes_in_one_try(env: Env) -> None:
+    run_id, job = f"slices_{uuid.uuid4().hex[:8]}", f"{SLICES_DAG_ID}.{TASK_ID}"
+    env.api.trigger(SLICES_DAG_ID, run_id=run_id)
+    slices = deferrals(env, SLICES_DAG_ID, run_id)
+    assert env.api.dag_run(SLICES_DAG_ID, run_id)["state"] == "success"
+    assert env.api.task_instance(SLICES_DAG_ID, run_id, TASK_ID)["try_number"] == 1
+    assert_exactly_once(env, run_id, 30, job)
+    outcomes = [o for o, _, _ in history_of(env, job, run_id)]
+    assert slices >= 1 and outcomes.count("paused") == slices and outcomes[-1] == "done"

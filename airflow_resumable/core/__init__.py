@@ -13,9 +13,12 @@ from airflow_resumable.core.errors import (
     LeaseLost,
     OverlapSkip,
     OverlapWait,
+    Paused,
+    RequestRefused,
     ResumableError,
     SchemaVersionError,
     SkipLimitExceeded,
+    SlotNotFound,
     StoreUnavailable,
 )
 from airflow_resumable.core.readers import Batch, FileReader, KeysetReader, Reader, SequenceReader
@@ -26,7 +29,7 @@ from airflow_resumable.core.stores import PostgresStore, SQLiteStore, Store
 __all__ = [
     "Attempt", "AttemptEnded", "Batch", "Cancelled", "Checkpoint", "ConfigurationError", "CorruptCheckpoint",
     "FileReader", "InvalidCheckpoint", "KeysetReader", "LeaseBusy", "LeaseLost", "Options", "Outcome", "OverlapSkip",
-    "OverlapWait", "PostgresStore", "Reader", "Reason", "ResumableError", "RunContext", "SQLiteStore",
-    "SchemaVersionError", "SequenceReader", "Signal", "SkipLimitExceeded", "Status", "Store", "StoreUnavailable",
-    "TransactionConnection", "chunk_loop",
+    "OverlapWait", "Paused", "PostgresStore", "Reader", "Reason", "RequestRefused", "ResumableError", "RunContext",
+    "SQLiteStore", "SchemaVersionError", "SequenceReader", "Signal", "SkipLimitExceeded", "SlotNotFound", "Status",
+    "Store", "StoreUnavailable", "TransactionConnection", "chunk_loop",
 ]

@@ -34,7 +34,7 @@ class Checkpoint:
                                    nullable=False, sql_default="'{}'", factory=dict)
     processed: int = column("bigint", "items processed so far", nullable=False, sql_default="0", default=0)
     total: int | None = column("bigint", "items expected, when known", default=None)
-    status: str = column("text", "`running`, `done`, `failed` or `cancelled`", nullable=False,
+    status: str = column("text", "`running`, `done`, `failed`, `cancelled` or `paused`", nullable=False,
                          default=Status.RUNNING.value)
     attempt: int = column("int", "the try number of the attempt that last ran the slot", nullable=False,
                           sql_default="0", default=0)
@@ -47,7 +47,9 @@ class Checkpoint:
     updated_at: datetime | None = column("timestamp", "the last write", nullable=False, default=None)
     finished_at: datetime | None = column("timestamp", "when the run finished (`done`)", default=None)
     last_error: str | None = column("text", "the error of an unfinished run", default=None)
-    cancel_reason: str | None = column("text", "why the last attempt was cancelled", default=None)
+    cancel_reason: str | None = column(
+        "text", "why the last attempt stopped short: a cancel's reason, or `paused`, `throttled`, `time_slice`",
+        default=None)
     cancel_request: str | None = column("text", "a pending request for the holder to stop", default=None)
     lease_owner: str | None = column("text", "the attempt holding the lease (`ti-id/tryN@host:pid`)",
                                      default=None)
@@ -64,6 +66,11 @@ class Checkpoint:
     confirmed_at: datetime | None = column(
         "timestamp", "when Airflow recorded the task instance of the `done` run as successful "
         "(a Clear after that runs the slot again)", default=None)
+    request: str | None = column("text", "a pending control request: `pause`, `resume` or `restart`", default=None)
+    requested_by: str | None = column("text", "who made the last control request", default=None)
+    requested_at: datetime | None = column("timestamp", "when", default=None)
+    resume_at: datetime | None = column("timestamp", "when a throttled or time-sliced slot continues on its own",
+                                        default=None)
 
     @property
     def origin(self) -> Origin:
@@ -116,8 +123,10 @@ class AttemptRecord:
                               default=0)
     started_at: datetime | None = column("timestamp", "when the attempt started", nullable=False, default=None)
     ended_at: datetime | None = column("timestamp", "when it ended", default=None)
-    outcome: str = column("text", "`running`, `done`, `failed`, `cancelled`, `lease_lost`, `skipped`, "
-                          "`already_done`", nullable=False, default=AttemptEnd.RUNNING.value)
+    outcome: str = column("text", "`running`, `done`, `failed`, `cancelled`, `paused`, `lease_lost`, `skipped`, "
+                          "`already_done`; for a control request `pause_requested`, `resume_requested`, "
+                          "`cancel_requested`, `restart_requested`, `lease_released`", nullable=False,
+                          default=AttemptEnd.RUNNING.value)
     cancel_reason: str | None = column("text", "why it was cancelled", default=None)
     resumed_from: Any = column("json", "the position it resumed from (JSON)", default=None)
     position_start: Any = column("json", "the position when it started (JSON)", default=None)
@@ -126,6 +135,7 @@ class AttemptRecord:
     position_end: Any = column("json", "the position when it ended (JSON)", default=None)
     processed_end: int | None = column("bigint", "items processed when it ended", default=None)
     error: str | None = column("text", "the error it ended with", default=None)
+    requested_by: str | None = column("text", "who made the control request (request records only)", default=None)
 
     def to_dict(self) -> dict[str, Any]:
         return _plain(self)

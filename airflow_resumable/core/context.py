@@ -203,6 +203,8 @@ class RunContext:
             InvalidCheckpoint: position or state is not plain JSON; nothing was written.
             LeaseLost: another attempt holds the slot; nothing was written.
             Cancelled: after the save, when the signal has fired: this is a chunk boundary.
+            Paused: after the save, when a pause was requested, the throttle asked for a long
+                wait, or ``max_runtime`` ran out (a kind of Cancelled: stop the same way).
         """
         state = self.state if state is None else state
         processed = self._processed if processed is None else self._count("processed", processed)
@@ -212,6 +214,7 @@ class RunContext:
         self._saved(position_json, state, processed, total)
         self._attempt.report(self)
         self.signal.raise_if_cancelled()
+        self._attempt.between_chunks(self)
 
     def transaction(self) -> TransactionConnection:
         """The checkpoint database's connection; writes on it commit with the next checkpoint."""

@@ -18,6 +18,11 @@ OVERLAP_TIMEOUT = 3600.0
 XCOM_INTERVAL = 5.0
 #: The Airflow connection of the checkpoint store.
 CONN_ID = "resumable_default"
+#: A throttle wait at least this long gives the worker back (the task defers); a shorter one
+#: sleeps on the run's signal.
+DEFER_AFTER = 60.0
+#: Seconds between the paused task's checks for a resume or a cancel (in Airflow's triggerer).
+RESUME_POLL = 1.0
 #: How many items of a slot a skip policy (``skip_on=``) may skip before the attempt fails.
 SKIP_LIMIT = 10
 #: How many skipped items the task's summary (its XCom return value) lists (all are counted).

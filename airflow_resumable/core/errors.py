@@ -7,6 +7,7 @@ in one place: ``airflow_resumable.operators.outcome``.
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 
@@ -110,3 +111,30 @@ class Cancelled(Exception):
         self.reason = reason
         self.message = message or f"cancelled: {reason}"
         super().__init__(self.message)
+
+
+class Paused(Cancelled):
+    """Raised at a chunk boundary when the run stops to continue later, in the same try.
+
+    A kind of :class:`Cancelled`, so a handler that cleans up on a cancel does the same here. The
+    checkpoint is saved; the slot's status becomes ``paused``. ``reason`` is ``paused`` (a person
+    asked), ``throttled`` (the throttle asked for a long wait) or ``time_slice`` (``max_runtime``
+    ran out); ``until`` is when the run continues on its own (None: when resumed).
+    """
+
+    def __init__(self, reason: str, message: str | None = None, *, until: datetime | None = None):
+        self.until = until
+        super().__init__(reason, message or f"paused: {reason}")
+
+
+class SlotNotFound(ResumableError):
+    """The control API was asked about a (job, slot) the checkpoint table does not have."""
+
+
+class RequestRefused(ResumableError):
+    """A control request the slot cannot take in its state (resume of a slot that is not paused,
+    pause of a finished one...). Nothing was changed."""
+
+    def __init__(self, message: str, *, status: str | None = None, **kwargs: Any):
+        self.status = status
+        super().__init__(message, **kwargs)

@@ -141,10 +141,17 @@ class LeaseKeeper:
                 self.beats += 1
                 last_ok = time.monotonic()
                 if request:
-                    self.signal.cancel(request, f"{request}: requested through the checkpoint row")
+                    self.signal.cancel(request, _REQUEST_MESSAGES.get(request, f"{request}: requested through the "
+                                                                                "checkpoint row"))
         finally:
             if session is not None:
                 session.close()
+
+
+_REQUEST_MESSAGES = {
+    Reason.PAUSED.value: "pause requested through the control API",
+    Reason.REQUESTED.value: "cancel requested through the control API",
+}
 
 
 def heartbeat_interval(lease_seconds: float) -> float:

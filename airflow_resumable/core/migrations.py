@@ -77,6 +77,18 @@ def _v2(d: Dialect) -> list[str]:
 
 
 def _v3(d: Dialect) -> list[str]:
+    """Control requests (pause, resume, restart) and who made them; when a paused slot continues."""
+    ts, t = d.timestamp_type, CHECKPOINTS.name
+    return [
+        f"ALTER TABLE {t} ADD COLUMN request TEXT",
+        f"ALTER TABLE {t} ADD COLUMN requested_by TEXT",
+        f"ALTER TABLE {t} ADD COLUMN requested_at {ts}",
+        f"ALTER TABLE {t} ADD COLUMN resume_at {ts}",
+        f"ALTER TABLE {ATTEMPTS.name} ADD COLUMN requested_by TEXT",
+    ]
+
+
+def _v4(d: Dialect) -> list[str]:
     """The dead-letter table: items skipped under a skip policy, one row per (job, slot, position)."""
     ts, t = d.timestamp_type, DEAD_LETTERS.name
     return [
@@ -92,7 +104,8 @@ def _v3(d: Dialect) -> list[str]:
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "checkpoint table and schema stamp", _v1),
     Migration(2, "owning task instance, result and success confirmation on the row; attempt history table", _v2),
-    Migration(3, "dead-letter table for items skipped under a skip policy", _v3),
+    Migration(3, "control requests (pause, resume, restart) with who asked; resume time of a paused slot", _v3),
+    Migration(4, "dead-letter table for items skipped under a skip policy", _v4),
 )
 
 #: The schema this code reads and writes.
@@ -122,8 +135,8 @@ def current_version(session: StoreSession) -> int | None:
                 f"the checkpoint table {CHECKPOINTS.name} exists but {META}, which records its schema version, "
                 f"is missing in {session.store.describe()}",
                 hint="It was dropped by hand; nothing was changed. Restore it from a backup, or recreate it "
-                f"with the version the tables have (1 if it has no dag_id column, 2 if {DEAD_LETTERS.name} is missing, "
-                f"else {SCHEMA_VERSION}): "
+                f"with the version the tables have (1 if it has no dag_id column, 2 if it has no request column, 3 if "
+                f"{DEAD_LETTERS.name} is missing, else {SCHEMA_VERSION}): "
                 f"CREATE TABLE {META} (key TEXT PRIMARY KEY, value TEXT NOT NULL); "
                 f"INSERT INTO {META} VALUES ('schema_version', '<version>')",
             ) from None

@@ -10,7 +10,8 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import math
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
+from datetime import timedelta
 from typing import Any
 
 from airflow_resumable.core import defaults
@@ -48,6 +49,12 @@ class Options:
         overlap: ``skip``, ``allow``, ``wait`` or ``replace`` (between slots of the same job).
         restart: discard an unfinished checkpoint and start over, on purpose.
         progress_interval: seconds between progress log lines.
+        throttle: ``fn(ctx) -> seconds | timedelta | None``, asked after every checkpoint: a wait
+            before the next chunk (None or 0: none). A wait of ``defer_after`` or more pauses the
+            run (reason ``throttled``) until then; a shorter one sleeps on the signal.
+        max_runtime: seconds the attempt runs in one go before it pauses (reason ``time_slice``)
+            to give its worker back for a moment (None: no limit).
+        defer_after: the throttle wait from which the run pauses instead of sleeping.
     """
 
     timeout: float | None = None
@@ -56,11 +63,15 @@ class Options:
     overlap: str = defaults.OVERLAP
     restart: bool = False
     progress_interval: float = defaults.PROGRESS_INTERVAL
+    throttle: Callable[..., Any] | None = None
+    max_runtime: float | None = None
+    defer_after: float = defaults.DEFER_AFTER
 
     def __post_init__(self) -> None:
         problems = validate_options(
             timeout=self.timeout, lease=self.lease, lease_wait=self.lease_wait, overlap=self.overlap,
-            progress_interval=self.progress_interval,
+            progress_interval=self.progress_interval, throttle=self.throttle, max_runtime=self.max_runtime,
+            defer_after=self.defer_after,
         )
         if problems:
             raise ConfigurationError("; ".join(problems))
@@ -71,7 +82,8 @@ class Options:
 
 
 def validate_options(
-    *, timeout: Any, lease: Any, lease_wait: Any, overlap: Any, progress_interval: Any = 0
+    *, timeout: Any, lease: Any, lease_wait: Any, overlap: Any, progress_interval: Any = 0, throttle: Any = None,
+    max_runtime: Any = None, defer_after: Any = defaults.DEFER_AFTER,
 ) -> list[str]:
     """Every problem with these options, as sentences (empty when they are fine)."""
     problems = [
@@ -85,10 +97,33 @@ def validate_options(
     ]
     if overlap not in OVERLAP_POLICIES:
         problems.append(f"overlap must be one of {', '.join(OVERLAP_POLICIES)}, got {overlap!r}")
-    problem = duration_problem("progress_interval", progress_interval)
-    if problem:
-        problems.append(problem)
+    problems += [
+        p for p in (
+            duration_problem("progress_interval", progress_interval),
+            None if max_runtime is None else duration_problem("max_runtime", max_runtime, positive=True),
+            duration_problem("defer_after", defer_after),
+        ) if p
+    ]
+    if throttle is not None:
+        if not callable(throttle):
+            problems.append(f"throttle must be a function fn(ctx) -> seconds or None, got {type(throttle).__name__}")
+        else:
+            problem = call_problem(throttle, "throttle", ("ctx",), ())
+            if problem:
+                problems.append(problem)
     return problems
+
+
+def wait_seconds(value: Any) -> float | None:
+    """A throttle's answer as seconds (None: no wait), or raise ValueError saying what was wrong."""
+    if value is None:
+        return None
+    if isinstance(value, timedelta):
+        value = value.total_seconds()
+    problem = duration_problem("the wait", value)
+    if problem:
+        raise ValueError(problem)
+    return float(value) or None
 
 
 def duration_problem(

@@ -25,7 +25,7 @@ import threading
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from datetime import datetime
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from airflow_resumable.core.checkpoint import (
@@ -50,6 +50,7 @@ from airflow_resumable.core.errors import (
     LeaseLost,
     OverlapSkip,
     OverlapWait,
+    Paused,
 )
 from airflow_resumable.core.lease import LeaseKeeper
 from airflow_resumable.core.options import (  # re-exported: the core's public names
@@ -63,11 +64,12 @@ from airflow_resumable.core.options import (  # re-exported: the core's public n
     duration_problem,
     key_problem,
     validate_options,
+    wait_seconds,
 )
 from airflow_resumable.core.progress import Log, ProgressMeter, Reporter
 from airflow_resumable.core.signal import Reason, Signal
 from airflow_resumable.core.skips import skip_item
-from airflow_resumable.core.states import check, status_of
+from airflow_resumable.core.states import Request, check, status_of
 from airflow_resumable.core.stores.base import Store, StoreSession
 
 __all__ = [
@@ -161,6 +163,7 @@ class Attempt:
         codec: tuple[Callable[[Any], Any], Callable[[Any], Any]] = result_codec or (_same, _same)
         self._encode_result, self._decode_result = codec
         self._record_id: int | None = None
+        self._started = time.monotonic()
         self._session: StoreSession | None = None
         self._token: int | None = None
         self._meter: ProgressMeter | None = None
@@ -239,6 +242,9 @@ class Attempt:
             ).start()
             keeper = self.keeper
             try:
+                if row.request == Request.PAUSE:  # asked before this attempt started: pause before any work
+                    raise Paused(Reason.PAUSED.value, f"pause requested by {row.requested_by or '?'}")
+                self._started = time.monotonic()
                 result = self._call(handler, ctx)
                 # Fails here, before "done", when the value could not be kept (nor given back later).
                 result_text = self._result_text(result)
@@ -323,7 +329,12 @@ class Attempt:
         slots = [o.slot for o in others]
         if policy == "replace":
             for other in others:
-                session.request_cancel(self.job, other.slot, Reason.SUPERSEDED.value)
+                if other.status == Status.PAUSED:  # nothing runs it: cancel it at once, its waiting task ends
+                    session.request(self.job, other.slot, "cancel_now", by=f"a newer run (slot {self.slot})",
+                                    outcome=AttemptEnd.CANCEL_REQUESTED,
+                                    params=(Reason.SUPERSEDED.value, "superseded by a newer run"))
+                else:
+                    session.request_cancel(self.job, other.slot, Reason.SUPERSEDED.value)
             self.log.warning(
                 "asked the live run(s) of slot(s) %s to stop at their next chunk boundary (superseded) "
                 "[job=%s slot=%s]", ", ".join(slots), self.job, self.slot,
@@ -347,11 +358,20 @@ class Attempt:
 
     def _why_run_again(self, row: Checkpoint) -> str | None:
         """Why a ``done`` slot runs again: someone asked (restart, or the embedding says so), else None."""
-        if self.options.restart:
-            return "restart requested"
+        restart = self._restart_reason(row)
+        if restart:
+            return restart
         if self._rerun is None:
             return None
         return self._rerun(row)
+
+    def _restart_reason(self, row: Checkpoint) -> str | None:
+        """Why this attempt starts over on purpose (the option, or a restart request on the row)."""
+        if self.options.restart:
+            return "restart requested"
+        if row.request == Request.RESTART:
+            return f"restart requested by {row.requested_by or '?'}"
+        return None
 
     def _already_done(self, session: StoreSession, row: Checkpoint) -> Outcome:
         """The slot finished before: give the lease back and return what it stored, without
@@ -406,10 +426,11 @@ class Attempt:
                 row.finished_at.isoformat() if row.finished_at else "?", row.run_id or "?", row.attempt,
                 rerun_because, where,
             )
-        elif self.options.restart:
+        elif self._restart_reason(row):
             self.log.warning(
-                "restart requested: discarding the unfinished checkpoint at position=%r processed=%s "
-                "(status %s) and starting over %s", row.position, row.processed, row.status, where,
+                "%s: discarding the unfinished checkpoint at position=%r processed=%s "
+                "(status %s) and starting over %s", self._restart_reason(row), row.position, row.processed,
+                row.status, where,
             )
         else:
             self.log.warning(
@@ -464,6 +485,43 @@ class Attempt:
             stored = self._session.load(self.job, self.slot) or ctx.row
             self.reporter.on_checkpoint(stored, self._meter.measure(processed, total))
 
+    def between_chunks(self, ctx: RunContext) -> None:
+        """After a durable checkpoint: end the time slice, or wait as the throttle asks.
+
+        Raises:
+            Paused: ``max_runtime`` ran out (``time_slice``), or the throttle asked for a wait of
+                ``defer_after`` or more (``throttled``, until then).
+            Cancelled: the signal fired during a short throttle wait.
+            ConfigurationError: the throttle answered something that is not a wait.
+        """
+        options = self.options
+        if options.max_runtime is not None and time.monotonic() - self._started >= options.max_runtime:
+            raise Paused(
+                Reason.TIME_SLICE.value,
+                f"ran {time.monotonic() - self._started:.3g}s in one go (max_runtime={options.max_runtime:g}s): "
+                "giving the worker back for a moment",
+                until=_utcnow(),
+            )
+        if options.throttle is None:
+            return
+        answer = options.throttle(ctx)
+        try:
+            wait = wait_seconds(answer)
+        except ValueError as exc:
+            raise ConfigurationError(
+                f"throttle {getattr(options.throttle, '__qualname__', options.throttle)!r} answered {short(answer)}: "
+                f"{exc}", job=self.job, slot=self.slot,
+                hint="Return the seconds to wait before the next chunk (a number or a timedelta), or None for no "
+                "wait; the checkpoint is kept",
+            ) from None
+        if wait is None:
+            return
+        if wait >= options.defer_after:
+            raise Paused(Reason.THROTTLED.value, f"the throttle asked to wait {wait:g}s",
+                         until=_utcnow() + timedelta(seconds=wait))
+        if self.signal.wait(wait):
+            self.signal.raise_if_cancelled()
+
     def transaction(self) -> TransactionConnection:
         assert self._session is not None
         if self._ended:
@@ -494,7 +552,7 @@ class Attempt:
 
     def _end(
         self, session: StoreSession, status: Status, *, error: str | None = None, cancel_reason: str | None = None,
-        result: str | None = None,
+        result: str | None = None, resume_in: float | None = None,
     ) -> Checkpoint:
         assert self._token is not None
         total = self._ctx.total if self._ctx is not None else None
@@ -502,6 +560,7 @@ class Attempt:
             final = session.finish(
                 self.job, self.slot, self.owner, self._token, status=status, last_error=error,
                 cancel_reason=cancel_reason, total=total, result=result, record_id=self._record_id,
+                resume_in=resume_in,
             )
         except LeaseLost:
             self.log.error("could not record status %s: the lease was taken over [job=%s slot=%s]", status, self.job, self.slot)
@@ -516,6 +575,14 @@ class Attempt:
         assert ctx is not None
         if isinstance(exc, LeaseLost) or self.signal.reason == Reason.LEASE_LOST:
             self._lost(session, exc)
+        elif isinstance(exc, Paused):
+            resume_in = None if exc.until is None else max(0.0, (exc.until - _utcnow()).total_seconds())
+            self.log.warning(
+                "paused (%s: %s) at position=%r processed=%s [job=%s slot=%s attempt=%s]; the checkpoint is kept "
+                "and this try continues from it %s", exc.reason, exc.message, ctx.position, ctx.processed, self.job,
+                self.slot, self.attempt, "when resumed" if exc.until is None else f"at {exc.until.isoformat()}",
+            )
+            self._end(session, Status.PAUSED, cancel_reason=exc.reason, resume_in=resume_in)
         elif isinstance(exc, Cancelled):
             reason, message = self._resolve(exc.reason, exc.message)
             self.signal.classify(reason, message)
@@ -589,6 +656,10 @@ def _run_started(row: Checkpoint) -> datetime:
     started = row.lease_acquired_at if row.status == Status.DONE.value else (row.started_at or row.lease_acquired_at)
     assert started is not None
     return started
+
+
+def _utcnow() -> datetime:
+    return datetime.now(tz=timezone.utc)
 
 
 def _same(value: Any) -> Any:

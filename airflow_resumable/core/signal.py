@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from airflow_resumable.core.errors import Cancelled, LeaseLost
+from airflow_resumable.core.errors import Cancelled, LeaseLost, Paused
 
 #: How often ``wait()`` re-reads the flag when woken by nothing (a cancel from the main thread,
 #: or a signal handler, does not wake the event).
@@ -32,6 +32,15 @@ class Reason(enum.StrEnum):
     SHUTDOWN = "shutdown"
     LEASE_LOST = "lease_lost"
     SUPERSEDED = "superseded"
+    #: A person cancelled the run through the control API (CLI, UI, REST): not retried.
+    REQUESTED = "requested"
+    #: Stop at the next chunk boundary and continue later, in the same try (not a cancel: see
+    #: :class:`~airflow_resumable.core.errors.Paused`). A person asked, through the control API.
+    PAUSED = "paused"
+    #: The throttle asked for a wait long enough to give the worker back.
+    THROTTLED = "throttled"
+    #: The attempt ran ``max_runtime`` in one go and gives its worker slot back for a moment.
+    TIME_SLICE = "time_slice"
     #: SIGTERM arrived and it is not yet known whether a person or a worker shutdown sent it.
     TERMINATED = "terminated"
 
@@ -93,11 +102,14 @@ class Signal:
         Raises:
             LeaseLost: the reason is ``lease_lost``: another attempt owns the slot (the one
                 representation of a lost lease that handlers see).
+            Paused: the reason is ``paused`` (a kind of Cancelled: handlers stop the same way).
             Cancelled: carrying any other reason.
         """
         if self.cancelled:
             if self._reason == Reason.LEASE_LOST:
                 raise LeaseLost(self._message or "another attempt took over this slot's lease")
+            if self._reason == Reason.PAUSED:
+                raise Paused(Reason.PAUSED.value, self._message)
             raise Cancelled(self._reason or "", self._message)
 
     def classify(self, reason: str, message: str | None = None) -> None:

@@ -10,6 +10,9 @@ A slot's row is created ``running`` by the first attempt that takes its lease. F
 | ``running`` | ``running`` | a new attempt takes over from one that died holding the slot |
 | ``failed`` / ``cancelled`` | ``running`` | a retry or a Clear resumes (or a restart starts over) |
 | ``done`` | ``running`` | only when someone asked for it (a Clear after success, a restart) |
+| ``running`` | ``paused`` | the holder stopped at a chunk boundary for a pause, a throttle or a time slice |
+| ``paused`` | ``running`` | resumed (a resume request, the throttle's or slice's time, a Clear) |
+| ``paused`` | ``cancelled`` | cancelled while paused (nobody holds the lease) |
 
 An attempt that **loses its lease** writes no status at all (the slot belongs to another attempt):
 its only trace is its own history record. Losing the lease has one representation: the run's
@@ -32,6 +35,17 @@ class Status(enum.StrEnum):
     DONE = "done"
     FAILED = "failed"
     CANCELLED = "cancelled"
+    #: Stopped at a chunk boundary to continue later (``cancel_reason`` says why: ``paused``,
+    #: ``throttled`` or ``time_slice``); holds no lease, and counts as live for the overlap policy.
+    PAUSED = "paused"
+
+
+class Request(enum.StrEnum):
+    """A pending request on the slot's row (column ``request``), left by the control API."""
+
+    PAUSE = "pause"  # the holder stops at its next chunk boundary (or the next attempt, at its start)
+    RESUME = "resume"  # a paused slot continues
+    RESTART = "restart"  # the next attempt starts over from the beginning
 
 
 class AttemptEnd(enum.StrEnum):
@@ -44,15 +58,23 @@ class AttemptEnd(enum.StrEnum):
     LEASE_LOST = "lease_lost"
     SKIPPED = "skipped"  # the overlap policy kept it from starting
     ALREADY_DONE = "already_done"  # the slot had finished: the stored outcome was returned
+    PAUSED = "paused"  # stopped at a chunk boundary; the same try continues when resumed
+    # Requests made through the control API: one record each, with who asked (requested_by).
+    PAUSE_REQUESTED = "pause_requested"
+    RESUME_REQUESTED = "resume_requested"
+    CANCEL_REQUESTED = "cancel_requested"
+    RESTART_REQUESTED = "restart_requested"
+    LEASE_RELEASED = "lease_released"
 
 
 #: status -> the statuses a write may move it to (None: no row yet).
 TRANSITIONS: dict[Status | None, frozenset[Status]] = {
     None: frozenset({Status.RUNNING}),
-    Status.RUNNING: frozenset({Status.RUNNING, Status.DONE, Status.FAILED, Status.CANCELLED}),
+    Status.RUNNING: frozenset({Status.RUNNING, Status.DONE, Status.FAILED, Status.CANCELLED, Status.PAUSED}),
     Status.FAILED: frozenset({Status.RUNNING}),
     Status.CANCELLED: frozenset({Status.RUNNING}),
     Status.DONE: frozenset({Status.RUNNING}),
+    Status.PAUSED: frozenset({Status.RUNNING, Status.CANCELLED}),
 }
 
 #: How an attempt's ending shows on the slot: the status it writes, or None when it writes none
@@ -64,6 +86,12 @@ SLOT_STATUS: dict[AttemptEnd, Status | None] = {
     AttemptEnd.LEASE_LOST: None,
     AttemptEnd.SKIPPED: None,
     AttemptEnd.ALREADY_DONE: None,
+    AttemptEnd.PAUSED: Status.PAUSED,
+    AttemptEnd.PAUSE_REQUESTED: None,
+    AttemptEnd.RESUME_REQUESTED: None,
+    AttemptEnd.CANCEL_REQUESTED: None,
+    AttemptEnd.RESTART_REQUESTED: None,
+    AttemptEnd.LEASE_RELEASED: None,
 }
 
 

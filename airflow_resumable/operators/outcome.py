@@ -4,6 +4,8 @@
 |---|---|---|
 | ``Cancelled`` (timeout, shutdown, user, terminated) | ``AirflowException``: retry | the checkpoint is kept; the retry resumes |
 | ``Cancelled`` (superseded) | ``AirflowFailException``: no retry | a newer run replaced this one; a retry would fight it. Clear to resume |
+| ``Cancelled`` (requested) | ``AirflowFailException``: no retry | a person cancelled it through the control API (CLI, UI, REST). Clear to resume |
+| ``Paused`` (paused, throttled, time_slice) | ``TaskDeferred`` (in the operator, which owns the trigger) | wait without a worker slot or a retry, then continue in the same try |
 | ``LeaseLost`` | ``AirflowException`` | another attempt owns the slot; Airflow already replaced this one |
 | ``LeaseBusy``, ``StoreUnavailable`` | ``AirflowException``: retry | passing conditions |
 | ``OverlapSkip`` | ``AirflowSkipException`` | the seed's ``skip``: the run ends as *skipped* |
@@ -46,6 +48,10 @@ class ResumableSuperseded(AirflowFailException):
     """A newer run of the job asked this one to stop (overlap ``replace``); Clear it to resume."""
 
 
+class ResumableStopped(AirflowFailException):
+    """A person cancelled the run through the control API; Clear it to resume."""
+
+
 def to_airflow(exc: BaseException, *, job: str, slot: str) -> BaseException | None:
     """The Airflow exception to raise for ``exc``, or None to let ``exc`` propagate unchanged."""
     where = f"[job={job!r} slot={slot!r}]"
@@ -53,6 +59,11 @@ def to_airflow(exc: BaseException, *, job: str, slot: str) -> BaseException | No
         if exc.reason == Reason.SUPERSEDED.value:
             return ResumableSuperseded(
                 f"superseded by a newer run of the job; stopped at a chunk boundary with the checkpoint kept {where}. "
+                "Clear this task to resume it"
+            )
+        if exc.reason == Reason.REQUESTED.value:
+            return ResumableStopped(
+                f"{exc.message}; stopped at a chunk boundary with the checkpoint kept {where}. Not retried: "
                 "Clear this task to resume it"
             )
         return ResumableCancelled(

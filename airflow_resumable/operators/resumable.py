@@ -16,13 +16,13 @@ import socket
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from datetime import datetime, timedelta, timezone
-from typing import Any
+from typing import Any, NoReturn
 
 from airflow_resumable.core import defaults
 from airflow_resumable.core.checkpoint import Checkpoint, Origin
 from airflow_resumable.core.chunked import calls_problems, chunk_loop, chunked_problems
 from airflow_resumable.core.context import RunContext
-from airflow_resumable.core.errors import ConfigurationError, OverlapWait
+from airflow_resumable.core.errors import ConfigurationError, OverlapWait, Paused
 from airflow_resumable.core.options import Options, call_problem, duration_problem, key_problem, validate_options
 from airflow_resumable.core.progress import Progress, Reporter
 from airflow_resumable.core.readers import Reader
@@ -31,9 +31,11 @@ from airflow_resumable.core.signal import Reason
 from airflow_resumable.core.skips import shown
 from airflow_resumable.core.stores import Store
 from airflow_resumable.hooks.resumable import DEFAULT_CONN_ID, ResumableHook
-from airflow_resumable.operators.outcome import to_airflow
+from airflow_resumable.operators.outcome import ResumableStopped, to_airflow
+from airflow_resumable.triggers.resume import SlotResumeTrigger
 from airflow_resumable.version_compat import (
     AirflowException,
+    AirflowFailException,
     AirflowRescheduleException,
     BaseOperator,
     Context,
@@ -174,6 +176,18 @@ class ResumableOperator(BaseOperator):
     :param overlap_timeout: seconds ``overlap="wait"`` waits in all before failing the attempt.
     :param progress_interval: seconds between progress lines in the task log.
     :param xcom_interval: seconds between pushes of the checkpoint row to XCom.
+    :param throttle: ``fn(ctx) -> seconds | timedelta | None``, asked after every checkpoint: how
+        long to wait before the next chunk (None or 0: no wait). A wait shorter than
+        ``defer_after`` sleeps on the run's signal (a cancel still stops it at once); a longer one
+        pauses the task (reason ``throttled``): it defers, holding no worker slot, and continues
+        in the same try when the time comes.
+    :param defer_after: seconds from which a throttle wait defers instead of sleeping.
+    :param max_runtime: seconds the task runs in one go before it checkpoints and defers for an
+        instant (reason ``time_slice``), giving its worker slot back to the queue (pools, other
+        DAGs), then continues in the same try. None: no limit.
+    :param pause_timeout: seconds a paused task (``airflow_resumable.control.pause``) waits for its
+        resume before Airflow fails it (``TaskDeferralTimeout``; its retries apply). None: no limit.
+    :param resume_poll: seconds between the paused task's reads of its row in the triggerer.
     :param handler_kwargs: keyword arguments for the handler (templated).
     """
 
@@ -198,6 +212,11 @@ class ResumableOperator(BaseOperator):
         xcom_interval: float | timedelta = defaults.XCOM_INTERVAL,
         handler_kwargs: Mapping[str, Any] | None = None,
         restart: bool | str = False,
+        throttle: Callable[[RunContext], Any] | None = None,
+        defer_after: float | timedelta = defaults.DEFER_AFTER,
+        max_runtime: float | timedelta | None = None,
+        pause_timeout: float | timedelta | None = None,
+        resume_poll: float | timedelta = defaults.RESUME_POLL,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -214,6 +233,11 @@ class ResumableOperator(BaseOperator):
         self.overlap_timeout = _seconds(overlap_timeout)
         self.progress_interval = _seconds(progress_interval)
         self.xcom_interval = _seconds(xcom_interval)
+        self.throttle = throttle
+        self.defer_after = _seconds(defer_after)
+        self.max_runtime = _seconds(max_runtime)
+        self.pause_timeout = _seconds(pause_timeout)
+        self.resume_poll = _seconds(resume_poll)
         # An XCom (handler_kwargs=upstream_task()) is kept as it is: rendering resolves it to a dict.
         self.handler_kwargs = handler_kwargs
         if handler_kwargs is None or isinstance(handler_kwargs, Mapping):
@@ -236,9 +260,15 @@ class ResumableOperator(BaseOperator):
             lease_wait=self.lease_wait,
             overlap=self.overlap,
             progress_interval=self.progress_interval,
+            throttle=self.throttle,
+            max_runtime=self.max_runtime,
+            defer_after=self.defer_after,
         )
         problems += [
             p for p in (
+                None if self.pause_timeout is None else duration_problem("pause_timeout", self.pause_timeout,
+                                                                          positive=True),
+                duration_problem("resume_poll", self.resume_poll, minimum=0.1, maximum=3600.0),
                 duration_problem("timeout_grace", self.timeout_grace),
                 duration_problem("overlap_poke", self.overlap_poke, positive=True),
                 duration_problem("overlap_timeout", self.overlap_timeout),
@@ -399,6 +429,26 @@ class ResumableOperator(BaseOperator):
         return resolve
 
     def execute(self, context: Context) -> Any:
+        return self._run(context, ran=0.0, first=True)
+
+    def execute_resumed(self, context: Context, event: Mapping[str, Any] | None = None, ran: float = 0.0) -> Any:
+        """Where a paused task continues, in the same try, when its trigger fires."""
+        job = self.job_name(context)
+        slot, _ = slot_of(context)
+        event = dict(event or {"event": "resumed", "why": "the trigger fired"})
+        why = event.get("why", "")
+        where = f"[job={job!r} slot={slot!r}]"
+        if event.get("event") == "cancelled":
+            raise ResumableStopped(f"{why}: the checkpoint is kept {where}. Not retried: Clear this task to resume it")
+        if event.get("event") == "missing":
+            raise AirflowFailException(f"{why} {where}; a Clear starts the slot over")
+        self.log.info("continuing in the same try: %s [job=%s slot=%s]", why, job, slot)
+        return self._run(context, ran=float(event.get("ran", ran)), first=False)
+
+    def _run(self, context: Context, *, ran: float, first: bool) -> Any:
+        """One execution of the task: ``execute()`` and each continuation after a pause. ``ran``
+        is how long the try ran before (the cooperative ``timeout`` counts running time only)."""
+        began = time.monotonic()
         ti = context["ti"]
         job = self.job_name(context)
         slot, scheduled_at = slot_of(context)
@@ -407,13 +457,18 @@ class ResumableOperator(BaseOperator):
             self._check_calls(context, job, slot)
         except ConfigurationError as exc:
             raise (to_airflow(exc, job=job, slot=slot) or exc) from exc
+        paused: Paused | None = None
+        outcome: Outcome | None = None
         options = Options(
-            timeout=self.timeout,
+            timeout=None if self.timeout is None else max(self.timeout - ran, 0.001),
             lease=self.lease,
             lease_wait=self.lease_wait,
             overlap=self.overlap,
-            restart=self._restart_requested(context, job),
+            restart=first and self._restart_requested(context, job),
             progress_interval=self.progress_interval,
+            throttle=self.throttle,
+            max_runtime=self.max_runtime,
+            defer_after=self.defer_after,
         )
         owner = f"{getattr(ti, 'id', '?')}/try{ti.try_number}@{socket.gethostname()}:{os.getpid()}"
         try:
@@ -442,6 +497,8 @@ class ResumableOperator(BaseOperator):
                 attempt.signal.cancel(Reason.TERMINATED, "the task process received SIGTERM")
             self._confirm_on_success(store, job, slot, origin)
             outcome = attempt.run(self._handler(context))
+        except Paused as exc:
+            paused = exc
         except OverlapWait as exc:
             raise self._wait_or_give_up(context, exc) from exc
         except BaseException as exc:
@@ -452,6 +509,9 @@ class ResumableOperator(BaseOperator):
         finally:
             self._attempt = None
             self._terminated = False
+        if paused is not None:
+            self._defer(job, slot, paused, ran + time.monotonic() - began)  # raises TaskDeferred
+        assert outcome is not None
         if outcome.result is not None:
             return outcome.result
         return self._summary(outcome, store, job, slot)
@@ -459,6 +519,23 @@ class ResumableOperator(BaseOperator):
     def _summary(self, outcome: Outcome, store: Store, job: str, slot: str) -> dict[str, Any]:
         """The task's return value when the handler returns None: the row's figures."""
         return outcome.summary()
+
+    def _defer(self, job: str, slot: str, paused: Paused, ran: float) -> NoReturn:
+        """Give the worker back until the slot resumes: Airflow's ``deferred`` state (no worker
+        slot, no retry used), waiting on :class:`SlotResumeTrigger` in the triggerer."""
+        until = None if paused.until is None else paused.until.isoformat()
+        timeout = self.pause_timeout if paused.until is None else None
+        self.log.info(
+            "deferring (%s): the task holds no worker slot until %s [job=%s slot=%s]", paused.reason,
+            "it is resumed (airflow_resumable.control.resume)" if until is None else until, job, slot,
+        )
+        self.defer(
+            trigger=SlotResumeTrigger(conn_id=self.conn_id, job=job, slot=slot, until=until, poll=self.resume_poll,
+                                      ran=ran),
+            method_name="execute_resumed",
+            kwargs={"ran": ran},
+            timeout=None if timeout is None else timedelta(seconds=timeout),
+        )
 
     def _confirm_on_success(self, store: Any, job: str, slot: str, origin: Origin) -> None:
         """Add a success callback that marks the slot's ``done`` row as confirmed by Airflow.

@@ -290,6 +290,44 @@ with DAG("rt_big_state", schedule="@daily", start_date=START, catchup=False) as 
     ResumableOperator(task_id="work", handler=big_state, xcom_interval=0, progress_interval=0)
 
 
+# Pause, throttle and time slices: the task defers (dag.test() runs the trigger in line).
+def throttle_twice(ctx: RunContext) -> float | None:
+    """A long wait (it defers) after the chunks that end at 10 and 20 items."""
+    return float(_conf().get("throttle_wait", 1.0)) if ctx.processed in (10, 20) else None
+
+
+with DAG("rt_pause", schedule="@daily", start_date=START, catchup=False) as rt_pause:
+    ResumableOperator(task_id="work", handler=process_items, retries=0, resume_poll=0.2, lease=1.5,
+                      progress_interval=0, xcom_interval=0)
+
+with DAG("rt_throttle", schedule="@daily", start_date=START, catchup=False) as rt_throttle:
+    ResumableOperator(task_id="work", handler=process_items, retries=0, throttle=throttle_twice, defer_after=0.5,
+                      resume_poll=0.2)
+
+with DAG("rt_slices", schedule="@daily", start_date=START, catchup=False) as rt_slices:
+    ResumableOperator(task_id="work", handler=process_items, retries=0, max_runtime=0.3, resume_poll=0.2,
+                      timeout=30)
+
+with DAG("rt_taskflow_slices", schedule="@daily", start_date=START, catchup=False) as rt_taskflow_slices:
+
+    @task.resumable(retries=0, max_runtime=0.3, resume_poll=0.2)
+    def sliced(ctx: RunContext, n: int) -> dict[str, int]:
+        i = ctx.position or 0
+        while i < n:
+            _log_seen(_conf().get("seen"), [i], ctx.attempt)
+            ctx.signal.wait(0.05)
+            i += 1
+            ctx.checkpoint(i, processed=i, total=n)
+        return {"n": n}
+
+    sliced(20)
+
+with DAG("rt_slices_timeout", schedule="@daily", start_date=START, catchup=False) as rt_slices_timeout:
+    # Slices of 0.3 s, a cooperative timeout of 1 s: only running time summed over the slices reaches it.
+    ResumableOperator(task_id="work", handler=process_items, retries=0, max_runtime=0.3, resume_poll=0.2,
+                      timeout=1.0)
+
+
 def upsert_unless_bad(ctx: RunContext, batch: list[int]) -> None:
     """Writes each number through the run's transaction; conf ``bad`` numbers raise ValueError."""
     bad = set(_conf().get("bad", []))

@@ -20,7 +20,7 @@ import os
 from datetime import datetime, timedelta
 from typing import Any
 
-from airflow.sdk import DAG
+from airflow.sdk import DAG, task
 
 from airflow_resumable import ResumableOperator, RunContext
 
@@ -134,4 +134,52 @@ with DAG(
         retries=0,
         post_execute=fail_after_done,
         handler_kwargs={"items": "{{ dag_run.conf['items'] }}", "chunk": 2, "delay": 0.05},
+    )
+
+
+#: A pool of one worker slot: while ``sched_pause`` is paused (deferred), ``sched_pool_other`` runs in it.
+POOL = "resumable_pool_one"
+
+
+def throttle_twice(ctx: RunContext) -> float | None:
+    """A wait long enough to defer after the chunks that end at items 10 and 20."""
+    return 3.0 if ctx.processed in (10, 20) else None
+
+
+with DAG(
+    dag_id="sched_pause",
+    schedule=None,
+    start_date=datetime(2024, 1, 1),
+    catchup=False,
+    tags=["resumable-tests"],
+):
+    # Heartbeats every second (lease / 3): a pause is seen within a second, acted on at the chunk's end.
+    ResumableOperator(
+        task_id="work", handler=work_items, lease=3, overlap="allow", retries=0, pool=POOL, resume_poll=0.5,
+        progress_interval=2, xcom_interval=1,
+        handler_kwargs={"items": "{{ dag_run.conf.get('items', 60) }}", "chunk": 2, "delay": 0.2},
+    )
+
+with DAG(dag_id="sched_pool_other", schedule=None, start_date=datetime(2024, 1, 1), catchup=False,
+         tags=["resumable-tests"]):
+
+    @task(pool=POOL)
+    def meanwhile() -> str:
+        return "ran in the pool while the resumable task was paused"
+
+    meanwhile()
+
+with DAG(dag_id="sched_throttle", schedule=None, start_date=datetime(2024, 1, 1), catchup=False,
+         tags=["resumable-tests"]):
+    ResumableOperator(
+        task_id="work", handler=work_items, lease=3, overlap="allow", retries=0, throttle=throttle_twice,
+        defer_after=1, resume_poll=0.5,
+        handler_kwargs={"items": 30, "chunk": 2, "delay": 0.05},
+    )
+
+with DAG(dag_id="sched_slices", schedule=None, start_date=datetime(2024, 1, 1), catchup=False,
+         tags=["resumable-tests"]):
+    ResumableOperator(
+        task_id="work", handler=work_items, lease=3, overlap="allow", retries=0, max_runtime=1.5, resume_poll=0.5,
+        handler_kwargs={"items": 30, "chunk": 2, "delay": 0.1},
     )

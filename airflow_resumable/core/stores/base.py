@@ -117,6 +117,36 @@ _HISTORY_COLUMNS = (
 
 
 @functools.cache
+def _requests(d: Dialect) -> dict[str, tuple[str, str]]:
+    """The control requests: action -> (what the UPDATE sets, the SQL condition under which the
+    row takes it). The condition is checked in the UPDATE itself, so a request races nothing: it
+    applies to the row as it is, or changes nothing. Read with :mod:`airflow_resumable.core.control`,
+    which says why a refused request was refused."""
+    now = d.now()
+    live = f"(lease_owner IS NOT NULL AND lease_expires_at > {now})"
+    fence = "lease_owner = NULL, lease_expires_at = NULL, lease_token = lease_token + 1"
+    return {
+        "pause": ("request = 'pause'",
+                  "status IN ('running', 'failed', 'cancelled') AND (request IS NULL OR request = 'resume')"),
+        "resume": ("request = 'resume'",
+                   "(status = 'paused' AND (request IS NULL OR request = 'resume')) OR request = 'pause'"),
+        # A live holder is asked to stop at its next chunk boundary; a slot nobody runs (paused, or
+        # a dead holder's) is cancelled at once, and a dead holder is fenced out.
+        "cancel": ("cancel_request = 'requested'", f"status = 'running' AND {live}"),
+        "cancel_now": (f"status = 'cancelled', cancel_reason = %s, last_error = %s, request = NULL, "
+                       f"resume_at = NULL, cancel_request = NULL, {fence}, updated_at = {now}",
+                       f"status = 'paused' OR (status = 'running' AND NOT {live})"),
+        "restart": ("request = 'restart'",
+                    f"status IN ('done', 'failed', 'cancelled', 'paused') AND NOT {live} "
+                    "AND (request IS NULL OR request <> 'restart')"),
+        # A holder that missed two heartbeats (every lease/3) is taken for dead.
+        "release": (fence, f"lease_owner IS NOT NULL AND (lease_expires_at <= {now} "
+                           f"OR heartbeat_at + (lease_expires_at - heartbeat_at) * 2 / 3 <= {now})"),
+        "release_force": (fence, "lease_owner IS NOT NULL"),
+    }
+
+
+@functools.cache
 def _statements(d: Dialect) -> SimpleNamespace:
     """The INSERTs of a run, built once per dialect from the tables' definitions."""
     now = d.now()
@@ -127,6 +157,12 @@ def _statements(d: Dialect) -> SimpleNamespace:
             "lease_acquired_at": now,
         }) + f" ON CONFLICT (job, slot) DO NOTHING RETURNING {_SELECT}",
         start_history=_insert(ATTEMPTS, {**dict.fromkeys(_HISTORY_COLUMNS, "%s"), "started_at": now}, returning="id"),
+        request_history=_insert(ATTEMPTS, {
+            **dict.fromkeys(("job", "slot", "attempt", "outcome", "requested_by", "host", "pid", "dag_id", "task_id",
+                             "run_id", "map_index", "lease_token", "cancel_reason", "position_start",
+                             "processed_start", "position_end", "processed_end"), "%s"),
+            "started_at": now, "ended_at": now,
+        }),
         ended_history=_insert(ATTEMPTS, {
             **dict.fromkeys(_HISTORY_COLUMNS, "%s"), "started_at": now, "ended_at": now, "position_end": "%s",
             "processed_end": "%s", "error": "%s",
@@ -337,11 +373,12 @@ class StoreSession:
         return None if row is None else self._row(row)
 
     def live_others(self, job: str, slot: str) -> list[Checkpoint]:
-        """Other slots of the job whose lease is live now, earliest acquired first."""
+        """Other slots of the job that are live now (a live lease, or paused: a paused run is
+        still under way), earliest acquired first."""
         now = self.d.now()
         cur = self.execute(
-            f"SELECT {_SELECT} FROM {TABLE} WHERE job = %s AND slot <> %s AND lease_owner IS NOT NULL "
-            f"AND lease_expires_at > {now} ORDER BY lease_acquired_at, slot",
+            f"SELECT {_SELECT} FROM {TABLE} WHERE job = %s AND slot <> %s AND ((lease_owner IS NOT NULL "
+            f"AND lease_expires_at > {now}) OR status = 'paused') ORDER BY lease_acquired_at, slot",
             (job, slot),
         )
         rows = cur.fetchall()
@@ -468,7 +505,8 @@ class StoreSession:
                                                record.processed_end, record.error))
 
     def heartbeat(self, job: str, slot: str, owner: str, token: int, lease_seconds: float) -> str | None:
-        """Extend the lease. Returns a pending cancel request (e.g. ``superseded``), if any.
+        """Extend the lease. Returns a pending stop request, if any: a cancel's reason (e.g.
+        ``superseded``, ``user``), else ``paused`` when a pause was requested.
 
         Raises:
             LeaseLost: the lease is no longer ours.
@@ -476,7 +514,8 @@ class StoreSession:
         now, now_plus = self.d.now(), self.d.now_plus("%s")
         cur = self.execute(
             f"UPDATE {TABLE} SET lease_expires_at = {now_plus}, heartbeat_at = {now} "
-            "WHERE job = %s AND slot = %s AND lease_owner = %s AND lease_token = %s RETURNING cancel_request",
+            "WHERE job = %s AND slot = %s AND lease_owner = %s AND lease_token = %s "
+            "RETURNING COALESCE(cancel_request, CASE WHEN request = 'pause' THEN 'paused' END)",
             (lease_seconds, job, slot, owner, token),
         )
         row = cur.fetchone()
@@ -494,6 +533,29 @@ class StoreSession:
         n = cur.rowcount
         self.commit()
         return n > 0
+
+    def request(self, job: str, slot: str, action: str, *, by: str, outcome: AttemptEnd,
+                params: Sequence[Any] = ()) -> Checkpoint | None:
+        """Apply a control request (see :func:`_requests`) and record it in the history with who
+        asked (``by``): one transaction. Returns the row after it, or None when the row is missing
+        or cannot take the request, and then nothing was changed."""
+        sets, allowed = _requests(self.d)[action]
+        with self.transaction():
+            cur = self.execute(
+                f"UPDATE {TABLE} SET {sets}, requested_by = %s, requested_at = {self.d.now()} "
+                f"WHERE job = %s AND slot = %s AND ({allowed}) RETURNING {_SELECT}",
+                (*params, by, job, slot),
+            )
+            row = cur.fetchone()
+            if row is None:
+                return None
+            cp = self._row(row)
+            self.execute(_statements(self.d).request_history, (
+                job, slot, cp.attempt, outcome.value, by, socket.gethostname(), os.getpid(), cp.dag_id, cp.task_id,
+                cp.run_id, cp.map_index, cp.lease_token, cp.cancel_reason if action == "cancel_now" else None,
+                _json_or_none(cp.position), cp.processed, _json_or_none(cp.position), cp.processed,
+            ))
+        return cp
 
     # -- fenced writes -------------------------------------------------------------------------
 
@@ -522,7 +584,10 @@ class StoreSession:
                 self.execute(f"DELETE FROM {SKIPPED} WHERE job = %s AND slot = %s AND status = 'skipped'", (job, slot))
             cur = self.execute(
                 f"UPDATE {TABLE} SET {sets}, status = 'running', attempt = %s, cancel_reason = NULL, "
-                f"cancel_request = NULL, finished_at = NULL, confirmed_at = NULL, updated_at = {now}, "
+                f"cancel_request = NULL, finished_at = NULL, confirmed_at = NULL, updated_at = {now}, resume_at = NULL, "
+                # A pending pause stays, for the runner to honour before the first chunk; a resume
+                # or restart request is consumed by this start.
+                "request = CASE WHEN request = 'pause' THEN request END, "
                 "dag_id = %s, task_id = %s, run_id = %s, map_index = %s "
                 f"WHERE job = %s AND slot = %s AND lease_owner = %s AND lease_token = %s RETURNING {_SELECT}",
                 (*params, o.dag_id, o.task_id, o.run_id, o.map_index, job, slot, owner, token),
@@ -583,27 +648,37 @@ class StoreSession:
         total: int | None = None,
         result: str | None = None,
         record_id: int | None = None,
+        resume_in: float | None = None,
     ) -> Checkpoint:
         """Record how the attempt ended (and the total, if it became known; the handler's result
         with ``done``), end its history record, and release the lease: one transaction.
+
+        ``paused`` consumes a pending pause request and keeps a cancel request (the paused slot's
+        waiter reads it); ``resume_in`` is how many seconds from now a throttled or time-sliced slot
+        continues (``resume_at``).
 
         Raises:
             LeaseLost: another attempt holds the lease; the row was not touched.
         """
         now = self.d.now()
-        done = status is Status.DONE
+        done, paused = status is Status.DONE, status is Status.PAUSED
         finished = now if done else "NULL"
         # A finished run keeps no error: last_error and cancel_reason describe an unfinished one.
         last_error_sql = "NULL" if done else "COALESCE(%s, last_error)"
+        resume_at = self.d.now_plus("%s") if paused and resume_in is not None else "NULL"
+        if paused:
+            requests = "request = CASE WHEN request = 'pause' THEN NULL ELSE request END"
+        else:
+            requests = f"cancel_request = NULL, request = {'NULL' if done else 'request'}"
         with self.transaction():
             cur = self.execute(
                 f"UPDATE {TABLE} SET status = %s, last_error = {last_error_sql}, cancel_reason = %s, "
-                "total = COALESCE(%s, total), result = %s, "
+                f"total = COALESCE(%s, total), result = %s, resume_at = {resume_at}, "
                 f"finished_at = {finished}, updated_at = {now}, lease_owner = NULL, lease_expires_at = NULL, "
-                "cancel_request = NULL "
+                f"{requests} "
                 f"WHERE job = %s AND slot = %s AND lease_owner = %s AND lease_token = %s RETURNING {_SELECT}",
                 (status.value, *(() if done else (last_error,)), cancel_reason, total, result if done else None,
-                 job, slot, owner, token),
+                 *(() if resume_at == "NULL" else (resume_in,)), job, slot, owner, token),
             )
             row = cur.fetchone()
             if row is None:

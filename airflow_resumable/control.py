@@ -1,0 +1,92 @@
+"""Steer a resumable job from outside its task: pause, resume, cancel, restart, release.
+
+The one API below the CLI and the UI. Each call takes the slot's ``job`` and ``slot`` (the run's
+data interval start in ISO 8601, as the checkpoint row and its XCom copy show it), the checkpoint
+store's ``conn_id``, and ``by`` (who asks, kept in the attempt history; default ``user@host``), and
+returns the row after the request. A slot that cannot take the request raises
+:class:`~airflow_resumable.core.errors.RequestRefused` (nothing changed); an unknown slot raises
+:class:`~airflow_resumable.core.errors.SlotNotFound`.
+
+.. code-block:: python
+
+    from airflow_resumable import control
+
+    control.pause("customer_export.export", "2026-03-01T10:00:00+00:00", by="alice")
+    # ... the task stops at its next chunk boundary and defers: no worker slot, no retry used
+    control.resume("customer_export.export", "2026-03-01T10:00:00+00:00", by="alice")
+
+The table of what each request does to a slot in each state is in
+:mod:`airflow_resumable.core.control`.
+"""
+
+from __future__ import annotations
+
+from airflow_resumable.core import control as _core
+from airflow_resumable.core.checkpoint import AttemptRecord, Checkpoint
+from airflow_resumable.core.errors import RequestRefused, SlotNotFound
+from airflow_resumable.core.stores.base import Store
+from airflow_resumable.hooks.resumable import DEFAULT_CONN_ID, ResumableHook
+
+__all__ = [
+    "ACTIONS", "RequestRefused", "SlotNotFound", "cancel", "get", "history", "pause", "release", "restart", "resume",
+]
+
+ACTIONS = _core.ACTIONS
+
+
+def _store(conn_id: str, job: str, slot: str) -> Store:
+    return ResumableHook(conn_id, job=job, slot=slot).get_store()
+
+
+def pause(job: str, slot: str, *, conn_id: str = DEFAULT_CONN_ID, by: str | None = None) -> Checkpoint:
+    """Ask the slot's run to stop at its next chunk boundary and defer until resumed (no worker
+    slot held, no retry used). A slot nobody runs now pauses before the first chunk of its next
+    attempt. Refused for a finished or paused slot."""
+    return _core.pause(_store(conn_id, job, slot), job, slot, by=by)
+
+
+def resume(job: str, slot: str, *, conn_id: str = DEFAULT_CONN_ID, by: str | None = None) -> Checkpoint:
+    """Let a paused slot continue from its checkpoint, in the same try (or withdraw a pending
+    pause). Refused for a slot that is not paused."""
+    return _core.resume(_store(conn_id, job, slot), job, slot, by=by)
+
+
+def cancel(job: str, slot: str, *, conn_id: str = DEFAULT_CONN_ID, by: str | None = None) -> Checkpoint:
+    """Stop the slot's run: a running one at its next chunk boundary, a paused one at once. Its
+    task fails without a retry; the checkpoint is kept, so a Clear resumes it."""
+    return _core.cancel(_store(conn_id, job, slot), job, slot, by=by)
+
+
+def restart(job: str, slot: str, *, conn_id: str = DEFAULT_CONN_ID, by: str | None = None) -> Checkpoint:
+    """Make the slot's next attempt start from the beginning (a paused slot continues at once,
+    from the beginning; otherwise Clear its task). Refused while an attempt runs it."""
+    return _core.restart(_store(conn_id, job, slot), job, slot, by=by)
+
+
+def release(
+    job: str, slot: str, *, conn_id: str = DEFAULT_CONN_ID, by: str | None = None, force: bool = False
+) -> Checkpoint:
+    """Free the lease of a holder that died (it missed two heartbeats), so the next attempt takes
+    the slot at once. ``force`` also frees a live holder's lease, fencing it out."""
+    return _core.release(_store(conn_id, job, slot), job, slot, by=by, force=force)
+
+
+def get(job: str, slot: str, *, conn_id: str = DEFAULT_CONN_ID) -> Checkpoint:
+    """The slot's row.
+
+    Raises:
+        SlotNotFound: no such slot.
+    """
+    with _store(conn_id, job, slot).open(autocommit=True) as session:
+        session.ensure_schema()
+        row = session.load(job, slot)
+    if row is None:
+        raise SlotNotFound("no checkpoint row for this slot", job=job, slot=slot)
+    return row
+
+
+def history(job: str, slot: str, *, conn_id: str = DEFAULT_CONN_ID) -> list[AttemptRecord]:
+    """The slot's attempts and control requests, oldest first."""
+    with _store(conn_id, job, slot).open(autocommit=True) as session:
+        session.ensure_schema()
+        return session.history(job, slot)

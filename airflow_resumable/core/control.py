@@ -1,0 +1,226 @@
+"""Requests a person (or a program) makes of a slot: pause, resume, cancel, restart, release.
+
+Each request is one conditional write on the slot's row, with its record in the attempt history
+naming who asked (``by``) and when, in one transaction. The condition is part of the write, so a
+request never races the attempt running the slot: it applies to the row as it is at that moment,
+or changes nothing and raises :class:`~airflow_resumable.core.errors.RequestRefused` saying why.
+
+| request | the slot takes it when | what happens |
+|---|---|---|
+| ``pause`` | ``running``, ``failed`` or ``cancelled``, no pause pending | the holder stops at its next chunk boundary (seen within one heartbeat) and the slot becomes ``paused``; a slot nobody runs pauses before the first chunk of its next attempt |
+| ``resume`` | ``paused``, or a pause is pending | the paused run continues from its checkpoint (a pending pause is withdrawn) |
+| ``cancel`` | ``running`` or ``paused`` | a live holder stops at its next chunk boundary as ``cancelled`` (reason ``requested``); a paused slot, or one whose holder is dead, is ``cancelled`` at once |
+| ``restart`` | ``done``, ``failed``, ``cancelled`` or ``paused``, nobody running it | its next attempt starts from the beginning (a paused slot continues at once, from the beginning) |
+| ``release`` | a lease that expired or whose holder missed two heartbeats (any lease with ``force``) | the lease is freed and its token moves on, so the old holder's writes are refused |
+
+This module is the core's (no Airflow); ``airflow_resumable.control`` is the same API by
+connection id, and the CLI and the UI call that.
+"""
+
+from __future__ import annotations
+
+import getpass
+import socket
+from datetime import datetime, timezone
+
+from airflow_resumable.core.checkpoint import Checkpoint
+from airflow_resumable.core.errors import ConfigurationError, RequestRefused, SlotNotFound
+from airflow_resumable.core.options import key_problem
+from airflow_resumable.core.signal import Reason
+from airflow_resumable.core.states import AttemptEnd, Request, Status
+from airflow_resumable.core.stores.base import Store, StoreSession
+
+__all__ = ["ACTIONS", "cancel", "default_by", "pause", "release", "restart", "resume", "wake"]
+
+#: The requests, by name (what the CLI and the REST API accept).
+ACTIONS = ("pause", "resume", "cancel", "restart", "release")
+
+#: The longest ``by`` kept.
+MAX_BY = 200
+
+
+def default_by() -> str:
+    """Who asks, when the caller does not say: ``user@host`` of this process."""
+    try:
+        user = getpass.getuser()
+    except Exception:  # no user name in this environment (a container without one)
+        user = "unknown"
+    return f"{user}@{socket.gethostname()}"
+
+
+def pause(store: Store, job: str, slot: str, *, by: str | None = None) -> Checkpoint:
+    """Ask the slot's run to pause at its next chunk boundary. See the module's table.
+
+    Raises:
+        SlotNotFound: no such slot.
+        RequestRefused: the slot is done or paused, or a pause or a restart is pending; nothing changed.
+    """
+    return _request(store, job, slot, "pause", AttemptEnd.PAUSE_REQUESTED, by)
+
+
+def resume(store: Store, job: str, slot: str, *, by: str | None = None) -> Checkpoint:
+    """Let a paused slot continue from its checkpoint (or withdraw a pending pause).
+
+    Raises:
+        SlotNotFound: no such slot.
+        RequestRefused: the slot is not paused and no pause is pending; nothing changed.
+    """
+    return _request(store, job, slot, "resume", AttemptEnd.RESUME_REQUESTED, by)
+
+
+def cancel(store: Store, job: str, slot: str, *, by: str | None = None) -> Checkpoint:
+    """Stop the slot's run for good (reason ``requested``): its task fails without a retry. The
+    checkpoint is kept: a Clear of the task resumes from it.
+
+    Raises:
+        SlotNotFound: no such slot.
+        RequestRefused: the slot is done, failed or cancelled (nothing runs); nothing changed.
+    """
+    by = _by(by)
+    _check_keys(job, slot)
+    with store.open(autocommit=True) as session:
+        session.ensure_schema()
+        row = session.request(job, slot, "cancel", by=by, outcome=AttemptEnd.CANCEL_REQUESTED)
+        if row is None:
+            row = session.request(job, slot, "cancel_now", by=by, outcome=AttemptEnd.CANCEL_REQUESTED,
+                                  params=(Reason.REQUESTED.value, f"cancelled by {by}"))
+        if row is None:
+            raise _refused(session, job, slot, "cancel")
+        return row
+
+
+def restart(store: Store, job: str, slot: str, *, by: str | None = None) -> Checkpoint:
+    """Make the slot's next attempt start from the beginning (its checkpoint is discarded then,
+    not now). A paused slot continues at once, from the beginning; for any other, Clear its task
+    in Airflow (or wait for its retry) to run it.
+
+    Raises:
+        SlotNotFound: no such slot.
+        RequestRefused: a live attempt runs the slot (pause or cancel it first), or a restart is
+            already pending; nothing changed.
+    """
+    return _request(store, job, slot, "restart", AttemptEnd.RESTART_REQUESTED, by)
+
+
+def release(store: Store, job: str, slot: str, *, by: str | None = None, force: bool = False) -> Checkpoint:
+    """Free the lease of a holder that died, so that the next attempt takes the slot at once
+    instead of waiting for the lease to lapse. With ``force``, also a live holder's: it is fenced
+    out (its next checkpoint or heartbeat fails as ``lease_lost``).
+
+    Raises:
+        SlotNotFound: no such slot.
+        RequestRefused: nobody holds the lease, or the holder is alive and ``force`` is not set;
+            nothing changed.
+    """
+    action = "release_force" if force else "release"
+    return _request(store, job, slot, action, AttemptEnd.LEASE_RELEASED, by)
+
+
+def _request(store: Store, job: str, slot: str, action: str, outcome: AttemptEnd, by: str | None) -> Checkpoint:
+    by = _by(by)
+    _check_keys(job, slot)
+    with store.open(autocommit=True) as session:
+        session.ensure_schema()
+        row = session.request(job, slot, action, by=by, outcome=outcome)
+        if row is None:
+            raise _refused(session, job, slot, action)
+        return row
+
+
+def wake(row: Checkpoint | None, *, until: datetime | None, now: datetime) -> dict[str, str] | None:
+    """What a paused run waits for, read off its row: None to go on waiting, else the event that
+    ends the wait (``{"event": "resumed" | "cancelled" | "missing", "why": ...}``).
+
+    The run continues when a resume or a restart is requested, when its time comes (a throttle's
+    or a time slice's ``until``), or when the slot is no longer paused (a Clear ran it meanwhile);
+    it ends when the slot is cancelled (or a cancel is pending) or its row is gone.
+    """
+    if row is None:
+        return {"event": "missing", "why": "the slot's checkpoint row was deleted while it was paused"}
+    by = row.requested_by or "?"
+    if row.status == Status.CANCELLED:
+        return {"event": "cancelled", "why": f"{row.last_error or 'cancelled'} while paused"}
+    if row.cancel_request:
+        return {"event": "cancelled", "why": f"cancelled ({row.cancel_request}) by {by} while paused"}
+    if row.status != Status.PAUSED:
+        return {"event": "resumed", "why": f"the slot is {row.status} now"}
+    if row.request in (Request.RESUME, Request.RESTART):
+        return {"event": "resumed", "why": f"{row.request} requested by {by}"}
+    if until is not None and now >= until:
+        return {"event": "resumed", "why": f"{row.cancel_reason or 'pause'} over"}
+    return None
+
+
+def _by(by: str | None) -> str:
+    if by is None:
+        return default_by()
+    if not isinstance(by, str) or not by.strip():
+        raise ConfigurationError(f"by must name who asks (a non-empty string), got {by!r}")
+    return by.strip()[:MAX_BY]
+
+
+def _check_keys(job: str, slot: str) -> None:
+    problems = [p for p in (key_problem("job", job), key_problem("slot", slot)) if p]
+    if problems:
+        raise ConfigurationError("; ".join(problems), hint="Name the slot as the checkpoint table does")
+
+
+def _refused(session: StoreSession, job: str, slot: str, action: str) -> Exception:
+    """Why the row did not take ``action``, read after the refused write (which changed nothing)."""
+    row = session.load(job, slot)
+    if row is None:
+        return SlotNotFound(
+            "no checkpoint row for this slot", job=job, slot=slot,
+            hint="A slot's row appears when its task first runs; check the job (default <dag_id>.<task_id>, "
+            "plus [map_index] when mapped) and the slot (the run's data interval start, ISO 8601)",
+        )
+    status, request = row.status, row.request
+    live = row.lease_owner is not None and row.lease_expires_at is not None and row.lease_expires_at > _now(row)
+    stale = live and _stale(row)
+    name = action.removesuffix("_force")
+    message, hint = f"the slot cannot take {name} now (status {status})", "Look at its state and try again"
+    if status == Status.DONE and name in ("pause", "resume", "cancel"):
+        message, hint = "the slot finished (done): there is nothing to " + name, "Use restart to run it again"
+    elif name == "pause":
+        if status == Status.PAUSED:
+            message, hint = "the slot is already paused", "Resume it to let it continue"
+        elif request == Request.PAUSE:
+            message, hint = "a pause is already requested", "It takes effect at the run's next chunk boundary"
+        elif request == Request.RESTART:
+            message, hint = "a restart is pending", "Pause it once its next attempt runs"
+    elif name == "resume":
+        if status == Status.PAUSED and request == Request.RESTART:
+            message, hint = "a restart is pending for this paused slot", "It continues from the beginning"
+        else:
+            message, hint = f"the slot is {status}, not paused, and no pause is pending", "Only a paused slot resumes"
+    elif name == "cancel":
+        message = f"the slot is {status}: no attempt runs it, so there is nothing to cancel"
+        hint = ("Its checkpoint is kept; a retry or a Clear of its task resumes from it. To keep it from running, "
+                "mark the task instance failed or skipped in Airflow")
+    elif name == "restart":
+        if request == Request.RESTART:
+            message, hint = "a restart is already pending", "Its next attempt starts from the beginning"
+        elif live:
+            message = f"an attempt is running the slot ({row.lease_owner})"
+            hint = "Pause or cancel it first, then restart"
+    elif name == "release":
+        if row.lease_owner is None:
+            message, hint = "nobody holds the slot's lease", "There is nothing to release"
+        elif live and not stale:
+            message = (f"the lease holder {row.lease_owner} is alive (last heartbeat "
+                       f"{row.heartbeat_at.isoformat() if row.heartbeat_at else '?'})")
+            hint = ("Pause or cancel it instead; release with force=True only to fence it out "
+                    "(its next write fails and its task is retried)")
+    return RequestRefused(message, status=status, job=job, slot=slot, hint=hint)
+
+
+def _stale(row: Checkpoint) -> bool:
+    """Whether the holder missed two heartbeats (it renews every lease/3): taken for dead."""
+    if row.heartbeat_at is None or row.lease_expires_at is None:
+        return False
+    return row.heartbeat_at + (row.lease_expires_at - row.heartbeat_at) * 2 / 3 <= _now(row)
+
+
+def _now(row: Checkpoint) -> datetime:
+    expires = row.lease_expires_at
+    return datetime.now(tz=expires.tzinfo if expires is not None and expires.tzinfo else timezone.utc)

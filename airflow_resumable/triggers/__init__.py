@@ -1,0 +1,1 @@
+"""Triggers the operators defer on (they run in Airflow's triggerer)."""

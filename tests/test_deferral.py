@@ -1,0 +1,147 @@
+"""Pause, throttle and time slices in real DAG runs through dag.test(), which runs the trigger in
+line: the task defers, and continues in the same try. (The real triggerer, with a pool of one, is
+in test_scheduler_pause.py.)"""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from airflow_resumable import control
+from airflow_resumable.core.stores import Store
+
+DAY = datetime(2026, 3, 2, tzinfo=timezone.utc)
+SLOT = DAY.isoformat()
+
+
+def row_of(store: Store, job: str) -> Any:
+    with store.open() as s:
+        s.ensure_schema()  # the test may look before the task created the tables
+        return s.load(job, SLOT)
+
+
+def history_of(store: Store, job: str) -> list[tuple[str, str | None, int]]:
+    with store.open() as s:
+        return [(r.outcome, r.requested_by, r.attempt) for r in s.history(job, SLOT)]
+
+
+def seen(path: Path) -> list[int]:
+    import sqlite3
+
+    with sqlite3.connect(path) as db:
+        return [i for (i,) in db.execute("SELECT item FROM seen ORDER BY rowid")]
+
+
+def wait_for(condition: Any, what: str, timeout: float = 60.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def test_a_paused_task_defers_and_resume_continues_it_in_the_same_try(checkpoints: Store, run_dag, tmp_path: Path) -> None:
+    job, log = "rt_pause.work", tmp_path / "seen.db"
+    steps: dict[str, Any] = {}
+
+    def person() -> None:  # pauses the run once it made progress, then resumes it
+        try:
+            wait_for(lambda: (r := row_of(checkpoints, job)) is not None and r.processed >= 10, "progress")
+            control.pause(job, SLOT, by="alice")
+            steps["paused"] = wait_for(lambda: (r := row_of(checkpoints, job)).status == "paused" and r, "the pause")
+            control.resume(job, SLOT, by="bob")
+        except BaseException as exc:  # surfaced by the assertions below
+            steps["error"] = exc
+
+    helper = threading.Thread(target=person)
+    helper.start()
+    run = run_dag("rt_pause", conf={"items": 60, "chunk": 5, "sleep": 0.3, "seen": str(log)}, logical_date=DAY)
+    helper.join(30)
+    assert "error" not in steps, steps.get("error")
+    paused = steps["paused"]
+    assert paused.cancel_reason == "paused" and paused.lease_owner is None and 10 <= paused.processed < 60
+    assert str(run.state) == "success"
+    ti = run.get_task_instance("work")
+    assert ti.try_number == 1  # the pause used no retry
+    assert seen(log) == list(range(60))  # each item once, across the pause
+    done = row_of(checkpoints, job)
+    assert (done.status, done.processed, done.attempt, done.resumed_from) == ("done", 60, 1, paused.position)
+    assert history_of(checkpoints, job) == [
+        ("paused", None, 1), ("pause_requested", "alice", 1), ("resume_requested", "bob", 1), ("done", None, 1),
+    ]
+
+
+def test_a_task_cancelled_while_paused_fails_without_a_retry_and_keeps_its_checkpoint(
+    checkpoints: Store, run_dag, tmp_path: Path
+) -> None:
+    job = "rt_pause.work"
+
+    def person() -> None:
+        wait_for(lambda: (r := row_of(checkpoints, job)) is not None and r.processed >= 10, "progress")
+        control.pause(job, SLOT, by="alice")
+        wait_for(lambda: row_of(checkpoints, job).status == "paused", "the pause")
+        control.cancel(job, SLOT, by="carol")
+
+    helper = threading.Thread(target=person)
+    helper.start()
+    run = run_dag("rt_pause", conf={"items": 60, "chunk": 5, "sleep": 0.3}, logical_date=DAY)
+    helper.join(30)
+    assert str(run.state) == "failed"
+    row = row_of(checkpoints, job)
+    assert (row.status, row.cancel_reason, row.last_error) == ("cancelled", "requested", "cancelled by carol")
+    assert 10 <= row.processed < 60 and run.get_task_instance("work").try_number == 1
+
+
+def test_a_long_throttle_wait_defers_twice_and_the_task_finishes_in_one_try(
+    checkpoints: Store, run_dag, tmp_path: Path
+) -> None:
+    log = tmp_path / "seen.db"
+    run = run_dag("rt_throttle", conf={"items": 30, "chunk": 5, "seen": str(log), "throttle_wait": 1.0},
+                  logical_date=DAY)
+    assert str(run.state) == "success" and run.get_task_instance("work").try_number == 1
+    assert seen(log) == list(range(30))
+    outcomes = [o for o, _, _ in history_of(checkpoints, "rt_throttle.work")]
+    assert outcomes == ["paused", "paused", "done"]
+    assert row_of(checkpoints, "rt_throttle.work").cancel_reason is None
+
+
+def test_max_runtime_slices_the_run_and_each_slice_continues_where_the_last_stopped(
+    checkpoints: Store, run_dag, tmp_path: Path
+) -> None:
+    log = tmp_path / "seen.db"
+    run = run_dag("rt_slices", conf={"items": 20, "chunk": 2, "sleep": 0.1, "seen": str(log)}, logical_date=DAY)
+    assert str(run.state) == "success" and run.get_task_instance("work").try_number == 1
+    assert seen(log) == list(range(20))
+    outcomes = [o for o, _, _ in history_of(checkpoints, "rt_slices.work")]
+    assert outcomes.count("paused") >= 2 and outcomes[-1] == "done"
+
+
+def test_a_taskflow_task_defers_between_slices_and_returns_its_value(checkpoints: Store, run_dag, tmp_path: Path) -> None:
+    from airflow.models.xcom import XComModel
+    from airflow.utils.session import create_session
+
+    log = tmp_path / "seen.db"
+    run = run_dag("rt_taskflow_slices", conf={"seen": str(log)}, logical_date=DAY)
+    assert str(run.state) == "success" and seen(log) == list(range(20))
+    assert "paused" in [o for o, _, _ in history_of(checkpoints, "rt_taskflow_slices.sliced")]
+    with create_session() as session:
+        value = session.query(XComModel).filter_by(dag_id=run.dag_id, run_id=run.run_id, task_id="sliced",
+                                                   key="return_value").one()
+        assert XComModel.deserialize_value(value) == {"n": 20}
+
+
+def test_the_cooperative_timeout_counts_running_time_across_the_slices_of_a_try(
+    checkpoints: Store, run_dag, tmp_path: Path
+) -> None:
+    # 40 items at 0.1 s need 4 s of running; each slice runs 0.3 s, the try may run 1 s in all
+    run = run_dag("rt_slices_timeout", conf={"items": 40, "chunk": 1, "sleep": 0.1}, logical_date=DAY)
+    assert str(run.state) == "failed"
+    row = row_of(checkpoints, "rt_slices_timeout.work")
+    assert (row.status, row.cancel_reason) == ("cancelled", "timeout") and row.processed < 40
+    outcomes = [o for o, _, _ in history_of(checkpoints, "rt_slices_timeout.work")]
+    assert outcomes.count("paused") >= 2 and outcomes[-1] == "cancelled"
