@@ -237,3 +237,15 @@ def test_the_chunked_operator_fails_without_retry_past_the_skip_limit(checkpoint
     assert str(run.state) == "failed"
     ti = run.get_task_instance("work")
     assert ti.try_number == 1, "a skip limit is not retried: the same items would fail again"
+
+
+def test_the_control_api_lists_and_replays_skipped_items_by_connection(store: Store, store_uri: str,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    from airflow_resumable import control
+
+    monkeypatch.setenv("AIRFLOW_CONN_RESUMABLE_DEFAULT", store_uri)
+    run(store, Sink({7, 19}, transactional=False), limit=3)
+    assert [d.position for d in control.dead_letters(JOB, SLOT)] == [7, 19]
+    assert control.replay(JOB, SLOT, lambda item: None).replayed == [7, 19]
+    assert control.dead_letters(JOB, SLOT) == []
+    assert [d.status for d in control.dead_letters(JOB, SLOT, status=None)] == ["replayed", "replayed"]
