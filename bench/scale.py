@@ -4,7 +4,7 @@ Times the two reads people and operators run against a big table, through the pr
 code (``StoreSession.load`` and ``StoreSession.list_slots``: the SQL, the round trip and the
 decoding into :class:`~airflow_resumable.core.checkpoint.Checkpoint` rows), at random jobs and
 slots, interleaved. Target: median under 2 ms each (p99 printed too). The query plans are printed
-to show each read uses an index (the primary key, and ``resumable_checkpoints_job_updated``).
+to show each read uses an index (the primary key, and ``resumable_checkpoints_job_started``).
 PostgreSQL, and SQLite with the same rows.
 """
 
@@ -70,7 +70,7 @@ def _measure(store: Store) -> tuple[dict[str, list[float]], Any]:
             assert len(rows) == 100
 
         # The same listing's SQL and fetch alone, without decoding rows into Checkpoints.
-        sql = session.d.placeholders("SELECT * FROM resumable_checkpoints WHERE job = %s ORDER BY updated_at DESC LIMIT %s")
+        sql = session.d.placeholders("SELECT * FROM resumable_checkpoints WHERE job = %s ORDER BY started_at DESC, slot DESC LIMIT %s")
 
         def listing_sql() -> None:
             cur = session.conn.cursor()
@@ -89,7 +89,7 @@ def _plans_pg(conn: Any) -> list[str]:
     with conn.cursor() as cur:
         for label, sql, params in (
             ("load", "SELECT * FROM resumable_checkpoints WHERE job = %s AND slot = %s", (_job(500), _slot(500))),
-            ("list_slots", "SELECT * FROM resumable_checkpoints WHERE job = %s ORDER BY updated_at DESC LIMIT %s",
+            ("list_slots", "SELECT * FROM resumable_checkpoints WHERE job = %s ORDER BY started_at DESC, slot DESC LIMIT %s",
              (_job(500), 100)),
         ):
             cur.execute("EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY OFF) " + sql, params)
@@ -103,7 +103,7 @@ def _plans_sqlite(conn: Any) -> list[str]:
     out = []
     for label, sql, params in (
         ("load", "SELECT * FROM resumable_checkpoints WHERE job = ? AND slot = ?", (_job(500), _slot(500))),
-        ("list_slots", "SELECT * FROM resumable_checkpoints WHERE job = ? ORDER BY updated_at DESC LIMIT ?",
+        ("list_slots", "SELECT * FROM resumable_checkpoints WHERE job = ? ORDER BY started_at DESC, slot DESC LIMIT ?",
          (_job(500), 100)),
     ):
         lines = [r[-1] for r in conn.execute("EXPLAIN QUERY PLAN " + sql, params).fetchall()]

@@ -77,6 +77,14 @@ class Dialect:
             out = self._translated[sql] = to_qmark(sql)
         return out
 
+    def storage(self, fillfactor: int) -> str:
+        """The CREATE TABLE suffix giving a table this fill factor ("" where there is none: SQLite)."""
+        return ""
+
+    def set_fillfactor(self, table: str, fillfactor: int) -> list[str]:
+        """Statements giving an existing table this fill factor (for the pages it fills from now on)."""
+        return []
+
     def type_of(self, column: Column) -> str:
         return {
             "text": "TEXT", "json": "TEXT", "int": "INTEGER", "bigint": "BIGINT",
@@ -274,9 +282,13 @@ class StoreSession:
         return None if row is None else self._row(row)
 
     def list_slots(self, job: str, limit: int = 100) -> list[Checkpoint]:
-        """The job's most recently updated slots, newest first."""
+        """The job's most recently started slots (their current run), newest first.
+
+        Ordered by ``started_at``, which only a run's start changes, so that an index can serve it
+        without keeping checkpoints from being in-place (HOT) updates (see ``core/tables.py``).
+        """
         cur = self.execute(
-            f"SELECT {_SELECT} FROM {TABLE} WHERE job = %s ORDER BY updated_at DESC, slot DESC LIMIT %s", (job, int(limit))
+            f"SELECT {_SELECT} FROM {TABLE} WHERE job = %s ORDER BY started_at DESC, slot DESC LIMIT %s", (job, int(limit))
         )
         rows = cur.fetchall()
         self.commit()
