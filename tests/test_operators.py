@@ -188,6 +188,7 @@ def _noop(ctx: Any) -> None:
         ({"handler": _noop, "lease_wait": -5}, "lease_wait must be a non-negative"),
         ({"handler": _noop, "timeout": 0}, "timeout must be a positive number"),
         ({"handler": _noop, "overlap_timeout": -1}, "overlap_timeout must be a non-negative"),
+        ({"handler": _noop, "pipeline_checkpoints": "yes"}, "pipeline_checkpoints must be True or False"),
     ],
 )
 def test_bad_operator_arguments_fail_at_parse_time_naming_the_task(

@@ -18,3 +18,7 @@ OVERLAP_TIMEOUT = 3600.0
 XCOM_INTERVAL = 5.0
 #: The Airflow connection of the checkpoint store.
 CONN_ID = "resumable_default"
+#: Whether a checkpoint's durable write overlaps the next chunk's work (one write in flight).
+PIPELINE_CHECKPOINTS = False
+#: Slots removed per transaction by ``clean``: short transactions, short locks.
+CLEAN_BATCH = 1000

@@ -48,6 +48,8 @@ class Options:
         overlap: ``skip``, ``allow``, ``wait`` or ``replace`` (between slots of the same job).
         restart: discard an unfinished checkpoint and start over, on purpose.
         progress_interval: seconds between progress log lines.
+        pipeline_checkpoints: write each checkpoint while the next chunk runs (one write in
+            flight; a crash then repeats up to two chunks). Not with ``ctx.transaction()``.
     """
 
     timeout: float | None = None
@@ -56,11 +58,12 @@ class Options:
     overlap: str = defaults.OVERLAP
     restart: bool = False
     progress_interval: float = defaults.PROGRESS_INTERVAL
+    pipeline_checkpoints: bool = defaults.PIPELINE_CHECKPOINTS
 
     def __post_init__(self) -> None:
         problems = validate_options(
             timeout=self.timeout, lease=self.lease, lease_wait=self.lease_wait, overlap=self.overlap,
-            progress_interval=self.progress_interval,
+            progress_interval=self.progress_interval, pipeline_checkpoints=self.pipeline_checkpoints,
         )
         if problems:
             raise ConfigurationError("; ".join(problems))
@@ -71,7 +74,8 @@ class Options:
 
 
 def validate_options(
-    *, timeout: Any, lease: Any, lease_wait: Any, overlap: Any, progress_interval: Any = 0
+    *, timeout: Any, lease: Any, lease_wait: Any, overlap: Any, progress_interval: Any = 0,
+    pipeline_checkpoints: Any = False,
 ) -> list[str]:
     """Every problem with these options, as sentences (empty when they are fine)."""
     problems = [
@@ -88,6 +92,8 @@ def validate_options(
     problem = duration_problem("progress_interval", progress_interval)
     if problem:
         problems.append(problem)
+    if not isinstance(pipeline_checkpoints, bool):
+        problems.append(f"pipeline_checkpoints must be True or False, got {pipeline_checkpoints!r}")
     return problems
 
 

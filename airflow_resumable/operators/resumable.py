@@ -171,6 +171,9 @@ class ResumableOperator(BaseOperator):
     :param overlap_timeout: seconds ``overlap="wait"`` waits in all before failing the attempt.
     :param progress_interval: seconds between progress lines in the task log.
     :param xcom_interval: seconds between pushes of the checkpoint row to XCom.
+    :param pipeline_checkpoints: write each checkpoint while the next chunk runs, on a second
+        connection (one write in flight at most): the checkpoint's round trip leaves the loop, but
+        a crash repeats up to two chunks instead of one. Not for handlers using ``ctx.transaction()``.
     :param handler_kwargs: keyword arguments for the handler (templated).
     """
 
@@ -193,6 +196,7 @@ class ResumableOperator(BaseOperator):
         overlap_timeout: float | timedelta = defaults.OVERLAP_TIMEOUT,
         progress_interval: float | timedelta = defaults.PROGRESS_INTERVAL,
         xcom_interval: float | timedelta = defaults.XCOM_INTERVAL,
+        pipeline_checkpoints: bool = defaults.PIPELINE_CHECKPOINTS,
         handler_kwargs: Mapping[str, Any] | None = None,
         restart: bool | str = False,
         **kwargs: Any,
@@ -211,6 +215,7 @@ class ResumableOperator(BaseOperator):
         self.overlap_timeout = _seconds(overlap_timeout)
         self.progress_interval = _seconds(progress_interval)
         self.xcom_interval = _seconds(xcom_interval)
+        self.pipeline_checkpoints = pipeline_checkpoints
         # An XCom (handler_kwargs=upstream_task()) is kept as it is: rendering resolves it to a dict.
         self.handler_kwargs = handler_kwargs
         if handler_kwargs is None or isinstance(handler_kwargs, Mapping):
@@ -233,6 +238,7 @@ class ResumableOperator(BaseOperator):
             lease_wait=self.lease_wait,
             overlap=self.overlap,
             progress_interval=self.progress_interval,
+            pipeline_checkpoints=self.pipeline_checkpoints,
         )
         problems += [
             p for p in (
@@ -411,6 +417,7 @@ class ResumableOperator(BaseOperator):
             overlap=self.overlap,
             restart=self._restart_requested(context, job),
             progress_interval=self.progress_interval,
+            pipeline_checkpoints=self.pipeline_checkpoints,
         )
         owner = f"{getattr(ti, 'id', '?')}/try{ti.try_number}@{socket.gethostname()}:{os.getpid()}"
         try:
