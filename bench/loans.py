@@ -174,6 +174,13 @@ def timed_report_handler(conn: Any, every: float, chunk: int = CHUNK) -> Any:
     return report_handler(conn, chunk, checkpoint_interval=every)
 
 
+def against_keyset(key: str, what: str, ours: float, keyset: float, notes: list[str]) -> Result:
+    """A row judging one of our loops against the bare keyset loop (target <= 1.05x)."""
+    ratio = ours / keyset
+    return Result(key, what, f"{secs(ours)} vs {secs(keyset)}", ratio, f"<= {KEYSET_TARGET:.2f}x",
+                  at_most(ratio, KEYSET_TARGET), notes=notes)
+
+
 class _Unsaved(Attempt):
     """Our attempt with its checkpoint writes left out: the floor of the chunk loop's own cost."""
 
@@ -314,19 +321,15 @@ def run(db: Database) -> list[Result]:
             "2c", "loans 1M/3k: ours vs keyset + hand-written upsert per chunk",
             f"{secs(t_ours)} vs {secs(t_upsert)}", t_ours / t_upsert, "(context)", None,
         ),
-        Result(
-            "2d", "loans 1M/3k: ours, synchronous_commit=off, vs bare keyset",
-            f"{secs(t_relaxed)} vs {secs(t_keyset)}", t_relaxed / t_keyset, f"<= {KEYSET_TARGET:.2f}x",
-            at_most(t_relaxed / t_keyset, KEYSET_TARGET),
+        against_keyset(
+            "2d", "loans 1M/3k: ours, synchronous_commit=off, vs bare keyset", t_relaxed, t_keyset,
             notes=[
                 "2d sets synchronous_commit=off through the connection's options (extras): a commit no longer waits "
                 "for the WAL flush; a PostgreSQL crash (not a worker crash) can lose the last ~0.6 s of checkpoints",
             ],
         ),
-        Result(
-            "2f", "loans 1M/3k: ours, pipeline_checkpoints=True, vs bare keyset",
-            f"{secs(t_pipelined)} vs {secs(t_keyset)}", t_pipelined / t_keyset, f"<= {KEYSET_TARGET:.2f}x",
-            at_most(t_pipelined / t_keyset, KEYSET_TARGET),
+        against_keyset(
+            "2f", "loans 1M/3k: ours, pipeline_checkpoints=True, vs bare keyset", t_pipelined, t_keyset,
             notes=[
                 "2f: every chunk still gets its durable checkpoint, written on a second connection while the next "
                 "chunk runs (one write in flight); a crash repeats up to two chunks instead of one. A checkpoint in "
@@ -337,10 +340,8 @@ def run(db: Database) -> list[Result]:
                 "attempt's fixed cost, which no checkpoint strategy removes",
             ],
         ),
-        Result(
-            "2e", f"loans 1M/3k: ours, checkpoint every {TIMED_EVERY * 1000:.0f} ms, vs bare keyset",
-            f"{secs(t_timed)} vs {secs(t_keyset)}", t_timed / t_keyset, f"<= {KEYSET_TARGET:.2f}x",
-            at_most(t_timed / t_keyset, KEYSET_TARGET),
+        against_keyset(
+            "2e", f"loans 1M/3k: ours, checkpoint every {TIMED_EVERY * 1000:.0f} ms, vs bare keyset", t_timed, t_keyset,
             notes=[
                 f"2e: chunk_loop / ChunkedOperator with checkpoint_interval={TIMED_EVERY:g}: the signal is read at "
                 f"every 3,000-loan chunk, the position saved at most every {TIMED_EVERY * 1000:.0f} ms (and before "
