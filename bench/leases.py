@@ -60,7 +60,7 @@ def run(db: Database) -> list[Result]:
     pids = [s.execute("SELECT pg_backend_pid()").fetchone()[0] for s in sessions]
     admin = db.connect("leases", autocommit=True)
     with admin.cursor() as cur:
-        cur.execute("SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables WHERE relname = 'resumable_checkpoints'")
+        cur.execute("SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables WHERE schemaname = 'leases' AND relname = 'resumable_checkpoints'")
         upd0, hot0 = cur.fetchone()
     latencies: list[list[float]] = [[] for _ in range(CLIENTS)]
     late: list[float] = []
@@ -98,7 +98,7 @@ def run(db: Database) -> list[Result]:
     with admin.cursor() as cur:  # the backends publish their counts about once a second
         while True:
             cur.execute("SELECT pg_stat_clear_snapshot()")
-            cur.execute("SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables WHERE relname = 'resumable_checkpoints'")
+            cur.execute("SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables WHERE schemaname = 'leases' AND relname = 'resumable_checkpoints'")
             upd, hot = cur.fetchone()
             if upd - upd0 >= statements or time.monotonic() > deadline:
                 break
