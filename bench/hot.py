@@ -85,7 +85,7 @@ def _sizes(conn: Any, schema: str, table: str) -> tuple[int, dict[str, int]]:
         return heap, dict(cur.fetchall())
 
 
-def _updates(conn: Any, schema: str, table: str, at_least_n: int) -> tuple[int, int]:
+def updates(conn: Any, schema: str, table: str, at_least_n: int) -> tuple[int, int]:
     """(n_tup_upd, n_tup_hot_upd), once the statistics show ``at_least_n`` updates (backends publish
     their counts about once a second) or after 30 s."""
     deadline = time.monotonic() + 30
@@ -159,7 +159,7 @@ def _row8(db: Database) -> list[Result]:
     bare_cur = bare_conn.cursor()
     writers["bare"] = lambda i: bare_cur.execute(_BARE_UPSERT, (JOB, SLOT, json.dumps(i * 3000)))
     schemas = {"before": ("hot_before", TABLE), "now": ("hot_now", TABLE), "bare": ("hot_bare", "bare_checkpoints")}
-    start_counts = {name: _updates(admin, *where, 0) for name, where in schemas.items()}
+    start_counts = {name: updates(admin, *where, 0) for name, where in schemas.items()}
     lsn_diffs: dict[str, list[int]] = {name: [] for name in writers}
     counter = iter(range(1, 10**9))
 
@@ -183,7 +183,7 @@ def _row8(db: Database) -> list[Result]:
             wal[name] = _wal_of(admin, start, end, schema, table) / n
         else:
             wal[name] = sorted(lsn_diffs[name])[len(lsn_diffs[name]) // 2] / BLOCK
-        upd, hot_upd = _updates(admin, schema, table, start_counts[name][0] + n)
+        upd, hot_upd = updates(admin, schema, table, start_counts[name][0] + n)
         hot[name] = (upd - start_counts[name][0], hot_upd - start_counts[name][1])
         sizes[name] = _sizes(admin, schema, table)
     for s in sessions.values():
@@ -273,11 +273,11 @@ def _row9(db: Database) -> Result:
         save = _running(s)
         save(1)
         one, heap_one, indexes = _total(admin, "hot_many")
-        upd0, hot0 = _updates(admin, "hot_many", TABLE, 0)
+        upd0, hot0 = updates(admin, "hot_many", TABLE, 0)
         for i in range(2, MANY + 1):
             save(i)
     many, heap_many, _ = _total(admin, "hot_many")
-    upd, hot = _updates(admin, "hot_many", TABLE, upd0 + MANY - 1)
+    upd, hot = updates(admin, "hot_many", TABLE, upd0 + MANY - 1)
     admin.close()
     limit = 2 * one + indexes * PAGE
     return Result(

@@ -22,6 +22,7 @@ from airflow_resumable.core import defaults
 from airflow_resumable.core.lease import heartbeat_interval
 from airflow_resumable.core.stores import PostgresStore
 from bench.common import Database, Result, median, ms, percentile, say
+from bench.hot import updates
 
 LEASES = 1_000
 CLIENTS = 8
@@ -59,9 +60,7 @@ def run(db: Database) -> list[Result]:
     sessions = [store.session(autocommit=True) for _ in range(CLIENTS)]
     pids = [s.execute("SELECT pg_backend_pid()").fetchone()[0] for s in sessions]
     admin = db.connect("leases", autocommit=True)
-    with admin.cursor() as cur:
-        cur.execute("SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables WHERE schemaname = 'leases' AND relname = 'resumable_checkpoints'")
-        upd0, hot0 = cur.fetchone()
+    upd0, hot0 = updates(admin, "leases", "resumable_checkpoints", 0)
     latencies: list[list[float]] = [[] for _ in range(CLIENTS)]
     late: list[float] = []
     start = time.monotonic() + 0.5
@@ -94,15 +93,7 @@ def run(db: Database) -> list[Result]:
     statements = sum(len(x) for x in latencies)
     every_latency = [x for xs in latencies for x in xs]
     window = end - start
-    deadline = time.monotonic() + 30
-    with admin.cursor() as cur:  # the backends publish their counts about once a second
-        while True:
-            cur.execute("SELECT pg_stat_clear_snapshot()")
-            cur.execute("SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables WHERE schemaname = 'leases' AND relname = 'resumable_checkpoints'")
-            upd, hot = cur.fetchone()
-            if upd - upd0 >= statements or time.monotonic() > deadline:
-                break
-            time.sleep(0.1)
+    upd, hot = updates(admin, "leases", "resumable_checkpoints", upd0 + statements)
     admin.close()
     cpu = "n/a" if cpu0 is None or cpu1 is None else f"{(cpu1 - cpu0) / (wall1 - wall0):.1%} of one core"
     rate = statements / window
