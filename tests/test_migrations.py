@@ -40,6 +40,25 @@ def columns(store: Store, kind: str, table: str) -> dict[str, bool]:
         return {name: nullable == "YES" for name, nullable in rows}
 
 
+def indexes(store: Store, kind: str, table: str) -> dict[str, str]:
+    """index name -> its definition, as the database reports it (schema names left out)."""
+    with store.open() as s:
+        if kind == "sqlite":
+            rows = s.execute("SELECT name, sql FROM sqlite_master WHERE type = 'index' AND tbl_name = %s "
+                             "AND sql IS NOT NULL", (table,)).fetchall()
+            return {name: " ".join(sql.replace("IF NOT EXISTS ", "").split()) for name, sql in rows}
+        rows = s.execute("SELECT indexname, indexdef FROM pg_indexes WHERE tablename = %s", (table,)).fetchall()
+        return {name: definition.replace("public.", "") for name, definition in rows}
+
+
+def storage(store: Store, kind: str, table: str) -> list[str]:
+    """The table's storage options (PostgreSQL's reloptions: the fill factor)."""
+    if kind == "sqlite":
+        return []
+    with store.open() as s:
+        return list(s.execute("SELECT reloptions FROM pg_class WHERE relname = %s", (table,)).fetchone()[0] or [])
+
+
 def meta(store: Store) -> dict[str, str]:
     with store.open() as s:
         return dict(s.execute("SELECT key, value FROM resumable_meta").fetchall())
@@ -90,30 +109,15 @@ def test_a_migrated_database_has_exactly_the_columns_of_a_fresh_one(
         assert s.ensure_schema() == SCHEMA_VERSION
     fresh = {t.name: columns(fresh_store, store_kind, t.name) for t in all_tables()}
     assert migrated == fresh
+    # with the same indexes (unique ones unique) and storage options
+    for table in all_tables():
+        assert indexes(store, store_kind, table.name) == indexes(fresh_store, store_kind, table.name), table.name
+        assert storage(store, store_kind, table.name) == storage(fresh_store, store_kind, table.name), table.name
     # and both are exactly the row classes' fields, in name and nullability
     for table in all_tables():
         expected = {c.name: c.nullable and c.kind != "id" for c in table.columns}
         assert fresh[table.name] == expected, table.name
-    # and they have the same indexes, unique ones unique
-    assert indexes(store, store_kind) == indexes(fresh_store, store_kind)
-    assert ("resumable_dead_letters_item", True) in indexes(fresh_store, store_kind)
-
-
-def indexes(store: Store, kind: str) -> set[tuple[str, bool]]:
-    """(name, unique) of our tables' named indexes (not the primary keys')."""
-    with store.open() as s:
-        if kind == "sqlite":
-            out = set()
-            for table in all_tables():
-                for row in s.execute(f"PRAGMA index_list({table.name})").fetchall():
-                    if row[3] == "c":  # made by CREATE INDEX, not by a key constraint
-                        out.add((row[1], bool(row[2])))
-            return out
-        rows = s.execute(
-            "SELECT indexname, indexdef LIKE 'CREATE UNIQUE%%' FROM pg_indexes WHERE tablename LIKE 'resumable_%%' "
-            "AND indexname NOT LIKE '%%_pkey'"
-        ).fetchall()
-        return {(name, bool(unique)) for name, unique in rows}
+    assert "UNIQUE" in indexes(fresh_store, store_kind, "resumable_dead_letters")["resumable_dead_letters_item"]
 
 
 def _another_empty(kind: str, tmp_path, request: pytest.FixtureRequest) -> Store:
@@ -151,7 +155,8 @@ def test_many_tasks_starting_at_once_apply_each_migration_once(store: Store, sto
 
 def test_a_worker_that_may_not_migrate_is_told_the_command(store: Store, store_kind: str) -> None:
     first_release_database(store, store_kind)
-    with store.open() as s, pytest.raises(SchemaVersionError, match=f"has schema version 1.*needs {SCHEMA_VERSION}") as err:
+    with store.open() as s, pytest.raises(SchemaVersionError,
+                                          match=f"has schema version 1.*needs {SCHEMA_VERSION}") as err:
         s.ensure_schema(apply=False)
     assert "python -m airflow_resumable migrate --conn-id" in str(err.value)
     assert meta(store)["schema_version"] == "1"
@@ -163,7 +168,8 @@ def test_a_migration_that_fails_changes_nothing_and_says_why(store: Store, store
     with store.open() as s:
         s.execute("ALTER TABLE resumable_checkpoints ADD COLUMN result TEXT")
         s.commit()
-    with store.open() as s, pytest.raises(SchemaVersionError, match=f"could not upgrade .* from schema 1 to {SCHEMA_VERSION}"):
+    with store.open() as s, pytest.raises(SchemaVersionError,
+                                          match=f"could not upgrade .* from schema 1 to {SCHEMA_VERSION}"):
         s.ensure_schema()
     # Then the step rolled back whole: still schema 1, no half-added columns, no history table
     assert meta(store)["schema_version"] == "1"

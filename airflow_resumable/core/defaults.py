@@ -27,3 +27,7 @@ RESUME_POLL = 1.0
 SKIP_LIMIT = 10
 #: How many skipped items the task's summary (its XCom return value) lists (all are counted).
 SKIPPED_SHOWN = 5
+#: Whether a checkpoint's durable write overlaps the next chunk's work (one write in flight).
+PIPELINE_CHECKPOINTS = False
+#: Slots removed per transaction by ``clean``: short transactions, short locks.
+CLEAN_BATCH = 1000

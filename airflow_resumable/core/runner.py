@@ -66,6 +66,7 @@ from airflow_resumable.core.options import (  # re-exported: the core's public n
     validate_options,
     wait_seconds,
 )
+from airflow_resumable.core.pipeline import CheckpointWriter
 from airflow_resumable.core.progress import Log, ProgressMeter, Reporter
 from airflow_resumable.core.signal import Reason, Signal
 from airflow_resumable.core.skips import skip_item
@@ -169,6 +170,8 @@ class Attempt:
         self._meter: ProgressMeter | None = None
         self._ctx: RunContext | None = None
         self.keeper: LeaseKeeper | None = None
+        #: Writes the checkpoints with ``pipeline_checkpoints`` (see core/pipeline.py).
+        self._writer: CheckpointWriter | None = None
         self._last_row: Checkpoint | None = None
         # Set (under the lock) once the handler has returned or raised: the run context then
         # refuses to write, whichever thread still holds it.
@@ -241,6 +244,9 @@ class Attempt:
                 interval=self._heartbeat,
             ).start()
             keeper = self.keeper
+            if self.options.pipeline_checkpoints:
+                self._writer = CheckpointWriter(self.store, job=self.job, slot=self.slot, owner=self.owner,
+                                                token=self._token, signal=self.signal)
             try:
                 if row.request == Request.PAUSE:  # asked before this attempt started: pause before any work
                     raise Paused(Reason.PAUSED.value, f"pause requested by {row.requested_by or '?'}")
@@ -248,6 +254,7 @@ class Attempt:
                 result = self._call(handler, ctx)
                 # Fails here, before "done", when the value could not be kept (nor given back later).
                 result_text = self._result_text(result)
+                self._flush()  # "done" follows the last checkpoint: wait for a pipelined one in flight
             except BaseException as exc:
                 self._quiesce(session, keeper)  # the unfinished chunk's writes go with it
                 self._stopped(session, exc)
@@ -257,6 +264,7 @@ class Attempt:
                 lost = LeaseLost("the lease was lost while the handler ran", job=self.job, slot=self.slot)
                 self._stopped(session, lost)
                 raise lost
+            self._flush(close=True)
             # Writes made through ctx.transaction() after the last checkpoint commit with "done".
             keeper.stop(join=False)
             try:
@@ -275,14 +283,25 @@ class Attempt:
             with self._lock:  # waits for a save another thread has under way
                 self._ended = True
 
-    @staticmethod
-    def _quiesce(session: StoreSession, keeper: LeaseKeeper) -> None:
-        """Stop heartbeats and roll back the unfinished chunk. The keeper is asked to stop before
-        the rollback and joined after it: on SQLite its connection may be waiting for the write
-        lock this session holds."""
+    def _quiesce(self, session: StoreSession, keeper: LeaseKeeper) -> None:
+        """Let a pipelined checkpoint in flight finish (a cancel keeps the last chunk; its lost
+        lease shows on the signal), stop heartbeats and roll back the unfinished chunk. The keeper
+        is asked to stop before the rollback and joined after it: on SQLite its connection may be
+        waiting for the write lock this session holds."""
+        self._flush(close=True)
         keeper.stop(join=False)
         session.rollback()
         keeper.stop()
+
+    def _flush(self, *, close: bool = False) -> None:
+        """Wait for the pipelined checkpoint in flight, if any (raising its failure unless ``close``)."""
+        if self._writer is None:
+            return
+        if close:
+            self._writer.close()
+            self._writer = None
+        else:
+            self._writer.flush()
 
     def _acquire(self, session: StoreSession) -> tuple[Checkpoint, bool]:
         deadline = time.monotonic() + self.options.effective_lease_wait
@@ -468,6 +487,9 @@ class Attempt:
                 raise LeaseLost(
                     "this attempt lost its lease; the checkpoint was not written", job=self.job, slot=self.slot
                 )
+            if self._writer is not None:  # returns at once; raises the previous write's failure
+                self._writer.submit(position=position, state=state, processed=processed, total=total)
+                return
             self._session.save(
                 self.job, self.slot, self.owner, self._token, position=position, state=state, processed=processed,
                 total=total,
@@ -481,6 +503,10 @@ class Attempt:
         """
         assert self._session is not None and self._meter is not None
         processed, total = ctx.processed, ctx.total
+        if self._writer is not None:  # pipelined: report what is committed, not what is in flight
+            if self._writer.durable is None:
+                return
+            processed, total = self._writer.durable
         if self.reporter.due(processed, total):
             stored = self._session.load(self.job, self.slot) or ctx.row
             self.reporter.on_checkpoint(stored, self._meter.measure(processed, total))
@@ -523,9 +549,26 @@ class Attempt:
             self.signal.raise_if_cancelled()
 
     def transaction(self) -> TransactionConnection:
+        """The attempt's connection, lent to the handler (see :class:`TransactionConnection`).
+
+        Raises:
+            AttemptEnded: the handler already returned.
+            ConfigurationError: the attempt pipelines its checkpoints, which commit on another
+                connection than the handler's writes.
+        """
         assert self._session is not None
         if self._ended:
             raise self._ended_error("ctx.transaction()")
+        if self.options.pipeline_checkpoints:
+            raise ConfigurationError(
+                "ctx.transaction() cannot be used with pipeline_checkpoints=True: its writes commit with the "
+                "checkpoint on the attempt's connection, while pipelined checkpoints commit on another one, "
+                "during the next chunk",
+                job=self.job,
+                slot=self.slot,
+                hint="Set pipeline_checkpoints=False to keep writes to the checkpoint database exactly once, or "
+                "write to the sink on your own connection, idempotently, and commit before ctx.checkpoint()",
+            )
         self._session.begin_transactions()
         return TransactionConnection(self._session.conn, self.store.dialect)
 

@@ -188,6 +188,9 @@ class ResumableOperator(BaseOperator):
     :param pause_timeout: seconds a paused task (``airflow_resumable.control.pause``) waits for its
         resume before Airflow fails it (``TaskDeferralTimeout``; its retries apply). None: no limit.
     :param resume_poll: seconds between the paused task's reads of its row in the triggerer.
+    :param pipeline_checkpoints: write each checkpoint while the next chunk runs, on a second
+        connection (one write in flight at most): the checkpoint's round trip leaves the loop, but
+        a crash repeats up to two chunks instead of one. Not for handlers using ``ctx.transaction()``.
     :param handler_kwargs: keyword arguments for the handler (templated).
     """
 
@@ -210,6 +213,7 @@ class ResumableOperator(BaseOperator):
         overlap_timeout: float | timedelta = defaults.OVERLAP_TIMEOUT,
         progress_interval: float | timedelta = defaults.PROGRESS_INTERVAL,
         xcom_interval: float | timedelta = defaults.XCOM_INTERVAL,
+        pipeline_checkpoints: bool = defaults.PIPELINE_CHECKPOINTS,
         handler_kwargs: Mapping[str, Any] | None = None,
         restart: bool | str = False,
         throttle: Callable[[RunContext], Any] | None = None,
@@ -238,6 +242,7 @@ class ResumableOperator(BaseOperator):
         self.max_runtime = _seconds(max_runtime)
         self.pause_timeout = _seconds(pause_timeout)
         self.resume_poll = _seconds(resume_poll)
+        self.pipeline_checkpoints = pipeline_checkpoints
         # An XCom (handler_kwargs=upstream_task()) is kept as it is: rendering resolves it to a dict.
         self.handler_kwargs = handler_kwargs
         if handler_kwargs is None or isinstance(handler_kwargs, Mapping):
@@ -263,6 +268,7 @@ class ResumableOperator(BaseOperator):
             throttle=self.throttle,
             max_runtime=self.max_runtime,
             defer_after=self.defer_after,
+            pipeline_checkpoints=self.pipeline_checkpoints,
         )
         problems += [
             p for p in (
@@ -469,6 +475,7 @@ class ResumableOperator(BaseOperator):
             throttle=self.throttle,
             max_runtime=self.max_runtime,
             defer_after=self.defer_after,
+            pipeline_checkpoints=self.pipeline_checkpoints,
         )
         owner = f"{getattr(ti, 'id', '?')}/try{ti.try_number}@{socket.gethostname()}:{os.getpid()}"
         try:

@@ -55,6 +55,10 @@ with DAG("rt_items", schedule="@daily", start_date=START, catchup=False) as rt_i
     ResumableOperator(task_id="work", handler=process_items, retries=2, retry_delay=timedelta(0), progress_interval=0,
                       xcom_interval=0)
 
+with DAG("rt_pipelined", schedule="@daily", start_date=START, catchup=False) as rt_pipelined:
+    ResumableOperator(task_id="work", handler=process_items, retries=2, retry_delay=timedelta(0),
+                      pipeline_checkpoints=True)
+
 with DAG("rt_no_retry", schedule="@daily", start_date=START, catchup=False) as rt_no_retry:
     ResumableOperator(task_id="work", handler=process_items, retries=0)
 

@@ -12,6 +12,7 @@ it acquired, and matches no row once another attempt has taken the lease over.
 from __future__ import annotations
 
 import abc
+import dataclasses
 import functools
 import os
 import re
@@ -21,6 +22,7 @@ from contextlib import contextmanager
 from types import SimpleNamespace
 from typing import Any
 
+from airflow_resumable.core import defaults
 from airflow_resumable.core.checkpoint import (
     ENCODER,
     AttemptEnd,
@@ -34,9 +36,10 @@ from airflow_resumable.core.checkpoint import (
 from airflow_resumable.core.errors import CorruptCheckpoint, LeaseLost
 from airflow_resumable.core.migrations import SCHEMA_VERSION, migrate
 from airflow_resumable.core.schema import Column, Table
+from airflow_resumable.core.states import FINISHED
 from airflow_resumable.core.tables import ATTEMPTS, CHECKPOINTS, DEAD_LETTERS
 
-__all__ = ["SCHEMA_VERSION", "Dialect", "Store", "StoreSession"]
+__all__ = ["SCHEMA_VERSION", "Cleaned", "Dialect", "Store", "StoreSession"]
 
 TABLE = CHECKPOINTS.name
 HISTORY = ATTEMPTS.name
@@ -86,6 +89,14 @@ class Dialect:
         if out is None:
             out = self._translated[sql] = to_qmark(sql)
         return out
+
+    def storage(self, fillfactor: int) -> str:
+        """The CREATE TABLE suffix giving a table this fill factor ("" where there is none: SQLite)."""
+        return ""
+
+    def set_fillfactor(self, table: str, fillfactor: int) -> list[str]:
+        """Statements giving an existing table this fill factor (for the pages it fills from now on)."""
+        return []
 
     def type_of(self, column: Column) -> str:
         return {
@@ -168,6 +179,23 @@ def _statements(d: Dialect) -> SimpleNamespace:
             "processed_end": "%s", "error": "%s",
         }),
     )
+
+
+@dataclasses.dataclass(frozen=True)
+class Cleaned:
+    """What :meth:`StoreSession.clean` removed (or, in a dry run, would remove)."""
+
+    #: checkpoint rows (slots)
+    slots: int
+    #: attempt history records
+    records: int
+
+
+def _finished(alias: str = "") -> str:
+    """SQL: the row (``alias.``) is finished, unleased and was last written before ``now + %s``."""
+    statuses = ", ".join(f"'{s.value}'" for s in sorted(FINISHED))
+    return (f"{alias}status IN ({statuses}) AND {alias}lease_owner IS NULL AND {alias}updated_at < "
+            "{cutoff}")
 
 
 class Store(abc.ABC):
@@ -343,9 +371,13 @@ class StoreSession:
         return None if row is None else self._row(row)
 
     def list_slots(self, job: str, limit: int = 100) -> list[Checkpoint]:
-        """The job's most recently updated slots, newest first."""
+        """The job's most recently started slots (their current run), newest first.
+
+        Ordered by ``started_at``, which only a run's start changes, so that an index can serve it
+        without keeping checkpoints from being in-place (HOT) updates (see ``core/tables.py``).
+        """
         cur = self.execute(
-            f"SELECT {_SELECT} FROM {TABLE} WHERE job = %s ORDER BY updated_at DESC, slot DESC LIMIT %s", (job, int(limit))
+            f"SELECT {_SELECT} FROM {TABLE} WHERE job = %s ORDER BY started_at DESC, slot DESC LIMIT %s", (job, int(limit))
         )
         rows = cur.fetchall()
         self.commit()
@@ -718,6 +750,60 @@ class StoreSession:
             "position_end = %s, processed_end = %s WHERE id = %s AND ended_at IS NULL",
             (outcome.value, cancel_reason, error, _json_or_none(position), processed, record_id),
         )
+
+    def clean(self, older_than: float, *, dry_run: bool = False, batch: int = defaults.CLEAN_BATCH) -> Cleaned:
+        """Remove finished slots (``done``, ``failed``, ``cancelled``) not written for ``older_than``
+        seconds, with their attempt history and their skipped items: retention.
+
+        A row some attempt holds the lease of, a running row, and any other status are never
+        touched. Rows go ``batch`` at a time, each batch in its own short transaction, walking the
+        primary key once (no index on the age is needed, so checkpoints stay in-place updates);
+        each DELETE re-checks the conditions, so a slot that an attempt takes meanwhile stays. A
+        removed ``failed`` or ``cancelled`` slot cannot resume any more: its next attempt starts
+        over. Times are the database's.
+
+        Returns:
+            how many slots and history records were removed (with ``dry_run``: would be; nothing
+            is changed).
+        """
+        d = self.d
+        finished = _finished().format(cutoff=d.now_plus("%s"))
+        cutoff = (-float(older_than),)
+        if dry_run:
+            slots = self.execute(f"SELECT count(*) FROM {TABLE} WHERE {finished}", cutoff).fetchone()[0]
+            records = self.execute(
+                f"SELECT count(*) FROM {HISTORY} h WHERE EXISTS (SELECT 1 FROM {TABLE} c WHERE c.job = h.job "
+                f"AND c.slot = h.slot AND {_finished('c.').format(cutoff=d.now_plus('%s'))})", cutoff,
+            ).fetchone()[0]
+            self.commit()
+            return Cleaned(int(slots), int(records))
+        slots = records = 0
+        last: tuple[str, str] | None = None
+        while True:
+            with self.transaction():
+                after, after_params = ("", ()) if last is None else (" AND (job, slot) > (%s, %s)", last)
+                keys = self.execute(
+                    f"SELECT job, slot FROM {TABLE} WHERE {finished}{after} ORDER BY job, slot LIMIT %s",
+                    (*cutoff, *after_params, int(batch)),
+                ).fetchall()
+                if not keys:
+                    break
+                upto = (keys[-1][0], keys[-1][1])
+                span = f"(job, slot) <= (%s, %s){after}"
+                slots += self.execute(f"DELETE FROM {TABLE} WHERE {finished} AND {span}",
+                                      (*cutoff, *upto, *after_params)).rowcount
+                # The history of the slots just removed (and of any removed before by hand).
+                records += self.execute(
+                    f"DELETE FROM {HISTORY} WHERE {span} AND NOT EXISTS (SELECT 1 FROM {TABLE} c "
+                    f"WHERE c.job = {HISTORY}.job AND c.slot = {HISTORY}.slot)", (*upto, *after_params),
+                ).rowcount
+                # And their skipped items: a slot's dead letters go with it, as delete() does.
+                self.execute(
+                    f"DELETE FROM {SKIPPED} WHERE {span} AND NOT EXISTS (SELECT 1 FROM {TABLE} c "
+                    f"WHERE c.job = {SKIPPED}.job AND c.slot = {SKIPPED}.slot)", (*upto, *after_params),
+                )
+            last = upto
+        return Cleaned(slots, records)
 
     def delete(self, job: str, slot: str) -> bool:
         """Remove a slot's row and its history (administration; a run never deletes its own checkpoint)."""
