@@ -533,7 +533,11 @@ def deferrals(env: Env, dag_id: str, run_id: str) -> int:
             seen.append(state)
         return env.api.dag_run(dag_id, run_id)["state"] in ("success", "failed")
 
-    wait_for(ended, timeout=180, interval=0.1, what=f"{run_id} to end", on_timeout=lambda: str(seen))
+    def explain() -> str:
+        log = env.airflow.task_log(dag_id, run_id, TASK_ID, 1)
+        return f"states: {seen}\n--- task log ---\n{log[-6000:]}\n{env.airflow.tail(60)}"
+
+    wait_for(ended, timeout=180, interval=0.1, what=f"{run_id} to end", on_timeout=explain)
     return seen.count("deferred")
 
 

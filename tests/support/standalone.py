@@ -188,6 +188,9 @@ class Standalone:
                 "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(free_port()),
                 "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(free_port()),
                 "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
+                # A task whose DAG the worker fails to parse at start (seen on a loaded machine) is
+                # rescheduled, not failed: retry after 5 s instead of Airflow's 60 s.
+                "AIRFLOW__WORKERS__MISSING_DAG_RETRY_DELAY": "5",
                 "NO_COLOR": "1",
                 "PYTHONUNBUFFERED": "1",
             }
