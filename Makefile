@@ -11,6 +11,9 @@ $(VENV)/.installed: setup.cfg pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade "pip==26.3" || true
 	$(PY) -m pip install --quiet -c $(CONSTRAINTS) -e ".[test,lint]"
+	@# The editable build leaves an egg-info here; on sys.path (tests run from here) it would
+	@# declare every entry point a second time (Airflow then warns: plugin already registered).
+	rm -rf airflow_resumable.egg-info
 	touch $@
 
 venv: $(VENV)/.installed

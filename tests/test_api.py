@@ -1,0 +1,272 @@
+"""The plugin's REST API (``/resumable/api/v1``) inside Airflow's own api-server app, with
+Airflow's auth: every route and status code, per user.
+
+FastAPI's TestClient drives the real app (``airflow.api_fastapi.app.create_app``: the plugin is
+found through its entry point and mounted at ``/resumable``), with real JWTs signed by the auth
+manager. Users: ``admin`` (admin), ``viewer`` (viewer: reads every DAG, may not act), ``alice``
+(user role, limited to ``dag_a`` by :mod:`support.per_dag_auth`, the simple auth manager plus a
+per-DAG rule: the simple one's roles are global) and ``op`` (op role, every DAG).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from airflow_resumable.core import Attempt, Options, SQLiteStore, Store
+from airflow_resumable.core.checkpoint import Origin
+
+BASE = "/resumable/api/v1"
+SLOT = "2026-02-01T00:00:00+00:00"
+A, B = "dag_a.export", "dag_b.export"
+
+
+def run(store: Store, job: str, dag_id: str, *, fail_at: int | None = None, n: int = 30) -> None:
+    """One attempt of ``job`` for a task instance of ``dag_id``: done, or failed after ``fail_at`` items."""
+
+    def handler(ctx: Any) -> None:
+        ctx.total = n
+        i = ctx.position or 0
+        while i < n:
+            if i == fail_at:
+                raise RuntimeError("injected")
+            i += 5
+            ctx.checkpoint(i, processed=i)
+
+    attempt = Attempt(store, job=job, slot=SLOT, attempt=1, owner="owner-1", options=Options(lease=3.0),
+                      heartbeat=0.05, origin=Origin(dag_id=dag_id, task_id="export", run_id="run_1", map_index=-1))
+    try:
+        attempt.run(handler)
+    except RuntimeError:
+        pass
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> Store:
+    s = SQLiteStore(tmp_path_factory.mktemp("api") / "checkpoints.db")
+    run(s, A, "dag_a", fail_at=10)  # failed at 10/30: takes pause and restart, not resume or cancel
+    run(s, B, "dag_b")  # done
+    return s
+
+
+@pytest.fixture(scope="module")
+def app(airflow_home: Path, store: Store) -> Iterator[Any]:
+    """Airflow's api-server app with the plugin mounted, and the test users."""
+    mp = pytest.MonkeyPatch()
+    mp.setenv("AIRFLOW_CONN_RESUMABLE_DEFAULT", f"sqlite:///{store.path}")  # type: ignore[attr-defined]
+    mp.setenv("RESUMABLE_PLUGIN_API", "1")  # build the FastAPI app in this process (not an api-server)
+    mp.setenv("AIRFLOW__CORE__AUTH_MANAGER", "support.per_dag_auth.PerDagAuthManager")
+    mp.setenv("AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS", "admin:admin,viewer:viewer,alice:user,op:op")
+    mp.setenv("AIRFLOW__RESUMABLE_TEST__DAG_ACCESS", "alice=dag_a")
+    mp.setenv("AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE", str(airflow_home / "api-test-passwords.json"))
+    from airflow import plugins_manager
+    from airflow.api_fastapi import app as api_app
+
+    import airflow_resumable.plugins
+
+    importlib.reload(airflow_resumable.plugins)  # its FastAPI app is built at import, now that the env says so
+    for cached in (plugins_manager._get_plugins, plugins_manager._get_ui_plugins, plugins_manager.get_fastapi_plugins):
+        cached.cache_clear()
+    api_app.purge_cached_app()
+    yield api_app.create_app()
+    api_app.purge_cached_app()
+    for cached in (plugins_manager._get_plugins, plugins_manager._get_ui_plugins, plugins_manager.get_fastapi_plugins):
+        cached.cache_clear()
+    mp.undo()
+    importlib.reload(airflow_resumable.plugins)
+
+
+@pytest.fixture(scope="module")
+def client(app: Any) -> Iterator[TestClient]:
+    with TestClient(app) as c:
+        yield c
+
+
+def token(name: str, role: str) -> str:
+    from airflow.api_fastapi.app import get_auth_manager
+    from airflow.api_fastapi.auth.managers.simple.user import SimpleAuthManagerUser
+
+    return get_auth_manager().generate_jwt(SimpleAuthManagerUser(username=name, role=role))
+
+
+@pytest.fixture(scope="module")
+def as_user(client: TestClient) -> Any:
+    roles = {"admin": "admin", "viewer": "viewer", "alice": "user", "op": "op"}
+    tokens: dict[str, str] = {}
+
+    def call(user: str | None, method: str, path: str, **kwargs: Any) -> Any:
+        headers = {}
+        if user is not None:
+            tokens.setdefault(user, token(user, roles[user]))
+            headers["Authorization"] = f"Bearer {tokens[user]}"
+        return client.request(method, path, headers=headers, **kwargs)
+
+    return call
+
+
+def q(job: str) -> dict[str, str]:
+    return {"job": job, "slot": SLOT}
+
+
+# -- list ------------------------------------------------------------------------------------------
+
+
+def test_the_list_needs_credentials(as_user: Any) -> None:
+    r = as_user(None, "GET", f"{BASE}/checkpoints")
+    assert r.status_code == 401 and r.json()["message"]
+
+
+def test_the_list_shows_every_slot_to_a_viewer_with_progress(as_user: Any) -> None:
+    r = as_user("viewer", "GET", f"{BASE}/checkpoints")
+    assert r.status_code == 200
+    rows = {row["job"]: row for row in r.json()["checkpoints"]}
+    assert set(rows) == {A, B}
+    assert (rows[A]["status"], rows[A]["processed"], rows[A]["total"], rows[A]["percent"]) == ("failed", 10, 30, 33.33)
+    assert (rows[B]["status"], rows[B]["percent"], rows[B]["ended"]) == ("done", 100.0, True)
+
+
+def test_the_list_leaves_out_the_dags_a_user_may_not_see(as_user: Any) -> None:
+    r = as_user("alice", "GET", f"{BASE}/checkpoints")
+    assert r.status_code == 200 and [row["job"] for row in r.json()["checkpoints"]] == [A]
+
+
+def test_the_list_filters_by_dag_and_status(as_user: Any) -> None:
+    by_dag = as_user("admin", "GET", f"{BASE}/checkpoints", params={"dag_id": "dag_b"}).json()["checkpoints"]
+    by_status = as_user("admin", "GET", f"{BASE}/checkpoints", params={"status": "failed"}).json()["checkpoints"]
+    assert [r["job"] for r in by_dag] == [B] and [r["job"] for r in by_status] == [A]
+
+
+def test_the_list_of_a_dag_the_user_may_not_see_is_forbidden(as_user: Any) -> None:
+    r = as_user("alice", "GET", f"{BASE}/checkpoints", params={"dag_id": "dag_b"})
+    assert r.status_code == 403 and "dag_b" in r.json()["message"]
+
+
+# -- one slot --------------------------------------------------------------------------------------
+
+
+def test_a_slot_needs_credentials(as_user: Any) -> None:
+    assert as_user(None, "GET", f"{BASE}/checkpoint", params=q(A)).status_code == 401
+
+
+def test_a_slot_shows_its_row_history_and_what_it_would_take(as_user: Any) -> None:
+    r = as_user("alice", "GET", f"{BASE}/checkpoint", params=q(A))
+    assert r.status_code == 200
+    body = r.json()
+    assert (body["job"], body["slot"], body["status"], body["position"], body["dag_id"]) == (A, SLOT, "failed", 10, "dag_a")
+    assert [h["outcome"] for h in body["history"]] == ["failed"]
+    assert body["offers"] == {"pause": True, "resume": False, "cancel": False, "restart": True, "release": False}
+    assert body["lease"] == "none" and body["rate"] is None and body["eta_seconds"] is None
+
+
+def test_a_slot_of_a_dag_the_user_may_not_see_is_forbidden(as_user: Any) -> None:
+    assert as_user("alice", "GET", f"{BASE}/checkpoint", params=q(B)).status_code == 403
+
+
+def test_an_unknown_slot_is_not_found_with_a_message_naming_it(as_user: Any) -> None:
+    r = as_user("admin", "GET", f"{BASE}/checkpoint", params={"job": "nope", "slot": SLOT})
+    assert r.status_code == 404
+    assert r.json()["job"] == "nope" and r.json()["slot"] == SLOT and "no checkpoint row" in r.json()["message"]
+
+
+def test_the_ui_session_cookie_authenticates_like_a_bearer_token(client: TestClient) -> None:
+    client.cookies.set("_token", token("viewer", "viewer"))
+    try:
+        assert client.get(f"{BASE}/checkpoint", params=q(A)).status_code == 200
+    finally:
+        client.cookies.clear()
+
+
+# -- a task instance's slot (the Checkpoint tab) -----------------------------------------------------
+
+
+def test_a_task_instance_shows_the_slot_it_ran(as_user: Any) -> None:
+    ti = {"dag_id": "dag_a", "run_id": "run_1", "task_id": "export", "map_index": -1}
+    body = as_user("alice", "GET", f"{BASE}/task-instance", params=ti).json()
+    assert body["resumable"] is True and body["job"] == A and body["history"]
+
+
+def test_a_task_instance_that_is_not_resumable_gets_a_one_line_explanation(as_user: Any) -> None:
+    ti = {"dag_id": "dag_a", "run_id": "run_1", "task_id": "other", "map_index": -1}
+    r = as_user("alice", "GET", f"{BASE}/task-instance", params=ti)
+    assert r.status_code == 200 and r.json()["resumable"] is False and "not a resumable task" in r.json()["message"]
+
+
+def test_a_task_instance_of_a_dag_the_user_may_not_see_is_forbidden(as_user: Any) -> None:
+    ti = {"dag_id": "dag_b", "run_id": "run_1", "task_id": "export"}
+    assert as_user("alice", "GET", f"{BASE}/task-instance", params=ti).status_code == 403
+    assert as_user(None, "GET", f"{BASE}/task-instance", params=ti).status_code == 401
+
+
+# -- requests --------------------------------------------------------------------------------------
+
+
+def test_a_request_needs_credentials(as_user: Any) -> None:
+    assert as_user(None, "POST", f"{BASE}/checkpoint/pause", params=q(A)).status_code == 401
+
+
+def test_a_viewer_may_read_but_not_act(as_user: Any) -> None:
+    r = as_user("viewer", "POST", f"{BASE}/checkpoint/pause", params=q(A))
+    assert r.status_code == 403 and "viewer may not change" in r.json()["message"]
+
+
+def test_a_user_may_not_act_on_a_dag_they_may_not_see(as_user: Any) -> None:
+    assert as_user("alice", "POST", f"{BASE}/checkpoint/restart", params=q(B)).status_code == 403
+
+
+def test_a_request_on_an_unknown_slot_is_not_found(as_user: Any) -> None:
+    assert as_user("admin", "POST", f"{BASE}/checkpoint/pause", params={"job": "nope", "slot": SLOT}).status_code == 404
+
+
+def test_a_request_the_slot_cannot_take_is_a_conflict_saying_why(as_user: Any) -> None:
+    r = as_user("op", "POST", f"{BASE}/checkpoint/cancel", params=q(B))
+    assert r.status_code == 409
+    assert r.json()["message"] == "the slot finished (done): there is nothing to cancel"
+    assert r.json()["hint"] == "Use restart to run it again" and r.json()["status"] == "done"
+
+
+def test_an_unknown_action_is_refused(as_user: Any) -> None:
+    assert as_user("admin", "POST", f"{BASE}/checkpoint/explode", params=q(A)).status_code == 422
+
+
+def test_requests_go_through_with_the_airflow_user_in_the_history(as_user: Any) -> None:
+    paused = as_user("alice", "POST", f"{BASE}/checkpoint/pause", params=q(A))
+    assert paused.status_code == 200 and paused.json()["request"] == "pause"
+    assert paused.json()["offers"]["resume"] is True and paused.json()["offers"]["pause"] is False
+    resumed = as_user("op", "POST", f"{BASE}/checkpoint/resume", params=q(A), json={})
+    assert resumed.status_code == 200
+    history = [(h["outcome"], h["requested_by"]) for h in resumed.json()["history"]]
+    assert history == [("failed", None), ("pause_requested", "alice"), ("resume_requested", "op")]
+
+
+def test_a_release_with_nobody_holding_the_lease_is_a_conflict(as_user: Any) -> None:
+    r = as_user("admin", "POST", f"{BASE}/checkpoint/release", params=q(A), json={"force": True})
+    assert r.status_code == 409 and r.json()["message"] == "nobody holds the slot's lease"
+
+
+# -- the app itself ----------------------------------------------------------------------------------
+
+
+def test_the_api_is_described_by_openapi(client: TestClient) -> None:
+    paths = client.get("/resumable/openapi.json").json()["paths"]
+    assert {"/api/v1/checkpoints", "/api/v1/checkpoint", "/api/v1/checkpoint/{action}",
+            "/api/v1/task-instance"} <= set(paths)
+
+
+def test_the_plugin_adds_a_checkpoint_tab_and_a_jobs_page_once(as_user: Any) -> None:
+    plugins = as_user("admin", "GET", "/api/v2/plugins").json()["plugins"]
+    ours = [p for p in plugins if p["name"] == "resumable"]
+    assert len(ours) == 1
+    views = {v["name"]: v for v in ours[0]["external_views"]}
+    assert views["Checkpoint"]["destination"] == "task_instance" and "{TASK_ID}" in views["Checkpoint"]["href"]
+    assert views["Resumable jobs"]["destination"] == "nav"
+
+
+def test_the_pages_and_their_script_are_served_offline(client: TestClient) -> None:
+    for path in ("/resumable/ui/checkpoint", "/resumable/ui/jobs", "/resumable/ui/resumable.js"):
+        r = client.get(path)
+        assert r.status_code == 200 and "http://" not in r.text and "https://" not in r.text, path
