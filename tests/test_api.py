@@ -11,6 +11,7 @@ per-DAG rule: the simple one's roles are global) and ``op`` (op role, every DAG)
 from __future__ import annotations
 
 import importlib
+import secrets
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,39 +19,18 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from airflow_resumable.core import Attempt, Options, SQLiteStore, Store
-from airflow_resumable.core.checkpoint import Origin
+from airflow_resumable.core import SQLiteStore, Store
+from support.slots import SLOT, run_slot
 
 BASE = "/resumable/api/v1"
-SLOT = "2026-02-01T00:00:00+00:00"
 A, B = "dag_a.export", "dag_b.export"
-
-
-def run(store: Store, job: str, dag_id: str, *, fail_at: int | None = None, n: int = 30) -> None:
-    """One attempt of ``job`` for a task instance of ``dag_id``: done, or failed after ``fail_at`` items."""
-
-    def handler(ctx: Any) -> None:
-        ctx.total = n
-        i = ctx.position or 0
-        while i < n:
-            if i == fail_at:
-                raise RuntimeError("injected")
-            i += 5
-            ctx.checkpoint(i, processed=i)
-
-    attempt = Attempt(store, job=job, slot=SLOT, attempt=1, owner="owner-1", options=Options(lease=3.0),
-                      heartbeat=0.05, origin=Origin(dag_id=dag_id, task_id="export", run_id="run_1", map_index=-1))
-    try:
-        attempt.run(handler)
-    except RuntimeError:
-        pass
 
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory: pytest.TempPathFactory) -> Store:
     s = SQLiteStore(tmp_path_factory.mktemp("api") / "checkpoints.db")
-    run(s, A, "dag_a", fail_at=10)  # failed at 10/30: takes pause and restart, not resume or cancel
-    run(s, B, "dag_b")  # done
+    run_slot(s, A, "dag_a", fail_at=10)  # failed at 10/30: takes pause and restart, not resume or cancel
+    run_slot(s, B, "dag_b")  # done
     return s
 
 
@@ -59,6 +39,7 @@ def app(airflow_home: Path, store: Store) -> Iterator[Any]:
     """Airflow's api-server app with the plugin mounted, and the test users."""
     mp = pytest.MonkeyPatch()
     mp.setenv("AIRFLOW_CONN_RESUMABLE_DEFAULT", f"sqlite:///{store.path}")  # type: ignore[attr-defined]
+    mp.setenv("AIRFLOW__API_AUTH__JWT_SECRET", secrets.token_urlsafe(32))
     mp.setenv("RESUMABLE_PLUGIN_API", "1")  # build the FastAPI app in this process (not an api-server)
     mp.setenv("AIRFLOW__CORE__AUTH_MANAGER", "support.per_dag_auth.PerDagAuthManager")
     mp.setenv("AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS", "admin:admin,viewer:viewer,alice:user,op:op")
