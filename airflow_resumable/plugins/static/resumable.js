@@ -69,6 +69,9 @@
       task_id: params.get("task_id") || "", map_index: mapIndex});
     if (params.get("conn_id")) query.set("conn_id", params.get("conn_id"));
     var timer = null, missing = 0, current = null, busy = false, message = {text: "", error: false};
+    // The UI's iframe is sandboxed without allow-modals (window.confirm returns false at once), so
+    // the confirmation is in the page: a click asks, a second click on "Confirm" sends.
+    var asking = null;
 
     function schedule(ms) { clearTimeout(timer); timer = setTimeout(load, ms); }
     function load() {
@@ -86,8 +89,10 @@
         if (err.status !== 401 && err.status !== 403) schedule(5000);
       });
     }
+    function ask(action) { asking = action; message = {text: "", error: false}; render(current); }
     function act(action) {
-      if (!current || busy || !window.confirm(CONFIRM[action])) return;
+      asking = null;
+      if (!current || busy) return;
       busy = true;
       var q = new URLSearchParams({job: current.job, slot: current.slot});
       if (params.get("conn_id")) q.set("conn_id", params.get("conn_id"));
@@ -110,16 +115,25 @@
       var buttons = el("div", {id: "actions"}, ACTIONS.map(function (a) {
         var b = el("button", {type: "button", id: "action-" + a, text: a[0].toUpperCase() + a.slice(1)});
         if (!(row.offers && row.offers[a])) b.disabled = true;
-        b.addEventListener("click", function () { act(a); });
+        b.addEventListener("click", function () { ask(a); });
         return b;
       }));
+      var confirmBox = null;
+      if (asking) {
+        var yes = el("button", {type: "button", id: "confirm", text: "Confirm " + asking});
+        var no = el("button", {type: "button", id: "dismiss", text: "Never mind"});
+        var action = asking;
+        yes.addEventListener("click", function () { act(action); });
+        no.addEventListener("click", function () { asking = null; render(current); });
+        confirmBox = el("div", {id: "confirmation", role: "alertdialog", "class": "confirm"}, [el("span", {text: CONFIRM[action] + " "}), yes, no]);
+      }
       var hist = el("table", {id: "history"}, [el("tr", {}, ["try", "outcome", "by", "started", "ended", "processed", "reason / error"].map(function (h) { return el("th", {text: h}); }))]);
       (row.history || []).slice().reverse().forEach(function (h) {
         hist.appendChild(el("tr", {}, [h.attempt, h.outcome, h.requested_by || h.owner || "", when(h.started_at), when(h.ended_at),
           num(h.processed_start) + " → " + (h.processed_end == null ? "…" : num(h.processed_end)),
           [h.cancel_reason, h.error].filter(Boolean).join(": ")].map(function (v) { return el("td", {text: String(v == null ? "" : v)}); })));
       });
-      root.replaceChildren(
+      root.replaceChildren.apply(root, [
         el("h2", {}, ["Checkpoint ", el("span", {"class": "badge " + row.status, id: "status", text: row.status + reason}),
           el("span", {"class": "muted", text: pending})]),
         bar(row),
@@ -133,11 +147,12 @@
           row.last_error ? el("dt", {text: "last error"}) : null, row.last_error ? el("dd", {text: row.last_error}) : null
         ]),
         buttons,
+        confirmBox,
         el("div", {id: "message", "class": message.error ? "error" : "", text: message.text}),
         el("p", {id: "refreshed", "class": "muted", "data-at": String(Date.now()),
           text: row.ended ? "Ended: no longer refreshing." : "Refreshing every " + REFRESH_MS / 1000 + " s — " + new Date().toLocaleTimeString()}),
         el("h2", {text: "History"}), hist
-      );
+      ].filter(Boolean));
     }
     load();
   }
