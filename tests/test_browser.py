@@ -13,6 +13,7 @@ it) is measured and printed (run with ``-s``), and written next to the screensho
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shutil
@@ -182,7 +183,7 @@ def test_the_checkpoint_tab_follows_a_run_live_and_pauses_and_resumes_it(env: En
     while len(timeline) < 5 and time.monotonic() < deadline:
         until(observe, timeout=10, what="a look at the store and the page")
         time.sleep(0.05)  # the sampling period of this measurement, not a wait for an outcome
-    assert len(timeline) >= 5 and all(a[1] < b[1] for a, b in zip(timeline, timeline[1:])), timeline
+    assert len(timeline) >= 5 and all(a[1] < b[1] for a, b in itertools.pairwise(timeline)), timeline
     latencies = [next(t for t, shown in timeline if shown >= v) - at for v, at in committed.items()
                  if timeline[0][0] <= at and v <= timeline[-1][1]]
     assert latencies and max(latencies) < 2 * REFRESH + 2, latencies  # generous: about REFRESH expected
