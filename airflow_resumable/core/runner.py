@@ -161,6 +161,8 @@ class Attempt:
         self._encode_result, self._decode_result = codec
         self._record_id: int | None = None
         self._started = time.monotonic()
+        #: How long the last checkpoint's save took (seconds): reported with progress (metrics).
+        self._save_seconds: float | None = None
         self._session: StoreSession | None = None
         self._token: int | None = None
         self._meter: ProgressMeter | None = None
@@ -459,10 +461,12 @@ class Attempt:
                 raise LeaseLost(
                     "this attempt lost its lease; the checkpoint was not written", job=self.job, slot=self.slot
                 )
+            began = time.perf_counter()
             self._session.save(
                 self.job, self.slot, self.owner, self._token, position=position, state=state, processed=processed,
                 total=total,
             )
+            self._save_seconds = time.perf_counter() - began
 
     def report(self, ctx: RunContext) -> None:
         """Report progress after a durable checkpoint (write before report), when a report is due.
@@ -474,7 +478,7 @@ class Attempt:
         processed, total = ctx.processed, ctx.total
         if self.reporter.due(processed, total):
             stored = self._session.load(self.job, self.slot) or ctx.row
-            self.reporter.on_checkpoint(stored, self._meter.measure(processed, total))
+            self.reporter.on_checkpoint(stored, self._meter.measure(processed, total, save_seconds=self._save_seconds))
 
     def between_chunks(self, ctx: RunContext) -> None:
         """After a durable checkpoint: end the time slice, or wait as the throttle asks.
