@@ -173,16 +173,16 @@ def export_customers(ctx: RunContext, batch_pause_seconds: float | str = 0) -> N
             with source.cursor() as cur:
                 cur.execute("SELECT count(*) FROM customers")
                 ctx.total = cur.fetchone()[0]
-        while True:
-            ctx.signal.raise_if_cancelled()  # a deploy, a timeout or the UI stops the run here
-            batch = customers_after(source, after, BATCH_SIZE)
-            if not batch:
-                break
+        batch = customers_after(source, after, BATCH_SIZE)
+        while batch:
             export_batch(ctx, batch)
             after = batch[-1][0]
             # Saves the position (and commits the batch's upsert with it), then stops if asked to.
             ctx.checkpoint(after, processed=ctx.processed + len(batch))
-            ctx.signal.wait(pause)  # only for watching it run: wakes at once on a cancel
+            batch = customers_after(source, after, BATCH_SIZE)
+            if batch:  # only for watching it run (never after the last batch): wakes at once on a cancel
+                ctx.signal.wait(pause)
+            ctx.signal.raise_if_cancelled()  # a deploy, a timeout or the UI stops the run here
 # [END customer_export_handler]
 
 

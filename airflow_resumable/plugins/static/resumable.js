@@ -110,7 +110,7 @@
       if (row.eta_seconds != null) figures.push("ETA " + duration(row.eta_seconds));
       var lease = row.lease_owner ? row.lease_owner + " — heartbeat " + row.heartbeat_age_seconds + " s ago" +
         (row.lease === "stale" ? " (STALE: the holder missed two heartbeats)" : row.lease === "expired" ? " (expired)" : "") : "none";
-      var reason = row.cancel_reason ? " (" + row.cancel_reason + ")" : "";
+      var reason = row.cancel_reason && row.cancel_reason !== row.status ? " (" + row.cancel_reason + ")" : "";
       var pending = row.request ? " — " + row.request + " requested by " + (row.requested_by || "?") : "";
       var buttons = el("div", {id: "actions"}, ACTIONS.map(function (a) {
         var b = el("button", {type: "button", id: "action-" + a, text: a[0].toUpperCase() + a.slice(1)});
