@@ -251,3 +251,38 @@ def test_the_pages_and_their_script_are_served_offline(client: TestClient) -> No
     for path in ("/resumable/ui/checkpoint", "/resumable/ui/jobs", "/resumable/ui/resumable.js"):
         r = client.get(path)
         assert r.status_code == 200 and "http://" not in r.text and "https://" not in r.text, path
+
+
+# -- registration ------------------------------------------------------------------------------------
+
+def _python(code: str, **env: str) -> str:
+    import os
+    import subprocess
+    import sys
+
+    clean = {k: v for k, v in os.environ.items() if k != "RESUMABLE_PLUGIN_API"}
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={**clean, **env},
+                            timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout.strip().splitlines()[-1]
+
+
+_REGISTERED = (
+    "from airflow import plugins_manager\n"
+    "plugins, errors = plugins_manager._get_plugins()\n"
+    "ours = [p for p in plugins if p.name == 'resumable']\n"
+    "print(len(ours), len(ours[0].fastapi_apps), sorted(errors))\n"
+)
+
+
+@pytest.mark.parametrize("lazy", ["True", "False"])
+def test_the_plugin_is_registered_once_whether_or_not_providers_are_discovered_eagerly(
+    airflow_home: Path, lazy: str
+) -> None:
+    # Outside the api-server (this is a worker's view): registered once, no FastAPI app built
+    assert _python(_REGISTERED, AIRFLOW__CORE__LAZY_DISCOVER_PROVIDERS=lazy) == "1 0 []"
+
+
+def test_the_api_server_gets_the_fastapi_app(airflow_home: Path) -> None:
+    code = "import sys; sys.argv = ['airflow', 'api-server']\n" + _REGISTERED
+    assert _python(code) == "1 1 []"
