@@ -23,6 +23,7 @@ from airflow_resumable.core import (
     RunContext,
     SchemaVersionError,
     Signal,
+    SkipLimitExceeded,
     Status,
     StoreUnavailable,
 )
@@ -56,6 +57,6 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "Cancelled", "Checkpoint", "ChunkedOperator", "ConfigurationError", "CorruptCheckpoint",
     "InvalidCheckpoint", "LeaseBusy", "LeaseLost", "Reason", "ResumableError", "ResumableHook",
-    "ResumableOperator", "RunContext", "SchemaVersionError", "Signal", "Status", "StoreUnavailable",
+    "ResumableOperator", "RunContext", "SchemaVersionError", "Signal", "SkipLimitExceeded", "Status", "StoreUnavailable",
     "resumable_task", "__version__",
 ]

@@ -3,6 +3,7 @@
     python -m airflow_resumable migrate --conn-id resumable_default   # apply pending migrations
     python -m airflow_resumable migrate --conn-id resumable_default --sql   # print them instead
     python -m airflow_resumable migrate --url sqlite:////var/lib/airflow/checkpoints.db --check
+    python -m airflow_resumable clean --conn-id resumable_default --older-than 30d --dry-run   # retention
 """
 
 from airflow_resumable.cli import main

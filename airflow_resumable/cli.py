@@ -1,11 +1,15 @@
-"""The command line: schema administration for those who run DDL by hand or deny it to workers."""
+"""The command line: schema administration for those who run DDL by hand or deny it to workers,
+and retention (``clean``: remove finished slots past a given age)."""
 
 from __future__ import annotations
 
 import argparse
+import math
+import re
 import sys
 from collections.abc import Sequence
 
+from airflow_resumable.core import defaults
 from airflow_resumable.core.errors import ResumableError
 from airflow_resumable.core.migrations import SCHEMA_VERSION, current_version, migrate, plan
 from airflow_resumable.core.stores import PostgresStore, SQLiteStore, Store
@@ -28,20 +32,62 @@ def _store(args: argparse.Namespace) -> Store:
     return ResumableHook(args.conn_id).get_store()
 
 
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
+
+
+def duration(text: str) -> float:
+    """``30d``, ``12h``, ``90m``, ``2w``, ``3600s`` or plain seconds, as seconds.
+
+    Raises:
+        argparse.ArgumentTypeError: anything else, or not more than zero.
+    """
+    match = _DURATION.match(text.lower())
+    seconds = float(match.group(1)) * _UNITS[match.group(2) or "s"] if match else math.nan
+    if not seconds > 0:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a duration: write a positive number with a unit, e.g. 30d, 12h, 90m, 2w or 3600s")
+    return seconds
+
+
+def _where(command: argparse.ArgumentParser) -> None:
+    where = command.add_mutually_exclusive_group()
+    where.add_argument("--conn-id", default="resumable_default", help="Airflow connection (default: %(default)s)")
+    where.add_argument("--url", help="a database URL instead of an Airflow connection")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m airflow_resumable", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     m = sub.add_parser("migrate", help=f"bring a checkpoint database to schema {SCHEMA_VERSION}")
-    where = m.add_mutually_exclusive_group()
-    where.add_argument("--conn-id", default="resumable_default", help="Airflow connection (default: %(default)s)")
-    where.add_argument("--url", help="a database URL instead of an Airflow connection")
+    _where(m)
     what = m.add_mutually_exclusive_group()
     what.add_argument("--sql", action="store_true", help="print the SQL it would run, change nothing")
     what.add_argument("--check", action="store_true", help="exit 1 if the database needs migrating")
+    c = sub.add_parser(
+        "clean", help="remove finished slots (done, failed, cancelled) and their history past an age",
+        description="Remove the slots that finished (done, failed or cancelled) and were not written for "
+        "--older-than, with their attempt history, in batches. Running slots and slots whose lease an attempt "
+        "holds are never touched. A removed failed or cancelled slot starts over on its next attempt.",
+    )
+    _where(c)
+    c.add_argument("--older-than", required=True, type=duration, metavar="DURATION",
+                   help="age of the last write, e.g. 30d, 12h, 2w")
+    c.add_argument("--dry-run", action="store_true", help="count what would be removed, change nothing")
+    c.add_argument("--batch", type=int, default=defaults.CLEAN_BATCH, help="slots per transaction (default: %(default)s)")
     args = parser.parse_args(argv)
+    if args.command == "clean" and args.batch < 1:
+        parser.error(f"--batch must be at least 1, got {args.batch}")
     try:
         store = _store(args)
         with store.open() as session:
+            if args.command == "clean":
+                session.ensure_schema(apply=False)
+                cleaned = session.clean(args.older_than, dry_run=args.dry_run, batch=args.batch)
+                verb = "would remove" if args.dry_run else "removed"
+                print(f"{store.describe()}: {verb} {cleaned.slots} finished slot(s) and {cleaned.records} history "
+                      f"record(s) not written for {args.older_than:g}s")
+                return 0
             if args.sql:
                 for stmt in plan(session):
                     print(f"{stmt};")

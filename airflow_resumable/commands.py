@@ -5,6 +5,7 @@
     airflow resumable pause|resume|cancel|restart JOB SLOT [--by WHO]
     airflow resumable release JOB SLOT [--force] [--by WHO]
     airflow resumable migrate [--sql | --check]
+    airflow resumable clean --older-than 30d [--dry-run]
 
 Every command takes ``--conn-id`` (the checkpoint store's Airflow connection, default
 ``resumable_default``) and ``--output table|json|yaml|plain``. Requests go through
@@ -40,6 +41,10 @@ ARG_STATUS = Arg(("--status",), default=None, choices=("running", "paused", "don
 ARG_LIMIT = Arg(("--limit",), type=int, default=100, help="at most this many slots, most recent first (default: 100)")
 ARG_SQL = Arg(("--sql",), action="store_true", help="print the SQL it would run, change nothing")
 ARG_CHECK = Arg(("--check",), action="store_true", help="exit 1 if the database needs migrating")
+ARG_OLDER_THAN = Arg(("--older-than",), required=True, metavar="DURATION",
+                     help="age of the last write, e.g. 30d, 12h, 2w")
+ARG_DRY_RUN = Arg(("--dry-run",), action="store_true", help="count what would be removed, change nothing")
+ARG_BATCH = Arg(("--batch",), default=None, help="slots per transaction")
 
 _REQUEST_HELP = {
     "pause": "Ask the slot's run to stop at its next chunk boundary and defer until resumed",
@@ -76,8 +81,9 @@ def get_cli_commands() -> list[GroupCommand]:
                 ActionCommand(name="migrate", help="Bring the checkpoint database to this release's schema",
                               func=lazy_load_command(f"{_HERE}.migrate_command"),
                               args=(ARG_CONN_ID, ARG_SQL, ARG_CHECK)),
-                # Merge point: issue 13's `clean --older-than` goes here, as an ActionCommand
-                # calling its function in airflow_resumable.cli.
+                ActionCommand(name="clean", help="Remove finished slots and their history past an age",
+                              func=lazy_load_command(f"{_HERE}.clean_command"),
+                              args=(ARG_CONN_ID, ARG_OLDER_THAN, ARG_DRY_RUN, ARG_BATCH)),
             ],
         )
     ]
@@ -147,9 +153,19 @@ def release_command(args: argparse.Namespace) -> None:
 
 def migrate_command(args: argparse.Namespace) -> None:
     """The same as ``python -m airflow_resumable migrate`` (one implementation)."""
+    _module_cli(["migrate", "--conn-id", args.conn_id, *(["--sql"] if args.sql else []),
+                 *(["--check"] if args.check else [])])
+
+
+def clean_command(args: argparse.Namespace) -> None:
+    """The same as ``python -m airflow_resumable clean`` (one implementation)."""
+    _module_cli(["clean", "--conn-id", args.conn_id, "--older-than", args.older_than,
+                 *(["--dry-run"] if args.dry_run else []), *(["--batch", str(args.batch)] if args.batch else [])])
+
+
+def _module_cli(argv: list[str]) -> None:
     from airflow_resumable.cli import main
 
-    argv = ["migrate", "--conn-id", args.conn_id, *(["--sql"] if args.sql else []), *(["--check"] if args.check else [])]
     code = main(argv)
     if code:
         raise SystemExit(code)

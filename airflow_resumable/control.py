@@ -21,17 +21,19 @@ The table of what each request does to a slot in each state is in
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Callable, Collection
+from typing import Any
 
 from airflow_resumable.core import control as _core
+from airflow_resumable.core import skips as _skips
 from airflow_resumable.core.checkpoint import AttemptRecord, Checkpoint
 from airflow_resumable.core.errors import RequestRefused, SlotNotFound
 from airflow_resumable.core.stores.base import Store
 from airflow_resumable.hooks.resumable import DEFAULT_CONN_ID, ResumableHook
 
 __all__ = [
-    "ACTIONS", "RequestRefused", "SlotNotFound", "cancel", "dag_ids", "find", "get", "history", "offers", "pause", "recent",
-    "release", "restart", "resume",
+    "ACTIONS", "RequestRefused", "SlotNotFound", "cancel", "dag_ids", "dead_letters", "find", "get", "history",
+    "offers", "pause", "recent", "release", "replay", "restart", "resume",
 ]
 
 ACTIONS = _core.ACTIONS
@@ -133,3 +135,20 @@ def recent(*, conn_id: str = DEFAULT_CONN_ID, dag_ids: Collection[str] | None = 
     with ResumableHook(conn_id).get_store().open(autocommit=True) as session:
         session.ensure_schema()
         return session.recent(dag_ids=dag_ids, status=status, limit=limit)
+
+
+def dead_letters(job: str, slot: str, *, conn_id: str = DEFAULT_CONN_ID, status: str | None = "skipped",
+                 limit: int = 1000) -> list[Any]:
+    """The slot's skipped items (the dead-letter table ``resumable_dead_letters``), oldest first:
+    those still ``skipped`` by default, or of any status with ``status=None``."""
+    with _store(conn_id, job, slot).open(autocommit=True) as session:
+        session.ensure_schema()
+        return session.dead_letters(job, slot, status=status, limit=limit)
+
+
+def replay(job: str, slot: str, fn: Callable[[Any], Any], *, conn_id: str = DEFAULT_CONN_ID,
+           limit: int = 1000) -> _skips.ReplayReport:
+    """Run ``fn(item)`` on each of the slot's skipped items, on purpose, and mark those it
+    processes ``replayed`` (see :func:`airflow_resumable.core.skips.replay`). Refused while the
+    slot runs."""
+    return _skips.replay(_store(conn_id, job, slot), job, slot, fn, limit=limit)

@@ -24,6 +24,7 @@ def get_provider_info() -> dict[str, Any]:
             {"integration-name": "Resumable", "python-modules": ["airflow_resumable.operators.resumable"]}
         ],
         "hooks": [{"integration-name": "Resumable", "python-modules": ["airflow_resumable.hooks.resumable"]}],
+        "triggers": [{"integration-name": "Resumable", "python-modules": ["airflow_resumable.triggers.resume"]}],
         # The plugin is also an `airflow.plugins` entry point; it is registered once either way
         # (see airflow_resumable.plugins).
         "plugins": [{"name": "resumable", "plugin-class": "airflow_resumable.plugins.ResumablePlugin"}],

@@ -51,10 +51,10 @@ class Result:
 
     @property
     def verdict(self) -> str:
-        if self.ratio is None:
-            return "ERROR" if self.passed is False else "N/A"
         if self.passed is None:
             return "INFO"
+        if self.ratio is None:
+            return "ERROR" if self.passed is False else "N/A"
         return "PASS" if self.passed else "MISS"
 
 

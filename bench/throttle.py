@@ -1,4 +1,4 @@
-"""Row 8: what ``throttle=`` costs per chunk when it returns None (no wait), on SQLite.
+"""Row 12: what ``throttle=`` costs per chunk when it returns None (no wait), on SQLite.
 
 Two attempts of the same loop of ``CHUNKS`` checkpoints, interleaved: one without a throttle, one
 whose throttle returns None after every checkpoint. The difference per checkpoint is the cost:
@@ -20,7 +20,7 @@ ROUNDS = 15
 
 
 def run(db: object) -> list[Result]:
-    say("row 8: the throttle's cost per chunk when it returns None (SQLite)")
+    say("row 12: the throttle's cost per chunk when it returns None (SQLite)")
     slots = itertools.count()
 
     def loop(ctx) -> None:  # noqa: ANN001 - the run context
@@ -42,7 +42,7 @@ def run(db: object) -> list[Result]:
     plain, throttled = median(times["plain"]) / CHUNKS, median(times["throttle"]) / CHUNKS
     extra = throttled - plain
     return [Result(
-        "8", "a throttle returning None: ctx.checkpoint() with it vs without (SQLite)",
+        "12", "a throttle returning None: ctx.checkpoint() with it vs without (SQLite)",
         f"{plain * 1e6:.0f} vs {throttled * 1e6:.0f} µs per chunk ({extra * 1e6:+.1f} µs)", throttled / plain,
         "(reported)", None,
     )]

@@ -1,11 +1,26 @@
-"""Hourly customer export: keyset batches of 200 customers, resumed from the last exported id.
+"""Hourly customer export: the customers changed since the last export, 200 at a time, resumable.
 
-Every hour this DAG copies the ``customers`` table into the warehouse table
-``warehouse_customers``, 200 customers at a time, in id order. After each batch the task saves a
-checkpoint (the last exported id) for this run's slot. When the run is interrupted (a deploy, a
-crash, the 50-minute timeout, someone marking it failed), Airflow's retry or a Clear continues
-after that id instead of exporting everything again, and logs a warning naming the attempt and
-where it continues.
+Every hour this DAG copies the customers **changed since the previous export** into the warehouse
+table ``warehouse_customers``, 200 at a time, in ``(updated_at, id)`` order. The first export
+sends every customer; each later hour starts where the last finished one ended
+(``ctx.previous.position``: its final key). After each batch the task saves a checkpoint (the
+last exported key) for this run's slot. When the run is interrupted (a deploy, a crash, the
+50-minute timeout, someone marking it failed), Airflow's retry or a Clear continues after that key
+instead of exporting everything again, and logs a warning naming the attempt and where it continues.
+
+**Reading correctly.** The customers are read by a ready-made keyset reader on the composite key
+``(updated_at, id)``: many customers change in the same transaction and share an ``updated_at``,
+and the row-value comparison ``(updated_at, id) > (%s, %s)`` neither skips nor repeats them at a
+batch boundary. The index ``customers_updated (updated_at, id)`` makes every batch one index range
+scan, however far into the table it starts.
+
+**Which export is "previous".** The latest hour before this one whose export finished (``done``).
+A failed or still running hour does not count: the next hour starts from the last one that
+finished, so nothing is left out. A backfill of an older hour starts from the hour before *it*,
+not from the newest export; a Clear of a successful hour starts it over from the hour before.
+Hours that overlap re-send some customers, which the upsert makes harmless. Not covered: a
+customer committed with an ``updated_at`` *older* than the last export's end (a long transaction
+that set it early) is missed; set ``updated_at`` at commit time (a trigger) if your writers do that.
 
 **Connections**
 
@@ -21,19 +36,20 @@ the DAG runs on an empty database. Point ``export_source`` at your own table to 
 batch is written through ``ctx.transaction()``: the batch and its checkpoint commit in one
 database transaction. An interruption keeps both or neither, so no customer is exported twice,
 not even the batch in flight. The write is still an upsert (``INSERT ... ON CONFLICT DO
-UPDATE``), so running the same hour again (a Clear after success starts the slot over) updates
-the rows in place. If your warehouse is another database, write each batch there with the same
-upsert and commit it before ``ctx.checkpoint()``: an interruption between the two then repeats at
-most that one batch, and the upsert makes the repeat harmless.
+UPDATE``), so running the same hour again updates the rows in place. If your warehouse is another
+database, write each batch there with the same upsert and commit it before ``ctx.checkpoint()``:
+an interruption between the two then repeats at most that one batch, and the upsert makes the
+repeat harmless.
 
 **Overlap.** ``overlap="skip"``: an hourly run that finds the previous hour's export still running
-ends as *skipped*. The 50-minute ``timeout`` keeps a stuck export from blocking the hours after it:
-the run stops at its next batch boundary and is retried from its checkpoint.
+ends as *skipped* (the next hour then exports its changes too). The 50-minute ``timeout`` keeps a
+stuck export from blocking the hours after it: the run stops at its next batch boundary and is
+retried from its checkpoint.
 
-**Watching it resume.** Trigger the DAG with ``batch_pause_seconds`` (a DAG parameter, 0 by
-default) set to a few seconds to slow it down; mark the running task failed or stop the worker,
-then Clear the task: the new attempt logs ``attempt 2, continuing after <id>``. The pause waits on
-the run's signal, so an interruption ends it at once.
+**Watching it resume.** Trigger the DAG with ``full`` set (every customer, not only the changed
+ones) and ``batch_pause_seconds`` (a DAG parameter, 0 by default) set to a few seconds to slow it down; mark the running task failed or stop the worker,
+then Clear the task: the new attempt logs ``attempt 2, continuing after customer <id>``. The pause
+waits on the run's signal, so an interruption ends it at once.
 """
 
 from __future__ import annotations
@@ -47,6 +63,7 @@ from airflow.sdk import DAG, BaseHook, Param, task
 from airflow.sdk.exceptions import AirflowFailException, AirflowNotFoundException
 
 from airflow_resumable import ResumableOperator, RunContext
+from airflow_resumable.readers import KeysetReader
 
 #: The connection of the database that holds ``customers``.
 SOURCE_CONN_ID = "export_source"
@@ -64,8 +81,10 @@ CREATE TABLE IF NOT EXISTS customers (
     id BIGINT PRIMARY KEY,
     name TEXT NOT NULL,
     email TEXT NOT NULL,
-    country TEXT NOT NULL
-)"""
+    country TEXT NOT NULL,
+    updated_at TIMESTAMPTZ NOT NULL DEFAULT now()
+);
+CREATE INDEX IF NOT EXISTS customers_updated ON customers (updated_at, id)"""
 
 WAREHOUSE_DDL = """
 CREATE TABLE IF NOT EXISTS warehouse_customers (
@@ -92,7 +111,7 @@ ON CONFLICT (id) DO UPDATE SET
 """
 # [END customer_export_upsert]
 
-Customer = tuple[int, str, str, str]
+Customer = tuple[int, str, str, str, datetime]
 
 
 def source_connection() -> Any:
@@ -137,13 +156,14 @@ def prepare_customers() -> int:
 
 
 # [START customer_export_batch]
-def customers_after(source: Any, after: int, limit: int) -> list[Customer]:
-    """Keyset pagination: the next ``limit`` customers after id ``after``, in id order."""
-    with source.cursor() as cur:
-        cur.execute(
-            "SELECT id, name, email, country FROM customers WHERE id > %s ORDER BY id LIMIT %s", (after, limit)
-        )
-        return list(cur.fetchall())
+#: The customers in (updated_at, id) order, after the last exported key: a keyset reader on a
+#: composite key, so customers sharing an updated_at are neither skipped nor repeated.
+CUSTOMERS = KeysetReader(
+    connect=source_connection,
+    table="customers",
+    columns=("id", "name", "email", "country", "updated_at"),
+    key=("updated_at", "id"),
+)
 
 
 def export_batch(ctx: RunContext, batch: Sequence[Customer]) -> None:
@@ -152,37 +172,33 @@ def export_batch(ctx: RunContext, batch: Sequence[Customer]) -> None:
     The rows commit together with the next ``ctx.checkpoint()``: both or neither.
     """
     # %s placeholders on both stores: ctx.transaction() translates them for a SQLite store.
-    ctx.transaction().executemany(UPSERT, [(*customer, ctx.slot, ctx.attempt) for customer in batch])
+    rows = [(cid, name, email, country, ctx.slot, ctx.attempt) for cid, name, email, country, _ in batch]
+    ctx.transaction().executemany(UPSERT, rows)
 # [END customer_export_batch]
 
 
 # [START customer_export_handler]
-def export_customers(ctx: RunContext, batch_pause_seconds: float | str = 0) -> None:
-    """Export every customer once per run, :data:`BATCH_SIZE` at a time, from the last saved id."""
-    # Progress of THIS run: attempt 2 finds what attempt 1 saved for the same slot.
-    after = ctx.position or 0
+def export_customers(ctx: RunContext, batch_pause_seconds: float | str = 0, full: bool | str = False) -> None:
+    """Export the customers changed since the last export (all of them with ``full``), :data:`BATCH_SIZE` at a time."""
+    if ctx.position is None and ctx.previous is not None and str(full).lower() not in ("true", "1"):
+        # A new hour starts where the last finished export ended: only what changed since is sent.
+        # Saved at once, so an hour in which nothing changed ends there too, for the next hour.
+        ctx.checkpoint(ctx.previous.position)
     if ctx.attempt > 1:
-        where = f"continuing after {after}" if ctx.resumed else "starting from the first customer"
+        where = f"continuing after customer {ctx.position[1]}" if ctx.resumed and ctx.position else "starting over"
         ctx.log.warning("export %s: attempt %s, %s", ctx.slot, ctx.attempt, where)
     pause = float(batch_pause_seconds or 0)
-    ctx.transaction().execute(WAREHOUSE_DDL)  # commits with the first checkpoint
-
-    with closing(source_connection()) as source:
-        source.set_session(readonly=True, autocommit=True)
-        if ctx.total is None:
-            with source.cursor() as cur:
-                cur.execute("SELECT count(*) FROM customers")
-                ctx.total = cur.fetchone()[0]
-        batch = customers_after(source, after, BATCH_SIZE)
-        while batch:
-            export_batch(ctx, batch)
-            after = batch[-1][0]
-            # Saves the position (and commits the batch's upsert with it), then stops if asked to.
-            ctx.checkpoint(after, processed=ctx.processed + len(batch))
-            batch = customers_after(source, after, BATCH_SIZE)
-            if batch:  # only for watching it run (never after the last batch): wakes at once on a cancel
-                ctx.signal.wait(pause)
-            ctx.signal.raise_if_cancelled()  # a deploy, a timeout or the UI stops the run here
+    ctx.transaction().execute(WAREHOUSE_DDL)  # commits with the next checkpoint
+    if ctx.total is None:
+        ctx.total = ctx.processed + CUSTOMERS.count(ctx, ctx.position)
+    # Each batch: the customers after ctx.position (this run's checkpoint), read by the index.
+    for number, batch in enumerate(CUSTOMERS.chunks(ctx, BATCH_SIZE)):
+        if number:  # only for watching it run, between batches (never after the last): wakes at once on a cancel
+            ctx.signal.wait(pause)
+            ctx.signal.raise_if_cancelled()
+        export_batch(ctx, batch)
+        # Saves the position (and commits the batch's upsert with it), then stops if asked to.
+        ctx.checkpoint(batch.position, processed=ctx.processed + len(batch))
 # [END customer_export_handler]
 
 
@@ -198,6 +214,8 @@ with DAG(
         "batch_pause_seconds": Param(
             0, type="number", minimum=0, description="Seconds to wait after each batch (to watch and interrupt a run)"
         ),
+        "full": Param(False, type="boolean", description="Export every customer, not only those changed since "
+                      "the last export"),
     },
 ) as dag:
 
@@ -209,7 +227,7 @@ with DAG(
     export = ResumableOperator(
         task_id="export_customers",
         handler=export_customers,
-        handler_kwargs={"batch_pause_seconds": "{{ params.batch_pause_seconds }}"},
+        handler_kwargs={"batch_pause_seconds": "{{ params.batch_pause_seconds }}", "full": "{{ params.full }}"},
         timeout=timedelta(minutes=50),  # the signal fires; the run stops at its next batch boundary
         overlap="skip",  # an hour whose export finds the previous hour's still running is skipped
         retries=3,

@@ -18,6 +18,7 @@ from datetime import datetime, timedelta
 from airflow.sdk import DAG
 
 from airflow_resumable import ChunkedOperator, RunContext
+from airflow_resumable.readers import KeysetReader
 
 RECORD_COUNT = 30_000
 CHUNK = 3_000
@@ -40,19 +41,22 @@ def ensure_loans(path: str) -> None:
             )
 
 
+def open_loans() -> sqlite3.Connection:
+    return sqlite3.connect(loans_db())
+
+
+# [START loan_report_reader]
+#: Keyset pagination, ready-made: (loan_id, days) rows after the last loan counted, in loan_id order.
+#: The position is the last row's loan_id; the connection is opened on the first read.
+read_loans = KeysetReader(connect=open_loans, table="loan", columns=("loan_id", "days"), key="loan_id")
+# [END loan_report_reader]
+
+
 # [START loan_report_handlers]
 def count_loans(ctx: RunContext) -> int:
     ensure_loans(loans_db())
     with sqlite3.connect(loans_db()) as db:
         return db.execute("SELECT count(*) FROM loan").fetchone()[0]
-
-
-def read_loans(ctx: RunContext, after: int | None, limit: int) -> list[tuple[int, int]]:
-    """Keyset pagination: the loans after the last one counted, in loan_id order."""
-    with sqlite3.connect(loans_db()) as db:
-        return db.execute(
-            "SELECT loan_id, days FROM loan WHERE loan_id > ? ORDER BY loan_id LIMIT ?", (after or 0, limit)
-        ).fetchall()
 
 
 def add_to_report(ctx: RunContext, batch: list[tuple[int, int]]) -> None:
@@ -96,7 +100,6 @@ with DAG(
         task_id="loan_report",
         read=read_loans,
         process=add_to_report,
-        position=lambda loan: loan[0],
         chunk_size=CHUNK,
         total=count_loans,
         timeout=timedelta(minutes=10),

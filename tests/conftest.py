@@ -28,6 +28,7 @@ airflow_env.apply(airflow_env.environment(_HOME, _DAGS, log_level=os.environ.get
 from airflow_resumable.core.stores import PostgresStore, SQLiteStore, Store  # noqa: E402
 from devtools.dags import DagFolder  # noqa: E402
 from devtools.postgres import Server, dsn  # noqa: E402
+from support.sources import Source, source_of  # noqa: E402
 
 # -- PostgreSQL ---------------------------------------------------------------------------------
 
@@ -72,6 +73,14 @@ def store_uri(store: Store, store_kind: str, request: pytest.FixtureRequest) -> 
     if store_kind == "sqlite":
         return f"sqlite:///{store.path}"  # type: ignore[attr-defined]
     return dsn(request.getfixturevalue("pg_params"))
+
+
+@pytest.fixture
+def source(store_kind: str, store: Store, request: pytest.FixtureRequest) -> Source:
+    """A database to read from (the readers' tests): the store's own database, through its driver."""
+    if store_kind == "sqlite":
+        return source_of("sqlite", path=store.path)  # type: ignore[attr-defined]
+    return source_of("postgres", pg_params=request.getfixturevalue("pg_params"))
 
 
 # -- Airflow --------------------------------------------------------------------------------------

@@ -125,3 +125,8 @@ def test_the_airflow_command_line_has_the_group(store: Store, airflow_home: Path
                             env=os.environ.copy(), timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
     assert [r["job"] for r in json.loads(result.stdout.strip().splitlines()[-1])] == [B, A]
+
+
+def test_clean_removes_finished_slots_past_an_age(store: Store, parser: Any, capsys: Any) -> None:
+    code, out, _ = cli(parser, capsys, "resumable", "clean", "--older-than", "1h", "--dry-run")
+    assert code == 0 and "would remove 0 finished slot(s)" in out

@@ -168,6 +168,18 @@ def test_a_paused_run_counts_as_live_for_the_overlap_policy(store: Store) -> Non
         attempt(store, 1, slot="2026-02-02T00:00:00+00:00", overlap="skip").run(Items(5, 5))
 
 
+def test_a_newer_run_with_overlap_replace_cancels_a_paused_earlier_run_as_superseded(store: Store) -> None:
+    failed_slot(store)
+    control.pause(store, JOB, SLOT)
+    with pytest.raises(Paused):
+        attempt(store, 2).run(Items(30, 5))
+    newer = "2026-02-02T00:00:00+00:00"
+    assert attempt(store, 1, slot=newer, overlap="replace").run(Items(5, 5)).checkpoint.status == "done"
+    old = row(store)
+    assert (old.status, old.cancel_reason, old.last_error) == ("cancelled", "superseded", "superseded by a newer run")
+    assert control.wake(old, until=None, now=old.updated_at)["event"] == "cancelled"
+
+
 # -- requests a slot cannot take ------------------------------------------------------------
 
 
@@ -323,3 +335,30 @@ def test_options_refuse_a_throttle_that_cannot_take_ctx_and_a_bad_max_runtime() 
         Options(throttle=lambda: None, max_runtime=float("nan"), defer_after=-1)
     text = str(err.value)
     assert "throttle" in text and "max_runtime" in text and "defer_after" in text
+
+
+# -- what a paused task waits for -----------------------------------------------------------
+
+
+def test_a_paused_task_wakes_for_resume_restart_cancel_its_time_or_a_clear_and_not_otherwise() -> None:
+    from datetime import datetime, timezone
+
+    from airflow_resumable.core.checkpoint import Checkpoint
+
+    now = datetime(2026, 2, 1, 12, tzinfo=timezone.utc)
+    paused = Checkpoint(job=JOB, slot=SLOT, status="paused", cancel_reason="paused", requested_by="ann")
+
+    def event(row: Any, until: Any = None) -> Any:
+        found = control.wake(row, until=until, now=now)
+        return found and found["event"]
+
+    assert event(paused) is None
+    assert event(paused, until=now + timedelta(seconds=1)) is None
+    assert event(paused, until=now) == "resumed"
+    assert event(dataclasses.replace(paused, request="resume")) == "resumed"
+    assert event(dataclasses.replace(paused, request="restart")) == "resumed"
+    assert event(dataclasses.replace(paused, request="pause")) is None
+    assert event(dataclasses.replace(paused, cancel_request="requested", request="resume")) == "cancelled"
+    assert event(dataclasses.replace(paused, status="cancelled")) == "cancelled"
+    assert event(dataclasses.replace(paused, status="running")) == "resumed"  # a Clear ran it meanwhile
+    assert event(None) == "missing"

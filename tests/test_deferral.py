@@ -133,3 +133,15 @@ def test_a_taskflow_task_defers_between_slices_and_returns_its_value(checkpoints
         value = session.query(XComModel).filter_by(dag_id=run.dag_id, run_id=run.run_id, task_id="sliced",
                                                    key="return_value").one()
         assert XComModel.deserialize_value(value) == {"n": 20}
+
+
+def test_the_cooperative_timeout_counts_running_time_across_the_slices_of_a_try(
+    checkpoints: Store, run_dag, tmp_path: Path
+) -> None:
+    # 40 items at 0.1 s need 4 s of running; each slice runs 0.3 s, the try may run 1 s in all
+    run = run_dag("rt_slices_timeout", conf={"items": 40, "chunk": 1, "sleep": 0.1}, logical_date=DAY)
+    assert str(run.state) == "failed"
+    row = row_of(checkpoints, "rt_slices_timeout.work")
+    assert (row.status, row.cancel_reason) == ("cancelled", "timeout") and row.processed < 40
+    outcomes = [o for o, _, _ in history_of(checkpoints, "rt_slices_timeout.work")]
+    assert outcomes.count("paused") >= 2 and outcomes[-1] == "cancelled"

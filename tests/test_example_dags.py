@@ -301,8 +301,34 @@ def test_customer_export_copies_every_customer(run_dag: Callable[..., Any], pg_c
     assert {r[4] for r in rows} == {1}
     [row] = checkpoint_rows(pg_checkpoints, "customer_export.%")
     assert row["job"] == "customer_export.export_customers"
-    assert (row["status"], row["position"], row["processed"], row["total"]) == ("done", CUSTOMERS, CUSTOMERS, CUSTOMERS)
+    assert (row["status"], row["position"][1], row["processed"], row["total"]) == ("done", CUSTOMERS, CUSTOMERS, CUSTOMERS)
     assert xcom(run, "export_customers")["status"] == "done"
+
+
+def test_customer_export_sends_only_what_changed_since_the_previous_hour(
+    run_dag: Callable[..., Any], pg_checkpoints: dict[str, Any]
+) -> None:
+    """Hour 1 exports every customer; three customers change; hour 2 (its ``ctx.previous`` is hour
+    1) exports those three only; hour 3, with nothing changed, exports nothing and ends where hour 2 did."""
+    from datetime import datetime, timezone
+
+    hours = [datetime(2026, 3, 1, h, tzinfo=timezone.utc) for h in (1, 2, 3)]
+    assert_succeeded(run_dag("customer_export", logical_date=hours[0]))
+    assert len(warehouse(pg_checkpoints)) == CUSTOMERS
+    changed = (5, 500, 999)
+    with closing(psycopg2.connect(**pg_checkpoints)) as conn, conn, conn.cursor() as cur:
+        cur.execute("UPDATE customers SET name = name || ' (moved)', updated_at = now() WHERE id = ANY(%s)",
+                    (list(changed),))
+    assert_succeeded(run_dag("customer_export", logical_date=hours[1]))
+    assert_succeeded(run_dag("customer_export", logical_date=hours[2]))
+    rows = checkpoint_rows(pg_checkpoints, "customer_export.%")
+    by_slot = {r["slot"]: r for r in rows}
+    second, third = by_slot[hours[1].isoformat()], by_slot[hours[2].isoformat()]
+    assert (second["processed"], second["total"], second["position"][1]) == (3, 3, 999)
+    assert (third["processed"], third["position"]) == (0, second["position"])
+    exported = query(pg_checkpoints, "SELECT id, name, export_slot FROM warehouse_customers WHERE export_slot = %s "
+                     "ORDER BY id", (hours[1].isoformat(),))
+    assert [(r[0], r[1].endswith("(moved)")) for r in exported] == [(i, True) for i in changed]
 
 
 @pytest.fixture
@@ -360,12 +386,12 @@ def test_customer_export_interrupted_like_a_deploy_resumes_after_the_last_batch(
     rows = assert_exported_exactly_once(pg_checkpoints, separate_source)
     assert [r[4] for r in rows] == [1] * cut + [2] * (CUSTOMERS - cut)
     [row] = checkpoint_rows(pg_checkpoints, "customer_export.%")
-    assert (row["status"], row["processed"], row["attempt"], row["resumed_from"]) == ("done", CUSTOMERS, 2, cut)
+    assert (row["status"], row["processed"], row["attempt"], row["resumed_from"][1]) == ("done", CUSTOMERS, 2, cut)
     # The source database got no warehouse table, the warehouse database no customers.
     assert query(separate_source, "SELECT to_regclass('warehouse_customers')") == [(None,)]
     assert query(pg_checkpoints, "SELECT to_regclass('customers')") == [(None,)]
     out, err = capfd.readouterr()
-    assert f"attempt 2, continuing after {cut}" in out + err
+    assert f"attempt 2, continuing after customer {cut}" in out + err
 
 
 def test_customer_export_crash_mid_batch_loses_the_batch_with_its_checkpoint(
@@ -397,7 +423,7 @@ def test_customer_export_crash_mid_batch_loses_the_batch_with_its_checkpoint(
     rows = assert_exported_exactly_once(pg_checkpoints, separate_source)
     assert [r[4] for r in rows] == [1] * (2 * BATCH) + [2] * (CUSTOMERS - 2 * BATCH)
     [row] = checkpoint_rows(pg_checkpoints, "customer_export.%")
-    assert (row["status"], row["processed"], row["resumed_from"]) == ("done", CUSTOMERS, 2 * BATCH)
+    assert (row["status"], row["processed"], row["resumed_from"][1]) == ("done", CUSTOMERS, 2 * BATCH)
 
 
 def test_customer_export_with_sqlite_checkpoints_keeps_the_warehouse_beside_them(

@@ -19,7 +19,7 @@ from airflow_resumable.core import Attempt, Options
 from airflow_resumable.core.errors import SchemaVersionError
 from airflow_resumable.core.migrations import MIGRATIONS, SCHEMA_VERSION
 from airflow_resumable.core.stores import Store
-from airflow_resumable.core.tables import ATTEMPTS, CHECKPOINTS
+from airflow_resumable.core.tables import all_tables
 from fixtures import schema_v1
 
 
@@ -38,6 +38,25 @@ def columns(store: Store, kind: str, table: str) -> dict[str, bool]:
             "SELECT column_name, is_nullable FROM information_schema.columns WHERE table_name = %s", (table,)
         ).fetchall()
         return {name: nullable == "YES" for name, nullable in rows}
+
+
+def indexes(store: Store, kind: str, table: str) -> dict[str, str]:
+    """index name -> its definition, as the database reports it (schema names left out)."""
+    with store.open() as s:
+        if kind == "sqlite":
+            rows = s.execute("SELECT name, sql FROM sqlite_master WHERE type = 'index' AND tbl_name = %s "
+                             "AND sql IS NOT NULL", (table,)).fetchall()
+            return {name: " ".join(sql.replace("IF NOT EXISTS ", "").split()) for name, sql in rows}
+        rows = s.execute("SELECT indexname, indexdef FROM pg_indexes WHERE tablename = %s", (table,)).fetchall()
+        return {name: definition.replace("public.", "") for name, definition in rows}
+
+
+def storage(store: Store, kind: str, table: str) -> list[str]:
+    """The table's storage options (PostgreSQL's reloptions: the fill factor)."""
+    if kind == "sqlite":
+        return []
+    with store.open() as s:
+        return list(s.execute("SELECT reloptions FROM pg_class WHERE relname = %s", (table,)).fetchone()[0] or [])
 
 
 def meta(store: Store) -> dict[str, str]:
@@ -84,16 +103,21 @@ def test_a_migrated_database_has_exactly_the_columns_of_a_fresh_one(
     first_release_database(store, store_kind)
     with store.open() as s:
         assert s.ensure_schema() == SCHEMA_VERSION
-    migrated = {t.name: columns(store, store_kind, t.name) for t in (CHECKPOINTS, ATTEMPTS)}
+    migrated = {t.name: columns(store, store_kind, t.name) for t in all_tables()}
     fresh_store = _another_empty(store_kind, tmp_path, request)
     with fresh_store.open() as s:
         assert s.ensure_schema() == SCHEMA_VERSION
-    fresh = {t.name: columns(fresh_store, store_kind, t.name) for t in (CHECKPOINTS, ATTEMPTS)}
+    fresh = {t.name: columns(fresh_store, store_kind, t.name) for t in all_tables()}
     assert migrated == fresh
+    # with the same indexes (unique ones unique) and storage options
+    for table in all_tables():
+        assert indexes(store, store_kind, table.name) == indexes(fresh_store, store_kind, table.name), table.name
+        assert storage(store, store_kind, table.name) == storage(fresh_store, store_kind, table.name), table.name
     # and both are exactly the row classes' fields, in name and nullability
-    for table in (CHECKPOINTS, ATTEMPTS):
+    for table in all_tables():
         expected = {c.name: c.nullable and c.kind != "id" for c in table.columns}
         assert fresh[table.name] == expected, table.name
+    assert "UNIQUE" in indexes(fresh_store, store_kind, "resumable_dead_letters")["resumable_dead_letters_item"]
 
 
 def _another_empty(kind: str, tmp_path, request: pytest.FixtureRequest) -> Store:
@@ -131,7 +155,8 @@ def test_many_tasks_starting_at_once_apply_each_migration_once(store: Store, sto
 
 def test_a_worker_that_may_not_migrate_is_told_the_command(store: Store, store_kind: str) -> None:
     first_release_database(store, store_kind)
-    with store.open() as s, pytest.raises(SchemaVersionError, match=f"has schema version 1.*needs {SCHEMA_VERSION}") as err:
+    with store.open() as s, pytest.raises(SchemaVersionError,
+                                          match=f"has schema version 1.*needs {SCHEMA_VERSION}") as err:
         s.ensure_schema(apply=False)
     assert "python -m airflow_resumable migrate --conn-id" in str(err.value)
     assert meta(store)["schema_version"] == "1"
@@ -143,7 +168,8 @@ def test_a_migration_that_fails_changes_nothing_and_says_why(store: Store, store
     with store.open() as s:
         s.execute("ALTER TABLE resumable_checkpoints ADD COLUMN result TEXT")
         s.commit()
-    with store.open() as s, pytest.raises(SchemaVersionError, match=f"could not upgrade .* from schema 1 to {SCHEMA_VERSION}"):
+    with store.open() as s, pytest.raises(SchemaVersionError,
+                                          match=f"could not upgrade .* from schema 1 to {SCHEMA_VERSION}"):
         s.ensure_schema()
     # Then the step rolled back whole: still schema 1, no half-added columns, no history table
     assert meta(store)["schema_version"] == "1"

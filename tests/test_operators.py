@@ -60,6 +60,19 @@ def test_a_retry_resumes_at_the_failed_chunk(checkpoints: Store, run_dag, tmp_pa
     assert ti_of(run, "work").try_number == 2
 
 
+def test_with_pipelined_checkpoints_a_retry_resumes_after_the_last_chunk_and_done_is_stored(
+    checkpoints: Store, run_dag, tmp_path: Path
+) -> None:
+    log = tmp_path / "seen.db"
+    run = run_dag("rt_pipelined", conf={"items": 40, "chunk": 5, "fail": [1, 3], "seen": str(log)}, logical_date=DAY)
+    assert str(run.state) == "success"
+    # the failure let chunk 2's checkpoint (in flight) finish first: the retry resumes at chunk 3
+    assert [i for i, a in seen(log) if a == 2] == list(range(15, 40))
+    row = row_of(checkpoints, "rt_pipelined.work")
+    assert (row.status, row.processed, row.attempts, row.state) == ("done", 40, 2, {"sum": sum(range(40))})
+    assert xcom(run, "work") == {"sum": sum(range(40)), "part": 0}
+
+
 def test_running_a_failed_slot_again_continues_it_as_a_clear_does(checkpoints: Store, run_dag, tmp_path: Path) -> None:
     log = tmp_path / "seen.db"
     conf = {"items": 30, "chunk": 5, "fail": [1, 2], "seen": str(log)}
@@ -188,6 +201,7 @@ def _noop(ctx: Any) -> None:
         ({"handler": _noop, "lease_wait": -5}, "lease_wait must be a non-negative"),
         ({"handler": _noop, "timeout": 0}, "timeout must be a positive number"),
         ({"handler": _noop, "overlap_timeout": -1}, "overlap_timeout must be a non-negative"),
+        ({"handler": _noop, "pipeline_checkpoints": "yes"}, "pipeline_checkpoints must be True or False"),
     ],
 )
 def test_bad_operator_arguments_fail_at_parse_time_naming_the_task(

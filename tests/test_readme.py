@@ -52,6 +52,7 @@ def test_the_api_table_states_the_defaults_the_code_has() -> None:
         "lease": shown(defaults.LEASE), "overlap": shown(defaults.OVERLAP),
         "overlap_poke` / `overlap_timeout": f"{shown(defaults.OVERLAP_POKE)} / {shown(defaults.OVERLAP_TIMEOUT)}",
         "progress_interval": shown(defaults.PROGRESS_INTERVAL), "xcom_interval": shown(defaults.XCOM_INTERVAL),
+        "skip_limit": shown(defaults.SKIP_LIMIT),
         "defer_after": shown(defaults.DEFER_AFTER), "resume_poll": shown(defaults.RESUME_POLL),
     }
     for name, default in rows.items():

@@ -153,12 +153,15 @@ def test_live_others_lists_only_other_live_slots_of_the_job(store: Store) -> Non
         assert [o.slot for o in s.live_others(JOB, "s2")] == ["s1"]
 
 
-def test_list_slots_is_newest_first(store: Store) -> None:
+def test_list_slots_is_newest_run_first_whichever_checkpointed_last(store: Store) -> None:
     with store.open() as s:
         s.ensure_schema()
         for i in range(3):
             acquire(s, owner=f"o{i}", slot=f"s{i}")
             s.save(JOB, f"s{i}", f"o{i}", 1, position=str(i), state="{}", processed=i, total=None)
+        # the oldest run checkpoints last: the listing's order (by the run's start) does not change,
+        # which is what lets checkpoints be in-place updates (no index covers updated_at)
+        s.save(JOB, "s0", "o0", 1, position="9", state="{}", processed=9, total=None)
         assert [r.slot for r in s.list_slots(JOB, limit=2)] == ["s2", "s1"]
 
 

@@ -17,16 +17,19 @@ from airflow_resumable.core.errors import (
     RequestRefused,
     ResumableError,
     SchemaVersionError,
+    SkipLimitExceeded,
     SlotNotFound,
     StoreUnavailable,
 )
+from airflow_resumable.core.readers import Batch, FileReader, KeysetReader, Reader, SequenceReader
 from airflow_resumable.core.runner import Attempt, Options, Outcome
 from airflow_resumable.core.signal import Reason, Signal
 from airflow_resumable.core.stores import PostgresStore, SQLiteStore, Store
 
 __all__ = [
-    "Attempt", "AttemptEnded", "Cancelled", "Checkpoint", "ConfigurationError", "CorruptCheckpoint",
-    "InvalidCheckpoint", "LeaseBusy", "LeaseLost", "Options", "Outcome", "OverlapSkip", "OverlapWait", "Paused", "PostgresStore",
-    "Reason", "RequestRefused", "ResumableError", "RunContext", "SQLiteStore", "SchemaVersionError", "Signal", "SlotNotFound", "Status",
+    "Attempt", "AttemptEnded", "Batch", "Cancelled", "Checkpoint", "ConfigurationError", "CorruptCheckpoint",
+    "FileReader", "InvalidCheckpoint", "KeysetReader", "LeaseBusy", "LeaseLost", "Options", "Outcome", "OverlapSkip",
+    "OverlapWait", "Paused", "PostgresStore", "Reader", "Reason", "RequestRefused", "ResumableError", "RunContext",
+    "SQLiteStore", "SchemaVersionError", "SequenceReader", "Signal", "SkipLimitExceeded", "SlotNotFound", "Status",
     "Store", "StoreUnavailable", "TransactionConnection", "chunk_loop",
 ]

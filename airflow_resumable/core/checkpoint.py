@@ -11,7 +11,10 @@ from airflow_resumable.core.errors import CorruptCheckpoint, InvalidCheckpoint
 from airflow_resumable.core.schema import column
 from airflow_resumable.core.states import AttemptEnd, Status
 
-__all__ = ["ENCODER", "AttemptEnd", "AttemptRecord", "Checkpoint", "Origin", "Status", "decode", "encode", "short"]
+__all__ = [
+    "ENCODER", "AttemptEnd", "AttemptRecord", "Checkpoint", "DeadLetter", "Origin", "Status", "decode", "encode",
+    "error_text", "short",
+]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,6 +141,36 @@ class AttemptRecord:
         return _plain(self)
 
 
+@dataclasses.dataclass(frozen=True)
+class DeadLetter:
+    """An item skipped under a skip policy: table ``resumable_dead_letters``.
+
+    One row per (job, slot, item position): an attempt that meets the same bad item again (a
+    retry) finds it recorded and does not record it twice. Deleted with the slot's row, and when
+    the slot starts over.
+    """
+
+    id: int = column("id", "the record's id", nullable=False, default=0)
+    job: str = column("text", "the job", nullable=False, default="")
+    slot: str = column("text", "the slot", nullable=False, default="")
+    position: Any = column("json", "the item's position in the slot (JSON); unique with job and slot",
+                           nullable=False, default=None)
+    item: Any = column("json", "the item as JSON, or its `repr` as a JSON string (see `item_format`)",
+                       default=None)
+    item_format: str = column("text", "`json`, or `repr` when the item has no JSON form (it cannot be replayed)",
+                              nullable=False, sql_default="'json'", default="json")
+    error: str | None = column("text", "the error it raised (`Type: message`)", default=None)
+    attempt: int = column("int", "the try number of the attempt that skipped it", nullable=False,
+                          sql_default="0", default=0)
+    recorded_at: datetime | None = column("timestamp", "when it was skipped", nullable=False, default=None)
+    status: str = column("text", "`skipped`, or `replayed` once a replay processed it", nullable=False,
+                         sql_default="'skipped'", default="skipped")
+    replayed_at: datetime | None = column("timestamp", "when a replay processed it", default=None)
+
+    def to_dict(self) -> dict[str, Any]:
+        return _plain(self)
+
+
 #: One encoder for every JSON value the stores keep: positions, states, results, history
 #: (json.dumps with options builds a new one per call).
 ENCODER = json.JSONEncoder(allow_nan=False, separators=(",", ":"))
@@ -228,6 +261,12 @@ def _literal_safe(text: str) -> bool:
 def short(value: Any, limit: int = 80) -> str:
     """``repr(value)``, cut to ``limit`` characters for an error message."""
     text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def error_text(exc: BaseException, limit: int = 2000) -> str:
+    """``Type: message`` of an error, cut to ``limit`` characters: what the tables keep of it."""
+    text = f"{type(exc).__name__}: {exc}"
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 

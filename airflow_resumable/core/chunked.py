@@ -12,10 +12,13 @@ import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
-from airflow_resumable.core.checkpoint import short
+from airflow_resumable.core import defaults
+from airflow_resumable.core.checkpoint import error_text, short
 from airflow_resumable.core.context import RunContext
 from airflow_resumable.core.errors import ConfigurationError
 from airflow_resumable.core.options import call_problem, duration_problem
+from airflow_resumable.core.readers import Batch, Reader
+from airflow_resumable.core.skips import never_skipped, skip_on_problem
 
 ReadFn = Callable[[RunContext, Any, int], Sequence[Any]]
 ProcessFn = Callable[[RunContext, Sequence[Any]], Any]
@@ -34,12 +37,12 @@ def default_key(item: Any) -> Any:
 
 def validate_chunked(
     *, read: Any, process: Any, chunk_size: Any, position: Any, total: Any, checkpoint_interval: Any = None,
-    job: str | None = None,
+    skip_on: Any = None, skip_limit: Any = defaults.SKIP_LIMIT, job: str | None = None,
 ) -> None:
     """Raise :class:`ConfigurationError` naming every bad argument (at DAG parse time)."""
     problems = chunked_problems(
         read=read, process=process, chunk_size=chunk_size, position=position, total=total,
-        checkpoint_interval=checkpoint_interval,
+        checkpoint_interval=checkpoint_interval, skip_on=skip_on, skip_limit=skip_limit,
     )
     problems += calls_problems(read, process, ())
     if problems:
@@ -48,6 +51,7 @@ def validate_chunked(
 
 def chunked_problems(
     *, read: Any, process: Any, chunk_size: Any, position: Any, total: Any, checkpoint_interval: Any = None,
+    skip_on: Any = None, skip_limit: Any = defaults.SKIP_LIMIT,
 ) -> list[str]:
     """Every problem with these arguments but the calls (see :func:`calls_problems`), as sentences."""
     problems = []
@@ -59,20 +63,24 @@ def chunked_problems(
         problems.append(f"chunk_size must be a positive integer, got {chunk_size!r}")
     if position is not None and not callable(position):
         problems.append(f"position must be a function of the last item of a batch, got {type(position).__name__}")
+    if position is not None and isinstance(read, Reader):
+        problems.append(f"read is a reader ({read!r}), which knows its items' positions: drop position=")
     if total is not None and not callable(total) and (isinstance(total, bool) or not isinstance(total, int) or total < 0):
         problems.append(f"total must be a non-negative int or a function of ctx, got {total!r}")
     if checkpoint_interval is not None:
         problem = duration_problem("checkpoint_interval", checkpoint_interval)
         if problem:
             problems.append(problem)
-    return problems
+    return problems + skip_on_problem(skip_on, skip_limit)
 
 
 def calls_problems(read: Any, process: Any, keywords: Collection[str] | None) -> list[str]:
     """Why ``read``/``process`` cannot take the calls the loop makes, with ``keywords`` (the names of
     handler_kwargs) besides; None when those are not known yet: the positional part only."""
     calls = (
-        call_problem(read, "read", ("ctx", "after", "limit"), keywords) if callable(read) else None,
+        # A reader takes no handler_kwargs (they go to process only), and its call is known.
+        call_problem(read, "read", ("ctx", "after", "limit"), keywords)
+        if callable(read) and not isinstance(read, Reader) else None,
         call_problem(process, "process", ("ctx", "batch"), keywords) if callable(process) else None,
     )
     return [p for p in calls if p]
@@ -87,6 +95,8 @@ def chunk_loop(
     total: int | Callable[[RunContext], int | None] | None = None,
     start: Any = None,
     checkpoint_interval: float | None = None,
+    skip_on: type[Exception] | tuple[type[Exception], ...] | None = None,
+    skip_limit: int = defaults.SKIP_LIMIT,
 ) -> Callable[[RunContext], dict[str, Any]]:
     """Build the handler that runs ``read``/``process`` chunk by chunk from the saved position.
 
@@ -99,26 +109,50 @@ def chunk_loop(
             checkpoints.
         position: the position of an item (default :func:`default_key`).
         total: the expected item count, or a function of ``ctx`` computing it once per run.
-        start: the position before the first item.
+        start: the position before the first item, or a function of ``ctx`` giving it (e.g.
+            ``lambda ctx: ctx.previous.position if ctx.previous else None``: continue where the
+            job's previous run ended). A run that reads nothing still ends at ``start``.
         checkpoint_interval: save at most every this many seconds instead of after every chunk
             (None: every chunk). The signal is still checked after every chunk, and a pending
             position is saved before stopping and at the end; but a *crash* now repeats up to
             this many seconds of chunks instead of one. For tiny, fast chunks whose checkpoint
             would cost a large share of their work.
+        skip_on: exception classes that mark an *item* as bad: a chunk raising one is undone
+            (its writes through ``ctx.transaction()``) and processed again item by item; each item
+            raising one is recorded in the dead-letter table and skipped (see
+            :mod:`airflow_resumable.core.skips`). None: any error fails the attempt.
+        skip_limit: how many items of the slot may be skipped; one more fails the attempt with
+            :class:`~airflow_resumable.core.errors.SkipLimitExceeded`.
+
+    Raises:
+        ConfigurationError: bad arguments, all of them named at once.
     """
     validate_chunked(
         read=read, process=process, chunk_size=chunk_size, position=position, total=total,
-        checkpoint_interval=checkpoint_interval,
+        checkpoint_interval=checkpoint_interval, skip_on=skip_on, skip_limit=skip_limit,
     )
     key = position or default_key
+    skippable = None if skip_on is None else tuple(skip_on) if isinstance(skip_on, (tuple, list)) else (skip_on,)
 
     def handler(ctx: RunContext) -> dict[str, Any]:
+        try:
+            return loop(ctx)
+        finally:
+            if isinstance(read, Reader):
+                read.close()
+
+    def loop(ctx: RunContext) -> dict[str, Any]:
         if ctx.total is None and total is not None:
             ctx.total = total(ctx) if callable(total) else total
-        after = ctx.position if ctx.position is not None else start
+        after = ctx.position
+        # A fresh run starting from a given position saves it even if it reads nothing: the run's
+        # final position is then where the next run (ctx.previous) continues.
+        pending = after is None and start is not None
+        if pending:
+            after = start(ctx) if callable(start) else start
+            pending = after is not None
         processed = ctx.processed
-        chunks = 0
-        pending = False  # chunks done since the last save (only with checkpoint_interval)
+        chunks = skipped = 0
         saved_at = time.monotonic()
         while True:
             if pending and ctx.signal.cancelled:
@@ -135,7 +169,7 @@ def chunk_loop(
                     hint="read(ctx, after, limit) must return at most limit items",
                 )
             # Checked before process: nothing is done out of order, and the checkpoint does not move.
-            keys = _keys(batch, key)
+            keys = batch.positions if isinstance(batch, Batch) else _keys(batch, key)
             new_after = keys[-1]
             if new_after == after:
                 raise ConfigurationError(
@@ -144,8 +178,12 @@ def chunk_loop(
                     slot=ctx.slot,
                     hint="read must return only items after 'after', ordered by the position key",
                 )
-            _check_order(ctx, after, keys)
-            process(ctx, batch)
+            if not isinstance(batch, Batch):  # a reader orders by its source's own ORDER BY (collations)
+                _check_order(ctx, after, keys)
+            if skippable is None:
+                process(ctx, batch)
+            else:
+                skipped += _process_or_skip(ctx, process, batch, keys, skippable, skip_limit)
             after = new_after
             processed += len(batch)
             chunks += 1
@@ -156,9 +194,44 @@ def chunk_loop(
                 pending = True
         if pending:
             ctx.checkpoint(after, processed=processed)
-        return {"chunks": chunks}
+        if skipped:
+            ctx.log.warning("%s item(s) skipped by this attempt; they are in resumable_dead_letters [job=%s slot=%s]",
+                            skipped, ctx.job, ctx.slot)
+        return {"chunks": chunks, "skipped": skipped}
 
     return handler
+
+
+def _process_or_skip(
+    ctx: RunContext, process: ProcessFn, batch: Sequence[Any], keys: list[Any], skip_on: tuple[type[Exception], ...],
+    limit: int,
+) -> int:
+    """Process the batch; when it raises a skippable error, undo its writes and process it again
+    item by item (Spring Batch's scan), skipping each item that raises one. Returns how many it skipped.
+
+    The batch is tried whole first: a good chunk costs one savepoint, not one per item.
+    """
+    try:
+        with ctx.savepoint():
+            process(ctx, batch)
+        return 0
+    except skip_on as exc:
+        if never_skipped(exc):
+            raise
+        ctx.log.warning("a chunk of %s failed with %s: processing it again item by item to find the bad ones "
+                        "[job=%s slot=%s]", len(batch), error_text(exc, 300), ctx.job, ctx.slot)
+    skipped = 0
+    for item, key in zip(batch, keys, strict=True):
+        one = Batch([item], [key]) if isinstance(batch, Batch) else [item]
+        try:
+            with ctx.savepoint():
+                process(ctx, one)
+        except skip_on as exc:
+            if never_skipped(exc):
+                raise
+            ctx.skip(item, position=key, error=exc, limit=limit)
+            skipped += 1
+    return skipped
 
 
 def _keys(batch: Sequence[Any], key: Callable[[Any], Any]) -> list[Any]:

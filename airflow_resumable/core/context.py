@@ -8,9 +8,11 @@ import math
 import operator
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
+from airflow_resumable.core import defaults
 from airflow_resumable.core.checkpoint import Checkpoint, encode
 from airflow_resumable.core.errors import InvalidCheckpoint
 from airflow_resumable.core.progress import Log
@@ -112,9 +114,15 @@ class RunContext:
         signal: the cancellation token (``cancelled``, ``reason``, ``raise_if_cancelled()``, ``wait()``).
         state: a JSON dict carried across attempts with the position; mutate it, then checkpoint.
         log: a logger that reaches the task log.
+        previous: the row of the job's previous finished (``done``) slot, or None: its final
+            ``position`` and ``state``, ``slot``, ``finished_at``, ``processed``. An incremental
+            run starts where it ended. "Previous" is the ``done`` slot sorting last before this
+            one when slots are times (a backfill continues from the interval before it), else
+            the ``done`` slot that finished last; never this slot itself. Read once, when the
+            attempt starts.
     """
 
-    def __init__(self, attempt: Attempt, row: Checkpoint, *, resumed: bool):
+    def __init__(self, attempt: Attempt, row: Checkpoint, *, resumed: bool, previous: Checkpoint | None = None):
         self._attempt = attempt
         self._row: Checkpoint | None = row
         self._base = row
@@ -134,6 +142,8 @@ class RunContext:
         self.resumed: bool = resumed
         #: The position this attempt started from (None on a fresh start).
         self.resumed_from: Any = row.position if resumed else None
+        #: The job's previous finished run (see the class docstring), or None.
+        self.previous: Checkpoint | None = previous
 
     @property
     def position(self) -> Any:
@@ -209,6 +219,31 @@ class RunContext:
     def transaction(self) -> TransactionConnection:
         """The checkpoint database's connection; writes on it commit with the next checkpoint."""
         return self._attempt.transaction()
+
+    def skip(self, item: Any, *, position: Any, error: BaseException, limit: int = defaults.SKIP_LIMIT) -> int:
+        """Record ``item`` as skipped because processing it raised ``error``, and go on: the skip
+        policy for a handler that owns its loop (``ChunkedOperator(skip_on=...)`` calls it for you).
+
+        The item goes to the dead-letter table once per (job, slot, ``position``): a retry that
+        meets it again records nothing new. The record commits at once, or with the next checkpoint
+        once the handler writes through :meth:`transaction`. Returns the slot's skipped count.
+
+        Raises:
+            SkipLimitExceeded: ``limit`` items of this slot are skipped already (this one is not
+                recorded); let it propagate: the attempt fails without a retry.
+            InvalidCheckpoint: ``position`` is not plain JSON.
+        """
+        return self._attempt.skip(item, position=position, error=error, limit=limit)
+
+    def savepoint(self) -> AbstractContextManager[None]:
+        """A block whose writes through :meth:`transaction` are undone if it raises, and only those:
+        the chunk's earlier writes stay pending for the next checkpoint.
+
+        ``with ctx.savepoint(): write(item)`` lets a handler drop one item's half-done writes and go
+        on (e.g. after :meth:`skip`). Outside transaction mode there is nothing to undo: each
+        statement committed already.
+        """
+        return self._attempt.savepoint()
 
     def _saved(self, position_json: str, state: dict[str, Any], processed: int, total: int | None) -> None:
         """Record what the store just committed (cheaply: the row is rebuilt only when read)."""

@@ -26,6 +26,7 @@ from datetime import datetime, timezone
 from airflow_resumable.core.checkpoint import Checkpoint
 from airflow_resumable.core.errors import ConfigurationError, RequestRefused, SlotNotFound
 from airflow_resumable.core.options import key_problem
+from airflow_resumable.core.signal import Reason
 from airflow_resumable.core.states import AttemptEnd, Request, Status
 from airflow_resumable.core.stores.base import Store, StoreSession
 
@@ -82,7 +83,7 @@ def cancel(store: Store, job: str, slot: str, *, by: str | None = None) -> Check
         row = session.request(job, slot, "cancel", by=by, outcome=AttemptEnd.CANCEL_REQUESTED)
         if row is None:
             row = session.request(job, slot, "cancel_now", by=by, outcome=AttemptEnd.CANCEL_REQUESTED,
-                                  params=(f"cancelled by {by}",))
+                                  params=(Reason.REQUESTED.value, f"cancelled by {by}"))
         if row is None:
             raise _refused(session, job, slot, "cancel")
         return row
@@ -137,8 +138,10 @@ def wake(row: Checkpoint | None, *, until: datetime | None, now: datetime) -> di
     if row is None:
         return {"event": "missing", "why": "the slot's checkpoint row was deleted while it was paused"}
     by = row.requested_by or "?"
-    if row.cancel_request or row.status == Status.CANCELLED:
-        return {"event": "cancelled", "why": f"cancelled by {by} while paused"}
+    if row.status == Status.CANCELLED:
+        return {"event": "cancelled", "why": f"{row.last_error or 'cancelled'} while paused"}
+    if row.cancel_request:
+        return {"event": "cancelled", "why": f"cancelled ({row.cancel_request}) by {by} while paused"}
     if row.status != Status.PAUSED:
         return {"event": "resumed", "why": f"the slot is {row.status} now"}
     if row.request in (Request.RESUME, Request.RESTART):

@@ -23,3 +23,11 @@ CONN_ID = "resumable_default"
 DEFER_AFTER = 60.0
 #: Seconds between the paused task's checks for a resume or a cancel (in Airflow's triggerer).
 RESUME_POLL = 1.0
+#: How many items of a slot a skip policy (``skip_on=``) may skip before the attempt fails.
+SKIP_LIMIT = 10
+#: How many skipped items the task's summary (its XCom return value) lists (all are counted).
+SKIPPED_SHOWN = 5
+#: Whether a checkpoint's durable write overlaps the next chunk's work (one write in flight).
+PIPELINE_CHECKPOINTS = False
+#: Slots removed per transaction by ``clean``: short transactions, short locks.
+CLEAN_BATCH = 1000

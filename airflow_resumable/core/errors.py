@@ -52,6 +52,14 @@ class AttemptEnded(ResumableError, RuntimeError):
     """
 
 
+class SkipLimitExceeded(ResumableError):
+    """More items failed with a skippable error than the skip policy's ``skip_limit`` allows.
+
+    The attempt fails without a retry (the same items would fail again); the items skipped so far
+    are in the dead-letter table and the checkpoint is kept.
+    """
+
+
 class CorruptCheckpoint(ResumableError):
     """A stored checkpoint row cannot be read. It is left as it is, for a person to look at."""
 

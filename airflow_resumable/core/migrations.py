@@ -24,7 +24,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from airflow_resumable.core.errors import SchemaVersionError, StoreUnavailable
-from airflow_resumable.core.tables import ATTEMPTS, CHECKPOINTS, META, all_tables
+from airflow_resumable.core.tables import ATTEMPTS, CHECKPOINTS, DEAD_LETTERS, META, all_tables
 
 if TYPE_CHECKING:
     from airflow_resumable.core.stores.base import Dialect, StoreSession
@@ -88,10 +88,43 @@ def _v3(d: Dialect) -> list[str]:
     ]
 
 
+def _v4(d: Dialect) -> list[str]:
+    """The dead-letter table: items skipped under a skip policy, one row per (job, slot, position)."""
+    ts, t = d.timestamp_type, DEAD_LETTERS.name
+    return [
+        f"""CREATE TABLE IF NOT EXISTS {t} (
+            id {d.id_type}, job TEXT NOT NULL, slot TEXT NOT NULL, position TEXT NOT NULL, item TEXT,
+            item_format TEXT NOT NULL DEFAULT 'json', error TEXT, attempt INTEGER NOT NULL DEFAULT 0,
+            recorded_at {ts} NOT NULL, status TEXT NOT NULL DEFAULT 'skipped', replayed_at {ts}
+        )""",
+        f"CREATE UNIQUE INDEX IF NOT EXISTS {t}_item ON {t} (job, slot, position)",
+    ]
+
+
+def _v5(d: Dialect) -> list[str]:
+    """Checkpoints as in-place (HOT) updates: no index covers a column a checkpoint or a heartbeat
+    changes, and PostgreSQL pages keep room for new row versions (see ``core/tables.py``).
+
+    The listing index moves from ``updated_at`` (every checkpoint changes it) to ``started_at``
+    (a run's start changes it); rows without a start time get their last write's. The new fill
+    factor applies to the pages filled from now on: existing rows are not rewritten (no long lock
+    on a big table); a row on a full page moves once, on its first update, then stays in place.
+    """
+    t = CHECKPOINTS.name
+    return [
+        f"UPDATE {t} SET started_at = updated_at WHERE started_at IS NULL",
+        f"DROP INDEX IF EXISTS {t}_job_updated",
+        f"CREATE INDEX IF NOT EXISTS {t}_job_started ON {t} (job, started_at DESC, slot DESC)",
+        *d.set_fillfactor(t, 80),
+    ]
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "checkpoint table and schema stamp", _v1),
     Migration(2, "owning task instance, result and success confirmation on the row; attempt history table", _v2),
     Migration(3, "control requests (pause, resume, restart) with who asked; resume time of a paused slot", _v3),
+    Migration(4, "dead-letter table for items skipped under a skip policy", _v4),
+    Migration(5, "checkpoints as in-place (HOT) updates: listing index on started_at, fill factor 80", _v5),
 )
 
 #: The schema this code reads and writes.
@@ -121,7 +154,9 @@ def current_version(session: StoreSession) -> int | None:
                 f"the checkpoint table {CHECKPOINTS.name} exists but {META}, which records its schema version, "
                 f"is missing in {session.store.describe()}",
                 hint="It was dropped by hand; nothing was changed. Restore it from a backup, or recreate it "
-                f"with the version the table has (1 if it has no dag_id column, else {SCHEMA_VERSION}): "
+                f"with the version the tables have (1 if it has no dag_id column, 2 if it has no request column, 3 if "
+                f"{DEAD_LETTERS.name} is missing, 4 if it has the index {CHECKPOINTS.name}_job_updated, else "
+                f"{SCHEMA_VERSION}): "
                 f"CREATE TABLE {META} (key TEXT PRIMARY KEY, value TEXT NOT NULL); "
                 f"INSERT INTO {META} VALUES ('schema_version', '<version>')",
             ) from None
@@ -210,7 +245,7 @@ def plan(session: StoreSession) -> list[str]:
 def _create_fresh(d: Dialect) -> list[str]:
     stmts = [f"CREATE TABLE IF NOT EXISTS {META} (key TEXT PRIMARY KEY, value TEXT NOT NULL)"]
     for table in all_tables():
-        stmts += table.ddl(d.type_of)
+        stmts += table.ddl(d.type_of, d.storage)
     return stmts
 
 

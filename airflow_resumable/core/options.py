@@ -55,6 +55,8 @@ class Options:
         max_runtime: seconds the attempt runs in one go before it pauses (reason ``time_slice``)
             to give its worker back for a moment (None: no limit).
         defer_after: the throttle wait from which the run pauses instead of sleeping.
+        pipeline_checkpoints: write each checkpoint while the next chunk runs (one write in
+            flight; a crash then repeats up to two chunks). Not with ``ctx.transaction()``.
     """
 
     timeout: float | None = None
@@ -66,12 +68,13 @@ class Options:
     throttle: Callable[..., Any] | None = None
     max_runtime: float | None = None
     defer_after: float = defaults.DEFER_AFTER
+    pipeline_checkpoints: bool = defaults.PIPELINE_CHECKPOINTS
 
     def __post_init__(self) -> None:
         problems = validate_options(
             timeout=self.timeout, lease=self.lease, lease_wait=self.lease_wait, overlap=self.overlap,
             progress_interval=self.progress_interval, throttle=self.throttle, max_runtime=self.max_runtime,
-            defer_after=self.defer_after,
+            defer_after=self.defer_after, pipeline_checkpoints=self.pipeline_checkpoints,
         )
         if problems:
             raise ConfigurationError("; ".join(problems))
@@ -83,7 +86,7 @@ class Options:
 
 def validate_options(
     *, timeout: Any, lease: Any, lease_wait: Any, overlap: Any, progress_interval: Any = 0, throttle: Any = None,
-    max_runtime: Any = None, defer_after: Any = defaults.DEFER_AFTER,
+    max_runtime: Any = None, defer_after: Any = defaults.DEFER_AFTER, pipeline_checkpoints: Any = False,
 ) -> list[str]:
     """Every problem with these options, as sentences (empty when they are fine)."""
     problems = [
@@ -111,6 +114,8 @@ def validate_options(
             problem = call_problem(throttle, "throttle", ("ctx",), ())
             if problem:
                 problems.append(problem)
+    if not isinstance(pipeline_checkpoints, bool):
+        problems.append(f"pipeline_checkpoints must be True or False, got {pipeline_checkpoints!r}")
     return problems
 
 

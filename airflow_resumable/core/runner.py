@@ -24,6 +24,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -37,6 +38,7 @@ from airflow_resumable.core.checkpoint import (
     encode,
     short,
 )
+from airflow_resumable.core.checkpoint import error_text as _error_text
 from airflow_resumable.core.context import RunContext, TransactionConnection
 from airflow_resumable.core.errors import (
     AttemptEnded,
@@ -64,8 +66,10 @@ from airflow_resumable.core.options import (  # re-exported: the core's public n
     validate_options,
     wait_seconds,
 )
+from airflow_resumable.core.pipeline import CheckpointWriter
 from airflow_resumable.core.progress import Log, ProgressMeter, Reporter
 from airflow_resumable.core.signal import Reason, Signal
+from airflow_resumable.core.skips import skip_item
 from airflow_resumable.core.states import Request, check, status_of
 from airflow_resumable.core.stores.base import Store, StoreSession
 
@@ -168,6 +172,8 @@ class Attempt:
         self._meter: ProgressMeter | None = None
         self._ctx: RunContext | None = None
         self.keeper: LeaseKeeper | None = None
+        #: Writes the checkpoints with ``pipeline_checkpoints`` (see core/pipeline.py).
+        self._writer: CheckpointWriter | None = None
         self._last_row: Checkpoint | None = None
         # Set (under the lock) once the handler has returned or raised: the run context then
         # refuses to write, whichever thread still holds it.
@@ -221,11 +227,12 @@ class Attempt:
                 return self._already_done(session, row)
             self._overlap(session, row, created)
             try:
+                previous = session.previous(self.job, self.slot, by_time=self.scheduled_at is not None)
                 row, resumed, resumed_from = self._begin(session, row, created, rerun_because)
             except BaseException:
                 self._release(session, created=False)  # nothing started: do not hold the slot
                 raise
-            ctx = self._ctx = RunContext(self, row, resumed=resumed)
+            ctx = self._ctx = RunContext(self, row, resumed=resumed, previous=previous)
             self._meter = ProgressMeter(row.processed)
             self.reporter.on_start(row, resumed=resumed)
             self.keeper = LeaseKeeper(
@@ -239,6 +246,9 @@ class Attempt:
                 interval=self._heartbeat,
             ).start()
             keeper = self.keeper
+            if self.options.pipeline_checkpoints:
+                self._writer = CheckpointWriter(self.store, job=self.job, slot=self.slot, owner=self.owner,
+                                                token=self._token, signal=self.signal)
             try:
                 if row.request == Request.PAUSE:  # asked before this attempt started: pause before any work
                     raise Paused(Reason.PAUSED.value, f"pause requested by {row.requested_by or '?'}")
@@ -246,6 +256,7 @@ class Attempt:
                 result = self._call(handler, ctx)
                 # Fails here, before "done", when the value could not be kept (nor given back later).
                 result_text = self._result_text(result)
+                self._flush()  # "done" follows the last checkpoint: wait for a pipelined one in flight
             except BaseException as exc:
                 self._quiesce(session, keeper)  # the unfinished chunk's writes go with it
                 self._stopped(session, exc)
@@ -255,6 +266,7 @@ class Attempt:
                 lost = LeaseLost("the lease was lost while the handler ran", job=self.job, slot=self.slot)
                 self._stopped(session, lost)
                 raise lost
+            self._flush(close=True)
             # Writes made through ctx.transaction() after the last checkpoint commit with "done".
             keeper.stop(join=False)
             try:
@@ -273,14 +285,25 @@ class Attempt:
             with self._lock:  # waits for a save another thread has under way
                 self._ended = True
 
-    @staticmethod
-    def _quiesce(session: StoreSession, keeper: LeaseKeeper) -> None:
-        """Stop heartbeats and roll back the unfinished chunk. The keeper is asked to stop before
-        the rollback and joined after it: on SQLite its connection may be waiting for the write
-        lock this session holds."""
+    def _quiesce(self, session: StoreSession, keeper: LeaseKeeper) -> None:
+        """Let a pipelined checkpoint in flight finish (a cancel keeps the last chunk; its lost
+        lease shows on the signal), stop heartbeats and roll back the unfinished chunk. The keeper
+        is asked to stop before the rollback and joined after it: on SQLite its connection may be
+        waiting for the write lock this session holds."""
+        self._flush(close=True)
         keeper.stop(join=False)
         session.rollback()
         keeper.stop()
+
+    def _flush(self, *, close: bool = False) -> None:
+        """Wait for the pipelined checkpoint in flight, if any (raising its failure unless ``close``)."""
+        if self._writer is None:
+            return
+        if close:
+            self._writer.close()
+            self._writer = None
+        else:
+            self._writer.flush()
 
     def _acquire(self, session: StoreSession) -> tuple[Checkpoint, bool]:
         deadline = time.monotonic() + self.options.effective_lease_wait
@@ -327,7 +350,12 @@ class Attempt:
         slots = [o.slot for o in others]
         if policy == "replace":
             for other in others:
-                session.request_cancel(self.job, other.slot, Reason.SUPERSEDED.value)
+                if other.status == Status.PAUSED:  # nothing runs it: cancel it at once, its waiting task ends
+                    session.request(self.job, other.slot, "cancel_now", by=f"a newer run (slot {self.slot})",
+                                    outcome=AttemptEnd.CANCEL_REQUESTED,
+                                    params=(Reason.SUPERSEDED.value, "superseded by a newer run"))
+                else:
+                    session.request_cancel(self.job, other.slot, Reason.SUPERSEDED.value)
             self.log.warning(
                 "asked the live run(s) of slot(s) %s to stop at their next chunk boundary (superseded) "
                 "[job=%s slot=%s]", ", ".join(slots), self.job, self.slot,
@@ -461,6 +489,9 @@ class Attempt:
                 raise LeaseLost(
                     "this attempt lost its lease; the checkpoint was not written", job=self.job, slot=self.slot
                 )
+            if self._writer is not None:  # returns at once; raises the previous write's failure
+                self._writer.submit(position=position, state=state, processed=processed, total=total)
+                return
             began = time.perf_counter()
             self._session.save(
                 self.job, self.slot, self.owner, self._token, position=position, state=state, processed=processed,
@@ -476,6 +507,10 @@ class Attempt:
         """
         assert self._session is not None and self._meter is not None
         processed, total = ctx.processed, ctx.total
+        if self._writer is not None:  # pipelined: report what is committed, not what is in flight
+            if self._writer.durable is None:
+                return
+            processed, total = self._writer.durable
         if self.reporter.due(processed, total):
             stored = self._session.load(self.job, self.slot) or ctx.row
             self.reporter.on_checkpoint(stored, self._meter.measure(processed, total, save_seconds=self._save_seconds))
@@ -518,11 +553,40 @@ class Attempt:
             self.signal.raise_if_cancelled()
 
     def transaction(self) -> TransactionConnection:
+        """The attempt's connection, lent to the handler (see :class:`TransactionConnection`).
+
+        Raises:
+            AttemptEnded: the handler already returned.
+            ConfigurationError: the attempt pipelines its checkpoints, which commit on another
+                connection than the handler's writes.
+        """
         assert self._session is not None
         if self._ended:
             raise self._ended_error("ctx.transaction()")
+        if self.options.pipeline_checkpoints:
+            raise ConfigurationError(
+                "ctx.transaction() cannot be used with pipeline_checkpoints=True: its writes commit with the "
+                "checkpoint on the attempt's connection, while pipelined checkpoints commit on another one, "
+                "during the next chunk",
+                job=self.job,
+                slot=self.slot,
+                hint="Set pipeline_checkpoints=False to keep writes to the checkpoint database exactly once, or "
+                "write to the sink on your own connection, idempotently, and commit before ctx.checkpoint()",
+            )
         self._session.begin_transactions()
         return TransactionConnection(self._session.conn, self.store.dialect)
+
+    def skip(self, item: Any, *, position: Any, error: BaseException, limit: int) -> int:
+        """Record a skipped item (see :func:`airflow_resumable.core.skips.skip_item`)."""
+        assert self._session is not None
+        if self._ended:
+            raise self._ended_error("ctx.skip()")
+        return skip_item(self._session, job=self.job, slot=self.slot, attempt=self.attempt, item=item,
+                         position=position, error=error, limit=limit, log=self.log)
+
+    def savepoint(self) -> AbstractContextManager[None]:
+        assert self._session is not None
+        return self._session.savepoint()
 
     def _ended_error(self, call: str) -> AttemptEnded:
         return AttemptEnded(
@@ -649,8 +713,3 @@ def _same(value: Any) -> Any:
     return value
 
 
-
-
-def _error_text(exc: BaseException, limit: int = 2000) -> str:
-    text = f"{type(exc).__name__}: {exc}"
-    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -61,12 +61,16 @@ _loads = json.loads
 class Table:
     """A table whose rows are instances of ``cls`` (a frozen dataclass declared with :func:`column`)."""
 
-    def __init__(self, name: str, cls: type, *, key: Sequence[str], indexes: Sequence[tuple[str, str]] = ()):
+    def __init__(self, name: str, cls: type, *, key: Sequence[str], indexes: Sequence[tuple[str, str]] = (),
+                 unique: Sequence[tuple[str, str]] = (), fillfactor: int | None = None):
         self.name = name
         self.cls = cls
         self.key = tuple(key)
-        #: (index name suffix, column list) pairs.
+        #: (index name suffix, column list) pairs; ``unique`` ones are UNIQUE indexes.
         self.indexes = tuple(indexes)
+        self.unique = tuple(unique)
+        #: Percent of each page filled by inserts (PostgreSQL), leaving room for in-page (HOT) updates.
+        self.fillfactor = fillfactor
         self.columns: tuple[Column, ...] = tuple(
             Column(f.name, *f.metadata["column"]) for f in dataclasses.fields(cls) if "column" in f.metadata
         )
@@ -76,8 +80,11 @@ class Table:
         self._json = tuple(i for i, c in enumerate(self.columns) if c.kind == "json")
         self._times = tuple(i for i, c in enumerate(self.columns) if c.kind == "timestamp")
 
-    def ddl(self, type_of: Callable[[Column], str]) -> list[str]:
-        """CREATE statements for this table in its current shape (a fresh database)."""
+    def ddl(self, type_of: Callable[[Column], str], storage: Callable[[int], str] | None = None) -> list[str]:
+        """CREATE statements for this table in its current shape (a fresh database).
+
+        ``storage(fillfactor)`` gives the dialect's table options (PostgreSQL's ``WITH (...)``).
+        """
         cols = []
         for c in self.columns:
             text = f"{c.name} {type_of(c)}"
@@ -89,9 +96,12 @@ class Table:
         if self.key:
             cols.append(f"PRIMARY KEY ({', '.join(self.key)})")
         body = ",\n    ".join(cols)
-        out = [f"CREATE TABLE IF NOT EXISTS {self.name} (\n    {body}\n)"]
+        options = storage(self.fillfactor) if storage is not None and self.fillfactor is not None else ""
+        out = [f"CREATE TABLE IF NOT EXISTS {self.name} (\n    {body}\n){options}"]
         out += [f"CREATE INDEX IF NOT EXISTS {self.name}_{suffix} ON {self.name} ({cols_})"
                 for suffix, cols_ in self.indexes]
+        out += [f"CREATE UNIQUE INDEX IF NOT EXISTS {self.name}_{suffix} ON {self.name} ({cols_})"
+                for suffix, cols_ in self.unique]
         return out
 
     def decode(self, row: Sequence[Any]) -> Any:

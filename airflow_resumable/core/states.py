@@ -67,6 +67,11 @@ class AttemptEnd(enum.StrEnum):
     LEASE_RELEASED = "lease_released"
 
 
+#: The statuses a slot rests in once an attempt ended it: what retention (``clean``) may remove,
+#: and then only when no attempt holds the slot's lease. ``running`` (and any status a later
+#: release adds) is never removed.
+FINISHED: frozenset[Status] = frozenset({Status.DONE, Status.FAILED, Status.CANCELLED})
+
 #: status -> the statuses a write may move it to (None: no row yet).
 TRANSITIONS: dict[Status | None, frozenset[Status]] = {
     None: frozenset({Status.RUNNING}),

@@ -11,6 +11,7 @@
 | ``OverlapSkip`` | ``AirflowSkipException`` | the seed's ``skip``: the run ends as *skipped* |
 | ``OverlapWait`` | ``AirflowRescheduleException`` (in the operator, which knows the bound) | wait without a worker slot or a retry |
 | ``ConfigurationError``, ``InvalidCheckpoint``, ``CorruptCheckpoint``, ``SchemaVersionError`` | ``AirflowFailException`` | retrying cannot fix them |
+| ``SkipLimitExceeded`` | ``AirflowFailException`` | the same items would fail again: fix the data or the code, or raise ``skip_limit``, then Clear |
 | anything the handler raised | unchanged | Airflow's own retry rules apply |
 """
 
@@ -24,6 +25,7 @@ from airflow_resumable.core.errors import (
     LeaseLost,
     OverlapSkip,
     SchemaVersionError,
+    SkipLimitExceeded,
     StoreUnavailable,
 )
 from airflow_resumable.core.signal import Reason
@@ -71,7 +73,7 @@ def to_airflow(exc: BaseException, *, job: str, slot: str) -> BaseException | No
         )
     if isinstance(exc, OverlapSkip):
         return AirflowSkipException(f"skipped: {exc}")
-    if isinstance(exc, (ConfigurationError, CorruptCheckpoint, SchemaVersionError)):
+    if isinstance(exc, (ConfigurationError, CorruptCheckpoint, SchemaVersionError, SkipLimitExceeded)):
         return AirflowFailException(str(exc))
     if isinstance(exc, (LeaseLost, LeaseBusy, StoreUnavailable)):
         return AirflowException(str(exc))

@@ -25,8 +25,11 @@ from airflow_resumable.core.context import RunContext
 from airflow_resumable.core.errors import Cancelled, ConfigurationError, LeaseLost, OverlapWait, Paused
 from airflow_resumable.core.options import Options, call_problem, duration_problem, key_problem, validate_options
 from airflow_resumable.core.progress import Progress, Reporter
+from airflow_resumable.core.readers import Reader
 from airflow_resumable.core.runner import Attempt, Outcome
 from airflow_resumable.core.signal import Reason
+from airflow_resumable.core.skips import shown
+from airflow_resumable.core.stores import Store
 from airflow_resumable.hooks.resumable import DEFAULT_CONN_ID, ResumableHook
 from airflow_resumable.metrics import Metrics
 from airflow_resumable.operators.outcome import ResumableStopped, to_airflow
@@ -192,6 +195,9 @@ class ResumableOperator(BaseOperator):
     :param pause_timeout: seconds a paused task (``airflow_resumable.control.pause``) waits for its
         resume before Airflow fails it (``TaskDeferralTimeout``; its retries apply). None: no limit.
     :param resume_poll: seconds between the paused task's reads of its row in the triggerer.
+    :param pipeline_checkpoints: write each checkpoint while the next chunk runs, on a second
+        connection (one write in flight at most): the checkpoint's round trip leaves the loop, but
+        a crash repeats up to two chunks instead of one. Not for handlers using ``ctx.transaction()``.
     :param handler_kwargs: keyword arguments for the handler (templated).
     """
 
@@ -214,6 +220,7 @@ class ResumableOperator(BaseOperator):
         overlap_timeout: float | timedelta = defaults.OVERLAP_TIMEOUT,
         progress_interval: float | timedelta = defaults.PROGRESS_INTERVAL,
         xcom_interval: float | timedelta = defaults.XCOM_INTERVAL,
+        pipeline_checkpoints: bool = defaults.PIPELINE_CHECKPOINTS,
         handler_kwargs: Mapping[str, Any] | None = None,
         restart: bool | str = False,
         throttle: Callable[[RunContext], Any] | None = None,
@@ -242,6 +249,7 @@ class ResumableOperator(BaseOperator):
         self.max_runtime = _seconds(max_runtime)
         self.pause_timeout = _seconds(pause_timeout)
         self.resume_poll = _seconds(resume_poll)
+        self.pipeline_checkpoints = pipeline_checkpoints
         # An XCom (handler_kwargs=upstream_task()) is kept as it is: rendering resolves it to a dict.
         self.handler_kwargs = handler_kwargs
         if handler_kwargs is None or isinstance(handler_kwargs, Mapping):
@@ -267,6 +275,7 @@ class ResumableOperator(BaseOperator):
             throttle=self.throttle,
             max_runtime=self.max_runtime,
             defer_after=self.defer_after,
+            pipeline_checkpoints=self.pipeline_checkpoints,
         )
         problems += [
             p for p in (
@@ -447,7 +456,7 @@ class ResumableOperator(BaseOperator):
         if event.get("event") == "missing":
             raise AirflowFailException(f"{why} {where}; a Clear starts the slot over")
         self.log.info("continuing in the same try: %s [job=%s slot=%s]", why, job, slot)
-        return self._run(context, ran=float(ran), first=False)
+        return self._run(context, ran=float(event.get("ran", ran)), first=False)
 
     def _run(self, context: Context, *, ran: float, first: bool) -> Any:
         """One execution of the task: ``execute()`` and each continuation after a pause. ``ran``
@@ -473,6 +482,7 @@ class ResumableOperator(BaseOperator):
             throttle=self.throttle,
             max_runtime=self.max_runtime,
             defer_after=self.defer_after,
+            pipeline_checkpoints=self.pipeline_checkpoints,
         )
         owner = f"{getattr(ti, 'id', '?')}/try{ti.try_number}@{socket.gethostname()}:{os.getpid()}"
         try:
@@ -520,6 +530,10 @@ class ResumableOperator(BaseOperator):
         assert outcome is not None
         if outcome.result is not None:
             return outcome.result
+        return self._summary(outcome, store, job, slot)
+
+    def _summary(self, outcome: Outcome, store: Store, job: str, slot: str) -> dict[str, Any]:
+        """The task's return value when the handler returns None: the row's figures."""
         return outcome.summary()
 
     def _defer(self, job: str, slot: str, paused: Paused, ran: float) -> NoReturn:
@@ -532,7 +546,8 @@ class ResumableOperator(BaseOperator):
             "it is resumed (airflow_resumable.control.resume)" if until is None else until, job, slot,
         )
         self.defer(
-            trigger=SlotResumeTrigger(conn_id=self.conn_id, job=job, slot=slot, until=until, poll=self.resume_poll),
+            trigger=SlotResumeTrigger(conn_id=self.conn_id, job=job, slot=slot, until=until, poll=self.resume_poll,
+                                      ran=ran),
             method_name="execute_resumed",
             kwargs={"ran": ran},
             timeout=None if timeout is None else timedelta(seconds=timeout),
@@ -603,7 +618,9 @@ class ChunkedOperator(ResumableOperator):
     """The operator owns the loop: ``read`` a chunk after the position, ``process`` it, checkpoint.
 
     :param read: ``read(ctx, after, limit) -> list``: up to ``limit`` items after position
-        ``after`` (``start`` on a fresh run), ordered by their position.
+        ``after`` (``start`` on a fresh run), ordered by their position; or a reader
+        (:mod:`airflow_resumable.readers`: SQL keyset, file, sequence), which knows its items'
+        positions and pages correctly by construction.
     :param process: ``process(ctx, batch)``: the chunk's work; make it idempotent, or write
         through ``ctx.transaction()`` to commit it atomically with the checkpoint.
     :param chunk_size: items per chunk (the worst-case cancel delay; ``items / chunk_size``
@@ -611,12 +628,20 @@ class ChunkedOperator(ResumableOperator):
     :param position: function of an item giving its position (default ``item["id"]``,
         ``item[0]`` or the item).
     :param total: the item count, or ``fn(ctx)`` computing it once per run (for percent and ETA).
-    :param start: the position before the first item (default None).
+    :param start: the position before the first item (default None), or ``fn(ctx)`` giving it,
+        e.g. ``lambda ctx: ctx.previous.position if ctx.previous else None`` to continue where the
+        job's previous finished run ended.
     :param checkpoint_interval: save at most every this many seconds (default: after every chunk).
         Cancels still stop at the next chunk boundary and save there, but a crash repeats up to
         this long a stretch of chunks instead of one. For tiny, fast chunks.
+    :param skip_on: an exception class, or a tuple of them, that marks an *item* as bad: a chunk
+        raising one has its writes through ``ctx.transaction()`` undone and is processed again item
+        by item; each item raising one is recorded in the dead-letter table
+        ``resumable_dead_letters`` and skipped (default None: any error fails the attempt).
+    :param skip_limit: how many items of the slot may be skipped before the attempt fails without a
+        retry (``SkipLimitExceeded``); default 10.
     :param handler_kwargs: keyword arguments passed to both ``read`` and ``process`` (templated;
-        ``.expand()`` them to map the task over partitions).
+        ``.expand()`` them to map the task over partitions); a reader takes none.
 
     Every other argument is :class:`ResumableOperator`'s.
     """
@@ -631,8 +656,12 @@ class ChunkedOperator(ResumableOperator):
         total: int | Callable[[RunContext], int | None] | None = None,
         start: Any = None,
         checkpoint_interval: float | timedelta | None = None,
+        skip_on: type[Exception] | tuple[type[Exception], ...] | None = None,
+        skip_limit: int = defaults.SKIP_LIMIT,
         **kwargs: Any,
     ) -> None:
+        self.skip_on = skip_on
+        self.skip_limit = skip_limit
         self.read = read
         self.process = process
         self.chunk_size = chunk_size
@@ -645,7 +674,8 @@ class ChunkedOperator(ResumableOperator):
     def _own_problems(self) -> list[str]:
         return chunked_problems(
             read=self.read, process=self.process, chunk_size=self.chunk_size, position=self.position,
-            total=self.total, checkpoint_interval=self.checkpoint_interval,
+            total=self.total, checkpoint_interval=self.checkpoint_interval, skip_on=self.skip_on,
+            skip_limit=self.skip_limit,
         )
 
     def _call_problems(self, keywords: Collection[str] | None, context: Context | None) -> list[str]:
@@ -654,11 +684,12 @@ class ChunkedOperator(ResumableOperator):
     def _handler(self, context: Context) -> Callable[[RunContext], Any]:
         read, process, kwargs = self.read, self.process, self.handler_kwargs
         if kwargs:  # e.g. one partition per mapped task instance: .expand(handler_kwargs=[...])
-            read = functools.partial(self.read, **kwargs)
+            if not isinstance(read, Reader):  # a reader takes none: they go to process only
+                read = functools.partial(self.read, **kwargs)
             process = functools.partial(self.process, **kwargs)
         loop = chunk_loop(
             read, process, chunk_size=self.chunk_size, position=self.position, total=self.total, start=self.start,
-            checkpoint_interval=self.checkpoint_interval,
+            checkpoint_interval=self.checkpoint_interval, skip_on=self.skip_on, skip_limit=self.skip_limit,
         )
 
         def handler(ctx: RunContext) -> None:
@@ -666,3 +697,14 @@ class ChunkedOperator(ResumableOperator):
             return None  # the summary is the return value
 
         return handler
+
+    def _summary(self, outcome: Outcome, store: Store, job: str, slot: str) -> dict[str, Any]:
+        """With a skip policy, the summary also counts the slot's skipped items and shows the first
+        few (from the store, so an attempt that finds the slot done returns the same)."""
+        summary = super()._summary(outcome, store, job, slot)
+        if self.skip_on is not None:
+            with store.open(autocommit=True) as session:
+                summary["skipped"] = session.count_dead_letters(job, slot)
+                summary["skipped_items"] = shown(
+                    session.dead_letters(job, slot, status="skipped", limit=defaults.SKIPPED_SHOWN))
+        return summary

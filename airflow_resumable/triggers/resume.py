@@ -35,17 +35,21 @@ class SlotResumeTrigger(BaseTrigger):
     :param until: ISO-8601 UTC time at which the run continues on its own (a throttle, a time
         slice), or None to wait for a request.
     :param poll: seconds between reads of the row.
+    :param ran: seconds the try ran before it paused, handed back in the event (``dag.test()``
+        replaces the deferral's ``kwargs`` with the event; the scheduler adds the event to them).
     """
 
     def __init__(self, *, conn_id: str, job: str, slot: str, until: str | None = None,
-                 poll: float = defaults.RESUME_POLL):
+                 poll: float = defaults.RESUME_POLL, ran: float = 0.0):
         super().__init__()
         self.conn_id, self.job, self.slot, self.until, self.poll = conn_id, job, slot, until, float(poll)
+        self.ran = float(ran)
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
             f"{type(self).__module__}.{type(self).__qualname__}",
-            {"conn_id": self.conn_id, "job": self.job, "slot": self.slot, "until": self.until, "poll": self.poll},
+            {"conn_id": self.conn_id, "job": self.job, "slot": self.slot, "until": self.until, "poll": self.poll,
+             "ran": self.ran},
         )
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
@@ -61,7 +65,7 @@ class SlotResumeTrigger(BaseTrigger):
                 event = wake(row, until=until, now=now) if read else None
                 if event is not None:
                     self.log.info("%s [job=%s slot=%s]", event["why"], self.job, self.slot)
-                    yield TriggerEvent(event)
+                    yield TriggerEvent({**event, "ran": self.ran})
                     return
                 pause = self.poll if until is None else min(self.poll, max(0.0, (until - now).total_seconds()))
                 await asyncio.sleep(pause)

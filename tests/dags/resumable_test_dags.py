@@ -14,6 +14,7 @@ from typing import Any
 from airflow.sdk import DAG, get_current_context, task
 
 from airflow_resumable import ChunkedOperator, ResumableOperator, RunContext
+from airflow_resumable.readers import SequenceReader
 
 START = datetime(2026, 1, 1)
 
@@ -53,6 +54,10 @@ def process_items(ctx: RunContext, part: int = 0) -> dict[str, Any]:
 with DAG("rt_items", schedule="@daily", start_date=START, catchup=False) as rt_items:
     ResumableOperator(task_id="work", handler=process_items, retries=2, retry_delay=timedelta(0), progress_interval=0,
                       xcom_interval=0)
+
+with DAG("rt_pipelined", schedule="@daily", start_date=START, catchup=False) as rt_pipelined:
+    ResumableOperator(task_id="work", handler=process_items, retries=2, retry_delay=timedelta(0),
+                      pipeline_checkpoints=True)
 
 with DAG("rt_no_retry", schedule="@daily", start_date=START, catchup=False) as rt_no_retry:
     ResumableOperator(task_id="work", handler=process_items, retries=0)
@@ -320,3 +325,26 @@ with DAG("rt_taskflow_slices", schedule="@daily", start_date=START, catchup=Fals
         return {"n": n}
 
     sliced(20)
+
+with DAG("rt_slices_timeout", schedule="@daily", start_date=START, catchup=False) as rt_slices_timeout:
+    # Slices of 0.3 s, a cooperative timeout of 1 s: only running time summed over the slices reaches it.
+    ResumableOperator(task_id="work", handler=process_items, retries=0, max_runtime=0.3, resume_poll=0.2,
+                      timeout=1.0)
+
+
+def upsert_unless_bad(ctx: RunContext, batch: list[int]) -> None:
+    """Writes each number through the run's transaction; conf ``bad`` numbers raise ValueError."""
+    bad = set(_conf().get("bad", []))
+    tx = ctx.transaction()
+    tx.execute("CREATE TABLE IF NOT EXISTS skip_sink (item INTEGER PRIMARY KEY)")
+    for i in batch:
+        if i in bad:
+            raise ValueError(f"bad number {i}")
+        tx.execute("INSERT INTO skip_sink (item) VALUES (%s)", (i,))
+
+
+with DAG("rt_chunked_skips", schedule="@daily", start_date=START, catchup=False) as rt_chunked_skips:
+    ChunkedOperator(
+        task_id="work", read=SequenceReader(range(30)), process=upsert_unless_bad, chunk_size=5,
+        skip_on=ValueError, skip_limit=2, retries=1, retry_delay=timedelta(0),
+    )

@@ -12,6 +12,7 @@ it acquired, and matches no row once another attempt has taken the lease over.
 from __future__ import annotations
 
 import abc
+import dataclasses
 import functools
 import os
 import re
@@ -21,16 +22,28 @@ from contextlib import contextmanager
 from types import SimpleNamespace
 from typing import Any
 
-from airflow_resumable.core.checkpoint import ENCODER, AttemptEnd, AttemptRecord, Checkpoint, Origin, Status, decode
+from airflow_resumable.core import defaults
+from airflow_resumable.core.checkpoint import (
+    ENCODER,
+    AttemptEnd,
+    AttemptRecord,
+    Checkpoint,
+    DeadLetter,
+    Origin,
+    Status,
+    decode,
+)
 from airflow_resumable.core.errors import CorruptCheckpoint, LeaseLost
 from airflow_resumable.core.migrations import SCHEMA_VERSION, migrate
 from airflow_resumable.core.schema import Column, Table
-from airflow_resumable.core.tables import ATTEMPTS, CHECKPOINTS
+from airflow_resumable.core.states import FINISHED
+from airflow_resumable.core.tables import ATTEMPTS, CHECKPOINTS, DEAD_LETTERS
 
-__all__ = ["SCHEMA_VERSION", "Dialect", "Store", "StoreSession"]
+__all__ = ["SCHEMA_VERSION", "Cleaned", "Dialect", "Store", "StoreSession"]
 
 TABLE = CHECKPOINTS.name
 HISTORY = ATTEMPTS.name
+SKIPPED = DEAD_LETTERS.name
 _SELECT = CHECKPOINTS.select
 _STATE = CHECKPOINTS.names.index("state")
 
@@ -76,6 +89,14 @@ class Dialect:
         if out is None:
             out = self._translated[sql] = to_qmark(sql)
         return out
+
+    def storage(self, fillfactor: int) -> str:
+        """The CREATE TABLE suffix giving a table this fill factor ("" where there is none: SQLite)."""
+        return ""
+
+    def set_fillfactor(self, table: str, fillfactor: int) -> list[str]:
+        """Statements giving an existing table this fill factor (for the pages it fills from now on)."""
+        return []
 
     def type_of(self, column: Column) -> str:
         return {
@@ -123,7 +144,7 @@ def _requests(d: Dialect) -> dict[str, tuple[str, str]]:
         # A live holder is asked to stop at its next chunk boundary; a slot nobody runs (paused, or
         # a dead holder's) is cancelled at once, and a dead holder is fenced out.
         "cancel": ("cancel_request = 'requested'", f"status = 'running' AND {live}"),
-        "cancel_now": (f"status = 'cancelled', cancel_reason = 'requested', last_error = %s, request = NULL, "
+        "cancel_now": (f"status = 'cancelled', cancel_reason = %s, last_error = %s, request = NULL, "
                        f"resume_at = NULL, cancel_request = NULL, {fence}, updated_at = {now}",
                        f"status = 'paused' OR (status = 'running' AND NOT {live})"),
         "restart": ("request = 'restart'",
@@ -163,6 +184,23 @@ def _statements(d: Dialect) -> SimpleNamespace:
             "processed_end": "%s", "error": "%s",
         }),
     )
+
+
+@dataclasses.dataclass(frozen=True)
+class Cleaned:
+    """What :meth:`StoreSession.clean` removed (or, in a dry run, would remove)."""
+
+    #: checkpoint rows (slots)
+    slots: int
+    #: attempt history records
+    records: int
+
+
+def _finished(alias: str = "") -> str:
+    """SQL: the row (``alias.``) is finished, unleased and was last written before ``now + %s``."""
+    statuses = ", ".join(f"'{s.value}'" for s in sorted(FINISHED))
+    return (f"{alias}status IN ({statuses}) AND {alias}lease_owner IS NULL AND {alias}updated_at < "
+            "{cutoff}")
 
 
 class Store(abc.ABC):
@@ -259,6 +297,29 @@ class StoreSession:
             if auto:
                 self.store.set_autocommit(self.conn, True)
 
+    @contextmanager
+    def savepoint(self) -> Iterator[None]:
+        """Undo the block's writes if it raises, and only those: the transaction's earlier writes
+        (the chunks since the last checkpoint) stay pending.
+
+        In transaction mode that is ``SAVEPOINT`` / ``ROLLBACK TO SAVEPOINT`` (never released:
+        on SQLite, releasing a savepoint that opened the transaction would commit it; the next
+        commit releases them all). In autocommit mode each statement has committed already,
+        unless the block switched to transactions (its first ``ctx.transaction()``): then every
+        pending write is the block's, and a rollback undoes it.
+        """
+        transactional = not self.autocommit
+        if transactional:
+            self.execute("SAVEPOINT resumable_item")
+        try:
+            yield
+        except BaseException:
+            if transactional:
+                self.execute("ROLLBACK TO SAVEPOINT resumable_item")
+            elif not self.autocommit:
+                self.rollback()
+            raise
+
     def begin_transactions(self) -> None:
         """Leave autocommit mode: from now on statements join a transaction that lasts until the
         next commit. The run does this when the handler first asks for ``ctx.transaction()``, so a
@@ -315,9 +376,13 @@ class StoreSession:
         return None if row is None else self._row(row)
 
     def list_slots(self, job: str, limit: int = 100) -> list[Checkpoint]:
-        """The job's most recently updated slots, newest first."""
+        """The job's most recently started slots (their current run), newest first.
+
+        Ordered by ``started_at``, which only a run's start changes, so that an index can serve it
+        without keeping checkpoints from being in-place (HOT) updates (see ``core/tables.py``).
+        """
         cur = self.execute(
-            f"SELECT {_SELECT} FROM {TABLE} WHERE job = %s ORDER BY updated_at DESC, slot DESC LIMIT %s", (job, int(limit))
+            f"SELECT {_SELECT} FROM {TABLE} WHERE job = %s ORDER BY started_at DESC, slot DESC LIMIT %s", (job, int(limit))
         )
         rows = cur.fetchall()
         self.commit()
@@ -329,6 +394,27 @@ class StoreSession:
         cur = self.execute(
             f"SELECT {_SELECT} FROM {TABLE} WHERE dag_id = %s AND task_id = %s AND run_id = %s AND map_index = %s "
             "ORDER BY updated_at DESC LIMIT 1", (dag_id, task_id, run_id, int(map_index)),
+        )
+        row = cur.fetchone()
+        self.commit()
+        return None if row is None else self._row(row)
+
+    def previous(self, job: str, slot: str, *, by_time: bool) -> Checkpoint | None:
+        """The job's previous finished run, as seen from ``slot``: where an incremental run starts.
+
+        With ``by_time`` (the slot is the run's data interval start or logical date, ISO-8601):
+        the ``done`` slot that sorts last **before** this one, so a backfill of an old interval
+        continues from the interval before it, not from today's. Without (a run with no logical
+        date, whose slot is its run id): the ``done`` slot that finished last. Never this slot
+        itself (a run started over on purpose looks before itself). None when there is none.
+        """
+        if by_time:
+            where, order = "slot < %s", "slot DESC"
+        else:
+            where, order = "slot <> %s AND finished_at IS NOT NULL", "finished_at DESC, slot DESC"
+        cur = self.execute(
+            f"SELECT {_SELECT} FROM {TABLE} WHERE job = %s AND status = 'done' AND {where} ORDER BY {order} LIMIT 1",
+            (job, slot),
         )
         row = cur.fetchone()
         self.commit()
@@ -394,6 +480,67 @@ class StoreSession:
         rows = cur.fetchall()
         self.commit()
         return [ATTEMPTS.decode(r) for r in rows]
+
+    # -- dead letters ----------------------------------------------------------------------------
+    # Written on the run's connection without a commit of their own: in autocommit mode each
+    # statement commits at once; once the handler uses ctx.transaction() they commit with the next
+    # checkpoint (a chunk that rolls back takes its skips with it, and its retry records them again).
+
+    def skip_status(self, job: str, slot: str, position: str) -> tuple[bool, int]:
+        """Whether the item at ``position`` (JSON text) is recorded as skipped, and how many items of
+        the slot are."""
+        known = self.execute(
+            f"SELECT 1 FROM {SKIPPED} WHERE job = %s AND slot = %s AND position = %s AND status = 'skipped'",
+            (job, slot, position),
+        ).fetchone()
+        count = self.execute(
+            f"SELECT count(*) FROM {SKIPPED} WHERE job = %s AND slot = %s AND status = 'skipped'", (job, slot)
+        ).fetchone()[0]
+        return known is not None, int(count)
+
+    def record_skip(self, record: DeadLetter) -> None:
+        """Record a skipped item, once per (job, slot, position): a replayed item that fails again
+        is skipped again; one already skipped is left as first recorded."""
+        now = self.d.now()
+        self.execute(
+            f"INSERT INTO {SKIPPED} (job, slot, position, item, item_format, error, attempt, recorded_at, status) "
+            f"VALUES (%s, %s, %s, %s, %s, %s, %s, {now}, 'skipped') ON CONFLICT (job, slot, position) DO UPDATE SET "
+            "item = excluded.item, item_format = excluded.item_format, error = excluded.error, "
+            f"attempt = excluded.attempt, recorded_at = excluded.recorded_at, status = 'skipped', replayed_at = NULL "
+            f"WHERE {SKIPPED}.status <> 'skipped'",
+            (record.job, record.slot, ENCODER.encode(record.position), ENCODER.encode(record.item),
+             record.item_format, record.error, record.attempt),
+        )
+
+    def dead_letters(self, job: str, slot: str | None = None, *, status: str | None = None,
+                     limit: int = 1000) -> list[DeadLetter]:
+        """The job's skipped items (of one slot, or all; of one status, or all), oldest first."""
+        where, params = "job = %s", [job]
+        if slot is not None:
+            where, params = where + " AND slot = %s", [*params, slot]
+        if status is not None:
+            where, params = where + " AND status = %s", [*params, status]
+        rows = self.execute(
+            f"SELECT {DEAD_LETTERS.select} FROM {SKIPPED} WHERE {where} ORDER BY id LIMIT %s", (*params, int(limit))
+        ).fetchall()
+        self.commit()
+        return [DEAD_LETTERS.decode(r) for r in rows]
+
+    def count_dead_letters(self, job: str, slot: str, *, status: str = "skipped") -> int:
+        n = self.execute(f"SELECT count(*) FROM {SKIPPED} WHERE job = %s AND slot = %s AND status = %s",
+                         (job, slot, status)).fetchone()[0]
+        self.commit()
+        return int(n)
+
+    def mark_replayed(self, record_id: int, *, error: str | None = None) -> None:
+        """End a replay of one dead letter: ``replayed`` when ``error`` is None, else it stays
+        ``skipped`` with the replay's error."""
+        now = self.d.now()
+        if error is None:
+            self.execute(f"UPDATE {SKIPPED} SET status = 'replayed', replayed_at = {now} WHERE id = %s", (record_id,))
+        else:
+            self.execute(f"UPDATE {SKIPPED} SET error = %s WHERE id = %s", (error, record_id))
+        self.commit()
 
     # -- lease ---------------------------------------------------------------------------------
 
@@ -522,6 +669,8 @@ class StoreSession:
             sets = "attempts = attempts + 1, resumed_from = %s"
             params = (resumed_from, attempt)
         with self.transaction():
+            if reset:  # the run starts over: its skipped items are found again (or not)
+                self.execute(f"DELETE FROM {SKIPPED} WHERE job = %s AND slot = %s AND status = 'skipped'", (job, slot))
             cur = self.execute(
                 f"UPDATE {TABLE} SET {sets}, status = 'running', attempt = %s, cancel_reason = NULL, "
                 f"cancel_request = NULL, finished_at = NULL, confirmed_at = NULL, updated_at = {now}, resume_at = NULL, "
@@ -659,11 +808,66 @@ class StoreSession:
             (outcome.value, cancel_reason, error, _json_or_none(position), processed, record_id),
         )
 
+    def clean(self, older_than: float, *, dry_run: bool = False, batch: int = defaults.CLEAN_BATCH) -> Cleaned:
+        """Remove finished slots (``done``, ``failed``, ``cancelled``) not written for ``older_than``
+        seconds, with their attempt history and their skipped items: retention.
+
+        A row some attempt holds the lease of, a running row, and any other status are never
+        touched. Rows go ``batch`` at a time, each batch in its own short transaction, walking the
+        primary key once (no index on the age is needed, so checkpoints stay in-place updates);
+        each DELETE re-checks the conditions, so a slot that an attempt takes meanwhile stays. A
+        removed ``failed`` or ``cancelled`` slot cannot resume any more: its next attempt starts
+        over. Times are the database's.
+
+        Returns:
+            how many slots and history records were removed (with ``dry_run``: would be; nothing
+            is changed).
+        """
+        d = self.d
+        finished = _finished().format(cutoff=d.now_plus("%s"))
+        cutoff = (-float(older_than),)
+        if dry_run:
+            slots = self.execute(f"SELECT count(*) FROM {TABLE} WHERE {finished}", cutoff).fetchone()[0]
+            records = self.execute(
+                f"SELECT count(*) FROM {HISTORY} h WHERE EXISTS (SELECT 1 FROM {TABLE} c WHERE c.job = h.job "
+                f"AND c.slot = h.slot AND {_finished('c.').format(cutoff=d.now_plus('%s'))})", cutoff,
+            ).fetchone()[0]
+            self.commit()
+            return Cleaned(int(slots), int(records))
+        slots = records = 0
+        last: tuple[str, str] | None = None
+        while True:
+            with self.transaction():
+                after, after_params = ("", ()) if last is None else (" AND (job, slot) > (%s, %s)", last)
+                keys = self.execute(
+                    f"SELECT job, slot FROM {TABLE} WHERE {finished}{after} ORDER BY job, slot LIMIT %s",
+                    (*cutoff, *after_params, int(batch)),
+                ).fetchall()
+                if not keys:
+                    break
+                upto = (keys[-1][0], keys[-1][1])
+                span = f"(job, slot) <= (%s, %s){after}"
+                slots += self.execute(f"DELETE FROM {TABLE} WHERE {finished} AND {span}",
+                                      (*cutoff, *upto, *after_params)).rowcount
+                # The history of the slots just removed (and of any removed before by hand).
+                records += self.execute(
+                    f"DELETE FROM {HISTORY} WHERE {span} AND NOT EXISTS (SELECT 1 FROM {TABLE} c "
+                    f"WHERE c.job = {HISTORY}.job AND c.slot = {HISTORY}.slot)", (*upto, *after_params),
+                ).rowcount
+                # And their skipped items: a slot's dead letters go with it, as delete() does.
+                self.execute(
+                    f"DELETE FROM {SKIPPED} WHERE {span} AND NOT EXISTS (SELECT 1 FROM {TABLE} c "
+                    f"WHERE c.job = {SKIPPED}.job AND c.slot = {SKIPPED}.slot)", (*upto, *after_params),
+                )
+            last = upto
+        return Cleaned(slots, records)
+
     def delete(self, job: str, slot: str) -> bool:
         """Remove a slot's row and its history (administration; a run never deletes its own checkpoint)."""
         with self.transaction():
             n = self.execute(f"DELETE FROM {TABLE} WHERE job = %s AND slot = %s", (job, slot)).rowcount
             self.execute(f"DELETE FROM {HISTORY} WHERE job = %s AND slot = %s", (job, slot))
+            self.execute(f"DELETE FROM {SKIPPED} WHERE job = %s AND slot = %s", (job, slot))
         return n > 0
 
 

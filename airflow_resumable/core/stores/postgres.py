@@ -28,6 +28,12 @@ class PostgresDialect(Dialect):
     def now_plus(self, seconds: str) -> str:
         return f"(clock_timestamp() + {seconds} * interval '1 second')"
 
+    def storage(self, fillfactor: int) -> str:
+        return f" WITH (fillfactor = {int(fillfactor)})"
+
+    def set_fillfactor(self, table: str, fillfactor: int) -> list[str]:
+        return [f"ALTER TABLE {table} SET (fillfactor = {int(fillfactor)})"]
+
 
 DIALECT = PostgresDialect()
 

@@ -11,6 +11,12 @@ from airflow_resumable.core.stores.base import Dialect, Store
 
 _NOW = "((julianday('now') - 2440587.5) * 86400.0)"
 
+#: Bytes the WAL file is cut back to after a checkpoint of the WAL into the database. SQLite's
+#: default automatic checkpoint (every 1,000 pages, ~4 MB) keeps the WAL small while checkpoints
+#: are small commits, but the file never shrinks by itself: one large transaction (a big chunk
+#: written through ``ctx.transaction()``) would leave it that large for good.
+WAL_SIZE_LIMIT = 16 * 1024 * 1024
+
 
 class SQLiteDialect(Dialect):
     """SQLite: timestamps as REAL epoch seconds, ``?`` markers, the write lock taken up front."""
@@ -68,6 +74,7 @@ class SQLiteStore(Store):
                 self.set_autocommit(conn, False)
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute(f"PRAGMA synchronous={self.synchronous}")
+            conn.execute(f"PRAGMA journal_size_limit={WAL_SIZE_LIMIT}")
         except (sqlite3.Error, OSError) as exc:
             raise StoreUnavailable(
                 f"cannot open the SQLite checkpoint file {self.path!r}: {exc}",

@@ -1,0 +1,162 @@
+"""The skip policy: an item whose processing raises a skippable error is recorded and skipped.
+
+``ChunkedOperator(skip_on=(ValueError, ...), skip_limit=N)`` (or ``ctx.skip(...)`` in a handler
+that owns its loop) records such an item in the dead-letter table ``resumable_dead_letters``
+(job, slot, position, the item as JSON or its ``repr``, the error, the attempt) and goes on. Past
+``skip_limit`` items in a slot the attempt fails with :class:`SkipLimitExceeded`: nothing is lost
+silently. An item is recorded once per (job, slot, position), however often retries meet it.
+
+When a chunk fails with a skippable error, the chunk loop undoes the chunk's writes made through
+``ctx.transaction()`` (a savepoint) and processes it again **item by item** to find the bad
+items, as Spring Batch's skip-in-write scan does: the good items of the chunk are processed, the
+bad ones skipped. Writes outside the checkpoint database that the failed chunk made before it
+raised happen again in the scan (at least once, as always: make them idempotent).
+
+Skipped items are replayed on purpose with :func:`replay`, which runs a function on each one
+still ``skipped`` and marks it ``replayed`` when it succeeds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable, Sequence
+from datetime import datetime, timezone
+from typing import Any
+
+from airflow_resumable.core.checkpoint import DeadLetter, encode, error_text, short
+from airflow_resumable.core.errors import Cancelled, ConfigurationError, ResumableError, SkipLimitExceeded
+from airflow_resumable.core.progress import Log
+from airflow_resumable.core.readers import json_key
+from airflow_resumable.core.stores.base import Store, StoreSession
+
+__all__ = ["ReplayReport", "never_skipped", "replay", "skip_item", "skip_on_problem"]
+
+#: The longest ``repr`` kept of an item that has no JSON form.
+_REPR_LIMIT = 10_000
+
+# Timestamps, decimals and UUIDs as text (as a reader's positions): "the item as JSON where possible".
+_ITEM_ENCODER = json.JSONEncoder(default=json_key, allow_nan=False, separators=(",", ":"))
+
+
+def never_skipped(exc: BaseException) -> bool:
+    """Errors that stop or fail the run whatever ``skip_on`` says: a cancel is a chunk boundary,
+    and the package's own errors (a lost lease, the skip limit) are about the run, not the item."""
+    return isinstance(exc, (Cancelled, ResumableError))
+
+
+def skip_on_problem(skip_on: Any, skip_limit: Any) -> list[str]:
+    """Why ``skip_on``/``skip_limit`` are not a skip policy, as sentences (empty when they are)."""
+    problems = []
+    if skip_on is not None:
+        classes = skip_on if isinstance(skip_on, (tuple, list)) else (skip_on,)
+        bad = [c for c in classes if not (isinstance(c, type) and issubclass(c, Exception))]
+        if bad or not classes:
+            problems.append(f"skip_on must be an exception class or a tuple of them, got {short(skip_on)}")
+    if isinstance(skip_limit, bool) or not isinstance(skip_limit, int) or skip_limit < 0:
+        problems.append(f"skip_limit must be a whole number >= 0, got {skip_limit!r}")
+    return problems
+
+
+def skip_item(
+    session: StoreSession, *, job: str, slot: str, attempt: int, item: Any, position: Any, error: BaseException,
+    limit: int, log: Log,
+) -> int:
+    """Record ``item`` (at ``position``) as skipped because of ``error``; return the slot's count.
+
+    An item already recorded (a retry met it again) is not recorded twice and not counted again.
+
+    Raises:
+        SkipLimitExceeded: ``limit`` items of the slot are skipped already; this one is not recorded.
+        InvalidCheckpoint: ``position`` is not plain JSON.
+    """
+    text = encode(position, what="position of the skipped item", job=job, slot=slot)
+    known, count = session.skip_status(job, slot, text)
+    if known:
+        log.info("the item at position %s was skipped before; still skipped [job=%s slot=%s]", text, job, slot)
+        return count
+    if count >= limit:
+        raise SkipLimitExceeded(
+            f"the item at position {short(position, 60)} failed with {error_text(error, 300)}; it would be skipped "
+            f"item {count + 1}, but skip_limit is {limit}. The {count} skipped so far are in the dead-letter table; "
+            "the checkpoint is kept at the last finished chunk",
+            job=job,
+            slot=slot,
+            hint="Fix the data or the processing (or raise skip_limit), then Clear the task: it resumes from the "
+            "checkpoint. See the skipped items with StoreSession.dead_letters(job, slot), or SELECT * FROM "
+            "resumable_dead_letters",
+        ) from error
+    value, form = _as_json(item)
+    session.record_skip(DeadLetter(job=job, slot=slot, position=position, item=value, item_format=form,
+                                   error=error_text(error), attempt=attempt))
+    log.warning(
+        "skipped the item at position %s: %s (%s of at most %s in this slot; recorded in resumable_dead_letters) "
+        "[job=%s slot=%s attempt=%s]", text, error_text(error, 300), count + 1, limit, job, slot, attempt,
+    )
+    return count + 1
+
+
+def _as_json(item: Any) -> tuple[Any, str]:
+    """The item as a JSON value, or its ``repr`` (cut) when it has no JSON form."""
+    try:
+        return json.loads(_ITEM_ENCODER.encode(item)), "json"
+    except (TypeError, ValueError):
+        return short(item, _REPR_LIMIT), "repr"
+
+
+@dataclasses.dataclass(frozen=True)
+class ReplayReport:
+    """What :func:`replay` did: items processed and marked ``replayed``, items that failed again
+    (still ``skipped``, with the new error), and items kept only as ``repr`` (not replayable)."""
+
+    replayed: list[Any]
+    failed: list[Any]
+    not_replayable: list[Any]
+
+
+def replay(store: Store, job: str, slot: str, fn: Callable[[Any], Any], *, limit: int = 1000) -> ReplayReport:
+    """Run ``fn(item)`` on each of the slot's items still ``skipped``, oldest first, on purpose.
+
+    ``item`` is the item as JSON gave it back (tuples as lists, timestamps as ISO text). An item
+    ``fn`` processes without raising is marked ``replayed`` (kept in the table, with
+    ``replayed_at``); one that raises stays ``skipped`` with the new error. Make ``fn`` idempotent
+    (an upsert): a replay interrupted between ``fn`` and the mark runs that item again.
+
+    Replay runs outside any attempt, so not while the slot runs: it refuses a slot whose lease is
+    live.
+
+    Raises:
+        ConfigurationError: the slot is running now.
+    """
+    replayed: list[Any] = []
+    failed: list[Any] = []
+    skipped_repr: list[Any] = []
+    with store.open(autocommit=True) as session:
+        row = session.load(job, slot)
+        if row is not None and row.lease_owner and row.lease_expires_at and row.lease_expires_at > _now():
+            raise ConfigurationError(
+                f"the slot is running now (held by {row.lease_owner}); replaying its skipped items beside it could "
+                "process them twice", job=job, slot=slot, hint="Replay once the run has ended",
+            )
+        for letter in session.dead_letters(job, slot, status="skipped", limit=limit):
+            if letter.item_format != "json":
+                skipped_repr.append(letter.position)
+                continue
+            try:
+                fn(letter.item)
+            except Exception as exc:
+                session.mark_replayed(letter.id, error=error_text(exc))
+                failed.append(letter.position)
+            else:
+                session.mark_replayed(letter.id)
+                replayed.append(letter.position)
+    return ReplayReport(replayed=replayed, failed=failed, not_replayable=skipped_repr)
+
+
+def _now() -> datetime:
+    return datetime.now(tz=timezone.utc)
+
+
+def shown(letters: Sequence[DeadLetter]) -> list[dict[str, Any]]:
+    """A few skipped items as the task's summary lists them: position, error (cut), attempt."""
+    return [{"position": d.position, "error": (d.error or "")[:200], "attempt": d.attempt} for d in letters]

@@ -1,0 +1,514 @@
+"""Readers: keyset pages that neither skip nor repeat rows, files resumed at a byte offset,
+sequences by index, and ``ctx.previous`` for runs that continue from the last one.
+
+Keyset tests run against a SQLite and a PostgreSQL source (the same database as the checkpoint
+store, like the customer export's warehouse).
+"""
+
+from __future__ import annotations
+
+import io
+import sqlite3
+from collections.abc import Callable
+from contextlib import closing
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import psycopg2
+import pytest
+
+from airflow_resumable.core import Attempt, chunk_loop
+from airflow_resumable.core.errors import ConfigurationError
+from airflow_resumable.core.readers import Batch, FileReader, KeysetReader, SequenceReader
+from airflow_resumable.core.stores import Store
+from support.sources import Source
+
+JOB = "readers"
+SLOT = "2026-01-01T00:00:00+00:00"
+
+
+# -- helpers --------------------------------------------------------------------------------------
+
+
+def events_table(source: Source, rows: list[tuple[int, str]]) -> None:
+    """``events(id, updated_at)``: many rows share an ``updated_at`` (ties), ``id`` is unique."""
+    source.run("CREATE TABLE events (id INTEGER PRIMARY KEY, updated_at TEXT NOT NULL, note TEXT)")
+    source.run("CREATE INDEX events_k ON events (updated_at, id)")
+    source.run("INSERT INTO events (id, updated_at, note) VALUES (%s, %s, %s)", [(i, t, f"n{i}") for i, t in rows])
+
+
+def attempt(store: Store, n: int, slot: str = SLOT, **kwargs: Any) -> Attempt:
+    return Attempt(store, job=JOB, slot=slot, attempt=n, owner=f"owner-{n}", **kwargs)
+
+
+class Crash(Exception):
+    """Stands for the worker dying mid-run."""
+
+
+def collect(seen: list[Any], *, crash_before_chunk: int | None = None) -> Callable[[Any, list[Any]], None]:
+    """A plain sink: remembers the items of every chunk; raises before chunk ``crash_before_chunk``."""
+    chunks = [0]
+
+    def process(ctx: Any, batch: list[Any]) -> None:
+        chunks[0] += 1
+        if crash_before_chunk is not None and chunks[0] == crash_before_chunk:
+            raise Crash(f"crash before chunk {chunks[0]}")
+        seen.extend(row[0] for row in batch)
+
+    return process
+
+
+# -- keyset ---------------------------------------------------------------------------------------
+
+TIES = [(i, f"2026-01-0{1 + i // 15} 00:00:00") for i in range(1, 61)]  # 4 timestamps, 15 rows each
+
+
+def test_a_composite_key_with_ties_neither_skips_nor_repeats_across_a_resume_at_every_chunk_boundary(
+    store: Store, source: Source
+) -> None:
+    # Given 60 rows whose first key column has long runs of ties, read 7 at a time (so every
+    # page boundary but the last falls inside a run of ties)
+    events_table(source, TIES)
+    reader = KeysetReader(connect=source.connect, table="events", key=("updated_at", "id"))
+    chunks = -(-len(TIES) // 7)
+    for crash_at in range(2, chunks + 1):
+        slot = f"2026-02-{crash_at:02d}T00:00:00+00:00"
+        seen: list[int] = []
+        # When attempt 1 dies before chunk `crash_at` and attempt 2 resumes from its checkpoint
+        with pytest.raises(Crash):
+            attempt(store, 1, slot).run(chunk_loop(reader, collect(seen, crash_before_chunk=crash_at), chunk_size=7))
+        saved = _load(store, slot).position
+        outcome = attempt(store, 2, slot).run(chunk_loop(reader, collect(seen), chunk_size=7))
+        # Then every row was processed exactly once, in key order, and the position is the last row's key
+        assert seen == [i for i, _ in TIES], f"crash before chunk {crash_at}"
+        assert saved == [TIES[(crash_at - 1) * 7 - 1][1], (crash_at - 1) * 7]
+        assert outcome.checkpoint.position == [TIES[-1][1], 60] and outcome.checkpoint.processed == 60
+
+
+def test_a_key_that_is_not_unique_fails_naming_the_job_the_slot_and_the_fix(store: Store, source: Source) -> None:
+    # Given a key column with one tie, across the first page's boundary: the next page's
+    # "updated_at > last" would skip row 6
+    events_table(source, [(i, f"2026-01-01 00:00:{min(i, 5):02d}" if i < 7 else f"2026-01-01 00:00:{i:02d}")
+                          for i in range(1, 20)])
+    reader = KeysetReader(connect=source.connect, table="events", key="updated_at")
+    seen: list[int] = []
+    with pytest.raises(ConfigurationError) as err:
+        attempt(store, 1).run(chunk_loop(reader, collect(seen), chunk_size=5))
+    text = str(err.value)
+    assert "is not unique" in text and "at the page boundary" in text
+    assert f"job='{JOB}'" in text and f"slot='{SLOT}'" in text and "key=('updated_at', 'id')" in text
+    # Then nothing was processed and the checkpoint did not move
+    assert seen == [] and _load(store, SLOT).position is None
+
+
+def test_duplicates_inside_a_page_are_refused_too(store: Store, source: Source) -> None:
+    events_table(source, TIES)
+    reader = KeysetReader(connect=source.connect, table="events", key="updated_at")
+    with pytest.raises(ConfigurationError, match="within the page of 20"):
+        attempt(store, 1).run(chunk_loop(reader, collect([]), chunk_size=20))
+
+
+def test_a_query_with_its_own_where_and_parameters_is_paged_and_rows_come_as_dicts(
+    store: Store, source: Source
+) -> None:
+    events_table(source, TIES)
+    reader = KeysetReader(connect=source.connect, query=f"SELECT id, updated_at FROM events WHERE id > {source.marker}",
+                          params=(30,), key=("updated_at", "id"), as_dict=True)
+    seen: list[dict[str, Any]] = []
+    attempt(store, 1).run(chunk_loop(reader, lambda ctx, batch: seen.extend(batch), chunk_size=4))
+    assert [r["id"] for r in seen] == list(range(31, 61))
+    assert set(seen[0]) == {"id", "updated_at"}
+
+
+def test_null_keys_and_positions_of_another_key_are_refused_naming_the_job_and_slot(
+    store: Store, source: Source
+) -> None:
+    source.run("CREATE TABLE events (id INTEGER PRIMARY KEY, updated_at TEXT)")
+    source.run("INSERT INTO events (id, updated_at) VALUES (%s, %s)", [(1, "a"), (2, None)])
+    reader = KeysetReader(connect=source.connect, table="events", key=("updated_at", "id"))
+    with pytest.raises(ConfigurationError, match="a row has a NULL key") as err:
+        attempt(store, 1).run(chunk_loop(reader, collect([]), chunk_size=5))
+    assert f"slot='{SLOT}'" in str(err.value) and "IS NOT NULL" in str(err.value)
+    # A slot whose checkpoint holds a single id (written by another read function) is not misread
+    with pytest.raises(ConfigurationError, match="the position 7 is not a key of 2 values") as err:
+        attempt(store, 2, "other").run(chunk_loop(reader, collect([]), chunk_size=5, start=7))
+    assert "slot='other'" in str(err.value)
+
+
+def test_bad_reader_arguments_are_all_reported_at_once() -> None:
+    with pytest.raises(ConfigurationError) as err:
+        KeysetReader(connect="nope", key=("a; DROP TABLE x", "id"), table="t; --", query="SELECT 1")  # type: ignore[arg-type]
+    text = str(err.value)
+    for problem in ("connect must be a function", "'a; DROP TABLE x' is not a plain column name",
+                    "exactly one of table= and query=", "is not a plain"):
+        assert problem in text
+
+
+@pytest.mark.parametrize("driver", ["psycopg2", "airflow"])
+def test_timestamps_and_decimals_become_exact_json_positions(
+    pg_params: dict[str, Any], store: Store, driver: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # PostgreSQL gives datetimes; the position is their ISO text, which the next page compares
+    # exactly, through psycopg2 and through the Postgres provider's hook (psycopg 3)
+    from airflow_resumable.readers import sql_reader
+    from devtools.postgres import dsn
+
+    with closing(psycopg2.connect(**pg_params)) as conn, conn, conn.cursor() as cur:
+        cur.execute("CREATE TABLE t (at TIMESTAMPTZ NOT NULL, id NUMERIC NOT NULL, PRIMARY KEY (at, id))")
+        base = datetime(2026, 1, 1, tzinfo=timezone.utc)
+        cur.executemany("INSERT INTO t VALUES (%s, %s)",
+                        [(base + timedelta(microseconds=i // 3), i) for i in range(30)])
+    if driver == "airflow":
+        monkeypatch.setenv("AIRFLOW_CONN_TS_SOURCE", dsn(pg_params))
+        reader = sql_reader("ts_source", table="t", key=("at", "id"))
+    else:
+        reader = KeysetReader(connect=lambda: psycopg2.connect(**pg_params), table="t", key=("at", "id"))
+    seen: list[Any] = []
+    out = attempt(store, 1).run(chunk_loop(reader, lambda ctx, b: seen.extend(int(r[1]) for r in b), chunk_size=4))
+    assert seen == list(range(30))
+    at, last = out.checkpoint.position
+    assert datetime.fromisoformat(at) == base + timedelta(microseconds=9) and last == "29"
+
+
+def _plan_text(cur: Any, sql: str, args: tuple[Any, ...]) -> tuple[str, int]:
+    """PostgreSQL: the plan's node types, and the rows its scan actually read."""
+    cur.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql, args)
+    plan = cur.fetchone()[0][0]["Plan"]
+    nodes, rows = [], 0
+    stack = [plan]
+    while stack:
+        node = stack.pop()
+        nodes.append(node["Node Type"])
+        if "Scan" in node["Node Type"]:
+            rows = max(rows, node["Actual Rows"])
+        stack += node.get("Plans", [])
+    return " / ".join(nodes), rows
+
+
+def test_postgresql_resumes_a_million_row_keyset_with_one_index_range_scan_of_one_page(
+    pg_params: dict[str, Any]
+) -> None:
+    # Given a million rows with ties on updated_at and an index on the key
+    with closing(psycopg2.connect(**pg_params)) as conn, conn, conn.cursor() as cur:
+        cur.execute("CREATE TABLE big AS SELECT g AS id, timestamptz '2026-01-01' + (g / 10) * interval '1 second' "
+                    "AS updated_at FROM generate_series(1, 1000000) g")
+        cur.execute("CREATE INDEX big_k ON big (updated_at, id)")
+        cur.execute("ANALYZE big")
+    reader = KeysetReader(connect=lambda: psycopg2.connect(**pg_params), table="big", key=("updated_at", "id"))
+    with closing(psycopg2.connect(**pg_params)) as conn, conn.cursor() as cur:
+        read: dict[str, int] = {}
+        for where, row_id in (("start", 15), ("end", 999_900)):
+            cur.execute("SELECT updated_at, id FROM big WHERE id = %s", (row_id,))
+            at, i = cur.fetchone()
+            sql, args = reader.statement([at.isoformat(), i], 100)
+            nodes, read[where] = _plan_text(cur, sql, args)
+            # Then the page is an index scan, with no sort and no sequential scan
+            assert "Index" in nodes and "Seq Scan" not in nodes and "Sort" not in nodes, nodes
+        # and resuming near the end reads as many rows as near the start: one page and the row after
+        assert read == {"start": 100, "end": 100}
+
+
+def test_sqlite_resumes_a_million_row_keyset_by_index_in_the_same_work_wherever_it_resumes(tmp_path: Path) -> None:
+    path = tmp_path / "big.db"
+    with closing(sqlite3.connect(path)) as db, db:
+        db.execute("CREATE TABLE big (id INTEGER PRIMARY KEY, updated_at TEXT NOT NULL)")
+        db.execute("WITH RECURSIVE n(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM n WHERE x < 1000000) "
+                   "INSERT INTO big SELECT x, printf('2026-01-01 %06d', x / 10) FROM n")
+        db.execute("CREATE INDEX big_k ON big (updated_at, id)")
+    reader = KeysetReader(connect=lambda: sqlite3.connect(path), table="big", key=("updated_at", "id"))
+    with closing(sqlite3.connect(path)) as db:
+        steps: dict[str, int] = {}
+        for where, row_id in (("start", 15), ("end", 999_900)):
+            at = db.execute("SELECT updated_at FROM big WHERE id = ?", (row_id,)).fetchone()[0]
+            sql, args = reader.statement([at, row_id], 100, marker="?")
+            plan = " ".join(r[3] for r in db.execute("EXPLAIN QUERY PLAN " + sql, args))
+            # Then the page is a search of the key's index, not a scan of the table, and needs no sort
+            assert plan.startswith("SEARCH big USING COVERING INDEX big_k") and "TEMP B-TREE" not in plan, plan
+            # and the virtual machine does as much work near the end as near the start (SQLite's
+            # progress handler counts its instructions: a scan from the start would be 10,000x more)
+            rows, steps[where] = _counting_steps(db, sql, args)
+            assert [r[0] for r in rows] == list(range(row_id + 1, row_id + 101))
+    assert steps["end"] <= 2 * steps["start"] + 5, steps
+
+
+def _counting_steps(db: sqlite3.Connection, sql: str, args: tuple[Any, ...]) -> tuple[list[Any], int]:
+    """The rows of ``sql`` and how many hundreds of virtual machine instructions SQLite ran for them."""
+    counter = [0]
+
+    def tick() -> int:
+        counter[0] += 1
+        return 0
+
+    db.set_progress_handler(tick, 100)
+    try:
+        return db.execute(sql, args).fetchall(), counter[0]
+    finally:
+        db.set_progress_handler(None, 100)
+
+
+# -- files ----------------------------------------------------------------------------------------
+
+
+class CountingFile(io.RawIOBase):
+    """A binary file that counts the bytes it hands out and remembers where it was asked to seek."""
+
+    def __init__(self, data: bytes):
+        self._f = io.BytesIO(data)
+        self.bytes_read = 0
+        self.seeks: list[int] = []
+        self.first_read_at: int | None = None
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def readinto(self, b: Any) -> int:
+        if self.first_read_at is None:
+            self.first_read_at = self._f.tell()
+        data = self._f.read(len(b))
+        b[: len(data)] = data
+        self.bytes_read += len(data)
+        return len(data)
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        self.seeks.append(offset)
+        return self._f.seek(offset, whence)
+
+    def tell(self) -> int:
+        return self._f.tell()
+
+
+def opener(data: bytes, opened: list[CountingFile]) -> Callable[[], Any]:
+    def open_() -> Any:
+        f = CountingFile(data)
+        opened.append(f)
+        return f
+
+    return open_
+
+
+LINES = b"".join(f"line {i:03d}\n".encode() for i in range(100))  # 9 bytes a line
+
+
+def test_a_file_reader_resumed_at_a_byte_offset_does_not_read_the_start(store: Store) -> None:
+    # Given attempt 1 read 4 chunks of 10 lines and then died
+    opened: list[CountingFile] = []
+    reader = FileReader(open=opener(LINES, opened))
+    seen: list[str] = []
+    with pytest.raises(Crash):
+        attempt(store, 1).run(chunk_loop(reader, lambda c, b: _crash_on(seen, b, "line 040"), chunk_size=10))
+    assert _load(store, SLOT).position == 40 * 9
+    # When attempt 2 resumes
+    outcome = attempt(store, 2).run(chunk_loop(reader, lambda c, b: seen.extend(b), chunk_size=10))
+    # Then it seeked to the offset and never read a byte before it
+    retry = opened[-1]
+    assert retry.seeks == [40 * 9] and retry.first_read_at == 40 * 9
+    assert retry.bytes_read <= len(LINES) - 40 * 9
+    assert seen == [f"line {i:03d}" for i in range(100)]
+    assert outcome.checkpoint.position == len(LINES) and outcome.checkpoint.processed == 100
+
+
+def _sinks(seen: list[Any], first: Any) -> tuple[Callable[..., None], Callable[..., None]]:
+    """(a sink that dies at the batch starting with ``first``, a sink that takes everything)."""
+    return (lambda c, b: _crash_on(seen, b, first)), (lambda c, b: seen.extend(b))
+
+
+def _crash_on(seen: list[Any], batch: list[Any], first: Any) -> None:
+    if batch[0] == first:
+        raise Crash(f"crash at {first}")
+    seen.extend(batch)
+
+
+CSV = (
+    b'id,name,comment\r\n'
+    b'1,Ada,"likes ""quotes"""\r\n'
+    b'2,Bob,"two\r\nlines"\r\n'
+    b'\r\n'
+    b'3,Cem,plain\r\n'
+    + b"".join(f"{i},P{i},x\r\n".encode() for i in range(4, 21))
+)
+
+
+def test_a_csv_resume_reads_the_header_once_then_seeks_past_records_spanning_lines(store: Store) -> None:
+    opened: list[CountingFile] = []
+    reader = FileReader(open=opener(CSV, opened), format="csv")
+    seen: list[dict[str, str]] = []
+    with pytest.raises(Crash):
+        attempt(store, 1).run(chunk_loop(reader, lambda c, b: _crash_on(seen, b, {"id": "7", "name": "P7", "comment": "x"}),
+                                         chunk_size=3))
+    offset = _load(store, SLOT).position
+    assert offset == CSV.index(b"7,P7")
+    outcome = attempt(store, 2).run(chunk_loop(reader, lambda c, b: seen.extend(b), chunk_size=3))
+    assert [r["id"] for r in seen] == [str(i) for i in range(1, 21)]
+    assert seen[0] == {"id": "1", "name": "Ada", "comment": 'likes "quotes"'}
+    assert seen[1]["comment"] == "two\r\nlines"
+    # The retry read the header (one line from the start), then seeked to the saved offset
+    retry = opened[-1]
+    assert retry.seeks == [0, offset] and retry.bytes_read == len(b"id,name,comment\r\n") + len(CSV) - offset
+    assert outcome.checkpoint.position == len(CSV)
+
+
+def test_json_lines_are_parsed_and_a_bad_line_names_its_byte_offset(store: Store) -> None:
+    data = b'{"a": 1}\n\n{"a": 2}\n{oops\n'
+    reader = FileReader(open=lambda: io.BytesIO(data), format="jsonl")
+    seen: list[Any] = []
+    with pytest.raises(ConfigurationError, match="the line at byte 19 is not JSON"):
+        attempt(store, 1).run(chunk_loop(reader, lambda c, b: seen.extend(b), chunk_size=1))
+    assert seen == [{"a": 1}, {"a": 2}]
+
+
+def test_an_object_storage_path_is_read_through_airflow(airflow_home: Path, tmp_path: Path, store: Store) -> None:
+    from airflow_resumable.readers import object_reader
+
+    path = tmp_path / "lines.txt"
+    path.write_bytes(LINES)
+    reader = object_reader(f"file://{path}")
+    seen: list[str] = []
+    attempt(store, 1).run(chunk_loop(reader, lambda c, b: seen.extend(b), chunk_size=30))
+    assert seen == [f"line {i:03d}" for i in range(100)]
+
+
+def test_sql_reader_pages_through_an_airflow_connection_of_either_kind(
+    airflow_home: Path, store: Store, store_uri: str, source: Source, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from airflow_resumable.readers import sql_reader
+
+    # Given the events table in a database named by an Airflow connection (PostgreSQL: through the
+    # Postgres provider's hook, whichever driver it uses; SQLite: sqlite3)
+    events_table(source, TIES)
+    monkeypatch.setenv("AIRFLOW_CONN_EVENTS_SOURCE", store_uri)
+    reader = sql_reader("events_source", table="events", columns=("id", "updated_at"), key=("updated_at", "id"),
+                        as_dict=True)
+    seen: list[int] = []
+    with pytest.raises(Crash):
+        attempt(store, 1).run(chunk_loop(reader, lambda c, b: _crash_on(seen, b, {"id": 22, "updated_at": TIES[21][1]}),
+                                         chunk_size=7))
+    attempt(store, 2).run(chunk_loop(reader, lambda c, b: seen.extend(b), chunk_size=7))
+    assert [r["id"] for r in seen] == [i for i, _ in TIES]
+
+
+def test_a_missing_reader_connection_is_named_with_the_fix(airflow_home: Path, store: Store) -> None:
+    from airflow_resumable.readers import sql_reader
+
+    reader = sql_reader("no_such_source", table="events", key="id")  # nothing is looked up at parse time
+    with pytest.raises(ConfigurationError, match="'no_such_source' a reader reads from does not exist") as err:
+        attempt(store, 1).run(chunk_loop(reader, lambda c, b: None, chunk_size=7))
+    assert "AIRFLOW_CONN_NO_SUCH_SOURCE" in str(err.value)
+
+
+# -- sequences ------------------------------------------------------------------------------------
+
+
+def test_a_sequence_resumes_at_its_index_and_an_iterator_factory_is_skipped_forward_once(store: Store) -> None:
+    items = [f"item{i}" for i in range(23)]
+    for source in (items, lambda: iter(items)):
+        slot = f"seq-{type(source).__name__}"
+        seen: list[str] = []
+        crash, collect_all = _sinks(seen, first="item10")
+        with pytest.raises(Crash):
+            attempt(store, 1, slot).run(chunk_loop(SequenceReader(source), crash, chunk_size=5))
+        assert _load(store, slot).position == 9
+        attempt(store, 2, slot).run(chunk_loop(SequenceReader(source), collect_all, chunk_size=5))
+        assert seen == items
+
+
+def test_a_bare_iterator_is_refused_because_a_retry_could_not_read_it_again() -> None:
+    with pytest.raises(ConfigurationError, match="a function that makes the iterator"):
+        SequenceReader(iter([1, 2]))  # type: ignore[arg-type]
+
+
+def test_a_handler_that_owns_its_loop_iterates_chunks_and_checkpoints_each(store: Store) -> None:
+    reader = SequenceReader(list(range(10)))
+
+    def handler(ctx: Any) -> int:
+        total = ctx.state.get("sum", 0)
+        for batch in reader.chunks(ctx, 4):
+            assert isinstance(batch, Batch)
+            total += sum(batch)
+            ctx.checkpoint(batch.position, state={"sum": total}, processed=ctx.processed + len(batch))
+        return total
+
+    outcome = attempt(store, 1).run(handler)
+    assert outcome.result == 45 and outcome.checkpoint.position == 9 and outcome.checkpoint.processed == 10
+
+
+def test_a_reader_with_a_position_function_is_refused_at_parse_time() -> None:
+    with pytest.raises(ConfigurationError, match="drop position="):
+        chunk_loop(SequenceReader([1]), lambda c, b: None, chunk_size=1, position=lambda x: x)
+
+
+# -- ctx.previous ---------------------------------------------------------------------------------
+
+HOUR = [f"2026-01-01T{h:02d}:00:00+00:00" for h in range(6)]
+
+
+def _hourly(store: Store, slot: str, n: int, handler: Callable[[Any], Any], *, scheduled: bool = True) -> Any:
+    when = datetime.fromisoformat(slot) if scheduled else None
+    return Attempt(store, job=JOB, slot=slot, attempt=n, owner=f"{slot}-{n}", scheduled_at=when).run(handler)
+
+
+def test_ctx_previous_is_the_last_done_slot_before_this_one_so_a_backfill_continues_from_its_own_past(
+    store: Store,
+) -> None:
+    seen: dict[str, Any] = {}
+
+    def remember(position: Any) -> Callable[[Any], None]:
+        def handler(ctx: Any) -> None:
+            seen[ctx.slot] = ctx.previous
+            ctx.checkpoint(position)
+        return handler
+
+    # Given hours 0 and 1 done, and hour 3 failed
+    _hourly(store, HOUR[0], 1, remember(10))
+    _hourly(store, HOUR[1], 1, remember(20))
+    with pytest.raises(Crash):
+        _hourly(store, HOUR[3], 1, _crash)
+    # When hour 4 runs: its previous is hour 1 (hour 3 did not finish)
+    _hourly(store, HOUR[4], 1, remember(40))
+    assert (seen[HOUR[4]].slot, seen[HOUR[4]].position, seen[HOUR[4]].status) == (HOUR[1], 20, "done")
+    assert seen[HOUR[4]].finished_at is not None
+    # and a backfill of hour 2, run after hour 4, continues from hour 1, not from hour 4
+    _hourly(store, HOUR[2], 1, remember(30))
+    assert seen[HOUR[2]].slot == HOUR[1]
+    # and the first hour has none
+    assert seen[HOUR[0]] is None
+    # A run without a logical date (its slot is its run id) gets the slot that finished last
+    _hourly(store, "manual__2026-01-01T09:00:00", 1, remember(99), scheduled=False)
+    assert seen["manual__2026-01-01T09:00:00"].slot == HOUR[2]
+
+
+def test_an_incremental_chunked_run_starts_where_the_previous_one_ended_and_a_run_with_nothing_new_keeps_it(
+    store: Store,
+) -> None:
+    data = list(range(10))
+    seen: list[list[int]] = []
+
+    def run(slot: str) -> Any:
+        batches: list[int] = []
+        handler = chunk_loop(SequenceReader(data), lambda c, b: batches.extend(b), chunk_size=4,
+                             start=lambda ctx: ctx.previous.position if ctx.previous else None)
+        out = _hourly(store, slot, 1, handler)
+        seen.append(batches)
+        return out
+
+    run(HOUR[0])
+    data += [10, 11, 12]  # new items arrive
+    run(HOUR[1])
+    third = run(HOUR[2])  # nothing new
+    assert seen == [list(range(10)), [10, 11, 12], []]
+    assert third.checkpoint.position == 12, "a run that read nothing still ends where it started"
+    data.append(13)
+    run(HOUR[3])
+    assert seen[-1] == [13]
+
+
+def _load(store: Store, slot: str) -> Any:
+    with store.open() as s:
+        return s.load(JOB, slot)
+
+
+def _crash(ctx: Any) -> None:
+    raise Crash("the worker died")

@@ -1,0 +1,251 @@
+"""The skip policy: bad items go to the dead-letter table and the run goes on, up to ``skip_limit``;
+a retry never records an item twice; skipped items can be replayed on purpose.
+
+Against both stores, with a transactional sink (writes through ``ctx.transaction()``) and a plain one.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any
+
+import pytest
+
+from airflow_resumable.core import Attempt, chunk_loop
+from airflow_resumable.core.errors import Cancelled, ConfigurationError, SkipLimitExceeded
+from airflow_resumable.core.readers import SequenceReader
+from airflow_resumable.core.skips import replay
+from airflow_resumable.core.stores import Store
+
+JOB = "skips"
+SLOT = "2026-01-01T00:00:00+00:00"
+ITEMS = list(range(30))
+
+
+class Crash(Exception):
+    """Stands for the worker dying mid-chunk."""
+
+
+class Sink:
+    """Processes numbers: a bad one raises ValueError; writes each good one through the run's
+    transaction (``transactional``) or to a Python list (a plain sink, at least once)."""
+
+    def __init__(self, bad: set[int], *, transactional: bool, crash_at: tuple[int, int] | None = None):
+        self.bad, self.transactional, self.crash_at = bad, transactional, crash_at
+        self.plain: list[int] = []
+
+    def __call__(self, ctx: Any, batch: list[int]) -> None:
+        tx = ctx.transaction() if self.transactional else None
+        if tx is not None:
+            tx.execute("CREATE TABLE IF NOT EXISTS sink (item INTEGER)")
+        for i in batch:
+            if i in self.bad:
+                raise ValueError(f"bad item {i}")
+            if self.crash_at == (ctx.attempt, i):
+                raise Crash(f"the worker died at item {i}")
+            if tx is not None:
+                tx.execute("INSERT INTO sink (item) VALUES (%s)", (i,))  # not an upsert: a repeat would show
+            else:
+                self.plain.append(i)
+
+    def written(self, store: Store) -> list[int]:
+        if not self.transactional:
+            return sorted(self.plain)
+        with store.open() as s:
+            return sorted(r[0] for r in s.execute("SELECT item FROM sink").fetchall())
+
+
+def run(store: Store, sink: Sink, attempt: int = 1, *, limit: int = 3, skip_on: Any = ValueError) -> Any:
+    handler = chunk_loop(SequenceReader(ITEMS), sink, chunk_size=5, skip_on=skip_on, skip_limit=limit)
+    return Attempt(store, job=JOB, slot=SLOT, attempt=attempt, owner=f"o{attempt}").run(handler)
+
+
+def letters(store: Store, **kwargs: Any) -> list[Any]:
+    with store.open() as s:
+        return s.dead_letters(JOB, SLOT, **kwargs)
+
+
+@pytest.mark.parametrize("transactional", [True, False], ids=["transactional", "plain"])
+def test_bad_items_under_the_limit_are_recorded_and_skipped_and_every_good_item_is_processed(
+    store: Store, transactional: bool
+) -> None:
+    # Given two bad items, each in the middle of a chunk (the chunk wrote items before it raised)
+    sink = Sink({7, 19}, transactional=transactional)
+    # When the run has a skip policy that allows three
+    outcome = run(store, sink, limit=3)
+    # Then it finishes; the good items were processed (the failed chunks' partial writes undone,
+    # so each good item once, with a transactional sink), and the bad ones are dead letters
+    assert outcome.checkpoint.status == "done" and outcome.result == {"chunks": 6, "skipped": 2}
+    good = [i for i in ITEMS if i not in {7, 19}]
+    if transactional:
+        assert sink.written(store) == good
+    else:  # the failed chunk's items before the bad one were written twice: at least once
+        assert set(sink.written(store)) == set(good) and sink.written(store).count(5) == 2
+    assert [(d.position, d.item, d.item_format, d.error, d.attempt, d.status) for d in letters(store)] == [
+        (7, 7, "json", "ValueError: bad item 7", 1, "skipped"),
+        (19, 19, "json", "ValueError: bad item 19", 1, "skipped"),
+    ]
+    assert all(d.recorded_at is not None for d in letters(store))
+    assert outcome.checkpoint.processed == 30  # the position moved past the skipped items
+
+
+def test_past_the_skip_limit_the_attempt_fails_naming_the_item_the_limit_and_what_to_do(store: Store) -> None:
+    sink = Sink({7, 19}, transactional=True)
+    with pytest.raises(SkipLimitExceeded) as err:
+        run(store, sink, limit=1)
+    text = str(err.value)
+    assert "the item at position 19 failed with ValueError: bad item 19" in text and "skip_limit is 1" in text
+    assert f"job='{JOB}'" in text and f"slot='{SLOT}'" in text and "Clear the task" in text
+    # Nothing is lost silently: the first bad item is recorded, the second is not skipped, and the
+    # checkpoint stays at the last finished chunk (before item 19's chunk), with none of its writes
+    assert [d.position for d in letters(store)] == [7]
+    with store.open() as s:
+        row = s.load(JOB, SLOT)
+    assert (row.status, row.position) == ("failed", 14) and "SkipLimitExceeded" in row.last_error
+    assert sink.written(store) == [i for i in range(15) if i != 7]
+
+
+@pytest.mark.parametrize("transactional", [True, False], ids=["transactional", "plain"])
+def test_a_retry_that_meets_a_skipped_item_again_does_not_record_or_count_it_twice(
+    store: Store, transactional: bool
+) -> None:
+    # Given attempt 1 skipped item 7, then died at item 9 of the same chunk, before its checkpoint
+    sink = Sink({7}, transactional=transactional, crash_at=(1, 9))
+    with pytest.raises(Crash):
+        run(store, sink, 1, limit=1)
+    # When the retry processes that chunk again (and meets item 7 again), with a limit of one
+    outcome = run(store, sink, 2, limit=1)
+    # Then it finishes: item 7 is recorded once and counted once
+    assert outcome.checkpoint.status == "done"
+    [letter] = letters(store)
+    assert letter.position == 7
+    # (a plain sink's record committed at once and was kept from attempt 1; a transactional one's
+    # rolled back with the chunk, and attempt 2 recorded it)
+    assert letter.attempt == (2 if transactional else 1)
+
+
+def test_skipped_items_are_replayed_on_purpose_and_marked(store: Store) -> None:
+    run(store, Sink({7, 19}, transactional=False), limit=3)
+    replayed: list[int] = []
+
+    def fix(item: int) -> None:
+        if item == 19:
+            raise ValueError("still bad")
+        replayed.append(item)
+
+    report = replay(store, JOB, SLOT, fix)
+    assert (report.replayed, report.failed, report.not_replayable) == ([7], [19], [])
+    assert replayed == [7]
+    by_position = {d.position: d for d in letters(store)}
+    assert by_position[7].status == "replayed" and by_position[7].replayed_at is not None
+    assert (by_position[19].status, by_position[19].error) == ("skipped", "ValueError: still bad")
+    # A second replay only tries what is still skipped
+    assert replay(store, JOB, SLOT, lambda item: None).replayed == [19]
+    assert letters(store, status="skipped") == []
+
+
+def test_an_item_without_a_json_form_is_kept_as_its_repr_and_not_replayed(store: Store) -> None:
+    class Odd:
+        def __repr__(self) -> str:
+            return "Odd(42)"
+
+    def process(ctx: Any, batch: list[Any]) -> None:
+        raise ValueError("odd")
+
+    handler = chunk_loop(SequenceReader([Odd()]), process, chunk_size=1, skip_on=ValueError, skip_limit=1)
+    Attempt(store, job=JOB, slot=SLOT, attempt=1, owner="o").run(handler)
+    [letter] = letters(store)
+    assert (letter.item, letter.item_format) == ("Odd(42)", "repr")
+    assert replay(store, JOB, SLOT, lambda item: None).not_replayable == [0]
+
+
+def test_a_cancel_is_never_skipped_even_when_every_exception_is(store: Store) -> None:
+    def process(ctx: Any, batch: list[int]) -> None:
+        if batch[0] >= 10:
+            ctx.signal.cancel("user", "user cancelled")
+            ctx.signal.raise_if_cancelled()
+
+    handler = chunk_loop(SequenceReader(ITEMS), process, chunk_size=5, skip_on=Exception, skip_limit=100)
+    with pytest.raises(Cancelled):
+        Attempt(store, job=JOB, slot=SLOT, attempt=1, owner="o").run(handler)
+    assert letters(store) == []
+
+
+def test_a_slot_started_over_forgets_its_skipped_items(store: Store) -> None:
+    run(store, Sink({7}, transactional=False), limit=3)
+    handler = chunk_loop(SequenceReader(ITEMS), Sink(set(), transactional=False), chunk_size=5, skip_on=ValueError)
+    Attempt(store, job=JOB, slot=SLOT, attempt=2, owner="o2", options=_restart()).run(handler)
+    assert letters(store) == []
+
+
+def _restart() -> Any:
+    from airflow_resumable.core import Options
+
+    return Options(restart=True)
+
+
+def test_a_handler_that_owns_its_loop_skips_with_ctx_skip_and_undoes_one_item_with_a_savepoint(store: Store) -> None:
+    def handler(ctx: Any) -> int:
+        tx = ctx.transaction()
+        tx.execute("CREATE TABLE IF NOT EXISTS sink (item INTEGER)")
+        for i in range(ctx.position + 1 if ctx.position is not None else 0, 10):
+            try:
+                with ctx.savepoint():
+                    tx.execute("INSERT INTO sink (item) VALUES (%s)", (i,))  # undone for a bad item
+                    if i in (3, 6):
+                        raise ValueError(f"bad item {i}")
+            except ValueError as exc:
+                ctx.skip({"n": i}, position=i, error=exc, limit=2)
+            ctx.checkpoint(i, processed=i + 1)
+        return 0
+
+    Attempt(store, job=JOB, slot=SLOT, attempt=1, owner="o").run(handler)
+    with store.open() as s:
+        assert sorted(r[0] for r in s.execute("SELECT item FROM sink").fetchall()) == [0, 1, 2, 4, 5, 7, 8, 9]
+    assert [(d.position, d.item) for d in letters(store)] == [(3, {"n": 3}), (6, {"n": 6})]
+
+
+def test_bad_skip_arguments_are_reported_together() -> None:
+    with pytest.raises(ConfigurationError) as err:
+        chunk_loop(SequenceReader(ITEMS), lambda c, b: None, chunk_size=5, skip_on="ValueError", skip_limit=-1)  # type: ignore[arg-type]
+    assert "skip_on must be an exception class" in str(err.value) and "skip_limit must be" in str(err.value)
+
+
+# -- in Airflow -----------------------------------------------------------------------------------
+
+DAY = datetime(2026, 3, 1, tzinfo=timezone.utc)
+
+
+def test_the_chunked_operator_s_summary_counts_and_shows_the_skipped_items(checkpoints: Store, run_dag: Any) -> None:
+    from test_operators import xcom
+
+    run = run_dag("rt_chunked_skips", conf={"bad": [3, 17]}, logical_date=DAY)
+    assert str(run.state) == "success"
+    summary = xcom(run, "work")
+    assert summary["status"] == "done" and summary["skipped"] == 2
+    assert summary["skipped_items"] == [
+        {"position": 3, "error": "ValueError: bad number 3", "attempt": 1},
+        {"position": 17, "error": "ValueError: bad number 17", "attempt": 1},
+    ]
+    with checkpoints.open() as s:
+        assert sorted(r[0] for r in s.execute("SELECT item FROM skip_sink").fetchall()) == [
+            i for i in range(30) if i not in (3, 17)]
+
+
+def test_the_chunked_operator_fails_without_retry_past_the_skip_limit(checkpoints: Store, run_dag: Any) -> None:
+    run = run_dag("rt_chunked_skips", conf={"bad": [3, 17, 25]}, logical_date=DAY)
+    assert str(run.state) == "failed"
+    ti = run.get_task_instance("work")
+    assert ti.try_number == 1, "a skip limit is not retried: the same items would fail again"
+
+
+def test_the_control_api_lists_and_replays_skipped_items_by_connection(store: Store, store_uri: str,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    from airflow_resumable import control
+
+    monkeypatch.setenv("AIRFLOW_CONN_RESUMABLE_DEFAULT", store_uri)
+    run(store, Sink({7, 19}, transactional=False), limit=3)
+    assert [d.position for d in control.dead_letters(JOB, SLOT)] == [7, 19]
+    assert control.replay(JOB, SLOT, lambda item: None).replayed == [7, 19]
+    assert control.dead_letters(JOB, SLOT) == []
+    assert [d.status for d in control.dead_letters(JOB, SLOT, status=None)] == ["replayed", "replayed"]
