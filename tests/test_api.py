@@ -31,6 +31,8 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Store:
     s = SQLiteStore(tmp_path_factory.mktemp("api") / "checkpoints.db")
     run_slot(s, A, "dag_a", fail_at=10)  # failed at 10/30: takes pause and restart, not resume or cancel
     run_slot(s, B, "dag_b")  # done
+    for part in (0, 1):  # a mapped task: one slot per partition
+        run_slot(s, f"dag_a.parts[{part}]", "dag_a", task_id="parts", map_index=part, fail_at=5 * (part + 1))
     return s
 
 
@@ -106,20 +108,21 @@ def test_the_list_shows_every_slot_to_a_viewer_with_progress(as_user: Any) -> No
     r = as_user("viewer", "GET", f"{BASE}/checkpoints")
     assert r.status_code == 200
     rows = {row["job"]: row for row in r.json()["checkpoints"]}
-    assert set(rows) == {A, B}
+    assert set(rows) == {A, B, "dag_a.parts[0]", "dag_a.parts[1]"}
     assert (rows[A]["status"], rows[A]["processed"], rows[A]["total"], rows[A]["percent"]) == ("failed", 10, 30, 33.33)
     assert (rows[B]["status"], rows[B]["percent"], rows[B]["ended"]) == ("done", 100.0, True)
 
 
 def test_the_list_leaves_out_the_dags_a_user_may_not_see(as_user: Any) -> None:
     r = as_user("alice", "GET", f"{BASE}/checkpoints")
-    assert r.status_code == 200 and [row["job"] for row in r.json()["checkpoints"]] == [A]
+    assert r.status_code == 200 and {row["dag_id"] for row in r.json()["checkpoints"]} == {"dag_a"}
+    assert B not in [row["job"] for row in r.json()["checkpoints"]]
 
 
 def test_the_list_filters_by_dag_and_status(as_user: Any) -> None:
     by_dag = as_user("admin", "GET", f"{BASE}/checkpoints", params={"dag_id": "dag_b"}).json()["checkpoints"]
     by_status = as_user("admin", "GET", f"{BASE}/checkpoints", params={"status": "failed"}).json()["checkpoints"]
-    assert [r["job"] for r in by_dag] == [B] and [r["job"] for r in by_status] == [A]
+    assert [r["job"] for r in by_dag] == [B] and [r["job"] for r in by_status] == ["dag_a.parts[1]", "dag_a.parts[0]", A]
 
 
 def test_the_list_of_a_dag_the_user_may_not_see_is_forbidden(as_user: Any) -> None:
@@ -169,6 +172,12 @@ def test_a_task_instance_shows_the_slot_it_ran(as_user: Any) -> None:
     ti = {"dag_id": "dag_a", "run_id": "run_1", "task_id": "export", "map_index": -1}
     body = as_user("alice", "GET", f"{BASE}/task-instance", params=ti).json()
     assert body["resumable"] is True and body["job"] == A and body["history"]
+
+
+def test_a_mapped_task_instance_shows_its_own_partition(as_user: Any) -> None:
+    ti = {"dag_id": "dag_a", "run_id": "run_1", "task_id": "parts", "map_index": 1}
+    body = as_user("alice", "GET", f"{BASE}/task-instance", params=ti).json()
+    assert (body["job"], body["map_index"], body["processed"]) == ("dag_a.parts[1]", 1, 10)
 
 
 def test_a_task_instance_that_is_not_resumable_gets_a_one_line_explanation(as_user: Any) -> None:

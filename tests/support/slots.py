@@ -12,7 +12,7 @@ SLOT = "2026-02-01T00:00:00+00:00"
 
 
 def run_slot(store: Store, job: str, dag_id: str, *, fail_at: int | None = None, n: int = 30, slot: str = SLOT,
-             run_id: str = "run_1", task_id: str = "export") -> None:
+             run_id: str = "run_1", task_id: str = "export", map_index: int = -1) -> None:
     """One attempt of ``job`` for ``dag_id``'s task instance: done, or failed after ``fail_at`` of ``n`` items."""
 
     def handler(ctx: Any) -> None:
@@ -25,7 +25,7 @@ def run_slot(store: Store, job: str, dag_id: str, *, fail_at: int | None = None,
             ctx.checkpoint(i, processed=i)
 
     attempt = Attempt(store, job=job, slot=slot, attempt=1, owner="owner-1", options=Options(lease=3.0),
-                      heartbeat=0.05, origin=Origin(dag_id=dag_id, task_id=task_id, run_id=run_id, map_index=-1))
+                      heartbeat=0.05, origin=Origin(dag_id=dag_id, task_id=task_id, run_id=run_id, map_index=map_index))
     try:
         attempt.run(handler)
     except RuntimeError:
