@@ -219,6 +219,11 @@ def test_a_request_the_slot_cannot_take_is_a_conflict_saying_why(as_user: Any) -
     assert r.json()["hint"] == "Use restart to run it again" and r.json()["status"] == "done"
 
 
+def test_a_connection_that_is_not_a_listed_checkpoint_store_is_refused(as_user: Any) -> None:
+    r = as_user("admin", "GET", f"{BASE}/checkpoints", params={"conn_id": "some_other_database"})
+    assert r.status_code == 400 and "api_conn_ids" in r.json()["message"]
+
+
 def test_an_unknown_action_is_refused(as_user: Any) -> None:
     assert as_user("admin", "POST", f"{BASE}/checkpoint/explode", params=q(A)).status_code == 422
 

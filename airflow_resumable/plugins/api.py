@@ -14,8 +14,9 @@ that names no DAG (written outside Airflow) needs access to all DAGs.
 This module imports the api-server's code: the plugin imports it only where that runs.
 
 Every request goes through :mod:`airflow_resumable.control`; nothing here decides what a slot may
-take. The checkpoint store is the Airflow connection ``conn_id`` (query parameter), by default
-``[resumable] conn_id`` in Airflow's configuration, else ``resumable_default``.
+take. The checkpoint store is ``[resumable] conn_id`` in Airflow's configuration (else
+``resumable_default``); the ``conn_id`` query parameter may name another only if it is listed in
+``[resumable] api_conn_ids``.
 """
 
 from __future__ import annotations
@@ -50,6 +51,25 @@ def default_conn_id() -> str:
     from airflow.configuration import conf
 
     return conf.get("resumable", "conn_id", fallback=control.DEFAULT_CONN_ID) or control.DEFAULT_CONN_ID
+
+
+def _conn(conn_id: str | None) -> str:
+    """The store to use: the default, or one listed in ``[resumable] api_conn_ids`` (comma-separated).
+
+    Any other connection id is refused (400): the API opens (and migrates) the store it names, so a
+    caller must not be able to point it at an arbitrary Airflow connection.
+    """
+    from airflow.configuration import conf
+
+    default = default_conn_id()
+    if conn_id is None or conn_id == default:
+        return default
+    allowed = {c.strip() for c in conf.get("resumable", "api_conn_ids", fallback="").split(",") if c.strip()}
+    if conn_id not in allowed:
+        raise HTTPException(status.HTTP_400_BAD_REQUEST,
+                            f"the connection {conn_id!r} is not a checkpoint store this API serves; list it in "
+                            "[resumable] api_conn_ids to allow it")
+    return conn_id
 
 
 class ActionBody(BaseModel):
@@ -108,7 +128,7 @@ def create_app() -> FastAPI:
         limit: Annotated[int, Query(ge=1, le=1000)] = 100,
         conn_id: ConnId = None,
     ) -> dict[str, Any]:
-        conn = conn_id or default_conn_id()
+        conn = _conn(conn_id)
         if dag_id is not None:
             _authorize(user, dag_id, "GET")
             readable: set[str] | None = {dag_id}
@@ -120,7 +140,7 @@ def create_app() -> FastAPI:
     @app.get("/api/v1/checkpoint", responses=_ERRORS, summary="One slot: its row, figures, history and what it "
                                                               "would take now")
     def get_checkpoint(user: GetUserDep, job: str, slot: str, conn_id: ConnId = None) -> dict[str, Any]:
-        conn = conn_id or default_conn_id()
+        conn = _conn(conn_id)
         row = control.get(job, slot, conn_id=conn)
         _authorize(user, row.dag_id, "GET")
         return _detail(row, conn)
@@ -130,7 +150,7 @@ def create_app() -> FastAPI:
         user: GetUserDep, dag_id: str, run_id: str, task_id: str, map_index: int = -1, conn_id: ConnId = None,
     ) -> dict[str, Any]:
         _authorize(user, dag_id, "GET")
-        conn = conn_id or default_conn_id()
+        conn = _conn(conn_id)
         row = control.find(dag_id, task_id, run_id, map_index, conn_id=conn)
         if row is None:
             return {"resumable": False, "message": "This task instance has no checkpoint: it is not a resumable "
@@ -144,7 +164,7 @@ def create_app() -> FastAPI:
         user: GetUserDep, action: Action, job: str, slot: str, conn_id: ConnId = None,
         body: Annotated[ActionBody | None, Body()] = None,
     ) -> dict[str, Any]:
-        conn = conn_id or default_conn_id()
+        conn = _conn(conn_id)
         row = control.get(job, slot, conn_id=conn)
         _authorize(user, row.dag_id, "PUT")
         by = user.get_name()
