@@ -5,12 +5,15 @@ PY := $(VENV)/bin/python
 CONSTRAINTS := constraints-3.11.txt
 DEMO_HOME := $(CURDIR)/.airflow-home
 
-.PHONY: demo test fast lint bench standalone celery venv clean
+.PHONY: demo test fast lint bench standalone celery venv clean browser-deps screenshots
 
 $(VENV)/.installed: setup.cfg pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade "pip==26.3" || true
 	$(PY) -m pip install --quiet -c $(CONSTRAINTS) -e ".[test,lint]"
+	@# The editable build leaves an egg-info here; on sys.path (tests run from here) it would
+	@# declare every entry point a second time (Airflow then warns: plugin already registered).
+	rm -rf airflow_resumable.egg-info
 	touch $@
 
 venv: $(VENV)/.installed
@@ -23,9 +26,18 @@ demo: venv
 test: venv
 	$(PY) -m pytest -p no:cacheprovider -ra $(PYTEST_ARGS)
 
-## The fast part: no real scheduler, no PostgreSQL server needed.
+## The fast part: no real scheduler, no PostgreSQL server, no browser needed.
 fast: venv
-	$(PY) -m pytest -p no:cacheprovider -ra -m "not scheduler and not postgres" $(PYTEST_ARGS)
+	$(PY) -m pytest -p no:cacheprovider -ra -m "not scheduler and not postgres and not browser" $(PYTEST_ARGS)
+
+## Debian's chromium and chromedriver for the browser tests (installed only if missing).
+browser-deps:
+	@if [ -x /usr/bin/chromium ] && [ -x /usr/bin/chromedriver ]; then echo "chromium: $$(/usr/bin/chromium --version 2>/dev/null)"; \
+	else apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver; fi
+
+## The README's screenshots (docs/screenshots/): the browser test against a real airflow standalone.
+screenshots: venv browser-deps
+	RESUMABLE_SCREENSHOTS=$(CURDIR)/docs/screenshots $(PY) -m pytest -p no:cacheprovider -ra -s tests/test_browser.py
 
 ## Lint and type check: ruff over everything, mypy over the package.
 lint: venv

@@ -21,7 +21,7 @@ The table of what each request does to a slot in each state is in
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 from airflow_resumable.core import control as _core
@@ -32,8 +32,8 @@ from airflow_resumable.core.stores.base import Store
 from airflow_resumable.hooks.resumable import DEFAULT_CONN_ID, ResumableHook
 
 __all__ = [
-    "ACTIONS", "RequestRefused", "SlotNotFound", "cancel", "dead_letters", "get", "history", "pause", "release",
-    "replay", "restart", "resume",
+    "ACTIONS", "RequestRefused", "SlotNotFound", "cancel", "dag_ids", "dead_letters", "find", "get", "history",
+    "offers", "pause", "recent", "release", "replay", "restart", "resume",
 ]
 
 ACTIONS = _core.ACTIONS
@@ -95,6 +95,46 @@ def history(job: str, slot: str, *, conn_id: str = DEFAULT_CONN_ID) -> list[Atte
     with _store(conn_id, job, slot).open(autocommit=True) as session:
         session.ensure_schema()
         return session.history(job, slot)
+
+
+def offers(job: str, slot: str, *, conn_id: str = DEFAULT_CONN_ID) -> dict[str, bool]:
+    """Which requests the slot would take now (``{"pause": True, "resume": False, ...}``), judged
+    by the same conditions as the requests themselves: what the UI enables.
+
+    Raises:
+        SlotNotFound: no such slot.
+    """
+    with _store(conn_id, job, slot).open(autocommit=True) as session:
+        session.ensure_schema()
+        found = session.offers(job, slot)
+    if found is None:
+        raise SlotNotFound("no checkpoint row for this slot", job=job, slot=slot)
+    return found
+
+
+def find(dag_id: str, task_id: str, run_id: str, map_index: int = -1, *,
+         conn_id: str = DEFAULT_CONN_ID) -> Checkpoint | None:
+    """The slot a task instance ran last, by the row's owning DAG, task, run and map index (None:
+    the task instance never ran a resumable job in this store)."""
+    with ResumableHook(conn_id).get_store().open(autocommit=True) as session:
+        session.ensure_schema()
+        return session.find(dag_id, task_id, run_id, map_index)
+
+
+def dag_ids(*, conn_id: str = DEFAULT_CONN_ID) -> set[str]:
+    """The DAGs that own a slot in this store."""
+    with ResumableHook(conn_id).get_store().open(autocommit=True) as session:
+        session.ensure_schema()
+        return session.dag_ids()
+
+
+def recent(*, conn_id: str = DEFAULT_CONN_ID, dag_ids: Collection[str] | None = None, status: str | None = None,
+           limit: int = 100) -> list[Checkpoint]:
+    """Slots across jobs, most recently updated first; only those of ``dag_ids`` (when given) and
+    of ``status`` (when given)."""
+    with ResumableHook(conn_id).get_store().open(autocommit=True) as session:
+        session.ensure_schema()
+        return session.recent(dag_ids=dag_ids, status=status, limit=limit)
 
 
 def dead_letters(job: str, slot: str, *, conn_id: str = DEFAULT_CONN_ID, status: str | None = "skipped",

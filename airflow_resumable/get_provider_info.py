@@ -25,6 +25,10 @@ def get_provider_info() -> dict[str, Any]:
         ],
         "hooks": [{"integration-name": "Resumable", "python-modules": ["airflow_resumable.hooks.resumable"]}],
         "triggers": [{"integration-name": "Resumable", "python-modules": ["airflow_resumable.triggers.resume"]}],
+        # The plugin is also an `airflow.plugins` entry point; it is registered once either way
+        # (see airflow_resumable.plugins).
+        "plugins": [{"name": "resumable", "plugin-class": "airflow_resumable.plugins.ResumablePlugin"}],
+        "cli": ["airflow_resumable.commands.get_cli_commands"],
         "task-decorators": [
             {"name": "resumable", "class-name": "airflow_resumable.decorators.resumable.resumable_task"}
         ],

@@ -6,6 +6,7 @@ task SDK, the public surface DAG authors use.
 
 from __future__ import annotations
 
+from airflow.plugins_manager import AirflowPlugin
 from airflow.sdk import BaseHook, BaseOperator, Context, XComArg
 from airflow.sdk.bases.decorator import DecoratedOperator, KeywordParameters, task_decorator_factory
 from airflow.sdk.exceptions import (
@@ -15,6 +16,7 @@ from airflow.sdk.exceptions import (
     AirflowRescheduleException,
     AirflowSkipException,
 )
+from airflow.sdk.observability.stats import Stats
 from airflow.sdk.serde import deserialize as serde_deserialize
 from airflow.sdk.serde import serialize as serde_serialize
 from airflow.triggers.base import BaseTrigger, TriggerEvent
@@ -23,6 +25,7 @@ __all__ = [
     "AirflowException",
     "AirflowFailException",
     "AirflowNotFoundException",
+    "AirflowPlugin",
     "AirflowRescheduleException",
     "AirflowSkipException",
     "BaseHook",
@@ -31,6 +34,7 @@ __all__ = [
     "Context",
     "DecoratedOperator",
     "KeywordParameters",
+    "Stats",
     "TriggerEvent",
     "XComArg",
     "serde_deserialize",

@@ -192,11 +192,13 @@ def export_customers(ctx: RunContext, batch_pause_seconds: float | str = 0, full
     if ctx.total is None:
         ctx.total = ctx.processed + CUSTOMERS.count(ctx, ctx.position)
     # Each batch: the customers after ctx.position (this run's checkpoint), read by the index.
-    for batch in CUSTOMERS.chunks(ctx, BATCH_SIZE):
+    for number, batch in enumerate(CUSTOMERS.chunks(ctx, BATCH_SIZE)):
+        if number:  # only for watching it run, between batches (never after the last): wakes at once on a cancel
+            ctx.signal.wait(pause)
+            ctx.signal.raise_if_cancelled()
         export_batch(ctx, batch)
         # Saves the position (and commits the batch's upsert with it), then stops if asked to.
         ctx.checkpoint(batch.position, processed=ctx.processed + len(batch))
-        ctx.signal.wait(pause)  # only for watching it run: wakes at once on a cancel
 # [END customer_export_handler]
 
 

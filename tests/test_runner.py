@@ -338,10 +338,16 @@ def test_the_checkpoint_is_durable_before_progress_is_reported(store: Store) -> 
 def test_progress_lines_carry_percent_counts_rate_and_eta(store: Store, caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.INFO, logger="airflow_resumable"):
         attempt(store, 1, progress_interval=0).run(Items(20, 5))
-    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("progress")]
+    messages = [r.getMessage() for r in caplog.records]
+    lines = [m for m in messages if m.startswith("progress")]
     assert len(lines) == 4
+    # The first line has nothing measured yet: no rate, no ETA; it alone names the job and slot
+    assert lines[0] == f"progress 25% processed=5/20 [job={JOB} slot={SLOT}]"
     assert lines[1].startswith("progress 50% processed=10/20 rate=") and " eta=" in lines[1]
-    assert f"job={JOB}" in lines[1] and f"slot={SLOT}" in lines[1]
+    assert "job=" not in lines[1] and "slot=" not in lines[3]
+    # And a last line says the run is done
+    assert [m for m in messages if m.startswith("done:")] == [
+        f"done: processed=20/20 in {messages[-1].split(' in ')[1].split()[0]} [job={JOB} slot={SLOT}]"]
 
 
 def test_progress_lines_are_throttled_but_the_last_one_is_always_logged(

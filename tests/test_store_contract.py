@@ -244,3 +244,29 @@ def test_a_sqlite_store_on_a_relative_path_is_refused(tmp_path) -> None:
     with pytest.raises(ConfigurationError, match=r"'var/lib/x.db' is a relative path.*e.g. '/var/lib/x.db'"):
         SQLiteStore("var/lib/x.db")
     assert SQLiteStore(tmp_path / "x.db").path == str(tmp_path / "x.db")
+
+
+def test_listings_find_a_task_instances_slot_and_what_each_slot_would_take(store: Store) -> None:
+    """What the UI, REST API and CLI read: slots across jobs by DAG and status, a task instance's
+    slot, and the requests a slot would take now (judged by the requests' own SQL conditions)."""
+    from support.slots import run_slot
+
+    run_slot(store, "a.export", "dag_a", fail_at=10)  # failed, nobody holds it
+    run_slot(store, "b.export", "dag_b")  # done
+    with store.open() as s:
+        s.ensure_schema()
+        assert s.dag_ids() == {"dag_a", "dag_b"}
+        assert [r.job for r in s.recent()] == ["b.export", "a.export"]
+        assert [r.job for r in s.recent(dag_ids={"dag_a"})] == ["a.export"]
+        assert [r.job for r in s.recent(status="done")] == ["b.export"] and s.recent(dag_ids=set()) == []
+        assert s.find("dag_a", "export", "run_1", -1).job == "a.export"
+        assert s.find("dag_a", "export", "run_2", -1) is None
+        assert s.offers("a.export", "2026-02-01T00:00:00+00:00") == {
+            "pause": True, "resume": False, "cancel": False, "restart": True, "release": False}
+        assert s.offers("b.export", "2026-02-01T00:00:00+00:00") == {
+            "pause": False, "resume": False, "cancel": False, "restart": True, "release": False}
+        assert s.offers("nope", "x") is None
+        # A live holder: it takes pause and cancel, not restart or release
+        acquire(s, owner="live", slot="live-slot")
+        assert s.offers(JOB, "live-slot") == {
+            "pause": True, "resume": False, "cancel": True, "restart": False, "release": False}

@@ -30,7 +30,7 @@ from airflow_resumable.core.signal import Reason
 from airflow_resumable.core.states import AttemptEnd, Request, Status
 from airflow_resumable.core.stores.base import Store, StoreSession
 
-__all__ = ["ACTIONS", "cancel", "default_by", "pause", "release", "restart", "resume", "wake"]
+__all__ = ["ACTIONS", "cancel", "default_by", "pause", "release", "restart", "resume", "stale", "wake"]
 
 #: The requests, by name (what the CLI and the REST API accept).
 ACTIONS = ("pause", "resume", "cancel", "restart", "release")
@@ -176,7 +176,7 @@ def _refused(session: StoreSession, job: str, slot: str, action: str) -> Excepti
         )
     status, request = row.status, row.request
     live = row.lease_owner is not None and row.lease_expires_at is not None and row.lease_expires_at > _now(row)
-    stale = live and _stale(row)
+    dead = live and stale(row)
     name = action.removesuffix("_force")
     message, hint = f"the slot cannot take {name} now (status {status})", "Look at its state and try again"
     if status == Status.DONE and name in ("pause", "resume", "cancel"):
@@ -206,7 +206,7 @@ def _refused(session: StoreSession, job: str, slot: str, action: str) -> Excepti
     elif name == "release":
         if row.lease_owner is None:
             message, hint = "nobody holds the slot's lease", "There is nothing to release"
-        elif live and not stale:
+        elif live and not dead:
             message = (f"the lease holder {row.lease_owner} is alive (last heartbeat "
                        f"{row.heartbeat_at.isoformat() if row.heartbeat_at else '?'})")
             hint = ("Pause or cancel it instead; release with force=True only to fence it out "
@@ -214,7 +214,7 @@ def _refused(session: StoreSession, job: str, slot: str, action: str) -> Excepti
     return RequestRefused(message, status=status, job=job, slot=slot, hint=hint)
 
 
-def _stale(row: Checkpoint) -> bool:
+def stale(row: Checkpoint) -> bool:
     """Whether the holder missed two heartbeats (it renews every lease/3): taken for dead."""
     if row.heartbeat_at is None or row.lease_expires_at is None:
         return False

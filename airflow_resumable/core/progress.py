@@ -30,6 +30,8 @@ class Progress:
     rate: float | None
     #: seconds left at that rate, if the total is known
     eta: float | None
+    #: how long the save of the checkpoint being reported took (seconds), when measured
+    save_seconds: float | None = None
 
     @property
     def percent(self) -> float | None:
@@ -53,7 +55,10 @@ class Reporter:
     """Receives the run's events, always *after* the row they describe is durable.
 
     The default writes progress lines to a logger, at most one per ``interval`` seconds (the first
-    and the last checkpoint are always logged). Subclasses add other channels (Airflow's XCom).
+    and the last checkpoint are always logged), and a last line when the run is done. Only the
+    attempt's first line names the job and the slot (the log is the attempt's: the others would
+    repeat it, and long lines scroll sideways in the UI's log view). Subclasses add other channels
+    (Airflow's XCom and metrics).
     """
 
     def __init__(self, log: Log | None = None, *, interval: float = defaults.PROGRESS_INTERVAL, clock: Callable[[], float] = time.monotonic):
@@ -61,6 +66,7 @@ class Reporter:
         self.interval = interval
         self._clock = clock
         self._last: float | None = None
+        self._began = clock()
 
     def on_start(self, cp: Checkpoint, *, resumed: bool) -> None:
         """The attempt holds the lease and its row says ``running``."""
@@ -77,27 +83,45 @@ class Reporter:
 
     def on_checkpoint(self, cp: Checkpoint, progress: Progress) -> None:
         if self._log_due(progress.processed, progress.total):
+            first = self._last is None
             self._last = self._clock()
-            self.log.info("progress %s [job=%s slot=%s]", progress.format(), cp.job, cp.slot)
+            if first:
+                self.log.info("progress %s [job=%s slot=%s]", progress.format(), cp.job, cp.slot)
+            else:
+                self.log.info("progress %s", progress.format())
 
     def on_finish(self, cp: Checkpoint) -> None:
-        """The attempt ended (any status) and released its lease."""
+        """The attempt ended (any status) and released its lease. A ``done`` run gets a last line."""
+        if cp.status == "done":
+            self.log.info("done: processed=%s%s in %s [job=%s slot=%s]", cp.processed,
+                          f"/{cp.total}" if cp.total is not None else "", _duration(self._clock() - self._began),
+                          cp.job, cp.slot)
 
 
 class ProgressMeter:
-    """Turns successive ``processed`` counts into a rate and an ETA for this attempt."""
+    """Turns successive ``processed`` counts into a rate and an ETA for this attempt.
+
+    The rate is measured from the attempt's first reported checkpoint on, not from its start: the
+    first report has none (nothing measured yet, where one fast first chunk would promise a wild
+    rate and an ETA of 0 s), and every later one spans whole chunk cycles, the handler's waits
+    between chunks included, so the ETA counts them too.
+    """
 
     def __init__(self, processed_at_start: int, clock: Callable[[], float] = time.monotonic):
-        self._start = clock()
+        self._start: float | None = None
         self._base = processed_at_start
         self._clock = clock
 
-    def measure(self, processed: int, total: int | None) -> Progress:
-        elapsed = self._clock() - self._start
+    def measure(self, processed: int, total: int | None, *, save_seconds: float | None = None) -> Progress:
+        now = self._clock()
+        if self._start is None:
+            self._start, self._base = now, processed
+            return Progress(processed=processed, total=total, rate=None, eta=None, save_seconds=save_seconds)
+        elapsed = now - self._start
         done = processed - self._base
         rate = done / elapsed if elapsed > 0 and done > 0 else None
         eta = (total - processed) / rate if rate and total is not None and total >= processed else None
-        return Progress(processed=processed, total=total, rate=rate, eta=eta)
+        return Progress(processed=processed, total=total, rate=rate, eta=eta, save_seconds=save_seconds)
 
 
 def _duration(seconds: float) -> str:

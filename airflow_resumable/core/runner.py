@@ -165,6 +165,8 @@ class Attempt:
         self._encode_result, self._decode_result = codec
         self._record_id: int | None = None
         self._started = time.monotonic()
+        #: How long the last checkpoint's save took (seconds): reported with progress (metrics).
+        self._save_seconds: float | None = None
         self._session: StoreSession | None = None
         self._token: int | None = None
         self._meter: ProgressMeter | None = None
@@ -490,10 +492,12 @@ class Attempt:
             if self._writer is not None:  # returns at once; raises the previous write's failure
                 self._writer.submit(position=position, state=state, processed=processed, total=total)
                 return
+            began = time.perf_counter()
             self._session.save(
                 self.job, self.slot, self.owner, self._token, position=position, state=state, processed=processed,
                 total=total,
             )
+            self._save_seconds = time.perf_counter() - began
 
     def report(self, ctx: RunContext) -> None:
         """Report progress after a durable checkpoint (write before report), when a report is due.
@@ -509,7 +513,7 @@ class Attempt:
             processed, total = self._writer.durable
         if self.reporter.due(processed, total):
             stored = self._session.load(self.job, self.slot) or ctx.row
-            self.reporter.on_checkpoint(stored, self._meter.measure(processed, total))
+            self.reporter.on_checkpoint(stored, self._meter.measure(processed, total, save_seconds=self._save_seconds))
 
     def between_chunks(self, ctx: RunContext) -> None:
         """After a durable checkpoint: end the time slice, or wait as the throttle asks.

@@ -22,7 +22,7 @@ from airflow_resumable.core import defaults
 from airflow_resumable.core.checkpoint import Checkpoint, Origin
 from airflow_resumable.core.chunked import calls_problems, chunk_loop, chunked_problems
 from airflow_resumable.core.context import RunContext
-from airflow_resumable.core.errors import ConfigurationError, OverlapWait, Paused
+from airflow_resumable.core.errors import Cancelled, ConfigurationError, LeaseLost, OverlapWait, Paused
 from airflow_resumable.core.options import Options, call_problem, duration_problem, key_problem, validate_options
 from airflow_resumable.core.progress import Progress, Reporter
 from airflow_resumable.core.readers import Reader
@@ -31,6 +31,7 @@ from airflow_resumable.core.signal import Reason
 from airflow_resumable.core.skips import shown
 from airflow_resumable.core.stores import Store
 from airflow_resumable.hooks.resumable import DEFAULT_CONN_ID, ResumableHook
+from airflow_resumable.metrics import Metrics
 from airflow_resumable.operators.outcome import ResumableStopped, to_airflow
 from airflow_resumable.triggers.resume import SlotResumeTrigger
 from airflow_resumable.version_compat import (
@@ -85,10 +86,12 @@ class AirflowReporter(Reporter):
     """
 
     def __init__(
-        self, log: Any, ti: Any, *, interval: float, xcom_interval: float, where: str = "the checkpoint store"
+        self, log: Any, ti: Any, *, interval: float, xcom_interval: float, where: str = "the checkpoint store",
+        metrics: Metrics | None = None,
     ):
         super().__init__(log, interval=interval)
         self.ti = ti
+        self.metrics = metrics or Metrics(dag_id=getattr(ti, "dag_id", None), task_id=getattr(ti, "task_id", None))
         self.xcom_interval = xcom_interval
         #: Where the whole row is, for the log line that says the XCom copy is cut.
         self.where = where
@@ -128,6 +131,7 @@ class AirflowReporter(Reporter):
         return row
 
     def on_start(self, cp: Checkpoint, *, resumed: bool) -> None:
+        self.metrics.started(cp)
         self.push(cp)
 
     def _xcom_due(self) -> bool:
@@ -138,10 +142,13 @@ class AirflowReporter(Reporter):
 
     def on_checkpoint(self, cp: Checkpoint, progress: Progress) -> None:
         super().on_checkpoint(cp, progress)
+        self.metrics.checkpoint(progress.processed, progress.save_seconds)
         if self._xcom_due():
             self.push(cp)
 
     def on_finish(self, cp: Checkpoint) -> None:
+        super().on_finish(cp)
+        self.metrics.finished(cp)
         self.push(cp)
 
 
@@ -509,6 +516,8 @@ class ResumableOperator(BaseOperator):
         except OverlapWait as exc:
             raise self._wait_or_give_up(context, exc) from exc
         except BaseException as exc:
+            if _lease_lost(exc):
+                Metrics(dag_id=ti.dag_id, task_id=ti.task_id).lease_lost()
             mapped = to_airflow(exc, job=job, slot=slot)
             if mapped is None:
                 raise
@@ -586,6 +595,10 @@ class ResumableOperator(BaseOperator):
         attempt = self._attempt
         if attempt is not None:
             attempt.signal.cancel(Reason.TERMINATED, "the task process received SIGTERM")
+
+
+def _lease_lost(exc: BaseException) -> bool:
+    return isinstance(exc, LeaseLost) or (isinstance(exc, Cancelled) and exc.reason == Reason.LEASE_LOST.value)
 
 
 def _map_index(ti: Any) -> int:

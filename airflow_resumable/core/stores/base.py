@@ -17,7 +17,7 @@ import functools
 import os
 import re
 import socket
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from types import SimpleNamespace
 from typing import Any
@@ -155,6 +155,11 @@ def _requests(d: Dialect) -> dict[str, tuple[str, str]]:
                            f"OR heartbeat_at + (lease_expires_at - heartbeat_at) * 2 / 3 <= {now})"),
         "release_force": (fence, "lease_owner IS NOT NULL"),
     }
+
+
+#: A request, by the conditions of the writes that carry it out (a cancel is either kind).
+_OFFERS = {"pause": ("pause",), "resume": ("resume",), "cancel": ("cancel", "cancel_now"),
+           "restart": ("restart",), "release": ("release",)}
 
 
 @functools.cache
@@ -383,6 +388,17 @@ class StoreSession:
         self.commit()
         return [self._row(r) for r in rows]
 
+    def find(self, dag_id: str, task_id: str, run_id: str, map_index: int = -1) -> Checkpoint | None:
+        """The slot a task instance ran last (the row's owning DAG/task/run/map index), if any; the
+        most recently updated one when two jobs were run by it."""
+        cur = self.execute(
+            f"SELECT {_SELECT} FROM {TABLE} WHERE dag_id = %s AND task_id = %s AND run_id = %s AND map_index = %s "
+            "ORDER BY updated_at DESC LIMIT 1", (dag_id, task_id, run_id, int(map_index)),
+        )
+        row = cur.fetchone()
+        self.commit()
+        return None if row is None else self._row(row)
+
     def previous(self, job: str, slot: str, *, by_time: bool) -> Checkpoint | None:
         """The job's previous finished run, as seen from ``slot``: where an incremental run starts.
 
@@ -403,6 +419,47 @@ class StoreSession:
         row = cur.fetchone()
         self.commit()
         return None if row is None else self._row(row)
+
+    def recent(self, *, dag_ids: Collection[str] | None = None, status: str | None = None,
+               limit: int = 100) -> list[Checkpoint]:
+        """Slots across jobs, most recently updated first: only those of ``dag_ids`` when given
+        (rows that name no DAG are then left out), only of ``status`` when given."""
+        where, params = [], []
+        if dag_ids is not None:
+            if not dag_ids:
+                return []
+            where.append(f"dag_id IN ({', '.join(['%s'] * len(dag_ids))})")
+            params += sorted(dag_ids)
+        if status:
+            where.append("status = %s")
+            params.append(status)
+        clause = f"WHERE {' AND '.join(where)} " if where else ""
+        cur = self.execute(f"SELECT {_SELECT} FROM {TABLE} {clause}ORDER BY updated_at DESC, job, slot LIMIT %s",
+                           (*params, int(limit)))
+        rows = cur.fetchall()
+        self.commit()
+        return [self._row(r) for r in rows]
+
+    def dag_ids(self) -> set[str]:
+        """The DAGs that own a slot (rows written outside Airflow name none)."""
+        cur = self.execute(f"SELECT DISTINCT dag_id FROM {TABLE} WHERE dag_id IS NOT NULL")
+        rows = cur.fetchall()
+        self.commit()
+        return {r[0] for r in rows}
+
+    def offers(self, job: str, slot: str) -> dict[str, bool] | None:
+        """Which control requests the slot would take now (what the UI enables), evaluated with
+        the very conditions the requests' writes use (:func:`_requests`); None if no such row.
+        A request made later may still be refused: the write decides."""
+        conds = _requests(self.d)
+        cols = ", ".join(
+            f"CASE WHEN {' OR '.join(f'({conds[a][1]})' for a in actions)} THEN 1 ELSE 0 END"
+            for actions in _OFFERS.values()
+        )
+        cur = self.execute(f"SELECT {cols} FROM {TABLE} WHERE job = %s AND slot = %s", (job, slot))
+        row = cur.fetchone()
+        self.commit()
+        return None if row is None else {name: bool(v) for name, v in zip(_OFFERS, row, strict=True)}
 
     def live_others(self, job: str, slot: str) -> list[Checkpoint]:
         """Other slots of the job that are live now (a live lease, or paused: a paused run is

@@ -1,0 +1,215 @@
+"""``airflow resumable ...``: the Airflow CLI group, registered through the provider info's ``cli``.
+
+    airflow resumable list [--dag-id D] [--status S] [--limit N]
+    airflow resumable show JOB SLOT          airflow resumable history JOB SLOT
+    airflow resumable pause|resume|cancel|restart JOB SLOT [--by WHO]
+    airflow resumable release JOB SLOT [--force] [--by WHO]
+    airflow resumable migrate [--sql | --check]
+    airflow resumable clean --older-than 30d [--dry-run]
+
+Every command takes ``--conn-id`` (the checkpoint store's Airflow connection, default
+``resumable_default``) and ``--output table|json|yaml|plain``. Requests go through
+:mod:`airflow_resumable.control`; ``--by`` (who asks, kept in the slot's history) defaults to the
+OS user (``user@host``). A refused request exits 1 saying why; nothing was changed then.
+
+This module is imported by every ``airflow`` command line: the definitions below import nothing
+heavy, the commands' bodies import what they need.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from airflow.cli.cli_config import ARG_OUTPUT, ActionCommand, Arg, GroupCommand, lazy_load_command
+
+from airflow_resumable.core.defaults import CONN_ID
+
+_HERE = __name__
+
+ARG_CONN_ID = Arg(("--conn-id",), default=CONN_ID, help="the checkpoint store's Airflow connection (default: %(default)s)")
+ARG_JOB = Arg(("job",), help="the job (default name <dag_id>.<task_id>, plus [map_index] when mapped)")
+ARG_SLOT = Arg(("slot",), help="the slot (the run's data interval start in ISO 8601, else its run id)")
+ARG_BY = Arg(("--by",), default=None, help="who asks, kept in the slot's history (default: the OS user, user@host)")
+ARG_FORCE = Arg(("--force",), action="store_true", help="release: also free a live holder's lease, fencing it out")
+ARG_DAG_ID = Arg(("--dag-id",), default=None, help="only this DAG's slots")
+ARG_STATUS = Arg(("--status",), default=None, choices=("running", "paused", "done", "failed", "cancelled"),
+                 help="only slots in this status")
+ARG_LIMIT = Arg(("--limit",), type=int, default=100, help="at most this many slots, most recent first (default: 100)")
+ARG_SQL = Arg(("--sql",), action="store_true", help="print the SQL it would run, change nothing")
+ARG_CHECK = Arg(("--check",), action="store_true", help="exit 1 if the database needs migrating")
+ARG_OLDER_THAN = Arg(("--older-than",), required=True, metavar="DURATION",
+                     help="age of the last write, e.g. 30d, 12h, 2w")
+ARG_DRY_RUN = Arg(("--dry-run",), action="store_true", help="count what would be removed, change nothing")
+ARG_BATCH = Arg(("--batch",), default=None, help="slots per transaction")
+
+_REQUEST_HELP = {
+    "pause": "Ask the slot's run to stop at its next chunk boundary and defer until resumed",
+    "resume": "Let a paused slot continue from its checkpoint",
+    "cancel": "Stop the slot's run (its task fails without a retry; the checkpoint is kept)",
+    "restart": "Make the slot's next attempt start from the beginning",
+    "release": "Free the lease of a holder that stopped heartbeating",
+}
+
+
+def get_cli_commands() -> list[GroupCommand]:
+    """The ``resumable`` group (the name no core command uses: reusing one breaks Airflow's CLI)."""
+    requests = [
+        ActionCommand(name=action, help=text, func=lazy_load_command(f"{_HERE}.{action}_command"),
+                      args=(ARG_JOB, ARG_SLOT, ARG_BY, *((ARG_FORCE,) if action == "release" else ()),
+                            ARG_CONN_ID, ARG_OUTPUT))
+        for action, text in _REQUEST_HELP.items()
+    ]
+    return [
+        GroupCommand(
+            name="resumable",
+            help="Inspect and steer resumable jobs (airflow-resumable)",
+            subcommands=[
+                ActionCommand(name="list", help="Live and recent slots, most recently updated first",
+                              func=lazy_load_command(f"{_HERE}.list_command"),
+                              args=(ARG_DAG_ID, ARG_STATUS, ARG_LIMIT, ARG_CONN_ID, ARG_OUTPUT)),
+                ActionCommand(name="show", help="One slot: its row, progress and lease",
+                              func=lazy_load_command(f"{_HERE}.show_command"),
+                              args=(ARG_JOB, ARG_SLOT, ARG_CONN_ID, ARG_OUTPUT)),
+                ActionCommand(name="history", help="The slot's attempts and requests, oldest first",
+                              func=lazy_load_command(f"{_HERE}.history_command"),
+                              args=(ARG_JOB, ARG_SLOT, ARG_CONN_ID, ARG_OUTPUT)),
+                *requests,
+                ActionCommand(name="migrate", help="Bring the checkpoint database to this release's schema",
+                              func=lazy_load_command(f"{_HERE}.migrate_command"),
+                              args=(ARG_CONN_ID, ARG_SQL, ARG_CHECK)),
+                ActionCommand(name="clean", help="Remove finished slots and their history past an age",
+                              func=lazy_load_command(f"{_HERE}.clean_command"),
+                              args=(ARG_CONN_ID, ARG_OLDER_THAN, ARG_DRY_RUN, ARG_BATCH)),
+            ],
+        )
+    ]
+
+
+# -- the commands ---------------------------------------------------------------------------------
+
+_LIST_COLUMNS = ("job", "slot", "status", "percent", "processed", "total", "dag_id", "run_id", "updated_at")
+_HISTORY_COLUMNS = ("id", "attempt", "outcome", "requested_by", "owner", "started_at", "ended_at", "processed_start",
+                    "processed_end", "cancel_reason", "error")
+
+
+def list_command(args: argparse.Namespace) -> None:
+    from airflow_resumable import control
+    from airflow_resumable.core.view import row_view
+
+    rows = _guard(lambda: control.recent(conn_id=args.conn_id, dag_ids={args.dag_id} if args.dag_id else None,
+                                         status=args.status, limit=args.limit))
+    views = [row_view(r) for r in rows]
+    _print(views if args.output == "json" else [{k: v.get(k) for k in _LIST_COLUMNS} for v in views], args.output)
+
+
+def show_command(args: argparse.Namespace) -> None:
+    _print_slot(args, _guard(lambda: _detail(args.job, args.slot, args.conn_id)))
+
+
+def history_command(args: argparse.Namespace) -> None:
+    from airflow_resumable import control
+
+    _guard(lambda: control.get(args.job, args.slot, conn_id=args.conn_id))  # unknown slot: exit 1, saying so
+    records = [r.to_dict() for r in _guard(lambda: control.history(args.job, args.slot, conn_id=args.conn_id))]
+    _print(records if args.output == "json" else [{k: r.get(k) for k in _HISTORY_COLUMNS} for r in records],
+           args.output)
+
+
+def _request(action: str, args: argparse.Namespace) -> None:
+    from airflow_resumable import control
+
+    def ask() -> Any:
+        if action == "release":
+            return control.release(args.job, args.slot, conn_id=args.conn_id, by=args.by, force=args.force)
+        return getattr(control, action)(args.job, args.slot, conn_id=args.conn_id, by=args.by)
+
+    _guard(ask)
+    _print_slot(args, _guard(lambda: _detail(args.job, args.slot, args.conn_id)))
+
+
+def pause_command(args: argparse.Namespace) -> None:
+    _request("pause", args)
+
+
+def resume_command(args: argparse.Namespace) -> None:
+    _request("resume", args)
+
+
+def cancel_command(args: argparse.Namespace) -> None:
+    _request("cancel", args)
+
+
+def restart_command(args: argparse.Namespace) -> None:
+    _request("restart", args)
+
+
+def release_command(args: argparse.Namespace) -> None:
+    _request("release", args)
+
+
+def migrate_command(args: argparse.Namespace) -> None:
+    """The same as ``python -m airflow_resumable migrate`` (one implementation)."""
+    _module_cli(["migrate", "--conn-id", args.conn_id, *(["--sql"] if args.sql else []),
+                 *(["--check"] if args.check else [])])
+
+
+def clean_command(args: argparse.Namespace) -> None:
+    """The same as ``python -m airflow_resumable clean`` (one implementation)."""
+    _module_cli(["clean", "--conn-id", args.conn_id, "--older-than", args.older_than,
+                 *(["--dry-run"] if args.dry_run else []), *(["--batch", str(args.batch)] if args.batch else [])])
+
+
+def _module_cli(argv: list[str]) -> None:
+    from airflow_resumable.cli import main
+
+    code = main(argv)
+    if code:
+        raise SystemExit(code)
+
+
+# -- helpers -------------------------------------------------------------------------------------
+
+def _detail(job: str, slot: str, conn_id: str) -> dict[str, Any]:
+    from airflow_resumable import control
+    from airflow_resumable.core.view import row_view
+
+    return row_view(control.get(job, slot, conn_id=conn_id), offers=control.offers(job, slot, conn_id=conn_id),
+                    history=control.history(job, slot, conn_id=conn_id))
+
+
+def _guard(call: Any) -> Any:
+    """Run ``call``; our errors (unknown slot, refused request, missing connection) end the command
+    with exit status 1 and the error's own words (job, slot, what to do)."""
+    from airflow_resumable.core.errors import ResumableError
+
+    try:
+        return call()
+    except ResumableError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(1) from None
+
+
+def _print_slot(args: argparse.Namespace, view: dict[str, Any]) -> None:
+    if args.output == "json":
+        _print(view, "json")
+        return
+    fields = {k: v for k, v in view.items() if k != "history"}
+    fields["offers"] = ", ".join(a for a, ok in (view.get("offers") or {}).items() if ok) or "-"
+    _print([{"field": k, "value": _cell(v)} for k, v in fields.items()], args.output)
+
+
+def _cell(value: Any) -> str:
+    return "" if value is None else value if isinstance(value, str) else json.dumps(value)
+
+
+def _print(data: Sequence[Any] | dict[str, Any], output: str) -> None:
+    if output == "json":  # plain JSON on stdout, for scripts (no colours, no wrapping)
+        print(json.dumps(data, default=str))
+        return
+    from airflow.cli.simple_table import AirflowConsole
+
+    AirflowConsole().print_as(data=list(data), output=output)

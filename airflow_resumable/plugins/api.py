@@ -1,0 +1,237 @@
+"""The plugin's FastAPI app, mounted at ``/resumable`` by the api-server.
+
+REST (``/resumable/api/v1``, OpenAPI at ``/resumable/openapi.json``) and the two pages of the
+UI (``/resumable/ui/checkpoint``, ``/resumable/ui/jobs``), which call the REST API from the
+browser with the UI's own session cookie.
+
+Access control is Airflow's: the user comes from the same JWT as ``/api/v2`` (a Bearer token, or
+the UI's ``_token`` cookie) through ``GetUserDep``; 401 without one. Reading a slot needs read
+access to its owning DAG's task instances, a request (pause, resume, ...) needs edit access, both
+asked of the configured auth manager; the list shows only slots of DAGs the user may read. The
+owning DAG is the row's ``dag_id`` (the DAG of the task instance that last ran the slot); a row
+that names no DAG (written outside Airflow) needs access to all DAGs.
+
+This module imports the api-server's code: the plugin imports it only where that runs.
+
+Every request goes through :mod:`airflow_resumable.control`; nothing here decides what a slot may
+take. The checkpoint store is ``[resumable] conn_id`` in Airflow's configuration (else
+``resumable_default``); the ``conn_id`` query parameter may name another only if it is listed in
+``[resumable] api_conn_ids``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from airflow.api_fastapi.core_api.security import GetUserDep
+from fastapi import Body, FastAPI, HTTPException, Query, Request, status
+from fastapi.responses import FileResponse, JSONResponse
+from pydantic import BaseModel, Field
+
+from airflow_resumable import control
+from airflow_resumable.core.errors import (
+    ConfigurationError,
+    RequestRefused,
+    ResumableError,
+    SlotNotFound,
+    StoreUnavailable,
+)
+from airflow_resumable.core.view import row_view
+
+STATIC = Path(__file__).parent / "static"
+
+Action = Literal["pause", "resume", "cancel", "restart", "release"]
+ConnId = Annotated[str | None, Query(description="the checkpoint store's Airflow connection "
+                                                 "(default: [resumable] conn_id, else resumable_default)")]
+
+
+def default_conn_id() -> str:
+    """``[resumable] conn_id`` in Airflow's configuration, else ``resumable_default``."""
+    from airflow.configuration import conf
+
+    return conf.get("resumable", "conn_id", fallback=control.DEFAULT_CONN_ID) or control.DEFAULT_CONN_ID
+
+
+def _conn(conn_id: str | None) -> str:
+    """The store to use: the default, or one listed in ``[resumable] api_conn_ids`` (comma-separated).
+
+    Any other connection id is refused (400): the API opens (and migrates) the store it names, so a
+    caller must not be able to point it at an arbitrary Airflow connection.
+    """
+    from airflow.configuration import conf
+
+    default = default_conn_id()
+    if conn_id is None or conn_id == default:
+        return default
+    allowed = {c.strip() for c in conf.get("resumable", "api_conn_ids", fallback="").split(",") if c.strip()}
+    if conn_id not in allowed:
+        raise HTTPException(status.HTTP_400_BAD_REQUEST,
+                            f"the connection {conn_id!r} is not a checkpoint store this API serves; list it in "
+                            "[resumable] api_conn_ids to allow it")
+    return conn_id
+
+
+class ActionBody(BaseModel):
+    """Options of a request (only ``release`` has one)."""
+
+    force: bool = Field(False, description="release: also free a live holder's lease, fencing it out")
+
+
+class Problem(BaseModel):
+    """An error: what went wrong and, when known, the slot and what to do."""
+
+    message: str
+    job: str | None = None
+    slot: str | None = None
+    status: str | None = None
+    hint: str | None = None
+
+
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"model": Problem, "description": text} for code, text in (
+        (401, "no credentials (a Bearer JWT or the UI's session cookie)"),
+        (403, "the user may not read (or, for requests, edit) the owning DAG's task instances"),
+        (404, "no such slot"),
+        (409, "the slot cannot take this request now (the message says why)"),
+    )
+}
+
+
+def create_app() -> FastAPI:
+    """The sub-application the plugin mounts at ``/resumable``."""
+    app = FastAPI(
+        title="airflow-resumable",
+        version="1",
+        description="Checkpoints of resumable jobs: list, inspect, pause, resume, cancel, restart, release. "
+        "Authenticate as for /api/v2 (Bearer JWT from POST /auth/token, or the UI's session cookie).",
+    )
+
+    @app.exception_handler(HTTPException)
+    async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
+        return JSONResponse({"message": str(exc.detail), "detail": exc.detail}, status_code=exc.status_code,
+                            headers=getattr(exc, "headers", None))
+
+    @app.exception_handler(ResumableError)
+    async def _resumable_error(request: Request, exc: ResumableError) -> JSONResponse:
+        code = _status_of(exc)
+        body = {"message": exc.message, "job": exc.job, "slot": exc.slot, "hint": exc.hint,
+                "status": getattr(exc, "status", None), "detail": str(exc)}
+        return JSONResponse(body, status_code=code)
+
+    @app.get("/api/v1/checkpoints", responses=_ERRORS, summary="Live and recent slots across the DAGs you may read")
+    def list_checkpoints(
+        user: GetUserDep,
+        dag_id: Annotated[str | None, Query(description="only this DAG's slots")] = None,
+        status_: Annotated[str | None, Query(alias="status", description="running, paused, done, failed or "
+                                                                             "cancelled")] = None,
+        limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+        conn_id: ConnId = None,
+    ) -> dict[str, Any]:
+        conn = _conn(conn_id)
+        if dag_id is not None:
+            _authorize(user, dag_id, "GET")
+            readable: set[str] | None = {dag_id}
+        else:
+            readable = _readable_dag_ids(user, conn)
+        rows = control.recent(conn_id=conn, dag_ids=readable, status=status_, limit=limit)
+        return {"checkpoints": [row_view(r) for r in rows], "total_entries": len(rows)}
+
+    @app.get("/api/v1/checkpoint", responses=_ERRORS, summary="One slot: its row, figures, history and what it "
+                                                              "would take now")
+    def get_checkpoint(user: GetUserDep, job: str, slot: str, conn_id: ConnId = None) -> dict[str, Any]:
+        conn = _conn(conn_id)
+        row = control.get(job, slot, conn_id=conn)
+        _authorize(user, row.dag_id, "GET")
+        return _detail(row, conn)
+
+    @app.get("/api/v1/task-instance", responses=_ERRORS, summary="The slot a task instance ran (the Checkpoint tab)")
+    def task_instance_checkpoint(
+        user: GetUserDep, dag_id: str, run_id: str, task_id: str, map_index: int = -1, conn_id: ConnId = None,
+    ) -> dict[str, Any]:
+        _authorize(user, dag_id, "GET")
+        conn = _conn(conn_id)
+        row = control.find(dag_id, task_id, run_id, map_index, conn_id=conn)
+        if row is None:
+            return {"resumable": False, "message": "This task instance has no checkpoint: it is not a resumable "
+                    "task (ResumableOperator, ChunkedOperator, @task.resumable), it has not started yet, or "
+                    f"its checkpoints live in another store than the connection {conn!r}."}
+        return {"resumable": True, **_detail(row, conn)}
+
+    @app.post("/api/v1/checkpoint/{action}", responses=_ERRORS, summary="Ask the slot to pause, resume, cancel, "
+                                                                         "restart or release its lease")
+    def act(
+        user: GetUserDep, action: Action, job: str, slot: str, conn_id: ConnId = None,
+        body: Annotated[ActionBody | None, Body()] = None,
+    ) -> dict[str, Any]:
+        conn = _conn(conn_id)
+        row = control.get(job, slot, conn_id=conn)
+        _authorize(user, row.dag_id, "PUT")
+        by = user.get_name()
+        if action == "release":
+            row = control.release(job, slot, conn_id=conn, by=by, force=bool(body and body.force))
+        else:
+            row = getattr(control, action)(job, slot, conn_id=conn, by=by)
+        return _detail(row, conn)
+
+    @app.get("/ui/checkpoint", include_in_schema=False)
+    def checkpoint_page() -> FileResponse:
+        return FileResponse(STATIC / "checkpoint.html", headers={"Cache-Control": "no-cache"})
+
+    @app.get("/ui/jobs", include_in_schema=False)
+    def jobs_page() -> FileResponse:
+        return FileResponse(STATIC / "jobs.html", headers={"Cache-Control": "no-cache"})
+
+    @app.get("/ui/resumable.js", include_in_schema=False)
+    def script() -> FileResponse:
+        return FileResponse(STATIC / "resumable.js", media_type="text/javascript",
+                            headers={"Cache-Control": "no-cache"})
+
+    return app
+
+
+def _detail(row: Any, conn_id: str) -> dict[str, Any]:
+    return row_view(row, history=control.history(row.job, row.slot, conn_id=conn_id),
+                    offers=control.offers(row.job, row.slot, conn_id=conn_id))
+
+
+def _status_of(exc: ResumableError) -> int:
+    if isinstance(exc, SlotNotFound):
+        return status.HTTP_404_NOT_FOUND
+    if isinstance(exc, RequestRefused):
+        return status.HTTP_409_CONFLICT
+    if isinstance(exc, ConfigurationError):
+        return status.HTTP_400_BAD_REQUEST
+    if isinstance(exc, StoreUnavailable):
+        return status.HTTP_503_SERVICE_UNAVAILABLE
+    return status.HTTP_500_INTERNAL_SERVER_ERROR
+
+
+def _authorize(user: Any, dag_id: str | None, method: Literal["GET", "PUT"]) -> None:
+    """403 unless the auth manager lets ``user`` read (GET) or edit (PUT) ``dag_id``'s task instances."""
+    from airflow.api_fastapi.app import get_auth_manager
+    from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity, DagDetails
+    from airflow.models.dag import DagModel
+
+    details = DagDetails(id=dag_id, team_name=DagModel.get_team_name(dag_id)) if dag_id else None
+    if not get_auth_manager().is_authorized_dag(method=method, access_entity=DagAccessEntity.TASK_INSTANCE,
+                                                details=details, user=user):
+        what = "read" if method == "GET" else "change"
+        raise HTTPException(status.HTTP_403_FORBIDDEN,
+                            f"Forbidden: {user.get_name()} may not {what} the task instances of DAG {dag_id!r}")
+
+
+def _readable_dag_ids(user: Any, conn_id: str) -> set[str] | None:
+    """The DAGs owning slots in the store whose task instances the user may read; None: all of
+    them (and rows that name no DAG)."""
+    from airflow.api_fastapi.app import get_auth_manager
+    from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity, DagDetails
+
+    manager = get_auth_manager()
+    if manager.is_authorized_dag(method="GET", access_entity=DagAccessEntity.TASK_INSTANCE, user=user):
+        return None
+    return {
+        dag_id for dag_id in control.dag_ids(conn_id=conn_id)
+        if manager.is_authorized_dag(method="GET", access_entity=DagAccessEntity.TASK_INSTANCE, user=user,
+                                     details=DagDetails(id=dag_id))
+    }

@@ -1,0 +1,302 @@
+"""The plugin's REST API (``/resumable/api/v1``) inside Airflow's own api-server app, with
+Airflow's auth: every route and status code, per user.
+
+FastAPI's TestClient drives the real app (``airflow.api_fastapi.app.create_app``: the plugin is
+found through its entry point and mounted at ``/resumable``), with real JWTs signed by the auth
+manager. Users: ``admin`` (admin), ``viewer`` (viewer: reads every DAG, may not act), ``alice``
+(user role, limited to ``dag_a`` by :mod:`support.per_dag_auth`, the simple auth manager plus a
+per-DAG rule: the simple one's roles are global) and ``op`` (op role, every DAG).
+"""
+
+from __future__ import annotations
+
+import importlib
+import secrets
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from airflow_resumable.core import SQLiteStore, Store
+from support.slots import SLOT, run_slot
+
+BASE = "/resumable/api/v1"
+A, B = "dag_a.export", "dag_b.export"
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> Store:
+    s = SQLiteStore(tmp_path_factory.mktemp("api") / "checkpoints.db")
+    run_slot(s, A, "dag_a", fail_at=10)  # failed at 10/30: takes pause and restart, not resume or cancel
+    run_slot(s, B, "dag_b")  # done
+    for part in (0, 1):  # a mapped task: one slot per partition
+        run_slot(s, f"dag_a.parts[{part}]", "dag_a", task_id="parts", map_index=part, fail_at=5 * (part + 1))
+    return s
+
+
+@pytest.fixture(scope="module")
+def app(airflow_home: Path, store: Store) -> Iterator[Any]:
+    """Airflow's api-server app with the plugin mounted, and the test users."""
+    mp = pytest.MonkeyPatch()
+    mp.setenv("AIRFLOW_CONN_RESUMABLE_DEFAULT", f"sqlite:///{store.path}")  # type: ignore[attr-defined]
+    mp.setenv("AIRFLOW__API_AUTH__JWT_SECRET", secrets.token_urlsafe(32))
+    mp.setenv("RESUMABLE_PLUGIN_API", "1")  # build the FastAPI app in this process (not an api-server)
+    mp.setenv("AIRFLOW__CORE__AUTH_MANAGER", "support.per_dag_auth.PerDagAuthManager")
+    mp.setenv("AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS", "admin:admin,viewer:viewer,alice:user,op:op")
+    mp.setenv("AIRFLOW__RESUMABLE_TEST__DAG_ACCESS", "alice=dag_a")
+    mp.setenv("AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE", str(airflow_home / "api-test-passwords.json"))
+    from airflow import plugins_manager
+    from airflow.api_fastapi import app as api_app
+
+    import airflow_resumable.plugins
+
+    importlib.reload(airflow_resumable.plugins)  # its FastAPI app is built at import, now that the env says so
+    for cached in (plugins_manager._get_plugins, plugins_manager._get_ui_plugins, plugins_manager.get_fastapi_plugins):
+        cached.cache_clear()
+    api_app.purge_cached_app()
+    yield api_app.create_app()
+    api_app.purge_cached_app()
+    for cached in (plugins_manager._get_plugins, plugins_manager._get_ui_plugins, plugins_manager.get_fastapi_plugins):
+        cached.cache_clear()
+    mp.undo()
+    importlib.reload(airflow_resumable.plugins)
+
+
+@pytest.fixture(scope="module")
+def client(app: Any) -> Iterator[TestClient]:
+    with TestClient(app) as c:
+        yield c
+
+
+def token(name: str, role: str) -> str:
+    from airflow.api_fastapi.app import get_auth_manager
+    from airflow.api_fastapi.auth.managers.simple.user import SimpleAuthManagerUser
+
+    return get_auth_manager().generate_jwt(SimpleAuthManagerUser(username=name, role=role))
+
+
+@pytest.fixture(scope="module")
+def as_user(client: TestClient) -> Any:
+    roles = {"admin": "admin", "viewer": "viewer", "alice": "user", "op": "op"}
+    tokens: dict[str, str] = {}
+
+    def call(user: str | None, method: str, path: str, **kwargs: Any) -> Any:
+        headers = {}
+        if user is not None:
+            tokens.setdefault(user, token(user, roles[user]))
+            headers["Authorization"] = f"Bearer {tokens[user]}"
+        return client.request(method, path, headers=headers, **kwargs)
+
+    return call
+
+
+def q(job: str) -> dict[str, str]:
+    return {"job": job, "slot": SLOT}
+
+
+# -- list ------------------------------------------------------------------------------------------
+
+
+def test_the_list_needs_credentials(as_user: Any) -> None:
+    r = as_user(None, "GET", f"{BASE}/checkpoints")
+    assert r.status_code == 401 and r.json()["message"]
+
+
+def test_the_list_shows_every_slot_to_a_viewer_with_progress(as_user: Any) -> None:
+    r = as_user("viewer", "GET", f"{BASE}/checkpoints")
+    assert r.status_code == 200
+    rows = {row["job"]: row for row in r.json()["checkpoints"]}
+    assert set(rows) == {A, B, "dag_a.parts[0]", "dag_a.parts[1]"}
+    assert (rows[A]["status"], rows[A]["processed"], rows[A]["total"], rows[A]["percent"]) == ("failed", 10, 30, 33.33)
+    assert (rows[B]["status"], rows[B]["percent"], rows[B]["ended"]) == ("done", 100.0, True)
+
+
+def test_the_list_leaves_out_the_dags_a_user_may_not_see(as_user: Any) -> None:
+    r = as_user("alice", "GET", f"{BASE}/checkpoints")
+    assert r.status_code == 200 and {row["dag_id"] for row in r.json()["checkpoints"]} == {"dag_a"}
+    assert B not in [row["job"] for row in r.json()["checkpoints"]]
+
+
+def test_the_list_filters_by_dag_and_status(as_user: Any) -> None:
+    by_dag = as_user("admin", "GET", f"{BASE}/checkpoints", params={"dag_id": "dag_b"}).json()["checkpoints"]
+    by_status = as_user("admin", "GET", f"{BASE}/checkpoints", params={"status": "failed"}).json()["checkpoints"]
+    assert [r["job"] for r in by_dag] == [B] and [r["job"] for r in by_status] == ["dag_a.parts[1]", "dag_a.parts[0]", A]
+
+
+def test_the_list_of_a_dag_the_user_may_not_see_is_forbidden(as_user: Any) -> None:
+    r = as_user("alice", "GET", f"{BASE}/checkpoints", params={"dag_id": "dag_b"})
+    assert r.status_code == 403 and "dag_b" in r.json()["message"]
+
+
+# -- one slot --------------------------------------------------------------------------------------
+
+
+def test_a_slot_needs_credentials(as_user: Any) -> None:
+    assert as_user(None, "GET", f"{BASE}/checkpoint", params=q(A)).status_code == 401
+
+
+def test_a_slot_shows_its_row_history_and_what_it_would_take(as_user: Any) -> None:
+    r = as_user("alice", "GET", f"{BASE}/checkpoint", params=q(A))
+    assert r.status_code == 200
+    body = r.json()
+    assert (body["job"], body["slot"], body["status"], body["position"], body["dag_id"]) == (A, SLOT, "failed", 10, "dag_a")
+    assert [h["outcome"] for h in body["history"]] == ["failed"]
+    assert body["offers"] == {"pause": True, "resume": False, "cancel": False, "restart": True, "release": False}
+    assert body["lease"] == "none" and body["rate"] is None and body["eta_seconds"] is None
+
+
+def test_a_slot_of_a_dag_the_user_may_not_see_is_forbidden(as_user: Any) -> None:
+    assert as_user("alice", "GET", f"{BASE}/checkpoint", params=q(B)).status_code == 403
+
+
+def test_an_unknown_slot_is_not_found_with_a_message_naming_it(as_user: Any) -> None:
+    r = as_user("admin", "GET", f"{BASE}/checkpoint", params={"job": "nope", "slot": SLOT})
+    assert r.status_code == 404
+    assert r.json()["job"] == "nope" and r.json()["slot"] == SLOT and "no checkpoint row" in r.json()["message"]
+
+
+def test_the_ui_session_cookie_authenticates_like_a_bearer_token(client: TestClient) -> None:
+    client.cookies.set("_token", token("viewer", "viewer"))
+    try:
+        assert client.get(f"{BASE}/checkpoint", params=q(A)).status_code == 200
+    finally:
+        client.cookies.clear()
+
+
+# -- a task instance's slot (the Checkpoint tab) -----------------------------------------------------
+
+
+def test_a_task_instance_shows_the_slot_it_ran(as_user: Any) -> None:
+    ti = {"dag_id": "dag_a", "run_id": "run_1", "task_id": "export", "map_index": -1}
+    body = as_user("alice", "GET", f"{BASE}/task-instance", params=ti).json()
+    assert body["resumable"] is True and body["job"] == A and body["history"]
+
+
+def test_a_mapped_task_instance_shows_its_own_partition(as_user: Any) -> None:
+    ti = {"dag_id": "dag_a", "run_id": "run_1", "task_id": "parts", "map_index": 1}
+    body = as_user("alice", "GET", f"{BASE}/task-instance", params=ti).json()
+    assert (body["job"], body["map_index"], body["processed"]) == ("dag_a.parts[1]", 1, 10)
+
+
+def test_a_task_instance_that_is_not_resumable_gets_a_one_line_explanation(as_user: Any) -> None:
+    ti = {"dag_id": "dag_a", "run_id": "run_1", "task_id": "other", "map_index": -1}
+    r = as_user("alice", "GET", f"{BASE}/task-instance", params=ti)
+    assert r.status_code == 200 and r.json()["resumable"] is False and "not a resumable task" in r.json()["message"]
+
+
+def test_a_task_instance_of_a_dag_the_user_may_not_see_is_forbidden(as_user: Any) -> None:
+    ti = {"dag_id": "dag_b", "run_id": "run_1", "task_id": "export"}
+    assert as_user("alice", "GET", f"{BASE}/task-instance", params=ti).status_code == 403
+    assert as_user(None, "GET", f"{BASE}/task-instance", params=ti).status_code == 401
+
+
+# -- requests --------------------------------------------------------------------------------------
+
+
+def test_a_request_needs_credentials(as_user: Any) -> None:
+    assert as_user(None, "POST", f"{BASE}/checkpoint/pause", params=q(A)).status_code == 401
+
+
+def test_a_viewer_may_read_but_not_act(as_user: Any) -> None:
+    r = as_user("viewer", "POST", f"{BASE}/checkpoint/pause", params=q(A))
+    assert r.status_code == 403 and "viewer may not change" in r.json()["message"]
+
+
+def test_a_user_may_not_act_on_a_dag_they_may_not_see(as_user: Any) -> None:
+    assert as_user("alice", "POST", f"{BASE}/checkpoint/restart", params=q(B)).status_code == 403
+
+
+def test_a_request_on_an_unknown_slot_is_not_found(as_user: Any) -> None:
+    assert as_user("admin", "POST", f"{BASE}/checkpoint/pause", params={"job": "nope", "slot": SLOT}).status_code == 404
+
+
+def test_a_request_the_slot_cannot_take_is_a_conflict_saying_why(as_user: Any) -> None:
+    r = as_user("op", "POST", f"{BASE}/checkpoint/cancel", params=q(B))
+    assert r.status_code == 409
+    assert r.json()["message"] == "the slot finished (done): there is nothing to cancel"
+    assert r.json()["hint"] == "Use restart to run it again" and r.json()["status"] == "done"
+
+
+def test_a_connection_that_is_not_a_listed_checkpoint_store_is_refused(as_user: Any) -> None:
+    r = as_user("admin", "GET", f"{BASE}/checkpoints", params={"conn_id": "some_other_database"})
+    assert r.status_code == 400 and "api_conn_ids" in r.json()["message"]
+
+
+def test_an_unknown_action_is_refused(as_user: Any) -> None:
+    assert as_user("admin", "POST", f"{BASE}/checkpoint/explode", params=q(A)).status_code == 422
+
+
+def test_requests_go_through_with_the_airflow_user_in_the_history(as_user: Any) -> None:
+    paused = as_user("alice", "POST", f"{BASE}/checkpoint/pause", params=q(A))
+    assert paused.status_code == 200 and paused.json()["request"] == "pause"
+    assert paused.json()["offers"]["resume"] is True and paused.json()["offers"]["pause"] is False
+    resumed = as_user("op", "POST", f"{BASE}/checkpoint/resume", params=q(A), json={})
+    assert resumed.status_code == 200
+    history = [(h["outcome"], h["requested_by"]) for h in resumed.json()["history"]]
+    assert history == [("failed", None), ("pause_requested", "alice"), ("resume_requested", "op")]
+
+
+def test_a_release_with_nobody_holding_the_lease_is_a_conflict(as_user: Any) -> None:
+    r = as_user("admin", "POST", f"{BASE}/checkpoint/release", params=q(A), json={"force": True})
+    assert r.status_code == 409 and r.json()["message"] == "nobody holds the slot's lease"
+
+
+# -- the app itself ----------------------------------------------------------------------------------
+
+
+def test_the_api_is_described_by_openapi(client: TestClient) -> None:
+    paths = client.get("/resumable/openapi.json").json()["paths"]
+    assert {"/api/v1/checkpoints", "/api/v1/checkpoint", "/api/v1/checkpoint/{action}",
+            "/api/v1/task-instance"} <= set(paths)
+
+
+def test_the_plugin_adds_a_checkpoint_tab_and_a_jobs_page_once(as_user: Any) -> None:
+    plugins = as_user("admin", "GET", "/api/v2/plugins").json()["plugins"]
+    ours = [p for p in plugins if p["name"] == "resumable"]
+    assert len(ours) == 1
+    views = {v["name"]: v for v in ours[0]["external_views"]}
+    assert views["Checkpoint"]["destination"] == "task_instance" and "{TASK_ID}" in views["Checkpoint"]["href"]
+    assert views["Resumable jobs"]["destination"] == "nav"
+
+
+def test_the_pages_and_their_script_are_served_offline(client: TestClient) -> None:
+    for path in ("/resumable/ui/checkpoint", "/resumable/ui/jobs", "/resumable/ui/resumable.js"):
+        r = client.get(path)
+        assert r.status_code == 200 and "http://" not in r.text and "https://" not in r.text, path
+
+
+# -- registration ------------------------------------------------------------------------------------
+
+def _python(code: str, **env: str) -> str:
+    import os
+    import subprocess
+    import sys
+
+    clean = {k: v for k, v in os.environ.items() if k != "RESUMABLE_PLUGIN_API"}
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={**clean, **env},
+                            timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout.strip().splitlines()[-1]
+
+
+_REGISTERED = (
+    "from airflow import plugins_manager\n"
+    "plugins, errors = plugins_manager._get_plugins()\n"
+    "ours = [p for p in plugins if p.name == 'resumable']\n"
+    "print(len(ours), len(ours[0].fastapi_apps), sorted(errors))\n"
+)
+
+
+@pytest.mark.parametrize("lazy", ["True", "False"])
+def test_the_plugin_is_registered_once_whether_or_not_providers_are_discovered_eagerly(
+    airflow_home: Path, lazy: str
+) -> None:
+    # Outside the api-server (this is a worker's view): registered once, no FastAPI app built
+    assert _python(_REGISTERED, AIRFLOW__CORE__LAZY_DISCOVER_PROVIDERS=lazy) == "1 0 []"
+
+
+def test_the_api_server_gets_the_fastapi_app(airflow_home: Path) -> None:
+    code = "import sys; sys.argv = ['airflow', 'api-server']\n" + _REGISTERED
+    assert _python(code) == "1 1 []"
