@@ -16,6 +16,7 @@ from airflow.sdk.exceptions import (
     AirflowRescheduleException,
     AirflowSkipException,
 )
+from airflow.sdk.configuration import conf
 from airflow.sdk.observability.stats import Stats
 from airflow.sdk.serde import deserialize as serde_deserialize
 from airflow.sdk.serde import serialize as serde_serialize
@@ -35,6 +36,7 @@ __all__ = [
     "DecoratedOperator",
     "KeywordParameters",
     "Stats",
+    "conf",
     "TriggerEvent",
     "XComArg",
     "serde_deserialize",

@@ -24,6 +24,9 @@ from devtools import airflow_env  # noqa: E402
 _HOME = Path(tempfile.mkdtemp(prefix="resumable-airflow-home-"))
 _DAGS = _HOME / "dags"
 airflow_env.apply(airflow_env.environment(_HOME, _DAGS, log_level=os.environ.get("AIRFLOW__LOGGING__LOGGING_LEVEL", "INFO")))
+# dag.test() runs the resume trigger in line, in the task's own process: no scheduler to race, so a
+# paused task may continue at once (the real-scheduler tests' standalone keeps the default).
+os.environ["AIRFLOW__RESUMABLE__RESUME_SETTLE"] = "0"
 
 from airflow_resumable.core.stores import PostgresStore, SQLiteStore, Store  # noqa: E402
 from devtools.dags import DagFolder  # noqa: E402

@@ -10,6 +10,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from airflow_resumable import control
 from airflow_resumable.core.stores import Store
 
@@ -145,3 +147,45 @@ def test_the_cooperative_timeout_counts_running_time_across_the_slices_of_a_try(
     assert (row.status, row.cancel_reason) == ("cancelled", "timeout") and row.processed < 40
     outcomes = [o for o, _, _ in history_of(checkpoints, "rt_slices_timeout.work")]
     assert outcomes.count("paused") >= 2 and outcomes[-1] == "cancelled"
+
+
+def test_the_resume_trigger_waits_for_airflow_to_settle_then_fires_with_the_latest_state(
+    checkpoints: Store, tmp_path: Path
+) -> None:
+    import asyncio
+
+    from airflow_resumable.core import Attempt, Options, Paused
+    from airflow_resumable.triggers.resume import SlotResumeTrigger
+
+    job = "settle.work"
+
+    def pause_at_once(ctx: Any) -> None:
+        ctx.checkpoint(1, processed=1)
+        raise Paused("paused", "by the test")
+
+    with pytest.raises(Paused):
+        Attempt(checkpoints, job=job, slot=SLOT, attempt=1, owner="o", options=Options()).run(pause_at_once)
+    control.resume(job, SLOT, by="early")  # due at once, but within the settle time
+
+    async def first_event(settle: float) -> tuple[dict[str, Any], float]:
+        trigger = SlotResumeTrigger(conn_id="resumable_default", job=job, slot=SLOT, poll=0.05, ran=2.5,
+                                    settle=settle)
+        started = time.monotonic()
+        async for event in trigger.run():
+            return event.payload, time.monotonic() - started
+        raise AssertionError("no event")
+
+    payload, waited = asyncio.run(first_event(0.6))
+    assert payload["event"] == "resumed" and payload["ran"] == 2.5 and waited >= 0.6
+    # A cancel made while it settles is what it reports
+    with checkpoints.open() as s:
+        s.execute("UPDATE resumable_checkpoints SET request = NULL WHERE job = %s", (job,))
+        s.commit()
+
+    async def cancelled_while_settling() -> dict[str, Any]:
+        task = asyncio.ensure_future(first_event(1.0))
+        await asyncio.sleep(0.2)
+        await asyncio.get_running_loop().run_in_executor(None, lambda: control.cancel(job, SLOT, by="late"))
+        return (await task)[0]
+
+    assert asyncio.run(cancelled_while_settling())["event"] == "cancelled"

@@ -41,6 +41,7 @@ from airflow_resumable.version_compat import (
     BaseOperator,
     Context,
     XComArg,
+    conf,
     serde_deserialize,
     serde_serialize,
 )
@@ -547,7 +548,7 @@ class ResumableOperator(BaseOperator):
         )
         self.defer(
             trigger=SlotResumeTrigger(conn_id=self.conn_id, job=job, slot=slot, until=until, poll=self.resume_poll,
-                                      ran=ran),
+                                      ran=ran, settle=resume_settle()),
             method_name="execute_resumed",
             kwargs={"ran": ran},
             timeout=None if timeout is None else timedelta(seconds=timeout),
@@ -599,6 +600,18 @@ class ResumableOperator(BaseOperator):
 
 def _lease_lost(exc: BaseException) -> bool:
     return isinstance(exc, LeaseLost) or (isinstance(exc, Cancelled) and exc.reason == Reason.LEASE_LOST.value)
+
+
+def resume_settle() -> float:
+    """Seconds a paused task waits, at least, before it runs again: ``[resumable] resume_settle``,
+    by default this worker's ``[workers] min_heartbeat_interval`` plus 2 s. Airflow 3.3's
+    supervisor notices a deferred task's process exit up to one such interval late, and the
+    scheduler fails a task that runs again before it processed that exit ("state changed
+    externally")."""
+    configured = conf.get("resumable", "resume_settle", fallback=None)
+    if configured not in (None, ""):
+        return max(0.0, float(configured))
+    return conf.getint("workers", "min_heartbeat_interval", fallback=5) + 2.0
 
 
 def _map_index(ti: Any) -> int:

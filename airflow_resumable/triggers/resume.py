@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import time
 from collections.abc import AsyncIterator
 from datetime import datetime, timezone
 from typing import Any
@@ -37,19 +38,23 @@ class SlotResumeTrigger(BaseTrigger):
     :param poll: seconds between reads of the row.
     :param ran: seconds the try ran before it paused, handed back in the event (``dag.test()``
         replaces the deferral's ``kwargs`` with the event; the scheduler adds the event to them).
+    :param settle: seconds after the trigger starts before it may fire. Airflow must first see
+        the deferred execution end: its supervisor notices the task process exit up to
+        ``[workers] min_heartbeat_interval`` late, and a task that runs again before the scheduler
+        processed that exit is failed as "state changed externally" (Airflow 3.3).
     """
 
     def __init__(self, *, conn_id: str, job: str, slot: str, until: str | None = None,
-                 poll: float = defaults.RESUME_POLL, ran: float = 0.0):
+                 poll: float = defaults.RESUME_POLL, ran: float = 0.0, settle: float = 0.0):
         super().__init__()
         self.conn_id, self.job, self.slot, self.until, self.poll = conn_id, job, slot, until, float(poll)
-        self.ran = float(ran)
+        self.ran, self.settle = float(ran), float(settle)
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
             f"{type(self).__module__}.{type(self).__qualname__}",
             {"conn_id": self.conn_id, "job": self.job, "slot": self.slot, "until": self.until, "poll": self.poll,
-             "ran": self.ran},
+             "ran": self.ran, "settle": self.settle},
         )
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
@@ -58,16 +63,20 @@ class SlotResumeTrigger(BaseTrigger):
         pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="resumable-trigger")
         loop = asyncio.get_running_loop()
         reader = _RowReader(self.conn_id, self.job, self.slot)
+        not_before = time.monotonic() + self.settle
         try:
             while True:
                 read, row = await loop.run_in_executor(pool, reader.load)
                 now = datetime.now(tz=timezone.utc)
                 event = wake(row, until=until, now=now) if read else None
-                if event is not None:
+                settling = not_before - time.monotonic()
+                if event is not None and settling <= 0:
                     self.log.info("%s [job=%s slot=%s]", event["why"], self.job, self.slot)
                     yield TriggerEvent({**event, "ran": self.ran})
                     return
                 pause = self.poll if until is None else min(self.poll, max(0.0, (until - now).total_seconds()))
+                if event is not None:  # due, but Airflow has yet to see the deferred execution end
+                    pause = settling
                 await asyncio.sleep(pause)
         finally:
             await loop.run_in_executor(pool, reader.close)
