@@ -9,6 +9,7 @@ from __future__ import annotations
 from airflow.plugins_manager import AirflowPlugin
 from airflow.sdk import BaseHook, BaseOperator, Context, XComArg
 from airflow.sdk.bases.decorator import DecoratedOperator, KeywordParameters, task_decorator_factory
+from airflow.sdk.configuration import conf
 from airflow.sdk.exceptions import (
     AirflowException,
     AirflowFailException,
@@ -16,7 +17,6 @@ from airflow.sdk.exceptions import (
     AirflowRescheduleException,
     AirflowSkipException,
 )
-from airflow.sdk.configuration import conf
 from airflow.sdk.observability.stats import Stats
 from airflow.sdk.serde import deserialize as serde_deserialize
 from airflow.sdk.serde import serialize as serde_serialize
