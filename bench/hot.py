@@ -51,11 +51,16 @@ _BARE_UPSERT = (
 )
 
 
+#: The step that made checkpoints in-place updates.
+IN_PLACE_STEP = 5
+
+
 def _layout_before(session: StoreSession) -> None:
-    """The table as schema 2 left it: the released steps up to 2, as they ran."""
+    """The table as it was before the in-place step: schema 2's layout (the ``(job, updated_at)``
+    index, no fill factor) with the columns the steps in between added, as they ran."""
     with session.transaction():
         for m in MIGRATIONS:
-            if m.version <= 2:
+            if m.version < IN_PLACE_STEP:
                 for stmt in m.statements(session.d):
                     session.execute(stmt)
 
