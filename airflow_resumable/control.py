@@ -21,14 +21,15 @@ The table of what each request does to a slot in each state is in
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from airflow_resumable.core import control as _core
 from airflow_resumable.core import skips as _skips
 from airflow_resumable.core.checkpoint import AttemptRecord, Checkpoint
 from airflow_resumable.core.errors import RequestRefused, SlotNotFound
-from airflow_resumable.core.stores.base import Store
+from airflow_resumable.core.stores.base import Store, StoreSession
 from airflow_resumable.hooks.resumable import DEFAULT_CONN_ID, ResumableHook
 
 __all__ = [
@@ -39,8 +40,16 @@ __all__ = [
 ACTIONS = _core.ACTIONS
 
 
-def _store(conn_id: str, job: str, slot: str) -> Store:
+def _store(conn_id: str, job: str | None = None, slot: str | None = None) -> Store:
     return ResumableHook(conn_id, job=job, slot=slot).get_store()
+
+
+@contextmanager
+def _session(conn_id: str, job: str | None = None, slot: str | None = None) -> Iterator[StoreSession]:
+    """A session on the store of ``conn_id``, its schema checked (and migrated) first."""
+    with _store(conn_id, job, slot).open(autocommit=True) as session:
+        session.ensure_schema()
+        yield session
 
 
 def pause(job: str, slot: str, *, conn_id: str = DEFAULT_CONN_ID, by: str | None = None) -> Checkpoint:
@@ -82,18 +91,16 @@ def get(job: str, slot: str, *, conn_id: str = DEFAULT_CONN_ID) -> Checkpoint:
     Raises:
         SlotNotFound: no such slot.
     """
-    with _store(conn_id, job, slot).open(autocommit=True) as session:
-        session.ensure_schema()
+    with _session(conn_id, job, slot) as session:
         row = session.load(job, slot)
     if row is None:
-        raise SlotNotFound("no checkpoint row for this slot", job=job, slot=slot)
+        raise _core.not_found(job, slot)
     return row
 
 
 def history(job: str, slot: str, *, conn_id: str = DEFAULT_CONN_ID) -> list[AttemptRecord]:
     """The slot's attempts and control requests, oldest first."""
-    with _store(conn_id, job, slot).open(autocommit=True) as session:
-        session.ensure_schema()
+    with _session(conn_id, job, slot) as session:
         return session.history(job, slot)
 
 
@@ -104,11 +111,10 @@ def offers(job: str, slot: str, *, conn_id: str = DEFAULT_CONN_ID) -> dict[str, 
     Raises:
         SlotNotFound: no such slot.
     """
-    with _store(conn_id, job, slot).open(autocommit=True) as session:
-        session.ensure_schema()
+    with _session(conn_id, job, slot) as session:
         found = session.offers(job, slot)
     if found is None:
-        raise SlotNotFound("no checkpoint row for this slot", job=job, slot=slot)
+        raise _core.not_found(job, slot)
     return found
 
 
@@ -116,15 +122,13 @@ def find(dag_id: str, task_id: str, run_id: str, map_index: int = -1, *,
          conn_id: str = DEFAULT_CONN_ID) -> Checkpoint | None:
     """The slot a task instance ran last, by the row's owning DAG, task, run and map index (None:
     the task instance never ran a resumable job in this store)."""
-    with ResumableHook(conn_id).get_store().open(autocommit=True) as session:
-        session.ensure_schema()
+    with _session(conn_id) as session:
         return session.find(dag_id, task_id, run_id, map_index)
 
 
 def dag_ids(*, conn_id: str = DEFAULT_CONN_ID) -> set[str]:
     """The DAGs that own a slot in this store."""
-    with ResumableHook(conn_id).get_store().open(autocommit=True) as session:
-        session.ensure_schema()
+    with _session(conn_id) as session:
         return session.dag_ids()
 
 
@@ -132,8 +136,7 @@ def recent(*, conn_id: str = DEFAULT_CONN_ID, dag_ids: Collection[str] | None = 
            limit: int = 100) -> list[Checkpoint]:
     """Slots across jobs, most recently updated first; only those of ``dag_ids`` (when given) and
     of ``status`` (when given)."""
-    with ResumableHook(conn_id).get_store().open(autocommit=True) as session:
-        session.ensure_schema()
+    with _session(conn_id) as session:
         return session.recent(dag_ids=dag_ids, status=status, limit=limit)
 
 
@@ -141,8 +144,7 @@ def dead_letters(job: str, slot: str, *, conn_id: str = DEFAULT_CONN_ID, status:
                  limit: int = 1000) -> list[Any]:
     """The slot's skipped items (the dead-letter table ``resumable_dead_letters``), oldest first:
     those still ``skipped`` by default, or of any status with ``status=None``."""
-    with _store(conn_id, job, slot).open(autocommit=True) as session:
-        session.ensure_schema()
+    with _session(conn_id, job, slot) as session:
         return session.dead_letters(job, slot, status=status, limit=limit)
 
 

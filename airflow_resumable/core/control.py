@@ -22,6 +22,7 @@ from __future__ import annotations
 import getpass
 import socket
 from datetime import datetime, timezone
+from typing import Any
 
 from airflow_resumable.core.checkpoint import Checkpoint
 from airflow_resumable.core.errors import ConfigurationError, RequestRefused, SlotNotFound
@@ -77,16 +78,8 @@ def cancel(store: Store, job: str, slot: str, *, by: str | None = None) -> Check
         RequestRefused: the slot is done, failed or cancelled (nothing runs); nothing changed.
     """
     by = _by(by)
-    _check_keys(job, slot)
-    with store.open(autocommit=True) as session:
-        session.ensure_schema()
-        row = session.request(job, slot, "cancel", by=by, outcome=AttemptEnd.CANCEL_REQUESTED)
-        if row is None:
-            row = session.request(job, slot, "cancel_now", by=by, outcome=AttemptEnd.CANCEL_REQUESTED,
-                                  params=(Reason.REQUESTED.value, f"cancelled by {by}"))
-        if row is None:
-            raise _refused(session, job, slot, "cancel")
-        return row
+    return _request(store, job, slot, "cancel", AttemptEnd.CANCEL_REQUESTED, by,
+                    fallback=("cancel_now", (Reason.REQUESTED.value, f"cancelled by {by}")))
 
 
 def restart(store: Store, job: str, slot: str, *, by: str | None = None) -> Checkpoint:
@@ -116,15 +109,29 @@ def release(store: Store, job: str, slot: str, *, by: str | None = None, force: 
     return _request(store, job, slot, action, AttemptEnd.LEASE_RELEASED, by)
 
 
-def _request(store: Store, job: str, slot: str, action: str, outcome: AttemptEnd, by: str | None) -> Checkpoint:
+def _request(store: Store, job: str, slot: str, action: str, outcome: AttemptEnd, by: str | None, *,
+             fallback: tuple[str, tuple[Any, ...]] | None = None) -> Checkpoint:
+    """Apply ``action``, or when the row does not take it the ``fallback`` (action, parameters);
+    raise saying why when neither applies."""
     by = _by(by)
     _check_keys(job, slot)
     with store.open(autocommit=True) as session:
         session.ensure_schema()
         row = session.request(job, slot, action, by=by, outcome=outcome)
+        if row is None and fallback is not None:
+            row = session.request(job, slot, fallback[0], by=by, outcome=outcome, params=fallback[1])
         if row is None:
             raise _refused(session, job, slot, action)
         return row
+
+
+def not_found(job: str, slot: str) -> SlotNotFound:
+    """The error for a slot the checkpoint table does not have."""
+    return SlotNotFound(
+        "no checkpoint row for this slot", job=job, slot=slot,
+        hint="A slot's row appears when its task first runs; check the job (default <dag_id>.<task_id>, "
+        "plus [map_index] when mapped) and the slot (the run's data interval start, ISO 8601)",
+    )
 
 
 def wake(row: Checkpoint | None, *, until: datetime | None, now: datetime) -> dict[str, str] | None:
@@ -169,11 +176,7 @@ def _refused(session: StoreSession, job: str, slot: str, action: str) -> Excepti
     """Why the row did not take ``action``, read after the refused write (which changed nothing)."""
     row = session.load(job, slot)
     if row is None:
-        return SlotNotFound(
-            "no checkpoint row for this slot", job=job, slot=slot,
-            hint="A slot's row appears when its task first runs; check the job (default <dag_id>.<task_id>, "
-            "plus [map_index] when mapped) and the slot (the run's data interval start, ISO 8601)",
-        )
+        return not_found(job, slot)
     status, request = row.status, row.request
     live = row.lease_owner is not None and row.lease_expires_at is not None and row.lease_expires_at > _now(row)
     dead = live and stale(row)
