@@ -17,19 +17,17 @@ import signal
 import time
 import uuid
 from collections.abc import Iterator
-from contextlib import closing
 from pathlib import Path
 from typing import Any
 
-import psycopg2
 import pytest
-from test_scheduler import TABLES, Env, assert_exactly_once
+from test_scheduler import Env, assert_exactly_once
 
 from airflow_resumable.core.checkpoint import Checkpoint
 from airflow_resumable.core.lease import STOP_POLL
-from airflow_resumable.core.stores import PostgresStore
-from devtools.postgres import Server, dsn
+from devtools.postgres import Server
 from support.celery_cluster import CeleryDeployment, Component, redis_client
+from support.deployment import HEARTBEAT_TIMEOUT, databases
 from support.standalone import wait_for
 
 pytestmark = [pytest.mark.celery, pytest.mark.scheduler]
@@ -41,8 +39,6 @@ MAPPED = "celery_mapped"
 TASK_ID = "work"
 CHUNK = 2
 DELAY = 0.25  # seconds per item: a chunk takes CHUNK * DELAY
-#: [scheduler] task_instance_heartbeat_timeout of this deployment (300 s by default).
-HEARTBEAT_TIMEOUT = 15
 #: What "a few seconds" after the chunk means for a worker's exit: the attempt's last writes, the
 #: supervisor's final report to the API server, and Celery closing its pool and connections.
 EXIT_SLACK = 20.0
@@ -120,32 +116,17 @@ def repeated_items(env: Env, slot: str, job: str) -> list[int]:
 @pytest.fixture(scope="module")
 def env(pg_server: Server) -> Iterator[CeleryEnv]:
     redis_client()  # fail at once, and clearly, without the broker
-    metadata = pg_server.create_database("resumable_celery_meta")
-    checkpoints = pg_server.create_database("resumable_celery_ckpt")
-    store = PostgresStore(**checkpoints)
-    with closing(psycopg2.connect(dsn(checkpoints))) as sink:
-        sink.autocommit = True
-        with sink.cursor() as cur:
-            for statement in TABLES:
-                cur.execute(statement)
-        cluster = CeleryDeployment(
-            metadata_uri=dsn(metadata).replace("postgresql://", "postgresql+psycopg2://", 1),
-            dag_files=DAG_FILES,
-            env={
-                "AIRFLOW_CONN_RESUMABLE_DEFAULT": dsn(checkpoints),
-                "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": str(HEARTBEAT_TIMEOUT),
-                "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT_DETECTION_INTERVAL": "2",
-            },
-        )
+    with databases(pg_server, "celery") as db:
+        cluster = CeleryDeployment(metadata_uri=db.metadata_uri, dag_files=DAG_FILES, env=db.env)
         dag_ids = [SLOW, MAPPED] + [
             f"celery_{policy}_on_{worker}" for policy in ("skip", "replace") for worker in ("worker_a", "worker_b")
         ]
         try:
             cluster.start()
             cluster.serve(dag_ids)
-            with store.open(autocommit=True) as session:
+            with db.store.open(autocommit=True) as session:
                 session.ensure_schema()
-                yield CeleryEnv(airflow=cluster, session=session, sink=sink)
+                yield CeleryEnv(airflow=cluster, session=session, sink=db.sink)
         finally:
             cluster.close()
     if MEASURED:

@@ -20,22 +20,20 @@ import signal
 import time
 import uuid
 from collections.abc import Iterator
-from contextlib import closing
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import psutil
-import psycopg2
 import pytest
 
 from airflow_resumable.core import control
 from airflow_resumable.core.checkpoint import Checkpoint
 from airflow_resumable.core.errors import RequestRefused
-from airflow_resumable.core.stores import PostgresStore
 from airflow_resumable.core.stores.base import StoreSession
-from devtools.postgres import Server, dsn
+from devtools.postgres import Server
+from support.deployment import HEARTBEAT_TIMEOUT, databases
 from support.standalone import Standalone, wait_for
 
 pytestmark = pytest.mark.scheduler
@@ -54,19 +52,11 @@ PAUSE_HEARTBEAT, PAUSE_CHUNK = 1.0, 0.4
 ITEMS = 80
 CHUNK = 2
 DELAY = 0.2  # seconds per item: a chunk takes CHUNK * DELAY
-#: [scheduler] task_instance_heartbeat_timeout for this standalone (300 s by default).
-HEARTBEAT_TIMEOUT = 15
 #: Airflow's supervisor heartbeats at most every [workers] min_heartbeat_interval (5 s), and
 #: escalates SIGTERM to SIGKILL after 5 s (hard-coded in the task SDK's supervisor).
 SUPERVISOR_HEARTBEAT = 5.0
 SIGKILL_ESCALATION = 5.0
 
-TABLES = (
-    "CREATE TABLE sched_items (job TEXT NOT NULL, slot TEXT NOT NULL, item INTEGER NOT NULL, "
-    "writes INTEGER NOT NULL, attempt INTEGER NOT NULL, PRIMARY KEY (job, slot, item))",
-    "CREATE TABLE sched_seen (job TEXT NOT NULL, slot TEXT NOT NULL, item INTEGER NOT NULL, "
-    "attempt INTEGER NOT NULL, seen_at TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp())",
-)
 
 MEASURED: dict[str, float] = {}
 
@@ -209,32 +199,17 @@ def assert_no_repeats_before(env: Env, slot: str, position: int, attempt: int) -
 
 @pytest.fixture(scope="module")
 def env(pg_server: Server) -> Iterator[Env]:
-    metadata = pg_server.create_database("resumable_sched_meta")
-    checkpoints = pg_server.create_database("resumable_sched_ckpt")
-    store = PostgresStore(**checkpoints)
-    with closing(psycopg2.connect(dsn(checkpoints))) as sink:
-        sink.autocommit = True
-        with sink.cursor() as cur:
-            for statement in TABLES:
-                cur.execute(statement)
-        airflow = Standalone(
-            metadata_uri=dsn(metadata).replace("postgresql://", "postgresql+psycopg2://", 1),
-            dag_files=[DAG_FILE],
-            env={
-                "AIRFLOW_CONN_RESUMABLE_DEFAULT": dsn(checkpoints),
-                "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": str(HEARTBEAT_TIMEOUT),
-                "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT_DETECTION_INTERVAL": "2",
-            },
-        )
+    with databases(pg_server, "sched") as db:
+        airflow = Standalone(metadata_uri=db.metadata_uri, dag_files=[DAG_FILE], env=db.env)
         try:
             airflow.start()
             airflow.serve((DAG_ID, MAPPED_DAG_ID, END_DAG_ID, PAUSE_DAG_ID, POOL_DAG_ID, THROTTLE_DAG_ID,
                            SLICES_DAG_ID))
             airflow.api.request("POST", "/pools", json={"name": POOL, "slots": 1, "include_deferred": False},
                                 expect=(201,))
-            with store.open(autocommit=True) as session:
+            with db.store.open(autocommit=True) as session:
                 session.ensure_schema()
-                yield Env(airflow=airflow, session=session, sink=sink)
+                yield Env(airflow=airflow, session=session, sink=db.sink)
         finally:
             airflow.close()
     if MEASURED:
