@@ -14,6 +14,7 @@ import pytest
 
 from airflow_resumable import control
 from airflow_resumable.core.stores import Store
+from support.xcoms import xcom
 
 DAY = datetime(2026, 3, 2, tzinfo=timezone.utc)
 SLOT = DAY.isoformat()
@@ -124,17 +125,11 @@ def test_max_runtime_slices_the_run_and_each_slice_continues_where_the_last_stop
 
 
 def test_a_taskflow_task_defers_between_slices_and_returns_its_value(checkpoints: Store, run_dag, tmp_path: Path) -> None:
-    from airflow.models.xcom import XComModel
-    from airflow.utils.session import create_session
-
     log = tmp_path / "seen.db"
     run = run_dag("rt_taskflow_slices", conf={"seen": str(log)}, logical_date=DAY)
     assert str(run.state) == "success" and seen(log) == list(range(20))
     assert "paused" in [o for o, _, _ in history_of(checkpoints, "rt_taskflow_slices.sliced")]
-    with create_session() as session:
-        value = session.query(XComModel).filter_by(dag_id=run.dag_id, run_id=run.run_id, task_id="sliced",
-                                                   key="return_value").one()
-        assert XComModel.deserialize_value(value) == {"n": 20}
+    assert xcom(run, "sliced") == {"n": 20}
 
 
 def test_the_cooperative_timeout_counts_running_time_across_the_slices_of_a_try(

@@ -23,6 +23,7 @@ import psycopg2
 import pytest
 
 from devtools.postgres import Server, dsn
+from support.xcoms import xcom as support_xcom
 
 ROOT = Path(__file__).resolve().parent.parent
 DAGS_DIR = ROOT / "dags"
@@ -74,17 +75,7 @@ def task_instances(run: Any) -> dict[tuple[str, int], tuple[str, int]]:
 
 
 def xcom(run: Any, task_id: str, *, key: str = "return_value", map_index: int = -1) -> Any:
-    from airflow.models.xcom import XComModel
-    from airflow.utils.session import create_session
-
-    with create_session() as session:
-        row = session.scalars(
-            XComModel.get_many(
-                run_id=run.run_id, dag_ids=run.dag_id, task_ids=task_id, key=key, map_indexes=map_index
-            )
-        ).first()
-        assert row is not None, f"no XCom {key!r} for {task_id}[{map_index}] in {run.run_id}"
-        return XComModel.deserialize_value(row)
+    return support_xcom(run, task_id, key, map_index, required=True)
 
 
 def assert_succeeded(run: Any) -> dict[tuple[str, int], tuple[str, int]]:

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from airflow_resumable.core.stores import Store
+from support.xcoms import xcom
 
 DAY = datetime(2026, 3, 1, tzinfo=timezone.utc)
 SLOT = DAY.isoformat()
@@ -24,19 +25,6 @@ def seen(path: Path, part: int | None = None) -> list[tuple[int, int]]:
 
 def ti_of(run: Any, task_id: str, map_index: int = -1) -> Any:
     return run.get_task_instance(task_id, map_index=map_index)
-
-
-def xcom(run: Any, task_id: str, key: str = "return_value", map_index: int = -1) -> Any:
-    from airflow.models.xcom import XComModel
-    from airflow.utils.session import create_session
-
-    with create_session() as session:
-        row = (
-            session.query(XComModel)
-            .filter_by(dag_id=run.dag_id, run_id=run.run_id, task_id=task_id, key=key, map_index=map_index)
-            .one_or_none()
-        )
-        return None if row is None else XComModel.deserialize_value(row)
 
 
 def row_of(store: Store, job: str, slot: str = SLOT) -> Any:
