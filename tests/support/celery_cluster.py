@@ -31,7 +31,7 @@ from typing import IO, Any
 import httpx
 import psutil
 
-from support.standalone import Standalone, free_port, wait_for
+from support.standalone import Standalone, free_port, kill, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 REDIS_HOST, REDIS_PORT = "127.0.0.1", 6379
@@ -129,13 +129,7 @@ class Component:
                 self.process.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
                 pass
-        leftovers = [proc for proc in self.seen.values() if proc.is_running()]
-        for proc in leftovers:
-            try:
-                proc.kill()
-            except psutil.Error:
-                pass
-        psutil.wait_procs(leftovers, timeout=10)
+        kill([proc for proc in self.seen.values() if proc.is_running()], timeout=10)
         if self.process is not None and self.process.poll() is None:
             self.process.wait(timeout=10)
         if self._log is not None:

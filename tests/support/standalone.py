@@ -67,6 +67,17 @@ def wait_for(
         time.sleep(interval)
 
 
+def kill(processes: Iterable[psutil.Process], *, timeout: float) -> None:
+    """SIGKILL each process still there, and wait up to ``timeout`` for them to go."""
+    processes = list(processes)
+    for proc in processes:
+        try:
+            proc.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(processes, timeout=timeout)
+
+
 def free_port() -> int:
     with closing(socket.socket()) as s:
         s.bind(("127.0.0.1", 0))
@@ -270,12 +281,7 @@ class Standalone:
                 self.process.kill()
                 self.process.wait(timeout=10)
         gone, alive = psutil.wait_procs(survivors, timeout=15)
-        for proc in alive:
-            try:
-                proc.kill()
-            except psutil.Error:
-                pass
-        psutil.wait_procs(alive, timeout=5)
+        kill(alive, timeout=5)
         if self._log_file is not None:
             self._log_file.close()
 
