@@ -447,10 +447,10 @@ class Attempt:
                 row.finished_at.isoformat() if row.finished_at else "?", row.run_id or "?", row.attempt,
                 rerun_because, where,
             )
-        elif self._restart_reason(row):
+        elif restart := self._restart_reason(row):
             self.log.warning(
                 "%s: discarding the unfinished checkpoint at position=%r processed=%s "
-                "(status %s) and starting over %s", self._restart_reason(row), row.position, row.processed,
+                "(status %s) and starting over %s", restart, row.position, row.processed,
                 row.status, where,
             )
         else:
