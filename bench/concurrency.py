@@ -5,8 +5,9 @@ connection, lease keeper running) whose handlers call ``ctx.checkpoint()`` in a 
 N client threads, each on its own autocommit connection, doing the hand-written checkpoint of
 row 1 (a bare single-row upsert of its own row). Both sides run for the same window after all
 their clients are connected and ready; throughput is checkpoints committed per second, summed
-over the clients. The sides alternate, a few rounds per level, medians compared: target >= 0.8x
-at every level. Everything runs in this one Python process (threads), as many tasks on one worker
+over the clients. The sides alternate, seven rounds per level; the ratio is the median over the
+rounds of ours / the bare side's in the same round (a slow spell of the shared machine hits the
+neighbouring windows alike): target >= 0.8x at every level. Everything runs in this one Python process (threads), as many tasks on one worker
 would; on a 2-core machine the client's CPU and the server's share the same cores.
 """
 
@@ -24,7 +25,7 @@ from bench.common import Database, Result, at_least, interleave, median, say
 
 LEVELS = (1, 4, 16, 64)
 WINDOW = 1.5
-ROUNDS = 3
+ROUNDS = 7
 TARGET = 0.8
 JOB = "bench.concurrency"
 
@@ -108,6 +109,7 @@ def run(db: Database) -> list[Result]:
             conn.close()
 
     curve: dict[int, tuple[float, float]] = {}
+    ratios: dict[int, float] = {}
     for n in LEVELS:
         say(f"row 10: {n} concurrent attempts vs {n} bare upsert clients, {ROUNDS} rounds of {WINDOW:g} s")
         rates: dict[str, list[float]] = {"ours": [], "bare": []}
@@ -118,9 +120,10 @@ def run(db: Database) -> list[Result]:
 
         interleave({"ours": side("ours", ours_client), "bare": side("bare", bare_client)}, rounds=ROUNDS)
         curve[n] = (median(rates["ours"]), median(rates["bare"]))
+        ratios[n] = median([o / b for o, b in zip(rates["ours"], rates["bare"], strict=True)])
     results = []
     for n, (ours, bare) in curve.items():
-        ratio = ours / bare
+        ratio = ratios[n]
         results.append(Result(
             f"10.{n}", f"PG: checkpoints/s with {n} concurrent attempts vs {n} bare upsert clients",
             f"{ours:,.0f}/s vs {bare:,.0f}/s", ratio, f">= {TARGET:.2f}x", at_least(ratio, TARGET),
@@ -128,6 +131,7 @@ def run(db: Database) -> list[Result]:
     results[0].notes.append(
         "concurrency curve (checkpoints/s, ours / bare): "
         + "; ".join(f"{n}: {o:,.0f} / {b:,.0f}" for n, (o, b) in curve.items())
-        + f"; threads in one process, {WINDOW:g} s windows, medians of {ROUNDS}"
+        + f"; threads in one process, {WINDOW:g} s windows, medians of {ROUNDS} rounds; the ratio is the median of "
+        "the rounds' ratios"
     )
     return results

@@ -12,15 +12,18 @@ import select
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
+import psycopg2
 import pytest
 
 from airflow_resumable.core import Attempt, Options
 from airflow_resumable.core.errors import Cancelled, ConfigurationError, LeaseLost
-from airflow_resumable.core.stores import Store
+from airflow_resumable.core.pipeline import THREAD_PREFIX
+from airflow_resumable.core.stores import PostgresStore, Store
 from support.stores import spec_of
 
 WORKER = Path(__file__).parent / "support" / "pipeline_worker.py"
@@ -184,3 +187,100 @@ def test_progress_is_reported_from_committed_checkpoints_only(store: Store) -> N
 def test_pipeline_checkpoints_must_be_a_bool() -> None:
     with pytest.raises(ConfigurationError, match="pipeline_checkpoints must be True or False, got 'yes'"):
         Options(pipeline_checkpoints="yes")  # type: ignore[arg-type]
+
+
+# -- the writer on PostgreSQL: sent without waiting, on the handler's own thread ----------------
+
+
+def _writer_threads() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name.startswith(THREAD_PREFIX)]
+
+
+def test_a_checkpoint_returns_while_its_write_waits_for_the_database(store: Store, store_kind: str) -> None:
+    # Given another transaction holding the slot's row, so that the next checkpoint's UPDATE waits
+    with store.open() as s:
+        s.ensure_schema()
+    blocker = store.session()
+    seen: list[str] = []
+
+    def handler(ctx: Any) -> None:
+        ctx.checkpoint(1, processed=1)
+        ctx._attempt._flush()
+        if store_kind == "sqlite":
+            blocker.execute("BEGIN IMMEDIATE")  # the database's write lock
+        else:
+            blocker.execute("SELECT 1 FROM resumable_checkpoints WHERE job = %s FOR UPDATE", (JOB,))
+        ctx.checkpoint(2, processed=2)  # its write waits for the blocker...
+        seen.append("returned")  # ...and the handler goes on with the next chunk meanwhile
+        assert stored_on(blocker).position == 1
+        seen.append(f"writer threads: {len(_writer_threads())}")
+        blocker.rollback()  # the write goes through; the next checkpoint collects it
+        ctx.checkpoint(3, processed=3)
+
+    try:
+        outcome = attempt(store).run(handler)
+    finally:
+        blocker.rollback()
+        blocker.close()
+    assert outcome.checkpoint.position == 3 and stored(store).status == "done"
+    # On PostgreSQL no thread is involved: the write is sent and collected on the handler's thread
+    expected_threads = 1 if store_kind == "sqlite" else 0
+    assert seen == ["returned", f"writer threads: {expected_threads}"]
+
+
+def stored_on(session: Any) -> Any:
+    return session.load(JOB, SLOT)
+
+
+def test_a_connection_lost_with_a_write_in_flight_fails_the_attempt_and_a_retry_resumes(pg_params: Any) -> None:
+    # Given a pipelined attempt on PostgreSQL whose writer's connection is killed with a write in flight
+    store = PostgresStore(**pg_params)
+    with store.open() as s:
+        s.ensure_schema()
+
+    def handler(ctx: Any) -> None:
+        ctx.checkpoint(1, processed=1)
+        ctx._attempt._flush()
+        writer = ctx._attempt._writer._conn
+        with store.open(autocommit=True) as admin:
+            admin.execute("SELECT pg_terminate_backend(%s)", (writer.get_backend_pid(),))
+        ctx.checkpoint(2, processed=2)  # sent on a dead connection, or collected from one
+        ctx.checkpoint(3, processed=3)
+        raise AssertionError("not reached: the lost write is raised by one of the checkpoints above")
+
+    # Then the attempt fails with the driver's error, keeping the last committed checkpoint...
+    with pytest.raises(psycopg2.OperationalError):
+        attempt(store).run(handler)
+    row = stored(store)
+    assert (row.status, row.position, row.processed, row.lease_owner) == ("failed", 1, 1, None)
+    # ...and the next attempt resumes from it
+    seen: list[int] = []
+
+    def rest(ctx: Any) -> None:
+        for k in range((ctx.position or 0) + 1, 5):
+            seen.append(k)
+            ctx.checkpoint(k, processed=k)
+
+    outcome = attempt(store, 2).run(rest)
+    assert outcome.resumed_from == 1 and seen == [2, 3, 4] and stored(store).status == "done"
+
+
+def test_a_store_on_a_connect_function_pipelines_with_that_connection_s_parameters(pg_params: Any) -> None:
+    # Given a store built on a connect function, as the Airflow connection's hook builds it
+    opened: list[Any] = []
+
+    def connect() -> Any:
+        opened.append(psycopg2.connect(**pg_params))
+        return opened[-1]
+
+    store = PostgresStore.from_connect(connect, host=pg_params.get("host"), dbname=pg_params["dbname"])
+
+    def handler(ctx: Any) -> None:
+        for k in range(1, 4):
+            ctx.checkpoint(k, processed=k)
+        writer = ctx._attempt._writer
+        # Then the writer connects to the same database with the same parameters, without a thread
+        assert writer._conn.info.dbname == pg_params["dbname"] and _writer_threads() == []
+
+    outcome = attempt(store).run(handler)
+    assert outcome.checkpoint.position == 3 and stored(store).status == "done"

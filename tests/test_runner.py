@@ -585,6 +585,35 @@ def test_a_read_that_goes_back_across_batches_fails_before_processing_the_batch(
     assert (row.position, row.processed) == (9, 10)
 
 
+@pytest.mark.parametrize(
+    ("keys", "refused"),
+    [
+        ([1, 2, 2, 3], None),  # equal positions inside a batch: all of them processed, nothing lost
+        ([1, 2, 3, 3], "3 (item 3 of the batch) does not come after 3 (item 2)"),  # cut by the chunk's end
+        ([1, 3, 2, 4], "2 (item 2 of the batch) does not come after 3 (item 1)"),
+        (["a", "c", "b", "d"], "'b' (item 2 of the batch) does not come after 'c' (item 1)"),
+        ([(1, "b"), (1, "a"), (2, "a"), (3, "a")], "(1, 'a') (item 1 of the batch) does not come after (1, 'b') (item 0)"),
+    ],
+)
+def test_every_position_of_a_batch_is_checked_and_equal_ones_only_at_its_end(
+    store: Store, keys: list[Any], refused: str | None
+) -> None:
+    processed: list[Any] = []
+
+    def read(ctx: Any, after: Any, limit: int) -> list[Any]:
+        return [] if after is not None else [{"id": k} for k in keys]
+
+    handler = chunk_loop(read, lambda ctx, batch: processed.extend(batch), chunk_size=4)
+    if refused is None:
+        outcome = attempt(store, 1).run(handler)
+        assert len(processed) == 4 and outcome.checkpoint.processed == 4
+        return
+    with pytest.raises(ConfigurationError) as err:
+        attempt(store, 1).run(handler)
+    assert f"read returned positions out of order: {refused}" in str(err.value)
+    assert processed == []
+
+
 def test_positions_that_do_not_compare_are_only_checked_for_moving(store: Store) -> None:
     # Given the same read going 2, 1, 3: as numbers it is refused...
     def reader(wrap):

@@ -169,8 +169,14 @@ def chunk_loop(
                     hint="read(ctx, after, limit) must return at most limit items",
                 )
             # Checked before process: nothing is done out of order, and the checkpoint does not move.
-            keys = batch.positions if isinstance(batch, Batch) else _keys(batch, key)
-            new_after = keys[-1]
+            # A reader's batch converts its positions only when asked (the skip policy's pass).
+            keys: list[Any] | None = None
+            if isinstance(batch, Batch):
+                reader_batch: Batch | None = batch
+                new_after = batch.position
+            else:
+                reader_batch, keys = None, _keys(batch, key)
+                new_after = keys[-1]
             if new_after == after:
                 raise ConfigurationError(
                     f"the position did not advance past {after!r}",
@@ -178,12 +184,14 @@ def chunk_loop(
                     slot=ctx.slot,
                     hint="read must return only items after 'after', ordered by the position key",
                 )
-            if not isinstance(batch, Batch):  # a reader orders by its source's own ORDER BY (collations)
+            if keys is not None:  # a reader orders by its source's own ORDER BY (collations)
                 _check_order(ctx, after, keys)
             if skippable is None:
                 process(ctx, batch)
             else:
-                skipped += _process_or_skip(ctx, process, batch, keys, skippable, skip_limit)
+                positions = reader_batch.positions if reader_batch is not None else keys
+                assert positions is not None
+                skipped += _process_or_skip(ctx, process, batch, positions, skippable, skip_limit)
             after = new_after
             processed += len(batch)
             chunks += 1
@@ -253,25 +261,27 @@ _ID, _FIRST = operator.itemgetter("id"), operator.itemgetter(0)
 
 
 def _check_order(ctx: RunContext, after: Any, keys: list[Any]) -> None:
-    """Refuse a batch whose positions do not increase (within it, or from ``after``).
+    """Refuse a batch that would make the loop skip items: positions going down (within the batch,
+    or from ``after``), or equal positions at its end.
 
-    The loop resumes *after* the last position saved, so out-of-order items (``ORDER BY id DESC``)
-    would be skipped for good. Positions that do not compare with ``<`` (dicts, mixed types) are
-    not checked here; the loop still refuses a position that does not move.
+    The loop resumes *after* the last position saved, so out-of-order items (``ORDER BY id DESC``,
+    no ORDER BY) would be skipped for good; so would the rest of a run of equal positions cut by
+    the chunk's end. Equal positions inside a batch lose nothing and are taken. Positions that do
+    not compare with ``<`` (dicts, mixed types) are not checked here; the loop still refuses a
+    position that does not move.
+
+    Checked for every item at C speed: ``sorted()`` makes one pass over an ascending list and gives
+    back the same objects, which compare by identity (about 7 ns an item, where comparing each pair
+    in Python took 30).
     """
     if type(after) is list and type(keys[0]) is tuple:  # a composite position, back from JSON
         after = tuple(after)
     try:
-        if all(map(operator.lt, keys, keys[1:])) and (after is None or after < keys[0]):
+        if (sorted(keys) == keys and (after is None or after < keys[0])
+                and (len(keys) < 2 or keys[-2] < keys[-1])):
             return
+        i, previous, current, where = _first_misplaced(after, keys)
     except TypeError:
-        return
-    previous, where = after, "the position 'after' it was read from"
-    for i, current in enumerate(keys):
-        if previous is not None and not previous < current:
-            break
-        previous, where = current, f"item {i}"
-    else:  # pragma: no cover - the fast check above found a pair out of order
         return
     raise ConfigurationError(
         f"read returned positions out of order: {short(current, 40)} (item {i} of the batch) does not come after "
@@ -279,9 +289,21 @@ def _check_order(ctx: RunContext, after: Any, keys: list[Any]) -> None:
         "batch was processed and the checkpoint did not move",
         job=ctx.job,
         slot=ctx.slot,
-        hint="read(ctx, after, limit) must return the items after 'after' in ascending position order "
-        "(e.g. WHERE id > after ORDER BY id, not ORDER BY id DESC)",
+        hint="read(ctx, after, limit) must return the items after 'after' in ascending position order, the last "
+        "item's position unique (e.g. WHERE id > after ORDER BY id, not ORDER BY id DESC)",
     )
+
+
+def _first_misplaced(after: Any, keys: list[Any]) -> tuple[int, Any, Any, str]:
+    """(index, the position it should follow, its position, what that was) of the first item out of place."""
+    last = len(keys) - 1
+    if after is not None and not after < keys[0]:
+        return 0, after, keys[0], "the position 'after' it was read from"
+    for i in range(1, last + 1):
+        previous, current = keys[i - 1], keys[i]
+        if current < previous or (i == last and not previous < current):
+            return i, previous, current, f"item {i - 1}"
+    raise AssertionError("no item is out of place")  # pragma: no cover - only called for a batch that has one
 
 
 def _preview(keys: list[Any], limit: int = 6) -> str:

@@ -1,9 +1,9 @@
 """Pipelined checkpoints: the durable write of chunk N overlaps the work of chunk N+1.
 
-With ``pipeline_checkpoints=True`` the attempt hands each checkpoint to a writer thread with its
-own connection, and the handler goes on with the next chunk while the database commits it. At most
-one write is in flight: handing over the next one first waits for the previous one and raises its
-failure there. What that changes, and what it keeps:
+With ``pipeline_checkpoints=True`` the attempt sends each checkpoint on a second connection and
+the handler goes on with the next chunk while the database commits it. At most one write is in
+flight: sending the next one first waits for the previous one and raises its failure there. What
+that changes, and what it keeps:
 
 * **a crash repeats at most two chunks** (one without pipelining): the write in flight and the
   chunk after it;
@@ -15,24 +15,51 @@ failure there. What that changes, and what it keeps:
 * **the end waits**: the attempt's final status (``done``, ``cancelled``, ``failed``) is written
   after the write in flight finished, so ``done`` always follows the last checkpoint.
 
+Two writers do it:
+
+* on PostgreSQL with psycopg2, :class:`NoWaitWriter`: the connection is in psycopg2's asynchronous
+  mode, so sending the UPDATE returns at once, on the handler's own thread, and the next checkpoint
+  collects its result. Nothing else runs meanwhile: no thread hand-off, no contention for the GIL
+  (a writer thread, woken when its commit returns, waits for the interpreter lock the handler's
+  Python holds, and measured 1.19x a bare keyset loop where this writer measured 1.01x);
+* on any other store (SQLite; psycopg 3 connections from a hook), :class:`ThreadWriter`: a writer
+  thread with its own connection.
+
 Handlers that write through ``ctx.transaction()`` cannot use it: those writes commit with the
 checkpoint, on the attempt's own connection, and a pipelined checkpoint commits on another one.
 """
 
 from __future__ import annotations
 
+import abc
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
 
 from airflow_resumable.core.errors import LeaseLost
 from airflow_resumable.core.signal import Reason, Signal
-from airflow_resumable.core.stores.base import Store, StoreSession
+from airflow_resumable.core.stores.base import Store, StoreSession, save_rejected
 
 #: The writer thread's name starts with this (tests and debuggers tell it apart by it).
 THREAD_PREFIX = "resumable-checkpoint-writer"
 
+_LOST = "another attempt took over this slot's lease (a checkpoint was rejected)"
 
-class CheckpointWriter:
-    """Writes one attempt's checkpoints on its own thread and connection, one in flight at most."""
+
+def checkpoint_writer(
+    store: Store, session: StoreSession, *, job: str, slot: str, owner: str, token: int, signal: Signal
+) -> CheckpointWriter:
+    """The writer for one attempt's pipelined checkpoints: :class:`NoWaitWriter` where the store's
+    driver can send without waiting, else :class:`ThreadWriter`. Its connection opens now and
+    connects while the first chunk runs."""
+    conn = store.connect_nowait(like=session.conn)
+    if conn is None:
+        return ThreadWriter(store, job=job, slot=slot, owner=owner, token=token, signal=signal)
+    return NoWaitWriter(store, session, conn, job=job, slot=slot, owner=owner, token=token, signal=signal)
+
+
+class CheckpointWriter(abc.ABC):
+    """Writes one attempt's checkpoints while its handler goes on, one in flight at most."""
 
     def __init__(self, store: Store, *, job: str, slot: str, owner: str, token: int, signal: Signal):
         self.store = store
@@ -40,12 +67,8 @@ class CheckpointWriter:
         self.signal = signal
         #: ``(processed, total)`` of the last checkpoint known to be committed, None before the first.
         self.durable: tuple[int, int | None] | None = None
-        # One thread: the session is opened, used and closed on it (SQLite connections belong to
-        # the thread that opened them).
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=THREAD_PREFIX)
-        self._session: StoreSession | None = None
-        self._pending: Future[None] | None = None
 
+    @abc.abstractmethod
     def submit(self, *, position: str, state: str, processed: int, total: int | None) -> None:
         """Hand over a checkpoint after the previous one is committed; return without waiting for it.
 
@@ -53,23 +76,109 @@ class CheckpointWriter:
             LeaseLost: the previous checkpoint found the lease taken over; nothing more is written.
             Exception: whatever else made the previous checkpoint fail (e.g. the database is down).
         """
-        self.flush()
-        self._pending = self._executor.submit(self._write, position, state, processed, total)
 
+    @abc.abstractmethod
     def flush(self) -> None:
         """Wait until the checkpoint in flight, if any, is committed.
 
         Raises:
             LeaseLost / Exception: as :meth:`submit`, for the checkpoint in flight.
         """
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Wait for the checkpoint in flight, then close the connection. A failure of that last
+        write is not raised here (the caller is already ending the attempt); a lost lease still
+        shows on the signal."""
+
+    def _lost(self) -> LeaseLost:
+        self.signal.cancel(Reason.LEASE_LOST, _LOST)
+        return save_rejected(self.job, self.slot)
+
+
+class NoWaitWriter(CheckpointWriter):
+    """Sends each checkpoint on a connection that does not wait for the answer, and collects the
+    answer when the next checkpoint (or the attempt's end) comes: all on the handler's thread."""
+
+    def __init__(self, store: Store, session: StoreSession, conn: Any, *, job: str, slot: str, owner: str, token: int,
+                 signal: Signal):
+        super().__init__(store, job=job, slot=slot, owner=owner, token=token, signal=signal)
+        self._statement: Callable[..., tuple[str, tuple[Any, ...]]] = session.save_statement
+        self._like = session.conn
+        self._conn: Any = conn
+        self._connected = False
+        #: the cursor of the write in flight and the ``(processed, total)`` it saves
+        self._pending: tuple[Any, tuple[int, int | None]] | None = None
+
+    def submit(self, *, position: str, state: str, processed: int, total: int | None) -> None:
+        self.flush()
+        sql, params = self._statement(self.job, self.slot, self.owner, self.token, position=position, state=state,
+                                      processed=processed, total=total)
+        try:
+            if self._conn is None:  # the last one broke: start another
+                self._conn = self.store.connect_nowait(like=self._like)
+            if not self._connected:
+                self.store.wait(self._conn, timeout=getattr(self.store, "connect_timeout", 10.0))
+                self._connected = True
+            cur = self._conn.cursor()
+            cur.execute(sql, params)
+        except Exception:
+            self._discard()
+            raise
+        self._pending = (cur, (processed, total))
+
+    def flush(self) -> None:
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return
+        cur, saved = pending
+        try:
+            self.store.wait(self._conn)
+        except Exception:
+            self._discard()  # a broken connection: the next write opens a new one
+            raise
+        if cur.rowcount != 1:
+            raise self._lost()
+        self.durable = saved
+
+    def close(self) -> None:
+        try:
+            self.flush()
+        except Exception:  # a lost lease is on the signal; anything else the attempt's ending reports
+            pass
+        self._discard()
+
+    def _discard(self) -> None:
+        self._pending = None
+        conn, self._conn, self._connected = self._conn, None, False
+        if conn is not None:
+            try:
+                conn.close()
+            except Exception:  # pragma: no cover - closing a broken connection
+                pass
+
+
+class ThreadWriter(CheckpointWriter):
+    """Writes one attempt's checkpoints on its own thread and connection."""
+
+    def __init__(self, store: Store, *, job: str, slot: str, owner: str, token: int, signal: Signal):
+        super().__init__(store, job=job, slot=slot, owner=owner, token=token, signal=signal)
+        # One thread: the session is opened, used and closed on it (SQLite connections belong to
+        # the thread that opened them).
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=THREAD_PREFIX)
+        self._session: StoreSession | None = None
+        self._pending: Future[None] | None = None
+
+    def submit(self, *, position: str, state: str, processed: int, total: int | None) -> None:
+        self.flush()
+        self._pending = self._executor.submit(self._write, position, state, processed, total)
+
+    def flush(self) -> None:
         pending, self._pending = self._pending, None
         if pending is not None:
             pending.result()
 
     def close(self) -> None:
-        """Wait for the checkpoint in flight, then close the connection. A failure of that last
-        write is not raised here (the caller is already ending the attempt); a lost lease still
-        shows on the signal."""
         try:
             self.flush()
         except Exception:  # a lost lease is on the signal; anything else the attempt's ending reports
@@ -86,8 +195,7 @@ class CheckpointWriter:
             self._session.save(self.job, self.slot, self.owner, self.token, position=position, state=state,
                                processed=processed, total=total)
         except LeaseLost:
-            self.signal.cancel(Reason.LEASE_LOST, "another attempt took over this slot's lease (a checkpoint was "
-                               "rejected)")
+            self.signal.cancel(Reason.LEASE_LOST, _LOST)
             raise
         except Exception:
             self._close()  # a broken connection: the next write opens a new one

@@ -66,7 +66,7 @@ from airflow_resumable.core.options import (  # re-exported: the core's public n
     validate_options,
     wait_seconds,
 )
-from airflow_resumable.core.pipeline import CheckpointWriter
+from airflow_resumable.core.pipeline import CheckpointWriter, checkpoint_writer
 from airflow_resumable.core.progress import Log, ProgressMeter, Reporter
 from airflow_resumable.core.signal import Reason, Signal
 from airflow_resumable.core.skips import skip_item
@@ -246,10 +246,10 @@ class Attempt:
                 interval=self._heartbeat,
             ).start()
             keeper = self.keeper
-            if self.options.pipeline_checkpoints:
-                self._writer = CheckpointWriter(self.store, job=self.job, slot=self.slot, owner=self.owner,
-                                                token=self._token, signal=self.signal)
             try:
+                if self.options.pipeline_checkpoints:  # connects while the first chunk runs
+                    self._writer = checkpoint_writer(self.store, session, job=self.job, slot=self.slot,
+                                                     owner=self.owner, token=self._token, signal=self.signal)
                 if row.request == Request.PAUSE:  # asked before this attempt started: pause before any work
                     raise Paused(Reason.PAUSED.value, f"pause requested by {row.requested_by or '?'}")
                 self._started = time.monotonic()

@@ -48,6 +48,16 @@ _SELECT = CHECKPOINTS.select
 _STATE = CHECKPOINTS.names.index("state")
 
 
+def save_rejected(job: str, slot: str) -> LeaseLost:
+    """The error of a checkpoint that matched no row: the lease is another attempt's."""
+    return LeaseLost(
+        "checkpoint rejected: the lease was taken over by another attempt; this attempt's uncommitted writes "
+        "were rolled back",
+        job=job,
+        slot=slot,
+    )
+
+
 class Dialect:
     """What differs between backends, as methods: time arithmetic, types, placeholders, locks.
 
@@ -219,6 +229,16 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def describe(self) -> str:
         """Where the checkpoints live, for logs: never includes a password."""
+
+    def connect_nowait(self, like: Any = None) -> Any | None:
+        """A connection whose statements return before the database answers (see
+        :meth:`PostgresStore.connect_nowait`), or None when the driver has no such mode: pipelined
+        checkpoints then use a writer thread."""
+        return None
+
+    def wait(self, conn: Any, timeout: float | None = None) -> None:
+        """Wait for a :meth:`connect_nowait` connection to connect, or for its statement in flight."""
+        raise NotImplementedError(f"{type(self).__name__} has no connections that do not wait")
 
     def session(self, *, autocommit: bool = False) -> StoreSession:
         return StoreSession(self, self.connect(autocommit=autocommit), autocommit=autocommit)
@@ -708,21 +728,26 @@ class StoreSession:
         Raises:
             LeaseLost: another attempt holds the lease; nothing was committed.
         """
-        now = self.d.now()
-        cur = self.execute(
-            f"UPDATE {TABLE} SET position = %s, state = %s, processed = %s, total = %s, updated_at = {now} "
-            "WHERE job = %s AND slot = %s AND lease_owner = %s AND lease_token = %s",
-            (position, state, processed, total, job, slot, owner, token),
-        )
+        sql, params = self.save_statement(job, slot, owner, token, position=position, state=state,
+                                          processed=processed, total=total)
+        cur = self.conn.cursor()
+        cur.execute(sql, params)
         if cur.rowcount != 1:
             self.rollback()
-            raise LeaseLost(
-                "checkpoint rejected: the lease was taken over by another attempt; this attempt's "
-                "uncommitted writes were rolled back",
-                job=job,
-                slot=slot,
-            )
+            raise save_rejected(job, slot)
         self.commit()
+
+    def save_statement(
+        self, job: str, slot: str, owner: str, token: int, *, position: str, state: str, processed: int,
+        total: int | None,
+    ) -> tuple[str, tuple[Any, ...]]:
+        """The checkpoint's fenced UPDATE, in this driver's placeholders, and its parameters: it
+        changes one row, or none once another attempt holds the lease. Sent by :meth:`save`, or
+        without waiting by a pipelined writer (core/pipeline.py)."""
+        return self.d.placeholders(
+            f"UPDATE {TABLE} SET position = %s, state = %s, processed = %s, total = %s, updated_at = {self.d.now()} "
+            "WHERE job = %s AND slot = %s AND lease_owner = %s AND lease_token = %s"
+        ), (position, state, processed, total, job, slot, owner, token)
 
     def finish(
         self,

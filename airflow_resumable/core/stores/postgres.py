@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import select
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -145,6 +147,71 @@ class PostgresStore(Store):
 
     def set_autocommit(self, conn: Any, on: bool) -> None:
         conn.autocommit = on
+
+    def connect_nowait(self, like: Any = None) -> Any | None:
+        """A psycopg2 connection in asynchronous mode, still connecting: :meth:`wait` finishes it,
+        and each statement it is given returns at once, its result collected by :meth:`wait`.
+
+        Its parameters are this store's, or for a store built on a connect function (a hook)
+        those of ``like``, a connection that function opened. None when the driver offers no
+        asynchronous mode (``like`` is not a psycopg2 connection).
+
+        Raises:
+            StoreUnavailable: the connection could not be started.
+        """
+        psycopg2 = _psycopg2()
+        params = self._params
+        if self._connect is not None:
+            info = getattr(like, "info", None)
+            if not isinstance(like, psycopg2.extensions.connection) or info is None:
+                return None
+            params = dict(info.dsn_parameters)
+            if info.password:
+                params["password"] = info.password
+        try:
+            return psycopg2.connect(**params, async_=True)
+        except psycopg2.OperationalError as exc:
+            raise StoreUnavailable(
+                f"cannot connect to the PostgreSQL checkpoint database {self.describe()}: {str(exc).strip()}",
+                hint="Check the Airflow connection's host, port, login and database, and that the server runs",
+            ) from exc
+
+    def wait(self, conn: Any, timeout: float | None = None) -> None:
+        """Wait until an asynchronous connection (:meth:`connect_nowait`) is connected, or its
+        statement in flight has finished; its error, if any, is raised here.
+
+        Raises:
+            StoreUnavailable: ``timeout`` seconds passed first (the connection is then unusable).
+            psycopg2.Error: what the connection or the statement failed with.
+        """
+        from psycopg2 import extensions
+
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            state = conn.poll()
+            if state == extensions.POLL_OK:
+                return
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise StoreUnavailable(
+                    f"the PostgreSQL checkpoint database {self.describe()} did not answer within {timeout:g}s",
+                    hint="Check that the server runs and is reachable from the worker",
+                )
+            fd = conn.fileno()
+            if state == extensions.POLL_READ:
+                select.select([fd], [], [], left)
+            elif state == extensions.POLL_WRITE:
+                select.select([], [fd], [], left)
+            else:  # pragma: no cover - psycopg2 raises for a failed poll
+                raise extensions.OperationalError(f"unexpected poll state {state!r}")
+
+    @property
+    def connect_timeout(self) -> float:
+        """Seconds a connection may take (libpq's ``connect_timeout``; 10 unless set)."""
+        try:
+            return float(self._params.get("connect_timeout") or 10)
+        except (TypeError, ValueError):
+            return 10.0
 
     def describe(self) -> str:
         p = self._params
