@@ -102,6 +102,21 @@ def test_a_key_that_is_not_unique_fails_naming_the_job_the_slot_and_the_fix(stor
     assert seen == [] and _load(store, SLOT).position is None
 
 
+def test_equal_keys_the_database_did_not_put_side_by_side_are_refused(tmp_path: Path, store: Store) -> None:
+    # Given a key whose collation orders 'a', 'A', 'a' as equals, in any order: Python's equality
+    # sees the two 'a' apart, with an 'A' between them
+    path = tmp_path / "nocase.db"
+    with closing(sqlite3.connect(path)) as db:
+        db.execute("CREATE TABLE t (k TEXT COLLATE NOCASE, v INTEGER)")
+        db.executemany("INSERT INTO t VALUES (?, ?)", [("a", 1), ("A", 2), ("a", 3), ("b", 4)])
+        db.commit()
+    reader = KeysetReader(connect=lambda: sqlite3.connect(path), table="t", key="k")
+    seen: list[Any] = []
+    with pytest.raises(ConfigurationError, match=r"is not unique: two rows of the page after position None have k='a'"):
+        attempt(store, 1).run(chunk_loop(reader, collect(seen), chunk_size=10))
+    assert seen == []
+
+
 def test_duplicates_inside_a_page_are_refused_too(store: Store, source: Source) -> None:
     events_table(source, TIES)
     reader = KeysetReader(connect=source.connect, table="events", key="updated_at")
