@@ -189,6 +189,11 @@ def _statements(d: Dialect) -> SimpleNamespace:
                              "processed_start", "position_end", "processed_end"), "%s"),
             "started_at": now, "ended_at": now,
         }),
+        # The checkpoint, already in the driver's placeholders: a run sends it after every chunk.
+        save=d.placeholders(
+            f"UPDATE {CHECKPOINTS.name} SET position = %s, state = %s, processed = %s, total = %s, updated_at = {now} "
+            "WHERE job = %s AND slot = %s AND lease_owner = %s AND lease_token = %s"
+        ),
         ended_history=_insert(ATTEMPTS, {
             **dict.fromkeys(_HISTORY_COLUMNS, "%s"), "started_at": now, "ended_at": now, "position_end": "%s",
             "processed_end": "%s", "error": "%s",
@@ -265,6 +270,7 @@ class StoreSession:
         self.autocommit = autocommit
         self.d = store.dialect
         self._in_transaction = False
+        self._save_cursor: Any = None
 
     # -- plumbing ------------------------------------------------------------------------------
 
@@ -728,10 +734,10 @@ class StoreSession:
         Raises:
             LeaseLost: another attempt holds the lease; nothing was committed.
         """
-        sql, params = self.save_statement(job, slot, owner, token, position=position, state=state,
-                                          processed=processed, total=total)
-        cur = self.conn.cursor()
-        cur.execute(sql, params)
+        cur = self._save_cursor
+        if cur is None:  # one cursor for every checkpoint of the session
+            cur = self._save_cursor = self.conn.cursor()
+        cur.execute(_statements(self.d).save, (position, state, processed, total, job, slot, owner, token))
         if cur.rowcount != 1:
             self.rollback()
             raise save_rejected(job, slot)
@@ -744,10 +750,7 @@ class StoreSession:
         """The checkpoint's fenced UPDATE, in this driver's placeholders, and its parameters: it
         changes one row, or none once another attempt holds the lease. Sent by :meth:`save`, or
         without waiting by a pipelined writer (core/pipeline.py)."""
-        return self.d.placeholders(
-            f"UPDATE {TABLE} SET position = %s, state = %s, processed = %s, total = %s, updated_at = {self.d.now()} "
-            "WHERE job = %s AND slot = %s AND lease_owner = %s AND lease_token = %s"
-        ), (position, state, processed, total, job, slot, owner, token)
+        return _statements(self.d).save, (position, state, processed, total, job, slot, owner, token)
 
     def finish(
         self,
