@@ -118,8 +118,11 @@ class Table:
                 for suffix, cols_ in self.unique]
         return out
 
-    def decode(self, row: Sequence[Any]) -> Any:
+    def decode(self, row: Sequence[Any], *, aware: bool = False) -> Any:
         """A DB-API row of :attr:`select` as an instance of the class (hot: listings decode many).
+
+        ``aware``: the driver gives timestamps as timezone-aware datetimes already (PostgreSQL's
+        TIMESTAMPTZ), so they are taken as they are.
 
         Raises:
             ValueError / TypeError: a JSON column holds text that is not JSON (the caller names it).
@@ -129,10 +132,11 @@ class Table:
             v = values[i]
             if v is not None:
                 values[i] = _loads(v)
-        for i in self._times:
-            v = values[i]
-            if v is not None:
-                values[i] = to_datetime(v)
+        if not aware:
+            for i in self._times:
+                v = values[i]
+                if v is not None:
+                    values[i] = to_datetime(v)
         # Filling __dict__ builds the same frozen value as __init__, in a fraction of the time.
         obj: Any = object.__new__(self.cls)
         obj.__dict__.update(zip(self.names, values, strict=True))

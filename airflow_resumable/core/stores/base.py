@@ -79,6 +79,8 @@ class Dialect:
     migration_setup: tuple[str, ...] = ()
     #: The statement that opens an explicit transaction (SQLite: take the write lock up front).
     begin: str = "BEGIN"
+    #: Whether the driver reads timestamps back as timezone-aware datetimes (nothing to convert).
+    aware_timestamps: bool = False
 
     def __init__(self) -> None:
         self._translated: dict[str, str] = {}
@@ -373,7 +375,7 @@ class StoreSession:
                 JSON object. The row is left as it is.
         """
         try:
-            cp: Checkpoint = CHECKPOINTS.decode(row)
+            cp: Checkpoint = CHECKPOINTS.decode(row, aware=self.d.aware_timestamps)
         except (TypeError, ValueError):
             job, slot = row[0], row[1]
             for i, c in enumerate(CHECKPOINTS.columns):

@@ -17,6 +17,7 @@ class PostgresDialect(Dialect):
     name = "postgres"
     marker = "%s"
     timestamp_type = "TIMESTAMPTZ"
+    aware_timestamps = True
     id_type = "BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY"
     # Two workers creating or migrating the schema at once would race on the DDL.
     schema_lock = ("SELECT pg_advisory_xact_lock(7241730117)",)
