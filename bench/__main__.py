@@ -21,26 +21,28 @@ import traceback
 from bench import airflow_env
 from bench.common import ROOT, Database, Result, say, table
 
-ROWS = ("1", "2", "3", "4", "5", "6", "7", "8", "9", "10", "11", "12")
+#: Each row of the table: the module and function that measure it, ``run(db) -> list[Result]``.
+_RUNNERS = {
+    "1": ("bench.commit", "run"),
+    "2": ("bench.loans", "run"),
+    "3": ("bench.native", "run"),
+    "4": ("bench.cancel", "run"),
+    "5": ("bench.heartbeat", "run"),
+    "6": ("bench.scale", "run"),
+    "7": ("bench.overhead", "run"),
+    "8": ("bench.hot", "run_wal"),
+    "9": ("bench.hot", "run_size"),
+    "10": ("bench.concurrency", "run"),
+    "11": ("bench.leases", "run"),
+    "12": ("bench.throttle", "run"),
+}
+ROWS = tuple(_RUNNERS)
 
 
 def _runner(row: str):  # noqa: ANN202 - a module's run(db) -> list[Result]
     import importlib
 
-    module, function = {
-        "1": ("bench.commit", "run"),
-        "2": ("bench.loans", "run"),
-        "3": ("bench.native", "run"),
-        "4": ("bench.cancel", "run"),
-        "5": ("bench.heartbeat", "run"),
-        "6": ("bench.scale", "run"),
-        "7": ("bench.overhead", "run"),
-        "8": ("bench.hot", "run_wal"),
-        "9": ("bench.hot", "run_size"),
-        "10": ("bench.concurrency", "run"),
-        "11": ("bench.leases", "run"),
-        "12": ("bench.throttle", "run"),
-    }[row]
+    module, function = _RUNNERS[row]
     return getattr(importlib.import_module(module), function)
 
 

@@ -30,7 +30,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from airflow_resumable.core.migrations import MIGRATIONS
 from airflow_resumable.core.stores import PostgresStore, SQLiteStore, Store, StoreSession
@@ -266,10 +266,29 @@ def _total(conn: Any, schema: str) -> tuple[int, int, int]:
     return heap + sum(idx.values()), heap, len(idx)
 
 
-def _many(params: dict[str, Any], schema: str) -> tuple[int, int, int, int, int, int, int, str]:
-    """Save MANY checkpoints of one slot in ``schema`` (made if missing) of the database ``params``
-    names: (size after 1, table after 1, indexes, size after MANY, table after MANY, updates, HOT
-    updates, the server's autovacuum setting)."""
+class Many(NamedTuple):
+    """Row 9's figures on one server: sizes in bytes after 1 and after MANY checkpoints."""
+
+    one: int
+    heap_one: int
+    indexes: int
+    many: int
+    heap_many: int
+    updates: int
+    hot: int
+    autovacuum: str
+
+    def measured(self) -> str:
+        return f"{_kb(self.many)} (table {_kb(self.heap_many)}) vs {_kb(self.one)} (table {_kb(self.heap_one)})"
+
+    @property
+    def limit(self) -> int:
+        """The target: twice the size after 1 checkpoint, plus one page per index."""
+        return 2 * self.one + self.indexes * PAGE
+
+
+def _many(params: dict[str, Any], schema: str) -> Many:
+    """Save MANY checkpoints of one slot in ``schema`` (made if missing) of the database ``params`` names."""
     import psycopg2
 
     admin = psycopg2.connect(**{k: v for k, v in params.items() if k != "options"})
@@ -293,7 +312,7 @@ def _many(params: dict[str, Any], schema: str) -> tuple[int, int, int, int, int,
         upd, hot = updates(admin, schema, TABLE, upd0 + MANY - 1)
     finally:
         admin.close()
-    return one, heap_one, indexes, many, heap_many, upd - upd0, hot - hot0, autovacuum
+    return Many(one, heap_one, indexes, many, heap_many, upd - upd0, hot - hot0, autovacuum)
 
 
 def _row9(db: Database) -> list[Result]:
@@ -309,30 +328,24 @@ def _row9(db: Database) -> list[Result]:
         cluster.stop()
     say("row 9: the same on this machine's server (context)")
     shared = _many(dict(db.params), "hot_many")
-
-    def measured(figures: tuple[int, int, int, int, int, int, int, str]) -> str:
-        one, heap_one, _, many, heap_many, *_ = figures
-        return f"{_kb(many)} (table {_kb(heap_many)}) vs {_kb(one)} (table {_kb(heap_one)})"
-
-    one, _, indexes, many, _, upd, hot, autovacuum = default
-    limit = 2 * one + indexes * PAGE
-    s_one, _, s_indexes, s_many, _, s_upd, s_hot, s_autovacuum = shared
     return [
         Result(
             "9", f"PG: table + indexes after {MANY:,} checkpoints of one slot vs after 1",
-            measured(default), many / one, f"<= 2x + 1 page/index ({_kb(limit)})", many <= limit,
-            notes=[f"row 9: on a throwaway cluster as initdb makes it (autovacuum={autovacuum}, the default; fsync "
-                   f"off, which changes nothing in how a row version is stored), alone on it. {hot:,} of {upd:,} "
-                   "updates were HOT: each reclaims the row's old versions in its page (pruning), without vacuum"],
+            default.measured(), default.many / default.one, f"<= 2x + 1 page/index ({_kb(default.limit)})",
+            default.many <= default.limit,
+            notes=[f"row 9: on a throwaway cluster as initdb makes it (autovacuum={default.autovacuum}, the default; "
+                   f"fsync off, which changes nothing in how a row version is stored), alone on it. {default.hot:,} "
+                   f"of {default.updates:,} updates were HOT: each reclaims the row's old versions in its page "
+                   "(pruning), without vacuum"],
         ),
         Result(
-            "9s", f"PG: the same on this machine's server (autovacuum={s_autovacuum}, shared)", measured(shared),
-            s_many / s_one, "(context)", None,
-            notes=[f"row 9s: {s_hot:,} of {s_upd:,} updates were HOT. An old version can be pruned only once no "
-                   "transaction could still see it: while a transaction stays open anywhere on the server (any "
-                   "database: other tests on a shared server), the page fills, the next update moves the row to a "
-                   "new page and leaves the old one full of dead versions until a vacuum (each such update adds a "
-                   f"page while autovacuum is off). Limit as in row 9: {_kb(2 * s_one + s_indexes * PAGE)}"],
+            "9s", f"PG: the same on this machine's server (autovacuum={shared.autovacuum}, shared)", shared.measured(),
+            shared.many / shared.one, "(context)", None,
+            notes=[f"row 9s: {shared.hot:,} of {shared.updates:,} updates were HOT. An old version can be pruned only "
+                   "once no transaction could still see it: while a transaction stays open anywhere on the server "
+                   "(any database: other tests on a shared server), the page fills, the next update moves the row "
+                   "to a new page and leaves the old one full of dead versions until a vacuum (each such update adds "
+                   f"a page while autovacuum is off). Limit as in row 9: {_kb(shared.limit)}"],
         ),
     ]
 

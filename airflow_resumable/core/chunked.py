@@ -10,7 +10,7 @@ from __future__ import annotations
 import operator
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 from airflow_resumable.core import defaults
 from airflow_resumable.core.checkpoint import error_text, short
@@ -172,10 +172,9 @@ def chunk_loop(
             # A reader's batch converts its positions only when asked (the skip policy's pass).
             keys: list[Any] | None = None
             if isinstance(batch, Batch):
-                reader_batch: Batch | None = batch
                 new_after = batch.position
             else:
-                reader_batch, keys = None, _keys(batch, key)
+                keys = _keys(batch, key)
                 new_after = keys[-1]
             if new_after == after:
                 raise ConfigurationError(
@@ -189,8 +188,7 @@ def chunk_loop(
             if skippable is None:
                 process(ctx, batch)
             else:
-                positions = reader_batch.positions if reader_batch is not None else keys
-                assert positions is not None
+                positions = keys if keys is not None else cast(Batch, batch).positions
                 skipped += _process_or_skip(ctx, process, batch, positions, skippable, skip_limit)
             after = new_after
             processed += len(batch)

@@ -119,7 +119,7 @@ class NoWaitWriter(CheckpointWriter):
             if self._conn is None:  # the last one broke: start another
                 self._conn = self.store.connect_nowait(like=self._like)
             if not self._connected:
-                self.store.wait(self._conn, timeout=getattr(self.store, "connect_timeout", 10.0))
+                self.store.wait(self._conn, connecting=True)
                 self._connected = True
             cur = self._conn.cursor()
             cur.execute(sql, params)

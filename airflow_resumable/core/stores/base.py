@@ -243,7 +243,7 @@ class Store(abc.ABC):
         checkpoints then use a writer thread."""
         return None
 
-    def wait(self, conn: Any, timeout: float | None = None) -> None:
+    def wait(self, conn: Any, *, connecting: bool = False) -> None:
         """Wait for a :meth:`connect_nowait` connection to connect, or for its statement in flight."""
         raise NotImplementedError(f"{type(self).__name__} has no connections that do not wait")
 
@@ -739,7 +739,8 @@ class StoreSession:
         cur = self._save_cursor
         if cur is None:  # one cursor for every checkpoint of the session
             cur = self._save_cursor = self.conn.cursor()
-        cur.execute(_statements(self.d).save, (position, state, processed, total, job, slot, owner, token))
+        cur.execute(*self.save_statement(job, slot, owner, token, position=position, state=state,
+                                         processed=processed, total=total))
         if cur.rowcount != 1:
             self.rollback()
             raise save_rejected(job, slot)

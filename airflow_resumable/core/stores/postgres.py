@@ -126,11 +126,7 @@ class PostgresStore(Store):
             except ConfigurationError:
                 raise
             except Exception as exc:  # the driver's own error; its text names no password
-                raise StoreUnavailable(
-                    f"cannot connect to the PostgreSQL checkpoint database {self.describe()}: "
-                    f"{type(exc).__name__}: {str(exc).strip()}",
-                    hint="Check the Airflow connection's host, port, login and database, and that the server runs",
-                ) from exc
+                raise self._cannot_connect(f"{type(exc).__name__}: {str(exc).strip()}") from exc
             conn.autocommit = autocommit
             return conn
         psycopg2 = _psycopg2()
@@ -138,11 +134,7 @@ class PostgresStore(Store):
             conn = psycopg2.connect(**self._params)
         except psycopg2.OperationalError as exc:
             # libpq's message names host, port and user, never the password.
-            raise StoreUnavailable(
-                f"cannot connect to the PostgreSQL checkpoint database {self.describe()}: "
-                f"{str(exc).strip()}",
-                hint="Check the Airflow connection's host, port, login and database, and that the server runs",
-            ) from exc
+            raise self._cannot_connect(str(exc).strip()) from exc
         conn.autocommit = autocommit
         return conn
 
@@ -172,21 +164,27 @@ class PostgresStore(Store):
         try:
             return psycopg2.connect(**params, async_=True)
         except psycopg2.OperationalError as exc:
-            raise StoreUnavailable(
-                f"cannot connect to the PostgreSQL checkpoint database {self.describe()}: {str(exc).strip()}",
-                hint="Check the Airflow connection's host, port, login and database, and that the server runs",
-            ) from exc
+            raise self._cannot_connect(str(exc).strip()) from exc
 
-    def wait(self, conn: Any, timeout: float | None = None) -> None:
-        """Wait until an asynchronous connection (:meth:`connect_nowait`) is connected, or its
-        statement in flight has finished; its error, if any, is raised here.
+    def _cannot_connect(self, detail: str) -> StoreUnavailable:
+        """The error of a connection that could not be made (the driver's text names no password)."""
+        return StoreUnavailable(
+            f"cannot connect to the PostgreSQL checkpoint database {self.describe()}: {detail}",
+            hint="Check the Airflow connection's host, port, login and database, and that the server runs",
+        )
+
+    def wait(self, conn: Any, *, connecting: bool = False) -> None:
+        """Wait until an asynchronous connection (:meth:`connect_nowait`) is connected (within
+        libpq's ``connect_timeout``, 10 s unless set), or its statement in flight has finished;
+        its error, if any, is raised here.
 
         Raises:
-            StoreUnavailable: ``timeout`` seconds passed first (the connection is then unusable).
+            StoreUnavailable: the connection took longer than ``connect_timeout`` (it is then unusable).
             psycopg2.Error: what the connection or the statement failed with.
         """
         from psycopg2 import extensions
 
+        timeout = self._connect_timeout() if connecting else None
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             state = conn.poll()
@@ -206,12 +204,11 @@ class PostgresStore(Store):
             else:  # pragma: no cover - psycopg2 raises for a failed poll
                 raise extensions.OperationalError(f"unexpected poll state {state!r}")
 
-    @property
-    def connect_timeout(self) -> float:
-        """Seconds a connection may take (libpq's ``connect_timeout``; 10 unless set)."""
+    def _connect_timeout(self) -> float:
+        """Seconds a connection may take: libpq's ``connect_timeout`` (set to 10 unless given)."""
         try:
-            return float(self._params.get("connect_timeout") or 10)
-        except (TypeError, ValueError):
+            return float(self._params["connect_timeout"])
+        except (TypeError, ValueError):  # libpq would have refused it at the first connect
             return 10.0
 
     def describe(self) -> str:
