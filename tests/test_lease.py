@@ -27,12 +27,13 @@ class Worker:
 
     def __init__(
         self, store: Store, *, attempt: int, items: int, chunk: int, chunk_s: float, lease: float,
-        job: str = JOB, slot: str = SLOT,
+        job: str = JOB, slot: str = SLOT, gate: Path | None = None,
     ):
+        env = {**os.environ, **({"LEASE_WORKER_GATE": str(gate)} if gate else {})}
         self.proc = subprocess.Popen(
             [sys.executable, str(WORKER), spec_of(store), job, slot, str(items), str(chunk), str(chunk_s),
              str(attempt), str(lease)],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
         )
         self.events: queue.Queue[dict[str, Any]] = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()

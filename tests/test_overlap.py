@@ -6,8 +6,10 @@ going); the newer run is a DAG run through dag.test().
 
 from __future__ import annotations
 
+import threading
 import time
 from datetime import datetime, timezone
+from pathlib import Path
 
 import pytest
 from test_lease import Worker
@@ -18,14 +20,15 @@ JOB = "shared-job"
 NEW = datetime(2026, 6, 2, tzinfo=timezone.utc)
 
 
-def older_run(store: Store, *, items: int, chunk_s: float) -> Worker:
-    """Yesterday's slot, running (it announces its first checkpoint before we go on)."""
+def older_run(store: Store, *, items: int, chunk_s: float, gate: Path | None = None) -> Worker:
+    """Yesterday's slot, running (it announces its first checkpoint before we go on). With a
+    ``gate``, it holds after each checkpoint until that file exists."""
     with store.open() as s:
         s.ensure_schema()
         s._execute("CREATE TABLE IF NOT EXISTS sink (item INTEGER NOT NULL, owner TEXT NOT NULL)")
         s.commit()
     worker = Worker(store, attempt=1, items=items, chunk=1, chunk_s=chunk_s, lease=1.5, job=JOB,
-                    slot="2026-06-01T00:00:00+00:00")
+                    slot="2026-06-01T00:00:00+00:00", gate=gate)
     worker.wait_checkpoints(1)
     return worker
 
@@ -61,23 +64,64 @@ def test_allow_runs_both_slots_at_once(checkpoints: Store, run_dag) -> None:
     assert newer_row(checkpoints).status == "done"
 
 
-def test_wait_reschedules_without_using_a_retry_until_the_older_run_ends(checkpoints: Store, run_dag) -> None:
-    older = older_run(checkpoints, items=30, chunk_s=0.1)  # ~3 s more of work
-    started = time.monotonic()
-    run = run_dag("rt_overlap_wait", conf={"items": 5}, logical_date=NEW)
-    assert older.stopped()["error"] is None, "the older run finished undisturbed"
-    assert str(run.state) == "success"
-    ti = run.get_task_instance("work")
-    assert ti.try_number == 1, "waiting used no retry"
+def reschedules_of(dag_id: str, since: datetime, task_id: str = "work") -> int:
+    """How many times Airflow rescheduled the task since ``since`` (any run of ``dag_id``)."""
+    from airflow.models.taskinstance import TaskInstance
     from airflow.models.taskreschedule import TaskReschedule
     from airflow.utils.session import create_session
 
     with create_session() as session:
-        reschedules = session.query(TaskReschedule).filter(TaskReschedule.ti_id == ti.id).count()
-    assert reschedules >= 1
+        return (
+            session.query(TaskReschedule)
+            .join(TaskInstance, TaskInstance.id == TaskReschedule.ti_id)
+            .filter(TaskInstance.dag_id == dag_id, TaskInstance.task_id == task_id,
+                    TaskReschedule.start_date >= since)
+            .count()
+        )
+
+
+def test_wait_reschedules_without_using_a_retry_until_the_older_run_ends(
+    checkpoints: Store, run_dag, tmp_path: Path
+) -> None:
+    # The older run holds until the newer one has been rescheduled at least once: the test does not
+    # depend on how long dag.test() takes to reach the task on a loaded machine.
+    gate = tmp_path / "older-may-finish"
+    older = older_run(checkpoints, items=3, chunk_s=0.05, gate=gate)
+    # A first query on this thread configures SQLAlchemy's mappers before the opener's thread
+    # queries (configuring them on two threads at once can deadlock).
+    since = datetime.now(timezone.utc)
+    assert reschedules_of("rt_overlap_wait", since) == 0
+    opener = threading.Thread(target=_open_after_a_reschedule, args=(gate, "rt_overlap_wait", since), daemon=True)
+    opener.start()
+    try:
+        run = run_dag("rt_overlap_wait", conf={"items": 5}, logical_date=NEW)
+    finally:
+        gate.touch()
+        opener.join(5)
+    assert older.stopped()["error"] is None, "the older run finished undisturbed"
+    assert str(run.state) == "success"
+    ti = run.get_task_instance("work")
+    assert ti.try_number == 1, "waiting used no retry"
+    assert reschedules_of("rt_overlap_wait", since) >= 1
     row = newer_row(checkpoints)
+    older_row = _load(checkpoints, "2026-06-01T00:00:00+00:00")
     assert row.status == "done" and row.started_at is not None
-    assert time.monotonic() - started >= 1.0
+    assert older_row.status == "done"
+    assert row.started_at >= older_row.finished_at, "the newer run started only after the older one ended"
+
+
+def _open_after_a_reschedule(gate: Path, dag_id: str, since: datetime, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while not gate.exists() and time.monotonic() < deadline:
+        if reschedules_of(dag_id, since) >= 1:
+            break
+        time.sleep(0.05)
+    gate.touch()
+
+
+def _load(store: Store, slot: str):
+    with store.open() as s:
+        return s.load(JOB, slot)
 
 
 def test_replace_stops_the_older_run_at_a_chunk_boundary_and_proceeds(checkpoints: Store, run_dag) -> None:

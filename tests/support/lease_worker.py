@@ -4,7 +4,8 @@
 
 Each chunk waits CHUNK_SECONDS on the signal, writes its items to ``sink`` through
 ctx.transaction(), and checkpoints; then a JSON line ``{"event": "checkpoint", ...}`` is printed.
-At the end: ``{"event": "stopped", "error": ..., "reason": ...}``.
+At the end: ``{"event": "stopped", "error": ..., "reason": ...}``. With ``LEASE_WORKER_GATE`` set
+to a path, the attempt holds (heartbeating) after each checkpoint until that file exists.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ def main() -> None:
     spec, job, slot, items, chunk, chunk_s, attempt, lease = sys.argv[1:9]
     n, size, pause = int(items), int(chunk), float(chunk_s)
     owner = f"attempt{attempt}-pid{os.getpid()}"
+    gate = os.environ.get("LEASE_WORKER_GATE")
 
     def handler(ctx):
         i = ctx.position or 0
@@ -41,6 +43,11 @@ def main() -> None:
             i = batch[-1] + 1
             ctx.checkpoint(i, processed=i, total=n)
             say(event="checkpoint", position=i)
+            if gate and i < n:
+                # Hold the run open until the test says so, heartbeating all along.
+                while not os.path.exists(gate):
+                    ctx.signal.raise_if_cancelled()
+                    ctx.signal.wait(0.02)
         return i
 
     run = Attempt(store_of(spec), job=job, slot=slot, attempt=int(attempt), owner=owner, options=Options(lease=float(lease)))
