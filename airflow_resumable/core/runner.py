@@ -574,7 +574,7 @@ class Attempt:
                 "write to the sink on your own connection, idempotently, and commit before ctx.checkpoint()",
             )
         self._session.begin_transactions()
-        return TransactionConnection(self._session.conn, self.store.dialect)
+        return TransactionConnection(self._session.conn, self.store.dialect, job=self.job, slot=self.slot)
 
     def skip(self, item: Any, *, position: Any, error: BaseException, limit: int) -> int:
         """Record a skipped item (see :func:`airflow_resumable.core.skips.skip_item`)."""
@@ -586,7 +586,7 @@ class Attempt:
 
     def savepoint(self) -> AbstractContextManager[None]:
         assert self._session is not None
-        return self._session.savepoint()
+        return self._session.savepoint(job=self.job, slot=self.slot)
 
     def _ended_error(self, call: str) -> AttemptEnded:
         return AttemptEnded(

@@ -32,8 +32,9 @@ from airflow_resumable.core.checkpoint import (
     Origin,
     Status,
     decode,
+    error_text,
 )
-from airflow_resumable.core.errors import CorruptCheckpoint, LeaseLost
+from airflow_resumable.core.errors import CorruptCheckpoint, LeaseLost, StoreUnavailable, TransactionRefused
 from airflow_resumable.core.migrations import SCHEMA_VERSION, migrate
 from airflow_resumable.core.schema import Column, Table
 from airflow_resumable.core.states import FINISHED
@@ -56,6 +57,22 @@ def save_rejected(job: str, slot: str) -> LeaseLost:
         job=job,
         slot=slot,
     )
+
+
+def _undo_failed(exc: BaseException, undo: Exception, job: str | None, slot: str | None) -> Exception:
+    """The error to raise when a savepoint could not undo a block that raised ``exc``."""
+    what = f"the block raised {error_text(exc, 300)}, and its writes could not be undone ({error_text(undo, 200)})"
+    if "savepoint" in str(undo).lower():  # SQLite: no such savepoint; PostgreSQL: ... does not exist / ... blocks
+        return TransactionRefused(
+            f"{what}: the transaction was ended inside the block (a ROLLBACK or COMMIT sent through "
+            "ctx.transaction()), which also undid or committed earlier writes; the checkpoint did not move",
+            job=job, slot=slot,
+            hint="Do not end the transaction yourself: raise to undo the chunk's writes, or write inside "
+            "'with ctx.savepoint():' to undo part of it. Fix the code, then Clear the task: it resumes from the "
+            "last checkpoint",
+        )
+    return StoreUnavailable(f"{what}; the checkpoint did not move", job=job, slot=slot,
+                            hint="A retry resumes from the last checkpoint")
 
 
 class Dialect:
@@ -326,7 +343,7 @@ class StoreSession:
                 self.store.set_autocommit(self.conn, True)
 
     @contextmanager
-    def savepoint(self) -> Iterator[None]:
+    def savepoint(self, *, job: str | None = None, slot: str | None = None) -> Iterator[None]:
         """Undo the block's writes if it raises, and only those: the transaction's earlier writes
         (the chunks since the last checkpoint) stay pending.
 
@@ -335,17 +352,26 @@ class StoreSession:
         commit releases them all). In autocommit mode each statement has committed already,
         unless the block switched to transactions (its first ``ctx.transaction()``): then every
         pending write is the block's, and a rollback undoes it.
+
+        Raises:
+            TransactionRefused: the savepoint is gone (the block ended the transaction itself), so
+                its writes could not be undone. Names the block's own error, chained as the cause.
+            StoreUnavailable: undoing failed otherwise (a broken connection); names the block's error.
         """
         transactional = not self.autocommit
         if transactional:
             self.execute("SAVEPOINT resumable_item")
         try:
             yield
-        except BaseException:
-            if transactional:
-                self.execute("ROLLBACK TO SAVEPOINT resumable_item")
-            elif not self.autocommit:
-                self.rollback()
+        except BaseException as exc:
+            try:
+                if transactional:
+                    self.execute("ROLLBACK TO SAVEPOINT resumable_item")
+                elif not self.autocommit:
+                    self.rollback()
+            except Exception as undo:
+                # The driver's error about the undo must not stand in for the block's own error.
+                raise _undo_failed(exc, undo, job, slot) from exc
             raise
 
     def begin_transactions(self) -> None:
@@ -376,7 +402,7 @@ class StoreSession:
         """
         try:
             cp: Checkpoint = CHECKPOINTS.decode(row, aware=self.d.aware_timestamps)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, RecursionError):
             job, slot = row[0], row[1]
             for i, c in enumerate(CHECKPOINTS.columns):
                 if c.kind == "json":
