@@ -34,7 +34,13 @@ from airflow_resumable.core.checkpoint import (
     decode,
     error_text,
 )
-from airflow_resumable.core.errors import CorruptCheckpoint, LeaseLost, StoreUnavailable, TransactionRefused
+from airflow_resumable.core.errors import (
+    CheckpointDeleted,
+    CorruptCheckpoint,
+    LeaseLost,
+    StoreUnavailable,
+    TransactionRefused,
+)
 from airflow_resumable.core.migrations import SCHEMA_VERSION, migrate
 from airflow_resumable.core.schema import Column, Table
 from airflow_resumable.core.states import FINISHED
@@ -56,6 +62,19 @@ def save_rejected(job: str, slot: str) -> LeaseLost:
         "were rolled back",
         job=job,
         slot=slot,
+    )
+
+
+def row_deleted(job: str, slot: str) -> CheckpointDeleted:
+    """The error of a fenced write that matched no row because there is no row any more."""
+    return CheckpointDeleted(
+        f"the slot's checkpoint row was deleted from {TABLE} while this attempt held its lease (by hand or by a "
+        "script: no attempt and no retention job deletes a leased row); no other attempt took it over. This "
+        "attempt's uncommitted writes were rolled back and it writes nothing more",
+        job=job,
+        slot=slot,
+        hint="Not retried: a retry would start the slot from the beginning. If the delete was a mistake, restore the "
+        "row from a backup and Clear the task: it resumes from it. To start the slot over, Clear the task",
     )
 
 
@@ -652,7 +671,7 @@ class StoreSession:
         ``superseded``, ``user``), else ``paused`` when a pause was requested.
 
         Raises:
-            LeaseLost: the lease is no longer ours.
+            LeaseLost: the lease is no longer ours (:class:`CheckpointDeleted`: the row is gone).
         """
         now, now_plus = self.d.now(), self.d.now_plus("%s")
         cur = self.execute(
@@ -664,7 +683,7 @@ class StoreSession:
         row = cur.fetchone()
         self.commit()
         if row is None:
-            raise LeaseLost("the lease was taken over by another attempt", job=job, slot=slot)
+            raise self.fenced_out(job, slot, "the lease was taken over by another attempt")
         return row[0]
 
     def request_cancel(self, job: str, slot: str, reason: str) -> bool:
@@ -702,6 +721,17 @@ class StoreSession:
 
     # -- fenced writes -------------------------------------------------------------------------
 
+    def fenced_out(self, job: str, slot: str, taken_over: str) -> LeaseLost:
+        """The error of a fenced write that matched no row, after a second look at the row (only on
+        this failure path): :class:`CheckpointDeleted` when the row is gone, else :class:`LeaseLost`
+        with the message ``taken_over``. A look that fails itself says what was known before it."""
+        try:
+            gone = self.execute(f"SELECT 1 FROM {TABLE} WHERE job = %s AND slot = %s", (job, slot)).fetchone() is None
+            self.commit()
+        except Exception:  # the database blinked: the write was refused all the same
+            gone = False
+        return row_deleted(job, slot) if gone else LeaseLost(taken_over, job=job, slot=slot)
+
     def start(
         self, job: str, slot: str, owner: str, token: int, attempt: int, *, reset: bool, resumed_from: str | None,
         record: AttemptRecord | None = None,
@@ -737,7 +767,7 @@ class StoreSession:
             )
             row = cur.fetchone()
             if row is None:
-                raise LeaseLost("the lease was taken over before the attempt started", job=job, slot=slot)
+                raise self.fenced_out(job, slot, "the lease was taken over before the attempt started")
             cp = self._row(row)
             if record is None:
                 return cp, None
@@ -761,6 +791,7 @@ class StoreSession:
 
         Raises:
             LeaseLost: another attempt holds the lease; nothing was committed.
+            CheckpointDeleted: the row is gone (deleted by hand); nothing was committed.
         """
         cur = self._save_cursor
         if cur is None:  # one cursor for every checkpoint of the session
@@ -769,7 +800,7 @@ class StoreSession:
                                          processed=processed, total=total))
         if cur.rowcount != 1:
             self.rollback()
-            raise save_rejected(job, slot)
+            raise self.fenced_out(job, slot, save_rejected(job, slot).message)
         self.commit()
 
     def save_statement(
@@ -805,6 +836,7 @@ class StoreSession:
 
         Raises:
             LeaseLost: another attempt holds the lease; the row was not touched.
+            CheckpointDeleted: the row is gone (deleted by hand).
         """
         now = self.d.now()
         done, paused = status is Status.DONE, status is Status.PAUSED
@@ -828,7 +860,7 @@ class StoreSession:
             )
             row = cur.fetchone()
             if row is None:
-                raise LeaseLost("final status rejected: the lease was taken over", job=job, slot=slot)
+                raise self.fenced_out(job, slot, "final status rejected: the lease was taken over")
             cp = self._row(row)
             if record_id is not None:
                 self._end_record(record_id, AttemptEnd(status.value), cancel_reason=cancel_reason, error=last_error,
