@@ -178,10 +178,8 @@ def _take_over(store: Store) -> None:
         s.commit()
 
 
-@pytest.mark.parametrize("transactional", [True, False], ids=["transactional", "plain"])
-def test_a_row_deleted_while_the_attempt_runs_is_reported_as_deleted_and_not_retried(
-    store: Store, transactional: bool
-) -> None:
+@pytest.mark.parametrize("mode", ["transactional", "plain", "pipelined"])
+def test_a_row_deleted_while_the_attempt_runs_is_reported_as_deleted_and_not_retried(store: Store, mode: str) -> None:
     from airflow_resumable.core.errors import CheckpointDeleted
     from airflow_resumable.operators.outcome import to_airflow
     from airflow_resumable.version_compat import AirflowFailException
@@ -192,6 +190,8 @@ def test_a_row_deleted_while_the_attempt_runs_is_reported_as_deleted_and_not_ret
         s.commit()
 
     # Given an attempt that saved a chunk, and then someone deletes its slot's row
+    transactional = mode == "transactional"
+
     def handler(ctx: Any) -> None:
         write = ctx.transaction().execute if transactional else (lambda *a: None)
         write("INSERT INTO sink (item) VALUES (%s)", (1,))
@@ -200,8 +200,9 @@ def test_a_row_deleted_while_the_attempt_runs_is_reported_as_deleted_and_not_ret
         write("INSERT INTO sink (item) VALUES (%s)", (2,))
         ctx.checkpoint(2, processed=2)  # the fenced write matches no row
 
+    options = Options(pipeline_checkpoints=mode == "pipelined")
     with pytest.raises(CheckpointDeleted) as err:
-        Attempt(store, job=JOB, slot=SLOT, attempt=1, owner="o1").run(handler)
+        Attempt(store, job=JOB, slot=SLOT, attempt=1, owner="o1", options=options).run(handler)
     # Then the error says the row is gone (not that another attempt took it over) and what to do
     text = str(err.value)
     assert "checkpoint row was deleted" in text and "no other attempt took it over" in text, text
