@@ -84,11 +84,11 @@ def _undo_failed(exc: BaseException, undo: Exception, job: str | None, slot: str
     if "savepoint" in str(undo).lower():  # SQLite: no such savepoint; PostgreSQL: ... does not exist / ... blocks
         return TransactionRefused(
             f"{what}: the transaction was ended inside the block (a ROLLBACK or COMMIT sent through "
-            "ctx.transaction()), which also undid or committed earlier writes; the checkpoint did not move",
+            "ctx.transaction(), or a ctx.checkpoint()), which also undid or committed earlier writes",
             job=job, slot=slot,
-            hint="Do not end the transaction yourself: raise to undo the chunk's writes, or write inside "
-            "'with ctx.savepoint():' to undo part of it. Fix the code, then Clear the task: it resumes from the "
-            "last checkpoint",
+            hint="Do not end the transaction inside a savepoint: raise to undo the chunk's writes, write inside "
+            "'with ctx.savepoint():' to undo part of it, and checkpoint outside it. Fix the code, then Clear the "
+            "task: it resumes from the last checkpoint",
         )
     return StoreUnavailable(f"{what}; the checkpoint did not move", job=job, slot=slot,
                             hint="A retry resumes from the last checkpoint")
