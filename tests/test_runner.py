@@ -837,3 +837,21 @@ def test_a_stored_state_that_is_not_an_object_is_a_corrupt_row_and_the_lease_is_
         cur = s.conn.cursor()
         cur.execute("SELECT state, lease_owner, position, status FROM resumable_checkpoints WHERE job = 'loans'")
         assert cur.fetchone() == (stored, None, "10", "failed")
+
+
+def test_a_stored_position_nested_too_deeply_to_read_is_a_corrupt_row_not_a_recursion_error(store: Store) -> None:
+    from airflow_resumable.core.errors import CorruptCheckpoint
+
+    # Given a failed attempt's row whose position someone replaced with 2,000 nested lists
+    with pytest.raises(RuntimeError):
+        attempt(store, 1).run(Items(20, 5, fail=(1, 2)))
+    deep = "[" * 2000 + "]" * 2000
+    with store.open() as s:
+        s._execute("UPDATE resumable_checkpoints SET position = %s WHERE job = %s", (deep, JOB))
+        s.commit()
+    # When the next attempt starts, then it names the column and the fix, and runs nothing
+    work = Items(20, 5)
+    with pytest.raises(CorruptCheckpoint) as err:
+        attempt(store, 2).run(work)
+    assert "the stored position" in str(err.value) and "DELETE FROM resumable_checkpoints" in str(err.value)
+    assert work.seen == []
