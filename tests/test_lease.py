@@ -162,3 +162,90 @@ def test_an_attempt_takes_over_once_a_dead_holder_s_lease_lapses(store: Store) -
         lambda ctx: ctx.checkpoint(1)
     )
     assert outcome.checkpoint.status == "done" and time.monotonic() - started < 5
+
+
+def _delete_row(store: Store) -> None:
+    """What someone does by hand while the attempt runs: ``DELETE FROM resumable_checkpoints WHERE ...``."""
+    with store.open() as s:
+        s.execute("DELETE FROM resumable_checkpoints WHERE job = %s AND slot = %s", (JOB, SLOT))
+        s.commit()
+
+
+def _take_over(store: Store) -> None:
+    """What another attempt's acquire does to the row: a new owner and token."""
+    with store.open() as s:
+        s.execute("UPDATE resumable_checkpoints SET lease_owner = 'other', lease_token = lease_token + 1 "
+                  "WHERE job = %s AND slot = %s", (JOB, SLOT))
+        s.commit()
+
+
+@pytest.mark.parametrize("mode", ["transactional", "plain", "pipelined"])
+def test_a_row_deleted_while_the_attempt_runs_is_reported_as_deleted_and_not_retried(store: Store, mode: str) -> None:
+    from airflow_resumable.core.errors import CheckpointDeleted
+    from airflow_resumable.operators.outcome import to_airflow
+    from airflow_resumable.version_compat import AirflowFailException
+
+    with store.open() as s:
+        s.ensure_schema()
+        s.execute("CREATE TABLE sink (item INTEGER NOT NULL)")
+        s.commit()
+
+    # Given an attempt that saved a chunk, and then someone deletes its slot's row
+    transactional = mode == "transactional"
+
+    def handler(ctx: Any) -> None:
+        write = ctx.transaction().execute if transactional else (lambda *a: None)
+        write("INSERT INTO sink (item) VALUES (%s)", (1,))
+        ctx.checkpoint(1, processed=1)
+        _delete_row(store)
+        write("INSERT INTO sink (item) VALUES (%s)", (2,))
+        ctx.checkpoint(2, processed=2)  # the fenced write matches no row
+
+    options = Options(pipeline_checkpoints=mode == "pipelined")
+    with pytest.raises(CheckpointDeleted) as err:
+        Attempt(store, job=JOB, slot=SLOT, attempt=1, owner="o1", options=options).run(handler)
+    # Then the error says the row is gone (not that another attempt took it over) and what to do
+    text = str(err.value)
+    assert "checkpoint row was deleted" in text and "no other attempt took it over" in text, text
+    assert "taken over by another attempt" not in text
+    assert f"job='{JOB}'" in text and f"slot='{SLOT}'" in text and "Clear the task" in text
+    # and it is not retried (a retry would start the slot over unasked), and the row is not re-created
+    assert isinstance(to_airflow(err.value, job=JOB, slot=SLOT), AirflowFailException)
+    with store.open() as s:
+        assert s.load(JOB, SLOT) is None
+        items = [r[0] for r in s.execute("SELECT item FROM sink ORDER BY item").fetchall()]
+        s.commit()
+    assert items == ([1] if transactional else [])  # the uncommitted chunk's write was rolled back
+
+
+def test_a_row_deleted_that_the_lease_keeper_notices_first_is_reported_as_deleted(store: Store) -> None:
+    from airflow_resumable.core.errors import CheckpointDeleted
+
+    # Given an attempt whose heartbeat finds the row deleted before its next checkpoint
+    def handler(ctx: Any) -> None:
+        ctx.checkpoint(1, processed=1)
+        _delete_row(store)
+        assert ctx.signal.wait(30), "the lease keeper did not notice the deleted row within 30 s"
+        assert "deleted" in (ctx.signal.message or "")
+        ctx.checkpoint(2, processed=2)
+
+    # Then the attempt ends with the same named error
+    with pytest.raises(CheckpointDeleted, match="checkpoint row was deleted"):
+        Attempt(store, job=JOB, slot=SLOT, attempt=1, owner="o1", heartbeat=0.05).run(handler)
+
+
+def test_a_takeover_is_still_reported_as_one_and_retried(store: Store) -> None:
+    from airflow_resumable.core.errors import CheckpointDeleted, LeaseLost
+    from airflow_resumable.operators.outcome import to_airflow
+    from airflow_resumable.version_compat import AirflowException, AirflowFailException
+
+    def handler(ctx: Any) -> None:
+        ctx.checkpoint(1, processed=1)
+        _take_over(store)
+        ctx.checkpoint(2, processed=2)
+
+    with pytest.raises(LeaseLost, match="taken over by another attempt") as err:
+        Attempt(store, job=JOB, slot=SLOT, attempt=1, owner="o1").run(handler)
+    assert not isinstance(err.value, CheckpointDeleted)
+    airflow = to_airflow(err.value, job=JOB, slot=SLOT)
+    assert isinstance(airflow, AirflowException) and not isinstance(airflow, AirflowFailException)

@@ -191,6 +191,47 @@ def test_a_dropped_checkpoint_table_is_a_clear_error_with_the_way_out(store: Sto
     assert Attempt(store, job="j", slot="s", attempt=1, owner="o").run(lambda ctx: 7).result == 7
 
 
+def test_a_column_renamed_by_hand_is_named_with_the_recorded_version_and_the_way_back(store: Store) -> None:
+    from airflow_resumable.operators.outcome import to_airflow
+    from airflow_resumable.version_compat import AirflowFailException
+
+    # Given a slot that saved a checkpoint, then someone renames a column of the checkpoint table
+    def handler(ctx: Any) -> None:
+        ctx.checkpoint(3, processed=3)
+        raise RuntimeError("the worker died")
+
+    with pytest.raises(RuntimeError):
+        Attempt(store, job="j", slot="s", attempt=1, owner="o1").run(handler)
+    with store.open() as s:
+        s.execute("ALTER TABLE resumable_checkpoints RENAME COLUMN position TO pos")
+        s.commit()
+    # When the next attempt starts
+    with pytest.raises(SchemaVersionError) as err:
+        Attempt(store, job="j", slot="s", attempt=2, owner="o2").run(lambda ctx: None)
+    # Then it is refused by name: the table, the recorded version, the column, what is there instead, the fix
+    text = str(err.value)
+    assert f"resumable_checkpoints in {store.describe()} does not match schema version {SCHEMA_VERSION}" in text
+    assert "has no column position, and has pos, which that version does not" in text
+    assert "ALTER TABLE resumable_checkpoints RENAME COLUMN pos TO position" in text
+    assert isinstance(to_airflow(err.value, job="j", slot="s"), AirflowFailException)  # not retried
+    # and following the instruction lets the slot resume where it was
+    with store.open() as s:
+        s.execute("ALTER TABLE resumable_checkpoints RENAME COLUMN pos TO position")
+        s.commit()
+    outcome = Attempt(store, job="j", slot="s", attempt=3, owner="o3").run(lambda ctx: ctx.position)
+    assert outcome.result == 3
+
+
+def test_a_column_missing_from_another_table_is_named_too(store: Store) -> None:
+    with store.open() as s:
+        s.ensure_schema()
+        s.execute("ALTER TABLE resumable_dead_letters RENAME COLUMN item_format TO kind")
+        s.commit()
+    with store.open() as s, pytest.raises(SchemaVersionError) as err:
+        s.ensure_schema()
+    assert "resumable_dead_letters" in str(err.value) and "has no column item_format, and has kind" in str(err.value)
+
+
 def test_a_dropped_stamp_beside_a_live_table_is_refused_not_recreated(store: Store) -> None:
     with store.open() as s:
         s.ensure_schema()

@@ -231,6 +231,49 @@ def test_a_position_or_state_that_is_not_json_is_refused_and_nothing_is_written(
     assert (row.position, row.processed, row.status) == (7, 7, "failed")
 
 
+def _nested(depth: int) -> list[Any]:
+    value: list[Any] = []
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+@pytest.mark.parametrize(
+    ("where", "value", "message"),
+    [
+        ("position", 10**5000, "holds an int of more than 4300 digits"),
+        ("position", _nested(2000), "nested too deeply for JSON to write and read back"),
+        ("state", {"total": 10**5000}, "holds an int of more than 4300 digits"),
+        ("state", {"path": _nested(2000)}, "nested too deeply for JSON to write and read back"),
+    ],
+    ids=["huge-int-position", "deep-position", "huge-int-state", "deep-state"],
+)
+def test_a_position_or_state_too_big_or_deep_for_json_is_invalid_and_not_retried(
+    store: Store, where: str, value: Any, message: str
+) -> None:
+    from airflow_resumable.operators.outcome import to_airflow
+    from airflow_resumable.version_compat import AirflowFailException
+
+    # Given a handler whose second checkpoint has a value JSON cannot carry
+    def handler(ctx) -> None:
+        ctx.checkpoint(7, processed=7)
+        if where == "position":
+            ctx.checkpoint(value, processed=8)
+        ctx.checkpoint(8, state=value, processed=8)
+
+    # When it saves it, then the error names the value's kind of problem, the job, the slot and the fix
+    with pytest.raises(InvalidCheckpoint) as err:
+        attempt(store, 1).run(handler)
+    text = str(err.value)
+    assert f"the {where} <a" in text and message in text and "nothing was written" in text
+    assert f"job='{JOB}'" in text and f"slot='{SLOT}'" in text
+    # and nothing was written past the last good checkpoint, and it is not retried
+    with store.open() as s:
+        row = s.load(JOB, SLOT)
+    assert (row.position, row.processed, row.status) == (7, 7, "failed") and "InvalidCheckpoint" in row.last_error
+    assert isinstance(to_airflow(err.value, job=JOB, slot=SLOT), AirflowFailException)
+
+
 def test_a_handler_that_is_not_callable_is_refused(store: Store) -> None:
     with pytest.raises(ConfigurationError, match=r"handler must be callable.*job='loans'"):
         attempt(store, 1).run("not a function")  # type: ignore[arg-type]
@@ -794,3 +837,21 @@ def test_a_stored_state_that_is_not_an_object_is_a_corrupt_row_and_the_lease_is_
         cur = s.conn.cursor()
         cur.execute("SELECT state, lease_owner, position, status FROM resumable_checkpoints WHERE job = 'loans'")
         assert cur.fetchone() == (stored, None, "10", "failed")
+
+
+def test_a_stored_position_nested_too_deeply_to_read_is_a_corrupt_row_not_a_recursion_error(store: Store) -> None:
+    from airflow_resumable.core.errors import CorruptCheckpoint
+
+    # Given a failed attempt's row whose position someone replaced with 2,000 nested lists
+    with pytest.raises(RuntimeError):
+        attempt(store, 1).run(Items(20, 5, fail=(1, 2)))
+    deep = "[" * 2000 + "]" * 2000
+    with store.open() as s:
+        s._execute("UPDATE resumable_checkpoints SET position = %s WHERE job = %s", (deep, JOB))
+        s.commit()
+    # When the next attempt starts, then it names the column and the fix, and runs nothing
+    work = Items(20, 5)
+    with pytest.raises(CorruptCheckpoint) as err:
+        attempt(store, 2).run(work)
+    assert "the stored position" in str(err.value) and "DELETE FROM resumable_checkpoints" in str(err.value)
+    assert work.seen == []

@@ -211,7 +211,125 @@ def test_bad_skip_arguments_are_reported_together() -> None:
     assert "skip_on must be an exception class" in str(err.value) and "skip_limit must be" in str(err.value)
 
 
+def counting(bad: set[int], *, transactional: bool) -> Any:
+    """The loan report's pattern: each good number is added to a running sum and count in
+    ``ctx.state`` as it is written; a bad one raises after the chunk's numbers before it were counted."""
+    def process(ctx: Any, batch: list[int]) -> None:
+        tx = ctx.transaction() if transactional else None
+        if tx is not None:
+            tx.execute("CREATE TABLE IF NOT EXISTS sink (item INTEGER)")
+        for i in batch:
+            if i in bad:
+                raise ValueError(f"bad item {i}")
+            ctx.state["sum"] = ctx.state.get("sum", 0) + i
+            ctx.state["count"] = ctx.state.get("count", 0) + 1
+            if tx is not None:
+                tx.execute("INSERT INTO sink (item) VALUES (%s)", (i,))
+    return process
+
+
+@pytest.mark.parametrize("transactional", [True, False], ids=["transactional", "plain"])
+def test_the_state_counts_each_good_item_once_when_a_chunk_is_processed_again_item_by_item(
+    store: Store, transactional: bool
+) -> None:
+    # Given numbers 1..30 in chunks of 5, and 13 bad: its chunk counted 11 and 12 before it raised
+    handler = chunk_loop(SequenceReader(range(1, 31)), counting({13}, transactional=transactional), chunk_size=5,
+                         skip_on=ValueError, skip_limit=1)
+    # When the skip policy processes that chunk again item by item
+    outcome = Attempt(store, job=JOB, slot=SLOT, attempt=1, owner="o").run(handler)
+    # Then the state is undone with the failed chunk's writes: 11 and 12 are counted once
+    assert outcome.checkpoint.state == {"sum": sum(range(1, 31)) - 13, "count": 29}  # 452, not 475 / 31
+    assert [(d.position, d.item) for d in letters(store)] == [(12, 13)]  # a sequence's positions are indexes
+    if transactional:
+        assert len(Sink(set(), transactional=True).written(store)) == 29
+
+
+def test_a_failed_savepoint_block_takes_its_state_changes_back_with_its_writes(store: Store) -> None:
+    # Given a handler that owns its loop, counting each item in ctx.state inside a savepoint
+    def handler(ctx: Any) -> dict[str, Any]:
+        kept = ctx.state  # a reference the handler holds sees the restored values too
+        for i in range(10):
+            try:
+                with ctx.savepoint():
+                    ctx.state["seen"] = [*ctx.state.get("seen", []), i]
+                    if i in (3, 6):
+                        raise ValueError(f"bad item {i}")
+            except ValueError as exc:
+                ctx.skip(i, position=i, error=exc, limit=2)
+        ctx.checkpoint(9, processed=10)
+        return kept
+
+    # When two of the blocks raise
+    outcome = Attempt(store, job=JOB, slot=SLOT, attempt=1, owner="o").run(handler)
+    # Then their items are not in the state, saved or held
+    assert outcome.checkpoint.state == {"seen": [0, 1, 2, 4, 5, 7, 8, 9]} == outcome.result
+
+
+def test_a_process_that_rolls_back_the_transaction_is_refused_naming_its_own_error(store: Store) -> None:
+    from airflow_resumable.core.errors import TransactionRefused
+    from airflow_resumable.operators.outcome import to_airflow
+    from airflow_resumable.version_compat import AirflowFailException
+
+    # Given a process that rolls the run's transaction back when an item fails, then re-raises
+    def process(ctx: Any, batch: list[int]) -> None:
+        tx = ctx.transaction()
+        tx.execute("CREATE TABLE IF NOT EXISTS sink (item INTEGER)")
+        for i in batch:
+            try:
+                if i == 7:
+                    raise ValueError(f"bad item {i}")
+                tx.execute("INSERT INTO sink (item) VALUES (%s)", (i,))
+            except ValueError:
+                tx.rollback()
+                raise
+
+    handler = chunk_loop(SequenceReader(ITEMS), process, chunk_size=5, skip_on=ValueError, skip_limit=3)
+    # When it meets the bad item
+    with pytest.raises(TransactionRefused) as err:
+        Attempt(store, job=JOB, slot=SLOT, attempt=1, owner="o").run(handler)
+    # Then the rollback is refused by name, naming the item's own error (also chained as the cause),
+    # the job, the slot and what to do instead; no driver error about a savepoint stands in for it
+    text = str(err.value)
+    assert "rollback() was called, while handling ValueError: bad item 7" in text
+    assert f"job='{JOB}'" in text and f"slot='{SLOT}'" in text and "ctx.savepoint()" in text
+    assert isinstance(err.value.__cause__, ValueError) and "savepoint" not in str(err.value.__context__)
+    # and nothing is lost: the checkpoint is at the last finished chunk, with its writes kept
+    with store.open() as s:
+        row = s.load(JOB, SLOT)
+    assert (row.status, row.position) == ("failed", 4) and "TransactionRefused" in row.last_error
+    assert Sink(set(), transactional=True).written(store) == [0, 1, 2, 3, 4]
+    assert letters(store) == []
+    # and it is not retried: the code must change
+    assert isinstance(to_airflow(err.value, job=JOB, slot=SLOT), AirflowFailException)
+
+
+def test_a_rollback_sent_as_sql_inside_a_savepoint_is_named_with_the_block_s_own_error(store: Store) -> None:
+    from airflow_resumable.core.errors import TransactionRefused
+
+    # Given a process that ends the run's transaction with a ROLLBACK statement before raising
+    def process(ctx: Any, batch: list[int]) -> None:
+        tx = ctx.transaction()
+        tx.execute("CREATE TABLE IF NOT EXISTS sink (item INTEGER)")
+        for i in batch:
+            if i == 7:
+                tx.execute("ROLLBACK")
+                raise ValueError(f"bad item {i}")
+            tx.execute("INSERT INTO sink (item) VALUES (%s)", (i,))
+
+    handler = chunk_loop(SequenceReader(ITEMS), process, chunk_size=5, skip_on=ValueError, skip_limit=3)
+    with pytest.raises(TransactionRefused) as err:
+        Attempt(store, job=JOB, slot=SLOT, attempt=1, owner="o").run(handler)
+    # Then the error says the block's own error and that the transaction was ended inside the block
+    text = str(err.value)
+    assert "the block raised ValueError: bad item 7" in text and "transaction was ended inside the block" in text
+    assert f"job='{JOB}'" in text and isinstance(err.value.__cause__, ValueError)
+    with store.open() as s:
+        row = s.load(JOB, SLOT)
+    assert (row.status, row.position) == ("failed", 4)
+
+
 # -- in Airflow -----------------------------------------------------------------------------------
+
 
 DAY = datetime(2026, 3, 1, tzinfo=timezone.utc)
 
@@ -249,3 +367,18 @@ def test_the_control_api_lists_and_replays_skipped_items_by_connection(store: St
     assert control.replay(JOB, SLOT, lambda item: None).replayed == [7, 19]
     assert control.dead_letters(JOB, SLOT) == []
     assert [d.status for d in control.dead_letters(JOB, SLOT, status=None)] == ["replayed", "replayed"]
+
+
+def test_the_chunked_operator_s_state_counts_the_good_items_of_a_chunk_with_a_bad_one_once(
+    checkpoints: Store, run_dag: Any
+) -> None:
+    from test_operators import xcom
+
+    # Given 1..30 in chunks of 5, 13 bad, a process adding each number to ctx.state before writing it
+    run = run_dag("rt_chunked_skips_state", conf={"bad": [13]}, logical_date=DAY)
+    # Then the task succeeds with 29 rows written and the state counting those 29 once
+    assert str(run.state) == "success"
+    row = xcom(run, "work", key="checkpoint", required=True)
+    assert row["state"] == {"sum": 452, "count": 29}
+    with checkpoints.open() as s:
+        assert s.execute("SELECT count(*) FROM skip_sink").fetchone()[0] == 29

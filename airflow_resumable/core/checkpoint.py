@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 from datetime import datetime
 from typing import Any
 
@@ -180,17 +181,18 @@ def encode(value: Any, *, what: str, job: str, slot: str) -> str:
     """Serialize a position or state to JSON text, or explain why it cannot be stored.
 
     Raises:
-        InvalidCheckpoint: the value is not plain JSON (e.g. a datetime, a set, NaN).
+        InvalidCheckpoint: the value is not plain JSON (e.g. a datetime, a set, NaN), holds an int
+            too long for JSON text, or is nested too deeply to be written and read back.
     """
     try:
         text = ENCODER.encode(value)
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, RecursionError) as exc:
         raise InvalidCheckpoint(
-            f"the {what} {short(value)} cannot be stored as JSON ({exc})",
+            f"the {what} {short(value)} cannot be stored as JSON ({_unstorable(exc)})",
             job=job,
             slot=slot,
             hint="Use numbers, strings, booleans, None, lists and dicts with string keys "
-            "(e.g. an ISO string instead of a datetime); nothing was written",
+            "(e.g. an ISO string instead of a datetime, a short key instead of a whole record); nothing was written",
         ) from None
     if isinstance(value, dict) and any(not isinstance(k, str) for k in value):
         raise InvalidCheckpoint(
@@ -200,6 +202,18 @@ def encode(value: Any, *, what: str, job: str, slot: str) -> str:
             hint="Use string keys; nothing was written",
         )
     return text
+
+
+def _unstorable(exc: BaseException) -> str:
+    """Why the encoder refused a value, in our words: Python's own hints (``sys.set_int_max_str_digits``,
+    the recursion limit) would only move the problem to the attempt that reads it back."""
+    if isinstance(exc, RecursionError):
+        return (f"its lists or dicts are nested too deeply for JSON to write and read back (Python's recursion "
+                f"limit is {sys.getrecursionlimit()} levels); keep it flat")
+    if isinstance(exc, ValueError) and "integer string conversion" in str(exc):
+        return (f"it holds an int of more than {sys.get_int_max_str_digits()} digits, longer than Python "
+                "converts to and from text; store it as a string")
+    return str(exc)
 
 
 def decode(text: str | None, *, what: str, job: str, slot: str, mapping: bool = False) -> Any:
@@ -212,7 +226,7 @@ def decode(text: str | None, *, what: str, job: str, slot: str, mapping: bool = 
         return None
     try:
         value = json.loads(text)
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, RecursionError) as exc:
         raise CorruptCheckpoint(
             f"the stored {what} {short(text)} is not valid JSON ({exc})",
             job=job,
@@ -259,8 +273,18 @@ def _literal_safe(text: str) -> bool:
 
 
 def short(value: Any, limit: int = 80) -> str:
-    """``repr(value)``, cut to ``limit`` characters for an error message."""
-    text = repr(value)
+    """``repr(value)``, cut to ``limit`` characters for an error message; a value whose ``repr``
+    fails (an int too long for text, a list nested too deeply) is described instead: the message
+    about it must not fail in turn."""
+    try:
+        text = repr(value)
+    except (ValueError, RecursionError) as exc:
+        if isinstance(value, int):
+            text = f"<an int of about {int(value.bit_length() * 0.30103) + 1} digits>"
+        elif isinstance(exc, RecursionError):
+            text = f"<a {type(value).__name__} nested too deeply to show>"
+        else:
+            text = f"<a {type(value).__name__} holding an int too long to show>"
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 

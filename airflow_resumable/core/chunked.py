@@ -118,7 +118,8 @@ def chunk_loop(
             this many seconds of chunks instead of one. For tiny, fast chunks whose checkpoint
             would cost a large share of their work.
         skip_on: exception classes that mark an *item* as bad: a chunk raising one is undone
-            (its writes through ``ctx.transaction()``) and processed again item by item; each item
+            (its writes through ``ctx.transaction()`` and its changes to ``ctx.state``) and
+            processed again item by item; each item
             raising one is recorded in the dead-letter table and skipped (see
             :mod:`airflow_resumable.core.skips`). None: any error fails the attempt.
         skip_limit: how many items of the slot may be skipped; one more fails the attempt with
@@ -212,10 +213,12 @@ def _process_or_skip(
     ctx: RunContext, process: ProcessFn, batch: Sequence[Any], keys: list[Any], skip_on: tuple[type[Exception], ...],
     limit: int,
 ) -> int:
-    """Process the batch; when it raises a skippable error, undo its writes and process it again
-    item by item (Spring Batch's scan), skipping each item that raises one. Returns how many it skipped.
+    """Process the batch; when it raises a skippable error, undo its writes and state changes and
+    process it again item by item (Spring Batch's scan), skipping each item that raises one (its
+    own writes and state changes undone). Returns how many it skipped.
 
-    The batch is tried whole first: a good chunk costs one savepoint, not one per item.
+    The batch is tried whole first: a good chunk costs one savepoint (and one snapshot of the
+    state), not one per item.
     """
     try:
         with ctx.savepoint():

@@ -2,19 +2,21 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import math
 import operator
+import sys
 import time
-from collections.abc import Callable
-from contextlib import AbstractContextManager
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 from airflow_resumable.core import defaults
-from airflow_resumable.core.checkpoint import Checkpoint, encode
-from airflow_resumable.core.errors import InvalidCheckpoint
+from airflow_resumable.core.checkpoint import ENCODER, Checkpoint, encode, error_text
+from airflow_resumable.core.errors import InvalidCheckpoint, TransactionRefused
 from airflow_resumable.core.progress import Log
 from airflow_resumable.core.signal import Signal
 from airflow_resumable.core.stores.base import Dialect
@@ -31,20 +33,23 @@ class TransactionConnection:
 
     Whatever is written through it commits *together with* the next ``ctx.checkpoint()``, in the
     same database transaction: a crash before the checkpoint loses both, a crash after keeps both.
-    Committing or closing it yourself would break that, so ``commit()`` and ``close()`` raise.
+    Committing or closing it yourself would break that, so ``commit()`` and ``close()`` raise; so
+    does ``rollback()`` (:class:`~airflow_resumable.core.errors.TransactionRefused`), which would
+    undo the pending skips and earlier chunks too: raise instead, or use ``ctx.savepoint()``.
 
     **One placeholder style on both stores**: psycopg2's ``format`` style, ``%s`` for each
     parameter and ``%%`` for a literal ``%`` when parameters are given. On SQLite the statements of
     :meth:`execute`, :meth:`executemany` and :meth:`cursor`'s cursors are translated to its ``?``.
-    Everything else (``rollback()``, ``fetchall()`` on a cursor...) is the driver's own.
+    Everything else (``fetchall()`` on a cursor...) is the driver's own.
     """
 
     #: The DB-API paramstyle every store takes through this connection.
     paramstyle = "format"
 
-    def __init__(self, conn: Any, dialect: Dialect):
+    def __init__(self, conn: Any, dialect: Dialect, *, job: str | None = None, slot: str | None = None):
         self._conn = conn
         self._dialect = dialect
+        self._job, self._slot = job, slot
 
     def commit(self) -> None:
         raise RuntimeError(
@@ -53,6 +58,26 @@ class TransactionConnection:
 
     def close(self) -> None:
         raise RuntimeError("ctx.transaction() belongs to the run; do not close it")
+
+    def rollback(self) -> None:
+        """Refused: the transaction holds more than the caller's writes.
+
+        Raises:
+            TransactionRefused: always. Called while an exception is being handled (the usual
+                ``except: tx.rollback(); raise``), it names that exception and chains it as its cause,
+                so the error that made the handler roll back is not hidden.
+        """
+        handling = sys.exc_info()[1]
+        during = f", while handling {error_text(handling, 300)}" if handling is not None else ""
+        raise TransactionRefused(
+            f"ctx.transaction().rollback() was called{during}: it would undo every write since the last "
+            "checkpoint (earlier chunks and recorded skips included) and the savepoint that undoes this chunk; "
+            "nothing was rolled back by it and the checkpoint did not move",
+            job=self._job,
+            slot=self._slot,
+            hint="Do not roll back yourself: raise, and the chunk's writes are undone (with skip_on=..., only the "
+            "bad item's); to undo part of a chunk and go on, write it inside 'with ctx.savepoint():'",
+        ) from handling
 
     def cursor(self) -> Any:
         cur = self._conn.cursor()
@@ -235,15 +260,61 @@ class RunContext:
         """
         return self._attempt.skip(item, position=position, error=error, limit=limit)
 
-    def savepoint(self) -> AbstractContextManager[None]:
-        """A block whose writes through :meth:`transaction` are undone if it raises, and only those:
-        the chunk's earlier writes stay pending for the next checkpoint.
+    @contextmanager
+    def savepoint(self) -> Iterator[None]:
+        """A block whose writes through :meth:`transaction` and changes to :attr:`state` are undone
+        if it raises, and only those: the chunk's earlier writes stay pending for the next checkpoint.
 
         ``with ctx.savepoint(): write(item)`` lets a handler drop one item's half-done writes and go
-        on (e.g. after :meth:`skip`). Outside transaction mode there is nothing to undo: each
-        statement committed already.
+        on (e.g. after :meth:`skip`); a running total it added to ``ctx.state`` is taken back with
+        them, so the item is not counted. Outside transaction mode there are no writes to undo (each
+        statement committed already), but the state still is restored.
+
+        Raises:
+            TransactionRefused: the block ended the transaction itself (a ``ROLLBACK`` sent through
+                :meth:`transaction`), so its writes could not be undone; names the block's error.
+            StoreUnavailable: undoing the writes failed (e.g. the connection broke); names the block's error.
+            InvalidCheckpoint: :attr:`state` can be neither written as JSON nor copied.
         """
-        return self._attempt.savepoint()
+        restore = self._keep_state()
+        try:
+            with self._attempt.savepoint():
+                yield
+        except BaseException:
+            restore()
+            raise
+
+    def _keep_state(self) -> Callable[[], None]:
+        """A function that puts :attr:`state` back as it is now (in place, if the block kept the dict).
+
+        The snapshot is the state's JSON text, which is what a checkpoint would store and costs one
+        C-speed encode per block (the skip policy opens one per chunk; per item only when it looks
+        for a bad item). A state that is not JSON right now is deep-copied instead.
+        """
+        state = self.state
+        try:
+            text = ENCODER.encode(state)
+        except (TypeError, ValueError, RecursionError):
+            try:
+                kept = copy.deepcopy(state)
+            except Exception:
+                encode(state, what="state", job=self.job, slot=self.slot)  # raises InvalidCheckpoint saying why
+                raise
+
+            def before() -> Any:
+                return kept
+        else:
+            def before() -> Any:
+                return json.loads(text)
+
+        def restore() -> None:
+            value = before()
+            if self.state is state and type(state) is dict and type(value) is dict:
+                state.clear()  # references the handler holds to ctx.state see the restored values too
+                state.update(value)
+            else:
+                self.state = value
+        return restore
 
     def _saved(self, position_json: str, state: dict[str, Any], processed: int, total: int | None) -> None:
         """Record what the store just committed (cheaply: the row is rebuilt only when read)."""

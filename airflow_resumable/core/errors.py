@@ -43,6 +43,12 @@ class InvalidCheckpoint(ConfigurationError):
     """A position or state given to ``checkpoint()`` cannot be stored as JSON. Nothing was written."""
 
 
+class TransactionRefused(ConfigurationError, RuntimeError):
+    """The handler ended the checkpoint transaction itself (``ctx.transaction().rollback()``, or a
+    ``ROLLBACK`` sent through it), which would undo more than its own writes. Retrying cannot help:
+    the code must raise instead, or undo part of a chunk with ``ctx.savepoint()``."""
+
+
 class AttemptEnded(ResumableError, RuntimeError):
     """``ctx.checkpoint()`` or ``ctx.transaction()`` was called after the attempt's handler returned.
 
@@ -74,6 +80,15 @@ class StoreUnavailable(ResumableError):
 
 class LeaseLost(ResumableError):
     """Another attempt holds this slot's lease now; this attempt's writes are rejected."""
+
+
+class CheckpointDeleted(LeaseLost):
+    """The slot's checkpoint row was deleted while this attempt held its lease (by hand, or a script).
+
+    A kind of :class:`LeaseLost`, since the attempt holds nothing any more and writes nothing more;
+    but no other attempt took over, and a retry would start the slot from the beginning, so it is
+    not retried: a person decides (restore the row, or Clear to start over).
+    """
 
 
 class LeaseBusy(ResumableError):

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from airflow_resumable.core.errors import LeaseLost
+from airflow_resumable.core.errors import CheckpointDeleted, LeaseLost
 from airflow_resumable.core.signal import Reason, Signal
 from airflow_resumable.core.stores.base import Store
 
@@ -122,8 +122,9 @@ class LeaseKeeper:
                     if session is None:
                         session = self.store.session(autocommit=True)
                     request = session.heartbeat(self.job, self.slot, self.owner, self.token, self.lease_seconds)
-                except LeaseLost:
-                    self.signal.cancel(Reason.LEASE_LOST, "another attempt took over this slot's lease")
+                except LeaseLost as exc:
+                    self.signal.cancel(Reason.LEASE_LOST, exc.message if isinstance(exc, CheckpointDeleted)
+                                       else "another attempt took over this slot's lease")
                     return
                 except Exception as exc:  # the database blinked: retry until the lease would expire
                     self.errors += 1

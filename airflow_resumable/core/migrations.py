@@ -183,14 +183,7 @@ def migrate(session: StoreSession, *, apply: bool = True) -> int:
     """
     version = current_version(session)
     if version == SCHEMA_VERSION:
-        if not _exists(session, CHECKPOINTS.name):
-            raise SchemaVersionError(
-                f"the checkpoint table {CHECKPOINTS.name} is missing from {session.store.describe()} although "
-                f"{META} says schema version {version}: it was dropped or renamed by hand",
-                hint="Its checkpoints are gone unless you restore them from a backup (then the slots resume). "
-                f"To start over with empty tables: DELETE FROM {META} WHERE key = 'schema_version' "
-                "(the next task recreates them)",
-            )
+        _check_shape(session, version)
         return version
     if version is not None and version > SCHEMA_VERSION:
         raise SchemaVersionError(
@@ -277,6 +270,87 @@ def _step(session: StoreSession, target: int | None, statements: Callable[[Diale
             (f"migration:{version}", f"{what}; applied by {session.who()}"),
         )
     return version
+
+
+def _shape_sql() -> str:
+    """One statement that names every column of every table: it fails when one is missing (a table
+    dropped, a column renamed by hand), and costs what probing one table did."""
+    empty = ", ".join(f"(SELECT {t.select} FROM {t.name} WHERE 1 = 0) t{i}" for i, t in enumerate(all_tables()))
+    return f"SELECT 1 FROM {empty}"
+
+
+def _check_shape(session: StoreSession, version: int) -> None:
+    """Refuse tables that do not have the columns of the ``version`` the stamp records.
+
+    Raises:
+        SchemaVersionError: a table or a column is missing (dropped or renamed by hand), naming it,
+            the columns found instead, and the statement that puts it back. Nothing is changed.
+    """
+    try:
+        session.execute(_shape_sql()).fetchall()
+        session.commit()
+        return
+    except Exception as exc:
+        if not (_is_missing_table(exc) or _is_missing_column(exc)):
+            raise
+        session.rollback()
+        failure = exc
+    where = session.store.describe()
+    if not _exists(session, CHECKPOINTS.name):
+        raise SchemaVersionError(
+            f"the checkpoint table {CHECKPOINTS.name} is missing from {where} although "
+            f"{META} says schema version {version}: it was dropped or renamed by hand",
+            hint="Its checkpoints are gone unless you restore them from a backup (then the slots resume). "
+            f"To start over with empty tables: DELETE FROM {META} WHERE key = 'schema_version' "
+            "(the next task recreates them)",
+        )
+    for table in all_tables():
+        found = _columns(session, table.name)
+        if found is None:
+            raise SchemaVersionError(
+                f"the table {table.name} is missing from {where} although {META} says schema version {version}: "
+                "it was dropped or renamed by hand",
+                hint="Nothing was changed. Restore it from a backup, or create it empty: "
+                + "; ".join(table.ddl(session.d.type_of, session.d.storage)),
+            )
+        missing = [c for c in table.names if c not in found]
+        if not missing:
+            continue
+        extra = [c for c in found if c not in table.names]
+        if len(missing) == 1 and len(extra) == 1:
+            fix = f"Rename it back: ALTER TABLE {table.name} RENAME COLUMN {extra[0]} TO {missing[0]}"
+        else:
+            fix = (f"Give it back the column(s) {', '.join(missing)} as schema version {version} defines them "
+                   "(README, section on the tables), e.g. from a backup")
+        raise SchemaVersionError(
+            f"the table {table.name} in {where} does not match schema version {version}, which {META} records: "
+            f"it has no column {', '.join(missing)}"
+            + (f", and has {', '.join(extra)}, which that version does not (renamed by hand?)" if extra else ""),
+            hint=f"Nothing was changed; no attempt can run until it matches. {fix}, then Clear the task: it "
+            "resumes from its checkpoint",
+        )
+    raise failure  # pragma: no cover - every table looks whole: the driver's error says what else failed
+
+
+def _columns(session: StoreSession, table: str) -> list[str] | None:
+    """The table's column names as the database has them (None: no such table), from the cursor's
+    description: the same on every DB-API driver."""
+    try:
+        cur = session.execute(f"SELECT * FROM {table} WHERE 1 = 0")
+        names = [d[0] for d in cur.description]
+        cur.fetchall()
+        session.commit()
+    except Exception as exc:
+        if not _is_missing_table(exc):
+            raise
+        session.rollback()
+        return None
+    return names
+
+
+def _is_missing_column(exc: BaseException) -> bool:
+    text = str(exc).lower()
+    return "no such column" in text or ("column" in text and "does not exist" in text)
 
 
 def _read(session: StoreSession, sql: str) -> str | None:

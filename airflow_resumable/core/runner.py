@@ -43,6 +43,7 @@ from airflow_resumable.core.context import RunContext, TransactionConnection
 from airflow_resumable.core.errors import (
     AttemptEnded,
     Cancelled,
+    CheckpointDeleted,
     ConfigurationError,
     CorruptCheckpoint,
     InvalidCheckpoint,
@@ -197,6 +198,7 @@ class Attempt:
             OverlapSkip / OverlapWait: another slot of the job is live (policy ``skip`` / ``wait``).
             LeaseBusy: another live attempt kept this slot's lease past ``lease_wait``.
             LeaseLost: another attempt took over this slot while this one ran.
+            CheckpointDeleted: the slot's row was deleted while this attempt ran (a kind of LeaseLost).
             Cancelled: the signal fired and the handler stopped at a chunk boundary.
             Exception: whatever the handler raised (recorded on the row as ``failed``).
         """
@@ -259,11 +261,15 @@ class Attempt:
                 self._flush()  # "done" follows the last checkpoint: wait for a pipelined one in flight
             except BaseException as exc:
                 self._quiesce(session, keeper)  # the unfinished chunk's writes go with it
-                self._stopped(session, exc)
+                deleted = self._deleted(session, exc)
+                self._stopped(session, deleted or exc)
+                if deleted is not None:
+                    raise deleted from exc
                 raise
             if self.signal.reason == Reason.LEASE_LOST:  # lost after the handler's last checkpoint
                 self._quiesce(session, keeper)
                 lost = LeaseLost("the lease was lost while the handler ran", job=self.job, slot=self.slot)
+                lost = self._deleted(session, lost) or lost
                 self._stopped(session, lost)
                 raise lost
             self._flush(close=True)
@@ -284,6 +290,14 @@ class Attempt:
         finally:
             with self._lock:  # waits for a save another thread has under way
                 self._ended = True
+
+    def _deleted(self, session: StoreSession, exc: BaseException) -> CheckpointDeleted | None:
+        """When ``exc`` is a lost lease the keeper or the signal noticed (they say "lost", not why),
+        the error saying the row was deleted, if a second look finds it gone; else None."""
+        if not isinstance(exc, LeaseLost) or isinstance(exc, CheckpointDeleted):
+            return None
+        why = session.fenced_out(self.job, self.slot, exc.message)
+        return why if isinstance(why, CheckpointDeleted) else None
 
     def _quiesce(self, session: StoreSession, keeper: LeaseKeeper) -> None:
         """Let a pipelined checkpoint in flight finish (a cancel keeps the last chunk; its lost
@@ -574,7 +588,7 @@ class Attempt:
                 "write to the sink on your own connection, idempotently, and commit before ctx.checkpoint()",
             )
         self._session.begin_transactions()
-        return TransactionConnection(self._session.conn, self.store.dialect)
+        return TransactionConnection(self._session.conn, self.store.dialect, job=self.job, slot=self.slot)
 
     def skip(self, item: Any, *, position: Any, error: BaseException, limit: int) -> int:
         """Record a skipped item (see :func:`airflow_resumable.core.skips.skip_item`)."""
@@ -586,7 +600,7 @@ class Attempt:
 
     def savepoint(self) -> AbstractContextManager[None]:
         assert self._session is not None
-        return self._session.savepoint()
+        return self._session.savepoint(job=self.job, slot=self.slot)
 
     def _ended_error(self, call: str) -> AttemptEnded:
         return AttemptEnded(
@@ -609,8 +623,8 @@ class Attempt:
                 cancel_reason=cancel_reason, total=total, result=result, record_id=self._record_id,
                 resume_in=resume_in,
             )
-        except LeaseLost:
-            self.log.error("could not record status %s: the lease was taken over [job=%s slot=%s]", status, self.job, self.slot)
+        except LeaseLost as exc:
+            self.log.error("could not record status %s: %s", status, exc)
             raise
         self._last_row = final
         self.reporter.on_finish(final)
@@ -651,10 +665,13 @@ class Attempt:
     def _lost(self, session: StoreSession, exc: BaseException) -> None:
         """Another attempt owns the slot now: write nothing to the row, only end this attempt's own
         history record."""
-        self.log.error(
-            "stopped: another attempt took over this slot's lease; nothing more is written "
-            "[job=%s slot=%s attempt=%s]", self.job, self.slot, self.attempt,
-        )
+        if isinstance(exc, CheckpointDeleted):
+            self.log.error("stopped: %s [attempt=%s]", exc, self.attempt)
+        else:
+            self.log.error(
+                "stopped: another attempt took over this slot's lease; nothing more is written "
+                "[job=%s slot=%s attempt=%s]", self.job, self.slot, self.attempt,
+            )
         if self._record_id is None:
             return
         try:

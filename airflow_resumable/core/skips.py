@@ -7,9 +7,9 @@ that owns its loop) records such an item in the dead-letter table ``resumable_de
 silently. An item is recorded once per (job, slot, position), however often retries meet it.
 
 When a chunk fails with a skippable error, the chunk loop undoes the chunk's writes made through
-``ctx.transaction()`` (a savepoint) and processes it again **item by item** to find the bad
-items, as Spring Batch's skip-in-write scan does: the good items of the chunk are processed, the
-bad ones skipped. Writes outside the checkpoint database that the failed chunk made before it
+``ctx.transaction()`` and its changes to ``ctx.state`` (a savepoint, see ``ctx.savepoint()``) and
+processes it again **item by item** to find the bad items, as Spring Batch's skip-in-write scan
+does: the good items of the chunk are processed, and counted in the state, once; the bad ones skipped. Writes outside the checkpoint database that the failed chunk made before it
 raised happen again in the scan (at least once, as always: make them idempotent).
 
 Skipped items are replayed on purpose with :func:`replay`, which runs a function on each one
@@ -100,7 +100,7 @@ def _as_json(item: Any) -> tuple[Any, str]:
     """The item as a JSON value, or its ``repr`` (cut) when it has no JSON form."""
     try:
         return json.loads(_ITEM_ENCODER.encode(item)), "json"
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, RecursionError):
         return short(item, _REPR_LIMIT), "repr"
 
 

@@ -6,11 +6,12 @@
 | ``Cancelled`` (superseded) | ``AirflowFailException``: no retry | a newer run replaced this one; a retry would fight it. Clear to resume |
 | ``Cancelled`` (requested) | ``AirflowFailException``: no retry | a person cancelled it through the control API (CLI, UI, REST). Clear to resume |
 | ``Paused`` (paused, throttled, time_slice) | ``TaskDeferred`` (in the operator, which owns the trigger) | wait without a worker slot or a retry, then continue in the same try |
+| ``CheckpointDeleted`` (a kind of ``LeaseLost``) | ``AirflowFailException``: no retry | the slot's row was deleted while the attempt ran and nobody took it over: a retry would start the slot from the beginning unasked. Restore the row and Clear to resume, or Clear to start over |
 | ``LeaseLost`` | ``AirflowException`` | another attempt owns the slot; Airflow already replaced this one |
 | ``LeaseBusy``, ``StoreUnavailable`` | ``AirflowException``: retry | passing conditions |
 | ``OverlapSkip`` | ``AirflowSkipException`` | the seed's ``skip``: the run ends as *skipped* |
 | ``OverlapWait`` | ``AirflowRescheduleException`` (in the operator, which knows the bound) | wait without a worker slot or a retry |
-| ``ConfigurationError``, ``InvalidCheckpoint``, ``CorruptCheckpoint``, ``SchemaVersionError`` | ``AirflowFailException`` | retrying cannot fix them |
+| ``ConfigurationError``, ``InvalidCheckpoint``, ``TransactionRefused``, ``CorruptCheckpoint``, ``SchemaVersionError`` | ``AirflowFailException`` | retrying cannot fix them |
 | ``SkipLimitExceeded`` | ``AirflowFailException`` | the same items would fail again: fix the data or the code, or raise ``skip_limit``, then Clear |
 | anything the handler raised | unchanged | Airflow's own retry rules apply |
 """
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 from airflow_resumable.core.errors import (
     Cancelled,
+    CheckpointDeleted,
     ConfigurationError,
     CorruptCheckpoint,
     LeaseBusy,
@@ -73,7 +75,8 @@ def to_airflow(exc: BaseException, *, job: str, slot: str) -> BaseException | No
         )
     if isinstance(exc, OverlapSkip):
         return AirflowSkipException(f"skipped: {exc}")
-    if isinstance(exc, (ConfigurationError, CorruptCheckpoint, SchemaVersionError, SkipLimitExceeded)):
+    if isinstance(exc, (ConfigurationError, CorruptCheckpoint, SchemaVersionError, SkipLimitExceeded,
+                        CheckpointDeleted)):
         return AirflowFailException(str(exc))
     if isinstance(exc, (LeaseLost, LeaseBusy, StoreUnavailable)):
         return AirflowException(str(exc))

@@ -348,3 +348,24 @@ with DAG("rt_chunked_skips", schedule="@daily", start_date=START, catchup=False)
         task_id="work", read=SequenceReader(range(30)), process=upsert_unless_bad, chunk_size=5,
         skip_on=ValueError, skip_limit=2, retries=1, retry_delay=timedelta(0),
     )
+
+
+def total_then_check(ctx: RunContext, batch: list[int]) -> None:
+    """Adds each number to the running sum and count, then writes it: a bad number raises after the
+    chunk's good numbers before it were counted."""
+    bad = set(_conf().get("bad", []))
+    tx = ctx.transaction()
+    tx.execute("CREATE TABLE IF NOT EXISTS skip_sink (item INTEGER PRIMARY KEY)")
+    for i in batch:
+        if i in bad:
+            raise ValueError(f"bad number {i}")
+        ctx.state["sum"] = ctx.state.get("sum", 0) + i
+        ctx.state["count"] = ctx.state.get("count", 0) + 1
+        tx.execute("INSERT INTO skip_sink (item) VALUES (%s)", (i,))
+
+
+with DAG("rt_chunked_skips_state", schedule="@daily", start_date=START, catchup=False) as rt_chunked_skips_state:
+    ChunkedOperator(
+        task_id="work", read=SequenceReader(range(1, 31)), process=total_then_check, chunk_size=5,
+        skip_on=ValueError, skip_limit=2, retries=0,
+    )

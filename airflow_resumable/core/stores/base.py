@@ -32,8 +32,15 @@ from airflow_resumable.core.checkpoint import (
     Origin,
     Status,
     decode,
+    error_text,
 )
-from airflow_resumable.core.errors import CorruptCheckpoint, LeaseLost
+from airflow_resumable.core.errors import (
+    CheckpointDeleted,
+    CorruptCheckpoint,
+    LeaseLost,
+    StoreUnavailable,
+    TransactionRefused,
+)
 from airflow_resumable.core.migrations import SCHEMA_VERSION, migrate
 from airflow_resumable.core.schema import Column, Table
 from airflow_resumable.core.states import FINISHED
@@ -56,6 +63,35 @@ def save_rejected(job: str, slot: str) -> LeaseLost:
         job=job,
         slot=slot,
     )
+
+
+def row_deleted(job: str, slot: str) -> CheckpointDeleted:
+    """The error of a fenced write that matched no row because there is no row any more."""
+    return CheckpointDeleted(
+        f"the slot's checkpoint row was deleted from {TABLE} while this attempt held its lease (by hand or by a "
+        "script: no attempt and no retention job deletes a leased row); no other attempt took it over. This "
+        "attempt's uncommitted writes were rolled back and it writes nothing more",
+        job=job,
+        slot=slot,
+        hint="Not retried: a retry would start the slot from the beginning. If the delete was a mistake, restore the "
+        "row from a backup and Clear the task: it resumes from it. To start the slot over, Clear the task",
+    )
+
+
+def _undo_failed(exc: BaseException, undo: Exception, job: str | None, slot: str | None) -> Exception:
+    """The error to raise when a savepoint could not undo a block that raised ``exc``."""
+    what = f"the block raised {error_text(exc, 300)}, and its writes could not be undone ({error_text(undo, 200)})"
+    if "savepoint" in str(undo).lower():  # SQLite: no such savepoint; PostgreSQL: ... does not exist / ... blocks
+        return TransactionRefused(
+            f"{what}: the transaction was ended inside the block (a ROLLBACK or COMMIT sent through "
+            "ctx.transaction(), or a ctx.checkpoint()), which also undid or committed earlier writes",
+            job=job, slot=slot,
+            hint="Do not end the transaction inside a savepoint: raise to undo the chunk's writes, write inside "
+            "'with ctx.savepoint():' to undo part of it, and checkpoint outside it. Fix the code, then Clear the "
+            "task: it resumes from the last checkpoint",
+        )
+    return StoreUnavailable(f"{what}; the checkpoint did not move", job=job, slot=slot,
+                            hint="A retry resumes from the last checkpoint")
 
 
 class Dialect:
@@ -326,7 +362,7 @@ class StoreSession:
                 self.store.set_autocommit(self.conn, True)
 
     @contextmanager
-    def savepoint(self) -> Iterator[None]:
+    def savepoint(self, *, job: str | None = None, slot: str | None = None) -> Iterator[None]:
         """Undo the block's writes if it raises, and only those: the transaction's earlier writes
         (the chunks since the last checkpoint) stay pending.
 
@@ -335,17 +371,26 @@ class StoreSession:
         commit releases them all). In autocommit mode each statement has committed already,
         unless the block switched to transactions (its first ``ctx.transaction()``): then every
         pending write is the block's, and a rollback undoes it.
+
+        Raises:
+            TransactionRefused: the savepoint is gone (the block ended the transaction itself), so
+                its writes could not be undone. Names the block's own error, chained as the cause.
+            StoreUnavailable: undoing failed otherwise (a broken connection); names the block's error.
         """
         transactional = not self.autocommit
         if transactional:
             self.execute("SAVEPOINT resumable_item")
         try:
             yield
-        except BaseException:
-            if transactional:
-                self.execute("ROLLBACK TO SAVEPOINT resumable_item")
-            elif not self.autocommit:
-                self.rollback()
+        except BaseException as exc:
+            try:
+                if transactional:
+                    self.execute("ROLLBACK TO SAVEPOINT resumable_item")
+                elif not self.autocommit:
+                    self.rollback()
+            except Exception as undo:
+                # The driver's error about the undo must not stand in for the block's own error.
+                raise _undo_failed(exc, undo, job, slot) from exc
             raise
 
     def begin_transactions(self) -> None:
@@ -376,7 +421,7 @@ class StoreSession:
         """
         try:
             cp: Checkpoint = CHECKPOINTS.decode(row, aware=self.d.aware_timestamps)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, RecursionError):
             job, slot = row[0], row[1]
             for i, c in enumerate(CHECKPOINTS.columns):
                 if c.kind == "json":
@@ -626,7 +671,7 @@ class StoreSession:
         ``superseded``, ``user``), else ``paused`` when a pause was requested.
 
         Raises:
-            LeaseLost: the lease is no longer ours.
+            LeaseLost: the lease is no longer ours (:class:`CheckpointDeleted`: the row is gone).
         """
         now, now_plus = self.d.now(), self.d.now_plus("%s")
         cur = self.execute(
@@ -638,7 +683,7 @@ class StoreSession:
         row = cur.fetchone()
         self.commit()
         if row is None:
-            raise LeaseLost("the lease was taken over by another attempt", job=job, slot=slot)
+            raise self.fenced_out(job, slot, "the lease was taken over by another attempt")
         return row[0]
 
     def request_cancel(self, job: str, slot: str, reason: str) -> bool:
@@ -676,6 +721,17 @@ class StoreSession:
 
     # -- fenced writes -------------------------------------------------------------------------
 
+    def fenced_out(self, job: str, slot: str, taken_over: str) -> LeaseLost:
+        """The error of a fenced write that matched no row, after a second look at the row (only on
+        this failure path): :class:`CheckpointDeleted` when the row is gone, else :class:`LeaseLost`
+        with the message ``taken_over``. A look that fails itself says what was known before it."""
+        try:
+            gone = self.execute(f"SELECT 1 FROM {TABLE} WHERE job = %s AND slot = %s", (job, slot)).fetchone() is None
+            self.commit()
+        except Exception:  # the database blinked: the write was refused all the same
+            gone = False
+        return row_deleted(job, slot) if gone else LeaseLost(taken_over, job=job, slot=slot)
+
     def start(
         self, job: str, slot: str, owner: str, token: int, attempt: int, *, reset: bool, resumed_from: str | None,
         record: AttemptRecord | None = None,
@@ -711,7 +767,7 @@ class StoreSession:
             )
             row = cur.fetchone()
             if row is None:
-                raise LeaseLost("the lease was taken over before the attempt started", job=job, slot=slot)
+                raise self.fenced_out(job, slot, "the lease was taken over before the attempt started")
             cp = self._row(row)
             if record is None:
                 return cp, None
@@ -735,6 +791,7 @@ class StoreSession:
 
         Raises:
             LeaseLost: another attempt holds the lease; nothing was committed.
+            CheckpointDeleted: the row is gone (deleted by hand); nothing was committed.
         """
         cur = self._save_cursor
         if cur is None:  # one cursor for every checkpoint of the session
@@ -743,7 +800,7 @@ class StoreSession:
                                          processed=processed, total=total))
         if cur.rowcount != 1:
             self.rollback()
-            raise save_rejected(job, slot)
+            raise self.fenced_out(job, slot, save_rejected(job, slot).message)
         self.commit()
 
     def save_statement(
@@ -779,6 +836,7 @@ class StoreSession:
 
         Raises:
             LeaseLost: another attempt holds the lease; the row was not touched.
+            CheckpointDeleted: the row is gone (deleted by hand).
         """
         now = self.d.now()
         done, paused = status is Status.DONE, status is Status.PAUSED
@@ -802,7 +860,7 @@ class StoreSession:
             )
             row = cur.fetchone()
             if row is None:
-                raise LeaseLost("final status rejected: the lease was taken over", job=job, slot=slot)
+                raise self.fenced_out(job, slot, "final status rejected: the lease was taken over")
             cp = self._row(row)
             if record_id is not None:
                 self._end_record(record_id, AttemptEnd(status.value), cancel_reason=cancel_reason, error=last_error,
