@@ -250,6 +250,8 @@ class Attempt:
                 if self.options.pipeline_checkpoints:  # connects while the first chunk runs
                     self._writer = checkpoint_writer(self.store, session, job=self.job, slot=self.slot,
                                                      owner=self.owner, token=self._token, signal=self.signal)
+                if row.cancel_request:  # accepted, but the attempt it was meant for died first
+                    raise self._pending_cancel(session, row)
                 if row.request == Request.PAUSE:  # asked before this attempt started: pause before any work
                     raise Paused(Reason.PAUSED.value, f"pause requested by {row.requested_by or '?'}")
                 self._started = time.monotonic()
@@ -353,7 +355,8 @@ class Attempt:
                 if other.status == Status.PAUSED:  # nothing runs it: cancel it at once, its waiting task ends
                     session.request(self.job, other.slot, "cancel_now", by=f"a newer run (slot {self.slot})",
                                     outcome=AttemptEnd.CANCEL_REQUESTED,
-                                    params=(Reason.SUPERSEDED.value, "superseded by a newer run"))
+                                    params=(Reason.SUPERSEDED.value, Reason.SUPERSEDED.value,
+                                            "superseded by a newer run"))
                 else:
                     session.request_cancel(self.job, other.slot, Reason.SUPERSEDED.value)
             self.log.warning(
@@ -414,6 +417,21 @@ class Attempt:
         self._last_row = dataclasses.replace(row, lease_owner=None, lease_expires_at=None)
         self.reporter.on_finish(self._last_row)
         return Outcome(result=result, checkpoint=self._last_row, resumed_from=None, already_done=True)
+
+    def _pending_cancel(self, session: StoreSession, row: Checkpoint) -> Cancelled:
+        """The cancel a person (or a newer run) asked for while an earlier attempt held the slot,
+        which that attempt never acted on (it was killed first, or its holder was already dead):
+        this attempt stops with it before any work, as the live holder would have at its next
+        chunk boundary. ``start()`` kept the request for exactly this."""
+        reason = row.cancel_request or Reason.REQUESTED.value
+        by = None
+        if reason == Reason.REQUESTED.value:  # the control API recorded who asked
+            asked = [r for r in session.history(self.job, self.slot) if r.outcome == AttemptEnd.CANCEL_REQUESTED]
+            by = asked[-1].requested_by if asked else row.requested_by
+        elif reason == Reason.SUPERSEDED.value:
+            by = "a newer run of the job"
+        return Cancelled(reason, f"cancel ({reason}) requested by {by or '?'} while an earlier attempt held the "
+                         "slot; that attempt ended before it saw the request, so this one stopped before any work")
 
     def _unstarted(self, end: AttemptEnd, row: Checkpoint, **fields: Any) -> AttemptRecord:
         """The history record of an attempt that ended without running the handler: the row stays
