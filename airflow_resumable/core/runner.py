@@ -52,7 +52,7 @@ from airflow_resumable.core.errors import (
     OverlapWait,
     Paused,
 )
-from airflow_resumable.core.lease import LeaseKeeper
+from airflow_resumable.core.lease import STOP_POLL, LeaseKeeper, stop_requested
 from airflow_resumable.core.options import (  # re-exported: the core's public names
     MAX_KEY_BYTES,
     MAX_LEASE,
@@ -197,7 +197,10 @@ class Attempt:
             OverlapSkip / OverlapWait: another slot of the job is live (policy ``skip`` / ``wait``).
             LeaseBusy: another live attempt kept this slot's lease past ``lease_wait``.
             LeaseLost: another attempt took over this slot while this one ran.
-            Cancelled: the signal fired and the handler stopped at a chunk boundary.
+            Cancelled: the signal fired and the handler stopped at a chunk boundary; or it fired (a
+                drain, a timeout) while this attempt waited for another holder's lease (nothing
+                written); or a cancel accepted for an earlier attempt that died before it saw it
+                was pending (the handler did not run).
             Exception: whatever the handler raised (recorded on the row as ``failed``).
         """
         if not callable(handler):
@@ -334,9 +337,29 @@ class Attempt:
                     self.options.effective_lease_wait, self.job, self.slot,
                 )
                 announced = True
-            pause = min(max(self.options.lease / 10.0, 0.05), 1.0, max(0.0, deadline - time.monotonic()))
-            if self.signal.wait(pause):
-                self.signal.raise_if_cancelled()
+            # No lease keeper runs yet to ask the stop sources (a worker's drain): ask them here,
+            # at least once a second, so a shutdown does not wait out another holder's lease.
+            if not self.signal.cancelled and (stop := stop_requested()):
+                self.signal.cancel(*stop)
+            pause = min(max(self.options.lease / 10.0, 0.05), STOP_POLL, max(0.0, deadline - time.monotonic()))
+            if self.signal.cancelled or self.signal.wait(pause):
+                self._stop_waiting(holder)
+
+    def _stop_waiting(self, holder: Checkpoint | None) -> None:
+        """The signal fired while this attempt waited for another holder's lease: stop waiting.
+        Nothing is written (the row is the holder's); the reason goes to the log.
+
+        Raises:
+            Cancelled: with the signal's reason (``shutdown`` for a drain, ``timeout``, ``user``).
+        """
+        reason, message = self._resolve(self.signal.reason, self.signal.message)
+        self.signal.classify(reason, message)
+        self.log.warning(
+            "stopped waiting for this slot's lease (held by %s): cancelled (%s): %s; nothing was written, "
+            "the row stays as its holder keeps it, and a retry waits again [job=%s slot=%s attempt=%s]",
+            holder.lease_owner if holder else "?", reason, message, self.job, self.slot, self.attempt,
+        )
+        self.signal.raise_if_cancelled()
 
     def _overlap(self, session: StoreSession, row: Checkpoint, created: bool) -> None:
         policy = self.options.overlap
