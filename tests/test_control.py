@@ -7,15 +7,10 @@ Given / When / Then, against both stores.
 from __future__ import annotations
 
 import dataclasses
-import os
 import re
-import signal
-import subprocess
-import sys
 import threading
 import time
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -34,7 +29,7 @@ from airflow_resumable.core import (
     Store,
     control,
 )
-from support.stores import spec_of
+from support import request_worker
 
 JOB, SLOT = "export", "2026-02-01T00:00:00+00:00"
 
@@ -372,29 +367,9 @@ def test_a_paused_task_wakes_for_resume_restart_cancel_its_time_or_a_clear_and_n
 
 # -- requests whose holder died before it saw them ------------------------------------------
 
-WORKER = Path(__file__).parent / "support" / "request_worker.py"
-
-
 def killed_holder(store: Store, request: Any, *, slot: str = SLOT) -> None:
-    """Run attempt 1 of ``slot`` in its own process, holding the slot past its first checkpoint
-    (position 5) without reaching another chunk boundary; make ``request()`` while it holds the
-    slot, then SIGKILL it: it dies before it can act on the request (its handler never looks)."""
-    proc = subprocess.Popen([sys.executable, str(WORKER), spec_of(store), JOB, slot, "1.0"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    try:
-        def holding() -> bool:
-            assert proc.poll() is None, proc.communicate()[1].decode()[-2000:]
-            try:
-                r = row(store, slot)
-            except Exception:  # the worker may not have created the tables yet
-                return False
-            return r is not None and r.position == 5 and r.lease_owner is not None
-
-        wait_until(holding, timeout=60)
-        request()
-    finally:
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.communicate(timeout=60)
+    """Attempt 1 of ``slot`` holds it in its own process; ``request()``; then it is SIGKILLed."""
+    request_worker.killed_holder(store, JOB, slot, request)
 
 
 def test_a_cancel_accepted_before_its_holder_was_killed_ends_the_next_attempt_cancelled_without_running(
