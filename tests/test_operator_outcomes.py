@@ -50,6 +50,7 @@ def test_a_cancel_whose_holder_was_killed_fails_the_next_try_without_retry_and_w
     ("rp_catch_all_fail", "success", 2, "a catch-all default=FAIL does not lose our retry of a timeout"),
     ("rp_configuration_retried", "success", 2, "a rule naming ConfigurationError beats our fail without retry"),
     ("rp_catch_all_retry", "failed", 1, "a catch-all default=RETRY does not retry a configuration error"),
+    ("rp_broad_rule_retry", "failed", 1, "a rule for every Exception does not retry a configuration error"),
 ])
 def test_the_retry_policy_and_our_outcome_table_combine_as_the_table_says(
     checkpoints: Store, run_dag, tmp_path: Path, dag_id: str, state: str, tries: int, why: str
@@ -59,3 +60,32 @@ def test_the_retry_policy_and_our_outcome_table_combine_as_the_table_says(
     row = row_of(checkpoints, f"{dag_id}.work")
     if state == "success":  # the retry resumed the slot and finished it
         assert (row.status, row.processed) == ("done", 10), why
+
+
+def test_a_chain_of_policies_is_asked_member_by_member_and_a_policy_that_raises_has_no_opinion() -> None:
+    from airflow.providers.common.compat.sdk import ChainRetryPolicy
+    from airflow.sdk import ExceptionRetryPolicy, RetryAction, RetryDecision, RetryPolicy, RetryRule
+
+    from airflow_resumable.core.errors import Cancelled, ConfigurationError
+    from airflow_resumable.operators.outcome import (
+        CombinedRetryPolicy,
+        ResumableNotRetried,
+        ResumableRetried,
+        to_airflow,
+    )
+
+    class Broken(RetryPolicy):
+        def evaluate(self, exception: BaseException, try_number: int, max_tries: int, context: Any = None) -> Any:
+            raise RuntimeError("broken policy")
+
+    chain = ChainRetryPolicy([
+        Broken(),
+        ExceptionRetryPolicy(rules=[RetryRule(exception=KeyError)], default=RetryAction.FAIL),
+        ExceptionRetryPolicy(rules=[RetryRule(exception=ConfigurationError, retry_delay=None)]),
+    ])
+    retried = to_airflow(ConfigurationError("bad"), job="j", slot="s", policy=chain)
+    assert isinstance(retried, ResumableRetried)
+    kept = to_airflow(Cancelled("shutdown"), job="j", slot="s", policy=chain)  # nobody names Cancelled: ours
+    assert CombinedRetryPolicy(chain).evaluate(kept, 1, 3) == RetryDecision.default()  # what Airflow is told
+    assert isinstance(to_airflow(Cancelled("timeout"), job="j", slot="s", policy=ChainRetryPolicy([
+        ExceptionRetryPolicy(rules=[RetryRule(exception=Cancelled, action=RetryAction.FAIL)])])), ResumableNotRetried)

@@ -30,10 +30,11 @@ Airflow exception is raised ``from`` it), and combines the answer with the table
 | unchanged (the handler's own exception) | anything | as Airflow applies the policy: the user's rule holds |
 | skip, defer, reschedule | (not asked) | unchanged: not failures, and Airflow asks no policy either |
 
-"No opinion" is ``RetryAction.DEFAULT``, and for an ``ExceptionRetryPolicy`` also its catch-all
-``default=``: only a rule that matches the exception counts, so ``default=RetryAction.FAIL`` does
-not turn a drain into a failure and ``default=RetryAction.RETRY`` does not retry a configuration
-error. A ``ChainRetryPolicy`` is asked member by member, the first opinion winning. Any other
+"No opinion" is ``RetryAction.DEFAULT``, and for an ``ExceptionRetryPolicy`` anything but a rule
+that names one of this package's exceptions and matches: its catch-all ``default=`` and broad rules
+(``Exception``, ``AirflowException``) are meant for the handler's errors, so
+``default=RetryAction.FAIL`` does not turn a drain into a failure and ``RetryRule(Exception)`` does
+not retry a configuration error or a person's cancel. A ``ChainRetryPolicy`` is asked member by member, the first opinion winning. Any other
 policy's answer counts as its opinion. A policy that raises is no opinion (Airflow does the same).
 For Airflow to apply the combined answer, the operator puts :class:`CombinedRetryPolicy` in front of
 the user's policy when the task runs.
@@ -135,7 +136,7 @@ def opinion(policy: RetryPolicy, exc: BaseException, *, try_number: int, max_tri
         return None
     try:
         if isinstance(policy, ExceptionRetryPolicy):
-            rule = next((r for r in policy.rules if r.matches(exc)), None)
+            rule = next((r for r in policy.rules if _names_ours(r.exception_path) and r.matches(exc)), None)
             if rule is None:
                 return None
             return RetryDecision(action=rule.action, retry_delay=rule.retry_delay,
@@ -147,6 +148,11 @@ def opinion(policy: RetryPolicy, exc: BaseException, *, try_number: int, max_tri
     if not isinstance(said, RetryDecision) or said.action is RetryAction.DEFAULT:
         return None
     return said
+
+
+def _names_ours(paths: str) -> bool:
+    """Whether a rule's exception paths (comma-separated) name one of this package's exceptions."""
+    return any(path.strip().startswith("airflow_resumable.") for path in paths.split(","))
 
 
 class CombinedRetryPolicy(RetryPolicy):

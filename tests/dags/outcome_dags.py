@@ -72,3 +72,7 @@ with DAG("rp_configuration_retried", schedule="@daily", start_date=START, catchu
 with DAG("rp_catch_all_retry", schedule="@daily", start_date=START, catchup=False) as rp_catch_all_retry:
     ResumableOperator(task_id="work", handler=ten_items, throttle=junk_throttle_first, **NO_WAIT,
                       retry_policy=ExceptionRetryPolicy(rules=[], default=RetryAction.RETRY))
+
+with DAG("rp_broad_rule_retry", schedule="@daily", start_date=START, catchup=False) as rp_broad_rule_retry:
+    ResumableOperator(task_id="work", handler=ten_items, throttle=junk_throttle_first, **NO_WAIT,
+                      retry_policy=ExceptionRetryPolicy(rules=[RetryRule(exception=Exception, action=RetryAction.RETRY)]))
