@@ -447,14 +447,15 @@ class Attempt:
         this attempt stops with it before any work, as the live holder would have at its next
         chunk boundary. ``start()`` kept the request for exactly this."""
         reason = row.cancel_request or Reason.REQUESTED.value
-        by = None
         if reason == Reason.REQUESTED.value:  # the control API recorded who asked
             asked = [r for r in session.history(self.job, self.slot) if r.outcome == AttemptEnd.CANCEL_REQUESTED]
-            by = asked[-1].requested_by if asked else row.requested_by
+            what = f"cancelled by {(asked[-1].requested_by if asked else row.requested_by) or '?'}"
         elif reason == Reason.SUPERSEDED.value:
-            by = "a newer run of the job"
-        return Cancelled(reason, f"cancel ({reason}) requested by {by or '?'} while an earlier attempt held the "
-                         "slot; that attempt ended before it saw the request, so this one stopped before any work")
+            what = "superseded by a newer run of the job"
+        else:
+            what = f"cancelled ({reason})"
+        return Cancelled(reason, f"{what} while an earlier attempt held the slot, which ended before it saw the "
+                         "request: this attempt stopped before any work")
 
     def _unstarted(self, end: AttemptEnd, row: Checkpoint, **fields: Any) -> AttemptRecord:
         """The history record of an attempt that ended without running the handler: the row stays
