@@ -34,8 +34,10 @@ Airflow exception is raised ``from`` it), and combines the answer with the table
 that names one of this package's exceptions and matches: its catch-all ``default=`` and broad rules
 (``Exception``, ``AirflowException``) are meant for the handler's errors, so
 ``default=RetryAction.FAIL`` does not turn a drain into a failure and ``RetryRule(Exception)`` does
-not retry a configuration error or a person's cancel. A ``ChainRetryPolicy`` is asked member by member, the first opinion winning. Any other
-policy's answer counts as its opinion. A policy that raises is no opinion (Airflow does the same).
+not retry a configuration error or a person's cancel. A ``ChainRetryPolicy`` is asked member by
+member, the first opinion winning. Any other policy's answer counts as its opinion. A policy that
+raises is no opinion (Airflow does the same). A cancel that reaches a *paused* task (which then
+raises ``ResumableStopped`` when it wakes) is not put to the policy.
 For Airflow to apply the combined answer, the operator puts :class:`CombinedRetryPolicy` in front of
 the user's policy when the task runs.
 """
