@@ -10,6 +10,7 @@ from airflow.plugins_manager import AirflowPlugin
 from airflow.sdk import BaseHook, BaseOperator, Context, XComArg
 from airflow.sdk.bases.decorator import DecoratedOperator, KeywordParameters, task_decorator_factory
 from airflow.sdk.configuration import conf
+from airflow.sdk.definitions.retry_policy import ExceptionRetryPolicy, RetryAction, RetryDecision, RetryPolicy
 from airflow.sdk.exceptions import (
     AirflowException,
     AirflowFailException,
@@ -34,7 +35,11 @@ __all__ = [
     "BaseTrigger",
     "Context",
     "DecoratedOperator",
+    "ExceptionRetryPolicy",
     "KeywordParameters",
+    "RetryAction",
+    "RetryDecision",
+    "RetryPolicy",
     "Stats",
     "conf",
     "TriggerEvent",

@@ -29,6 +29,7 @@ from airflow_resumable.core import (
     Store,
     control,
 )
+from support import request_worker
 
 JOB, SLOT = "export", "2026-02-01T00:00:00+00:00"
 
@@ -362,3 +363,84 @@ def test_a_paused_task_wakes_for_resume_restart_cancel_its_time_or_a_clear_and_n
     assert event(dataclasses.replace(paused, status="cancelled")) == "cancelled"
     assert event(dataclasses.replace(paused, status="running")) == "resumed"  # a Clear ran it meanwhile
     assert event(None) == "missing"
+
+
+# -- requests whose holder died before it saw them ------------------------------------------
+
+def killed_holder(store: Store, request: Any, *, slot: str = SLOT) -> None:
+    """Attempt 1 of ``slot`` holds it in its own process; ``request()``; then it is SIGKILLed."""
+    request_worker.killed_holder(store, JOB, slot, request)
+
+
+def test_a_cancel_accepted_before_its_holder_was_killed_ends_the_next_attempt_cancelled_without_running(
+    store: Store,
+) -> None:
+    # Given a cancel the live holder accepted, then the holder killed before it acted on it
+    def cancel() -> None:
+        assert control.cancel(store, JOB, SLOT, by="carol").cancel_request == "requested"
+
+    killed_holder(store, cancel)
+    assert (row(store).status, row(store).cancel_request) == ("running", "requested")
+    # When the slot's next attempt (Airflow's retry) takes over
+    work = Items(30, 5)
+    with pytest.raises(Cancelled) as stopped:
+        attempt(store, 2, lease_wait=30).run(work)
+    # Then it ends cancelled as the live holder would have, naming who asked, and ran nothing
+    assert stopped.value.reason == "requested" and not isinstance(stopped.value, Paused)
+    assert "carol" in stopped.value.message and work.calls == 0
+    r = row(store)
+    assert (r.status, r.cancel_reason, r.position, r.cancel_request, r.lease_owner) == (
+        "cancelled", "requested", 5, None, None)
+    assert "carol" in r.last_error
+    assert [o for o, _ in history(store)] == ["running", "cancel_requested", "cancelled"]
+    # And it was honoured once: a Clear after it resumes from the checkpoint
+    assert attempt(store, 3).run(work).checkpoint.status == "done" and work.seen == list(range(5, 30))
+
+
+def test_a_pause_accepted_before_its_holder_was_killed_pauses_the_next_attempt_before_any_work(
+    store: Store,
+) -> None:
+    killed_holder(store, lambda: control.pause(store, JOB, SLOT, by="alice"))
+    work = Items(30, 5)
+    with pytest.raises(Paused, match="pause requested by alice"):
+        attempt(store, 2, lease_wait=30).run(work)
+    assert work.calls == 0 and (row(store).status, row(store).position) == ("paused", 5)
+
+
+def test_a_supersede_asked_of_a_holder_that_was_killed_ends_its_retry_as_superseded(store: Store) -> None:
+    # Given a newer run (overlap replace) that asked the older slot's holder to stop, which was killed first
+    newer = "2026-02-02T00:00:00+00:00"
+
+    def supersede() -> None:
+        assert attempt(store, 1, slot=newer, overlap="replace").run(Items(5, 5)).checkpoint.status == "done"
+        assert row(store).cancel_request == "superseded"
+
+    killed_holder(store, supersede)
+    # When the older slot's retry starts, it stops as superseded (no retry for the operator), running nothing
+    work = Items(30, 5)
+    with pytest.raises(Cancelled) as stopped:
+        attempt(store, 2, lease_wait=30).run(work)
+    assert stopped.value.reason == "superseded" and work.calls == 0
+    assert (row(store).status, row(store).cancel_reason) == ("cancelled", "superseded")
+
+
+def test_a_cancel_of_a_slot_whose_holder_is_dead_is_honoured_by_its_next_attempt(store: Store) -> None:
+    # Given a slot whose holder died with its lease lapsed (its Airflow task is still to be retried)
+    failed_slot(store)
+    with store.open() as s:
+        s.acquire(JOB, SLOT, "dead", 60)
+        s.execute("UPDATE resumable_checkpoints SET status = 'running'")
+        s.execute(f"UPDATE resumable_checkpoints SET heartbeat_at = {s.d.now_plus('%s')}, "
+                  f"lease_expires_at = {s.d.now_plus('%s')}", (-120, -60))
+        s.commit()
+    # When someone cancels it: it is cancelled at once
+    cancelled = control.cancel(store, JOB, SLOT, by="carol")
+    assert (cancelled.status, cancelled.lease_owner) == ("cancelled", None)
+    # Then the retry of the dead attempt does not run it: it ends cancelled too
+    work = Items(30, 5)
+    with pytest.raises(Cancelled, match="carol") as stopped:
+        attempt(store, 2).run(work)
+    assert stopped.value.reason == "requested" and work.calls == 0
+    assert (row(store).status, row(store).position, row(store).cancel_request) == ("cancelled", 10, None)
+    # And a Clear after that resumes it
+    assert attempt(store, 3).run(work).checkpoint.status == "done" and work.seen == list(range(10, 30))

@@ -3,6 +3,7 @@ hooks that feed one (tests/test_celery.py drives the same path on real Celery wo
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -13,7 +14,7 @@ import pytest
 
 from airflow_resumable.core import Attempt, Cancelled, Options
 from airflow_resumable.core.lease import STOP_POLL, add_stop_source, remove_stop_source
-from airflow_resumable.core.stores import SQLiteStore
+from airflow_resumable.core.stores import SQLiteStore, Store
 
 
 def test_a_stop_source_stops_the_run_at_its_next_chunk_boundary_with_its_reason(tmp_path: Path) -> None:
@@ -96,3 +97,57 @@ def test_the_drain_config_is_airflow_s_default_celery_config() -> None:
 
     assert CELERY_CONFIG == DEFAULT_CELERY_CONFIG
     assert draining in _STOP_SOURCES
+
+
+def test_a_drain_raised_while_waiting_for_another_holders_lease_stops_the_wait_as_a_shutdown(
+    store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from airflow_resumable.executors import celery as drain
+
+    # Given a slot another live attempt holds for ten minutes, and this worker's drain flag named
+    flag = tmp_path / "drain-flag"
+    monkeypatch.setenv(drain.DRAIN_FILE_ENV, str(flag))
+    with store.open() as s:
+        s.ensure_schema()
+        held, _ = s.acquire("drain", "s3", "other-holder", 600)
+    lines: list[str] = []
+    log = logging.getLogger("test_drain.waiting")
+    log.addHandler(_Lines(lines))
+    waiter = Attempt(store, job="drain", slot="s3", attempt=2, owner="a2", options=Options(lease=60), log=log)
+    outcome: list[BaseException | None] = []
+
+    def run() -> None:
+        try:
+            waiter.run(lambda ctx: pytest.fail("the handler must not run"))
+            outcome.append(None)
+        except BaseException as exc:  # reported to the test below
+            outcome.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not any("slot is held by other-holder" in line for line in lines):
+        assert time.monotonic() < deadline and thread.is_alive(), f"the attempt did not wait for the lease: {outcome}"
+        time.sleep(0.01)
+    # When the worker begins shutting down while the attempt waits (it would wait about 80 s)
+    flag.touch()
+    asked = time.monotonic()
+    thread.join(timeout=STOP_POLL + 5)
+    # Then it stops waiting within about a second, as a (retryable) shutdown, and writes nothing
+    took = time.monotonic() - asked
+    assert not thread.is_alive(), "the attempt went on waiting for the lease after the drain flag was raised"
+    assert took < STOP_POLL + 1.5, f"stopped {took:.2f}s after the flag"
+    assert isinstance(outcome[0], Cancelled) and outcome[0].reason == "shutdown", outcome
+    assert any("stopped waiting for this slot's lease" in line and "shutdown" in line for line in lines)
+    with store.open() as s:
+        row = s.load("drain", "s3")
+    assert (row.status, row.lease_owner, row.lease_token) == ("running", "other-holder", held.lease_token)
+
+
+class _Lines(logging.Handler):
+    def __init__(self, lines: list[str]) -> None:
+        super().__init__()
+        self.lines = lines
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())

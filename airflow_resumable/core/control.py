@@ -9,9 +9,13 @@ or changes nothing and raises :class:`~airflow_resumable.core.errors.RequestRefu
 |---|---|---|
 | ``pause`` | ``running``, ``failed`` or ``cancelled``, no pause pending | the holder stops at its next chunk boundary (seen within one heartbeat) and the slot becomes ``paused``; a slot nobody runs pauses before the first chunk of its next attempt |
 | ``resume`` | ``paused``, or a pause is pending | the paused run continues from its checkpoint (a pending pause is withdrawn) |
-| ``cancel`` | ``running`` or ``paused`` | a live holder stops at its next chunk boundary as ``cancelled`` (reason ``requested``); a paused slot, or one whose holder is dead, is ``cancelled`` at once |
+| ``cancel`` | ``running`` or ``paused`` | a live holder stops at its next chunk boundary as ``cancelled`` (reason ``requested``); a paused slot, or one whose holder is dead, is ``cancelled`` at once. A holder that dies before it saw the request (or was dead already) leaves it to the slot's next attempt (Airflow's retry, or a Clear), which ends ``cancelled`` the same way without running the handler |
 | ``restart`` | ``done``, ``failed``, ``cancelled`` or ``paused``, nobody running it | its next attempt starts from the beginning (a paused slot continues at once, from the beginning) |
 | ``release`` | a lease that expired or whose holder missed two heartbeats (any lease with ``force``) | the lease is freed and its token moves on, so the old holder's writes are refused |
+
+A request once taken is never dropped because its holder died: a pause or a cancel that the holder
+did not live to see is honoured by the slot's next attempt before its first chunk; a resume or a
+restart is what that next attempt does anyway; a release needs no holder.
 
 This module is the core's (no Airflow); ``airflow_resumable.control`` is the same API by
 connection id, and the CLI and the UI call that.
@@ -79,7 +83,8 @@ def cancel(store: Store, job: str, slot: str, *, by: str | None = None) -> Check
     """
     by = _by(by)
     return _request(store, job, slot, "cancel", AttemptEnd.CANCEL_REQUESTED, by,
-                    fallback=("cancel_now", (Reason.REQUESTED.value, f"cancelled by {by}")))
+                    fallback=("cancel_now", (Reason.REQUESTED.value, Reason.REQUESTED.value,
+                                          f"cancelled by {by}")))
 
 
 def restart(store: Store, job: str, slot: str, *, by: str | None = None) -> Checkpoint:

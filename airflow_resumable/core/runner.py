@@ -53,7 +53,7 @@ from airflow_resumable.core.errors import (
     OverlapWait,
     Paused,
 )
-from airflow_resumable.core.lease import LeaseKeeper
+from airflow_resumable.core.lease import STOP_POLL, LeaseKeeper, stop_requested
 from airflow_resumable.core.options import (  # re-exported: the core's public names
     MAX_KEY_BYTES,
     MAX_LEASE,
@@ -199,7 +199,10 @@ class Attempt:
             LeaseBusy: another live attempt kept this slot's lease past ``lease_wait``.
             LeaseLost: another attempt took over this slot while this one ran.
             CheckpointDeleted: the slot's row was deleted while this attempt ran (a kind of LeaseLost).
-            Cancelled: the signal fired and the handler stopped at a chunk boundary.
+            Cancelled: the signal fired and the handler stopped at a chunk boundary; or it fired (a
+                drain, a timeout) while this attempt waited for another holder's lease (nothing
+                written); or a cancel accepted for an earlier attempt that died before it saw it
+                was pending (the handler did not run).
             Exception: whatever the handler raised (recorded on the row as ``failed``).
         """
         if not callable(handler):
@@ -252,6 +255,8 @@ class Attempt:
                 if self.options.pipeline_checkpoints:  # connects while the first chunk runs
                     self._writer = checkpoint_writer(self.store, session, job=self.job, slot=self.slot,
                                                      owner=self.owner, token=self._token, signal=self.signal)
+                if row.cancel_request:  # accepted, but the attempt it was meant for died first
+                    raise self._pending_cancel(session, row)
                 if row.request == Request.PAUSE:  # asked before this attempt started: pause before any work
                     raise Paused(Reason.PAUSED.value, f"pause requested by {row.requested_by or '?'}")
                 self._started = time.monotonic()
@@ -346,9 +351,29 @@ class Attempt:
                     self.options.effective_lease_wait, self.job, self.slot,
                 )
                 announced = True
-            pause = min(max(self.options.lease / 10.0, 0.05), 1.0, max(0.0, deadline - time.monotonic()))
-            if self.signal.wait(pause):
-                self.signal.raise_if_cancelled()
+            # No lease keeper runs yet to ask the stop sources (a worker's drain): ask them here,
+            # at least once a second, so a shutdown does not wait out another holder's lease.
+            if not self.signal.cancelled and (stop := stop_requested()):
+                self.signal.cancel(*stop)
+            pause = min(max(self.options.lease / 10.0, 0.05), STOP_POLL, max(0.0, deadline - time.monotonic()))
+            if self.signal.cancelled or self.signal.wait(pause):
+                self._stop_waiting(holder)
+
+    def _stop_waiting(self, holder: Checkpoint | None) -> None:
+        """The signal fired while this attempt waited for another holder's lease: stop waiting.
+        Nothing is written (the row is the holder's); the reason goes to the log.
+
+        Raises:
+            Cancelled: with the signal's reason (``shutdown`` for a drain, ``timeout``, ``user``).
+        """
+        reason, message = self._resolve(self.signal.reason, self.signal.message)
+        self.signal.classify(reason, message)
+        self.log.warning(
+            "stopped waiting for this slot's lease (held by %s): cancelled (%s): %s; nothing was written, "
+            "the row stays as its holder keeps it, and a retry waits again [job=%s slot=%s attempt=%s]",
+            holder.lease_owner if holder else "?", reason, message, self.job, self.slot, self.attempt,
+        )
+        self.signal.raise_if_cancelled()
 
     def _overlap(self, session: StoreSession, row: Checkpoint, created: bool) -> None:
         policy = self.options.overlap
@@ -367,7 +392,8 @@ class Attempt:
                 if other.status == Status.PAUSED:  # nothing runs it: cancel it at once, its waiting task ends
                     session.request(self.job, other.slot, "cancel_now", by=f"a newer run (slot {self.slot})",
                                     outcome=AttemptEnd.CANCEL_REQUESTED,
-                                    params=(Reason.SUPERSEDED.value, "superseded by a newer run"))
+                                    params=(Reason.SUPERSEDED.value, Reason.SUPERSEDED.value,
+                                            "superseded by a newer run"))
                 else:
                     session.request_cancel(self.job, other.slot, Reason.SUPERSEDED.value)
             self.log.warning(
@@ -428,6 +454,22 @@ class Attempt:
         self._last_row = dataclasses.replace(row, lease_owner=None, lease_expires_at=None)
         self.reporter.on_finish(self._last_row)
         return Outcome(result=result, checkpoint=self._last_row, resumed_from=None, already_done=True)
+
+    def _pending_cancel(self, session: StoreSession, row: Checkpoint) -> Cancelled:
+        """The cancel a person (or a newer run) asked for while an earlier attempt held the slot,
+        which that attempt never acted on (it was killed first, or its holder was already dead):
+        this attempt stops with it before any work, as the live holder would have at its next
+        chunk boundary. ``start()`` kept the request for exactly this."""
+        reason = row.cancel_request or Reason.REQUESTED.value
+        if reason == Reason.REQUESTED.value:  # the control API recorded who asked
+            asked = [r for r in session.history(self.job, self.slot) if r.outcome == AttemptEnd.CANCEL_REQUESTED]
+            what = f"cancelled by {(asked[-1].requested_by if asked else row.requested_by) or '?'}"
+        elif reason == Reason.SUPERSEDED.value:
+            what = "superseded by a newer run of the job"
+        else:
+            what = f"cancelled ({reason})"
+        return Cancelled(reason, f"{what} while an earlier attempt held the slot, which ended before it saw the "
+                         "request: this attempt stopped before any work")
 
     def _unstarted(self, end: AttemptEnd, row: Checkpoint, **fields: Any) -> AttemptRecord:
         """The history record of an attempt that ended without running the handler: the row stays

@@ -32,7 +32,7 @@ from airflow_resumable.core.skips import shown
 from airflow_resumable.core.stores import Store
 from airflow_resumable.hooks.resumable import DEFAULT_CONN_ID, ResumableHook
 from airflow_resumable.metrics import Metrics
-from airflow_resumable.operators.outcome import ResumableStopped, to_airflow
+from airflow_resumable.operators.outcome import CombinedRetryPolicy, ResumableStopped, to_airflow
 from airflow_resumable.triggers.resume import SlotResumeTrigger
 from airflow_resumable.version_compat import (
     AirflowException,
@@ -470,7 +470,7 @@ class ResumableOperator(BaseOperator):
         try:
             self._check_calls(context, job, slot)
         except ConfigurationError as exc:
-            raise (to_airflow(exc, job=job, slot=slot) or exc) from exc
+            raise (self._to_airflow(exc, context, job, slot) or exc) from exc
         paused: Paused | None = None
         outcome: Outcome | None = None
         options = Options(
@@ -519,7 +519,7 @@ class ResumableOperator(BaseOperator):
         except BaseException as exc:
             if _lease_lost(exc):
                 Metrics(dag_id=ti.dag_id, task_id=ti.task_id).lease_lost()
-            mapped = to_airflow(exc, job=job, slot=slot)
+            mapped = self._to_airflow(exc, context, job, slot)
             if mapped is None:
                 raise
             raise mapped from exc
@@ -532,6 +532,18 @@ class ResumableOperator(BaseOperator):
         if outcome.result is not None:
             return outcome.result
         return self._summary(outcome, store, job, slot)
+
+    def _to_airflow(self, exc: BaseException, context: Context, job: str, slot: str) -> BaseException | None:
+        """The Airflow exception for ``exc`` (None: raise it unchanged), combining the outcome
+        table with the task's ``retry_policy`` (see :mod:`airflow_resumable.operators.outcome`)."""
+        policy = self.retry_policy
+        if policy is not None and not isinstance(policy, CombinedRetryPolicy):
+            # Airflow asks the task's policy once execute() raised: it must see the decision taken
+            # here, not judge our Airflow exception afresh.
+            self.retry_policy = policy = CombinedRetryPolicy(policy)
+        ti = context["ti"]
+        return to_airflow(exc, job=job, slot=slot, policy=None if policy is None else policy.policy,
+                          try_number=ti.try_number, max_tries=getattr(ti, "max_tries", 0) or 0, context=context)
 
     def _summary(self, outcome: Outcome, store: Store, job: str, slot: str) -> dict[str, Any]:
         """The task's return value when the handler returns None: the row's figures."""

@@ -190,10 +190,14 @@ def _requests(d: Dialect) -> dict[str, tuple[str, str]]:
         "resume": ("request = 'resume'",
                    "(status = 'paused' AND (request IS NULL OR request = 'resume')) OR request = 'pause'"),
         # A live holder is asked to stop at its next chunk boundary; a slot nobody runs (paused, or
-        # a dead holder's) is cancelled at once, and a dead holder is fenced out.
+        # a dead holder's) is cancelled at once, and a dead holder is fenced out. A dead holder's
+        # task is still to be retried by Airflow: the request stays pending (cancel_request) for
+        # that next attempt, which ends cancelled without running (see Attempt.run). A paused
+        # slot's waiting task reads the new status itself.
         "cancel": ("cancel_request = 'requested'", f"status = 'running' AND {live}"),
-        "cancel_now": (f"status = 'cancelled', cancel_reason = %s, last_error = %s, request = NULL, "
-                       f"resume_at = NULL, cancel_request = NULL, {fence}, updated_at = {now}",
+        "cancel_now": (f"cancel_request = CASE WHEN status = 'running' THEN %s END, status = 'cancelled', "
+                       f"cancel_reason = %s, last_error = %s, request = NULL, "
+                       f"resume_at = NULL, {fence}, updated_at = {now}",
                        f"status = 'paused' OR (status = 'running' AND NOT {live})"),
         "restart": ("request = 'restart'",
                     f"status IN ('done', 'failed', 'cancelled', 'paused') AND NOT {live} "
@@ -757,7 +761,12 @@ class StoreSession:
                 self.execute(f"DELETE FROM {SKIPPED} WHERE job = %s AND slot = %s AND status = 'skipped'", (job, slot))
             cur = self.execute(
                 f"UPDATE {TABLE} SET {sets}, status = 'running', attempt = %s, cancel_reason = NULL, "
-                f"cancel_request = NULL, finished_at = NULL, confirmed_at = NULL, updated_at = {now}, resume_at = NULL, "
+                # A cancel accepted while an earlier attempt held the slot (running), or while its
+                # holder was dead (cancelled at once), stays for the runner to honour before the
+                # first chunk: that holder died before it saw it. A paused slot's cancel request
+                # was delivered by its waiting task already. (SET reads the row as it was.)
+                "cancel_request = CASE WHEN status IN ('running', 'cancelled') THEN cancel_request END, "
+                f"finished_at = NULL, confirmed_at = NULL, updated_at = {now}, resume_at = NULL, "
                 # A pending pause stays, for the runner to honour before the first chunk; a resume
                 # or restart request is consumed by this start.
                 "request = CASE WHEN request = 'pause' THEN request END, "
