@@ -117,6 +117,61 @@ def test_equal_keys_the_database_did_not_put_side_by_side_are_refused(tmp_path: 
     assert seen == []
 
 
+def case_insensitive_table(source: Source, values: list[str]) -> None:
+    """``names(id, name)``: ``name`` in a collation that calls 'a' and 'A' equal (SQLite's NOCASE; on
+    PostgreSQL a nondeterministic ICU collation), indexed, with no unique constraint."""
+    if source.kind == "sqlite":
+        source.run("CREATE TABLE names (id INTEGER NOT NULL, name TEXT COLLATE NOCASE NOT NULL)")
+    else:
+        source.run("CREATE COLLATION ci (provider = icu, locale = 'und-u-ks-level2', deterministic = false)")
+        source.run("CREATE TABLE names (id INTEGER NOT NULL, name TEXT COLLATE ci NOT NULL)")
+    source.run("CREATE INDEX names_k ON names (name)")
+    source.run("INSERT INTO names (id, name) VALUES (%s, %s)", list(enumerate(values)))
+
+
+#: 40 distinct strings, in pairs that a case-insensitive collation calls equal: a/A, b/B, ...
+TWINS = [c for letter in "abcdefghijklmnopqrst" for c in (letter, letter.upper())]
+
+
+def test_keys_the_database_calls_equal_are_refused_instead_of_skipping_one_at_each_page_boundary(
+    store: Store, source: Source
+) -> None:
+    # Given 40 names Python calls distinct and the database's collation calls equal in pairs, read
+    # 5 at a time, so the first page ends between two names the database calls equal: the next
+    # page's "name > 'c'" would skip 'C' (and one row at every boundary after it)
+    case_insensitive_table(source, TWINS)
+    reader = KeysetReader(connect=source.connect, table="names", columns=("name", "id"), key="name")
+    seen: list[str] = []
+    # When the reader pages through them
+    with pytest.raises(ConfigurationError) as err:
+        attempt(store, 1).run(chunk_loop(reader, collect(seen), chunk_size=5))
+    # Then it refuses on the next page, naming the job, the slot, the two keys and the fix
+    text = str(err.value)
+    first_page = seen[:]
+    assert len(first_page) == 5 and len(set(first_page)) == 5
+    boundary = _load(store, SLOT).position
+    assert boundary == first_page[-1] and boundary.lower() == "c"
+    twin = boundary.swapcase()
+    assert "not unique for the database" in text and f"name={boundary!r}" in text and f"name={twin!r}" in text
+    assert f"job='{JOB}'" in text and f"slot='{SLOT}'" in text
+    assert 'COLLATE "C"' in text and "COLLATE BINARY" in text and "restart=True" in text
+    # and the slot is not done: nothing after the boundary was processed, no row was skipped
+    assert _load(store, SLOT).status != "done"
+
+
+def test_a_case_insensitive_key_with_no_two_keys_equal_for_the_database_is_paged_to_the_end(
+    store: Store, source: Source
+) -> None:
+    # Given names that differ under the collation too (one of each letter, in either case)
+    names = [c if i % 2 else c.upper() for i, c in enumerate("abcdefghijklmnopqrstuvwxyz")]
+    case_insensitive_table(source, names)
+    reader = KeysetReader(connect=source.connect, table="names", columns=("name", "id"), key="name")
+    seen: list[str] = []
+    outcome = attempt(store, 1).run(chunk_loop(reader, collect(seen), chunk_size=4))
+    # Then every name is read once, in the collation's order
+    assert seen == sorted(names, key=str.lower) and outcome.checkpoint.status == "done"
+
+
 def test_duplicates_inside_a_page_are_refused_too(store: Store, source: Source) -> None:
     events_table(source, TIES)
     reader = KeysetReader(connect=source.connect, table="events", key="updated_at")
@@ -149,6 +204,124 @@ def test_null_keys_and_positions_of_another_key_are_refused_naming_the_job_and_s
     with pytest.raises(ConfigurationError, match="the position 7 is not a key of 2 values") as err:
         attempt(store, 2, "other").run(chunk_loop(reader, collect([]), chunk_size=5, start=7))
     assert "slot='other'" in str(err.value)
+
+
+#: Where NULL keys sit among 53 rows ``(id, a, b)``, read 7 at a time: the key, and the rows. The
+#: composite cases put a NULL ``b`` in the group of a page's last row, after it: PostgreSQL sorts it
+#: at the end of its group, where "(a, b) > (x, y)" of the next page is not true (nor false) for it.
+NULL_PLACES = {
+    "single key, NULLs first on SQLite and after the last key on PostgreSQL": (
+        "a", [(i, None if i in (7, 30, 52) else i, 0) for i in range(1, 54)]),
+    "composite, NULL first column": (("a", "b"), [(i, None if i == 30 else i // 5, i) for i in range(1, 54)]),
+    "composite, NULL second column after the first page": (
+        ("a", "b"), [(i, i // 5, None if i == 9 else i) for i in range(1, 54)]),
+    "composite, NULL second column mid-run": (("a", "b"), [(i, i // 5, None if i == 20 else i) for i in range(1, 54)]),
+    "composite, NULL second column on the last page": (
+        ("a", "b"), [(i, i // 26, None if i == 51 else i) for i in range(1, 54)]),
+    "composite, NULLs in both columns": (
+        ("a", "b"), [(i, None if i == 40 else i // 5, None if i in (20, 53) else i) for i in range(1, 54)]),
+}
+
+
+def nulls_table(source: Source, rows: list[tuple[Any, ...]]) -> None:
+    source.run("CREATE TABLE n (id INTEGER NOT NULL, a INTEGER, b INTEGER)")
+    source.run("CREATE INDEX n_k ON n (a, b)")
+    source.run("INSERT INTO n (id, a, b) VALUES (%s, %s, %s)", rows)
+
+
+@pytest.mark.parametrize("place", list(NULL_PLACES))
+def test_null_keys_are_refused_on_both_stores_wherever_the_database_sorts_them(
+    store: Store, source: Source, place: str
+) -> None:
+    # Given rows with NULL keys: SQLite sorts NULLs first, PostgreSQL last, and "(a, b) > (x, y)"
+    # is never true for them, so a page that starts after them (or in their group) never sees them
+    key, rows = NULL_PLACES[place]
+    nulls_table(source, rows)
+    keys = (key,) if isinstance(key, str) else key
+    reader = KeysetReader(connect=source.connect, table="n", columns=("id", "a", "b"), key=key)
+    seen: list[int] = []
+    # When the reader pages through them, 7 at a time
+    with pytest.raises(ConfigurationError) as err:
+        attempt(store, 1).run(chunk_loop(reader, collect(seen), chunk_size=7))
+    # Then it refuses, naming the job, the slot and the fix, before the run is done
+    text = str(err.value)
+    assert "a row has a NULL key" in text and f"slot='{SLOT}'" in text and "IS NOT NULL" in text
+    assert _load(store, SLOT).status != "done"
+    # and what was processed before is the start of the non-NULL rows in key order: nothing skipped
+    ordered = [i for i, *k in sorted((r for r in rows if None not in r[1:1 + len(keys)]),
+                                     key=lambda r: (r[1], r[2])[:len(keys)] + (r[0],))]
+    assert seen == ordered[:len(seen)]
+
+
+def test_a_null_key_that_arrives_between_attempts_is_refused_on_resume(store: Store, source: Source) -> None:
+    # Given attempt 1 read two pages of 7 and died
+    nulls_table(source, [(i, i, 0) for i in range(1, 30)])
+    reader = KeysetReader(connect=source.connect, table="n", columns=("id", "a", "b"), key="a")
+    seen: list[int] = []
+    with pytest.raises(Crash):
+        attempt(store, 1).run(chunk_loop(reader, collect(seen, crash_before_chunk=3), chunk_size=7))
+    # and a row with a NULL key arrived meanwhile (no position is before or after it: no page reads it)
+    source.run("INSERT INTO n (id, a, b) VALUES (%s, %s, %s)", [(99, None, 0)])
+    # When attempt 2 resumes, it refuses instead of finishing without that row
+    with pytest.raises(ConfigurationError, match="a row has a NULL key"):
+        attempt(store, 2).run(chunk_loop(reader, collect(seen), chunk_size=7))
+    assert seen == list(range(1, 15)) and _load(store, SLOT).status != "done"
+
+
+def test_a_placeholder_without_params_is_a_named_error_on_the_first_page_and_not_retried(
+    store: Store, source: Source
+) -> None:
+    from airflow_resumable.operators.outcome import to_airflow
+    from airflow_resumable.version_compat import AirflowFailException
+
+    # Given a where= with a placeholder and no params= (the driver would bind the reader's own values to it)
+    events_table(source, TIES)
+    reader = KeysetReader(connect=source.connect, table="events", key=("updated_at", "id"),
+                          where=f"id > {source.marker}")
+    seen: list[int] = []
+    # When the first page is read: a configuration error naming the job, the slot and the fix
+    with pytest.raises(ConfigurationError) as err:
+        attempt(store, 1).run(chunk_loop(reader, collect(seen), chunk_size=7))
+    text = str(err.value)
+    assert "where= and query= have 1 placeholder" in text and "params= gives 0 values" in text
+    assert f"slot='{SLOT}'" in text and seen == []
+    # which Airflow does not retry
+    assert isinstance(to_airflow(err.value, job=JOB, slot=SLOT), AirflowFailException)
+
+
+def test_a_percent_sign_that_is_not_a_placeholder_is_named_with_the_fix_where_the_driver_formats_with_percent(
+    store: Store, source: Source
+) -> None:
+    # Given a where= with a literal '%' (a LIKE pattern)
+    events_table(source, TIES)
+    reader = KeysetReader(connect=source.connect, table="events", key="id", where="note LIKE 'n1%'")
+    seen: list[int] = []
+    if source.kind == "sqlite":  # sqlite3 takes ? placeholders: a '%' is just a character
+        attempt(store, 1).run(chunk_loop(reader, collect(seen), chunk_size=7))
+        assert seen == [1, *range(10, 20)]
+        return
+    # psycopg2 formats the whole text with %: it must be doubled
+    with pytest.raises(ConfigurationError) as err:
+        attempt(store, 1).run(chunk_loop(reader, collect(seen), chunk_size=7))
+    assert "a '%' that is not a placeholder" in str(err.value) and "'n1%%'" in str(err.value)
+    assert f"slot='{SLOT}'" in str(err.value) and seen == []
+    # and with the fix, it reads the rows
+    fixed = KeysetReader(connect=source.connect, table="events", key="id", where="note LIKE 'n1%%'")
+    attempt(store, 2, "fixed").run(chunk_loop(fixed, collect(seen), chunk_size=7))
+    assert seen == [1, *range(10, 20)]
+
+
+def test_placeholders_are_checked_when_the_reader_is_built_if_the_paramstyle_is_given() -> None:
+    with pytest.raises(ConfigurationError) as err:
+        KeysetReader(connect=lambda: None, table="t", key="id", where="a = %s AND b LIKE 'x%'", params=(1, 2),
+                     paramstyle="format")
+    text = str(err.value)
+    assert "a '%' that is not a placeholder" in text and "1 placeholder" in text and "params= gives 2 values" in text
+    with pytest.raises(ConfigurationError, match="%s is not this driver's placeholder"):
+        KeysetReader(connect=lambda: None, table="t", key="id", where="a = %s", params=(1,), paramstyle="qmark")
+    # a '?' in quotes is text, not a placeholder
+    KeysetReader(connect=lambda: None, table="t", key="id", where="a = ? AND b <> 'why?'", params=(1,),
+                 paramstyle="qmark")
 
 
 def test_bad_reader_arguments_are_all_reported_at_once() -> None:

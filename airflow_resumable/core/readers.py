@@ -39,7 +39,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 from airflow_resumable.core.checkpoint import short
-from airflow_resumable.core.errors import ConfigurationError
+from airflow_resumable.core.errors import ConfigurationError, ResumableError
 
 if TYPE_CHECKING:
     from airflow_resumable.core.context import RunContext
@@ -148,11 +148,52 @@ class Reader(abc.ABC):
 
 # -- SQL keyset ---------------------------------------------------------------------------------
 
+#: How often a page whose guard failed is read again when the failure is gone by the time it is asked
+#: about (the source changed in between).
+_GUARD_TRIES = 3
+
+#: A SQL condition and the values of its placeholders.
+_Condition = tuple[str, Sequence[Any]]
+
 #: A column or table name, optionally qualified (``schema.table``); no quoting, no expressions.
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_$]*(\.[A-Za-z_][A-Za-z0-9_$]*)*$")
 
 #: DB-API paramstyles and the marker of each that readers can write.
 _MARKERS = {"format": "%s", "pyformat": "%s", "qmark": "?"}
+
+#: A ``%`` and the character after it: a format driver reads ``%s`` as a value, ``%%`` as a ``%``.
+_PERCENT = re.compile(r"%(.?)", re.S)
+
+#: Quoted text and names, and comments: where a qmark driver's database does not look for ``?``.
+_QUOTED = re.compile(r"'(?:[^']|'')*'|\"(?:[^\"]|\"\")*\"|`[^`]*`|\[[^\]]*\]|--[^\n]*|/\*.*?\*/", re.S)
+
+
+def placeholders(text: str, marker: str) -> tuple[int, list[str]]:
+    """How many values ``text`` takes with the driver's ``marker`` (``%s`` or ``?``), and its problems.
+
+    A ``%s`` driver (psycopg2, MySQL's) formats the whole text with ``%``, quoted text included, as
+    soon as there are parameters (and a reader always has some: the position, the page size), so
+    every ``%`` must be ``%s`` or ``%%``. A ``?`` driver (sqlite3) binds each ``?`` outside quotes
+    and comments. Positional placeholders only: the reader adds its own values after the user's.
+    """
+    problems: list[str] = []
+    if marker == "%s":
+        found = [m.group(1) for m in _PERCENT.finditer(text)]
+        if "(" in found:
+            problems.append(f"a named placeholder %(...)s in {short(text, 60)}: readers take %s placeholders, their "
+                            "values in params= in order")
+        elif any(c not in ("s", "%") for c in found):
+            doubled = _PERCENT.sub(lambda m: m.group() if m.group(1) in ("s", "%") else "%%" + m.group(1), text)
+            problems.append(f"a '%' that is not a placeholder in {short(text, 60)}: this driver reads every '%' as the "
+                            f"start of one; write %% for a literal % ({short(doubled, 60)})")
+        return found.count("s"), problems
+    bare = _QUOTED.sub(" ", text)
+    if re.search(r"\?\d|[:@$][A-Za-z_]", bare):
+        problems.append(f"a numbered or named placeholder in {short(text, 60)}: readers take ? placeholders, their "
+                        "values in params= in order")
+    if "%s" in bare:
+        problems.append(f"%s is not this driver's placeholder (in {short(text, 60)}): write ?")
+    return bare.count("?"), problems
 
 
 def json_key(value: Any) -> Any:
@@ -191,7 +232,15 @@ class KeysetReader(Reader):
     scan reading ``n`` rows wherever the position is. The key must be **unique**: a run of equal
     keys across a page boundary would be skipped. Make it unique by adding a unique column
     (``key=("updated_at", "id")``); the reader checks every page (and the row after it) and fails
-    on duplicates instead of skipping rows. Key values must not be NULL.
+    on duplicates instead of skipping rows. Unique **for the database**: it decides the page
+    boundary, so it also decides equality. A text key in a collation that calls ``'a'`` and ``'A'``
+    equal (SQLite's ``NOCASE``, a nondeterministic ICU collation, most of MySQL's) is refused when
+    a page ends on a key the database calls equal to another row's. Key values must not be NULL: a
+    NULL is neither before nor after a position, and the databases sort it at different ends.
+
+    Each page asks the database, in the page's own statement, whether the previous page's last key
+    has a twin and whether a NULL key sits where this page's ``>`` cannot see it (index look-ups,
+    evaluated once per page); if so the page comes back empty and one more query names the rows.
 
     Args:
         connect: opens a DB-API connection (kept for the attempt, closed when the loop ends).
@@ -210,7 +259,9 @@ class KeysetReader(Reader):
         name: names the source in errors (default the table, or "query").
 
     Raises:
-        ConfigurationError: bad arguments, all of them named at once.
+        ConfigurationError: bad arguments, all of them named at once; the placeholders of
+            ``query``/``where`` that do not match ``params`` or the driver (checked here when
+            ``paramstyle`` is given, else before the first page is read).
     """
 
     def __init__(
@@ -247,6 +298,8 @@ class KeysetReader(Reader):
             problems.append("columns= applies to table=; select the columns in the query instead")
         if paramstyle is not None and paramstyle not in _MARKERS:
             problems.append(f"paramstyle must be one of {', '.join(_MARKERS)}, got {paramstyle!r}")
+        elif paramstyle is not None and not problems:
+            problems += self._placeholder_problems(_MARKERS[paramstyle], query, where, cols, len(params))
         if problems:
             raise ConfigurationError("keyset reader: " + "; ".join(problems), hint="Fix the reader's arguments")
         self.connect = connect
@@ -258,25 +311,94 @@ class KeysetReader(Reader):
         self.name = name or table or "query"
         self._conn: Any = None
         self._key_index: tuple[int, ...] | None = None
+        self._checked_marker: str | None = _MARKERS[paramstyle] if paramstyle else None
 
     # -- SQL --------------------------------------------------------------------------------------
 
-    def statement(self, after: Any, limit: int, *, marker: str = "%s") -> tuple[str, tuple[Any, ...]]:
-        """The SQL of one page and its parameters (``marker``: the driver's placeholder)."""
-        source = (f"SELECT {self.columns} FROM {self.table}" if self.table is not None
-                  else f"SELECT * FROM ({self.query}) AS keyset_source")
-        conditions = [f"({self.where})"] if self.where else []
-        args: list[Any] = list(self.params)
-        if after is not None:
-            values = self._after_values(after)
-            if len(self.keys) == 1:
-                conditions.append(f"{self.keys[0]} > {marker}")
-            else:  # a row value: compared column by column, as the index is ordered
-                conditions.append(f"({', '.join(self.keys)}) > ({', '.join([marker] * len(self.keys))})")
-            args += values
-        where = f" WHERE {' AND '.join(conditions)}" if conditions else ""
-        sql = f"{source}{where} ORDER BY {', '.join(self.keys)} LIMIT {marker}"
-        return sql, (*args, int(limit))
+    @staticmethod
+    def _placeholder_problems(marker: str, query: str | None, where: str | None, columns: str,
+                              given: int) -> list[str]:
+        """What is wrong with the placeholders of the user's SQL text for ``marker``, for ``given`` params."""
+        texts = [t for t in (query, where, columns) if t]
+        counted = [placeholders(t, marker) for t in texts]
+        problems = [p for _, found in counted for p in found]
+        wanted = sum(n for n, _ in counted)
+        if wanted != given:
+            problems.append(f"where= and query= have {wanted} placeholder{'s' if wanted != 1 else ''} ({marker}) "
+                            f"but params= gives {given} value{'s' if given != 1 else ''}: give one value per "
+                            "placeholder, in order")
+        return problems
+
+    def _source(self, what: str | None = None) -> str:
+        """The rows to page, selecting ``what`` (default: the columns to return)."""
+        if self.table is not None:
+            return f"SELECT {what or self.columns} FROM {self.table}"
+        return f"SELECT {what or '*'} FROM ({self.query}) AS keyset_source"
+
+    def _rows(self, conditions: Sequence[_Condition], what: str | None = None
+              ) -> tuple[str, list[Any]]:
+        """The source's rows that pass ``where`` and ``conditions`` (each a SQL text and its values)."""
+        texts = ([f"({self.where})"] if self.where else []) + [c for c, _ in conditions]
+        sql = self._source(what) + (f" WHERE {' AND '.join(texts)}" if texts else "")
+        return sql, [*self.params, *(v for _, values in conditions for v in values)]
+
+    def _after(self, values: Sequence[Any], marker: str) -> _Condition:
+        """Rows after the position: a row value for a composite key, compared as the index is ordered."""
+        if len(self.keys) == 1:
+            return f"{self.keys[0]} > {marker}", values
+        return f"({', '.join(self.keys)}) > ({', '.join([marker] * len(self.keys))})", values
+
+    def _equal(self, values: Sequence[Any], marker: str) -> _Condition:
+        """Rows whose key the database calls equal to the position (its collation decides, not Python)."""
+        return " AND ".join(f"{k} = {marker}" for k in self.keys), values
+
+    def _unseen_nulls(self, values: Sequence[Any] | None, marker: str) -> list[_Condition]:
+        """The NULL keys no page after the position can see, one index look-up each.
+
+        ``(a, b) > (x, y)`` is neither true nor false for a NULL ``a``, nor for ``(x, NULL)``: such
+        rows are never on a page after a position in their group. PostgreSQL sorts NULLs last, so
+        that is where they are; SQLite sorts them first, behind the position once the first page
+        is read. So each page looks for ``a IS NULL``, and for ``a = x AND b IS NULL`` (and so on,
+        column by column, for longer keys), which an index on the key answers at once.
+        """
+        probes: list[_Condition] = [(f"{self.keys[0]} IS NULL", ())]
+        for i in range(1, len(self.keys) if values is not None else 0):
+            prefix = " AND ".join(f"{k} = {marker}" for k in self.keys[:i])
+            probes.append((f"{prefix} AND {self.keys[i]} IS NULL", values[:i]))  # type: ignore[index]
+        return probes
+
+    def _guard(self, values: Sequence[Any] | None, marker: str) -> list[_Condition]:
+        """The conditions under which a page is safe to read: no twin of the position's key, no
+        NULL key out of the page's sight.
+
+        Each is a subquery that names no column of the page's rows, so the database runs it once
+        per page (PostgreSQL: a one-time filter above the index scan; SQLite: a cached result,
+        tested again on each row for a few instructions), and a page whose guard fails comes back
+        empty (see :meth:`_diagnose`). Not in ``LIMIT CASE WHEN ... END``, which SQLite would test
+        once only: PostgreSQL plans a ``LIMIT`` it cannot read for a tenth of the table, which can
+        turn a page into a sort."""
+        guard: list[_Condition] = []
+        if values is not None:
+            sql, args = self._rows([self._equal(values, marker)], what="1")
+            guard.append((f"(SELECT count(*) FROM ({sql} LIMIT 2) AS keyset_equal) < 2", args))
+        for probe in self._unseen_nulls(values, marker):
+            sql, args = self._rows([probe], what="1")
+            guard.append((f"NOT EXISTS ({sql})", args))
+        return guard
+
+    def statement(self, after: Any, limit: int, *, marker: str = "%s", guarded: bool = True
+                  ) -> tuple[str, tuple[Any, ...]]:
+        """The SQL of one page and its parameters (``marker``: the driver's placeholder).
+
+        ``guarded`` (the default, what :meth:`read` runs): the page is empty unless its guard holds
+        (see :meth:`_guard`).
+        """
+        values = None if after is None else self._after_values(after)
+        conditions = [] if values is None else [self._after(values, marker)]
+        if guarded:
+            conditions += self._guard(values, marker)
+        sql, args = self._rows(conditions)
+        return f"{sql} ORDER BY {', '.join(self.keys)} LIMIT {marker}", (*args, int(limit))
 
     def _after_values(self, after: Any, ctx: RunContext | None = None) -> list[Any]:
         if len(self.keys) == 1:
@@ -296,7 +418,7 @@ class KeysetReader(Reader):
         """How many rows come after ``after`` (all of them for None): a ``total=`` for progress."""
         self._bind(ctx)
         conn = self._connection()
-        sql, args = self.statement(after, 0, marker=self._marker(conn))
+        sql, args = self.statement(after, 0, marker=self._marker(conn), guarded=False)
         sql = sql[: sql.rindex(" ORDER BY ")]
         cur = conn.cursor()
         try:
@@ -323,6 +445,16 @@ class KeysetReader(Reader):
                 f"{self.name}: the driver's paramstyle {style!r} is not one a reader writes",
                 hint=f"Use a driver with one of {', '.join(_MARKERS)}, or pass paramstyle=",
             )
+        if self._checked_marker != marker:  # once: before the first statement of this driver
+            problems = self._placeholder_problems(marker, self.query, self.where, self.columns, len(self.params))
+            if problems:
+                ctx = self._ctx
+                raise ConfigurationError(
+                    f"{self.name}: " + "; ".join(problems), job=getattr(ctx, "job", None),
+                    slot=getattr(ctx, "slot", None),
+                    hint=f"Fix where=/query=/params= (this driver's placeholder is {marker}); nothing was read",
+                )
+            self._checked_marker = marker
         return marker
 
     def _end_read(self, cur: Any) -> None:
@@ -340,13 +472,17 @@ class KeysetReader(Reader):
         marker = self._marker(conn)
         # The driver's own marker: the user's where=/query= text is passed through untouched.
         sql, args = self.statement(after, limit + 1, marker=marker)  # one row more: the boundary check
-        cur = conn.cursor()
-        try:
-            cur.execute(sql, args)
-            rows = cur.fetchall()
-            names = [d[0] for d in cur.description or ()]
-        finally:
-            self._end_read(cur)
+        for _ in range(_GUARD_TRIES):
+            rows, names = self._fetch(sql, args)
+            # An empty page is the end, or its guard failed: ask which (once a run, at its end)
+            if rows or not self._diagnose(ctx, after, marker):
+                break
+        else:
+            raise ResumableError(
+                f"{self.name}: the page after position {short(after)} came back empty {_GUARD_TRIES} times while "
+                "rows after it exist: the source keeps changing its NULL keys or the rows equal to the position",
+                job=ctx.job, slot=ctx.slot, hint="A retry reads the page again",
+            )
         index = self._index(ctx, names)
         single = len(index) == 1
         # At C speed: each row's key (a value, or a tuple of values for a composite key).
@@ -361,6 +497,48 @@ class KeysetReader(Reader):
             raise self._error(ctx, str(exc), "Page on columns whose values are numbers, text, timestamps, dates, "
                               "decimals or UUIDs") from None
         return batch
+
+    def _fetch(self, sql: str, args: Sequence[Any]) -> tuple[list[Any], list[str]]:
+        """One statement's rows and column names, the read's transaction ended."""
+        cur = self._conn.cursor()
+        try:
+            cur.execute(sql, args)
+            return cur.fetchall(), [d[0] for d in cur.description or ()]
+        finally:
+            self._end_read(cur)
+
+    def _diagnose(self, ctx: RunContext, after: Any, marker: str) -> bool:
+        """Why a guarded page came back empty: one query for a NULL key out of sight, the rows the
+        database calls equal to the position, and whether any row comes after it.
+
+        Returns:
+            Whether rows come after the position (then the guard failed only for a moment: the
+            source changed between the page's subqueries and this query; read the page again).
+
+        Raises:
+            ConfigurationError: a NULL key, or a key the database calls equal to the position's.
+        """
+        values = None if after is None else self._after_values(after, ctx)
+        probes = self._unseen_nulls(values, marker)
+        nulls: _Condition = (" OR ".join(f"({c})" for c, _ in probes), [v for _, vs in probes for v in vs])
+        checks: list[tuple[str, list[_Condition], int]] = [("null", [nulls], 1)]
+        if values is not None:
+            checks += [("equal", [self._equal(values, marker)], 2), ("after", [self._after(values, marker)], 1)]
+        else:
+            checks.append(("after", [], 1))
+        parts, args = [], []
+        for i, (tag, conditions, n) in enumerate(checks):
+            sql, part_args = self._rows(conditions, what=", ".join(self.keys))
+            parts.append(f"SELECT '{tag}' AS keyset_check, d{i}.* FROM ({sql} LIMIT {n}) AS d{i}")
+            args += part_args
+        found: dict[str, list[tuple[Any, ...]]] = {}
+        for tag, *key in self._fetch(" UNION ALL ".join(parts), args)[0]:
+            found.setdefault(tag, []).append(tuple(key))
+        if "null" in found:
+            raise self._null_key(ctx, after, found["null"][0])
+        if len(found.get("equal", ())) > 1:
+            raise self._twins(ctx, after, *found["equal"])
+        return bool(found.get("after"))
 
     def _index(self, ctx: RunContext, names: list[str]) -> tuple[int, ...]:
         if self._key_index is None:
@@ -391,11 +569,7 @@ class KeysetReader(Reader):
         rows = [(k,) for k in keys] if single else keys
         for i, key in enumerate(rows):
             if any(v is None for v in key):
-                raise self._error(
-                    ctx, f"a row has a NULL key ({self._show(key)}) after position {short(after)}",
-                    "Rows with a NULL key cannot be paged: filter them out (where='... IS NOT NULL') or "
-                    "page on columns that are NOT NULL",
-                )
+                raise self._null_key(ctx, after, key)
             if i and key == rows[i - 1]:
                 at = "at the page boundary" if i == limit else f"within the page of {limit}"
                 raise self._not_unique(ctx, after, f"two rows have {self._show(key)} ({at}, after position "
@@ -414,6 +588,35 @@ class KeysetReader(Reader):
             "of this page was processed and the checkpoint did not move",
             "Add a unique column to the key, e.g. key=(" + ", ".join(repr(k) for k in self.keys)
             + ", 'id'), with an index on those columns; then Clear the task to resume",
+        )
+
+    def _null_key(self, ctx: RunContext, after: Any, key: tuple[Any, ...]) -> ConfigurationError:
+        return self._error(
+            ctx, f"a row has a NULL key ({self._show(key)}), reading "
+            + ("from the start" if after is None else f"after position {short(after)}")
+            + ": a NULL is neither before nor after any position, so no page would read that row. Nothing of this page was "
+            "processed and the checkpoint did not move",
+            "Rows with a NULL key cannot be paged: filter them out (where='"
+            + " AND ".join(f"{k} IS NOT NULL" for k in self.keys)
+            + "') or page on columns that are NOT NULL; then Clear the task to resume",
+        )
+
+    def _twins(self, ctx: RunContext, after: Any, first: tuple[Any, ...], second: tuple[Any, ...]
+               ) -> ConfigurationError:
+        if first == second:
+            return self._not_unique(ctx, after, f"two rows have {self._show(first)} (at position {short(after)})")
+        column = next(k for k, a, b in zip(self.keys, first, second, strict=True) if a != b).split(".")[-1]
+        return self._error(
+            ctx, f"the key ({', '.join(self.keys)}) is not unique for the database: it calls {self._show(first)} "
+            f"and {self._show(second)} equal (a collation that ignores case or accents, such as SQLite's NOCASE or "
+            "a nondeterministic ICU collation), and it decides where a page starts, so the page after position "
+            f"{short(after)} would skip the rows it calls equal to that key. The rows up to the position were "
+            "processed, none after it",
+            "Page on a key the database compares byte for byte: add a unique column to the key (key=("
+            + ", ".join(repr(k) for k in self.keys) + ", 'id')), or select the column in a binary collation with "
+            f"query= (PostgreSQL: {column} COLLATE \"C\" AS {column}_c; SQLite: {column} COLLATE BINARY AS "
+            f"{column}_c) and page on that, with an index on it. The checkpoint holds a position of this key: then start the slot over "
+            "on purpose (restart=True)",
         )
 
     def _show(self, key: tuple[Any, ...]) -> str:
