@@ -188,7 +188,7 @@ def placeholders(text: str, marker: str) -> tuple[int, list[str]]:
                             f"start of one; write %% for a literal % ({short(doubled, 60)})")
         return found.count("s"), problems
     bare = _QUOTED.sub(" ", text)
-    if re.search(r"\?\d|[:@$][A-Za-z_]", bare):
+    if re.search(r"\?\d|(?<![\w$])[:@$][A-Za-z_]", bare):
         problems.append(f"a numbered or named placeholder in {short(text, 60)}: readers take ? placeholders, their "
                         "values in params= in order")
     if "%s" in bare:
@@ -778,7 +778,7 @@ class FileReader(Reader):
             self._file = self.open()
             if not self._named and isinstance(getattr(self._file, "name", None), str):
                 self.name = self._file.name  # the path: what an error should name
-            if offset == 0:  # the attempt starts the file: check what can be checked before any record
+            if offset == 0 and self._file.seekable():  # the attempt starts the file: check it before any record
                 self._check_start(ctx)
         f = self._file
         self._held, self._end = None, False
