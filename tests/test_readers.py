@@ -117,6 +117,61 @@ def test_equal_keys_the_database_did_not_put_side_by_side_are_refused(tmp_path: 
     assert seen == []
 
 
+def case_insensitive_table(source: Source, values: list[str]) -> None:
+    """``names(id, name)``: ``name`` in a collation that calls 'a' and 'A' equal (SQLite's NOCASE; on
+    PostgreSQL a nondeterministic ICU collation), indexed, with no unique constraint."""
+    if source.kind == "sqlite":
+        source.run("CREATE TABLE names (id INTEGER NOT NULL, name TEXT COLLATE NOCASE NOT NULL)")
+    else:
+        source.run("CREATE COLLATION ci (provider = icu, locale = 'und-u-ks-level2', deterministic = false)")
+        source.run("CREATE TABLE names (id INTEGER NOT NULL, name TEXT COLLATE ci NOT NULL)")
+    source.run("CREATE INDEX names_k ON names (name)")
+    source.run("INSERT INTO names (id, name) VALUES (%s, %s)", list(enumerate(values)))
+
+
+#: 40 distinct strings, in pairs that a case-insensitive collation calls equal: a/A, b/B, ...
+TWINS = [c for letter in "abcdefghijklmnopqrst" for c in (letter, letter.upper())]
+
+
+def test_keys_the_database_calls_equal_are_refused_instead_of_skipping_one_at_each_page_boundary(
+    store: Store, source: Source
+) -> None:
+    # Given 40 names Python calls distinct and the database's collation calls equal in pairs, read
+    # 5 at a time, so the first page ends between two names the database calls equal: the next
+    # page's "name > 'c'" would skip 'C' (and one row at every boundary after it)
+    case_insensitive_table(source, TWINS)
+    reader = KeysetReader(connect=source.connect, table="names", columns=("name", "id"), key="name")
+    seen: list[str] = []
+    # When the reader pages through them
+    with pytest.raises(ConfigurationError) as err:
+        attempt(store, 1).run(chunk_loop(reader, collect(seen), chunk_size=5))
+    # Then it refuses on the next page, naming the job, the slot, the two keys and the fix
+    text = str(err.value)
+    first_page = seen[:]
+    assert len(first_page) == 5 and len(set(first_page)) == 5
+    boundary = _load(store, SLOT).position
+    assert boundary == first_page[-1] and boundary.lower() == "c"
+    twin = boundary.swapcase()
+    assert "not unique for the database" in text and f"name={boundary!r}" in text and f"name={twin!r}" in text
+    assert f"job='{JOB}'" in text and f"slot='{SLOT}'" in text
+    assert 'COLLATE "C"' in text and "COLLATE BINARY" in text and "restart=True" in text
+    # and the slot is not done: nothing after the boundary was processed, no row was skipped
+    assert _load(store, SLOT).status != "done"
+
+
+def test_a_case_insensitive_key_with_no_two_keys_equal_for_the_database_is_paged_to_the_end(
+    store: Store, source: Source
+) -> None:
+    # Given names that differ under the collation too (one of each letter, in either case)
+    names = [c if i % 2 else c.upper() for i, c in enumerate("abcdefghijklmnopqrstuvwxyz")]
+    case_insensitive_table(source, names)
+    reader = KeysetReader(connect=source.connect, table="names", columns=("name", "id"), key="name")
+    seen: list[str] = []
+    outcome = attempt(store, 1).run(chunk_loop(reader, collect(seen), chunk_size=4))
+    # Then every name is read once, in the collation's order
+    assert seen == sorted(names, key=str.lower) and outcome.checkpoint.status == "done"
+
+
 def test_duplicates_inside_a_page_are_refused_too(store: Store, source: Source) -> None:
     events_table(source, TIES)
     reader = KeysetReader(connect=source.connect, table="events", key="updated_at")
@@ -149,6 +204,124 @@ def test_null_keys_and_positions_of_another_key_are_refused_naming_the_job_and_s
     with pytest.raises(ConfigurationError, match="the position 7 is not a key of 2 values") as err:
         attempt(store, 2, "other").run(chunk_loop(reader, collect([]), chunk_size=5, start=7))
     assert "slot='other'" in str(err.value)
+
+
+#: Where NULL keys sit among 53 rows ``(id, a, b)``, read 7 at a time: the key, and the rows. The
+#: composite cases put a NULL ``b`` in the group of a page's last row, after it: PostgreSQL sorts it
+#: at the end of its group, where "(a, b) > (x, y)" of the next page is not true (nor false) for it.
+NULL_PLACES = {
+    "single key, NULLs first on SQLite and after the last key on PostgreSQL": (
+        "a", [(i, None if i in (7, 30, 52) else i, 0) for i in range(1, 54)]),
+    "composite, NULL first column": (("a", "b"), [(i, None if i == 30 else i // 5, i) for i in range(1, 54)]),
+    "composite, NULL second column after the first page": (
+        ("a", "b"), [(i, i // 5, None if i == 9 else i) for i in range(1, 54)]),
+    "composite, NULL second column mid-run": (("a", "b"), [(i, i // 5, None if i == 20 else i) for i in range(1, 54)]),
+    "composite, NULL second column on the last page": (
+        ("a", "b"), [(i, i // 26, None if i == 51 else i) for i in range(1, 54)]),
+    "composite, NULLs in both columns": (
+        ("a", "b"), [(i, None if i == 40 else i // 5, None if i in (20, 53) else i) for i in range(1, 54)]),
+}
+
+
+def nulls_table(source: Source, rows: list[tuple[Any, ...]]) -> None:
+    source.run("CREATE TABLE n (id INTEGER NOT NULL, a INTEGER, b INTEGER)")
+    source.run("CREATE INDEX n_k ON n (a, b)")
+    source.run("INSERT INTO n (id, a, b) VALUES (%s, %s, %s)", rows)
+
+
+@pytest.mark.parametrize("place", list(NULL_PLACES))
+def test_null_keys_are_refused_on_both_stores_wherever_the_database_sorts_them(
+    store: Store, source: Source, place: str
+) -> None:
+    # Given rows with NULL keys: SQLite sorts NULLs first, PostgreSQL last, and "(a, b) > (x, y)"
+    # is never true for them, so a page that starts after them (or in their group) never sees them
+    key, rows = NULL_PLACES[place]
+    nulls_table(source, rows)
+    keys = (key,) if isinstance(key, str) else key
+    reader = KeysetReader(connect=source.connect, table="n", columns=("id", "a", "b"), key=key)
+    seen: list[int] = []
+    # When the reader pages through them, 7 at a time
+    with pytest.raises(ConfigurationError) as err:
+        attempt(store, 1).run(chunk_loop(reader, collect(seen), chunk_size=7))
+    # Then it refuses, naming the job, the slot and the fix, before the run is done
+    text = str(err.value)
+    assert "a row has a NULL key" in text and f"slot='{SLOT}'" in text and "IS NOT NULL" in text
+    assert _load(store, SLOT).status != "done"
+    # and what was processed before is the start of the non-NULL rows in key order: nothing skipped
+    ordered = [i for i, *k in sorted((r for r in rows if None not in r[1:1 + len(keys)]),
+                                     key=lambda r: (r[1], r[2])[:len(keys)] + (r[0],))]
+    assert seen == ordered[:len(seen)]
+
+
+def test_a_null_key_that_arrives_between_attempts_is_refused_on_resume(store: Store, source: Source) -> None:
+    # Given attempt 1 read two pages of 7 and died
+    nulls_table(source, [(i, i, 0) for i in range(1, 30)])
+    reader = KeysetReader(connect=source.connect, table="n", columns=("id", "a", "b"), key="a")
+    seen: list[int] = []
+    with pytest.raises(Crash):
+        attempt(store, 1).run(chunk_loop(reader, collect(seen, crash_before_chunk=3), chunk_size=7))
+    # and a row with a NULL key arrived meanwhile (no position is before or after it: no page reads it)
+    source.run("INSERT INTO n (id, a, b) VALUES (%s, %s, %s)", [(99, None, 0)])
+    # When attempt 2 resumes, it refuses instead of finishing without that row
+    with pytest.raises(ConfigurationError, match="a row has a NULL key"):
+        attempt(store, 2).run(chunk_loop(reader, collect(seen), chunk_size=7))
+    assert seen == list(range(1, 15)) and _load(store, SLOT).status != "done"
+
+
+def test_a_placeholder_without_params_is_a_named_error_on_the_first_page_and_not_retried(
+    store: Store, source: Source
+) -> None:
+    from airflow_resumable.operators.outcome import to_airflow
+    from airflow_resumable.version_compat import AirflowFailException
+
+    # Given a where= with a placeholder and no params= (the driver would bind the reader's own values to it)
+    events_table(source, TIES)
+    reader = KeysetReader(connect=source.connect, table="events", key=("updated_at", "id"),
+                          where=f"id > {source.marker}")
+    seen: list[int] = []
+    # When the first page is read: a configuration error naming the job, the slot and the fix
+    with pytest.raises(ConfigurationError) as err:
+        attempt(store, 1).run(chunk_loop(reader, collect(seen), chunk_size=7))
+    text = str(err.value)
+    assert "where= and query= have 1 placeholder" in text and "params= gives 0 values" in text
+    assert f"slot='{SLOT}'" in text and seen == []
+    # which Airflow does not retry
+    assert isinstance(to_airflow(err.value, job=JOB, slot=SLOT), AirflowFailException)
+
+
+def test_a_percent_sign_that_is_not_a_placeholder_is_named_with_the_fix_where_the_driver_formats_with_percent(
+    store: Store, source: Source
+) -> None:
+    # Given a where= with a literal '%' (a LIKE pattern)
+    events_table(source, TIES)
+    reader = KeysetReader(connect=source.connect, table="events", key="id", where="note LIKE 'n1%'")
+    seen: list[int] = []
+    if source.kind == "sqlite":  # sqlite3 takes ? placeholders: a '%' is just a character
+        attempt(store, 1).run(chunk_loop(reader, collect(seen), chunk_size=7))
+        assert seen == [1, *range(10, 20)]
+        return
+    # psycopg2 formats the whole text with %: it must be doubled
+    with pytest.raises(ConfigurationError) as err:
+        attempt(store, 1).run(chunk_loop(reader, collect(seen), chunk_size=7))
+    assert "a '%' that is not a placeholder" in str(err.value) and "'n1%%'" in str(err.value)
+    assert f"slot='{SLOT}'" in str(err.value) and seen == []
+    # and with the fix, it reads the rows
+    fixed = KeysetReader(connect=source.connect, table="events", key="id", where="note LIKE 'n1%%'")
+    attempt(store, 2, "fixed").run(chunk_loop(fixed, collect(seen), chunk_size=7))
+    assert seen == [1, *range(10, 20)]
+
+
+def test_placeholders_are_checked_when_the_reader_is_built_if_the_paramstyle_is_given() -> None:
+    with pytest.raises(ConfigurationError) as err:
+        KeysetReader(connect=lambda: None, table="t", key="id", where="a = %s AND b LIKE 'x%'", params=(1, 2),
+                     paramstyle="format")
+    text = str(err.value)
+    assert "a '%' that is not a placeholder" in text and "1 placeholder" in text and "params= gives 2 values" in text
+    with pytest.raises(ConfigurationError, match="%s is not this driver's placeholder"):
+        KeysetReader(connect=lambda: None, table="t", key="id", where="a = %s", params=(1,), paramstyle="qmark")
+    # a '?' in quotes is text, not a placeholder
+    KeysetReader(connect=lambda: None, table="t", key="id", where="a = ? AND b <> 'why?'", params=(1,),
+                 paramstyle="qmark")
 
 
 def test_bad_reader_arguments_are_all_reported_at_once() -> None:
@@ -373,6 +546,118 @@ def test_json_lines_are_parsed_and_a_bad_line_names_its_byte_offset(store: Store
     with pytest.raises(ConfigurationError, match="the line at byte 19 is not JSON"):
         attempt(store, 1).run(chunk_loop(reader, lambda c, b: seen.extend(b), chunk_size=1))
     assert seen == [{"a": 1}, {"a": 2}]
+
+
+def test_a_last_line_still_being_written_is_never_split_into_two_records(tmp_path: Path, store: Store) -> None:
+    # Given a file whose writer is in the middle of its last line
+    path = tmp_path / "feed.txt"
+    path.write_bytes(b"alpha\nbeta\ngam")
+    reader = FileReader(open=lambda: path.open("rb"))
+    seen: list[str] = []
+    # When the reader reaches it, not knowing whether the file is complete: the lines before it are
+    # records, the line without its line break is not, and the run stops with a clear error
+    with pytest.raises(ConfigurationError) as err:
+        attempt(store, 1).run(chunk_loop(reader, lambda c, b: seen.extend(b), chunk_size=2))
+    text = str(err.value)
+    assert f"{path}: the last line (at byte 11) has no line break" in text and f"slot='{SLOT}'" in text
+    assert "complete=True" in text and "complete=False" in text
+    assert seen == ["alpha", "beta"] and _load(store, SLOT).position == 11
+    # Then once the line is written, a Clear resumes at it and reads it whole
+    with path.open("ab") as f:
+        f.write(b"ma\ndelta\n")
+    attempt(store, 2).run(chunk_loop(reader, lambda c, b: seen.extend(b), chunk_size=2))
+    assert seen == ["alpha", "beta", "gamma", "delta"]
+
+
+def test_a_growing_file_holds_its_unfinished_line_back_for_the_next_run(tmp_path: Path, store: Store) -> None:
+    path = tmp_path / "feed.jsonl"
+    path.write_bytes(b'{"n": 1}\n{"n": 2}\n{"n"')
+    reader = FileReader(open=lambda: path.open("rb"), format="jsonl", complete=False)
+    seen: list[Any] = []
+    first = attempt(store, 1, "run-1").run(chunk_loop(reader, lambda c, b: seen.extend(b), chunk_size=5))
+    # The run ends before the unfinished line, and the next run continues there once it is whole
+    assert seen == [{"n": 1}, {"n": 2}] and first.checkpoint.position == 18
+    with path.open("ab") as f:
+        f.write(b': 3}\n')
+    attempt(store, 1, "run-2").run(chunk_loop(reader, lambda c, b: seen.extend(b), chunk_size=5, start=18))
+    assert seen == [{"n": 1}, {"n": 2}, {"n": 3}]
+
+
+def test_a_complete_file_without_a_final_line_break_reads_its_last_line_when_declared_complete(
+    store: Store,
+) -> None:
+    reader = FileReader(open=lambda: io.BytesIO(b"alpha\nbeta\ngamma"), complete=True)
+    seen: list[str] = []
+    out = attempt(store, 1).run(chunk_loop(reader, lambda c, b: seen.extend(b), chunk_size=2))
+    assert seen == ["alpha", "beta", "gamma"] and out.checkpoint.position == 16
+
+
+def test_a_csv_record_whose_quoted_field_is_still_being_written_is_not_returned(store: Store) -> None:
+    # Given a CSV record spanning lines inside quotes, its closing quote not written yet
+    data = b'id,note\n1,plain\n2,"first line\nsecond'
+    seen: list[Any] = []
+    held = FileReader(open=lambda: io.BytesIO(data), format="csv", complete=False)
+    out = attempt(store, 1, "held").run(chunk_loop(held, lambda c, b: seen.extend(b), chunk_size=5))
+    # Then it is held back whole (with complete=False), the position before it
+    assert seen == [{"id": "1", "note": "plain"}] and out.checkpoint.position == data.index(b"2,")
+    # and refused when the file is declared complete: a quote is missing
+    broken = FileReader(open=lambda: io.BytesIO(data + b"\n"), format="csv", complete=True)
+    with pytest.raises(ConfigurationError, match=r"the record at byte 16 \(line 3\) ends inside a quoted field"):
+        attempt(store, 1, "broken").run(chunk_loop(broken, lambda c, b: None, chunk_size=5))
+
+
+def test_a_csv_row_with_more_fields_than_the_header_is_refused_naming_the_file_and_the_row(
+    tmp_path: Path, store: Store
+) -> None:
+    path = tmp_path / "people.csv"
+    path.write_bytes(b"id,name\n1,Ada\n2,Bob,Smith\n3,Cem\n")
+    reader = FileReader(open=lambda: path.open("rb"), format="csv")
+    seen: list[Any] = []
+    with pytest.raises(ConfigurationError) as err:
+        attempt(store, 1).run(chunk_loop(reader, lambda c, b: seen.extend(b), chunk_size=1))
+    text = str(err.value)
+    assert f"{path}: the record at byte 14 (line 3) has 3 fields" in text and "the header has 2 (id, name)" in text
+    assert "'2,Bob,Smith'" in text and "Quote the field" in text and f"slot='{SLOT}'" in text
+    assert seen == [{"id": "1", "name": "Ada"}] and _load(store, SLOT).position == 14
+
+
+def test_a_file_in_another_encoding_fails_before_its_first_record_naming_the_encoding_and_the_fix(
+    tmp_path: Path, store: Store
+) -> None:
+    # Given a Latin-1 file whose first non-ASCII byte is a few hundred lines in, and a UTF-16 file
+    latin = tmp_path / "latin.txt"
+    latin.write_bytes(b"".join(f"line {i:03d}\n".encode() for i in range(300)) + "café\n".encode("latin-1"))
+    utf16 = tmp_path / "utf16.txt"
+    utf16.write_bytes("alpha\nbeta\n".encode("utf-16"))
+    seen: list[str] = []
+    for path, expected in ((latin, "is not utf-8: byte 2703 (0xe9)"), (utf16, "starts with a UTF-16 byte order mark")):
+        reader = FileReader(open=lambda path=path: path.open("rb"))
+        with pytest.raises(ConfigurationError) as err:
+            attempt(store, 1, path.name).run(chunk_loop(reader, lambda c, b: seen.extend(b), chunk_size=10))
+        text = str(err.value)
+        # Then nothing was processed, and the error names the file, the encoding and the fix
+        assert seen == [] and f"{path}: the file {expected}" in text and "encoding=" in text, text
+    # and a file read with its own encoding reads
+    attempt(store, 1, "latin-1").run(chunk_loop(FileReader(open=lambda: latin.open("rb"), encoding="latin-1"),
+                                                lambda c, b: seen.extend(b), chunk_size=100))
+    assert seen[-1] == "café" and len(seen) == 301
+
+
+def test_a_byte_the_encoding_cannot_decode_deep_in_the_file_is_named_by_its_offset(store: Store) -> None:
+    data = b"ok\n" * 30_000 + b"caf\xe9\n"  # past the first block the reader checks when it starts
+    reader = FileReader(open=lambda: io.BytesIO(data), name="big.txt")
+    with pytest.raises(ConfigurationError, match=r"big.txt: the line at byte 90000 \(line 30001\) is not utf-8 \(byte 90003"):
+        attempt(store, 1).run(chunk_loop(reader, lambda c, b: None, chunk_size=1000))
+    assert _load(store, SLOT).position == 90_000
+
+
+def test_encodings_a_line_by_line_reader_cannot_read_are_refused_and_a_utf8_bom_is_not_data(store: Store) -> None:
+    with pytest.raises(ConfigurationError, match="encoding 'utf-16' writes a line break as 2 bytes"):
+        FileReader(open=lambda: io.BytesIO(b""), encoding="utf-16")
+    reader = FileReader(open=lambda: io.BytesIO(b"\xef\xbb\xbfid,name\r\n1,Ada\r\n"), format="csv")
+    seen: list[Any] = []
+    attempt(store, 1).run(chunk_loop(reader, lambda c, b: seen.extend(b), chunk_size=5))
+    assert seen == [{"id": "1", "name": "Ada"}]
 
 
 def test_an_object_storage_path_is_read_through_airflow(airflow_home: Path, tmp_path: Path, store: Store) -> None:
