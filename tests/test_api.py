@@ -19,11 +19,15 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from airflow_resumable.core import SQLiteStore, Store
+from airflow_resumable.core import Attempt, Options, PostgresStore, SQLiteStore, Store
+from airflow_resumable.core.checkpoint import Origin
+from devtools.postgres import dsn
 from support.slots import SLOT, run_slot
 
 BASE = "/resumable/api/v1"
 A, B = "dag_a.export", "dag_b.export"
+#: A second store the API serves ([resumable] api_conn_ids), empty for each test, of each kind.
+FRESH = "resumable_fresh"
 
 
 @pytest.fixture(scope="module")
@@ -46,6 +50,7 @@ def app(airflow_home: Path, store: Store) -> Iterator[Any]:
     mp.setenv("AIRFLOW__CORE__AUTH_MANAGER", "support.per_dag_auth.PerDagAuthManager")
     mp.setenv("AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS", "admin:admin,viewer:viewer,alice:user,op:op")
     mp.setenv("AIRFLOW__RESUMABLE_TEST__DAG_ACCESS", "alice=dag_a")
+    mp.setenv("AIRFLOW__RESUMABLE__API_CONN_IDS", FRESH)
     mp.setenv("AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE", str(airflow_home / "api-test-passwords.json"))
     from airflow import plugins_manager
     from airflow.api_fastapi import app as api_app
@@ -94,6 +99,31 @@ def as_user(client: TestClient) -> Any:
 
 def q(job: str) -> dict[str, str]:
     return {"job": job, "slot": SLOT}
+
+
+@pytest.fixture
+def fresh(store_kind: str, tmp_path: Path, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Store:
+    """An empty store of each kind behind the connection ``resumable_fresh``."""
+    if store_kind == "sqlite":
+        s: Store = SQLiteStore(tmp_path / "fresh.db")
+        uri = f"sqlite:///{tmp_path / 'fresh.db'}"
+    else:
+        params = request.getfixturevalue("pg_params")
+        s, uri = PostgresStore(**params), dsn(params)
+    monkeypatch.setenv(f"AIRFLOW_CONN_{FRESH.upper()}", uri)
+    return s
+
+
+def big_slot(store: Store, job: str, *, kib: int) -> dict[str, Any]:
+    """A done slot of ``dag_big`` whose state holds ``kib`` KiB; returns that state."""
+    state = {"blob": "x" * 1024 * kib, "n": 1}
+
+    def handler(ctx: Any) -> None:
+        ctx.checkpoint(1, state=state, processed=1)
+
+    Attempt(store, job=job, slot=SLOT, attempt=1, owner="owner-1", options=Options(lease=3.0), heartbeat=0.05,
+            origin=Origin(dag_id="dag_big", task_id="export", run_id="run_1", map_index=-1)).run(handler)
+    return state
 
 
 # -- list ------------------------------------------------------------------------------------------
@@ -226,6 +256,65 @@ def test_a_connection_that_is_not_a_listed_checkpoint_store_is_refused(as_user: 
 
 def test_an_unknown_action_is_refused(as_user: Any) -> None:
     assert as_user("admin", "POST", f"{BASE}/checkpoint/explode", params=q(A)).status_code == 422
+
+
+#: Every parameter that reaches a query, where it goes, and the others a request to it needs.
+_TEXT_PARAMETERS = [
+    ("GET", "checkpoint", "job", q(A)),
+    ("GET", "checkpoint", "slot", q(A)),
+    ("POST", "checkpoint/pause", "job", q(A)),
+    ("POST", "checkpoint/release", "slot", q(A)),
+    ("GET", "checkpoints", "dag_id", {}),
+    ("GET", "checkpoints", "status", {}),
+    *(("GET", "task-instance", name, {"dag_id": "dag_a", "run_id": "run_1", "task_id": "export"})
+      for name in ("dag_id", "run_id", "task_id")),
+]
+
+
+def test_a_nul_character_in_any_parameter_is_refused_with_a_422_naming_it(as_user: Any, fresh: Store) -> None:
+    # Given both stores (PostgreSQL's text cannot hold a NUL: psycopg2 refused it with a 500)
+    for method, route, name, others in _TEXT_PARAMETERS:
+        # When the parameter holds a NUL, or nothing
+        for value, problem in (("a\x00b", "must not contain a NUL character"), ("", "at least 1 character")):
+            r = as_user("admin", method, f"{BASE}/{route}", params={**others, "conn_id": FRESH, name: value})
+            # Then the API refuses it, naming the parameter and what it must be, and changes nothing
+            assert r.status_code == 422, (method, route, name, value, r.status_code, r.text)
+            body = r.json()
+            if name == "status":
+                assert body["message"].startswith("query parameter 'status': Input should be 'running'"), body
+            else:
+                assert body["message"].startswith(f"query parameter {name!r}: ") and problem in body["message"], body
+            assert body["detail"][0]["loc"] == ["query", name] and "openapi.json" in body["hint"]
+
+
+def test_a_map_index_out_of_airflows_range_is_refused_with_a_422(as_user: Any, fresh: Store) -> None:
+    ti = {"dag_id": "dag_a", "run_id": "run_1", "task_id": "export", "conn_id": FRESH}
+    for value, problem in ((2**63, "less than or equal to 2147483647"), (-2, "greater than or equal to -1")):
+        r = as_user("admin", "GET", f"{BASE}/task-instance", params={**ti, "map_index": value})
+        assert r.status_code == 422 and r.json()["message"] == f"query parameter 'map_index': Input should be {problem}"
+    assert as_user("admin", "GET", f"{BASE}/task-instance", params={**ti, "map_index": 2**31 - 1}).status_code == 200
+
+
+def test_the_listing_cuts_a_large_state_to_a_preview_and_one_slot_gives_it_whole(as_user: Any, fresh: Store) -> None:
+    from airflow_resumable.operators.resumable import XCOM_ROW_LIMIT
+
+    # Given a slot whose state is 200 KiB and one whose state is small, on each store
+    big = big_slot(fresh, "dag_big.export", kib=200)
+    small = big_slot(fresh, "dag_big.small", kib=1)
+    # When the listing is asked for
+    r = as_user("admin", "GET", f"{BASE}/checkpoints", params={"conn_id": FRESH})
+    assert r.status_code == 200
+    rows = {row["job"]: row for row in r.json()["checkpoints"]}
+    # Then the large row comes within the cap, its state a preview marked truncated, with its size
+    cut = rows["dag_big.export"]
+    assert len(r.content) < 2 * XCOM_ROW_LIMIT and cut["truncated"] == ["state"]
+    assert cut["state"]["truncated"] is True and cut["state"]["bytes"] > 200 * 1024
+    assert cut["state"]["preview"].startswith('{"blob": "xxx') and (cut["position"], cut["processed"]) == (1, 1)
+    # And the small one comes whole, unmarked
+    assert rows["dag_big.small"]["state"] == small and "truncated" not in rows["dag_big.small"]
+    # And the single-slot endpoint gives the whole state
+    whole = as_user("admin", "GET", f"{BASE}/checkpoint", params={**q("dag_big.export"), "conn_id": FRESH})
+    assert whole.status_code == 200 and whole.json()["state"] == big and "truncated" not in whole.json()
 
 
 def test_requests_go_through_with_the_airflow_user_in_the_history(as_user: Any) -> None:
