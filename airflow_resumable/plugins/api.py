@@ -35,6 +35,7 @@ from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse
 from pydantic import BaseModel, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from airflow_resumable import control
 from airflow_resumable.core.errors import (
@@ -59,14 +60,21 @@ MAX_MAP_INDEX = 2**31 - 1
 #: How a pattern a parameter failed to match reads in the 422's message.
 _PATTERN_TEXT = {NO_NUL: "must not contain a NUL character (\\x00)"}
 
+#: The schema's example slot (a test serves it, so that the examples reach a real row).
+EXAMPLE = {"job": "customer_export.export", "slot": "2026-03-01T10:00:00+00:00", "dag_id": "customer_export",
+           "task_id": "export", "run_id": "scheduled__2026-03-01T10:00:00+00:00"}
+
 Action = Literal["pause", "resume", "cancel", "restart", "release"]
-Job = Annotated[str, Query(min_length=1, pattern=NO_NUL,
+Job = Annotated[str, Query(min_length=1, pattern=NO_NUL, examples=[EXAMPLE["job"]],
                            description="the job (default name <dag_id>.<task_id>, plus [map_index] when mapped)")]
-Slot = Annotated[str, Query(min_length=1, pattern=NO_NUL,
+Slot = Annotated[str, Query(min_length=1, pattern=NO_NUL, examples=[EXAMPLE["slot"]],
                             description="the slot (the run's data interval start in ISO 8601, else its run id)")]
-DagId = Annotated[str, Query(min_length=1, max_length=ID_LEN, pattern=NO_NUL, description="the DAG id")]
-TaskId = Annotated[str, Query(min_length=1, max_length=ID_LEN, pattern=NO_NUL, description="the task id")]
-RunId = Annotated[str, Query(min_length=1, max_length=ID_LEN, pattern=NO_NUL, description="the DAG run id")]
+DagId = Annotated[str, Query(min_length=1, max_length=ID_LEN, pattern=NO_NUL, examples=[EXAMPLE["dag_id"]],
+                             description="the DAG id")]
+TaskId = Annotated[str, Query(min_length=1, max_length=ID_LEN, pattern=NO_NUL, examples=[EXAMPLE["task_id"]],
+                              description="the task id")]
+RunId = Annotated[str, Query(min_length=1, max_length=ID_LEN, pattern=NO_NUL, examples=[EXAMPLE["run_id"]],
+                             description="the DAG run id")]
 MapIndex = Annotated[int, Query(ge=-1, le=MAX_MAP_INDEX, description="the map index (-1: not mapped)")]
 
 
@@ -129,8 +137,8 @@ class InvalidRequest(BaseModel):
 
 
 _STATUSES = {
-    400: "conn_id names a connection this API does not serve (list it in [resumable] api_conn_ids), or the "
-         "store's connection is not configured",
+    400: "conn_id names a connection this API does not serve (list it in [resumable] api_conn_ids), the "
+         "store's connection is not configured, or the request's body is not JSON",
     401: "no credentials (a Bearer JWT or the UI's session cookie)",
     403: "the user may not read (or, for requests, edit) the owning DAG's task instances",
     404: "no such slot",
@@ -185,8 +193,10 @@ def create_app() -> FastAPI:
         "Authenticate as for /api/v2 (Bearer JWT from POST /auth/token, or the UI's session cookie).",
     )
 
-    @app.exception_handler(HTTPException)
-    async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
+    # Starlette's, which FastAPI's subclasses: FastAPI itself raises Starlette's for a body that is
+    # not JSON (400), as Starlette does for an unknown path (404) or method (405).
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         return JSONResponse({"message": str(exc.detail), "detail": exc.detail}, status_code=exc.status_code,
                             headers=getattr(exc, "headers", None))
 
