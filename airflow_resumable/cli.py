@@ -7,7 +7,7 @@ import argparse
 import math
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from airflow_resumable.core import defaults
 from airflow_resumable.core.errors import ResumableError
@@ -35,19 +35,44 @@ def _store(args: argparse.Namespace) -> Store:
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
 
+#: The numeric options' ranges (``python -m airflow_resumable`` and ``airflow resumable`` alike).
+#: ``--older-than`` at most 100 years: further back than any checkpoint, and a cutoff the
+#: databases' timestamps can still hold (99999999999999w overflowed them).
+MAX_AGE_DAYS = 36500
+#: ``--batch`` (slots per transaction of ``clean``) and ``--limit`` (slots ``list`` prints).
+MAX_BATCH = MAX_LIMIT = 1_000_000
+
 
 def duration(text: str) -> float:
     """``30d``, ``12h``, ``90m``, ``2w``, ``3600s`` or plain seconds, as seconds.
 
     Raises:
-        argparse.ArgumentTypeError: anything else, or not more than zero.
+        argparse.ArgumentTypeError: anything else, not more than zero, or over 100 years
+            (:data:`MAX_AGE_DAYS`); ``nan`` and ``inf`` are not durations.
     """
     match = _DURATION.match(text.lower())
     seconds = float(match.group(1)) * _UNITS[match.group(2) or "s"] if match else math.nan
-    if not seconds > 0:
+    if not 0 < seconds <= MAX_AGE_DAYS * 86400:  # False for nan; a very long number is inf
         raise argparse.ArgumentTypeError(
-            f"{text!r} is not a duration: write a positive number with a unit, e.g. 30d, 12h, 90m, 2w or 3600s")
+            f"{text!r} is not a duration from 1s to {MAX_AGE_DAYS}d (100 years): write a number above 0 with a "
+            "unit, e.g. 30d, 12h, 90m, 2w or 3600s")
     return seconds
+
+
+def whole_number(low: int, high: int) -> Callable[[str], int]:
+    """An argparse ``type``: a whole number from ``low`` to ``high``. Refused with the allowed
+    range (argparse adds the option's name; exit status 2): anything else, ``nan``, ``inf``, 1.5."""
+
+    def parse(text: str) -> int:
+        try:
+            value: int | None = int(text)
+        except ValueError:  # not a whole number, or more digits than int() takes
+            value = None
+        if value is None or not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a whole number from {low:,} to {high:,}")
+        return value
+
+    return parse
 
 
 def _where(command: argparse.ArgumentParser) -> None:
@@ -72,12 +97,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     _where(c)
     c.add_argument("--older-than", required=True, type=duration, metavar="DURATION",
-                   help="age of the last write, e.g. 30d, 12h, 2w")
+                   help=f"age of the last write, e.g. 30d, 12h, 2w (at most {MAX_AGE_DAYS}d)")
     c.add_argument("--dry-run", action="store_true", help="count what would be removed, change nothing")
-    c.add_argument("--batch", type=int, default=defaults.CLEAN_BATCH, help="slots per transaction (default: %(default)s)")
+    c.add_argument("--batch", type=whole_number(1, MAX_BATCH), default=defaults.CLEAN_BATCH,
+                   help=f"slots per transaction, 1 to {MAX_BATCH:,} (default: %(default)s)")
     args = parser.parse_args(argv)
-    if args.command == "clean" and args.batch < 1:
-        parser.error(f"--batch must be at least 1, got {args.batch}")
     try:
         store = _store(args)
         with store.open() as session:

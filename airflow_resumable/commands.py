@@ -26,6 +26,7 @@ from typing import Any
 
 from airflow.cli.cli_config import ARG_OUTPUT, ActionCommand, Arg, GroupCommand, lazy_load_command
 
+from airflow_resumable.cli import MAX_AGE_DAYS, MAX_BATCH, MAX_LIMIT, duration, whole_number
 from airflow_resumable.core.defaults import CONN_ID
 
 _HERE = __name__
@@ -38,13 +39,24 @@ ARG_FORCE = Arg(("--force",), action="store_true", help="release: also free a li
 ARG_DAG_ID = Arg(("--dag-id",), default=None, help="only this DAG's slots")
 ARG_STATUS = Arg(("--status",), default=None, choices=("running", "paused", "done", "failed", "cancelled"),
                  help="only slots in this status")
-ARG_LIMIT = Arg(("--limit",), type=int, default=100, help="at most this many slots, most recent first (default: 100)")
+ARG_LIMIT = Arg(("--limit",), type=whole_number(1, MAX_LIMIT), default=100,
+                help=f"at most this many slots, most recent first, 1 to {MAX_LIMIT:,} (default: 100)")
 ARG_SQL = Arg(("--sql",), action="store_true", help="print the SQL it would run, change nothing")
 ARG_CHECK = Arg(("--check",), action="store_true", help="exit 1 if the database needs migrating")
-ARG_OLDER_THAN = Arg(("--older-than",), required=True, metavar="DURATION",
-                     help="age of the last write, e.g. 30d, 12h, 2w")
+
+
+def _duration_text(text: str) -> str:
+    """``--older-than`` checked here, so a wrong one is refused by this parser (naming ``airflow
+    resumable clean``), and passed on as written to the one implementation."""
+    duration(text)
+    return text
+
+
+ARG_OLDER_THAN = Arg(("--older-than",), required=True, metavar="DURATION", type=_duration_text,
+                     help=f"age of the last write, e.g. 30d, 12h, 2w (at most {MAX_AGE_DAYS}d)")
 ARG_DRY_RUN = Arg(("--dry-run",), action="store_true", help="count what would be removed, change nothing")
-ARG_BATCH = Arg(("--batch",), default=None, help="slots per transaction")
+ARG_BATCH = Arg(("--batch",), type=whole_number(1, MAX_BATCH), default=None,
+                help=f"slots per transaction, 1 to {MAX_BATCH:,}")
 
 _REQUEST_HELP = {
     "pause": "Ask the slot's run to stop at its next chunk boundary and defer until resumed",

@@ -7,12 +7,14 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from airflow_resumable.core import SQLiteStore, Store
+from airflow_resumable.core import PostgresStore, SQLiteStore, Store
+from devtools.postgres import dsn
 from support.slots import SLOT, run_slot
 
 A, B = "dag_a.export", "dag_b.export"
@@ -24,6 +26,21 @@ def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Store:
     run_slot(s, A, "dag_a", fail_at=10)
     run_slot(s, B, "dag_b")
     monkeypatch.setenv("AIRFLOW_CONN_RESUMABLE_DEFAULT", f"sqlite:///{s.path}")
+    return s
+
+
+@pytest.fixture
+def any_store(store_kind: str, tmp_path: Path, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Store:
+    """The same two slots as ``store``, on each kind of store."""
+    if store_kind == "sqlite":
+        s: Store = SQLiteStore(tmp_path / "checkpoints.db")
+        uri = f"sqlite:///{tmp_path / 'checkpoints.db'}"
+    else:
+        params = request.getfixturevalue("pg_params")
+        s, uri = PostgresStore(**params), dsn(params)
+    run_slot(s, A, "dag_a", fail_at=10)
+    run_slot(s, B, "dag_b")
+    monkeypatch.setenv("AIRFLOW_CONN_RESUMABLE_DEFAULT", uri)
     return s
 
 
@@ -130,3 +147,59 @@ def test_the_airflow_command_line_has_the_group(store: Store, airflow_home: Path
 def test_clean_removes_finished_slots_past_an_age(store: Store, parser: Any, capsys: Any) -> None:
     code, out, _ = cli(parser, capsys, "resumable", "clean", "--older-than", "1h", "--dry-run")
     assert code == 0 and "would remove 0 finished slot(s)" in out
+
+
+# -- numeric options ---------------------------------------------------------------------------------
+
+_NOT_COUNTS = ("-1", "0", "1000001", "99999999999999999999", "9" * 5000, "nan", "inf", "-inf", "1.5", "ten")
+_NOT_AGES = ("0", "0s", "-1d", "99999999999999w", "36501d", "9" * 400, "nan", "inf", "1e3", "30x")
+
+#: (command line, the option, what the message says is allowed) for every numeric option. Values
+#: as ``--option=value``: argparse takes a separate "-1d" or "-inf" for an option of its own.
+_OUT_OF_RANGE = [
+    *((("resumable", "list", f"--limit={v}"), "--limit", "from 1 to 1,000,000") for v in _NOT_COUNTS),
+    *((("resumable", "clean", "--older-than", "1d", f"--batch={v}"), "--batch", "from 1 to 1,000,000")
+      for v in _NOT_COUNTS),
+    *((("resumable", "clean", f"--older-than={v}"), "--older-than", "from 1s to 36500d") for v in _NOT_AGES),
+]
+
+
+def refused(parse: Any, capsys: pytest.CaptureFixture[str], argv: Sequence[str]) -> tuple[Any, str]:
+    """Parse ``argv`` expecting argparse to refuse it: (exit status, stderr)."""
+    with pytest.raises(SystemExit) as exited:
+        parse(list(argv))
+    return exited.value.code, capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("argv", "option", "allowed"), _OUT_OF_RANGE, ids=lambda v: " ".join(v)[:60]
+                         if isinstance(v, tuple) else None)
+def test_a_numeric_option_out_of_range_is_refused_like_argparse_naming_it_and_the_range(
+    parser: Any, capsys: pytest.CaptureFixture[str], argv: tuple[str, ...], option: str, allowed: str
+) -> None:
+    code, err = refused(parser.parse_args, capsys, argv)
+    # Airflow's parser words it "airflow resumable list command error: argument --limit: ..."
+    assert code == 2 and f"airflow resumable {argv[1]} command error: argument {option}: " in err, err
+    assert allowed in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize(("argv", "option", "allowed"), [c for c in _OUT_OF_RANGE if c[0][1] == "clean"],
+                         ids=lambda v: " ".join(v)[:60] if isinstance(v, tuple) else None)
+def test_python_m_airflow_resumable_refuses_the_same_options_the_same_way(
+    capsys: pytest.CaptureFixture[str], argv: tuple[str, ...], option: str, allowed: str
+) -> None:
+    from airflow_resumable.cli import main
+
+    code, err = refused(main, capsys, ["clean", "--url", "sqlite:////nonexistent/x.db", *argv[2:]])
+    assert code == 2 and f"clean: error: argument {option}: " in err and allowed in err, err
+
+
+def test_the_largest_allowed_values_work_on_both_stores(any_store: Store, parser: Any, capsys: Any) -> None:
+    # Given both slots are finished (done, failed) and were written just now
+    # When clean is asked for slots older than the largest allowed age, in the largest batch
+    code, out, err = cli(parser, capsys, "resumable", "clean", "--older-than", "36500d", "--batch", "1000000")
+    # Then it removes nothing, and says so
+    assert (code, err) == (0, "") and "removed 0 finished slot(s)" in out
+    code, out, err = cli(parser, capsys, "resumable", "list", "--limit", "1000000", "--output", "json")
+    assert (code, err) == (0, "") and [r["job"] for r in json.loads(out)] == [B, A]
+    code, out, err = cli(parser, capsys, "resumable", "list", "--limit", "1", "--output", "json")
+    assert (code, err) == (0, "") and [r["job"] for r in json.loads(out)] == [B]

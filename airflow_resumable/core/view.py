@@ -6,6 +6,7 @@ page, ``GET /resumable/api/v1/checkpoint`` and ``airflow resumable show`` agree.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from datetime import datetime, timezone
 from typing import Any
@@ -14,10 +15,43 @@ from airflow_resumable.core.checkpoint import AttemptRecord, Checkpoint
 from airflow_resumable.core.control import stale
 from airflow_resumable.core.states import AttemptEnd, Status
 
-__all__ = ["ENDED", "row_view"]
+__all__ = ["ENDED", "ROW_LIMIT", "cap_row", "row_view"]
 
 #: Statuses with nothing more to watch: the UI stops refreshing.
 ENDED = frozenset({Status.DONE, Status.FAILED, Status.CANCELLED})
+
+#: The largest row given whole where rows go out in bulk or to a report channel (the XCom copy,
+#: the REST listing), in bytes of JSON; a larger one goes with its large columns cut to a preview.
+#: The row in the checkpoint table stays whole, and one slot's row (``GET .../checkpoint``,
+#: ``airflow resumable show``) is always given whole.
+ROW_LIMIT = 64 * 1024
+
+#: The columns that can grow without bound, and how much of a cut one's JSON the preview keeps.
+CUT_FIELDS, PREVIEW = ("position", "state", "resumed_from"), 200
+
+
+def cap_row(row: dict[str, Any], *, marker: str, limit: int = ROW_LIMIT) -> tuple[int, dict[str, int]]:
+    """Cut ``row`` (a row as plain JSON) in place when its JSON is over ``limit`` bytes.
+
+    Each of :data:`CUT_FIELDS` whose JSON is over :data:`PREVIEW` characters becomes
+    ``{marker: true, "bytes": n, "preview": "<its first 200 characters>..."}``, and ``row[marker]``
+    lists the cut columns. A row within the limit is left as it is, without ``marker``.
+
+    Returns:
+        the row's size in bytes of JSON before any cut, and the cut columns with the size of each
+        one's JSON (empty: nothing was cut).
+    """
+    size = len(json.dumps(row, default=str))  # ASCII (ensure_ascii): characters are bytes
+    if size <= limit:
+        return size, {}
+    cut = {}
+    for name in CUT_FIELDS:
+        text = json.dumps(row.get(name))
+        if len(text) > PREVIEW:
+            row[name] = {marker: True, "bytes": len(text), "preview": text[:PREVIEW] + "..."}
+            cut[name] = len(text)
+    row[marker] = list(cut)
+    return size, cut
 
 
 def row_view(cp: Checkpoint, *, history: Sequence[AttemptRecord] | None = None, offers: dict[str, bool] | None = None,

@@ -10,7 +10,6 @@ outcomes through :mod:`airflow_resumable.operators.outcome`.
 from __future__ import annotations
 
 import functools
-import json
 import os
 import socket
 import time
@@ -30,6 +29,7 @@ from airflow_resumable.core.runner import Attempt, Outcome
 from airflow_resumable.core.signal import Reason
 from airflow_resumable.core.skips import shown
 from airflow_resumable.core.stores import Store
+from airflow_resumable.core.view import ROW_LIMIT, cap_row
 from airflow_resumable.hooks.resumable import DEFAULT_CONN_ID, ResumableHook
 from airflow_resumable.metrics import Metrics
 from airflow_resumable.operators.outcome import CombinedRetryPolicy, ResumableStopped, to_airflow
@@ -55,11 +55,8 @@ XCOM_KEY = "checkpoint"
 
 #: The largest checkpoint row pushed to XCom whole, in bytes of JSON. XCom lives in Airflow's
 #: metadata database and the UI shows it; a larger row goes with its position and state cut to a
-#: preview (the row in the checkpoint table stays whole).
-XCOM_ROW_LIMIT = 64 * 1024
-
-#: The columns that can grow without bound, and how much of a cut one's JSON the preview keeps.
-_CUT_FIELDS, _PREVIEW = ("position", "state", "resumed_from"), 200
+#: preview (the row in the checkpoint table stays whole). The REST listing caps rows by the same rule.
+XCOM_ROW_LIMIT = ROW_LIMIT
 
 
 def _seconds(value: Any) -> Any:
@@ -111,17 +108,8 @@ class AirflowReporter(Reporter):
         each large position/state replaced by ``{"xcom_truncated": true, "bytes": n, "preview": ...}``
         and the cut columns listed under ``xcom_truncated``."""
         row = cp.to_dict()
-        size = len(json.dumps(row))  # ASCII (ensure_ascii): characters are bytes
-        if size <= XCOM_ROW_LIMIT:
-            return row
-        cut = {}
-        for name in _CUT_FIELDS:
-            text = json.dumps(row[name])
-            if len(text) > _PREVIEW:
-                row[name] = {"xcom_truncated": True, "bytes": len(text), "preview": text[:_PREVIEW] + "..."}
-                cut[name] = len(text)
-        row["xcom_truncated"] = list(cut)
-        if not self._cut_logged:
+        size, cut = cap_row(row, marker="xcom_truncated", limit=XCOM_ROW_LIMIT)
+        if cut and not self._cut_logged:
             self._cut_logged = True
             self.log.warning(
                 "the checkpoint row is %s bytes as JSON, over the %s KiB XCom limit: XCom key %r carries %s "

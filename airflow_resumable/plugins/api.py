@@ -17,6 +17,11 @@ Every request goes through :mod:`airflow_resumable.control`; nothing here decide
 take. The checkpoint store is ``[resumable] conn_id`` in Airflow's configuration (else
 ``resumable_default``); the ``conn_id`` query parameter may name another only if it is listed in
 ``[resumable] api_conn_ids``.
+
+The OpenAPI schema says what the API accepts and answers: every parameter that reaches a query is
+constrained there (no NUL character, which PostgreSQL's text cannot hold; Airflow's id lengths; the
+map index's range; the statuses; the served connections), anything else is refused with 422 naming
+the parameter, and each route lists every status it returns.
 """
 
 from __future__ import annotations
@@ -26,8 +31,11 @@ from typing import Annotated, Any, Literal
 
 from airflow.api_fastapi.core_api.security import GetUserDep
 from fastapi import Body, FastAPI, HTTPException, Query, Request, status
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse
 from pydantic import BaseModel, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from airflow_resumable import control
 from airflow_resumable.core.errors import (
@@ -37,13 +45,37 @@ from airflow_resumable.core.errors import (
     SlotNotFound,
     StoreUnavailable,
 )
-from airflow_resumable.core.view import row_view
+from airflow_resumable.core.states import Status
+from airflow_resumable.core.view import ROW_LIMIT, cap_row, row_view
 
 STATIC = Path(__file__).parent / "static"
 
+#: What every text parameter must match: no NUL character. PostgreSQL's text cannot hold one
+#: (psycopg2 refuses to send it), so without this a NUL would end as a 500 on one store only.
+NO_NUL = r"^[^\x00]*$"
+#: The longest DAG, task or run id Airflow stores (``ID_LEN`` of its models).
+ID_LEN = 250
+#: The largest map index Airflow stores (its column is a 32-bit integer; -1: not mapped).
+MAX_MAP_INDEX = 2**31 - 1
+#: How a pattern a parameter failed to match reads in the 422's message.
+_PATTERN_TEXT = {NO_NUL: "must not contain a NUL character (\\x00)"}
+
+#: The schema's example slot (a test serves it, so that the examples reach a real row).
+EXAMPLE = {"job": "customer_export.export", "slot": "2026-03-01T10:00:00+00:00", "dag_id": "customer_export",
+           "task_id": "export", "run_id": "scheduled__2026-03-01T10:00:00+00:00"}
+
 Action = Literal["pause", "resume", "cancel", "restart", "release"]
-ConnId = Annotated[str | None, Query(description="the checkpoint store's Airflow connection "
-                                                 "(default: [resumable] conn_id, else resumable_default)")]
+Job = Annotated[str, Query(min_length=1, pattern=NO_NUL, examples=[EXAMPLE["job"]],
+                           description="the job (default name <dag_id>.<task_id>, plus [map_index] when mapped)")]
+Slot = Annotated[str, Query(min_length=1, pattern=NO_NUL, examples=[EXAMPLE["slot"]],
+                            description="the slot (the run's data interval start in ISO 8601, else its run id)")]
+DagId = Annotated[str, Query(min_length=1, max_length=ID_LEN, pattern=NO_NUL, examples=[EXAMPLE["dag_id"]],
+                             description="the DAG id")]
+TaskId = Annotated[str, Query(min_length=1, max_length=ID_LEN, pattern=NO_NUL, examples=[EXAMPLE["task_id"]],
+                              description="the task id")]
+RunId = Annotated[str, Query(min_length=1, max_length=ID_LEN, pattern=NO_NUL, examples=[EXAMPLE["run_id"]],
+                             description="the DAG run id")]
+MapIndex = Annotated[int, Query(ge=-1, le=MAX_MAP_INDEX, description="the map index (-1: not mapped)")]
 
 
 def default_conn_id() -> str:
@@ -53,19 +85,26 @@ def default_conn_id() -> str:
     return conf.get("resumable", "conn_id", fallback=control.DEFAULT_CONN_ID) or control.DEFAULT_CONN_ID
 
 
+def served_conn_ids() -> list[str]:
+    """The stores this API serves: the default, then those listed in ``[resumable] api_conn_ids``
+    (comma-separated)."""
+    from airflow.configuration import conf
+
+    default = default_conn_id()
+    listed = (c.strip() for c in conf.get("resumable", "api_conn_ids", fallback="").split(","))
+    return [default, *sorted({c for c in listed if c and c != default})]
+
+
 def _conn(conn_id: str | None) -> str:
-    """The store to use: the default, or one listed in ``[resumable] api_conn_ids`` (comma-separated).
+    """The store to use: the default, or one listed in ``[resumable] api_conn_ids``.
 
     Any other connection id is refused (400): the API opens (and migrates) the store it names, so a
     caller must not be able to point it at an arbitrary Airflow connection.
     """
-    from airflow.configuration import conf
-
-    default = default_conn_id()
-    if conn_id is None or conn_id == default:
-        return default
-    allowed = {c.strip() for c in conf.get("resumable", "api_conn_ids", fallback="").split(",") if c.strip()}
-    if conn_id not in allowed:
+    served = served_conn_ids()
+    if conn_id is None:
+        return served[0]
+    if conn_id not in served:
         raise HTTPException(status.HTTP_400_BAD_REQUEST,
                             f"the connection {conn_id!r} is not a checkpoint store this API serves; list it in "
                             "[resumable] api_conn_ids to allow it")
@@ -86,20 +125,67 @@ class Problem(BaseModel):
     slot: str | None = None
     status: str | None = None
     hint: str | None = None
+    detail: Any = None
 
 
-_ERRORS: dict[int | str, dict[str, Any]] = {
-    code: {"model": Problem, "description": text} for code, text in (
-        (401, "no credentials (a Bearer JWT or the UI's session cookie)"),
-        (403, "the user may not read (or, for requests, edit) the owning DAG's task instances"),
-        (404, "no such slot"),
-        (409, "the slot cannot take this request now (the message says why)"),
-    )
+class InvalidRequest(BaseModel):
+    """A 422: which parameters are wrong and what each must be (``detail``: one entry per problem)."""
+
+    message: str
+    hint: str
+    detail: list[dict[str, Any]]
+
+
+_STATUSES = {
+    400: "conn_id names a connection this API does not serve (list it in [resumable] api_conn_ids), the "
+         "store's connection is not configured, or the request's body is not JSON",
+    401: "no credentials (a Bearer JWT or the UI's session cookie)",
+    403: "the user may not read (or, for requests, edit) the owning DAG's task instances",
+    404: "no such slot",
+    409: "the slot cannot take this request now (the message says why)",
+    422: "a parameter is missing or not what the schema allows (the message names it)",
+    500: "the store holds what this release cannot read (a corrupt row, a newer schema; the message says which)",
+    503: "the checkpoint store cannot be reached; try again",
 }
 
 
+def _responses(*codes: int) -> dict[int | str, dict[str, Any]]:
+    """The error statuses a route returns, for its OpenAPI description."""
+    return {code: {"model": InvalidRequest if code == 422 else Problem, "description": _STATUSES[code]}
+            for code in codes}
+
+
+def _invalid(errors: Any) -> dict[str, Any]:
+    """The 422's body: each problem as "query parameter 'job': must not contain ..."."""
+    detail: list[dict[str, Any]] = []
+    parts: list[str] = []
+    for error in errors:
+        loc = [str(part) for part in error.get("loc", ())]
+        where, name = (loc[0], ".".join(loc[1:])) if len(loc) > 1 else ("request", ".".join(loc))
+        pattern = str((error.get("ctx") or {}).get("pattern"))
+        what = _PATTERN_TEXT.get(pattern) or str(error.get("msg", "is not valid"))
+        kind = "parameter" if where in ("query", "path", "header", "cookie") else "field"
+        parts.append(f"{where} {kind} {name!r}: {what}")
+        # The input is left out: the message names the parameter, and echoing values is not our job.
+        detail.append({"loc": loc, "msg": what, "type": error.get("type")})
+    return {"message": "; ".join(parts) or "the request is not valid",
+            "hint": "Correct the request: /resumable/openapi.json says what each parameter accepts",
+            "detail": jsonable_encoder(detail)}
+
+
 def create_app() -> FastAPI:
-    """The sub-application the plugin mounts at ``/resumable``."""
+    """The sub-application the plugin mounts at ``/resumable``.
+
+    The schema lists the stores served when the app is built (the api-server's start), as the
+    ``conn_id`` parameter's choices.
+    """
+    served = served_conn_ids()
+
+    def conn_query() -> Any:
+        return Query(served[0], min_length=1, json_schema_extra={"enum": served},
+                     description="the checkpoint store's Airflow connection: [resumable] conn_id (else "
+                     "resumable_default), or one listed in [resumable] api_conn_ids")
+
     app = FastAPI(
         title="airflow-resumable",
         version="1",
@@ -107,10 +193,16 @@ def create_app() -> FastAPI:
         "Authenticate as for /api/v2 (Bearer JWT from POST /auth/token, or the UI's session cookie).",
     )
 
-    @app.exception_handler(HTTPException)
-    async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
+    # Starlette's, which FastAPI's subclasses: FastAPI itself raises Starlette's for a body that is
+    # not JSON (400), as Starlette does for an unknown path (404) or method (405).
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         return JSONResponse({"message": str(exc.detail), "detail": exc.detail}, status_code=exc.status_code,
                             headers=getattr(exc, "headers", None))
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return JSONResponse(_invalid(exc.errors()), status_code=status.HTTP_422_UNPROCESSABLE_CONTENT)
 
     @app.exception_handler(ResumableError)
     async def _resumable_error(request: Request, exc: ResumableError) -> JSONResponse:
@@ -119,14 +211,19 @@ def create_app() -> FastAPI:
                 "status": getattr(exc, "status", None), "detail": str(exc)}
         return JSONResponse(body, status_code=code)
 
-    @app.get("/api/v1/checkpoints", responses=_ERRORS, summary="Live and recent slots across the DAGs you may read")
+    @app.get("/api/v1/checkpoints", responses=_responses(400, 401, 403, 422, 500, 503),
+             summary="Live and recent slots across the DAGs you may read",
+             description=f"A row over {ROW_LIMIT // 1024} KiB of JSON comes with its large position, state and "
+             "resumed_from cut to a preview (`{\"truncated\": true, \"bytes\": n, \"preview\": ...}`), the cut "
+             "columns listed under `truncated`, as the XCom copy is cut; GET /api/v1/checkpoint gives the "
+             "slot's whole row.")
     def list_checkpoints(
         user: GetUserDep,
-        dag_id: Annotated[str | None, Query(description="only this DAG's slots")] = None,
-        status_: Annotated[str | None, Query(alias="status", description="running, paused, done, failed or "
-                                                                             "cancelled")] = None,
+        dag_id: Annotated[str | None, Query(min_length=1, max_length=ID_LEN, pattern=NO_NUL,
+                                            description="only this DAG's slots")] = None,
+        status_: Annotated[Status | None, Query(alias="status", description="only slots in this status")] = None,
         limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-        conn_id: ConnId = None,
+        conn_id: str = conn_query(),
     ) -> dict[str, Any]:
         conn = _conn(conn_id)
         if dag_id is not None:
@@ -135,19 +232,24 @@ def create_app() -> FastAPI:
         else:
             readable = _readable_dag_ids(user, conn)
         rows = control.recent(conn_id=conn, dag_ids=readable, status=status_, limit=limit)
-        return {"checkpoints": [row_view(r) for r in rows], "total_entries": len(rows)}
+        views = [row_view(r) for r in rows]
+        for view in views:  # a listing must not grow with the states: five 10 MB states were a 52 MB answer
+            cap_row(view, marker="truncated")
+        return {"checkpoints": views, "total_entries": len(rows)}
 
-    @app.get("/api/v1/checkpoint", responses=_ERRORS, summary="One slot: its row, figures, history and what it "
-                                                              "would take now")
-    def get_checkpoint(user: GetUserDep, job: str, slot: str, conn_id: ConnId = None) -> dict[str, Any]:
+    @app.get("/api/v1/checkpoint", responses=_responses(400, 401, 403, 404, 422, 500, 503),
+             summary="One slot: its row (whole), figures, history and what it would take now")
+    def get_checkpoint(user: GetUserDep, job: Job, slot: Slot, conn_id: str = conn_query()) -> dict[str, Any]:
         conn = _conn(conn_id)
         row = control.get(job, slot, conn_id=conn)
         _authorize(user, row.dag_id, "GET")
         return _detail(row, conn)
 
-    @app.get("/api/v1/task-instance", responses=_ERRORS, summary="The slot a task instance ran (the Checkpoint tab)")
+    @app.get("/api/v1/task-instance", responses=_responses(400, 401, 403, 422, 500, 503),
+             summary="The slot a task instance ran (the Checkpoint tab)")
     def task_instance_checkpoint(
-        user: GetUserDep, dag_id: str, run_id: str, task_id: str, map_index: int = -1, conn_id: ConnId = None,
+        user: GetUserDep, dag_id: DagId, run_id: RunId, task_id: TaskId, map_index: MapIndex = -1,
+        conn_id: str = conn_query(),
     ) -> dict[str, Any]:
         _authorize(user, dag_id, "GET")
         conn = _conn(conn_id)
@@ -158,10 +260,10 @@ def create_app() -> FastAPI:
                     f"its checkpoints live in another store than the connection {conn!r}."}
         return {"resumable": True, **_detail(row, conn)}
 
-    @app.post("/api/v1/checkpoint/{action}", responses=_ERRORS, summary="Ask the slot to pause, resume, cancel, "
-                                                                         "restart or release its lease")
+    @app.post("/api/v1/checkpoint/{action}", responses=_responses(400, 401, 403, 404, 409, 422, 500, 503),
+              summary="Ask the slot to pause, resume, cancel, restart or release its lease")
     def act(
-        user: GetUserDep, action: Action, job: str, slot: str, conn_id: ConnId = None,
+        user: GetUserDep, action: Action, job: Job, slot: Slot, conn_id: str = conn_query(),
         body: Annotated[ActionBody | None, Body()] = None,
     ) -> dict[str, Any]:
         conn = _conn(conn_id)

@@ -165,6 +165,10 @@ class Standalone:
     :param env: extra environment (``AIRFLOW__...`` settings, ``AIRFLOW_CONN_...`` connections).
     """
 
+    #: The ``airflow`` command it runs, and the components ``/api/v2/monitor/health`` must call healthy.
+    command: tuple[str, ...] = ("standalone",)
+    components: tuple[str, ...] = ("metadatabase", "scheduler", "dag_processor", "triggerer")
+
     def __init__(self, *, metadata_uri: str, dag_files: Iterable[Path], env: dict[str, str] | None = None):
         self.home = Path(tempfile.mkdtemp(prefix="resumable-standalone-"))
         self.dags = self.home / "dags"
@@ -219,7 +223,7 @@ class Standalone:
             signal.signal(signal.SIGINT, signal.SIG_DFL)  # a background job inherits SIGINT ignored
 
         self.process = subprocess.Popen(
-            [str(Path(sys.executable).parent / "airflow"), "standalone"],
+            [str(Path(sys.executable).parent / "airflow"), *self.command],
             env=self.env,
             cwd=self.home,
             stdout=self._log_file,
@@ -242,10 +246,7 @@ class Standalone:
         if not (self.home / PASSWORD_FILE).exists():
             return False
         health = httpx.get(f"{self.base_url}/api/v2/monitor/health", timeout=5).json()
-        return all(
-            (health.get(component) or {}).get("status") == "healthy"
-            for component in ("metadatabase", "scheduler", "dag_processor", "triggerer")
-        )
+        return all((health.get(component) or {}).get("status") == "healthy" for component in self.components)
 
     def admin_password(self) -> str:
         passwords = json.loads((self.home / PASSWORD_FILE).read_text())
@@ -347,3 +348,21 @@ class Standalone:
                     raise AssertionError(f"the task process {proc.pid} of {ti_id} has no parent")
                 return proc, parent
         raise LookupError(f"no task process for task instance {ti_id}")
+
+
+class ApiServer(Standalone):
+    """Only ``airflow api-server``, one worker, on a migrated metadata database: for tests of the
+    REST API that need a real server but no scheduler (a fraction of a standalone's processes)."""
+
+    command = ("api-server", "--workers", "1")
+    components = ("metadatabase",)
+
+    def start(self, *, timeout: float = 240.0) -> ApiServer:
+        """Migrate the metadata database (a standalone does it itself), then start and wait as
+        :meth:`Standalone.start` does."""
+        migrate = subprocess.run([str(Path(sys.executable).parent / "airflow"), "db", "migrate"], env=self.env,
+                                 cwd=self.home, capture_output=True, text=True, timeout=600)
+        if migrate.returncode != 0:
+            raise AssertionError(f"airflow db migrate failed:\n{migrate.stdout[-3000:]}\n{migrate.stderr[-3000:]}")
+        super().start(timeout=timeout)
+        return self
