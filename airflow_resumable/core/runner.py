@@ -574,7 +574,7 @@ class Attempt:
                 "write to the sink on your own connection, idempotently, and commit before ctx.checkpoint()",
             )
         self._session.begin_transactions()
-        return TransactionConnection(self._session.conn, self.store.dialect)
+        return TransactionConnection(self._session.conn, self.store.dialect, job=self.job, slot=self.slot)
 
     def skip(self, item: Any, *, position: Any, error: BaseException, limit: int) -> int:
         """Record a skipped item (see :func:`airflow_resumable.core.skips.skip_item`)."""
