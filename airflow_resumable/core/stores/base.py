@@ -77,8 +77,6 @@ class Dialect:
     schema_lock: tuple[str, ...] = ()
     #: Statements run at the start of every migration step's transaction (e.g. a lock timeout).
     migration_setup: tuple[str, ...] = ()
-    #: The statement that opens an explicit transaction (SQLite: take the write lock up front).
-    begin: str = "BEGIN"
     #: Whether the database has one writer at a time (SQLite): the store's connections then open
     #: every transaction themselves and take turns at the write lock (see ``stores/sqlite.py``).
     one_writer: bool = False

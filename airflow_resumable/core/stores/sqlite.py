@@ -128,13 +128,13 @@ class SQLiteConnection(sqlite3.Connection):
 
 
 class SQLiteDialect(Dialect):
-    """SQLite: timestamps as REAL epoch seconds, ``?`` markers, the write lock taken up front."""
+    """SQLite: timestamps as REAL epoch seconds, ``?`` markers, one writer (transactions opened by
+    :class:`SQLiteConnection`, the write lock taken up front and in turn)."""
 
     name = "sqlite"
     marker = "?"
     timestamp_type = "REAL"
     id_type = "INTEGER PRIMARY KEY AUTOINCREMENT"
-    begin = "BEGIN IMMEDIATE"
     one_writer = True
 
     def now(self) -> str:
