@@ -116,3 +116,36 @@ def test_a_sqlite_uri_with_an_unknown_synchronous_mode_is_a_named_configuration_
         store_from_connection(conn, job=JOB, slot=SLOT)
     text = str(caught.value)
     assert "'bogus'" in text and "NORMAL" in text and "FULL" in text and "synchronous" in text
+
+
+def test_a_final_status_the_locked_file_refuses_is_logged_with_the_error_and_what_happens_next(
+    tmp_path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Given a SQLite store with a short busy timeout, and a handler that fails while a process
+    # outside airflow-resumable holds the file's write lock
+    import sqlite3
+
+    from airflow_resumable.core.stores import SQLiteStore
+
+    store = SQLiteStore(tmp_path / "checkpoints.db", busy_timeout=0.3)
+    _make_sink(store)
+    other = sqlite3.connect(store.path, isolation_level=None)
+
+    def handler(ctx: Any) -> None:
+        ctx.checkpoint(1, processed=1)
+        other.execute("BEGIN IMMEDIATE")
+        raise RuntimeError("injected handler failure")
+
+    # When the attempt cannot record "failed", then the store's error propagates and the log says
+    # which status and error were not recorded, and what happens to the row
+    try:
+        with caplog.at_level("ERROR", logger="airflow_resumable"), pytest.raises(sqlite3.OperationalError):
+            Attempt(store, job=JOB, slot=SLOT, attempt=1, owner="a1").run(handler)
+    finally:
+        other.rollback()
+        other.close()
+    text = caplog.text
+    assert "could not record status failed" in text and "injected handler failure" in text
+    assert f"job={JOB}" in text and f"slot={SLOT}" in text and "resumes from the last checkpoint" in text
+    with store.open() as s:
+        assert s.load(JOB, SLOT).status == "running"  # as the log says
