@@ -116,6 +116,7 @@ def test_a_sqlite_uri_with_an_unknown_synchronous_mode_is_a_named_configuration_
         store_from_connection(conn, job=JOB, slot=SLOT)
     text = str(caught.value)
     assert "'bogus'" in text and "NORMAL" in text and "FULL" in text and "synchronous" in text
+    assert "resumable_default" in text and JOB in text
 
 
 def test_a_final_status_the_locked_file_refuses_is_logged_with_the_error_and_what_happens_next(

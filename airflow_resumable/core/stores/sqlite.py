@@ -44,9 +44,15 @@ class WriteTurns:
     """
 
     def __init__(self, path: str, timeout: float):
+        """Open (or create) the turnstile file beside the database ``path``.
+
+        Raises:
+            OSError: the file cannot be opened (the folder is not writable).
+        """
+        self.db_path = path
         self.path = f"{path}-turns"
         self.timeout = timeout
-        self._fd: int | None = None
+        self._fd: int | None = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
 
     @contextmanager
     def turn(self) -> Iterator[None]:
@@ -56,9 +62,9 @@ class WriteTurns:
             sqlite3.OperationalError: another writer held the turnstile for the whole busy timeout
                 (it waited that long for the write lock: the database is locked).
         """
-        if self._fd is None:
-            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
         fd = self._fd
+        if fd is None:
+            raise sqlite3.ProgrammingError("the SQLite checkpoint connection is closed")
         deadline = time.monotonic() + self.timeout
         pause = 0.0002
         while True:
@@ -72,7 +78,8 @@ class WriteTurns:
             # runs between two tries.
             if time.monotonic() >= deadline:
                 raise sqlite3.OperationalError(
-                    f"database is locked: another writer waited {self.timeout:g}s for SQLite's write lock"
+                    f"database is locked: another writer of {self.db_path!r} kept its turn at the write lock for "
+                    f"{self.timeout:g}s (the busy timeout); a chunk writing through ctx.transaction() must be shorter"
                 )
             time.sleep(pause)
             pause = min(pause * 2, 0.002)
