@@ -93,6 +93,9 @@ class WriteTurns:
             os.close(self._fd)
             self._fd = None
 
+    def __del__(self) -> None:  # a connection dropped without close()
+        self.close()
+
 
 class SQLiteConnection(sqlite3.Connection):
     """A connection of the store: the driver's, plus turns at the write lock (:class:`WriteTurns`)
