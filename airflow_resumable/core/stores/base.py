@@ -125,6 +125,7 @@ _WRITES = re.compile(r"\s*(INSERT|UPDATE|DELETE|REPLACE|SAVEPOINT|CREATE|DROP|AL
 
 
 def _writes(sql: str) -> bool:
+    """Whether one of the store's own statements writes (user SQL goes through ``ctx.transaction()``)."""
     return _WRITES.match(sql) is not None
 
 

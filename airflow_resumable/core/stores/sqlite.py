@@ -148,7 +148,11 @@ class SQLiteConnection(sqlite3.Connection):
 
     def writing(self) -> AbstractContextManager[Any]:
         """Wrap a statement that may write: in transaction mode, open the transaction first; in
-        autocommit, wait for the write lock in turn while the statement runs."""
+        autocommit, wait for the write lock in turn while the statement runs.
+
+        Raises:
+            sqlite3.OperationalError: the write lock stayed taken for the busy timeout.
+        """
         if self.in_transaction:
             return nullcontext()
         if self.isolation_level is None:  # autocommit: the statement is its own transaction
