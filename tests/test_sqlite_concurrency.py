@@ -109,13 +109,25 @@ def test_two_workers_on_one_file_both_finish_with_every_item_once_and_their_leas
     # chunks that hold the write lock for 20 ms (about 25 s in all: the two take turns)
     items, chunk, hold = 5000, 10, 0.02
     procs = {slot: _start(sqlite_store, f"load.{slot}", slot, items, chunk, hold) for slot in ("a", "b")}
-    # When both run to the end
+    # When both run to the end, while a third writer (a release request, refused: the holder is
+    # alive) asks every 0.2 s
+    _wait_for(lambda: _processed(sqlite_store, "load.a", "a") >= chunk, 30, "worker a's first checkpoint")
+    slowest, asked = 0.0, 0
+    while all(proc.poll() is None for proc in procs.values()) and asked < 50:
+        began = time.monotonic()
+        with pytest.raises(RequestRefused):
+            control.release(sqlite_store, "load.a", "a", by="test")
+        slowest, asked = max(slowest, time.monotonic() - began), asked + 1
+        time.sleep(0.2)
     ends = {slot: _stopped(proc, timeout=55) for slot, proc in procs.items()}
     # Then both finished done, every item of each written exactly once
     for slot, end in ends.items():
         assert (end["status"], end["error"]) == ("done", None), f"worker {slot}: {end}"
         assert _status(sqlite_store, f"load.{slot}", slot) == "done"
     assert _sink(sqlite_store) == {"a": (items, items), "b": (items, items)}
+    # And the third writer got its turn within a few chunks each time
+    assert asked >= 10, "the workers ended before the third writer could prove anything"
+    assert slowest < 1.0, f"a request waited {slowest:.2f}s for its turn at the write lock (chunks of {hold:g}s)"
     # And each lease was renewed on time: every lease / 3, the longest gap well under the lease
     for slot in ("a", "b"):
         gap, renewals = _longest_gap(sqlite_store, f"load.{slot}", slot)

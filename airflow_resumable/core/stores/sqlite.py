@@ -26,6 +26,15 @@ WAL_SIZE_LIMIT = 16 * 1024 * 1024
 SYNCHRONOUS_MODES = ("OFF", "NORMAL", "FULL", "EXTRA")
 
 
+#: How long a writer that finds the turnstile taken waits before its second try: longer than a
+#: writer already waiting takes to notice it is free (:data:`TURN_POLL`, plus the turn's holder
+#: noticing the write lock free, :data:`LOCK_POLL`), so that one takes the next turn.
+LATECOMER_WAIT = 0.005
+#: How often a waiting writer tries the turnstile again, and the turn's holder the write lock.
+TURN_POLL = 0.001
+LOCK_POLL = 0.0005
+
+
 class WriteTurns:
     """Writers take turns at SQLite's write lock, across the threads and processes of one host.
 
@@ -38,6 +47,11 @@ class WriteTurns:
     soon as it has it), and a run takes the same turnstile before it opens each chunk's
     transaction. A run thus cannot take the lock back while someone is waiting: the waiter gets
     it as the run commits, and the run continues after the waiter's (short) write.
+
+    The turnstile is polled, and its order is by age, roughly: a writer that finds it taken
+    waits :data:`LATECOMER_WAIT` before its next try, then tries every :data:`TURN_POLL`. So when
+    the holder lets go, a writer that was already waiting (a heartbeat, a control request, a third
+    worker) takes the next turn, not the run that has just committed and comes straight back.
 
     ``flock`` locks belong to an open file, so the connections of one process exclude one another
     as those of two processes do; each connection opens the file once.
@@ -66,7 +80,7 @@ class WriteTurns:
         if fd is None:
             raise sqlite3.ProgrammingError("the SQLite checkpoint connection is closed")
         deadline = time.monotonic() + self.timeout
-        pause = 0.0002
+        pause = LATECOMER_WAIT
         while True:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -82,7 +96,7 @@ class WriteTurns:
                     f"{self.timeout:g}s (the busy timeout); a chunk writing through ctx.transaction() must be shorter"
                 )
             time.sleep(pause)
-            pause = min(pause * 2, 0.002)
+            pause = TURN_POLL
         try:
             yield
         finally:
@@ -113,8 +127,8 @@ class SQLiteConnection(sqlite3.Connection):
     def begin(self) -> None:
         """Open a transaction now, taking the write lock in turn (a no-op inside one).
 
-        Holding the turnstile, it polls for the lock every millisecond or two instead of waiting
-        in SQLite's busy handler (which sleeps up to 100 ms at a time): the holder is a run that
+        Holding the turnstile, it polls for the lock every :data:`LOCK_POLL` instead of waiting in
+        SQLite's busy handler (which sleeps up to 100 ms at a time): the holder is a run that
         cannot take the lock back meanwhile, and the turn comes as soon as its chunk commits.
 
         Raises:
@@ -127,7 +141,6 @@ class SQLiteConnection(sqlite3.Connection):
             self.execute("PRAGMA busy_timeout = 0")
             try:
                 deadline = time.monotonic() + turns.timeout
-                pause = 0.0002
                 while True:
                     try:
                         self.execute("BEGIN IMMEDIATE")
@@ -141,8 +154,7 @@ class SQLiteConnection(sqlite3.Connection):
                                 f"{turns.timeout:g}s (the busy timeout); a chunk writing through ctx.transaction() "
                                 "must be shorter"
                             ) from exc
-                    time.sleep(pause)
-                    pause = min(pause * 2, 0.002)
+                    time.sleep(LOCK_POLL)
             finally:
                 self.execute(f"PRAGMA busy_timeout = {int(turns.timeout * 1000)}")
 
