@@ -35,6 +35,7 @@ _RUNNERS = {
     "10": ("bench.concurrency", "run"),
     "11": ("bench.leases", "run"),
     "12": ("bench.throttle", "run"),
+    "13": ("bench.txheartbeat", "run"),
 }
 ROWS = tuple(_RUNNERS)
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_resumable.core import defaults
 from airflow_resumable.core.checkpoint import ENCODER, Checkpoint, encode, error_text
-from airflow_resumable.core.errors import InvalidCheckpoint, TransactionRefused
+from airflow_resumable.core.errors import ConfigurationError, InvalidCheckpoint, TransactionRefused
 from airflow_resumable.core.progress import Log
 from airflow_resumable.core.signal import Signal
 from airflow_resumable.core.stores.base import Dialect
@@ -41,6 +41,11 @@ class TransactionConnection:
     parameter and ``%%`` for a literal ``%`` when parameters are given. On SQLite the statements of
     :meth:`execute`, :meth:`executemany` and :meth:`cursor`'s cursors are translated to its ``?``.
     Everything else (``fetchall()`` on a cursor...) is the driver's own.
+
+    **Any statement joins the transaction.** On SQLite the transaction is opened explicitly
+    (``BEGIN IMMEDIATE``) before the chunk's first statement, so that statements Python's sqlite3
+    does not take for DML (``WITH ... INSERT``) commit with the checkpoint too. ``executescript``
+    (which commits first) is refused: it cannot be part of the chunk's transaction.
     """
 
     #: The DB-API paramstyle every store takes through this connection.
@@ -79,9 +84,19 @@ class TransactionConnection:
             "bad item's); to undo part of a chunk and go on, write it inside 'with ctx.savepoint():'",
         ) from handling
 
+    def executescript(self, script: str) -> Any:
+        """Refused: a script commits the pending transaction first and runs outside it.
+
+        Raises:
+            ConfigurationError: always; nothing was run.
+        """
+        raise _script_refused(self._job, self._slot)
+
     def cursor(self) -> Any:
         cur = self._conn.cursor()
-        return cur if self._dialect.marker == "%s" else _QmarkCursor(cur, self._dialect)
+        if self._dialect.marker == "%s":
+            return cur
+        return _QmarkCursor(cur, self._dialect, self._conn, job=self._job, slot=self._slot)
 
     def execute(self, sql: str, params: Any = None) -> Any:
         cur = self.cursor()
@@ -106,20 +121,40 @@ class TransactionConnection:
         """Leaving the block neither commits nor rolls back: the checkpoint decides."""
 
 
-class _QmarkCursor:
-    """A SQLite cursor that takes ``%s`` placeholders (see :class:`TransactionConnection`)."""
+def _script_refused(job: str | None, slot: str | None) -> ConfigurationError:
+    return ConfigurationError(
+        "executescript() through ctx.transaction() would commit the chunk's pending writes first and run the "
+        "script outside the checkpoint's transaction",
+        job=job,
+        slot=slot,
+        hint="Send each statement with execute() or executemany(): they commit with the next ctx.checkpoint(); "
+        "nothing of this chunk was committed",
+    )
 
-    def __init__(self, cur: Any, dialect: Dialect):
+
+class _QmarkCursor:
+    """A SQLite cursor that takes ``%s`` placeholders and opens the chunk's transaction before
+    its first statement (see :class:`TransactionConnection`)."""
+
+    def __init__(self, cur: Any, dialect: Dialect, conn: Any, *, job: str | None, slot: str | None):
         self._cur = cur
         self._dialect = dialect
+        self._conn = conn
+        self._job, self._slot = job, slot
 
     def execute(self, sql: str, params: Any = None) -> Any:
+        self._conn.begin()
         if params is None:  # as psycopg2: no parameters, no placeholder processing
             return self._cur.execute(sql)
         return self._cur.execute(self._dialect.placeholders(sql), params)
 
     def executemany(self, sql: str, seq_of_params: Any) -> Any:
+        self._conn.begin()
         return self._cur.executemany(self._dialect.placeholders(sql), seq_of_params)
+
+    def executescript(self, script: str) -> Any:
+        """Refused, as :meth:`TransactionConnection.executescript`."""
+        raise _script_refused(self._job, self._slot)
 
     def __iter__(self) -> Any:
         return iter(self._cur)

@@ -668,6 +668,16 @@ class Attempt:
         except LeaseLost as exc:
             self.log.error("could not record status %s: %s", status, exc)
             raise
+        except Exception as exc:
+            # The database refused the final write (SQLite: another writer held the file's write
+            # lock for the whole busy timeout). Say so where the user looks: the row cannot.
+            self.log.error(
+                "could not record status %s%s (%s: %s): the row stays 'running' until its lease expires "
+                "(within %gs), and the next attempt resumes from the last checkpoint [job=%s slot=%s attempt=%s]",
+                status, f" with error {short(error)}" if error else "", type(exc).__name__, exc, self.options.lease,
+                self.job, self.slot, self.attempt,
+            )
+            raise
         self._last_row = final
         self.reporter.on_finish(final)
         return final

@@ -79,7 +79,11 @@ def store_from_connection(conn: Any, *, job: str | None = None, slot: str | None
                 "(sqlite:/// followed by the absolute path)",
             )
         extra = conn.extra_dejson or {}
-        return SQLiteStore(path, synchronous=str(extra.get("synchronous", "FULL")))
+        try:
+            return SQLiteStore(path, synchronous=str(extra.get("synchronous", "FULL")))
+        except ConfigurationError as exc:  # name the connection, the job and the slot too
+            raise ConfigurationError(f"the SQLite connection {conn.conn_id!r}: {exc.message}", job=job, slot=slot,
+                                     hint=exc.hint) from None
     if conn_type in ("postgres", "postgresql"):
         try:
             from airflow.providers.postgres.hooks.postgres import PostgresHook

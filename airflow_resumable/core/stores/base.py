@@ -113,8 +113,9 @@ class Dialect:
     schema_lock: tuple[str, ...] = ()
     #: Statements run at the start of every migration step's transaction (e.g. a lock timeout).
     migration_setup: tuple[str, ...] = ()
-    #: The statement that opens an explicit transaction (SQLite: take the write lock up front).
-    begin: str = "BEGIN"
+    #: Whether the database has one writer at a time (SQLite): the store's connections then open
+    #: every transaction themselves and take turns at the write lock (see ``stores/sqlite.py``).
+    one_writer: bool = False
     #: Whether the driver reads timestamps back as timezone-aware datetimes (nothing to convert).
     aware_timestamps: bool = False
 
@@ -154,6 +155,14 @@ class Dialect:
 
 
 _FORMAT_MARK = re.compile(r"%([s%])")
+
+#: The store's own statements that write: on a one-writer database they wait their turn for the lock.
+_WRITES = re.compile(r"\s*(INSERT|UPDATE|DELETE|REPLACE|SAVEPOINT|CREATE|DROP|ALTER)\b", re.IGNORECASE)
+
+
+def _writes(sql: str) -> bool:
+    """Whether one of the store's own statements writes (user SQL goes through ``ctx.transaction()``)."""
+    return _WRITES.match(sql) is not None
 
 
 def to_qmark(sql: str) -> str:
@@ -319,6 +328,10 @@ class StoreSession:
     def execute(self, sql: str, params: Sequence[Any] = ()) -> Any:
         """Run one statement written with ``%s`` placeholders (see :class:`Dialect`)."""
         cur = self.conn.cursor()
+        if self.d.one_writer and _writes(sql):
+            with self.conn.writing():
+                cur.execute(self.d.placeholders(sql), tuple(params))
+            return cur
         cur.execute(self.d.placeholders(sql), tuple(params))
         return cur
 
@@ -348,8 +361,8 @@ class StoreSession:
             self.store.set_autocommit(self.conn, False)
         self._in_transaction = True
         try:
-            if lock and self.d.name == "sqlite" and not self.conn.in_transaction:
-                self.execute(self.d.begin)
+            if self.d.one_writer:  # the write lock up front, in turn (a no-op inside a transaction)
+                self.conn.begin()
             if lock:
                 for stmt in self.d.schema_lock:
                     self.execute(stmt)
@@ -805,8 +818,13 @@ class StoreSession:
         cur = self._save_cursor
         if cur is None:  # one cursor for every checkpoint of the session
             cur = self._save_cursor = self.conn.cursor()
-        cur.execute(*self.save_statement(job, slot, owner, token, position=position, state=state,
-                                         processed=processed, total=total))
+        statement = self.save_statement(job, slot, owner, token, position=position, state=state, processed=processed,
+                                        total=total)
+        if self.d.one_writer:
+            with self.conn.writing():
+                cur.execute(*statement)
+        else:
+            cur.execute(*statement)
         if cur.rowcount != 1:
             self.rollback()
             raise self.fenced_out(job, slot, save_rejected(job, slot).message)

@@ -1,0 +1,152 @@
+"""The embedded SQLite store keeps the promises PostgreSQL keeps (issue 19).
+
+Guarantee 3 whatever SQL the handler sends through ``ctx.transaction()`` (a ``WITH ... INSERT`` is
+not DML to Python's sqlite3, which would run it in autocommit), ``executescript`` refused, and a
+connection URI with a bad ``synchronous`` refused by name. The concurrency cases (heartbeats and
+control requests while a transactional handler runs, two workers on one file) are in
+``tests/test_sqlite_concurrency.py``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from airflow_resumable.core import Attempt, ConfigurationError, Options, Store
+
+JOB, SLOT = "sqlite.cte", "2026-01-01T00:00:00+00:00"
+ITEMS, CHUNK = 30, 10
+
+# A CTE in front of the INSERT: Python's sqlite3 (isolation_level "") does not recognise it as
+# DML and would run it outside the chunk's transaction.
+CTE_INSERT = "WITH v(item, attempt) AS (VALUES (%s, %s)) INSERT INTO sink (item, attempt) SELECT item, attempt FROM v"
+
+
+def _make_sink(store: Store) -> None:
+    with store.open() as s:
+        s.ensure_schema()
+        s.execute("CREATE TABLE sink (item INTEGER NOT NULL, attempt INTEGER NOT NULL)")
+        s.commit()
+
+
+def _sink(store: Store) -> tuple[int, int]:
+    with store.open() as s:
+        row = s.execute("SELECT count(*), count(DISTINCT item) FROM sink").fetchone()
+        s.commit()
+    return int(row[0]), int(row[1])
+
+
+def _cte_handler(fail_in_chunk: int | None):
+    def handler(ctx: Any) -> int:
+        i = ctx.position or 0
+        while i < ITEMS:
+            tx = ctx.transaction()
+            for item in range(i, i + CHUNK):
+                tx.execute(CTE_INSERT, (item, ctx.attempt))
+                if ctx.attempt == 1 and fail_in_chunk == item // CHUNK and item % CHUNK == CHUNK - 1:
+                    raise RuntimeError("injected failure at the end of the chunk's writes")
+            i += CHUNK
+            ctx.checkpoint(i, processed=i)
+        return i
+
+    return handler
+
+
+def test_cte_inserts_through_the_transaction_commit_with_their_checkpoint_exactly_once(store: Store) -> None:
+    # Given a handler writing each item as a WITH ... INSERT through ctx.transaction(), failing at
+    # the end of chunk 2's writes on attempt 1
+    _make_sink(store)
+    with pytest.raises(RuntimeError, match="injected"):
+        Attempt(store, job=JOB, slot=SLOT, attempt=1, owner="a1").run(_cte_handler(fail_in_chunk=1))
+    # Then the failed chunk's writes rolled back with it: only chunk 1 is in the sink
+    assert _sink(store) == (CHUNK, CHUNK)
+    # When the retry resumes and finishes
+    Attempt(store, job=JOB, slot=SLOT, attempt=2, owner="a2").run(_cte_handler(fail_in_chunk=None))
+    # Then every item is in the sink exactly once, on SQLite as on PostgreSQL
+    assert _sink(store) == (ITEMS, ITEMS)
+
+
+def test_executescript_through_the_transaction_is_refused_and_writes_nothing(tmp_path) -> None:
+    # Given a SQLite store and a handler that sends a script through ctx.transaction()
+    from airflow_resumable.core.stores import SQLiteStore
+
+    store = SQLiteStore(tmp_path / "checkpoints.db")
+    _make_sink(store)
+
+    def handler(ctx: Any) -> None:
+        tx = ctx.transaction()
+        tx.execute("INSERT INTO sink (item, attempt) VALUES (%s, %s)", (1, ctx.attempt))
+        tx.executescript("INSERT INTO sink (item, attempt) VALUES (2, 1); INSERT INTO sink (item, attempt) VALUES (3, 1);")
+
+    # When it runs, then the script is refused with an error naming the job, the slot and the fix,
+    # and neither it nor the chunk's earlier write reached the sink
+    with pytest.raises(ConfigurationError, match="executescript") as caught:
+        Attempt(store, job=JOB, slot=SLOT, attempt=1, owner="a1").run(handler)
+    text = str(caught.value)
+    assert JOB in text and SLOT in text and "execute" in text
+    assert _sink(store) == (0, 0)
+    with store.open() as s:
+        assert s.load(JOB, SLOT).status == "failed"
+
+
+def test_executescript_on_a_cursor_of_the_transaction_is_refused_too(tmp_path) -> None:
+    from airflow_resumable.core.stores import SQLiteStore
+
+    store = SQLiteStore(tmp_path / "checkpoints.db")
+    _make_sink(store)
+
+    def handler(ctx: Any) -> None:
+        ctx.transaction().cursor().executescript("INSERT INTO sink (item, attempt) VALUES (2, 1);")
+
+    with pytest.raises(ConfigurationError, match="executescript"):
+        Attempt(store, job=JOB, slot=SLOT, attempt=1, owner="a1", options=Options()).run(handler)
+    assert _sink(store) == (0, 0)
+
+
+def test_a_sqlite_uri_with_an_unknown_synchronous_mode_is_a_named_configuration_error() -> None:
+    # Given a connection URI whose synchronous= is not one of SQLite's modes
+    from airflow.models.connection import Connection
+
+    from airflow_resumable.hooks.resumable import store_from_connection
+
+    conn = Connection(conn_id="resumable_default", uri="sqlite:////tmp/resumable-i19/checkpoints.db?synchronous=bogus")
+    # When it becomes a store, then the error names the value and the allowed ones
+    with pytest.raises(ConfigurationError) as caught:
+        store_from_connection(conn, job=JOB, slot=SLOT)
+    text = str(caught.value)
+    assert "'bogus'" in text and "NORMAL" in text and "FULL" in text and "synchronous" in text
+    assert "resumable_default" in text and JOB in text
+
+
+def test_a_final_status_the_locked_file_refuses_is_logged_with_the_error_and_what_happens_next(
+    tmp_path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Given a SQLite store with a short busy timeout, and a handler that fails while a process
+    # outside airflow-resumable holds the file's write lock
+    import sqlite3
+
+    from airflow_resumable.core.stores import SQLiteStore
+
+    store = SQLiteStore(tmp_path / "checkpoints.db", busy_timeout=0.3)
+    _make_sink(store)
+    other = sqlite3.connect(store.path, isolation_level=None)
+
+    def handler(ctx: Any) -> None:
+        ctx.checkpoint(1, processed=1)
+        other.execute("BEGIN IMMEDIATE")
+        raise RuntimeError("injected handler failure")
+
+    # When the attempt cannot record "failed", then the store's error propagates and the log says
+    # which status and error were not recorded, and what happens to the row
+    try:
+        with caplog.at_level("ERROR", logger="airflow_resumable"), pytest.raises(sqlite3.OperationalError):
+            Attempt(store, job=JOB, slot=SLOT, attempt=1, owner="a1").run(handler)
+    finally:
+        other.rollback()
+        other.close()
+    text = caplog.text
+    assert "could not record status failed" in text and "injected handler failure" in text
+    assert f"job={JOB}" in text and f"slot={SLOT}" in text and "resumes from the last checkpoint" in text
+    with store.open() as s:
+        assert s.load(JOB, SLOT).status == "running"  # as the log says
