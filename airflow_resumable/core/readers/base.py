@@ -1,0 +1,149 @@
+"""What every reader is: :class:`Reader` (``read(ctx, after, limit)`` plus ``chunks()``) and its :class:`Batch`.
+
+Also the few things the readers share: how they name a bad argument list, a position they cannot
+read, and how they close what they hold between chunks.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+from airflow_resumable.core.checkpoint import short
+from airflow_resumable.core.errors import ConfigurationError
+
+if TYPE_CHECKING:
+    from airflow_resumable.core.context import RunContext
+
+__all__ = ["Batch", "Reader", "check_arguments", "close_quietly"]
+
+_UNSET: Any = object()
+
+#: The hint of a position a reader cannot read: it is not one this reader writes.
+FOREIGN_POSITION = "The checkpoint was written by another read function; restart the slot on purpose"
+
+
+class Batch(list[Any]):
+    """One chunk of items, and the position of each (``positions``, ascending in the reader's order).
+
+    ``position`` is the last item's: where the next batch starts, what to checkpoint.
+
+    ``positions`` may also be given as ``keys`` and a function turning one into a position: the
+    list is then built only when asked for (the skip policy's item-by-item pass), and a chunk
+    that goes well converts its last key only.
+    """
+
+    def __init__(self, items: Iterable[Any] = (), positions: Iterable[Any] = (), *,
+                 keys: Sequence[Any] | None = None, convert: Callable[[Any], Any] | None = None):
+        super().__init__(items)
+        self._keys, self._convert = keys, convert
+        self._positions: list[Any] | None = None if keys is not None and convert is not None else list(positions)
+
+    @property
+    def positions(self) -> list[Any]:
+        if self._positions is None:
+            assert self._keys is not None and self._convert is not None
+            self._positions = list(map(self._convert, self._keys))
+        return self._positions
+
+    @property
+    def position(self) -> Any:
+        """The last item's position (None for an empty batch)."""
+        if self._positions is None:
+            assert self._keys is not None and self._convert is not None
+            return self._convert(self._keys[-1]) if self._keys else None
+        return self._positions[-1] if self._positions else None
+
+
+class Reader(abc.ABC):
+    """A ``read(ctx, after, limit)`` that knows its items' positions.
+
+    Subclasses implement :meth:`read`; what they hold open between chunks (a connection, a file)
+    belongs to one attempt: it is opened on the first read of a run context and closed by
+    :meth:`close`, which the chunk loop calls when it ends, whichever way.
+    """
+
+    #: Names the source in errors and logs (never a password).
+    name: str = ""
+
+    def __init__(self) -> None:
+        self._ctx: Any = None
+
+    def __call__(self, ctx: RunContext, after: Any, limit: int) -> Batch:
+        """Up to ``limit`` items after position ``after`` (None: from the start), in order.
+
+        Raises:
+            ConfigurationError: the source cannot be paged correctly (e.g. a key that is not
+                unique); nothing of the batch was returned.
+        """
+        self._bind(ctx)
+        return self.read(ctx, after, limit)
+
+    def _bind(self, ctx: RunContext | None) -> None:
+        if ctx is not self._ctx:  # a new attempt: nothing held by an earlier one is reused
+            self.close()
+            self._ctx = ctx
+
+    @abc.abstractmethod
+    def read(self, ctx: RunContext, after: Any, limit: int) -> Batch:
+        """See :meth:`__call__`."""
+
+    def close(self) -> None:
+        """Release what is held between chunks. Safe to call more than once."""
+        self._ctx = None
+
+    def chunks(self, ctx: RunContext, size: int, *, after: Any = _UNSET) -> Iterator[Batch]:
+        """The batches from ``after`` (default: ``ctx.position``, the checkpoint) to the end.
+
+        For a handler that owns its loop: process each batch, then
+        ``ctx.checkpoint(batch.position, ...)``. The signal is checked before every read.
+
+        Raises:
+            ConfigurationError: ``size`` is not a positive integer; or what :meth:`read` raises.
+        """
+        if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
+            raise ConfigurationError(f"the chunk size must be a positive integer, got {size!r}", job=ctx.job,
+                                     slot=ctx.slot)
+        position = ctx.position if after is _UNSET else after
+        try:
+            while True:
+                ctx.signal.raise_if_cancelled()
+                batch = self(ctx, position, size)
+                if not batch:
+                    return
+                yield batch
+                position = batch.position
+        finally:
+            self.close()
+
+    def _error(self, ctx: RunContext | None, message: str, hint: str) -> ConfigurationError:
+        """An error about this source, naming the job and the slot when there is a run context."""
+        return ConfigurationError(f"{self.name}: {message}", job=ctx.job if ctx is not None else None,
+                                  slot=ctx.slot if ctx is not None else None, hint=hint)
+
+    def _not_a_position(self, ctx: RunContext, after: Any, kind: str) -> ConfigurationError:
+        """The checkpoint's position is not ``kind`` (e.g. "a byte offset"): another reader wrote it."""
+        return self._error(ctx, f"the position {short(after)} is not {kind}", FOREIGN_POSITION)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.name})"
+
+
+def check_arguments(reader: str, problems: list[str]) -> None:
+    """Refuse a reader's arguments, naming every problem at once (when the DAG is parsed).
+
+    Raises:
+        ConfigurationError: ``problems`` is not empty.
+    """
+    if problems:
+        raise ConfigurationError(f"{reader} reader: " + "; ".join(problems), hint="Fix the reader's arguments")
+
+
+def close_quietly(resource: Any) -> None:
+    """Close a connection or a file held between chunks; one already broken has nothing to give back."""
+    if resource is not None:
+        try:
+            resource.close()
+        except Exception:  # pragma: no cover - closing a broken connection or file
+            pass
