@@ -27,6 +27,22 @@ def test_no_core_module_mentions_airflow_imports() -> None:
         assert "import airflow" not in text and "from airflow " not in text and "from airflow." not in text, path
 
 
+def test_each_reader_name_is_one_object_under_its_module_and_both_public_paths() -> None:
+    """core/readers/ is split one module a part; airflow_resumable.core.readers.X and
+    airflow_resumable.readers.X stay the import paths users write."""
+    from airflow_resumable import readers as public
+    from airflow_resumable.core import readers as core
+    from airflow_resumable.core.readers import base, file, keys, keyset, sequence, sql
+
+    homes = {"Batch": base, "Reader": base, "KeysetReader": keyset, "FileReader": file, "FORMATS": file,
+             "SequenceReader": sequence, "json_key": keys, "placeholders": sql}
+    for name, home in homes.items():
+        assert getattr(core, name) is getattr(home, name), name
+        if name in public.__all__:
+            assert getattr(public, name) is getattr(home, name), name
+    assert {"Batch", "FileReader", "KeysetReader", "Reader", "SequenceReader", "json_key"} <= set(public.__all__)
+
+
 def test_the_provider_registers_the_task_decorator() -> None:
     code = (
         "from airflow.sdk import task\n"
