@@ -58,7 +58,8 @@ class Option:
         name: the keyword argument (and the operator's attribute).
         default: its default (None: optional, and None is never checked).
         doc: what it does, in Markdown (one line: the README's table and the docstring).
-        check: the parse-time check (None: checked by the operator, which knows more).
+        check: the parse-time check (None: none here; ``handler_kwargs``, which may be an XCom, is
+            checked by the operator).
         seconds: a duration: seconds, or a ``timedelta`` taken as seconds.
         templated: rendered by Airflow's templating (one of the operator's ``template_fields``).
         shown: the README's default, where the value alone does not say it.
@@ -94,8 +95,8 @@ class Option:
             default = f'`"{self.default}"`'
         else:
             default = f"`{self.default:g}`" if isinstance(self.default, float) else f"`{self.default}`"
-        doc = self.doc + (" (templated)" if self.templated else "")
-        return f"| `{self.name}` | {default} | {doc.replace('|', chr(92) + '|')} |"
+        cell = (self.doc + (" (templated)" if self.templated else "")).replace("|", r"\|")  # a | inside a cell
+        return f"| `{self.name}` | {default} | {cell} |"
 
     def text(self) -> str:
         """The option's doc for a docstring: ``doc`` and ``more``."""

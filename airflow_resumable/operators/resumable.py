@@ -529,7 +529,7 @@ class ResumableOperator(BaseOperator):
 OPERATOR_ARGUMENTS: tuple[Option, ...] = tuple(
     ARGUMENTS[name] for name in inspect.signature(ResumableOperator.__init__).parameters if name in ARGUMENTS
 )
-ResumableOperator.__doc__ = f"{ResumableOperator.__doc__}\n{params_doc(OPERATOR_ARGUMENTS)}\n"
+ResumableOperator.__doc__ = f"{(ResumableOperator.__doc__ or '').rstrip()}\n\n{params_doc(OPERATOR_ARGUMENTS)}\n"
 
 
 def _lease_lost(exc: BaseException) -> bool:
