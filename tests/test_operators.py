@@ -225,6 +225,8 @@ def test_the_operator_takes_exactly_the_declared_arguments_keyword_only_with_the
     templated = [a.name for a in ARGUMENTS.values() if a.templated]
     assert list(ResumableOperator.template_fields) == templated == ["job", "restart", "handler_kwargs"]
     assert list(_ResumableDecoratedOperator.template_fields) == ["op_args", "op_kwargs", "job", "restart"]
+    # The class's attribute types (for the arguments it reads itself) name declared arguments only.
+    assert set(ResumableOperator.__annotations__) - {"template_fields"} <= set(ARGUMENTS)
 
 
 def test_every_declared_duration_is_stored_in_seconds_under_its_own_name(airflow_home: Path) -> None:
