@@ -203,6 +203,44 @@ def test_bad_operator_arguments_fail_at_parse_time_naming_the_task(
     assert "task 'nightly_export'" in str(err.value)
 
 
+def test_the_operator_takes_exactly_the_declared_arguments_keyword_only_with_their_defaults(airflow_home: Path) -> None:
+    """The signature is written out for Airflow (default_args, .partial/.expand checks) and IDEs;
+    this keeps it equal to the declarations in core/options.py, so a missed place fails here."""
+    import inspect
+
+    from airflow_resumable import ResumableOperator
+    from airflow_resumable.core.options import ARGUMENTS
+    from airflow_resumable.decorators.resumable import _ResumableDecoratedOperator
+
+    params = {n: p for n, p in inspect.signature(ResumableOperator.__init__).parameters.items()
+              if p.kind is not inspect.Parameter.VAR_KEYWORD and n != "self"}
+    assert set(params) == set(ARGUMENTS)
+    for name, param in params.items():
+        declared = ARGUMENTS[name]
+        assert param.kind is inspect.Parameter.KEYWORD_ONLY, name
+        assert param.default == declared.default and type(param.default) is type(declared.default), name
+        # A duration takes seconds or a timedelta (stored as seconds); nothing else takes a timedelta.
+        assert ("timedelta" in str(param.annotation)) == declared.seconds, name
+        assert f":param {name}: " in (ResumableOperator.__doc__ or ""), name
+    templated = [a.name for a in ARGUMENTS.values() if a.templated]
+    assert list(ResumableOperator.template_fields) == templated == ["job", "restart", "handler_kwargs"]
+    assert list(_ResumableDecoratedOperator.template_fields) == ["op_args", "op_kwargs", "job", "restart"]
+    # The class's attribute types (for the arguments it reads itself) name declared arguments only.
+    assert set(ResumableOperator.__annotations__) - {"template_fields"} <= set(ARGUMENTS)
+
+
+def test_every_declared_duration_is_stored_in_seconds_under_its_own_name(airflow_home: Path) -> None:
+    from datetime import timedelta
+
+    from airflow_resumable import ResumableOperator
+    from airflow_resumable.core.options import ARGUMENTS
+
+    durations = [a.name for a in ARGUMENTS.values() if a.seconds]
+    assert len(durations) == 12
+    op = ResumableOperator(task_id="a", handler=_noop, **{name: timedelta(seconds=2 + i) for i, name in enumerate(durations)})
+    assert [getattr(op, name) for name in durations] == [2.0 + i for i in range(len(durations))]
+
+
 @pytest.mark.parametrize("chunk_size", [0, -1, 1.5, None])
 def test_a_chunk_size_that_is_not_a_positive_int_fails_at_parse_time(airflow_home: Path, chunk_size: Any) -> None:
     from airflow_resumable import ChunkedOperator

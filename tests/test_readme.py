@@ -39,7 +39,22 @@ def test_the_readme_column_tables_are_the_tables_definitions() -> None:
         assert body == table.markdown(), f"regenerate the README table of {table.name} from Table.markdown()"
 
 
-def test_the_api_table_states_the_defaults_the_code_has() -> None:
+def test_the_readme_argument_table_is_the_operators_declarations(airflow_home: Path) -> None:
+    """Every argument's row (name, default, meaning) comes from its declaration, which reads its
+    default from ``core/defaults.py``; the operator's signature is checked against the same
+    declarations in tests/test_operators.py."""
+    from airflow_resumable.core.options import markdown
+    from airflow_resumable.operators.resumable import OPERATOR_ARGUMENTS
+
+    start = README.index("<!-- arguments: ResumableOperator -->")
+    body = README[start:README.index("<!-- end arguments -->", start)].split("\n", 1)[1].strip()
+    assert body == markdown(OPERATOR_ARGUMENTS), "regenerate the README's argument table from options.markdown()"
+
+
+def test_the_chunked_operator_table_states_the_defaults_of_its_signature(airflow_home: Path) -> None:
+    import inspect
+
+    from airflow_resumable import ChunkedOperator
     from airflow_resumable.core import defaults
 
     def shown(value: object) -> str:
@@ -47,13 +62,10 @@ def test_the_api_table_states_the_defaults_the_code_has() -> None:
             return f'`"{value}"`'
         return f"`{value:g}`" if isinstance(value, float) else f"`{value}`"
 
-    rows = {
-        "conn_id": shown(defaults.CONN_ID), "timeout_grace": shown(defaults.TIMEOUT_GRACE),
-        "lease": shown(defaults.LEASE), "overlap": shown(defaults.OVERLAP),
-        "overlap_poke` / `overlap_timeout": f"{shown(defaults.OVERLAP_POKE)} / {shown(defaults.OVERLAP_TIMEOUT)}",
-        "progress_interval": shown(defaults.PROGRESS_INTERVAL), "xcom_interval": shown(defaults.XCOM_INTERVAL),
-        "skip_limit": shown(defaults.SKIP_LIMIT),
-        "defer_after": shown(defaults.DEFER_AFTER), "resume_poll": shown(defaults.RESUME_POLL),
-    }
+    params = inspect.signature(ChunkedOperator.__init__).parameters
+    section = README[README.index("### `ChunkedOperator(*"):README.index("### `@task.resumable(")]
+    rows = dict(re.findall(r"^\| `(\w+)` \| ([^|]+) \|", section, re.M))
+    assert set(rows) == {"skip_on", "skip_limit"}
     for name, default in rows.items():
-        assert f"| `{name}` | {default} |" in README, f"the README's default for {name} is not {default}"
+        assert default == shown(params[name].default), f"the README's default for {name} is not the signature's"
+    assert rows["skip_limit"] == shown(defaults.SKIP_LIMIT)

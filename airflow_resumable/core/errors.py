@@ -99,20 +99,23 @@ class LeaseBusy(ResumableError):
         super().__init__(message, **kwargs)
 
 
-class OverlapSkip(ResumableError):
+class Overlap(ResumableError):
+    """An earlier run of the same job is still live; ``others`` names its live slots.
+
+    Raised as one of its kinds, which the overlap policy picks: :class:`OverlapSkip` or :class:`OverlapWait`.
+    """
+
+    def __init__(self, message: str, *, others: list[str] | None = None, **kwargs: Any):
+        self.others = others or []
+        super().__init__(message, **kwargs)
+
+
+class OverlapSkip(Overlap):
     """An earlier run of the same job is still live and the overlap policy is ``skip``."""
 
-    def __init__(self, message: str, *, others: list[str] | None = None, **kwargs: Any):
-        self.others = others or []
-        super().__init__(message, **kwargs)
 
-
-class OverlapWait(ResumableError):
+class OverlapWait(Overlap):
     """An earlier run of the same job is still live and the overlap policy is ``wait``."""
-
-    def __init__(self, message: str, *, others: list[str] | None = None, **kwargs: Any):
-        self.others = others or []
-        super().__init__(message, **kwargs)
 
 
 class Cancelled(Exception):

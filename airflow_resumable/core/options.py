@@ -1,8 +1,16 @@
-"""An attempt's options and the checks every entry point makes of its arguments.
+"""The operators' arguments, each declared once, and the checks every entry point makes of them.
+
+Each argument is an :class:`Option`: its name, default, doc and parse-time check, written in one
+place. An attempt's options are fields of :class:`Options`, declared with :func:`option` (as
+:func:`~airflow_resumable.core.schema.column` declares a column); the operator's own arguments
+are :data:`TASK_OPTIONS`. Everything else derives from them: :func:`problems` (every problem at
+once, at DAG parse time where it can), the operator's ``Options(...)`` and attributes, its
+docstring's parameter list and the README's argument table (tests compare the operator's
+signature and the README with :data:`ARGUMENTS`).
 
 Every check returns a sentence naming the argument and what was wrong (or None), so callers can
-report all problems at once, at DAG parse time where they can: :class:`Options` (the core's),
-``ResumableOperator`` and ``ChunkedOperator`` (the operators') and the chunk loop use them.
+report all problems at once: :class:`Options` (the core's), ``ResumableOperator`` and
+``ChunkedOperator`` (the operators') and the chunk loop use them.
 """
 
 from __future__ import annotations
@@ -10,7 +18,9 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import math
-from collections.abc import Callable, Collection, Sequence
+import re
+import textwrap
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -36,87 +46,277 @@ MAX_SECONDS = 366 * 86400.0
 #: and PostgreSQL cannot index a key over about 2,700 bytes: two names of 1,024 bytes fit.
 MAX_KEY_BYTES = 1024
 
+#: A parse-time check: ``check(name, value)`` is what is wrong with the value, as a sentence, or None.
+Check = Callable[[str, Any], "str | None"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Option:
+    """One argument, declared once.
+
+    Attributes:
+        name: the keyword argument (and the operator's attribute).
+        default: its default (None: optional, and None is never checked).
+        doc: what it does, in Markdown (one line: the README's table and the docstring).
+        check: the parse-time check (None: none here; ``handler_kwargs``, which may be an XCom, is
+            checked by the operator).
+        seconds: a duration: seconds, or a ``timedelta`` taken as seconds.
+        templated: rendered by Airflow's templating (one of the operator's ``template_fields``).
+        shown: the README's default, where the value alone does not say it.
+        more: what the docstring adds to ``doc``.
+    """
+
+    name: str
+    default: Any
+    doc: str
+    check: Check | None = None
+    seconds: bool = False
+    templated: bool = False
+    shown: str | None = None
+    more: str = ""
+
+    def take(self, value: Any) -> Any:
+        """The value as stored: a duration's ``timedelta`` as seconds, anything else as given."""
+        if self.seconds and isinstance(value, timedelta):
+            return value.total_seconds()
+        return value
+
+    def problem(self, value: Any) -> str | None:
+        """What is wrong with ``value`` for this option, as a sentence, or None."""
+        if self.check is None or (value is None and self.default is None):
+            return None
+        return self.check(self.name, value)
+
+    def row(self) -> str:
+        """The option's row of the README's argument table."""
+        if self.shown is not None:
+            default = self.shown
+        elif isinstance(self.default, str):
+            default = f'`"{self.default}"`'
+        else:
+            default = f"`{self.default:g}`" if isinstance(self.default, float) else f"`{self.default}`"
+        cell = (self.doc + (" (templated)" if self.templated else "")).replace("|", r"\|")  # a | inside a cell
+        return f"| `{self.name}` | {default} | {cell} |"
+
+    def text(self) -> str:
+        """The option's doc for a docstring: ``doc`` and ``more``."""
+        return " ".join(part for part in (self.doc + (" (templated)." if self.templated else "."), self.more) if part)
+
+    def param(self) -> str:
+        """The option's ``:param:`` entry for a docstring (reStructuredText)."""
+        return f":param {self.name}: {_rst(self.text())}"
+
+
+def option(
+    default: Any, doc: str, *, check: Check | None = None, seconds: bool = False, shown: str | None = None,
+    more: str = "",
+) -> Any:
+    """A dataclass field of :class:`Options` that is also an operator argument (see :class:`Option`)."""
+    spec = {"doc": doc, "check": check, "seconds": seconds, "shown": shown, "more": more}
+    return dataclasses.field(default=default, metadata={"option": spec})
+
+
+def declared(cls: type) -> tuple[Option, ...]:
+    """The options declared as fields of the dataclass ``cls`` with :func:`option`, in order."""
+    return tuple(
+        Option(f.name, f.default, **f.metadata["option"]) for f in dataclasses.fields(cls) if "option" in f.metadata
+    )
+
+
+def problems(options: Iterable[Option], values: Mapping[str, Any]) -> list[str]:
+    """Every problem with ``values`` (keyed by option name; absent ones are not checked), as sentences."""
+    return [p for o in options if o.name in values and (p := o.problem(values[o.name]))]
+
+
+def markdown(options: Iterable[Option]) -> str:
+    """The README's argument table."""
+    return "\n".join(["| argument | default | meaning |", "|---|---|---|", *(o.row() for o in options)])
+
+
+def params_doc(options: Iterable[Option], indent: str = "    ", style: str = "rst") -> str:
+    """A docstring's list of the options: ``:param name: ...`` (``rst``) or ``name: ...`` (``google``)."""
+    return "\n".join(
+        textwrap.fill(o.param() if style == "rst" else f"{o.name}: {_rst(o.text())}", width=100,
+                      initial_indent=indent, subsequent_indent=indent + "    ")
+        for o in options
+    )
+
+
+def _rst(markdown_text: str) -> str:
+    """Markdown's inline code (```x```) as reStructuredText's (````x````)."""
+    return re.sub(r"`([^`]+)`", r"``\1``", markdown_text)
+
+
+# -- checks ------------------------------------------------------------------------------------
+
+
+def seconds(*, positive: bool = False, minimum: float = 0.0, maximum: float = MAX_SECONDS, why: str = "") -> Check:
+    """The check of a duration (see :func:`duration_problem`)."""
+    return lambda name, value: duration_problem(name, value, positive=positive, minimum=minimum, maximum=maximum,
+                                                why=why)
+
+
+def one_of(choices: Sequence[str]) -> Check:
+    """The check of a value that must be one of ``choices``."""
+    def check(name: str, value: Any) -> str | None:
+        return None if value in choices else f"{name} must be one of {', '.join(choices)}, got {value!r}"
+
+    return check
+
+
+def flag(name: str, value: Any) -> str | None:
+    """The check of a True/False option."""
+    return None if isinstance(value, bool) else f"{name} must be True or False, got {value!r}"
+
+
+def function(name: str, value: Any) -> str | None:
+    """The check of a handler: something to call as ``handler(ctx)`` (how, the operator checks)."""
+    return None if callable(value) else f"{name} must be callable as {name}(ctx), got {type(value).__name__}"
+
+
+def function_of_ctx(name: str, value: Any) -> str | None:
+    """The check of an ``fn(ctx)`` option (the throttle)."""
+    if not callable(value):
+        return f"{name} must be a function fn(ctx) -> seconds or None, got {type(value).__name__}"
+    return call_problem(value, name, ("ctx",), ())
+
+
+def connection_id(name: str, value: Any) -> str | None:
+    """The check of an Airflow connection id."""
+    return None if isinstance(value, str) and value else f"{name} must be a connection id, got {value!r}"
+
+
+def job_name(name: str, value: Any) -> str | None:
+    """The check of a job name; a template (``{{ ... }}``) is checked once rendered, when the task runs."""
+    if isinstance(value, str) and not templated(value):
+        return key_problem(name, value)
+    return None
+
+
+def templated(text: str) -> bool:
+    """Whether ``text`` is a Jinja template (rendered by Airflow before the task runs)."""
+    return "{{" in text or "{%" in text
+
+
+def _policies() -> str:
+    return ", ".join(f'`"{p}"`' for p in OVERLAP_POLICIES)
+
 
 @dataclasses.dataclass(frozen=True)
 class Options:
     """How an attempt behaves. Validated on construction, so bad values fail at DAG parse time.
 
-    Attributes:
-        timeout: seconds after which the signal fires with reason ``timeout`` (None: never).
-        lease: seconds a lease lasts without renewal; renewed every ``lease / 3``.
-        lease_wait: how long to wait for another live attempt's lease before giving up
-            (None: one lease duration plus one heartbeat, enough for a dead holder's lease to lapse).
-        overlap: ``skip``, ``allow``, ``wait`` or ``replace`` (between slots of the same job).
-        restart: discard an unfinished checkpoint and start over, on purpose.
-        progress_interval: seconds between progress log lines.
-        throttle: ``fn(ctx) -> seconds | timedelta | None``, asked after every checkpoint: a wait
-            before the next chunk (None or 0: none). A wait of ``defer_after`` or more pauses the
-            run (reason ``throttled``) until then; a shorter one sleeps on the signal.
-        max_runtime: seconds the attempt runs in one go before it pauses (reason ``time_slice``)
-            to give its worker back for a moment (None: no limit).
-        defer_after: the throttle wait from which the run pauses instead of sleeping.
-        pipeline_checkpoints: write each checkpoint while the next chunk runs (one write in
-            flight; a crash then repeats up to two chunks). Not with ``ctx.transaction()``.
+    ``restart`` discards an unfinished checkpoint and starts over, on purpose (the operator sets it
+    from its own ``restart`` and the run's conf on the run's first try). Every other field is an
+    :class:`Option`, listed below from its declaration. Construction raises
+    :class:`~airflow_resumable.core.errors.ConfigurationError` naming every option that is wrong.
     """
 
-    timeout: float | None = None
-    lease: float = defaults.LEASE
-    lease_wait: float | None = None
-    overlap: str = defaults.OVERLAP
+    timeout: float | None = option(
+        None, "cooperative timeout per attempt, in seconds: the signal fires with reason `timeout`",
+        check=seconds(positive=True), seconds=True,
+        more="The handler stops at its next chunk boundary, the attempt fails and is retried from the checkpoint. "
+             "When `execution_timeout` is not set, the operator sets it to `timeout + timeout_grace` as a backstop.",
+    )
+    lease: float = option(
+        defaults.LEASE,
+        f"seconds a lease lasts without renewal ({MIN_LEASE:g} to {MAX_LEASE:g}, one day); renewed every `lease / 3`",
+        check=seconds(minimum=MIN_LEASE, maximum=MAX_LEASE, why=" (it is renewed every lease/3)"), seconds=True,
+    )
+    lease_wait: float | None = option(
+        None, "seconds to wait for another live attempt of the slot", check=seconds(), seconds=True,
+        shown="one lease + one heartbeat",
+        more="None: one lease and one heartbeat, enough for a dead holder's lease to lapse.",
+    )
+    overlap: str = option(
+        defaults.OVERLAP, f"{_policies()}: what a run does when another slot of the same job is still live",
+        check=one_of(OVERLAP_POLICIES),
+    )
     restart: bool = False
-    progress_interval: float = defaults.PROGRESS_INTERVAL
-    throttle: Callable[..., Any] | None = None
-    max_runtime: float | None = None
-    defer_after: float = defaults.DEFER_AFTER
-    pipeline_checkpoints: bool = defaults.PIPELINE_CHECKPOINTS
+    progress_interval: float = option(
+        defaults.PROGRESS_INTERVAL, "seconds between progress lines in the task log", check=seconds(), seconds=True,
+    )
+    throttle: Callable[..., Any] | None = option(
+        None, "`fn(ctx) -> seconds | timedelta | None`, asked after every checkpoint: a wait before the next chunk",
+        check=function_of_ctx,
+        more="None or 0: no wait. A wait shorter than `defer_after` sleeps on the run's signal (a cancel still stops "
+             "it at once); a longer one pauses the task (reason `throttled`): it defers, holding no worker slot, and "
+             "continues in the same try when the time comes.",
+    )
+    max_runtime: float | None = option(
+        None, "seconds to run in one go before deferring for an instant (a time slice)",
+        check=seconds(positive=True), seconds=True,
+        more="The task checkpoints and pauses (reason `time_slice`), giving its worker slot back to the queue "
+             "(pools, other DAGs), then continues in the same try. None: no limit.",
+    )
+    defer_after: float = option(
+        defaults.DEFER_AFTER, "a throttle wait this long or longer defers instead of sleeping", check=seconds(),
+        seconds=True,
+    )
+    pipeline_checkpoints: bool = option(
+        defaults.PIPELINE_CHECKPOINTS,
+        "write each checkpoint on a second connection while the next chunk runs (one write in flight): the "
+        "checkpoint leaves the loop, a crash repeats up to two chunks; refused with `ctx.transaction()`",
+        check=flag,
+    )
 
     def __post_init__(self) -> None:
-        problems = validate_options(
-            timeout=self.timeout, lease=self.lease, lease_wait=self.lease_wait, overlap=self.overlap,
-            progress_interval=self.progress_interval, throttle=self.throttle, max_runtime=self.max_runtime,
-            defer_after=self.defer_after, pipeline_checkpoints=self.pipeline_checkpoints,
-        )
-        if problems:
-            raise ConfigurationError("; ".join(problems))
+        found = problems(ATTEMPT_OPTIONS, vars(self))
+        if found:
+            raise ConfigurationError("; ".join(found))
 
     @property
     def effective_lease_wait(self) -> float:
         return self.lease_wait if self.lease_wait is not None else self.lease + heartbeat_interval(self.lease)
 
 
-def validate_options(
-    *, timeout: Any, lease: Any, lease_wait: Any, overlap: Any, progress_interval: Any = 0, throttle: Any = None,
-    max_runtime: Any = None, defer_after: Any = defaults.DEFER_AFTER, pipeline_checkpoints: Any = False,
-) -> list[str]:
-    """Every problem with these options, as sentences (empty when they are fine)."""
-    problems = [
-        p for p in (
-            None if timeout is None else duration_problem("timeout", timeout, positive=True),
-            duration_problem(
-                "lease", lease, minimum=MIN_LEASE, maximum=MAX_LEASE, why=" (it is renewed every lease/3)"
-            ),
-            None if lease_wait is None else duration_problem("lease_wait", lease_wait),
-        ) if p
-    ]
-    if overlap not in OVERLAP_POLICIES:
-        problems.append(f"overlap must be one of {', '.join(OVERLAP_POLICIES)}, got {overlap!r}")
-    problems += [
-        p for p in (
-            duration_problem("progress_interval", progress_interval),
-            None if max_runtime is None else duration_problem("max_runtime", max_runtime, positive=True),
-            duration_problem("defer_after", defer_after),
-        ) if p
-    ]
-    if throttle is not None:
-        if not callable(throttle):
-            problems.append(f"throttle must be a function fn(ctx) -> seconds or None, got {type(throttle).__name__}")
-        else:
-            problem = call_problem(throttle, "throttle", ("ctx",), ())
-            if problem:
-                problems.append(problem)
-    if not isinstance(pipeline_checkpoints, bool):
-        problems.append(f"pipeline_checkpoints must be True or False, got {pipeline_checkpoints!r}")
-    return problems
+#: The operator's own arguments: what a task is (handler, store, job) and how the operator waits,
+#: reports and defers. Their values never reach the core's :class:`Options`.
+TASK_OPTIONS: tuple[Option, ...] = (
+    Option("handler", None, "`fn(ctx)` (or `fn(ctx, **handler_kwargs)`) owning its loop", check=function,
+           shown="required"),
+    Option("conn_id", defaults.CONN_ID, "Airflow connection of the checkpoint store (`sqlite` or `postgres`)",
+           check=connection_id),
+    Option("job", None, "the job's name; a mapped task instance always adds `[map_index]`", check=job_name,
+           templated=True, shown="`<dag_id>.<task_id>`",
+           more="Whatever `job` says: one checkpoint per partition. Two tasks with the same job share checkpoints "
+                "and the overlap policy: the slot one of them finished is not run again by the other."),
+    Option("restart", False,
+           'start the slot over on the run\'s first try, on purpose: a bool or `"true"`/`"false"`, e.g. '
+           '`"{{ params.restart }}"`', templated=True,
+           more="An unfinished checkpoint is discarded and a finished slot runs again. Retries and Clears resume "
+                "as usual."),
+    Option("timeout_grace", defaults.TIMEOUT_GRACE, "seconds between `timeout` and the `execution_timeout` backstop",
+           check=seconds(), seconds=True),
+    Option("overlap_poke", defaults.OVERLAP_POKE, 'seconds between checks while `overlap="wait"`',
+           check=seconds(positive=True), seconds=True),
+    Option("overlap_timeout", defaults.OVERLAP_TIMEOUT, 'seconds `overlap="wait"` waits in all before failing the attempt',
+           check=seconds(), seconds=True),
+    Option("xcom_interval", defaults.XCOM_INTERVAL, "seconds between XCom pushes of the row", check=seconds(),
+           seconds=True),
+    Option("pause_timeout", None, "seconds a paused task waits for its resume before Airflow fails it",
+           check=seconds(positive=True), seconds=True,
+           more="A paused task is one paused by `airflow_resumable.control.pause`; Airflow fails it with "
+                "`TaskDeferralTimeout` (its retries apply). None: no limit."),
+    Option("resume_poll", defaults.RESUME_POLL, "seconds between the paused task's reads of its row, in the triggerer",
+           check=seconds(minimum=0.1, maximum=3600.0), seconds=True),
+    Option("handler_kwargs", None,
+           "keyword arguments for the handler (`read`/`process` for `ChunkedOperator`); `.expand()` them for mapped "
+           "tasks", templated=True, shown="`{}`"),
+)
+
+#: The options of an attempt: the fields of :class:`Options` declared with :func:`option`.
+ATTEMPT_OPTIONS: tuple[Option, ...] = declared(Options)
+
+#: Every argument the operators declare, by name: the operator's own and the attempt's.
+ARGUMENTS: Mapping[str, Option] = {o.name: o for o in (*TASK_OPTIONS, *ATTEMPT_OPTIONS)}
+
+Options.__doc__ = f"{Options.__doc__}\n    Attributes:\n{params_doc(ATTEMPT_OPTIONS, indent='        ', style='google')}\n"
+
+
+def validate_options(**values: Any) -> list[str]:
+    """Every problem with these :class:`Options` values, as sentences (empty when they are fine)."""
+    return problems(ATTEMPT_OPTIONS, values)
 
 
 def wait_seconds(value: Any) -> float | None:

@@ -54,7 +54,10 @@ class _ResumableDecoratedOperator(DecoratedOperator, ResumableOperator):
     """Runs the decorated function as a resumable handler."""
 
     custom_operator_name = "@task.resumable"
-    template_fields: Sequence[str] = ("op_args", "op_kwargs", "job", "restart")
+    # The function's arguments stand in for handler_kwargs; the other templated arguments stay.
+    template_fields: Sequence[str] = (
+        "op_args", "op_kwargs", *(f for f in ResumableOperator.template_fields if f != "handler_kwargs"),
+    )
     template_fields_renderers = {"op_args": "py", "op_kwargs": "py"}
     shallow_copy_attrs: Sequence[str] = ("python_callable", "resumable_fn")
 

@@ -10,6 +10,7 @@ outcomes through :mod:`airflow_resumable.operators.outcome`.
 from __future__ import annotations
 
 import functools
+import inspect
 import os
 import socket
 import time
@@ -22,7 +23,8 @@ from airflow_resumable.core.checkpoint import Checkpoint, Origin
 from airflow_resumable.core.chunked import calls_problems, chunk_loop, chunked_problems
 from airflow_resumable.core.context import RunContext
 from airflow_resumable.core.errors import Cancelled, ConfigurationError, LeaseLost, OverlapWait, Paused
-from airflow_resumable.core.options import Options, call_problem, duration_problem, key_problem, validate_options
+from airflow_resumable.core.options import ARGUMENTS, ATTEMPT_OPTIONS, Option, Options, call_problem, params_doc
+from airflow_resumable.core.options import problems as option_problems
 from airflow_resumable.core.progress import Progress, Reporter
 from airflow_resumable.core.readers import Reader
 from airflow_resumable.core.runner import Attempt, Outcome
@@ -63,10 +65,6 @@ def _seconds(value: Any) -> Any:
     if isinstance(value, timedelta):
         return value.total_seconds()
     return value
-
-
-def _templated(text: str) -> bool:
-    return "{{" in text or "{%" in text
 
 
 def slot_of(context: Mapping[str, Any]) -> tuple[str, datetime | None]:
@@ -149,50 +147,29 @@ class ResumableOperator(BaseOperator):
     progress, then raises :class:`~airflow_resumable.core.errors.Cancelled` if the run was asked
     to stop. Returning means the work is done.
 
-    :param handler: ``fn(ctx)``, or ``fn(ctx, **handler_kwargs)``.
-    :param conn_id: Airflow connection of the checkpoint store (``sqlite`` or ``postgres``).
-    :param job: the job's name (templated). Default ``<dag_id>.<task_id>``. A mapped task
-        instance always adds its ``[map_index]``, whatever ``job`` says: one checkpoint per
-        partition. Two tasks with the same job share checkpoints and the overlap policy: the slot
-        one of them finished is not run again by the other.
-    :param restart: run the slot from the beginning on the run's first try, on purpose: an
-        unfinished checkpoint is discarded and a finished slot runs again (templated: a bool or
-        ``"true"``/``"false"``, e.g. ``"{{ params.restart }}"``). Retries and Clears resume as usual.
-    :param timeout: cooperative timeout per attempt (seconds or timedelta): the signal fires with
-        reason ``timeout``, the handler stops at its next chunk boundary, the attempt fails and
-        is retried from the checkpoint. When ``execution_timeout`` is not set, it is set to
-        ``timeout + timeout_grace`` as a backstop.
-    :param timeout_grace: seconds between the cooperative timeout and the backstop.
-    :param lease: seconds a slot's lease lasts without renewal (renewed every ``lease / 3``).
-    :param lease_wait: seconds to wait for another live attempt of the same slot (default: one
-        lease and one heartbeat).
-    :param overlap: ``skip`` (default), ``allow``, ``wait`` or ``replace``: what to do when
-        another slot of the same job is still running.
-    :param overlap_poke: seconds between checks while ``overlap="wait"``.
-    :param overlap_timeout: seconds ``overlap="wait"`` waits in all before failing the attempt.
-    :param progress_interval: seconds between progress lines in the task log.
-    :param xcom_interval: seconds between pushes of the checkpoint row to XCom.
-    :param throttle: ``fn(ctx) -> seconds | timedelta | None``, asked after every checkpoint: how
-        long to wait before the next chunk (None or 0: no wait). A wait shorter than
-        ``defer_after`` sleeps on the run's signal (a cancel still stops it at once); a longer one
-        pauses the task (reason ``throttled``): it defers, holding no worker slot, and continues
-        in the same try when the time comes.
-    :param defer_after: seconds from which a throttle wait defers instead of sleeping.
-    :param max_runtime: seconds the task runs in one go before it checkpoints and defers for an
-        instant (reason ``time_slice``), giving its worker slot back to the queue (pools, other
-        DAGs), then continues in the same try. None: no limit.
-    :param pause_timeout: seconds a paused task (``airflow_resumable.control.pause``) waits for its
-        resume before Airflow fails it (``TaskDeferralTimeout``; its retries apply). None: no limit.
-    :param resume_poll: seconds between the paused task's reads of its row in the triggerer.
-    :param pipeline_checkpoints: write each checkpoint while the next chunk runs, on a second
-        connection (one write in flight at most): the checkpoint's round trip leaves the loop, but
-        a crash repeats up to two chunks instead of one. Not for handlers using ``ctx.transaction()``.
-    :param handler_kwargs: keyword arguments for the handler (templated).
+    Durations are seconds or a ``timedelta``. The parameters, from their declarations
+    (:data:`airflow_resumable.core.options.ARGUMENTS`):
+
     """
 
-    template_fields: Sequence[str] = ("job", "restart", "handler_kwargs")
+    template_fields: Sequence[str] = tuple(a.name for a in ARGUMENTS.values() if a.templated)
     template_fields_renderers = {"handler_kwargs": "json"}
     ui_color = "#e8f4ea"
+
+    # The arguments as stored (a duration as seconds), set in __init__ from their declarations:
+    # the types of those this class reads itself (the rest reach the core through Options).
+    handler: Callable[..., Any] | None
+    conn_id: str
+    job: str | None
+    restart: bool | str
+    handler_kwargs: Any  # a dict, or an XCom that rendering turns into one
+    timeout: float | None
+    timeout_grace: float
+    overlap_poke: float
+    overlap_timeout: float
+    xcom_interval: float
+    pause_timeout: float | None
+    resume_poll: float
 
     def __init__(
         self,
@@ -200,6 +177,7 @@ class ResumableOperator(BaseOperator):
         handler: Callable[..., Any] | None = None,
         conn_id: str = DEFAULT_CONN_ID,
         job: str | None = None,
+        restart: bool | str = False,
         timeout: float | timedelta | None = None,
         timeout_grace: float | timedelta = defaults.TIMEOUT_GRACE,
         lease: float | timedelta = defaults.LEASE,
@@ -209,38 +187,21 @@ class ResumableOperator(BaseOperator):
         overlap_timeout: float | timedelta = defaults.OVERLAP_TIMEOUT,
         progress_interval: float | timedelta = defaults.PROGRESS_INTERVAL,
         xcom_interval: float | timedelta = defaults.XCOM_INTERVAL,
-        pipeline_checkpoints: bool = defaults.PIPELINE_CHECKPOINTS,
-        handler_kwargs: Mapping[str, Any] | None = None,
-        restart: bool | str = False,
         throttle: Callable[[RunContext], Any] | None = None,
         defer_after: float | timedelta = defaults.DEFER_AFTER,
         max_runtime: float | timedelta | None = None,
         pause_timeout: float | timedelta | None = None,
         resume_poll: float | timedelta = defaults.RESUME_POLL,
+        pipeline_checkpoints: bool = defaults.PIPELINE_CHECKPOINTS,
+        handler_kwargs: Mapping[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        self.handler = handler
-        self.conn_id = conn_id
-        self.job = job
-        self.restart = restart
-        self.timeout = _seconds(timeout)
-        self.timeout_grace = _seconds(timeout_grace)
-        self.lease = _seconds(lease)
-        self.lease_wait = _seconds(lease_wait)
-        self.overlap = overlap
-        self.overlap_poke = _seconds(overlap_poke)
-        self.overlap_timeout = _seconds(overlap_timeout)
-        self.progress_interval = _seconds(progress_interval)
-        self.xcom_interval = _seconds(xcom_interval)
-        self.throttle = throttle
-        self.defer_after = _seconds(defer_after)
-        self.max_runtime = _seconds(max_runtime)
-        self.pause_timeout = _seconds(pause_timeout)
-        self.resume_poll = _seconds(resume_poll)
-        self.pipeline_checkpoints = pipeline_checkpoints
+        # Each declared argument is a parameter of this signature (a test checks): stored under its name.
+        given = locals()
+        for argument in OPERATOR_ARGUMENTS:
+            setattr(self, argument.name, argument.take(given[argument.name]))
         # An XCom (handler_kwargs=upstream_task()) is kept as it is: rendering resolves it to a dict.
-        self.handler_kwargs = handler_kwargs
         if handler_kwargs is None or isinstance(handler_kwargs, Mapping):
             self.handler_kwargs = dict(handler_kwargs or {})
         self._attempt: Attempt | None = None
@@ -255,31 +216,8 @@ class ResumableOperator(BaseOperator):
     # -- validation at parse time --------------------------------------------------------------
 
     def _validate(self) -> None:
-        problems = validate_options(
-            timeout=self.timeout,
-            lease=self.lease,
-            lease_wait=self.lease_wait,
-            overlap=self.overlap,
-            progress_interval=self.progress_interval,
-            throttle=self.throttle,
-            max_runtime=self.max_runtime,
-            defer_after=self.defer_after,
-            pipeline_checkpoints=self.pipeline_checkpoints,
-        )
-        problems += [
-            p for p in (
-                None if self.pause_timeout is None else duration_problem("pause_timeout", self.pause_timeout,
-                                                                          positive=True),
-                duration_problem("resume_poll", self.resume_poll, minimum=0.1, maximum=3600.0),
-                duration_problem("timeout_grace", self.timeout_grace),
-                duration_problem("overlap_poke", self.overlap_poke, positive=True),
-                duration_problem("overlap_timeout", self.overlap_timeout),
-                duration_problem("xcom_interval", self.xcom_interval),
-            ) if p
-        ]
+        problems = option_problems(OPERATOR_ARGUMENTS, {a.name: getattr(self, a.name) for a in OPERATOR_ARGUMENTS})
         problems += self._own_problems()
-        if self.handler is not None and not callable(self.handler):
-            problems.append(f"handler must be callable as handler(ctx), got {type(self.handler).__name__}")
         if self.handler is None and type(self)._handler is ResumableOperator._handler:
             problems.append("handler is required: ResumableOperator(handler=fn), where def fn(ctx): ...")
         if isinstance(self.handler_kwargs, Mapping):
@@ -292,12 +230,6 @@ class ResumableOperator(BaseOperator):
                 f"handler_kwargs must be a dict of keyword arguments (or an XCom of one), "
                 f"got {type(self.handler_kwargs).__name__}"
             )
-        if isinstance(self.job, str) and not _templated(self.job):
-            problem = key_problem("job", self.job)
-            if problem:
-                problems.append(problem)
-        if not isinstance(self.conn_id, str) or not self.conn_id:
-            problems.append(f"conn_id must be a connection id, got {self.conn_id!r}")
         if problems:
             error = ConfigurationError(
                 f"task {self.task_id!r}: " + "; ".join(problems), hint="Fix the operator's arguments"
@@ -461,18 +393,12 @@ class ResumableOperator(BaseOperator):
             raise (self._to_airflow(exc, context, job, slot) or exc) from exc
         paused: Paused | None = None
         outcome: Outcome | None = None
-        options = Options(
-            timeout=None if self.timeout is None else max(self.timeout - ran, 0.001),
-            lease=self.lease,
-            lease_wait=self.lease_wait,
-            overlap=self.overlap,
-            restart=first and self._restart_requested(context, job),
-            progress_interval=self.progress_interval,
-            throttle=self.throttle,
-            max_runtime=self.max_runtime,
-            defer_after=self.defer_after,
-            pipeline_checkpoints=self.pipeline_checkpoints,
-        )
+        options = Options(**{
+            **{o.name: getattr(self, o.name) for o in ATTEMPT_OPTIONS},
+            # The cooperative timeout counts this try's running time only: what is left of it.
+            "timeout": None if self.timeout is None else max(self.timeout - ran, 0.001),
+            "restart": first and self._restart_requested(context, job),
+        })
         owner = f"{getattr(ti, 'id', '?')}/try{ti.try_number}@{socket.gethostname()}:{os.getpid()}"
         try:
             store = ResumableHook(self.conn_id, job=job, slot=slot).get_store()
@@ -486,7 +412,7 @@ class ResumableOperator(BaseOperator):
                 options=options,
                 scheduled_at=scheduled_at,
                 reporter=AirflowReporter(
-                    self.log, ti, interval=self.progress_interval, xcom_interval=self.xcom_interval,
+                    self.log, ti, interval=options.progress_interval, xcom_interval=self.xcom_interval,
                     where=store.describe(),
                 ),
                 log=self.log,
@@ -596,6 +522,14 @@ class ResumableOperator(BaseOperator):
         attempt = self._attempt
         if attempt is not None:
             attempt.signal.cancel(Reason.TERMINATED, "the task process received SIGTERM")
+
+
+#: The operators' declared arguments, in the order of ResumableOperator's signature: its
+#: attributes, its docstring's parameters and the README's table.
+OPERATOR_ARGUMENTS: tuple[Option, ...] = tuple(
+    ARGUMENTS[name] for name in inspect.signature(ResumableOperator.__init__).parameters if name in ARGUMENTS
+)
+ResumableOperator.__doc__ = f"{(ResumableOperator.__doc__ or '').rstrip()}\n\n{params_doc(OPERATOR_ARGUMENTS)}\n"
 
 
 def _lease_lost(exc: BaseException) -> bool:
