@@ -69,6 +69,7 @@ from airflow_resumable.core.options import (  # re-exported: the core's public n
 )
 from airflow_resumable.core.pipeline import CheckpointWriter, checkpoint_writer
 from airflow_resumable.core.progress import Log, ProgressMeter, Reporter
+from airflow_resumable.core.rules import Action
 from airflow_resumable.core.signal import Reason, Signal
 from airflow_resumable.core.skips import skip_item
 from airflow_resumable.core.states import Request, check, status_of
@@ -390,10 +391,9 @@ class Attempt:
         if policy == "replace":
             for other in others:
                 if other.status == Status.PAUSED:  # nothing runs it: cancel it at once, its waiting task ends
-                    session.request(self.job, other.slot, "cancel_now", by=f"a newer run (slot {self.slot})",
-                                    outcome=AttemptEnd.CANCEL_REQUESTED,
-                                    params=(Reason.SUPERSEDED.value, Reason.SUPERSEDED.value,
-                                            "superseded by a newer run"))
+                    session.request(self.job, other.slot, Action.CANCEL, by=f"a newer run (slot {self.slot})",
+                                    outcome=AttemptEnd.CANCEL_REQUESTED, reason=Reason.SUPERSEDED,
+                                    note="superseded by a newer run")
                 else:
                     session.request_cancel(self.job, other.slot, Reason.SUPERSEDED.value)
             self.log.warning(
