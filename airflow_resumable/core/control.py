@@ -1,28 +1,15 @@
 """Requests a person (or a program) makes of a slot: pause, resume, cancel, restart, release.
 
-Each request is one conditional write on the slot's row, with its record in the attempt history
-naming who asked (``by``) and when, in one transaction. The condition is part of the write, so a
+Each request is one transaction: a conditional write on the slot's row per rule of the request, tried in
+turn until one takes, and its record in the attempt history
+naming who asked (``by``) and when. The condition is part of the write, so a
 request never races the attempt running the slot: it applies to the row as it is at that moment,
 or changes nothing and raises :class:`~airflow_resumable.core.errors.RequestRefused` saying why.
 
-The rules themselves (which slot takes which request, what it writes, why one is refused) are one
-table, :data:`airflow_resumable.core.rules.RULES`, rendered to the write's SQL and evaluated here in
-Python. In short:
-
-- ``pause``: a ``running``, ``failed`` or ``cancelled`` slot with no pause or restart pending. The
-  holder stops at its next chunk boundary (seen within one heartbeat) and the slot becomes
-  ``paused``; a slot nobody runs pauses before the first chunk of its next attempt.
-- ``resume``: a ``paused`` slot, or one with a pause pending: the paused run continues from its
-  checkpoint (a pending pause is withdrawn).
-- ``cancel``: a ``running`` or ``paused`` slot. A live holder stops at its next chunk boundary as
-  ``cancelled`` (reason ``requested``); a paused slot, or one whose holder is dead, is ``cancelled``
-  at once. A holder that dies before it saw the request (or was dead already) leaves it to the
-  slot's next attempt (Airflow's retry, or a Clear), which ends ``cancelled`` the same way without
-  running the handler.
-- ``restart``: a ``done``, ``failed``, ``cancelled`` or ``paused`` slot nobody runs, no restart
-  pending: its next attempt starts from the beginning (a paused slot continues at once).
-- ``release``: a lease that expired or whose holder missed two heartbeats (any lease with
-  ``force``): the lease is freed and its token moves on, so the old holder's writes are refused.
+Which slot takes which request, what taking it writes and why a refused one is refused is one
+table, :data:`airflow_resumable.core.rules.RULES` (with a comment per rule), rendered to each
+write's SQL and evaluated here for the refusal's reason; ``airflow resumable pause --help`` (and
+each other request's) prints its rules in words, and the README's table says the same for users.
 
 A request once taken is never dropped because its holder died: a pause or a cancel that the holder
 did not live to see is honoured by the slot's next attempt before its first chunk; a resume or a
