@@ -819,7 +819,7 @@ class StoreSession:
         *,
         status: Status,
         last_error: str | None = None,
-        cancel_reason: str | None = None,
+        stop_reason: str | None = None,
         total: int | None = None,
         result: str | None = None,
         record_id: int | None = None,
@@ -828,8 +828,11 @@ class StoreSession:
         """Record how the attempt ended (and the total, if it became known; the handler's result
         with ``done``), end its history record, and release the lease: one transaction.
 
-        ``paused`` consumes a pending pause request and keeps a cancel request (the paused slot's
-        waiter reads it); ``resume_in`` is how many seconds from now a throttled or time-sliced slot
+        ``stop_reason`` is why the attempt stopped short: a cancel's reason, or a pause's
+        (``paused``, ``throttled``, ``time_slice``); the column is ``cancel_reason`` for history's
+        sake. The requests pending on the row are carried on as :data:`~airflow_resumable.core.rules.AT_END`
+        says (``paused`` consumes a pending pause and keeps a cancel request, for the paused slot's
+        waiter); ``resume_in`` is how many seconds from now a throttled or time-sliced slot
         continues (``resume_at``).
 
         Raises:
@@ -851,7 +854,7 @@ class StoreSession:
                 f"finished_at = {finished}, updated_at = {now}, lease_owner = NULL, lease_expires_at = NULL"
                 f"{requests} "
                 f"WHERE job = %s AND slot = %s AND lease_owner = %s AND lease_token = %s RETURNING {_SELECT}",
-                (status.value, *(() if done else (last_error,)), cancel_reason, total, result if done else None,
+                (status.value, *(() if done else (last_error,)), stop_reason, total, result if done else None,
                  *(() if resume_at == "NULL" else (resume_in,)), job, slot, owner, token),
             )
             row = cur.fetchone()
@@ -859,7 +862,7 @@ class StoreSession:
                 raise self.fenced_out(job, slot, "final status rejected: the lease was taken over")
             cp = self._row(row)
             if record_id is not None:
-                self._end_record(record_id, AttemptEnd(status.value), cancel_reason=cancel_reason, error=last_error,
+                self._end_record(record_id, AttemptEnd(status.value), stop_reason=stop_reason, error=last_error,
                                  position=cp.position, processed=cp.processed)
         return cp
 
@@ -877,20 +880,20 @@ class StoreSession:
         return n > 0
 
     def end_record(self, record_id: int, outcome: AttemptEnd, *, error: str | None = None,
-                   cancel_reason: str | None = None, position: Any = None, processed: int | None = None) -> None:
+                   stop_reason: str | None = None, position: Any = None, processed: int | None = None) -> None:
         """End an attempt's history record on its own (an attempt that lost its lease writes
         nothing else)."""
         with self.transaction():
-            self._end_record(record_id, outcome, error=error, cancel_reason=cancel_reason, position=position,
+            self._end_record(record_id, outcome, error=error, stop_reason=stop_reason, position=position,
                              processed=processed)
 
-    def _end_record(self, record_id: int, outcome: AttemptEnd, *, error: str | None, cancel_reason: str | None,
+    def _end_record(self, record_id: int, outcome: AttemptEnd, *, error: str | None, stop_reason: str | None,
                     position: Any, processed: int | None) -> None:
         now = self.d.now()
         self.execute(
             f"UPDATE {HISTORY} SET ended_at = {now}, outcome = %s, cancel_reason = %s, error = %s, "
             "position_end = %s, processed_end = %s WHERE id = %s AND ended_at IS NULL",
-            (outcome.value, cancel_reason, error, _json_or_none(position), processed, record_id),
+            (outcome.value, stop_reason, error, _json_or_none(position), processed, record_id),
         )
 
     def clean(self, older_than: float, *, dry_run: bool = False, batch: int = defaults.CLEAN_BATCH) -> Cleaned:
