@@ -30,10 +30,9 @@ from airflow_resumable.core.errors import CorruptCheckpoint
 from airflow_resumable.core.states import Request, Status, status_of
 
 __all__ = [
-    "ACTIONS", "AT_END", "AT_START", "OTHERWISE", "PARAMETERS", "Action", "Carry", "Lease", "Pending", "REFUSALS", "RULES", "Refusal",
-    "Rule", "Slot",
-    "Then", "When", "decide", "forceable", "lease_of", "missed_heartbeats", "offers", "rules_of", "slot_of", "sql_carry",
-    "sql_sets", "sql_when", "sql_where", "taken_when",
+    "ACTIONS", "AT_END", "AT_START", "OTHERWISE", "PARAMETERS", "REFUSALS", "RULES", "Action", "Carry", "Lease",
+    "Pending", "Refusal", "Rule", "Slot", "Then", "When", "decide", "forceable", "lease_of", "missed_heartbeats",
+    "offers", "refusal_text", "rules_of", "slot_of", "sql_carry", "sql_sets", "sql_when", "sql_where", "taken_when",
 ]
 
 
@@ -175,9 +174,9 @@ RULES: tuple[Rule, ...] = (
          Then(status=P.CANCELLED, stop=True, cancel_request=Pending.CLEAR, request=None, fence=True)),
     # A slot nobody runs starts from the beginning on its next attempt (a paused one continues at
     # once, from the beginning). A pending pause or resume is replaced.
-    Rule(A.RESTART, when(status={P.DONE, P.FAILED, P.CANCELLED, P.PAUSED}, request={None, Request.PAUSE,
-                                                                                      Request.RESUME},
-                         lease=UNHELD), Then(request=Request.RESTART)),
+    Rule(A.RESTART, when(status={P.DONE, P.FAILED, P.CANCELLED, P.PAUSED},
+                         request={None, Request.PAUSE, Request.RESUME}, lease=UNHELD),
+         Then(request=Request.RESTART)),
     # A holder whose lease lapsed, or that missed two heartbeats, is taken for dead: its lease is
     # freed so that the next attempt takes the slot at once.
     Rule(A.RELEASE, when(lease={Lease.EXPIRED, Lease.STALE}), Then(fence=True)),
