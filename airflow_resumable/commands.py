@@ -28,6 +28,8 @@ from airflow.cli.cli_config import ARG_OUTPUT, ActionCommand, Arg, GroupCommand,
 
 from airflow_resumable.cli import MAX_AGE_DAYS, MAX_BATCH, MAX_LIMIT, duration, whole_number
 from airflow_resumable.core.defaults import CONN_ID
+from airflow_resumable.core.rules import Action, forceable, taken_when
+from airflow_resumable.core.states import Status
 
 _HERE = __name__
 
@@ -37,8 +39,7 @@ ARG_SLOT = Arg(("slot",), help="the slot (the run's data interval start in ISO 8
 ARG_BY = Arg(("--by",), default=None, help="who asks, kept in the slot's history (default: the OS user, user@host)")
 ARG_FORCE = Arg(("--force",), action="store_true", help="release: also free a live holder's lease, fencing it out")
 ARG_DAG_ID = Arg(("--dag-id",), default=None, help="only this DAG's slots")
-ARG_STATUS = Arg(("--status",), default=None, choices=("running", "paused", "done", "failed", "cancelled"),
-                 help="only slots in this status")
+ARG_STATUS = Arg(("--status",), default=None, choices=tuple(Status), help="only slots in this status")
 ARG_LIMIT = Arg(("--limit",), type=whole_number(1, MAX_LIMIT), default=100,
                 help=f"at most this many slots, most recent first, 1 to {MAX_LIMIT:,} (default: 100)")
 ARG_SQL = Arg(("--sql",), action="store_true", help="print the SQL it would run, change nothing")
@@ -59,21 +60,24 @@ ARG_BATCH = Arg(("--batch",), type=whole_number(1, MAX_BATCH), default=None,
                 help=f"slots per transaction, 1 to {MAX_BATCH:,}")
 
 _REQUEST_HELP = {
-    "pause": "Ask the slot's run to stop at its next chunk boundary and defer until resumed",
-    "resume": "Let a paused slot continue from its checkpoint",
-    "cancel": "Stop the slot's run (its task fails without a retry; the checkpoint is kept)",
-    "restart": "Make the slot's next attempt start from the beginning",
-    "release": "Free the lease of a holder that stopped heartbeating",
+    Action.PAUSE: "Ask the slot's run to stop at its next chunk boundary and defer until resumed",
+    Action.RESUME: "Let a paused slot continue from its checkpoint",
+    Action.CANCEL: "Stop the slot's run (its task fails without a retry; the checkpoint is kept)",
+    Action.RESTART: "Make the slot's next attempt start from the beginning",
+    Action.RELEASE: "Free the lease of a holder that stopped heartbeating",
 }
 
 
 def get_cli_commands() -> list[GroupCommand]:
-    """The ``resumable`` group (the name no core command uses: reusing one breaks Airflow's CLI)."""
+    """The ``resumable`` group (the name no core command uses: reusing one breaks Airflow's CLI).
+    A request's description says which slots take it, from the rules themselves."""
     requests = [
-        ActionCommand(name=action, help=text, func=lazy_load_command(f"{_HERE}.{action}_command"),
-                      args=(ARG_JOB, ARG_SLOT, ARG_BY, *((ARG_FORCE,) if action == "release" else ()),
+        ActionCommand(name=action.value, help=_REQUEST_HELP[action],
+                      description=f"{_REQUEST_HELP[action]}: {taken_when(action)}.",
+                      func=lazy_load_command(f"{_HERE}.{action.value}_command"),
+                      args=(ARG_JOB, ARG_SLOT, ARG_BY, *((ARG_FORCE,) if forceable(action) else ()),
                             ARG_CONN_ID, ARG_OUTPUT))
-        for action, text in _REQUEST_HELP.items()
+        for action in Action
     ]
     return [
         GroupCommand(

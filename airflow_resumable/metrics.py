@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from airflow_resumable.core.checkpoint import Checkpoint
+from airflow_resumable.core.checkpoint import Checkpoint, Status
 from airflow_resumable.version_compat import Stats
 
 PREFIX = "resumable"
@@ -44,11 +44,11 @@ class Metrics:
     def finished(self, cp: Checkpoint) -> None:
         """The attempt ended with the slot in ``cp``'s status."""
         self._count(cp.processed)
-        if cp.status == "cancelled":
+        if cp.status == Status.CANCELLED:
             Stats.incr(f"{PREFIX}.cancelled.{_name(cp.cancel_reason)}", tags=self.tags)
-        elif cp.status == "paused":
+        elif cp.status == Status.PAUSED:
             Stats.incr(f"{PREFIX}.paused.{_name(cp.cancel_reason)}", tags=self.tags)
-        elif cp.status == "done":
+        elif cp.status == Status.DONE:
             Stats.incr(f"{PREFIX}.done", tags=self.tags)
 
     def lease_lost(self) -> None:

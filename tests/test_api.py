@@ -350,6 +350,17 @@ def test_the_api_is_described_by_openapi(client: TestClient) -> None:
             "/api/v1/task-instance"} <= set(paths)
 
 
+def test_the_request_choices_the_schema_publishes_are_the_rules_tables(client: TestClient) -> None:
+    from airflow_resumable.core.rules import ACTIONS
+
+    schema = client.get("/resumable/openapi.json").json()
+    action = next(p for p in schema["paths"]["/api/v1/checkpoint/{action}"]["post"]["parameters"]
+                  if p["name"] == "action")["schema"]
+    if "$ref" in action:
+        action = schema["components"]["schemas"][action["$ref"].rsplit("/", 1)[-1]]
+    assert tuple(action["enum"]) == ACTIONS
+
+
 def test_the_plugin_adds_a_checkpoint_tab_and_a_jobs_page_once(as_user: Any) -> None:
     plugins = as_user("admin", "GET", "/api/v2/plugins").json()["plugins"]
     ours = [p for p in plugins if p["name"] == "resumable"]

@@ -144,6 +144,17 @@ def test_the_airflow_command_line_has_the_group(store: Store, airflow_home: Path
     assert [r["job"] for r in json.loads(result.stdout.strip().splitlines()[-1])] == [B, A]
 
 
+def test_each_requests_help_says_which_slots_take_it_from_the_rules_table(parser: Any, capsys: Any) -> None:
+    from airflow_resumable.core.rules import Action, taken_when
+
+    for action in Action:
+        with pytest.raises(SystemExit):
+            parser.parse_args(["resumable", action.value, "--help"])
+        out = " ".join(capsys.readouterr().out.split())  # argparse wraps the description
+        assert taken_when(action) in out, action
+        assert ("--force" in out) is (action is Action.RELEASE), action
+
+
 def test_clean_removes_finished_slots_past_an_age(store: Store, parser: Any, capsys: Any) -> None:
     code, out, _ = cli(parser, capsys, "resumable", "clean", "--older-than", "1h", "--dry-run")
     assert code == 0 and "would remove 0 finished slot(s)" in out

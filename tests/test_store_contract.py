@@ -117,7 +117,7 @@ def test_finish_records_the_outcome_and_releases_the_lease(store: Store) -> None
     with store.open() as s:
         s.ensure_schema()
         acquire(s)
-        row = s.finish(JOB, SLOT, "a", 1, status=Status.CANCELLED, last_error="cancelled: timeout", cancel_reason="timeout")
+        row = s.finish(JOB, SLOT, "a", 1, status=Status.CANCELLED, last_error="cancelled: timeout", stop_reason="timeout")
         assert (row.status, row.cancel_reason, row.last_error) == ("cancelled", "timeout", "cancelled: timeout")
         assert row.lease_owner is None and row.lease_expires_at is None and row.finished_at is None
         acquire(s, owner="b")  # free for the next attempt at once

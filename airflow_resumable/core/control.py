@@ -1,17 +1,15 @@
 """Requests a person (or a program) makes of a slot: pause, resume, cancel, restart, release.
 
-Each request is one conditional write on the slot's row, with its record in the attempt history
-naming who asked (``by``) and when, in one transaction. The condition is part of the write, so a
+Each request is one transaction: a conditional write on the slot's row per rule of the request, tried in
+turn until one takes, and its record in the attempt history
+naming who asked (``by``) and when. The condition is part of the write, so a
 request never races the attempt running the slot: it applies to the row as it is at that moment,
 or changes nothing and raises :class:`~airflow_resumable.core.errors.RequestRefused` saying why.
 
-| request | the slot takes it when | what happens |
-|---|---|---|
-| ``pause`` | ``running``, ``failed`` or ``cancelled``, no pause pending | the holder stops at its next chunk boundary (seen within one heartbeat) and the slot becomes ``paused``; a slot nobody runs pauses before the first chunk of its next attempt |
-| ``resume`` | ``paused``, or a pause is pending | the paused run continues from its checkpoint (a pending pause is withdrawn) |
-| ``cancel`` | ``running`` or ``paused`` | a live holder stops at its next chunk boundary as ``cancelled`` (reason ``requested``); a paused slot, or one whose holder is dead, is ``cancelled`` at once. A holder that dies before it saw the request (or was dead already) leaves it to the slot's next attempt (Airflow's retry, or a Clear), which ends ``cancelled`` the same way without running the handler |
-| ``restart`` | ``done``, ``failed``, ``cancelled`` or ``paused``, nobody running it | its next attempt starts from the beginning (a paused slot continues at once, from the beginning) |
-| ``release`` | a lease that expired or whose holder missed two heartbeats (any lease with ``force``) | the lease is freed and its token moves on, so the old holder's writes are refused |
+Which slot takes which request, what taking it writes and why a refused one is refused is one
+table, :data:`airflow_resumable.core.rules.RULES` (with a comment per rule), rendered to each
+write's SQL and evaluated here for the refusal's reason; ``airflow resumable pause --help`` (and
+each other request's) prints its rules in words, and the README's table says the same for users.
 
 A request once taken is never dropped because its holder died: a pause or a cancel that the holder
 did not live to see is honoured by the slot's next attempt before its first chunk; a resume or a
@@ -26,19 +24,16 @@ from __future__ import annotations
 import getpass
 import socket
 from datetime import datetime, timezone
-from typing import Any
 
+from airflow_resumable.core import rules
 from airflow_resumable.core.checkpoint import Checkpoint
 from airflow_resumable.core.errors import ConfigurationError, RequestRefused, SlotNotFound
 from airflow_resumable.core.options import key_problem
-from airflow_resumable.core.signal import Reason
+from airflow_resumable.core.rules import ACTIONS, Action
 from airflow_resumable.core.states import AttemptEnd, Request, Status
 from airflow_resumable.core.stores.base import Store, StoreSession
 
 __all__ = ["ACTIONS", "cancel", "default_by", "pause", "release", "restart", "resume", "stale", "wake"]
-
-#: The requests, by name (what the CLI and the REST API accept).
-ACTIONS = ("pause", "resume", "cancel", "restart", "release")
 
 #: The longest ``by`` kept.
 MAX_BY = 200
@@ -60,7 +55,7 @@ def pause(store: Store, job: str, slot: str, *, by: str | None = None) -> Checkp
         SlotNotFound: no such slot.
         RequestRefused: the slot is done or paused, or a pause or a restart is pending; nothing changed.
     """
-    return _request(store, job, slot, "pause", AttemptEnd.PAUSE_REQUESTED, by)
+    return _request(store, job, slot, Action.PAUSE, AttemptEnd.PAUSE_REQUESTED, by)
 
 
 def resume(store: Store, job: str, slot: str, *, by: str | None = None) -> Checkpoint:
@@ -70,7 +65,7 @@ def resume(store: Store, job: str, slot: str, *, by: str | None = None) -> Check
         SlotNotFound: no such slot.
         RequestRefused: the slot is not paused and no pause is pending; nothing changed.
     """
-    return _request(store, job, slot, "resume", AttemptEnd.RESUME_REQUESTED, by)
+    return _request(store, job, slot, Action.RESUME, AttemptEnd.RESUME_REQUESTED, by)
 
 
 def cancel(store: Store, job: str, slot: str, *, by: str | None = None) -> Checkpoint:
@@ -81,10 +76,7 @@ def cancel(store: Store, job: str, slot: str, *, by: str | None = None) -> Check
         SlotNotFound: no such slot.
         RequestRefused: the slot is done, failed or cancelled (nothing runs); nothing changed.
     """
-    by = _by(by)
-    return _request(store, job, slot, "cancel", AttemptEnd.CANCEL_REQUESTED, by,
-                    fallback=("cancel_now", (Reason.REQUESTED.value, Reason.REQUESTED.value,
-                                          f"cancelled by {by}")))
+    return _request(store, job, slot, Action.CANCEL, AttemptEnd.CANCEL_REQUESTED, by)
 
 
 def restart(store: Store, job: str, slot: str, *, by: str | None = None) -> Checkpoint:
@@ -97,7 +89,7 @@ def restart(store: Store, job: str, slot: str, *, by: str | None = None) -> Chec
         RequestRefused: a live attempt runs the slot (pause or cancel it first), or a restart is
             already pending; nothing changed.
     """
-    return _request(store, job, slot, "restart", AttemptEnd.RESTART_REQUESTED, by)
+    return _request(store, job, slot, Action.RESTART, AttemptEnd.RESTART_REQUESTED, by)
 
 
 def release(store: Store, job: str, slot: str, *, by: str | None = None, force: bool = False) -> Checkpoint:
@@ -110,23 +102,19 @@ def release(store: Store, job: str, slot: str, *, by: str | None = None, force: 
         RequestRefused: nobody holds the lease, or the holder is alive and ``force`` is not set;
             nothing changed.
     """
-    action = "release_force" if force else "release"
-    return _request(store, job, slot, action, AttemptEnd.LEASE_RELEASED, by)
+    return _request(store, job, slot, Action.RELEASE, AttemptEnd.LEASE_RELEASED, by, force=force)
 
 
-def _request(store: Store, job: str, slot: str, action: str, outcome: AttemptEnd, by: str | None, *,
-             fallback: tuple[str, tuple[Any, ...]] | None = None) -> Checkpoint:
-    """Apply ``action``, or when the row does not take it the ``fallback`` (action, parameters);
-    raise saying why when neither applies."""
+def _request(store: Store, job: str, slot: str, action: Action, outcome: AttemptEnd, by: str | None, *,
+             force: bool = False) -> Checkpoint:
+    """Apply ``action``; raise saying why when the row does not take it."""
     by = _by(by)
     _check_keys(job, slot)
     with store.open(autocommit=True) as session:
         session.ensure_schema()
-        row = session.request(job, slot, action, by=by, outcome=outcome)
-        if row is None and fallback is not None:
-            row = session.request(job, slot, fallback[0], by=by, outcome=outcome, params=fallback[1])
+        row = session.request(job, slot, action, by=by, outcome=outcome, force=force)
         if row is None:
-            raise _refused(session, job, slot, action)
+            raise _refused(session, job, slot, action, force=force)
         return row
 
 
@@ -177,56 +165,22 @@ def _check_keys(job: str, slot: str) -> None:
         raise ConfigurationError("; ".join(problems), hint="Name the slot as the checkpoint table does")
 
 
-def _refused(session: StoreSession, job: str, slot: str, action: str) -> Exception:
-    """Why the row did not take ``action``, read after the refused write (which changed nothing)."""
+def _refused(session: StoreSession, job: str, slot: str, action: Action, *, force: bool) -> Exception:
+    """Why the row did not take ``action``, read after the refused write (which changed nothing):
+    the refusal the rules give for the row as it is now."""
     row = session.load(job, slot)
     if row is None:
         return not_found(job, slot)
-    status, request = row.status, row.request
-    live = row.lease_owner is not None and row.lease_expires_at is not None and row.lease_expires_at > _now(row)
-    dead = live and stale(row)
-    name = action.removesuffix("_force")
-    message, hint = f"the slot cannot take {name} now (status {status})", "Look at its state and try again"
-    if status == Status.DONE and name in ("pause", "resume", "cancel"):
-        message, hint = "the slot finished (done): there is nothing to " + name, "Use restart to run it again"
-    elif name == "pause":
-        if status == Status.PAUSED:
-            message, hint = "the slot is already paused", "Resume it to let it continue"
-        elif request == Request.PAUSE:
-            message, hint = "a pause is already requested", "It takes effect at the run's next chunk boundary"
-        elif request == Request.RESTART:
-            message, hint = "a restart is pending", "Pause it once its next attempt runs"
-    elif name == "resume":
-        if status == Status.PAUSED and request == Request.RESTART:
-            message, hint = "a restart is pending for this paused slot", "It continues from the beginning"
-        else:
-            message, hint = f"the slot is {status}, not paused, and no pause is pending", "Only a paused slot resumes"
-    elif name == "cancel":
-        message = f"the slot is {status}: no attempt runs it, so there is nothing to cancel"
-        hint = ("Its checkpoint is kept; a retry or a Clear of its task resumes from it. To keep it from running, "
-                "mark the task instance failed or skipped in Airflow")
-    elif name == "restart":
-        if request == Request.RESTART:
-            message, hint = "a restart is already pending", "Its next attempt starts from the beginning"
-        elif live:
-            message = f"an attempt is running the slot ({row.lease_owner})"
-            hint = "Pause or cancel it first, then restart"
-    elif name == "release":
-        if row.lease_owner is None:
-            message, hint = "nobody holds the slot's lease", "There is nothing to release"
-        elif live and not dead:
-            message = (f"the lease holder {row.lease_owner} is alive (last heartbeat "
-                       f"{row.heartbeat_at.isoformat() if row.heartbeat_at else '?'})")
-            hint = ("Pause or cancel it instead; release with force=True only to fence it out "
-                    "(its next write fails and its task is retried)")
-    return RequestRefused(message, status=status, job=job, slot=slot, hint=hint)
+    found = rules.decide(action, rules.slot_of(row, _now(row)), force=force)
+    if isinstance(found, rules.Rule):  # the row changed since the write (its lease lapsed, a holder ended)
+        found = rules.OTHERWISE
+    message, hint = rules.refusal_text(found, action, row)
+    return RequestRefused(message, status=row.status, job=job, slot=slot, hint=hint)
 
 
 def stale(row: Checkpoint) -> bool:
     """Whether the holder missed two heartbeats (it renews every lease/3): taken for dead."""
-    if row.heartbeat_at is None or row.lease_expires_at is None:
-        return False
-    return row.heartbeat_at + (row.lease_expires_at - row.heartbeat_at) * 2 / 3 <= _now(row)
+    return rules.missed_heartbeats(row, _now(row))
 
 
 def _now(row: Checkpoint) -> datetime:

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from airflow_resumable.core import defaults
-from airflow_resumable.core.checkpoint import Checkpoint
+from airflow_resumable.core.checkpoint import Checkpoint, Status
 
 
 class Log(Protocol):
@@ -92,7 +92,7 @@ class Reporter:
 
     def on_finish(self, cp: Checkpoint) -> None:
         """The attempt ended (any status) and released its lease. A ``done`` run gets a last line."""
-        if cp.status == "done":
+        if cp.status == Status.DONE:
             self.log.info("done: processed=%s%s in %s [job=%s slot=%s]", cp.processed,
                           f"/{cp.total}" if cp.total is not None else "", _duration(self._clock() - self._began),
                           cp.job, cp.slot)

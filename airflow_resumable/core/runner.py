@@ -69,6 +69,7 @@ from airflow_resumable.core.options import (  # re-exported: the core's public n
 )
 from airflow_resumable.core.pipeline import CheckpointWriter, checkpoint_writer
 from airflow_resumable.core.progress import Log, ProgressMeter, Reporter
+from airflow_resumable.core.rules import Action
 from airflow_resumable.core.signal import Reason, Signal
 from airflow_resumable.core.skips import skip_item
 from airflow_resumable.core.states import Request, check, status_of
@@ -390,10 +391,9 @@ class Attempt:
         if policy == "replace":
             for other in others:
                 if other.status == Status.PAUSED:  # nothing runs it: cancel it at once, its waiting task ends
-                    session.request(self.job, other.slot, "cancel_now", by=f"a newer run (slot {self.slot})",
-                                    outcome=AttemptEnd.CANCEL_REQUESTED,
-                                    params=(Reason.SUPERSEDED.value, Reason.SUPERSEDED.value,
-                                            "superseded by a newer run"))
+                    session.request(self.job, other.slot, Action.CANCEL, by=f"a newer run (slot {self.slot})",
+                                    outcome=AttemptEnd.CANCEL_REQUESTED, reason=Reason.SUPERSEDED,
+                                    note="superseded by a newer run")
                 else:
                     session.request_cancel(self.job, other.slot, Reason.SUPERSEDED.value)
             self.log.warning(
@@ -654,7 +654,7 @@ class Attempt:
         )
 
     def _end(
-        self, session: StoreSession, status: Status, *, error: str | None = None, cancel_reason: str | None = None,
+        self, session: StoreSession, status: Status, *, error: str | None = None, stop_reason: str | None = None,
         result: str | None = None, resume_in: float | None = None,
     ) -> Checkpoint:
         assert self._token is not None
@@ -662,7 +662,7 @@ class Attempt:
         try:
             final = session.finish(
                 self.job, self.slot, self.owner, self._token, status=status, last_error=error,
-                cancel_reason=cancel_reason, total=total, result=result, record_id=self._record_id,
+                stop_reason=stop_reason, total=total, result=result, record_id=self._record_id,
                 resume_in=resume_in,
             )
         except LeaseLost as exc:
@@ -695,7 +695,7 @@ class Attempt:
                 "and this try continues from it %s", exc.reason, exc.message, ctx.position, ctx.processed, self.job,
                 self.slot, self.attempt, "when resumed" if exc.until is None else f"at {exc.until.isoformat()}",
             )
-            self._end(session, Status.PAUSED, cancel_reason=exc.reason, resume_in=resume_in)
+            self._end(session, Status.PAUSED, stop_reason=exc.reason, resume_in=resume_in)
         elif isinstance(exc, Cancelled):
             reason, message = self._resolve(exc.reason, exc.message)
             self.signal.classify(reason, message)
@@ -706,13 +706,13 @@ class Attempt:
                 "the checkpoint is kept and the next attempt resumes from it",
                 reason, ctx.position, ctx.processed, self.job, self.slot, self.attempt,
             )
-            self._end(session, Status.CANCELLED, error=message, cancel_reason=reason)
+            self._end(session, Status.CANCELLED, error=message, stop_reason=reason)
         else:
-            cancel_reason = None
+            stop_reason = None
             if self.signal.cancelled:
-                cancel_reason = self._resolve(self.signal.reason, None)[0]
-                self.signal.classify(cancel_reason)
-            self._end(session, Status.FAILED, error=_error_text(exc), cancel_reason=cancel_reason)
+                stop_reason = self._resolve(self.signal.reason, None)[0]
+                self.signal.classify(stop_reason)
+            self._end(session, Status.FAILED, error=_error_text(exc), stop_reason=stop_reason)
 
     def _lost(self, session: StoreSession, exc: BaseException) -> None:
         """Another attempt owns the slot now: write nothing to the row, only end this attempt's own
@@ -728,7 +728,7 @@ class Attempt:
             return
         try:
             session.end_record(self._record_id, AttemptEnd.LEASE_LOST, error=_error_text(exc),
-                               cancel_reason=Reason.LEASE_LOST.value)
+                               stop_reason=Reason.LEASE_LOST.value)
         except Exception:  # the history is a record, never a reason to hide the real outcome
             self.log.warning("could not record the lost lease in the attempt history", exc_info=True)
 

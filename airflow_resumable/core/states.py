@@ -68,8 +68,9 @@ class AttemptEnd(enum.StrEnum):
 
 
 #: The statuses a slot rests in once an attempt ended it: what retention (``clean``) may remove,
-#: and then only when no attempt holds the slot's lease. ``running`` (and any status a later
-#: release adds) is never removed.
+#: and then only when no attempt holds the slot's lease, and where the UI stops watching a slot
+#: (``core/view.py``). ``running`` and ``paused`` (and any status a later release adds) are never
+#: removed.
 FINISHED: frozenset[Status] = frozenset({Status.DONE, Status.FAILED, Status.CANCELLED})
 
 #: status -> the statuses a write may move it to (None: no row yet).

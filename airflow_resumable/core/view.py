@@ -12,13 +12,10 @@ from datetime import datetime, timezone
 from typing import Any
 
 from airflow_resumable.core.checkpoint import AttemptRecord, Checkpoint
-from airflow_resumable.core.control import stale
-from airflow_resumable.core.states import AttemptEnd, Status
+from airflow_resumable.core.rules import Lease, lease_of
+from airflow_resumable.core.states import FINISHED, AttemptEnd, Status
 
-__all__ = ["ENDED", "ROW_LIMIT", "cap_row", "row_view"]
-
-#: Statuses with nothing more to watch: the UI stops refreshing.
-ENDED = frozenset({Status.DONE, Status.FAILED, Status.CANCELLED})
+__all__ = ["ROW_LIMIT", "cap_row", "row_view"]
 
 #: The largest row given whole where rows go out in bulk or to a report channel (the XCom copy,
 #: the REST listing), in bytes of JSON; a larger one goes with its large columns cut to a preview.
@@ -67,16 +64,11 @@ def row_view(cp: Checkpoint, *, history: Sequence[AttemptRecord] | None = None, 
     """
     now = now or datetime.now(tz=timezone.utc)
     out = cp.to_dict()
-    lease = "none"
-    if cp.lease_owner is not None:
-        if cp.lease_expires_at is None or cp.lease_expires_at <= now:
-            lease = "expired"
-        else:
-            lease = "stale" if stale(cp) else "live"
-    out["lease"] = lease
+    lease = lease_of(cp, now)
+    out["lease"] = lease.value
     out["heartbeat_age_seconds"] = None if cp.heartbeat_at is None else round((now - cp.heartbeat_at).total_seconds(), 1)
     rate = eta = None
-    if cp.status == Status.RUNNING and lease == "live" and history:
+    if cp.status == Status.RUNNING and lease is Lease.LIVE and history:
         current = _current_attempt(history, cp)
         if current is not None and current.started_at is not None:
             done = cp.processed - current.processed_start
@@ -87,8 +79,9 @@ def row_view(cp: Checkpoint, *, history: Sequence[AttemptRecord] | None = None, 
                     eta = (cp.total - cp.processed) / rate
     out["rate"] = None if rate is None else round(rate, 2)
     out["eta_seconds"] = None if eta is None else round(eta, 1)
-    out["live"] = cp.status == Status.PAUSED or lease in ("live", "stale")
-    out["ended"] = cp.status in ENDED and lease != "live"
+    out["live"] = cp.status == Status.PAUSED or lease in (Lease.LIVE, Lease.STALE)
+    # Nothing more to watch (the UI stops refreshing): a finished status nobody runs any more.
+    out["ended"] = cp.status in FINISHED and lease is not Lease.LIVE
     if history is not None:
         out["history"] = [h.to_dict() for h in history]
     if offers is not None:

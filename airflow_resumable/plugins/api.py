@@ -45,6 +45,7 @@ from airflow_resumable.core.errors import (
     SlotNotFound,
     StoreUnavailable,
 )
+from airflow_resumable.core.rules import Action
 from airflow_resumable.core.states import Status
 from airflow_resumable.core.view import ROW_LIMIT, cap_row, row_view
 
@@ -64,7 +65,6 @@ _PATTERN_TEXT = {NO_NUL: "must not contain a NUL character (\\x00)"}
 EXAMPLE = {"job": "customer_export.export", "slot": "2026-03-01T10:00:00+00:00", "dag_id": "customer_export",
            "task_id": "export", "run_id": "scheduled__2026-03-01T10:00:00+00:00"}
 
-Action = Literal["pause", "resume", "cancel", "restart", "release"]
 Job = Annotated[str, Query(min_length=1, pattern=NO_NUL, examples=[EXAMPLE["job"]],
                            description="the job (default name <dag_id>.<task_id>, plus [map_index] when mapped)")]
 Slot = Annotated[str, Query(min_length=1, pattern=NO_NUL, examples=[EXAMPLE["slot"]],
@@ -270,10 +270,10 @@ def create_app() -> FastAPI:
         row = control.get(job, slot, conn_id=conn)
         _authorize(user, row.dag_id, "PUT")
         by = user.get_name()
-        if action == "release":
+        if action is Action.RELEASE:
             row = control.release(job, slot, conn_id=conn, by=by, force=bool(body and body.force))
         else:
-            row = getattr(control, action)(job, slot, conn_id=conn, by=by)
+            row = getattr(control, action.value)(job, slot, conn_id=conn, by=by)
         return _detail(row, conn)
 
     @app.get("/ui/checkpoint", include_in_schema=False)

@@ -22,7 +22,7 @@ from contextlib import contextmanager
 from types import SimpleNamespace
 from typing import Any
 
-from airflow_resumable.core import defaults
+from airflow_resumable.core import defaults, rules
 from airflow_resumable.core.checkpoint import (
     ENCODER,
     AttemptEnd,
@@ -42,7 +42,9 @@ from airflow_resumable.core.errors import (
     TransactionRefused,
 )
 from airflow_resumable.core.migrations import SCHEMA_VERSION, migrate
+from airflow_resumable.core.rules import Action
 from airflow_resumable.core.schema import Column, Table
+from airflow_resumable.core.signal import Reason
 from airflow_resumable.core.states import FINISHED
 from airflow_resumable.core.tables import ATTEMPTS, CHECKPOINTS, DEAD_LETTERS
 
@@ -185,42 +187,13 @@ _HISTORY_COLUMNS = (
 
 
 @functools.cache
-def _requests(d: Dialect) -> dict[str, tuple[str, str]]:
-    """The control requests: action -> (what the UPDATE sets, the SQL condition under which the
-    row takes it). The condition is checked in the UPDATE itself, so a request races nothing: it
-    applies to the row as it is, or changes nothing. Read with :mod:`airflow_resumable.core.control`,
-    which says why a refused request was refused."""
-    now = d.now()
-    live = f"(lease_owner IS NOT NULL AND lease_expires_at > {now})"
-    fence = "lease_owner = NULL, lease_expires_at = NULL, lease_token = lease_token + 1"
-    return {
-        "pause": ("request = 'pause'",
-                  "status IN ('running', 'failed', 'cancelled') AND (request IS NULL OR request = 'resume')"),
-        "resume": ("request = 'resume'",
-                   "(status = 'paused' AND (request IS NULL OR request = 'resume')) OR request = 'pause'"),
-        # A live holder is asked to stop at its next chunk boundary; a slot nobody runs (paused, or
-        # a dead holder's) is cancelled at once, and a dead holder is fenced out. A dead holder's
-        # task is still to be retried by Airflow: the request stays pending (cancel_request) for
-        # that next attempt, which ends cancelled without running (see Attempt.run). A paused
-        # slot's waiting task reads the new status itself.
-        "cancel": ("cancel_request = 'requested'", f"status = 'running' AND {live}"),
-        "cancel_now": (f"cancel_request = CASE WHEN status = 'running' THEN %s END, status = 'cancelled', "
-                       f"cancel_reason = %s, last_error = %s, request = NULL, "
-                       f"resume_at = NULL, {fence}, updated_at = {now}",
-                       f"status = 'paused' OR (status = 'running' AND NOT {live})"),
-        "restart": ("request = 'restart'",
-                    f"status IN ('done', 'failed', 'cancelled', 'paused') AND NOT {live} "
-                    "AND (request IS NULL OR request <> 'restart')"),
-        # A holder that missed two heartbeats (every lease/3) is taken for dead.
-        "release": (fence, f"lease_owner IS NOT NULL AND (lease_expires_at <= {now} "
-                           f"OR heartbeat_at + (lease_expires_at - heartbeat_at) * 2 / 3 <= {now})"),
-        "release_force": (fence, "lease_owner IS NOT NULL"),
-    }
-
-
-#: A request, by the conditions of the writes that carry it out (a cancel is either kind).
-_OFFERS = {"pause": ("pause",), "resume": ("resume",), "cancel": ("cancel", "cancel_now"),
-           "restart": ("restart",), "release": ("release",)}
+def _rule_sql(d: Dialect, rule: rules.Rule) -> tuple[str, str, tuple[str, ...]]:
+    """A control request's rule (:data:`airflow_resumable.core.rules.RULES`) as an UPDATE: what it
+    sets, the condition under which the row takes it, and the names of the SET's parameters. The
+    condition is checked in the UPDATE itself, so a request races nothing: it applies to the row as
+    it is, or changes nothing."""
+    sets, names = rules.sql_sets(rule, d.now())
+    return sets, rules.sql_when(rule.when, d.now()), names
 
 
 @functools.cache
@@ -539,17 +512,14 @@ class StoreSession:
 
     def offers(self, job: str, slot: str) -> dict[str, bool] | None:
         """Which control requests the slot would take now (what the UI enables), evaluated with
-        the very conditions the requests' writes use (:func:`_requests`); None if no such row.
-        A request made later may still be refused: the write decides."""
-        conds = _requests(self.d)
-        cols = ", ".join(
-            f"CASE WHEN {' OR '.join(f'({conds[a][1]})' for a in actions)} THEN 1 ELSE 0 END"
-            for actions in _OFFERS.values()
-        )
+        the very conditions the requests' writes use (rendered from the same rules, on the
+        database's clock); None if no such row. A request made later may still be refused: the
+        write decides."""
+        cols = ", ".join(f"CASE WHEN {rules.sql_where(a, self.d.now())} THEN 1 ELSE 0 END" for a in Action)
         cur = self.execute(f"SELECT {cols} FROM {TABLE} WHERE job = %s AND slot = %s", (job, slot))
         row = cur.fetchone()
         self.commit()
-        return None if row is None else {name: bool(v) for name, v in zip(_OFFERS, row, strict=True)}
+        return None if row is None else {a.value: bool(v) for a, v in zip(Action, row, strict=True)}
 
     def live_others(self, job: str, slot: str) -> list[Checkpoint]:
         """Other slots of the job that are live now (a live lease, or paused: a paused run is
@@ -713,25 +683,31 @@ class StoreSession:
         self.commit()
         return n > 0
 
-    def request(self, job: str, slot: str, action: str, *, by: str, outcome: AttemptEnd,
-                params: Sequence[Any] = ()) -> Checkpoint | None:
-        """Apply a control request (see :func:`_requests`) and record it in the history with who
-        asked (``by``): one transaction. Returns the row after it, or None when the row is missing
-        or cannot take the request, and then nothing was changed."""
-        sets, allowed = _requests(self.d)[action]
+    def request(self, job: str, slot: str, action: Action, *, by: str, outcome: AttemptEnd, force: bool = False,
+                reason: Reason = Reason.REQUESTED, note: str | None = None) -> Checkpoint | None:
+        """Apply a control request and record it in the history with who asked (``by``): one
+        transaction. Its rules (:data:`airflow_resumable.core.rules.RULES`) are tried in turn, each
+        one conditional write, until one takes. ``reason`` is the stop request's reason and
+        ``note`` the error of a slot cancelled at once (default ``cancelled by <by>``). Returns the
+        row after it, or None when the row is missing or cannot take the request, and then nothing
+        was changed."""
+        values = {"reason": reason.value, "note": f"cancelled by {by}" if note is None else note}
         with self.transaction():
-            cur = self.execute(
-                f"UPDATE {TABLE} SET {sets}, requested_by = %s, requested_at = {self.d.now()} "
-                f"WHERE job = %s AND slot = %s AND ({allowed}) RETURNING {_SELECT}",
-                (*params, by, job, slot),
-            )
-            row = cur.fetchone()
-            if row is None:
+            for rule in rules.rules_of(action, force=force):
+                sets, allowed, names = _rule_sql(self.d, rule)
+                row = self.execute(
+                    f"UPDATE {TABLE} SET {sets}, requested_by = %s, requested_at = {self.d.now()} "
+                    f"WHERE job = %s AND slot = %s AND {allowed} RETURNING {_SELECT}",
+                    (*(values[n] for n in names), by, job, slot),
+                ).fetchone()
+                if row is not None:
+                    break
+            else:
                 return None
             cp = self._row(row)
             self.execute(_statements(self.d).request_history, (
                 job, slot, cp.attempt, outcome.value, by, socket.gethostname(), os.getpid(), cp.dag_id, cp.task_id,
-                cp.run_id, cp.map_index, cp.lease_token, cp.cancel_reason if action == "cancel_now" else None,
+                cp.run_id, cp.map_index, cp.lease_token, cp.cancel_reason if rule.then.stop else None,
                 _json_or_none(cp.position), cp.processed, _json_or_none(cp.position), cp.processed,
             ))
         return cp
@@ -774,15 +750,10 @@ class StoreSession:
                 self.execute(f"DELETE FROM {SKIPPED} WHERE job = %s AND slot = %s AND status = 'skipped'", (job, slot))
             cur = self.execute(
                 f"UPDATE {TABLE} SET {sets}, status = 'running', attempt = %s, cancel_reason = NULL, "
-                # A cancel accepted while an earlier attempt held the slot (running), or while its
-                # holder was dead (cancelled at once), stays for the runner to honour before the
-                # first chunk: that holder died before it saw it. A paused slot's cancel request
-                # was delivered by its waiting task already. (SET reads the row as it was.)
-                "cancel_request = CASE WHEN status IN ('running', 'cancelled') THEN cancel_request END, "
+                # The requests pending on the row that a start carries on (rules.AT_START; SET
+                # reads the row as it was).
+                f"{', '.join(rules.sql_carry(rules.AT_START))}, "
                 f"finished_at = NULL, confirmed_at = NULL, updated_at = {now}, resume_at = NULL, "
-                # A pending pause stays, for the runner to honour before the first chunk; a resume
-                # or restart request is consumed by this start.
-                "request = CASE WHEN request = 'pause' THEN request END, "
                 "dag_id = %s, task_id = %s, run_id = %s, map_index = %s "
                 f"WHERE job = %s AND slot = %s AND lease_owner = %s AND lease_token = %s RETURNING {_SELECT}",
                 (*params, o.dag_id, o.task_id, o.run_id, o.map_index, job, slot, owner, token),
@@ -848,7 +819,7 @@ class StoreSession:
         *,
         status: Status,
         last_error: str | None = None,
-        cancel_reason: str | None = None,
+        stop_reason: str | None = None,
         total: int | None = None,
         result: str | None = None,
         record_id: int | None = None,
@@ -857,8 +828,11 @@ class StoreSession:
         """Record how the attempt ended (and the total, if it became known; the handler's result
         with ``done``), end its history record, and release the lease: one transaction.
 
-        ``paused`` consumes a pending pause request and keeps a cancel request (the paused slot's
-        waiter reads it); ``resume_in`` is how many seconds from now a throttled or time-sliced slot
+        ``stop_reason`` is why the attempt stopped short: a cancel's reason, or a pause's
+        (``paused``, ``throttled``, ``time_slice``); the column is ``cancel_reason`` for history's
+        sake. The requests pending on the row are carried on as :data:`~airflow_resumable.core.rules.AT_END`
+        says (``paused`` consumes a pending pause and keeps a cancel request, for the paused slot's
+        waiter); ``resume_in`` is how many seconds from now a throttled or time-sliced slot
         continues (``resume_at``).
 
         Raises:
@@ -871,18 +845,16 @@ class StoreSession:
         # A finished run keeps no error: last_error and cancel_reason describe an unfinished one.
         last_error_sql = "NULL" if done else "COALESCE(%s, last_error)"
         resume_at = self.d.now_plus("%s") if paused and resume_in is not None else "NULL"
-        if paused:
-            requests = "request = CASE WHEN request = 'pause' THEN NULL ELSE request END"
-        else:
-            requests = f"cancel_request = NULL, request = {'NULL' if done else 'request'}"
+        # The requests pending on the row that this end carries on (rules.AT_END).
+        requests = "".join(f", {item}" for item in rules.sql_carry(rules.AT_END[status]))
         with self.transaction():
             cur = self.execute(
                 f"UPDATE {TABLE} SET status = %s, last_error = {last_error_sql}, cancel_reason = %s, "
                 f"total = COALESCE(%s, total), result = %s, resume_at = {resume_at}, "
-                f"finished_at = {finished}, updated_at = {now}, lease_owner = NULL, lease_expires_at = NULL, "
+                f"finished_at = {finished}, updated_at = {now}, lease_owner = NULL, lease_expires_at = NULL"
                 f"{requests} "
                 f"WHERE job = %s AND slot = %s AND lease_owner = %s AND lease_token = %s RETURNING {_SELECT}",
-                (status.value, *(() if done else (last_error,)), cancel_reason, total, result if done else None,
+                (status.value, *(() if done else (last_error,)), stop_reason, total, result if done else None,
                  *(() if resume_at == "NULL" else (resume_in,)), job, slot, owner, token),
             )
             row = cur.fetchone()
@@ -890,7 +862,7 @@ class StoreSession:
                 raise self.fenced_out(job, slot, "final status rejected: the lease was taken over")
             cp = self._row(row)
             if record_id is not None:
-                self._end_record(record_id, AttemptEnd(status.value), cancel_reason=cancel_reason, error=last_error,
+                self._end_record(record_id, AttemptEnd(status.value), stop_reason=stop_reason, error=last_error,
                                  position=cp.position, processed=cp.processed)
         return cp
 
@@ -908,20 +880,20 @@ class StoreSession:
         return n > 0
 
     def end_record(self, record_id: int, outcome: AttemptEnd, *, error: str | None = None,
-                   cancel_reason: str | None = None, position: Any = None, processed: int | None = None) -> None:
+                   stop_reason: str | None = None, position: Any = None, processed: int | None = None) -> None:
         """End an attempt's history record on its own (an attempt that lost its lease writes
         nothing else)."""
         with self.transaction():
-            self._end_record(record_id, outcome, error=error, cancel_reason=cancel_reason, position=position,
+            self._end_record(record_id, outcome, error=error, stop_reason=stop_reason, position=position,
                              processed=processed)
 
-    def _end_record(self, record_id: int, outcome: AttemptEnd, *, error: str | None, cancel_reason: str | None,
+    def _end_record(self, record_id: int, outcome: AttemptEnd, *, error: str | None, stop_reason: str | None,
                     position: Any, processed: int | None) -> None:
         now = self.d.now()
         self.execute(
             f"UPDATE {HISTORY} SET ended_at = {now}, outcome = %s, cancel_reason = %s, error = %s, "
             "position_end = %s, processed_end = %s WHERE id = %s AND ended_at IS NULL",
-            (outcome.value, cancel_reason, error, _json_or_none(position), processed, record_id),
+            (outcome.value, stop_reason, error, _json_or_none(position), processed, record_id),
         )
 
     def clean(self, older_than: float, *, dry_run: bool = False, batch: int = defaults.CLEAN_BATCH) -> Cleaned:

@@ -1,0 +1,121 @@
+"""The control requests' rules (core/rules.py) agree with themselves: for every status, pending
+request and lease, the store's SQL (the conditional writes, the offers) does what the table's
+Python answer says, and a refused request gives the reason the table gives. On both stores.
+
+Rows are set to each state by hand, then every request goes through the control API.
+"""
+
+from __future__ import annotations
+
+import itertools
+from datetime import datetime, timezone
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from airflow_resumable.core import RequestRefused, Store, control, rules
+from airflow_resumable.core.rules import Action, Lease, Pending, Rule, Slot
+from airflow_resumable.core.states import FINISHED, Request, Status
+
+JOB, SLOT = "rules.export", "2026-02-01T00:00:00+00:00"
+REQUESTS: list[Request | None] = [None, *Request]
+#: Every request the faces can send: the five, and release with force.
+ASKS = [*((a, False) for a in Action), (Action.RELEASE, True)]
+#: A lease's length, and how long ago its holder last heartbeat, for each lease (well inside each range).
+LENGTH, AGE = 3600.0, {Lease.LIVE: 0.0, Lease.STALE: 3000.0, Lease.EXPIRED: 4000.0}
+
+
+def seed(store: Store) -> None:
+    with store.open() as s:
+        s.ensure_schema()
+        s.acquire(JOB, SLOT, "seed", 60)
+        s.release(JOB, SLOT, "seed")
+
+
+def set_row(store: Store, slot: Slot, cancel_request: str | None, *, length: float = LENGTH,
+            age: float | None = None) -> Any:
+    """Write ``slot``'s facts on the row by hand (a holder ``age`` seconds past its last heartbeat
+    of a ``length``-second lease); returns the row."""
+    with store.open() as s:
+        if slot.lease is Lease.NONE:
+            lease, params = "lease_owner = NULL, lease_expires_at = NULL", ()
+        else:
+            age = AGE[slot.lease] if age is None else age
+            lease = (f"lease_owner = 'holder', heartbeat_at = {s.d.now_plus('%s')}, "
+                     f"lease_expires_at = {s.d.now_plus('%s')}")
+            params = (-age, length - age)
+        s.execute(
+            f"UPDATE resumable_checkpoints SET status = %s, request = %s, cancel_request = %s, cancel_reason = NULL, "
+            f"last_error = NULL, {lease} WHERE job = %s AND slot = %s",
+            (slot.status.value, None if slot.request is None else slot.request.value, cancel_request, *params, JOB, SLOT),
+        )
+        s.commit()
+        return s.load(JOB, SLOT)
+
+
+def ask(store: Store, action: Action, force: bool) -> Any:
+    extra = {"force": force} if action is Action.RELEASE else {}
+    return getattr(control, action.value)(store, JOB, SLOT, by="prop", **extra)
+
+
+def check(store: Store, slot: Slot, cancel_request: str | None, action: Action, force: bool, **lease: float) -> None:
+    """Given the row set to ``slot``, the store's offers and its answer to ``action`` are the table's."""
+    before = set_row(store, slot, cancel_request, **lease)
+    assert rules.slot_of(before, datetime.now(tz=timezone.utc)) == slot, "the row is not the slot meant"
+    with store.open() as s:
+        assert s.offers(JOB, SLOT) == rules.offers(slot), f"offers of {slot}"
+    expected = rules.decide(action, slot, force=force)
+    what = f"{action} (force={force}) of {slot}"
+    if isinstance(expected, Rule):
+        after, then = ask(store, action, force), expected.then
+        assert after.status == (then.status or before.status), what
+        assert after.request == (before.request if then.request is rules.KEEP else then.request), what
+        pending = {Pending.KEEP: before.cancel_request, Pending.CLEAR: None, Pending.REASON: "requested"}
+        assert after.cancel_request == pending[then.cancel_request], what
+        if then.fence:
+            assert (after.lease_owner, after.lease_token) == (None, before.lease_token + 1), what
+        else:
+            assert (after.lease_owner, after.lease_token) == (before.lease_owner, before.lease_token), what
+        if then.stop:
+            assert (after.cancel_reason, after.last_error) == ("requested", "cancelled by prop"), what
+        assert after.requested_by == "prop", what
+    else:
+        with pytest.raises(RequestRefused) as refused:
+            ask(store, action, force)
+        assert (refused.value.message, refused.value.hint) == rules.refusal_text(expected, action, before), what
+        with store.open() as s:
+            assert s.load(JOB, SLOT) == before, f"{what} was refused but changed the row"
+
+
+def test_every_request_in_every_state_does_in_sql_what_the_table_says(store: Store) -> None:
+    seed(store)
+    for status, request, lease, (action, force) in itertools.product(Status, REQUESTS, Lease, ASKS):
+        check(store, Slot(status, request, lease), "superseded" if status is Status.RUNNING else None, action, force)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(status=st.sampled_from(list(Status)), request=st.sampled_from(REQUESTS),
+       cancel_request=st.sampled_from([None, "requested", "superseded"]), ask_=st.sampled_from(ASKS),
+       lease=st.sampled_from(list(Lease)), length=st.floats(60, 86400), place=st.floats(0.05, 0.95))
+def test_sql_and_python_agree_anywhere_inside_each_lease_state(
+    store: Store, status: Status, request: Request | None, cancel_request: str | None, ask_: tuple[Action, bool],
+    lease: Lease, length: float, place: float,
+) -> None:
+    # A holder's last heartbeat anywhere inside its lease state's range (10 s clear of its edges)
+    low, high = {Lease.NONE: (0, 0), Lease.LIVE: (0, length * 2 / 3 - 10), Lease.STALE: (length * 2 / 3 + 10, length - 10),
+                 Lease.EXPIRED: (length + 10, 10 * length)}[lease]
+    seed(store)
+    check(store, Slot(status, request, lease), cancel_request, *ask_, length=length, age=low + (high - low) * place)
+
+
+def test_the_table_covers_every_request_in_every_state_and_its_faces_list_them() -> None:
+    for status, request, lease, (action, force) in itertools.product(Status, REQUESTS, Lease, ASKS):
+        slot = Slot(status, request, lease)
+        taken = [r for r in rules.rules_of(action, force=force) if r.when(slot)]
+        assert len(taken) <= 1, f"two rules take {action} of {slot}: {taken}"
+        assert isinstance(rules.decide(action, slot, force=force), (Rule, rules.Refusal))
+    assert rules.ACTIONS == ("pause", "resume", "cancel", "restart", "release") == tuple(control.ACTIONS)
+    assert FINISHED == {Status.DONE, Status.FAILED, Status.CANCELLED}
+    assert rules.taken_when(Action.RELEASE).endswith("(with --force)")
