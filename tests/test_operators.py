@@ -620,14 +620,17 @@ def test_a_postgres_connection_takes_every_extra_the_postgres_provider_supports(
     from airflow_resumable.hooks.resumable import store_from_connection
 
     # client_encoding and keepalives_count were never on a list of ours: the provider passes them on
+    # (and options, which puts the tables in this test's schema)
     conn = Connection(
         conn_id="ck", conn_type="postgres", host=pg_params["host"], port=int(pg_params["port"]),
         login=pg_params["user"], schema=pg_params["dbname"],
-        extra=json.dumps({"client_encoding": "LATIN1", "keepalives_count": 3, "application_name": "ck-test"}),
+        extra=json.dumps({"client_encoding": "LATIN1", "keepalives_count": 3, "application_name": "ck-test",
+                          "options": pg_params["options"]}),
     )
     store = store_from_connection(conn)
     with store.open() as s:
         assert s.execute("SHOW client_encoding").fetchone()[0] == "LATIN1"
         assert s.execute("SHOW application_name").fetchone()[0] == "ck-test"
+        assert f"search_path={s.execute('SHOW search_path').fetchone()[0]}" in pg_params["options"]
         s.ensure_schema()
     assert store.describe() == f"postgresql://{pg_params['user']}@{pg_params['host']}:{pg_params['port']}/{pg_params['dbname']}"
