@@ -22,9 +22,10 @@ venv: $(VENV)/.installed
 demo: venv
 	@bash scripts/demo.sh
 
-## The whole test suite; exits non-zero on any failure.
+## The whole test suite; exits non-zero on any failure. The slow modules (a real Airflow each:
+## scheduler, celery, browser) run as pytest processes of their own beside the rest (scripts/test.sh).
 test: venv
-	$(PY) -m pytest -p no:cacheprovider -ra $(PYTEST_ARGS)
+	PY=$(PY) bash scripts/test.sh $(PYTEST_ARGS)
 
 ## The fast part: no real scheduler, no PostgreSQL server, no browser needed.
 fast: venv

@@ -49,16 +49,51 @@ def pg_server() -> Iterator[Server]:
 
 @pytest.fixture
 def pg_params(pg_server: Server) -> dict[str, Any]:
-    """libpq parameters of a fresh, empty database."""
+    """libpq parameters of a fresh, empty schema (their ``options`` set its ``search_path``) in the
+    session's shared database: a schema costs milliseconds, a database a third of a second."""
+    return pg_server.create_schema()
+
+
+@pytest.fixture
+def pg_database(pg_server: Server) -> dict[str, Any]:
+    """libpq parameters of a fresh, empty database of its own, for a test that needs more than a
+    schema (one that reads counters or horizons the whole database shares)."""
     return pg_server.create_database()
 
 
 # -- stores ---------------------------------------------------------------------------------------
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
+#: Every checkpoint store; a test that takes ``store``/``checkpoints`` runs once on each.
+STORE_KINDS = ("sqlite", "postgres")
+
+
+@pytest.fixture(params=STORE_KINDS)
 def store_kind(request: pytest.FixtureRequest) -> str:
     return request.param
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest parametrizes the fixture with its own params
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """``@pytest.mark.one_store("why", kind="sqlite")`` runs a store-insensitive test on one store
+    only (its assertions are about Airflow and the operator, not the store: the store contract
+    suite proves the stores equal). The reason is required, and the module's docstring lists them.
+
+    Raises:
+        pytest.UsageError: the marker gives no reason or names no store.
+    """
+    marker = metafunc.definition.get_closest_marker("one_store")
+    if marker is None or "store_kind" not in metafunc.fixturenames:
+        return
+    kind = marker.kwargs.get("kind", "sqlite")
+    if not marker.args or not str(marker.args[0]).strip() or kind not in STORE_KINDS:
+        raise pytest.UsageError(
+            f"{metafunc.definition.nodeid}: one_store needs a reason and a kind of {STORE_KINDS}, "
+            f"e.g. @pytest.mark.one_store('asserts the job key only', kind='sqlite')"
+        )
+    # As a parametrize mark (which pytest applies after this hook) it takes precedence over the
+    # fixture's params; the test's id stays [sqlite] or [postgres].
+    metafunc.definition.add_marker(pytest.mark.parametrize("store_kind", [kind], indirect=True))
 
 
 @pytest.fixture

@@ -86,11 +86,14 @@ def assert_succeeded(run: Any) -> dict[tuple[str, int], tuple[str, int]]:
 
 
 @pytest.fixture
-def pg_checkpoints(pg_params: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
-    """``resumable_default`` points at a fresh PostgreSQL database; ``export_source`` is unset."""
-    monkeypatch.setenv("AIRFLOW_CONN_RESUMABLE_DEFAULT", dsn(pg_params))
+def pg_checkpoints(pg_database: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """``resumable_default`` points at a fresh PostgreSQL database; ``export_source`` is unset.
+
+    A database, not a schema (tests/conftest.py ``pg_params``): the customer export's source
+    connection takes host, port, login, database and sslmode only, so it would not see a schema."""
+    monkeypatch.setenv("AIRFLOW_CONN_RESUMABLE_DEFAULT", dsn(pg_database))
     monkeypatch.delenv("AIRFLOW_CONN_EXPORT_SOURCE", raising=False)
-    return pg_params
+    return pg_database
 
 
 # -- every file imports -------------------------------------------------------------------------
@@ -418,7 +421,7 @@ def test_customer_export_crash_mid_batch_loses_the_batch_with_its_checkpoint(
 
 
 def test_customer_export_with_sqlite_checkpoints_keeps_the_warehouse_beside_them(
-    run_dag: Callable[..., Any], pg_params: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    run_dag: Callable[..., Any], pg_database: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The embedded checkpoint store works too: customers come from PostgreSQL (``export_source``),
     the warehouse table is written through ``ctx.transaction()`` into the SQLite file."""
@@ -426,13 +429,13 @@ def test_customer_export_with_sqlite_checkpoints_keeps_the_warehouse_beside_them
 
     path = tmp_path / "checkpoints.db"
     monkeypatch.setenv("AIRFLOW_CONN_RESUMABLE_DEFAULT", f"sqlite:///{path}")
-    monkeypatch.setenv("AIRFLOW_CONN_EXPORT_SOURCE", dsn(pg_params))
+    monkeypatch.setenv("AIRFLOW_CONN_EXPORT_SOURCE", dsn(pg_database))
     run = run_dag("customer_export")
     assert_succeeded(run)
     with closing(sqlite3.connect(path)) as db:
         rows = db.execute("SELECT id, name, email, country FROM warehouse_customers ORDER BY id").fetchall()
         status = db.execute("SELECT status, processed FROM resumable_checkpoints").fetchall()
-    assert rows == source(pg_params)
+    assert rows == source(pg_database)
     assert status == [("done", CUSTOMERS)]
 
 

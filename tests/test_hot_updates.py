@@ -29,9 +29,9 @@ def _updates(store: PostgresStore, expected: int) -> tuple[int, int]:
             s.execute("SELECT pg_sleep(0.1)").fetchall()
 
 
-def test_checkpoints_and_heartbeats_are_in_place_updates(pg_params: dict[str, Any]) -> None:
+def test_checkpoints_and_heartbeats_are_in_place_updates(pg_database: dict[str, Any]) -> None:
     # Given a running slot
-    store = PostgresStore(**pg_params)
+    store = PostgresStore(**pg_database)
     with store.open(autocommit=True) as s:
         s.ensure_schema()
         row, _ = s.acquire(JOB, SLOT, OWNER, 30)

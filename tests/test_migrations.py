@@ -35,7 +35,8 @@ def columns(store: Store, kind: str, table: str) -> dict[str, bool]:
             rows = s.execute(f"PRAGMA table_info({table})").fetchall()
             return {r[1]: not r[3] and not r[5] for r in rows}
         rows = s.execute(
-            "SELECT column_name, is_nullable FROM information_schema.columns WHERE table_name = %s", (table,)
+            "SELECT column_name, is_nullable FROM information_schema.columns WHERE table_name = %s "
+            "AND table_schema = current_schema()", (table,)
         ).fetchall()
         return {name: nullable == "YES" for name, nullable in rows}
 
@@ -47,8 +48,10 @@ def indexes(store: Store, kind: str, table: str) -> dict[str, str]:
             rows = s.execute("SELECT name, sql FROM sqlite_master WHERE type = 'index' AND tbl_name = %s "
                              "AND sql IS NOT NULL", (table,)).fetchall()
             return {name: " ".join(sql.replace("IF NOT EXISTS ", "").split()) for name, sql in rows}
-        rows = s.execute("SELECT indexname, indexdef FROM pg_indexes WHERE tablename = %s", (table,)).fetchall()
-        return {name: definition.replace("public.", "") for name, definition in rows}
+        # Each test has a schema of its own (tests/conftest.py): only this one's, its name left out.
+        rows = s.execute("SELECT indexname, indexdef, schemaname FROM pg_indexes WHERE tablename = %s "
+                         "AND schemaname = current_schema()", (table,)).fetchall()
+        return {name: definition.replace(f"{schema}.", "") for name, definition, schema in rows}
 
 
 def storage(store: Store, kind: str, table: str) -> list[str]:
@@ -56,7 +59,8 @@ def storage(store: Store, kind: str, table: str) -> list[str]:
     if kind == "sqlite":
         return []
     with store.open() as s:
-        return list(s.execute("SELECT reloptions FROM pg_class WHERE relname = %s", (table,)).fetchone()[0] or [])
+        return list(s.execute("SELECT reloptions FROM pg_class WHERE relname = %s "
+                              "AND relnamespace = current_schema()::regnamespace", (table,)).fetchone()[0] or [])
 
 
 def meta(store: Store) -> dict[str, str]:
@@ -125,7 +129,7 @@ def _another_empty(kind: str, tmp_path, request: pytest.FixtureRequest) -> Store
 
     if kind == "sqlite":
         return SQLiteStore(tmp_path / "fresh.db")
-    return PostgresStore(**request.getfixturevalue("pg_server").create_database())
+    return PostgresStore(**request.getfixturevalue("pg_server").create_schema())
 
 
 def test_many_tasks_starting_at_once_apply_each_migration_once(store: Store, store_kind: str) -> None:

@@ -1,6 +1,11 @@
 """How a resumable task ends in Airflow (dag.test(), both stores): a cancel whose holder was killed
 before it saw it, and the task's ``retry_policy=`` combined with our outcome table
-(airflow_resumable/operators/outcome.py)."""
+(airflow_resumable/operators/outcome.py).
+
+The retry-policy table runs on one store (``one_store``: SQLite): it asserts how Airflow's policy
+and our outcome table combine, which no store takes part in (the store contract suite owns the
+stores' equality). The killed holder's cancel is a store's request row: it runs on both.
+"""
 
 from __future__ import annotations
 
@@ -52,6 +57,7 @@ def test_a_cancel_whose_holder_was_killed_fails_the_next_try_without_retry_and_w
     ("rp_catch_all_retry", "failed", 1, "a catch-all default=RETRY does not retry a configuration error"),
     ("rp_broad_rule_retry", "failed", 1, "a rule for every Exception does not retry a configuration error"),
 ])
+@pytest.mark.one_store("how Airflow's retry policy and our outcome table combine")
 def test_the_retry_policy_and_our_outcome_table_combine_as_the_table_says(
     checkpoints: Store, run_dag, tmp_path: Path, dag_id: str, state: str, tries: int, why: str
 ) -> None:

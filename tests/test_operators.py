@@ -1,4 +1,14 @@
-"""The operators in real Airflow DAG runs (dag.test()), against both checkpoint stores."""
+"""The operators in real Airflow DAG runs (dag.test()), against both checkpoint stores.
+
+Tests marked ``one_store`` run on one store only (SQLite, the faster): what they assert is about
+Airflow and the operator, not the store, whose equality the store contract suite
+(tests/test_store_contract.py) owns: the job key and slot of mapped tasks and of runs without a
+logical date, the signal's timeout, the chunked operator's and the decorator's loop, summary and
+order check, and the call and argument checks that fail before the slot is taken. The XCom row
+test always ran on PostgreSQL (it needs a login with a password): it now runs once, not twice.
+Every test that asserts what a store keeps (resume, restart, the end-of-run window, a stored
+result, sinks written through ctx.transaction(), a huge state, pipelined writes) runs on both.
+"""
 
 from __future__ import annotations
 
@@ -85,6 +95,7 @@ def test_the_restart_flag_discards_an_unfinished_checkpoint(checkpoints: Store, 
     assert row_of(checkpoints, "rt_no_retry.work").resumed_from is None
 
 
+@pytest.mark.one_store("the signal's timeout and Airflow's retries")
 def test_the_cooperative_timeout_fails_the_attempt_and_retries_finish_exactly(
     checkpoints: Store, run_dag, tmp_path: Path
 ) -> None:
@@ -98,6 +109,7 @@ def test_the_cooperative_timeout_fails_the_attempt_and_retries_finish_exactly(
     assert row.state == {"sum": sum(range(24))} and row.status == "done"
 
 
+@pytest.mark.one_store('the job key of a mapped task')
 def test_mapped_tasks_keep_one_checkpoint_per_map_index(checkpoints: Store, run_dag, tmp_path: Path) -> None:
     log = tmp_path / "seen.db"
     run = run_dag("rt_mapped", conf={"items": 10, "chunk": 5, "fail": [1, 1], "seen": str(log)}, logical_date=DAY)
@@ -109,6 +121,7 @@ def test_mapped_tasks_keep_one_checkpoint_per_map_index(checkpoints: Store, run_
         assert xcom(run, "part", map_index=part) == {"sum": 45, "part": part}
 
 
+@pytest.mark.one_store('the slot of a run without a logical date')
 def test_a_run_without_a_logical_date_uses_its_run_id_as_slot(checkpoints: Store, run_dag) -> None:
     run = run_dag("rt_manual", conf={"items": 5, "chunk": 5}, logical_date=None)
     assert str(run.state) == "success"
@@ -117,6 +130,7 @@ def test_a_run_without_a_logical_date_uses_its_run_id_as_slot(checkpoints: Store
     assert [r.slot for r in rows] == [run.run_id]
 
 
+@pytest.mark.one_store('it always runs on PostgreSQL (a login with a password)', kind='postgres')
 def test_the_checkpoint_row_is_in_xcom_as_plain_json_without_credentials(
     store_kind: str, pg_params: dict[str, Any], run_dag, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -137,6 +151,7 @@ def test_the_checkpoint_row_is_in_xcom_as_plain_json_without_credentials(
     del Server
 
 
+@pytest.mark.one_store("the chunked operator's loop and summary")
 def test_the_chunked_operator_resumes_and_returns_a_summary(checkpoints: Store, run_dag, tmp_path: Path) -> None:
     log = tmp_path / "seen.db"
     run = run_dag("rt_chunked", conf={"items": 20, "fail": [1, 2], "seen": str(log)}, logical_date=DAY)
@@ -149,6 +164,7 @@ def test_the_chunked_operator_resumes_and_returns_a_summary(checkpoints: Store, 
     }
 
 
+@pytest.mark.one_store("the decorator's plumbing")
 def test_task_resumable_is_the_taskflow_twin(checkpoints: Store, run_dag, tmp_path: Path) -> None:
     log = tmp_path / "seen.db"
     run = run_dag("rt_taskflow", conf={"items": 12, "fail": True, "seen": str(log)}, logical_date=DAY)
@@ -301,6 +317,7 @@ def test_an_unreachable_postgres_names_host_but_not_password(airflow_home: Path)
     assert "hunter2-secret" not in repr(store) and "hunter2-secret" not in store.describe()
 
 
+@pytest.mark.one_store("the mapped kwargs' plumbing")
 def test_a_mapped_chunked_operator_passes_handler_kwargs_to_read_and_process(checkpoints: Store, run_dag) -> None:
     run = run_dag("rt_chunked_mapped", logical_date=DAY)
     assert str(run.state) == "success"
@@ -365,6 +382,7 @@ def test_a_new_run_of_a_finished_slot_gets_its_stored_outcome_and_the_restart_fl
     assert row_of(checkpoints, "rt_items.work").runs == 2
 
 
+@pytest.mark.one_store('the job key of a mapped task')
 def test_mapped_tasks_under_one_job_name_still_keep_one_checkpoint_per_partition(
     checkpoints: Store, run_dag, tmp_path: Path
 ) -> None:
@@ -543,6 +561,7 @@ def _no_rows(store: Store, job: str) -> None:
         assert s.list_slots(job) == [], "nothing was written"
 
 
+@pytest.mark.one_store('a call check before the slot is taken')
 def test_a_mapped_keyword_the_handler_does_not_take_fails_at_execute_without_retry(
     checkpoints: Store, run_dag, capfd: pytest.CaptureFixture[str]
 ) -> None:
@@ -556,6 +575,7 @@ def test_a_mapped_keyword_the_handler_does_not_take_fails_at_execute_without_ret
     assert "job='rt_bad_mapped_kwargs.part[0]'" in text
 
 
+@pytest.mark.one_store('an argument check before the slot is taken')
 def test_a_bad_partial_argument_of_a_mapped_task_fails_without_retry(
     checkpoints: Store, run_dag, capfd: pytest.CaptureFixture[str]
 ) -> None:
@@ -566,6 +586,7 @@ def test_a_bad_partial_argument_of_a_mapped_task_fails_without_retry(
     assert "lease must be at least 0.3 seconds" in "".join(capfd.readouterr())
 
 
+@pytest.mark.one_store('a call check before the slot is taken')
 def test_handler_kwargs_from_an_upstream_xcom_are_checked_when_the_task_runs(
     checkpoints: Store, run_dag, capfd: pytest.CaptureFixture[str]
 ) -> None:
@@ -581,6 +602,7 @@ def test_handler_kwargs_from_an_upstream_xcom_are_checked_when_the_task_runs(
     assert "got an unexpected keyword argument 'region'" in "".join(capfd.readouterr())
 
 
+@pytest.mark.one_store('a call check before the slot is taken')
 def test_task_resumable_mapped_arguments_the_function_cannot_take_fail_without_retry(
     checkpoints: Store, run_dag, capfd: pytest.CaptureFixture[str]
 ) -> None:
@@ -597,6 +619,7 @@ def test_task_resumable_mapped_arguments_the_function_cannot_take_fail_without_r
     assert "job='rt_taskflow_bad_kwargs.missing[0]'" in text
 
 
+@pytest.mark.one_store("the chunked operator's order check")
 def test_a_read_in_descending_order_fails_before_processing_anything(
     checkpoints: Store, run_dag, tmp_path: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
@@ -658,14 +681,17 @@ def test_a_postgres_connection_takes_every_extra_the_postgres_provider_supports(
     from airflow_resumable.hooks.resumable import store_from_connection
 
     # client_encoding and keepalives_count were never on a list of ours: the provider passes them on
+    # (and options, which puts the tables in this test's schema)
     conn = Connection(
         conn_id="ck", conn_type="postgres", host=pg_params["host"], port=int(pg_params["port"]),
         login=pg_params["user"], schema=pg_params["dbname"],
-        extra=json.dumps({"client_encoding": "LATIN1", "keepalives_count": 3, "application_name": "ck-test"}),
+        extra=json.dumps({"client_encoding": "LATIN1", "keepalives_count": 3, "application_name": "ck-test",
+                          "options": pg_params["options"]}),
     )
     store = store_from_connection(conn)
     with store.open() as s:
         assert s.execute("SHOW client_encoding").fetchone()[0] == "LATIN1"
         assert s.execute("SHOW application_name").fetchone()[0] == "ck-test"
+        assert f"search_path={s.execute('SHOW search_path').fetchone()[0]}" in pg_params["options"]
         s.ensure_schema()
     assert store.describe() == f"postgresql://{pg_params['user']}@{pg_params['host']}:{pg_params['port']}/{pg_params['dbname']}"

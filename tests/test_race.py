@@ -3,7 +3,9 @@ schedule, each run by its own ``airflow dags test`` (its own metadata database, 
 on one checkpoint database would be).
 
 The first holds the slot while the second waits for its lease; when the first finishes, the second
-finds the slot done and must not run the handler again.
+finds the slot done and must not run the handler again. Both processes start together (a cold
+``airflow dags test`` takes most of the test's time); the second waits for a file before its task
+reaches the slot, so the order of the two attempts is the test's, not the machine's.
 """
 
 from __future__ import annotations
@@ -41,12 +43,13 @@ def home_copy(airflow_home: Path, target: Path) -> Path:
 def test_the_second_of_two_simultaneous_attempts_finds_the_slot_done_and_does_not_redo_it(
     airflow_home: Path, checkpoints: Store, store_uri: str, tmp_path: Path
 ) -> None:
-    gate = tmp_path / "gate"
+    gate, turn = tmp_path / "gate", tmp_path / "turn"
     conf = {"gate": str(gate)}
     out_a, out_b = tmp_path / "a.log", tmp_path / "b.log"
-    # Given the first process holding the slot (its handler waits at the gate)
+    # Given two processes started together, the second held back before its task reaches the slot
     a = dags_test(home_copy(airflow_home, tmp_path / "home_a"), "rt_race_a", conf, out_a, store_uri)
-    b = None
+    b = dags_test(home_copy(airflow_home, tmp_path / "home_b"), "rt_race_b", {**conf, "turn": str(turn)}, out_b,
+                  store_uri)
     try:
         def held() -> bool:
             with checkpoints.open() as s:
@@ -57,10 +60,11 @@ def test_the_second_of_two_simultaneous_attempts_finds_the_slot_done_and_does_no
                     return False
             return bool(row and row.status == "running" and row.lease_owner)
 
+        # and the first process holding the slot (its handler waits at the gate)
         wait_for(held, timeout=120, interval=0.2, what="the first DAG to hold the slot",
                  on_timeout=lambda: out_a.read_text()[-3000:])
         # When the second process reaches the same slot and waits for its lease
-        b = dags_test(home_copy(airflow_home, tmp_path / "home_b"), "rt_race_b", conf, out_b, store_uri)
+        turn.touch()
         wait_for(lambda: "slot is held by" in out_b.read_text(), timeout=120, interval=0.2,
                  what="the second DAG to wait for the lease", on_timeout=lambda: out_b.read_text()[-3000:])
         gate.touch()  # and the first one finishes
@@ -68,7 +72,7 @@ def test_the_second_of_two_simultaneous_attempts_finds_the_slot_done_and_does_no
         assert b.wait(timeout=120) == 0, out_b.read_text()[-3000:]
     finally:
         for proc in (a, b):
-            if proc is not None and proc.poll() is None:
+            if proc.poll() is None:
                 proc.kill()
     # Then every item was written once, by the first DAG only, and the second says why it did nothing
     with checkpoints.open() as s:

@@ -119,7 +119,8 @@ def _names_table(source: Source, rows: list[tuple[int, str | None]]) -> str:
     if source.kind == "sqlite":
         source.run(f"CREATE TABLE {table} (id INTEGER PRIMARY KEY, name TEXT COLLATE NOCASE)")
     else:
-        if not source.run("SELECT 1 FROM pg_collation WHERE collname = 'ci'"):
+        # Each test has a schema of its own (tests/conftest.py): another test's ci is not on our search_path.
+        if not source.run("SELECT 1 FROM pg_collation WHERE collname = 'ci' AND collnamespace = current_schema()::regnamespace"):
             source.run("CREATE COLLATION ci (provider = icu, locale = 'und-u-ks-level2', deterministic = false)")
         source.run(f"CREATE TABLE {table} (id INTEGER PRIMARY KEY, name TEXT COLLATE ci)")
     source.run(f"CREATE INDEX {table}_k ON {table} (name, id)")

@@ -220,9 +220,25 @@ def gated_items(ctx: RunContext) -> dict[str, Any]:
     return {"items": 20, "by": dag_id}
 
 
+def wait_for_turn(context: Any) -> None:
+    """Before the task reaches its slot, waits for the file ``turn`` (conf), if one is named: the test
+    starts both processes at once (each a cold start of Airflow) and lets the second one at the slot
+    only once the first holds it."""
+    import os
+    import time
+
+    turn = _conf().get("turn")
+    deadline = time.monotonic() + 300
+    while turn and not os.path.exists(turn):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the file {turn} did not appear within 300 s")
+        time.sleep(0.05)
+
+
 for _name in ("rt_race_a", "rt_race_b"):
     with DAG(_name, schedule="@daily", start_date=START, catchup=False) as _dag:
-        ResumableOperator(task_id="work", handler=gated_items, job="race", lease=2, lease_wait=120, retries=0)
+        ResumableOperator(task_id="work", handler=gated_items, job="race", lease=2, lease_wait=120, retries=0,
+                          pre_execute=wait_for_turn)
     globals()[_name] = _dag
 
 
