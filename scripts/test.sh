@@ -50,6 +50,19 @@ for i in "${!pids[@]}"; do
     *) failed=1 selected=1 ;;
   esac
 done
+# One closing line for the whole suite, summed over the groups' pytest summaries.
+"$PY" - "$LOGS" "${names[@]}" <<'PYEOF'
+import re, sys
+logs, names = sys.argv[1], sys.argv[2:]
+total = {"passed": 0, "failed": 0, "skipped": 0, "error": 0}
+for name in names:
+    lines = open(f"{logs}/{name}.log", errors="replace").read().splitlines()
+    last = next((line for line in reversed(lines) if re.search(r"\d+ (passed|failed|error|deselected)", line)), "")
+    for count, word in re.findall(r"(\d+) (passed|failed|skipped|errors?)", last):
+        total["error" if word.startswith("error") else word] += int(count)
+extra = f", {total['skipped']} skipped" if total["skipped"] else ""
+print(f"suite: {total['passed']} passed, {total['failed'] + total['error']} failed{extra}")
+PYEOF
 [ "$failed" -eq 0 ] || exit 1
 [ "$selected" -eq 1 ] || exit 5
 exit 0
