@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from datetime import datetime, timedelta, timezone
-from typing import Any
+from typing import Any, Unpack
 
 from airflow_resumable.core.checkpoint import (
     ENCODER,
@@ -53,6 +53,7 @@ from airflow_resumable.core.errors import (
     OverlapWait,
     Paused,
 )
+from airflow_resumable.core.identity import Hooks, Identity, LegacyArgs, split_legacy
 from airflow_resumable.core.lease import STOP_POLL, LeaseKeeper, stop_requested
 from airflow_resumable.core.options import (  # re-exported: the core's public names
     MAX_KEY_BYTES,
@@ -73,9 +74,11 @@ from airflow_resumable.core.signal import Reason, Signal
 from airflow_resumable.core.skips import skip_item
 from airflow_resumable.core.states import Request, check, status_of
 from airflow_resumable.core.stores.base import Store, StoreSession
+from airflow_resumable.core.tally import Tally
 
 __all__ = [
-    "MAX_KEY_BYTES", "MAX_LEASE", "MAX_SECONDS", "MIN_LEASE", "OVERLAP_POLICIES", "Attempt", "Options", "Outcome",
+    "MAX_KEY_BYTES", "MAX_LEASE", "MAX_SECONDS", "MIN_LEASE", "OVERLAP_POLICIES", "Attempt", "Hooks", "Identity",
+    "Options", "Outcome",
     "call_problem", "duration_problem", "key_problem", "validate_options",
 ]
 
@@ -113,33 +116,29 @@ class Attempt:
     def __init__(
         self,
         store: Store,
+        identity: Identity | None = None,
         *,
-        job: str,
-        slot: str,
-        attempt: int,
-        owner: str,
+        hooks: Hooks | None = None,
         options: Options | None = None,
-        scheduled_at: datetime | None = None,
         reporter: Reporter | None = None,
         log: Log | None = None,
-        resolve_reason: Callable[[str], str | tuple[str, str]] | None = None,
         heartbeat: float | None = None,
-        origin: Origin | None = None,
-        rerun: Callable[[Checkpoint], str | None] | None = None,
-        result_codec: tuple[Callable[[Any], Any], Callable[[Any], Any]] | None = None,
+        **legacy: Unpack[LegacyArgs],
     ):
-        """See the class docstring; the embedding's hooks:
+        """See the class docstring.
 
         Args:
-            resolve_reason: turns a bare ``terminated`` into ``user`` or ``shutdown``.
-            origin: the task instance this attempt runs for, recorded on the row and in the history.
-            rerun: asked when the slot is ``done``: a sentence saying why it runs again (someone
-                asked for it), or None to return the stored outcome without running the handler.
-            result_codec: ``(encode, decode)`` between the handler's return value and the JSON value
-                kept on the row (default: the value itself, which must then be plain JSON).
-                ``encode`` raising means the value cannot be kept: the attempt fails *before* the
-                slot is marked done.
+            identity: who this attempt is (job, slot, try number, lease owner, origin).
+            hooks: the embedding's answers (see :class:`~airflow_resumable.core.identity.Hooks`).
+            legacy: instead of ``identity`` and ``hooks``, their fields as keywords (``job=``,
+                ``slot=``, ``attempt=``, ``owner=``, ``rerun=``...), as tests write them.
+
+        Raises:
+            ConfigurationError: the job or the slot cannot be a checkpoint key.
+            TypeError: no identity, or a field given twice (see :func:`~airflow_resumable.core.identity.split_legacy`).
         """
+        identity, hooks = split_legacy(identity, hooks, legacy)
+        job, slot = identity.job, identity.slot
         job_problem, slot_problem = key_problem("job", job), key_problem("slot", slot)
         if job_problem or slot_problem:
             raise ConfigurationError(
@@ -149,44 +148,38 @@ class Attempt:
                 hint=f"Name the job with at most {MAX_KEY_BYTES} bytes and no NUL character (the operator's job=)",
             )
         self.store = store
-        self.job = job
-        self.slot = slot
-        self.attempt = int(attempt)
-        self.owner = owner
+        self.identity: Identity = identity
+        self.hooks: Hooks = hooks
+        # Read on every checkpoint and log line: plain attributes, copied from the frozen identity.
+        self.job, self.slot, self.attempt, self.owner = job, slot, identity.attempt, identity.owner
         self.options = options or Options()
-        self.scheduled_at = scheduled_at
         self.log: Log = log or logging.getLogger("airflow_resumable")
         self.reporter = reporter or Reporter(self.log, interval=self.options.progress_interval)
         self.signal = Signal()
-        self._resolve_reason = resolve_reason
         self._heartbeat = heartbeat
-        self.origin = origin or Origin()
-        self._rerun = rerun
-        codec: tuple[Callable[[Any], Any], Callable[[Any], Any]] = result_codec or (_same, _same)
-        self._encode_result, self._decode_result = codec
         self._record_id: int | None = None
         self._started = time.monotonic()
-        #: How long the last checkpoint's save took (seconds): reported with progress (metrics).
-        self._save_seconds: float | None = None
         self._session: StoreSession | None = None
         self._token: int | None = None
         self._meter: ProgressMeter | None = None
         self._ctx: RunContext | None = None
+        #: This attempt's progress, one owner (see core/tally.py); set once the handler starts.
+        self._tally: Tally | None = None
         self.keeper: LeaseKeeper | None = None
         #: Writes the checkpoints with ``pipeline_checkpoints`` (see core/pipeline.py).
         self._writer: CheckpointWriter | None = None
-        self._last_row: Checkpoint | None = None
         # Set (under the lock) once the handler has returned or raised: the run context then
         # refuses to write, whichever thread still holds it.
         self._ended = False
         self._lock = threading.Lock()
 
     @property
-    def checkpoint_row(self) -> Checkpoint | None:
-        """The last row this attempt wrote or read (also after it ended)."""
-        if self._ctx is not None and self._last_row is None:
-            return self._ctx.row
-        return self._last_row
+    def scheduled_at(self) -> datetime | None:
+        return self.identity.scheduled_at
+
+    @property
+    def origin(self) -> Origin:
+        return self.identity.origin
 
     # -- the run -------------------------------------------------------------------------------
 
@@ -237,7 +230,9 @@ class Attempt:
             except BaseException:
                 self._release(session, created=False)  # nothing started: do not hold the slot
                 raise
-            ctx = self._ctx = RunContext(self, row, resumed=resumed, previous=previous)
+            tally = self._tally = Tally(row)
+            ctx = self._ctx = RunContext(self, self.identity, tally, signal=self.signal, log=self.log,
+                                         resumed=resumed, previous=previous)
             self._meter = ProgressMeter(row.processed)
             self.reporter.on_start(row, resumed=resumed)
             self.keeper = LeaseKeeper(
@@ -254,7 +249,8 @@ class Attempt:
             try:
                 if self.options.pipeline_checkpoints:  # connects while the first chunk runs
                     self._writer = checkpoint_writer(self.store, session, job=self.job, slot=self.slot,
-                                                     owner=self.owner, token=self._token, signal=self.signal)
+                                                     owner=self.owner, token=self._token, signal=self.signal,
+                                                     tally=tally)
                 if row.cancel_request:  # accepted, but the attempt it was meant for died first
                     raise self._pending_cancel(session, row)
                 if row.request == Request.PAUSE:  # asked before this attempt started: pause before any work
@@ -422,9 +418,9 @@ class Attempt:
         restart = self._restart_reason(row)
         if restart:
             return restart
-        if self._rerun is None:
+        if self.hooks.rerun is None:
             return None
-        return self._rerun(row)
+        return self.hooks.rerun(row)
 
     def _restart_reason(self, row: Checkpoint) -> str | None:
         """Why this attempt starts over on purpose (the option, or a restart request on the row)."""
@@ -439,7 +435,7 @@ class Attempt:
         running the handler (an automatic retry after the end-of-run window, a duplicate attempt,
         another DAG sharing the job)."""
         try:
-            result = None if row.result is None else self._decode_result(row.result)
+            result = None if row.result is None else self.hooks.result_codec[1](row.result)
         except Exception as exc:  # the row is done; its copy of the result cannot be read back
             self.log.warning("could not read back the stored result of this slot (%s); returning None", exc)
             result = None
@@ -451,9 +447,9 @@ class Attempt:
             f", {row.dag_id}.{row.task_id}" if row.dag_id else "", self.job, self.slot, self.attempt,
         )
         session.release(self.job, self.slot, self.owner, record=self._unstarted(AttemptEnd.ALREADY_DONE, row))
-        self._last_row = dataclasses.replace(row, lease_owner=None, lease_expires_at=None)
-        self.reporter.on_finish(self._last_row)
-        return Outcome(result=result, checkpoint=self._last_row, resumed_from=None, already_done=True)
+        released = dataclasses.replace(row, lease_owner=None, lease_expires_at=None)
+        self.reporter.on_finish(released)
+        return Outcome(result=result, checkpoint=released, resumed_from=None, already_done=True)
 
     def _pending_cancel(self, session: StoreSession, row: Checkpoint) -> Cancelled:
         """The cancel a person (or a newer run) asked for while an earlier attempt held the slot,
@@ -527,16 +523,36 @@ class Attempt:
         )
         return fresh, False, None
 
-    def save(self, position: str, state: str, processed: int, total: int | None) -> None:
-        """Write a checkpoint (JSON text, encoded by the context), fenced by the lease, and commit
-        it with the handler's pending writes. Serialized with the attempt's end: refused once the
+    def after_chunk(self, position: str, state_json: str, state: dict[str, Any], processed: int,
+                    total: int | None) -> None:
+        """The one step after a chunk (``ctx.checkpoint()``): save the checkpoint (JSON text,
+        encoded by the context), record it in the tally, report progress when due (write before
+        report), then stop at this boundary if the signal fired, or end the slice or wait as asked.
+
+        Raises:
+            AttemptEnded: the handler already returned; nothing was written.
+            LeaseLost: another attempt holds the slot; nothing was committed.
+            Cancelled: after the save, when the signal has fired.
+            Paused / ConfigurationError: as :meth:`_between_chunks`.
+        """
+        tally = self._tally
+        assert tally is not None
+        self._save(position, state_json, processed, total)
+        tally.saved(position, state, processed, total)
+        self._report(tally)
+        self.signal.raise_if_cancelled()
+        self._between_chunks()
+
+    def _save(self, position: str, state: str, processed: int, total: int | None) -> None:
+        """Write a checkpoint, fenced by the lease, and commit it with the handler's pending writes
+        (or hand it to the pipelined writer). Serialized with the attempt's end: refused once the
         handler has returned (a kept ``ctx``, a thread).
 
         Raises:
             AttemptEnded: the handler already returned; nothing was written.
             LeaseLost: another attempt holds the slot; nothing was committed.
         """
-        assert self._session is not None and self._token is not None
+        assert self._session is not None and self._token is not None and self._tally is not None
         with self._lock:
             if self._ended:
                 raise self._ended_error("ctx.checkpoint()")
@@ -553,25 +569,25 @@ class Attempt:
                 self.job, self.slot, self.owner, self._token, position=position, state=state, processed=processed,
                 total=total,
             )
-            self._save_seconds = time.perf_counter() - began
+            self._tally.save_seconds = time.perf_counter() - began
+            self._tally.durable = (processed, total)
 
-    def report(self, ctx: RunContext) -> None:
-        """Report progress after a durable checkpoint (write before report), when a report is due.
+    def _report(self, tally: Tally) -> None:
+        """Report the last durable checkpoint (pipelined: what is committed, not what is in flight),
+        when a report is due.
 
         The row reported is the row as stored (heartbeat and lease expiry move on the keeper's
         thread), read only then: most checkpoints of a fast loop report nothing.
         """
         assert self._session is not None and self._meter is not None
-        processed, total = ctx.processed, ctx.total
-        if self._writer is not None:  # pipelined: report what is committed, not what is in flight
-            if self._writer.durable is None:
-                return
-            processed, total = self._writer.durable
+        if tally.durable is None:
+            return
+        processed, total = tally.durable
         if self.reporter.due(processed, total):
-            stored = self._session.load(self.job, self.slot) or ctx.row
-            self.reporter.on_checkpoint(stored, self._meter.measure(processed, total, save_seconds=self._save_seconds))
+            stored = self._session.load(self.job, self.slot) or tally.row
+            self.reporter.on_checkpoint(stored, self._meter.measure(processed, total, save_seconds=tally.save_seconds))
 
-    def between_chunks(self, ctx: RunContext) -> None:
+    def _between_chunks(self) -> None:
         """After a durable checkpoint: end the time slice, or wait as the throttle asks.
 
         Raises:
@@ -590,7 +606,8 @@ class Attempt:
             )
         if options.throttle is None:
             return
-        answer = options.throttle(ctx)
+        assert self._ctx is not None
+        answer = options.throttle(self._ctx)
         try:
             wait = wait_seconds(answer)
         except ValueError as exc:
@@ -658,7 +675,7 @@ class Attempt:
         result: str | None = None, resume_in: float | None = None,
     ) -> Checkpoint:
         assert self._token is not None
-        total = self._ctx.total if self._ctx is not None else None
+        total = self._tally.total if self._tally is not None else None
         try:
             final = session.finish(
                 self.job, self.slot, self.owner, self._token, status=status, last_error=error,
@@ -678,21 +695,20 @@ class Attempt:
                 self.job, self.slot, self.attempt,
             )
             raise
-        self._last_row = final
         self.reporter.on_finish(final)
         return final
 
     def _stopped(self, session: StoreSession, exc: BaseException) -> None:
         """Record how the handler stopped: lease lost, cancelled, or failed (see core/states.py)."""
-        ctx = self._ctx
-        assert ctx is not None
+        tally = self._tally
+        assert tally is not None
         if isinstance(exc, LeaseLost) or self.signal.reason == Reason.LEASE_LOST:
             self._lost(session, exc)
         elif isinstance(exc, Paused):
             resume_in = None if exc.until is None else max(0.0, (exc.until - _utcnow()).total_seconds())
             self.log.warning(
                 "paused (%s: %s) at position=%r processed=%s [job=%s slot=%s attempt=%s]; the checkpoint is kept "
-                "and this try continues from it %s", exc.reason, exc.message, ctx.position, ctx.processed, self.job,
+                "and this try continues from it %s", exc.reason, exc.message, tally.position, tally.processed, self.job,
                 self.slot, self.attempt, "when resumed" if exc.until is None else f"at {exc.until.isoformat()}",
             )
             self._end(session, Status.PAUSED, cancel_reason=exc.reason, resume_in=resume_in)
@@ -704,7 +720,7 @@ class Attempt:
             self.log.warning(
                 "cancelled (%s) at position=%r processed=%s [job=%s slot=%s attempt=%s]; "
                 "the checkpoint is kept and the next attempt resumes from it",
-                reason, ctx.position, ctx.processed, self.job, self.slot, self.attempt,
+                reason, tally.position, tally.processed, self.job, self.slot, self.attempt,
             )
             self._end(session, Status.CANCELLED, error=message, cancel_reason=reason)
         else:
@@ -736,7 +752,7 @@ class Attempt:
         if result is None:
             return None
         try:
-            return ENCODER.encode(self._encode_result(result))
+            return ENCODER.encode(self.hooks.result_codec[0](result))
         except Exception as exc:
             raise InvalidCheckpoint(
                 f"the handler's return value {short(result)} cannot be stored ({type(exc).__name__}: {exc}); "
@@ -751,9 +767,9 @@ class Attempt:
         """Let the embedding (Airflow) say what a bare ``terminated`` meant: ``user`` or ``shutdown``."""
         reason = reason or "unknown"
         message = message or f"cancelled: {reason}"
-        if self._resolve_reason is not None:
+        if self.hooks.resolve_reason is not None:
             try:
-                resolved = self._resolve_reason(reason)
+                resolved = self.hooks.resolve_reason(reason)
             except Exception:  # never let classification hide the cancel
                 self.log.exception("could not classify cancel reason %r", reason)
                 return reason, message
@@ -776,9 +792,4 @@ def _run_started(row: Checkpoint) -> datetime:
 
 def _utcnow() -> datetime:
     return datetime.now(tz=timezone.utc)
-
-
-def _same(value: Any) -> Any:
-    return value
-
 
