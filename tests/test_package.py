@@ -154,3 +154,14 @@ def test_no_import_circles_in_the_package_counting_type_only_imports() -> None:
     assert "airflow_resumable.core.runner" in graph["airflow_resumable.core"]  # the graph sees imports
     new = [sorted(group) for group in _circles(graph) if group not in KNOWN_CIRCLES]
     assert not new, f"modules that import each other (type-only imports count): {new}"
+
+
+def test_the_attempt_s_public_names_are_one_object_under_both_import_paths() -> None:
+    """core/runner.py is split on its seams; ``airflow_resumable.core.runner.X`` and
+    ``airflow_resumable.core.X`` stay the import paths."""
+    from airflow_resumable import core
+    from airflow_resumable.core import finish, identity, runner
+
+    assert runner.Attempt is core.Attempt and runner.Outcome is core.Outcome is finish.Outcome
+    assert runner.Identity is identity.Identity and runner.Hooks is identity.Hooks
+    assert runner.Options is core.Options
