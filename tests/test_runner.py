@@ -855,3 +855,44 @@ def test_a_stored_position_nested_too_deeply_to_read_is_a_corrupt_row_not_a_recu
         attempt(store, 2).run(work)
     assert "the stored position" in str(err.value) and "DELETE FROM resumable_checkpoints" in str(err.value)
     assert work.seen == []
+
+
+def test_a_checkpoint_makes_one_call_into_the_attempt_and_the_tally_holds_the_progress() -> None:
+    """The context encodes and hands over; the attempt saves, records, reports and checks the
+    signal in that one call (no re-entry into the context, no second or third call)."""
+    from airflow_resumable.core import Checkpoint
+    from airflow_resumable.core.context import RunContext
+    from airflow_resumable.core.identity import Identity
+    from airflow_resumable.core.tally import Tally
+
+    calls: list[tuple[str, tuple[Any, ...]]] = []
+
+    class Calls:
+        def __getattr__(self, name: str) -> Any:
+            return lambda *args, **kwargs: calls.append((name, args))
+
+    tally = Tally(Checkpoint(job=JOB, slot=SLOT, position=3, processed=3, state={"sum": 1}))
+    ctx = RunContext(Calls(), Identity(job=JOB, slot=SLOT, attempt=2, owner="o"), tally, signal=Signal(),  # type: ignore[arg-type]
+                     log=logging.getLogger("test"), resumed=True)
+    assert (ctx.job, ctx.slot, ctx.attempt, ctx.position, ctx.processed, ctx.state) == (JOB, SLOT, 2, 3, 3, {"sum": 1})
+    ctx.checkpoint([4, "x"], state={"sum": 2}, processed=4, total=9)
+    assert calls == [("after_chunk", ('[4,"x"]', '{"sum":2}', {"sum": 2}, 4, 9))]
+    assert tally.processed == 3  # the context kept nothing: recording is the attempt's step
+    tally.saved('[4,"x"]', {"sum": 2}, 4, 9)
+    assert (ctx.position, ctx.processed, ctx.total, ctx.state, ctx.row.position) == ([4, "x"], 4, 9, {"sum": 2}, [4, "x"])
+
+
+def test_an_attempt_takes_an_identity_and_hooks_or_their_fields_as_keywords_but_not_both(store: Store) -> None:
+    from airflow_resumable.core.identity import Hooks, Identity
+
+    identity = Identity(job=JOB, slot=SLOT, attempt=1, owner="owner-1")
+    built = Attempt(store, identity, hooks=Hooks(rerun=lambda row: "asked"))
+    legacy = Attempt(store, job=JOB, slot=SLOT, attempt="1", owner="owner-1")  # type: ignore[arg-type]
+    assert built.identity == legacy.identity == identity and built.attempt == legacy.attempt == 1
+    assert built.run(lambda ctx: ctx.checkpoint(1)).checkpoint.status == "done"
+    with pytest.raises(TypeError, match="both an Identity and job="):
+        Attempt(store, identity, job=JOB)
+    with pytest.raises(TypeError, match="unexpected keyword argument.*jobs"):
+        Attempt(store, identity, jobs=JOB)  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match="needs an Identity"):
+        Attempt(store, job=JOB)

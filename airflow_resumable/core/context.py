@@ -3,26 +3,23 @@
 from __future__ import annotations
 
 import copy
-import dataclasses
 import json
 import math
 import operator
 import sys
-import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any
+from contextlib import AbstractContextManager, contextmanager
+from datetime import datetime
+from typing import Any, Protocol
 
 from airflow_resumable.core import defaults
 from airflow_resumable.core.checkpoint import ENCODER, Checkpoint, encode, error_text
 from airflow_resumable.core.errors import ConfigurationError, InvalidCheckpoint, TransactionRefused
+from airflow_resumable.core.identity import Identity
 from airflow_resumable.core.progress import Log
 from airflow_resumable.core.signal import Signal
 from airflow_resumable.core.stores.base import Dialect
-
-if TYPE_CHECKING:
-    from airflow_resumable.core.runner import Attempt
+from airflow_resumable.core.tally import Tally
 
 #: The largest count the checkpoint table's BIGINT columns hold.
 _MAX_COUNT = 2**63 - 1
@@ -163,6 +160,29 @@ class _QmarkCursor:
         return getattr(self._cur, name)
 
 
+class AttemptCalls(Protocol):
+    """What the run context asks of its attempt (:class:`~airflow_resumable.core.runner.Attempt`):
+    one call per checkpoint, and the handler's tools. Identity and progress are not calls: the
+    context holds the attempt's frozen :class:`~airflow_resumable.core.identity.Identity` and reads
+    its :class:`~airflow_resumable.core.tally.Tally`."""
+
+    def after_chunk(self, position: str, state_json: str, state: dict[str, Any], processed: int,
+                    total: int | None) -> None:
+        """Save the encoded checkpoint (fenced), record it, report it, then stop or wait as asked.
+
+        Raises:
+            AttemptEnded / LeaseLost: nothing was written.
+            Cancelled / Paused: after the save, at this chunk boundary.
+            ConfigurationError: the throttle answered something that is not a wait.
+        """
+
+    def transaction(self) -> TransactionConnection: ...
+
+    def skip(self, item: Any, *, position: Any, error: BaseException, limit: int) -> int: ...
+
+    def savepoint(self) -> AbstractContextManager[None]: ...
+
+
 class RunContext:
     """The run as its handler sees it.
 
@@ -182,26 +202,20 @@ class RunContext:
             attempt starts.
     """
 
-    def __init__(self, attempt: Attempt, row: Checkpoint, *, resumed: bool, previous: Checkpoint | None = None):
-        self._attempt = attempt
-        self._row: Checkpoint | None = row
-        self._base = row
-        self.job: str = row.job
-        self.slot: str = row.slot
-        self.attempt: int = attempt.attempt
-        self.scheduled_at: datetime | None = attempt.scheduled_at
-        self.signal: Signal = attempt.signal
-        self.state: dict[str, Any] = dict(row.state)
-        self.log: Log = attempt.log
-        self._position: Any = row.position
-        self._position_json: str | None = None  # set by a save; decoded on first read
-        self._processed: int = row.processed
-        self._total: int | None = row.total
-        self._saved_at: float | None = None
+    def __init__(self, calls: AttemptCalls, identity: Identity, tally: Tally, *, signal: Signal, log: Log,
+                 resumed: bool, previous: Checkpoint | None = None):
+        self._attempt = calls
+        self._tally = tally
+        self.job: str = identity.job
+        self.slot: str = identity.slot
+        self.attempt: int = identity.attempt
+        self.scheduled_at: datetime | None = identity.scheduled_at
+        self.signal: Signal = signal
+        self.log: Log = log
         #: True when this attempt continues a checkpoint an earlier attempt saved.
         self.resumed: bool = resumed
         #: The position this attempt started from (None on a fresh start).
-        self.resumed_from: Any = row.position if resumed else None
+        self.resumed_from: Any = tally.position if resumed else None
         #: The job's previous finished run (see the class docstring), or None.
         self.previous: Checkpoint | None = previous
 
@@ -209,18 +223,24 @@ class RunContext:
     def position(self) -> Any:
         """Where to continue: None on a fresh start, else the last saved position (as JSON gives
         it back: a tuple comes back as a list)."""
-        if self._position_json is not None:
-            self._position = json.loads(self._position_json)
-            self._position_json = None
-        return self._position
+        return self._tally.position
+
+    @property
+    def state(self) -> dict[str, Any]:
+        """A JSON dict carried across attempts with the position; mutate it, then checkpoint."""
+        return self._tally.state
+
+    @state.setter
+    def state(self, value: dict[str, Any]) -> None:
+        self._tally.state = value
 
     @property
     def processed(self) -> int:
-        return self._processed
+        return self._tally.processed
 
     @property
     def total(self) -> int | None:
-        return self._total
+        return self._tally.total
 
     @total.setter
     def total(self, value: int | None) -> None:
@@ -229,21 +249,12 @@ class RunContext:
         Raises:
             InvalidCheckpoint: not a whole number >= 0 (or None).
         """
-        self._total = None if value is None else self._count("ctx.total", value)
+        self._tally.total = None if value is None else self._count("ctx.total", value)
 
     @property
     def row(self) -> Checkpoint:
         """The checkpoint row as last written by this attempt."""
-        if self._row is None:
-            self._row = dataclasses.replace(
-                self._base,
-                position=self.position,
-                state=self.state,
-                processed=self._processed,
-                total=self._total,
-                updated_at=datetime.fromtimestamp(self._saved_at, tz=timezone.utc) if self._saved_at else None,
-            )
-        return self._row
+        return self._tally.row
 
     def checkpoint(
         self,
@@ -266,15 +277,13 @@ class RunContext:
             Paused: after the save, when a pause was requested, the throttle asked for a long
                 wait, or ``max_runtime`` ran out (a kind of Cancelled: stop the same way).
         """
-        state = self.state if state is None else state
-        processed = self._processed if processed is None else self._count("processed", processed)
-        total = self._total if total is None else self._count("total", total)
+        tally = self._tally
+        state = tally.state if state is None else state
+        processed = tally.processed if processed is None else self._count("processed", processed)
+        total = tally.total if total is None else self._count("total", total)
         position_json, state_json = self._encode(position, state)
-        self._attempt.save(position_json, state_json, processed, total)
-        self._saved(position_json, state, processed, total)
-        self._attempt.report(self)
-        self.signal.raise_if_cancelled()
-        self._attempt.between_chunks(self)
+        # One way: the attempt saves, records in the tally, reports, then stops or waits.
+        self._attempt.after_chunk(position_json, state_json, state, processed, total)
 
     def transaction(self) -> TransactionConnection:
         """The checkpoint database's connection; writes on it commit with the next checkpoint."""
@@ -351,15 +360,6 @@ class RunContext:
                 self.state = value
         return restore
 
-    def _saved(self, position_json: str, state: dict[str, Any], processed: int, total: int | None) -> None:
-        """Record what the store just committed (cheaply: the row is rebuilt only when read)."""
-        self._position_json = position_json
-        self.state = state
-        self._processed = processed
-        self._total = total
-        self._saved_at = time.time()
-        self._row = None
-
     def _count(self, name: str, value: Any) -> int:
         """``value`` as a count of items (an int >= 0 that fits the BIGINT column), or
         :class:`InvalidCheckpoint` naming ``name``.
@@ -405,7 +405,7 @@ class RunContext:
     def __repr__(self) -> str:
         return (
             f"RunContext(job={self.job!r}, slot={self.slot!r}, attempt={self.attempt}, "
-            f"position={self._position!r}, processed={self._processed}, total={self._total})"
+            f"position={self.position!r}, processed={self.processed}, total={self.total})"
         )
 
 

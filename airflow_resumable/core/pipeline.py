@@ -40,6 +40,7 @@ from typing import Any
 from airflow_resumable.core.errors import LeaseLost
 from airflow_resumable.core.signal import Reason, Signal
 from airflow_resumable.core.stores.base import Store, StoreSession, save_rejected
+from airflow_resumable.core.tally import Tally
 
 #: The writer thread's name starts with this (tests and debuggers tell it apart by it).
 THREAD_PREFIX = "resumable-checkpoint-writer"
@@ -48,26 +49,27 @@ _LOST = "another attempt took over this slot's lease (a checkpoint was rejected)
 
 
 def checkpoint_writer(
-    store: Store, session: StoreSession, *, job: str, slot: str, owner: str, token: int, signal: Signal
+    store: Store, session: StoreSession, *, job: str, slot: str, owner: str, token: int, signal: Signal, tally: Tally
 ) -> CheckpointWriter:
     """The writer for one attempt's pipelined checkpoints: :class:`NoWaitWriter` where the store's
     driver can send without waiting, else :class:`ThreadWriter`. Its connection opens now and
     connects while the first chunk runs."""
     conn = store.connect_nowait(like=session.conn)
     if conn is None:
-        return ThreadWriter(store, job=job, slot=slot, owner=owner, token=token, signal=signal)
-    return NoWaitWriter(store, session, conn, job=job, slot=slot, owner=owner, token=token, signal=signal)
+        return ThreadWriter(store, job=job, slot=slot, owner=owner, token=token, signal=signal, tally=tally)
+    return NoWaitWriter(store, session, conn, job=job, slot=slot, owner=owner, token=token, signal=signal,
+                        tally=tally)
 
 
 class CheckpointWriter(abc.ABC):
     """Writes one attempt's checkpoints while its handler goes on, one in flight at most."""
 
-    def __init__(self, store: Store, *, job: str, slot: str, owner: str, token: int, signal: Signal):
+    def __init__(self, store: Store, *, job: str, slot: str, owner: str, token: int, signal: Signal, tally: Tally):
         self.store = store
         self.job, self.slot, self.owner, self.token = job, slot, owner, token
         self.signal = signal
-        #: ``(processed, total)`` of the last checkpoint known to be committed, None before the first.
-        self.durable: tuple[int, int | None] | None = None
+        #: The attempt's progress: the writer sets its ``durable`` once a checkpoint is committed.
+        self.tally = tally
 
     @abc.abstractmethod
     def submit(self, *, position: str, state: str, processed: int, total: int | None) -> None:
@@ -102,8 +104,8 @@ class NoWaitWriter(CheckpointWriter):
     answer when the next checkpoint (or the attempt's end) comes: all on the handler's thread."""
 
     def __init__(self, store: Store, session: StoreSession, conn: Any, *, job: str, slot: str, owner: str, token: int,
-                 signal: Signal):
-        super().__init__(store, job=job, slot=slot, owner=owner, token=token, signal=signal)
+                 signal: Signal, tally: Tally):
+        super().__init__(store, job=job, slot=slot, owner=owner, token=token, signal=signal, tally=tally)
         self._statement: Callable[..., tuple[str, tuple[Any, ...]]] = session.save_statement
         self._like = session.conn
         self._conn: Any = conn
@@ -140,7 +142,7 @@ class NoWaitWriter(CheckpointWriter):
             raise
         if cur.rowcount != 1:
             raise self._lost()
-        self.durable = saved
+        self.tally.durable = saved
 
     def close(self) -> None:
         try:
@@ -162,8 +164,8 @@ class NoWaitWriter(CheckpointWriter):
 class ThreadWriter(CheckpointWriter):
     """Writes one attempt's checkpoints on its own thread and connection."""
 
-    def __init__(self, store: Store, *, job: str, slot: str, owner: str, token: int, signal: Signal):
-        super().__init__(store, job=job, slot=slot, owner=owner, token=token, signal=signal)
+    def __init__(self, store: Store, *, job: str, slot: str, owner: str, token: int, signal: Signal, tally: Tally):
+        super().__init__(store, job=job, slot=slot, owner=owner, token=token, signal=signal, tally=tally)
         # One thread: the session is opened, used and closed on it (SQLite connections belong to
         # the thread that opened them).
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=THREAD_PREFIX)
@@ -201,7 +203,7 @@ class ThreadWriter(CheckpointWriter):
         except Exception:
             self._close()  # a broken connection: the next write opens a new one
             raise
-        self.durable = (processed, total)
+        self.tally.durable = (processed, total)
 
     def _close(self) -> None:
         if self._session is not None:

@@ -7,8 +7,9 @@
 3. apply the overlap policy against the job's other live slots;
 4. decide between resume, start over (the slot was ``done``) and restart (asked for on purpose);
 5. run the handler with a :class:`~airflow_resumable.core.context.RunContext`, the lease renewed
-   by a :class:`~airflow_resumable.core.lease.LeaseKeeper` thread; each ``ctx.checkpoint()``
-   saves (fenced by the lease), *then* reports progress, *then* checks the signal;
+   by a :class:`~airflow_resumable.core.lease.LeaseKeeper` thread; each ``ctx.checkpoint()`` is
+   one call, ``after_chunk``: save (fenced by the lease), *then* report progress, *then* check
+   the signal (core/chunks.py); progress is kept in one place (core/tally.py);
 6. record how it ended (``done``, ``failed``, ``cancelled`` with the reason) and release the lease.
 
 The class operator, the chunked operator and ``@task.resumable`` all run this; the chunked loop
@@ -17,43 +18,18 @@ The class operator, the chunked operator and ``@task.resumable`` all run this; t
 
 from __future__ import annotations
 
-import dataclasses
-import logging
-import os
-import socket
-import threading
 import time
 from collections.abc import Callable
-from contextlib import AbstractContextManager
-from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from airflow_resumable.core.checkpoint import (
-    ENCODER,
-    AttemptEnd,
-    AttemptRecord,
-    Checkpoint,
-    Origin,
-    Status,
-    encode,
-    short,
-)
-from airflow_resumable.core.checkpoint import error_text as _error_text
-from airflow_resumable.core.context import RunContext, TransactionConnection
-from airflow_resumable.core.errors import (
-    AttemptEnded,
-    Cancelled,
-    CheckpointDeleted,
-    ConfigurationError,
-    CorruptCheckpoint,
-    InvalidCheckpoint,
-    LeaseBusy,
-    LeaseLost,
-    OverlapSkip,
-    OverlapWait,
-    Paused,
-)
-from airflow_resumable.core.lease import STOP_POLL, LeaseKeeper, stop_requested
+from airflow_resumable.core.acquire import Acquiring
+from airflow_resumable.core.checkpoint import Status
+from airflow_resumable.core.chunks import Chunks
+from airflow_resumable.core.context import RunContext
+from airflow_resumable.core.errors import CheckpointDeleted, ConfigurationError, CorruptCheckpoint, LeaseLost, Paused
+from airflow_resumable.core.finish import Finishing, Outcome
+from airflow_resumable.core.identity import Hooks, Identity
+from airflow_resumable.core.lease import LeaseKeeper
 from airflow_resumable.core.options import (  # re-exported: the core's public names
     MAX_KEY_BYTES,
     MAX_LEASE,
@@ -65,131 +41,30 @@ from airflow_resumable.core.options import (  # re-exported: the core's public n
     duration_problem,
     key_problem,
     validate_options,
-    wait_seconds,
 )
-from airflow_resumable.core.pipeline import CheckpointWriter, checkpoint_writer
-from airflow_resumable.core.progress import Log, ProgressMeter, Reporter
-from airflow_resumable.core.rules import Action
-from airflow_resumable.core.signal import Reason, Signal
-from airflow_resumable.core.skips import skip_item
+from airflow_resumable.core.pipeline import checkpoint_writer
+from airflow_resumable.core.progress import ProgressMeter
+from airflow_resumable.core.signal import Reason
 from airflow_resumable.core.states import Request, check, status_of
-from airflow_resumable.core.stores.base import Store, StoreSession
+from airflow_resumable.core.stores.base import StoreSession
+from airflow_resumable.core.tally import Tally
 
 __all__ = [
-    "MAX_KEY_BYTES", "MAX_LEASE", "MAX_SECONDS", "MIN_LEASE", "OVERLAP_POLICIES", "Attempt", "Options", "Outcome",
+    "MAX_KEY_BYTES", "MAX_LEASE", "MAX_SECONDS", "MIN_LEASE", "OVERLAP_POLICIES", "Attempt", "Hooks", "Identity",
+    "Options", "Outcome",
     "call_problem", "duration_problem", "key_problem", "validate_options",
 ]
 
 
-@dataclasses.dataclass(frozen=True)
-class Outcome:
-    """What a finished attempt returns: the handler's value and the final row."""
+class Attempt(Chunks, Finishing, Acquiring):
+    """One attempt of one (job, slot). Create it, then call :meth:`run` once.
 
-    result: Any
-    checkpoint: Checkpoint
-    resumed_from: Any
-    #: True when the slot had already finished and the handler did not run: ``result`` is the
-    #: value stored when it finished.
-    already_done: bool = False
-
-    def summary(self) -> dict[str, Any]:
-        """The row's figures, as the task's return value when the handler returns None. Built from
-        the stored row only, so an attempt that finds the slot already done returns the same."""
-        cp = self.checkpoint
-        return {
-            "job": cp.job,
-            "slot": cp.slot,
-            "position": cp.position,
-            "processed": cp.processed,
-            "total": cp.total,
-            "status": cp.status,
-            "attempts": cp.attempts,
-            "resumed_from": cp.resumed_from,
-        }
-
-
-class Attempt:
-    """One attempt of one (job, slot). Create it, then call :meth:`run` once."""
-
-    def __init__(
-        self,
-        store: Store,
-        *,
-        job: str,
-        slot: str,
-        attempt: int,
-        owner: str,
-        options: Options | None = None,
-        scheduled_at: datetime | None = None,
-        reporter: Reporter | None = None,
-        log: Log | None = None,
-        resolve_reason: Callable[[str], str | tuple[str, str]] | None = None,
-        heartbeat: float | None = None,
-        origin: Origin | None = None,
-        rerun: Callable[[Checkpoint], str | None] | None = None,
-        result_codec: tuple[Callable[[Any], Any], Callable[[Any], Any]] | None = None,
-    ):
-        """See the class docstring; the embedding's hooks:
-
-        Args:
-            resolve_reason: turns a bare ``terminated`` into ``user`` or ``shutdown``.
-            origin: the task instance this attempt runs for, recorded on the row and in the history.
-            rerun: asked when the slot is ``done``: a sentence saying why it runs again (someone
-                asked for it), or None to return the stored outcome without running the handler.
-            result_codec: ``(encode, decode)`` between the handler's return value and the JSON value
-                kept on the row (default: the value itself, which must then be plain JSON).
-                ``encode`` raising means the value cannot be kept: the attempt fails *before* the
-                slot is marked done.
-        """
-        job_problem, slot_problem = key_problem("job", job), key_problem("slot", slot)
-        if job_problem or slot_problem:
-            raise ConfigurationError(
-                "; ".join(p for p in (job_problem, slot_problem) if p),
-                job=None if job_problem else job,
-                slot=None if slot_problem else slot,
-                hint=f"Name the job with at most {MAX_KEY_BYTES} bytes and no NUL character (the operator's job=)",
-            )
-        self.store = store
-        self.job = job
-        self.slot = slot
-        self.attempt = int(attempt)
-        self.owner = owner
-        self.options = options or Options()
-        self.scheduled_at = scheduled_at
-        self.log: Log = log or logging.getLogger("airflow_resumable")
-        self.reporter = reporter or Reporter(self.log, interval=self.options.progress_interval)
-        self.signal = Signal()
-        self._resolve_reason = resolve_reason
-        self._heartbeat = heartbeat
-        self.origin = origin or Origin()
-        self._rerun = rerun
-        codec: tuple[Callable[[Any], Any], Callable[[Any], Any]] = result_codec or (_same, _same)
-        self._encode_result, self._decode_result = codec
-        self._record_id: int | None = None
-        self._started = time.monotonic()
-        #: How long the last checkpoint's save took (seconds): reported with progress (metrics).
-        self._save_seconds: float | None = None
-        self._session: StoreSession | None = None
-        self._token: int | None = None
-        self._meter: ProgressMeter | None = None
-        self._ctx: RunContext | None = None
-        self.keeper: LeaseKeeper | None = None
-        #: Writes the checkpoints with ``pipeline_checkpoints`` (see core/pipeline.py).
-        self._writer: CheckpointWriter | None = None
-        self._last_row: Checkpoint | None = None
-        # Set (under the lock) once the handler has returned or raised: the run context then
-        # refuses to write, whichever thread still holds it.
-        self._ended = False
-        self._lock = threading.Lock()
-
-    @property
-    def checkpoint_row(self) -> Checkpoint | None:
-        """The last row this attempt wrote or read (also after it ended)."""
-        if self._ctx is not None and self._last_row is None:
-            return self._ctx.row
-        return self._last_row
-
-    # -- the run -------------------------------------------------------------------------------
+    The life in order is here; the steps live on their seams, each a small base class over the
+    shared :class:`~airflow_resumable.core.attempt_state.AttemptState` (identity, hooks, session,
+    tally): the start (:mod:`~airflow_resumable.core.acquire`: lease, overlap, resume or start
+    over), the one step after each chunk (:mod:`~airflow_resumable.core.chunks`) and the end
+    (:mod:`~airflow_resumable.core.finish`).
+    """
 
     def run(self, handler: Callable[[RunContext], Any]) -> Outcome:
         """Run ``handler(ctx)`` from the slot's last checkpoint.
@@ -238,7 +113,9 @@ class Attempt:
             except BaseException:
                 self._release(session, created=False)  # nothing started: do not hold the slot
                 raise
-            ctx = self._ctx = RunContext(self, row, resumed=resumed, previous=previous)
+            tally = self._tally = Tally(row)
+            ctx = self._ctx = RunContext(self, self.identity, tally, signal=self.signal, log=self.log,
+                                         resumed=resumed, previous=previous)
             self._meter = ProgressMeter(row.processed)
             self.reporter.on_start(row, resumed=resumed)
             self.keeper = LeaseKeeper(
@@ -255,7 +132,8 @@ class Attempt:
             try:
                 if self.options.pipeline_checkpoints:  # connects while the first chunk runs
                     self._writer = checkpoint_writer(self.store, session, job=self.job, slot=self.slot,
-                                                     owner=self.owner, token=self._token, signal=self.signal)
+                                                     owner=self.owner, token=self._token, signal=self.signal,
+                                                     tally=tally)
                 if row.cancel_request:  # accepted, but the attempt it was meant for died first
                     raise self._pending_cancel(session, row)
                 if row.request == Request.PAUSE:  # asked before this attempt started: pause before any work
@@ -286,8 +164,6 @@ class Attempt:
             finally:
                 keeper.stop()
             return Outcome(result=result, checkpoint=final, resumed_from=resumed_from)
-
-    # -- steps ---------------------------------------------------------------------------------
 
     def _call(self, handler: Callable[[RunContext], Any], ctx: RunContext) -> Any:
         """Run the handler; once it returns or raises, its context can no longer write."""
@@ -324,461 +200,3 @@ class Attempt:
             self._writer = None
         else:
             self._writer.flush()
-
-    def _acquire(self, session: StoreSession) -> tuple[Checkpoint, bool]:
-        deadline = time.monotonic() + self.options.effective_lease_wait
-        announced = False
-        while True:
-            got = session.acquire(self.job, self.slot, self.owner, self.options.lease)
-            if got is not None:
-                return got
-            holder = session.load(self.job, self.slot)
-            if time.monotonic() >= deadline:
-                raise LeaseBusy(
-                    f"another attempt ({holder.lease_owner if holder else '?'}) still holds this slot's "
-                    f"lease after waiting {self.options.effective_lease_wait:g}s",
-                    holder=holder.lease_owner if holder else None,
-                    job=self.job,
-                    slot=self.slot,
-                    hint="If that attempt is alive it keeps the slot; otherwise its lease expires "
-                    f"within {self.options.lease:g}s and a retry takes over",
-                )
-            if not announced:
-                self.log.warning(
-                    "slot is held by %s (lease until %s); waiting up to %.0fs for it to end or expire "
-                    "[job=%s slot=%s]",
-                    holder.lease_owner if holder else "?",
-                    holder.lease_expires_at.isoformat() if holder and holder.lease_expires_at else "?",
-                    self.options.effective_lease_wait, self.job, self.slot,
-                )
-                announced = True
-            # No lease keeper runs yet to ask the stop sources (a worker's drain): ask them here,
-            # at least once a second, so a shutdown does not wait out another holder's lease.
-            if not self.signal.cancelled and (stop := stop_requested()):
-                self.signal.cancel(*stop)
-            pause = min(max(self.options.lease / 10.0, 0.05), STOP_POLL, max(0.0, deadline - time.monotonic()))
-            if self.signal.cancelled or self.signal.wait(pause):
-                self._stop_waiting(holder)
-
-    def _stop_waiting(self, holder: Checkpoint | None) -> None:
-        """The signal fired while this attempt waited for another holder's lease: stop waiting.
-        Nothing is written (the row is the holder's); the reason goes to the log.
-
-        Raises:
-            Cancelled: with the signal's reason (``shutdown`` for a drain, ``timeout``, ``user``).
-        """
-        reason, message = self._resolve(self.signal.reason, self.signal.message)
-        self.signal.classify(reason, message)
-        self.log.warning(
-            "stopped waiting for this slot's lease (held by %s): cancelled (%s): %s; nothing was written, "
-            "the row stays as its holder keeps it, and a retry waits again [job=%s slot=%s attempt=%s]",
-            holder.lease_owner if holder else "?", reason, message, self.job, self.slot, self.attempt,
-        )
-        self.signal.raise_if_cancelled()
-
-    def _overlap(self, session: StoreSession, row: Checkpoint, created: bool) -> None:
-        policy = self.options.overlap
-        if policy == "allow":
-            return
-        mine = (_run_started(row), row.slot)
-        others = [
-            o for o in session.live_others(self.job, self.slot)
-            if policy == "replace" or (_run_started(o), o.slot) < mine
-        ]
-        if not others:
-            return
-        slots = [o.slot for o in others]
-        if policy == "replace":
-            for other in others:
-                if other.status == Status.PAUSED:  # nothing runs it: cancel it at once, its waiting task ends
-                    session.request(self.job, other.slot, Action.CANCEL, by=f"a newer run (slot {self.slot})",
-                                    outcome=AttemptEnd.CANCEL_REQUESTED, reason=Reason.SUPERSEDED,
-                                    note="superseded by a newer run")
-                else:
-                    session.request_cancel(self.job, other.slot, Reason.SUPERSEDED.value)
-            self.log.warning(
-                "asked the live run(s) of slot(s) %s to stop at their next chunk boundary (superseded) "
-                "[job=%s slot=%s]", ", ".join(slots), self.job, self.slot,
-            )
-            return
-        # A skip is history; a wait re-checks every overlap_poke and would flood it.
-        skipped = self._unstarted(AttemptEnd.SKIPPED, row, error=f"overlap {policy}: an earlier run is live "
-                                  f"(slot {', '.join(slots)})")
-        session.release(self.job, self.slot, self.owner, delete=created, record=None if policy == "wait" else skipped)
-        error = OverlapSkip if policy == "skip" else OverlapWait
-        raise error(
-            f"an earlier run of this job is still running (slot {', '.join(slots)}); overlap policy is {policy!r}",
-            others=slots,
-            job=self.job,
-            slot=self.slot,
-        )
-
-    def _release(self, session: StoreSession, created: bool) -> None:
-        """Give the lease back without touching the row's progress (an overlap decision)."""
-        session.release(self.job, self.slot, self.owner, delete=created)
-
-    def _why_run_again(self, row: Checkpoint) -> str | None:
-        """Why a ``done`` slot runs again: someone asked (restart, or the embedding says so), else None."""
-        restart = self._restart_reason(row)
-        if restart:
-            return restart
-        if self._rerun is None:
-            return None
-        return self._rerun(row)
-
-    def _restart_reason(self, row: Checkpoint) -> str | None:
-        """Why this attempt starts over on purpose (the option, or a restart request on the row)."""
-        if self.options.restart:
-            return "restart requested"
-        if row.request == Request.RESTART:
-            return f"restart requested by {row.requested_by or '?'}"
-        return None
-
-    def _already_done(self, session: StoreSession, row: Checkpoint) -> Outcome:
-        """The slot finished before: give the lease back and return what it stored, without
-        running the handler (an automatic retry after the end-of-run window, a duplicate attempt,
-        another DAG sharing the job)."""
-        try:
-            result = None if row.result is None else self._decode_result(row.result)
-        except Exception as exc:  # the row is done; its copy of the result cannot be read back
-            self.log.warning("could not read back the stored result of this slot (%s); returning None", exc)
-            result = None
-        self.log.warning(
-            "this slot already finished at %s (run %s, attempt %s%s): not running it again; returning its "
-            "stored outcome. To run it again on purpose, Clear the task instance after it succeeded, or "
-            "trigger with conf {\"resumable_restart\": true}, or set restart=True [job=%s slot=%s attempt=%s]",
-            row.finished_at.isoformat() if row.finished_at else "?", row.run_id or "?", row.attempt,
-            f", {row.dag_id}.{row.task_id}" if row.dag_id else "", self.job, self.slot, self.attempt,
-        )
-        session.release(self.job, self.slot, self.owner, record=self._unstarted(AttemptEnd.ALREADY_DONE, row))
-        self._last_row = dataclasses.replace(row, lease_owner=None, lease_expires_at=None)
-        self.reporter.on_finish(self._last_row)
-        return Outcome(result=result, checkpoint=self._last_row, resumed_from=None, already_done=True)
-
-    def _pending_cancel(self, session: StoreSession, row: Checkpoint) -> Cancelled:
-        """The cancel a person (or a newer run) asked for while an earlier attempt held the slot,
-        which that attempt never acted on (it was killed first, or its holder was already dead):
-        this attempt stops with it before any work, as the live holder would have at its next
-        chunk boundary. ``start()`` kept the request for exactly this."""
-        reason = row.cancel_request or Reason.REQUESTED.value
-        if reason == Reason.REQUESTED.value:  # the control API recorded who asked
-            asked = [r for r in session.history(self.job, self.slot) if r.outcome == AttemptEnd.CANCEL_REQUESTED]
-            what = f"cancelled by {(asked[-1].requested_by if asked else row.requested_by) or '?'}"
-        elif reason == Reason.SUPERSEDED.value:
-            what = "superseded by a newer run of the job"
-        else:
-            what = f"cancelled ({reason})"
-        return Cancelled(reason, f"{what} while an earlier attempt held the slot, which ended before it saw the "
-                         "request: this attempt stopped before any work")
-
-    def _unstarted(self, end: AttemptEnd, row: Checkpoint, **fields: Any) -> AttemptRecord:
-        """The history record of an attempt that ended without running the handler: the row stays
-        where it was."""
-        return self._record(end, position_start=row.position, processed_start=row.processed,
-                            position_end=row.position, processed_end=row.processed, **fields)
-
-    def _record(self, end: AttemptEnd = AttemptEnd.RUNNING, **fields: Any) -> AttemptRecord:
-        """This attempt's history record."""
-        o = self.origin
-        return AttemptRecord(
-            job=self.job, slot=self.slot, attempt=self.attempt, owner=self.owner, host=socket.gethostname(),
-            pid=os.getpid(),
-            dag_id=o.dag_id, task_id=o.task_id, run_id=o.run_id, map_index=o.map_index,
-            lease_token=self._token or 0, outcome=end.value, **fields,
-        )
-
-    def _begin(
-        self, session: StoreSession, row: Checkpoint, created: bool, rerun_because: str | None
-    ) -> tuple[Checkpoint, bool, Any]:
-        """Resume the slot's checkpoint, or start it over (fresh, a done slot asked to run again
-        ``rerun_because``, or restart asked)."""
-        assert self._token is not None
-        has_progress = row.position is not None or row.processed > 0 or bool(row.state)
-        where = f"[job={self.job} slot={self.slot} attempt={self.attempt}]"
-        if created or (not has_progress and row.status != Status.DONE.value):
-            self.log.info("starting from the beginning %s", where)
-        elif row.status == Status.DONE.value:
-            self.log.warning(
-                "this slot finished at %s (run %s, attempt %s); running it again from the start because %s %s",
-                row.finished_at.isoformat() if row.finished_at else "?", row.run_id or "?", row.attempt,
-                rerun_because, where,
-            )
-        elif restart := self._restart_reason(row):
-            self.log.warning(
-                "%s: discarding the unfinished checkpoint at position=%r processed=%s "
-                "(status %s) and starting over %s", restart, row.position, row.processed,
-                row.status, where,
-            )
-        else:
-            self.log.warning(
-                "attempt %s: resuming from position=%r processed=%s%s (last status %s%s) [job=%s slot=%s]",
-                self.attempt, row.position, row.processed, f"/{row.total}" if row.total is not None else "",
-                row.status, f", {row.cancel_reason}" if row.cancel_reason else "", self.job, self.slot,
-            )
-            resumed_from = encode(row.position, what="position", job=self.job, slot=self.slot)
-            resumed, self._record_id = session.start(
-                self.job, self.slot, self.owner, self._token, self.attempt, reset=False, resumed_from=resumed_from,
-                record=self._record(resumed_from=row.position),
-            )
-            return resumed, True, row.position
-        fresh, self._record_id = session.start(
-            self.job, self.slot, self.owner, self._token, self.attempt, reset=True, resumed_from=None,
-            record=self._record(),
-        )
-        return fresh, False, None
-
-    def save(self, position: str, state: str, processed: int, total: int | None) -> None:
-        """Write a checkpoint (JSON text, encoded by the context), fenced by the lease, and commit
-        it with the handler's pending writes. Serialized with the attempt's end: refused once the
-        handler has returned (a kept ``ctx``, a thread).
-
-        Raises:
-            AttemptEnded: the handler already returned; nothing was written.
-            LeaseLost: another attempt holds the slot; nothing was committed.
-        """
-        assert self._session is not None and self._token is not None
-        with self._lock:
-            if self._ended:
-                raise self._ended_error("ctx.checkpoint()")
-            if self.signal.reason == Reason.LEASE_LOST:
-                self._session.rollback()
-                raise LeaseLost(
-                    "this attempt lost its lease; the checkpoint was not written", job=self.job, slot=self.slot
-                )
-            if self._writer is not None:  # returns at once; raises the previous write's failure
-                self._writer.submit(position=position, state=state, processed=processed, total=total)
-                return
-            began = time.perf_counter()
-            self._session.save(
-                self.job, self.slot, self.owner, self._token, position=position, state=state, processed=processed,
-                total=total,
-            )
-            self._save_seconds = time.perf_counter() - began
-
-    def report(self, ctx: RunContext) -> None:
-        """Report progress after a durable checkpoint (write before report), when a report is due.
-
-        The row reported is the row as stored (heartbeat and lease expiry move on the keeper's
-        thread), read only then: most checkpoints of a fast loop report nothing.
-        """
-        assert self._session is not None and self._meter is not None
-        processed, total = ctx.processed, ctx.total
-        if self._writer is not None:  # pipelined: report what is committed, not what is in flight
-            if self._writer.durable is None:
-                return
-            processed, total = self._writer.durable
-        if self.reporter.due(processed, total):
-            stored = self._session.load(self.job, self.slot) or ctx.row
-            self.reporter.on_checkpoint(stored, self._meter.measure(processed, total, save_seconds=self._save_seconds))
-
-    def between_chunks(self, ctx: RunContext) -> None:
-        """After a durable checkpoint: end the time slice, or wait as the throttle asks.
-
-        Raises:
-            Paused: ``max_runtime`` ran out (``time_slice``), or the throttle asked for a wait of
-                ``defer_after`` or more (``throttled``, until then).
-            Cancelled: the signal fired during a short throttle wait.
-            ConfigurationError: the throttle answered something that is not a wait.
-        """
-        options = self.options
-        if options.max_runtime is not None and time.monotonic() - self._started >= options.max_runtime:
-            raise Paused(
-                Reason.TIME_SLICE.value,
-                f"ran {time.monotonic() - self._started:.3g}s in one go (max_runtime={options.max_runtime:g}s): "
-                "giving the worker back for a moment",
-                until=_utcnow(),
-            )
-        if options.throttle is None:
-            return
-        answer = options.throttle(ctx)
-        try:
-            wait = wait_seconds(answer)
-        except ValueError as exc:
-            raise ConfigurationError(
-                f"throttle {getattr(options.throttle, '__qualname__', options.throttle)!r} answered {short(answer)}: "
-                f"{exc}", job=self.job, slot=self.slot,
-                hint="Return the seconds to wait before the next chunk (a number or a timedelta), or None for no "
-                "wait; the checkpoint is kept",
-            ) from None
-        if wait is None:
-            return
-        if wait >= options.defer_after:
-            raise Paused(Reason.THROTTLED.value, f"the throttle asked to wait {wait:g}s",
-                         until=_utcnow() + timedelta(seconds=wait))
-        if self.signal.wait(wait):
-            self.signal.raise_if_cancelled()
-
-    def transaction(self) -> TransactionConnection:
-        """The attempt's connection, lent to the handler (see :class:`TransactionConnection`).
-
-        Raises:
-            AttemptEnded: the handler already returned.
-            ConfigurationError: the attempt pipelines its checkpoints, which commit on another
-                connection than the handler's writes.
-        """
-        assert self._session is not None
-        if self._ended:
-            raise self._ended_error("ctx.transaction()")
-        if self.options.pipeline_checkpoints:
-            raise ConfigurationError(
-                "ctx.transaction() cannot be used with pipeline_checkpoints=True: its writes commit with the "
-                "checkpoint on the attempt's connection, while pipelined checkpoints commit on another one, "
-                "during the next chunk",
-                job=self.job,
-                slot=self.slot,
-                hint="Set pipeline_checkpoints=False to keep writes to the checkpoint database exactly once, or "
-                "write to the sink on your own connection, idempotently, and commit before ctx.checkpoint()",
-            )
-        self._session.begin_transactions()
-        return TransactionConnection(self._session.conn, self.store.dialect, job=self.job, slot=self.slot)
-
-    def skip(self, item: Any, *, position: Any, error: BaseException, limit: int) -> int:
-        """Record a skipped item (see :func:`airflow_resumable.core.skips.skip_item`)."""
-        assert self._session is not None
-        if self._ended:
-            raise self._ended_error("ctx.skip()")
-        return skip_item(self._session, job=self.job, slot=self.slot, attempt=self.attempt, item=item,
-                         position=position, error=error, limit=limit, log=self.log)
-
-    def savepoint(self) -> AbstractContextManager[None]:
-        assert self._session is not None
-        return self._session.savepoint(job=self.job, slot=self.slot)
-
-    def _ended_error(self, call: str) -> AttemptEnded:
-        return AttemptEnded(
-            f"{call} was called after attempt {self.attempt}'s handler returned; nothing was written",
-            job=self.job,
-            slot=self.slot,
-            hint="Checkpoint only while the handler runs: do not keep the ctx for later, and join "
-            "threads that use it before the handler returns",
-        )
-
-    def _end(
-        self, session: StoreSession, status: Status, *, error: str | None = None, stop_reason: str | None = None,
-        result: str | None = None, resume_in: float | None = None,
-    ) -> Checkpoint:
-        assert self._token is not None
-        total = self._ctx.total if self._ctx is not None else None
-        try:
-            final = session.finish(
-                self.job, self.slot, self.owner, self._token, status=status, last_error=error,
-                stop_reason=stop_reason, total=total, result=result, record_id=self._record_id,
-                resume_in=resume_in,
-            )
-        except LeaseLost as exc:
-            self.log.error("could not record status %s: %s", status, exc)
-            raise
-        except Exception as exc:
-            # The database refused the final write (SQLite: another writer held the file's write
-            # lock for the whole busy timeout). Say so where the user looks: the row cannot.
-            self.log.error(
-                "could not record status %s%s (%s: %s): the row stays 'running' until its lease expires "
-                "(within %gs), and the next attempt resumes from the last checkpoint [job=%s slot=%s attempt=%s]",
-                status, f" with error {short(error)}" if error else "", type(exc).__name__, exc, self.options.lease,
-                self.job, self.slot, self.attempt,
-            )
-            raise
-        self._last_row = final
-        self.reporter.on_finish(final)
-        return final
-
-    def _stopped(self, session: StoreSession, exc: BaseException) -> None:
-        """Record how the handler stopped: lease lost, cancelled, or failed (see core/states.py)."""
-        ctx = self._ctx
-        assert ctx is not None
-        if isinstance(exc, LeaseLost) or self.signal.reason == Reason.LEASE_LOST:
-            self._lost(session, exc)
-        elif isinstance(exc, Paused):
-            resume_in = None if exc.until is None else max(0.0, (exc.until - _utcnow()).total_seconds())
-            self.log.warning(
-                "paused (%s: %s) at position=%r processed=%s [job=%s slot=%s attempt=%s]; the checkpoint is kept "
-                "and this try continues from it %s", exc.reason, exc.message, ctx.position, ctx.processed, self.job,
-                self.slot, self.attempt, "when resumed" if exc.until is None else f"at {exc.until.isoformat()}",
-            )
-            self._end(session, Status.PAUSED, stop_reason=exc.reason, resume_in=resume_in)
-        elif isinstance(exc, Cancelled):
-            reason, message = self._resolve(exc.reason, exc.message)
-            self.signal.classify(reason, message)
-            exc.reason, exc.message = reason, message
-            exc.args = (message,)
-            self.log.warning(
-                "cancelled (%s) at position=%r processed=%s [job=%s slot=%s attempt=%s]; "
-                "the checkpoint is kept and the next attempt resumes from it",
-                reason, ctx.position, ctx.processed, self.job, self.slot, self.attempt,
-            )
-            self._end(session, Status.CANCELLED, error=message, stop_reason=reason)
-        else:
-            stop_reason = None
-            if self.signal.cancelled:
-                stop_reason = self._resolve(self.signal.reason, None)[0]
-                self.signal.classify(stop_reason)
-            self._end(session, Status.FAILED, error=_error_text(exc), stop_reason=stop_reason)
-
-    def _lost(self, session: StoreSession, exc: BaseException) -> None:
-        """Another attempt owns the slot now: write nothing to the row, only end this attempt's own
-        history record."""
-        if isinstance(exc, CheckpointDeleted):
-            self.log.error("stopped: %s [attempt=%s]", exc, self.attempt)
-        else:
-            self.log.error(
-                "stopped: another attempt took over this slot's lease; nothing more is written "
-                "[job=%s slot=%s attempt=%s]", self.job, self.slot, self.attempt,
-            )
-        if self._record_id is None:
-            return
-        try:
-            session.end_record(self._record_id, AttemptEnd.LEASE_LOST, error=_error_text(exc),
-                               stop_reason=Reason.LEASE_LOST.value)
-        except Exception:  # the history is a record, never a reason to hide the real outcome
-            self.log.warning("could not record the lost lease in the attempt history", exc_info=True)
-
-    def _result_text(self, result: Any) -> str | None:
-        if result is None:
-            return None
-        try:
-            return ENCODER.encode(self._encode_result(result))
-        except Exception as exc:
-            raise InvalidCheckpoint(
-                f"the handler's return value {short(result)} cannot be stored ({type(exc).__name__}: {exc}); "
-                "the slot was not marked done",
-                job=self.job,
-                slot=self.slot,
-                hint="Return JSON values (numbers, strings, lists, dicts), or None; the checkpoint is kept and "
-                "a retry resumes from it once the handler returns something storable",
-            ) from exc
-
-    def _resolve(self, reason: str | None, message: str | None) -> tuple[str, str]:
-        """Let the embedding (Airflow) say what a bare ``terminated`` meant: ``user`` or ``shutdown``."""
-        reason = reason or "unknown"
-        message = message or f"cancelled: {reason}"
-        if self._resolve_reason is not None:
-            try:
-                resolved = self._resolve_reason(reason)
-            except Exception:  # never let classification hide the cancel
-                self.log.exception("could not classify cancel reason %r", reason)
-                return reason, message
-            if isinstance(resolved, tuple):
-                return resolved[0], resolved[1]
-            return resolved, message
-        return reason, message
-
-
-def _run_started(row: Checkpoint) -> datetime:
-    """When the slot's current run began, for deciding which of two live runs is the earlier one.
-
-    A retry keeps its run's start (it is still the older run), while a slot that was ``done`` and
-    runs again is a new run that starts now.
-    """
-    started = row.lease_acquired_at if row.status == Status.DONE.value else (row.started_at or row.lease_acquired_at)
-    assert started is not None
-    return started
-
-
-def _utcnow() -> datetime:
-    return datetime.now(tz=timezone.utc)
-
-
-def _same(value: Any) -> Any:
-    return value
-
-

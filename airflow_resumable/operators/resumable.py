@@ -27,7 +27,7 @@ from airflow_resumable.core.options import ARGUMENTS, ATTEMPT_OPTIONS, Option, O
 from airflow_resumable.core.options import problems as option_problems
 from airflow_resumable.core.progress import Progress, Reporter
 from airflow_resumable.core.readers import Reader
-from airflow_resumable.core.runner import Attempt, Outcome
+from airflow_resumable.core.runner import Attempt, Hooks, Identity, Outcome
 from airflow_resumable.core.signal import Reason
 from airflow_resumable.core.skips import shown
 from airflow_resumable.core.stores import Store
@@ -405,21 +405,16 @@ class ResumableOperator(BaseOperator):
             self.log.info("checkpoints in %s [job=%s slot=%s attempt=%s]", store.describe(), job, slot, ti.try_number)
             attempt = Attempt(
                 store,
-                job=job,
-                slot=slot,
-                attempt=ti.try_number,
-                owner=owner,
+                Identity(job=job, slot=slot, attempt=ti.try_number, owner=owner, scheduled_at=scheduled_at,
+                         origin=origin),
+                hooks=Hooks(resolve_reason=self._classify(context), rerun=self._rerun(context, origin),
+                            result_codec=(serde_serialize, serde_deserialize)),
                 options=options,
-                scheduled_at=scheduled_at,
                 reporter=AirflowReporter(
                     self.log, ti, interval=options.progress_interval, xcom_interval=self.xcom_interval,
                     where=store.describe(),
                 ),
                 log=self.log,
-                resolve_reason=self._classify(context),
-                origin=origin,
-                rerun=self._rerun(context, origin),
-                result_codec=(serde_serialize, serde_deserialize),
             )
             self._attempt = attempt
             if self._terminated:  # SIGTERM came while the store was being opened

@@ -1,0 +1,160 @@
+"""Between an attempt's chunks: the one step after each ``ctx.checkpoint()`` (save, record in the
+tally, report, stop or wait), and the tools the handler borrows (transaction, skip, savepoint)."""
+
+from __future__ import annotations
+
+import time
+from contextlib import AbstractContextManager
+from datetime import timedelta
+from typing import Any
+
+from airflow_resumable.core.attempt_state import AttemptState, utcnow
+from airflow_resumable.core.checkpoint import short
+from airflow_resumable.core.context import TransactionConnection
+from airflow_resumable.core.errors import ConfigurationError, LeaseLost, Paused
+from airflow_resumable.core.options import wait_seconds
+from airflow_resumable.core.signal import Reason
+from airflow_resumable.core.skips import skip_item
+from airflow_resumable.core.tally import Tally
+
+
+class Chunks(AttemptState):
+    """What the run context calls (:class:`~airflow_resumable.core.context.AttemptCalls`)."""
+
+    def after_chunk(self, position: str, state_json: str, state: dict[str, Any], processed: int,
+                    total: int | None) -> None:
+        """The one step after a chunk (``ctx.checkpoint()``): save the checkpoint (JSON text,
+        encoded by the context), record it in the tally, report progress when due (write before
+        report), then stop at this boundary if the signal fired, or end the slice or wait as asked.
+
+        Raises:
+            AttemptEnded: the handler already returned; nothing was written.
+            LeaseLost: another attempt holds the slot; nothing was committed.
+            Cancelled: after the save, when the signal has fired.
+            Paused / ConfigurationError: as :meth:`_between_chunks`.
+        """
+        tally = self._tally
+        assert tally is not None
+        self._save(position, state_json, processed, total)
+        tally.saved(position, state, processed, total)
+        self._report(tally)
+        self.signal.raise_if_cancelled()
+        self._between_chunks()
+
+    def _save(self, position: str, state: str, processed: int, total: int | None) -> None:
+        """Write a checkpoint, fenced by the lease, and commit it with the handler's pending writes
+        (or hand it to the pipelined writer). Serialized with the attempt's end: refused once the
+        handler has returned (a kept ``ctx``, a thread).
+
+        Raises:
+            AttemptEnded: the handler already returned; nothing was written.
+            LeaseLost: another attempt holds the slot; nothing was committed.
+        """
+        assert self._session is not None and self._token is not None and self._tally is not None
+        with self._lock:
+            if self._ended:
+                raise self._ended_error("ctx.checkpoint()")
+            if self.signal.reason == Reason.LEASE_LOST:
+                self._session.rollback()
+                raise LeaseLost(
+                    "this attempt lost its lease; the checkpoint was not written", job=self.job, slot=self.slot
+                )
+            if self._writer is not None:  # returns at once; raises the previous write's failure
+                self._writer.submit(position=position, state=state, processed=processed, total=total)
+                return
+            began = time.perf_counter()
+            self._session.save(
+                self.job, self.slot, self.owner, self._token, position=position, state=state, processed=processed,
+                total=total,
+            )
+            self._tally.save_seconds = time.perf_counter() - began
+            self._tally.durable = (processed, total)
+
+    def _report(self, tally: Tally) -> None:
+        """Report the last durable checkpoint (pipelined: what is committed, not what is in flight),
+        when a report is due.
+
+        The row reported is the row as stored (heartbeat and lease expiry move on the keeper's
+        thread), read only then: most checkpoints of a fast loop report nothing.
+        """
+        assert self._session is not None and self._meter is not None
+        if tally.durable is None:
+            return
+        processed, total = tally.durable
+        if self.reporter.due(processed, total):
+            stored = self._session.load(self.job, self.slot) or tally.row
+            self.reporter.on_checkpoint(stored, self._meter.measure(processed, total, save_seconds=tally.save_seconds))
+
+    def _between_chunks(self) -> None:
+        """After a durable checkpoint: end the time slice, or wait as the throttle asks.
+
+        Raises:
+            Paused: ``max_runtime`` ran out (``time_slice``), or the throttle asked for a wait of
+                ``defer_after`` or more (``throttled``, until then).
+            Cancelled: the signal fired during a short throttle wait.
+            ConfigurationError: the throttle answered something that is not a wait.
+        """
+        options = self.options
+        if options.max_runtime is not None and time.monotonic() - self._started >= options.max_runtime:
+            raise Paused(
+                Reason.TIME_SLICE.value,
+                f"ran {time.monotonic() - self._started:.3g}s in one go (max_runtime={options.max_runtime:g}s): "
+                "giving the worker back for a moment",
+                until=utcnow(),
+            )
+        if options.throttle is None:
+            return
+        assert self._ctx is not None
+        answer = options.throttle(self._ctx)
+        try:
+            wait = wait_seconds(answer)
+        except ValueError as exc:
+            raise ConfigurationError(
+                f"throttle {getattr(options.throttle, '__qualname__', options.throttle)!r} answered {short(answer)}: "
+                f"{exc}", job=self.job, slot=self.slot,
+                hint="Return the seconds to wait before the next chunk (a number or a timedelta), or None for no "
+                "wait; the checkpoint is kept",
+            ) from None
+        if wait is None:
+            return
+        if wait >= options.defer_after:
+            raise Paused(Reason.THROTTLED.value, f"the throttle asked to wait {wait:g}s",
+                         until=utcnow() + timedelta(seconds=wait))
+        if self.signal.wait(wait):
+            self.signal.raise_if_cancelled()
+
+    def transaction(self) -> TransactionConnection:
+        """The attempt's connection, lent to the handler (see :class:`TransactionConnection`).
+
+        Raises:
+            AttemptEnded: the handler already returned.
+            ConfigurationError: the attempt pipelines its checkpoints, which commit on another
+                connection than the handler's writes.
+        """
+        assert self._session is not None
+        if self._ended:
+            raise self._ended_error("ctx.transaction()")
+        if self.options.pipeline_checkpoints:
+            raise ConfigurationError(
+                "ctx.transaction() cannot be used with pipeline_checkpoints=True: its writes commit with the "
+                "checkpoint on the attempt's connection, while pipelined checkpoints commit on another one, "
+                "during the next chunk",
+                job=self.job,
+                slot=self.slot,
+                hint="Set pipeline_checkpoints=False to keep writes to the checkpoint database exactly once, or "
+                "write to the sink on your own connection, idempotently, and commit before ctx.checkpoint()",
+            )
+        self._session.begin_transactions()
+        return TransactionConnection(self._session.conn, self.store.dialect, job=self.job, slot=self.slot)
+
+    def skip(self, item: Any, *, position: Any, error: BaseException, limit: int) -> int:
+        """Record a skipped item (see :func:`airflow_resumable.core.skips.skip_item`)."""
+        assert self._session is not None
+        if self._ended:
+            raise self._ended_error("ctx.skip()")
+        return skip_item(self._session, job=self.job, slot=self.slot, attempt=self.attempt, item=item,
+                         position=position, error=error, limit=limit, log=self.log)
+
+    def savepoint(self) -> AbstractContextManager[None]:
+        assert self._session is not None
+        return self._session.savepoint(job=self.job, slot=self.slot)
