@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from airflow_resumable.core import Attempt, ConfigurationError, Options, Store
+from airflow_resumable.core.errors import TransactionRefused
 
 JOB, SLOT = "sqlite.cte", "2026-01-01T00:00:00+00:00"
 ITEMS, CHUNK = 30, 10
@@ -150,3 +151,93 @@ def test_a_final_status_the_locked_file_refuses_is_logged_with_the_error_and_wha
     assert f"job={JOB}" in text and f"slot={SLOT}" in text and "resumes from the last checkpoint" in text
     with store.open() as s:
         assert s.load(JOB, SLOT).status == "running"  # as the log says
+
+
+@pytest.mark.parametrize(
+    "statement",
+    [
+        "COMMIT",
+        "commit work",
+        "END",
+        "ROLLBACK",
+        "rollback transaction",
+        "ABORT",
+        "BEGIN",
+        "START TRANSACTION",
+        "PREPARE TRANSACTION 'x'",
+        "INSERT INTO sink (item, attempt) VALUES (99, 1); COMMIT",
+        "/* a comment */ -- another\n  commit",
+    ],
+)
+def test_a_statement_that_would_end_the_chunks_transaction_is_refused_before_it_is_sent(
+    store: Store, statement: str
+) -> None:
+    # Given a handler that writes an item through ctx.transaction() and then sends a statement
+    # that would commit (or undo) the chunk's writes outside the checkpoint
+    _make_sink(store)
+
+    def handler(ctx: Any) -> None:
+        tx = ctx.transaction()
+        tx.execute("INSERT INTO sink (item, attempt) VALUES (%s, %s)", (1, ctx.attempt))
+        tx.cursor().execute(statement)
+
+    # When it runs, then the statement is refused, naming job, slot and the fix, and retrying
+    # cannot help (a ConfigurationError: Airflow fails the task without a retry)
+    with pytest.raises(TransactionRefused, match="ctx.transaction") as caught:
+        Attempt(store, job=JOB, slot=SLOT, attempt=1, owner="a1").run(handler)
+    text = str(caught.value)
+    assert JOB in text and SLOT in text and "SAVEPOINT" in text
+    assert isinstance(caught.value, ConfigurationError)
+    # and nothing of the chunk reached the sink: the statement was never sent
+    assert _sink(store) == (0, 0)
+
+
+def test_the_handlers_own_savepoints_and_statements_that_only_mention_the_words_pass(store: Store) -> None:
+    # Given a handler using its own savepoint, and writes whose text contains 'commit', 'end' and
+    # 'begin' in strings, identifiers, comments and CASE ... END
+    _make_sink(store)
+
+    def handler(ctx: Any) -> int:
+        cur = ctx.transaction().cursor()
+        cur.execute("SAVEPOINT mine")
+        cur.execute("INSERT INTO sink (item, attempt) VALUES (%s, %s)", (1, ctx.attempt))
+        cur.execute("ROLLBACK TO SAVEPOINT mine")
+        cur.execute("RELEASE SAVEPOINT mine")
+        cur.execute(
+            "INSERT INTO sink (item, attempt) SELECT CASE WHEN 1 = 1 THEN 2 ELSE 3 END, %s "
+            "WHERE 'commit; rollback' <> 'begin' -- ; commit\n",
+            (ctx.attempt,),
+        )
+        ctx.checkpoint(2, processed=2)
+        return 2
+
+    # When it runs, then it finishes and exactly its kept write is in the sink
+    assert Attempt(store, job=JOB, slot=SLOT, attempt=1, owner="a1").run(handler).checkpoint.status == "done"
+    assert _sink(store) == (1, 1)
+
+
+@pytest.mark.parametrize(
+    ("sql", "word"),
+    [
+        ("select 1", None),
+        ("update t set a = case when b then 1 end", None),
+        ("select 'x; commit'", None),
+        ('select "commit"', None),
+        ("select $$; commit$$", None),
+        ("select $q$ ; end $q$; commit", "COMMIT"),
+        ("do $$ begin perform 1; end $$", None),
+        ("select 1 /* ; commit /* nested */ ; */", None),
+        ("select E'\\'; commit'", None),
+        ("rollback to savepoint s", None),
+        ("rollback to s", None),
+        ("rollback and chain", "ROLLBACK"),
+        ("prepare p as select 1", None),
+        ("prepare transaction 'g'", "PREPARE TRANSACTION"),
+        ("select 1;\n  begin", "BEGIN"),
+        (b"insert into t values (1); end", "END"),
+    ],
+)
+def test_the_statement_scan_finds_only_statements_that_end_the_transaction(sql: Any, word: str | None) -> None:
+    from airflow_resumable.core.statements import ending_statement
+
+    assert ending_statement(sql) == word
