@@ -241,3 +241,12 @@ def test_the_statement_scan_finds_only_statements_that_end_the_transaction(sql: 
     from airflow_resumable.core.statements import ending_statement
 
     assert ending_statement(sql) == word
+
+
+@pytest.mark.parametrize("path", ["", ":memory:"])
+def test_an_in_memory_or_empty_sqlite_path_is_a_configuration_error_with_the_fix(path: str) -> None:
+    from airflow_resumable.core.stores import SQLiteStore
+
+    with pytest.raises(ConfigurationError, match="needs a file path") as caught:
+        SQLiteStore(path)
+    assert "absolute file path" in str(caught.value)

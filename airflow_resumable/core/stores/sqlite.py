@@ -214,7 +214,11 @@ class SQLiteStore(Store):
     def __init__(self, path: str | os.PathLike[str], *, busy_timeout: float = 30.0, synchronous: str = "FULL"):
         self.path = os.fspath(path)
         if not self.path or self.path == ":memory:":
-            raise ValueError("a SQLite checkpoint store needs a file path (':memory:' is not shared by the run's threads)")
+            raise ConfigurationError(
+                f"a SQLite checkpoint store needs a file path, got {self.path!r} (an in-memory database is not "
+                "shared by the run's connections and is gone when the attempt ends)",
+                hint="Give an absolute file path, e.g. sqlite:////var/lib/airflow/checkpoints.db",
+            )
         if not os.path.isabs(self.path):
             raise ConfigurationError(
                 f"the SQLite checkpoint file {self.path!r} is a relative path, which would depend on each "
