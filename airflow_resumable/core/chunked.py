@@ -16,7 +16,7 @@ from airflow_resumable.core import defaults
 from airflow_resumable.core.checkpoint import error_text, short
 from airflow_resumable.core.context import RunContext
 from airflow_resumable.core.errors import ConfigurationError
-from airflow_resumable.core.options import REQUIRED, Option, call_problem, problems, seconds
+from airflow_resumable.core.options import REQUIRED, Option, call_problem, params_doc, problems, seconds
 from airflow_resumable.core.readers import Batch, Reader
 from airflow_resumable.core.skips import never_skipped, skip_limit_check, skip_on_check
 
@@ -62,7 +62,7 @@ def _count_or_function(name: str, value: Any) -> str | None:
 CHUNKED_OPTIONS: tuple[Option, ...] = (
     Option("read", REQUIRED, "`read(ctx, after, limit) -> list`: up to `limit` items after position `after`, in "
            "position order; or a reader", check=_callable_as("read(ctx, after, limit)"),
-           more="`after` is `start` on a fresh run. A reader (`airflow_resumable.readers`: SQL keyset, file, "
+           more="`after` is `start` on a fresh run; an empty batch ends the run. A reader (`airflow_resumable.readers`: SQL keyset, file, "
                 "sequence) knows its items' positions and pages correctly by construction."),
     Option("process", REQUIRED, "`process(ctx, batch)`: the chunk's work", check=_callable_as("process(ctx, batch)"),
            more="Make it idempotent, or write through `ctx.transaction()` to commit it atomically with the checkpoint."),
@@ -74,15 +74,17 @@ CHUNKED_OPTIONS: tuple[Option, ...] = (
            check=_count_or_function),
     Option("start", None, "the position before the first item, or `fn(ctx)` giving it",
            more="E.g. `lambda ctx: ctx.previous.position if ctx.previous else None` to continue where the job's "
-                "previous finished run ended."),
+                "previous finished run ended. A run that reads nothing still ends at `start`."),
     Option("checkpoint_interval", None, "save at most every this many seconds (`None`: after every chunk)",
            check=seconds(), seconds=True,
-           more="Cancels still stop at the next chunk boundary and save there, but a crash repeats up to this long a "
-                "stretch of chunks instead of one. For tiny, fast chunks."),
+           more="The signal is still checked after every chunk, and a pending position is saved before stopping and "
+                "at the end; but a crash repeats up to this long a stretch of chunks instead of one. For tiny, fast "
+                "chunks whose checkpoint would cost a large share of their work."),
     Option("skip_on", None, "an exception class or a tuple of them: an item raising one is recorded in "
            "`resumable_dead_letters` and skipped", check=skip_on_check,
-           more="A chunk raising one has its writes through `ctx.transaction()` undone and is processed again item "
-                "by item. None: any error fails the attempt."),
+           more="A chunk raising one is undone (its writes through `ctx.transaction()` and its changes to "
+                "`ctx.state`) and processed again item by item (see `airflow_resumable.core.skips`). None: any error "
+                "fails the attempt."),
     Option("skip_limit", defaults.SKIP_LIMIT, "how many items of the slot may be skipped; one more fails the attempt "
            "(`SkipLimitExceeded`, no retry)", check=skip_limit_check),
 )
@@ -135,30 +137,7 @@ def chunk_loop(
 ) -> Callable[[RunContext], dict[str, Any]]:
     """Build the handler that runs ``read``/``process`` chunk by chunk from the saved position.
 
-    Args:
-        read: ``read(ctx, after, limit)`` returns up to ``limit`` items after position ``after``
-            (``start`` on a fresh run), in position order. An empty batch ends the run.
-        process: ``process(ctx, batch)`` does the chunk's work: idempotently, or through
-            ``ctx.transaction()`` for exactly-once writes to the checkpoint database.
-        chunk_size: items per chunk: the worst-case cancel delay and ``items / chunk_size``
-            checkpoints.
-        position: the position of an item (default :func:`default_key`).
-        total: the expected item count, or a function of ``ctx`` computing it once per run.
-        start: the position before the first item, or a function of ``ctx`` giving it (e.g.
-            ``lambda ctx: ctx.previous.position if ctx.previous else None``: continue where the
-            job's previous run ended). A run that reads nothing still ends at ``start``.
-        checkpoint_interval: save at most every this many seconds instead of after every chunk
-            (None: every chunk). The signal is still checked after every chunk, and a pending
-            position is saved before stopping and at the end; but a *crash* now repeats up to
-            this many seconds of chunks instead of one. For tiny, fast chunks whose checkpoint
-            would cost a large share of their work.
-        skip_on: exception classes that mark an *item* as bad: a chunk raising one is undone
-            (its writes through ``ctx.transaction()`` and its changes to ``ctx.state``) and
-            processed again item by item; each item
-            raising one is recorded in the dead-letter table and skipped (see
-            :mod:`airflow_resumable.core.skips`). None: any error fails the attempt.
-        skip_limit: how many items of the slot may be skipped; one more fails the attempt with
-            :class:`~airflow_resumable.core.errors.SkipLimitExceeded`.
+    Its arguments are :data:`CHUNKED_OPTIONS`, listed below from their declarations.
 
     Raises:
         ConfigurationError: bad arguments, all of them named at once.
@@ -241,6 +220,9 @@ def chunk_loop(
 
     return handler
 
+
+
+chunk_loop.__doc__ = f"{(chunk_loop.__doc__ or '').rstrip()}\n\n    Args:\n{params_doc(CHUNKED_OPTIONS, indent='        ', style='google')}\n"
 
 def _process_or_skip(
     ctx: RunContext, process: ProcessFn, batch: Sequence[Any], keys: list[Any], skip_on: tuple[type[Exception], ...],

@@ -2,9 +2,11 @@
 
 ``ResumableOperator`` runs a handler that owns its loop (``handler(ctx)``); ``ChunkedOperator``
 owns the loop and calls ``read``/``process``. Both run the core's single attempt loop
-(:class:`airflow_resumable.core.runner.Attempt`); this module only translates Airflow's context
-into the core's terms (job, slot, attempt, owner), reports to XCom and the task log, and maps
-outcomes through :mod:`airflow_resumable.operators.outcome`.
+(:class:`airflow_resumable.core.runner.Attempt`); this module only wires it to Airflow: the
+task instance in the core's terms (:mod:`~airflow_resumable.operators.task_instance`), reporting
+(:mod:`~airflow_resumable.operators.reporting`), the argument checks
+(:mod:`~airflow_resumable.operators.checks`), pausing as deferral, and outcomes through
+:mod:`airflow_resumable.operators.outcome`.
 """
 
 from __future__ import annotations
