@@ -23,6 +23,13 @@ from airflow.sdk.serde import deserialize as serde_deserialize
 from airflow.sdk.serde import serialize as serde_serialize
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
+
+def built_from_mapped(operator: object) -> bool:
+    """Whether Airflow is building ``operator`` as a mapped task instance, on the worker and outside
+    ``execute()``: BaseOperator's private ``__from_mapped`` flag (Airflow 3.3; no public name)."""
+    return bool(getattr(operator, "_BaseOperator__from_mapped", False))
+
+
 __all__ = [
     "AirflowException",
     "AirflowFailException",
@@ -44,6 +51,7 @@ __all__ = [
     "conf",
     "TriggerEvent",
     "XComArg",
+    "built_from_mapped",
     "serde_deserialize",
     "serde_serialize",
     "task_decorator_factory",

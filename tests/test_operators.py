@@ -245,6 +245,37 @@ def test_the_operator_takes_exactly_the_declared_arguments_keyword_only_with_the
     assert set(ResumableOperator.__annotations__) - {"template_fields"} <= set(ARGUMENTS)
 
 
+def test_the_chunked_operator_and_loop_take_exactly_their_declared_arguments_keyword_only_with_their_defaults(
+    airflow_home: Path,
+) -> None:
+    """ChunkedOperator's own arguments and chunk_loop's are core/chunked.py's CHUNKED_OPTIONS: the
+    signatures (written out for Airflow and IDEs), the docstring and the stored attributes."""
+    import inspect
+    from datetime import timedelta
+
+    from airflow_resumable import ChunkedOperator
+    from airflow_resumable.core.chunked import CHUNKED_OPTIONS, chunk_loop
+
+    declared = {o.name: o for o in CHUNKED_OPTIONS}
+    params = {n: p for n, p in inspect.signature(ChunkedOperator.__init__).parameters.items()
+              if p.kind is not inspect.Parameter.VAR_KEYWORD and n != "self"}
+    assert list(params) == list(declared)
+    loop = inspect.signature(chunk_loop).parameters
+    assert list(loop) == list(declared)
+    for name, param in params.items():
+        option = declared[name]
+        assert param.kind is inspect.Parameter.KEYWORD_ONLY, name
+        assert param.default == option.default and type(param.default) is type(option.default), name
+        assert loop[name].default == option.default and type(loop[name].default) is type(option.default), name
+        assert ("timedelta" in str(param.annotation)) == option.seconds, name
+        assert f":param {name}: " in (ChunkedOperator.__doc__ or ""), name
+        assert f"\n        {name}: " in (chunk_loop.__doc__ or ""), name
+    assert set(ChunkedOperator.__annotations__) == set(declared)
+    op = ChunkedOperator(task_id="c", read=lambda ctx, after, limit: [], process=lambda ctx, batch: None,
+                         chunk_size=3, checkpoint_interval=timedelta(seconds=2), skip_on=ValueError, skip_limit=4)
+    assert (op.chunk_size, op.checkpoint_interval, op.skip_on, op.skip_limit) == (3, 2.0, ValueError, 4)
+
+
 def test_every_declared_duration_is_stored_in_seconds_under_its_own_name(airflow_home: Path) -> None:
     from datetime import timedelta
 
@@ -255,6 +286,26 @@ def test_every_declared_duration_is_stored_in_seconds_under_its_own_name(airflow
     assert len(durations) == 12
     op = ResumableOperator(task_id="a", handler=_noop, **{name: timedelta(seconds=2 + i) for i, name in enumerate(durations)})
     assert [getattr(op, name) for name in durations] == [2.0 + i for i in range(len(durations))]
+
+
+def test_the_decorator_takes_every_declared_argument_and_stores_it_as_the_operator_does(airflow_home: Path) -> None:
+    """@task.resumable passes its arguments through to ResumableOperator: nothing to keep in step."""
+    from datetime import timedelta
+
+    from airflow.sdk import DAG
+
+    from airflow_resumable.core.options import ARGUMENTS
+    from airflow_resumable.decorators.resumable import resumable_task
+
+    durations = [a.name for a in ARGUMENTS.values() if a.seconds]
+    with DAG("decorated", schedule=None):
+        @resumable_task(job="decorated.job", overlap="wait", **{n: timedelta(seconds=2 + i) for i, n in enumerate(durations)})
+        def work(ctx: Any) -> None:
+            pass
+
+        op: Any = work().operator
+    assert [getattr(op, name) for name in durations] == [2.0 + i for i in range(len(durations))]
+    assert (op.job, op.overlap, op.handler) == ("decorated.job", "wait", op.resumable_fn)
 
 
 @pytest.mark.parametrize("chunk_size", [0, -1, 1.5, None])

@@ -27,6 +27,31 @@ def test_no_core_module_mentions_airflow_imports() -> None:
         assert "import airflow" not in text and "from airflow " not in text and "from airflow." not in text, path
 
 
+def test_private_airflow_names_are_used_in_version_compat_only() -> None:
+    """A private Airflow name (``_BaseOperator__from_mapped``, an ``airflow.*._private`` module)
+    can change in any release: one module adapts to it, so an upgrade has one place to look."""
+    private = ("__from_mapped", "_BaseOperator", "._private", "airflow._")
+    for path in (ROOT / "airflow_resumable").rglob("*.py"):
+        if path.name != "version_compat.py":
+            text = path.read_text()
+            assert not [p for p in private if p in text], path
+
+
+def test_the_operators_are_split_on_their_seams_with_their_import_paths_kept(airflow_home: Path) -> None:
+    """Reporting, the task instance's identity and the argument checks have their own modules; the
+    names users and tests import from operators.resumable stay there, and no module is over 500 lines."""
+    import airflow_resumable
+    from airflow_resumable.operators import checks, reporting, resumable, task_instance
+
+    assert resumable.AirflowReporter is reporting.AirflowReporter
+    assert resumable.XCOM_ROW_LIMIT == reporting.XCOM_ROW_LIMIT and resumable.XCOM_KEY == reporting.XCOM_KEY
+    assert resumable.slot_of is task_instance.slot_of and resumable.RESTART_CONF_KEY == task_instance.RESTART_CONF_KEY
+    assert airflow_resumable.ResumableOperator is resumable.ResumableOperator
+    assert airflow_resumable.ChunkedOperator is resumable.ChunkedOperator
+    for module in (checks, reporting, resumable, task_instance):
+        assert len(Path(str(module.__file__)).read_text().splitlines()) <= 500, module.__name__
+
+
 def test_each_reader_name_is_one_object_under_its_module_and_both_public_paths() -> None:
     """core/readers/ is split one module a part; airflow_resumable.core.readers.X and
     airflow_resumable.readers.X stay the import paths users write."""

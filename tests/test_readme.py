@@ -52,20 +52,31 @@ def test_the_readme_argument_table_is_the_operators_declarations(airflow_home: P
 
 
 def test_the_chunked_operator_table_states_the_defaults_of_its_signature(airflow_home: Path) -> None:
+    """The table and the heading's signature come from ChunkedOperator's declarations
+    (core/chunked.py's CHUNKED_OPTIONS); its signature is checked against the same declarations in
+    tests/test_operators.py."""
     import inspect
 
     from airflow_resumable import ChunkedOperator
     from airflow_resumable.core import defaults
+    from airflow_resumable.core.chunked import CHUNKED_OPTIONS
+    from airflow_resumable.core.options import markdown, signature_text
 
     def shown(value: object) -> str:
+        if value is inspect.Parameter.empty:
+            return "required"
         if isinstance(value, str):
             return f'`"{value}"`'
         return f"`{value:g}`" if isinstance(value, float) else f"`{value}`"
 
     params = inspect.signature(ChunkedOperator.__init__).parameters
     section = README[README.index("### `ChunkedOperator(*"):README.index("### `@task.resumable(")]
+    assert section.startswith(f"### `ChunkedOperator({signature_text(CHUNKED_OPTIONS)}, ...)`\n"), "regenerate the heading"
+    start = section.index("<!-- arguments: ChunkedOperator -->")
+    body = section[start:section.index("<!-- end arguments -->", start)].split("\n", 1)[1].strip()
+    assert body == markdown(CHUNKED_OPTIONS), "regenerate the README's ChunkedOperator table from options.markdown()"
     rows = dict(re.findall(r"^\| `(\w+)` \| ([^|]+) \|", section, re.M))
-    assert set(rows) == {"skip_on", "skip_limit"}
+    assert set(rows) == {o.name for o in CHUNKED_OPTIONS} >= {"skip_on", "skip_limit"}
     for name, default in rows.items():
-        assert default == shown(params[name].default), f"the README's default for {name} is not the signature's"
+        assert default.strip() == shown(params[name].default), f"the README's default for {name} is not the signature's"
     assert rows["skip_limit"] == shown(defaults.SKIP_LIMIT)

@@ -16,9 +16,9 @@ from airflow_resumable.core import defaults
 from airflow_resumable.core.checkpoint import error_text, short
 from airflow_resumable.core.context import RunContext
 from airflow_resumable.core.errors import ConfigurationError
-from airflow_resumable.core.options import call_problem, duration_problem
+from airflow_resumable.core.options import REQUIRED, Option, call_problem, params_doc, problems, seconds
 from airflow_resumable.core.readers import Batch, Reader
-from airflow_resumable.core.skips import never_skipped, skip_on_problem
+from airflow_resumable.core.skips import never_skipped, skip_limit_check, skip_on_check
 
 ReadFn = Callable[[RunContext, Any, int], Sequence[Any]]
 ProcessFn = Callable[[RunContext, Sequence[Any]], Any]
@@ -35,43 +35,80 @@ def default_key(item: Any) -> Any:
     return item
 
 
-def validate_chunked(
-    *, read: Any, process: Any, chunk_size: Any, position: Any, total: Any, checkpoint_interval: Any = None,
-    skip_on: Any = None, skip_limit: Any = defaults.SKIP_LIMIT, job: str | None = None,
-) -> None:
-    """Raise :class:`ConfigurationError` naming every bad argument (at DAG parse time)."""
-    problems = chunked_problems(
-        read=read, process=process, chunk_size=chunk_size, position=position, total=total,
-        checkpoint_interval=checkpoint_interval, skip_on=skip_on, skip_limit=skip_limit,
-    )
-    problems += calls_problems(read, process, ())
-    if problems:
-        raise ConfigurationError("; ".join(problems), job=job, hint="Fix the task's arguments")
+def _callable_as(call: str) -> Callable[[str, Any], str | None]:
+    """The check of a function the loop calls as ``call`` (whether it takes that call, :func:`calls_problems`)."""
+    return lambda name, value: None if callable(value) else f"{name} must be callable as {call}, got {type(value).__name__}"
 
 
-def chunked_problems(
-    *, read: Any, process: Any, chunk_size: Any, position: Any, total: Any, checkpoint_interval: Any = None,
-    skip_on: Any = None, skip_limit: Any = defaults.SKIP_LIMIT,
-) -> list[str]:
-    """Every problem with these arguments but the calls (see :func:`calls_problems`), as sentences."""
-    problems = []
-    if not callable(read):
-        problems.append(f"read must be callable as read(ctx, after, limit), got {type(read).__name__}")
-    if not callable(process):
-        problems.append(f"process must be callable as process(ctx, batch), got {type(process).__name__}")
-    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size <= 0:
-        problems.append(f"chunk_size must be a positive integer, got {chunk_size!r}")
-    if position is not None and not callable(position):
-        problems.append(f"position must be a function of the last item of a batch, got {type(position).__name__}")
-    if position is not None and isinstance(read, Reader):
-        problems.append(f"read is a reader ({read!r}), which knows its items' positions: drop position=")
-    if total is not None and not callable(total) and (isinstance(total, bool) or not isinstance(total, int) or total < 0):
-        problems.append(f"total must be a non-negative int or a function of ctx, got {total!r}")
-    if checkpoint_interval is not None:
-        problem = duration_problem("checkpoint_interval", checkpoint_interval)
-        if problem:
-            problems.append(problem)
-    return problems + skip_on_problem(skip_on, skip_limit)
+def _positive_int(name: str, value: Any) -> str | None:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        return f"{name} must be a positive integer, got {value!r}"
+    return None
+
+
+def _item_function(name: str, value: Any) -> str | None:
+    return None if callable(value) else f"{name} must be a function of the last item of a batch, got {type(value).__name__}"
+
+
+def _count_or_function(name: str, value: Any) -> str | None:
+    if callable(value) or (isinstance(value, int) and not isinstance(value, bool) and value >= 0):
+        return None
+    return f"{name} must be a non-negative int or a function of ctx, got {value!r}"
+
+
+#: ``ChunkedOperator``'s own arguments (and :func:`chunk_loop`'s), each declared once: the
+#: operator's signature and attributes, its docstring, the README's table and the checks derive
+#: from them (tests compare the signatures and the README with these).
+CHUNKED_OPTIONS: tuple[Option, ...] = (
+    Option("read", REQUIRED, "`read(ctx, after, limit) -> list`: up to `limit` items after position `after`, in "
+           "position order; or a reader", check=_callable_as("read(ctx, after, limit)"),
+           more="`after` is `start` on a fresh run; an empty batch ends the run. A reader (`airflow_resumable.readers`: SQL keyset, file, "
+                "sequence) knows its items' positions and pages correctly by construction."),
+    Option("process", REQUIRED, "`process(ctx, batch)`: the chunk's work", check=_callable_as("process(ctx, batch)"),
+           more="Make it idempotent, or write through `ctx.transaction()` to commit it atomically with the checkpoint."),
+    Option("chunk_size", REQUIRED, "items per chunk: the worst-case cancel delay; `items / chunk_size` checkpoints",
+           check=_positive_int),
+    Option("position", None, 'function of an item giving its position (default `item["id"]`, `item[0]` or the item)',
+           check=_item_function),
+    Option("total", None, "the item count, or `fn(ctx)` computing it once per run (for percent and ETA)",
+           check=_count_or_function),
+    Option("start", None, "the position before the first item, or `fn(ctx)` giving it",
+           more="E.g. `lambda ctx: ctx.previous.position if ctx.previous else None` to continue where the job's "
+                "previous finished run ended. A run that reads nothing still ends at `start`."),
+    Option("checkpoint_interval", None, "save at most every this many seconds (`None`: after every chunk)",
+           check=seconds(), seconds=True,
+           more="The signal is still checked after every chunk, and a pending position is saved before stopping and "
+                "at the end; but a crash repeats up to this long a stretch of chunks instead of one. For tiny, fast "
+                "chunks whose checkpoint would cost a large share of their work."),
+    Option("skip_on", None, "an exception class or a tuple of them: an item raising one is recorded in "
+           "`resumable_dead_letters` and skipped", check=skip_on_check,
+           more="A chunk raising one is undone (its writes through `ctx.transaction()` and its changes to "
+                "`ctx.state`) and processed again item by item (see `airflow_resumable.core.skips`). None: any error "
+                "fails the attempt."),
+    Option("skip_limit", defaults.SKIP_LIMIT, "how many items of the slot may be skipped; one more fails the attempt "
+           "(`SkipLimitExceeded`, no retry)", check=skip_limit_check),
+)
+
+
+def validate_chunked(values: Mapping[str, Any], *, job: str | None = None) -> None:
+    """Check :data:`CHUNKED_OPTIONS`' ``values`` (by name) and the calls of ``read``/``process``.
+
+    Raises:
+        ConfigurationError: naming every bad argument at once (at DAG parse time).
+    """
+    found = chunked_problems(values) + calls_problems(values["read"], values["process"], ())
+    if found:
+        raise ConfigurationError("; ".join(found), job=job, hint="Fix the task's arguments")
+
+
+def chunked_problems(values: Mapping[str, Any]) -> list[str]:
+    """Every problem with :data:`CHUNKED_OPTIONS`' ``values`` (by name) but the calls (see
+    :func:`calls_problems`), as sentences."""
+    found = problems(CHUNKED_OPTIONS, values)
+    read, position = values.get("read"), values.get("position")
+    if position is not None and isinstance(read, Reader):  # the one check of two arguments together
+        found.append(f"read is a reader ({read!r}), which knows its items' positions: drop position=")
+    return found
 
 
 def calls_problems(read: Any, process: Any, keywords: Collection[str] | None) -> list[str]:
@@ -100,38 +137,13 @@ def chunk_loop(
 ) -> Callable[[RunContext], dict[str, Any]]:
     """Build the handler that runs ``read``/``process`` chunk by chunk from the saved position.
 
-    Args:
-        read: ``read(ctx, after, limit)`` returns up to ``limit`` items after position ``after``
-            (``start`` on a fresh run), in position order. An empty batch ends the run.
-        process: ``process(ctx, batch)`` does the chunk's work: idempotently, or through
-            ``ctx.transaction()`` for exactly-once writes to the checkpoint database.
-        chunk_size: items per chunk: the worst-case cancel delay and ``items / chunk_size``
-            checkpoints.
-        position: the position of an item (default :func:`default_key`).
-        total: the expected item count, or a function of ``ctx`` computing it once per run.
-        start: the position before the first item, or a function of ``ctx`` giving it (e.g.
-            ``lambda ctx: ctx.previous.position if ctx.previous else None``: continue where the
-            job's previous run ended). A run that reads nothing still ends at ``start``.
-        checkpoint_interval: save at most every this many seconds instead of after every chunk
-            (None: every chunk). The signal is still checked after every chunk, and a pending
-            position is saved before stopping and at the end; but a *crash* now repeats up to
-            this many seconds of chunks instead of one. For tiny, fast chunks whose checkpoint
-            would cost a large share of their work.
-        skip_on: exception classes that mark an *item* as bad: a chunk raising one is undone
-            (its writes through ``ctx.transaction()`` and its changes to ``ctx.state``) and
-            processed again item by item; each item
-            raising one is recorded in the dead-letter table and skipped (see
-            :mod:`airflow_resumable.core.skips`). None: any error fails the attempt.
-        skip_limit: how many items of the slot may be skipped; one more fails the attempt with
-            :class:`~airflow_resumable.core.errors.SkipLimitExceeded`.
+    Its arguments are :data:`CHUNKED_OPTIONS`, listed below from their declarations.
 
     Raises:
         ConfigurationError: bad arguments, all of them named at once.
     """
-    validate_chunked(
-        read=read, process=process, chunk_size=chunk_size, position=position, total=total,
-        checkpoint_interval=checkpoint_interval, skip_on=skip_on, skip_limit=skip_limit,
-    )
+    given = locals()  # the parameters are CHUNKED_OPTIONS (a test checks)
+    validate_chunked({o.name: given[o.name] for o in CHUNKED_OPTIONS})
     key = position or default_key
     skippable = None if skip_on is None else tuple(skip_on) if isinstance(skip_on, (tuple, list)) else (skip_on,)
 
@@ -208,6 +220,9 @@ def chunk_loop(
 
     return handler
 
+
+
+chunk_loop.__doc__ = f"{(chunk_loop.__doc__ or '').rstrip()}\n\n    Args:\n{params_doc(CHUNKED_OPTIONS, indent='        ', style='google')}\n"
 
 def _process_or_skip(
     ctx: RunContext, process: ProcessFn, batch: Sequence[Any], keys: list[Any], skip_on: tuple[type[Exception], ...],

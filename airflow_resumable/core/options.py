@@ -46,6 +46,10 @@ MAX_SECONDS = 366 * 86400.0
 #: and PostgreSQL cannot index a key over about 2,700 bytes: two names of 1,024 bytes fit.
 MAX_KEY_BYTES = 1024
 
+#: The default of a required argument: no default (as :mod:`inspect` writes it, so a signature's
+#: required parameter equals its declaration).
+REQUIRED: Any = inspect.Parameter.empty
+
 #: A parse-time check: ``check(name, value)`` is what is wrong with the value, as a sentence, or None.
 Check = Callable[[str, Any], "str | None"]
 
@@ -56,7 +60,8 @@ class Option:
 
     Attributes:
         name: the keyword argument (and the operator's attribute).
-        default: its default (None: optional, and None is never checked).
+        default: its default (None: optional, and None is never checked; :data:`REQUIRED`: none,
+            and None is checked like any value).
         doc: what it does, in Markdown (one line: the README's table and the docstring).
         check: the parse-time check (None: none here; ``handler_kwargs``, which may be an XCom, is
             checked by the operator).
@@ -91,6 +96,8 @@ class Option:
         """The option's row of the README's argument table."""
         if self.shown is not None:
             default = self.shown
+        elif self.default is REQUIRED:
+            default = "required"
         elif isinstance(self.default, str):
             default = f'`"{self.default}"`'
         else:
@@ -126,6 +133,11 @@ def declared(cls: type) -> tuple[Option, ...]:
 def problems(options: Iterable[Option], values: Mapping[str, Any]) -> list[str]:
     """Every problem with ``values`` (keyed by option name; absent ones are not checked), as sentences."""
     return [p for o in options if o.name in values and (p := o.problem(values[o.name]))]
+
+
+def signature_text(options: Iterable[Option]) -> str:
+    """The keyword-only parameters as a signature shows them: ``*, read, chunk_size, skip_limit=10``."""
+    return ", ".join(["*", *(o.name if o.default is REQUIRED else f"{o.name}={o.default!r}" for o in options)])
 
 
 def markdown(options: Iterable[Option]) -> str:

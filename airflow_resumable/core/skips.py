@@ -30,7 +30,7 @@ from airflow_resumable.core.progress import Log
 from airflow_resumable.core.readers import json_key
 from airflow_resumable.core.stores.base import Store, StoreSession
 
-__all__ = ["ReplayReport", "never_skipped", "replay", "skip_item", "skip_on_problem"]
+__all__ = ["ReplayReport", "never_skipped", "replay", "skip_item", "skip_limit_check", "skip_on_check", "skip_on_problem"]
 
 #: The longest ``repr`` kept of an item that has no JSON form.
 _REPR_LIMIT = 10_000
@@ -47,15 +47,25 @@ def never_skipped(exc: BaseException) -> bool:
 
 def skip_on_problem(skip_on: Any, skip_limit: Any) -> list[str]:
     """Why ``skip_on``/``skip_limit`` are not a skip policy, as sentences (empty when they are)."""
-    problems = []
-    if skip_on is not None:
-        classes = skip_on if isinstance(skip_on, (tuple, list)) else (skip_on,)
-        bad = [c for c in classes if not (isinstance(c, type) and issubclass(c, Exception))]
-        if bad or not classes:
-            problems.append(f"skip_on must be an exception class or a tuple of them, got {short(skip_on)}")
-    if isinstance(skip_limit, bool) or not isinstance(skip_limit, int) or skip_limit < 0:
-        problems.append(f"skip_limit must be a whole number >= 0, got {skip_limit!r}")
-    return problems
+    return [p for p in (skip_on_check("skip_on", skip_on), skip_limit_check("skip_limit", skip_limit)) if p]
+
+
+def skip_on_check(name: str, value: Any) -> str | None:
+    """The check of ``skip_on`` (None is no skip policy, and fine)."""
+    if value is None:
+        return None
+    classes = value if isinstance(value, (tuple, list)) else (value,)
+    bad = [c for c in classes if not (isinstance(c, type) and issubclass(c, Exception))]
+    if bad or not classes:
+        return f"{name} must be an exception class or a tuple of them, got {short(value)}"
+    return None
+
+
+def skip_limit_check(name: str, value: Any) -> str | None:
+    """The check of ``skip_limit``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        return f"{name} must be a whole number >= 0, got {value!r}"
+    return None
 
 
 def skip_item(

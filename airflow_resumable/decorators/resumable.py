@@ -23,7 +23,13 @@ from airflow_resumable.core.errors import ConfigurationError
 from airflow_resumable.core.options import call_problem
 from airflow_resumable.operators.outcome import to_airflow
 from airflow_resumable.operators.resumable import ResumableOperator
-from airflow_resumable.version_compat import Context, DecoratedOperator, KeywordParameters, task_decorator_factory
+from airflow_resumable.version_compat import (
+    Context,
+    DecoratedOperator,
+    KeywordParameters,
+    built_from_mapped,
+    task_decorator_factory,
+)
 
 
 def _without_ctx(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -69,7 +75,7 @@ class _ResumableDecoratedOperator(DecoratedOperator, ResumableOperator):
         # check would fail the try and spend a retry. Let it check only what it can (bind_partial);
         # execute() then refuses a missing argument without a retry, and an unexpected one is
         # refused here the same way.
-        from_mapped = getattr(self, "_BaseOperator__from_mapped", False)
+        from_mapped = built_from_mapped(self)
         if from_mapped:
             kwargs["_airflow_mapped_validation_only"] = True
         try:

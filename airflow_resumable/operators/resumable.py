@@ -2,39 +2,41 @@
 
 ``ResumableOperator`` runs a handler that owns its loop (``handler(ctx)``); ``ChunkedOperator``
 owns the loop and calls ``read``/``process``. Both run the core's single attempt loop
-(:class:`airflow_resumable.core.runner.Attempt`); this module only translates Airflow's context
-into the core's terms (job, slot, attempt, owner), reports to XCom and the task log, and maps
-outcomes through :mod:`airflow_resumable.operators.outcome`.
+(:class:`airflow_resumable.core.runner.Attempt`); this module only wires it to Airflow: the
+task instance in the core's terms (:mod:`~airflow_resumable.operators.task_instance`), reporting
+(:mod:`~airflow_resumable.operators.reporting`), the argument checks
+(:mod:`~airflow_resumable.operators.checks`), pausing as deferral, and outcomes through
+:mod:`airflow_resumable.operators.outcome`.
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
-import os
-import socket
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from datetime import datetime, timedelta, timezone
 from typing import Any, NoReturn
 
 from airflow_resumable.core import defaults
-from airflow_resumable.core.checkpoint import Checkpoint, Origin
-from airflow_resumable.core.chunked import calls_problems, chunk_loop, chunked_problems
+from airflow_resumable.core.checkpoint import Origin
+from airflow_resumable.core.chunked import CHUNKED_OPTIONS, calls_problems, chunk_loop, chunked_problems
 from airflow_resumable.core.context import RunContext
 from airflow_resumable.core.errors import Cancelled, ConfigurationError, LeaseLost, OverlapWait, Paused
 from airflow_resumable.core.options import ARGUMENTS, ATTEMPT_OPTIONS, Option, Options, call_problem, params_doc
 from airflow_resumable.core.options import problems as option_problems
-from airflow_resumable.core.progress import Progress, Reporter
 from airflow_resumable.core.readers import Reader
-from airflow_resumable.core.runner import Attempt, Hooks, Identity, Outcome
+from airflow_resumable.core.runner import Attempt, Hooks, Outcome
 from airflow_resumable.core.signal import Reason
 from airflow_resumable.core.skips import shown
 from airflow_resumable.core.stores import Store
-from airflow_resumable.core.view import ROW_LIMIT, cap_row
 from airflow_resumable.hooks.resumable import DEFAULT_CONN_ID, ResumableHook
 from airflow_resumable.metrics import Metrics
+from airflow_resumable.operators import task_instance
+from airflow_resumable.operators.checks import configuration_error, parse_time_problems, run_time_problems
 from airflow_resumable.operators.outcome import CombinedRetryPolicy, ResumableStopped, to_airflow
+from airflow_resumable.operators.reporting import XCOM_KEY, XCOM_ROW_LIMIT, AirflowReporter
+from airflow_resumable.operators.task_instance import RESTART_CONF_KEY, slot_of
 from airflow_resumable.triggers.resume import SlotResumeTrigger
 from airflow_resumable.version_compat import (
     AirflowException,
@@ -42,101 +44,17 @@ from airflow_resumable.version_compat import (
     AirflowRescheduleException,
     BaseOperator,
     Context,
-    XComArg,
+    built_from_mapped,
     conf,
     serde_deserialize,
     serde_serialize,
 )
 
-#: DAG-run conf key that discards unfinished checkpoints on purpose: ``true`` for every resumable
-#: task of the run, or a list of task ids / job names.
-RESTART_CONF_KEY = "resumable_restart"
-
-#: XCom key under which the checkpoint row is pushed.
-XCOM_KEY = "checkpoint"
-
-#: The largest checkpoint row pushed to XCom whole, in bytes of JSON. XCom lives in Airflow's
-#: metadata database and the UI shows it; a larger row goes with its position and state cut to a
-#: preview (the row in the checkpoint table stays whole). The REST listing caps rows by the same rule.
-XCOM_ROW_LIMIT = ROW_LIMIT
-
-
-def _seconds(value: Any) -> Any:
-    if isinstance(value, timedelta):
-        return value.total_seconds()
-    return value
-
-
-def slot_of(context: Mapping[str, Any]) -> tuple[str, datetime | None]:
-    """The run's slot: its data interval start, else its logical date, else its run id."""
-    when = context.get("data_interval_start") or context.get("logical_date")
-    if when is not None:
-        return when.isoformat(), when
-    return str(context["run_id"]), None
-
-
-class AirflowReporter(Reporter):
-    """Logs progress and pushes the checkpoint row to XCom (key ``checkpoint``), throttled.
-
-    Runs on the task's main thread only, after the row is durable.
-    """
-
-    def __init__(
-        self, log: Any, ti: Any, *, interval: float, xcom_interval: float, where: str = "the checkpoint store",
-        metrics: Metrics | None = None,
-    ):
-        super().__init__(log, interval=interval)
-        self.ti = ti
-        self.metrics = metrics or Metrics(dag_id=getattr(ti, "dag_id", None), task_id=getattr(ti, "task_id", None))
-        self.xcom_interval = xcom_interval
-        #: Where the whole row is, for the log line that says the XCom copy is cut.
-        self.where = where
-        self._last_push: float | None = None
-        self._cut_logged = False
-
-    def push(self, cp: Checkpoint) -> None:
-        self._last_push = time.monotonic()
-        try:
-            self.ti.xcom_push(key=XCOM_KEY, value=self.xcom_row(cp))
-        except Exception:  # XCom is a report channel; never fail the work over it
-            self.log.warning("could not push the checkpoint row to XCom", exc_info=True)
-
-    def xcom_row(self, cp: Checkpoint) -> dict[str, Any]:
-        """The row as pushed to XCom: whole up to :data:`XCOM_ROW_LIMIT` bytes of JSON, else with
-        each large position/state replaced by ``{"xcom_truncated": true, "bytes": n, "preview": ...}``
-        and the cut columns listed under ``xcom_truncated``."""
-        row = cp.to_dict()
-        size, cut = cap_row(row, marker="xcom_truncated", limit=XCOM_ROW_LIMIT)
-        if cut and not self._cut_logged:
-            self._cut_logged = True
-            self.log.warning(
-                "the checkpoint row is %s bytes as JSON, over the %s KiB XCom limit: XCom key %r carries %s "
-                "as a short preview; the whole row is in the resumable_checkpoints table of %s [job=%s slot=%s]",
-                f"{size:,}", XCOM_ROW_LIMIT // 1024, XCOM_KEY,
-                ", ".join(f"{name} ({n:,} bytes)" for name, n in cut.items()), self.where, cp.job, cp.slot,
-            )
-        return row
-
-    def on_start(self, cp: Checkpoint, *, resumed: bool) -> None:
-        self.metrics.started(cp)
-        self.push(cp)
-
-    def _xcom_due(self) -> bool:
-        return self._last_push is None or time.monotonic() - self._last_push >= self.xcom_interval
-
-    def due(self, processed: int, total: int | None) -> bool:
-        return self._xcom_due() or super().due(processed, total)
-
-    def on_checkpoint(self, cp: Checkpoint, progress: Progress) -> None:
-        super().on_checkpoint(cp, progress)
-        self.metrics.checkpoint(progress.processed, progress.save_seconds)
-        if self._xcom_due():
-            self.push(cp)
-
-    def on_finish(self, cp: Checkpoint) -> None:
-        super().on_finish(cp)
-        self.metrics.finished(cp)
-        self.push(cp)
+# Their import paths from before the split, kept.
+__all__ = [
+    "OPERATOR_ARGUMENTS", "RESTART_CONF_KEY", "XCOM_KEY", "XCOM_ROW_LIMIT", "AirflowReporter", "ChunkedOperator",
+    "ResumableOperator", "resume_settle", "slot_of",
+]
 
 
 class ResumableOperator(BaseOperator):
@@ -220,21 +138,10 @@ class ResumableOperator(BaseOperator):
         problems += self._own_problems()
         if self.handler is None and type(self)._handler is ResumableOperator._handler:
             problems.append("handler is required: ResumableOperator(handler=fn), where def fn(ctx): ...")
-        if isinstance(self.handler_kwargs, Mapping):
-            # Rendering templates changes the values, never the keys: the call is known.
-            problems += self._call_problems(list(self.handler_kwargs), None)
-        elif isinstance(self.handler_kwargs, XComArg):
-            problems += self._call_problems(None, None)  # checked in full by execute()
-        else:
-            problems.append(
-                f"handler_kwargs must be a dict of keyword arguments (or an XCom of one), "
-                f"got {type(self.handler_kwargs).__name__}"
-            )
+        problems += parse_time_problems(self.handler_kwargs, lambda keywords: self._call_problems(keywords, None))
         if problems:
-            error = ConfigurationError(
-                f"task {self.task_id!r}: " + "; ".join(problems), hint="Fix the operator's arguments"
-            )
-            if getattr(self, "_BaseOperator__from_mapped", False):
+            error = configuration_error(self.task_id, problems, hint="Fix the operator's arguments")
+            if built_from_mapped(self):
                 # A mapped task instance is built on the worker, outside execute(): an error here
                 # would spend a retry. execute() raises it instead.
                 self._deferred = error
@@ -265,16 +172,10 @@ class ResumableOperator(BaseOperator):
         """
         if self._deferred is not None:
             raise ConfigurationError(self._deferred.message, job=job, slot=slot, hint=self._deferred.hint)
-        kwargs = self.handler_kwargs
-        if not isinstance(kwargs, Mapping):
-            problems = [f"handler_kwargs must be a dict of keyword arguments, got {type(kwargs).__name__}"]
-        else:
-            problems = self._call_problems(list(kwargs), context)
+        problems = run_time_problems(self.handler_kwargs, lambda keywords: self._call_problems(keywords, context))
         if problems:
-            raise ConfigurationError(
-                f"task {self.task_id!r}: " + "; ".join(problems),
-                job=job,
-                slot=slot,
+            raise configuration_error(
+                self.task_id, problems, job=job, slot=slot,
                 hint="Change the function's signature or the task's handler_kwargs; nothing was run or written",
             )
 
@@ -292,75 +193,7 @@ class ResumableOperator(BaseOperator):
     def job_name(self, context: Context) -> str:
         """``job`` (default ``<dag_id>.<task_id>``), plus ``[map_index]`` for a mapped task instance:
         partitions never share a checkpoint, even under a shared ``job``."""
-        name = str(self.job) if self.job else f"{self.dag_id}.{self.task_id}"
-        map_index = _map_index(context["ti"])
-        if map_index >= 0:
-            name = f"{name}[{map_index}]"
-        return name
-
-    def _restart_requested(self, context: Context, job: str) -> bool:
-        """``restart=True`` or the run's conf flag, on the run's first try (its retries and Clears resume)."""
-        if context["ti"].try_number != 1:
-            return False
-        if _truthy(self.restart):
-            return True
-        dag_run = context.get("dag_run")
-        conf = getattr(dag_run, "conf", None) or {}
-        flag = conf.get(RESTART_CONF_KEY)
-        if not flag:
-            return False
-        if _truthy(flag):
-            return True
-        if isinstance(flag, (list, tuple)):
-            return self.task_id in flag or job in flag or (self.job is not None and self.job in flag)
-        return False
-
-    def _rerun(self, context: Context, me: Origin) -> Callable[[Checkpoint], str | None]:
-        """Whether a ``done`` slot runs again: only for a Clear of this task instance after Airflow
-        recorded it as successful.
-
-        Airflow does not tell a running try how its previous try ended, so the operator records it
-        itself: the success callback (which Airflow runs after it committed the success) marks the
-        row ``confirmed_at``. A new try of the same task instance that is the first try since a
-        Clear (``try_number == max_tries - retries + 1``; an automatic retry never is) then means
-        "do it again". A Clear after the task *failed* past ``done`` (the end-of-run window) finds
-        no confirmation and finishes without redoing the work.
-        """
-        ti = context["ti"]
-
-        def rerun(row: Checkpoint) -> str | None:
-            if row.confirmed_at is None or row.origin != me:
-                return None
-            max_tries = getattr(ti, "max_tries", None)
-            if max_tries is None or ti.try_number != max_tries - (self.retries or 0) + 1:
-                return None
-            return f"the task instance was cleared after it succeeded (try {row.attempt}); this is try {ti.try_number}"
-
-        return rerun
-
-    def _classify(self, context: Context) -> Callable[[str], str | tuple[str, str]]:
-        """After SIGTERM, ask Airflow whether a person ended the task (``user``) or the worker is
-        stopping (``shutdown``). Runs on the main thread at a chunk boundary, never in on_kill."""
-        ti = context["ti"]
-        map_index = _map_index(ti)
-        # Airflow keys the states of a mapped task instance as "<task_id>_<map_index>".
-        key = ti.task_id if map_index < 0 else f"{ti.task_id}_{map_index}"
-
-        def resolve(reason: str) -> str | tuple[str, str]:
-            if reason != Reason.TERMINATED.value:
-                return reason
-            try:
-                states = ti.get_task_states(
-                    dag_id=ti.dag_id, map_index=map_index, task_ids=[ti.task_id], run_ids=[ti.run_id]
-                )
-                state = states.get(ti.run_id, {}).get(key)
-            except Exception:
-                return Reason.SHUTDOWN.value, "SIGTERM while Airflow's state could not be read: treated as a shutdown"
-            if state in (None, "running"):
-                return Reason.SHUTDOWN.value, "SIGTERM while the task is still running: the worker is shutting down"
-            return Reason.USER.value, f"ended in Airflow (task instance state: {state})"
-
-        return resolve
+        return task_instance.job_name(self.job, context["ti"], dag_id=self.dag_id, task_id=self.task_id)
 
     def execute(self, context: Context) -> Any:
         return self._run(context, ran=0.0, first=True)
@@ -385,8 +218,8 @@ class ResumableOperator(BaseOperator):
         began = time.monotonic()
         ti = context["ti"]
         job = self.job_name(context)
-        slot, scheduled_at = slot_of(context)
-        origin = _origin(ti)
+        identity = task_instance.identity(context, job)
+        slot, origin = identity.slot, identity.origin
         try:
             self._check_calls(context, job, slot)
         except ConfigurationError as exc:
@@ -397,17 +230,17 @@ class ResumableOperator(BaseOperator):
             **{o.name: getattr(self, o.name) for o in ATTEMPT_OPTIONS},
             # The cooperative timeout counts this try's running time only: what is left of it.
             "timeout": None if self.timeout is None else max(self.timeout - ran, 0.001),
-            "restart": first and self._restart_requested(context, job),
+            "restart": first and task_instance.restart_requested(
+                context, restart=self.restart, task_id=self.task_id, job=self.job, job_name=job),
         })
-        owner = f"{getattr(ti, 'id', '?')}/try{ti.try_number}@{socket.gethostname()}:{os.getpid()}"
         try:
             store = ResumableHook(self.conn_id, job=job, slot=slot).get_store()
             self.log.info("checkpoints in %s [job=%s slot=%s attempt=%s]", store.describe(), job, slot, ti.try_number)
             attempt = Attempt(
                 store,
-                Identity(job=job, slot=slot, attempt=ti.try_number, owner=owner, scheduled_at=scheduled_at,
-                         origin=origin),
-                hooks=Hooks(resolve_reason=self._classify(context), rerun=self._rerun(context, origin),
+                identity,
+                hooks=Hooks(resolve_reason=task_instance.classify(context),
+                            rerun=task_instance.rerun(context, origin, retries=self.retries or 0),
                             result_codec=(serde_serialize, serde_deserialize)),
                 options=options,
                 reporter=AirflowReporter(
@@ -543,50 +376,26 @@ def resume_settle() -> float:
     return conf.getint("workers", "min_heartbeat_interval", fallback=5) + 2.0
 
 
-def _map_index(ti: Any) -> int:
-    map_index = getattr(ti, "map_index", -1)
-    return -1 if map_index is None else int(map_index)
-
-
-def _origin(ti: Any) -> Origin:
-    return Origin(dag_id=ti.dag_id, task_id=ti.task_id, run_id=ti.run_id, map_index=_map_index(ti))
-
-
-def _truthy(flag: Any) -> bool:
-    return flag is True or (isinstance(flag, str) and flag.strip().lower() in ("true", "1", "yes"))
-
-
 class ChunkedOperator(ResumableOperator):
     """The operator owns the loop: ``read`` a chunk after the position, ``process`` it, checkpoint.
 
-    :param read: ``read(ctx, after, limit) -> list``: up to ``limit`` items after position
-        ``after`` (``start`` on a fresh run), ordered by their position; or a reader
-        (:mod:`airflow_resumable.readers`: SQL keyset, file, sequence), which knows its items'
-        positions and pages correctly by construction.
-    :param process: ``process(ctx, batch)``: the chunk's work; make it idempotent, or write
-        through ``ctx.transaction()`` to commit it atomically with the checkpoint.
-    :param chunk_size: items per chunk (the worst-case cancel delay; ``items / chunk_size``
-        checkpoints).
-    :param position: function of an item giving its position (default ``item["id"]``,
-        ``item[0]`` or the item).
-    :param total: the item count, or ``fn(ctx)`` computing it once per run (for percent and ETA).
-    :param start: the position before the first item (default None), or ``fn(ctx)`` giving it,
-        e.g. ``lambda ctx: ctx.previous.position if ctx.previous else None`` to continue where the
-        job's previous finished run ended.
-    :param checkpoint_interval: save at most every this many seconds (default: after every chunk).
-        Cancels still stop at the next chunk boundary and save there, but a crash repeats up to
-        this long a stretch of chunks instead of one. For tiny, fast chunks.
-    :param skip_on: an exception class, or a tuple of them, that marks an *item* as bad: a chunk
-        raising one has its writes through ``ctx.transaction()`` undone and is processed again item
-        by item; each item raising one is recorded in the dead-letter table
-        ``resumable_dead_letters`` and skipped (default None: any error fails the attempt).
-    :param skip_limit: how many items of the slot may be skipped before the attempt fails without a
-        retry (``SkipLimitExceeded``); default 10.
-    :param handler_kwargs: keyword arguments passed to both ``read`` and ``process`` (templated;
-        ``.expand()`` them to map the task over partitions); a reader takes none.
+    ``handler_kwargs`` (templated; ``.expand()`` them to map the task over partitions) are passed
+    to both ``read`` and ``process``; a reader takes none. Every other argument is
+    :class:`ResumableOperator`'s. Its own, from their declarations
+    (:data:`airflow_resumable.core.chunked.CHUNKED_OPTIONS`):
 
-    Every other argument is :class:`ResumableOperator`'s.
     """
+
+    # The arguments as stored (a duration as seconds), set in __init__ from their declarations.
+    read: Callable[..., Sequence[Any]]
+    process: Callable[..., Any]
+    chunk_size: int
+    position: Callable[[Any], Any] | None
+    total: int | Callable[[RunContext], int | None] | None
+    start: Any
+    checkpoint_interval: float | None
+    skip_on: type[Exception] | tuple[type[Exception], ...] | None
+    skip_limit: int
 
     def __init__(
         self,
@@ -602,23 +411,19 @@ class ChunkedOperator(ResumableOperator):
         skip_limit: int = defaults.SKIP_LIMIT,
         **kwargs: Any,
     ) -> None:
-        self.skip_on = skip_on
-        self.skip_limit = skip_limit
-        self.read = read
-        self.process = process
-        self.chunk_size = chunk_size
-        self.position = position
-        self.total = total
-        self.start = start
-        self.checkpoint_interval: float | None = _seconds(checkpoint_interval)
+        # Each declared argument is a parameter of this signature (a test checks): stored under its
+        # name before ResumableOperator.__init__, whose checks ask _own_problems() about them.
+        given = locals()
+        for argument in CHUNKED_OPTIONS:
+            setattr(self, argument.name, argument.take(given[argument.name]))
         super().__init__(**kwargs)
 
+    def _chunked(self) -> dict[str, Any]:
+        """The values of :data:`CHUNKED_OPTIONS`, by name."""
+        return {argument.name: getattr(self, argument.name) for argument in CHUNKED_OPTIONS}
+
     def _own_problems(self) -> list[str]:
-        return chunked_problems(
-            read=self.read, process=self.process, chunk_size=self.chunk_size, position=self.position,
-            total=self.total, checkpoint_interval=self.checkpoint_interval, skip_on=self.skip_on,
-            skip_limit=self.skip_limit,
-        )
+        return chunked_problems(self._chunked())
 
     def _call_problems(self, keywords: Collection[str] | None, context: Context | None) -> list[str]:
         return calls_problems(self.read, self.process, keywords)
@@ -629,10 +434,7 @@ class ChunkedOperator(ResumableOperator):
             if not isinstance(read, Reader):  # a reader takes none: they go to process only
                 read = functools.partial(self.read, **kwargs)
             process = functools.partial(self.process, **kwargs)
-        loop = chunk_loop(
-            read, process, chunk_size=self.chunk_size, position=self.position, total=self.total, start=self.start,
-            checkpoint_interval=self.checkpoint_interval, skip_on=self.skip_on, skip_limit=self.skip_limit,
-        )
+        loop = chunk_loop(**{**self._chunked(), "read": read, "process": process})
 
         def handler(ctx: RunContext) -> None:
             loop(ctx)
@@ -650,3 +452,6 @@ class ChunkedOperator(ResumableOperator):
                 summary["skipped_items"] = shown(
                     session.dead_letters(job, slot, status="skipped", limit=defaults.SKIPPED_SHOWN))
         return summary
+
+
+ChunkedOperator.__doc__ = f"{(ChunkedOperator.__doc__ or '').rstrip()}\n\n{params_doc(CHUNKED_OPTIONS)}\n"

@@ -1,0 +1,84 @@
+"""Reporting a task's progress to Airflow: the task log, XCom (key ``checkpoint``) and metrics."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from airflow_resumable.core.checkpoint import Checkpoint
+from airflow_resumable.core.progress import Progress, Reporter
+from airflow_resumable.core.view import ROW_LIMIT, cap_row
+from airflow_resumable.metrics import Metrics
+
+#: XCom key under which the checkpoint row is pushed.
+XCOM_KEY = "checkpoint"
+
+#: The largest checkpoint row pushed to XCom whole, in bytes of JSON. XCom lives in Airflow's
+#: metadata database and the UI shows it; a larger row goes with its position and state cut to a
+#: preview (the row in the checkpoint table stays whole). The REST listing caps rows by the same rule.
+XCOM_ROW_LIMIT = ROW_LIMIT
+
+
+class AirflowReporter(Reporter):
+    """Logs progress and pushes the checkpoint row to XCom (key ``checkpoint``), throttled.
+
+    Runs on the task's main thread only, after the row is durable.
+    """
+
+    def __init__(
+        self, log: Any, ti: Any, *, interval: float, xcom_interval: float, where: str = "the checkpoint store",
+        metrics: Metrics | None = None,
+    ):
+        super().__init__(log, interval=interval)
+        self.ti = ti
+        self.metrics = metrics or Metrics(dag_id=getattr(ti, "dag_id", None), task_id=getattr(ti, "task_id", None))
+        self.xcom_interval = xcom_interval
+        #: Where the whole row is, for the log line that says the XCom copy is cut.
+        self.where = where
+        self._last_push: float | None = None
+        self._cut_logged = False
+
+    def push(self, cp: Checkpoint) -> None:
+        self._last_push = time.monotonic()
+        try:
+            self.ti.xcom_push(key=XCOM_KEY, value=self.xcom_row(cp))
+        except Exception:  # XCom is a report channel; never fail the work over it
+            self.log.warning("could not push the checkpoint row to XCom", exc_info=True)
+
+    def xcom_row(self, cp: Checkpoint) -> dict[str, Any]:
+        """The row as pushed to XCom: whole up to :data:`XCOM_ROW_LIMIT` bytes of JSON, else with
+        each large position/state replaced by ``{"xcom_truncated": true, "bytes": n, "preview": ...}``
+        and the cut columns listed under ``xcom_truncated``."""
+        row = cp.to_dict()
+        size, cut = cap_row(row, marker="xcom_truncated", limit=XCOM_ROW_LIMIT)
+        if cut and not self._cut_logged:
+            self._cut_logged = True
+            self.log.warning(
+                "the checkpoint row is %s bytes as JSON, over the %s KiB XCom limit: XCom key %r carries %s "
+                "as a short preview; the whole row is in the resumable_checkpoints table of %s [job=%s slot=%s]",
+                f"{size:,}", XCOM_ROW_LIMIT // 1024, XCOM_KEY,
+                ", ".join(f"{name} ({n:,} bytes)" for name, n in cut.items()), self.where, cp.job, cp.slot,
+            )
+        return row
+
+    def on_start(self, cp: Checkpoint, *, resumed: bool) -> None:
+        self.metrics.started(cp)
+        self.push(cp)
+
+    def _xcom_due(self) -> bool:
+        return self._last_push is None or time.monotonic() - self._last_push >= self.xcom_interval
+
+    def due(self, processed: int, total: int | None) -> bool:
+        return self._xcom_due() or super().due(processed, total)
+
+    def on_checkpoint(self, cp: Checkpoint, progress: Progress) -> None:
+        super().on_checkpoint(cp, progress)
+        self.metrics.checkpoint(progress.processed, progress.save_seconds)
+        if self._xcom_due():
+            self.push(cp)
+
+    def on_finish(self, cp: Checkpoint) -> None:
+        super().on_finish(cp)
+        self.metrics.finished(cp)
+        self.push(cp)
+
