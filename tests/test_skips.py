@@ -303,10 +303,10 @@ def test_a_process_that_rolls_back_the_transaction_is_refused_naming_its_own_err
     assert isinstance(to_airflow(err.value, job=JOB, slot=SLOT), AirflowFailException)
 
 
-def test_a_rollback_sent_as_sql_inside_a_savepoint_is_named_with_the_block_s_own_error(store: Store) -> None:
+def test_a_rollback_sent_as_sql_inside_a_savepoint_is_refused_before_it_undoes_anything(store: Store) -> None:
     from airflow_resumable.core.errors import TransactionRefused
 
-    # Given a process that ends the run's transaction with a ROLLBACK statement before raising
+    # Given a process that tries to end the run's transaction with a ROLLBACK statement before raising
     def process(ctx: Any, batch: list[int]) -> None:
         tx = ctx.transaction()
         tx.execute("CREATE TABLE IF NOT EXISTS sink (item INTEGER)")
@@ -319,13 +319,15 @@ def test_a_rollback_sent_as_sql_inside_a_savepoint_is_named_with_the_block_s_own
     handler = chunk_loop(SequenceReader(ITEMS), process, chunk_size=5, skip_on=ValueError, skip_limit=3)
     with pytest.raises(TransactionRefused) as err:
         Attempt(store, job=JOB, slot=SLOT, attempt=1, owner="o").run(handler)
-    # Then the error says the block's own error and that the transaction was ended inside the block
+    # Then the statement is refused before it is sent (it is not a skippable item error), naming
+    # the job and the statement; the chunk's writes are undone with it, the first chunk's kept
     text = str(err.value)
-    assert "the block raised ValueError: bad item 7" in text and "transaction was ended inside the block" in text
-    assert f"job='{JOB}'" in text and isinstance(err.value.__cause__, ValueError)
+    assert "a ROLLBACK statement was sent through ctx.transaction()" in text and f"job='{JOB}'" in text
     with store.open() as s:
         row = s.load(JOB, SLOT)
+        items = sorted(r[0] for r in s.execute("SELECT item FROM sink").fetchall())
     assert (row.status, row.position) == ("failed", 4)
+    assert items == [0, 1, 2, 3, 4]
 
 
 # -- in Airflow -----------------------------------------------------------------------------------
