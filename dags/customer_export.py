@@ -212,7 +212,7 @@ with DAG(
     doc_md=__doc__,
     params={
         "batch_pause_seconds": Param(
-            0, type="number", minimum=0, description="Seconds to wait after each batch (to watch and interrupt a run)"
+            0, type="number", minimum=0, description="Seconds to wait between two batches (to watch and interrupt a run)"
         ),
         "full": Param(False, type="boolean", description="Export every customer, not only those changed since "
                       "the last export"),
