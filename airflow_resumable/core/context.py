@@ -18,7 +18,7 @@ from airflow_resumable.core.errors import ConfigurationError, InvalidCheckpoint,
 from airflow_resumable.core.identity import Identity
 from airflow_resumable.core.progress import Log
 from airflow_resumable.core.signal import Signal
-from airflow_resumable.core.stores.base import Dialect
+from airflow_resumable.core.stores.dialect import Dialect
 from airflow_resumable.core.tally import Tally
 
 #: The largest count the checkpoint table's BIGINT columns hold.

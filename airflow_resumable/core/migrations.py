@@ -20,14 +20,34 @@ that a database migrated from version 1 has exactly the columns a fresh one has.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Any, Protocol
 
 from airflow_resumable.core.errors import SchemaVersionError, StoreUnavailable
 from airflow_resumable.core.tables import ATTEMPTS, CHECKPOINTS, DEAD_LETTERS, META, all_tables
 
-if TYPE_CHECKING:
-    from airflow_resumable.core.stores.base import Dialect, StoreSession
+if TYPE_CHECKING:  # importing the stores package at run time would run stores/base, which imports this module
+    from airflow_resumable.core.stores.dialect import Dialect
+
+
+class _Described(Protocol):
+    def describe(self) -> str: ...
+
+
+class StoreSession(Protocol):
+    """What a migration needs of a session (:class:`airflow_resumable.core.stores.base.StoreSession`
+    is one): typed here so that this module does not import the store, which runs it."""
+
+    @property
+    def d(self) -> Dialect: ...
+    @property
+    def store(self) -> _Described: ...
+    def execute(self, sql: str, params: Sequence[Any] = ...) -> Any: ...
+    def commit(self) -> None: ...
+    def rollback(self) -> None: ...
+    def transaction(self, *, lock: bool = ...) -> AbstractContextManager[Any]: ...
+    def who(self) -> str: ...
 
 
 @dataclasses.dataclass(frozen=True)

@@ -15,7 +15,6 @@ import abc
 import dataclasses
 import functools
 import os
-import re
 import socket
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -43,9 +42,10 @@ from airflow_resumable.core.errors import (
 )
 from airflow_resumable.core.migrations import SCHEMA_VERSION, migrate
 from airflow_resumable.core.rules import Action
-from airflow_resumable.core.schema import Column, Table
+from airflow_resumable.core.schema import Table
 from airflow_resumable.core.signal import Reason
 from airflow_resumable.core.states import FINISHED
+from airflow_resumable.core.stores.dialect import Dialect, writes
 from airflow_resumable.core.tables import ATTEMPTS, CHECKPOINTS, DEAD_LETTERS
 
 __all__ = ["SCHEMA_VERSION", "Cleaned", "Dialect", "Store", "StoreSession"]
@@ -94,82 +94,6 @@ def _undo_failed(exc: BaseException, undo: Exception, job: str | None, slot: str
         )
     return StoreUnavailable(f"{what}; the checkpoint did not move", job=job, slot=slot,
                             hint="A retry resumes from the last checkpoint")
-
-
-class Dialect:
-    """What differs between backends, as methods: time arithmetic, types, placeholders, locks.
-
-    Queries are written once, in Python f-strings that call these methods, with DB-API ``format``
-    placeholders (``%s``); :meth:`placeholders` gives them this driver's marker. The same single
-    style is what ``ctx.transaction()`` offers handlers.
-    """
-
-    #: Name of the backend.
-    name: str = ""
-    #: DB-API parameter marker of the driver: ``%s`` or ``?``.
-    marker: str = "%s"
-    #: Column type of timestamps, and of an auto-numbered primary key.
-    timestamp_type: str = "TIMESTAMPTZ"
-    id_type: str = ""
-    #: Statements that serialize schema changes between processes, run first in their transaction.
-    schema_lock: tuple[str, ...] = ()
-    #: Statements run at the start of every migration step's transaction (e.g. a lock timeout).
-    migration_setup: tuple[str, ...] = ()
-    #: Whether the database has one writer at a time (SQLite): the store's connections then open
-    #: every transaction themselves and take turns at the write lock (see ``stores/sqlite.py``).
-    one_writer: bool = False
-    #: Whether the driver reads timestamps back as timezone-aware datetimes (nothing to convert).
-    aware_timestamps: bool = False
-
-    def __init__(self) -> None:
-        self._translated: dict[str, str] = {}
-
-    def now(self) -> str:
-        """The database's current time, in the type of the timestamp columns."""
-        raise NotImplementedError
-
-    def now_plus(self, seconds: str) -> str:
-        """The database's current time plus ``seconds`` (an SQL expression, e.g. a placeholder)."""
-        raise NotImplementedError
-
-    def placeholders(self, sql: str) -> str:
-        """``sql`` with this driver's parameter marker (translations cached: queries repeat)."""
-        if self.marker == "%s":
-            return sql
-        out = self._translated.get(sql)
-        if out is None:
-            out = self._translated[sql] = to_qmark(sql)
-        return out
-
-    def storage(self, fillfactor: int) -> str:
-        """The CREATE TABLE suffix giving a table this fill factor ("" where there is none: SQLite)."""
-        return ""
-
-    def set_fillfactor(self, table: str, fillfactor: int) -> list[str]:
-        """Statements giving an existing table this fill factor (for the pages it fills from now on)."""
-        return []
-
-    def type_of(self, column: Column) -> str:
-        return {
-            "text": "TEXT", "json": "TEXT", "int": "INTEGER", "bigint": "BIGINT",
-            "timestamp": self.timestamp_type, "id": self.id_type,
-        }[column.kind]
-
-
-_FORMAT_MARK = re.compile(r"%([s%])")
-
-#: The store's own statements that write: on a one-writer database they wait their turn for the lock.
-_WRITES = re.compile(r"\s*(INSERT|UPDATE|DELETE|REPLACE|SAVEPOINT|CREATE|DROP|ALTER)\b", re.IGNORECASE)
-
-
-def _writes(sql: str) -> bool:
-    """Whether one of the store's own statements writes (user SQL goes through ``ctx.transaction()``)."""
-    return _WRITES.match(sql) is not None
-
-
-def to_qmark(sql: str) -> str:
-    """DB-API ``format`` placeholders as ``qmark`` ones: ``%s`` -> ``?``, ``%%`` -> ``%``."""
-    return _FORMAT_MARK.sub(lambda m: "?" if m.group(1) == "s" else "%", sql)
 
 
 def _insert(table: Table, values: Mapping[str, str], returning: str | None = None) -> str:
@@ -301,7 +225,7 @@ class StoreSession:
     def execute(self, sql: str, params: Sequence[Any] = ()) -> Any:
         """Run one statement written with ``%s`` placeholders (see :class:`Dialect`)."""
         cur = self.conn.cursor()
-        if self.d.one_writer and _writes(sql):
+        if self.d.one_writer and writes(sql):
             with self.conn.writing():
                 cur.execute(self.d.placeholders(sql), tuple(params))
             return cur
