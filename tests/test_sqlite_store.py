@@ -87,7 +87,7 @@ def test_executescript_through_the_transaction_is_refused_and_writes_nothing(tmp
     assert JOB in text and SLOT in text and "execute" in text
     assert _sink(store) == (0, 0)
     with store.open() as s:
-        assert s.load(JOB, SLOT).status == "failed"
+        assert s.checkpoints.load(JOB, SLOT).status == "failed"
 
 
 def test_executescript_on_a_cursor_of_the_transaction_is_refused_too(tmp_path) -> None:
@@ -149,4 +149,4 @@ def test_a_final_status_the_locked_file_refuses_is_logged_with_the_error_and_wha
     assert "could not record status failed" in text and "injected handler failure" in text
     assert f"job={JOB}" in text and f"slot={SLOT}" in text and "resumes from the last checkpoint" in text
     with store.open() as s:
-        assert s.load(JOB, SLOT).status == "running"  # as the log says
+        assert s.checkpoints.load(JOB, SLOT).status == "running"  # as the log says
