@@ -150,3 +150,9 @@ def test_a_final_status_the_locked_file_refuses_is_logged_with_the_error_and_wha
     assert f"job={JOB}" in text and f"slot={SLOT}" in text and "resumes from the last checkpoint" in text
     with store.open() as s:
         assert s.checkpoints.load(JOB, SLOT).status == "running"  # as the log says
+
+
+def test_named_and_positional_placeholders_are_translated_for_sqlite() -> None:
+    from airflow_resumable.core.stores.dialect import to_qmark
+
+    assert to_qmark("job = %(job)s AND slot = %s AND note LIKE '5%%'") == "job = :job AND slot = ? AND note LIKE '5%'"

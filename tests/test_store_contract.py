@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import re
 
 import pytest
 
@@ -271,3 +273,26 @@ def test_listings_find_a_task_instances_slot_and_what_each_slot_would_take(store
         acquire(s, owner="live", slot="live-slot")
         assert s.requests.offers(JOB, "live-slot") == {
             "pause": True, "resume": False, "cancel": True, "restart": False, "release": False}
+
+
+def test_a_fence_is_made_from_the_acquired_row_and_only_from_a_leased_one(store: Store) -> None:
+    with store.open() as s:
+        s.ensure_schema()
+        row, _ = acquire(s)
+        fence = Fence.of(row)
+        assert fence == Fence(JOB, SLOT, "a", 1)
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            fence.token = 2  # type: ignore[misc]
+        released = s.checkpoints.finish(fence, status=Status.DONE)
+        with pytest.raises(ValueError, match=re.escape(f"job '{JOB}' slot '{SLOT}' holds no lease")):
+            Fence.of(released)
+
+
+def test_the_checkpoint_statement_is_built_once_per_dialect_not_per_call(store: Store) -> None:
+    fence = Fence(JOB, SLOT, "a", 1)
+    with store.open() as one, store.open() as two:
+        first, params = one.checkpoints.save_statement(fence, position="1", state="{}", processed=1, total=None)
+        again, _ = two.checkpoints.save_statement(fence, position="2", state="{}", processed=2, total=None)
+        assert again is first, "the hot path's SQL text is one object for the dialect"
+        assert "%(" not in first if store.dialect.marker == "?" else ":job" not in first
+        assert params == {"position": "1", "state": "{}", "processed": 1, "total": None, **fence.params()}

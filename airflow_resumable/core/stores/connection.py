@@ -3,7 +3,7 @@ statements in the dialect's placeholders, transactions, savepoints, and decoding
 
 The operations live in small objects over a :class:`Connection`, one per aggregate (see
 :class:`airflow_resumable.core.stores.base.StoreSession`): ``leases``, ``checkpoints``,
-``requests``, ``listings``, ``retention``, ``dead_letters``.
+``requests``, ``listings``, ``retention``, ``skips``.
 """
 
 from __future__ import annotations
