@@ -36,13 +36,13 @@ def test_checkpoints_and_heartbeats_are_in_place_updates(pg_database: dict[str, 
     with store.open(autocommit=True) as s:
         s.ensure_schema()
         row, _ = s.leases.acquire(JOB, SLOT, OWNER, 30)
-        s.checkpoints.start(Fence(JOB, SLOT, OWNER, row.lease_token), 1, reset=True, resumed_from=None)
+        fence = Fence.of(row)
+        s.checkpoints.start(fence, 1, reset=True, resumed_from=None)
         # When it saves 500 checkpoints and renews its lease in between
         for i in range(500):
-            s.checkpoints.save(Fence(JOB, SLOT, OWNER, row.lease_token), position=json.dumps(i), state=json.dumps({"sum": i * i}),
-                   processed=i, total=500)
+            s.checkpoints.save(fence, position=json.dumps(i), state=json.dumps({"sum": i * i}), processed=i, total=500)
             if i % 50 == 0:
-                s.leases.heartbeat(Fence(JOB, SLOT, OWNER, row.lease_token), 30)
+                s.leases.heartbeat(fence, 30)
         s.execute("SELECT pg_stat_force_next_flush()").fetchall()
         # Then (nearly) every one of those updates stayed in place. The start moved the row's
         # started_at: not HOT. And an update can only be HOT once its page's old versions are dead to

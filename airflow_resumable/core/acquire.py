@@ -89,8 +89,8 @@ class Acquiring(AttemptState):
             for other in others:
                 if other.status == Status.PAUSED:  # nothing runs it: cancel it at once, its waiting task ends
                     session.requests.apply(self.job, other.slot, Action.CANCEL, by=f"a newer run (slot {self.slot})",
-                                    outcome=AttemptEnd.CANCEL_REQUESTED, reason=Reason.SUPERSEDED,
-                                    note="superseded by a newer run")
+                                           outcome=AttemptEnd.CANCEL_REQUESTED, reason=Reason.SUPERSEDED,
+                                           note="superseded by a newer run")
                 else:
                     session.requests.cancel(self.job, other.slot, Reason.SUPERSEDED.value)
             self.log.warning(

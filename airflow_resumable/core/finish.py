@@ -138,7 +138,7 @@ class Finishing(AttemptState):
             return
         try:
             session.checkpoints.end_record(self._record_id, AttemptEnd.LEASE_LOST, error=_error_text(exc),
-                               stop_reason=Reason.LEASE_LOST.value)
+                                           stop_reason=Reason.LEASE_LOST.value)
         except Exception:  # the history is a record, never a reason to hide the real outcome
             self.log.warning("could not record the lost lease in the attempt history", exc_info=True)
 

@@ -88,7 +88,7 @@ def skip_item(
         ) from error
     value, form = _as_json(item)
     session.skips.record(DeadLetter(job=job, slot=slot, position=position, item=value, item_format=form,
-                                   error=error_text(error), attempt=attempt))
+                                    error=error_text(error), attempt=attempt))
     log.warning(
         "skipped the item at position %s: %s (%s of at most %s in this slot; recorded in resumable_dead_letters) "
         "[job=%s slot=%s attempt=%s]", text, error_text(error, 300), count + 1, limit, job, slot, attempt,
