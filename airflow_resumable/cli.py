@@ -107,7 +107,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         with store.open() as session:
             if args.command == "clean":
                 session.ensure_schema(apply=False)
-                cleaned = session.clean(args.older_than, dry_run=args.dry_run, batch=args.batch)
+                cleaned = session.retention.clean(args.older_than, dry_run=args.dry_run, batch=args.batch)
                 verb = "would remove" if args.dry_run else "removed"
                 print(f"{store.describe()}: {verb} {cleaned.slots} finished slot(s) and {cleaned.records} history "
                       f"record(s) not written for {args.older_than:g}s")

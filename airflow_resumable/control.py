@@ -92,7 +92,7 @@ def get(job: str, slot: str, *, conn_id: str = DEFAULT_CONN_ID) -> Checkpoint:
         SlotNotFound: no such slot.
     """
     with _session(conn_id, job, slot) as session:
-        row = session.load(job, slot)
+        row = session.checkpoints.load(job, slot)
     if row is None:
         raise _core.not_found(job, slot)
     return row
@@ -101,7 +101,7 @@ def get(job: str, slot: str, *, conn_id: str = DEFAULT_CONN_ID) -> Checkpoint:
 def history(job: str, slot: str, *, conn_id: str = DEFAULT_CONN_ID) -> list[AttemptRecord]:
     """The slot's attempts and control requests, oldest first."""
     with _session(conn_id, job, slot) as session:
-        return session.history(job, slot)
+        return session.listings.history(job, slot)
 
 
 def offers(job: str, slot: str, *, conn_id: str = DEFAULT_CONN_ID) -> dict[str, bool]:
@@ -112,7 +112,7 @@ def offers(job: str, slot: str, *, conn_id: str = DEFAULT_CONN_ID) -> dict[str, 
         SlotNotFound: no such slot.
     """
     with _session(conn_id, job, slot) as session:
-        found = session.offers(job, slot)
+        found = session.requests.offers(job, slot)
     if found is None:
         raise _core.not_found(job, slot)
     return found
@@ -123,13 +123,13 @@ def find(dag_id: str, task_id: str, run_id: str, map_index: int = -1, *,
     """The slot a task instance ran last, by the row's owning DAG, task, run and map index (None:
     the task instance never ran a resumable job in this store)."""
     with _session(conn_id) as session:
-        return session.find(dag_id, task_id, run_id, map_index)
+        return session.listings.find(dag_id, task_id, run_id, map_index)
 
 
 def dag_ids(*, conn_id: str = DEFAULT_CONN_ID) -> set[str]:
     """The DAGs that own a slot in this store."""
     with _session(conn_id) as session:
-        return session.dag_ids()
+        return session.listings.dag_ids()
 
 
 def recent(*, conn_id: str = DEFAULT_CONN_ID, dag_ids: Collection[str] | None = None, status: str | None = None,
@@ -137,7 +137,7 @@ def recent(*, conn_id: str = DEFAULT_CONN_ID, dag_ids: Collection[str] | None = 
     """Slots across jobs, most recently updated first; only those of ``dag_ids`` (when given) and
     of ``status`` (when given)."""
     with _session(conn_id) as session:
-        return session.recent(dag_ids=dag_ids, status=status, limit=limit)
+        return session.listings.recent(dag_ids=dag_ids, status=status, limit=limit)
 
 
 def dead_letters(job: str, slot: str, *, conn_id: str = DEFAULT_CONN_ID, status: str | None = "skipped",
@@ -145,7 +145,7 @@ def dead_letters(job: str, slot: str, *, conn_id: str = DEFAULT_CONN_ID, status:
     """The slot's skipped items (the dead-letter table ``resumable_dead_letters``), oldest first:
     those still ``skipped`` by default, or of any status with ``status=None``."""
     with _session(conn_id, job, slot) as session:
-        return session.dead_letters(job, slot, status=status, limit=limit)
+        return session.skips.items(job, slot, status=status, limit=limit)
 
 
 def replay(job: str, slot: str, fn: Callable[[Any], Any], *, conn_id: str = DEFAULT_CONN_ID,

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from airflow_resumable.core.fence import Fence
 from airflow_resumable.core.runner import Attempt, Options
 from airflow_resumable.core.stores import PostgresStore, SQLiteStore, Store
 from bench.common import Database, Result, at_most, interleave, median, ms, say
@@ -80,16 +81,17 @@ def _measure(
 
     # 1a: StoreSession.save on a row leased by hand, as the runner does (autocommit).
     with store.open(autocommit=True) as session:
-        row, _ = session.acquire(JOB, SLOT, OWNER, 600)
-        session.start(JOB, SLOT, OWNER, row.lease_token, 1, reset=True, resumed_from=None)
+        row, _ = session.leases.acquire(JOB, SLOT, OWNER, 600)
+        fence = Fence.of(row)  # held by the attempt, as a run holds it
+        session.checkpoints.start(fence, 1, reset=True, resumed_from=None)
         state = {"total": 0}
         counter = iter(range(10**9))
 
         def save() -> None:
             i = next(counter)
             state["total"] += i
-            session.save(
-                JOB, SLOT, OWNER, row.lease_token,
+            session.checkpoints.save(
+                fence,
                 position=json.dumps(i), state=json.dumps(state), processed=i, total=ROUNDS,
             )
 
@@ -99,7 +101,7 @@ def _measure(
             default = _bare(floor, marker, now, JOB + ".default")
             sides["default"] = lambda: default(next(bare_counter))
         raw = interleave(sides, rounds=ROUNDS, warmup=50)
-        session.finish(JOB, SLOT, OWNER, row.lease_token, status=_done())
+        session.checkpoints.finish(fence, status=_done())
 
     # 1b: ctx.checkpoint() inside a real attempt (lease keeper running, progress reported).
     timings: dict[str, list[float]] = {}

@@ -32,6 +32,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from airflow_resumable.core.fence import Fence
 from airflow_resumable.core.migrations import MIGRATIONS
 from airflow_resumable.core.stores import PostgresStore, SQLiteStore, Store, StoreSession
 from bench.common import Database, Result, at_least, at_most, interleave, say
@@ -68,13 +69,13 @@ def _layout_before(session: StoreSession) -> None:
 
 def _running(session: StoreSession) -> Callable[[int], None]:
     """A leased, started slot and the checkpoint a run writes after chunk ``i``."""
-    row, _ = session.acquire(JOB, SLOT, OWNER, 3600)
-    token = row.lease_token
-    session.start(JOB, SLOT, OWNER, token, 1, reset=True, resumed_from=None)
+    row, _ = session.leases.acquire(JOB, SLOT, OWNER, 3600)
+    fence = Fence.of(row)
+    session.checkpoints.start(fence, 1, reset=True, resumed_from=None)
 
     def save(i: int) -> None:
-        session.save(JOB, SLOT, OWNER, token, position=json.dumps(i * 3000), state=json.dumps({"total": i * 43500}),
-                     processed=i * 3000, total=3_000_000)
+        session.checkpoints.save(fence, position=json.dumps(i * 3000), state=json.dumps({"total": i * 43500}),
+                                 processed=i * 3000, total=3_000_000)
 
     return save
 

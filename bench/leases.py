@@ -19,6 +19,7 @@ import threading
 import time
 
 from airflow_resumable.core import defaults
+from airflow_resumable.core.fence import Fence
 from airflow_resumable.core.lease import heartbeat_interval
 from airflow_resumable.core.stores import PostgresStore
 from bench.common import Database, Result, median, ms, percentile, say
@@ -54,7 +55,7 @@ def run(db: Database) -> list[Result]:
     with store.open(autocommit=True) as s:
         s.ensure_schema()
         for slot in slots:
-            got = s.acquire(JOB, slot, f"owner-{slot}", lease)
+            got = s.leases.acquire(JOB, slot, f"owner-{slot}", lease)
             assert got is not None
             tokens[slot] = got[0].lease_token
     sessions = [store.session(autocommit=True) for _ in range(CLIENTS)]
@@ -78,7 +79,7 @@ def run(db: Database) -> list[Result]:
             else:
                 late.append(-wait)
             t = time.perf_counter()
-            session.heartbeat(JOB, slot, f"owner-{slot}", tokens[slot], lease)
+            session.leases.heartbeat(Fence(JOB, slot, f"owner-{slot}", tokens[slot]), lease)
             latencies[k].append(time.perf_counter() - t)
 
     cpu0, wall0 = _cpu_seconds(pids), time.monotonic()

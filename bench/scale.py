@@ -69,10 +69,10 @@ def _measure(store: Store) -> tuple[dict[str, list[float]], Any]:
     try:
         def load() -> None:
             j, s = rng.randint(1, JOBS), rng.randint(1, SLOTS)
-            assert session.load(_job(j), _slot(s)) is not None
+            assert session.checkpoints.load(_job(j), _slot(s)) is not None
 
         def listing() -> None:
-            rows = session.list_slots(_job(rng.randint(1, JOBS)), 100)
+            rows = session.listings.list_slots(_job(rng.randint(1, JOBS)), 100)
             assert len(rows) == 100
 
         # The same listing's SQL and fetch alone, without decoding rows into Checkpoints.
@@ -144,10 +144,10 @@ def _retention(store: Store) -> Result:
     older_than = (datetime.now(timezone.utc) - cutoff).total_seconds()
     with store.open(autocommit=True) as s:
         started = time.perf_counter()
-        would = s.clean(older_than, dry_run=True)
+        would = s.retention.clean(older_than, dry_run=True)
         counted = time.perf_counter() - started
         started = time.perf_counter()
-        cleaned = s.clean(older_than)
+        cleaned = s.retention.clean(older_than)
         took = time.perf_counter() - started
     assert would.slots == cleaned.slots == JOBS * SLOTS // 2, (would, cleaned)
     return Result(

@@ -84,7 +84,7 @@ def _measure(name: str, store: Store, spec: dict[str, Any], execute: Any) -> tup
     worst, renewals = 0.0, 0
     with store.open() as s:
         for slot in WORKERS:
-            row = s.load(f"bench.txheartbeat.{slot}", slot)
+            row = s.checkpoints.load(f"bench.txheartbeat.{slot}", slot)
             assert row is not None and row.lease_acquired_at is not None and row.updated_at is not None
             at = [float(r[0]) for r in execute(s, "SELECT at FROM renewals WHERE slot = %s ORDER BY at", (slot,))]
             times = [row.lease_acquired_at.timestamp(), *at, row.updated_at.timestamp()]

@@ -58,7 +58,7 @@ class Env:
 
     def row(self, run_id: str) -> Any:
         with self.store.open() as s:
-            return s.load(JOB, run_id)
+            return s.checkpoints.load(JOB, run_id)
 
 
 @pytest.fixture(scope="module")

@@ -63,12 +63,12 @@ class Items:
 
 def row(store: Store, slot: str = SLOT) -> Any:
     with store.open() as s:
-        return s.load(JOB, slot)
+        return s.checkpoints.load(JOB, slot)
 
 
 def history(store: Store, slot: str = SLOT) -> list[tuple[str, str | None]]:
     with store.open() as s:
-        return [(r.outcome, r.requested_by) for r in s.history(JOB, slot)]
+        return [(r.outcome, r.requested_by) for r in s.listings.history(JOB, slot)]
 
 
 def wait_until(condition: Any, timeout: float = 10.0) -> None:
@@ -234,7 +234,7 @@ def test_a_dead_holders_lease_is_released_and_the_next_attempt_takes_over_at_onc
     # Given a holder with an hour's lease that missed its heartbeats for 50 minutes (it died)
     with store.open() as s:
         s.ensure_schema()
-        s.acquire(JOB, SLOT, "dead", 3600)
+        s.leases.acquire(JOB, SLOT, "dead", 3600)
         s.execute(f"UPDATE resumable_checkpoints SET heartbeat_at = {s.d.now_plus('%s')}, "
                   f"lease_expires_at = {s.d.now_plus('%s')}", (-3000, 600))
         s.commit()
@@ -428,7 +428,7 @@ def test_a_cancel_of_a_slot_whose_holder_is_dead_is_honoured_by_its_next_attempt
     # Given a slot whose holder died with its lease lapsed (its Airflow task is still to be retried)
     failed_slot(store)
     with store.open() as s:
-        s.acquire(JOB, SLOT, "dead", 60)
+        s.leases.acquire(JOB, SLOT, "dead", 60)
         s.execute("UPDATE resumable_checkpoints SET status = 'running'")
         s.execute(f"UPDATE resumable_checkpoints SET heartbeat_at = {s.d.now_plus('%s')}, "
                   f"lease_expires_at = {s.d.now_plus('%s')}", (-120, -60))

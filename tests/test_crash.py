@@ -25,7 +25,7 @@ LEASE = 0.6  # a killed holder's lease lapses quickly, so the next attempt takes
 
 def _processed(store: Store) -> int:
     with store.open() as s:
-        row = s.load("crash", "slot-1")
+        row = s.checkpoints.load("crash", "slot-1")
     return row.processed if row else 0
 
 
@@ -55,7 +55,7 @@ def test_sigkill_at_random_points_leaves_every_item_written_exactly_once(store: 
             kills += 1
         proc.communicate(timeout=60)
     with store.open() as s:
-        finished = s.load("crash", "slot-1").status == "done"
+        finished = s.checkpoints.load("crash", "slot-1").status == "done"
     if not finished:  # (running a done slot again would start it over, on purpose)
         final = subprocess.run(
             [sys.executable, str(WORKER), spec, "crash", "slot-1", str(ITEMS), str(CHUNK), str(TRIALS + 1), str(LEASE)],
@@ -69,5 +69,5 @@ def test_sigkill_at_random_points_leaves_every_item_written_exactly_once(store: 
         assert cur.fetchall() == [], "some item was written twice"
         cur.execute("SELECT count(DISTINCT item), count(*) FROM sink")
         assert cur.fetchone() == (ITEMS, ITEMS)
-        row = s.load("crash", "slot-1")
+        row = s.checkpoints.load("crash", "slot-1")
     assert (row.status, row.processed, row.position) == ("done", ITEMS, ITEMS)

@@ -23,12 +23,12 @@ SLOT = DAY.isoformat()
 def row_of(store: Store, job: str) -> Any:
     with store.open() as s:
         s.ensure_schema()  # the test may look before the task created the tables
-        return s.load(job, SLOT)
+        return s.checkpoints.load(job, SLOT)
 
 
 def history_of(store: Store, job: str) -> list[tuple[str, str | None, int]]:
     with store.open() as s:
-        return [(r.outcome, r.requested_by, r.attempt) for r in s.history(job, SLOT)]
+        return [(r.outcome, r.requested_by, r.attempt) for r in s.listings.history(job, SLOT)]
 
 
 def seen(path: Path) -> list[int]:

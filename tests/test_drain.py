@@ -43,7 +43,7 @@ def test_a_stop_source_stops_the_run_at_its_next_chunk_boundary_with_its_reason(
     assert raised.value.reason == "shutdown"
     assert took < STOP_POLL + 1.0, f"stopped {took:.2f}s after the source asked"
     with store.open() as session:
-        row = session.load("drain", "s1")
+        row = session.checkpoints.load("drain", "s1")
     assert row is not None and (row.status, row.cancel_reason) == ("cancelled", "shutdown"), row
     assert row.position == row.processed and row.position >= 4, row
     assert row.lease_owner is None, "the slot is free for the retry"
@@ -109,7 +109,7 @@ def test_a_drain_raised_while_waiting_for_another_holders_lease_stops_the_wait_a
     monkeypatch.setenv(drain.DRAIN_FILE_ENV, str(flag))
     with store.open() as s:
         s.ensure_schema()
-        held, _ = s.acquire("drain", "s3", "other-holder", 600)
+        held, _ = s.leases.acquire("drain", "s3", "other-holder", 600)
     lines: list[str] = []
     log = logging.getLogger("test_drain.waiting")
     log.addHandler(_Lines(lines))
@@ -140,7 +140,7 @@ def test_a_drain_raised_while_waiting_for_another_holders_lease_stops_the_wait_a
     assert isinstance(outcome[0], Cancelled) and outcome[0].reason == "shutdown", outcome
     assert any("stopped waiting for this slot's lease" in line and "shutdown" in line for line in lines)
     with store.open() as s:
-        row = s.load("drain", "s3")
+        row = s.checkpoints.load("drain", "s3")
     assert (row.status, row.lease_owner, row.lease_token) == ("running", "other-holder", held.lease_token)
 
 

@@ -9,6 +9,7 @@ import json
 import time
 from typing import Any
 
+from airflow_resumable.core.fence import Fence
 from airflow_resumable.core.stores import PostgresStore
 
 JOB, SLOT, OWNER = "export", "2026-01-01T00:00:00+00:00", "a"
@@ -34,14 +35,14 @@ def test_checkpoints_and_heartbeats_are_in_place_updates(pg_database: dict[str, 
     store = PostgresStore(**pg_database)
     with store.open(autocommit=True) as s:
         s.ensure_schema()
-        row, _ = s.acquire(JOB, SLOT, OWNER, 30)
-        s.start(JOB, SLOT, OWNER, row.lease_token, 1, reset=True, resumed_from=None)
+        row, _ = s.leases.acquire(JOB, SLOT, OWNER, 30)
+        fence = Fence.of(row)
+        s.checkpoints.start(fence, 1, reset=True, resumed_from=None)
         # When it saves 500 checkpoints and renews its lease in between
         for i in range(500):
-            s.save(JOB, SLOT, OWNER, row.lease_token, position=json.dumps(i), state=json.dumps({"sum": i * i}),
-                   processed=i, total=500)
+            s.checkpoints.save(fence, position=json.dumps(i), state=json.dumps({"sum": i * i}), processed=i, total=500)
             if i % 50 == 0:
-                s.heartbeat(JOB, SLOT, OWNER, row.lease_token, 30)
+                s.leases.heartbeat(fence, 30)
         s.execute("SELECT pg_stat_force_next_flush()").fetchall()
         # Then (nearly) every one of those updates stayed in place. The start moved the row's
         # started_at: not HOT. And an update can only be HOT once its page's old versions are dead to

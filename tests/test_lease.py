@@ -106,7 +106,7 @@ def test_a_stale_attempt_is_fenced_off_and_stops_within_a_heartbeat_and_a_chunk(
     assert a.proc.wait(30) == 3
     assert b.stopped(timeout=120)["error"] is None and b.proc.wait(30) == 0
     with store.open() as s:
-        row = s.load(JOB, SLOT)
+        row = s.checkpoints.load(JOB, SLOT)
         cur = s.conn.cursor()
         cur.execute("SELECT item, count(*) FROM sink GROUP BY item HAVING count(*) <> 1")
         assert cur.fetchall() == []
@@ -133,7 +133,7 @@ def test_heartbeats_go_on_while_the_handler_burns_cpu_for_ten_leases(store: Stor
     def handler(ctx) -> None:
         _spin(10 * lease)
         with store.open() as other:  # another attempt tries to take the slot meanwhile
-            intruder.append(other.acquire(JOB, SLOT, "intruder", lease))
+            intruder.append(other.leases.acquire(JOB, SLOT, "intruder", lease))
         ctx.checkpoint(1, processed=1)  # fenced: fails if the lease had been lost
 
     run = Attempt(store, job=JOB, slot=SLOT, attempt=1, owner="cpu", options=Options(lease=lease))
@@ -146,7 +146,7 @@ def test_heartbeats_go_on_while_the_handler_burns_cpu_for_ten_leases(store: Stor
 def test_an_attempt_waits_bounded_for_a_live_holder_then_gives_up_naming_it(store: Store) -> None:
     with store.open() as s:
         s.ensure_schema()
-        assert s.acquire(JOB, SLOT, "holder", 30) is not None
+        assert s.leases.acquire(JOB, SLOT, "holder", 30) is not None
     run = Attempt(store, job=JOB, slot=SLOT, attempt=2, owner="late", options=Options(lease=30, lease_wait=0.3))
     with pytest.raises(LeaseBusy, match=r"another attempt \(holder\) still holds this slot's lease") as err:
         run.run(lambda ctx: None)
@@ -156,7 +156,7 @@ def test_an_attempt_waits_bounded_for_a_live_holder_then_gives_up_naming_it(stor
 def test_an_attempt_takes_over_once_a_dead_holder_s_lease_lapses(store: Store) -> None:
     with store.open() as s:
         s.ensure_schema()
-        assert s.acquire(JOB, SLOT, "dead", 0.5) is not None
+        assert s.leases.acquire(JOB, SLOT, "dead", 0.5) is not None
     started = time.monotonic()
     outcome = Attempt(store, job=JOB, slot=SLOT, attempt=2, owner="next", options=Options(lease=0.5)).run(
         lambda ctx: ctx.checkpoint(1)
@@ -212,7 +212,7 @@ def test_a_row_deleted_while_the_attempt_runs_is_reported_as_deleted_and_not_ret
     # and it is not retried (a retry would start the slot over unasked), and the row is not re-created
     assert isinstance(to_airflow(err.value, job=JOB, slot=SLOT), AirflowFailException)
     with store.open() as s:
-        assert s.load(JOB, SLOT) is None
+        assert s.checkpoints.load(JOB, SLOT) is None
         items = [r[0] for r in s.execute("SELECT item FROM sink ORDER BY item").fetchall()]
         s.commit()
     assert items == ([1] if transactional else [])  # the uncommitted chunk's write was rolled back

@@ -92,8 +92,8 @@ def test_a_first_release_database_upgrades_in_place_and_its_half_done_slot_resum
     assert seen[0] == 12000 and outcome.resumed_from == 12000
     assert outcome.result == {"total": 435000} and outcome.checkpoint.status == "done"
     with store.open() as s:
-        history = s.history(schema_v1.JOB, schema_v1.SLOT)
-        finished = s.load(schema_v1.JOB, schema_v1.DONE_SLOT)
+        history = s.listings.history(schema_v1.JOB, schema_v1.SLOT)
+        finished = s.checkpoints.load(schema_v1.JOB, schema_v1.DONE_SLOT)
     assert [(h.attempt, h.outcome, h.resumed_from, h.processed_start) for h in history] == [(2, "done", 12000, 12000)]
     # and the slot that had finished stays finished (no rerun, no stored result from schema 1)
     assert (finished.status, finished.state, finished.result) == ("done", {"total": 435000}, None)

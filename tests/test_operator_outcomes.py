@@ -29,7 +29,7 @@ def ti_of(run: Any) -> Any:
 
 def row_of(store: Store, job: str) -> Any:
     with store.open() as s:
-        return s.load(job, SLOT)
+        return s.checkpoints.load(job, SLOT)
 
 
 def test_a_cancel_whose_holder_was_killed_fails_the_next_try_without_retry_and_without_running(

@@ -39,7 +39,7 @@ def ti_of(run: Any, task_id: str, map_index: int = -1) -> Any:
 
 def row_of(store: Store, job: str, slot: str = SLOT) -> Any:
     with store.open() as s:
-        return s.load(job, slot)
+        return s.checkpoints.load(job, slot)
 
 
 def test_a_retry_resumes_at_the_failed_chunk(checkpoints: Store, run_dag, tmp_path: Path) -> None:
@@ -126,7 +126,7 @@ def test_a_run_without_a_logical_date_uses_its_run_id_as_slot(checkpoints: Store
     run = run_dag("rt_manual", conf={"items": 5, "chunk": 5}, logical_date=None)
     assert str(run.state) == "success"
     with checkpoints.open() as s:
-        rows = s.list_slots("rt_manual.work")
+        rows = s.listings.list_slots("rt_manual.work")
     assert [r.slot for r in rows] == [run.run_id]
 
 
@@ -398,7 +398,7 @@ def test_a_failure_after_the_slot_is_done_is_retried_without_redoing_the_work(
     assert (row.status, row.runs, row.attempt, row.result) == ("done", 1, 1, {"items": 30, "attempt": 1})
     assert row.confirmed_at is not None  # Airflow recorded try 2's success
     with checkpoints.open() as s:
-        history = [(h.attempt, h.outcome, h.run_id, h.task_id) for h in s.history("rt_end_window.work", SLOT)]
+        history = [(h.attempt, h.outcome, h.run_id, h.task_id) for h in s.listings.history("rt_end_window.work", SLOT)]
     assert history == [(1, "done", run.run_id, "work"), (2, "already_done", run.run_id, "work")]
     out, err = capfd.readouterr()
     assert f"already finished at {row.finished_at.isoformat()} (run {run.run_id}, attempt 1" in out + err
@@ -609,7 +609,7 @@ def _failed_without_retry(run: Any, task_id: str, map_index: int = -1) -> None:
 def _no_rows(store: Store, job: str) -> None:
     with store.open() as s:
         s.ensure_schema()
-        assert s.list_slots(job) == [], "nothing was written"
+        assert s.listings.list_slots(job) == [], "nothing was written"
 
 
 @pytest.mark.one_store('a call check before the slot is taken')
@@ -646,7 +646,7 @@ def test_handler_kwargs_from_an_upstream_xcom_are_checked_when_the_task_runs(
     assert str(good.state) == "success" and xcom(good, "work") == {"sum": 6, "part": 1}
     # ...and a wrong one fails at the start of execute, without a retry, writing nothing
     with checkpoints.open() as s:
-        s.delete("rt_xcom_kwargs.work", SLOT)
+        s.retention.delete("rt_xcom_kwargs.work", SLOT)
     bad = run_dag("rt_xcom_kwargs", conf={"items": 4, "chunk": 2, "key": "region"}, logical_date=DAY)
     _failed_without_retry(bad, "work")
     _no_rows(checkpoints, "rt_xcom_kwargs.work")

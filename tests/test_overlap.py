@@ -35,7 +35,7 @@ def older_run(store: Store, *, items: int, chunk_s: float, gate: Path | None = N
 
 def newer_row(store: Store):
     with store.open() as s:
-        return s.load(JOB, NEW.isoformat())
+        return s.checkpoints.load(JOB, NEW.isoformat())
 
 
 def test_skip_ends_the_newer_run_as_skipped_and_names_the_other_slot(
@@ -121,7 +121,7 @@ def _open_after_a_reschedule(gate: Path, dag_id: str, since: datetime, timeout: 
 
 def _load(store: Store, slot: str):
     with store.open() as s:
-        return s.load(JOB, slot)
+        return s.checkpoints.load(JOB, slot)
 
 
 def test_replace_stops_the_older_run_at_a_chunk_boundary_and_proceeds(checkpoints: Store, run_dag) -> None:
@@ -131,7 +131,7 @@ def test_replace_stops_the_older_run_at_a_chunk_boundary_and_proceeds(checkpoint
     assert stop["reason"] == "superseded", stop
     assert str(run.state) == "success"
     with checkpoints.open() as s:
-        old = s.load(JOB, "2026-06-01T00:00:00+00:00")
+        old = s.checkpoints.load(JOB, "2026-06-01T00:00:00+00:00")
         cur = s.conn.cursor()
         cur.execute("SELECT count(*) FROM sink")
         written = cur.fetchone()[0]

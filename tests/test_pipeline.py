@@ -37,7 +37,7 @@ def attempt(store: Store, n: int = 1, owner: str = "a", **options: Any) -> Attem
 
 def stored(store: Store) -> Any:
     with store.open() as s:
-        return s.load(JOB, SLOT)
+        return s.checkpoints.load(JOB, SLOT)
 
 
 def _wait_for(condition: Any, what: str, seconds: float = 30) -> None:
@@ -127,7 +127,7 @@ def test_a_lease_taken_over_is_detected_at_the_next_checkpoint_and_nothing_more_
         with store.open() as s:
             s.execute(f"UPDATE resumable_checkpoints SET lease_expires_at = {s.d.now()} WHERE job = %s", (JOB,))
             s.commit()
-            assert s.acquire(JOB, SLOT, "b", 30) is not None
+            assert s.leases.acquire(JOB, SLOT, "b", 30) is not None
         ctx.checkpoint(2, processed=2)  # handed over; rejected by the fence in the background
         ctx.checkpoint(3, processed=3)  # raises the rejection
         raise AssertionError("not reached")
@@ -139,7 +139,7 @@ def test_a_lease_taken_over_is_detected_at_the_next_checkpoint_and_nothing_more_
     row = stored(store)
     assert (row.position, row.processed, row.lease_owner, row.status) == (1, 1, "b", "running")
     with store.open() as s:
-        assert [h.outcome for h in s.history(JOB, SLOT)] == ["lease_lost"]
+        assert [h.outcome for h in s.listings.history(JOB, SLOT)] == ["lease_lost"]
 
 
 def test_a_cancel_keeps_the_checkpoint_that_was_in_flight(store: Store) -> None:
@@ -229,7 +229,7 @@ def test_a_checkpoint_returns_while_its_write_waits_for_the_database(store: Stor
 
 
 def stored_on(session: Any) -> Any:
-    return session.load(JOB, SLOT)
+    return session.checkpoints.load(JOB, SLOT)
 
 
 def test_a_connection_lost_with_a_write_in_flight_fails_the_attempt_and_a_retry_resumes(pg_params: Any) -> None:

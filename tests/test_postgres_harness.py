@@ -45,14 +45,14 @@ def test_two_schemas_of_the_session_database_keep_their_checkpoints_apart_also_t
     # When one holds a slot in its checkpoint table
     with PostgresStore(**first).open(autocommit=True) as s:
         s.ensure_schema()
-        assert s.acquire("job", "slot", "a", 30) is not None
+        assert s.leases.acquire("job", "slot", "a", 30) is not None
     # Then the other's checkpoint table is its own, empty: the same slot is free there
     with PostgresStore(**second).open(autocommit=True) as s:
         s.ensure_schema()
-        assert s.load("job", "slot") is None and s.acquire("job", "slot", "b", 30) is not None
+        assert s.checkpoints.load("job", "slot") is None and s.leases.acquire("job", "slot", "b", 30) is not None
     # and the schema reaches a store built from the test's connection URI (options=...), as
     # AIRFLOW_CONN_RESUMABLE_DEFAULT gives it to a task, through the Postgres provider's hook
     store = store_from_connection(Connection.from_uri(harness.dsn(first), conn_id="resumable_default"))
     with store.open() as s:
-        row = s.load("job", "slot")
+        row = s.checkpoints.load("job", "slot")
         assert row is not None and row.lease_owner == "a"

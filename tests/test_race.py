@@ -54,7 +54,7 @@ def test_the_second_of_two_simultaneous_attempts_finds_the_slot_done_and_does_no
         def held() -> bool:
             with checkpoints.open() as s:
                 try:
-                    row = s.load("race", SLOT)
+                    row = s.checkpoints.load("race", SLOT)
                 except Exception:  # the tables may not exist yet
                     s.rollback()
                     return False
@@ -77,8 +77,8 @@ def test_the_second_of_two_simultaneous_attempts_finds_the_slot_done_and_does_no
     # Then every item was written once, by the first DAG only, and the second says why it did nothing
     with checkpoints.open() as s:
         rows = s.execute("SELECT item, dag_id FROM race_sink ORDER BY item").fetchall()
-        history = [(h.dag_id, h.outcome) for h in s.history("race", SLOT)]
-        row = s.load("race", SLOT)
+        history = [(h.dag_id, h.outcome) for h in s.listings.history("race", SLOT)]
+        row = s.checkpoints.load("race", SLOT)
     assert [tuple(r) for r in rows] == [(i, "rt_race_a") for i in range(20)]
     assert history == [("rt_race_a", "done"), ("rt_race_b", "already_done")]
     assert (row.status, row.runs, row.dag_id, row.result) == ("done", 1, "rt_race_a", {"items": 20, "by": "rt_race_a"})

@@ -807,7 +807,7 @@ def test_an_incremental_chunked_run_starts_where_the_previous_one_ended_and_a_ru
 
 def _load(store: Store, slot: str) -> Any:
     with store.open() as s:
-        return s.load(JOB, slot)
+        return s.checkpoints.load(JOB, slot)
 
 
 def _crash(ctx: Any) -> None:

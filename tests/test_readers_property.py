@@ -155,7 +155,7 @@ def test_a_keyset_run_reads_every_row_once_or_refuses_and_is_never_done_with_a_r
     except ConfigurationError:
         # refused: no row twice, the slot not done, and never when the key was fine for the database
         with store.open() as s:
-            assert s.load("prop", slot).status != "done"
+            assert s.checkpoints.load("prop", slot).status != "done"
         assert len(seen) == len(set(seen))
         assert nulls or not composite, "a unique composite key without NULLs is never refused"
         return

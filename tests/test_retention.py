@@ -14,6 +14,7 @@ import pytest
 
 from airflow_resumable.cli import duration
 from airflow_resumable.core import Attempt, Options
+from airflow_resumable.core.fence import Fence
 from airflow_resumable.core.stores import Store
 
 DAY = 86400.0
@@ -46,7 +47,7 @@ def age(store: Store, slot: str, days: float) -> None:
 
 def slots(store: Store) -> dict[str, str]:
     with store.open() as s:
-        return {cp.slot: cp.status for cp in s.list_slots(JOB, 100)}
+        return {cp.slot: cp.status for cp in s.listings.list_slots(JOB, 100)}
 
 
 def history(store: Store) -> set[str]:
@@ -62,9 +63,9 @@ def aged(store: Store) -> Store:
                       ("old-done-2", "done"), ("old-done-3", "done"), ("old-leased", "failed"), ("recent", "done")):
         finish(store, slot, how)
     with store.open() as s:
-        assert s.acquire(JOB, "old-leased", "a-retry", 30) is not None  # a retry took it, not started yet
-        row, _ = s.acquire(JOB, "old-running", "dead", 30)
-        s.start(JOB, "old-running", "dead", row.lease_token, 1, reset=True, resumed_from=None)
+        assert s.leases.acquire(JOB, "old-leased", "a-retry", 30) is not None  # a retry took it, not started yet
+        row, _ = s.leases.acquire(JOB, "old-running", "dead", 30)
+        s.checkpoints.start(Fence(JOB, "old-running", "dead", row.lease_token), 1, reset=True, resumed_from=None)
         s.execute("UPDATE resumable_checkpoints SET lease_owner = NULL WHERE slot = 'old-running'")  # lapsed, released
         s.commit()
     for slot in ("old-done", "old-failed", "old-cancelled", "old-done-2", "old-done-3", "old-leased", "old-running"):
@@ -76,7 +77,7 @@ def aged(store: Store) -> Store:
 def test_clean_removes_finished_slots_past_the_age_with_their_history_in_batches(aged: Store) -> None:
     # When finished slots older than 30 days are cleaned, two per transaction
     with aged.open(autocommit=True) as s:
-        cleaned = s.clean(30 * DAY, batch=2)
+        cleaned = s.retention.clean(30 * DAY, batch=2)
     # Then the five old finished ones and their history records are gone
     assert (cleaned.slots, cleaned.records) == (5, 5)
     assert slots(aged) == {"old-leased": "failed", "old-running": "running", "recent": "done"}
@@ -87,7 +88,7 @@ def test_clean_removes_finished_slots_past_the_age_with_their_history_in_batches
 def test_a_dry_run_counts_and_changes_nothing(aged: Store) -> None:
     before = slots(aged)
     with aged.open() as s:
-        would = s.clean(30 * DAY, dry_run=True)
+        would = s.retention.clean(30 * DAY, dry_run=True)
     assert (would.slots, would.records) == (5, 5)
     assert slots(aged) == before
 

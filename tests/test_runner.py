@@ -57,7 +57,7 @@ def test_a_retry_resumes_and_repeats_at_most_the_failed_chunk(store: Store) -> N
     with pytest.raises(RuntimeError, match="injected"):
         attempt(store, 1).run(work)
     with store.open() as s:
-        row = s.load(JOB, SLOT)
+        row = s.checkpoints.load(JOB, SLOT)
     assert (row.status, row.position, row.processed) == ("failed", 15, 15)
     assert "injected failure in chunk 3" in row.last_error and row.lease_owner is None
     # When attempt 2 runs
@@ -85,7 +85,7 @@ def test_the_cooperative_timeout_stops_at_a_chunk_boundary_and_the_retry_finishe
         attempt(store, 1, timeout=0.3).run(slow)
     assert stopped.value.reason == "timeout"
     with store.open() as s:
-        row = s.load(JOB, SLOT)
+        row = s.checkpoints.load(JOB, SLOT)
     assert row.status == "cancelled" and row.cancel_reason == "timeout" and 0 < row.processed < 40
     outcome = attempt(store, 2).run(slow)
     assert outcome.result == sum(range(40)) and outcome.resumed_from == row.position
@@ -101,7 +101,7 @@ def test_the_signal_is_checked_after_the_save_so_the_chunk_is_kept(store: Store)
     with pytest.raises(Cancelled, match="user cancelled"):
         attempt(store, 1).run(handler)
     with store.open() as s:
-        row = s.load(JOB, SLOT)
+        row = s.checkpoints.load(JOB, SLOT)
     assert (row.position, row.status, row.cancel_reason) == (2, "cancelled", "user")
 
 
@@ -120,8 +120,8 @@ def test_a_done_slot_is_not_run_again_and_gives_back_its_stored_result(
     assert outcome.checkpoint.runs == 1 and outcome.checkpoint.lease_owner is None
     assert "already finished" in caplog.text and "resumable_restart" in caplog.text
     with store.open() as s:
-        assert [(h.attempt, h.outcome) for h in s.history(JOB, SLOT)] == [(1, "done"), (2, "already_done")]
-        assert s.load(JOB, SLOT).lease_owner is None
+        assert [(h.attempt, h.outcome) for h in s.listings.history(JOB, SLOT)] == [(1, "done"), (2, "already_done")]
+        assert s.checkpoints.load(JOB, SLOT).lease_owner is None
 
 
 def test_a_done_slot_runs_again_when_restart_is_asked_or_the_embedding_says_so(
@@ -150,7 +150,7 @@ def test_a_result_that_cannot_be_stored_fails_before_the_slot_is_marked_done(sto
     with pytest.raises(InvalidCheckpoint, match="return value .* cannot be stored.*not marked done"):
         attempt(store, 1).run(handler)
     with store.open() as s:
-        row = s.load(JOB, SLOT)
+        row = s.checkpoints.load(JOB, SLOT)
     # Then the slot is not done (a later attempt would not find a finished slot with no result)
     assert (row.status, row.position, row.lease_owner) == ("failed", 10, None)
     assert "cannot be stored" in row.last_error
@@ -227,7 +227,7 @@ def test_a_position_or_state_that_is_not_json_is_refused_and_nothing_is_written(
         attempt(store, 1).run(handler)
     assert message in str(err.value) and JOB in str(err.value) and SLOT in str(err.value)
     with store.open() as s:
-        row = s.load(JOB, SLOT)
+        row = s.checkpoints.load(JOB, SLOT)
     assert (row.position, row.processed, row.status) == (7, 7, "failed")
 
 
@@ -269,7 +269,7 @@ def test_a_position_or_state_too_big_or_deep_for_json_is_invalid_and_not_retried
     assert f"job='{JOB}'" in text and f"slot='{SLOT}'" in text
     # and nothing was written past the last good checkpoint, and it is not retried
     with store.open() as s:
-        row = s.load(JOB, SLOT)
+        row = s.checkpoints.load(JOB, SLOT)
     assert (row.position, row.processed, row.status) == (7, 7, "failed") and "InvalidCheckpoint" in row.last_error
     assert isinstance(to_airflow(err.value, job=JOB, slot=SLOT), AirflowFailException)
 
@@ -327,7 +327,7 @@ def test_the_chunk_loop_reads_after_the_position_and_checkpoints_each_chunk(stor
     outcome = attempt(store, 2).run(handler)
     assert reads[0] == 100 and outcome.resumed_from == 100
     with store.open() as s:
-        row = s.load(JOB, SLOT)
+        row = s.checkpoints.load(JOB, SLOT)
     assert row.state == {"v": sum(range(1, 24))} and (row.processed, row.total) == (23, 23)
 
 
@@ -372,7 +372,7 @@ def test_the_checkpoint_is_durable_before_progress_is_reported(store: Store) -> 
     class Witness(Reporter):
         def on_checkpoint(self, cp, progress) -> None:
             with store.open() as other:
-                observed.append((progress.processed, other.load(JOB, SLOT).processed))
+                observed.append((progress.processed, other.checkpoints.load(JOB, SLOT).processed))
 
     Attempt(store, job=JOB, slot=SLOT, attempt=1, owner="w", reporter=Witness()).run(Items(20, 5))
     assert observed == [(5, 5), (10, 10), (15, 15), (20, 20)]
@@ -515,7 +515,7 @@ def test_a_status_edited_by_hand_is_refused_by_name_and_the_row_left_free(store:
     with pytest.raises(CorruptCheckpoint, match=r"stored status 'stalled' is not one of running, done, failed"):
         attempt(store, 2).run(Items(20, 5))
     with store.open() as s:
-        row = s.load(JOB, SLOT)
+        row = s.checkpoints.load(JOB, SLOT)
     assert (row.status, row.position, row.lease_owner) == ("stalled", 10, None)
 
 
@@ -531,7 +531,7 @@ def test_a_classified_sigterm_leaves_signal_and_row_saying_the_same(store: Store
     with pytest.raises(Cancelled):
         run.run(handler)
     with store.open() as s:
-        assert s.load(JOB, SLOT).cancel_reason == "user"
+        assert s.checkpoints.load(JOB, SLOT).cancel_reason == "user"
     assert run.signal.reason == "user"
 
 
@@ -555,7 +555,7 @@ def test_a_lease_over_one_day_is_refused_and_one_day_is_stored_and_read_back(sto
     def handler(ctx) -> None:
         ctx.checkpoint(1, processed=1)
         with store.open() as s:
-            held = s.load(JOB, SLOT)
+            held = s.checkpoints.load(JOB, SLOT)
         assert 0.9 * MAX_LEASE < (held.lease_expires_at - held.heartbeat_at).total_seconds() <= MAX_LEASE + 1
 
     assert attempt(store, 1, lease=MAX_LEASE).run(handler).checkpoint.status == "done"
@@ -604,7 +604,7 @@ def test_a_read_out_of_position_order_fails_before_its_batch_is_processed(
     assert "must return the items after 'after' in ascending position order" in text
     assert processed == []
     with store.open() as s:
-        row = s.load(JOB, SLOT)
+        row = s.checkpoints.load(JOB, SLOT)
     assert (row.status, row.position, row.processed) == ("failed", None, 0)
 
 
@@ -624,7 +624,7 @@ def test_a_read_that_goes_back_across_batches_fails_before_processing_the_batch(
     # Then the two good batches were processed and saved, the bad one was not
     assert processed == list(range(10))
     with store.open() as s:
-        row = s.load(JOB, SLOT)
+        row = s.checkpoints.load(JOB, SLOT)
     assert (row.position, row.processed) == (9, 10)
 
 
@@ -672,7 +672,7 @@ def test_positions_that_do_not_compare_are_only_checked_for_moving(store: Store)
         attempt(store, 1).run(chunk_loop(reader(lambda i: i), lambda ctx, batch: None, chunk_size=2))
     # ...as dicts, which have no order, the batches are taken as read
     with store.open() as s:
-        s.delete(JOB, SLOT)
+        s.retention.delete(JOB, SLOT)
     outcome = attempt(store, 1).run(chunk_loop(reader(lambda i: {"k": i}), lambda ctx, batch: None, chunk_size=2))
     assert outcome.checkpoint.position == {"k": 3} and outcome.checkpoint.processed == 3
 
@@ -715,7 +715,7 @@ def test_a_checkpoint_after_the_handler_returned_is_refused_and_writes_nothing(s
         kept[0].transaction()
     # Then the row is as the attempt left it
     with store.open() as s:
-        row = s.load(JOB, SLOT)
+        row = s.checkpoints.load(JOB, SLOT)
     assert (row.position, row.processed, row.status) == (5, 5, "done")
 
 
@@ -742,7 +742,7 @@ def test_a_thread_that_checkpoints_after_the_attempt_ended_is_refused(store: Sto
     handler.thread.join(30)
     assert len(errors) == 1 and isinstance(errors[0], AttemptEnded) and isinstance(errors[0], RuntimeError)
     with store.open() as s:
-        assert s.load(JOB, SLOT).position == 1
+        assert s.checkpoints.load(JOB, SLOT).position == 1
 
 
 @pytest.mark.parametrize(
@@ -769,7 +769,7 @@ def test_counts_that_are_not_whole_numbers_are_refused_and_nothing_is_written(
         attempt(store, 1).run(handler)
     assert message in str(err.value) and JOB in str(err.value)
     with store.open() as s:
-        row = s.load(JOB, SLOT)
+        row = s.checkpoints.load(JOB, SLOT)
     assert (row.position, row.processed, row.total, row.status) == (7, 7, 10, "failed")
 
 

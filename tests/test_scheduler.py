@@ -91,7 +91,7 @@ class Env:
     # -- the checkpoint database -----------------------------------------------------------------
 
     def row(self, slot: str, job: str = JOB) -> Checkpoint | None:
-        return self.session.load(job, slot)
+        return self.session.checkpoints.load(job, slot)
 
     def committed(self, slot: str, job: str = JOB) -> dict[int, int]:
         """item -> how many times its write was committed (through ctx.transaction())."""
@@ -420,7 +420,7 @@ def test_clear_after_success_runs_the_finished_slot_again(env: Env) -> None:
     assert row is not None and (row.status, row.attempt, row.runs) == ("done", 2, 2), row
     assert [i for i, a in env.seen(run_id) if a == 2] == list(range(6)), "the Clear ran every item again"
     assert env.committed(run_id) == {i: 2 for i in range(6)}
-    assert [(h.attempt, h.outcome) for h in env.session.history(JOB, run_id)] == [(1, "done"), (2, "done")]
+    assert [(h.attempt, h.outcome) for h in env.session.listings.history(JOB, run_id)] == [(1, "done"), (2, "done")]
 
 
 def test_clear_after_a_failure_past_done_finishes_without_redoing_the_work(env: Env) -> None:
@@ -436,7 +436,7 @@ def test_clear_after_a_failure_past_done_finishes_without_redoing_the_work(env: 
     assert env.api.task_instance(END_DAG_ID, run_id, TASK_ID)["try_number"] == 2
     assert [a for _, a in env.seen(run_id, job)] == [1] * 6, "try 2 did not run the handler"
     assert env.committed(run_id, job) == {i: 1 for i in range(6)}
-    history = [(h.attempt, h.outcome) for h in env.session.history(job, run_id)]
+    history = [(h.attempt, h.outcome) for h in env.session.listings.history(job, run_id)]
     assert history == [(1, "done"), (2, "already_done")], history
     log = env.airflow.task_log(END_DAG_ID, run_id, TASK_ID, 2)
     assert "already finished" in log and "not running it again" in log, log[-3000:]
@@ -446,7 +446,7 @@ def test_clear_after_a_failure_past_done_finishes_without_redoing_the_work(env: 
 
 
 def history_of(env: Env, job: str, slot: str) -> list[tuple[str, str | None, int]]:
-    return [(r.outcome, r.requested_by, r.attempt) for r in env.session.history(job, slot)]
+    return [(r.outcome, r.requested_by, r.attempt) for r in env.session.listings.history(job, slot)]
 
 
 def test_a_pause_defers_the_task_frees_its_pool_slot_and_resume_continues_it_in_the_same_try(env: Env) -> None:

@@ -62,7 +62,7 @@ def run(store: Store, sink: Sink, attempt: int = 1, *, limit: int = 3, skip_on: 
 
 def letters(store: Store, **kwargs: Any) -> list[Any]:
     with store.open() as s:
-        return s.dead_letters(JOB, SLOT, **kwargs)
+        return s.skips.items(JOB, SLOT, **kwargs)
 
 
 @pytest.mark.parametrize("transactional", [True, False], ids=["transactional", "plain"])
@@ -100,7 +100,7 @@ def test_past_the_skip_limit_the_attempt_fails_naming_the_item_the_limit_and_wha
     # checkpoint stays at the last finished chunk (before item 19's chunk), with none of its writes
     assert [d.position for d in letters(store)] == [7]
     with store.open() as s:
-        row = s.load(JOB, SLOT)
+        row = s.checkpoints.load(JOB, SLOT)
     assert (row.status, row.position) == ("failed", 14) and "SkipLimitExceeded" in row.last_error
     assert sink.written(store) == [i for i in range(15) if i != 7]
 
@@ -295,7 +295,7 @@ def test_a_process_that_rolls_back_the_transaction_is_refused_naming_its_own_err
     assert isinstance(err.value.__cause__, ValueError) and "savepoint" not in str(err.value.__context__)
     # and nothing is lost: the checkpoint is at the last finished chunk, with its writes kept
     with store.open() as s:
-        row = s.load(JOB, SLOT)
+        row = s.checkpoints.load(JOB, SLOT)
     assert (row.status, row.position) == ("failed", 4) and "TransactionRefused" in row.last_error
     assert Sink(set(), transactional=True).written(store) == [0, 1, 2, 3, 4]
     assert letters(store) == []
@@ -324,7 +324,7 @@ def test_a_rollback_sent_as_sql_inside_a_savepoint_is_refused_before_it_undoes_a
     text = str(err.value)
     assert "a ROLLBACK statement was sent through ctx.transaction()" in text and f"job='{JOB}'" in text
     with store.open() as s:
-        row = s.load(JOB, SLOT)
+        row = s.checkpoints.load(JOB, SLOT)
         items = sorted(r[0] for r in s.execute("SELECT item FROM sink").fetchall())
     assert (row.status, row.position) == ("failed", 4)
     assert items == [0, 1, 2, 3, 4]

@@ -61,7 +61,7 @@ def _longest_gap(store: SQLiteStore, job: str, slot: str) -> tuple[float, int]:
     """The longest time the slot's lease went unrenewed while its run held it (from taking the
     lease, through each renewal, to the final status), and how many renewals there were."""
     with store.open() as s:
-        row = s.load(job, slot)
+        row = s.checkpoints.load(job, slot)
         at = [r[0] for r in s.execute("SELECT at FROM renewals WHERE slot = %s ORDER BY at", (slot,)).fetchall()]
         s.commit()
     assert row is not None and row.lease_acquired_at is not None and row.updated_at is not None
@@ -85,13 +85,13 @@ def _wait_for(predicate, deadline_s: float, what: str) -> None:
 
 def _processed(store: SQLiteStore, job: str, slot: str) -> int:
     with store.open() as s:
-        row = s.load(job, slot)
+        row = s.checkpoints.load(job, slot)
     return row.processed if row else 0
 
 
 def _status(store: SQLiteStore, job: str, slot: str) -> str | None:
     with store.open() as s:
-        row = s.load(job, slot)
+        row = s.checkpoints.load(job, slot)
     return row.status if row else None
 
 

@@ -88,7 +88,7 @@ def test_executescript_through_the_transaction_is_refused_and_writes_nothing(tmp
     assert JOB in text and SLOT in text and "execute" in text
     assert _sink(store) == (0, 0)
     with store.open() as s:
-        assert s.load(JOB, SLOT).status == "failed"
+        assert s.checkpoints.load(JOB, SLOT).status == "failed"
 
 
 def test_executescript_on_a_cursor_of_the_transaction_is_refused_too(tmp_path) -> None:
@@ -150,7 +150,7 @@ def test_a_final_status_the_locked_file_refuses_is_logged_with_the_error_and_wha
     assert "could not record status failed" in text and "injected handler failure" in text
     assert f"job={JOB}" in text and f"slot={SLOT}" in text and "resumes from the last checkpoint" in text
     with store.open() as s:
-        assert s.load(JOB, SLOT).status == "running"  # as the log says
+        assert s.checkpoints.load(JOB, SLOT).status == "running"  # as the log says
 
 
 @pytest.mark.parametrize(
@@ -250,3 +250,9 @@ def test_an_in_memory_or_empty_sqlite_path_is_a_configuration_error_with_the_fix
     with pytest.raises(ConfigurationError, match="needs a file path") as caught:
         SQLiteStore(path)
     assert "absolute file path" in str(caught.value)
+
+
+def test_named_and_positional_placeholders_are_translated_for_sqlite() -> None:
+    from airflow_resumable.core.stores.dialect import to_qmark
+
+    assert to_qmark("job = %(job)s AND slot = %s AND note LIKE '5%%'") == "job = :job AND slot = ? AND note LIKE '5%'"

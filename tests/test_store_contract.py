@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import re
 
 import pytest
 
 from airflow_resumable.core.checkpoint import Status
 from airflow_resumable.core.errors import CorruptCheckpoint, LeaseLost, SchemaVersionError
+from airflow_resumable.core.fence import Fence
 from airflow_resumable.core.stores import SCHEMA_VERSION, Store
 from airflow_resumable.core.tables import CHECKPOINTS
 
@@ -15,7 +18,7 @@ JOB, SLOT = "export", "2026-01-01T12:00:00+00:00"
 
 
 def acquire(session, owner: str = "a", lease: float = 30.0, slot: str = SLOT):
-    got = session.acquire(JOB, slot, owner, lease)
+    got = session.leases.acquire(JOB, slot, owner, lease)
     assert got is not None, "the lease should have been free"
     return got
 
@@ -48,8 +51,8 @@ def test_first_acquire_creates_the_row_and_a_save_round_trips_json(store: Store)
         row, created = acquire(s)
         assert created and row.lease_owner == "a" and row.lease_token == 1 and row.status == "running"
         position = [42, "2026-01-01", {"k": [1, 2.5, None, True]}]
-        s.save(JOB, SLOT, "a", 1, position=json.dumps(position), state=json.dumps({"total": 7}), processed=10, total=30)
-        got = s.load(JOB, SLOT)
+        s.checkpoints.save(Fence(JOB, SLOT, "a", 1), position=json.dumps(position), state=json.dumps({"total": 7}), processed=10, total=30)
+        got = s.checkpoints.load(JOB, SLOT)
         assert got.position == position and got.state == {"total": 7}
         assert (got.processed, got.total) == (10, 30)
         assert got.updated_at is not None and got.updated_at.tzinfo is not None
@@ -59,7 +62,7 @@ def test_a_live_lease_is_not_taken_and_an_expired_one_is(store: Store) -> None:
     with store.open() as s:
         s.ensure_schema()
         acquire(s, owner="a", lease=30)
-        assert s.acquire(JOB, SLOT, "b", 30) is None
+        assert s.leases.acquire(JOB, SLOT, "b", 30) is None
         # the holder's lease lapses (as after a crash): shorten it in the database's own clock
         s.execute(f"UPDATE resumable_checkpoints SET lease_expires_at = {s.d.now()} WHERE job = %s", (JOB,))
         s.commit()
@@ -71,18 +74,18 @@ def test_fencing_rejects_the_stale_holder_and_keeps_the_new_one(store: Store) ->
     with store.open() as s:
         s.ensure_schema()
         acquire(s, owner="a")
-        s.save(JOB, SLOT, "a", 1, position="5", state="{}", processed=5, total=None)
+        s.checkpoints.save(Fence(JOB, SLOT, "a", 1), position="5", state="{}", processed=5, total=None)
         s.execute(f"UPDATE resumable_checkpoints SET lease_expires_at = {s.d.now()} WHERE job = %s", (JOB,))
         s.commit()
         acquire(s, owner="b")
-        s.save(JOB, SLOT, "b", 2, position="8", state="{}", processed=8, total=None)
+        s.checkpoints.save(Fence(JOB, SLOT, "b", 2), position="8", state="{}", processed=8, total=None)
         with pytest.raises(LeaseLost):
-            s.save(JOB, SLOT, "a", 1, position="6", state="{}", processed=6, total=None)
+            s.checkpoints.save(Fence(JOB, SLOT, "a", 1), position="6", state="{}", processed=6, total=None)
         with pytest.raises(LeaseLost):
-            s.heartbeat(JOB, SLOT, "a", 1, 30)
+            s.leases.heartbeat(Fence(JOB, SLOT, "a", 1), 30)
         with pytest.raises(LeaseLost):
-            s.finish(JOB, SLOT, "a", 1, status=Status.FAILED, last_error="stale")
-        row = s.load(JOB, SLOT)
+            s.checkpoints.finish(Fence(JOB, SLOT, "a", 1), status=Status.FAILED, last_error="stale")
+        row = s.checkpoints.load(JOB, SLOT)
         assert row.position == 8 and row.lease_owner == "b" and row.last_error is None
 
 
@@ -96,7 +99,7 @@ def test_a_rejected_save_rolls_back_the_chunk_writes_made_beside_it(store: Store
         s.commit()
         s._execute("INSERT INTO sink (item) VALUES (1)")
         with pytest.raises(LeaseLost):
-            s.save(JOB, SLOT, "a", 1, position="1", state="{}", processed=1, total=None)
+            s.checkpoints.save(Fence(JOB, SLOT, "a", 1), position="1", state="{}", processed=1, total=None)
         cur = s.conn.cursor()
         cur.execute("SELECT count(*) FROM sink")
         assert cur.fetchone()[0] == 0
@@ -106,22 +109,22 @@ def test_heartbeat_extends_the_lease_and_carries_cancel_requests(store: Store) -
     with store.open() as s:
         s.ensure_schema()
         row, _ = acquire(s, lease=5)
-        assert s.heartbeat(JOB, SLOT, "a", 1, 60) is None
-        extended = s.load(JOB, SLOT)
+        assert s.leases.heartbeat(Fence(JOB, SLOT, "a", 1), 60) is None
+        extended = s.checkpoints.load(JOB, SLOT)
         assert (extended.lease_expires_at - row.lease_expires_at).total_seconds() > 50
-        assert s.request_cancel(JOB, SLOT, "superseded")
-        assert s.heartbeat(JOB, SLOT, "a", 1, 60) == "superseded"
+        assert s.requests.cancel(JOB, SLOT, "superseded")
+        assert s.leases.heartbeat(Fence(JOB, SLOT, "a", 1), 60) == "superseded"
 
 
 def test_finish_records_the_outcome_and_releases_the_lease(store: Store) -> None:
     with store.open() as s:
         s.ensure_schema()
         acquire(s)
-        row = s.finish(JOB, SLOT, "a", 1, status=Status.CANCELLED, last_error="cancelled: timeout", stop_reason="timeout")
+        row = s.checkpoints.finish(Fence(JOB, SLOT, "a", 1), status=Status.CANCELLED, last_error="cancelled: timeout", stop_reason="timeout")
         assert (row.status, row.cancel_reason, row.last_error) == ("cancelled", "timeout", "cancelled: timeout")
         assert row.lease_owner is None and row.lease_expires_at is None and row.finished_at is None
         acquire(s, owner="b")  # free for the next attempt at once
-        done = s.finish(JOB, SLOT, "b", 2, status=Status.DONE)
+        done = s.checkpoints.finish(Fence(JOB, SLOT, "b", 2), status=Status.DONE)
         assert done.status == "done" and done.finished_at is not None
         assert done.last_error is None and done.cancel_reason is None, "a finished run carries no stale error"
 
@@ -130,14 +133,14 @@ def test_start_resumes_or_resets(store: Store) -> None:
     with store.open() as s:
         s.ensure_schema()
         acquire(s)
-        s.start(JOB, SLOT, "a", 1, 1, reset=True, resumed_from=None)
-        s.save(JOB, SLOT, "a", 1, position="3", state='{"t": 1}', processed=3, total=9)
-        s.finish(JOB, SLOT, "a", 1, status=Status.FAILED, last_error="boom")
+        s.checkpoints.start(Fence(JOB, SLOT, "a", 1), 1, reset=True, resumed_from=None)
+        s.checkpoints.save(Fence(JOB, SLOT, "a", 1), position="3", state='{"t": 1}', processed=3, total=9)
+        s.checkpoints.finish(Fence(JOB, SLOT, "a", 1), status=Status.FAILED, last_error="boom")
         acquire(s, owner="b")
-        resumed, _ = s.start(JOB, SLOT, "b", 2, 2, reset=False, resumed_from="3")
+        resumed, _ = s.checkpoints.start(Fence(JOB, SLOT, "b", 2), 2, reset=False, resumed_from="3")
         assert (resumed.position, resumed.processed, resumed.attempt, resumed.attempts) == (3, 3, 2, 2)
         assert resumed.resumed_from == 3 and resumed.last_error == "boom"
-        reset, _ = s.start(JOB, SLOT, "b", 2, 2, reset=True, resumed_from=None)
+        reset, _ = s.checkpoints.start(Fence(JOB, SLOT, "b", 2), 2, reset=True, resumed_from=None)
         assert (reset.position, reset.state, reset.processed, reset.total, reset.attempts) == (None, {}, 0, None, 1)
         assert reset.runs == 2 and reset.last_error is None
 
@@ -148,9 +151,9 @@ def test_live_others_lists_only_other_live_slots_of_the_job(store: Store) -> Non
         acquire(s, owner="a", slot="s1")
         acquire(s, owner="b", slot="s2")
         acquire(s, owner="c", slot="s3")
-        s.finish(JOB, "s3", "c", 1, status=Status.DONE)
-        assert s.acquire("other-job", "s1", "x", 30) is not None
-        assert [o.slot for o in s.live_others(JOB, "s2")] == ["s1"]
+        s.checkpoints.finish(Fence(JOB, "s3", "c", 1), status=Status.DONE)
+        assert s.leases.acquire("other-job", "s1", "x", 30) is not None
+        assert [o.slot for o in s.listings.live_others(JOB, "s2")] == ["s1"]
 
 
 def test_list_slots_is_newest_run_first_whichever_checkpointed_last(store: Store) -> None:
@@ -158,11 +161,11 @@ def test_list_slots_is_newest_run_first_whichever_checkpointed_last(store: Store
         s.ensure_schema()
         for i in range(3):
             acquire(s, owner=f"o{i}", slot=f"s{i}")
-            s.save(JOB, f"s{i}", f"o{i}", 1, position=str(i), state="{}", processed=i, total=None)
+            s.checkpoints.save(Fence(JOB, f"s{i}", f"o{i}", 1), position=str(i), state="{}", processed=i, total=None)
         # the oldest run checkpoints last: the listing's order (by the run's start) does not change,
         # which is what lets checkpoints be in-place updates (no index covers updated_at)
-        s.save(JOB, "s0", "o0", 1, position="9", state="{}", processed=9, total=None)
-        assert [r.slot for r in s.list_slots(JOB, limit=2)] == ["s2", "s1"]
+        s.checkpoints.save(Fence(JOB, "s0", "o0", 1), position="9", state="{}", processed=9, total=None)
+        assert [r.slot for r in s.listings.list_slots(JOB, limit=2)] == ["s2", "s1"]
 
 
 def test_an_unreadable_row_is_reported_with_job_and_slot_and_left_alone(store: Store) -> None:
@@ -172,12 +175,12 @@ def test_an_unreadable_row_is_reported_with_job_and_slot_and_left_alone(store: S
         s._execute("UPDATE resumable_checkpoints SET position = %s WHERE job = %s", ("{not json", JOB))
         s.commit()
         with pytest.raises(CorruptCheckpoint) as err:
-            s.load(JOB, SLOT)
+            s.checkpoints.load(JOB, SLOT)
         assert JOB in str(err.value) and SLOT in str(err.value) and "DELETE FROM resumable_checkpoints" in str(err.value)
         s.execute(f"UPDATE resumable_checkpoints SET lease_expires_at = {s.d.now()} WHERE job = %s", (JOB,))
         s.commit()
         with pytest.raises(CorruptCheckpoint):
-            s.acquire(JOB, SLOT, "next", 30)  # an attempt finds it unreadable...
+            s.leases.acquire(JOB, SLOT, "next", 30)  # an attempt finds it unreadable...
         cur = s.conn.cursor()
         cur.execute("SELECT lease_owner, position FROM resumable_checkpoints WHERE job = 'export'")
         assert cur.fetchone() == (None, "{not json"), "...keeps no lease on it and leaves it as it was"
@@ -194,7 +197,7 @@ def test_rows_read_back_equal_the_dataclass_built_the_usual_way(store: Store) ->
     with store.open() as s:
         s.ensure_schema()
         acquire(s)
-        row = s.load(JOB, SLOT)
+        row = s.checkpoints.load(JOB, SLOT)
     assert [f.name for f in dataclasses.fields(Checkpoint)] == list(CHECKPOINTS.names)
     assert row == Checkpoint(**{f.name: getattr(row, f.name) for f in dataclasses.fields(Checkpoint)})
     with pytest.raises(dataclasses.FrozenInstanceError):
@@ -211,11 +214,11 @@ def test_the_delete_statement_of_a_corrupt_row_is_valid_sql_whatever_the_names_c
     # Given an unreadable row of a job whose name has quotes, a backslash or a line break
     with store.open() as s:
         s.ensure_schema()
-        assert s.acquire(job, SLOT, "a", 30) is not None
+        assert s.leases.acquire(job, SLOT, "a", 30) is not None
         s._execute("UPDATE resumable_checkpoints SET position = %s WHERE job = %s", ("{not json", job))
         s.commit()
         with pytest.raises(CorruptCheckpoint) as err:
-            s.load(job, SLOT)
+            s.checkpoints.load(job, SLOT)
         # When a person runs the statement the error prints
         statement = re.search(r"DELETE FROM .*", err.value.hint, re.S).group(0)
         assert "\n" not in statement and "\t" not in statement, "one line, whatever the names contain"
@@ -227,7 +230,7 @@ def test_the_delete_statement_of_a_corrupt_row_is_valid_sql_whatever_the_names_c
             s.conn.cursor().execute(statement)
         s.commit()
         # Then exactly that row is gone
-        assert s.load(job, SLOT) is None
+        assert s.checkpoints.load(job, SLOT) is None
 
 
 def test_sql_literals_double_their_quotes() -> None:
@@ -255,18 +258,41 @@ def test_listings_find_a_task_instances_slot_and_what_each_slot_would_take(store
     run_slot(store, "b.export", "dag_b")  # done
     with store.open() as s:
         s.ensure_schema()
-        assert s.dag_ids() == {"dag_a", "dag_b"}
-        assert [r.job for r in s.recent()] == ["b.export", "a.export"]
-        assert [r.job for r in s.recent(dag_ids={"dag_a"})] == ["a.export"]
-        assert [r.job for r in s.recent(status="done")] == ["b.export"] and s.recent(dag_ids=set()) == []
-        assert s.find("dag_a", "export", "run_1", -1).job == "a.export"
-        assert s.find("dag_a", "export", "run_2", -1) is None
-        assert s.offers("a.export", "2026-02-01T00:00:00+00:00") == {
+        assert s.listings.dag_ids() == {"dag_a", "dag_b"}
+        assert [r.job for r in s.listings.recent()] == ["b.export", "a.export"]
+        assert [r.job for r in s.listings.recent(dag_ids={"dag_a"})] == ["a.export"]
+        assert [r.job for r in s.listings.recent(status="done")] == ["b.export"] and s.listings.recent(dag_ids=set()) == []
+        assert s.listings.find("dag_a", "export", "run_1", -1).job == "a.export"
+        assert s.listings.find("dag_a", "export", "run_2", -1) is None
+        assert s.requests.offers("a.export", "2026-02-01T00:00:00+00:00") == {
             "pause": True, "resume": False, "cancel": False, "restart": True, "release": False}
-        assert s.offers("b.export", "2026-02-01T00:00:00+00:00") == {
+        assert s.requests.offers("b.export", "2026-02-01T00:00:00+00:00") == {
             "pause": False, "resume": False, "cancel": False, "restart": True, "release": False}
-        assert s.offers("nope", "x") is None
+        assert s.requests.offers("nope", "x") is None
         # A live holder: it takes pause and cancel, not restart or release
         acquire(s, owner="live", slot="live-slot")
-        assert s.offers(JOB, "live-slot") == {
+        assert s.requests.offers(JOB, "live-slot") == {
             "pause": True, "resume": False, "cancel": True, "restart": False, "release": False}
+
+
+def test_a_fence_is_made_from_the_acquired_row_and_only_from_a_leased_one(store: Store) -> None:
+    with store.open() as s:
+        s.ensure_schema()
+        row, _ = acquire(s)
+        fence = Fence.of(row)
+        assert fence == Fence(JOB, SLOT, "a", 1)
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            fence.token = 2  # type: ignore[misc]
+        released = s.checkpoints.finish(fence, status=Status.DONE)
+        with pytest.raises(ValueError, match=re.escape(f"job '{JOB}' slot '{SLOT}' holds no lease")):
+            Fence.of(released)
+
+
+def test_the_checkpoint_statement_is_built_once_per_dialect_not_per_call(store: Store) -> None:
+    fence = Fence(JOB, SLOT, "a", 1)
+    with store.open() as one, store.open() as two:
+        first, params = one.checkpoints.save_statement(fence, position="1", state="{}", processed=1, total=None)
+        again, _ = two.checkpoints.save_statement(fence, position="2", state="{}", processed=2, total=None)
+        assert again is first, "the hot path's SQL text is one object for the dialect"
+        assert "%(" not in first if store.dialect.marker == "?" else ":job" not in first
+        assert params == {"position": "1", "state": "{}", "processed": 1, "total": None, **fence.params()}

@@ -10,6 +10,7 @@ from typing import Any
 from airflow_resumable.core.attempt_state import AttemptState
 from airflow_resumable.core.checkpoint import AttemptEnd, Checkpoint, Status, encode
 from airflow_resumable.core.errors import Cancelled, LeaseBusy, OverlapSkip, OverlapWait
+from airflow_resumable.core.fence import Fence
 from airflow_resumable.core.lease import STOP_POLL, stop_requested
 from airflow_resumable.core.rules import Action
 from airflow_resumable.core.signal import Reason
@@ -24,10 +25,11 @@ class Acquiring(AttemptState):
         deadline = time.monotonic() + self.options.effective_lease_wait
         announced = False
         while True:
-            got = session.acquire(self.job, self.slot, self.owner, self.options.lease)
+            got = session.leases.acquire(self.job, self.slot, self.owner, self.options.lease)
             if got is not None:
+                self._fence = Fence.of(got[0])
                 return got
-            holder = session.load(self.job, self.slot)
+            holder = session.checkpoints.load(self.job, self.slot)
             if time.monotonic() >= deadline:
                 raise LeaseBusy(
                     f"another attempt ({holder.lease_owner if holder else '?'}) still holds this slot's "
@@ -77,7 +79,7 @@ class Acquiring(AttemptState):
             return
         mine = (_run_started(row), row.slot)
         others = [
-            o for o in session.live_others(self.job, self.slot)
+            o for o in session.listings.live_others(self.job, self.slot)
             if policy == "replace" or (_run_started(o), o.slot) < mine
         ]
         if not others:
@@ -86,11 +88,11 @@ class Acquiring(AttemptState):
         if policy == "replace":
             for other in others:
                 if other.status == Status.PAUSED:  # nothing runs it: cancel it at once, its waiting task ends
-                    session.request(self.job, other.slot, Action.CANCEL, by=f"a newer run (slot {self.slot})",
-                                    outcome=AttemptEnd.CANCEL_REQUESTED, reason=Reason.SUPERSEDED,
-                                    note="superseded by a newer run")
+                    session.requests.apply(self.job, other.slot, Action.CANCEL, by=f"a newer run (slot {self.slot})",
+                                           outcome=AttemptEnd.CANCEL_REQUESTED, reason=Reason.SUPERSEDED,
+                                           note="superseded by a newer run")
                 else:
-                    session.request_cancel(self.job, other.slot, Reason.SUPERSEDED.value)
+                    session.requests.cancel(self.job, other.slot, Reason.SUPERSEDED.value)
             self.log.warning(
                 "asked the live run(s) of slot(s) %s to stop at their next chunk boundary (superseded) "
                 "[job=%s slot=%s]", ", ".join(slots), self.job, self.slot,
@@ -99,7 +101,7 @@ class Acquiring(AttemptState):
         # A skip is history; a wait re-checks every overlap_poke and would flood it.
         skipped = self._unstarted(AttemptEnd.SKIPPED, row, error=f"overlap {policy}: an earlier run is live "
                                   f"(slot {', '.join(slots)})")
-        session.release(self.job, self.slot, self.owner, delete=created, record=None if policy == "wait" else skipped)
+        session.leases.release(self.fence, delete=created, record=None if policy == "wait" else skipped)
         error = OverlapSkip if policy == "skip" else OverlapWait
         raise error(
             f"an earlier run of this job is still running (slot {', '.join(slots)}); overlap policy is {policy!r}",
@@ -110,7 +112,7 @@ class Acquiring(AttemptState):
 
     def _release(self, session: StoreSession, created: bool) -> None:
         """Give the lease back without touching the row's progress (an overlap decision)."""
-        session.release(self.job, self.slot, self.owner, delete=created)
+        session.leases.release(self.fence, delete=created)
 
     def _why_run_again(self, row: Checkpoint) -> str | None:
         """Why a ``done`` slot runs again: someone asked (restart, or the embedding says so), else None."""
@@ -136,7 +138,7 @@ class Acquiring(AttemptState):
         chunk boundary. ``start()`` kept the request for exactly this."""
         reason = row.cancel_request or Reason.REQUESTED.value
         if reason == Reason.REQUESTED.value:  # the control API recorded who asked
-            asked = [r for r in session.history(self.job, self.slot) if r.outcome == AttemptEnd.CANCEL_REQUESTED]
+            asked = [r for r in session.listings.history(self.job, self.slot) if r.outcome == AttemptEnd.CANCEL_REQUESTED]
             what = f"cancelled by {(asked[-1].requested_by if asked else row.requested_by) or '?'}"
         elif reason == Reason.SUPERSEDED.value:
             what = "superseded by a newer run of the job"
@@ -150,7 +152,6 @@ class Acquiring(AttemptState):
     ) -> tuple[Checkpoint, bool, Any]:
         """Resume the slot's checkpoint, or start it over (fresh, a done slot asked to run again
         ``rerun_because``, or restart asked)."""
-        assert self._token is not None
         has_progress = row.position is not None or row.processed > 0 or bool(row.state)
         where = f"[job={self.job} slot={self.slot} attempt={self.attempt}]"
         if created or (not has_progress and row.status != Status.DONE.value):
@@ -174,13 +175,13 @@ class Acquiring(AttemptState):
                 row.status, f", {row.cancel_reason}" if row.cancel_reason else "", self.job, self.slot,
             )
             resumed_from = encode(row.position, what="position", job=self.job, slot=self.slot)
-            resumed, self._record_id = session.start(
-                self.job, self.slot, self.owner, self._token, self.attempt, reset=False, resumed_from=resumed_from,
+            resumed, self._record_id = session.checkpoints.start(
+                self.fence, self.attempt, reset=False, resumed_from=resumed_from,
                 record=self._record(resumed_from=row.position),
             )
             return resumed, True, row.position
-        fresh, self._record_id = session.start(
-            self.job, self.slot, self.owner, self._token, self.attempt, reset=True, resumed_from=None,
+        fresh, self._record_id = session.checkpoints.start(
+            self.fence, self.attempt, reset=True, resumed_from=None,
             record=self._record(),
         )
         return fresh, False, None

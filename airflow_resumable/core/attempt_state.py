@@ -14,6 +14,7 @@ from typing import Any, Unpack
 from airflow_resumable.core.checkpoint import AttemptEnd, AttemptRecord, Checkpoint, Origin
 from airflow_resumable.core.context import RunContext
 from airflow_resumable.core.errors import AttemptEnded, ConfigurationError
+from airflow_resumable.core.fence import Fence
 from airflow_resumable.core.identity import Hooks, Identity, LegacyArgs, split_legacy
 from airflow_resumable.core.lease import LeaseKeeper
 from airflow_resumable.core.options import MAX_KEY_BYTES, Options, key_problem
@@ -75,7 +76,8 @@ class AttemptState:
         self._record_id: int | None = None
         self._started = time.monotonic()
         self._session: StoreSession | None = None
-        self._token: int | None = None
+        #: The lease this attempt holds, once acquired (see :attr:`fence`).
+        self._fence: Fence | None = None
         self._meter: ProgressMeter | None = None
         self._ctx: RunContext | None = None
         #: This attempt's progress, one owner (see core/tally.py); set once the handler starts.
@@ -87,6 +89,12 @@ class AttemptState:
         # refuses to write, whichever thread still holds it.
         self._ended = False
         self._lock = threading.Lock()
+
+    @property
+    def fence(self) -> Fence:
+        """The lease this attempt holds: every write it makes names it. Set when the lease is acquired."""
+        assert self._fence is not None, "the attempt has not acquired its lease"
+        return self._fence
 
     @property
     def scheduled_at(self) -> datetime | None:
@@ -112,7 +120,7 @@ class AttemptState:
             job=self.job, slot=self.slot, attempt=self.attempt, owner=self.owner, host=socket.gethostname(),
             pid=os.getpid(),
             dag_id=o.dag_id, task_id=o.task_id, run_id=o.run_id, map_index=o.map_index,
-            lease_token=self._token or 0, outcome=end.value, **fields,
+            lease_token=self._fence.token if self._fence else 0, outcome=end.value, **fields,
         )
 
     def _unstarted(self, end: AttemptEnd, row: Checkpoint, **fields: Any) -> AttemptRecord:

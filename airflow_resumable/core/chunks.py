@@ -50,7 +50,7 @@ class Chunks(AttemptState):
             AttemptEnded: the handler already returned; nothing was written.
             LeaseLost: another attempt holds the slot; nothing was committed.
         """
-        assert self._session is not None and self._token is not None and self._tally is not None
+        assert self._session is not None and self._fence is not None and self._tally is not None
         with self._lock:
             if self._ended:
                 raise self._ended_error("ctx.checkpoint()")
@@ -63,10 +63,8 @@ class Chunks(AttemptState):
                 self._writer.submit(position=position, state=state, processed=processed, total=total)
                 return
             began = time.perf_counter()
-            self._session.save(
-                self.job, self.slot, self.owner, self._token, position=position, state=state, processed=processed,
-                total=total,
-            )
+            self._session.checkpoints.save(self._fence, position=position, state=state, processed=processed,
+                                           total=total)
             self._tally.save_seconds = time.perf_counter() - began
             self._tally.durable = (processed, total)
 
@@ -82,7 +80,7 @@ class Chunks(AttemptState):
             return
         processed, total = tally.durable
         if self.reporter.due(processed, total):
-            stored = self._session.load(self.job, self.slot) or tally.row
+            stored = self._session.checkpoints.load(self.job, self.slot) or tally.row
             self.reporter.on_checkpoint(stored, self._meter.measure(processed, total, save_seconds=tally.save_seconds))
 
     def _between_chunks(self) -> None:

@@ -19,7 +19,7 @@ from airflow_resumable.core.identity import Identity
 from airflow_resumable.core.progress import Log
 from airflow_resumable.core.signal import Signal
 from airflow_resumable.core.statements import ending_statement
-from airflow_resumable.core.stores.base import Dialect
+from airflow_resumable.core.stores.dialect import Dialect
 from airflow_resumable.core.tally import Tally
 
 #: The largest count the checkpoint table's BIGINT columns hold.

@@ -112,7 +112,7 @@ def _request(store: Store, job: str, slot: str, action: Action, outcome: Attempt
     _check_keys(job, slot)
     with store.open(autocommit=True) as session:
         session.ensure_schema()
-        row = session.request(job, slot, action, by=by, outcome=outcome, force=force)
+        row = session.requests.apply(job, slot, action, by=by, outcome=outcome, force=force)
         if row is None:
             raise _refused(session, job, slot, action, force=force)
         return row
@@ -168,7 +168,7 @@ def _check_keys(job: str, slot: str) -> None:
 def _refused(session: StoreSession, job: str, slot: str, action: Action, *, force: bool) -> Exception:
     """Why the row did not take ``action``, read after the refused write (which changed nothing):
     the refusal the rules give for the row as it is now."""
-    row = session.load(job, slot)
+    row = session.checkpoints.load(job, slot)
     if row is None:
         return not_found(job, slot)
     found = rules.decide(action, rules.slot_of(row, _now(row)), force=force)

@@ -60,7 +60,7 @@ class Finishing(AttemptState):
             row.finished_at.isoformat() if row.finished_at else "?", row.run_id or "?", row.attempt,
             f", {row.dag_id}.{row.task_id}" if row.dag_id else "", self.job, self.slot, self.attempt,
         )
-        session.release(self.job, self.slot, self.owner, record=self._unstarted(AttemptEnd.ALREADY_DONE, row))
+        session.leases.release(self.fence, record=self._unstarted(AttemptEnd.ALREADY_DONE, row))
         released = dataclasses.replace(row, lease_owner=None, lease_expires_at=None)
         self.reporter.on_finish(released)
         return Outcome(result=result, checkpoint=released, resumed_from=None, already_done=True)
@@ -69,11 +69,10 @@ class Finishing(AttemptState):
         self, session: StoreSession, status: Status, *, error: str | None = None, stop_reason: str | None = None,
         result: str | None = None, resume_in: float | None = None,
     ) -> Checkpoint:
-        assert self._token is not None
         total = self._tally.total if self._tally is not None else None
         try:
-            final = session.finish(
-                self.job, self.slot, self.owner, self._token, status=status, last_error=error,
+            final = session.checkpoints.finish(
+                self.fence, status=status, last_error=error,
                 stop_reason=stop_reason, total=total, result=result, record_id=self._record_id,
                 resume_in=resume_in,
             )
@@ -138,8 +137,8 @@ class Finishing(AttemptState):
         if self._record_id is None:
             return
         try:
-            session.end_record(self._record_id, AttemptEnd.LEASE_LOST, error=_error_text(exc),
-                               stop_reason=Reason.LEASE_LOST.value)
+            session.checkpoints.end_record(self._record_id, AttemptEnd.LEASE_LOST, error=_error_text(exc),
+                                           stop_reason=Reason.LEASE_LOST.value)
         except Exception:  # the history is a record, never a reason to hide the real outcome
             self.log.warning("could not record the lost lease in the attempt history", exc_info=True)
 

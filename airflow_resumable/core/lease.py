@@ -21,6 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from airflow_resumable.core.errors import CheckpointDeleted, LeaseLost
+from airflow_resumable.core.fence import Fence
 from airflow_resumable.core.signal import Reason, Signal
 from airflow_resumable.core.stores.base import Store
 
@@ -58,22 +59,19 @@ def stop_requested() -> tuple[str, str] | None:
 
 
 class LeaseKeeper:
-    """Heartbeats for one (job, slot, owner, token) every ``interval`` seconds until stopped."""
+    """Heartbeats for one attempt's lease (its :class:`Fence`) every ``interval`` seconds until stopped."""
 
     def __init__(
         self,
         store: Store,
+        fence: Fence,
         *,
-        job: str,
-        slot: str,
-        owner: str,
-        token: int,
         lease_seconds: float,
         signal: Signal,
         interval: float | None = None,
     ):
         self.store = store
-        self.job, self.slot, self.owner, self.token = job, slot, owner, token
+        self.fence = fence
         self.lease_seconds = lease_seconds
         self.interval = interval if interval is not None else heartbeat_interval(lease_seconds)
         self.signal = signal
@@ -89,7 +87,7 @@ class LeaseKeeper:
         return self.signal.reason == Reason.LEASE_LOST
 
     def start(self) -> LeaseKeeper:
-        self._thread = threading.Thread(target=self._run, name=f"resumable-lease:{self.job}", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=f"resumable-lease:{self.fence.job}", daemon=True)
         self._thread.start()
         return self
 
@@ -121,7 +119,7 @@ class LeaseKeeper:
                 try:
                     if session is None:
                         session = self.store.session(autocommit=True)
-                    request = session.heartbeat(self.job, self.slot, self.owner, self.token, self.lease_seconds)
+                    request = session.leases.heartbeat(self.fence, self.lease_seconds)
                 except LeaseLost as exc:
                     self.signal.cancel(Reason.LEASE_LOST, exc.message if isinstance(exc, CheckpointDeleted)
                                        else "another attempt took over this slot's lease")

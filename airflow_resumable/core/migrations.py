@@ -20,14 +20,34 @@ that a database migrated from version 1 has exactly the columns a fresh one has.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Any, Protocol
 
 from airflow_resumable.core.errors import SchemaVersionError, StoreUnavailable
 from airflow_resumable.core.tables import ATTEMPTS, CHECKPOINTS, DEAD_LETTERS, META, all_tables
 
-if TYPE_CHECKING:
-    from airflow_resumable.core.stores.base import Dialect, StoreSession
+if TYPE_CHECKING:  # importing the stores package at run time would run stores/base, which imports this module
+    from airflow_resumable.core.stores.dialect import Dialect
+
+
+class _Described(Protocol):
+    def describe(self) -> str: ...
+
+
+class SchemaSession(Protocol):
+    """What a migration needs of a session (:class:`airflow_resumable.core.stores.base.StoreSession`
+    is one): typed here so that this module does not import the store, which runs it."""
+
+    @property
+    def d(self) -> Dialect: ...
+    @property
+    def store(self) -> _Described: ...
+    def execute(self, sql: str, params: Sequence[Any] = ...) -> Any: ...
+    def commit(self) -> None: ...
+    def rollback(self) -> None: ...
+    def transaction(self, *, lock: bool = ...) -> AbstractContextManager[Any]: ...
+    def who(self) -> str: ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,7 +156,7 @@ HOW_TO_MIGRATE = (
 )
 
 
-def current_version(session: StoreSession) -> int | None:
+def current_version(session: SchemaSession) -> int | None:
     """The database's schema version; None for a database without our tables.
 
     Raises:
@@ -172,7 +192,7 @@ def current_version(session: StoreSession) -> int | None:
         ) from None
 
 
-def migrate(session: StoreSession, *, apply: bool = True) -> int:
+def migrate(session: SchemaSession, *, apply: bool = True) -> int:
     """Bring the database to :data:`SCHEMA_VERSION`; return the version it has now.
 
     With ``apply=False`` nothing is changed: an older database raises instead (for workers denied DDL).
@@ -223,7 +243,7 @@ def migrate(session: StoreSession, *, apply: bool = True) -> int:
     return version
 
 
-def plan(session: StoreSession) -> list[str]:
+def plan(session: SchemaSession) -> list[str]:
     """The SQL :func:`migrate` would run on this database, without running it."""
     version = current_version(session)
     if version is None:
@@ -249,7 +269,7 @@ def _stamp_sql(d: Dialect, version: int) -> str:
     )
 
 
-def _step(session: StoreSession, target: int | None, statements: Callable[[Dialect], list[str]], what: str) -> int:
+def _step(session: SchemaSession, target: int | None, statements: Callable[[Dialect], list[str]], what: str) -> int:
     """One step in one transaction, under the lock; skipped when another process did it meanwhile."""
     d = session.d
     with session.transaction(lock=True):
@@ -279,7 +299,7 @@ def _shape_sql() -> str:
     return f"SELECT 1 FROM {empty}"
 
 
-def _check_shape(session: StoreSession, version: int) -> None:
+def _check_shape(session: SchemaSession, version: int) -> None:
     """Refuse tables that do not have the columns of the ``version`` the stamp records.
 
     Raises:
@@ -332,7 +352,7 @@ def _check_shape(session: StoreSession, version: int) -> None:
     raise failure  # pragma: no cover - every table looks whole: the driver's error says what else failed
 
 
-def _columns(session: StoreSession, table: str) -> list[str] | None:
+def _columns(session: SchemaSession, table: str) -> list[str] | None:
     """The table's column names as the database has them (None: no such table), from the cursor's
     description: the same on every DB-API driver."""
     try:
@@ -353,14 +373,14 @@ def _is_missing_column(exc: BaseException) -> bool:
     return "no such column" in text or ("column" in text and "does not exist" in text)
 
 
-def _read(session: StoreSession, sql: str) -> str | None:
+def _read(session: SchemaSession, sql: str) -> str | None:
     cur = session.execute(sql)
     row = cur.fetchone()
     session.commit()
     return None if row is None else row[0]
 
 
-def _exists(session: StoreSession, table: str) -> bool:
+def _exists(session: SchemaSession, table: str) -> bool:
     try:
         session.execute(f"SELECT 1 FROM {table} WHERE 1 = 0").fetchall()
         session.commit()

@@ -38,8 +38,10 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from airflow_resumable.core.errors import LeaseLost
+from airflow_resumable.core.fence import Fence
 from airflow_resumable.core.signal import Reason, Signal
-from airflow_resumable.core.stores.base import Store, StoreSession, save_rejected
+from airflow_resumable.core.stores.base import Store, StoreSession
+from airflow_resumable.core.stores.connection import save_rejected
 from airflow_resumable.core.tally import Tally
 
 #: The writer thread's name starts with this (tests and debuggers tell it apart by it).
@@ -49,24 +51,24 @@ _LOST = "another attempt took over this slot's lease (a checkpoint was rejected)
 
 
 def checkpoint_writer(
-    store: Store, session: StoreSession, *, job: str, slot: str, owner: str, token: int, signal: Signal, tally: Tally
+    store: Store, session: StoreSession, fence: Fence, *, signal: Signal, tally: Tally
 ) -> CheckpointWriter:
     """The writer for one attempt's pipelined checkpoints: :class:`NoWaitWriter` where the store's
     driver can send without waiting, else :class:`ThreadWriter`. Its connection opens now and
     connects while the first chunk runs."""
     conn = store.connect_nowait(like=session.conn)
     if conn is None:
-        return ThreadWriter(store, job=job, slot=slot, owner=owner, token=token, signal=signal, tally=tally)
-    return NoWaitWriter(store, session, conn, job=job, slot=slot, owner=owner, token=token, signal=signal,
-                        tally=tally)
+        return ThreadWriter(store, fence, signal=signal, tally=tally)
+    return NoWaitWriter(store, session, conn, fence, signal=signal, tally=tally)
 
 
 class CheckpointWriter(abc.ABC):
     """Writes one attempt's checkpoints while its handler goes on, one in flight at most."""
 
-    def __init__(self, store: Store, *, job: str, slot: str, owner: str, token: int, signal: Signal, tally: Tally):
+    def __init__(self, store: Store, fence: Fence, *, signal: Signal, tally: Tally):
         self.store = store
-        self.job, self.slot, self.owner, self.token = job, slot, owner, token
+        #: The lease every checkpoint of the attempt names.
+        self.fence = fence
         self.signal = signal
         #: The attempt's progress: the writer sets its ``durable`` once a checkpoint is committed.
         self.tally = tally
@@ -96,17 +98,16 @@ class CheckpointWriter(abc.ABC):
 
     def _lost(self) -> LeaseLost:
         self.signal.cancel(Reason.LEASE_LOST, _LOST)
-        return save_rejected(self.job, self.slot)
+        return save_rejected(self.fence.job, self.fence.slot)
 
 
 class NoWaitWriter(CheckpointWriter):
     """Sends each checkpoint on a connection that does not wait for the answer, and collects the
     answer when the next checkpoint (or the attempt's end) comes: all on the handler's thread."""
 
-    def __init__(self, store: Store, session: StoreSession, conn: Any, *, job: str, slot: str, owner: str, token: int,
-                 signal: Signal, tally: Tally):
-        super().__init__(store, job=job, slot=slot, owner=owner, token=token, signal=signal, tally=tally)
-        self._statement: Callable[..., tuple[str, tuple[Any, ...]]] = session.save_statement
+    def __init__(self, store: Store, session: StoreSession, conn: Any, fence: Fence, *, signal: Signal, tally: Tally):
+        super().__init__(store, fence, signal=signal, tally=tally)
+        self._statement: Callable[..., tuple[str, dict[str, Any]]] = session.checkpoints.save_statement
         self._like = session.conn
         self._conn: Any = conn
         self._connected = False
@@ -115,8 +116,7 @@ class NoWaitWriter(CheckpointWriter):
 
     def submit(self, *, position: str, state: str, processed: int, total: int | None) -> None:
         self.flush()
-        sql, params = self._statement(self.job, self.slot, self.owner, self.token, position=position, state=state,
-                                      processed=processed, total=total)
+        sql, params = self._statement(self.fence, position=position, state=state, processed=processed, total=total)
         try:
             if self._conn is None:  # the last one broke: start another
                 self._conn = self.store.connect_nowait(like=self._like)
@@ -164,8 +164,8 @@ class NoWaitWriter(CheckpointWriter):
 class ThreadWriter(CheckpointWriter):
     """Writes one attempt's checkpoints on its own thread and connection."""
 
-    def __init__(self, store: Store, *, job: str, slot: str, owner: str, token: int, signal: Signal, tally: Tally):
-        super().__init__(store, job=job, slot=slot, owner=owner, token=token, signal=signal, tally=tally)
+    def __init__(self, store: Store, fence: Fence, *, signal: Signal, tally: Tally):
+        super().__init__(store, fence, signal=signal, tally=tally)
         # One thread: the session is opened, used and closed on it (SQLite connections belong to
         # the thread that opened them).
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=THREAD_PREFIX)
@@ -195,8 +195,8 @@ class ThreadWriter(CheckpointWriter):
         if self._session is None:
             self._session = self.store.session(autocommit=True)
         try:
-            self._session.save(self.job, self.slot, self.owner, self.token, position=position, state=state,
-                               processed=processed, total=total)
+            self._session.checkpoints.save(self.fence, position=position, state=state, processed=processed,
+                                           total=total)
         except LeaseLost:
             self.signal.cancel(Reason.LEASE_LOST, _LOST)
             raise

@@ -381,11 +381,11 @@ def _columns(then: Then, now: str) -> dict[str, str]:
     return out
 
 
-def sql_sets(rule: Rule, now: str) -> tuple[str, tuple[str, ...]]:
-    """The SET list of ``rule``'s UPDATE, with ``%s`` placeholders, and the names of the parameters
-    they stand for, in order (see :data:`PARAMETERS`)."""
+def sql_sets(rule: Rule, now: str) -> str:
+    """The SET list of ``rule``'s UPDATE, with named placeholders (``%(reason)s``, ``%(note)s``: see
+    :data:`PARAMETERS`)."""
     text = ", ".join(f"{name} = {value}" for name, value in _columns(rule.then, now).items())
-    return _PARAMETER.sub("%s", text), tuple(_PARAMETER.findall(text))
+    return _PARAMETER.sub(r"%(\1)s", text)
 
 
 # -- what an attempt's start and end carry on ------------------------------------------------------

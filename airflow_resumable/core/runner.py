@@ -96,7 +96,6 @@ class Attempt(Chunks, Finishing, Acquiring):
             self._session = session
             session.ensure_schema()
             row, created = self._acquire(session)
-            self._token = row.lease_token
             try:
                 status = status_of(row.status, job=self.job, slot=self.slot)
                 check(status, Status.RUNNING, job=self.job, slot=self.slot)
@@ -108,7 +107,7 @@ class Attempt(Chunks, Finishing, Acquiring):
                 return self._already_done(session, row)
             self._overlap(session, row, created)
             try:
-                previous = session.previous(self.job, self.slot, by_time=self.scheduled_at is not None)
+                previous = session.listings.previous(self.job, self.slot, by_time=self.scheduled_at is not None)
                 row, resumed, resumed_from = self._begin(session, row, created, rerun_because)
             except BaseException:
                 self._release(session, created=False)  # nothing started: do not hold the slot
@@ -120,10 +119,7 @@ class Attempt(Chunks, Finishing, Acquiring):
             self.reporter.on_start(row, resumed=resumed)
             self.keeper = LeaseKeeper(
                 self.store,
-                job=self.job,
-                slot=self.slot,
-                owner=self.owner,
-                token=self._token,
+                self.fence,
                 lease_seconds=self.options.lease,
                 signal=self.signal,
                 interval=self._heartbeat,
@@ -131,8 +127,7 @@ class Attempt(Chunks, Finishing, Acquiring):
             keeper = self.keeper
             try:
                 if self.options.pipeline_checkpoints:  # connects while the first chunk runs
-                    self._writer = checkpoint_writer(self.store, session, job=self.job, slot=self.slot,
-                                                     owner=self.owner, token=self._token, signal=self.signal,
+                    self._writer = checkpoint_writer(self.store, session, self.fence, signal=self.signal,
                                                      tally=tally)
                 if row.cancel_request:  # accepted, but the attempt it was meant for died first
                     raise self._pending_cancel(session, row)
@@ -178,7 +173,7 @@ class Attempt(Chunks, Finishing, Acquiring):
         the error saying the row was deleted, if a second look finds it gone; else None."""
         if not isinstance(exc, LeaseLost) or isinstance(exc, CheckpointDeleted):
             return None
-        why = session.fenced_out(self.job, self.slot, exc.message)
+        why = session.fenced_out(self.fence, exc.message)
         return why if isinstance(why, CheckpointDeleted) else None
 
     def _quiesce(self, session: StoreSession, keeper: LeaseKeeper) -> None:

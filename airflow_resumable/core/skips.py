@@ -81,7 +81,7 @@ def skip_item(
         InvalidCheckpoint: ``position`` is not plain JSON.
     """
     text = encode(position, what="position of the skipped item", job=job, slot=slot)
-    known, count = session.skip_status(job, slot, text)
+    known, count = session.skips.status(job, slot, text)
     if known:
         log.info("the item at position %s was skipped before; still skipped [job=%s slot=%s]", text, job, slot)
         return count
@@ -93,12 +93,12 @@ def skip_item(
             job=job,
             slot=slot,
             hint="Fix the data or the processing (or raise skip_limit), then Clear the task: it resumes from the "
-            "checkpoint. See the skipped items with StoreSession.dead_letters(job, slot), or SELECT * FROM "
+            "checkpoint. See the skipped items with airflow_resumable.control.dead_letters(job, slot) (or the CLI), or SELECT * FROM "
             "resumable_dead_letters",
         ) from error
     value, form = _as_json(item)
-    session.record_skip(DeadLetter(job=job, slot=slot, position=position, item=value, item_format=form,
-                                   error=error_text(error), attempt=attempt))
+    session.skips.record(DeadLetter(job=job, slot=slot, position=position, item=value, item_format=form,
+                                    error=error_text(error), attempt=attempt))
     log.warning(
         "skipped the item at position %s: %s (%s of at most %s in this slot; recorded in resumable_dead_letters) "
         "[job=%s slot=%s attempt=%s]", text, error_text(error, 300), count + 1, limit, job, slot, attempt,
@@ -142,23 +142,23 @@ def replay(store: Store, job: str, slot: str, fn: Callable[[Any], Any], *, limit
     failed: list[Any] = []
     skipped_repr: list[Any] = []
     with store.open(autocommit=True) as session:
-        row = session.load(job, slot)
+        row = session.checkpoints.load(job, slot)
         if row is not None and row.lease_owner and row.lease_expires_at and row.lease_expires_at > _now():
             raise ConfigurationError(
                 f"the slot is running now (held by {row.lease_owner}); replaying its skipped items beside it could "
                 "process them twice", job=job, slot=slot, hint="Replay once the run has ended",
             )
-        for letter in session.dead_letters(job, slot, status="skipped", limit=limit):
+        for letter in session.skips.items(job, slot, status="skipped", limit=limit):
             if letter.item_format != "json":
                 skipped_repr.append(letter.position)
                 continue
             try:
                 fn(letter.item)
             except Exception as exc:
-                session.mark_replayed(letter.id, error=error_text(exc))
+                session.skips.mark_replayed(letter.id, error=error_text(exc))
                 failed.append(letter.position)
             else:
-                session.mark_replayed(letter.id)
+                session.skips.mark_replayed(letter.id)
                 replayed.append(letter.position)
     return ReplayReport(replayed=replayed, failed=failed, not_replayable=skipped_repr)
 

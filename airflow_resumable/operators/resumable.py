@@ -320,7 +320,7 @@ class ResumableOperator(BaseOperator):
         def confirm(context: Context) -> None:
             try:
                 with store.open(autocommit=True) as session:
-                    session.confirm(job, slot, origin)
+                    session.checkpoints.confirm(job, slot, origin)
             except Exception as exc:  # a missing mark only means a later Clear finishes instead of redoing
                 log.warning("could not record the success on the checkpoint row: %s [job=%s slot=%s]", exc, job, slot)
 
@@ -448,9 +448,9 @@ class ChunkedOperator(ResumableOperator):
         summary = super()._summary(outcome, store, job, slot)
         if self.skip_on is not None:
             with store.open(autocommit=True) as session:
-                summary["skipped"] = session.count_dead_letters(job, slot)
+                summary["skipped"] = session.skips.count(job, slot)
                 summary["skipped_items"] = shown(
-                    session.dead_letters(job, slot, status="skipped", limit=defaults.SKIPPED_SHOWN))
+                    session.skips.items(job, slot, status="skipped", limit=defaults.SKIPPED_SHOWN))
         return summary
 
 

@@ -100,7 +100,7 @@ class _RowReader:
                 if self._store is None:
                     self._store = ResumableHook(self.conn_id, job=self.job, slot=self.slot).get_store()
                 self._session = self._store.session(autocommit=True)
-            return True, self._session.load(self.job, self.slot)
+            return True, self._session.checkpoints.load(self.job, self.slot)
         except Exception as exc:
             if not self._failing:
                 log.warning("could not read the paused slot's row (%s); trying again [job=%s slot=%s]",

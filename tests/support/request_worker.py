@@ -41,7 +41,7 @@ def killed_holder(store: Store, job: str, slot: str, request: Callable[[], Any],
             assert time.monotonic() < deadline, "the worker never held the slot past its first checkpoint"
             with store.open() as session:
                 try:
-                    row = session.load(job, slot)
+                    row = session.checkpoints.load(job, slot)
                 except Exception:  # the worker may not have created the tables yet
                     row = None
             if row is not None and row.position == 5 and row.lease_owner is not None:

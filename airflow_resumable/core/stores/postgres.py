@@ -8,7 +8,8 @@ from collections.abc import Callable
 from typing import Any
 
 from airflow_resumable.core.errors import ConfigurationError, StoreUnavailable
-from airflow_resumable.core.stores.base import Dialect, Store
+from airflow_resumable.core.stores.base import Store
+from airflow_resumable.core.stores.dialect import Dialect
 
 
 class PostgresDialect(Dialect):

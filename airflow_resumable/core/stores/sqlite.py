@@ -12,7 +12,8 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 
 from airflow_resumable.core.errors import ConfigurationError, StoreUnavailable
-from airflow_resumable.core.stores.base import Dialect, Store
+from airflow_resumable.core.stores.base import Store
+from airflow_resumable.core.stores.dialect import Dialect
 
 _NOW = "((julianday('now') - 2440587.5) * 86400.0)"
 

@@ -1,0 +1,240 @@
+"""A session's checkpoints: read a slot's row, and the fenced writes of an attempt's run (start,
+save, finish), each naming the attempt's :class:`~airflow_resumable.core.fence.Fence`."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+from airflow_resumable.core import rules
+from airflow_resumable.core.checkpoint import AttemptEnd, AttemptRecord, Checkpoint, Origin, Status
+from airflow_resumable.core.fence import WHERE, Fence
+from airflow_resumable.core.stores.connection import Connection, save_rejected
+from airflow_resumable.core.stores.dialect import Dialect
+from airflow_resumable.core.stores.sql import (
+    HISTORY,
+    HISTORY_COLUMNS,
+    KEY,
+    SELECT,
+    SKIPPED,
+    TABLE,
+    history_params,
+    insert,
+    json_or_none,
+    named,
+)
+from airflow_resumable.core.tables import ATTEMPTS
+
+
+@dataclasses.dataclass(frozen=True)
+class _SQL:
+    load: str
+    #: The checkpoint, already in the driver's placeholders: a run sends it after every chunk.
+    save: str
+    start: dict[bool, str]
+    start_history: str
+    clear_skipped: str
+    confirm: str
+    end_record: str
+
+
+@functools.cache
+def _sql(d: Dialect) -> _SQL:
+    """The checkpoint's statements, built once per dialect."""
+    now = d.now()
+    fresh = ("position = NULL, state = '{}', processed = 0, total = NULL, attempts = 1, runs = runs + 1, "
+             f"resumed_from = NULL, started_at = {now}, last_error = NULL, result = NULL")
+    resumed = "attempts = attempts + 1, resumed_from = %(resumed_from)s"
+    return _SQL(
+        load=f"SELECT {SELECT} FROM {TABLE} WHERE {KEY}",
+        save=d.placeholders(
+            f"UPDATE {TABLE} SET position = %(position)s, state = %(state)s, processed = %(processed)s, "
+            f"total = %(total)s, updated_at = {now} WHERE {WHERE}"
+        ),
+        start={reset: (
+            f"UPDATE {TABLE} SET {sets}, status = 'running', attempt = %(attempt)s, cancel_reason = NULL, "
+            # The requests pending on the row that a start carries on (rules.AT_START; SET reads
+            # the row as it was).
+            f"{', '.join(rules.sql_carry(rules.AT_START))}, "
+            f"finished_at = NULL, confirmed_at = NULL, updated_at = {now}, resume_at = NULL, "
+            "dag_id = %(dag_id)s, task_id = %(task_id)s, run_id = %(run_id)s, map_index = %(map_index)s "
+            f"WHERE {WHERE} RETURNING {SELECT}"
+        ) for reset, sets in ((True, fresh), (False, resumed))},
+        start_history=insert(ATTEMPTS, {**named(*HISTORY_COLUMNS), "started_at": now}, returning="id"),
+        clear_skipped=f"DELETE FROM {SKIPPED} WHERE {KEY} AND status = 'skipped'",
+        confirm=f"UPDATE {TABLE} SET confirmed_at = {now} WHERE {KEY} AND status = 'done' "
+        "AND dag_id = %(dag_id)s AND task_id = %(task_id)s AND run_id = %(run_id)s AND map_index = %(map_index)s",
+        end_record=f"UPDATE {HISTORY} SET ended_at = {now}, outcome = %(outcome)s, cancel_reason = %(stop_reason)s, "
+        "error = %(error)s, position_end = %(position)s, processed_end = %(processed)s "
+        "WHERE id = %(id)s AND ended_at IS NULL",
+    )
+
+
+@functools.cache
+def _finish_sql(d: Dialect, status: Status, resumes: bool) -> str:
+    """How an attempt ends with ``status`` (``resumes``: a paused slot with a time to continue),
+    built once per dialect and case."""
+    now = d.now()
+    done = status is Status.DONE
+    # A finished run keeps no error: last_error and cancel_reason describe an unfinished one.
+    last_error = "NULL" if done else "COALESCE(%(last_error)s, last_error)"
+    resume_at = d.now_plus("%(resume_in)s") if status is Status.PAUSED and resumes else "NULL"
+    # The requests pending on the row that this end carries on (rules.AT_END).
+    requests = "".join(f", {item}" for item in rules.sql_carry(rules.AT_END[status]))
+    return (
+        f"UPDATE {TABLE} SET status = %(status)s, last_error = {last_error}, cancel_reason = %(stop_reason)s, "
+        f"total = COALESCE(%(total)s, total), result = %(result)s, resume_at = {resume_at}, "
+        f"finished_at = {now if done else 'NULL'}, updated_at = {now}, lease_owner = NULL, lease_expires_at = NULL"
+        f"{requests} WHERE {WHERE} RETURNING {SELECT}"
+    )
+
+
+class Checkpoints:
+    """The checkpoint operations of one session (``session.checkpoints``)."""
+
+    def __init__(self, connection: Connection):
+        self._c = connection
+        self._save_cursor: Any = None
+
+    def load(self, job: str, slot: str) -> Checkpoint | None:
+        """The slot's row, or None.
+
+        Raises:
+            CorruptCheckpoint: the row cannot be read (see :meth:`Connection.row`).
+        """
+        c = self._c
+        row = c.execute(_sql(c.d).load, {"job": job, "slot": slot}).fetchone()
+        c.commit()
+        return None if row is None else c.row(row)
+
+    def start(
+        self, fence: Fence, attempt: int, *, reset: bool, resumed_from: str | None, record: AttemptRecord | None = None,
+    ) -> tuple[Checkpoint, int | None]:
+        """Record that ``attempt`` runs now; with ``reset``, discard position, state and counters.
+
+        The attempt's history ``record``, if given, is inserted in the same transaction. Returns
+        the row and the record's id.
+
+        Raises:
+            LeaseLost: another attempt took the lease over first (:class:`CheckpointDeleted`: the row is gone).
+        """
+        c = self._c
+        sql = _sql(c.d)
+        o = record or AttemptRecord()
+        with c.transaction():
+            if reset:  # the run starts over: its skipped items are found again (or not)
+                c.execute(sql.clear_skipped, fence.params())
+            row = c.execute(sql.start[reset], {
+                **fence.params(), "attempt": attempt, "resumed_from": resumed_from,
+                "dag_id": o.dag_id, "task_id": o.task_id, "run_id": o.run_id, "map_index": o.map_index,
+            }).fetchone()
+            if row is None:
+                raise c.fenced_out(fence, "the lease was taken over before the attempt started")
+            cp = c.row(row)
+            if record is None:
+                return cp, None
+            record_id = c.execute(sql.start_history, history_params(
+                record, position_start=cp.position, processed_start=cp.processed)).fetchone()[0]
+        return cp, int(record_id)
+
+    def save(self, fence: Fence, *, position: str, state: str, processed: int, total: int | None) -> None:
+        """Write a checkpoint and commit it, together with whatever else this connection wrote.
+
+        Raises:
+            LeaseLost: another attempt holds the lease; nothing was committed.
+            CheckpointDeleted: the row is gone (deleted by hand); nothing was committed.
+        """
+        c = self._c
+        cur = self._save_cursor
+        if cur is None:  # one cursor for every checkpoint of the session
+            cur = self._save_cursor = c.conn.cursor()
+        statement = self.save_statement(fence, position=position, state=state, processed=processed, total=total)
+        if c.d.one_writer:
+            with c.conn.writing():
+                cur.execute(*statement)
+        else:
+            cur.execute(*statement)
+        if cur.rowcount != 1:
+            c.rollback()
+            raise c.fenced_out(fence, save_rejected(fence.job, fence.slot).message)
+        c.commit()
+
+    def save_statement(
+        self, fence: Fence, *, position: str, state: str, processed: int, total: int | None,
+    ) -> tuple[str, dict[str, Any]]:
+        """The checkpoint's fenced UPDATE, in this driver's placeholders, and its parameters: it
+        changes one row, or none once another attempt holds the lease. Sent by :meth:`save`, or
+        without waiting by a pipelined writer (core/pipeline.py)."""
+        return _sql(self._c.d).save, {
+            "position": position, "state": state, "processed": processed, "total": total,
+            "job": fence.job, "slot": fence.slot, "owner": fence.owner, "token": fence.token,
+        }
+
+    def finish(
+        self,
+        fence: Fence,
+        *,
+        status: Status,
+        last_error: str | None = None,
+        stop_reason: str | None = None,
+        total: int | None = None,
+        result: str | None = None,
+        record_id: int | None = None,
+        resume_in: float | None = None,
+    ) -> Checkpoint:
+        """Record how the attempt ended (and the total, if it became known; the handler's result
+        with ``done``), end its history record, and release the lease: one transaction.
+
+        ``stop_reason`` is why the attempt stopped short: a cancel's reason, or a pause's
+        (``paused``, ``throttled``, ``time_slice``); the column is ``cancel_reason`` for history's
+        sake. The requests pending on the row are carried on as :data:`~airflow_resumable.core.rules.AT_END`
+        says (``paused`` consumes a pending pause and keeps a cancel request, for the paused slot's
+        waiter); ``resume_in`` is how many seconds from now a throttled or time-sliced slot
+        continues (``resume_at``).
+
+        Raises:
+            LeaseLost: another attempt holds the lease; the row was not touched.
+            CheckpointDeleted: the row is gone (deleted by hand).
+        """
+        c = self._c
+        done = status is Status.DONE
+        with c.transaction():
+            row = c.execute(_finish_sql(c.d, status, resume_in is not None), {
+                **fence.params(), "status": status.value, "last_error": last_error, "stop_reason": stop_reason,
+                "total": total, "result": result if done else None, "resume_in": resume_in,
+            }).fetchone()
+            if row is None:
+                raise c.fenced_out(fence, "final status rejected: the lease was taken over")
+            cp = c.row(row)
+            if record_id is not None:
+                self._end_record(record_id, AttemptEnd(status.value), stop_reason=stop_reason, error=last_error,
+                                 position=cp.position, processed=cp.processed)
+        return cp
+
+    def confirm(self, job: str, slot: str, origin: Origin) -> bool:
+        """Record that the embedding (Airflow) counted the task instance that finished the slot as
+        successful. Only a ``done`` row last run by that task instance is marked."""
+        c = self._c
+        n = c.execute(_sql(c.d).confirm, {
+            "job": job, "slot": slot, "dag_id": origin.dag_id, "task_id": origin.task_id, "run_id": origin.run_id,
+            "map_index": origin.map_index,
+        }).rowcount
+        c.commit()
+        return bool(n > 0)
+
+    def end_record(self, record_id: int, outcome: AttemptEnd, *, error: str | None = None,
+                   stop_reason: str | None = None, position: Any = None, processed: int | None = None) -> None:
+        """End an attempt's history record on its own (an attempt that lost its lease writes
+        nothing else)."""
+        with self._c.transaction():
+            self._end_record(record_id, outcome, error=error, stop_reason=stop_reason, position=position,
+                             processed=processed)
+
+    def _end_record(self, record_id: int, outcome: AttemptEnd, *, error: str | None, stop_reason: str | None,
+                    position: Any, processed: int | None) -> None:
+        c = self._c
+        c.execute(_sql(c.d).end_record, {
+            "id": record_id, "outcome": outcome.value, "stop_reason": stop_reason, "error": error,
+            "position": json_or_none(position), "processed": processed,
+        })

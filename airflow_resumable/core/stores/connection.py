@@ -1,0 +1,227 @@
+"""One connection on the checkpoint database, and the plumbing every part of a session shares:
+statements in the dialect's placeholders, transactions, savepoints, and decoding a row.
+
+The operations live in small objects over a :class:`Connection`, one per aggregate (see
+:class:`airflow_resumable.core.stores.base.StoreSession`): ``leases``, ``checkpoints``,
+``requests``, ``listings``, ``retention``, ``skips``.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any, Protocol
+
+from airflow_resumable.core.checkpoint import Checkpoint, decode, error_text
+from airflow_resumable.core.errors import CheckpointDeleted, LeaseLost, StoreUnavailable, TransactionRefused
+from airflow_resumable.core.fence import Fence
+from airflow_resumable.core.stores.dialect import Dialect, writes
+from airflow_resumable.core.tables import CHECKPOINTS
+
+__all__ = ["Connection", "Params", "row_deleted", "save_rejected"]
+
+#: The parameters of one statement: a dict for named ``%(name)s`` placeholders, else a sequence.
+Params = Mapping[str, Any] | Sequence[Any]
+
+_STATE = CHECKPOINTS.names.index("state")
+
+
+class _Connector(Protocol):
+    """What a connection needs of its store (:class:`~airflow_resumable.core.stores.base.Store`)."""
+
+    dialect: Dialect
+
+    def set_autocommit(self, conn: Any, on: bool) -> None: ...
+    def describe(self) -> str: ...
+
+
+def save_rejected(job: str, slot: str) -> LeaseLost:
+    """The error of a checkpoint that matched no row: the lease is another attempt's."""
+    return LeaseLost(
+        "checkpoint rejected: the lease was taken over by another attempt; this attempt's uncommitted writes "
+        "were rolled back",
+        job=job,
+        slot=slot,
+    )
+
+
+def row_deleted(job: str, slot: str) -> CheckpointDeleted:
+    """The error of a fenced write that matched no row because there is no row any more."""
+    return CheckpointDeleted(
+        f"the slot's checkpoint row was deleted from {CHECKPOINTS.name} while this attempt held its lease (by hand or by a "
+        "script: no attempt and no retention job deletes a leased row); no other attempt took it over. This "
+        "attempt's uncommitted writes were rolled back and it writes nothing more",
+        job=job,
+        slot=slot,
+        hint="Not retried: a retry would start the slot from the beginning. If the delete was a mistake, restore the "
+        "row from a backup and Clear the task: it resumes from it. To start the slot over, Clear the task",
+    )
+
+
+def _undo_failed(exc: BaseException, undo: Exception, job: str | None, slot: str | None) -> Exception:
+    """The error to raise when a savepoint could not undo a block that raised ``exc``."""
+    what = f"the block raised {error_text(exc, 300)}, and its writes could not be undone ({error_text(undo, 200)})"
+    if "savepoint" in str(undo).lower():  # SQLite: no such savepoint; PostgreSQL: ... does not exist / ... blocks
+        return TransactionRefused(
+            f"{what}: the transaction was ended inside the block (a ROLLBACK or COMMIT sent through "
+            "ctx.transaction(), or a ctx.checkpoint()), which also undid or committed earlier writes",
+            job=job, slot=slot,
+            hint="Do not end the transaction inside a savepoint: raise to undo the chunk's writes, write inside "
+            "'with ctx.savepoint():' to undo part of it, and checkpoint outside it. Fix the code, then Clear the "
+            "task: it resumes from the last checkpoint",
+        )
+    return StoreUnavailable(f"{what}; the checkpoint did not move", job=job, slot=slot,
+                            hint="A retry resumes from the last checkpoint")
+
+
+class Connection:
+    """One DB-API connection on the checkpoint database, and how statements run on it."""
+
+    def __init__(self, store: _Connector, conn: Any, *, autocommit: bool = False):
+        self.store = store
+        self.conn = conn
+        self.autocommit = autocommit
+        self.d = store.dialect
+        self._in_transaction = False
+
+    def execute(self, sql: str, params: Params = ()) -> Any:
+        """Run one statement written with ``%s`` or ``%(name)s`` placeholders (see :class:`Dialect`),
+        with a sequence or a dict of values."""
+        cur = self.conn.cursor()
+        values = params if isinstance(params, Mapping) else tuple(params)
+        if self.d.one_writer and writes(sql):
+            with self.conn.writing():
+                cur.execute(self.d.placeholders(sql), values)
+            return cur
+        cur.execute(self.d.placeholders(sql), values)
+        return cur
+
+    _execute = execute
+
+    def commit(self) -> None:
+        """Commit the open transaction, if any (a no-op in autocommit mode, and inside
+        :meth:`transaction`, which commits once at its end)."""
+        if not self._in_transaction:
+            self.conn.commit()
+
+    def rollback(self) -> None:
+        """Roll back the open transaction, if any (a no-op in autocommit mode)."""
+        self.conn.rollback()
+
+    @contextmanager
+    def transaction(self, *, lock: bool = False) -> Iterator[Connection]:
+        """Run the block's statements as one transaction, committed at its end and rolled back if
+        it raises, whatever the session's mode. In transaction mode it joins the open transaction
+        (the handler's writes since the last checkpoint commit with it). ``lock`` takes the
+        dialect's schema lock first (a fresh transaction only)."""
+        if self._in_transaction:
+            yield self
+            return
+        auto = self.autocommit
+        if auto:
+            self.store.set_autocommit(self.conn, False)
+        self._in_transaction = True
+        try:
+            if self.d.one_writer:  # the write lock up front, in turn (a no-op inside a transaction)
+                self.conn.begin()
+            if lock:
+                for stmt in self.d.schema_lock:
+                    self.execute(stmt)
+            yield self
+            self._in_transaction = False
+            self.conn.commit()
+        except BaseException:
+            self._in_transaction = False
+            self.conn.rollback()
+            raise
+        finally:
+            self._in_transaction = False
+            if auto:
+                self.store.set_autocommit(self.conn, True)
+
+    @contextmanager
+    def savepoint(self, *, job: str | None = None, slot: str | None = None) -> Iterator[None]:
+        """Undo the block's writes if it raises, and only those: the transaction's earlier writes
+        (the chunks since the last checkpoint) stay pending.
+
+        In transaction mode that is ``SAVEPOINT`` / ``ROLLBACK TO SAVEPOINT`` (never released:
+        on SQLite, releasing a savepoint that opened the transaction would commit it; the next
+        commit releases them all). In autocommit mode each statement has committed already,
+        unless the block switched to transactions (its first ``ctx.transaction()``): then every
+        pending write is the block's, and a rollback undoes it.
+
+        Raises:
+            TransactionRefused: the savepoint is gone (the block ended the transaction itself), so
+                its writes could not be undone. Names the block's own error, chained as the cause.
+            StoreUnavailable: undoing failed otherwise (a broken connection); names the block's error.
+        """
+        transactional = not self.autocommit
+        if transactional:
+            self.execute("SAVEPOINT resumable_item")
+        try:
+            yield
+        except BaseException as exc:
+            try:
+                if transactional:
+                    self.execute("ROLLBACK TO SAVEPOINT resumable_item")
+                elif not self.autocommit:
+                    self.rollback()
+            except Exception as undo:
+                # The driver's error about the undo must not stand in for the block's own error.
+                raise _undo_failed(exc, undo, job, slot) from exc
+            raise
+
+    def begin_transactions(self) -> None:
+        """Leave autocommit mode: from now on statements join a transaction that lasts until the
+        next commit. The run does this when the handler first asks for ``ctx.transaction()``, so a
+        checkpoint costs one round trip until then."""
+        if self.autocommit:
+            self.store.set_autocommit(self.conn, False)
+            self.autocommit = False
+
+    def close(self) -> None:
+        try:
+            self.conn.close()
+        except Exception:  # pragma: no cover - closing a broken connection
+            pass
+
+    @staticmethod
+    def who() -> str:
+        """This process, as the history and the migration stamps name it."""
+        return f"{socket.gethostname()}:{os.getpid()}"
+
+    def row(self, row: Sequence[Any]) -> Checkpoint:
+        """A row of the checkpoint table's columns as a :class:`Checkpoint`.
+
+        Raises:
+            CorruptCheckpoint: a JSON column holds text that is not JSON, or the state is not a
+                JSON object. The row is left as it is.
+        """
+        try:
+            cp: Checkpoint = CHECKPOINTS.decode(row, aware=self.d.aware_timestamps)
+        except (TypeError, ValueError, RecursionError):
+            job, slot = row[0], row[1]
+            for i, c in enumerate(CHECKPOINTS.columns):
+                if c.kind == "json":
+                    decode(row[i], what=c.name, job=job, slot=slot)  # raises CorruptCheckpoint naming the column
+            raise
+        if type(cp.state) is not dict:
+            if cp.state is not None:  # e.g. '[1,2]' written by hand
+                decode(row[_STATE], what="state", job=cp.job, slot=cp.slot, mapping=True)  # raises CorruptCheckpoint
+            cp.__dict__["state"] = {}
+        return cp
+
+    def fenced_out(self, fence: Fence, taken_over: str) -> LeaseLost:
+        """The error of a fenced write that matched no row, after a second look at the row (only on
+        this failure path): :class:`CheckpointDeleted` when the row is gone, else :class:`LeaseLost`
+        with the message ``taken_over``. A look that fails itself says what was known before it."""
+        job, slot = fence.job, fence.slot
+        try:
+            gone = self.execute(f"SELECT 1 FROM {CHECKPOINTS.name} WHERE job = %(job)s AND slot = %(slot)s",
+                                {"job": job, "slot": slot}).fetchone() is None
+            self.commit()
+        except Exception:  # the database blinked: the write was refused all the same
+            gone = False
+        return row_deleted(job, slot) if gone else LeaseLost(taken_over, job=job, slot=slot)

@@ -1,0 +1,107 @@
+"""A session's listings: the reads across slots that the UI, the CLI and the overlap policy make."""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from typing import Any
+
+from airflow_resumable.core.checkpoint import AttemptRecord, Checkpoint
+from airflow_resumable.core.stores.connection import Connection
+from airflow_resumable.core.stores.sql import HISTORY, KEY, SELECT, TABLE
+from airflow_resumable.core.tables import ATTEMPTS
+
+
+class Listings:
+    """The listings of one session (``session.listings``)."""
+
+    def __init__(self, connection: Connection):
+        self._c = connection
+
+    def _rows(self, sql: str, params: dict[str, Any]) -> list[Checkpoint]:
+        c = self._c
+        rows = c.execute(sql, params).fetchall()
+        c.commit()
+        return [c.row(r) for r in rows]
+
+    def _one(self, sql: str, params: dict[str, Any]) -> Checkpoint | None:
+        c = self._c
+        row = c.execute(sql, params).fetchone()
+        c.commit()
+        return None if row is None else c.row(row)
+
+    def list_slots(self, job: str, limit: int = 100) -> list[Checkpoint]:
+        """The job's most recently started slots (their current run), newest first.
+
+        Ordered by ``started_at``, which only a run's start changes, so that an index can serve it
+        without keeping checkpoints from being in-place (HOT) updates (see ``core/tables.py``).
+        """
+        return self._rows(f"SELECT {SELECT} FROM {TABLE} WHERE job = %(job)s ORDER BY started_at DESC, slot DESC "
+                          "LIMIT %(limit)s", {"job": job, "limit": int(limit)})
+
+    def find(self, dag_id: str, task_id: str, run_id: str, map_index: int = -1) -> Checkpoint | None:
+        """The slot a task instance ran last (the row's owning DAG/task/run/map index), if any; the
+        most recently updated one when two jobs were run by it."""
+        return self._one(
+            f"SELECT {SELECT} FROM {TABLE} WHERE dag_id = %(dag_id)s AND task_id = %(task_id)s "
+            "AND run_id = %(run_id)s AND map_index = %(map_index)s ORDER BY updated_at DESC LIMIT 1",
+            {"dag_id": dag_id, "task_id": task_id, "run_id": run_id, "map_index": int(map_index)},
+        )
+
+    def previous(self, job: str, slot: str, *, by_time: bool) -> Checkpoint | None:
+        """The job's previous finished run, as seen from ``slot``: where an incremental run starts.
+
+        With ``by_time`` (the slot is the run's data interval start or logical date, ISO-8601):
+        the ``done`` slot that sorts last **before** this one, so a backfill of an old interval
+        continues from the interval before it, not from today's. Without (a run with no logical
+        date, whose slot is its run id): the ``done`` slot that finished last. Never this slot
+        itself (a run started over on purpose looks before itself). None when there is none.
+        """
+        if by_time:
+            where, order = "slot < %(slot)s", "slot DESC"
+        else:
+            where, order = "slot <> %(slot)s AND finished_at IS NOT NULL", "finished_at DESC, slot DESC"
+        return self._one(f"SELECT {SELECT} FROM {TABLE} WHERE job = %(job)s AND status = 'done' AND {where} "
+                         f"ORDER BY {order} LIMIT 1", {"job": job, "slot": slot})
+
+    def recent(self, *, dag_ids: Collection[str] | None = None, status: str | None = None,
+               limit: int = 100) -> list[Checkpoint]:
+        """Slots across jobs, most recently updated first: only those of ``dag_ids`` when given
+        (rows that name no DAG are then left out), only of ``status`` when given."""
+        where: list[str] = []
+        params: dict[str, Any] = {"limit": int(limit), "status": status}
+        if dag_ids is not None:
+            if not dag_ids:
+                return []
+            names = {f"dag{i}": d for i, d in enumerate(sorted(dag_ids))}
+            where.append(f"dag_id IN ({', '.join(f'%({n})s' for n in names)})")
+            params.update(names)
+        if status:
+            where.append("status = %(status)s")
+        clause = f"WHERE {' AND '.join(where)} " if where else ""
+        return self._rows(f"SELECT {SELECT} FROM {TABLE} {clause}ORDER BY updated_at DESC, job, slot LIMIT %(limit)s",
+                          params)
+
+    def dag_ids(self) -> set[str]:
+        """The DAGs that own a slot (rows written outside Airflow name none)."""
+        c = self._c
+        rows = c.execute(f"SELECT DISTINCT dag_id FROM {TABLE} WHERE dag_id IS NOT NULL").fetchall()
+        c.commit()
+        return {r[0] for r in rows}
+
+    def live_others(self, job: str, slot: str) -> list[Checkpoint]:
+        """Other slots of the job that are live now (a live lease, or paused: a paused run is
+        still under way), earliest acquired first."""
+        now = self._c.d.now()
+        return self._rows(
+            f"SELECT {SELECT} FROM {TABLE} WHERE job = %(job)s AND slot <> %(slot)s AND ((lease_owner IS NOT NULL "
+            f"AND lease_expires_at > {now}) OR status = 'paused') ORDER BY lease_acquired_at, slot",
+            {"job": job, "slot": slot},
+        )
+
+    def history(self, job: str, slot: str) -> list[AttemptRecord]:
+        """The slot's attempts, oldest first."""
+        c = self._c
+        rows = c.execute(f"SELECT {ATTEMPTS.select} FROM {HISTORY} WHERE {KEY} ORDER BY id",
+                         {"job": job, "slot": slot}).fetchall()
+        c.commit()
+        return [ATTEMPTS.decode(r) for r in rows]
