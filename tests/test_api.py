@@ -25,6 +25,7 @@ from airflow_resumable.core.checkpoint import Origin
 from airflow_resumable.plugins.api import EXAMPLE
 from devtools.postgres import dsn
 from support.slots import SLOT, run_slot
+from support.stores import empty_store
 
 BASE = "/resumable/api/v1"
 A, B = "dag_a.export", "dag_b.export"
@@ -106,12 +107,7 @@ def q(job: str) -> dict[str, str]:
 @pytest.fixture
 def fresh(store_kind: str, tmp_path: Path, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Store:
     """An empty store of each kind behind the connection ``resumable_fresh``."""
-    if store_kind == "sqlite":
-        s: Store = SQLiteStore(tmp_path / "fresh.db")
-        uri = f"sqlite:///{tmp_path / 'fresh.db'}"
-    else:
-        params = request.getfixturevalue("pg_params")
-        s, uri = PostgresStore(**params), dsn(params)
+    s, uri = empty_store(store_kind, tmp_path, request, "fresh.db")
     monkeypatch.setenv(f"AIRFLOW_CONN_{FRESH.upper()}", uri)
     return s
 

@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from airflow_resumable.core import PostgresStore, SQLiteStore, Store
-from devtools.postgres import dsn
+from airflow_resumable.core import SQLiteStore, Store
 from support.slots import SLOT, run_slot
+from support.stores import empty_store
 
 A, B = "dag_a.export", "dag_b.export"
 
@@ -32,12 +32,7 @@ def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Store:
 @pytest.fixture
 def any_store(store_kind: str, tmp_path: Path, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Store:
     """The same two slots as ``store``, on each kind of store."""
-    if store_kind == "sqlite":
-        s: Store = SQLiteStore(tmp_path / "checkpoints.db")
-        uri = f"sqlite:///{tmp_path / 'checkpoints.db'}"
-    else:
-        params = request.getfixturevalue("pg_params")
-        s, uri = PostgresStore(**params), dsn(params)
+    s, uri = empty_store(store_kind, tmp_path, request)
     run_slot(s, A, "dag_a", fail_at=10)
     run_slot(s, B, "dag_b")
     monkeypatch.setenv("AIRFLOW_CONN_RESUMABLE_DEFAULT", uri)

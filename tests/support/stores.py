@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from airflow_resumable.core.stores import PostgresStore, SQLiteStore, Store
 
@@ -21,3 +22,15 @@ def store_of(spec: str) -> Store:
     params = dict(data["postgres"])
     params.pop("application_name", None)
     return PostgresStore(**params)
+
+
+def empty_store(store_kind: str, tmp_path: Any, request: Any, filename: str = "checkpoints.db") -> tuple[Store, str]:
+    """An empty store of ``store_kind`` and its Airflow connection URI (a PostgreSQL schema from the
+    ``pg_params`` fixture, or a SQLite file ``filename`` under ``tmp_path``)."""
+    if store_kind == "sqlite":
+        path = tmp_path / filename
+        return SQLiteStore(path), f"sqlite:///{path}"
+    from devtools.postgres import dsn
+
+    params = request.getfixturevalue("pg_params")
+    return PostgresStore(**params), dsn(params)
