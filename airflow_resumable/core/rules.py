@@ -27,23 +27,13 @@ from datetime import datetime
 
 from airflow_resumable.core.checkpoint import Checkpoint
 from airflow_resumable.core.errors import CorruptCheckpoint
-from airflow_resumable.core.states import Request, Status, status_of
+from airflow_resumable.core.states import Action, Request, Status, status_of
 
 __all__ = [
     "ACTIONS", "AT_END", "AT_START", "OTHERWISE", "PARAMETERS", "REFUSALS", "RULES", "Action", "Carry", "Lease",
     "Pending", "Refusal", "Rule", "Slot", "Then", "When", "decide", "forceable", "lease_of", "missed_heartbeats",
     "offers", "refusal_text", "rules_of", "slot_of", "sql_carry", "sql_sets", "sql_when", "sql_where", "taken_when",
 ]
-
-
-class Action(enum.StrEnum):
-    """A request a person (or a program) makes of a slot: what the CLI and the REST API accept."""
-
-    PAUSE = "pause"
-    RESUME = "resume"
-    CANCEL = "cancel"
-    RESTART = "restart"
-    RELEASE = "release"
 
 
 #: The requests, by name, in the order the CLI, the REST API and the offers list them.

@@ -40,31 +40,45 @@ class Status(enum.StrEnum):
     PAUSED = "paused"
 
 
-class Request(enum.StrEnum):
-    """A pending request on the slot's row (column ``request``), left by the control API."""
+class Action(enum.StrEnum):
+    """A request a person (or a program) makes of a slot: what the CLI and the REST API accept.
+    What each one does, status by status, is the rules table in :mod:`airflow_resumable.core.rules`."""
 
-    PAUSE = "pause"  # the holder stops at its next chunk boundary (or the next attempt, at its start)
-    RESUME = "resume"  # a paused slot continues
-    RESTART = "restart"  # the next attempt starts over from the beginning
+    PAUSE = "pause"
+    RESUME = "resume"
+    CANCEL = "cancel"
+    RESTART = "restart"
+    RELEASE = "release"
+
+
+class Request(enum.StrEnum):
+    """The actions that stay pending on the slot's row (column ``request``) until an attempt acts on
+    them: a subset of :class:`Action`, by the same names (a cancel is pending in ``cancel_request``,
+    with its reason; a release is carried out at once)."""
+
+    PAUSE = Action.PAUSE.value  # the holder stops at its next chunk boundary (or the next attempt, at its start)
+    RESUME = Action.RESUME.value  # a paused slot continues
+    RESTART = Action.RESTART.value  # the next attempt starts over from the beginning
 
 
 class AttemptEnd(enum.StrEnum):
     """How one attempt ended, as the attempt history records it."""
 
-    RUNNING = "running"  # not ended yet (or the process died: see the slot's lease)
-    DONE = "done"
-    FAILED = "failed"
-    CANCELLED = "cancelled"
+    # An attempt that ended in one of the slot's statuses records that status.
+    RUNNING = Status.RUNNING.value  # not ended yet (or the process died: see the slot's lease)
+    DONE = Status.DONE.value
+    FAILED = Status.FAILED.value
+    CANCELLED = Status.CANCELLED.value
     LEASE_LOST = "lease_lost"
     SKIPPED = "skipped"  # the overlap policy kept it from starting
     ALREADY_DONE = "already_done"  # the slot had finished: the stored outcome was returned
-    PAUSED = "paused"  # stopped at a chunk boundary; the same try continues when resumed
+    PAUSED = Status.PAUSED.value  # stopped at a chunk boundary; the same try continues when resumed
     # Requests made through the control API: one record each, with who asked (requested_by).
-    PAUSE_REQUESTED = "pause_requested"
-    RESUME_REQUESTED = "resume_requested"
-    CANCEL_REQUESTED = "cancel_requested"
-    RESTART_REQUESTED = "restart_requested"
-    LEASE_RELEASED = "lease_released"
+    PAUSE_REQUESTED = f"{Action.PAUSE}_requested"
+    RESUME_REQUESTED = f"{Action.RESUME}_requested"
+    CANCEL_REQUESTED = f"{Action.CANCEL}_requested"
+    RESTART_REQUESTED = f"{Action.RESTART}_requested"
+    LEASE_RELEASED = f"lease_{Action.RELEASE}d"
 
 
 #: The statuses a slot rests in once an attempt ended it: what retention (``clean``) may remove,
