@@ -18,7 +18,7 @@ from airflow_resumable.core.errors import ConfigurationError, InvalidCheckpoint,
 from airflow_resumable.core.identity import Identity
 from airflow_resumable.core.progress import Log
 from airflow_resumable.core.signal import Signal
-from airflow_resumable.core.statements import ending_statement
+from airflow_resumable.core.statements import check_statement, guarded_cursor
 from airflow_resumable.core.stores.dialect import Dialect
 from airflow_resumable.core.tally import Tally
 
@@ -92,7 +92,7 @@ class TransactionConnection:
 
     def cursor(self) -> Any:
         if self._dialect.marker == "%s":
-            return _guarded_cursor(self._conn, self._job, self._slot)
+            return guarded_cursor(self._conn, self._job, self._slot)
         return _QmarkCursor(self._conn.cursor(), self._dialect, self._conn, job=self._job, slot=self._slot)
 
     def execute(self, sql: str, params: Any = None) -> Any:
@@ -118,91 +118,6 @@ class TransactionConnection:
         """Leaving the block neither commits nor rolls back: the checkpoint decides."""
 
 
-def _check_statement(sql: Any, job: str | None, slot: str | None) -> None:
-    """Refuse a statement that would end the chunk's transaction (see :mod:`~airflow_resumable.core.statements`).
-
-    Raises:
-        TransactionRefused: ``sql`` holds a ``COMMIT``, ``ROLLBACK``, ``BEGIN``...; nothing was sent.
-    """
-    word = ending_statement(sql)
-    if word is not None:
-        raise TransactionRefused(
-            f"a {word} statement was sent through ctx.transaction(): it would end the chunk's transaction on its "
-            "own, outside the checkpoint (committing or undoing writes the checkpoint does not cover); nothing was "
-            "sent",
-            job=job,
-            slot=slot,
-            hint="Leave the transaction to the run: its writes commit with the next ctx.checkpoint(), and raising "
-            "undoes them; your own SAVEPOINT / ROLLBACK TO / RELEASE stay inside it and are allowed",
-        )
-
-
-class _GuardedCursor:
-    """A driver cursor (PostgreSQL) whose statements are checked by :func:`_check_statement` first."""
-
-    def __init__(self, cur: Any, job: str | None, slot: str | None):
-        self._cur = cur
-        self._job, self._slot = job, slot
-
-    def execute(self, sql: Any, params: Any = None) -> Any:
-        _check_statement(sql, self._job, self._slot)
-        return self._cur.execute(sql) if params is None else self._cur.execute(sql, params)
-
-    def executemany(self, sql: Any, seq_of_params: Any) -> Any:
-        _check_statement(sql, self._job, self._slot)
-        return self._cur.executemany(sql, seq_of_params)
-
-    def __iter__(self) -> Any:
-        return iter(self._cur)
-
-    def __enter__(self) -> Any:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self._cur.close()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._cur, name)
-
-
-def _guarded_cursor(conn: Any, job: str | None, slot: str | None) -> Any:
-    """A checked cursor on ``conn``: for psycopg2 a subclass of the connection's own cursor class
-    (its ``cursor_factory``, e.g. a hook's ``RealDictCursor``), so rows keep their shape and helpers
-    such as ``psycopg2.extras.execute_values`` keep working; for other drivers a wrapper."""
-    if type(conn).__module__.startswith("psycopg2"):
-        cur = conn.cursor(cursor_factory=_checked_class(conn.cursor_factory))
-        cur.resumable_fence = (job, slot)
-        return cur
-    return _GuardedCursor(conn.cursor(), job, slot)
-
-
-#: psycopg2 cursor class -> its checked subclass (made once per class).
-_CHECKED: dict[Any, Any] = {}
-
-
-def _checked_class(base: Any) -> Any:
-    if base is None:
-        import psycopg2.extensions  # only reached with a psycopg2 connection in hand
-
-        base = psycopg2.extensions.cursor
-    checked = _CHECKED.get(base)
-    if checked is None:
-
-        class CheckedCursor(base):
-            resumable_fence: tuple[str | None, str | None] = (None, None)
-
-            def execute(self, query: Any, vars: Any = None) -> Any:  # noqa: A002 - psycopg2's name
-                _check_statement(query, *self.resumable_fence)
-                return super().execute(query, vars)
-
-            def executemany(self, query: Any, vars_list: Any) -> Any:
-                _check_statement(query, *self.resumable_fence)
-                return super().executemany(query, vars_list)
-
-        checked = _CHECKED[base] = CheckedCursor
-    return checked
-
-
 def _script_refused(job: str | None, slot: str | None) -> ConfigurationError:
     return ConfigurationError(
         "executescript() through ctx.transaction() would commit the chunk's pending writes first and run the "
@@ -225,14 +140,14 @@ class _QmarkCursor:
         self._job, self._slot = job, slot
 
     def execute(self, sql: str, params: Any = None) -> Any:
-        _check_statement(sql, self._job, self._slot)
+        check_statement(sql, self._job, self._slot)
         self._conn.begin()
         if params is None:  # as psycopg2: no parameters, no placeholder processing
             return self._cur.execute(sql)
         return self._cur.execute(self._dialect.placeholders(sql), params)
 
     def executemany(self, sql: str, seq_of_params: Any) -> Any:
-        _check_statement(sql, self._job, self._slot)
+        check_statement(sql, self._job, self._slot)
         self._conn.begin()
         return self._cur.executemany(self._dialect.placeholders(sql), seq_of_params)
 

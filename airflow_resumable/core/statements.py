@@ -10,12 +10,19 @@ The scan skips what cannot start a statement: quoted strings and identifiers, do
 comments; it looks at the first word of every statement of the text (psycopg2 sends
 ``INSERT ...; COMMIT`` as one call). Its answer is cached per SQL text, so a statement sent once per
 item costs one dictionary look-up (~0.1 µs) after the first.
+
+:func:`guarded_cursor` gives ``ctx.transaction()`` its PostgreSQL cursors with the check in front of
+``execute``/``executemany`` (the SQLite cursor of :mod:`~airflow_resumable.core.context` calls
+:func:`check_statement` itself, beside its placeholder translation).
 """
 
 from __future__ import annotations
 
 import functools
 import re
+from typing import Any
+
+from airflow_resumable.core.errors import TransactionRefused
 
 #: The first words of statements that end (or open) a transaction.
 _ENDS = frozenset({"COMMIT", "END", "ABORT", "BEGIN", "START", "ROLLBACK", "PREPARE"})
@@ -97,6 +104,91 @@ def _scan(sql: str) -> str | None:
             first = None
             i += 1
     return "ROLLBACK" if first == "ROLLBACK" else None
+
+
+def check_statement(sql: Any, job: str | None, slot: str | None) -> None:
+    """Refuse a statement that would end the chunk's transaction (see :func:`ending_statement`).
+
+    Raises:
+        TransactionRefused: ``sql`` holds a ``COMMIT``, ``ROLLBACK``, ``BEGIN``...; nothing was sent.
+    """
+    word = ending_statement(sql)
+    if word is not None:
+        raise TransactionRefused(
+            f"a {word} statement was sent through ctx.transaction(): it would end the chunk's transaction on its "
+            "own, outside the checkpoint (committing or undoing writes the checkpoint does not cover); nothing was "
+            "sent",
+            job=job,
+            slot=slot,
+            hint="Leave the transaction to the run: its writes commit with the next ctx.checkpoint(), and raising "
+            "undoes them; your own SAVEPOINT / ROLLBACK TO / RELEASE stay inside it and are allowed",
+        )
+
+
+class _GuardedCursor:
+    """A driver cursor (PostgreSQL) whose statements are checked by :func:`_check_statement` first."""
+
+    def __init__(self, cur: Any, job: str | None, slot: str | None):
+        self._cur = cur
+        self._job, self._slot = job, slot
+
+    def execute(self, sql: Any, params: Any = None) -> Any:
+        check_statement(sql, self._job, self._slot)
+        return self._cur.execute(sql) if params is None else self._cur.execute(sql, params)
+
+    def executemany(self, sql: Any, seq_of_params: Any) -> Any:
+        check_statement(sql, self._job, self._slot)
+        return self._cur.executemany(sql, seq_of_params)
+
+    def __iter__(self) -> Any:
+        return iter(self._cur)
+
+    def __enter__(self) -> Any:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._cur.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._cur, name)
+
+
+def guarded_cursor(conn: Any, job: str | None, slot: str | None) -> Any:
+    """A checked cursor on ``conn``: for psycopg2 a subclass of the connection's own cursor class
+    (its ``cursor_factory``, e.g. a hook's ``RealDictCursor``), so rows keep their shape and helpers
+    such as ``psycopg2.extras.execute_values`` keep working; for other drivers a wrapper."""
+    if type(conn).__module__.startswith("psycopg2"):
+        cur = conn.cursor(cursor_factory=_checked_class(conn.cursor_factory))
+        cur.resumable_where = (job, slot)
+        return cur
+    return _GuardedCursor(conn.cursor(), job, slot)
+
+
+#: psycopg2 cursor class -> its checked subclass (made once per class).
+_CHECKED: dict[Any, Any] = {}
+
+
+def _checked_class(base: Any) -> Any:
+    if base is None:
+        import psycopg2.extensions  # only reached with a psycopg2 connection in hand
+
+        base = psycopg2.extensions.cursor
+    checked = _CHECKED.get(base)
+    if checked is None:
+
+        class CheckedCursor(base):
+            resumable_where: tuple[str | None, str | None] = (None, None)
+
+            def execute(self, query: Any, vars: Any = None) -> Any:  # noqa: A002 - psycopg2's name
+                check_statement(query, *self.resumable_where)
+                return super().execute(query, vars)
+
+            def executemany(self, query: Any, vars_list: Any) -> Any:
+                check_statement(query, *self.resumable_where)
+                return super().executemany(query, vars_list)
+
+        checked = _CHECKED[base] = CheckedCursor
+    return checked
 
 
 def _comment_end(sql: str, i: int) -> int:
