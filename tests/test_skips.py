@@ -303,6 +303,31 @@ def test_a_process_that_rolls_back_the_transaction_is_refused_naming_its_own_err
     assert isinstance(to_airflow(err.value, job=JOB, slot=SLOT), AirflowFailException)
 
 
+def test_a_checkpoint_inside_a_savepoint_that_then_raises_is_named_with_the_block_s_own_error(store: Store) -> None:
+    from airflow_resumable.core.errors import TransactionRefused
+
+    # Given a handler that checkpoints inside its own savepoint (which commits the transaction the
+    # savepoint belonged to) and then raises in that block
+    def handler(ctx: Any) -> None:
+        tx = ctx.transaction()
+        tx.execute("CREATE TABLE IF NOT EXISTS sink (item INTEGER)")
+        with ctx.savepoint():
+            tx.execute("INSERT INTO sink (item) VALUES (%s)", (1,))
+            ctx.checkpoint(1, processed=1)
+            raise ValueError("bad item 1")
+
+    with pytest.raises(TransactionRefused) as err:
+        Attempt(store, job=JOB, slot=SLOT, attempt=1, owner="o").run(handler)
+    # Then the error names the block's own error and that the transaction was ended inside the
+    # block, and chains the block's error as its cause
+    text = str(err.value)
+    assert "the block raised ValueError: bad item 1" in text and "transaction was ended inside the block" in text
+    assert f"job='{JOB}'" in text and isinstance(err.value.__cause__, ValueError)
+    with store.open() as s:
+        row = s.checkpoints.load(JOB, SLOT)
+    assert (row.status, row.position) == ("failed", 1)
+
+
 def test_a_rollback_sent_as_sql_inside_a_savepoint_is_refused_before_it_undoes_anything(store: Store) -> None:
     from airflow_resumable.core.errors import TransactionRefused
 

@@ -65,8 +65,9 @@ def _undo_failed(exc: BaseException, undo: Exception, job: str | None, slot: str
     what = f"the block raised {error_text(exc, 300)}, and its writes could not be undone ({error_text(undo, 200)})"
     if "savepoint" in str(undo).lower():  # SQLite: no such savepoint; PostgreSQL: ... does not exist / ... blocks
         return TransactionRefused(
-            f"{what}: the transaction was ended inside the block (a ROLLBACK or COMMIT sent through "
-            "ctx.transaction(), or a ctx.checkpoint()), which also undid or committed earlier writes",
+            f"{what}: the transaction was ended inside the block (a ctx.checkpoint() inside it, or a statement "
+            "sent around ctx.transaction() on the driver's own connection), which also undid or committed earlier "
+            "writes",
             job=job, slot=slot,
             hint="Do not end the transaction inside a savepoint: raise to undo the chunk's writes, write inside "
             "'with ctx.savepoint():' to undo part of it, and checkpoint outside it. Fix the code, then Clear the "
