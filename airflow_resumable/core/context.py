@@ -317,8 +317,9 @@ class RunContext:
         statement committed already), but the state still is restored.
 
         Raises:
-            TransactionRefused: the block ended the transaction itself (a ``ROLLBACK`` sent through
-                :meth:`transaction`), so its writes could not be undone; names the block's error.
+            TransactionRefused: the block ended the transaction itself (a :meth:`checkpoint` inside
+                it; a ``ROLLBACK`` or ``COMMIT`` sent through :meth:`transaction` is refused before it
+                is sent), so its writes could not be undone; names the block's error.
             StoreUnavailable: undoing the writes failed (e.g. the connection broke); names the block's error.
             InvalidCheckpoint: :attr:`state` can be neither written as JSON nor copied.
         """

@@ -44,9 +44,11 @@ class InvalidCheckpoint(ConfigurationError):
 
 
 class TransactionRefused(ConfigurationError, RuntimeError):
-    """The handler ended the checkpoint transaction itself (``ctx.transaction().rollback()``, or a
-    ``ROLLBACK`` sent through it), which would undo more than its own writes. Retrying cannot help:
-    the code must raise instead, or undo part of a chunk with ``ctx.savepoint()``."""
+    """The handler tried to end the checkpoint transaction itself (``ctx.transaction().rollback()``,
+    a ``COMMIT``/``ROLLBACK``/``BEGIN``... sent through it: refused before it is sent), or ended it
+    inside ``ctx.savepoint()`` (a ``ctx.checkpoint()`` there), which would commit or undo more than
+    its own writes. Retrying cannot help: the code must raise instead, or undo part of a chunk with
+    ``ctx.savepoint()``."""
 
 
 class AttemptEnded(ResumableError, RuntimeError):
