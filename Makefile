@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 CONSTRAINTS := constraints-3.11.txt
 DEMO_HOME := $(CURDIR)/.airflow-home
 
-.PHONY: demo test fast lint bench standalone celery venv clean browser-deps screenshots
+.PHONY: demo test fast lint bench standalone standalone-stop celery venv clean browser-deps screenshots
 
 $(VENV)/.installed: setup.cfg pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
@@ -45,9 +45,14 @@ lint: venv
 	$(PY) -m ruff check airflow_resumable devtools tests bench dags scripts
 	$(PY) -m mypy
 
-## A local Airflow with the example DAGs (UI on :8080); Ctrl-C stops it.
+## A local Airflow with the example DAGs (UI on :8080); Ctrl-C, SIGTERM to the pid it prints or
+## `make standalone-stop` (from any shell) stops all of it.
 standalone: venv
-	@bash scripts/standalone.sh
+	@PY=$(PY) bash scripts/standalone.sh
+
+## Stop this checkout's `make standalone` (pids in .airflow-home/standalone.pid), every process of it.
+standalone-stop:
+	@AIRFLOW_HOME=$${AIRFLOW_HOME:-$(DEMO_HOME)} $(PY) -m devtools.standalone stop
 
 ## A CeleryExecutor deployment with two workers (Redis on 127.0.0.1:6379, PostgreSQL); Ctrl-C stops it.
 celery: venv

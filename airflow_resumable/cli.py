@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import re
 import sys
 from collections.abc import Callable, Sequence
@@ -29,6 +30,8 @@ def _store(args: argparse.Namespace) -> Store:
         return store_from_url(args.url)
     from airflow_resumable.hooks.resumable import ResumableHook  # needs Airflow
 
+    # Connections from the metadata database too, as `airflow connections get` reads them.
+    os.environ.setdefault("_AIRFLOW_PROCESS_CONTEXT", "server")
     return ResumableHook(args.conn_id).get_store()
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -182,6 +183,7 @@ def clean_command(args: argparse.Namespace) -> None:
 def _module_cli(argv: list[str]) -> None:
     from airflow_resumable.cli import main
 
+    server_context()
     code = main(argv)
     if code:
         raise SystemExit(code)
@@ -197,11 +199,20 @@ def _detail(job: str, slot: str, conn_id: str) -> dict[str, Any]:
                     history=control.history(job, slot, conn_id=conn_id))
 
 
+def server_context() -> None:
+    """Read connections as Airflow's own ``airflow connections get`` does: environment variables,
+    the configured secrets backends and the metadata database (connections added in the UI or with
+    ``airflow connections add``). Airflow gives a process the metadata database only when it says
+    it is a server; a command line that says nothing sees environment variables only."""
+    os.environ["_AIRFLOW_PROCESS_CONTEXT"] = "server"
+
+
 def _guard(call: Any) -> Any:
     """Run ``call``; our errors (unknown slot, refused request, missing connection) end the command
     with exit status 1 and the error's own words (job, slot, what to do)."""
     from airflow_resumable.core.errors import ResumableError
 
+    server_context()
     try:
         return call()
     except ResumableError as exc:

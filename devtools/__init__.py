@@ -4,5 +4,7 @@
   ``make demo``, ``make standalone``, the tests and the benchmarks);
 - :mod:`devtools.postgres`: a PostgreSQL server for tests and benchmarks (the machine's, or a
   throwaway cluster);
-- :mod:`devtools.dags`: DAG objects by id from a folder, for ``dag.test()``.
+- :mod:`devtools.dags`: DAG objects by id from a folder, for ``dag.test()``;
+- :mod:`devtools.standalone`: ``make standalone`` started and stopped as a whole, and the
+  checkpoint store it shares with ``make demo`` and the CLI.
 """

@@ -1,17 +1,22 @@
 #!/usr/bin/env bash
 # `make standalone`: a local Airflow (api-server, scheduler, dag-processor, triggerer; LocalExecutor)
-# with the example DAGs, for trying them in the UI. Stop it with Ctrl-C.
-#   RESUMABLE_CONN  the checkpoint store's connection URI (default: a SQLite file in .airflow-home/);
-#                   the customer export needs PostgreSQL, e.g. postgresql://postgres@127.0.0.1:5432/postgres
+# with the example DAGs, for trying them in the UI. Stop it with Ctrl-C, `make standalone-stop` from
+# any shell, or SIGTERM/SIGINT to the pid it prints (devtools/standalone.py stops all of it).
+#   RESUMABLE_CONN  the checkpoint store's connection URI (default: the one recorded in the Airflow home
+#                   before, else the SQLite file .airflow-home/checkpoints.db); the customer export needs
+#                   PostgreSQL, e.g. postgresql://postgres@127.0.0.1:5432/postgres. It is recorded as the
+#                   home's connection resumable_default: `make demo` and the CLI use the same store.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT="$PWD"
 export PATH="$ROOT/.venv/bin:$PATH"
+PY="${PY:-python}"
 HOME_DIR="${AIRFLOW_HOME:-$ROOT/.airflow-home}"
 mkdir -p "$HOME_DIR"
-eval "$(python -m devtools.airflow_env --home "$HOME_DIR" --dags "$ROOT/dags" \
-  --conn "${RESUMABLE_CONN:-sqlite:///$HOME_DIR/checkpoints.db}")"
+eval "$("$PY" -m devtools.airflow_env --home "$HOME_DIR" --dags "$ROOT/dags")"
+unset AIRFLOW_CONN_RESUMABLE_DEFAULT  # the store is the home's connection (one place for every process)
 export LOANS_DB="${LOANS_DB:-$AIRFLOW_HOME/loans.db}"
-echo "checkpoints: ${AIRFLOW_CONN_RESUMABLE_DEFAULT%%://*}://...  (set RESUMABLE_CONN to change)"
-echo "UI: http://localhost:8080  (user admin; password in $AIRFLOW_HOME/simple_auth_manager_passwords.json.generated)"
-exec airflow standalone
+"$PY" -m devtools.standalone connection --env-file --conn "${RESUMABLE_CONN:-}"
+echo "UI: ${AIRFLOW__API__BASE_URL:-http://localhost:${AIRFLOW__API__PORT:-8080}}  (user admin; password in $AIRFLOW_HOME/simple_auth_manager_passwords.json.generated)"
+echo "CLI in another shell: source $AIRFLOW_HOME/env.sh; airflow resumable list"
+exec "$PY" -m devtools.standalone run

@@ -209,3 +209,35 @@ def test_the_largest_allowed_values_work_on_both_stores(any_store: Store, parser
     assert (code, err) == (0, "") and [r["job"] for r in json.loads(out)] == [B, A]
     code, out, err = cli(parser, capsys, "resumable", "list", "--limit", "1", "--output", "json")
     assert (code, err) == (0, "") and [r["job"] for r in json.loads(out)] == [B]
+
+
+@pytest.fixture
+def client_context(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A command line that has not said it is a server (Airflow then reads no connection from the
+    metadata database); the variable is restored after the test."""
+    monkeypatch.setenv("_AIRFLOW_PROCESS_CONTEXT", "")
+
+
+@pytest.mark.parametrize("argv", [("resumable", "list", "--output", "json"), ("resumable", "migrate", "--check")])
+def test_a_connection_kept_in_the_metadata_database_is_found(
+    argv: tuple[str, ...], tmp_path: Path, airflow_home: Path, parser: Any, capsys: Any, client_context: None,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Given a connection added in the UI or with ``airflow connections add`` (the metadata database
+    only, nothing in the environment), the commands find it, as ``airflow connections get`` does."""
+    from airflow.models.connection import Connection
+    from airflow.utils.session import create_session
+
+    s = SQLiteStore(tmp_path / "checkpoints.db")
+    run_slot(s, A, "dag_a")
+    conn_id = f"resumable_db_{tmp_path.name[-20:]}"
+    monkeypatch.delenv("AIRFLOW_CONN_RESUMABLE_DEFAULT", raising=False)
+    with create_session() as session:
+        session.add(Connection(conn_id=conn_id, uri=f"sqlite:///{s.path}"))
+    try:
+        code, out, err = cli(parser, capsys, *argv, "--conn-id", conn_id)
+    finally:
+        with create_session() as session:
+            session.query(Connection).filter(Connection.conn_id == conn_id).delete()
+    assert code == 0, err
+    assert A in out if argv[1] == "list" else "schema" in out
