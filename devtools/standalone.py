@@ -232,8 +232,6 @@ def run(argv: list[str]) -> int:
 
 def stop(timeout: float) -> int:
     """Stop this Airflow home's standalone, from any shell; wait until none of its processes is left."""
-    import psutil
-
     path = home() / PID_FILE
     pids = _read_pids(path)
     if not pids:
@@ -242,9 +240,12 @@ def stop(timeout: float) -> int:
     front = _alive(pids.get("pid"), pids.get("created"))
     if front is not None:
         front.send_signal(signal.SIGTERM)
-        try:
-            front.wait(timeout=timeout + 2 * ESCALATION + 10)
-        except psutil.TimeoutExpired:
+        deadline = time.monotonic() + timeout + 2 * ESCALATION + 10
+        # Polled: the front process is not our child, and one that ended stays a zombie until its
+        # parent (the shell that started it) reaps it.
+        while _alive(pids.get("pid"), pids.get("created")) is not None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        if _alive(pids.get("pid"), pids.get("created")) is not None:
             front.kill()
     # Whatever the front process left (it was killed, or it died before it finished):
     stop_session(pids["airflow_pid"], pids["airflow_created"], timeout=0)

@@ -49,7 +49,7 @@ def test_skip_ends_the_newer_run_as_skipped_and_names_the_other_slot(
     ti = run.get_task_instance("work")
     assert str(ti.state) == "skipped"
     out = "".join(capfd.readouterr())
-    assert "an earlier run of this job is still running (slot 2026-06-01T00:00:00+00:00)" in out
+    assert "slot 2026-06-01T00:00:00+00:00 of this job began first, at " in out
     assert newer_row(checkpoints) is None, "a skipped run leaves no checkpoint behind"
 
 
@@ -164,3 +164,50 @@ def test_an_older_run_retrying_is_not_skipped_by_a_run_that_started_in_its_retry
     finally:
         newer.proc.kill()
     assert outcome.checkpoint.status == "done" and outcome.resumed_from == 1
+
+
+def test_skip_names_the_run_that_began_first_its_slot_and_start_in_the_log_and_for_the_tab(
+    checkpoints: Store, run_dag, airflow_home: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """Two real DAG runs: a manual one (no logical date: its slot is its run id, which sorts after
+    any date) starts first and runs; a scheduled-style one (slot: a date) then meets it and is
+    skipped. The log's main part and the Checkpoint tab name the manual run, its slot and start."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from airflow_resumable.plugins.api import overlap_of
+    from support.standalone import wait_for
+
+    root = Path(__file__).resolve().parent.parent
+    code = ("import os, sys; from pathlib import Path; sys.path[:0] = [sys.argv[1], sys.argv[1] + '/tests']\n"
+            "from devtools.dags import DagFolder\n"
+            "dag = DagFolder(Path(os.environ['AIRFLOW__CORE__DAGS_FOLDER']), '_older_').load('rt_overlap_allow')\n"
+            "dag.test(logical_date=None, run_conf={'items': 4000, 'chunk': 1, 'sleep': 0.05})\n")
+    older = subprocess.Popen([sys.executable, "-c", code, str(root)], env=os.environ.copy(),
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        def older_live():
+            with checkpoints.open() as s:
+                s.ensure_schema()
+                rows = [r for r in s.listings.live_others(JOB, NEW.isoformat()) if r.processed]
+            return rows[0] if rows else None
+
+        first = wait_for(older_live, timeout=120, what="the manual run's first checkpoint")
+        run = run_dag("rt_overlap_skip", conf={"items": 5}, logical_date=NEW)
+    finally:
+        older.kill()
+        older.wait(timeout=30)
+    assert first.slot.startswith("manual__") and first.slot > NEW.isoformat(), "its slot sorts after the date"
+    ti = run.get_task_instance("work")
+    assert str(ti.state) == "skipped"
+    started = first.started_at.isoformat(timespec="seconds")
+    said = (f"run {first.run_id} (slot {first.slot}) of this job began first, at {started}, and is still running; "
+            "overlap policy is 'skip'")
+    out = "".join(capfd.readouterr())
+    assert f"skipped by the overlap policy: {said}" in out
+    overlap = overlap_of("rt_overlap_skip", run.run_id, "work")
+    assert overlap == {"policy": "skip", "message": said,
+                       "yielded_to": {"run_id": first.run_id, "slot": first.slot, "started_at": started}}
+    json.dumps(overlap)

@@ -98,14 +98,18 @@ class Acquiring(AttemptState):
                 "[job=%s slot=%s]", ", ".join(slots), self.job, self.slot,
             )
             return
+        first = min(others, key=lambda o: (_run_started(o), o.slot))
+        yielded_to = {"run_id": first.run_id, "slot": first.slot,
+                      "started_at": _run_started(first).isoformat(timespec="seconds")}
+        why = yielded(yielded_to, more=len(others) - 1)
         # A skip is history; a wait re-checks every overlap_poke and would flood it.
-        skipped = self._unstarted(AttemptEnd.SKIPPED, row, error=f"overlap {policy}: an earlier run is live "
-                                  f"(slot {', '.join(slots)})")
+        skipped = self._unstarted(AttemptEnd.SKIPPED, row, error=f"overlap {policy}: {why}")
         session.leases.release(self.fence, delete=created, record=None if policy == "wait" else skipped)
         error = OverlapSkip if policy == "skip" else OverlapWait
         raise error(
-            f"an earlier run of this job is still running (slot {', '.join(slots)}); overlap policy is {policy!r}",
+            f"{why}; overlap policy is {policy!r}",
             others=slots,
+            yielded_to=yielded_to,
             job=self.job,
             slot=self.slot,
         )
@@ -185,6 +189,13 @@ class Acquiring(AttemptState):
             record=self._record(),
         )
         return fresh, False, None
+
+
+def yielded(other: dict[str, Any], *, more: int = 0) -> str:
+    """What an overlap decision yields to, in words: the run that began first, its slot and start."""
+    who = f"run {other['run_id']} (slot {other['slot']})" if other.get("run_id") else f"slot {other['slot']}"
+    also = f" ({more} more earlier run(s) of this job are live too)" if more else ""
+    return f"{who} of this job began first, at {other['started_at']}, and is still running{also}"
 
 
 def _run_started(row: Checkpoint) -> datetime:

@@ -102,13 +102,16 @@ class LeaseBusy(ResumableError):
 
 
 class Overlap(ResumableError):
-    """An earlier run of the same job is still live; ``others`` names its live slots.
+    """An earlier run of the same job is still live; ``others`` names its live slots, and
+    ``yielded_to`` the one that began first (``{"run_id", "slot", "started_at"}``, ISO 8601).
 
     Raised as one of its kinds, which the overlap policy picks: :class:`OverlapSkip` or :class:`OverlapWait`.
     """
 
-    def __init__(self, message: str, *, others: list[str] | None = None, **kwargs: Any):
+    def __init__(self, message: str, *, others: list[str] | None = None,
+                 yielded_to: dict[str, Any] | None = None, **kwargs: Any):
         self.others = others or []
+        self.yielded_to = yielded_to
         super().__init__(message, **kwargs)
 
 

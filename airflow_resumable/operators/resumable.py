@@ -22,7 +22,7 @@ from airflow_resumable.core import defaults
 from airflow_resumable.core.checkpoint import Origin
 from airflow_resumable.core.chunked import CHUNKED_OPTIONS, calls_problems, chunk_loop, chunked_problems
 from airflow_resumable.core.context import RunContext
-from airflow_resumable.core.errors import Cancelled, ConfigurationError, LeaseLost, OverlapWait, Paused
+from airflow_resumable.core.errors import Cancelled, ConfigurationError, LeaseLost, OverlapSkip, OverlapWait, Paused
 from airflow_resumable.core.options import ARGUMENTS, ATTEMPT_OPTIONS, Option, Options, call_problem, params_doc
 from airflow_resumable.core.options import problems as option_problems
 from airflow_resumable.core.readers import Reader
@@ -35,6 +35,7 @@ from airflow_resumable.metrics import Metrics
 from airflow_resumable.operators import task_instance
 from airflow_resumable.operators.checks import configuration_error, parse_time_problems, run_time_problems
 from airflow_resumable.operators.outcome import CombinedRetryPolicy, ResumableStopped, to_airflow
+from airflow_resumable.operators.overlap import report_overlap
 from airflow_resumable.operators.reporting import XCOM_KEY, XCOM_ROW_LIMIT, AirflowReporter
 from airflow_resumable.operators.task_instance import RESTART_CONF_KEY, slot_of
 from airflow_resumable.triggers.resume import SlotResumeTrigger
@@ -257,7 +258,11 @@ class ResumableOperator(BaseOperator):
         except Paused as exc:
             paused = exc
         except OverlapWait as exc:
+            report_overlap(self.log, ti, "wait", exc)
             raise self._wait_or_give_up(context, exc) from exc
+        except OverlapSkip as exc:
+            report_overlap(self.log, ti, "skip", exc)
+            raise (self._to_airflow(exc, context, job, slot) or exc) from exc
         except BaseException as exc:
             if _lease_lost(exc):
                 Metrics(dag_id=ti.dag_id, task_id=ti.task_id).lease_lost()

@@ -255,6 +255,9 @@ def create_app() -> FastAPI:
         conn = _conn(conn_id)
         row = control.find(dag_id, task_id, run_id, map_index, conn_id=conn)
         if row is None:
+            overlap = overlap_of(dag_id, run_id, task_id, map_index)
+            if overlap is not None:
+                return {"resumable": False, "overlap": overlap, "message": overlap["message"]}
             return {"resumable": False, "message": "This task instance has no checkpoint: it is not a resumable "
                     "task (ResumableOperator, ChunkedOperator, @task.resumable), it has not started yet, or "
                     f"its checkpoints live in another store than the connection {conn!r}."}
@@ -295,6 +298,24 @@ def create_app() -> FastAPI:
 def _detail(row: Any, conn_id: str) -> dict[str, Any]:
     return row_view(row, history=control.history(row.job, row.slot, conn_id=conn_id),
                     offers=control.offers(row.job, row.slot, conn_id=conn_id))
+
+
+def overlap_of(dag_id: str, run_id: str, task_id: str, map_index: int = -1) -> dict[str, Any] | None:
+    """The overlap decision that kept the task instance's current try from starting (its XCom
+    ``overlap``: ``{"policy", "yielded_to": {"run_id", "slot", "started_at"}, "message"}``), else None.
+    XCom is cleared when a new try starts, so an older try's decision is never shown."""
+    from airflow.models.xcom import XComModel
+    from airflow.utils.session import create_session
+
+    from airflow_resumable.operators.overlap import OVERLAP_XCOM_KEY
+
+    with create_session() as session:
+        found = session.scalars(XComModel.get_many(run_id=run_id, key=OVERLAP_XCOM_KEY, task_ids=task_id,
+                                                   dag_ids=dag_id, map_indexes=map_index, limit=1)).first()
+        value = None if found is None else XComModel.deserialize_value(found)
+    if not isinstance(value, dict) or value.get("policy") not in ("skip", "wait"):
+        return None
+    return {"policy": value["policy"], "yielded_to": value.get("yielded_to"), "message": str(value.get("message", ""))}
 
 
 def _status_of(exc: ResumableError) -> int:
