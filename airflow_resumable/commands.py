@@ -43,6 +43,7 @@ ARG_DAG_ID = Arg(("--dag-id",), default=None, help="only this DAG's slots")
 ARG_STATUS = Arg(("--status",), default=None, choices=tuple(Status), help="only slots in this status")
 ARG_LIMIT = Arg(("--limit",), type=whole_number(1, MAX_LIMIT), default=100,
                 help=f"at most this many slots, most recent first, 1 to {MAX_LIMIT:,} (default: 100)")
+ARG_RUN_ID = Arg(("run_id",), help="the DAG run id (as `airflow resumable jobs` shows it)")
 ARG_SQL = Arg(("--sql",), action="store_true", help="print the SQL it would run, change nothing")
 ARG_CHECK = Arg(("--check",), action="store_true", help="exit 1 if the database needs migrating")
 
@@ -95,6 +96,15 @@ def get_cli_commands() -> list[GroupCommand]:
                               func=lazy_load_command(f"{_HERE}.history_command"),
                               args=(ARG_JOB, ARG_SLOT, ARG_CONN_ID, ARG_OUTPUT)),
                 *requests,
+                ActionCommand(name="jobs", help="One line per job: its latest run's partitions (done, failed, running)",
+                              func=lazy_load_command(f"{_HERE}.jobs_command"),
+                              args=(ARG_DAG_ID, ARG_CONN_ID, ARG_OUTPUT)),
+                ActionCommand(name="rerun-failed", help="Clear exactly the failed task instances of a job in one run",
+                              description="Clear, through Airflow, the task instances of JOB in RUN_ID that failed "
+                              "(a mapped job: only its failed map indexes), so they run again and resume from "
+                              "their checkpoints. Exits 1 when none failed.",
+                              func=lazy_load_command(f"{_HERE}.rerun_failed_command"),
+                              args=(ARG_JOB, ARG_RUN_ID, ARG_CONN_ID, ARG_OUTPUT)),
                 ActionCommand(name="migrate", help="Bring the checkpoint database to this release's schema",
                               func=lazy_load_command(f"{_HERE}.migrate_command"),
                               args=(ARG_CONN_ID, ARG_SQL, ARG_CHECK)),
@@ -133,6 +143,26 @@ def history_command(args: argparse.Namespace) -> None:
     _guard(lambda: control.get(args.job, args.slot, conn_id=args.conn_id))  # unknown slot: exit 1, saying so
     records = [r.to_dict() for r in _guard(lambda: control.history(args.job, args.slot, conn_id=args.conn_id))]
     _print(records if args.output == "json" else [{k: r.get(k) for k in _HISTORY_COLUMNS} for r in records],
+           args.output)
+
+
+_JOBS_COLUMNS = ("job", "dag_id", "task_id", "run_id", "done", "failed", "running", "other", "total", "updated_at")
+
+
+def jobs_command(args: argparse.Namespace) -> None:
+    from airflow_resumable import control
+
+    lines = _guard(lambda: control.jobs(conn_id=args.conn_id, dag_ids={args.dag_id} if args.dag_id else None))
+    _print(lines if args.output == "json" else [{k: {**j, **j["partitions"]}.get(k) for k in _JOBS_COLUMNS}
+                                                 for j in lines], args.output)
+
+
+def rerun_failed_command(args: argparse.Namespace) -> None:
+    from airflow_resumable import control
+
+    cleared = _guard(lambda: control.rerun_failed(args.job, args.run_id, conn_id=args.conn_id))
+    _print({"job": args.job, "run_id": args.run_id, "cleared": cleared} if args.output == "json"
+           else [{"job": args.job, "run_id": args.run_id, "cleared map indexes": ", ".join(map(str, cleared))}],
            args.output)
 
 

@@ -34,7 +34,7 @@ from airflow_resumable.hooks.resumable import DEFAULT_CONN_ID, ResumableHook
 
 __all__ = [
     "ACTIONS", "RequestRefused", "SlotNotFound", "cancel", "dag_ids", "dead_letters", "find", "get", "history",
-    "offers", "pause", "recent", "release", "replay", "restart", "resume",
+    "jobs", "offers", "pause", "recent", "release", "replay", "rerun_failed", "restart", "resume",
 ]
 
 ACTIONS = _core.ACTIONS
@@ -154,3 +154,53 @@ def replay(job: str, slot: str, fn: Callable[[Any], Any], *, conn_id: str = DEFA
     processes ``replayed`` (see :func:`airflow_resumable.core.skips.replay`). Refused while the
     slot runs."""
     return _skips.replay(_store(conn_id, job, slot), job, slot, fn, limit=limit)
+
+
+def jobs(*, conn_id: str = DEFAULT_CONN_ID, dag_ids: Collection[str] | None = None) -> list[dict[str, Any]]:
+    """One line per job: its latest run's partitions, ``{"done", "failed", "running", "other",
+    "total"}`` (failed counts cancelled ones too: both end a run unfinished), most recently updated
+    first (see :func:`airflow_resumable.core.control.jobs`)."""
+    return _core.jobs(_store(conn_id), dag_ids=dag_ids)
+
+
+def job_task(job: str, run_id: str, *, conn_id: str = DEFAULT_CONN_ID) -> tuple[str, str]:
+    """The DAG and task that ran ``job`` (a mapped job's name without ``[map_index]``) in ``run_id``.
+
+    Raises:
+        SlotNotFound: no partition of the job ran in that run.
+    """
+    with _session(conn_id) as session:
+        groups = session.listings.partitions(run_id=run_id)
+    for dag_id, task_id, _run, _status, name, _count, _updated, map_index in groups:
+        if dag_id and task_id and (_core.base_job(name, map_index) == job or name == job):
+            return dag_id, task_id
+    raise SlotNotFound("no partition of this job ran in this DAG run", job=job, slot=run_id,
+                       hint="Name the job as `airflow resumable jobs` lists it, with the run id it shows")
+
+
+def rerun_failed(job: str, run_id: str, *, conn_id: str = DEFAULT_CONN_ID) -> list[int]:
+    """Clear, through Airflow, exactly the task instances of ``job`` in ``run_id`` that failed (for
+    a mapped job: the failed map indexes; the others keep their state), so that Airflow runs them
+    again and each resumes from its own checkpoint. Returns the cleared map indexes (-1: unmapped).
+    Needs Airflow's metadata database (the api-server, the scheduler's machine, the CLI there).
+
+    Raises:
+        SlotNotFound: no partition of the job ran in that run.
+        RequestRefused: none of its task instances failed; nothing changed.
+    """
+    from airflow.models.taskinstance import TaskInstance, clear_task_instances
+    from airflow.utils.session import create_session
+    from airflow.utils.state import TaskInstanceState
+    from sqlalchemy import select
+
+    dag_id, task_id = job_task(job, run_id, conn_id=conn_id)
+    with create_session() as session:
+        failed = list(session.scalars(select(TaskInstance).where(
+            TaskInstance.dag_id == dag_id, TaskInstance.run_id == run_id, TaskInstance.task_id == task_id,
+            TaskInstance.state == TaskInstanceState.FAILED)).all())
+        if not failed:
+            raise RequestRefused(
+                f"no task instance of DAG {dag_id!r} task {task_id!r} failed in this run", job=job, slot=run_id,
+                hint="Nothing to run again; `airflow resumable jobs` shows how its partitions stand")
+        clear_task_instances(failed, session)
+        return sorted(ti.map_index for ti in failed)

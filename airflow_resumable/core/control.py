@@ -22,18 +22,23 @@ connection id, and the CLI and the UI call that.
 from __future__ import annotations
 
 import getpass
+import re
 import socket
+from collections.abc import Collection
 from datetime import datetime, timezone
+from typing import Any
 
 from airflow_resumable.core import rules
 from airflow_resumable.core.checkpoint import Checkpoint
 from airflow_resumable.core.errors import ConfigurationError, RequestRefused, SlotNotFound
 from airflow_resumable.core.options import key_problem
 from airflow_resumable.core.rules import ACTIONS, Action
+from airflow_resumable.core.schema import to_datetime
 from airflow_resumable.core.states import AttemptEnd, Request, Status
 from airflow_resumable.core.stores.base import Store, StoreSession
 
-__all__ = ["ACTIONS", "cancel", "default_by", "pause", "release", "restart", "resume", "stale", "wake"]
+__all__ = ["ACTIONS", "PARTITION_KINDS", "base_job", "cancel", "default_by", "jobs", "pause", "release", "restart",
+           "resume", "stale", "wake"]
 
 #: The longest ``by`` kept.
 MAX_BY = 200
@@ -186,3 +191,50 @@ def stale(row: Checkpoint) -> bool:
 def _now(row: Checkpoint) -> datetime:
     expires = row.lease_expires_at
     return datetime.now(tz=expires.tzinfo if expires is not None and expires.tzinfo else timezone.utc)
+
+
+# -- per-job summary ------------------------------------------------------------------------------
+
+#: How a partition's status counts in its job's summary: ``done``; ``failed`` (it ended without
+#: finishing: failed or cancelled, what a Clear resumes); ``running`` (live: running or paused).
+PARTITION_KINDS = {Status.DONE: "done", Status.FAILED: "failed", Status.CANCELLED: "failed",
+                   Status.RUNNING: "running", Status.PAUSED: "running"}
+
+_MAP_SUFFIX = re.compile(r"\[\d+\]$")
+
+
+def base_job(job: str, map_index: int | None) -> str:
+    """A mapped partition's job without its ``[map_index]``: the job a person names."""
+    return _MAP_SUFFIX.sub("", job) if map_index is not None and map_index >= 0 else job
+
+
+def jobs(store: Store, *, dag_ids: Collection[str] | None = None) -> list[dict[str, Any]]:
+    """One line per job (per DAG and task): its latest run's partitions counted by how they stand
+    (:data:`PARTITION_KINDS`; ``other`` for anything else), most recently updated first. An
+    unmapped task is a job of one partition. Only the jobs of ``dag_ids`` when given."""
+    with store.open(autocommit=True) as session:
+        session.ensure_schema()
+        groups = session.listings.partitions()
+    runs: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for dag_id, task_id, run_id, status, job, count, updated, map_index in groups:
+        if dag_ids is not None and dag_id not in dag_ids:
+            continue
+        name = base_job(job, map_index)
+        key = (name, dag_id, task_id)
+        updated = to_datetime(updated)
+        line = runs.setdefault(key, {})
+        entry = line.setdefault(run_id, {"counts": dict.fromkeys(("done", "failed", "running", "other"), 0),
+                                         "updated": updated, "mapped": False})
+        entry["counts"][PARTITION_KINDS.get(status, "other")] += int(count)
+        entry["mapped"] = entry["mapped"] or (map_index is not None and map_index >= 0)
+        if updated is not None and (entry["updated"] is None or updated > entry["updated"]):
+            entry["updated"] = updated
+    out = []
+    for (name, dag_id, task_id), by_run in runs.items():
+        run_id, entry = max(by_run.items(), key=lambda kv: kv[1]["updated"] or datetime.min.replace(tzinfo=timezone.utc))
+        counts = entry["counts"]
+        out.append({"job": name, "dag_id": dag_id, "task_id": task_id, "run_id": run_id, "mapped": entry["mapped"],
+                    "partitions": {**counts, "total": sum(counts.values())},
+                    "updated_at": entry["updated"].isoformat() if entry["updated"] else None})
+    out.sort(key=lambda j: j["updated_at"] or "", reverse=True)
+    return out

@@ -279,6 +279,30 @@ def create_app() -> FastAPI:
             row = getattr(control, action.value)(job, slot, conn_id=conn, by=by)
         return _detail(row, conn)
 
+    @app.get("/api/v1/jobs", responses=_responses(400, 401, 403, 422, 500, 503),
+             summary="One line per job: its latest run's partitions (done, failed, running, other, total)")
+    def list_jobs(
+        user: GetUserDep,
+        dag_id: Annotated[str | None, Query(min_length=1, max_length=ID_LEN, pattern=NO_NUL,
+                                            description="only this DAG's jobs")] = None,
+        conn_id: str = conn_query(),
+    ) -> dict[str, Any]:
+        conn = _conn(conn_id)
+        if dag_id is not None:
+            _authorize(user, dag_id, "GET")
+            readable: set[str] | None = {dag_id}
+        else:
+            readable = _readable_dag_ids(user, conn)
+        return {"jobs": control.jobs(conn_id=conn, dag_ids=readable)}
+
+    @app.post("/api/v1/jobs/rerun_failed", responses=_responses(400, 401, 403, 404, 409, 422, 500, 503),
+              summary="Clear exactly the failed task instances (map indexes) of a job in one DAG run")
+    def rerun_failed(user: GetUserDep, job: Job, run_id: RunId, conn_id: str = conn_query()) -> dict[str, Any]:
+        conn = _conn(conn_id)
+        dag_id, _task_id = control.job_task(job, run_id, conn_id=conn)
+        _authorize(user, dag_id, "PUT")
+        return {"job": job, "run_id": run_id, "cleared": control.rerun_failed(job, run_id, conn_id=conn)}
+
     @app.get("/ui/checkpoint", include_in_schema=False)
     def checkpoint_page() -> FileResponse:
         return FileResponse(STATIC / "checkpoint.html", headers={"Cache-Control": "no-cache"})

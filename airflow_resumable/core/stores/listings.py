@@ -81,6 +81,19 @@ class Listings:
         return self._rows(f"SELECT {SELECT} FROM {TABLE} {clause}ORDER BY updated_at DESC, job, slot LIMIT %(limit)s",
                           params)
 
+    def partitions(self, *, run_id: str | None = None) -> list[tuple[Any, ...]]:
+        """Slots counted per (DAG, task, run, status): ``(dag_id, task_id, run_id, status, a job of
+        the group, how many, the last update)``, the rows a per-job summary adds up. Only the run
+        ``run_id`` when given."""
+        c = self._c
+        where = "WHERE run_id = %(run_id)s " if run_id is not None else ""
+        rows = c.execute(
+            f"SELECT dag_id, task_id, run_id, status, MIN(job), COUNT(*), MAX(updated_at), MAX(map_index) FROM {TABLE} "
+            f"{where}GROUP BY dag_id, task_id, run_id, status", {"run_id": run_id},
+        ).fetchall()
+        c.commit()
+        return [tuple(r) for r in rows]
+
     def dag_ids(self) -> set[str]:
         """The DAGs that own a slot (rows written outside Airflow name none)."""
         c = self._c
