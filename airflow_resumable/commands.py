@@ -4,6 +4,7 @@
     airflow resumable show JOB SLOT          airflow resumable history JOB SLOT
     airflow resumable pause|resume|cancel|restart JOB SLOT [--by WHO]
     airflow resumable release JOB SLOT [--force] [--by WHO]
+    airflow resumable jobs [--dag-id D]      airflow resumable rerun-failed JOB RUN_ID
     airflow resumable migrate [--sql | --check]
     airflow resumable clean --older-than 30d [--dry-run]
 

@@ -473,3 +473,26 @@ def test_a_fuzzer_finds_the_api_keeps_its_openapi_contract_on_a_real_api_server(
     assert result.returncode == 0, f"{result.stdout[-12000:]}\n{result.stderr[-3000:]}\n{live.tail(40)}"
     print(result.stdout[-1500:])
     assert report.exists() and json.loads(report.read_text()), "schemathesis wrote no report"
+
+
+# -- jobs ------------------------------------------------------------------------------------------
+
+
+def test_jobs_gives_one_line_per_job_with_its_partitions_only_of_readable_dags(as_user: Any) -> None:
+    body = as_user("admin", "GET", f"{BASE}/jobs").json()
+    parts = next(j for j in body["jobs"] if j["job"] == "dag_a.parts")
+    assert (parts["dag_id"], parts["task_id"], parts["run_id"], parts["mapped"]) == ("dag_a", "parts", "run_1", True)
+    assert parts["partitions"] == {"done": 0, "failed": 2, "running": 0, "other": 0, "total": 2}
+    assert {j["job"] for j in as_user("alice", "GET", f"{BASE}/jobs").json()["jobs"]} == {A, "dag_a.parts"}
+    assert as_user(None, "GET", f"{BASE}/jobs").status_code == 401
+
+
+def test_rerun_failed_is_refused_without_a_failed_task_instance_and_404_for_an_unknown_job(as_user: Any) -> None:
+    """The rows say the partitions failed, but Airflow has no failed task instance of that run:
+    nothing to clear (409, saying so); edit access to the DAG is needed first."""
+    r = as_user("admin", "POST", f"{BASE}/jobs/rerun_failed", params={"job": "dag_a.parts", "run_id": "run_1"})
+    assert r.status_code == 409 and "no task instance of DAG 'dag_a' task 'parts' failed" in r.json()["message"]
+    assert as_user("viewer", "POST", f"{BASE}/jobs/rerun_failed",
+                   params={"job": "dag_a.parts", "run_id": "run_1"}).status_code == 403
+    r = as_user("admin", "POST", f"{BASE}/jobs/rerun_failed", params={"job": "dag_a.parts", "run_id": "run_x"})
+    assert r.status_code == 404 and r.json()["hint"].startswith("Name the job as `airflow resumable jobs` lists it")
