@@ -5,6 +5,7 @@
     airflow resumable pause|resume|cancel|restart JOB SLOT [--by WHO]
     airflow resumable release JOB SLOT [--force] [--by WHO]
     airflow resumable jobs [--dag-id D]      airflow resumable rerun-failed JOB RUN_ID
+    airflow resumable skipped list JOB SLOT  airflow resumable skipped retry JOB SLOT [--by WHO]
     airflow resumable migrate [--sql | --check]
     airflow resumable clean --older-than 30d [--dry-run]
 
@@ -97,6 +98,23 @@ def get_cli_commands() -> list[GroupCommand]:
                               func=lazy_load_command(f"{_HERE}.history_command"),
                               args=(ARG_JOB, ARG_SLOT, ARG_CONN_ID, ARG_OUTPUT)),
                 *requests,
+                GroupCommand(
+                    name="skipped", help="A slot's skipped items: list them, or retry them through the task's code",
+                    subcommands=[
+                        ActionCommand(name="list", help="The slot's skipped items, oldest first, with their state",
+                                      func=lazy_load_command(f"{_HERE}.skipped_list_command"),
+                                      args=(ARG_JOB, ARG_SLOT, ARG_CONN_ID, ARG_OUTPUT)),
+                        ActionCommand(name="retry", help="Replay the slot's skipped items through the task's own code "
+                                      "on its next run",
+                                      description="Mark the slot's skipped items retry_requested (who asked goes to "
+                                      "its history) and clear its task instance through Airflow when it has "
+                                      "finished: the next run replays them first, through ChunkedOperator's process "
+                                      "(or a ResumableOperator's replay), and marks those that succeed replayed. "
+                                      "Refused (exit 1) while the slot runs or when it has no replayable item.",
+                                      func=lazy_load_command(f"{_HERE}.skipped_retry_command"),
+                                      args=(ARG_JOB, ARG_SLOT, ARG_BY, ARG_CONN_ID, ARG_OUTPUT)),
+                    ],
+                ),
                 ActionCommand(name="jobs", help="One line per job: its latest run's partitions (done, failed, running)",
                               func=lazy_load_command(f"{_HERE}.jobs_command"),
                               args=(ARG_DAG_ID, ARG_CONN_ID, ARG_OUTPUT)),
@@ -145,6 +163,28 @@ def history_command(args: argparse.Namespace) -> None:
     records = [r.to_dict() for r in _guard(lambda: control.history(args.job, args.slot, conn_id=args.conn_id))]
     _print(records if args.output == "json" else [{k: r.get(k) for k in _HISTORY_COLUMNS} for r in records],
            args.output)
+
+
+_SKIPPED_COLUMNS = ("position", "state", "attempt", "skipped_at", "error")
+
+
+def skipped_list_command(args: argparse.Namespace) -> None:
+    from airflow_resumable import control
+
+    _guard(lambda: control.get(args.job, args.slot, conn_id=args.conn_id))  # unknown slot: exit 1, saying so
+    view = _guard(lambda: control.skipped_view(args.job, args.slot, conn_id=args.conn_id, limit=MAX_LIMIT))
+    items = view["skipped_items"]
+    _print(view if args.output == "json" else [{k: _cell(i.get(k)) for k in _SKIPPED_COLUMNS} for i in items],
+           args.output)
+
+
+def skipped_retry_command(args: argparse.Namespace) -> None:
+    from airflow_resumable import control
+
+    _guard(lambda: control.retry_skipped(args.job, args.slot, conn_id=args.conn_id, by=args.by))
+    view = _guard(lambda: control.skipped_view(args.job, args.slot, conn_id=args.conn_id, limit=MAX_LIMIT))
+    _print(view if args.output == "json" else [{k: _cell(i.get(k)) for k in _SKIPPED_COLUMNS}
+                                                for i in view["skipped_items"]], args.output)
 
 
 _JOBS_COLUMNS = ("job", "dag_id", "task_id", "run_id", "done", "failed", "running", "other", "total", "updated_at")

@@ -34,7 +34,8 @@ from airflow_resumable.hooks.resumable import DEFAULT_CONN_ID, ResumableHook
 
 __all__ = [
     "ACTIONS", "RequestRefused", "SlotNotFound", "cancel", "dag_ids", "dead_letters", "find", "get", "history",
-    "jobs", "offers", "pause", "recent", "release", "replay", "rerun_failed", "restart", "resume",
+    "jobs", "offers", "pause", "recent", "release", "replay", "rerun_failed", "restart", "resume", "retry_skipped",
+    "skipped_view",
 ]
 
 ACTIONS = _core.ACTIONS
@@ -113,6 +114,10 @@ def offers(job: str, slot: str, *, conn_id: str = DEFAULT_CONN_ID) -> dict[str, 
     """
     with _session(conn_id, job, slot) as session:
         found = session.requests.offers(job, slot)
+        if found is not None:
+            row = session.checkpoints.load(job, slot)
+            replayable = sum(1 for d in session.skips.items(job, slot, status="skipped") if d.item_format == "json")
+            found["retry_skipped"] = _skips.retry_offered(row, replayable)
     if found is None:
         raise _core.not_found(job, slot)
     return found
@@ -204,3 +209,58 @@ def rerun_failed(job: str, run_id: str, *, conn_id: str = DEFAULT_CONN_ID) -> li
                 hint="Nothing to run again; `airflow resumable jobs` shows how its partitions stand")
         clear_task_instances(failed, session)
         return sorted(ti.map_index for ti in failed)
+
+
+def skipped_view(job: str, slot: str, *, conn_id: str = DEFAULT_CONN_ID, limit: int = 100) -> dict[str, Any]:
+    """The slot's skipped items as the Checkpoint tab and the CLI show them: ``skipped_items``
+    (``position``, ``error``, ``attempt``, ``skipped_at``, ``state``: ``skipped``, ``replayed`` or
+    ``retry_requested``; oldest first, at most ``limit``) and ``skipped_total`` (those still skipped
+    or waiting for their retry)."""
+    with _session(conn_id, job, slot) as session:
+        letters = session.skips.items(job, slot, status=None, limit=limit)
+        total = session.skips.count(job, slot) + session.skips.count(job, slot, status="retry_requested")
+    return {"skipped_items": [{"position": d.position, "error": d.error, "attempt": d.attempt,
+                               "skipped_at": d.recorded_at.isoformat() if d.recorded_at else None, "state": d.status}
+                              for d in letters],
+            "skipped_total": total}
+
+
+def retry_skipped(job: str, slot: str, *, conn_id: str = DEFAULT_CONN_ID, by: str | None = None,
+                  clear: bool = True) -> Checkpoint:
+    """Ask the slot's task to replay its skipped items through its own code (``ChunkedOperator``'s
+    ``process``, a ``ResumableOperator``'s ``replay``) on its next run: they become
+    ``retry_requested`` and the request, with who asked, goes to the slot's history. With ``clear``
+    (and Airflow's metadata database at hand: the api-server, the CLI beside it) the slot's task
+    instance is cleared when it has finished, so that the next run is now; a task instance waiting
+    for its retry replays them on that try. A ``done`` slot resumes at its end for it (it does not
+    start over). Returns the row.
+
+    Raises:
+        SlotNotFound: no such slot.
+        RequestRefused: the slot runs now, or has no skipped item that can be replayed; nothing changed.
+    """
+    store = _store(conn_id, job, slot)
+    _skips.request_retry(store, job, slot, by=_core.default_by() if by is None else _core.checked_by(by))
+    row = get(job, slot, conn_id=conn_id)
+    if clear and row.dag_id and row.task_id and row.run_id:
+        _clear_finished(row)
+    return row
+
+
+def _clear_finished(row: Checkpoint) -> bool:
+    """Clear the row's task instance through Airflow when it has finished (success, failed,
+    skipped); True when it did."""
+    from airflow.models.taskinstance import TaskInstance, clear_task_instances
+    from airflow.utils.session import create_session
+    from airflow.utils.state import TaskInstanceState
+    from sqlalchemy import select
+
+    finished = (TaskInstanceState.SUCCESS, TaskInstanceState.FAILED, TaskInstanceState.SKIPPED)
+    with create_session() as session:
+        ti = session.scalars(select(TaskInstance).where(
+            TaskInstance.dag_id == row.dag_id, TaskInstance.task_id == row.task_id, TaskInstance.run_id == row.run_id,
+            TaskInstance.map_index == (-1 if row.map_index is None else row.map_index))).first()
+        if ti is None or ti.state not in finished:
+            return False
+        clear_task_instances([ti], session)
+        return True

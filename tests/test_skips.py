@@ -409,3 +409,101 @@ def test_the_chunked_operator_s_state_counts_the_good_items_of_a_chunk_with_a_ba
     assert row["state"] == {"sum": 452, "count": 29}
     with checkpoints.open() as s:
         assert s.execute("SELECT count(*) FROM skip_sink").fetchone()[0] == 29
+
+
+# -- retry through the task's own code --------------------------------------------------------------
+
+
+def test_a_retry_request_marks_the_replayable_items_records_who_asked_and_is_refused_twice(store: Store) -> None:
+    from airflow_resumable.core.errors import RequestRefused
+    from airflow_resumable.core.skips import request_retry
+
+    with pytest.raises(Exception, match="no checkpoint row"):
+        request_retry(store, JOB, SLOT, by="alice")
+    run(store, Sink(set(), transactional=False))
+    with pytest.raises(RequestRefused, match="no skipped item that can be replayed"):
+        request_retry(store, "skips", SLOT, by="alice")
+    store2_slot = "2026-01-02T00:00:00+00:00"
+    handler = chunk_loop(SequenceReader(ITEMS), Sink({7, 19}, transactional=False), chunk_size=5, skip_on=ValueError,
+                         skip_limit=3)
+    Attempt(store, job=JOB, slot=store2_slot, attempt=1, owner="o1").run(handler)
+    assert request_retry(store, JOB, store2_slot, by="alice") == 2
+    with store.open() as s:
+        assert [d.status for d in s.skips.items(JOB, store2_slot)] == ["retry_requested", "retry_requested"]
+        asked = [r for r in s.listings.history(JOB, store2_slot) if r.outcome == "retry_skipped_requested"]
+    assert [(r.requested_by, r.error) for r in asked] == [("alice", "retry of 2 skipped item(s) requested")]
+    with pytest.raises(RequestRefused, match="a retry of its 2 skipped item\\(s\\) is already requested"):
+        request_retry(store, JOB, store2_slot, by="bob")
+
+
+def test_the_next_attempt_of_a_done_slot_replays_the_requested_items_at_its_end_and_commits_them(
+    store: Store,
+) -> None:
+    """Given a done slot with 7 and 19 skipped, a retry requested and 7 fixed: the next attempt
+    resumes at the end (it does not start over), replays 7 (written, counted in the state, marked
+    replayed) and 19 (fails again: skipped, with its new error), all committed with a checkpoint."""
+    from airflow_resumable.core.skips import request_retry
+
+    def counting(sink: Sink) -> Any:
+        def process(ctx: Any, batch: list[int]) -> None:
+            sink(ctx, batch)
+            ctx.state["n"] = ctx.state.get("n", 0) + len(batch)
+        return process
+
+    first = Sink({7, 19}, transactional=True)
+    handler = chunk_loop(SequenceReader(ITEMS), counting(first), chunk_size=5, skip_on=ValueError, skip_limit=3)
+    assert Attempt(store, job=JOB, slot=SLOT, attempt=1, owner="o1").run(handler).checkpoint.state == {"n": 28}
+    request_retry(store, JOB, SLOT, by="alice")
+
+    fixed = Sink({19}, transactional=True)
+    seen: list[Any] = []
+    process = counting(fixed)
+    loop = chunk_loop(SequenceReader(ITEMS), process, chunk_size=5, skip_on=ValueError, skip_limit=3)
+
+    def again(ctx: Any) -> Any:
+        seen.append(ctx.position)
+        report = ctx.replay_skipped(lambda item: process(ctx, [item]))
+        assert (report.replayed, report.failed) == ([7], [19])
+        return loop(ctx)
+
+    outcome = Attempt(store, job=JOB, slot=SLOT, attempt=2, owner="o2").run(again)
+    assert seen == [29], "it resumed at the end: the run is not done again"
+    assert outcome.checkpoint.status == "done" and outcome.checkpoint.state == {"n": 29}
+    assert fixed.written(store) == [i for i in ITEMS if i != 19]
+    with store.open() as s:
+        letters = {d.position: d for d in s.skips.items(JOB, SLOT)}
+    assert (letters[7].status, letters[19].status) == ("replayed", "skipped")
+    assert letters[19].error == "ValueError: bad item 19"
+
+
+def test_the_chunked_operator_replays_requested_items_through_its_process_after_a_clear(
+    checkpoints: Store, run_dag: Any
+) -> None:
+    """A real DAG: 13 and 22 skipped, a retry asked by alice through control (which clears the
+    finished task instance), 13 fixed: the next run of the slot replays both through ``process``."""
+    from test_operators import xcom
+
+    from airflow_resumable import control
+
+    run = run_dag("rt_chunked_skips_state", conf={"bad": [13, 22]}, logical_date=DAY)
+    assert str(run.state) == "success"
+    job, slot = "rt_chunked_skips_state.work", DAY.isoformat()
+    assert control.offers(job, slot)["retry_skipped"] is True
+    control.retry_skipped(job, slot, by="alice")
+    assert str(run.get_task_instance("work").state) not in ("success", "TaskInstanceState.SUCCESS"), "cleared"
+    view = control.skipped_view(job, slot)
+    # positions are the items' indexes: 13 is at 12, 22 at 21
+    assert [(i["position"], i["state"]) for i in view["skipped_items"]] == [(12, "retry_requested"),
+                                                                            (21, "retry_requested")]
+    assert control.offers(job, slot)["retry_skipped"] is False
+
+    again = run_dag("rt_chunked_skips_state", conf={"bad": [22]}, logical_date=DAY)
+    assert str(again.state) == "success"
+    row = xcom(again, "work", key="checkpoint", required=True)
+    assert row["state"] == {"sum": 465 - 22, "count": 29}
+    view = control.skipped_view(job, slot)
+    assert [(i["position"], i["state"]) for i in view["skipped_items"]] == [(12, "replayed"), (21, "skipped")]
+    assert view["skipped_total"] == 1
+    assert [r.requested_by for r in control.history(job, slot) if r.outcome == "retry_skipped_requested"] == ["alice"]
+    with checkpoints.open() as s:
+        assert s.execute("SELECT count(*) FROM skip_sink").fetchone()[0] == 29

@@ -123,9 +123,18 @@ class Acquiring(AttemptState):
         restart = self._restart_reason(row)
         if restart:
             return restart
+        retry = self._retry_pending()
+        if retry:
+            return retry
         if self.hooks.rerun is None:
             return None
         return self.hooks.rerun(row)
+
+    def _retry_pending(self) -> str | None:
+        """Why a ``done`` slot resumes at its end: a retry of its skipped items was requested."""
+        session = self._session
+        n = 0 if session is None else session.skips.count(self.job, self.slot, status="retry_requested")
+        return f"a retry of {n} skipped item(s) was requested" if n else None
 
     def _restart_reason(self, row: Checkpoint) -> str | None:
         """Why this attempt starts over on purpose (the option, or a restart request on the row)."""
@@ -158,9 +167,11 @@ class Acquiring(AttemptState):
         ``rerun_because``, or restart asked)."""
         has_progress = row.position is not None or row.processed > 0 or bool(row.state)
         where = f"[job={self.job} slot={self.slot} attempt={self.attempt}]"
+        # A done slot asked to retry its skipped items resumes at its end: they are replayed, not the run.
+        replaying = row.status == Status.DONE.value and not self._restart_reason(row) and self._retry_pending()
         if created or (not has_progress and row.status != Status.DONE.value):
             self.log.info("starting from the beginning %s", where)
-        elif row.status == Status.DONE.value:
+        elif row.status == Status.DONE.value and not replaying:
             self.log.warning(
                 "this slot finished at %s (run %s, attempt %s); running it again from the start because %s %s",
                 row.finished_at.isoformat() if row.finished_at else "?", row.run_id or "?", row.attempt,
@@ -173,11 +184,16 @@ class Acquiring(AttemptState):
                 row.status, where,
             )
         else:
-            self.log.warning(
-                "attempt %s: resuming from position=%r processed=%s%s (last status %s%s) [job=%s slot=%s]",
-                self.attempt, row.position, row.processed, f"/{row.total}" if row.total is not None else "",
-                row.status, f", {row.cancel_reason}" if row.cancel_reason else "", self.job, self.slot,
-            )
+            if replaying:
+                self.log.warning("this slot finished at %s; %s: resuming at its end (position=%r) to replay them, "
+                                 "not starting over %s", row.finished_at.isoformat() if row.finished_at else "?",
+                                 replaying, row.position, where)
+            else:
+                self.log.warning(
+                    "attempt %s: resuming from position=%r processed=%s%s (last status %s%s) [job=%s slot=%s]",
+                    self.attempt, row.position, row.processed, f"/{row.total}" if row.total is not None else "",
+                    row.status, f", {row.cancel_reason}" if row.cancel_reason else "", self.job, self.slot,
+                )
             resumed_from = encode(row.position, what="position", job=self.job, slot=self.slot)
             resumed, self._record_id = session.checkpoints.start(
                 self.fence, self.attempt, reset=False, resumed_from=resumed_from,

@@ -164,7 +164,8 @@ class DeadLetter:
     attempt: int = column("int", "the try number of the attempt that skipped it", nullable=False,
                           sql_default="0", default=0)
     recorded_at: datetime | None = column("timestamp", "when it was skipped", nullable=False, default=None)
-    status: str = column("text", "`skipped`, or `replayed` once a replay processed it", nullable=False,
+    status: str = column("text", "`skipped`; `retry_requested` until the slot's next attempt replays it; "
+                         "`replayed` once a replay processed it", nullable=False,
                          sql_default="'skipped'", default="skipped")
     replayed_at: datetime | None = column("timestamp", "when a replay processed it", default=None)
 

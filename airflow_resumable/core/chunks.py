@@ -4,6 +4,7 @@ tally, report, stop or wait), and the tools the handler borrows (transaction, sk
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from datetime import timedelta
 from typing import Any
@@ -14,7 +15,7 @@ from airflow_resumable.core.context import TransactionConnection
 from airflow_resumable.core.errors import ConfigurationError, LeaseLost, Paused
 from airflow_resumable.core.options import wait_seconds
 from airflow_resumable.core.signal import Reason
-from airflow_resumable.core.skips import skip_item
+from airflow_resumable.core.skips import ReplayReport, replay_requested, skip_item
 from airflow_resumable.core.tally import Tally
 
 
@@ -156,3 +157,11 @@ class Chunks(AttemptState):
     def savepoint(self) -> AbstractContextManager[None]:
         assert self._session is not None
         return self._session.savepoint(job=self.job, slot=self.slot)
+
+    def replay_requested(self, fn: Callable[[Any], Any] | None,
+                         savepoint: Callable[[], AbstractContextManager[None]]) -> ReplayReport | None:
+        """Replay the items whose retry was requested (see :func:`airflow_resumable.core.skips.replay_requested`)."""
+        assert self._session is not None
+        if self._ended:
+            raise self._ended_error("ctx.replay_skipped()")
+        return replay_requested(self._session, job=self.job, slot=self.slot, fn=fn, savepoint=savepoint, log=self.log)

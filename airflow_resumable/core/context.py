@@ -184,6 +184,9 @@ class AttemptCalls(Protocol):
 
     def savepoint(self) -> AbstractContextManager[None]: ...
 
+    def replay_requested(self, fn: Callable[[Any], Any] | None,
+                         savepoint: Callable[[], AbstractContextManager[None]]) -> Any: ...
+
 
 class RunContext:
     """The run as its handler sees it.
@@ -305,6 +308,23 @@ class RunContext:
             InvalidCheckpoint: ``position`` is not plain JSON.
         """
         return self._attempt.skip(item, position=position, error=error, limit=limit)
+
+    def replay_skipped(self, fn: Callable[[Any], Any] | None) -> Any:
+        """Replay the slot's skipped items whose retry was requested (``airflow resumable skipped
+        retry``, the REST API, ``airflow_resumable.control.retry_skipped``), each through ``fn(item)``
+        in its own :meth:`savepoint`, then checkpoint where the run stands, so that their changes to
+        :attr:`state`, their writes through :meth:`transaction` and their marks commit together.
+        Those that succeed become ``replayed``; the others ``skipped`` again with the new error.
+
+        ``ChunkedOperator`` calls it with its ``process`` and ``ResumableOperator(replay=fn)`` with
+        ``fn(ctx, item)`` before the work; a handler that owns its loop may call it first itself.
+        Returns what it did (a :class:`~airflow_resumable.core.skips.ReplayReport`), or None when no
+        retry was requested.
+        """
+        report = self._attempt.replay_requested(fn, self.savepoint)
+        if report is not None:
+            self.checkpoint(self.position, state=self.state)
+        return report
 
     @contextmanager
     def savepoint(self) -> Iterator[None]:

@@ -156,6 +156,15 @@ def wake(row: Checkpoint | None, *, until: datetime | None, now: datetime) -> di
     return None
 
 
+def checked_by(by: str) -> str:
+    """``by`` as a request records it (stripped, at most :data:`MAX_BY` characters).
+
+    Raises:
+        ConfigurationError: it is not a non-empty string.
+    """
+    return _by(by)
+
+
 def _by(by: str | None) -> str:
     if by is None:
         return default_by()

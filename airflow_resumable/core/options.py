@@ -193,6 +193,15 @@ def function_of_ctx(name: str, value: Any) -> str | None:
     return call_problem(value, name, ("ctx",), ())
 
 
+def function_of_ctx_item(name: str, value: Any) -> str | None:
+    """The check of an ``fn(ctx, item)`` option (the replay of a skipped item)."""
+    if value is None:
+        return None
+    if not callable(value):
+        return f"{name} must be a function fn(ctx, item), got {type(value).__name__}"
+    return call_problem(value, name, ("ctx", "item"), ())
+
+
 def connection_id(name: str, value: Any) -> str | None:
     """The check of an Airflow connection id."""
     return None if isinstance(value, str) and value else f"{name} must be a connection id, got {value!r}"
@@ -315,6 +324,10 @@ TASK_OPTIONS: tuple[Option, ...] = (
     Option("handler_kwargs", None,
            "keyword arguments for the handler (`read`/`process` for `ChunkedOperator`); `.expand()` them for mapped "
            "tasks", templated=True, shown="`{}`"),
+    Option("replay", None, "`fn(ctx, item)`: retries one skipped item whose retry was requested, before the handler "
+           "runs (`ChunkedOperator` uses `process`)", check=function_of_ctx_item,
+           more="A handler that records skips with `ctx.skip()` gives it so that `airflow resumable skipped retry` "
+                "(or the Checkpoint tab's retry) can replay them; without it they stay skipped, saying why."),
 )
 
 #: The options of an attempt: the fields of :class:`Options` declared with :func:`option`.

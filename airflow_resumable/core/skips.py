@@ -13,7 +13,13 @@ does: the good items of the chunk are processed, and counted in the state, once;
 raised happen again in the scan (at least once, as always: make them idempotent).
 
 Skipped items are replayed on purpose with :func:`replay`, which runs a function on each one
-still ``skipped`` and marks it ``replayed`` when it succeeds.
+still ``skipped`` and marks it ``replayed`` when it succeeds. Or by the task itself, with its own
+code: :func:`request_retry` marks them ``retry_requested`` (who asked is in the slot's history),
+and the slot's next attempt (a Clear, or the next try) replays them first, each in a savepoint,
+through :func:`replay_requested` (``ChunkedOperator``'s ``process``, or a ``ResumableOperator``'s
+``replay``): those that succeed become ``replayed``, the others ``skipped`` again with their new
+error; their changes to ``ctx.state`` and writes through ``ctx.transaction()`` commit with the
+checkpoint that follows. A ``done`` slot asked to retry resumes at its end instead of starting over.
 """
 
 from __future__ import annotations
@@ -24,13 +30,21 @@ from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
 from typing import Any
 
-from airflow_resumable.core.checkpoint import DeadLetter, encode, error_text, short
-from airflow_resumable.core.errors import Cancelled, ConfigurationError, ResumableError, SkipLimitExceeded
+from airflow_resumable.core.checkpoint import Checkpoint, DeadLetter, encode, error_text, short
+from airflow_resumable.core.errors import (
+    Cancelled,
+    ConfigurationError,
+    RequestRefused,
+    ResumableError,
+    SkipLimitExceeded,
+    SlotNotFound,
+)
 from airflow_resumable.core.progress import Log
 from airflow_resumable.core.readers import json_key
 from airflow_resumable.core.stores.base import Store, StoreSession
 
-__all__ = ["ReplayReport", "never_skipped", "replay", "skip_item", "skip_limit_check", "skip_on_check", "skip_on_problem"]
+__all__ = ["ReplayReport", "never_skipped", "replay", "replay_requested", "request_retry", "retry_offered", "skip_item",
+           "skip_limit_check", "skip_on_check", "skip_on_problem"]
 
 #: The longest ``repr`` kept of an item that has no JSON form.
 _REPR_LIMIT = 10_000
@@ -170,3 +184,83 @@ def _now() -> datetime:
 def shown(letters: Sequence[DeadLetter]) -> list[dict[str, Any]]:
     """A few skipped items as the task's summary lists them: position, error (cut), attempt."""
     return [{"position": d.position, "error": (d.error or "")[:200], "attempt": d.attempt} for d in letters]
+
+
+def _live(row: Checkpoint) -> bool:
+    return bool(row.lease_owner and row.lease_expires_at and row.lease_expires_at > _now())
+
+
+def retry_offered(row: Checkpoint | None, replayable: int) -> bool:
+    """Whether the slot would take a retry of its skipped items now: it has ``replayable`` (> 0)
+    items kept as JSON and no attempt runs it."""
+    return row is not None and replayable > 0 and not _live(row)
+
+
+def request_retry(store: Store, job: str, slot: str, *, by: str) -> int:
+    """Ask the slot's next attempt to replay its skipped items through the task's own code.
+
+    Returns how many items are now ``retry_requested``.
+
+    Raises:
+        SlotNotFound: no such slot.
+        RequestRefused: an attempt runs the slot now, or it has no skipped item kept as JSON (none
+            at all, or only ``repr`` ones, which cannot be replayed); nothing changed.
+    """
+    with store.open(autocommit=True) as session:
+        session.ensure_schema()
+        row = session.checkpoints.load(job, slot)
+        if row is None:
+            raise SlotNotFound("no checkpoint row for this slot", job=job, slot=slot,
+                               hint="Check the job and the slot, as `airflow resumable list` shows them")
+        if _live(row):
+            raise RequestRefused(
+                f"the slot is running now (held by {row.lease_owner}): its skipped items can be retried once "
+                "the run has ended", status=row.status, job=job, slot=slot,
+                hint="Wait for the run to end (or pause or cancel it), then ask again")
+        n = session.skips.request_retry(row, by=by)
+        if not n:
+            pending = session.skips.count(job, slot, status="retry_requested")
+            why = (f"a retry of its {pending} skipped item(s) is already requested" if pending else
+                   "the slot has no skipped item that can be replayed (none, or only items kept as repr)")
+            raise RequestRefused(why, status=row.status, job=job, slot=slot,
+                                 hint="See its items with `airflow resumable skipped list JOB SLOT`")
+        return n
+
+
+def replay_requested(session: StoreSession, *, job: str, slot: str, fn: Callable[[Any], Any] | None,
+                     savepoint: Callable[[], Any], log: Log) -> ReplayReport | None:
+    """Inside an attempt, before the handler's work: replay the items whose retry was requested,
+    each through ``fn(item)`` in its own ``savepoint()``. Marks commit with the next checkpoint.
+    ``fn`` None (the task has no code to replay them with) puts them back ``skipped``, saying so.
+    Returns None when no retry was requested."""
+    letters = session.skips.items(job, slot, status="retry_requested")
+    if not letters:
+        return None
+    replayed: list[Any] = []
+    failed: list[Any] = []
+    for letter in letters:
+        if fn is None:
+            session.skips.end_retry(letter.id, error=f"{letter.error or ''} (not retried: the task has no process "
+                                    "or replay function to replay it with)".strip())
+            failed.append(letter.position)
+            continue
+        try:
+            with savepoint():
+                fn(letter.item)
+        except Exception as exc:
+            if never_skipped(exc):
+                raise
+            session.skips.end_retry(letter.id, error=error_text(exc))
+            failed.append(letter.position)
+            log.warning("retried the skipped item at position %s: it failed again: %s; still skipped "
+                        "[job=%s slot=%s]", short(letter.position, 60), error_text(exc, 300), job, slot)
+        else:
+            session.skips.end_retry(letter.id)
+            replayed.append(letter.position)
+    if fn is None:
+        log.warning("a retry of %s skipped item(s) was requested, but this task has no process or replay function "
+                    "to replay them with; they stay skipped [job=%s slot=%s]", len(letters), job, slot)
+    else:
+        log.warning("retried %s skipped item(s) as requested: %s replayed, %s failed again (still skipped) "
+                    "[job=%s slot=%s]", len(letters), len(replayed), len(failed), job, slot)
+    return ReplayReport(replayed=replayed, failed=failed, not_replayable=[])

@@ -79,6 +79,8 @@ class AttemptEnd(enum.StrEnum):
     CANCEL_REQUESTED = f"{Action.CANCEL}_requested"
     RESTART_REQUESTED = f"{Action.RESTART}_requested"
     LEASE_RELEASED = f"lease_{Action.RELEASE}d"
+    #: A retry of the slot's skipped items, which its next attempt replays (``core/skips.py``).
+    RETRY_SKIPPED_REQUESTED = "retry_skipped_requested"
 
 
 #: The statuses a slot rests in once an attempt ended it: what retention (``clean``) may remove,
@@ -112,6 +114,7 @@ SLOT_STATUS: dict[AttemptEnd, Status | None] = {
     AttemptEnd.CANCEL_REQUESTED: None,
     AttemptEnd.RESTART_REQUESTED: None,
     AttemptEnd.LEASE_RELEASED: None,
+    AttemptEnd.RETRY_SKIPPED_REQUESTED: None,
 }
 
 

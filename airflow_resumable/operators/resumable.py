@@ -82,6 +82,7 @@ class ResumableOperator(BaseOperator):
     job: str | None
     restart: bool | str
     handler_kwargs: Any  # a dict, or an XCom that rendering turns into one
+    replay: Callable[..., Any] | None
     timeout: float | None
     timeout_grace: float
     overlap_poke: float
@@ -113,6 +114,7 @@ class ResumableOperator(BaseOperator):
         resume_poll: float | timedelta = defaults.RESUME_POLL,
         pipeline_checkpoints: bool = defaults.PIPELINE_CHECKPOINTS,
         handler_kwargs: Mapping[str, Any] | None = None,
+        replay: Callable[..., Any] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -183,11 +185,15 @@ class ResumableOperator(BaseOperator):
     # -- what subclasses change ----------------------------------------------------------------
 
     def _handler(self, context: Context) -> Callable[[RunContext], Any]:
-        handler, kwargs = self.handler, self.handler_kwargs
+        handler, kwargs, replay = self.handler, self.handler_kwargs, self.replay
         assert handler is not None
-        if not kwargs:
-            return handler
-        return lambda ctx: handler(ctx, **kwargs)
+
+        def run(ctx: RunContext) -> Any:
+            # Skipped items whose retry was requested go first (none: nothing happens).
+            ctx.replay_skipped(None if replay is None else lambda item: replay(ctx, item))
+            return handler(ctx, **kwargs) if kwargs else handler(ctx)
+
+        return run
 
     # -- execution -----------------------------------------------------------------------------
 
@@ -442,6 +448,8 @@ class ChunkedOperator(ResumableOperator):
         loop = chunk_loop(**{**self._chunked(), "read": read, "process": process})
 
         def handler(ctx: RunContext) -> None:
+            # Skipped items whose retry was requested go first, one at a time through process.
+            ctx.replay_skipped(lambda item: process(ctx, [item]))
             loop(ctx)
             return None  # the summary is the return value
 

@@ -263,6 +263,19 @@ def create_app() -> FastAPI:
                     f"its checkpoints live in another store than the connection {conn!r}."}
         return {"resumable": True, **_detail(row, conn)}
 
+    # Before the route of the other requests, which would take "retry_skipped" for an action.
+    @app.post("/api/v1/checkpoint/retry_skipped", responses=_responses(400, 401, 403, 404, 409, 422, 500, 503),
+              summary="Ask the slot's task to replay its skipped items through its own code, on its next run",
+              description="The items become `retry_requested` and the request, with your user name, goes to the "
+              "slot's history; a finished task instance is cleared through Airflow so that the next run is now. "
+              "409 while the slot runs or when it has no skipped item that can be replayed.")
+    def retry_skipped(user: GetUserDep, job: Job, slot: Slot, conn_id: str = conn_query()) -> dict[str, Any]:
+        conn = _conn(conn_id)
+        row = control.get(job, slot, conn_id=conn)
+        _authorize(user, row.dag_id, "PUT")
+        row = control.retry_skipped(job, slot, conn_id=conn, by=user.get_name())
+        return _detail(row, conn)
+
     @app.post("/api/v1/checkpoint/{action}", responses=_responses(400, 401, 403, 404, 409, 422, 500, 503),
               summary="Ask the slot to pause, resume, cancel, restart or release its lease")
     def act(
@@ -320,8 +333,10 @@ def create_app() -> FastAPI:
 
 
 def _detail(row: Any, conn_id: str) -> dict[str, Any]:
-    return row_view(row, history=control.history(row.job, row.slot, conn_id=conn_id),
+    view = row_view(row, history=control.history(row.job, row.slot, conn_id=conn_id),
                     offers=control.offers(row.job, row.slot, conn_id=conn_id))
+    view.update(control.skipped_view(row.job, row.slot, conn_id=conn_id))
+    return view
 
 
 def overlap_of(dag_id: str, run_id: str, task_id: str, map_index: int = -1) -> dict[str, Any] | None:

@@ -1,4 +1,5 @@
-"""A session's skipped items (dead letters, table ``resumable_dead_letters``), and their replays.
+"""A session's skipped items (dead letters, table ``resumable_dead_letters``), their replays, and
+the requests to retry them (status ``retry_requested``, honoured by the slot's next attempt).
 
 Written on the run's connection without a commit of their own: in autocommit mode each statement
 commits at once; once the handler uses ctx.transaction() they commit with the next checkpoint (a
@@ -7,12 +8,25 @@ chunk that rolls back takes its skips with it, and its retry records them again)
 
 from __future__ import annotations
 
+import functools
+import os
+import socket
 from typing import Any
 
-from airflow_resumable.core.checkpoint import ENCODER, DeadLetter
+from airflow_resumable.core.checkpoint import ENCODER, Checkpoint, DeadLetter
+from airflow_resumable.core.states import AttemptEnd
 from airflow_resumable.core.stores.connection import Connection
-from airflow_resumable.core.stores.sql import KEY, SKIPPED
-from airflow_resumable.core.tables import DEAD_LETTERS
+from airflow_resumable.core.stores.dialect import Dialect
+from airflow_resumable.core.stores.sql import KEY, SKIPPED, insert, json_or_none, named
+from airflow_resumable.core.tables import ATTEMPTS, DEAD_LETTERS
+
+_HISTORY = ("job", "slot", "attempt", "outcome", "requested_by", "host", "pid", "dag_id", "task_id", "run_id",
+            "map_index", "position_start", "processed_start", "position_end", "processed_end", "error")
+
+
+@functools.cache
+def _history_sql(d: Dialect) -> str:
+    return insert(ATTEMPTS, {**named(*_HISTORY), "started_at": d.now(), "ended_at": d.now()})
 
 
 class Skips:
@@ -82,3 +96,34 @@ class Skips:
         else:
             c.execute(f"UPDATE {SKIPPED} SET error = %(error)s WHERE id = %(id)s", {"id": record_id, "error": error})
         c.commit()
+
+    def request_retry(self, row: Checkpoint, *, by: str) -> int:
+        """Mark the slot's replayable skipped items (kept as JSON) ``retry_requested`` and record
+        the request, with who asked, in the slot's history: one transaction. Returns how many."""
+        c = self._c
+        key = {"job": row.job, "slot": row.slot}
+        with c.transaction():
+            n = c.execute(f"UPDATE {SKIPPED} SET status = 'retry_requested' WHERE {KEY} AND status = 'skipped' "
+                          "AND item_format = 'json'", key).rowcount
+            if n:
+                c.execute(_history_sql(c.d), {
+                    **key, "attempt": row.attempt, "outcome": AttemptEnd.RETRY_SKIPPED_REQUESTED.value,
+                    "requested_by": by, "host": socket.gethostname(), "pid": os.getpid(), "dag_id": row.dag_id,
+                    "task_id": row.task_id, "run_id": row.run_id, "map_index": row.map_index,
+                    "position_start": json_or_none(row.position), "processed_start": row.processed,
+                    "position_end": json_or_none(row.position), "processed_end": row.processed,
+                    "error": f"retry of {n} skipped item(s) requested",
+                })
+        return int(n)
+
+    def end_retry(self, record_id: int, *, error: str | None = None) -> None:
+        """End the retry of one dead letter inside the attempt, without a commit of its own (it
+        commits with the attempt's next checkpoint): ``replayed``, or ``skipped`` again with the
+        new ``error``."""
+        c = self._c
+        if error is None:
+            c.execute(f"UPDATE {SKIPPED} SET status = 'replayed', replayed_at = {c.d.now()} WHERE id = %(id)s",
+                      {"id": record_id})
+        else:
+            c.execute(f"UPDATE {SKIPPED} SET status = 'skipped', error = %(error)s WHERE id = %(id)s",
+                      {"id": record_id, "error": error})
