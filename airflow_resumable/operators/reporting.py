@@ -9,6 +9,7 @@ from airflow_resumable.core.checkpoint import Checkpoint
 from airflow_resumable.core.progress import Progress, Reporter
 from airflow_resumable.core.view import ROW_LIMIT, cap_row
 from airflow_resumable.metrics import Metrics
+from airflow_resumable.operators.state_store import StateStoreMirror
 
 #: XCom key under which the checkpoint row is pushed.
 XCOM_KEY = "checkpoint"
@@ -27,9 +28,11 @@ class AirflowReporter(Reporter):
 
     def __init__(
         self, log: Any, ti: Any, *, interval: float, xcom_interval: float, where: str = "the checkpoint store",
-        metrics: Metrics | None = None,
+        metrics: Metrics | None = None, mirror: StateStoreMirror | None = None,
     ):
         super().__init__(log, interval=interval)
+        #: Airflow's task state store, written at the XCom push's pace.
+        self.mirror = mirror
         self.ti = ti
         self.metrics = metrics or Metrics(dag_id=getattr(ti, "dag_id", None), task_id=getattr(ti, "task_id", None))
         self.xcom_interval = xcom_interval
@@ -44,6 +47,8 @@ class AirflowReporter(Reporter):
             self.ti.xcom_push(key=XCOM_KEY, value=self.xcom_row(cp))
         except Exception:  # XCom is a report channel; never fail the work over it
             self.log.warning("could not push the checkpoint row to XCom", exc_info=True)
+        if self.mirror is not None:
+            self.mirror.write(cp)
 
     def xcom_row(self, cp: Checkpoint) -> dict[str, Any]:
         """The row as pushed to XCom: whole up to :data:`XCOM_ROW_LIMIT` bytes of JSON, else with

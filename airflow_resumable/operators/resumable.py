@@ -37,6 +37,7 @@ from airflow_resumable.operators.checks import configuration_error, parse_time_p
 from airflow_resumable.operators.outcome import CombinedRetryPolicy, ResumableStopped, to_airflow
 from airflow_resumable.operators.overlap import report_overlap
 from airflow_resumable.operators.reporting import XCOM_KEY, XCOM_ROW_LIMIT, AirflowReporter
+from airflow_resumable.operators.state_store import StateStoreMirror
 from airflow_resumable.operators.task_instance import RESTART_CONF_KEY, slot_of
 from airflow_resumable.triggers.resume import SlotResumeTrigger
 from airflow_resumable.version_compat import (
@@ -253,6 +254,7 @@ class ResumableOperator(BaseOperator):
                 reporter=AirflowReporter(
                     self.log, ti, interval=options.progress_interval, xcom_interval=self.xcom_interval,
                     where=store.describe(),
+                    mirror=StateStoreMirror(self.log, ti, context.get("task_state_store")),
                 ),
                 log=self.log,
             )

@@ -1,0 +1,65 @@
+"""A small summary of the slot in Airflow's own task state store (Airflow 3.3, AIP-103), the first
+sub-tab of a task instance's **Storage** tab: where a person looks first.
+
+Key ``resumable``: ``{"job", "slot", "status", "position", "processed", "total", "percent",
+"updated_at", "checkpoint_tab"}``, the last a link to the task instance's Checkpoint tab (the whole
+row, live). Written at the pace of the XCom push (``xcom_interval``), never per checkpoint: one
+write goes through the supervisor and the Execution API (about 17 ms here). Where the running
+Airflow has no task state store, or a write fails, it says so once in the log and stops trying;
+the work never fails over it.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+from urllib.parse import urlencode
+
+from airflow_resumable.core.checkpoint import Checkpoint
+
+#: The task state store's key of the summary.
+STATE_KEY = "resumable"
+#: A position longer than this, as JSON, is shown cut (the whole one is in the checkpoint row).
+POSITION_LIMIT = 512
+
+
+def checkpoint_tab(ti: Any) -> str:
+    """The task instance's Checkpoint tab (the plugin's page), under ``[api] base_url`` when set."""
+    from airflow_resumable.version_compat import conf
+
+    base = (conf.get("api", "base_url", fallback="") or "").rstrip("/")
+    query = urlencode({"dag_id": ti.dag_id, "run_id": ti.run_id, "task_id": ti.task_id,
+                       "map_index": getattr(ti, "map_index", -1)})
+    return f"{base}/resumable/ui/checkpoint?{query}"
+
+
+class StateStoreMirror:
+    """Writes the summary to ``context["task_state_store"]``; a no-op (logged once) without one."""
+
+    def __init__(self, log: Any, ti: Any, store: Any | None):
+        self.log = log
+        self.store = store
+        self.link = checkpoint_tab(ti)
+        if store is None:
+            log.info("this Airflow has no task state store (Airflow 3.3+): the checkpoint summary goes to XCom "
+                     "only (key 'checkpoint')")
+
+    def write(self, cp: Checkpoint) -> None:
+        if self.store is None:
+            return
+        try:
+            self.store.set(STATE_KEY, self.summary(cp))
+        except Exception:  # a report channel: never fail the work over it
+            self.log.warning("could not write the checkpoint summary to Airflow's task state store; it goes to "
+                             "XCom only from now on", exc_info=True)
+            self.store = None
+
+    def summary(self, cp: Checkpoint) -> dict[str, Any]:
+        position: Any = cp.position
+        text = json.dumps(position, default=str)
+        if len(text) > POSITION_LIMIT:
+            position = {"truncated": True, "bytes": len(text), "preview": text[:POSITION_LIMIT]}
+        percent = None if not cp.total else round(100.0 * cp.processed / cp.total, 2)
+        return {"job": cp.job, "slot": cp.slot, "status": cp.status, "position": position, "processed": cp.processed,
+                "total": cp.total, "percent": percent,
+                "updated_at": cp.updated_at.isoformat() if cp.updated_at else None, "checkpoint_tab": self.link}
