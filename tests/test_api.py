@@ -171,8 +171,10 @@ def test_a_slot_shows_its_row_history_and_what_it_would_take(as_user: Any) -> No
     body = r.json()
     assert (body["job"], body["slot"], body["status"], body["position"], body["dag_id"]) == (A, SLOT, "failed", 10, "dag_a")
     assert [h["outcome"] for h in body["history"]] == ["failed"]
-    assert body["offers"] == {"pause": True, "resume": False, "cancel": False, "restart": True, "release": False}
+    assert body["offers"] == {"pause": True, "resume": False, "cancel": False, "restart": True, "release": False,
+                              "retry_skipped": False}
     assert body["lease"] == "none" and body["rate"] is None and body["eta_seconds"] is None
+    assert (body["skipped_items"], body["skipped_total"]) == ([], 0)
 
 
 def test_a_slot_of_a_dag_the_user_may_not_see_is_forbidden(as_user: Any) -> None:
@@ -496,3 +498,10 @@ def test_rerun_failed_is_refused_without_a_failed_task_instance_and_404_for_an_u
                    params={"job": "dag_a.parts", "run_id": "run_1"}).status_code == 403
     r = as_user("admin", "POST", f"{BASE}/jobs/rerun_failed", params={"job": "dag_a.parts", "run_id": "run_x"})
     assert r.status_code == 404 and r.json()["hint"].startswith("Name the job as `airflow resumable jobs` lists it")
+
+
+def test_retry_skipped_of_a_slot_without_skipped_items_is_refused_saying_why(as_user: Any) -> None:
+    r = as_user("admin", "POST", f"{BASE}/checkpoint/retry_skipped", params=q(A))
+    assert r.status_code == 409 and "no skipped item that can be replayed" in r.json()["message"]
+    assert as_user("viewer", "POST", f"{BASE}/checkpoint/retry_skipped", params=q(A)).status_code == 403
+    assert as_user("admin", "POST", f"{BASE}/checkpoint/retry_skipped", params=q("no.such")).status_code == 404
