@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 CONSTRAINTS := constraints-3.11.txt
 DEMO_HOME := $(CURDIR)/.airflow-home
 
-.PHONY: demo test fast lint bench standalone celery venv clean browser-deps screenshots
+.PHONY: demo test fast lint docs docs-serve bench standalone celery venv clean browser-deps screenshots
 
 $(VENV)/.installed: setup.cfg pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
@@ -44,6 +44,20 @@ screenshots: venv browser-deps
 lint: venv
 	$(PY) -m ruff check airflow_resumable devtools tests bench dags scripts
 	$(PY) -m mypy
+
+## The docs site (docs/, mkdocs.yml) into build/site; strict: a warning (a broken link, a page
+## missing from the navigation, a reference to code that does not exist) fails the build.
+docs: venv $(VENV)/.docs-installed
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict
+
+## The docs site on http://127.0.0.1:8000, rebuilt on every change; Ctrl-C stops it.
+docs-serve: venv $(VENV)/.docs-installed
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs serve --dev-addr 127.0.0.1:8000
+
+$(VENV)/.docs-installed: setup.cfg $(CONSTRAINTS)
+	$(PY) -m pip install --quiet -c $(CONSTRAINTS) -e ".[docs]"
+	rm -rf airflow_resumable.egg-info
+	touch $@
 
 ## A local Airflow with the example DAGs (UI on :8080); Ctrl-C stops it.
 standalone: venv
