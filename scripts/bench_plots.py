@@ -33,6 +33,12 @@ def target_value(target: str) -> tuple[str, float] | None:
     return ("<=" if match[1] in "≤<" else ">="), float(match[2])
 
 
+def _target(row: dict[str, Any]) -> tuple[str, float]:
+    found = target_value(row["target"])
+    assert found is not None, row["key"]
+    return found
+
+
 def _label(row: dict[str, Any]) -> str:
     what = row["what"].replace("`", "")
     return f'{row["key"]}  {what[:52] + "…" if len(what) > 53 else what}'
@@ -41,7 +47,7 @@ def _label(row: dict[str, Any]) -> str:
 def bars(title: str, rows: list[dict[str, Any]], *, log: bool, note: str) -> str:
     """A horizontal bar a row (its ratio), with its target as a tick; green met, red missed."""
     height = TOP + ROW * len(rows) + 40
-    values = [v for r in rows for v in (r["ratio"], target_value(r["target"])[1])]  # type: ignore[index]
+    values = [v for r in rows for v in (r["ratio"], _target(r)[1])]
     low, high = (min(values) / 1.5, max(values) * 1.5) if log else (0.0, max(values) * 1.12)
 
     def x(value: float) -> float:
@@ -66,7 +72,7 @@ def bars(title: str, rows: list[dict[str, Any]], *, log: bool, note: str) -> str
     for n, row in enumerate(rows):
         y = TOP + ROW * n
         ratio = row["ratio"]
-        _, target = target_value(row["target"])  # type: ignore[misc]
+        _, target = _target(row)
         color = PASS if row["passed"] else MISS if row["passed"] is False else NEUTRAL
         left, right = sorted((base, x(ratio)))
         out.append(f'<g><title>{escape(row["key"] + ": " + row["what"] + " — " + row["measured"])}</title>')
@@ -84,8 +90,8 @@ def bars(title: str, rows: list[dict[str, Any]], *, log: bool, note: str) -> str
 def plots(results: list[dict[str, Any]]) -> dict[str, str]:
     """Each plot's file name and SVG text, from the rows of one ``make bench`` run."""
     judged = [r for r in results if r.get("ratio") is not None and target_value(r["target"])]
-    costs = [r for r in judged if target_value(r["target"])[0] == "<="]  # type: ignore[index]
-    gains = [r for r in judged if target_value(r["target"])[0] == ">="]  # type: ignore[index]
+    costs = [r for r in judged if _target(r)[0] == "<="]
+    gains = [r for r in judged if _target(r)[0] == ">="]
     return {
         "ratios.svg": bars("Ratios judged against a ceiling", costs, log=False,
                            note="lower is better: ours vs the bare alternative (13: the longest unrenewed gap vs the lease), side by side in one run"),
