@@ -10,7 +10,7 @@ DEMO_HOME := $(CURDIR)/.airflow-home
 $(VENV)/.installed: setup.cfg pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade "pip==26.3" || true
-	$(PY) -m pip install --quiet -c $(CONSTRAINTS) -e ".[test,lint]"
+	$(PY) -m pip install --quiet -c $(CONSTRAINTS) -e ".[test,lint,docs]"
 	@# The editable build leaves an egg-info here; on sys.path (tests run from here) it would
 	@# declare every entry point a second time (Airflow then warns: plugin already registered).
 	rm -rf airflow_resumable.egg-info
@@ -47,17 +47,12 @@ lint: venv
 
 ## The docs site (docs/, mkdocs.yml) into build/site; strict: a warning (a broken link, a page
 ## missing from the navigation, a reference to code that does not exist) fails the build.
-docs: venv $(VENV)/.docs-installed
+docs: venv
 	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict
 
 ## The docs site on http://127.0.0.1:8000, rebuilt on every change; Ctrl-C stops it.
-docs-serve: venv $(VENV)/.docs-installed
+docs-serve: venv
 	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs serve --dev-addr 127.0.0.1:8000
-
-$(VENV)/.docs-installed: setup.cfg $(CONSTRAINTS)
-	$(PY) -m pip install --quiet -c $(CONSTRAINTS) -e ".[docs]"
-	rm -rf airflow_resumable.egg-info
-	touch $@
 
 ## A local Airflow with the example DAGs (UI on :8080); Ctrl-C stops it.
 standalone: venv
