@@ -359,7 +359,8 @@ def check_resumable(
             fresh checkpoint store of its own.
         interruptions: the kinds to try (:class:`Interruption` or their names).
         points: ``"every"`` checkpoint of the reference run, or the checkpoint numbers (1-based).
-        seed / samples: try ``samples`` of the points, chosen at random with ``seed`` (reproducible).
+        seed: the random seed that chooses the ``samples`` points (the same seed, the same points).
+        samples: try only this many of the points, chosen at random.
         store: ``store(directory)`` gives the checkpoint store of one run (default: a new embedded
             SQLite file in ``directory``); it may give the same store every time (a PostgreSQL
             database the sink lives in): the kit deletes its own slot before each run, and
