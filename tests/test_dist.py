@@ -294,21 +294,26 @@ def test_the_changelog_keeps_a_changelog_with_this_release_on_top() -> None:
 PAGES = {"/resumable/ui/checkpoint": "checkpoint.html", "/resumable/ui/jobs": "jobs.html",
          "/resumable/ui/resumable.js": "resumable.js"}
 
+#: The example DAGs run in the fresh venv: a ``ChunkedOperator`` and a ``@task.resumable`` task (the
+#: provider's task decorator), and the job each one checkpoints.
+EXAMPLES = {"chunked_example.py": "chunked_example.total_revenue", "taskflow_example.py": "taskflow_example.sum_of_squares"}
+
 #: Run in the fresh venv (``python -I``: neither the checkout nor PYTHONPATH on sys.path): where the
-#: package comes from, then the example DAG under dag.test().
+#: package comes from, then each example DAG under dag.test().
 RUN_DAG = """
 import importlib.util, json, sys
 from pathlib import Path
 import airflow_resumable
-checkout = sys.argv[1]
-dag_file = Path(sys.argv[2])
+checkout, dag_files = sys.argv[1], sys.argv[2:]
 where = {"file": airflow_resumable.__file__, "version": airflow_resumable.__version__,
          "checkout_on_path": [p for p in sys.path if p and Path(p).resolve().is_relative_to(checkout)]}
-spec = importlib.util.spec_from_file_location("example_dag", dag_file)
-module = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(module)
-run = module.dag.test()
-print("RESULT " + json.dumps({**where, "state": str(run.state)}))
+states = {}
+for dag_file in dag_files:
+    spec = importlib.util.spec_from_file_location(Path(dag_file).stem, dag_file)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    states[module.dag.dag_id] = str(module.dag.test().state)
+print("RESULT " + json.dumps({**where, "states": states}))
 """
 
 #: The api-server's app with the plugin mounted (``RESUMABLE_PLUGIN_API=1`` builds it here), driven
@@ -351,8 +356,8 @@ def test_the_built_wheel_in_a_fresh_venv_runs_an_example_dag_the_cli_and_the_plu
     # Given a venv outside the checkout with the wheel and the constraints file's Airflow
     venv, home, dags = tmp_path / "venv", tmp_path / "home", tmp_path / "dags"
     dags.mkdir()
-    dag_file = dags / "chunked_example.py"
-    dag_file.write_text((ROOT / "dags" / "chunked_example.py").read_text())
+    for name in EXAMPLES:
+        (dags / name).write_text((ROOT / "dags" / name).read_text())
     timings: dict[str, float] = {}
 
     def step(name: str, args: list[str], timeout: float, **env: str) -> subprocess.CompletedProcess[str]:
@@ -373,17 +378,21 @@ def test_the_built_wheel_in_a_fresh_venv_runs_an_example_dag_the_cli_and_the_plu
     installed = step("install", [python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
                                  "-c", str(cell.constraints), str(artifacts.wheel)], 1200)
     assert installed.returncode == 0, installed.stdout[-3000:] + installed.stderr[-3000:]
+    checked = step("pip check", [python, "-m", "pip", "check", "--disable-pip-version-check"], 120)
+    assert checked.returncode == 0, checked.stdout[-3000:] + checked.stderr[-3000:]  # nothing broken or missing
     versions = step("versions", [python, "-I", "-c", "from importlib.metadata import version as v; "
                                  "print(v('apache-airflow'), v('airflow-resumable'))"], 60)
     assert versions.stdout.split() == [cell.airflow, airflow_resumable.__version__], versions.stderr
     migrated = step("db migrate", [airflow, "db", "migrate"], 600)
     assert migrated.returncode == 0, migrated.stdout[-3000:] + migrated.stderr[-3000:]
 
-    # When the example DAG runs with dag.test() on the embedded SQLite store
-    ran = _result(step("dag.test()", [python, "-I", "-c", RUN_DAG, str(ROOT), str(dag_file)], 600))
-    # Then the package came from the venv's site-packages, not from the checkout, and the run succeeded
+    # When the example DAGs run with dag.test() on the embedded SQLite store
+    ran = _result(step("dag.test()", [python, "-I", "-c", RUN_DAG, str(ROOT), *(str(dags / n) for n in EXAMPLES)],
+                       600))
+    # Then the package came from the venv's site-packages, not from the checkout, and the runs succeeded
     assert Path(ran["file"]).is_relative_to(venv) and not ran["checkout_on_path"], ran
-    assert ran["version"] == airflow_resumable.__version__ and ran["state"] in ("success", "DagRunState.SUCCESS")
+    assert ran["version"] == airflow_resumable.__version__
+    assert ran["states"] == {"chunked_example": "success", "taskflow_example": "success"}, ran
 
     # And `airflow resumable` is a command of the installed Airflow that lists the finished slot
     helped = step("airflow resumable --help", [airflow, "resumable", "--help"], 120)
@@ -392,9 +401,9 @@ def test_the_built_wheel_in_a_fresh_venv_runs_an_example_dag_the_cli_and_the_plu
         assert re.search(rf"^\s+{command}\s", helped.stdout, re.M), (command, helped.stdout)
     listed = step("airflow resumable list", [airflow, "resumable", "list", "--output", "json"], 120)
     assert listed.returncode == 0, listed.stderr[-3000:]
-    (slot,) = json.loads(listed.stdout)
-    assert slot["job"] == "chunked_example.total_revenue" and slot["status"] == "done"
-    assert slot["processed"] == slot["total"] == 5_000
+    slots = {slot["job"]: slot for slot in json.loads(listed.stdout)}
+    assert set(slots) == set(EXAMPLES.values()) and {s["status"] for s in slots.values()} == {"done"}, slots
+    assert slots["chunked_example.total_revenue"]["processed"] == slots["chunked_example.total_revenue"]["total"] == 5_000
 
     # And the api-server's app serves the plugin's pages from the wheel's files, once, with its REST
     served = _result(step("plugin pages", [python, "-I", "-c", SERVE_PLUGIN, json.dumps(list(PAGES))], 300,
@@ -406,5 +415,5 @@ def test_the_built_wheel_in_a_fresh_venv_runs_an_example_dag_the_cli_and_the_plu
     (plugin,) = served["plugins"]
     assert {view["name"] for view in plugin["external_views"]} == {"Checkpoint", "Resumable jobs"}
     code, body = served["slots"]
-    assert code == 200 and [s["job"] for s in body["checkpoints"]] == ["chunked_example.total_revenue"], body
+    assert code == 200 and {s["job"] for s in body["checkpoints"]} == set(EXAMPLES.values()), body
     print(f"installed wheel with Airflow {cell.airflow} ({cell.constraints.name}), seconds per step: {timings}")
