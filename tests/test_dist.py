@@ -26,6 +26,7 @@ import hashlib
 import json
 import os
 import re
+import secrets
 import subprocess
 import sys
 import tarfile
@@ -290,10 +291,6 @@ def test_the_changelog_keeps_a_changelog_with_this_release_on_top() -> None:
 
 # -- the wheel where a team installs it -------------------------------------------------------------------
 
-#: The plugin's pages and the static file each one serves.
-PAGES = {"/resumable/ui/checkpoint": "checkpoint.html", "/resumable/ui/jobs": "jobs.html",
-         "/resumable/ui/resumable.js": "resumable.js"}
-
 #: The example DAGs run in the fresh venv: a ``ChunkedOperator`` and a ``@task.resumable`` task (the
 #: provider's task decorator), and the job each one checkpoints.
 EXAMPLES = {"chunked_example.py": "chunked_example.total_revenue", "taskflow_example.py": "taskflow_example.sum_of_squares"}
@@ -317,24 +314,31 @@ print("RESULT " + json.dumps({**where, "states": states}))
 """
 
 #: The api-server's app with the plugin mounted (``RESUMABLE_PLUGIN_API=1`` builds it here), driven
-#: by FastAPI's TestClient: the plugin's pages and script, its registration, and its REST reading
-#: the example DAG's checkpoint.
+#: by FastAPI's TestClient: the plugin as Airflow lists it, every page it declares (external views'
+#: and React apps' URLs) and every script those pages load, and its REST listing the checkpoints.
 SERVE_PLUGIN = """
-import json, sys
+import json, re, sys
+from urllib.parse import urljoin, urlsplit
 from fastapi.testclient import TestClient
 from airflow.api_fastapi.app import create_app, get_auth_manager
 from airflow.api_fastapi.auth.managers.simple.user import SimpleAuthManagerUser
 with TestClient(create_app()) as client:
     token = get_auth_manager().generate_jwt(SimpleAuthManagerUser(username="admin", role="admin"))
     auth = {"Authorization": f"Bearer {token}"}
-    pages = {}
-    for path in json.loads(sys.argv[1]):
+    ours = [p for p in client.get("/api/v2/plugins", headers=auth).json()["plugins"] if p["name"] == "resumable"]
+    urls = [v["href"] for p in ours for v in p.get("external_views") or []]
+    urls += [a["bundle_url"] for p in ours for a in p.get("react_apps") or []]
+    pages, todo = {}, [urlsplit(url).path for url in urls]
+    while todo:
+        path = todo.pop()
+        if path in pages:
+            continue
         r = client.get(path)
         pages[path] = [r.status_code, r.text]
-    plugins = client.get("/api/v2/plugins", headers=auth).json()["plugins"]
+        if "html" in r.headers.get("content-type", ""):
+            todo += [urlsplit(urljoin(path, src)).path for src in re.findall(r'<script[^>]+src="([^"]+)"', r.text)]
     slots = client.get("/resumable/api/v1/checkpoints", headers=auth)
-print("RESULT " + json.dumps({"pages": pages, "plugins": [p for p in plugins if p["name"] == "resumable"],
-                              "slots": [slots.status_code, slots.json()]}))
+print("RESULT " + json.dumps({"plugins": len(ours), "pages": pages, "slots": [slots.status_code, slots.json()]}))
 """
 
 
@@ -346,6 +350,7 @@ def _result(proc: subprocess.CompletedProcess[str]) -> dict:
     return json.loads(line.removeprefix("RESULT "))
 
 
+@pytest.mark.timeout(1800)  # a fresh venv: pip installs about 200 packages, slower on a busy machine
 @pytest.mark.parametrize("cell", airflow_cells(), ids=lambda cell: cell.id)
 def test_the_built_wheel_in_a_fresh_venv_runs_an_example_dag_the_cli_and_the_plugin_pages(
     cell: Cell, artifacts: Artifacts, tmp_path: Path
@@ -405,15 +410,17 @@ def test_the_built_wheel_in_a_fresh_venv_runs_an_example_dag_the_cli_and_the_plu
     assert set(slots) == set(EXAMPLES.values()) and {s["status"] for s in slots.values()} == {"done"}, slots
     assert slots["chunked_example.total_revenue"]["processed"] == slots["chunked_example.total_revenue"]["total"] == 5_000
 
-    # And the api-server's app serves the plugin's pages from the wheel's files, once, with its REST
-    served = _result(step("plugin pages", [python, "-I", "-c", SERVE_PLUGIN, json.dumps(list(PAGES))], 300,
-                          RESUMABLE_PLUGIN_API="1",
-                          AIRFLOW__API_AUTH__JWT_SECRET="dist-test-" + "x" * 40,
+    # And the api-server's app lists the plugin once and serves each of its pages and their scripts
+    # from the wheel's static files, and its REST lists both checkpoints
+    served = _result(step("plugin pages", [python, "-I", "-c", SERVE_PLUGIN], 300, RESUMABLE_PLUGIN_API="1",
+                          AIRFLOW__API_AUTH__JWT_SECRET=secrets.token_urlsafe(32),
                           AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS="admin:admin"))
+    assert served["plugins"] == 1
+    static = {artifacts.wheel_file(name).decode(errors="replace") for name in artifacts.wheel_names()
+              if name.startswith("airflow_resumable/plugins/static/")}
+    assert len(served["pages"]) >= 3, served["pages"].keys()  # today: the tab, the jobs page, their script
     for path, (code, body) in served["pages"].items():
-        assert code == 200 and body == artifacts.wheel_file(f"airflow_resumable/plugins/static/{PAGES[path]}").decode()
-    (plugin,) = served["plugins"]
-    assert {view["name"] for view in plugin["external_views"]} == {"Checkpoint", "Resumable jobs"}
+        assert code == 200 and body in static, (path, code, body[:300])
     code, body = served["slots"]
     assert code == 200 and {s["job"] for s in body["checkpoints"]} == set(EXAMPLES.values()), body
     print(f"installed wheel with Airflow {cell.airflow} ({cell.constraints.name}), seconds per step: {timings}")
