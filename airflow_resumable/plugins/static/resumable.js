@@ -110,7 +110,7 @@
       if (row.eta_seconds != null) figures.push("ETA " + duration(row.eta_seconds));
       var lease = row.lease_owner ? row.lease_owner + " — heartbeat " + row.heartbeat_age_seconds + " s ago" +
         (row.lease === "stale" ? " (STALE: the holder missed two heartbeats)" : row.lease === "expired" ? " (expired)" : "") : "none";
-      var reason = row.cancel_reason && row.cancel_reason !== row.status ? " (" + row.cancel_reason + ")" : "";
+      var reason = row.stop_reason && row.stop_reason !== row.status ? " (" + row.stop_reason + ")" : "";
       var pending = row.request ? " — " + row.request + " requested by " + (row.requested_by || "?") : "";
       var buttons = el("div", {id: "actions"}, ACTIONS.map(function (a) {
         var b = el("button", {type: "button", id: "action-" + a, text: a[0].toUpperCase() + a.slice(1)});
@@ -131,7 +131,7 @@
       (row.history || []).slice().reverse().forEach(function (h) {
         hist.appendChild(el("tr", {}, [h.attempt, h.outcome, h.requested_by || h.owner || "", when(h.started_at), when(h.ended_at),
           num(h.processed_start) + " → " + (h.processed_end == null ? "…" : num(h.processed_end)),
-          [h.cancel_reason, h.error].filter(Boolean).join(": ")].map(function (v) { return el("td", {text: String(v == null ? "" : v)}); })));
+          [h.stop_reason, h.error].filter(Boolean).join(": ")].map(function (v) { return el("td", {text: String(v == null ? "" : v)}); })));
       });
       root.replaceChildren.apply(root, [
         el("h2", {}, ["Checkpoint ", el("span", {"class": "badge " + row.status, id: "status", text: row.status + reason}),
