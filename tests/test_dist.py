@@ -3,8 +3,10 @@ and the wheel installed the way an Airflow team installs it.
 
 Every test here is marked ``dist``: ``make fast`` leaves them out, ``make test`` runs them. The
 build takes seconds; the installed-wheel test builds a fresh virtual environment outside the
-checkout (the checkout is then not on ``sys.path``) and installs the wheel with the pinned Airflow
-from a constraints file, which takes a minute or two.
+checkout (the checkout is then not on ``sys.path``), installs the wheel with the pinned Airflow
+from a constraints file (a minute or two) and runs there what a team would: two example DAGs
+under ``dag.test()``, ``airflow resumable``, the plugin's pages in the api-server's app, and its
+own pytest with the test kit's fixtures.
 
 Which Airflow the wheel is installed with is read from one place, :func:`airflow_cells`:
 ``RESUMABLE_DIST_AIRFLOW`` lists entries separated by spaces or commas, each an Airflow version
@@ -342,6 +344,24 @@ print("RESULT " + json.dumps({"plugins": len(ours), "pages": pages, "slots": [sl
 """
 
 
+#: A user's own test (their project, their pytest) of a handler, through the test kit's fixture that
+#: the installed wheel's ``pytest11`` entry point registers.
+USER_TEST = """
+def sum_to_20(ctx):
+    done, total = ctx.position or 0, ctx.state.get("sum", 0)
+    while done < 20:
+        total += sum(range(done + 1, done + 6))
+        done += 5
+        ctx.checkpoint(done, state={"sum": total})
+    return total
+
+
+def test_the_handler_resumes_after_every_interruption(resumable_check):
+    report = resumable_check(sum_to_20)
+    assert report.trials and all(trial.result == 210 for trial in report.trials)
+"""
+
+
 def _result(proc: subprocess.CompletedProcess[str]) -> dict:
     """The JSON a venv script printed on its ``RESULT`` line."""
     assert proc.returncode == 0, (proc.stdout[-4000:] + proc.stderr[-4000:])
@@ -352,7 +372,7 @@ def _result(proc: subprocess.CompletedProcess[str]) -> dict:
 
 @pytest.mark.timeout(1800)  # a fresh venv: pip installs about 200 packages, slower on a busy machine
 @pytest.mark.parametrize("cell", airflow_cells(), ids=lambda cell: cell.id)
-def test_the_built_wheel_in_a_fresh_venv_runs_an_example_dag_the_cli_and_the_plugin_pages(
+def test_the_built_wheel_in_a_fresh_venv_runs_example_dags_the_cli_the_plugin_pages_and_the_test_kit(
     cell: Cell, artifacts: Artifacts, tmp_path: Path
 ) -> None:
     if cell.problem:
@@ -423,4 +443,14 @@ def test_the_built_wheel_in_a_fresh_venv_runs_an_example_dag_the_cli_and_the_plu
         assert code == 200 and body in static, (path, code, body[:300])
     code, body = served["slots"]
     assert code == 200 and {s["job"] for s in body["checkpoints"]} == set(EXAMPLES.values()), body
+
+    # And a team's own pytest finds the test kit's fixtures through the wheel's entry point
+    (tmp_path / "user_tests").mkdir()
+    (tmp_path / "user_tests" / "test_handler.py").write_text(USER_TEST)
+    pytest_installed = step("pip install pytest", [python, "-m", "pip", "install", "--quiet",
+                                                   "--disable-pip-version-check", "-c", str(cell.constraints),
+                                                   "pytest"], 600)
+    assert pytest_installed.returncode == 0, pytest_installed.stderr[-3000:]
+    kit = step("test kit", [python, "-I", "-m", "pytest", "-p", "no:cacheprovider", "-q", "user_tests"], 300)
+    assert kit.returncode == 0 and "1 passed" in kit.stdout, kit.stdout[-3000:] + kit.stderr[-3000:]
     print(f"installed wheel with Airflow {cell.airflow} ({cell.constraints.name}), seconds per step: {timings}")
