@@ -263,6 +263,20 @@ def test_the_version_is_declared_once_and_every_place_reads_it(artifacts: Artifa
     assert changelog_releases()[0][0] == version
 
 
+def test_the_docker_image_builds_the_package_with_the_license_files_its_metadata_names() -> None:
+    """docker/Dockerfile installs from the package's source: the files setup.cfg's license_files
+    names travel beside setup.cfg (tests/test_docker.py checks the build context lets them in)."""
+    import configparser
+
+    config = configparser.ConfigParser()
+    config.read(ROOT / "setup.cfg")
+    names = config["metadata"]["license_files"].split()
+    assert names == ["LICENSE", "NOTICE"]
+    dockerfile = (ROOT / "docker" / "Dockerfile").read_text()
+    (copy,) = [line.split()[2:-1] for line in dockerfile.splitlines() if line.startswith("COPY") and "setup.cfg" in line]
+    assert set(names) <= set(copy), copy
+
+
 # -- the changelog ------------------------------------------------------------------------------------
 
 
