@@ -303,6 +303,10 @@ def create_app() -> FastAPI:
     def jobs_page() -> FileResponse:
         return FileResponse(STATIC / "jobs.html", headers={"Cache-Control": "no-cache"})
 
+    @app.get("/ui/resumable.css", include_in_schema=False)
+    def stylesheet() -> FileResponse:
+        return FileResponse(STATIC / "resumable.css", media_type="text/css", headers={"Cache-Control": "no-cache"})
+
     @app.get("/ui/resumable.js", include_in_schema=False)
     def script() -> FileResponse:
         return FileResponse(STATIC / "resumable.js", media_type="text/javascript",

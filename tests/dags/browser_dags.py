@@ -1,4 +1,5 @@
-"""The DAG the browser test (tests/test_browser.py) watches in the UI: one slow resumable export.
+"""The DAGs the browser test (tests/test_browser.py) watches in the UI: one slow resumable export,
+and a chunked one whose odd items fail (skipped, for the tab's "Retry skipped items").
 
 ``items`` items (DAG run conf, default 60), ``chunk`` per checkpoint, ``delay`` seconds per item,
 waiting on the run's signal (a pause or a cancel ends the wait at once). A short lease (3 s:
@@ -12,7 +13,7 @@ from typing import Any
 
 from airflow.sdk import DAG
 
-from airflow_resumable import ResumableOperator, RunContext
+from airflow_resumable import ChunkedOperator, ResumableOperator, RunContext
 
 
 def export_items(ctx: RunContext, *, items: Any, chunk: Any, delay: Any) -> int:
@@ -36,3 +37,20 @@ with DAG(dag_id="ui_export", schedule=None, start_date=datetime(2026, 1, 1), cat
         handler_kwargs={"items": "{{ dag_run.conf.get('items', 60) }}", "chunk": 2,
                         "delay": "{{ dag_run.conf.get('delay', 0.25) }}"},
     )
+
+
+def read_numbers(ctx: RunContext, after: Any, limit: int) -> list[dict[str, int]]:
+    first = int(after or 0) + 1
+    return [{"id": i} for i in range(first, min(first + limit, 13))]
+
+
+def even_only(ctx: RunContext, batch: list[dict[str, int]]) -> None:
+    for item in batch:
+        if item["id"] % 4 == 3:
+            raise ValueError(f"item {item['id']} is not accepted")
+
+
+with DAG(dag_id="ui_skips", schedule=None, start_date=datetime(2026, 1, 1), catchup=False,
+         tags=["resumable-tests"]):
+    ChunkedOperator(task_id="numbers", read=read_numbers, process=even_only, chunk_size=4, total=12,
+                    skip_on=ValueError, skip_limit=10, retries=0)
