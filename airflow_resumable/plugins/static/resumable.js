@@ -96,6 +96,18 @@
       }
       html.classList.toggle("dark", dark); html.classList.toggle("light", !dark);
       html.style.colorScheme = dark ? "dark" : "light";
+      // The host's own colours where the frame sits (its panel's background, its text colour).
+      html.style.removeProperty("--bg"); html.style.removeProperty("--fg");
+      if (top && window.frameElement) {
+        for (var node = window.frameElement.parentElement; node && node.nodeType === 1; node = node.parentElement) {
+          var bg = top.getComputedStyle(node).backgroundColor;
+          if (bg && bg !== "transparent" && !/rgba\(.*,\s*0\)$/.test(bg)) {
+            html.style.setProperty("--bg", bg);
+            html.style.setProperty("--fg", top.getComputedStyle(node).color);
+            break;
+          }
+        }
+      }
     }
     apply();
     if (top) new MutationObserver(apply).observe(top.document.documentElement, {attributes: true, attributeFilter: ["class", "style"]});
@@ -229,8 +241,9 @@
       busy = true;
       var q = new URLSearchParams({job: current.job, slot: current.slot});
       if (params.get("conn_id")) q.set("conn_id", params.get("conn_id"));
-      request("POST", API + "checkpoint/" + action + "?" + q, {}).then(function () {
-        message = {text: action.replace("_", " ") + " requested", error: false};
+      request("POST", API + "checkpoint/" + action + "?" + q, {}).then(function (row) {
+        // Shown until the slot's status moves on (the request took effect, or the slot ended).
+        message = {text: action.replace("_", " ") + " requested", error: false, status: row && row.status};
       }).catch(function (err) {
         message = {text: err.message, error: true};
       }).then(function () { busy = false; load(); });
@@ -283,6 +296,7 @@
       if (failure && !current && !note) { root.replaceChildren(el("p", {"class": "error", id: "error", text: failure})); return; }
       if (!current) { renderNote(); return; }
       var row = current;
+      if (message.status && message.status !== row.status) message = {text: "", error: false};
       var figures = [num(row.processed) + (row.total != null ? " / " + num(row.total) : "") + " items"];
       if (row.percent != null) figures.push(row.percent.toFixed(1) + "%");
       if (row.rate != null) figures.push(rate(row.rate) + "/s");
@@ -336,7 +350,8 @@
           el("dt", {text: "lease"}), el("dd", {id: "lease", "class": row.lease === "stale" ? "stale" : ""}, lease),
           el("dt", {text: "attempt"}), el("dd", {text: "try " + row.attempt + ", " + row.attempts + " attempt(s) this run"}),
           el("dt", {text: "updated"}), el("dd", {}, [when(row.updated_at)]),
-          row.last_error ? el("dt", {text: "last error"}) : null, row.last_error ? el("dd", {text: row.last_error}) : null
+          row.last_error ? el("dt", {text: row.status === "running" ? "an earlier try's error" : "last error"}) : null,
+          row.last_error ? el("dd", {id: "last-error", text: row.last_error}) : null
         ]),
         buttons,
         confirmBox,
