@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import logging
 from datetime import datetime, timedelta, timezone
 
 from airflow_resumable.core.checkpoint import Checkpoint
-from airflow_resumable.core.progress import ProgressMeter, RateWindow
+from airflow_resumable.core.progress import Progress, ProgressMeter, RateWindow
 from airflow_resumable.core.view import row_view
 
 T0 = datetime(2026, 3, 1, 10, 0, tzinfo=timezone.utc)
@@ -86,3 +87,13 @@ def test_a_new_attempt_of_the_slot_is_measured_afresh_so_paused_time_is_not_coun
     assert view(3604, 400, token=2)["rate"] is None
     assert view(3606, 500, token=2)["rate"] is None  # not 670/s · ETA 0 s
     assert view(3608, 600, token=2)["rate"] == 50.0
+
+
+def test_the_xcom_copy_carries_the_log_lines_rate_and_eta() -> None:
+    from airflow_resumable.operators.reporting import AirflowReporter
+
+    reporter = AirflowReporter(logging.getLogger("airflow_resumable"), ti=None, interval=0, xcom_interval=0)
+    progress = Progress(processed=600, total=1000, rate=20.0, eta=20.0)
+    row = reporter.xcom_row(Checkpoint(job="j.xcom", slot="s", processed=600, total=1000), progress)
+    assert (row["rate"], row["eta_seconds"]) == (20.0, 20.0)
+    assert "rate=20/s eta=20s" in progress.format()
