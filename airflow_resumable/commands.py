@@ -109,7 +109,7 @@ def get_cli_commands() -> list[GroupCommand]:
 
 _LIST_COLUMNS = ("job", "slot", "status", "percent", "processed", "total", "dag_id", "run_id", "updated_at")
 _HISTORY_COLUMNS = ("id", "attempt", "outcome", "requested_by", "owner", "started_at", "ended_at", "processed_start",
-                    "processed_end", "cancel_reason", "error")
+                    "processed_end", "stop_reason", "error")
 
 
 def list_command(args: argparse.Namespace) -> None:

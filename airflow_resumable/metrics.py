@@ -45,9 +45,9 @@ class Metrics:
         """The attempt ended with the slot in ``cp``'s status."""
         self._count(cp.processed)
         if cp.status == Status.CANCELLED:
-            Stats.incr(f"{PREFIX}.cancelled.{_name(cp.cancel_reason)}", tags=self.tags)
+            Stats.incr(f"{PREFIX}.cancelled.{_name(cp.stop_reason)}", tags=self.tags)
         elif cp.status == Status.PAUSED:
-            Stats.incr(f"{PREFIX}.paused.{_name(cp.cancel_reason)}", tags=self.tags)
+            Stats.incr(f"{PREFIX}.paused.{_name(cp.stop_reason)}", tags=self.tags)
         elif cp.status == Status.DONE:
             Stats.incr(f"{PREFIX}.done", tags=self.tags)
 

@@ -231,7 +231,7 @@ def test_sigterm_to_the_worker_drains_the_task_at_a_chunk_boundary_and_the_retry
     print(f"\n[celery] SIGTERM to the worker ({how}): attempt stopped after {stopped - sent:.2f}s, "
           f"worker exited after {exited - sent:.2f}s (a chunk is {CHUNK * DELAY:g}s)")
 
-    assert row.status == "cancelled" and row.cancel_reason == "shutdown", row
+    assert row.status == "cancelled" and row.stop_reason == "shutdown", row
     assert row.position == row.processed and 0 < row.processed < 60, row
     assert stopped - sent < CHUNK * DELAY + STOP_POLL + 3, f"the attempt stopped {stopped - sent:.1f}s after SIGTERM"
     assert exited - sent < CHUNK * DELAY + STOP_POLL + EXIT_SLACK, victim.tail()
@@ -329,7 +329,7 @@ def test_overlap_replace_stops_the_older_run_on_the_other_worker_and_proceeds(en
 
     newer = env.start_run("celery_replace_on_worker_b", "newer", items=6)
     stopped = env.stopped(older, attempt=1, job=job)
-    assert (stopped.status, stopped.cancel_reason) == ("cancelled", "superseded"), stopped
+    assert (stopped.status, stopped.stop_reason) == ("cancelled", "superseded"), stopped
     assert stopped.position == stopped.processed, stopped
     assert_exactly_once(env, older, stopped.position, job=job)
 

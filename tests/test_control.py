@@ -106,7 +106,7 @@ def test_a_pause_stops_the_run_at_the_next_chunk_boundary_and_resume_continues_i
     # Then it stopped there with the checkpoint saved, holding no lease
     assert paused.value.reason == "paused" and paused.value.until is None
     r = row(store)
-    assert (r.status, r.cancel_reason, r.position, r.request, r.lease_owner) == ("paused", "paused", 15, None, None)
+    assert (r.status, r.stop_reason, r.position, r.request, r.lease_owner) == ("paused", "paused", 15, None, None)
     # When bob resumes it and the same try continues
     resumed = control.resume(store, JOB, SLOT, by="bob")
     assert (resumed.status, resumed.request, resumed.requested_by) == ("paused", "resume", "bob")
@@ -177,7 +177,7 @@ def test_a_newer_run_with_overlap_replace_cancels_a_paused_earlier_run_as_supers
     newer = "2026-02-02T00:00:00+00:00"
     assert attempt(store, 1, slot=newer, overlap="replace").run(Items(5, 5)).checkpoint.status == "done"
     old = row(store)
-    assert (old.status, old.cancel_reason, old.last_error) == ("cancelled", "superseded", "superseded by a newer run")
+    assert (old.status, old.stop_reason, old.last_error) == ("cancelled", "superseded", "superseded by a newer run")
     assert control.wake(old, until=None, now=old.updated_at)["event"] == "cancelled"
 
 
@@ -258,13 +258,13 @@ def test_cancel_of_a_running_slot_stops_it_as_requested_and_of_a_paused_one_at_o
     with pytest.raises(Cancelled) as stopped:
         attempt(store, 1).run(Items(30, 5, cancel_once))
     assert stopped.value.reason == "requested" and not isinstance(stopped.value, Paused)
-    assert (row(store).status, row(store).cancel_reason, row(store).position) == ("cancelled", "requested", 15)
+    assert (row(store).status, row(store).stop_reason, row(store).position) == ("cancelled", "requested", 15)
     # A paused slot has no holder: the cancel is the slot's new status
     control.pause(store, JOB, SLOT)
     with pytest.raises(Paused):
         attempt(store, 2).run(Items(30, 5))
     cancelled = control.cancel(store, JOB, SLOT, by="carol")
-    assert (cancelled.status, cancelled.cancel_reason, cancelled.last_error) == ("cancelled", "requested", "cancelled by carol")
+    assert (cancelled.status, cancelled.stop_reason, cancelled.last_error) == ("cancelled", "requested", "cancelled by carol")
     assert cancelled.position == 15 and history(store)[-1] == ("cancel_requested", "carol")
 
 
@@ -303,7 +303,7 @@ def test_a_long_throttle_wait_pauses_the_run_until_then(store: Store) -> None:
         attempt(store, 1, throttle=lambda ctx: timedelta(minutes=5) if ctx.processed == 10 else None).run(Items(30, 5))
     assert paused.value.reason == "throttled" and paused.value.until is not None
     r = row(store)
-    assert (r.status, r.cancel_reason, r.position) == ("paused", "throttled", 10)
+    assert (r.status, r.stop_reason, r.position) == ("paused", "throttled", 10)
     waits = (r.resume_at - r.updated_at).total_seconds()
     assert 290 < waits < 310
 
@@ -327,7 +327,7 @@ def test_max_runtime_pauses_for_an_instant_and_the_next_slice_continues(store: S
             attempt(store, 1, max_runtime=0.25).run(work)
             break
         except Paused as paused:
-            assert paused.reason == "time_slice" and row(store).cancel_reason == "time_slice"
+            assert paused.reason == "time_slice" and row(store).stop_reason == "time_slice"
     assert slices >= 3 and sorted(work.seen) == list(range(20))
 
 
@@ -347,7 +347,7 @@ def test_a_paused_task_wakes_for_resume_restart_cancel_its_time_or_a_clear_and_n
     from airflow_resumable.core.checkpoint import Checkpoint
 
     now = datetime(2026, 2, 1, 12, tzinfo=timezone.utc)
-    paused = Checkpoint(job=JOB, slot=SLOT, status="paused", cancel_reason="paused", requested_by="ann")
+    paused = Checkpoint(job=JOB, slot=SLOT, status="paused", stop_reason="paused", requested_by="ann")
 
     def event(row: Any, until: Any = None) -> Any:
         found = control.wake(row, until=until, now=now)
@@ -389,7 +389,7 @@ def test_a_cancel_accepted_before_its_holder_was_killed_ends_the_next_attempt_ca
     assert stopped.value.reason == "requested" and not isinstance(stopped.value, Paused)
     assert "carol" in stopped.value.message and work.calls == 0
     r = row(store)
-    assert (r.status, r.cancel_reason, r.position, r.cancel_request, r.lease_owner) == (
+    assert (r.status, r.stop_reason, r.position, r.cancel_request, r.lease_owner) == (
         "cancelled", "requested", 5, None, None)
     assert "carol" in r.last_error
     assert [o for o, _ in history(store)] == ["running", "cancel_requested", "cancelled"]
@@ -421,7 +421,7 @@ def test_a_supersede_asked_of_a_holder_that_was_killed_ends_its_retry_as_superse
     with pytest.raises(Cancelled) as stopped:
         attempt(store, 2, lease_wait=30).run(work)
     assert stopped.value.reason == "superseded" and work.calls == 0
-    assert (row(store).status, row(store).cancel_reason) == ("cancelled", "superseded")
+    assert (row(store).status, row(store).stop_reason) == ("cancelled", "superseded")
 
 
 def test_a_cancel_of_a_slot_whose_holder_is_dead_is_honoured_by_its_next_attempt(store: Store) -> None:

@@ -67,7 +67,7 @@ def test_a_paused_task_defers_and_resume_continues_it_in_the_same_try(checkpoint
     helper.join(30)
     assert "error" not in steps, steps.get("error")
     paused = steps["paused"]
-    assert paused.cancel_reason == "paused" and paused.lease_owner is None and 10 <= paused.processed < 60
+    assert paused.stop_reason == "paused" and paused.lease_owner is None and 10 <= paused.processed < 60
     assert str(run.state) == "success"
     ti = run.get_task_instance("work")
     assert ti.try_number == 1  # the pause used no retry
@@ -96,7 +96,7 @@ def test_a_task_cancelled_while_paused_fails_without_a_retry_and_keeps_its_check
     helper.join(30)
     assert str(run.state) == "failed"
     row = row_of(checkpoints, job)
-    assert (row.status, row.cancel_reason, row.last_error) == ("cancelled", "requested", "cancelled by carol")
+    assert (row.status, row.stop_reason, row.last_error) == ("cancelled", "requested", "cancelled by carol")
     assert 10 <= row.processed < 60 and run.get_task_instance("work").try_number == 1
 
 
@@ -110,7 +110,7 @@ def test_a_long_throttle_wait_defers_twice_and_the_task_finishes_in_one_try(
     assert seen(log) == list(range(30))
     outcomes = [o for o, _, _ in history_of(checkpoints, "rt_throttle.work")]
     assert outcomes == ["paused", "paused", "done"]
-    assert row_of(checkpoints, "rt_throttle.work").cancel_reason is None
+    assert row_of(checkpoints, "rt_throttle.work").stop_reason is None
 
 
 def test_max_runtime_slices_the_run_and_each_slice_continues_where_the_last_stopped(
@@ -139,7 +139,7 @@ def test_the_cooperative_timeout_counts_running_time_across_the_slices_of_a_try(
     run = run_dag("rt_slices_timeout", conf={"items": 40, "chunk": 1, "sleep": 0.1}, logical_date=DAY)
     assert str(run.state) == "failed"
     row = row_of(checkpoints, "rt_slices_timeout.work")
-    assert (row.status, row.cancel_reason) == ("cancelled", "timeout") and row.processed < 40
+    assert (row.status, row.stop_reason) == ("cancelled", "timeout") and row.processed < 40
     outcomes = [o for o, _, _ in history_of(checkpoints, "rt_slices_timeout.work")]
     assert outcomes.count("paused") >= 2 and outcomes[-1] == "cancelled"
 

@@ -44,7 +44,7 @@ def test_a_stop_source_stops_the_run_at_its_next_chunk_boundary_with_its_reason(
     assert took < STOP_POLL + 1.0, f"stopped {took:.2f}s after the source asked"
     with store.open() as session:
         row = session.checkpoints.load("drain", "s1")
-    assert row is not None and (row.status, row.cancel_reason) == ("cancelled", "shutdown"), row
+    assert row is not None and (row.status, row.stop_reason) == ("cancelled", "shutdown"), row
     assert row.position == row.processed and row.position >= 4, row
     assert row.lease_owner is None, "the slot is free for the retry"
 

@@ -180,7 +180,7 @@ def test_loan_report_resumes_and_totals_right(
 
     with PostgresStore(**pg_checkpoints).open() as s:
         history = s.listings.history(row["job"], row["slot"])
-    assert [(h.attempt, h.outcome, h.cancel_reason, h.processed_start, h.processed_end, h.resumed_from)
+    assert [(h.attempt, h.outcome, h.stop_reason, h.processed_start, h.processed_end, h.resumed_from)
             for h in history] == [(1, "cancelled", "user", 0, 12_000, None), (2, "done", None, 12_000, 30_000, 12_000)]
     assert all(h.dag_id == "loan_report" and h.task_id == "loan_report" and h.run_id == run.run_id and h.host
                for h in history)

@@ -110,7 +110,7 @@ def test_pauses_and_lost_leases_are_counted(statsd: StatsD) -> None:
 
     metrics = Metrics(dag_id="d", task_id="t")
     metrics.started(Checkpoint(job="j", slot="s", processed=10))
-    metrics.finished(Checkpoint(job="j", slot="s", processed=30, status="paused", cancel_reason="throttled"))
+    metrics.finished(Checkpoint(job="j", slot="s", processed=30, status="paused", stop_reason="throttled"))
     metrics.lease_lost()
     wait_for_metric(statsd, "resumable.lease_lost")
     assert ("resumable.paused.throttled", 1.0, "c") in statsd.metrics()

@@ -101,6 +101,22 @@ def test_a_first_release_database_upgrades_in_place_and_its_half_done_slot_resum
     assert again.already_done and again.result is None
 
 
+def test_the_stop_reason_of_a_cancelled_slot_survives_the_rename_of_its_column(store: Store, store_kind: str) -> None:
+    """Migration 6 renames ``cancel_reason`` to ``stop_reason`` (it also says why an attempt paused):
+    the value a person's cancel left on the row is the renamed column's, and the old name still
+    reads it, with a DeprecationWarning, for code written against the earlier releases."""
+    first_release_database(store, store_kind)
+    with store.open() as s:
+        assert s.ensure_schema() == SCHEMA_VERSION
+        row = s.checkpoints.load(schema_v1.JOB, schema_v1.SLOT)
+    assert (row.status, row.stop_reason) == ("cancelled", "user")
+    with pytest.warns(DeprecationWarning, match="cancel_reason is deprecated; read stop_reason"):
+        assert row.cancel_reason == "user"
+    # every plain-JSON copy (XCom, REST, the CLI's --json) carries both names for one more release
+    plain = row.to_dict()
+    assert plain["stop_reason"] == plain["cancel_reason"] == "user"
+
+
 def test_a_migrated_database_has_exactly_the_columns_of_a_fresh_one(
     store: Store, store_kind: str, tmp_path, request: pytest.FixtureRequest
 ) -> None:

@@ -45,7 +45,7 @@ def test_a_cancel_whose_holder_was_killed_fails_the_next_try_without_retry_and_w
     assert str(run.state) == "failed" and ti_of(run).try_number == 1
     assert not seen.exists()
     row = row_of(checkpoints, job)
-    assert (row.status, row.cancel_reason, row.position, row.cancel_request) == ("cancelled", "requested", 5, None)
+    assert (row.status, row.stop_reason, row.position, row.cancel_request) == ("cancelled", "requested", 5, None)
     assert "carol" in row.last_error
 
 

@@ -135,7 +135,7 @@ def test_replace_stops_the_older_run_at_a_chunk_boundary_and_proceeds(checkpoint
         cur = s.conn.cursor()
         cur.execute("SELECT count(*) FROM sink")
         written = cur.fetchone()[0]
-    assert (old.status, old.cancel_reason) == ("cancelled", "superseded")
+    assert (old.status, old.stop_reason) == ("cancelled", "superseded")
     assert old.position == written, "its checkpoint is intact and resumable"
 
 

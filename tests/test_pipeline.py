@@ -152,7 +152,7 @@ def test_a_cancel_keeps_the_checkpoint_that_was_in_flight(store: Store) -> None:
     with pytest.raises(Cancelled):
         attempt(store).run(handler)
     row = stored(store)
-    assert (row.status, row.cancel_reason, row.position, row.processed) == ("cancelled", "user", 3, 3)
+    assert (row.status, row.stop_reason, row.position, row.processed) == ("cancelled", "user", 3, 3)
 
 
 def test_ctx_transaction_is_refused_with_pipelined_checkpoints(store: Store) -> None:

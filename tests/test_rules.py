@@ -49,7 +49,7 @@ def set_row(store: Store, slot: Slot, cancel_request: str | None, *, length: flo
                      f"lease_expires_at = {s.d.now_plus('%s')}")
             params = (-age, length - age)
         s.execute(
-            f"UPDATE resumable_checkpoints SET status = %s, request = %s, cancel_request = %s, cancel_reason = NULL, "
+            f"UPDATE resumable_checkpoints SET status = %s, request = %s, cancel_request = %s, stop_reason = NULL, "
             f"last_error = NULL, {lease} WHERE job = %s AND slot = %s",
             (slot.status.value, None if slot.request is None else slot.request.value, cancel_request, *params, JOB, SLOT),
         )
@@ -81,7 +81,7 @@ def check(store: Store, slot: Slot, cancel_request: str | None, action: Action, 
         else:
             assert (after.lease_owner, after.lease_token) == (before.lease_owner, before.lease_token), what
         if then.stop:
-            assert (after.cancel_reason, after.last_error) == ("requested", "cancelled by prop"), what
+            assert (after.stop_reason, after.last_error) == ("requested", "cancelled by prop"), what
         assert after.requested_by == "prop", what
     else:
         with pytest.raises(RequestRefused) as refused:

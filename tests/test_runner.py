@@ -86,7 +86,7 @@ def test_the_cooperative_timeout_stops_at_a_chunk_boundary_and_the_retry_finishe
     assert stopped.value.reason == "timeout"
     with store.open() as s:
         row = s.checkpoints.load(JOB, SLOT)
-    assert row.status == "cancelled" and row.cancel_reason == "timeout" and 0 < row.processed < 40
+    assert row.status == "cancelled" and row.stop_reason == "timeout" and 0 < row.processed < 40
     outcome = attempt(store, 2).run(slow)
     assert outcome.result == sum(range(40)) and outcome.resumed_from == row.position
 
@@ -102,7 +102,7 @@ def test_the_signal_is_checked_after_the_save_so_the_chunk_is_kept(store: Store)
         attempt(store, 1).run(handler)
     with store.open() as s:
         row = s.checkpoints.load(JOB, SLOT)
-    assert (row.position, row.status, row.cancel_reason) == (2, "cancelled", "user")
+    assert (row.position, row.status, row.stop_reason) == (2, "cancelled", "user")
 
 
 def test_a_done_slot_is_not_run_again_and_gives_back_its_stored_result(
@@ -533,7 +533,7 @@ def test_a_classified_sigterm_leaves_signal_and_row_saying_the_same(store: Store
     with pytest.raises(Cancelled):
         run.run(handler)
     with store.open() as s:
-        assert s.checkpoints.load(JOB, SLOT).cancel_reason == "user"
+        assert s.checkpoints.load(JOB, SLOT).stop_reason == "user"
     assert run.signal.reason == "user"
 
 

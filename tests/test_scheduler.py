@@ -244,7 +244,7 @@ def test_mark_failed_stops_the_handler_as_user_with_the_checkpoint_intact(
 ) -> None:
     run_id, row = marked_failed
     assert row.status == "cancelled", row
-    assert row.cancel_reason == "user", row
+    assert row.stop_reason == "user", row
     # Stopped at a chunk boundary before Airflow's SIGKILL: the last chunk's checkpoint is intact.
     assert row.position == row.processed, row
     assert 0 < row.processed < ITEMS and row.processed % CHUNK == 0, row
@@ -285,7 +285,7 @@ def test_worker_shutdown_fails_retryable_and_the_retry_resumes(env: Env) -> None
     supervisor.send_signal(signal.SIGTERM)  # the worker is stopping: it forwards SIGTERM to the task
     row = env.stopped(run_id, attempt=1)
     assert row.status == "cancelled", row
-    assert row.cancel_reason == "shutdown", row
+    assert row.stop_reason == "shutdown", row
     assert row.position == row.processed and 0 < row.processed < ITEMS, row
     # The attempt failed as retryable (never success), and the retry resumed and finished.
     states = env.states_of_try(run_id, 1)
@@ -379,7 +379,7 @@ def test_mark_failed_on_a_mapped_task_is_also_user(env: Env) -> None:
     env.running_with_progress(run_id, job=first)
     env.api.set_task_state(MAPPED_DAG_ID, run_id, TASK_ID, "failed", map_index=0)
     row = env.stopped(run_id, attempt=1, job=first)
-    assert row.status == "cancelled" and row.cancel_reason == "user", row
+    assert row.status == "cancelled" and row.stop_reason == "user", row
     assert row.position == row.processed and 0 < row.processed < ITEMS, row
     assert env.run_state(run_id, ("success", "failed"), timeout=120, dag_id=MAPPED_DAG_ID) == "failed"
     assert_exactly_once(env, run_id, row.position, job=first)
@@ -396,7 +396,7 @@ def test_clear_of_a_running_task_stops_it_as_user_and_the_next_try_resumes(env: 
     env.api.clear(DAG_ID, run_id, [TASK_ID])
     row = env.stopped(run_id, attempt=1)
     print(f"\n[scheduler] Clear of a running task -> handler stopped: {time.monotonic() - cleared:.2f}s")
-    assert row.status == "cancelled" and row.cancel_reason == "user", row
+    assert row.status == "cancelled" and row.stop_reason == "user", row
     assert row.position == row.processed and 0 < row.processed < ITEMS, row
     assert env.run_state(run_id, ("success", "failed")) == "success", env.explain(run_id)
     final = env.row(run_id)

@@ -121,12 +121,12 @@ def test_finish_records_the_outcome_and_releases_the_lease(store: Store) -> None
         s.ensure_schema()
         acquire(s)
         row = s.checkpoints.finish(Fence(JOB, SLOT, "a", 1), status=Status.CANCELLED, last_error="cancelled: timeout", stop_reason="timeout")
-        assert (row.status, row.cancel_reason, row.last_error) == ("cancelled", "timeout", "cancelled: timeout")
+        assert (row.status, row.stop_reason, row.last_error) == ("cancelled", "timeout", "cancelled: timeout")
         assert row.lease_owner is None and row.lease_expires_at is None and row.finished_at is None
         acquire(s, owner="b")  # free for the next attempt at once
         done = s.checkpoints.finish(Fence(JOB, SLOT, "b", 2), status=Status.DONE)
         assert done.status == "done" and done.finished_at is not None
-        assert done.last_error is None and done.cancel_reason is None, "a finished run carries no stale error"
+        assert done.last_error is None and done.stop_reason is None, "a finished run carries no stale error"
 
 
 def test_start_resumes_or_resets(store: Store) -> None:

@@ -172,7 +172,7 @@ class Acquiring(AttemptState):
             self.log.warning(
                 "attempt %s: resuming from position=%r processed=%s%s (last status %s%s) [job=%s slot=%s]",
                 self.attempt, row.position, row.processed, f"/{row.total}" if row.total is not None else "",
-                row.status, f", {row.cancel_reason}" if row.cancel_reason else "", self.job, self.slot,
+                row.status, f", {row.stop_reason}" if row.stop_reason else "", self.job, self.slot,
             )
             resumed_from = encode(row.position, what="position", job=self.job, slot=self.slot)
             resumed, self._record_id = session.checkpoints.start(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
+import warnings
 from datetime import datetime
 from typing import Any
 
@@ -13,14 +14,42 @@ from airflow_resumable.core.schema import column
 from airflow_resumable.core.states import AttemptEnd, Status
 
 __all__ = [
-    "ENCODER", "AttemptEnd", "AttemptRecord", "Checkpoint", "DeadLetter", "Origin", "Status", "decode", "encode",
+    "DEPRECATED_KEYS", "ENCODER", "AttemptEnd", "AttemptRecord", "Checkpoint", "DeadLetter", "Origin", "Status", "decode", "encode",
     "error_text", "short",
 ]
+
+
+#: Names that were renamed, kept for one more release in every plain-JSON copy of a row (XCom, REST,
+#: the CLI's ``--json``) and as deprecated attributes: old name -> new name. The columns were renamed
+#: by schema migration 6; ``stop_reason`` says why an attempt stopped short (a cancel, a pause, a
+#: throttle or a time slice), which ``cancel_reason`` no longer described.
+DEPRECATED_KEYS: dict[str, str] = {"cancel_reason": "stop_reason"}
+
+
+class _Renamed:
+    """A deprecated attribute that reads its new name, with a :class:`DeprecationWarning`."""
+
+    def __init__(self, new: str) -> None:
+        self.new = new
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.old = name
+
+    def __get__(self, obj: object, owner: type | None = None) -> Any:
+        if obj is None:
+            return self
+        warnings.warn(f"{type(obj).__name__}.{self.old} is deprecated; read {self.new} (the same value)",
+                      DeprecationWarning, stacklevel=2)
+        return getattr(obj, self.new)
 
 
 @dataclasses.dataclass(frozen=True)
 class Checkpoint:
     """The durable row for one (job, slot): table ``resumable_checkpoints``.
+
+    "Checkpoint" as a noun is always this row: this class, the ``checkpoint`` XCom key and
+    ``Outcome.checkpoint`` are the same value; as a verb it is saving the row
+    (``ctx.checkpoint(position)``).
 
     ``position`` and ``state`` are JSON values; ``processed``/``total`` are the progress counters of
     the lesson's ``job_status`` table; the lease columns say which attempt owns the slot now. Each
@@ -48,7 +77,7 @@ class Checkpoint:
     updated_at: datetime | None = column("timestamp", "the last write", nullable=False, default=None)
     finished_at: datetime | None = column("timestamp", "when the run finished (`done`)", default=None)
     last_error: str | None = column("text", "the error of an unfinished run", default=None)
-    cancel_reason: str | None = column(
+    stop_reason: str | None = column(
         "text", "why the last attempt stopped short: a cancel's reason, or `paused`, `throttled`, `time_slice`",
         default=None)
     cancel_request: str | None = column("text", "a pending request for the holder to stop", default=None)
@@ -72,6 +101,8 @@ class Checkpoint:
     requested_at: datetime | None = column("timestamp", "when", default=None)
     resume_at: datetime | None = column("timestamp", "when a throttled or time-sliced slot continues on its own",
                                         default=None)
+
+    cancel_reason = _Renamed("stop_reason")  # deprecated alias; not a field
 
     @property
     def origin(self) -> Origin:
@@ -97,6 +128,9 @@ def _plain(value: Any) -> dict[str, Any]:
     for f in dataclasses.fields(value):
         v = getattr(value, f.name)
         out[f.name] = v.isoformat() if isinstance(v, datetime) else v
+    for old, new in DEPRECATED_KEYS.items():
+        if new in out:
+            out[old] = out[new]
     return out
 
 
@@ -128,7 +162,8 @@ class AttemptRecord:
                           "`already_done`; for a control request `pause_requested`, `resume_requested`, "
                           "`cancel_requested`, `restart_requested`, `lease_released`", nullable=False,
                           default=AttemptEnd.RUNNING.value)
-    cancel_reason: str | None = column("text", "why it was cancelled", default=None)
+    stop_reason: str | None = column(
+        "text", "why it stopped short: a cancel's reason, or `paused`, `throttled`, `time_slice`", default=None)
     resumed_from: Any = column("json", "the position it resumed from (JSON)", default=None)
     position_start: Any = column("json", "the position when it started (JSON)", default=None)
     processed_start: int = column("bigint", "items processed when it started", nullable=False,
@@ -137,6 +172,8 @@ class AttemptRecord:
     processed_end: int | None = column("bigint", "items processed when it ended", default=None)
     error: str | None = column("text", "the error it ended with", default=None)
     requested_by: str | None = column("text", "who made the control request (request records only)", default=None)
+
+    cancel_reason = _Renamed("stop_reason")  # deprecated alias; not a field
 
     def to_dict(self) -> dict[str, Any]:
         return _plain(self)
@@ -167,6 +204,8 @@ class DeadLetter:
     status: str = column("text", "`skipped`, or `replayed` once a replay processed it", nullable=False,
                          sql_default="'skipped'", default="skipped")
     replayed_at: datetime | None = column("timestamp", "when a replay processed it", default=None)
+
+    cancel_reason = _Renamed("stop_reason")  # deprecated alias; not a field
 
     def to_dict(self) -> dict[str, Any]:
         return _plain(self)

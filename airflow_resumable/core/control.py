@@ -147,7 +147,7 @@ def wake(row: Checkpoint | None, *, until: datetime | None, now: datetime) -> di
     if row.request in (Request.RESUME, Request.RESTART):
         return {"event": "resumed", "why": f"{row.request} requested by {by}"}
     if until is not None and now >= until:
-        return {"event": "resumed", "why": f"{row.cancel_reason or 'pause'} over"}
+        return {"event": "resumed", "why": f"{row.stop_reason or 'pause'} over"}
     return None
 
 

@@ -139,12 +139,23 @@ def _v5(d: Dialect) -> list[str]:
     ]
 
 
+def _v6(d: Dialect) -> list[str]:
+    """``cancel_reason`` becomes ``stop_reason`` on both tables: it also holds why an attempt paused,
+    was throttled or ended its time slice, not only why it was cancelled. A rename keeps every value
+    and is a catalog change on both databases (no table rewrite)."""
+    return [
+        f"ALTER TABLE {CHECKPOINTS.name} RENAME COLUMN cancel_reason TO stop_reason",
+        f"ALTER TABLE {ATTEMPTS.name} RENAME COLUMN cancel_reason TO stop_reason",
+    ]
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "checkpoint table and schema stamp", _v1),
     Migration(2, "owning task instance, result and success confirmation on the row; attempt history table", _v2),
     Migration(3, "control requests (pause, resume, restart) with who asked; resume time of a paused slot", _v3),
     Migration(4, "dead-letter table for items skipped under a skip policy", _v4),
     Migration(5, "checkpoints as in-place (HOT) updates: listing index on started_at, fill factor 80", _v5),
+    Migration(6, "cancel_reason renamed stop_reason (it also says why an attempt paused or was throttled)", _v6),
 )
 
 #: The schema this code reads and writes.
@@ -175,7 +186,8 @@ def current_version(session: SchemaSession) -> int | None:
                 f"is missing in {session.store.describe()}",
                 hint="It was dropped by hand; nothing was changed. Restore it from a backup, or recreate it "
                 f"with the version the tables have (1 if it has no dag_id column, 2 if it has no request column, 3 if "
-                f"{DEAD_LETTERS.name} is missing, 4 if it has the index {CHECKPOINTS.name}_job_updated, else "
+                f"{DEAD_LETTERS.name} is missing, 4 if it has the index {CHECKPOINTS.name}_job_updated, 5 if it has a cancel_reason "
+                f"column, else "
                 f"{SCHEMA_VERSION}): "
                 f"CREATE TABLE {META} (key TEXT PRIMARY KEY, value TEXT NOT NULL); "
                 f"INSERT INTO {META} VALUES ('schema_version', '<version>')",

@@ -111,7 +111,7 @@ class Then:
     request: Request | None | Keep = KEEP
     #: The stop request pending afterwards, for the holder (or the slot's next attempt) to honour.
     cancel_request: Pending = Pending.KEEP
-    #: Stopped at once: ``cancel_reason`` is the request's reason, ``last_error`` its note (who asked).
+    #: Stopped at once: ``stop_reason`` is the request's reason, ``last_error`` its note (who asked).
     stop: bool = False
     #: Free the lease and move its token on: the old holder's writes are refused from now on.
     fence: bool = False
@@ -361,7 +361,7 @@ def _columns(then: Then, now: str) -> dict[str, str]:
     if then.cancel_request is not Pending.KEEP:
         out["cancel_request"] = "{reason}" if then.cancel_request is Pending.REASON else "NULL"
     if then.stop:
-        out.update(cancel_reason="{reason}", last_error="{note}")
+        out.update(stop_reason="{reason}", last_error="{note}")
     if then.status is not None:
         out["resume_at"] = "NULL"
     if then.fence:

@@ -35,7 +35,7 @@ class Status(enum.StrEnum):
     DONE = "done"
     FAILED = "failed"
     CANCELLED = "cancelled"
-    #: Stopped at a chunk boundary to continue later (``cancel_reason`` says why: ``paused``,
+    #: Stopped at a chunk boundary to continue later (``stop_reason`` says why: ``paused``,
     #: ``throttled`` or ``time_slice``); holds no lease, and counts as live for the overlap policy.
     PAUSED = "paused"
 

@@ -67,12 +67,10 @@ def row_view(cp: Checkpoint, *, history: Sequence[AttemptRecord] | None = None, 
     - ``lease``: ``none``, ``live``, ``stale`` (the holder missed two heartbeats: taken for dead)
       or ``expired``, and ``heartbeat_age_seconds``;
     - ``live`` (an attempt is under way or paused) and ``ended`` (nothing more to watch);
-    - ``stop_reason``: why the last attempt stopped short (the row's ``cancel_reason``);
     - ``offers``: which of pause/resume/cancel/restart/release the slot would take now, when given.
     """
     now = now or datetime.now(tz=timezone.utc)
     out = cp.to_dict()
-    out.setdefault("stop_reason", cp.cancel_reason)
     lease = lease_of(cp, now)
     out["lease"] = lease.value
     out["heartbeat_age_seconds"] = None if cp.heartbeat_at is None else round((now - cp.heartbeat_at).total_seconds(), 1)

@@ -53,7 +53,7 @@ def _sql(d: Dialect) -> _SQL:
             f"total = %(total)s, updated_at = {now} WHERE {WHERE}"
         ),
         start={reset: (
-            f"UPDATE {TABLE} SET {sets}, status = 'running', attempt = %(attempt)s, cancel_reason = NULL, "
+            f"UPDATE {TABLE} SET {sets}, status = 'running', attempt = %(attempt)s, stop_reason = NULL, "
             # The requests pending on the row that a start carries on (rules.AT_START; SET reads
             # the row as it was).
             f"{', '.join(rules.sql_carry(rules.AT_START))}, "
@@ -65,7 +65,7 @@ def _sql(d: Dialect) -> _SQL:
         clear_skipped=f"DELETE FROM {SKIPPED} WHERE {KEY} AND status = 'skipped'",
         confirm=f"UPDATE {TABLE} SET confirmed_at = {now} WHERE {KEY} AND status = 'done' "
         "AND dag_id = %(dag_id)s AND task_id = %(task_id)s AND run_id = %(run_id)s AND map_index = %(map_index)s",
-        end_record=f"UPDATE {HISTORY} SET ended_at = {now}, outcome = %(outcome)s, cancel_reason = %(stop_reason)s, "
+        end_record=f"UPDATE {HISTORY} SET ended_at = {now}, outcome = %(outcome)s, stop_reason = %(stop_reason)s, "
         "error = %(error)s, position_end = %(position)s, processed_end = %(processed)s "
         "WHERE id = %(id)s AND ended_at IS NULL",
     )
@@ -77,13 +77,13 @@ def _finish_sql(d: Dialect, status: Status, resumes: bool) -> str:
     built once per dialect and case."""
     now = d.now()
     done = status is Status.DONE
-    # A finished run keeps no error: last_error and cancel_reason describe an unfinished one.
+    # A finished run keeps no error: last_error and stop_reason describe an unfinished one.
     last_error = "NULL" if done else "COALESCE(%(last_error)s, last_error)"
     resume_at = d.now_plus("%(resume_in)s") if status is Status.PAUSED and resumes else "NULL"
     # The requests pending on the row that this end carries on (rules.AT_END).
     requests = "".join(f", {item}" for item in rules.sql_carry(rules.AT_END[status]))
     return (
-        f"UPDATE {TABLE} SET status = %(status)s, last_error = {last_error}, cancel_reason = %(stop_reason)s, "
+        f"UPDATE {TABLE} SET status = %(status)s, last_error = {last_error}, stop_reason = %(stop_reason)s, "
         f"total = COALESCE(%(total)s, total), result = %(result)s, resume_at = {resume_at}, "
         f"finished_at = {now if done else 'NULL'}, updated_at = {now}, lease_owner = NULL, lease_expires_at = NULL"
         f"{requests} WHERE {WHERE} RETURNING {SELECT}"
@@ -187,7 +187,7 @@ class Checkpoints:
         with ``done``), end its history record, and release the lease: one transaction.
 
         ``stop_reason`` is why the attempt stopped short: a cancel's reason, or a pause's
-        (``paused``, ``throttled``, ``time_slice``); the column is ``cancel_reason`` for history's
+        (``paused``, ``throttled``, ``time_slice``); the column is ``stop_reason`` for history's
         sake. The requests pending on the row are carried on as :data:`~airflow_resumable.core.rules.AT_END`
         says (``paused`` consumes a pending pause and keeps a cancel request, for the paused slot's
         waiter); ``resume_in`` is how many seconds from now a throttled or time-sliced slot

@@ -18,7 +18,7 @@ from airflow_resumable.core.tables import ATTEMPTS
 
 #: The history record of a request: who asked, and the row as the request left it.
 _HISTORY = ("job", "slot", "attempt", "outcome", "requested_by", "host", "pid", "dag_id", "task_id", "run_id",
-            "map_index", "lease_token", "cancel_reason", "position_start", "processed_start", "position_end",
+            "map_index", "lease_token", "stop_reason", "position_start", "processed_start", "position_end",
             "processed_end")
 
 
@@ -71,7 +71,7 @@ class Requests:
                 "job": job, "slot": slot, "attempt": cp.attempt, "outcome": outcome.value, "requested_by": by,
                 "host": socket.gethostname(), "pid": os.getpid(), "dag_id": cp.dag_id, "task_id": cp.task_id,
                 "run_id": cp.run_id, "map_index": cp.map_index, "lease_token": cp.lease_token,
-                "cancel_reason": cp.cancel_reason if rule.then.stop else None,
+                "stop_reason": cp.stop_reason if rule.then.stop else None,
                 "position_start": json_or_none(cp.position), "processed_start": cp.processed,
                 "position_end": json_or_none(cp.position), "processed_end": cp.processed,
             })
