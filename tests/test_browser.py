@@ -86,7 +86,7 @@ def env(pg_server: Server, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     )
     try:
         airflow.start()
-        airflow.serve([DAG_ID, "ui_skips"])
+        airflow.serve([DAG_ID, "ui_skips", "ui_parts", "ui_overlap"])
         yield Env(airflow, store)
     finally:
         airflow.close()
@@ -495,3 +495,79 @@ def test_the_rest_api_of_a_real_api_server_applies_airflow_auth(env: Env) -> Non
         assert refused.status_code == 409 and "finished" in refused.json()["message"]
         done = http.post(f"{base}/checkpoint/restart", params=slot, headers=admin)
         assert done.status_code == 200 and done.json()["history"][-1]["requested_by"] == "admin"
+
+
+#: The jobs summary and its re-run ("redo only what failed"), and the overlap skip's answer.
+JOBS_SUMMARY = "rerun_failed" in (ROOT / "airflow_resumable" / "plugins" / "api.py").read_text()
+OVERLAP_ANSWER = "yielded_to" in (ROOT / "airflow_resumable" / "plugins" / "api.py").read_text()
+
+
+@pytest.mark.xfail(not JOBS_SUMMARY, strict=False,
+                   reason="GET /resumable/api/v1/jobs and POST /resumable/api/v1/jobs/rerun_failed are not on this "
+                          "branch yet")
+def test_the_jobs_page_counts_a_mapped_jobs_partitions_and_re_runs_the_failed_ones(
+    env: Env, browser: Any, shots: Path
+) -> None:
+    from selenium.webdriver.common.by import By
+
+    driver = browser
+    login(driver, env)
+    # Given a mapped run whose partition 1 failed and whose partitions 0 and 2 are done
+    run_id = f"parts_{uuid.uuid4().hex[:6]}"
+    env.api.trigger("ui_parts", run_id=run_id, conf={})
+    wait_for(lambda: [getattr(env.row(run_id, job=f"ui_parts.part[{i}]"), "status", None) for i in range(3)]
+             == ["done", "failed", "done"], timeout=180, interval=0.3, what="the partitions to end")
+    # When a person opens the jobs page
+    driver.switch_to.default_content()
+    driver.get(f"{env.airflow.base_url}/plugin/resumable-jobs")
+    jobs = until(lambda: driver.find_element(By.CSS_SELECTOR, "iframe[title='Resumable jobs']"), timeout=60,
+                 what="the jobs page's frame")
+    driver.switch_to.frame(jobs)
+    # Then one line for the job counts its partitions
+    line = until(lambda: driver.find_element(By.CSS_SELECTOR, "#summary tr[data-job^='ui_parts.part']"), timeout=30,
+                 what="the mapped job's line", on_timeout=lambda: shown(driver, "body"))
+    assert "2 done" in line.text and "1 failed" in line.text, line.text
+    driver.switch_to.default_content()
+    driver.save_screenshot(str(shots / "jobs-page-partitions.png"))
+    driver.switch_to.frame(jobs)
+    # When they press "Re-run failed partitions" and confirm
+    line.find_element(By.CSS_SELECTOR, "button.rerun-failed").click()
+    until(lambda: driver.find_element(By.ID, "confirm"), timeout=10, what="the confirmation").click()
+    # Then partition 1 alone is cleared, and its next try resumes it to done
+    assert "1" in until(lambda: frame_text(driver, "#rerun-result") or None, timeout=30, what="the re-run's answer")
+    wait_for(lambda: env.api.get(f"/dags/ui_parts/dagRuns/{run_id}/taskInstances/part/1")["try_number"] == 2,
+             timeout=120, interval=0.5, what="partition 1's second try")
+    assert env.api.get(f"/dags/ui_parts/dagRuns/{run_id}/taskInstances/part/0")["try_number"] == 1
+
+
+@pytest.mark.xfail(not OVERLAP_ANSWER, strict=False,
+                   reason="the task-instance answer's overlap (policy, yielded_to) is not on this branch yet")
+def test_the_tab_of_a_run_the_overlap_policy_skipped_names_the_run_it_yielded_to(
+    env: Env, browser: Any, shots: Path
+) -> None:
+    from selenium.webdriver.common.by import By
+
+    driver = browser
+    login(driver, env)
+    # Given a run of a shared job still running, and a second run that found it so (overlap="skip")
+    first, second = f"ov_{uuid.uuid4().hex[:6]}", f"ov_{uuid.uuid4().hex[:6]}"
+    env.api.trigger("ui_overlap", run_id=first, conf={"items": 60, "delay": 0.25})
+    wait_for(lambda: (r := env.row(first, job="ui_overlap.shared")) is not None and r.status == "running",
+             timeout=180, interval=0.2, what="the first run to hold the job")
+    env.api.trigger("ui_overlap", run_id=second, conf={"items": 60, "delay": 0.25})
+    wait_for(lambda: env.api.task_instance("ui_overlap", second, "export")["state"] == "skipped", timeout=180,
+             interval=0.5, what="the second run to be skipped")
+    # When a person opens the skipped task instance's Checkpoint tab
+    frame, _ = open_tab(driver, env, "ui_overlap", second, "export")
+    # Then it says the overlap policy skipped it, and which run it yielded to (a link to that run's tab)
+    note = until(lambda: driver.find_element(By.ID, "overlap"), timeout=30, what="the overlap note",
+                 on_timeout=lambda: shown(driver, "body"))
+    assert "overlap policy (skip)" in note.text and first in note.text, note.text
+    driver.switch_to.default_content()
+    driver.save_screenshot(str(shots / "checkpoint-tab-overlap.png"))
+    driver.switch_to.frame(frame)
+    driver.find_element(By.ID, "yielded-to").click()
+    driver.switch_to.default_content()
+    until(lambda: driver.execute_script("return location.pathname")
+          == f"/dags/ui_overlap/runs/{first}/tasks/export/plugin/checkpoint" or None, timeout=30,
+          what="the run it yielded to, opened in the Airflow UI")
