@@ -5,12 +5,12 @@ PY := $(VENV)/bin/python
 CONSTRAINTS := constraints-3.11.txt
 DEMO_HOME := $(CURDIR)/.airflow-home
 
-.PHONY: demo test fast lint bench standalone celery venv clean browser-deps screenshots
+.PHONY: demo test fast lint docs docs-serve bench standalone celery venv clean browser-deps screenshots
 
 $(VENV)/.installed: setup.cfg pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade "pip==26.3" || true
-	$(PY) -m pip install --quiet -c $(CONSTRAINTS) -e ".[test,lint]"
+	$(PY) -m pip install --quiet -c $(CONSTRAINTS) -e ".[test,lint,docs]"
 	@# The editable build leaves an egg-info here; on sys.path (tests run from here) it would
 	@# declare every entry point a second time (Airflow then warns: plugin already registered).
 	rm -rf airflow_resumable.egg-info
@@ -44,6 +44,15 @@ screenshots: venv browser-deps
 lint: venv
 	$(PY) -m ruff check airflow_resumable devtools tests bench dags scripts
 	$(PY) -m mypy
+
+## The docs site (docs/, mkdocs.yml) into build/site; strict: a warning (a broken link, a page
+## missing from the navigation, a reference to code that does not exist) fails the build.
+docs: venv
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict
+
+## The docs site on http://127.0.0.1:8000, rebuilt on every change; Ctrl-C stops it.
+docs-serve: venv
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs serve --dev-addr 127.0.0.1:8000
 
 ## A local Airflow with the example DAGs (UI on :8080); Ctrl-C stops it.
 standalone: venv

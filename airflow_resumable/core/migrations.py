@@ -353,7 +353,7 @@ def _check_shape(session: SchemaSession, version: int) -> None:
             fix = f"Rename it back: ALTER TABLE {table.name} RENAME COLUMN {extra[0]} TO {missing[0]}"
         else:
             fix = (f"Give it back the column(s) {', '.join(missing)} as schema version {version} defines them "
-                   "(README, section on the tables), e.g. from a backup")
+                   "(the docs' tables reference, docs/reference/tables.md), e.g. from a backup")
         raise SchemaVersionError(
             f"the table {table.name} in {where} does not match schema version {version}, which {META} records: "
             f"it has no column {', '.join(missing)}"

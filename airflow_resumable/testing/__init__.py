@@ -1,0 +1,29 @@
+"""A test kit for your own handlers: prove they resume.
+
+``check_resumable(handler, snapshot=..., reset=...)`` runs a handler on an embedded store
+interrupted at every chunk boundary in turn, by every kind of interruption the product knows
+(a crash before and after the checkpoint, a cancel, a timeout, a lost lease, a pause and resume,
+a pipelined write lost in flight), resuming each time until done, and compares each run with an
+uninterrupted one: the returned value, the final state and your sink. ``check_chunked(read,
+process, chunk_size=...)`` does the same for a ``ChunkedOperator``'s functions.
+
+The pytest plugin (:mod:`airflow_resumable.testing.plugin`, registered by entry point) adds the
+fixtures ``resumable_store``, ``resumable_check`` and ``resumable_dag_test``.
+"""
+
+from airflow_resumable.testing.kit import (
+    ALL_INTERRUPTIONS,
+    Interruption,
+    NotResumable,
+    Report,
+    SimulatedCrash,
+    Trial,
+    check_chunked,
+    check_resumable,
+    expire_lease,
+)
+
+__all__ = [
+    "ALL_INTERRUPTIONS", "Interruption", "NotResumable", "Report", "SimulatedCrash", "Trial", "check_chunked",
+    "check_resumable", "expire_lease",
+]

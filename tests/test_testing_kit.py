@@ -1,0 +1,233 @@
+"""The test kit (airflow_resumable.testing): each example DAG's handler proves itself with it, and a
+handler that is not resumable is caught, named with the interruption, the checkpoint and the
+position where it first goes wrong."""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import subprocess
+import sys
+import textwrap
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from airflow_resumable.core import Options
+from airflow_resumable.core.stores import Store
+from airflow_resumable.testing import ALL_INTERRUPTIONS, Interruption, NotResumable, check_chunked, check_resumable
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def example(name: str) -> Any:
+    """An example DAG's module, imported from dags/ under a name of its own."""
+    spec = importlib.util.spec_from_file_location(f"_kit_example_{name}", ROOT / "dags" / f"{name}.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_chunked_example_is_resumable_at_every_checkpoint_under_every_interruption(airflow_home: Path) -> None:
+    m = example("chunked_example")
+    report = check_chunked(m.read_orders, m.add_revenue, chunk_size=500,
+                           chunked={"position": lambda o: o["id"], "total": m.ORDER_COUNT}).assert_ok()
+    # 5,000 orders in chunks of 500: ten checkpoints, each interrupted by each kind in turn
+    assert report.checkpoints == 10 and len(report.trials) == 10 * len(ALL_INTERRUPTIONS)
+    assert all(t.struck for t in report.trials)
+    assert report.state == {"revenue_cents": sum(m.order(i)["amount_cents"] for i in range(1, m.ORDER_COUNT + 1))}
+
+
+def test_the_loan_report_with_its_keyset_reader_and_its_own_cancel_is_resumable(
+    airflow_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("LOANS_DB", str(tmp_path / "loans.db"))
+    m = example("loan_report")
+    report = check_chunked(m.read_loans, m.add_to_report, chunk_size=m.CHUNK,
+                           chunked={"total": m.count_loans},
+                           points=[1, 4, 5, 10]).assert_ok()
+    # the lesson's report: 14.5 days a loan on average; its first attempt cancels itself at 40 %
+    assert report.state == {"total": 435000} and report.checkpoints >= 10
+
+
+def test_the_mapped_partitions_handler_is_resumable(airflow_home: Path) -> None:
+    m = example("mapped_partitions")
+    handler = functools.partial(m.sum_partition, region="south", orders=m.REGIONS["south"])
+    report = check_resumable(handler, name="sum_partition(south)").assert_ok()
+    assert report.result == {"region": "south", "orders": 800,
+                             "amount_cents": sum(m.order_amount("south", i) for i in range(1, 801))}
+
+
+def warehouse(store: Store) -> list[tuple[Any, ...]]:
+    """The export's sink, without the attempt that wrote each row (it differs by design)."""
+    with store.open() as s:
+        return [tuple(r) for r in s.execute("SELECT id, name, email, country FROM warehouse_customers ORDER BY id")]
+
+
+def test_the_customer_export_writing_through_its_transaction_is_resumable_on_both_stores(
+    airflow_home: Path, store: Store, pg_database: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The export upserts each batch through ctx.transaction() into the checkpoint store: the rows
+    commit with their checkpoint, so every interruption leaves the same warehouse."""
+    monkeypatch.setenv("AIRFLOW_CONN_EXPORT_SOURCE", _uri(pg_database))
+    m = example("customer_export")
+    count = m.prepare_customers()
+
+    def reset(s: Store) -> None:
+        with s.open(autocommit=True) as session:
+            session.execute("DROP TABLE IF EXISTS warehouse_customers")
+
+    handler = functools.partial(m.export_customers)
+    report = check_resumable(handler, store=lambda _: store, reset=reset, snapshot=warehouse,
+                             points=[1, 2, 3], name="export_customers").assert_ok()
+    assert len(report.snapshot) == count and report.checkpoints >= 3
+
+
+def _uri(params: dict[str, Any]) -> str:
+    return (f"postgresql://{params.get('user', 'postgres')}@{params.get('host', '127.0.0.1')}:"
+            f"{params.get('port', 5432)}/{params['dbname']}")
+
+
+# -- what the kit catches -------------------------------------------------------------------------
+
+
+SINK: list[int] = []
+
+
+def appends_outside_the_transaction(ctx: Any) -> int:
+    """Not idempotent: a crash before its checkpoint appends its chunk a second time."""
+    i = ctx.position or 0
+    while i < 20:
+        SINK.extend(range(i, i + 5))
+        i += 5
+        ctx.checkpoint(i, processed=i)
+    return len(SINK)
+
+
+def test_a_handler_whose_chunks_are_not_idempotent_is_caught_at_the_first_point_with_the_difference() -> None:
+    report = check_resumable(appends_outside_the_transaction, snapshot=lambda: sorted(SINK), reset=SINK.clear)
+    assert not report.ok
+    with pytest.raises(NotResumable) as err:
+        report.assert_ok()
+    text = str(err.value)
+    assert text.startswith("appends_outside_the_transaction is not resumable: crash_before_checkpoint at "
+                           "checkpoint 1 (position 5)"), text
+    assert "25 items instead of 20" in text and "repeated: 0, 1, 2" in text and "ctx.transaction()" in text
+    # a cancel or a pause stops after the checkpoint: nothing repeats, and the kit says so too
+    by_kind = {k: [t for t in report.trials if t.interruption is k] for k in Interruption}
+    assert all(not t.differences for t in by_kind[Interruption.CANCEL] + by_kind[Interruption.PAUSE_RESUME])
+    assert all(t.differences for t in by_kind[Interruption.CRASH_BEFORE_CHECKPOINT])
+
+
+def keeps_progress_in_a_local(ctx: Any) -> dict[str, int]:
+    """Wrong: the running total lives in a local variable, not in ctx.state, so a resumed attempt
+    starts it from zero."""
+    i, total = ctx.position or 0, 0
+    while i < 30:
+        total += sum(range(i, i + 10))
+        i += 10
+        ctx.checkpoint(i, processed=i)
+    return {"total": total}
+
+
+def test_progress_kept_outside_the_checkpoint_is_caught_in_the_result() -> None:
+    report = check_resumable(keeps_progress_in_a_local, interruptions=[Interruption.CRASH_AFTER_CHECKPOINT])
+    first = report.failures[0]
+    assert (first.point, first.position) == (1, 10)
+    assert first.differences == ["the result differs ('total': expected 435, got 390)"]
+
+
+def test_a_pipelined_checkpoint_lost_in_flight_repeats_its_chunk_and_an_idempotent_sink_does_not_care() -> None:
+    rows: dict[int, int] = {}
+
+    def upserts(ctx: Any) -> int:
+        i = ctx.position or 0
+        while i < 40:
+            for j in range(i, i + 10):
+                rows[j] = j * j  # an upsert by key: idempotent
+            i += 10
+            ctx.checkpoint(i, processed=i)
+        return i
+
+    report = check_resumable(upserts, snapshot=lambda: dict(rows), reset=rows.clear,
+                             options=Options(pipeline_checkpoints=True),
+                             interruptions=[Interruption.PIPELINED_WRITE_LOST, Interruption.LEASE_LOST]).assert_ok()
+    assert len(report.trials) == 8 and all(t.struck and t.attempts == 2 for t in report.trials)
+
+
+def test_random_points_are_reproducible_from_the_seed() -> None:
+    a = check_resumable(keeps_progress_in_a_local, points="every", seed=7, samples=2,
+                        interruptions=[Interruption.CANCEL])
+    b = check_resumable(keeps_progress_in_a_local, points="every", seed=7, samples=2,
+                        interruptions=[Interruption.CANCEL])
+    assert [t.point for t in a.trials] == [t.point for t in b.trials] and len(a.trials) == 2
+
+
+def test_a_handler_that_never_checkpoints_is_not_called_resumable() -> None:
+    report = check_resumable(lambda ctx: 42, name="one_big_chunk")
+    assert (report.checkpoints, report.trials, report.result) == (0, [], 42)
+    with pytest.raises(NotResumable, match="one_big_chunk made no checkpoint .* Call ctx.checkpoint"):
+        report.assert_ok()
+
+
+def test_points_outside_the_run_are_refused_with_the_range() -> None:
+    with pytest.raises(ValueError, match=r"points \[7\] are outside the run's checkpoints 1..3"):
+        check_resumable(keeps_progress_in_a_local, points=[1, 7])
+
+
+# -- the pytest plugin, as a user's test suite meets it ------------------------------------------
+
+
+def test_the_pytest_plugin_is_registered_and_its_fixtures_fail_a_non_idempotent_handler(tmp_path: Path) -> None:
+    (tmp_path / "test_users_handler.py").write_text(textwrap.dedent('''
+        SINK = []
+
+        def good(ctx):
+            i = ctx.position or 0
+            while i < 10:
+                ctx.state["n"] = ctx.state.get("n", 0) + 5
+                i += 5
+                ctx.checkpoint(i, processed=i)
+            return ctx.state["n"]
+
+        def bad(ctx):
+            i = ctx.position or 0
+            while i < 10:
+                SINK.append(i)
+                i += 5
+                ctx.checkpoint(i, processed=i)
+
+        def test_good(resumable_check, resumable_store):
+            assert resumable_check(good).result == 10
+            assert resumable_store.path.endswith("resumable-checkpoints.db")
+
+        def test_bad(resumable_check):
+            resumable_check(bad, snapshot=lambda: list(SINK), reset=SINK.clear)
+    '''))
+    result = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", str(tmp_path)],
+                            capture_output=True, text=True, cwd=tmp_path)
+    out = result.stdout + result.stderr
+    assert "1 failed, 1 passed" in out, out
+    assert "NotResumable: bad is not resumable: crash_before_checkpoint at checkpoint 1 (position 5)" in out, out
+
+
+def test_a_dag_run_interrupted_by_a_crash_after_its_third_checkpoint_ends_as_an_uninterrupted_one(
+    checkpoints: Store, run_dag, resumable_dag_test, airflow_home: Path
+) -> None:
+    from conftest import load_dag
+
+    dag = load_dag("chunked_example")
+    run = resumable_dag_test(dag, "total_revenue", Interruption.CRASH_AFTER_CHECKPOINT, at=3,
+                             logical_date=datetime(2026, 2, 1, tzinfo=timezone.utc))
+    assert str(run.state) == "success"
+    with checkpoints.open() as s:
+        row = s.checkpoints.load("chunked_example.total_revenue", "2026-02-01T00:00:00+00:00")
+        history = s.listings.history(row.job, row.slot)
+    m = example("chunked_example")
+    assert row.status == "done" and row.processed == m.ORDER_COUNT
+    assert row.state == {"revenue_cents": sum(m.order(i)["amount_cents"] for i in range(1, m.ORDER_COUNT + 1))}
+    # the crashed attempt left its history record running; the next one resumed after checkpoint 3
+    assert history[-1].resumed_from == 1500 and history[-1].outcome == "done"
