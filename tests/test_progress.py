@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import logging
 from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import pytest
 
 from airflow_resumable.core.checkpoint import Checkpoint
 from airflow_resumable.core.progress import Progress, ProgressMeter, RateWindow
+from airflow_resumable.core.stores import Store
 from airflow_resumable.core.view import row_view
 
 T0 = datetime(2026, 3, 1, 10, 0, tzinfo=timezone.utc)
@@ -59,34 +63,59 @@ def test_the_same_checkpoint_seen_twice_adds_nothing_and_a_restart_starts_over()
 
 
 def test_the_log_line_and_the_row_view_give_the_same_numbers() -> None:
+    """The row carries the holder's rate (written with the checkpoint): the view shows that number
+    and the ETA from it, whichever process reads the row."""
     clock = iter(at for at, _ in export_checkpoints())
     meter = ProgressMeter(0, clock=lambda: next(clock))
-    reports = [meter.measure(p, 1000) for _, p in export_checkpoints()[:3]]
-    assert [r.rate for r in reports[:2]] == [None, None]
+    rates = [meter.observe(p) for _, p in export_checkpoints()[:3]]
+    report = meter.measure(export_checkpoints()[2][1], 1000)
+    assert rates[:2] == [None, None] and rates[2] == report.rate
     views = [row_view(Checkpoint(job="j.view", slot="s", processed=p, total=1000, status="running",
                                  lease_owner="w", lease_token=7, lease_expires_at=T0 + timedelta(hours=1),
-                                 heartbeat_at=T0 + timedelta(seconds=at), updated_at=T0 + timedelta(seconds=at)),
+                                 heartbeat_at=T0 + timedelta(seconds=at), updated_at=T0 + timedelta(seconds=at),
+                                 rate=rate),
                       now=T0 + timedelta(seconds=at))
-             for at, p in export_checkpoints()[:3]]
+             for (at, p), rate in zip(export_checkpoints()[:3], rates, strict=True)]
     assert [v["rate"] for v in views[:2]] == [None, None]
-    assert views[2]["rate"] == round(reports[2].rate or 0, 2)
-    assert views[2]["eta_seconds"] == round(reports[2].eta or 0, 1)
-    assert "rate=20/s eta=20s" in reports[2].format()
+    assert views[2]["rate"] == round(report.rate or 0, 2)
+    assert views[2]["eta_seconds"] == round(report.eta or 0, 1)
+    assert "rate=20/s eta=20s" in report.format()
+    # a look five seconds after the checkpoint sees the ETA count down from the same rate
+    at, p = export_checkpoints()[2]
+    later = row_view(Checkpoint(job="j.view", slot="s", processed=p, total=1000, status="running", lease_owner="w",
+                                lease_token=7, lease_expires_at=T0 + timedelta(hours=1),
+                                heartbeat_at=T0 + timedelta(seconds=at), updated_at=T0 + timedelta(seconds=at),
+                                rate=rates[2]), now=T0 + timedelta(seconds=at + 5))
+    assert (later["rate"], later["eta_seconds"]) == (views[2]["rate"], round((report.eta or 0) - 5, 1))
 
 
-def test_a_new_attempt_of_the_slot_is_measured_afresh_so_paused_time_is_not_counted() -> None:
-    def view(at: float, processed: int, token: int) -> dict:
-        return row_view(Checkpoint(job="j.pause", slot="s", processed=processed, total=1000, status="running",
-                                   lease_owner="w", lease_token=token, lease_expires_at=T0 + timedelta(hours=2),
-                                   heartbeat_at=T0 + timedelta(seconds=at), updated_at=T0 + timedelta(seconds=at)),
-                        now=T0 + timedelta(seconds=at))
+def test_a_new_attempt_starts_with_no_rate_so_paused_time_is_not_counted(store: Store) -> None:
+    """An attempt's start clears the rate on the row: a resumed attempt shows nothing until it has
+    measured its own chunks (not 670/s · ETA 0 s after a Resume)."""
+    from airflow_resumable.core import Attempt, Options, Paused
 
-    for at, processed in ((0, 100), (2, 200), (4, 300)):
-        view(at, processed, token=1)
-    # Paused for an hour, resumed (a new lease): nothing until the new attempt measured enough
-    assert view(3604, 400, token=2)["rate"] is None
-    assert view(3606, 500, token=2)["rate"] is None  # not 670/s · ETA 0 s
-    assert view(3608, 600, token=2)["rate"] == 50.0
+    seen: list[float | None] = []
+
+    def work(ctx: Any) -> None:
+        i = ctx.position or 0
+        while i < 6:
+            ctx.signal.wait(0.4)
+            i += 1
+            ctx.checkpoint(i, processed=i, total=6)
+            with store.open() as s:
+                seen.append(s.checkpoints.load(ctx.job, ctx.slot).rate)
+            if i == 4 and ctx.attempt == 1:
+                raise Paused("paused", "by the test")
+
+    with pytest.raises(Paused):
+        Attempt(store, job="j.rate", slot="s", attempt=1, owner="a", options=Options()).run(work)
+    with store.open() as s:
+        assert s.checkpoints.load("j.rate", "s").rate is not None  # the paused row keeps what was measured
+    first = len(seen)
+    Attempt(store, job="j.rate", slot="s", attempt=1, owner="b", options=Options()).run(work)
+    # 0.4 s chunks: measured from the fourth checkpoint on (two cycles spanning over a second)
+    assert first == 4 and seen[:3] == [None, None, None] and (seen[3] or 0) > 0
+    assert seen[first] is None, "the resumed attempt's first checkpoint shows no rate of its own yet"
 
 
 def test_the_xcom_copy_carries_the_log_lines_rate_and_eta() -> None:

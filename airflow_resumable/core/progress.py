@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import threading
 import time
-from collections import OrderedDict, deque
-from collections.abc import Callable, Hashable
+from collections import deque
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from airflow_resumable.core import defaults
@@ -34,9 +33,10 @@ MIN_CHUNKS, MIN_SECONDS = 2, 1.0
 class RateWindow:
     """The one rate-and-ETA computation, over a window of an attempt's recent checkpoints.
 
-    Every face uses it: the task's log and XCom (fed by the attempt at each report, see
-    :class:`ProgressMeter`) and the row as people look at it (fed by each read of the row,
-    ``core/view.py``: the tab, the jobs page, REST, the CLI). A sample is a checkpoint: when it was
+    The attempt feeds it at every checkpoint (:class:`ProgressMeter`) and writes its rate on the
+    row with the checkpoint (column ``rate``): the task's log and XCom, and every reader of the
+    row (``core/view.py``: the tab, the jobs page, REST, the CLI) show that one number, and the
+    ETA from it (:func:`eta_of`). A sample is a checkpoint: when it was
     durable and how many items were processed then. The rate spans whole chunk cycles, the
     handler's waits between chunks included, so the ETA counts them too; it starts at the first
     checkpoint seen, not at the attempt's start (the first chunk has no wait before it). A window
@@ -78,39 +78,18 @@ class RateWindow:
         a look between two checkpoints sees the ETA count down, not stand still.
         """
         rate = self.rate()
-        if rate is None or total is None:
-            return rate, None
+        if rate is None:
+            return None, None
         at, processed = self._samples[-1]
-        if total < processed:
-            return rate, None
-        eta = (total - processed) / rate
-        if now is not None and now > at:
-            eta = max(0.0, eta - (now - at))
-        return rate, eta
+        return rate, eta_of(rate, processed, total, since=0.0 if now is None else now - at)
 
 
-class RateWindows:
-    """Windows by key (one per attempt of a slot), the least recently used dropped beyond ``size``.
-
-    What the readers of rows keep (an api-server's threads share one): each look at a running row
-    adds its checkpoint to the window of the attempt holding the lease.
-    """
-
-    def __init__(self, size: int = 4096):
-        self._size = size
-        self._windows: OrderedDict[Hashable, RateWindow] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def estimate(self, key: Hashable, at: float, processed: int, total: int | None,
-                 *, now: float) -> tuple[float | None, float | None]:
-        """Add the checkpoint ``(at, processed)`` to ``key``'s window; its ``(rate, eta)`` at ``now``."""
-        with self._lock:
-            window = self._windows.pop(key, None) or RateWindow()
-            self._windows[key] = window
-            while len(self._windows) > self._size:
-                self._windows.popitem(last=False)
-            window.add(at, processed)
-            return window.estimate(total, now=now)
+def eta_of(rate: float | None, processed: int, total: int | None, *, since: float = 0.0) -> float | None:
+    """Seconds left at ``rate`` for ``total - processed`` items, ``since`` seconds after they were
+    counted (a look between two checkpoints sees the ETA count down); None when not measured."""
+    if rate is None or rate <= 0 or total is None or total < processed:
+        return None
+    return max(0.0, (total - processed) / rate - max(0.0, since))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -197,6 +176,12 @@ class ProgressMeter:
     def __init__(self, processed_at_start: int, clock: Callable[[], float] = time.monotonic):
         self._window = RateWindow()
         self._clock = clock
+
+    def observe(self, processed: int) -> float | None:
+        """A chunk ended with ``processed`` items done: its sample, and the rate the checkpoint
+        stores on the row (the one every face reads; None until measured)."""
+        self._window.add(self._clock(), processed)
+        return self._window.rate()
 
     def measure(self, processed: int, total: int | None, *, save_seconds: float | None = None) -> Progress:
         self._window.add(self._clock(), processed)

@@ -12,7 +12,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from airflow_resumable.core.checkpoint import AttemptRecord, Checkpoint
-from airflow_resumable.core.progress import RateWindows
+from airflow_resumable.core.progress import eta_of
 from airflow_resumable.core.rules import Lease, lease_of
 from airflow_resumable.core.states import FINISHED, Status
 
@@ -27,9 +27,6 @@ ROW_LIMIT = 64 * 1024
 #: The columns that can grow without bound, and how much of a cut one's JSON the preview keeps.
 CUT_FIELDS, PREVIEW = ("position", "state", "resumed_from"), 200
 
-#: The rate windows of the attempts this process has looked at (core/progress.py): every read of
-#: a running row adds its checkpoint to its attempt's window.
-WINDOWS = RateWindows()
 
 
 def cap_row(row: dict[str, Any], *, marker: str, limit: int = ROW_LIMIT) -> tuple[int, dict[str, int]]:
@@ -61,9 +58,9 @@ def row_view(cp: Checkpoint, *, history: Sequence[AttemptRecord] | None = None, 
     """The row as plain JSON, with:
 
     - ``percent``; ``rate`` (items/s) and ``eta_seconds`` of the attempt holding the lease,
-      measured by :class:`~airflow_resumable.core.progress.RateWindow` over the checkpoints this
-      process has seen of it (None until it has seen two chunk cycles over a second, and while
-      the slot is not running): the same computation as the task's log and XCom;
+      as the holder measured it (:class:`~airflow_resumable.core.progress.RateWindow`) and wrote
+      it with its last checkpoint, the ETA counting down since (None until measured, and while
+      the slot is not running): the numbers of the task's log and XCom;
     - ``lease``: ``none``, ``live``, ``stale`` (the holder missed two heartbeats: taken for dead)
       or ``expired``, and ``heartbeat_age_seconds``;
     - ``live`` (an attempt is under way or paused) and ``ended`` (nothing more to watch);
@@ -76,8 +73,9 @@ def row_view(cp: Checkpoint, *, history: Sequence[AttemptRecord] | None = None, 
     out["heartbeat_age_seconds"] = None if cp.heartbeat_at is None else round((now - cp.heartbeat_at).total_seconds(), 1)
     rate = eta = None
     if cp.status == Status.RUNNING and lease is Lease.LIVE and cp.updated_at is not None:
-        rate, eta = WINDOWS.estimate((cp.job, cp.slot, cp.lease_token), cp.updated_at.timestamp(), cp.processed,
-                                     cp.total, now=now.timestamp())
+        # The holder's own measure, written with its last checkpoint (core/progress.py)
+        rate = cp.rate
+        eta = eta_of(rate, cp.processed, cp.total, since=(now - cp.updated_at).total_seconds())
     out["rate"] = None if rate is None else round(rate, 2)
     out["eta_seconds"] = None if eta is None else round(eta, 1)
     out["live"] = cp.status == Status.PAUSED or lease in (Lease.LIVE, Lease.STALE)
