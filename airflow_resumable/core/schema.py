@@ -19,7 +19,7 @@ from typing import Any
 
 #: Column kinds. ``json`` is text holding a JSON value, decoded on read; ``timestamp`` is the
 #: dialect's timestamp type (TIMESTAMPTZ, or REAL epoch seconds on SQLite), an aware datetime on read.
-KINDS = ("text", "json", "int", "bigint", "timestamp", "id")
+KINDS = ("text", "json", "int", "bigint", "float", "timestamp", "id")
 
 
 @dataclasses.dataclass(frozen=True)
