@@ -4,7 +4,7 @@ Each reads ``pt_source (grp, id)`` on a composite key from the checkpoint store'
 (the ``resumable_default`` connection) and writes every row it processes to ``pt_sink`` through
 ``ctx.transaction()``, so a write commits with its chunk's checkpoint. Behaviour comes from the
 DAG run's conf: ``fail`` maps a partition's index to the attempts in which its second chunk fails
-(after writing its rows: the failure undoes them).
+(after writing its rows: the failure undoes them); ``resumable_restart`` starts the partitions over.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from airflow_resumable.readers import sql_reader
 
 START = datetime(2026, 1, 1)
 
-#: Chunks processed per (job, slot, attempt), in this process.
-_CHUNKS: Counter[tuple[str, str, int]] = Counter()
+#: Chunks processed per try (the task instance's id: new on every try and every run), in this process.
+_CHUNKS: Counter[str] = Counter()
 
 
 def partition_of(ctx: RunContext) -> int:
@@ -37,9 +37,11 @@ def write_rows(ctx: RunContext, batch: list[Any]) -> None:
     for grp, ident in batch:
         tx.execute("INSERT INTO pt_sink (grp, id, part, attempt) VALUES (%s, %s, %s, %s)",
                    (grp, ident, part, ctx.attempt))
-    _CHUNKS[(ctx.job, ctx.slot, ctx.attempt)] += 1
-    fail = dict(get_current_context()["dag_run"].conf or {}).get("fail", {})
-    if ctx.attempt in fail.get(str(part), ()) and _CHUNKS[(ctx.job, ctx.slot, ctx.attempt)] == 2:
+    context = get_current_context()
+    try_id = str(context["ti"].id)
+    _CHUNKS[try_id] += 1
+    fail = dict(context["dag_run"].conf or {}).get("fail", {})
+    if ctx.attempt in fail.get(str(part), ()) and _CHUNKS[try_id] == 2:
         raise RuntimeError(f"injected failure in partition {part}'s second chunk")
 
 
