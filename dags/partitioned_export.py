@@ -1,6 +1,6 @@
 """A partitioned export: one job over every order, in 4 partitions that run on any worker.
 
-``ChunkedOperator.partitioned(...)`` turns one chunked job into a task group of three tasks:
+``partitioned(...)`` (``airflow_resumable.operators.partitioned``) turns one chunked job into a task group of three tasks:
 
 * ``export_orders.plan`` splits the orders' key ``(placed_on, id)`` into 4 ranges of about
   equal size (quantiles of the key, counted by the database) when the run first starts, and stores
@@ -28,7 +28,8 @@ from typing import Any
 
 from airflow.sdk import DAG, task
 
-from airflow_resumable import ChunkedOperator, RunContext
+from airflow_resumable import RunContext
+from airflow_resumable.operators.partitioned import partitioned
 from airflow_resumable.readers import connect, sql_reader
 
 #: The checkpoint store's connection: the orders and the export table live there too.
@@ -89,7 +90,7 @@ with DAG(
             conn.commit()
         return ORDER_COUNT
 
-    export = ChunkedOperator.partitioned(
+    export = partitioned(
         task_id="export_orders",
         read=sql_reader(CONN_ID, table="orders", columns=("id", "placed_on", "amount_cents"), key=("placed_on", "id")),
         process=export_batch,

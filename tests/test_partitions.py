@@ -236,15 +236,15 @@ def test_bad_arguments_are_refused_when_the_dag_is_parsed_naming_the_job_and_the
 
     from airflow.sdk import DAG
 
-    from airflow_resumable import ChunkedOperator
+    from airflow_resumable.operators.partitioned import partitioned
 
     given: dict[str, Any] = {
         "read": KeysetReader(connect=lambda: sqlite3.connect(tmp_path / "s.db"), table="t", key="id"),
         "process": lambda ctx, batch: None, "partitions": 4, "chunk_size": 10, **arguments,
     }
     with DAG("pt_bad", schedule=None, start_date=DAY), pytest.raises(ConfigurationError, match=said) as err:
-        ChunkedOperator.partitioned(task_id="export", **given)
-    assert err.value.job == "pt_bad.export" and "Fix the arguments of ChunkedOperator.partitioned" in str(err.value)
+        partitioned(task_id="export", **given)
+    assert err.value.job == "pt_bad.export" and "Fix the arguments of partitioned(...)" in str(err.value)
 
 
 def test_a_reader_without_a_key_cannot_be_made(tmp_path: Any) -> None:

@@ -1,4 +1,9 @@
-"""Partitioned jobs in a DAG: ``ChunkedOperator.partitioned(...)`` builds one task group of three tasks.
+"""Partitioned jobs in a DAG: :func:`partitioned` builds one task group of three tasks.
+
+    from airflow_resumable.operators.partitioned import partitioned
+
+    export = partitioned(task_id="export", read=sql_reader(...), process=write_batch, partitions=16,
+                         chunk_size=500, tolerated_failure="10%")
 
 ``<task_id>.plan``
     splits the reader's key into ``partitions`` ranges when the run first starts, stores the plan
@@ -48,7 +53,7 @@ from airflow_resumable.version_compat import AirflowFailException, BaseOperator,
 
 __all__ = ["PartitionOperator", "PartitionPlanOperator", "PartitionSummaryOperator", "partitioned"]
 
-#: The arguments the planning and summary tasks take from ``.partitioned(...)`` besides their own.
+#: The arguments the planning and summary tasks take from :func:`partitioned` besides their own.
 _SHARED = ("retries", "retry_delay", "queue", "pool", "owner", "executor")
 
 
@@ -204,7 +209,22 @@ def partitioned(
     tolerated_failure: Any = 0,
     **kwargs: Any,
 ) -> TaskGroup:
-    """See :meth:`ChunkedOperator.partitioned`.
+    """One job over ``read``'s key in ``partitions`` ranges of about equal size, each a mapped
+    :class:`ChunkedOperator` task instance with its own checkpoint (job ``<job>[i]``), on any worker.
+
+    Returns the task group ``task_id`` (use it with ``>>`` like a task) of three tasks: ``plan``
+    splits once per run and stores the plan (retries and Clears read the same ranges),
+    ``partition`` is the mapped :class:`ChunkedOperator`, ``summary`` fails when more than
+    ``tolerated_failure`` partitions failed and returns the job's figures.
+
+    Args:
+        task_id: the task group's id; the job is ``job=`` if given, else ``<dag_id>.<task_id>``.
+        read: a :class:`~airflow_resumable.core.readers.KeysetReader`: its key is split.
+        partitions: how many ranges (mapped task instances), 1 to 10,000.
+        tolerated_failure: how many partitions may fail (an int >= 0), or what share of them (``"10%"``).
+        kwargs: :class:`ChunkedOperator`'s arguments (``process``, ``chunk_size``, ``retries``...),
+            for every partition; the planning and summary tasks take ``conn_id``, ``job``,
+            ``retries``, ``retry_delay``, ``queue``, ``pool``, ``owner`` and ``executor`` too.
 
     Raises:
         ConfigurationError: bad arguments, all of them named at once, with the job.
@@ -226,7 +246,7 @@ def partitioned(
                             "(narrow the rows with the reader's where= instead)")
     if problems:
         raise ConfigurationError(f"partitioned task {task_id!r}: " + "; ".join(problems), job=name,
-                                 hint="Fix the arguments of ChunkedOperator.partitioned(...)")
+                                 hint="Fix the arguments of partitioned(...)")
     shared = {k: kwargs[k] for k in (*_SHARED, "conn_id", "job", "dag") if k in kwargs}
     with group:
         plan = PartitionPlanOperator(task_id="plan", read=read, partitions=partitions, partition_group=task_id, **shared)

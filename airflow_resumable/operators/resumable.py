@@ -418,22 +418,6 @@ class ChunkedOperator(ResumableOperator):
             setattr(self, argument.name, argument.take(given[argument.name]))
         super().__init__(**kwargs)
 
-    @classmethod
-    def partitioned(cls, *, task_id: str, read: Any, partitions: int, tolerated_failure: int | str = 0,
-                    **kwargs: Any) -> Any:
-        """One job over ``read``'s key in ``partitions`` ranges of about equal size, each a mapped task
-        instance with its own checkpoint (job ``<job>[i]``), on any worker. Returns the task group
-        ``task_id`` of three tasks: ``plan`` (splits once per run and stores the plan: retries and
-        Clears read the same ranges), ``partition`` (this operator, mapped) and ``summary`` (fails
-        when more than ``tolerated_failure`` partitions failed: a count, or a share such as
-        ``"10%"``; returns the job's processed and total). ``read`` is a keyset reader; every other
-        argument is this operator's. See :mod:`airflow_resumable.operators.partitioned`.
-        """
-        from airflow_resumable.operators.partitioned import partitioned
-
-        return partitioned(task_id=task_id, read=read, partitions=partitions, tolerated_failure=tolerated_failure,
-                           **kwargs)
-
     def _chunked(self) -> dict[str, Any]:
         """The values of :data:`CHUNKED_OPTIONS`, by name."""
         return {argument.name: getattr(self, argument.name) for argument in CHUNKED_OPTIONS}

@@ -15,7 +15,8 @@ from typing import Any
 
 from airflow.sdk import DAG, get_current_context
 
-from airflow_resumable import ChunkedOperator, RunContext
+from airflow_resumable import RunContext
+from airflow_resumable.operators.partitioned import partitioned
 from airflow_resumable.readers import sql_reader
 
 START = datetime(2026, 1, 1)
@@ -50,9 +51,9 @@ def source() -> Any:
 
 
 with DAG("pt_export", schedule="@daily", start_date=START, catchup=False) as pt_export:
-    ChunkedOperator.partitioned(task_id="export", read=source(), process=write_rows, partitions=4, chunk_size=3,
+    partitioned(task_id="export", read=source(), process=write_rows, partitions=4, chunk_size=3,
                                 retries=1, retry_delay=timedelta(0))
 
 with DAG("pt_tolerant", schedule="@daily", start_date=START, catchup=False) as pt_tolerant:
-    ChunkedOperator.partitioned(task_id="export", read=source(), process=write_rows, partitions=4, chunk_size=3,
+    partitioned(task_id="export", read=source(), process=write_rows, partitions=4, chunk_size=3,
                                 tolerated_failure="25%", retries=0)
