@@ -342,3 +342,77 @@ def test_tolerated_failure_lets_the_job_succeed_with_that_many_failed_partitions
         result = xcom(run, "export.summary", required=True)
         assert (result["done"], result["failed"], result["tolerated"]) == (3, [2], 1)
         assert json.dumps(result)  # plain JSON
+
+
+# -- with a real scheduler ------------------------------------------------------------------------------
+
+
+@pytest.mark.scheduler
+def test_with_a_real_scheduler_a_failed_partition_is_cleared_alone_and_resumes_from_its_own_checkpoint(
+    pg_server: Any,
+) -> None:
+    from pathlib import Path
+
+    from support.deployment import databases
+    from support.standalone import Standalone, wait_for
+
+    dag_id, run_id = "pt_workers", "pt_workers_1"
+    with databases(pg_server, "partitions") as db:
+        with db.sink.cursor() as cur:
+            cur.execute("CREATE TABLE pt_source (grp TEXT NOT NULL, id INTEGER NOT NULL, PRIMARY KEY (grp, id))")
+            cur.execute("INSERT INTO pt_source SELECT CASE WHEN i < 30 THEN 'a' ELSE 'b' END, i "
+                        "FROM generate_series(0, 39) i")
+            # Made here: partitions starting at once would race PostgreSQL's CREATE TABLE IF NOT EXISTS
+            cur.execute("CREATE TABLE pt_sink (grp TEXT, id INTEGER, part INTEGER, attempt INTEGER)")
+        airflow = Standalone(metadata_uri=db.metadata_uri, dag_files=[Path(__file__).parent / "dags" /
+                                                                       "partition_dags.py"], env=db.env)
+        try:
+            airflow.start()
+            airflow.serve((dag_id,))
+            api = airflow.api
+            assert api is not None
+
+            def run_state(states: tuple[str, ...]) -> str:
+                return wait_for(lambda: (s := api.dag_run(dag_id, run_id)["state"]) in states and s, timeout=300,
+                                interval=0.5, what=f"{run_id} to reach {states}", on_timeout=lambda: airflow.tail(60))
+
+            def rows() -> list[Checkpoint]:
+                with db.store.open(autocommit=True) as s:
+                    found = [s.checkpoints.load(f"{dag_id}.export[{i}]", run_id) for i in range(4)]
+                assert all(found), found
+                return [r for r in found if r is not None]
+
+            # Given a run whose partition 2 fails in its second chunk (no retries)
+            api.trigger(dag_id, run_id=run_id, conf={"fail": {"2": [1]}, "delay": 1.0})
+
+            # Then the job fails: three partitions done, partition 2 failed after its first chunk
+            assert run_state(("success", "failed")) == "failed"
+            first = rows()
+            assert [r.status for r in first] == ["done", "done", "failed", "done"], [(r.status, r.last_error) for r in first]
+            assert first[2].processed == 5
+            with db.store.open(autocommit=True) as s:
+                plan = s.checkpoints.load(f"{dag_id}.export#plan", run_id)
+
+            # When partition 2 and the summary are cleared, as the UI's Clear does
+            api.clear(dag_id, run_id, [["export.partition", 2], "export.summary"])  # type: ignore[list-item]
+
+            # Then partition 2 resumes after its first chunk, the others are not run again, the
+            # plan is the same, and every row was committed once
+            assert run_state(("success", "failed")) == "success"
+            again = rows()
+            assert [(r.status, r.attempt) for r in again] == [("done", 1), ("done", 1), ("done", 2), ("done", 1)]
+            assert again[2].resumed_from == first[2].position
+            with db.store.open(autocommit=True) as s:
+                assert s.checkpoints.load(f"{dag_id}.export#plan", run_id).state == plan.state  # type: ignore[union-attr]
+            with db.sink.cursor() as cur:
+                cur.execute("SELECT grp, id, count(*) FROM pt_sink GROUP BY grp, id")
+                written = cur.fetchall()
+            assert len(written) == 40 and {n for _, _, n in written} == {1}
+            def span(r: Checkpoint) -> tuple[Any, Any]:
+                return r.started_at, r.finished_at or r.updated_at
+
+            overlapping = sum(1 for a in first for b in first if a is not b and span(a)[0] < span(b)[1]
+                              and span(b)[0] < span(a)[1])
+            print(f"\n[partitions] pairs of partitions that ran at the same time: {overlapping // 2} of 6")
+        finally:
+            airflow.close()

@@ -57,3 +57,15 @@ with DAG("pt_export", schedule="@daily", start_date=START, catchup=False) as pt_
 with DAG("pt_tolerant", schedule="@daily", start_date=START, catchup=False) as pt_tolerant:
     partitioned(task_id="export", read=source(), process=write_rows, partitions=4, chunk_size=3,
                                 tolerated_failure="25%", retries=0)
+
+
+def write_rows_slowly(ctx: RunContext, batch: list[Any]) -> None:
+    """:func:`write_rows`, then a wait of conf ``delay`` seconds (on the run's signal): partitions
+    that run at once overlap in time."""
+    write_rows(ctx, batch)
+    ctx.signal.wait(float(dict(get_current_context()["dag_run"].conf or {}).get("delay", 0)))
+
+
+with DAG("pt_workers", schedule=None, start_date=START, catchup=False) as pt_workers:
+    # Run by a real scheduler (LocalExecutor): the partitions are task instances on its worker slots.
+    partitioned(task_id="export", read=source(), process=write_rows_slowly, partitions=4, chunk_size=5, retries=0)
