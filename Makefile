@@ -5,12 +5,12 @@ PY := $(VENV)/bin/python
 CONSTRAINTS := constraints-3.11.txt
 DEMO_HOME := $(CURDIR)/.airflow-home
 
-.PHONY: demo test fast lint docs docs-serve bench standalone celery venv clean browser-deps screenshots
+.PHONY: demo test fast lint docs docs-serve bench standalone celery venv clean browser-deps screenshots dist
 
 $(VENV)/.installed: setup.cfg pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade "pip==26.3" || true
-	$(PY) -m pip install --quiet -c $(CONSTRAINTS) -e ".[test,lint,docs]"
+	$(PY) -m pip install --quiet -c $(CONSTRAINTS) -e ".[test,lint,docs,release]"
 	@# The editable build leaves an egg-info here; on sys.path (tests run from here) it would
 	@# declare every entry point a second time (Airflow then warns: plugin already registered).
 	rm -rf airflow_resumable.egg-info
@@ -27,9 +27,9 @@ demo: venv
 test: venv
 	PY=$(PY) bash scripts/test.sh $(PYTEST_ARGS)
 
-## The fast part: no real scheduler, no PostgreSQL server, no browser needed.
+## The fast part: no real scheduler, no PostgreSQL server, no browser, no fresh venv needed.
 fast: venv
-	$(PY) -m pytest -p no:cacheprovider -ra -m "not scheduler and not postgres and not browser" $(PYTEST_ARGS)
+	$(PY) -m pytest -p no:cacheprovider -ra -m "not scheduler and not postgres and not browser and not dist" $(PYTEST_ARGS)
 
 ## Debian's chromium and chromedriver for the browser tests (installed only if missing).
 browser-deps:
@@ -39,6 +39,10 @@ browser-deps:
 ## The README's screenshots (docs/screenshots/): the browser test against a real airflow standalone.
 screenshots: venv browser-deps
 	RESUMABLE_SCREENSHOTS=$(CURDIR)/docs/screenshots $(PY) -m pytest -p no:cacheprovider -ra -s tests/test_browser.py
+
+## The release artifacts: wheel and sdist in dist/, checked by twine check --strict (scripts/dist.sh).
+dist: venv
+	PY=$(PY) CONSTRAINTS=$(CONSTRAINTS) bash scripts/dist.sh
 
 ## Lint and type check: ruff over everything, mypy over the package.
 lint: venv
@@ -67,4 +71,4 @@ bench: venv
 	$(PY) -m bench
 
 clean:
-	rm -rf $(VENV) $(DEMO_HOME) .bench
+	rm -rf $(VENV) $(DEMO_HOME) .bench dist

@@ -28,7 +28,8 @@ from airflow_resumable.core import (
     StoreUnavailable,
 )
 
-__version__ = "0.1.0"
+#: The release, declared here only: setup.cfg reads it (`attr:`), and so does the provider info.
+__version__ = "0.4.0"
 
 _LAZY = {
     "ResumableOperator": "airflow_resumable.operators.resumable",

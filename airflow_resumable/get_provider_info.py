@@ -12,6 +12,8 @@ def get_provider_info() -> dict[str, Any]:
         "package-name": "airflow-resumable",
         "name": "Resumable",
         "description": "Chunked, resumable operators with slot-keyed checkpoints, leases and overlap policy.",
+        # The release, from its one declaration (airflow_resumable/__init__.py); Airflow reads the
+        # installed distribution's version, this list is informative.
         "versions": [__version__],
         "integrations": [
             {

@@ -67,7 +67,7 @@ def at_least(ratio: float, limit: float) -> bool:
 
 
 def table(results: list[Result]) -> str:
-    """The results as one Markdown table (readable in a terminal, pasteable into the README)."""
+    """The results as one Markdown table (readable in a terminal, pasteable into the docs)."""
     head = ["#", "what", "measured (medians)", "ratio", "target", "verdict"]
     rows = [
         [r.key, r.what, r.measured, "n/a" if r.ratio is None else f"{r.ratio:.2f}x", r.target, r.verdict]

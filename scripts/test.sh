@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # `make test`: the whole suite as concurrent pytest processes, one per group below. The slow groups
-# (a real Airflow each: scheduler, api-server, Celery workers, a browser) use free ports and
+# (a real Airflow each: scheduler, api-server, Celery workers, a browser; the built wheel in a
+# fresh venv) use free ports and
 # databases of their own, so they run beside each other and beside the fast group (dag.test() on a
 # private Airflow home, a PostgreSQL schema per test); most of their time is spent waiting for
 # Airflow, not computing. Each group writes its own log; the logs are printed, then one summary line
@@ -12,12 +13,13 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 PY="${PY:-.venv/bin/python}"
 LOGS="${TEST_LOGS:-.test-logs}"
-SLOW="scheduler or celery or browser"
+SLOW="scheduler or celery or browser or dist"
 # name=marker expression; together they select every test exactly once.
 GROUPS_=(
   "fast=not ($SLOW)"
   "scheduler=scheduler and not celery and not browser"
   "celery-browser=celery or browser"
+  "dist=dist and not (scheduler or celery or browser)"
 )
 mkdir -p "$LOGS"
 

@@ -153,6 +153,26 @@ def test_the_list_filters_by_dag_and_status(as_user: Any) -> None:
     assert [r["job"] for r in by_dag] == [B] and [r["job"] for r in by_status] == ["dag_a.parts[1]", "dag_a.parts[0]", A]
 
 
+def test_the_list_finds_dags_by_part_of_their_id_in_any_case(as_user: Any) -> None:
+    def jobs(user: str, pattern: str) -> list[str]:
+        r = as_user(user, "GET", f"{BASE}/checkpoints", params={"dag_id_pattern": pattern})
+        assert r.status_code == 200
+        return sorted(row["job"] for row in r.json()["checkpoints"])
+
+    assert jobs("admin", "G_B") == [B]
+    assert jobs("admin", "Dag") == sorted([A, B, "dag_a.parts[0]", "dag_a.parts[1]"])
+    assert jobs("alice", "_b") == [] and jobs("admin", "nothing") == []
+
+
+def test_an_unmapped_task_instances_tab_addresses_map_index_minus_one(client: TestClient) -> None:
+    # Airflow leaves the {MAP_INDEX} placeholder as it is outside a mapped task instance's page
+    r = client.get("/resumable/ui/checkpoint", params={"dag_id": "d", "run_id": "r", "task_id": "t",
+                                                      "map_index": "{MAP_INDEX}"}, follow_redirects=False)
+    assert r.status_code == 302
+    assert r.headers["location"] == "checkpoint?dag_id=d&run_id=r&task_id=t&map_index=-1"
+    assert client.get("/resumable/ui/checkpoint", params={"map_index": "3"}).status_code == 200
+
+
 def test_the_list_of_a_dag_the_user_may_not_see_is_forbidden(as_user: Any) -> None:
     r = as_user("alice", "GET", f"{BASE}/checkpoints", params={"dag_id": "dag_b"})
     assert r.status_code == 403 and "dag_b" in r.json()["message"]

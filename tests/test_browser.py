@@ -1,14 +1,18 @@
 """The Checkpoint tab and the Resumable jobs page in a real browser, against a real Airflow.
 
 Headless Chromium (Debian's ``chromium`` and ``chromium-driver``, driven by Selenium; nothing is
-downloaded) logs in to an ``airflow standalone`` through its login form, opens a running task
-instance, clicks its Checkpoint tab (the one click from the task instance to its progress), and
-watches the progress bar advance without reloading; presses Pause (the task defers, the tab says
-paused) and Resume (it continues, in the same try, to done); then finds the slot on the jobs page.
+downloaded) logs in to an ``airflow standalone`` through its login form and walks the README's
+tour ("Try it in the Airflow UI"): opens a running task instance, clicks its Checkpoint tab (the
+one click from the task instance to its progress), watches the progress bar advance without
+reloading; presses Pause (the task defers, the tab says paused) and Resume (it continues, in the
+same try, to done, with an ETA that holds); finds the slot on the jobs page and clicks through to
+its task instance; marks a running task instance failed and clears it, and the open tab follows
+both without a reload.
 
 Screenshots go to ``$RESUMABLE_SCREENSHOTS`` (``make screenshots`` sets ``docs/screenshots``),
 else to a temporary folder. The refresh latency (from a checkpoint's commit to the tab showing
-it) is measured and printed (run with ``-s``), and written next to the screenshots.
+it) and the time from each step's click to what it shows are measured and printed (run with
+``-s``), and written next to the screenshots.
 """
 
 from __future__ import annotations
@@ -16,14 +20,17 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import re
 import shutil
 import statistics
 import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
+from zoneinfo import ZoneInfo
 
 import pytest
 
@@ -56,9 +63,9 @@ class Env:
         assert self.airflow.api is not None
         return self.airflow.api
 
-    def row(self, run_id: str) -> Any:
+    def row(self, run_id: str, *, job: str = JOB) -> Any:
         with self.store.open() as s:
-            return s.checkpoints.load(JOB, run_id)
+            return s.checkpoints.load(job, run_id)
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +86,7 @@ def env(pg_server: Server, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     )
     try:
         airflow.start()
-        airflow.serve([DAG_ID])
+        airflow.serve([DAG_ID, "ui_skips", "ui_parts", "ui_overlap"])
         yield Env(airflow, store)
     finally:
         airflow.close()
@@ -129,6 +136,8 @@ def until(condition: Callable[[], T | None], *, timeout: float, what: str,
 def login(driver: Any, env: Env) -> None:
     from selenium.webdriver.common.by import By
 
+    if driver.current_url.startswith(env.airflow.base_url) and driver.get_cookie("_token"):
+        return  # signed in by an earlier test of the module
     driver.get(env.airflow.base_url + "/")
     until(lambda: driver.find_element(By.CSS_SELECTOR, "input[name=username]"), timeout=60, what="the login form")
     driver.find_element(By.CSS_SELECTOR, "input[name=username]").send_keys("admin")
@@ -143,11 +152,58 @@ def frame_text(driver: Any, css: str) -> str:
     return driver.find_element(By.CSS_SELECTOR, css).text
 
 
-def test_the_checkpoint_tab_follows_a_run_live_and_pauses_and_resumes_it(env: Env, browser: Any, shots: Path) -> None:
+#: What the tests measured, written to measurements.json beside the screenshots as they go.
+MEASURED: dict[str, Any] = {}
+
+
+def record(shots: Path, **values: Any) -> None:
+    MEASURED.update(values)
+    (shots / "measurements.json").write_text(json.dumps(MEASURED, indent=2) + "\n")
+
+
+def open_tab(driver: Any, env: Env, dag_id: str, run_id: str, task_id: str) -> tuple[Any, float]:
+    """Open the task instance's page, click its Checkpoint tab, switch into the tab's frame; how
+    long from the click to the tab showing the slot (or saying why not)."""
+    from selenium.webdriver.common.by import By
+
+    driver.switch_to.default_content()
+    driver.get(f"{env.airflow.base_url}/dags/{dag_id}/runs/{run_id}/tasks/{task_id}")
+    tab = until(lambda: driver.find_element(
+        By.XPATH, "//*[self::a or self::button][.//text()[normalize-space()='Checkpoint']]"),
+        timeout=60, what="the Checkpoint tab on the task instance page")
+    tab.click()
+    clicked = time.monotonic()
+    frame = until(lambda: driver.find_element(By.CSS_SELECTOR, "iframe[title='Checkpoint']"), timeout=30,
+                  what="the tab's frame")
+    driver.switch_to.frame(frame)
+    until(lambda: driver.find_elements(By.ID, "figures") or driver.find_elements(By.ID, "not-resumable")
+          or driver.find_elements(By.ID, "overlap") or None, timeout=30, what="the tab's content")
+    return frame, time.monotonic() - clicked
+
+
+def shown(driver: Any, what: str) -> str:
+    from selenium.webdriver.common.by import By
+
+    found = driver.find_elements(By.CSS_SELECTOR, what)
+    return found[0].text if found else ""
+
+
+def attr(driver: Any, css: str, name: str) -> str | None:
+    from selenium.webdriver.common.by import By
+
+    found = driver.find_elements(By.CSS_SELECTOR, css)
+    return found[0].get_attribute(name) if found else None
+
+
+def test_the_readme_tour_the_tab_follows_a_run_live_pauses_resumes_and_the_jobs_page_opens_it(
+    env: Env, browser: Any, shots: Path
+) -> None:
     from selenium.webdriver.common.by import By
 
     driver = browser
     login(driver, env)
+    # The Airflow UI's time zone (its user menu's choice, kept in this origin's storage)
+    driver.execute_script("localStorage.setItem('timezone', JSON.stringify('Asia/Kolkata'))")
     # Given a running export
     run_id = f"ui_{uuid.uuid4().hex[:6]}"
     env.api.trigger(DAG_ID, run_id=run_id, conf={"items": 160, "delay": 0.25})
@@ -155,16 +211,10 @@ def test_the_checkpoint_tab_follows_a_run_live_and_pauses_and_resumes_it(env: En
              interval=0.2, what="the export to make progress")
 
     # When a person opens the task instance and clicks its Checkpoint tab (one click)
-    driver.get(f"{env.airflow.base_url}/dags/{DAG_ID}/runs/{run_id}/tasks/{TASK_ID}")
-    tab = until(lambda: driver.find_element(
-        By.XPATH, "//*[self::a or self::button][.//text()[normalize-space()='Checkpoint']]"),
-        timeout=60, what="the Checkpoint tab on the task instance page")
-    clicks = 1
-    tab.click()
-    frame = until(lambda: driver.find_element(By.CSS_SELECTOR, "iframe[title='Checkpoint']"), timeout=30,
-                  what="the tab's frame")
-    driver.switch_to.frame(frame)
+    frame, tab_seconds = open_tab(driver, env, DAG_ID, run_id, TASK_ID)
     until(lambda: driver.find_element(By.ID, "figures"), timeout=30, what="the progress figures")
+    # The tab's own address names map index -1 (Airflow leaves {MAP_INDEX} as it is here)
+    assert "map_index=-1" in driver.execute_script("return location.search")
 
     # Then the progress bar advances without a reload, and every checkpoint shows within about one
     # refresh period. Measured: when this test first saw each value committed in the store, and
@@ -190,8 +240,13 @@ def test_the_checkpoint_tab_follows_a_run_live_and_pauses_and_resumes_it(env: En
     assert latencies and max(latencies) < 2 * REFRESH + 2, latencies  # generous: about REFRESH expected
     bar = driver.find_element(By.CSS_SELECTOR, "[role=progressbar]")
     assert 0 < float(bar.get_attribute("aria-valuenow")) < 100
-    assert "items" in frame_text(driver, "#figures") and "/s" in frame_text(driver, "#figures")
+    figures = frame_text(driver, "#figures")
+    assert "items" in figures and "/s" in figures and "ETA 0s" not in figures
     assert "heartbeat" in frame_text(driver, "#lease")
+    # The lease holder as host:pid (the whole id in the tooltip); the position as a number
+    lease = driver.find_element(By.CSS_SELECTOR, "#lease span")
+    assert "/try1@" in lease.get_attribute("title") and "/try" not in lease.text
+    assert re.fullmatch(r"\d[\d,]*", frame_text(driver, "#position")), frame_text(driver, "#position")
     driver.switch_to.default_content()
     driver.save_screenshot(str(shots / "checkpoint-tab.png"))
     driver.switch_to.frame(frame)
@@ -201,11 +256,14 @@ def test_the_checkpoint_tab_follows_a_run_live_and_pauses_and_resumes_it(env: En
     driver.find_element(By.ID, "action-pause").click()
     until(lambda: driver.find_element(By.ID, "confirm"), timeout=10, what="the confirmation").click()
     clicked = time.monotonic()
-    # Then the task defers and the tab says paused
+    # Then the task defers, the tab says paused, and "pause requested" is gone once it took effect
     until(lambda: frame_text(driver, "#status").startswith("paused") or None, timeout=60, what="the tab to say paused")
     paused_after = time.monotonic() - clicked
-    wait_for(lambda: env.api.task_instance(DAG_ID, run_id, TASK_ID)["state"] == "deferred", timeout=60,
-             interval=0.3, what="the task instance to defer")
+    until(lambda: attr(driver, "#ti-state", "data-state") == "deferred" or None, timeout=60,
+          what="the tab to show the task instance deferred")
+    deferred_after = time.monotonic() - clicked
+    assert env.api.task_instance(DAG_ID, run_id, TASK_ID)["state"] == "deferred"
+    assert not driver.find_elements(By.ID, "pending"), frame_text(driver, "h2")
     at_pause = env.row(run_id).processed
     assert at_pause < 160 and driver.find_element(By.ID, "action-resume").is_enabled()
     assert not driver.find_element(By.ID, "action-pause").is_enabled()
@@ -218,44 +276,193 @@ def test_the_checkpoint_tab_follows_a_run_live_and_pauses_and_resumes_it(env: En
     # When they press Resume and confirm: it continues in the same try, to the end
     driver.find_element(By.ID, "action-resume").click()
     until(lambda: driver.find_element(By.ID, "confirm"), timeout=10, what="the confirmation").click()
+    clicked = time.monotonic()
     until(lambda: int(driver.find_element(By.ID, "figures").get_attribute("data-processed")) > at_pause or None,
           timeout=90, what="the tab to show progress after the resume")
-    until(lambda: frame_text(driver, "#status").startswith("done") or None, timeout=180, what="the tab to say done",
+    resumed_after = time.monotonic() - clicked
+    # And once the tab shows an ETA, it is within 25 % of the time that was really left
+    eta = float(until(lambda: attr(driver, "#figures", "data-eta") or None, timeout=60,
+                      what="the tab to show an ETA after the resume"))
+    eta_seen = time.monotonic()
+    eta_text = frame_text(driver, "#figures")
+    wait_for(lambda: env.row(run_id).status == "done", timeout=180, interval=0.1, what="the export to finish")
+    remaining = time.monotonic() - eta_seen
+    assert abs(eta - remaining) <= 0.25 * remaining, (eta, remaining, eta_text)
+    until(lambda: frame_text(driver, "#status").startswith("done") or None, timeout=30, what="the tab to say done",
           on_timeout=lambda: f"row: {env.row(run_id)}\npage: {driver.find_element(By.TAG_NAME, 'body').text}\n"
                              f"{env.airflow.task_log(DAG_ID, run_id, TASK_ID, 1)[-3000:]}")
-    assert "no longer refreshing" in frame_text(driver, "#refreshed")
+    assert "watching the task instance" in frame_text(driver, "#refreshed")
     history = frame_text(driver, "#history")
     assert "pause_requested" in history and "resume_requested" in history and "admin" in history
+    # Times as Airflow shows them: 24 h, in the UI's chosen time zone
+    first = driver.find_element(By.CSS_SELECTOR, "#history time")
+    at = datetime.fromisoformat(first.get_attribute("datetime")).astimezone(ZoneInfo("Asia/Kolkata"))
+    assert first.text == at.strftime("%Y-%m-%d %H:%M:%S"), (first.text, at)
     ti = env.api.task_instance(DAG_ID, run_id, TASK_ID)
     assert ti["try_number"] == 1
     wait_for(lambda: env.api.task_instance(DAG_ID, run_id, TASK_ID)["state"] == "success", timeout=60,
              interval=0.5, what="the task instance to succeed")
 
-    # And the jobs page lists the slot, linking to its task instance's tab (and a new run, live)
+    # The same tab in the Airflow UI's dark theme (its colour-mode switch sets html.dark)
+    driver.switch_to.default_content()
+    driver.execute_script("document.documentElement.classList.remove('light');"
+                          "document.documentElement.classList.add('dark');"
+                          "document.documentElement.style.colorScheme = 'dark';")
+    driver.switch_to.frame(frame)
+    until(lambda: driver.execute_script("return document.documentElement.classList.contains('dark')") or None,
+          timeout=10, what="the tab to follow the dark theme")
+    driver.switch_to.default_content()
+    driver.save_screenshot(str(shots / "checkpoint-tab-dark.png"))
+    driver.execute_script("document.documentElement.classList.remove('dark');"
+                          "document.documentElement.classList.add('light');"
+                          "document.documentElement.style.colorScheme = 'light';")
+
+    # And the jobs page lists the slot (found by part of its DAG's id), and a click on its link
+    # opens the task instance's Checkpoint tab in the Airflow UI (a new run shows live)
     live_run = f"ui_{uuid.uuid4().hex[:6]}"
     env.api.trigger(DAG_ID, run_id=live_run, conf={"items": 400, "delay": 0.25})
-    driver.switch_to.default_content()
     driver.get(f"{env.airflow.base_url}/plugin/resumable-jobs")
     jobs = until(lambda: driver.find_element(By.CSS_SELECTOR, "iframe[title='Resumable jobs']"), timeout=60,
                  what="the jobs page's frame")
     driver.switch_to.frame(jobs)
-    row = until(lambda: driver.find_element(By.CSS_SELECTOR, f"tr[data-job='{JOB}'][data-slot='{run_id}']"),
-                timeout=30, what="the slot on the jobs page")
-    link = row.find_element(By.TAG_NAME, "a").get_attribute("href")
-    assert link.endswith(f"/dags/{DAG_ID}/runs/{run_id}/tasks/{TASK_ID}/plugin/checkpoint")
+    field = until(lambda: driver.find_element(By.NAME, "dag_id"), timeout=30, what="the DAG filter")
+    field.send_keys("UI_EXP")
+    until(lambda: driver.find_element(By.CSS_SELECTOR, f"tr[data-job='{JOB}'][data-slot='{run_id}']"),
+          timeout=30, what="the slot on the jobs page, found by part of its DAG id")
     until(lambda: "running" in driver.find_element(By.CSS_SELECTOR, f"tr[data-slot='{live_run}']").text or None,
           timeout=120, what="the new run to show as running on the jobs page (it refreshes itself)")
+    # The status filter applies at once
+    from selenium.webdriver.support.ui import Select
+
+    Select(driver.find_element(By.NAME, "status")).select_by_visible_text("done")
+    chosen = time.monotonic()
+    until(lambda: not driver.find_elements(By.CSS_SELECTOR, f"tr[data-slot='{live_run}']") or None, timeout=10,
+          what="the status filter to apply")
+    status_filter_seconds = time.monotonic() - chosen
+    assert status_filter_seconds < 2, status_filter_seconds
+    Select(driver.find_element(By.NAME, "status")).select_by_visible_text("any")
+    until(lambda: driver.find_elements(By.CSS_SELECTOR, f"tr[data-slot='{live_run}']") or None, timeout=10,
+          what="every status again")
     driver.switch_to.default_content()
     driver.save_screenshot(str(shots / "jobs-page.png"))
+    driver.switch_to.frame(jobs)
+    row = driver.find_element(By.CSS_SELECTOR, f"tr[data-job='{JOB}'][data-slot='{run_id}']")
+    link = row.find_element(By.CSS_SELECTOR, "a.ti-link")
+    target = f"/dags/{DAG_ID}/runs/{run_id}/tasks/{TASK_ID}/plugin/checkpoint"
+    assert link.get_attribute("href").endswith(target)
+    link.click()
+    clicked = time.monotonic()
+    driver.switch_to.default_content()
+    until(lambda: driver.execute_script("return location.pathname") == target or None, timeout=30,
+          what="the Airflow UI to open the task instance", on_timeout=lambda: driver.current_url)
+    frame = until(lambda: driver.find_element(By.CSS_SELECTOR, "iframe[title='Checkpoint']"), timeout=30,
+                  what="the task instance's Checkpoint tab after the click")
+    driver.switch_to.frame(frame)
+    until(lambda: frame_text(driver, "#status").startswith("done") or None, timeout=30,
+          what="the clicked slot's checkpoint in its tab")
+    link_seconds = time.monotonic() - clicked
+    driver.switch_to.default_content()
+    assert run_id in driver.find_element(By.TAG_NAME, "body").text  # the host page shows that run
+    env.api.set_task_state(DAG_ID, live_run, TASK_ID, "failed")  # not needed further: stop it
 
-    measured = {
-        "clicks_from_task_instance_to_progress": clicks,
-        "checkpoint_to_tab_seconds": {"samples": len(latencies), "mean": round(statistics.mean(latencies), 2),
-                                    "max": round(max(latencies), 2), "tab_refresh_period": REFRESH},
-        "pause_click_to_tab_paused_seconds": round(paused_after, 2),
-    }
-    (shots / "measurements.json").write_text(json.dumps(measured, indent=2) + "\n")
-    print(f"\nmeasured in the browser: {json.dumps(measured)}\nscreenshots: {shots}")
+    record(shots,
+           clicks_from_task_instance_to_progress=1,
+           checkpoint_to_tab_seconds={"samples": len(latencies), "mean": round(statistics.mean(latencies), 2),
+                                      "max": round(max(latencies), 2), "tab_refresh_period": REFRESH},
+           click_to_visible_seconds={
+               "checkpoint_tab_to_progress": round(tab_seconds, 2),
+               "pause_to_tab_paused": round(paused_after, 2),
+               "pause_to_tab_deferred": round(deferred_after, 2),
+               "resume_to_tab_progress": round(resumed_after, 2),
+               "jobs_status_filter": round(status_filter_seconds, 2),
+               "jobs_link_to_task_instance_tab": round(link_seconds, 2),
+           },
+           eta_after_resume={"shown_seconds": eta, "measured_remaining_seconds": round(remaining, 2),
+                             "error_percent": round(100 * abs(eta - remaining) / remaining, 1)})
+    print(f"\nmeasured in the browser: {json.dumps(MEASURED)}\nscreenshots: {shots}")
+
+
+def test_the_open_tab_follows_a_mark_failed_and_a_clear_without_a_reload(env: Env, browser: Any, shots: Path) -> None:
+    driver = browser
+    login(driver, env)
+    # Given a running export whose Checkpoint tab is open
+    run_id = f"ui_{uuid.uuid4().hex[:6]}"
+    env.api.trigger(DAG_ID, run_id=run_id, conf={"items": 100, "delay": 0.25})
+    wait_for(lambda: (r := env.row(run_id)) is not None and r.status == "running" and r.processed >= 4, timeout=180,
+             interval=0.2, what="the export to make progress")
+    frame, _ = open_tab(driver, env, DAG_ID, run_id, TASK_ID)
+    until(lambda: frame_text(driver, "#status").startswith("running") or None, timeout=30, what="the tab: running")
+    marker = driver.execute_script("window.__not_reloaded = true; return true")
+
+    # When the task instance is marked failed (the UI's "Mark as failed": the same REST call)
+    env.api.set_task_state(DAG_ID, run_id, TASK_ID, "failed")
+    marked = time.monotonic()
+    # Then the tab says the try stopped, cancelled by the user, and that the task instance failed
+    until(lambda: frame_text(driver, "#status").startswith("cancelled") or None, timeout=60,
+          what="the tab to say cancelled", on_timeout=lambda: shown(driver, "body"))
+    assert "user" in frame_text(driver, "#status")
+    until(lambda: attr(driver, "#ti-state", "data-state") == "failed" or None, timeout=30, what="the TI failed")
+    failed_after = time.monotonic() - marked
+    until(lambda: attr(driver, "#refreshed", "data-live") == "false" or None, timeout=30, what="the slot ended")
+    at_stop = env.row(run_id).processed
+
+    # When they Clear it: try 2 resumes, and the open tab follows it to the end without a reload
+    env.api.clear(DAG_ID, run_id, [TASK_ID])
+    cleared = time.monotonic()
+    until(lambda: attr(driver, "#ti-state", "data-try") == "2" or None, timeout=60,
+          what="the tab to show try 2", on_timeout=lambda: shown(driver, "body"))
+    try_after = time.monotonic() - cleared
+    until(lambda: frame_text(driver, "#status").startswith("running") and
+          int(attr(driver, "#figures", "data-processed") or 0) > at_stop or None, timeout=120,
+          what="the tab to show try 2 running past where try 1 stopped", on_timeout=lambda: shown(driver, "body"))
+    running_after = time.monotonic() - cleared
+    assert "resum" not in frame_text(driver, "#status")
+    driver.switch_to.default_content()
+    driver.save_screenshot(str(shots / "checkpoint-tab-cleared.png"))
+    driver.switch_to.frame(frame)
+    until(lambda: frame_text(driver, "#status").startswith("done") or None, timeout=120, what="the tab to say done")
+    assert driver.execute_script("return window.__not_reloaded === true") and marker
+    history = frame_text(driver, "#history")
+    assert "cancelled" in history and "done" in history
+    record(shots, tab_follows_seconds={"mark_failed_to_tab_cancelled_and_ti_failed": round(failed_after, 2),
+                                       "clear_to_tab_try_2": round(try_after, 2),
+                                       "clear_to_tab_try_2_running_past_the_stop": round(running_after, 2)})
+
+
+#: The endpoint "Retry skipped items" calls (the skipped items' replay on request).
+RETRY_SKIPPED = "retry_skipped" in (ROOT / "airflow_resumable" / "plugins" / "api.py").read_text() or \
+    "retry_skipped" in (ROOT / "airflow_resumable" / "core" / "rules.py").read_text()
+
+
+@pytest.mark.xfail(not RETRY_SKIPPED, strict=False,
+                   reason="POST /resumable/api/v1/checkpoint/retry_skipped and the slot's skipped_items are not on "
+                          "this branch yet")
+def test_the_tab_lists_skipped_items_and_retries_them(env: Env, browser: Any, shots: Path) -> None:
+    from selenium.webdriver.common.by import By
+
+    driver = browser
+    login(driver, env)
+    # Given a chunked run that skipped its items 3, 7 and 11
+    run_id = f"skips_{uuid.uuid4().hex[:6]}"
+    env.api.trigger("ui_skips", run_id=run_id, conf={})
+    wait_for(lambda: (r := env.row(run_id, job="ui_skips.numbers")) is not None and r.status == "done", timeout=180,
+             interval=0.3, what="the chunked run to finish")
+    frame, _ = open_tab(driver, env, "ui_skips", run_id, "numbers")
+    # Then the tab lists them with their error, try and time
+    rows = until(lambda: driver.find_elements(By.CSS_SELECTOR, "#skipped tr[data-state]") or None, timeout=30,
+                 what="the skipped items on the tab", on_timeout=lambda: shown(driver, "body"))
+    assert len(rows) == 3 and "is not accepted" in rows[0].text
+    # When they press "Retry skipped items" and confirm
+    button = driver.find_element(By.ID, "action-retry_skipped")
+    assert button.is_enabled()
+    button.click()
+    until(lambda: driver.find_element(By.ID, "confirm"), timeout=10, what="the confirmation").click()
+    # Then the request is recorded and the items are no longer just skipped
+    until(lambda: all(r.get_attribute("data-state") != "skipped"
+                      for r in driver.find_elements(By.CSS_SELECTOR, "#skipped tr[data-state]")) or None,
+          timeout=120, what="the items to be retried", on_timeout=lambda: shown(driver, "body"))
+    driver.switch_to.default_content()
+    driver.save_screenshot(str(shots / "checkpoint-tab-skipped.png"))
 
 
 def test_the_rest_api_of_a_real_api_server_applies_airflow_auth(env: Env) -> None:
@@ -288,3 +495,79 @@ def test_the_rest_api_of_a_real_api_server_applies_airflow_auth(env: Env) -> Non
         assert refused.status_code == 409 and "finished" in refused.json()["message"]
         done = http.post(f"{base}/checkpoint/restart", params=slot, headers=admin)
         assert done.status_code == 200 and done.json()["history"][-1]["requested_by"] == "admin"
+
+
+#: The jobs summary and its re-run ("redo only what failed"), and the overlap skip's answer.
+JOBS_SUMMARY = "rerun_failed" in (ROOT / "airflow_resumable" / "plugins" / "api.py").read_text()
+OVERLAP_ANSWER = "yielded_to" in (ROOT / "airflow_resumable" / "plugins" / "api.py").read_text()
+
+
+@pytest.mark.xfail(not JOBS_SUMMARY, strict=False,
+                   reason="GET /resumable/api/v1/jobs and POST /resumable/api/v1/jobs/rerun_failed are not on this "
+                          "branch yet")
+def test_the_jobs_page_counts_a_mapped_jobs_partitions_and_re_runs_the_failed_ones(
+    env: Env, browser: Any, shots: Path
+) -> None:
+    from selenium.webdriver.common.by import By
+
+    driver = browser
+    login(driver, env)
+    # Given a mapped run whose partition 1 failed and whose partitions 0 and 2 are done
+    run_id = f"parts_{uuid.uuid4().hex[:6]}"
+    env.api.trigger("ui_parts", run_id=run_id, conf={})
+    wait_for(lambda: [getattr(env.row(run_id, job=f"ui_parts.part[{i}]"), "status", None) for i in range(3)]
+             == ["done", "failed", "done"], timeout=180, interval=0.3, what="the partitions to end")
+    # When a person opens the jobs page
+    driver.switch_to.default_content()
+    driver.get(f"{env.airflow.base_url}/plugin/resumable-jobs")
+    jobs = until(lambda: driver.find_element(By.CSS_SELECTOR, "iframe[title='Resumable jobs']"), timeout=60,
+                 what="the jobs page's frame")
+    driver.switch_to.frame(jobs)
+    # Then one line for the job counts its partitions
+    line = until(lambda: driver.find_element(By.CSS_SELECTOR, "#summary tr[data-job^='ui_parts.part']"), timeout=30,
+                 what="the mapped job's line", on_timeout=lambda: shown(driver, "body"))
+    assert "2 done" in line.text and "1 failed" in line.text, line.text
+    driver.switch_to.default_content()
+    driver.save_screenshot(str(shots / "jobs-page-partitions.png"))
+    driver.switch_to.frame(jobs)
+    # When they press "Re-run failed partitions" and confirm
+    line.find_element(By.CSS_SELECTOR, "button.rerun-failed").click()
+    until(lambda: driver.find_element(By.ID, "confirm"), timeout=10, what="the confirmation").click()
+    # Then partition 1 alone is cleared, and its next try resumes it to done
+    assert "1" in until(lambda: frame_text(driver, "#rerun-result") or None, timeout=30, what="the re-run's answer")
+    wait_for(lambda: env.api.get(f"/dags/ui_parts/dagRuns/{run_id}/taskInstances/part/1")["try_number"] == 2,
+             timeout=120, interval=0.5, what="partition 1's second try")
+    assert env.api.get(f"/dags/ui_parts/dagRuns/{run_id}/taskInstances/part/0")["try_number"] == 1
+
+
+@pytest.mark.xfail(not OVERLAP_ANSWER, strict=False,
+                   reason="the task-instance answer's overlap (policy, yielded_to) is not on this branch yet")
+def test_the_tab_of_a_run_the_overlap_policy_skipped_names_the_run_it_yielded_to(
+    env: Env, browser: Any, shots: Path
+) -> None:
+    from selenium.webdriver.common.by import By
+
+    driver = browser
+    login(driver, env)
+    # Given a run of a shared job still running, and a second run that found it so (overlap="skip")
+    first, second = f"ov_{uuid.uuid4().hex[:6]}", f"ov_{uuid.uuid4().hex[:6]}"
+    env.api.trigger("ui_overlap", run_id=first, conf={"items": 60, "delay": 0.25})
+    wait_for(lambda: (r := env.row(first, job="ui_overlap.shared")) is not None and r.status == "running",
+             timeout=180, interval=0.2, what="the first run to hold the job")
+    env.api.trigger("ui_overlap", run_id=second, conf={"items": 60, "delay": 0.25})
+    wait_for(lambda: env.api.task_instance("ui_overlap", second, "export")["state"] == "skipped", timeout=180,
+             interval=0.5, what="the second run to be skipped")
+    # When a person opens the skipped task instance's Checkpoint tab
+    frame, _ = open_tab(driver, env, "ui_overlap", second, "export")
+    # Then it says the overlap policy skipped it, and which run it yielded to (a link to that run's tab)
+    note = until(lambda: driver.find_element(By.ID, "overlap"), timeout=30, what="the overlap note",
+                 on_timeout=lambda: shown(driver, "body"))
+    assert "overlap policy (skip)" in note.text and first in note.text, note.text
+    driver.switch_to.default_content()
+    driver.save_screenshot(str(shots / "checkpoint-tab-overlap.png"))
+    driver.switch_to.frame(frame)
+    driver.find_element(By.ID, "yielded-to").click()
+    driver.switch_to.default_content()
+    until(lambda: driver.execute_script("return location.pathname")
+          == f"/dags/ui_overlap/runs/{first}/tasks/export/plugin/checkpoint" or None, timeout=30,
+          what="the run it yielded to, opened in the Airflow UI")

@@ -135,11 +135,11 @@ def test_a_taskflow_task_defers_between_slices_and_returns_its_value(checkpoints
 def test_the_cooperative_timeout_counts_running_time_across_the_slices_of_a_try(
     checkpoints: Store, run_dag, tmp_path: Path
 ) -> None:
-    # 40 items at 0.1 s need 4 s of running; each slice runs 0.3 s, the try may run 1 s in all
-    run = run_dag("rt_slices_timeout", conf={"items": 40, "chunk": 1, "sleep": 0.1}, logical_date=DAY)
+    # 80 items at 0.1 s need 8 s of running; each slice runs 0.3 s, the try may run 2 s in all
+    run = run_dag("rt_slices_timeout", conf={"items": 80, "chunk": 1, "sleep": 0.1}, logical_date=DAY)
     assert str(run.state) == "failed"
     row = row_of(checkpoints, "rt_slices_timeout.work")
-    assert (row.status, row.stop_reason) == ("cancelled", "timeout") and row.processed < 40
+    assert (row.status, row.stop_reason) == ("cancelled", "timeout") and row.processed < 80
     outcomes = [o for o, _, _ in history_of(checkpoints, "rt_slices_timeout.work")]
     assert outcomes.count("paused") >= 2 and outcomes[-1] == "cancelled"
 

@@ -200,3 +200,19 @@ def test_the_site_builds_with_no_warning(tmp_path: Path) -> None:
     assert "seconds | timedelta | None" in (site / "reference" / "operators" / "index.html").read_text()
     assert (site / "screenshots" / "checkpoint-tab.png").is_file()
     assert (site / "bench" / "ratios.svg").is_file()
+
+
+def test_the_request_table_names_the_statuses_the_rules_take_each_request_in() -> None:
+    """The prose of "the slot takes it when" is written for people, but the statuses it names are
+    the rules table's (core/rules.py): a rule changed there fails here until the docs follow."""
+    from airflow_resumable.core.rules import ANY_STATUS, Action, rules_of
+    from airflow_resumable.core.states import Status
+
+    text = page("explanation/pause.md")
+    rows = dict(re.findall(r"^\| `control\.(\w+)\([^`]*\)` \| ([^|]+) \|", text, re.M))
+    assert set(rows) == {a.value for a in Action}, "one row per request"
+    for action in Action:
+        named = set(re.findall(r"`(\w+)`", rows[action.value])) & {s.value for s in Status}
+        # the statuses of the rules that name some (a rule on any status says so by its request or lease)
+        taken = {s.value for r in rules_of(action, force=True) if r.when.status != ANY_STATUS for s in r.when.status}
+        assert named == taken, f"{action.value}: the docs name {sorted(named)}, the rules take {sorted(taken)}"

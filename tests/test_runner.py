@@ -378,7 +378,7 @@ def test_the_checkpoint_is_durable_before_progress_is_reported(store: Store) -> 
     assert observed == [(5, 5), (10, 10), (15, 15), (20, 20)]
 
 
-def test_progress_lines_carry_percent_counts_rate_and_eta(store: Store, caplog: pytest.LogCaptureFixture) -> None:
+def test_progress_lines_carry_percent_and_counts(store: Store, caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.INFO, logger="airflow_resumable"):
         attempt(store, 1, progress_interval=0).run(Items(20, 5))
     messages = [r.getMessage() for r in caplog.records]
@@ -386,7 +386,9 @@ def test_progress_lines_carry_percent_counts_rate_and_eta(store: Store, caplog: 
     assert len(lines) == 4
     # The first line has nothing measured yet: no rate, no ETA; it alone names the job and slot
     assert lines[0] == f"progress 25% processed=5/20 [job={JOB} slot={SLOT}]"
-    assert lines[1].startswith("progress 50% processed=10/20 rate=") and " eta=" in lines[1]
+    # Four chunks in well under a second measure no rate yet (two chunk cycles over 1 s are needed:
+    # tests/test_progress.py measures the rate and the ETA)
+    assert lines[1] == "progress 50% processed=10/20" and "rate=" not in lines[3]
     assert "job=" not in lines[1] and "slot=" not in lines[3]
     # And a last line says the run is done
     assert [m for m in messages if m.startswith("done:")] == [

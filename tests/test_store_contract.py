@@ -295,4 +295,4 @@ def test_the_checkpoint_statement_is_built_once_per_dialect_not_per_call(store: 
         again, _ = two.checkpoints.save_statement(fence, position="2", state="{}", processed=2, total=None)
         assert again is first, "the hot path's SQL text is one object for the dialect"
         assert "%(" not in first if store.dialect.marker == "?" else ":job" not in first
-        assert params == {"position": "1", "state": "{}", "processed": 1, "total": None, **fence.params()}
+        assert params == {"position": "1", "state": "{}", "processed": 1, "total": None, "rate": None, **fence.params()}

@@ -166,6 +166,13 @@ def test_random_points_are_reproducible_from_the_seed() -> None:
     assert [t.point for t in a.trials] == [t.point for t in b.trials] and len(a.trials) == 2
 
 
+def test_a_handler_that_never_checkpoints_is_not_called_resumable() -> None:
+    report = check_resumable(lambda ctx: 42, name="one_big_chunk")
+    assert (report.checkpoints, report.trials, report.result) == (0, [], 42)
+    with pytest.raises(NotResumable, match="one_big_chunk made no checkpoint .* Call ctx.checkpoint"):
+        report.assert_ok()
+
+
 def test_points_outside_the_run_are_refused_with_the_range() -> None:
     with pytest.raises(ValueError, match=r"points \[7\] are outside the run's checkpoints 1..3"):
         check_resumable(keeps_progress_in_a_local, points=[1, 7])

@@ -101,6 +101,9 @@ class Checkpoint:
     requested_at: datetime | None = column("timestamp", "when", default=None)
     resume_at: datetime | None = column("timestamp", "when a throttled or time-sliced slot continues on its own",
                                         default=None)
+    rate: float | None = column(
+        "float", "items per second the holder measured over its recent chunks, written with each checkpoint "
+        "(None until measured: two chunk cycles over a second; reset when an attempt starts)", default=None)
 
     cancel_reason = _Renamed("stop_reason")  # deprecated alias; not a field
 

@@ -57,8 +57,8 @@ def _count_or_function(name: str, value: Any) -> str | None:
 
 
 #: ``ChunkedOperator``'s own arguments (and :func:`chunk_loop`'s), each declared once: the
-#: operator's signature and attributes, its docstring, the README's table and the checks derive
-#: from them (tests compare the signatures and the README with these).
+#: operator's signature and attributes, its docstring, the docs' table and the checks derive
+#: from them (tests compare the signatures and the docs with these).
 CHUNKED_OPTIONS: tuple[Option, ...] = (
     Option("read", REQUIRED, "`read(ctx, after, limit) -> list`: up to `limit` items after position `after`, in "
            "position order; or a reader", check=_callable_as("read(ctx, after, limit)"),

@@ -34,14 +34,14 @@ class Chunks(AttemptState):
             Paused / ConfigurationError: as :meth:`_between_chunks`.
         """
         tally = self._tally
-        assert tally is not None
-        self._save(position, state_json, processed, total)
+        assert tally is not None and self._meter is not None
+        self._save(position, state_json, processed, total, self._meter.observe(processed))
         tally.saved(position, state, processed, total)
         self._report(tally)
         self.signal.raise_if_cancelled()
         self._between_chunks()
 
-    def _save(self, position: str, state: str, processed: int, total: int | None) -> None:
+    def _save(self, position: str, state: str, processed: int, total: int | None, rate: float | None = None) -> None:
         """Write a checkpoint, fenced by the lease, and commit it with the handler's pending writes
         (or hand it to the pipelined writer). Serialized with the attempt's end: refused once the
         handler has returned (a kept ``ctx``, a thread).
@@ -60,11 +60,11 @@ class Chunks(AttemptState):
                     "this attempt lost its lease; the checkpoint was not written", job=self.job, slot=self.slot
                 )
             if self._writer is not None:  # returns at once; raises the previous write's failure
-                self._writer.submit(position=position, state=state, processed=processed, total=total)
+                self._writer.submit(position=position, state=state, processed=processed, total=total, rate=rate)
                 return
             began = time.perf_counter()
             self._session.checkpoints.save(self._fence, position=position, state=state, processed=processed,
-                                           total=total)
+                                           total=total, rate=rate)
             self._tally.save_seconds = time.perf_counter() - began
             self._tally.durable = (processed, total)
 

@@ -9,7 +9,7 @@ or changes nothing and raises :class:`~airflow_resumable.core.errors.RequestRefu
 Which slot takes which request, what taking it writes and why a refused one is refused is one
 table, :data:`airflow_resumable.core.rules.RULES` (with a comment per rule), rendered to each
 write's SQL and evaluated here for the refusal's reason; ``airflow resumable pause --help`` (and
-each other request's) prints its rules in words, and the README's table says the same for users.
+each other request's) prints its rules in words, and the docs' table says the same for users.
 
 A request once taken is never dropped because its holder died: a pause or a cancel that the holder
 did not live to see is honoured by the slot's next attempt before its first chunk; a resume or a

@@ -1,4 +1,4 @@
-"""Every default, in one place: the core's options, the operators' arguments and the README's API
+"""Every default, in one place: the core's options, the operators' arguments and the docs' API
 table (``tests/test_readme.py`` checks the table) all read them from here."""
 
 from __future__ import annotations

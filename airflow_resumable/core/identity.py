@@ -22,7 +22,7 @@ class Identity:
     """One attempt of one (job, slot).
 
     Attributes:
-        job / slot: the checkpoint's key (see the README's vocabulary).
+        job / slot: the checkpoint's key (see the docs' concepts, docs/index.md).
         attempt: Airflow's try number.
         owner: the lease owner id (unique per try: the task instance id, host and pid).
         scheduled_at: the run's data interval start or logical date, if it has one (slots sort by it).

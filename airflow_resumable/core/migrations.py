@@ -149,6 +149,12 @@ def _v6(d: Dialect) -> list[str]:
     ]
 
 
+def _v7(d: Dialect) -> list[str]:
+    """The rate the holder measured, written with each checkpoint: every reader of the row shows
+    the holder's one number instead of measuring its own."""
+    return [f"ALTER TABLE {CHECKPOINTS.name} ADD COLUMN rate DOUBLE PRECISION"]
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "checkpoint table and schema stamp", _v1),
     Migration(2, "owning task instance, result and success confirmation on the row; attempt history table", _v2),
@@ -156,6 +162,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(4, "dead-letter table for items skipped under a skip policy", _v4),
     Migration(5, "checkpoints as in-place (HOT) updates: listing index on started_at, fill factor 80", _v5),
     Migration(6, "cancel_reason renamed stop_reason (it also says why an attempt paused or was throttled)", _v6),
+    Migration(7, "the holder's measured rate on the row, written with each checkpoint", _v7),
 )
 
 #: The schema this code reads and writes.
@@ -187,7 +194,7 @@ def current_version(session: SchemaSession) -> int | None:
                 hint="It was dropped by hand; nothing was changed. Restore it from a backup, or recreate it "
                 f"with the version the tables have (1 if it has no dag_id column, 2 if it has no request column, 3 if "
                 f"{DEAD_LETTERS.name} is missing, 4 if it has the index {CHECKPOINTS.name}_job_updated, 5 if it has a cancel_reason "
-                f"column, else "
+                f"column, 6 if it has no rate column, else "
                 f"{SCHEMA_VERSION}): "
                 f"CREATE TABLE {META} (key TEXT PRIMARY KEY, value TEXT NOT NULL); "
                 f"INSERT INTO {META} VALUES ('schema_version', '<version>')",
@@ -353,7 +360,7 @@ def _check_shape(session: SchemaSession, version: int) -> None:
             fix = f"Rename it back: ALTER TABLE {table.name} RENAME COLUMN {extra[0]} TO {missing[0]}"
         else:
             fix = (f"Give it back the column(s) {', '.join(missing)} as schema version {version} defines them "
-                   "(README, section on the tables), e.g. from a backup")
+                   "(the docs' tables reference, docs/reference/tables.md), e.g. from a backup")
         raise SchemaVersionError(
             f"the table {table.name} in {where} does not match schema version {version}, which {META} records: "
             f"it has no column {', '.join(missing)}"

@@ -5,8 +5,8 @@ place. An attempt's options are fields of :class:`Options`, declared with :func:
 :func:`~airflow_resumable.core.schema.column` declares a column); the operator's own arguments
 are :data:`TASK_OPTIONS`. Everything else derives from them: :func:`problems` (every problem at
 once, at DAG parse time where it can), the operator's ``Options(...)`` and attributes, its
-docstring's parameter list and the README's argument table (tests compare the operator's
-signature and the README with :data:`ARGUMENTS`).
+docstring's parameter list and the docs' argument table (tests compare the operator's
+signature and the docs with :data:`ARGUMENTS`).
 
 Every check returns a sentence naming the argument and what was wrong (or None), so callers can
 report all problems at once: :class:`Options` (the core's), ``ResumableOperator`` and
@@ -62,12 +62,12 @@ class Option:
         name: the keyword argument (and the operator's attribute).
         default: its default (None: optional, and None is never checked; :data:`REQUIRED`: none,
             and None is checked like any value).
-        doc: what it does, in Markdown (one line: the README's table and the docstring).
+        doc: what it does, in Markdown (one line: the docs' table and the docstring).
         check: the parse-time check (None: none here; ``handler_kwargs``, which may be an XCom, is
             checked by the operator).
         seconds: a duration: seconds, or a ``timedelta`` taken as seconds.
         templated: rendered by Airflow's templating (one of the operator's ``template_fields``).
-        shown: the README's default, where the value alone does not say it.
+        shown: the docs' default, where the value alone does not say it.
         more: what the docstring adds to ``doc``.
     """
 
@@ -93,7 +93,7 @@ class Option:
         return self.check(self.name, value)
 
     def row(self) -> str:
-        """The option's row of the README's argument table."""
+        """The option's row of the docs' argument table."""
         if self.shown is not None:
             default = self.shown
         elif self.default is REQUIRED:
@@ -141,7 +141,7 @@ def signature_text(options: Iterable[Option]) -> str:
 
 
 def markdown(options: Iterable[Option]) -> str:
-    """The README's argument table."""
+    """The docs' argument table (docs/reference/operators.md)."""
     return "\n".join(["| argument | default | meaning |", "|---|---|---|", *(o.row() for o in options)])
 
 

@@ -74,7 +74,8 @@ class CheckpointWriter(abc.ABC):
         self.tally = tally
 
     @abc.abstractmethod
-    def submit(self, *, position: str, state: str, processed: int, total: int | None) -> None:
+    def submit(self, *, position: str, state: str, processed: int, total: int | None,
+               rate: float | None = None) -> None:
         """Hand over a checkpoint after the previous one is committed; return without waiting for it.
 
         Raises:
@@ -114,9 +115,11 @@ class NoWaitWriter(CheckpointWriter):
         #: the cursor of the write in flight and the ``(processed, total)`` it saves
         self._pending: tuple[Any, tuple[int, int | None]] | None = None
 
-    def submit(self, *, position: str, state: str, processed: int, total: int | None) -> None:
+    def submit(self, *, position: str, state: str, processed: int, total: int | None,
+               rate: float | None = None) -> None:
         self.flush()
-        sql, params = self._statement(self.fence, position=position, state=state, processed=processed, total=total)
+        sql, params = self._statement(self.fence, position=position, state=state, processed=processed, total=total,
+                                      rate=rate)
         try:
             if self._conn is None:  # the last one broke: start another
                 self._conn = self.store.connect_nowait(like=self._like)
@@ -172,9 +175,10 @@ class ThreadWriter(CheckpointWriter):
         self._session: StoreSession | None = None
         self._pending: Future[None] | None = None
 
-    def submit(self, *, position: str, state: str, processed: int, total: int | None) -> None:
+    def submit(self, *, position: str, state: str, processed: int, total: int | None,
+               rate: float | None = None) -> None:
         self.flush()
-        self._pending = self._executor.submit(self._write, position, state, processed, total)
+        self._pending = self._executor.submit(self._write, position, state, processed, total, rate)
 
     def flush(self) -> None:
         pending, self._pending = self._pending, None
@@ -191,12 +195,12 @@ class ThreadWriter(CheckpointWriter):
 
     # -- on the writer thread --------------------------------------------------------------------
 
-    def _write(self, position: str, state: str, processed: int, total: int | None) -> None:
+    def _write(self, position: str, state: str, processed: int, total: int | None, rate: float | None) -> None:
         if self._session is None:
             self._session = self.store.session(autocommit=True)
         try:
             self._session.checkpoints.save(self.fence, position=position, state=state, processed=processed,
-                                           total=total)
+                                           total=total, rate=rate)
         except LeaseLost:
             self.signal.cancel(Reason.LEASE_LOST, _LOST)
             raise

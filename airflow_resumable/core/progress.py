@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -22,11 +23,80 @@ class Log(Protocol):
     def exception(self, msg: str, /, *args: Any, **kwargs: Any) -> Any: ...
 
 
+#: The rate is measured over this many recent chunk cycles (checkpoint to checkpoint) at most.
+WINDOW = 10
+#: No rate (and so no ETA) until the window spans this many chunk cycles and this many seconds:
+#: one fast first chunk would promise a wild rate and an ETA of 0 s.
+MIN_CHUNKS, MIN_SECONDS = 2, 1.0
+
+
+class RateWindow:
+    """The one rate-and-ETA computation, over a window of an attempt's recent checkpoints.
+
+    The attempt feeds it at every checkpoint (:class:`ProgressMeter`) and writes its rate on the
+    row with the checkpoint (column ``rate``): the task's log and XCom, and every reader of the
+    row (``core/view.py``: the tab, the jobs page, REST, the CLI) show that one number, and the
+    ETA from it (:func:`eta_of`). A sample is a checkpoint: when it was
+    durable and how many items were processed then. The rate spans whole chunk cycles, the
+    handler's waits between chunks included, so the ETA counts them too; it starts at the first
+    checkpoint seen, not at the attempt's start (the first chunk has no wait before it). A window
+    belongs to one attempt (one lease): a pause, a deferral or a retry starts a new one, so paused
+    and deferred time is never measured.
+    """
+
+    def __init__(self, size: int = WINDOW):
+        self._samples: deque[tuple[float, int]] = deque(maxlen=size + 1)
+
+    def add(self, at: float, processed: int) -> None:
+        """A checkpoint durable at ``at`` (seconds, any clock) with ``processed`` items done.
+
+        The same checkpoint seen again (or a heartbeat's later look at it) adds nothing; fewer
+        items than before (a restart) start the window over.
+        """
+        if self._samples:
+            last_at, last = self._samples[-1]
+            if processed < last:
+                self._samples.clear()
+            elif processed == last or at <= last_at:
+                return
+        self._samples.append((at, processed))
+
+    def rate(self) -> float | None:
+        """Items per second over the window, or None until it measured enough."""
+        if len(self._samples) < MIN_CHUNKS + 1:
+            return None
+        (first_at, first), (last_at, last) = self._samples[0], self._samples[-1]
+        span = last_at - first_at
+        if span < MIN_SECONDS or last <= first:
+            return None
+        return (last - first) / span
+
+    def estimate(self, total: int | None, *, now: float | None = None) -> tuple[float | None, float | None]:
+        """``(rate, eta)``: the rate, and the seconds left at it when the total is known.
+
+        ``now`` (on the samples' clock) counts the time since the last checkpoint as spent:
+        a look between two checkpoints sees the ETA count down, not stand still.
+        """
+        rate = self.rate()
+        if rate is None:
+            return None, None
+        at, processed = self._samples[-1]
+        return rate, eta_of(rate, processed, total, since=0.0 if now is None else now - at)
+
+
+def eta_of(rate: float | None, processed: int, total: int | None, *, since: float = 0.0) -> float | None:
+    """Seconds left at ``rate`` for ``total - processed`` items, ``since`` seconds after they were
+    counted (a look between two checkpoints sees the ETA count down); None when not measured."""
+    if rate is None or rate <= 0 or total is None or total < processed:
+        return None
+    return max(0.0, (total - processed) / rate - max(0.0, since))
+
+
 @dataclasses.dataclass(frozen=True)
 class Progress:
     processed: int
     total: int | None
-    #: items per second over this attempt
+    #: items per second over the attempt's recent chunks (:class:`RateWindow`)
     rate: float | None
     #: seconds left at that rate, if the total is known
     eta: float | None
@@ -99,28 +169,23 @@ class Reporter:
 
 
 class ProgressMeter:
-    """Turns successive ``processed`` counts into a rate and an ETA for this attempt.
-
-    The rate is measured from the attempt's first reported checkpoint on, not from its start: the
-    first report has none (nothing measured yet, where one fast first chunk would promise a wild
-    rate and an ETA of 0 s), and every later one spans whole chunk cycles, the handler's waits
-    between chunks included, so the ETA counts them too.
-    """
+    """Turns successive ``processed`` counts of this attempt into a rate and an ETA: a
+    :class:`RateWindow` on the attempt's clock. Nothing is measured before two chunk cycles and a
+    second have passed (the first reports have no rate and no ETA)."""
 
     def __init__(self, processed_at_start: int, clock: Callable[[], float] = time.monotonic):
-        self._start: float | None = None
-        self._base = processed_at_start
+        self._window = RateWindow()
         self._clock = clock
 
+    def observe(self, processed: int) -> float | None:
+        """A chunk ended with ``processed`` items done: its sample, and the rate the checkpoint
+        stores on the row (the one every face reads; None until measured)."""
+        self._window.add(self._clock(), processed)
+        return self._window.rate()
+
     def measure(self, processed: int, total: int | None, *, save_seconds: float | None = None) -> Progress:
-        now = self._clock()
-        if self._start is None:
-            self._start, self._base = now, processed
-            return Progress(processed=processed, total=total, rate=None, eta=None, save_seconds=save_seconds)
-        elapsed = now - self._start
-        done = processed - self._base
-        rate = done / elapsed if elapsed > 0 and done > 0 else None
-        eta = (total - processed) / rate if rate and total is not None and total >= processed else None
+        self._window.add(self._clock(), processed)
+        rate, eta = self._window.estimate(total)
         return Progress(processed=processed, total=total, rate=rate, eta=eta, save_seconds=save_seconds)
 
 

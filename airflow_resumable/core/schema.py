@@ -4,7 +4,7 @@
 :class:`~airflow_resumable.core.checkpoint.AttemptRecord` (one row per attempt) declare their
 columns with :func:`column`; :class:`Table` reads them back, and everything else follows from it:
 the DDL of a fresh database, the SELECT list, the decoder from a DB-API row to the value, and the
-README's column table (a test compares them). Migrations (:mod:`airflow_resumable.core.migrations`)
+docs' column table (a test compares them). Migrations (:mod:`airflow_resumable.core.migrations`)
 are the history of how a database got to this shape; a test checks that applying them all gives
 exactly these columns.
 """
@@ -19,7 +19,7 @@ from typing import Any
 
 #: Column kinds. ``json`` is text holding a JSON value, decoded on read; ``timestamp`` is the
 #: dialect's timestamp type (TIMESTAMPTZ, or REAL epoch seconds on SQLite), an aware datetime on read.
-KINDS = ("text", "json", "int", "bigint", "timestamp", "id")
+KINDS = ("text", "json", "int", "bigint", "float", "timestamp", "id")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,7 +143,7 @@ class Table:
         return obj
 
     def markdown(self) -> str:
-        """The README's column table."""
+        """The docs' column table."""
         lines = ["| column | type | meaning |", "|---|---|---|"]
         for c in self.columns:
             lines.append(f"| `{c.name}` | {c.kind} | {c.doc} |")

@@ -12,8 +12,9 @@ from datetime import datetime, timezone
 from typing import Any
 
 from airflow_resumable.core.checkpoint import AttemptRecord, Checkpoint
+from airflow_resumable.core.progress import eta_of
 from airflow_resumable.core.rules import Lease, lease_of
-from airflow_resumable.core.states import FINISHED, AttemptEnd, Status
+from airflow_resumable.core.states import FINISHED, Status
 
 __all__ = ["ROW_LIMIT", "cap_row", "row_view"]
 
@@ -25,6 +26,7 @@ ROW_LIMIT = 64 * 1024
 
 #: The columns that can grow without bound, and how much of a cut one's JSON the preview keeps.
 CUT_FIELDS, PREVIEW = ("position", "state", "resumed_from"), 200
+
 
 
 def cap_row(row: dict[str, Any], *, marker: str, limit: int = ROW_LIMIT) -> tuple[int, dict[str, int]]:
@@ -55,8 +57,10 @@ def row_view(cp: Checkpoint, *, history: Sequence[AttemptRecord] | None = None, 
              now: datetime | None = None) -> dict[str, Any]:
     """The row as plain JSON, with:
 
-    - ``percent``; ``rate`` (items/s) and ``eta_seconds`` of the current attempt, measured from its
-      start record in ``history`` (None until it processed something, and while not running);
+    - ``percent``; ``rate`` (items/s) and ``eta_seconds`` of the attempt holding the lease,
+      as the holder measured it (:class:`~airflow_resumable.core.progress.RateWindow`) and wrote
+      it with its last checkpoint, the ETA counting down since (None until measured, and while
+      the slot is not running): the numbers of the task's log and XCom;
     - ``lease``: ``none``, ``live``, ``stale`` (the holder missed two heartbeats: taken for dead)
       or ``expired``, and ``heartbeat_age_seconds``;
     - ``live`` (an attempt is under way or paused) and ``ended`` (nothing more to watch);
@@ -68,15 +72,10 @@ def row_view(cp: Checkpoint, *, history: Sequence[AttemptRecord] | None = None, 
     out["lease"] = lease.value
     out["heartbeat_age_seconds"] = None if cp.heartbeat_at is None else round((now - cp.heartbeat_at).total_seconds(), 1)
     rate = eta = None
-    if cp.status == Status.RUNNING and lease is Lease.LIVE and history:
-        current = _current_attempt(history, cp)
-        if current is not None and current.started_at is not None:
-            done = cp.processed - current.processed_start
-            elapsed = ((cp.updated_at or now) - current.started_at).total_seconds()
-            if done > 0 and elapsed > 0:
-                rate = done / elapsed
-                if cp.total is not None and cp.total >= cp.processed:
-                    eta = (cp.total - cp.processed) / rate
+    if cp.status == Status.RUNNING and lease is Lease.LIVE and cp.updated_at is not None:
+        # The holder's own measure, written with its last checkpoint (core/progress.py)
+        rate = cp.rate
+        eta = eta_of(rate, cp.processed, cp.total, since=(now - cp.updated_at).total_seconds())
     out["rate"] = None if rate is None else round(rate, 2)
     out["eta_seconds"] = None if eta is None else round(eta, 1)
     out["live"] = cp.status == Status.PAUSED or lease in (Lease.LIVE, Lease.STALE)
@@ -87,11 +86,3 @@ def row_view(cp: Checkpoint, *, history: Sequence[AttemptRecord] | None = None, 
     if offers is not None:
         out["offers"] = offers
     return out
-
-
-def _current_attempt(history: Sequence[AttemptRecord], cp: Checkpoint) -> AttemptRecord | None:
-    """The record of the attempt running the slot now (its lease token's, still running)."""
-    for record in reversed(history):
-        if record.outcome == AttemptEnd.RUNNING and record.lease_token == cp.lease_token:
-            return record
-    return None

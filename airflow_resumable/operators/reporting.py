@@ -38,18 +38,22 @@ class AirflowReporter(Reporter):
         self._last_push: float | None = None
         self._cut_logged = False
 
-    def push(self, cp: Checkpoint) -> None:
+    def push(self, cp: Checkpoint, progress: Progress | None = None) -> None:
         self._last_push = time.monotonic()
         try:
-            self.ti.xcom_push(key=XCOM_KEY, value=self.xcom_row(cp))
+            self.ti.xcom_push(key=XCOM_KEY, value=self.xcom_row(cp, progress))
         except Exception:  # XCom is a report channel; never fail the work over it
             self.log.warning("could not push the checkpoint row to XCom", exc_info=True)
 
-    def xcom_row(self, cp: Checkpoint) -> dict[str, Any]:
+    def xcom_row(self, cp: Checkpoint, progress: Progress | None = None) -> dict[str, Any]:
         """The row as pushed to XCom: whole up to :data:`XCOM_ROW_LIMIT` bytes of JSON, else with
         each large position/state replaced by ``{"xcom_truncated": true, "bytes": n, "preview": ...}``
-        and the cut columns listed under ``xcom_truncated``."""
+        and the cut columns listed under ``xcom_truncated``. With ``progress``: its ``rate`` and
+        ``eta_seconds`` too (the log line's figures, core/progress.py's one computation)."""
         row = cp.to_dict()
+        if progress is not None:
+            row["rate"] = None if progress.rate is None else round(progress.rate, 2)
+            row["eta_seconds"] = None if progress.eta is None else round(progress.eta, 1)
         size, cut = cap_row(row, marker="xcom_truncated", limit=XCOM_ROW_LIMIT)
         if cut and not self._cut_logged:
             self._cut_logged = True
@@ -75,7 +79,7 @@ class AirflowReporter(Reporter):
         super().on_checkpoint(cp, progress)
         self.metrics.checkpoint(progress.processed, progress.save_seconds)
         if self._xcom_due():
-            self.push(cp)
+            self.push(cp, progress)
 
     def on_finish(self, cp: Checkpoint) -> None:
         super().on_finish(cp)

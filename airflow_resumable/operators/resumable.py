@@ -353,7 +353,7 @@ class ResumableOperator(BaseOperator):
 
 
 #: The operators' declared arguments, in the order of ResumableOperator's signature: its
-#: attributes, its docstring's parameters and the README's table.
+#: attributes, its docstring's parameters and the docs' table.
 OPERATOR_ARGUMENTS: tuple[Option, ...] = tuple(
     ARGUMENTS[name] for name in inspect.signature(ResumableOperator.__init__).parameters if name in ARGUMENTS
 )

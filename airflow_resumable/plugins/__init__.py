@@ -44,6 +44,8 @@ class ResumablePlugin(AirflowPlugin):
     fastapi_apps = _fastapi_apps()
     external_views = [
         {
+            # Airflow fills {MAP_INDEX} only on a mapped task instance's route (.../mapped/N); an
+            # unmapped one's frame gets the placeholder as it is, and the page redirects it to -1.
             "name": "Checkpoint",
             "href": URL_PREFIX + "/ui/checkpoint?dag_id={DAG_ID}&run_id={RUN_ID}&task_id={TASK_ID}&map_index={MAP_INDEX}",
             "destination": "task_instance",

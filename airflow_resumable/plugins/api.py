@@ -28,12 +28,13 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Annotated, Any, Literal
+from urllib.parse import urlencode
 
 from airflow.api_fastapi.core_api.security import GetUserDep
 from fastapi import Body, FastAPI, HTTPException, Query, Request, status
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import FileResponse, JSONResponse
+from fastapi.responses import FileResponse, JSONResponse, RedirectResponse
 from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -58,6 +59,9 @@ NO_NUL = r"^[^\x00]*$"
 ID_LEN = 250
 #: The largest map index Airflow stores (its column is a 32-bit integer; -1: not mapped).
 MAX_MAP_INDEX = 2**31 - 1
+#: What Airflow leaves in an external view's address for an unmapped task instance: it fills
+#: ``{MAP_INDEX}`` only from a mapped task instance's route.
+MAP_INDEX_PLACEHOLDER = "{MAP_INDEX}"
 #: How a pattern a parameter failed to match reads in the 422's message.
 _PATTERN_TEXT = {NO_NUL: "must not contain a NUL character (\\x00)"}
 
@@ -221,6 +225,9 @@ def create_app() -> FastAPI:
         user: GetUserDep,
         dag_id: Annotated[str | None, Query(min_length=1, max_length=ID_LEN, pattern=NO_NUL,
                                             description="only this DAG's slots")] = None,
+        dag_id_pattern: Annotated[str | None, Query(min_length=1, max_length=ID_LEN, pattern=NO_NUL,
+                                                    description="only slots of DAGs whose id contains this "
+                                                    "text, in any case (as the jobs page's DAG filter)")] = None,
         status_: Annotated[Status | None, Query(alias="status", description="only slots in this status")] = None,
         limit: Annotated[int, Query(ge=1, le=1000)] = 100,
         conn_id: str = conn_query(),
@@ -231,6 +238,12 @@ def create_app() -> FastAPI:
             readable: set[str] | None = {dag_id}
         else:
             readable = _readable_dag_ids(user, conn)
+        if dag_id_pattern is not None:
+            needle = dag_id_pattern.casefold()
+            owning = readable if readable is not None else control.dag_ids(conn_id=conn)
+            readable = {d for d in owning if needle in d.casefold()}
+            if not readable:
+                return {"checkpoints": [], "total_entries": 0}
         rows = control.recent(conn_id=conn, dag_ids=readable, status=status_, limit=limit)
         views = [row_view(r) for r in rows]
         for view in views:  # a listing must not grow with the states: five 10 MB states were a 52 MB answer
@@ -276,13 +289,23 @@ def create_app() -> FastAPI:
             row = getattr(control, action.value)(job, slot, conn_id=conn, by=by)
         return _detail(row, conn)
 
-    @app.get("/ui/checkpoint", include_in_schema=False)
-    def checkpoint_page() -> FileResponse:
+    @app.get("/ui/checkpoint", include_in_schema=False, response_model=None)
+    def checkpoint_page(request: Request) -> FileResponse | RedirectResponse:
+        # Airflow fills {MAP_INDEX} only on a mapped task instance's page: an unmapped one's tab
+        # comes with the placeholder itself, which becomes -1 (not mapped) here, so the tab's own
+        # address says what it shows.
+        if request.query_params.get("map_index") == MAP_INDEX_PLACEHOLDER:
+            query = [(k, "-1" if k == "map_index" else v) for k, v in request.query_params.multi_items()]
+            return RedirectResponse(f"checkpoint?{urlencode(query)}", status_code=status.HTTP_302_FOUND)
         return FileResponse(STATIC / "checkpoint.html", headers={"Cache-Control": "no-cache"})
 
     @app.get("/ui/jobs", include_in_schema=False)
     def jobs_page() -> FileResponse:
         return FileResponse(STATIC / "jobs.html", headers={"Cache-Control": "no-cache"})
+
+    @app.get("/ui/resumable.css", include_in_schema=False)
+    def stylesheet() -> FileResponse:
+        return FileResponse(STATIC / "resumable.css", media_type="text/css", headers={"Cache-Control": "no-cache"})
 
     @app.get("/ui/resumable.js", include_in_schema=False)
     def script() -> FileResponse:

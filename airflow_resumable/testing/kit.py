@@ -127,6 +127,11 @@ class Report:
 
     def assert_ok(self) -> Report:
         """Raise :class:`NotResumable` naming the first trial that differs (and how many did)."""
+        if self.checkpoints == 0:
+            raise NotResumable(
+                f"{self.name} made no checkpoint in an uninterrupted run: an interrupted attempt has nothing to "
+                "resume from and starts over. Call ctx.checkpoint(position) after each chunk (or give "
+                "ChunkedOperator's read a source with items)")
         failures = self.failures
         if failures:
             first = failures[0]

@@ -1,4 +1,7 @@
-"""The DAG the browser test (tests/test_browser.py) watches in the UI: one slow resumable export.
+"""The DAGs the browser test (tests/test_browser.py) watches in the UI: one slow resumable export,
+a chunked one whose items 3, 7 and 11 fail (skipped, for the tab's "Retry skipped items"), a mapped
+one whose partition 1 fails (the jobs page's partitions and "Re-run failed partitions"), and one
+whose runs share a job with overlap="skip" (the tab of the run that yielded).
 
 ``items`` items (DAG run conf, default 60), ``chunk`` per checkpoint, ``delay`` seconds per item,
 waiting on the run's signal (a pause or a cancel ends the wait at once). A short lease (3 s:
@@ -12,7 +15,7 @@ from typing import Any
 
 from airflow.sdk import DAG
 
-from airflow_resumable import ResumableOperator, RunContext
+from airflow_resumable import ChunkedOperator, ResumableOperator, RunContext
 
 
 def export_items(ctx: RunContext, *, items: Any, chunk: Any, delay: Any) -> int:
@@ -33,6 +36,49 @@ with DAG(dag_id="ui_export", schedule=None, start_date=datetime(2026, 1, 1), cat
     ResumableOperator(
         task_id="export", handler=export_items, lease=3, overlap="allow", retries=0, resume_poll=0.5,
         progress_interval=2,
+        handler_kwargs={"items": "{{ dag_run.conf.get('items', 60) }}", "chunk": 2,
+                        "delay": "{{ dag_run.conf.get('delay', 0.25) }}"},
+    )
+
+
+def read_numbers(ctx: RunContext, after: Any, limit: int) -> list[dict[str, int]]:
+    first = int(after or 0) + 1
+    return [{"id": i} for i in range(first, min(first + limit, 13))]
+
+
+def even_only(ctx: RunContext, batch: list[dict[str, int]]) -> None:
+    for item in batch:
+        if item["id"] % 4 == 3:
+            raise ValueError(f"item {item['id']} is not accepted")
+
+
+with DAG(dag_id="ui_skips", schedule=None, start_date=datetime(2026, 1, 1), catchup=False,
+         tags=["resumable-tests"]):
+    ChunkedOperator(task_id="numbers", read=read_numbers, process=even_only, chunk_size=4, total=12,
+                    skip_on=ValueError, skip_limit=10, retries=0)
+
+
+def part_items(ctx: RunContext, *, n: int, fail: bool) -> int:
+    ctx.total = n
+    nxt = int(ctx.position or 0)
+    while nxt < n:
+        if fail and nxt == n // 2:
+            raise ValueError(f"partition failed at {nxt} (on purpose)")
+        nxt += 1
+        ctx.checkpoint(nxt, processed=nxt)
+    return nxt
+
+
+with DAG(dag_id="ui_parts", schedule=None, start_date=datetime(2026, 1, 1), catchup=False,
+         tags=["resumable-tests"]):
+    ResumableOperator.partial(task_id="part", handler=part_items, retries=0).expand(
+        handler_kwargs=[{"n": 4, "fail": False}, {"n": 4, "fail": True}, {"n": 4, "fail": False}])
+
+
+with DAG(dag_id="ui_overlap", schedule=None, start_date=datetime(2026, 1, 1), catchup=False,
+         tags=["resumable-tests"]):
+    ResumableOperator(
+        task_id="export", handler=export_items, lease=3, overlap="skip", retries=0, job="ui_overlap.shared",
         handler_kwargs={"items": "{{ dag_run.conf.get('items', 60) }}", "chunk": 2,
                         "delay": "{{ dag_run.conf.get('delay', 0.25) }}"},
     )

@@ -50,14 +50,14 @@ def _sql(d: Dialect) -> _SQL:
         load=f"SELECT {SELECT} FROM {TABLE} WHERE {KEY}",
         save=d.placeholders(
             f"UPDATE {TABLE} SET position = %(position)s, state = %(state)s, processed = %(processed)s, "
-            f"total = %(total)s, updated_at = {now} WHERE {WHERE}"
+            f"total = %(total)s, rate = %(rate)s, updated_at = {now} WHERE {WHERE}"
         ),
         start={reset: (
             f"UPDATE {TABLE} SET {sets}, status = 'running', attempt = %(attempt)s, stop_reason = NULL, "
             # The requests pending on the row that a start carries on (rules.AT_START; SET reads
             # the row as it was).
             f"{', '.join(rules.sql_carry(rules.AT_START))}, "
-            f"finished_at = NULL, confirmed_at = NULL, updated_at = {now}, resume_at = NULL, "
+            f"finished_at = NULL, confirmed_at = NULL, updated_at = {now}, resume_at = NULL, rate = NULL, "
             "dag_id = %(dag_id)s, task_id = %(task_id)s, run_id = %(run_id)s, map_index = %(map_index)s "
             f"WHERE {WHERE} RETURNING {SELECT}"
         ) for reset, sets in ((True, fresh), (False, resumed))},
@@ -138,7 +138,8 @@ class Checkpoints:
                 record, position_start=cp.position, processed_start=cp.processed)).fetchone()[0]
         return cp, int(record_id)
 
-    def save(self, fence: Fence, *, position: str, state: str, processed: int, total: int | None) -> None:
+    def save(self, fence: Fence, *, position: str, state: str, processed: int, total: int | None,
+             rate: float | None = None) -> None:
         """Write a checkpoint and commit it, together with whatever else this connection wrote.
 
         Raises:
@@ -149,7 +150,8 @@ class Checkpoints:
         cur = self._save_cursor
         if cur is None:  # one cursor for every checkpoint of the session
             cur = self._save_cursor = c.conn.cursor()
-        statement = self.save_statement(fence, position=position, state=state, processed=processed, total=total)
+        statement = self.save_statement(fence, position=position, state=state, processed=processed, total=total,
+                                        rate=rate)
         if c.d.one_writer:
             with c.conn.writing():
                 cur.execute(*statement)
@@ -161,13 +163,13 @@ class Checkpoints:
         c.commit()
 
     def save_statement(
-        self, fence: Fence, *, position: str, state: str, processed: int, total: int | None,
+        self, fence: Fence, *, position: str, state: str, processed: int, total: int | None, rate: float | None = None,
     ) -> tuple[str, dict[str, Any]]:
         """The checkpoint's fenced UPDATE, in this driver's placeholders, and its parameters: it
         changes one row, or none once another attempt holds the lease. Sent by :meth:`save`, or
         without waiting by a pipelined writer (core/pipeline.py)."""
         return _sql(self._c.d).save, {
-            "position": position, "state": state, "processed": processed, "total": total,
+            "position": position, "state": state, "processed": processed, "total": total, "rate": rate,
             "job": fence.job, "slot": fence.slot, "owner": fence.owner, "token": fence.token,
         }
 

@@ -74,7 +74,7 @@ class Dialect:
 
     def type_of(self, column: Column) -> str:
         return {
-            "text": "TEXT", "json": "TEXT", "int": "INTEGER", "bigint": "BIGINT",
+            "text": "TEXT", "json": "TEXT", "int": "INTEGER", "bigint": "BIGINT", "float": "DOUBLE PRECISION",
             "timestamp": self.timestamp_type, "id": self.id_type,
         }[column.kind]
 

@@ -1,17 +1,27 @@
 // The Checkpoint tab and the Resumable jobs page: plain JavaScript, no build step, no network but
-// this Airflow's own /resumable/api/v1 (same origin: the UI's session cookie authenticates).
+// this Airflow's own /resumable/api/v1 and /api/v2 (same origin: the UI's session cookie
+// authenticates). Every figure shown (percent, rate, ETA) is the server's (core/progress.py).
+//
+// Airflow shows these pages in a sandboxed iframe that may run scripts as the UI's own origin but
+// may not navigate the page around it: links into the UI navigate the host page's router through
+// its history (see navigate()), and the look (light or dark theme, time zone) follows the host's.
 (function () {
   "use strict";
   var API = "../api/v1/";
-  var REFRESH_MS = 2000;          // the tab's refresh while the slot is live (the issue asks for <= 5 s)
+  var REFRESH_MS = 2000;          // the tab's refresh while the slot or its task instance is live
+  var WATCH_MS = 3000;            // once the slot ended: a look at the task instance (a new try, a Clear)
   var LIST_REFRESH_MS = 5000;
+  // A task instance in one of these states is about to (re)run the slot or is running it: refresh fast.
+  var TI_ACTIVE = ["queued", "running", "deferred", "restarting"];
   var ACTIONS = ["pause", "resume", "cancel", "restart", "release"];
   var CONFIRM = {
     pause: "Pause this job? It stops at its next chunk boundary and waits (no worker slot) until resumed.",
     resume: "Resume this job from its checkpoint?",
     cancel: "Cancel this job? Its task fails without a retry; the checkpoint is kept (a Clear resumes it).",
     restart: "Restart this job from the beginning on its next attempt? Its progress is discarded then.",
-    release: "Release the lease of a holder that stopped heartbeating, so the next attempt takes the slot now?"
+    release: "Release the lease of a holder that stopped heartbeating, so the next attempt takes the slot now?",
+    retry_skipped: "Retry the skipped items? The task replays them from their saved positions.",
+    rerun_failed: "Re-run the failed partitions? Their task instances are cleared and resume from their checkpoints."
   };
   var params = new URLSearchParams(location.search);
   var root = document.getElementById("root");
@@ -19,6 +29,7 @@
   function el(tag, attrs, children) {
     var node = document.createElement(tag);
     Object.keys(attrs || {}).forEach(function (k) {
+      if (attrs[k] == null) return;
       if (k === "text") node.textContent = attrs[k]; else node.setAttribute(k, attrs[k]);
     });
     (children || []).forEach(function (c) { if (c != null) node.appendChild(typeof c === "string" ? document.createTextNode(c) : c); });
@@ -29,8 +40,121 @@
     s = Math.round(s); var h = Math.floor(s / 3600), m = Math.floor((s % 3600) / 60), r = s % 60;
     return h ? h + "h" + String(m).padStart(2, "0") + "m" : m ? m + "m" + String(r).padStart(2, "0") + "s" : r + "s";
   }
-  function short(v) { var t = JSON.stringify(v); return t && t.length > 200 ? t.slice(0, 200) + "…" : t; }
-  function when(iso) { return iso ? new Date(iso).toLocaleString() : ""; }
+  function rate(r) { return r >= 100 ? num(Math.round(r)) : Number(r.toPrecision(2)).toLocaleString("en-US"); }
+
+  // -- the host: the Airflow UI page around the frame ---------------------------------------------
+  function host() {
+    try { if (window.top !== window && window.top.document && window.top.history) return window.top; } catch (e) { /* another origin */ }
+    return null;
+  }
+  // The Airflow UI's base path (everything before /resumable/), for links into the UI.
+  function uiBase() { var p = location.pathname, i = p.indexOf("/resumable/"); return i > 0 ? p.slice(0, i) : ""; }
+  // Opens an Airflow UI address in the page around the frame, as its own links do: a history entry
+  // and a popstate for its router (no reload). Where the host cannot be reached (another origin),
+  // the link's own target=_top is left to the browser.
+  function navigate(url) {
+    var top = host();
+    if (!top) { window.open(url, "_top"); return; }
+    try {
+      var state = top.history.state || {};
+      var idx = typeof state.idx === "number" ? state.idx + 1 : 1;
+      top.history.pushState({usr: null, key: Math.random().toString(36).slice(2, 10), idx: idx}, "", url);
+      top.dispatchEvent(new top.PopStateEvent("popstate", {state: top.history.state}));
+    } catch (e) {
+      var a = top.document.createElement("a");  // a link of the host's document may navigate it
+      a.href = url; top.document.body.appendChild(a); a.click(); a.remove();
+    }
+  }
+  function link(url, text, attrs) {
+    var a = el("a", Object.assign({href: url, target: "_top", text: text}, attrs || {}));
+    a.addEventListener("click", function (e) {
+      if (e.button !== 0 || e.metaKey || e.ctrlKey || e.shiftKey || e.altKey || !host()) return;
+      e.preventDefault(); navigate(url);
+    });
+    return a;
+  }
+  function tiPath(dagId, runId, taskId, mapIndex) {
+    return uiBase() + "/dags/" + encodeURIComponent(dagId) + "/runs/" + encodeURIComponent(runId) + "/tasks/" +
+      encodeURIComponent(taskId) + (mapIndex != null && Number(mapIndex) >= 0 ? "/mapped/" + mapIndex : "");
+  }
+  function tabPath(row) {
+    if (!row.dag_id || !row.run_id || !row.task_id) return null;
+    return tiPath(row.dag_id, row.run_id, row.task_id, row.map_index) + "/plugin/checkpoint";
+  }
+
+  // The Airflow UI's theme: html.dark on the host page (its colour-mode switch), followed live.
+  function followTheme() {
+    var html = document.documentElement, top = host(), media = window.matchMedia("(prefers-color-scheme: dark)");
+    function apply() {
+      var dark = media.matches;
+      if (top) {
+        var theirs = top.document.documentElement;
+        dark = theirs.classList.contains("dark") || theirs.style.colorScheme === "dark" ||
+          (!theirs.classList.contains("light") && media.matches);
+        var style = top.getComputedStyle(top.document.body);
+        if (style.fontFamily) html.style.setProperty("--font", style.fontFamily);
+      }
+      html.classList.toggle("dark", dark); html.classList.toggle("light", !dark);
+      html.style.colorScheme = dark ? "dark" : "light";
+      // The host's own colours where the frame sits (its panel's background, its text colour).
+      html.style.removeProperty("--bg"); html.style.removeProperty("--fg");
+      if (top && window.frameElement) {
+        for (var node = window.frameElement.parentElement; node && node.nodeType === 1; node = node.parentElement) {
+          var bg = top.getComputedStyle(node).backgroundColor;
+          if (bg && bg !== "transparent" && !/rgba\(.*,\s*0\)$/.test(bg)) {
+            html.style.setProperty("--bg", bg);
+            html.style.setProperty("--fg", top.getComputedStyle(node).color);
+            break;
+          }
+        }
+      }
+    }
+    apply();
+    if (top) new MutationObserver(apply).observe(top.document.documentElement, {attributes: true, attributeFilter: ["class", "style"]});
+    media.addEventListener("change", apply);
+  }
+
+  // Times as the Airflow UI shows them: YYYY-MM-DD HH:mm:ss (24 h), in the time zone chosen in its
+  // user menu (its "timezone" setting in this origin's storage), else the browser's.
+  function zone() {
+    try {
+      var chosen = JSON.parse(localStorage.getItem("timezone") || "null");
+      if (chosen) { new Intl.DateTimeFormat("en-US", {timeZone: chosen}); return chosen; }
+    } catch (e) { /* no storage, or not a zone */ }
+    return Intl.DateTimeFormat().resolvedOptions().timeZone || "UTC";
+  }
+  function clock(date) {
+    var parts = {};
+    new Intl.DateTimeFormat("en-US", {timeZone: zone(), year: "numeric", month: "2-digit", day: "2-digit", hour: "2-digit",
+      minute: "2-digit", second: "2-digit", hourCycle: "h23"}).formatToParts(date).forEach(function (p) { parts[p.type] = p.value; });
+    return parts.year + "-" + parts.month + "-" + parts.day + " " + parts.hour + ":" + parts.minute + ":" + parts.second;
+  }
+  function when(iso) {
+    if (!iso) return "";
+    return el("time", {datetime: iso, title: iso + " (shown in " + zone() + ")", text: clock(new Date(iso))});
+  }
+  function cell(v, attrs) {
+    return el("td", attrs || {}, [v == null ? "" : typeof v === "object" ? v : String(v)]);
+  }
+
+  // A position as a person reads it: numbers grouped, a composite key joined, an object as key=value.
+  function readable(v) {
+    if (v == null) return "— (the beginning)";
+    if (typeof v === "number") return num(v);
+    if (typeof v === "string") return v;
+    if (Array.isArray(v)) return v.map(function (x) { return typeof x === "object" && x !== null ? JSON.stringify(x) : readable(x); }).join(" · ");
+    if (v.truncated || v.xcom_truncated) return "(" + num(v.bytes) + " bytes of JSON) " + v.preview;
+    var text = Object.keys(v).map(function (k) {
+      var x = v[k]; return k + "=" + (typeof x === "object" && x !== null ? JSON.stringify(x) : readable(x));
+    }).join(", ");
+    return text.length > 300 ? text.slice(0, 300) + "…" : text;
+  }
+  // A lease holder (ti-id/tryN@host:pid) as host:pid; the whole id in the tooltip.
+  function holder(owner) {
+    if (!owner) return "";
+    var at = owner.lastIndexOf("@");
+    return el("span", {title: owner, text: at >= 0 ? owner.slice(at + 1) : owner});
+  }
   function bar(row, cls) {
     var pct = row.percent == null ? (row.status === "done" ? 100 : 0) : row.percent;
     var outer = el("div", {"class": "bar " + row.status + (cls ? " " + cls : ""), role: "progressbar",
@@ -45,6 +169,7 @@
       return r.json().catch(function () { return {message: r.statusText}; }).then(function (data) {
         if (!r.ok) {
           var msg = data.message || data.detail || r.statusText;
+          if (typeof msg !== "string") msg = JSON.stringify(msg);
           if (r.status === 401) msg = "Not logged in to Airflow (401): log in and reload.";
           var err = new Error(msg); err.status = r.status; throw err;
         }
@@ -52,66 +177,136 @@
       });
     });
   }
-  // The Airflow UI's base path (everything before /resumable/), for links into the UI.
-  function uiBase() { var p = location.pathname, i = p.indexOf("/resumable/"); return i > 0 ? p.slice(0, i) : ""; }
-  function tiLink(row) {
-    if (!row.dag_id || !row.run_id || !row.task_id) return null;
-    var path = uiBase() + "/dags/" + encodeURIComponent(row.dag_id) + "/runs/" + encodeURIComponent(row.run_id) +
-      "/tasks/" + encodeURIComponent(row.task_id) + (row.map_index != null && row.map_index >= 0 ? "/mapped/" + row.map_index : "");
-    return path + "/plugin/checkpoint";
+  function stopReason(row) { return row.stop_reason !== undefined ? row.stop_reason : row.cancel_reason; }
+  // A pending request, only while it has not taken effect: a pause asked of a running slot, a
+  // resume of a paused one, a restart until the next attempt starts over.
+  function pendingRequest(row) {
+    var r = row.request;
+    if (r === "pause" && row.status === "running") return r;
+    if (r === "resume" && row.status === "paused") return r;
+    if (r === "restart" && row.status !== "running") return r;
+    if (row.cancel_request && row.status === "running") return "cancel";
+    return null;
   }
 
   // -- the Checkpoint tab ------------------------------------------------------------------------
   function checkpointPage() {
+    var dagId = params.get("dag_id") || "", runId = params.get("run_id") || "", taskId = params.get("task_id") || "";
     var mapIndex = params.get("map_index");
     if (mapIndex == null || mapIndex === "" || mapIndex === "{MAP_INDEX}") mapIndex = "-1";
-    var query = new URLSearchParams({dag_id: params.get("dag_id") || "", run_id: params.get("run_id") || "",
-      task_id: params.get("task_id") || "", map_index: mapIndex});
+    var query = new URLSearchParams({dag_id: dagId, run_id: runId, task_id: taskId, map_index: mapIndex});
     if (params.get("conn_id")) query.set("conn_id", params.get("conn_id"));
-    var timer = null, missing = 0, current = null, busy = false, message = {text: "", error: false};
+    // Airflow's own record of the task instance: its try and state (a new try, a Clear, a deferral).
+    var tiUrl = uiBase() + "/api/v2/dags/" + encodeURIComponent(dagId) + "/dagRuns/" + encodeURIComponent(runId) +
+      "/taskInstances/" + encodeURIComponent(taskId) + (Number(mapIndex) >= 0 ? "/" + mapIndex : "");
+    var timer = null, current = null, note = null, ti = null, watched = null, busy = false, failure = null;
+    var message = {text: "", error: false};
     // The UI's iframe is sandboxed without allow-modals (window.confirm returns false at once), so
     // the confirmation is in the page: a click asks, a second click on "Confirm" sends.
     var asking = null;
 
-    function schedule(ms) { clearTimeout(timer); timer = setTimeout(load, ms); }
+    function schedule(fn, ms) { clearTimeout(timer); timer = setTimeout(fn, ms); }
+    function tiKey(t) { return t ? t.try_number + "/" + t.state : ""; }
+    function fetchTi() {
+      return request("GET", tiUrl).then(function (t) { ti = t; return t; }, function () { return ti; });
+    }
+    function live() {
+      return (current && !current.ended) || (ti && TI_ACTIVE.indexOf(ti.state) >= 0);
+    }
     function load() {
-      request("GET", API + "task-instance?" + query).then(function (data) {
-        if (!data.resumable) {
-          // Not (yet) resumable: a queued task has no row yet; look again for a minute, then stop.
-          render(null, data.message);
-          if (++missing < 12) schedule(5000);
-          return;
-        }
-        current = data; render(data);
-        if (!data.ended) schedule(REFRESH_MS);
+      Promise.all([request("GET", API + "task-instance?" + query), fetchTi()]).then(function (res) {
+        failure = null;
+        if (res[0].resumable) { current = res[0]; note = null; } else { current = null; note = res[0]; }
+        watched = tiKey(ti);
+        render();
+        if (live()) schedule(load, REFRESH_MS); else schedule(watch, WATCH_MS);
       }).catch(function (err) {
-        root.replaceChildren(el("p", {"class": "error", id: "error", text: err.message}));
-        if (err.status !== 401 && err.status !== 403) schedule(5000);
+        failure = err.message; render();
+        if (err.status !== 401 && err.status !== 403) schedule(load, 5000);
       });
     }
-    function ask(action) { asking = action; message = {text: "", error: false}; render(current); }
+    // The slot ended: look at the task instance only, and refresh everything when it moves on.
+    function watch() {
+      fetchTi().then(function (t) {
+        if (tiKey(t) !== watched) { load(); return; }
+        var refreshed = document.getElementById("refreshed");
+        if (refreshed) refreshed.setAttribute("data-at", String(Date.now()));
+        schedule(watch, WATCH_MS);
+      });
+    }
+    function ask(action) { asking = action; message = {text: "", error: false}; render(); }
     function act(action) {
       asking = null;
       if (!current || busy) return;
       busy = true;
       var q = new URLSearchParams({job: current.job, slot: current.slot});
       if (params.get("conn_id")) q.set("conn_id", params.get("conn_id"));
-      request("POST", API + "checkpoint/" + action + "?" + q, {}).then(function () {
-        message = {text: action + " requested", error: false};
+      request("POST", API + "checkpoint/" + action + "?" + q, {}).then(function (row) {
+        // Shown until the slot's status moves on (the request took effect, or the slot ended).
+        message = {text: action.replace("_", " ") + " requested", error: false, status: row && row.status};
       }).catch(function (err) {
         message = {text: err.message, error: true};
       }).then(function () { busy = false; load(); });
     }
-    function render(row, note) {
-      if (!row) { root.replaceChildren(el("p", {id: "not-resumable", "class": "muted", text: note})); return; }
+    function tiLine() {
+      if (!ti) return null;
+      return el("span", {id: "ti-state", "class": "ti-state", "data-try": String(ti.try_number), "data-state": String(ti.state),
+        text: "task instance: try " + ti.try_number + " · " + (ti.state || "no state")});
+    }
+    function renderNote() {
+      var parts = [el("h2", {}, ["Checkpoint", tiLine()])];
+      if (note && note.overlap) {
+        var o = note.overlap, y = o.yielded_to || {};
+        var other = y.run_id ? link(tiPath(dagId, y.run_id, taskId, mapIndex) + "/plugin/checkpoint", y.run_id,
+          {id: "yielded-to"}) : null;
+        parts.push(el("div", {id: "overlap", "class": "note"}, [
+          el("strong", {text: "Skipped by the overlap policy (" + o.policy + "). "}),
+          o.message ? o.message + " " : "",
+          other ? el("span", {}, ["It yielded to run ", other, y.slot ? " (slot " + y.slot + (y.started_at ? ", started " : "") : "",
+            y.started_at ? when(y.started_at) : "", y.slot ? ")" : "", "."]) : null
+        ]));
+      } else {
+        var waiting = ti && TI_ACTIVE.concat(["scheduled", "up_for_retry", "up_for_reschedule"]).indexOf(ti.state) >= 0;
+        parts.push(el("p", {id: "not-resumable", "class": "muted",
+          text: waiting ? "No checkpoint yet: the task instance is " + ti.state + "; this tab shows its progress once it starts."
+            : (note && note.message) || "No checkpoint."}));
+      }
+      parts.push(refreshedLine());
+      root.replaceChildren.apply(root, parts);
+    }
+    function refreshedLine() {
+      var text = live() ? "Refreshing every " + REFRESH_MS / 1000 + " s — " + clock(new Date())
+        : "Ended — watching the task instance for a new try or a Clear (every " + WATCH_MS / 1000 + " s).";
+      return el("p", {id: "refreshed", "class": "muted", "data-at": String(Date.now()), "data-live": String(!!live()), text: text});
+    }
+    function skippedSection(row) {
+      if (!row.skipped_items || !row.skipped_items.length) return [];
+      var table = el("table", {id: "skipped"}, [el("tr", {}, ["position", "error", "try", "skipped", "state"].map(function (h) { return el("th", {text: h}); }))]);
+      row.skipped_items.forEach(function (s) {
+        table.appendChild(el("tr", {"data-state": s.state}, [cell(readable(s.position), {"class": "code", title: JSON.stringify(s.position)}),
+          cell(s.error), cell(s.attempt), cell(when(s.skipped_at), {"class": "nowrap"}), cell(String(s.state || "").replace("_", " "))]));
+      });
+      var retry = el("button", {type: "button", id: "action-retry_skipped", text: "Retry skipped items"});
+      if (!(row.offers && row.offers.retry_skipped)) retry.disabled = true;
+      retry.addEventListener("click", function () { ask("retry_skipped"); });
+      var total = row.skipped_total != null ? row.skipped_total : row.skipped_items.length;
+      return [el("h2", {text: "Skipped items (" + num(total) + ")"}), table, retry];
+    }
+    function render() {
+      if (failure && !current && !note) { root.replaceChildren(el("p", {"class": "error", id: "error", text: failure})); return; }
+      if (!current) { renderNote(); return; }
+      var row = current;
+      if (message.status && message.status !== row.status) message = {text: "", error: false};
       var figures = [num(row.processed) + (row.total != null ? " / " + num(row.total) : "") + " items"];
       if (row.percent != null) figures.push(row.percent.toFixed(1) + "%");
-      if (row.rate != null) figures.push(num(Math.round(row.rate)) + "/s");
+      if (row.rate != null) figures.push(rate(row.rate) + "/s");
       if (row.eta_seconds != null) figures.push("ETA " + duration(row.eta_seconds));
-      var lease = row.lease_owner ? row.lease_owner + " — heartbeat " + row.heartbeat_age_seconds + " s ago" +
-        (row.lease === "stale" ? " (STALE: the holder missed two heartbeats)" : row.lease === "expired" ? " (expired)" : "") : "none";
-      var reason = row.stop_reason && row.stop_reason !== row.status ? " (" + row.stop_reason + ")" : "";
-      var pending = row.request ? " — " + row.request + " requested by " + (row.requested_by || "?") : "";
+      else if (row.status === "running" && row.rate == null) figures.push("measuring the rate…");
+      var lease = row.lease_owner ? [holder(row.lease_owner), " — heartbeat " + row.heartbeat_age_seconds + " s ago" +
+        (row.lease === "stale" ? " (STALE: the holder missed two heartbeats)" : row.lease === "expired" ? " (expired)" : "")] : ["none"];
+      var why = stopReason(row);
+      var reason = why && why !== row.status ? " (" + why + ")" : "";
+      var pending = pendingRequest(row);
       var buttons = el("div", {id: "actions"}, ACTIONS.map(function (a) {
         var b = el("button", {type: "button", id: "action-" + a, text: a[0].toUpperCase() + a.slice(1)});
         if (!(row.offers && row.offers[a])) b.disabled = true;
@@ -120,39 +315,49 @@
       }));
       var confirmBox = null;
       if (asking) {
-        var yes = el("button", {type: "button", id: "confirm", text: "Confirm " + asking});
-        var no = el("button", {type: "button", id: "dismiss", text: "Never mind"});
         var action = asking;
+        var yes = el("button", {type: "button", id: "confirm", text: "Confirm " + action.replace("_", " ")});
+        var no = el("button", {type: "button", id: "dismiss", text: "Never mind"});
         yes.addEventListener("click", function () { act(action); });
-        no.addEventListener("click", function () { asking = null; render(current); });
+        no.addEventListener("click", function () { asking = null; render(); });
         confirmBox = el("div", {id: "confirmation", role: "alertdialog", "class": "confirm"}, [el("span", {text: CONFIRM[action] + " "}), yes, no]);
+      }
+      // The task instance moved on (a new try queued or running) while the slot shows the last one.
+      var next = null;
+      if (ti && ti.try_number > row.attempt && row.status !== "running") {
+        next = el("div", {id: "next-try", "class": "note", text: "Try " + ti.try_number + " is " + ti.state +
+          ": it resumes from this checkpoint when it starts."});
       }
       var hist = el("table", {id: "history"}, [el("tr", {}, ["try", "outcome", "by", "started", "ended", "processed", "reason / error"].map(function (h) { return el("th", {text: h}); }))]);
       (row.history || []).slice().reverse().forEach(function (h) {
-        hist.appendChild(el("tr", {}, [h.attempt, h.outcome, h.requested_by || h.owner || "", when(h.started_at), when(h.ended_at),
-          num(h.processed_start) + " → " + (h.processed_end == null ? "…" : num(h.processed_end)),
-          [h.stop_reason, h.error].filter(Boolean).join(": ")].map(function (v) { return el("td", {text: String(v == null ? "" : v)}); })));
+        hist.appendChild(el("tr", {}, [cell(h.attempt), cell(h.outcome), cell(h.requested_by ? h.requested_by : holder(h.owner), {"class": "nowrap"}),
+          cell(when(h.started_at), {"class": "nowrap"}), cell(when(h.ended_at), {"class": "nowrap"}),
+          cell(num(h.processed_start) + " → " + (h.processed_end == null ? "…" : num(h.processed_end)), {"class": "nowrap"}),
+          cell([h.stop_reason !== undefined ? h.stop_reason : h.cancel_reason, h.error].filter(Boolean).join(": "))]));
       });
       root.replaceChildren.apply(root, [
         el("h2", {}, ["Checkpoint ", el("span", {"class": "badge " + row.status, id: "status", text: row.status + reason}),
-          el("span", {"class": "muted", text: pending})]),
+          pending ? el("span", {"class": "pending", id: "pending", text: pending + " requested by " + (row.requested_by || "?")}) : null,
+          tiLine()]),
         bar(row),
-        el("div", {id: "figures", "data-processed": String(row.processed), text: figures.join(" · ")}),
+        el("div", {id: "figures", "class": "progress", "data-processed": String(row.processed),
+          "data-eta": row.eta_seconds == null ? "" : String(row.eta_seconds), text: figures.join(" · ")}),
+        next,
         el("dl", {}, [
           el("dt", {text: "job"}), el("dd", {text: row.job}),
           el("dt", {text: "slot"}), el("dd", {text: row.slot}),
-          el("dt", {text: "position"}), el("dd", {id: "position", text: short(row.position)}),
-          el("dt", {text: "lease"}), el("dd", {id: "lease", "class": row.lease === "stale" ? "stale" : "", text: lease}),
+          el("dt", {text: "position"}), el("dd", {id: "position", "class": "code", title: JSON.stringify(row.position), text: readable(row.position)}),
+          el("dt", {text: "lease"}), el("dd", {id: "lease", "class": row.lease === "stale" ? "stale" : ""}, lease),
           el("dt", {text: "attempt"}), el("dd", {text: "try " + row.attempt + ", " + row.attempts + " attempt(s) this run"}),
-          row.last_error ? el("dt", {text: "last error"}) : null, row.last_error ? el("dd", {text: row.last_error}) : null
+          el("dt", {text: "updated"}), el("dd", {}, [when(row.updated_at)]),
+          row.last_error ? el("dt", {text: row.status === "running" ? "an earlier try's error" : "last error"}) : null,
+          row.last_error ? el("dd", {id: "last-error", text: row.last_error}) : null
         ]),
         buttons,
         confirmBox,
         el("div", {id: "message", "class": message.error ? "error" : "", text: message.text}),
-        el("p", {id: "refreshed", "class": "muted", "data-at": String(Date.now()),
-          text: row.ended ? "Ended: no longer refreshing." : "Refreshing every " + REFRESH_MS / 1000 + " s — " + new Date().toLocaleTimeString()}),
-        el("h2", {text: "History"}), hist
-      ].filter(Boolean));
+        refreshedLine()
+      ].concat(skippedSection(row), [el("h2", {text: "History"}), hist]).filter(Boolean));
     }
     load();
   }
@@ -160,35 +365,102 @@
   // -- the Resumable jobs page -------------------------------------------------------------------
   function jobsPage() {
     var form = document.getElementById("filters"), body = document.querySelector("#jobs tbody");
-    var msg = document.getElementById("message"), timer = null;
+    var msg = document.getElementById("message"), timer = null, generation = 0, rows = [];
+    var summary = document.getElementById("job-summary"), summaryBody = document.querySelector("#summary tbody");
+    var summaryMsg = document.getElementById("summary-message"), asking = null, hasJobs = true;
     ["dag_id", "status"].forEach(function (k) { if (params.get(k)) form.elements[k].value = params.get(k); });
+    function conn(q) { if (params.get("conn_id")) q.set("conn_id", params.get("conn_id")); return q; }
     function load() {
-      var q = new URLSearchParams({limit: "200"});
-      if (form.elements.dag_id.value.trim()) q.set("dag_id", form.elements.dag_id.value.trim());
+      var mine = ++generation;
+      clearTimeout(timer);
+      var q = conn(new URLSearchParams({limit: "200"}));
+      var dag = form.elements.dag_id.value.trim();
+      if (dag) q.set("dag_id_pattern", dag);
       if (form.elements.status.value) q.set("status", form.elements.status.value);
-      if (params.get("conn_id")) q.set("conn_id", params.get("conn_id"));
-      request("GET", API + "checkpoints?" + q).then(function (data) {
-        msg.textContent = data.checkpoints.length ? "" : "No slots match."; msg.className = "";
-        body.replaceChildren.apply(body, data.checkpoints.map(function (row) {
-          var link = tiLink(row);
-          return el("tr", {"data-job": row.job, "data-slot": row.slot}, [
-            el("td", {text: row.job}), el("td", {text: row.slot}),
-            el("td", {}, [el("span", {"class": "badge " + row.status, text: row.status})]),
-            el("td", {}, [bar(row), " " + (row.percent == null ? "" : row.percent.toFixed(0) + "%")]),
-            el("td", {text: num(row.processed) + (row.total != null ? " / " + num(row.total) : "")}),
-            el("td", {text: when(row.updated_at)}),
-            el("td", {}, [link ? el("a", {href: link, target: "_top", text: row.dag_id + " / " + row.task_id +
-              (row.map_index >= 0 ? "[" + row.map_index + "]" : "")}) : el("span", {"class": "muted", text: "—"})])
-          ]);
-        }));
-        document.getElementById("refreshed").textContent = "updated " + new Date().toLocaleTimeString();
-      }).catch(function (err) { msg.textContent = err.message; msg.className = "error"; })
-        .then(function () { clearTimeout(timer); timer = setTimeout(load, LIST_REFRESH_MS); });
+      var jobs = hasJobs ? request("GET", API + "jobs?" + conn(new URLSearchParams())).catch(function (err) {
+        if (err.status === 404) hasJobs = false;  // an API without the summary: the slots alone
+        return null;
+      }) : Promise.resolve(null);
+      Promise.all([request("GET", API + "checkpoints?" + q), jobs]).then(function (res) {
+        if (mine !== generation) return;  // a newer filter's answer is on its way
+        rows = res[0].checkpoints;
+        msg.textContent = rows.length ? "" : "No slots match."; msg.className = "";
+        body.replaceChildren.apply(body, rows.map(slotRow));
+        renderSummary(res[1], dag);
+        document.getElementById("refreshed").textContent = "updated " + clock(new Date()) + " (" + zone() + ")";
+      }).catch(function (err) { if (mine === generation) { msg.textContent = err.message; msg.className = "error"; } })
+        .then(function () { if (mine === generation) timer = setTimeout(load, LIST_REFRESH_MS); });
     }
-    form.addEventListener("input", function () { clearTimeout(timer); timer = setTimeout(load, 300); });
+    function slotRow(row) {
+      var path = tabPath(row);
+      return el("tr", {"data-job": row.job, "data-slot": row.slot}, [
+        cell(row.job), cell(row.slot, {"class": "code"}),
+        el("td", {}, [el("span", {"class": "badge " + row.status, text: row.status})]),
+        el("td", {"class": "progress"}, [bar(row), row.percent == null ? "" : row.percent.toFixed(0) + "%"]),
+        cell(num(row.processed) + (row.total != null ? " / " + num(row.total) : ""), {"class": "nowrap"}),
+        cell(when(row.updated_at), {"class": "nowrap"}),
+        el("td", {}, [path ? link(path, row.dag_id + " / " + row.task_id + (row.map_index >= 0 ? "[" + row.map_index + "]" : ""),
+          {"class": "ti-link"}) : el("span", {"class": "muted", text: "—"})])
+      ]);
+    }
+    // The run whose failed partitions a re-run clears: the job's own word, else its latest failed slot.
+    function failedRun(job) {
+      if (job.run_id) return job.run_id;
+      var failed = rows.filter(function (r) { return r.dag_id === job.dag_id && r.task_id === job.task_id && r.status === "failed"; });
+      return failed.length ? failed[0].run_id : null;
+    }
+    function renderSummary(data, dag) {
+      if (!data || !data.jobs) { summary.hidden = true; return; }
+      var needle = dag.toLowerCase(), status = form.elements.status.value;
+      var jobs = data.jobs.filter(function (j) { return !needle || String(j.dag_id || "").toLowerCase().indexOf(needle) >= 0; });
+      summary.hidden = !jobs.length;
+      summaryBody.replaceChildren.apply(summaryBody, jobs.map(function (job) {
+        var p = job.partitions || {}, mapped = (p.total || 0) > 1, runId = mapped && p.failed ? failedRun(job) : null;
+        var counts = ["done", "failed", "running", "other"].filter(function (k) { return p[k]; }).map(function (k) {
+          return el("span", {"class": "badge " + (k === "other" ? "" : k), "data-count": k, text: num(p[k]) + " " + k});
+        });
+        var show = el("button", {type: "button", "class": "show-slots", text: "Slots"});
+        show.addEventListener("click", function () { form.elements.dag_id.value = job.dag_id || ""; load(); });
+        var actions = [show];
+        if (runId) {
+          var rerun = el("button", {type: "button", "class": "rerun-failed", text: "Re-run failed partitions"});
+          rerun.addEventListener("click", function () { asking = {job: job.job, run_id: runId}; renderAsk(); });
+          actions.push(rerun);
+        }
+        var task = job.dag_id && job.task_id ? link(uiBase() + "/dags/" + encodeURIComponent(job.dag_id) + "/tasks/" +
+          encodeURIComponent(job.task_id), job.dag_id + " / " + job.task_id) : el("span", {"class": "muted", text: "—"});
+        return el("tr", {"data-job": job.job, hidden: status && !p[status] ? "" : null}, [
+          cell(job.job), el("td", {}, [task]),
+          el("td", {"class": "nowrap"}, counts.length ? counts.reduce(function (a, c) { return a.concat([c, " "]); }, [])
+            .concat([el("span", {"class": "muted", text: "of " + num(p.total)})]) : [el("span", {"class": "muted", text: "none"})]),
+          cell(when(job.updated_at), {"class": "nowrap"}), el("td", {"class": "nowrap"}, actions)
+        ]);
+      }));
+    }
+    function renderAsk() {
+      if (!asking) { summaryMsg.replaceChildren(); return; }
+      var target = asking;
+      var yes = el("button", {type: "button", id: "confirm", text: "Confirm re-run"});
+      var no = el("button", {type: "button", id: "dismiss", text: "Never mind"});
+      no.addEventListener("click", function () { asking = null; renderAsk(); });
+      yes.addEventListener("click", function () {
+        asking = null;
+        request("POST", API + "jobs/rerun_failed?" + conn(new URLSearchParams({job: target.job, run_id: target.run_id})), {})
+          .then(function (r) {
+            summaryMsg.replaceChildren(el("span", {id: "rerun-result", text: "cleared partitions " + (r.cleared || []).join(", ") + " of " + target.run_id}));
+          }).catch(function (err) { summaryMsg.replaceChildren(el("span", {"class": "error", text: err.message})); })
+          .then(load);
+      });
+      summaryMsg.replaceChildren(el("div", {id: "confirmation", role: "alertdialog", "class": "confirm"},
+        [el("span", {text: CONFIRM.rerun_failed + " (" + target.job + ", run " + target.run_id + ") "}), yes, no]));
+    }
+    var typing = null;
+    form.elements.dag_id.addEventListener("input", function () { clearTimeout(typing); typing = setTimeout(load, 250); });
+    form.elements.status.addEventListener("change", load);  // a choice applies at once
     form.addEventListener("submit", function (e) { e.preventDefault(); load(); });
     load();
   }
 
+  followTheme();
   if (root.dataset.page === "checkpoint") checkpointPage(); else jobsPage();
 })();
