@@ -36,6 +36,7 @@ _RUNNERS = {
     "11": ("bench.leases", "run"),
     "12": ("bench.throttle", "run"),
     "13": ("bench.txheartbeat", "run"),
+    "14": ("bench.partitions", "run"),
 }
 ROWS = tuple(_RUNNERS)
 

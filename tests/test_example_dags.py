@@ -28,7 +28,9 @@ from support.xcoms import xcom as support_xcom
 ROOT = Path(__file__).resolve().parent.parent
 DAGS_DIR = ROOT / "dags"
 DAG_FILES = sorted(DAGS_DIR.glob("*.py"))
-EXAMPLE_DAG_IDS = ["chunked_example", "customer_export", "loan_report", "mapped_partitions", "taskflow_example"]
+EXAMPLE_DAG_IDS = [
+    "chunked_example", "customer_export", "loan_report", "mapped_partitions", "partitioned_export", "taskflow_example",
+]
 
 pytestmark = pytest.mark.postgres
 
@@ -262,6 +264,21 @@ def test_mapped_partitions_retry_resumes_only_the_failed_partition(
     assert [(r["attempts"], r["resumed_from"]) for r in rows] == [(1, None), (2, 500), (1, None), (1, None)]
     south = sum((i * 37 + len("south") * 101) % 10_000 for i in range(1, 801))
     assert rows[1]["state"] == {"region": "south", "amount_cents": south}
+
+
+def test_partitioned_export_exports_every_order_once_in_four_partitions(
+    run_dag: Callable[..., Any], pg_checkpoints: dict[str, Any]
+) -> None:
+    run = run_dag("partitioned_export")
+    tis = assert_succeeded(run)
+    assert sorted(i for t, i in tis if t == "export_orders.partition") == [0, 1, 2, 3]
+    summary = xcom(run, "export_orders.summary")
+    assert (summary["partitions"], summary["done"], summary["failed"]) == (4, 4, [])
+    assert summary["processed"] == summary["total"] == 2_000
+    exported = query(pg_checkpoints, "SELECT partition_job, count(*) FROM orders_export GROUP BY 1 ORDER BY 1")
+    assert [job for job, _ in exported] == [f"partitioned_export.export_orders[{i}]" for i in range(4)]
+    assert sorted(n for _, n in exported) == [500, 500, 500, 500]
+    assert query(pg_checkpoints, "SELECT count(*), count(DISTINCT id) FROM orders_export") == [(2_000, 2_000)]
 
 
 # -- the customer export --------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import itertools
 import operator
 from collections.abc import Callable, Sequence
@@ -59,6 +60,11 @@ class KeysetReader(Reader):
         paramstyle: the driver's DB-API paramstyle (``format``/``pyformat``: ``%s``, ``qmark``:
             ``?``); default: read from the driver's module on first connect.
         name: names the source in errors (default the table, or "query").
+        until: the last key to read, inclusive (a position, as the reader checkpoints it): the
+            reader stops after it, so ``(after, until]`` is one range of the key, compared as
+            the pages compare (a row value for a composite key; ties and collations decide as
+            the database does). None (the default): to the end. :meth:`within` gives a copy
+            bounded so; a partitioned job's partitions read their ranges this way.
 
     Raises:
         ConfigurationError: bad arguments, all of them named at once; the placeholders of
@@ -79,6 +85,7 @@ class KeysetReader(Reader):
         as_dict: bool = False,
         paramstyle: str | None = None,
         name: str | None = None,
+        until: Any = None,
     ):
         super().__init__()
         keys = (key,) if isinstance(key, str) else tuple(key) if isinstance(key, (list, tuple)) else ()
@@ -110,9 +117,33 @@ class KeysetReader(Reader):
         self.as_dict = as_dict
         self.paramstyle = paramstyle
         self.name = name or table or "query"
+        self.until: Any = None
+        if until is not None:
+            self.until = self._bound_values(until)
         self._conn: Any = None
         self._key_index: tuple[int, ...] | None = None
         self._checked_marker: str | None = MARKERS[paramstyle] if paramstyle else None
+
+    def within(self, until: Any) -> KeysetReader:
+        """A copy of this reader that stops after the key ``until`` (inclusive; None: to the end).
+
+        The copy holds no connection of this one: each partition of a job opens its own.
+
+        Raises:
+            ConfigurationError: ``until`` is not a key of this reader's columns.
+        """
+        bounded = copy.copy(self)
+        bounded._conn, bounded._ctx = None, None
+        bounded.until = None if until is None else self._bound_values(until)
+        return bounded
+
+    def _bound_values(self, until: Any) -> Any:
+        if len(self.keys) > 1 and not (isinstance(until, (list, tuple)) and len(until) == len(self.keys)):
+            check_arguments("keyset", [f"until {short(until)} is not a key of {len(self.keys)} values "
+                                       f"({', '.join(self.keys)})"])
+        if (until if len(self.keys) > 1 else [until]).count(None):
+            check_arguments("keyset", [f"until {short(until)} has a NULL value: no key is before or after it"])
+        return list(until) if len(self.keys) > 1 else until
 
     # -- SQL --------------------------------------------------------------------------------------
 
@@ -122,12 +153,21 @@ class KeysetReader(Reader):
             return f"SELECT {what or self.columns} FROM {self.table}"
         return f"SELECT {what or '*'} FROM ({self.query}) AS keyset_source"
 
-    def _rows(self, conditions: Sequence[_Condition], what: str | None = None
-              ) -> tuple[str, list[Any]]:
-        """The source's rows that pass ``where`` and ``conditions`` (each a SQL text and its values)."""
+    def _rows(self, conditions: Sequence[_Condition], what: str | None = None, *, marker: str = "%s",
+              bounded: bool = True) -> tuple[str, list[Any]]:
+        """The source's rows that pass ``where``, ``until`` (when ``bounded``) and ``conditions``
+        (each a SQL text and its values)."""
+        if bounded and self.until is not None:
+            conditions = [self._up_to(marker), *conditions]
         texts = ([f"({self.where})"] if self.where else []) + [c for c, _ in conditions]
         sql = self._source(what) + (f" WHERE {' AND '.join(texts)}" if texts else "")
         return sql, [*self.params, *(v for _, values in conditions for v in values)]
+
+    def _up_to(self, marker: str) -> _Condition:
+        """Rows up to ``until``, inclusive: the mirror of :meth:`_after`."""
+        if len(self.keys) == 1:
+            return f"{self.keys[0]} <= {marker}", [self.until]
+        return f"({', '.join(self.keys)}) <= ({', '.join([marker] * len(self.keys))})", list(self.until)
 
     def _after(self, values: Sequence[Any], marker: str) -> _Condition:
         """Rows after the position: a row value for a composite key, compared as the index is ordered."""
@@ -166,10 +206,11 @@ class KeysetReader(Reader):
         turn a page into a sort."""
         guard: list[_Condition] = []
         if values is not None:
-            sql, args = self._rows([self._equal(values, marker)], what="1")
+            sql, args = self._rows([self._equal(values, marker)], what="1", marker=marker)
             guard.append((f"(SELECT count(*) FROM ({sql} LIMIT 2) AS keyset_equal) < 2", args))
+        # A NULL key is in no range: a bounded reader looks for it in the whole source.
         for probe in self._unseen_nulls(values, marker):
-            sql, args = self._rows([probe], what="1")
+            sql, args = self._rows([probe], what="1", bounded=False)
             guard.append((f"NOT EXISTS ({sql})", args))
         return guard
 
@@ -184,7 +225,7 @@ class KeysetReader(Reader):
         conditions = [] if values is None else [self._after(values, marker)]
         if guarded:
             conditions += self._guard(values, marker)
-        sql, args = self._rows(conditions)
+        sql, args = self._rows(conditions, marker=marker)
         return f"{sql} ORDER BY {', '.join(self.keys)} LIMIT {marker}", (*args, int(limit))
 
     def _after_values(self, after: Any, ctx: RunContext | None = None) -> list[Any]:
@@ -303,7 +344,7 @@ class KeysetReader(Reader):
             checks.append(("after", [], 1))
         parts, args = [], []
         for i, (tag, conditions, n) in enumerate(checks):
-            sql, part_args = self._rows(conditions, what=", ".join(self.keys))
+            sql, part_args = self._rows(conditions, what=", ".join(self.keys), marker=marker, bounded=tag != "null")
             parts.append(f"SELECT '{tag}' AS keyset_check, d{i}.* FROM ({sql} LIMIT {n}) AS d{i}")
             args += part_args
         found: dict[str, list[tuple[Any, ...]]] = {}

@@ -1,0 +1,356 @@
+"""Partitioned jobs: one job's key split into ranges of about equal size, once per run, and stored.
+
+A partitioned job reads one source (a :class:`~airflow_resumable.core.readers.KeysetReader`) in
+``N`` partitions that run apart, each its own job (``<job>[i]``) with its own checkpoint, on
+whichever worker. Three things make it correct:
+
+* **The split is made once per slot and stored.** :func:`split` asks the source for ``N - 1``
+  boundaries, each a key of the source: the keys at rows ``n/N, 2n/N, ...`` of the key's order,
+  counted by the database (PostgreSQL: ``row_number()`` over the key in one pass; other
+  databases: one ``ORDER BY key LIMIT 1 OFFSET k`` per boundary, which an index on the key
+  answers). :func:`save_plan` stores the plan as the ``state`` of the ``<job>#plan`` job's
+  checkpoint row for the slot, *insert if absent*: the first plan of a slot stays its plan, so
+  every retry and every Clear (of a partition, or of the planning task) reads the same ranges,
+  whatever the source holds by then.
+* **No row in two partitions, none in none.** Partition ``i`` reads ``(b[i-1], b[i]]``: the first
+  from the start, the last to the end. Both ends are compared as the pages are (``>`` and ``<=``
+  on the key, a row value for a composite key), by the database, so ties on a key's first column,
+  collations and rows written after the split all fall in exactly one range. A boundary of
+  ``None`` stands before every key (a source with fewer rows than partitions): a range up to it
+  is empty. Empty partitions are fine; they finish at once.
+* **The job as a whole.** :func:`summarize` reads the partitions' rows: which finished, what they
+  processed, and whether more of them failed than ``tolerated_failure`` allows (a count, or a
+  percentage of the partitions as ``"10%"``: Step Functions' *ToleratedFailureCount* and
+  *ToleratedFailurePercentage*).
+
+No Airflow here; the operators (``airflow_resumable.operators.partitioned``) put it in a DAG.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from airflow_resumable.core.checkpoint import ENCODER, Checkpoint, Status, short
+from airflow_resumable.core.errors import ConfigurationError
+from airflow_resumable.core.readers.base import close_quietly
+from airflow_resumable.core.readers.keys import json_key, json_keys
+from airflow_resumable.core.readers.keyset import KeysetReader
+from airflow_resumable.core.stores.connection import Connection
+from airflow_resumable.core.stores.sql import insert
+from airflow_resumable.core.tables import CHECKPOINTS
+
+__all__ = [
+    "PLAN_SUFFIX", "Plan", "Range", "Summary", "allowed_failures", "load_plan", "partition_job", "partitions_problem",
+    "plan_job", "save_plan", "split", "summarize", "tolerated_problem",
+]
+
+#: The planning job of a partitioned job: ``<job>#plan``, one row per slot whose state is the plan.
+PLAN_SUFFIX = "#plan"
+
+#: The most partitions a job may have: each is a mapped task instance and a checkpoint row.
+MAX_PARTITIONS = 10_000
+
+TABLE_NAME = CHECKPOINTS.name
+
+_PERCENT = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*%\s*$")
+
+
+def plan_job(job: str) -> str:
+    """The job whose checkpoint row holds ``job``'s plan, per slot."""
+    return f"{job}{PLAN_SUFFIX}"
+
+
+def partition_job(job: str, index: int) -> str:
+    """Partition ``index``'s job: the mapped task instance's (``<job>[<map_index>]``)."""
+    return f"{job}[{index}]"
+
+
+# -- arguments -----------------------------------------------------------------------------------
+
+
+def partitions_problem(name: str, value: Any) -> str | None:
+    """What is wrong with a partition count, as a sentence, or None."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_PARTITIONS:
+        return f"{name} must be a whole number of partitions from 1 to {MAX_PARTITIONS}, got {value!r}"
+    return None
+
+
+def tolerated_problem(name: str, value: Any) -> str | None:
+    """What is wrong with a ``tolerated_failure`` (a count >= 0, or a percentage ``"0%"``..``"100%"``)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return None
+    if isinstance(value, str):
+        m = _PERCENT.match(value)
+        if m and float(m.group(1)) <= 100:
+            return None
+    return (f"{name} must be how many partitions may fail (an int >= 0) or a percentage of them (a string such "
+            f"as \"10%\"), got {value!r}")
+
+
+def allowed_failures(tolerated: int | str, partitions: int) -> int:
+    """How many of ``partitions`` may fail before the job fails: the count, or the percentage's
+    share rounded down (``"10%"`` of 16 partitions: 1)."""
+    if isinstance(tolerated, str):
+        m = _PERCENT.match(tolerated)
+        assert m is not None, tolerated_problem("tolerated_failure", tolerated)
+        return math.floor(float(m.group(1)) * partitions / 100 + 1e-9)
+    return int(tolerated)
+
+
+# -- the plan ------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Range:
+    """One partition's rows: the keys after ``after`` (None: from the first) up to ``until``,
+    inclusive (None: to the last). ``empty``: the range holds no key at all."""
+
+    index: int
+    after: Any
+    until: Any
+    empty: bool = False
+
+    def as_json(self) -> dict[str, Any]:
+        return {"partition": self.index, "after": self.after, "until": self.until, "empty": self.empty}
+
+    @classmethod
+    def from_json(cls, value: Any) -> Range:
+        """A range as :meth:`as_json` wrote it (what the planning task hands each partition).
+
+        Raises:
+            ConfigurationError: not such a dict.
+        """
+        if not isinstance(value, dict) or not {"partition", "after", "until"} <= set(value):
+            raise ConfigurationError(f"a partition's range must be a dict of partition, after and until, got "
+                                     f"{short(value)}", hint="Pass the planning task's output, as .partitioned() does")
+        return cls(int(value["partition"]), value["after"], value["until"], bool(value.get("empty", False)))
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """A job's split for one slot: ``partitions`` ranges cut at ``boundaries`` (``partitions - 1``
+    keys in the key's order, as JSON positions; None: before every key), made when the source had
+    ``rows`` rows."""
+
+    partitions: int
+    boundaries: tuple[Any, ...]
+    rows: int
+
+    def ranges(self) -> list[Range]:
+        """Every partition's range, in order: together they hold every key once."""
+        out = []
+        for i in range(self.partitions):
+            lower = self.boundaries[i - 1] if i > 0 else None
+            if i == self.partitions - 1:
+                out.append(Range(i, lower, None))
+                continue
+            upper = self.boundaries[i]
+            # A range up to "before every key", or from a key up to itself, holds nothing.
+            out.append(Range(i, lower, upper, empty=upper is None or (lower is not None and lower == upper)))
+        return out
+
+    def state(self) -> dict[str, Any]:
+        """The plan as the plan row's state (JSON)."""
+        return {"partitions": self.partitions, "boundaries": list(self.boundaries), "rows": self.rows}
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any], *, job: str, slot: str) -> Plan:
+        """The plan a plan row holds.
+
+        Raises:
+            ConfigurationError: the row's state is not a plan (written by hand, or by other code).
+        """
+        try:
+            plan = cls(int(state["partitions"]), tuple(state["boundaries"]), int(state["rows"]))
+            if len(plan.boundaries) != plan.partitions - 1:
+                raise ValueError(f"{len(plan.boundaries)} boundaries for {plan.partitions} partitions")
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ConfigurationError(
+                f"the plan row's state is not a plan ({exc}): {short(state)}", job=job, slot=slot,
+                hint=f"Delete the plan's row ({TABLE_NAME} where job = {job!r} and slot = {slot!r}) to split the slot "
+                "again, then Clear the planning task",
+            ) from None
+        return plan
+
+
+def split(reader: KeysetReader, partitions: int, *, job: str | None = None, slot: str | None = None) -> Plan:
+    """Split ``reader``'s rows into ``partitions`` ranges of about equal size (within one row),
+    counted by the source's database now.
+
+    The boundaries are keys of the source, so the ranges hold every row once whatever is written
+    after (see the module's docstring). ``reader``'s ``where``/``query``/``until`` apply.
+
+    Raises:
+        ConfigurationError: a bad count, or a row with a NULL key (it would be in no range),
+            naming the job and the slot.
+    """
+    problem = partitions_problem("partitions", partitions)
+    if problem:
+        raise ConfigurationError(problem, job=job, slot=slot, hint="Give partitions= a whole number, e.g. 16")
+    conn = reader.connect()
+    try:
+        marker = reader._marker(conn)
+        keys = ", ".join(reader.keys)
+        nulls = " OR ".join(f"{k} IS NULL" for k in reader.keys)
+        sql, args = reader._rows([(f"({nulls})", ())], what=keys, marker=marker, bounded=False)
+        null = _one(conn, f"{sql} LIMIT 1", args)
+        if null is not None:
+            where = " AND ".join(f"{k} IS NOT NULL" for k in reader.keys)
+            raise ConfigurationError(
+                f"{reader.name}: a row has a NULL key ({', '.join(f'{k}={short(v, 40)}' for k, v in zip(reader.keys, null, strict=True))}): "
+                "a NULL is neither before nor after a boundary, so no partition would read that row. Nothing was "
+                "split or read", job=job, slot=slot,
+                hint=f"Filter them out (where='{where}') or partition on columns that are NOT NULL",
+            )
+        sql, args = reader._rows([], what=keys, marker=marker)
+        count = _one(conn, f"SELECT count(*) FROM ({sql}) AS keyset_count", args)
+        rows = int(count[0]) if count else 0
+        # Partition j (0-based) ends at row floor((j + 1) * n / N) of the key's order (1-based): sizes
+        # differ by one row at most. Row 0 stands before every key: the partitions up to it are empty.
+        at = [(j * rows) // partitions for j in range(1, partitions)]
+        found = _keys_at(conn, reader, sorted({r for r in at if r > 0}), marker, postgres=_is_postgres(conn))
+        convert = json_key if len(reader.keys) == 1 else json_keys
+        boundaries: list[Any] = []
+        for r in at:
+            if r in found:
+                boundaries.append(convert(found[r] if len(reader.keys) > 1 else found[r][0]))
+            else:  # row 0, or a row deleted while the split was made: the boundary before stands in
+                boundaries.append(boundaries[-1] if boundaries else None)
+    finally:
+        _end(conn)
+    return Plan(partitions, tuple(boundaries), rows)
+
+
+def _is_postgres(conn: Any) -> bool:
+    return type(conn).__module__.split(".")[0] in ("psycopg2", "psycopg")
+
+
+def _keys_at(conn: Any, reader: KeysetReader, at: list[int], marker: str, *, postgres: bool) -> dict[int, tuple[Any, ...]]:
+    """The key of each row number in ``at`` (1-based, in the key's order)."""
+    if not at:
+        return {}
+    keys = ", ".join(reader.keys)
+    if postgres:  # one pass over the key (an index scan in its order), whatever the number of boundaries
+        sql, args = reader._rows([], what=f"{keys}, row_number() OVER (ORDER BY {keys}) AS keyset_rn", marker=marker)
+        wanted = ", ".join(str(int(r)) for r in at)
+        cur = conn.cursor()
+        try:
+            cur.execute(f"SELECT * FROM ({sql}) AS keyset_plan WHERE keyset_rn IN ({wanted})", args)
+            return {int(row[-1]): tuple(row[:-1]) for row in cur.fetchall()}
+        finally:
+            cur.close()
+    out: dict[int, tuple[Any, ...]] = {}
+    sql, args = reader._rows([], what=keys, marker=marker)
+    statement = f"{sql} ORDER BY {keys} LIMIT 1 OFFSET {marker}"
+    for r in at:
+        row = _one(conn, statement, [*args, r - 1])
+        if row is None:  # rows deleted while the split was made
+            break
+        out[r] = row
+    return out
+
+
+def _one(conn: Any, sql: str, args: Sequence[Any]) -> tuple[Any, ...] | None:
+    cur = conn.cursor()
+    try:
+        cur.execute(sql, tuple(args))
+        row = cur.fetchone()
+        return None if row is None else tuple(row)
+    finally:
+        cur.close()
+
+
+def _end(conn: Any) -> None:
+    try:
+        conn.rollback()
+    except Exception:  # an autocommit connection, or one already broken
+        pass
+    close_quietly(conn)
+
+
+# -- where the plan is kept ------------------------------------------------------------------------
+
+
+def _insert_sql(c: Connection) -> str:
+    now = c.d.now()
+    return insert(CHECKPOINTS, {
+        "job": "%(job)s", "slot": "%(slot)s", "status": f"'{Status.DONE.value}'", "state": "%(state)s",
+        "processed": "%(rows)s", "total": "%(rows)s", "runs": "1", "attempts": "1", "started_at": now,
+        "updated_at": now, "finished_at": now,
+    }) + " ON CONFLICT (job, slot) DO NOTHING"
+
+
+def load_plan(session: Any, job: str, slot: str) -> Plan | None:
+    """The plan stored for ``job``'s ``slot`` (``session``: a store session), or None."""
+    row = session.checkpoints.load(plan_job(job), slot)
+    return None if row is None else Plan.from_state(row.state, job=plan_job(job), slot=slot)
+
+
+def save_plan(session: Any, job: str, slot: str, plan: Plan) -> Plan:
+    """Store ``plan`` for ``job``'s ``slot`` unless one is stored already; return the slot's plan
+    (the one stored first: two planners racing agree on the winner's)."""
+    with session.transaction():
+        session.execute(_insert_sql(session), {
+            "job": plan_job(job), "slot": slot, "state": ENCODER.encode(plan.state()), "rows": plan.rows,
+        })
+    stored = load_plan(session, job, slot)
+    assert stored is not None, "the plan row was inserted or already there"
+    return stored
+
+
+# -- the job as a whole ----------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Summary:
+    """The partitions of one slot: which finished (``done``), which did not, and their figures."""
+
+    job: str
+    slot: str
+    partitions: int
+    done: tuple[int, ...]
+    failed: tuple[int, ...]
+    processed: int
+    total: int | None
+    allowed: int
+
+    @property
+    def ok(self) -> bool:
+        """Whether no more partitions failed than tolerated."""
+        return len(self.failed) <= self.allowed
+
+    def as_json(self) -> dict[str, Any]:
+        return {"job": self.job, "slot": self.slot, "partitions": self.partitions, "done": len(self.done),
+                "failed": list(self.failed), "tolerated": self.allowed, "processed": self.processed,
+                "total": self.total}
+
+    def error(self) -> ConfigurationError | None:
+        """Why the job failed, naming the failed partitions and what to do; None when it did not."""
+        if self.ok:
+            return None
+        shown = ", ".join(partition_job(self.job, i) for i in self.failed[:10])
+        more = f" and {len(self.failed) - 10} more" if len(self.failed) > 10 else ""
+        return ConfigurationError(
+            f"{len(self.failed)} of {self.partitions} partitions did not finish ({shown}{more}); "
+            f"tolerated_failure allows {self.allowed}", job=self.job, slot=self.slot,
+            hint="Clear the failed partitions' task instances: each resumes from its own checkpoint, and the other "
+            "partitions keep theirs; then Clear this task",
+        )
+
+
+def summarize(job: str, slot: str, rows: Sequence[Checkpoint | None], *, tolerated: int | str) -> Summary:
+    """The job's summary from its partitions' rows (``rows[i]``: partition ``i``'s, None if it never
+    started). A partition that is not ``done`` counts as failed."""
+    done = tuple(i for i, row in enumerate(rows) if row is not None and row.status == Status.DONE.value)
+    failed = tuple(i for i in range(len(rows)) if i not in set(done))
+    totals = [row.total for row in rows if row is not None]
+    return Summary(
+        job=job, slot=slot, partitions=len(rows), done=done, failed=failed,
+        processed=sum(row.processed for row in rows if row is not None),
+        total=None if not totals or any(t is None for t in totals) else sum(int(t) for t in totals if t is not None),
+        allowed=allowed_failures(tolerated, len(rows)),
+    )

@@ -1,0 +1,258 @@
+"""Partitioned jobs in a DAG: :func:`partitioned` builds one task group of three tasks.
+
+    from airflow_resumable.operators.partitioned import partitioned
+
+    export = partitioned(task_id="export", read=sql_reader(...), process=write_batch, partitions=16,
+                         chunk_size=500, tolerated_failure="10%")
+
+``<task_id>.plan``
+    splits the reader's key into ``partitions`` ranges when the run first starts, stores the plan
+    on the slot (``<job>#plan``, see :mod:`airflow_resumable.core.partitions`) and returns the
+    ranges; on every later try or Clear it returns the stored ranges.
+``<task_id>.partition``
+    a :class:`ChunkedOperator` mapped over the ranges: ``partitions`` mapped task instances, each
+    its own job ``<job>[<map_index>]`` with its own checkpoint, resuming on its own on whichever
+    worker runs it.
+``<task_id>.summary``
+    runs when every partition has finished, whichever way (``trigger_rule="all_done"``); fails when
+    more partitions failed than ``tolerated_failure`` allows, and returns the job's figures.
+
+``<job>`` is the ``job=`` argument, by default ``<dag_id>.<task_id>``.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+# TaskGroup: the task SDK's public name (no version difference to adapt to yet).
+from airflow.sdk import TaskGroup
+
+from airflow_resumable.core.chunked import chunk_loop
+from airflow_resumable.core.context import RunContext
+from airflow_resumable.core.errors import ConfigurationError
+from airflow_resumable.core.partitions import (
+    Range,
+    load_plan,
+    partition_job,
+    partitions_problem,
+    plan_job,
+    save_plan,
+    split,
+    summarize,
+    tolerated_problem,
+)
+from airflow_resumable.core.readers import KeysetReader
+from airflow_resumable.hooks.resumable import DEFAULT_CONN_ID, ResumableHook
+from airflow_resumable.operators import task_instance
+from airflow_resumable.operators.outcome import to_airflow
+from airflow_resumable.operators.resumable import ChunkedOperator
+from airflow_resumable.operators.task_instance import slot_of
+from airflow_resumable.version_compat import AirflowFailException, BaseOperator, Context
+
+__all__ = ["PartitionOperator", "PartitionPlanOperator", "PartitionSummaryOperator", "partitioned"]
+
+#: The arguments the planning and summary tasks take from :func:`partitioned` besides their own.
+_SHARED = ("retries", "retry_delay", "queue", "pool", "owner", "executor")
+
+
+def _base_job(job: str | None, dag_id: str, group_id: str) -> str:
+    return job or f"{dag_id}.{group_id}"
+
+
+class PartitionPlanOperator(BaseOperator):
+    """Split ``read``'s key into ``partitions`` ranges once per slot, store the plan, return the ranges.
+
+    :param read: the job's :class:`~airflow_resumable.core.readers.KeysetReader`.
+    :param partitions: how many ranges.
+    :param partition_group: the partitioned job's task id (its task group's id).
+    :param conn_id: the checkpoint store's connection.
+    :param job: the job (default ``<dag_id>.<partition_group>``).
+    """
+
+    ui_color = "#d7ecf5"
+
+    def __init__(self, *, read: KeysetReader, partitions: int, partition_group: str, conn_id: str = DEFAULT_CONN_ID,
+                 job: str | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.read, self.partitions, self.partition_group = read, partitions, partition_group
+        self.conn_id, self.job = conn_id, job
+
+    def execute(self, context: Context) -> list[dict[str, Any]]:
+        job = _base_job(self.job, self.dag_id, self.partition_group)
+        slot, _ = slot_of(context)
+        try:
+            store = ResumableHook(self.conn_id, job=plan_job(job), slot=slot).get_store()
+            with store.open(autocommit=True) as session:
+                session.ensure_schema()
+                plan = load_plan(session, job, slot)
+                if plan is None:
+                    made = split(self.read, self.partitions, job=job, slot=slot)
+                    plan = save_plan(session, job, slot, made)
+                    if plan == made:
+                        self.log.info("split %s rows of %s into %s partitions at %s [job=%s slot=%s]", plan.rows,
+                                      self.read.name, plan.partitions, list(plan.boundaries), job, slot)
+                else:
+                    self.log.info("the slot's plan, made when its run first started (%s rows then): %s partitions at "
+                                  "%s [job=%s slot=%s]", plan.rows, plan.partitions, list(plan.boundaries), job, slot)
+        except Exception as exc:
+            mapped = to_airflow(exc, job=job, slot=slot)
+            if mapped is None:
+                raise
+            raise mapped from exc
+        if plan.partitions != self.partitions:
+            self.log.warning("the slot's stored plan has %s partitions, the task asks for %s: the stored plan holds "
+                             "for this slot (later slots split anew) [job=%s slot=%s]", plan.partitions,
+                             self.partitions, job, slot)
+        return [r.as_json() for r in plan.ranges()]
+
+
+class PartitionOperator(ChunkedOperator):
+    """One partition of a partitioned job: :class:`ChunkedOperator` over the keys of its range only.
+
+    :param partition_range: the range (what the planning task returns, one per mapped instance).
+    :param partition_group: the partitioned job's task id (its task group's id).
+    """
+
+    def __init__(self, *, partition_range: Mapping[str, Any] | None = None, partition_group: str, **kwargs: Any) -> None:
+        self.partition_range = partition_range
+        self.partition_group = partition_group
+        super().__init__(**kwargs)
+
+    def job_name(self, context: Context) -> str:
+        """``<job>[<map_index>]``: the partitioned job's name and the partition's index."""
+        return task_instance.job_name(_base_job(self.job, self.dag_id, self.partition_group), context["ti"],
+                                      dag_id=self.dag_id, task_id=self.task_id)
+
+    def _handler(self, context: Context) -> Callable[[RunContext], Any]:
+        try:
+            rng = Range.from_json(self.partition_range)
+        except ConfigurationError as exc:
+            raise AirflowFailException(f"{exc} [job={self.job_name(context)!r}]") from exc
+        reader = self.read
+        assert isinstance(reader, KeysetReader)
+        read: Callable[..., Sequence[Any]] = _nothing if rng.empty else reader.within(rng.until)
+        process = self.process
+        if self.handler_kwargs:
+            process = functools.partial(self.process, **self.handler_kwargs)
+        total = self.total
+        if total is None:  # the range's rows when the run starts: progress and the job's total
+            total = 0 if rng.empty else _range_count(read, rng.after)
+        loop = chunk_loop(**{**self._chunked(), "read": read, "process": process, "start": rng.after, "total": total})
+
+        def handler(ctx: RunContext) -> None:
+            loop(ctx)
+            return None
+
+        return handler
+
+
+def _nothing(ctx: RunContext, after: Any, limit: int) -> list[Any]:
+    """The read of an empty range."""
+    return []
+
+
+def _range_count(reader: Any, after: Any) -> Callable[[RunContext], int]:
+    def count(ctx: RunContext) -> int:
+        return int(reader.count(ctx, after))
+
+    return count
+
+
+class PartitionSummaryOperator(BaseOperator):
+    """The partitioned job as a whole: fails when more partitions failed than tolerated; returns
+    ``{"job", "slot", "partitions", "done", "failed", "tolerated", "processed", "total"}``.
+
+    :param partition_group: the partitioned job's task id (its task group's id).
+    :param tolerated_failure: how many partitions may fail (an int), or what share of them (``"10%"``).
+    :param conn_id: the checkpoint store's connection.
+    :param job: the job (default ``<dag_id>.<partition_group>``).
+    """
+
+    ui_color = "#d7ecf5"
+
+    def __init__(self, *, partition_group: str, tolerated_failure: int | str = 0, conn_id: str = DEFAULT_CONN_ID,
+                 job: str | None = None, **kwargs: Any) -> None:
+        kwargs.setdefault("trigger_rule", "all_done")
+        super().__init__(**kwargs)
+        self.partition_group, self.tolerated_failure = partition_group, tolerated_failure
+        self.conn_id, self.job = conn_id, job
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        job = _base_job(self.job, self.dag_id, self.partition_group)
+        slot, _ = slot_of(context)
+        store = ResumableHook(self.conn_id, job=job, slot=slot).get_store()
+        with store.open(autocommit=True) as session:
+            session.ensure_schema()
+            plan = load_plan(session, job, slot)
+            if plan is None:
+                raise AirflowFailException(
+                    f"the slot has no plan: the planning task did not run or failed [job={job!r} slot={slot!r}]. "
+                    f"Clear the task group's planning task ({self.partition_group}.plan) with its downstream tasks")
+            rows = [session.checkpoints.load(partition_job(job, i), slot) for i in range(plan.partitions)]
+        summary = summarize(job, slot, rows, tolerated=self.tolerated_failure)
+        self.log.info("%s of %s partitions done, %s failed (%s tolerated); %s of %s items processed [job=%s slot=%s]",
+                      len(summary.done), summary.partitions, len(summary.failed), summary.allowed, summary.processed,
+                      summary.total, job, slot)
+        error = summary.error()
+        if error is not None:
+            raise AirflowFailException(str(error))
+        return summary.as_json()
+
+
+def partitioned(
+    *,
+    task_id: str,
+    read: Any,
+    partitions: Any,
+    tolerated_failure: Any = 0,
+    **kwargs: Any,
+) -> TaskGroup:
+    """One job over ``read``'s key in ``partitions`` ranges of about equal size, each a mapped
+    :class:`ChunkedOperator` task instance with its own checkpoint (job ``<job>[i]``), on any worker.
+
+    Returns the task group ``task_id`` (use it with ``>>`` like a task) of three tasks: ``plan``
+    splits once per run and stores the plan (retries and Clears read the same ranges),
+    ``partition`` is the mapped :class:`ChunkedOperator`, ``summary`` fails when more than
+    ``tolerated_failure`` partitions failed and returns the job's figures.
+
+    Args:
+        task_id: the task group's id; the job is ``job=`` if given, else ``<dag_id>.<task_id>``.
+        read: a :class:`~airflow_resumable.core.readers.KeysetReader`: its key is split.
+        partitions: how many ranges (mapped task instances), 1 to 10,000.
+        tolerated_failure: how many partitions may fail (an int >= 0), or what share of them (``"10%"``).
+        kwargs: :class:`ChunkedOperator`'s arguments (``process``, ``chunk_size``, ``retries``...),
+            for every partition; the planning and summary tasks take ``conn_id``, ``job``,
+            ``retries``, ``retry_delay``, ``queue``, ``pool``, ``owner`` and ``executor`` too.
+
+    Raises:
+        ConfigurationError: bad arguments, all of them named at once, with the job.
+    """
+    job = kwargs.get("job")
+    dag = kwargs.get("dag")
+    tooltip = (f"a partitioned job: {task_id}.plan splits, {task_id}.partition reads each range, "
+               f"{task_id}.summary adds them up")
+    group = TaskGroup(group_id=task_id, tooltip=tooltip, **({} if dag is None else {"dag": dag}))
+    name = job or (f"{group.dag.dag_id}.{task_id}" if group.dag is not None else task_id)
+    problems = [p for p in (partitions_problem("partitions", partitions),
+                            tolerated_problem("tolerated_failure", tolerated_failure)) if p]
+    if not isinstance(read, KeysetReader):
+        problems.append(f"read must be a reader with a key to split (a KeysetReader, e.g. "
+                        f"airflow_resumable.readers.sql_reader(conn_id, table=..., key=...)), got {read!r}")
+    for taken in ("start", "position"):
+        if kwargs.get(taken) is not None:
+            problems.append(f"{taken}= is not taken by a partitioned job: each partition starts where its range does "
+                            "(narrow the rows with the reader's where= instead)")
+    if problems:
+        raise ConfigurationError(f"partitioned task {task_id!r}: " + "; ".join(problems), job=name,
+                                 hint="Fix the arguments of partitioned(...)")
+    shared = {k: kwargs[k] for k in (*_SHARED, "conn_id", "job", "dag") if k in kwargs}
+    with group:
+        plan = PartitionPlanOperator(task_id="plan", read=read, partitions=partitions, partition_group=task_id, **shared)
+        parts = PartitionOperator.partial(task_id="partition", read=read, partition_group=task_id, **kwargs).expand(
+            partition_range=plan.output)
+        summary = PartitionSummaryOperator(task_id="summary", partition_group=task_id, tolerated_failure=tolerated_failure,
+                                           **shared)
+        parts >> summary
+    return group

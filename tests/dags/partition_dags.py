@@ -1,0 +1,71 @@
+"""Partitioned jobs the test-suite drives through dag.test() (tests/test_partitions.py).
+
+Each reads ``pt_source (grp, id)`` on a composite key from the checkpoint store's own database
+(the ``resumable_default`` connection) and writes every row it processes to ``pt_sink`` through
+``ctx.transaction()``, so a write commits with its chunk's checkpoint. Behaviour comes from the
+DAG run's conf: ``fail`` maps a partition's index to the attempts in which its second chunk fails
+(after writing its rows: the failure undoes them); ``resumable_restart`` starts the partitions over.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from datetime import datetime, timedelta
+from typing import Any
+
+from airflow.sdk import DAG, get_current_context
+
+from airflow_resumable import RunContext
+from airflow_resumable.operators.partitioned import partitioned
+from airflow_resumable.readers import sql_reader
+
+START = datetime(2026, 1, 1)
+
+#: Chunks processed per try (the task instance's id: new on every try and every run), in this process.
+_CHUNKS: Counter[str] = Counter()
+
+
+def partition_of(ctx: RunContext) -> int:
+    """The partition's index, from its job: ``<job>[<index>]``."""
+    return int(ctx.job.rsplit("[", 1)[1].rstrip("]"))
+
+
+def write_rows(ctx: RunContext, batch: list[Any]) -> None:
+    """Each row of the chunk into ``pt_sink``, in the checkpoint's transaction."""
+    part = partition_of(ctx)
+    tx = ctx.transaction()
+    tx.execute("CREATE TABLE IF NOT EXISTS pt_sink (grp TEXT, id INTEGER, part INTEGER, attempt INTEGER)")
+    for grp, ident in batch:
+        tx.execute("INSERT INTO pt_sink (grp, id, part, attempt) VALUES (%s, %s, %s, %s)",
+                   (grp, ident, part, ctx.attempt))
+    context = get_current_context()
+    try_id = str(context["ti"].id)
+    _CHUNKS[try_id] += 1
+    fail = dict(context["dag_run"].conf or {}).get("fail", {})
+    if ctx.attempt in fail.get(str(part), ()) and _CHUNKS[try_id] == 2:
+        raise RuntimeError(f"injected failure in partition {part}'s second chunk")
+
+
+def source() -> Any:
+    return sql_reader("resumable_default", table="pt_source", key=("grp", "id"))
+
+
+with DAG("pt_export", schedule="@daily", start_date=START, catchup=False) as pt_export:
+    partitioned(task_id="export", read=source(), process=write_rows, partitions=4, chunk_size=3,
+                                retries=1, retry_delay=timedelta(0))
+
+with DAG("pt_tolerant", schedule="@daily", start_date=START, catchup=False) as pt_tolerant:
+    partitioned(task_id="export", read=source(), process=write_rows, partitions=4, chunk_size=3,
+                                tolerated_failure="25%", retries=0)
+
+
+def write_rows_slowly(ctx: RunContext, batch: list[Any]) -> None:
+    """:func:`write_rows`, then a wait of conf ``delay`` seconds (on the run's signal): partitions
+    that run at once overlap in time."""
+    write_rows(ctx, batch)
+    ctx.signal.wait(float(dict(get_current_context()["dag_run"].conf or {}).get("delay", 0)))
+
+
+with DAG("pt_workers", schedule=None, start_date=START, catchup=False) as pt_workers:
+    # Run by a real scheduler (LocalExecutor): the partitions are task instances on its worker slots.
+    partitioned(task_id="export", read=source(), process=write_rows_slowly, partitions=4, chunk_size=5, retries=0)
