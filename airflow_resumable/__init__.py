@@ -36,11 +36,13 @@ _LAZY = {
     "ChunkedOperator": "airflow_resumable.operators.resumable",
     "ResumableHook": "airflow_resumable.hooks.resumable",
     "resumable_task": "airflow_resumable.decorators.resumable",
+    "partitioned": "airflow_resumable.operators.partitioned",
 }
 
 if TYPE_CHECKING:
     from airflow_resumable.decorators.resumable import resumable_task
     from airflow_resumable.hooks.resumable import ResumableHook
+    from airflow_resumable.operators.partitioned import partitioned
     from airflow_resumable.operators.resumable import ChunkedOperator, ResumableOperator
 
 
@@ -59,5 +61,5 @@ __all__ = [
     "Cancelled", "Checkpoint", "ChunkedOperator", "ConfigurationError", "CorruptCheckpoint",
     "InvalidCheckpoint", "LeaseBusy", "LeaseLost", "Reason", "ResumableError", "ResumableHook",
     "ResumableOperator", "RunContext", "SchemaVersionError", "Signal", "SkipLimitExceeded", "Status", "StoreUnavailable",
-    "resumable_task", "__version__",
+    "partitioned", "resumable_task", "__version__",
 ]

@@ -429,14 +429,6 @@ def test_the_open_tab_follows_a_mark_failed_and_a_clear_without_a_reload(env: En
                                        "clear_to_tab_try_2_running_past_the_stop": round(running_after, 2)})
 
 
-#: The endpoint "Retry skipped items" calls (the skipped items' replay on request).
-RETRY_SKIPPED = "retry_skipped" in (ROOT / "airflow_resumable" / "plugins" / "api.py").read_text() or \
-    "retry_skipped" in (ROOT / "airflow_resumable" / "core" / "rules.py").read_text()
-
-
-@pytest.mark.xfail(not RETRY_SKIPPED, strict=False,
-                   reason="POST /resumable/api/v1/checkpoint/retry_skipped and the slot's skipped_items are not on "
-                          "this branch yet")
 def test_the_tab_lists_skipped_items_and_retries_them(env: Env, browser: Any, shots: Path) -> None:
     from selenium.webdriver.common.by import By
 
@@ -498,13 +490,8 @@ def test_the_rest_api_of_a_real_api_server_applies_airflow_auth(env: Env) -> Non
 
 
 #: The jobs summary and its re-run ("redo only what failed"), and the overlap skip's answer.
-JOBS_SUMMARY = "rerun_failed" in (ROOT / "airflow_resumable" / "plugins" / "api.py").read_text()
-OVERLAP_ANSWER = "yielded_to" in (ROOT / "airflow_resumable" / "plugins" / "api.py").read_text()
 
 
-@pytest.mark.xfail(not JOBS_SUMMARY, strict=False,
-                   reason="GET /resumable/api/v1/jobs and POST /resumable/api/v1/jobs/rerun_failed are not on this "
-                          "branch yet")
 def test_the_jobs_page_counts_a_mapped_jobs_partitions_and_re_runs_the_failed_ones(
     env: Env, browser: Any, shots: Path
 ) -> None:
@@ -540,8 +527,6 @@ def test_the_jobs_page_counts_a_mapped_jobs_partitions_and_re_runs_the_failed_on
     assert env.api.get(f"/dags/ui_parts/dagRuns/{run_id}/taskInstances/part/0")["try_number"] == 1
 
 
-@pytest.mark.xfail(not OVERLAP_ANSWER, strict=False,
-                   reason="the task-instance answer's overlap (policy, yielded_to) is not on this branch yet")
 def test_the_tab_of_a_run_the_overlap_policy_skipped_names_the_run_it_yielded_to(
     env: Env, browser: Any, shots: Path
 ) -> None:
