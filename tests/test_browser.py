@@ -291,7 +291,9 @@ def test_the_readme_tour_the_tab_follows_a_run_live_pauses_resumes_and_the_jobs_
     until(lambda: frame_text(driver, "#status").startswith("done") or None, timeout=30, what="the tab to say done",
           on_timeout=lambda: f"row: {env.row(run_id)}\npage: {driver.find_element(By.TAG_NAME, 'body').text}\n"
                              f"{env.airflow.task_log(DAG_ID, run_id, TASK_ID, 1)[-3000:]}")
-    assert "watching the task instance" in frame_text(driver, "#refreshed")
+    # the tab's next refresh after the end says it now watches the task instance (for a new try or a Clear)
+    until(lambda: "watching the task instance" in frame_text(driver, "#refreshed") or None, timeout=30,
+          what="the tab to say it watches the task instance")
     history = frame_text(driver, "#history")
     assert "pause_requested" in history and "resume_requested" in history and "admin" in history
     # Times as Airflow shows them: 24 h, in the UI's chosen time zone
@@ -521,7 +523,8 @@ def test_the_jobs_page_counts_a_mapped_jobs_partitions_and_re_runs_the_failed_on
     line.find_element(By.CSS_SELECTOR, "button.rerun-failed").click()
     until(lambda: driver.find_element(By.ID, "confirm"), timeout=10, what="the confirmation").click()
     # Then partition 1 alone is cleared, and its next try resumes it to done
-    assert "1" in until(lambda: frame_text(driver, "#rerun-result") or None, timeout=30, what="the re-run's answer")
+    assert "1" in until(lambda: frame_text(driver, "#rerun-result") or None, timeout=90, what="the re-run's answer",
+                        on_timeout=lambda: f"page: {driver.find_element(By.TAG_NAME, 'body').text}")
     wait_for(lambda: env.api.get(f"/dags/ui_parts/dagRuns/{run_id}/taskInstances/part/1")["try_number"] == 2,
              timeout=120, interval=0.5, what="partition 1's second try")
     assert env.api.get(f"/dags/ui_parts/dagRuns/{run_id}/taskInstances/part/0")["try_number"] == 1
