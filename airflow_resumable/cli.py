@@ -1,5 +1,7 @@
 """The command line: schema administration for those who run DDL by hand or deny it to workers,
-and retention (``clean``: remove finished slots past a given age)."""
+and retention (``clean``: remove finished slots past a given age); with Airflow installed, also the
+``airflow resumable`` group's other commands (``list``, ``show``, ``pause``...), the way to run them
+on an Airflow without provider CLI commands (3.1)."""
 
 from __future__ import annotations
 
@@ -81,6 +83,30 @@ def _where(command: argparse.ArgumentParser) -> None:
     where.add_argument("--url", help="a database URL instead of an Airflow connection")
 
 
+def _steering_commands(sub: argparse._SubParsersAction, parser: argparse.ArgumentParser) -> set[str]:
+    """The ``airflow resumable`` group's other commands (list, show, history, pause, ...) under this
+    command line too, from the same definitions: on an Airflow without provider CLI commands (3.1)
+    this is where they are. None without Airflow (migrate and clean take ``--url`` then)."""
+    try:
+        from airflow_resumable.commands import get_cli_commands
+        from airflow_resumable.version_compat import needs, supports
+    except ImportError:
+        return set()
+    feature = "airflow resumable ... (provider CLI commands)"
+    if not supports(feature):
+        parser.epilog = f"{needs(feature)}; list, show, history, pause, resume, cancel, restart and release are here."
+    names = set()
+    for command in get_cli_commands()[0].subcommands:
+        if command.name in sub.choices:  # migrate and clean: this module's own, with --url
+            continue
+        each = sub.add_parser(command.name, help=command.help, description=getattr(command, "description", None))
+        for arg in command.args:
+            arg.add_to_parser(each)
+        each.set_defaults(func=command.func)
+        names.add(command.name)
+    return names
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m airflow_resumable", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -101,7 +127,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     c.add_argument("--dry-run", action="store_true", help="count what would be removed, change nothing")
     c.add_argument("--batch", type=whole_number(1, MAX_BATCH), default=defaults.CLEAN_BATCH,
                    help=f"slots per transaction, 1 to {MAX_BATCH:,} (default: %(default)s)")
+    steering = _steering_commands(sub, parser)
     args = parser.parse_args(argv)
+    if args.command in steering:
+        args.func(args)  # exits 1, saying why, when the request is refused
+        return 0
     try:
         store = _store(args)
         with store.open() as session:

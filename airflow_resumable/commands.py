@@ -24,12 +24,11 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from airflow.cli.cli_config import ARG_OUTPUT, ActionCommand, Arg, GroupCommand, lazy_load_command
-
 from airflow_resumable.cli import MAX_AGE_DAYS, MAX_BATCH, MAX_LIMIT, duration, whole_number
 from airflow_resumable.core.defaults import CONN_ID
 from airflow_resumable.core.rules import Action, forceable, taken_when
 from airflow_resumable.core.states import Status
+from airflow_resumable.version_compat import ARG_OUTPUT, ActionCommand, Arg, GroupCommand, lazy_load_command
 
 _HERE = __name__
 
@@ -226,6 +225,6 @@ def _print(data: Sequence[Any] | dict[str, Any], output: str) -> None:
     if output == "json":  # plain JSON on stdout, for scripts (no colours, no wrapping)
         print(json.dumps(data, default=str))
         return
-    from airflow.cli.simple_table import AirflowConsole
+    from airflow_resumable.version_compat import AirflowConsole
 
     AirflowConsole().print_as(data=list(data), output=output)

@@ -46,8 +46,10 @@ from airflow_resumable.version_compat import (
     Context,
     built_from_mapped,
     conf,
+    needs,
     serde_deserialize,
     serde_serialize,
+    supports,
 )
 
 # Their import paths from before the split, kept.
@@ -114,6 +116,10 @@ class ResumableOperator(BaseOperator):
         handler_kwargs: Mapping[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
+        if kwargs.get("retry_policy") is not None and not supports("retry_policy="):
+            # Airflow before 3.3 would refuse it as an unknown argument, without saying why.
+            raise configuration_error(str(kwargs.get("task_id")), [needs("retry_policy=")],
+                                      hint="Nothing was run or written")
         super().__init__(**kwargs)
         # Each declared argument is a parameter of this signature (a test checks): stored under its name.
         given = locals()
@@ -278,7 +284,7 @@ class ResumableOperator(BaseOperator):
     def _to_airflow(self, exc: BaseException, context: Context, job: str, slot: str) -> BaseException | None:
         """The Airflow exception for ``exc`` (None: raise it unchanged), combining the outcome
         table with the task's ``retry_policy`` (see :mod:`airflow_resumable.operators.outcome`)."""
-        policy = self.retry_policy
+        policy = getattr(self, "retry_policy", None)  # Airflow 3.3 and later
         if policy is not None and not isinstance(policy, CombinedRetryPolicy):
             # Airflow asks the task's policy once execute() raised: it must see the decision taken
             # here, not judge our Airflow exception afresh.
