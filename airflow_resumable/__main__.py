@@ -9,4 +9,9 @@
 
 from airflow_resumable.cli import main
 
-raise SystemExit(main())
+try:  # with Airflow: the `airflow resumable` group's other commands too
+    from airflow_resumable.commands import add_to_module_cli as more
+except ImportError:  # without: migrate and clean, on a database URL
+    more = None  # type: ignore[assignment]
+
+raise SystemExit(main(more=more))

@@ -10,6 +10,7 @@ import math
 import re
 import sys
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from airflow_resumable.core import defaults
 from airflow_resumable.core.errors import ResumableError
@@ -83,31 +84,9 @@ def _where(command: argparse.ArgumentParser) -> None:
     where.add_argument("--url", help="a database URL instead of an Airflow connection")
 
 
-def _steering_commands(sub: argparse._SubParsersAction, parser: argparse.ArgumentParser) -> set[str]:
-    """The ``airflow resumable`` group's other commands (list, show, history, pause, ...) under this
-    command line too, from the same definitions: on an Airflow without provider CLI commands (3.1)
-    this is where they are. None without Airflow (migrate and clean take ``--url`` then)."""
-    try:
-        from airflow_resumable.commands import get_cli_commands
-        from airflow_resumable.version_compat import needs, supports
-    except ImportError:
-        return set()
-    feature = "airflow resumable ... (provider CLI commands)"
-    if not supports(feature):
-        parser.epilog = f"{needs(feature)}; list, show, history, pause, resume, cancel, restart and release are here."
-    names = set()
-    for command in get_cli_commands()[0].subcommands:
-        if command.name in sub.choices:  # migrate and clean: this module's own, with --url
-            continue
-        each = sub.add_parser(command.name, help=command.help, description=getattr(command, "description", None))
-        for arg in command.args:
-            arg.add_to_parser(each)
-        each.set_defaults(func=command.func)
-        names.add(command.name)
-    return names
-
-
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, *,
+         more: Callable[[Any, argparse.ArgumentParser], set[str]] | None = None) -> int:
+    """Run the command line; ``more`` adds commands of its own to the subparsers (their names)."""
     parser = argparse.ArgumentParser(prog="python -m airflow_resumable", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     m = sub.add_parser("migrate", help=f"bring a checkpoint database to schema {SCHEMA_VERSION}")
@@ -127,7 +106,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     c.add_argument("--dry-run", action="store_true", help="count what would be removed, change nothing")
     c.add_argument("--batch", type=whole_number(1, MAX_BATCH), default=defaults.CLEAN_BATCH,
                    help=f"slots per transaction, 1 to {MAX_BATCH:,} (default: %(default)s)")
-    steering = _steering_commands(sub, parser)
+    steering = more(sub, parser) if more is not None else set()
     args = parser.parse_args(argv)
     if args.command in steering:
         args.func(args)  # exits 1, saying why, when the request is refused

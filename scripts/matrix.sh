@@ -38,12 +38,12 @@ for cell in "${cells[@]}"; do
   python="${cell##*-py}" airflow="${cell#airflow-}" airflow="${airflow%%-py*}"
   start=$SECONDS
   if [ ! -f "$file" ]; then
-    rows+=("$cell|$airflow|$python|no constraints file $file|0|0") failed=1
+    rows+=("$cell|$airflow|$python|FAILED: no constraints file $file|0|0") failed=1 total_failed=$((total_failed + 1))
     continue
   fi
   if ! interpreter="$(python3 scripts/constraints.py --interpreter "$python" 2>&1)"; then
     echo "$cell: $interpreter" >&2
-    rows+=("$cell|$airflow|$python|FAILED: $interpreter|0|0") failed=1
+    rows+=("$cell|$airflow|$python|FAILED: $interpreter|0|0") failed=1 total_failed=$((total_failed + 1))
     continue
   fi
   echo "== $cell: $interpreter, $file"
@@ -60,6 +60,7 @@ for cell in "${cells[@]}"; do
     if [ "$code" -ne 0 ]; then
       grep -v "^WARNING: Location" "$log" | tail -n 20 >&2
       rows+=("$cell|$airflow|$python|FAILED: the install (see $log)|$((SECONDS - start))|0") failed=1
+      total_failed=$((total_failed + 1))
       continue
     fi
     touch "$venv/.installed"
