@@ -194,7 +194,9 @@ def test_a_missing_python_is_named_with_where_it_was_looked_for(tmp_path: Path) 
 
 
 def test_the_matrix_fails_a_pair_whose_python_is_missing_naming_the_interpreter(tmp_path: Path) -> None:
-    env = {**os.environ, "PYENV_ROOT": str(tmp_path), "CELLS": "airflow-3.3-py3.12", "TEST_LOGS": str(tmp_path)}
+    # python3 from this venv: pyenv's own shim would look for its interpreters under PYENV_ROOT too.
+    env = {**os.environ, "PYENV_ROOT": str(tmp_path), "CELLS": "airflow-3.3-py3.12", "TEST_LOGS": str(tmp_path),
+           "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"}
     result = subprocess.run(["bash", str(ROOT / "scripts" / "matrix.sh")], capture_output=True, text=True, env=env,
                             timeout=120)
     assert result.returncode == 1
