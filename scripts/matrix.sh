@@ -37,6 +37,7 @@ for cell in "${cells[@]}"; do
   file="constraints/$cell.txt" venv=".venvs/$cell" log="$LOGS/matrix-$cell.log"
   python="${cell##*-py}" airflow="${cell#airflow-}" airflow="${airflow%%-py*}"
   start=$SECONDS
+  : >"$log"
   if [ ! -f "$file" ]; then
     rows+=("$cell|$airflow|$python|FAILED: no constraints file $file|0|0") failed=1 total_failed=$((total_failed + 1))
     continue
@@ -53,7 +54,7 @@ for cell in "${cells[@]}"; do
       "$interpreter" -m venv "$venv" &&
       "$venv/bin/python" -m pip install --quiet --progress-bar off "$PIP" &&
       "$venv/bin/python" -m pip install --quiet --progress-bar off -c "$file" -e ".[test,lint]"
-    } >"$log" 2>&1
+    } >>"$log" 2>&1
     code=$?
     # As the Makefile does: an egg-info here would declare every entry point a second time.
     rm -rf airflow_resumable.egg-info
@@ -66,6 +67,7 @@ for cell in "${cells[@]}"; do
     touch "$venv/.installed"
   fi
   setup=$((SECONDS - start))
+  rm -rf airflow_resumable.egg-info  # whoever left one (an editable build elsewhere): see the install above
   versions="$("$venv/bin/python" -c 'import platform, airflow; print(airflow.__version__, platform.python_version())' 2>/dev/null)"
   airflow="${versions% *}" python="${versions#* }"
   start=$SECONDS
