@@ -1,5 +1,7 @@
 """The command line: schema administration for those who run DDL by hand or deny it to workers,
-and retention (``clean``: remove finished slots past a given age)."""
+and retention (``clean``: remove finished slots past a given age); with Airflow installed, also the
+``airflow resumable`` group's other commands (``list``, ``show``, ``pause``...), the way to run them
+on an Airflow without provider CLI commands (3.1)."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import os
 import re
 import sys
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from airflow_resumable.core import defaults
 from airflow_resumable.core.errors import ResumableError
@@ -84,7 +87,9 @@ def _where(command: argparse.ArgumentParser) -> None:
     where.add_argument("--url", help="a database URL instead of an Airflow connection")
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, *,
+         more: Callable[[Any, argparse.ArgumentParser], set[str]] | None = None) -> int:
+    """Run the command line; ``more`` adds commands of its own to the subparsers (their names)."""
     parser = argparse.ArgumentParser(prog="python -m airflow_resumable", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     m = sub.add_parser("migrate", help=f"bring a checkpoint database to schema {SCHEMA_VERSION}")
@@ -104,7 +109,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     c.add_argument("--dry-run", action="store_true", help="count what would be removed, change nothing")
     c.add_argument("--batch", type=whole_number(1, MAX_BATCH), default=defaults.CLEAN_BATCH,
                    help=f"slots per transaction, 1 to {MAX_BATCH:,} (default: %(default)s)")
+    steering = more(sub, parser) if more is not None else set()
     args = parser.parse_args(argv)
+    if args.command in steering:
+        args.func(args)  # exits 1, saying why, when the request is refused
+        return 0
     try:
         store = _store(args)
         with store.open() as session:

@@ -27,12 +27,19 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from airflow.cli.cli_config import ARG_OUTPUT, ActionCommand, Arg, GroupCommand, lazy_load_command
-
 from airflow_resumable.cli import MAX_AGE_DAYS, MAX_BATCH, MAX_LIMIT, duration, whole_number
 from airflow_resumable.core.defaults import CONN_ID
 from airflow_resumable.core.rules import Action, forceable, taken_when
 from airflow_resumable.core.states import Status
+from airflow_resumable.version_compat import (
+    ARG_OUTPUT,
+    ActionCommand,
+    Arg,
+    GroupCommand,
+    lazy_load_command,
+    needs,
+    supports,
+)
 
 _HERE = __name__
 
@@ -133,6 +140,25 @@ def get_cli_commands() -> list[GroupCommand]:
             ],
         )
     ]
+
+
+def add_to_module_cli(sub: Any, parser: argparse.ArgumentParser) -> set[str]:
+    """The group's commands that ``python -m airflow_resumable`` lacks (list, show, history, pause...),
+    added to its subparsers ``sub`` from the same definitions; their names. On an Airflow without
+    provider CLI commands (3.1) that command line is where they are, and its help says so."""
+    feature = "airflow resumable ... (provider CLI commands)"
+    if not supports(feature):
+        parser.epilog = f"{needs(feature)}; list, show, history, pause, resume, cancel, restart and release are here."
+    names = set()
+    for command in get_cli_commands()[0].subcommands:
+        if command.name in sub.choices:  # migrate and clean: the module's own, which also take --url
+            continue
+        each = sub.add_parser(command.name, help=command.help, description=command.description)
+        for arg in command.args:
+            arg.add_to_parser(each)
+        each.set_defaults(func=command.func)
+        names.add(command.name)
+    return names
 
 
 # -- the commands ---------------------------------------------------------------------------------
@@ -308,6 +334,6 @@ def _print(data: Sequence[Any] | dict[str, Any], output: str) -> None:
     if output == "json":  # plain JSON on stdout, for scripts (no colours, no wrapping)
         print(json.dumps(data, default=str))
         return
-    from airflow.cli.simple_table import AirflowConsole
+    from airflow_resumable.version_compat import AirflowConsole
 
     AirflowConsole().print_as(data=list(data), output=output)

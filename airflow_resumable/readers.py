@@ -94,7 +94,7 @@ class _OpenPath:
         self.path, self.conn_id = path, conn_id
 
     def __call__(self) -> BinaryIO:
-        from airflow.sdk import ObjectStoragePath
+        from airflow_resumable.version_compat import ObjectStoragePath
 
         path = self.path if isinstance(self.path, ObjectStoragePath) else ObjectStoragePath(
             str(self.path), conn_id=self.conn_id)

@@ -59,8 +59,9 @@ from contextlib import closing
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
+# The exceptions from where Airflow 3.1 to 3.3 all have them (the common-compat provider comes with Airflow).
+from airflow.providers.common.compat.sdk import AirflowFailException, AirflowNotFoundException
 from airflow.sdk import DAG, BaseHook, Param, task
-from airflow.sdk.exceptions import AirflowFailException, AirflowNotFoundException
 
 from airflow_resumable import ResumableOperator, RunContext
 from airflow_resumable.readers import KeysetReader

@@ -7,12 +7,12 @@
 #   PY           the interpreter with the release extra (default .venv/bin/python)
 #   DIST_DIR     where the artifacts go (default dist/); earlier artifacts there are removed first
 #   CONSTRAINTS  the pins for the build environment (make passes its CONSTRAINTS; default
-#                constraints-3.11.txt when it exists, else setuptools unpinned, said so)
+#                constraints/airflow-3.3-py3.11.txt when it exists, else setuptools unpinned, said so)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PY:-.venv/bin/python}"
 OUT="$(mkdir -p "${DIST_DIR:-dist}" && cd "${DIST_DIR:-dist}" && pwd)"
-CONSTRAINTS="${CONSTRAINTS:-constraints-3.11.txt}"
+CONSTRAINTS="${CONSTRAINTS:-constraints/airflow-3.3-py3.11.txt}"
 pins=()
 if [ -f "$CONSTRAINTS" ]; then
   pins=(--dependency-constraints-txt "$(realpath "$CONSTRAINTS")")

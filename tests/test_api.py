@@ -24,6 +24,7 @@ from airflow_resumable.core import Attempt, Options, PostgresStore, SQLiteStore,
 from airflow_resumable.core.checkpoint import Origin
 from airflow_resumable.plugins.api import EXAMPLE
 from devtools.postgres import dsn
+from support import plugins
 from support.slots import SLOT, run_slot
 from support.stores import empty_store
 
@@ -55,19 +56,16 @@ def app(airflow_home: Path, store: Store) -> Iterator[Any]:
     mp.setenv("AIRFLOW__RESUMABLE_TEST__DAG_ACCESS", "alice=dag_a")
     mp.setenv("AIRFLOW__RESUMABLE__API_CONN_IDS", FRESH)
     mp.setenv("AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE", str(airflow_home / "api-test-passwords.json"))
-    from airflow import plugins_manager
     from airflow.api_fastapi import app as api_app
 
     import airflow_resumable.plugins
 
     importlib.reload(airflow_resumable.plugins)  # its FastAPI app is built at import, now that the env says so
-    for cached in (plugins_manager._get_plugins, plugins_manager._get_ui_plugins, plugins_manager.get_fastapi_plugins):
-        cached.cache_clear()
+    plugins.forget()
     api_app.purge_cached_app()
     yield api_app.create_app()
     api_app.purge_cached_app()
-    for cached in (plugins_manager._get_plugins, plugins_manager._get_ui_plugins, plugins_manager.get_fastapi_plugins):
-        cached.cache_clear()
+    plugins.forget()
     mp.undo()
     importlib.reload(airflow_resumable.plugins)
 
@@ -410,7 +408,11 @@ def _python(code: str, **env: str) -> str:
 
 _REGISTERED = (
     "from airflow import plugins_manager\n"
-    "plugins, errors = plugins_manager._get_plugins()\n"
+    "if hasattr(plugins_manager, '_get_plugins'):  # Airflow 3.2 and later\n"
+    "    plugins, errors = plugins_manager._get_plugins()\n"
+    "else:  # 3.1\n"
+    "    plugins_manager.ensure_plugins_loaded()\n"
+    "    plugins, errors = plugins_manager.plugins, plugins_manager.import_errors\n"
     "ours = [p for p in plugins if p.name == 'resumable']\n"
     "print(len(ours), len(ours[0].fastapi_apps), sorted(errors))\n"
 )

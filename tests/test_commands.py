@@ -1,5 +1,7 @@
 """``airflow resumable ...``: each command through Airflow's own CLI parser (the provider's ``cli``
-entry), and one real ``airflow`` subprocess."""
+entry), and one real ``airflow`` subprocess; the same commands under ``python -m airflow_resumable``,
+which is where they are on an Airflow without provider CLI commands (3.1: there the Airflow parser's
+tests are skipped, saying so)."""
 
 from __future__ import annotations
 
@@ -14,10 +16,13 @@ from typing import Any
 import pytest
 
 from airflow_resumable.core import SQLiteStore, Store
+from airflow_resumable.version_compat import needs, supports
 from support.slots import SLOT, run_slot
 from support.stores import empty_store
 
 A, B = "dag_a.export", "dag_b.export"
+#: Airflow's parser has the group from Airflow 3.2 on (provider CLI commands).
+GROUP = "airflow resumable ... (provider CLI commands)"
 
 
 @pytest.fixture
@@ -41,6 +46,8 @@ def any_store(store_kind: str, tmp_path: Path, request: pytest.FixtureRequest, m
 
 @pytest.fixture(scope="module")
 def parser() -> Any:
+    if not supports(GROUP):
+        pytest.skip(needs(GROUP))
     from airflow.cli import cli_parser
 
     return cli_parser.get_parser()
@@ -131,6 +138,7 @@ def test_a_missing_connection_says_how_to_configure_it(store: Store, parser: Any
     assert code == 1 and "AIRFLOW_CONN_NO_SUCH_CONN" in err
 
 
+@pytest.mark.skipif(not supports(GROUP), reason=needs(GROUP))
 def test_the_airflow_command_line_has_the_group(store: Store, airflow_home: Path) -> None:
     airflow = Path(sys.executable).parent / "airflow"
     result = subprocess.run([str(airflow), "resumable", "list", "--output", "json"], capture_output=True, text=True,
@@ -241,3 +249,51 @@ def test_a_connection_kept_in_the_metadata_database_is_found(
             session.query(Connection).filter(Connection.conn_id == conn_id).delete()
     assert code == 0, err
     assert A in out if argv[1] == "list" else "schema" in out
+
+
+# -- python -m airflow_resumable: the same commands, on every supported Airflow ---------------------
+
+
+def module_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    """Run ``python -m airflow_resumable <argv>`` in this process: (exit status, stdout, stderr)."""
+    from airflow_resumable.cli import main
+    from airflow_resumable.commands import add_to_module_cli
+
+    try:
+        code = main(list(argv), more=add_to_module_cli)
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_python_m_airflow_resumable_lists_shows_and_steers_slots_as_airflow_resumable_does(
+    store: Store, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Given two slots in the default connection's store
+    # When they are listed, one is shown and paused, and a finished one is cancelled
+    code, out, _ = module_cli(capsys, "list", "--output", "json")
+    # Then the module's command line answers as the Airflow group does, from the same definitions
+    assert code == 0 and [r["job"] for r in json.loads(out)] == [B, A]
+    code, out, _ = module_cli(capsys, "show", A, SLOT, "--output", "json")
+    assert code == 0 and json.loads(out)["status"] == "failed"
+    code, out, _ = module_cli(capsys, "pause", A, SLOT, "--by", "carol", "--output", "json")
+    assert code == 0 and (json.loads(out)["request"], json.loads(out)["requested_by"]) == ("pause", "carol")
+    code, _, err = module_cli(capsys, "cancel", B, SLOT)
+    assert code == 1 and "the slot finished (done): there is nothing to cancel" in err
+
+
+def test_python_m_airflow_resumable_runs_the_commands_in_a_real_process(store: Store, airflow_home: Path) -> None:
+    result = subprocess.run([sys.executable, "-m", "airflow_resumable", "list", "--output", "json"],
+                            capture_output=True, text=True, env=os.environ.copy(), timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert [r["job"] for r in json.loads(result.stdout.strip().splitlines()[-1])] == [B, A]
+
+
+@pytest.mark.skipif(supports(GROUP), reason="this Airflow's own command line has the group")
+def test_on_an_airflow_without_provider_commands_the_help_says_where_they_are(
+    capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, _ = module_cli(capsys, "--help")
+    text = " ".join(out.split())
+    assert code == 0 and "needs Airflow 3.2 or later" in text and "python -m airflow_resumable" in text

@@ -160,7 +160,7 @@ def artifacts(tmp_path_factory: pytest.TempPathFactory) -> Artifacts:
     """``make dist``'s recipe run with this interpreter into a temporary folder."""
     missing = [m for m in ("build", "twine") if subprocess.run([sys.executable, "-c", f"import {m}"]).returncode]
     if missing:
-        pytest.fail(f"{', '.join(missing)} not installed: pip install -c constraints-3.11.txt -e '.[release]' "
+        pytest.fail(f"{', '.join(missing)} not installed: pip install -c constraints/airflow-3.3-py3.11.txt -e '.[release]' "
                     "(make venv installs the release extra)", pytrace=False)
     out = tmp_path_factory.mktemp("dist")
     egg_info = ROOT / "airflow_resumable.egg-info"

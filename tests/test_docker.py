@@ -32,7 +32,7 @@ DOCKER = ROOT / "docker"
 COMPOSE_FILE = DOCKER / "docker-compose.yml"
 DOCKERFILE = DOCKER / "Dockerfile"
 DOCKERIGNORE = DOCKER / "Dockerfile.dockerignore"
-CONSTRAINTS = ROOT / "constraints-3.11.txt"
+CONSTRAINTS = ROOT / "constraints" / "airflow-3.3-py3.11.txt"
 
 POSTGRES = "postgres"
 INIT = "airflow-init"
@@ -44,7 +44,7 @@ AIRFLOW_SERVICES = (INIT, API_SERVER, SCHEDULER, DAG_PROCESSOR, TRIGGERER)
 LONG_RUNNING = (API_SERVER, SCHEDULER, DAG_PROCESSOR, TRIGGERER)
 AIRFLOW_HOME = PurePosixPath("/opt/airflow")  # the official image's AIRFLOW_HOME
 
-_INSTALL_HINT = "install the test extra: make test (or .venv/bin/pip install -c constraints-3.11.txt -e '.[test]')"
+_INSTALL_HINT = "install the test extra: make test (or .venv/bin/pip install -c constraints/airflow-3.3-py3.11.txt -e '.[test]')"
 
 
 # -- the tools --------------------------------------------------------------------------------------
@@ -321,7 +321,7 @@ def test_the_image_is_the_official_airflow_image_of_the_constraints(instructions
     airflow_version, python_version = match.groups()
     assert airflow_version.startswith("3.3.")
     assert airflow_version == _constraint_pin("apache-airflow")
-    assert CONSTRAINTS.name == f"constraints-{python_version}.txt"
+    assert CONSTRAINTS.name == f"airflow-{airflow_version.rsplit('.', 1)[0]}-py{python_version}.txt"
 
 
 def test_the_package_is_installed_by_the_airflow_user_with_the_constraints(instructions: list[Any]) -> None:
@@ -330,7 +330,7 @@ def test_the_package_is_installed_by_the_airflow_user_with_the_constraints(instr
     (words,) = installs
     constraints = [words[i + 1] for i, w in enumerate(words) if w in ("-c", "--constraint")]
     constraints += [w.split("=", 1)[1] for w in words if w.startswith("--constraint=")]
-    assert constraints == [str(_copied_to(instructions, CONSTRAINTS.name))]
+    assert constraints == [str(_copied_to(instructions, str(CONSTRAINTS.relative_to(ROOT))))]
 
     package = str(_copied_to(instructions, "setup.cfg").parent)
     assert f"{package}[postgres]" in words or package in words

@@ -184,6 +184,7 @@ def test_the_benchmark_plots_are_drawn_from_the_results() -> None:
         assert f"(bench/{name})" in page("benchmarks.md"), name
 
 
+@pytest.mark.site
 @pytest.mark.timeout(300)
 def test_the_site_builds_with_no_warning(tmp_path: Path) -> None:
     """``make docs``: MkDocs in strict mode (a warning fails the build: a broken link or anchor, a

@@ -62,14 +62,31 @@ class StatsD:
 
 @pytest.fixture
 def statsd(monkeypatch: pytest.MonkeyPatch) -> Iterator[StatsD]:
-    from airflow.sdk._shared.observability.metrics import stats
-    from airflow.sdk.observability.metrics import stats_utils
+    from airflow_resumable.version_compat import AIRFLOW_V_3_2_PLUS
 
     server = StatsD()
     monkeypatch.setenv("AIRFLOW__METRICS__STATSD_ON", "True")
     monkeypatch.setenv("AIRFLOW__METRICS__STATSD_HOST", "127.0.0.1")
     monkeypatch.setenv("AIRFLOW__METRICS__STATSD_PORT", str(server.port))
     monkeypatch.setenv("AIRFLOW__METRICS__STATSD_PREFIX", "airflow")
+    if not AIRFLOW_V_3_2_PLUS:  # Airflow 3.1: airflow.stats builds its backend from the settings on first use
+        from airflow import stats as legacy
+        from airflow.metrics import statsd_logger
+
+        factory = legacy._Stats.__dict__.get("factory")
+        legacy._Stats.factory = statsd_logger.get_statsd_logger
+        legacy.Stats.instance = None
+        try:
+            yield server
+        finally:
+            if factory is not None:
+                legacy._Stats.factory = factory
+            legacy.Stats.instance = None
+            server.close()
+        return
+    from airflow.sdk._shared.observability.metrics import stats
+    from airflow.sdk.observability.metrics import stats_utils
+
     stats.initialize(factory=stats_utils.get_stats_factory(), export_legacy_names=False)  # as the task runner does
     stats._backend = None  # built on first use, from the settings above
     try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -25,6 +26,15 @@ def test_no_core_module_mentions_airflow_imports() -> None:
     for path in (ROOT / "airflow_resumable" / "core").rglob("*.py"):
         text = path.read_text()
         assert "import airflow" not in text and "from airflow " not in text and "from airflow." not in text, path
+
+
+def test_airflow_is_imported_in_version_compat_only() -> None:
+    """Every Airflow name the package uses comes through version_compat, which imports it from where
+    the installed Airflow (3.1, 3.2 or 3.3) keeps it: an Airflow that moves a name breaks one module."""
+    imports = re.compile(r"^\s*(from airflow[. ]|import airflow\b)", re.M)
+    leaks = [str(path.relative_to(ROOT)) for path in (ROOT / "airflow_resumable").rglob("*.py")
+             if path.name != "version_compat.py" and imports.search(path.read_text())]
+    assert not leaks, leaks
 
 
 def test_private_airflow_names_are_used_in_version_compat_only() -> None:

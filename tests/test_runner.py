@@ -898,3 +898,17 @@ def test_an_attempt_takes_an_identity_and_hooks_or_their_fields_as_keywords_but_
         Attempt(store, identity, jobs=JOB)  # type: ignore[call-arg]
     with pytest.raises(TypeError, match="needs an Identity"):
         Attempt(store, job=JOB)
+
+
+def test_the_nesting_limit_is_ours_the_same_on_every_python() -> None:
+    """600 levels: within Python 3.11's recursion limit and 3.13's parser, refused on both (a value
+    one worker stores, every worker must read back); 500 levels are kept."""
+    from airflow_resumable.core.checkpoint import MAX_DEPTH, decode, encode
+    from airflow_resumable.core.errors import CorruptCheckpoint
+
+    with pytest.raises(InvalidCheckpoint, match=f"more than {MAX_DEPTH} levels"):
+        encode(_nested(MAX_DEPTH + 100), what="position", job=JOB, slot=SLOT)
+    assert decode(encode(_nested(MAX_DEPTH - 1), what="position", job=JOB, slot=SLOT), what="position", job=JOB,
+                  slot=SLOT) == _nested(MAX_DEPTH - 1)
+    with pytest.raises(CorruptCheckpoint, match=f"nested more than {MAX_DEPTH} levels"):
+        decode("[" * 600 + "]" * 600, what="position", job=JOB, slot=SLOT)

@@ -220,6 +220,29 @@ class DeadLetter:
 ENCODER = json.JSONEncoder(allow_nan=False, separators=(",", ":"))
 
 
+#: The deepest nesting of lists and dicts a stored value may have. Python up to 3.12 cannot write or
+#: read JSON much deeper than its recursion limit (1,000); 3.13's encoder and parser can. One limit,
+#: the same on every Python, so a value one worker stores every other can read back.
+MAX_DEPTH = 500
+
+
+def _depth_over(value: Any, text: str, limit: int = MAX_DEPTH) -> bool:
+    """Whether ``value`` (whose JSON is ``text``) nests lists or dicts deeper than ``limit``. Values
+    with fewer brackets than the limit cannot be that deep and are not walked (every checkpoint's)."""
+    if text.count("[") + text.count("{") <= limit:
+        return False
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > limit:
+            return True
+        if isinstance(item, dict):
+            stack.extend((v, depth + 1) for v in item.values() if isinstance(v, (list, dict)))
+        elif isinstance(item, list):
+            stack.extend((v, depth + 1) for v in item if isinstance(v, (list, dict)))
+    return False
+
+
 def encode(value: Any, *, what: str, job: str, slot: str) -> str:
     """Serialize a position or state to JSON text, or explain why it cannot be stored.
 
@@ -229,6 +252,8 @@ def encode(value: Any, *, what: str, job: str, slot: str) -> str:
     """
     try:
         text = ENCODER.encode(value)
+        if _depth_over(value, text):
+            raise RecursionError
     except (TypeError, ValueError, RecursionError) as exc:
         raise InvalidCheckpoint(
             f"the {what} {short(value)} cannot be stored as JSON ({_unstorable(exc)})",
@@ -251,8 +276,8 @@ def _unstorable(exc: BaseException) -> str:
     """Why the encoder refused a value, in our words: Python's own hints (``sys.set_int_max_str_digits``,
     the recursion limit) would only move the problem to the attempt that reads it back."""
     if isinstance(exc, RecursionError):
-        return (f"its lists or dicts are nested too deeply for JSON to write and read back (Python's recursion "
-                f"limit is {sys.getrecursionlimit()} levels); keep it flat")
+        return (f"its lists or dicts are nested too deeply for JSON to write and read back (more than "
+                f"{MAX_DEPTH} levels); keep it flat")
     if isinstance(exc, ValueError) and "integer string conversion" in str(exc):
         return (f"it holds an int of more than {sys.get_int_max_str_digits()} digits, longer than Python "
                 "converts to and from text; store it as a string")
@@ -269,6 +294,8 @@ def decode(text: str | None, *, what: str, job: str, slot: str, mapping: bool = 
         return None
     try:
         value = json.loads(text)
+        if _depth_over(value, text):
+            raise RecursionError(f"nested more than {MAX_DEPTH} levels deep")
     except (TypeError, ValueError, RecursionError) as exc:
         raise CorruptCheckpoint(
             f"the stored {what} {short(text)} is not valid JSON ({exc})",

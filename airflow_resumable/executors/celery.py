@@ -31,11 +31,11 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from airflow.providers.celery.executors.default_celery import DEFAULT_CELERY_CONFIG
 from celery.signals import worker_init, worker_shutdown, worker_shutting_down
 
 from airflow_resumable.core.lease import add_stop_source
 from airflow_resumable.core.signal import Reason
+from airflow_resumable.version_compat import DEFAULT_CELERY_CONFIG
 
 #: The environment variable that names this worker's drain flag file (inherited by its tasks).
 DRAIN_FILE_ENV = "AIRFLOW_RESUMABLE_DRAIN_FILE"

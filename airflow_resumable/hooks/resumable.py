@@ -86,7 +86,7 @@ def store_from_connection(conn: Any, *, job: str | None = None, slot: str | None
                                      hint=exc.hint) from None
     if conn_type in ("postgres", "postgresql"):
         try:
-            from airflow.providers.postgres.hooks.postgres import PostgresHook
+            from airflow_resumable.version_compat import PostgresHook
         except ImportError:
             raise ConfigurationError(
                 f"the PostgreSQL connection {conn.conn_id!r} needs Airflow's Postgres provider",

@@ -48,8 +48,10 @@ from airflow_resumable.version_compat import (
     Context,
     built_from_mapped,
     conf,
+    needs,
     serde_deserialize,
     serde_serialize,
+    supports,
 )
 
 # Their import paths from before the split, kept.
@@ -118,6 +120,10 @@ class ResumableOperator(BaseOperator):
         replay: Callable[..., Any] | None = None,
         **kwargs: Any,
     ) -> None:
+        if kwargs.get("retry_policy") is not None and not supports("retry_policy="):
+            # Airflow before 3.3 would refuse it as an unknown argument, without saying why.
+            raise configuration_error(str(kwargs.get("task_id")), [needs("retry_policy=")],
+                                      hint="Nothing was run or written")
         super().__init__(**kwargs)
         # Each declared argument is a parameter of this signature (a test checks): stored under its name.
         given = locals()
@@ -291,7 +297,7 @@ class ResumableOperator(BaseOperator):
     def _to_airflow(self, exc: BaseException, context: Context, job: str, slot: str) -> BaseException | None:
         """The Airflow exception for ``exc`` (None: raise it unchanged), combining the outcome
         table with the task's ``retry_policy`` (see :mod:`airflow_resumable.operators.outcome`)."""
-        policy = self.retry_policy
+        policy = getattr(self, "retry_policy", None)  # Airflow 3.3 and later
         if policy is not None and not isinstance(policy, CombinedRetryPolicy):
             # Airflow asks the task's policy once execute() raised: it must see the decision taken
             # here, not judge our Airflow exception afresh.

@@ -65,7 +65,7 @@ def entry_point_plugin() -> type[ResumablePlugin] | None:
     """What the ``airflow.plugins`` entry point gives: the plugin, unless the provider info loads
     it in this process (eager provider discovery), so that it is registered once."""
     try:
-        from airflow import settings
+        from airflow_resumable.version_compat import settings
 
         eager = not settings.LAZY_LOAD_PROVIDERS
     except Exception:  # an Airflow without the setting: the entry point is the only way in

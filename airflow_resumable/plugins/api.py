@@ -30,7 +30,6 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import urlencode
 
-from airflow.api_fastapi.core_api.security import GetUserDep
 from fastapi import Body, FastAPI, HTTPException, Query, Request, status
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
@@ -49,6 +48,7 @@ from airflow_resumable.core.errors import (
 from airflow_resumable.core.rules import Action
 from airflow_resumable.core.states import Status
 from airflow_resumable.core.view import ROW_LIMIT, cap_row, row_view
+from airflow_resumable.version_compat import GetUserDep
 
 STATIC = Path(__file__).parent / "static"
 
@@ -84,7 +84,7 @@ MapIndex = Annotated[int, Query(ge=-1, le=MAX_MAP_INDEX, description="the map in
 
 def default_conn_id() -> str:
     """``[resumable] conn_id`` in Airflow's configuration, else ``resumable_default``."""
-    from airflow.configuration import conf
+    from airflow_resumable.version_compat import core_conf as conf
 
     return conf.get("resumable", "conn_id", fallback=control.DEFAULT_CONN_ID) or control.DEFAULT_CONN_ID
 
@@ -92,7 +92,7 @@ def default_conn_id() -> str:
 def served_conn_ids() -> list[str]:
     """The stores this API serves: the default, then those listed in ``[resumable] api_conn_ids``
     (comma-separated)."""
-    from airflow.configuration import conf
+    from airflow_resumable.version_compat import core_conf as conf
 
     default = default_conn_id()
     listed = (c.strip() for c in conf.get("resumable", "api_conn_ids", fallback="").split(","))
@@ -394,9 +394,7 @@ def _status_of(exc: ResumableError) -> int:
 
 def _authorize(user: Any, dag_id: str | None, method: Literal["GET", "PUT"]) -> None:
     """403 unless the auth manager lets ``user`` read (GET) or edit (PUT) ``dag_id``'s task instances."""
-    from airflow.api_fastapi.app import get_auth_manager
-    from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity, DagDetails
-    from airflow.models.dag import DagModel
+    from airflow_resumable.version_compat import DagAccessEntity, DagDetails, DagModel, get_auth_manager
 
     details = DagDetails(id=dag_id, team_name=DagModel.get_team_name(dag_id)) if dag_id else None
     if not get_auth_manager().is_authorized_dag(method=method, access_entity=DagAccessEntity.TASK_INSTANCE,
@@ -409,8 +407,7 @@ def _authorize(user: Any, dag_id: str | None, method: Literal["GET", "PUT"]) -> 
 def _readable_dag_ids(user: Any, conn_id: str) -> set[str] | None:
     """The DAGs owning slots in the store whose task instances the user may read; None: all of
     them (and rows that name no DAG)."""
-    from airflow.api_fastapi.app import get_auth_manager
-    from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity, DagDetails
+    from airflow_resumable.version_compat import DagAccessEntity, DagDetails, get_auth_manager
 
     manager = get_auth_manager()
     if manager.is_authorized_dag(method="GET", access_entity=DagAccessEntity.TASK_INSTANCE, user=user):
