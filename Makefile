@@ -62,6 +62,12 @@ standalone: venv
 celery: venv
 	PYTHONPATH=$(CURDIR):$(CURDIR)/tests $(PY) -m support.celery_cluster
 
+## Chaos trials across network-namespace hosts (root, Redis, PostgreSQL): a table of faults and anomalies.
+## make chaos TRIALS=100; make chaos SEED=123 replays one trial; MINUTES=60 stops starting new ones.
+TRIALS ?= 100
+chaos: venv
+	PYTHONPATH=$(CURDIR):$(CURDIR)/tests $(PY) -m support.chaos --trials $(TRIALS) $(if $(SEED),--seed $(SEED)) $(if $(MINUTES),--minutes $(MINUTES))
+
 ## Benchmarks: ratios measured side by side, each with its target.
 bench: venv
 	$(PY) -m bench
