@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 CONSTRAINTS := constraints-3.11.txt
 DEMO_HOME := $(CURDIR)/.airflow-home
 
-.PHONY: demo test fast lint docs docs-serve bench standalone celery venv clean browser-deps screenshots
+.PHONY: demo test fast lint docs docs-serve bench chaos standalone celery venv clean browser-deps screenshots
 
 $(VENV)/.installed: setup.cfg pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)

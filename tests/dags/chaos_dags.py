@@ -159,3 +159,40 @@ with _dag("chaos_pipelined"):
 with _dag("chaos_skip"):
     ChunkedOperator(task_id="work", read=read_numbers, process=process_numbers, chunk_size=4,
                     position=lambda item: item, skip_on=ValueError, skip_limit=50, handler_kwargs=KWARGS, **COMMON)
+
+
+def pod_items(ctx: RunContext, *, items: Any, chunk: Any, delay: Any) -> dict[str, Any]:
+    """The upsert sink's items, each item ``delay`` seconds of work that does not look at the signal:
+    the attempt stops only at a checkpoint, so a stop takes up to one chunk (``chunk * delay``)."""
+    import time
+
+    items, chunk, delay = int(items), int(chunk), float(delay)
+    token, runs = attempt_token(ctx)
+    conn = _connect()
+    nxt = 0 if ctx.position is None else int(ctx.position)
+    try:
+        while nxt < items:
+            batch = list(range(nxt, min(nxt + chunk, items)))
+            for item in batch:
+                time.sleep(delay)  # uninterruptible work (a library call, a query)
+                conn.cursor().execute(
+                    "WITH log AS (INSERT INTO chaos_plain_log (job, slot, item, attempt, token, runs, pid) "
+                    "VALUES (%(job)s, %(slot)s, %(item)s, %(attempt)s, %(token)s, %(runs)s, %(pid)s)) "
+                    "INSERT INTO chaos_upsert (job, slot, item, attempt) VALUES (%(job)s, %(slot)s, %(item)s, "
+                    "%(attempt)s) ON CONFLICT (job, slot, item) DO UPDATE SET attempt = EXCLUDED.attempt",
+                    {"job": ctx.job, "slot": ctx.slot, "item": item, "attempt": ctx.attempt, "token": token,
+                     "runs": runs, "pid": os.getpid()},
+                )
+            nxt = batch[-1] + 1
+            ctx.checkpoint(nxt, processed=ctx.processed + len(batch), total=items)
+    finally:
+        conn.close()
+    return {"items": items, "attempt": ctx.attempt}
+
+
+# tests/test_kubernetes_eviction.py: the queue ``pod`` has no worker; the test takes each of its
+# task messages and runs it as the KubernetesExecutor's pod would, on a host of its own. The queue
+# ``podworker`` is a Celery worker started under dumb-init on such a host.
+for _queue in ("pod", "podworker"):
+    with _dag(f"chaos_{_queue}"):
+        ResumableOperator(task_id="work", handler=pod_items, handler_kwargs=KWARGS, queue=_queue, **COMMON)

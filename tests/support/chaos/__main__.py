@@ -38,7 +38,7 @@ def main() -> int:
     trials = []
     deadline = time.monotonic() + args.minutes * 60 if args.minutes else None
     try:
-        with chaos_cluster(server.admin_dsn) as chaos:
+        with chaos_cluster(server.admin_dsn, redis_db=9) as chaos:  # not the tests' broker database
             for seed in range(base, base + count):
                 if deadline is not None and time.monotonic() > deadline:
                     print(f"stopping after {len(trials)} trials: --minutes {args.minutes:g} ran out")

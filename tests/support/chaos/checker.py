@@ -49,7 +49,7 @@ class Anomaly:
 def _rows(cur: Any, sql: str, *params: Any) -> list[dict[str, Any]]:
     cur.execute(sql, params)
     names = [d[0] for d in cur.description]
-    return [dict(zip(names, r)) for r in cur.fetchall()]
+    return [dict(zip(names, r, strict=True)) for r in cur.fetchall()]
 
 
 def check_run(conn: Any, run: Run, dag_state: str) -> tuple[list[Anomaly], dict[str, int]]:
@@ -61,7 +61,7 @@ def check_run(conn: Any, run: Run, dag_state: str) -> tuple[list[Anomaly], dict[
     for job in w.jobs():
         slot = run.run_id
 
-        def bad(check: str, detail: str, job: str = job) -> None:
+        def bad(check: str, detail: str, job: str = job, slot: str = slot) -> None:
             anomalies.append(Anomaly(check, job, slot, detail))
 
         rows = _rows(cur, "SELECT * FROM resumable_checkpoints WHERE job = %s AND slot = %s", job, slot)

@@ -44,6 +44,11 @@ TABLES = (
 class ChaosDeployment(CeleryDeployment):
     """Celery workers started on their hosts, talking to the root namespace through the relays."""
 
+    def host_env(self) -> dict[str, str]:
+        """The environment of an Airflow process on one of the hosts (a worker, a pod)."""
+        return {**self.env, **self.worker_env,
+                "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://{self.network.gateway}:{self.port}/execution/"}
+
     def __init__(self, *, network: Network, worker_env: dict[str, str], **kwargs: Any):
         self.network = network
         self.worker_env = worker_env
@@ -53,9 +58,7 @@ class ChaosDeployment(CeleryDeployment):
         component = super().add_worker(name)
         host = self.network.hosts[WORKER_HOSTS[name]]
         component.argv = host.argv(*component.argv)  # `ip netns exec` execs: the pid stays the worker's
-        component.env = {**component.env, **self.worker_env,
-                         "AIRFLOW__CORE__EXECUTION_API_SERVER_URL":
-                             f"http://{self.network.gateway}:{self.port}/execution/"}
+        component.env = {**component.env, **self.host_env()}
         return component
 
     def host_of(self, component: Component) -> str:
@@ -87,10 +90,14 @@ def _metadata_database(admin_dsn: str) -> tuple[str, int]:
 
 
 @contextmanager
-def chaos_cluster(admin_dsn: str, *, redis_db: int = 11) -> Iterator[Chaos]:
+def chaos_cluster(admin_dsn: str, *, redis_db: int = 11, extra_hosts: dict[str, int] | None = None,
+                  dag_ids: list[str] | None = None) -> Iterator[Chaos]:
     """The network, the database host, the deployment; all removed on exit, even on failure.
 
     :param admin_dsn: the metadata database's server (PostgreSQL on the root namespace).
+    :param redis_db: the broker's database (flushed): one per suite that may run at the same time.
+    :param extra_hosts: more hosts (role -> last octet of the address), e.g. a pod's.
+    :param dag_ids: the DAGs to unpause (default: the trials' workloads).
     """
     redis_client(redis_db)
     network = Network()
@@ -98,7 +105,7 @@ def chaos_cluster(admin_dsn: str, *, redis_db: int = 11) -> Iterator[Chaos]:
     cluster: ChaosDeployment | None = None
     meta_name = None
     try:
-        network.open({"db": 2, "w1": 11, "w2": 12})
+        network.open({"db": 2, "w1": 11, "w2": 12, **(extra_hosts or {})})
         db = HostPostgres(network.hosts["db"]).start()
         with closing(psycopg2.connect(db.admin_dsn)) as conn:
             conn.autocommit = True
@@ -136,7 +143,7 @@ def chaos_cluster(admin_dsn: str, *, redis_db: int = 11) -> Iterator[Chaos]:
         cluster.start()
         from support.chaos.workloads import DAG_IDS
 
-        cluster.serve(DAG_IDS)
+        cluster.serve(dag_ids or DAG_IDS)
         store = PostgresStore(host=db.host.address, port=db.port, user="postgres", dbname="chaos")
         with store.open(autocommit=True) as session:
             session.ensure_schema()
