@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import random
+import signal
 import sys
 import time
 
@@ -18,7 +19,14 @@ from support.chaos.trials import run_trial, table
 REPLAY = "make chaos SEED={seed}"
 
 
+def _stop(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")  # the cleanup in the finally blocks runs
+
+
 def main() -> int:
+    # A background job ignores SIGINT: stop on SIGTERM too, cleaning up.
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--trials", type=int, default=100)
     parser.add_argument("--seed", type=int, help="replay the trial with this seed (one trial)")

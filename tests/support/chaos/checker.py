@@ -33,6 +33,9 @@ FENCE_SLACK = timedelta(seconds=0.5)
 COMMITTED_AT = ("CASE WHEN current_setting('track_commit_timestamp') = 'on' THEN pg_xact_commit_timestamp(xmin) "
                 "END")
 REQUEST_OUTCOMES = {"pause_requested", "resume_requested", "cancel_requested", "restart_requested", "lease_released"}
+#: Attempts that never took the lease: they found the slot finished (and returned its stored
+#: outcome) or were kept from starting by the overlap policy; they record the token they saw.
+NOT_HOLDERS = {"already_done", "skipped"}
 
 
 @dataclass(frozen=True)
@@ -133,7 +136,7 @@ def check_run(conn: Any, run: Run, dag_state: str) -> tuple[list[Anomaly], dict[
 
         # -- fencing -----------------------------------------------------------------------------
         tokens = {(h["lease_token"], h["attempt"]) for h in attempts}
-        takeovers = sorted((h["lease_token"], h["started_at"]) for h in attempts)
+        takeovers = sorted((h["lease_token"], h["started_at"]) for h in attempts if h["outcome"] not in NOT_HOLDERS)
         stale_plain = Counter[int]()
         for x in writes:
             if (x["token"], x["attempt"]) not in tokens:
@@ -154,7 +157,7 @@ def check_run(conn: Any, run: Run, dag_state: str) -> tuple[list[Anomaly], dict[
                 bad("fencing", f"token {token} kept writing to the plain sink after losing the lease: {n} writes")
 
         # -- history -----------------------------------------------------------------------------
-        holders = [h for h in attempts if h["lease_token"] == row["lease_token"]]
+        holders = [h for h in attempts if h["lease_token"] == row["lease_token"] and h["outcome"] not in NOT_HOLDERS]
         if not holders:
             bad("history", f"no attempt record holds the row's token {row['lease_token']}")
         else:
@@ -165,7 +168,7 @@ def check_run(conn: Any, run: Run, dag_state: str) -> tuple[list[Anomaly], dict[
                                                            or last["processed_end"] != row["processed"]):
                 bad("history", f"row {row['status']}/{row['processed']}, its record {last['outcome']}/"
                                f"{last['processed_end']}")
-        seen = [h["lease_token"] for h in attempts]
+        seen = [h["lease_token"] for h in attempts if h["outcome"] not in NOT_HOLDERS]
         if seen != sorted(seen):
             bad("history", f"lease tokens out of order: {seen}")
     return anomalies, dict(counts)

@@ -99,6 +99,9 @@ def chaos_cluster(admin_dsn: str, *, redis_db: int = 11, extra_hosts: dict[str, 
     :param extra_hosts: more hosts (role -> last octet of the address), e.g. a pod's.
     :param dag_ids: the DAGs to unpause (default: the trials' workloads).
     """
+    from support.chaos.trials import STOPPING
+
+    STOPPING.clear()
     redis_client(redis_db)
     network = Network()
     db: HostPostgres | None = None
@@ -150,6 +153,7 @@ def chaos_cluster(admin_dsn: str, *, redis_db: int = 11, extra_hosts: dict[str, 
         os.environ["AIRFLOW_CONN_RESUMABLE_DEFAULT"] = conn_uri  # airflow_resumable.control, in this process
         yield Chaos(network=network, db=db, cluster=cluster, store=store, conn_uri=conn_uri)
     finally:
+        STOPPING.set()
         if cluster is not None:
             for name in WORKER_HOSTS:  # a frozen or cut-off worker cannot stop: thaw and reconnect first
                 if name in cluster.components:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import random
 import signal
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -47,7 +48,7 @@ class Fault:
 
 
 def plan(rng: random.Random, *, netem: bool) -> list[Fault]:
-    """One to three faults at random moments 4 to 16 s after the runs were triggered (while they run)."""
+    """One to three faults at random moments 3 to 14 s after the runs were triggered (while they run)."""
     kinds = [k for k in KINDS if netem or k != "netem"]
     faults = []
     for _ in range(rng.choice((1, 1, 2, 2, 3))):
@@ -60,7 +61,7 @@ def plan(rng: random.Random, *, netem: bool) -> list[Fault]:
             "netem": rng.uniform(5, 10),
             "pause": rng.uniform(2, 8),
         }.get(kind, 0.0)
-        faults.append(Fault(kind, rng.uniform(4.0, 16.0), rng.randrange(1 << 30), hold))
+        faults.append(Fault(kind, rng.uniform(3.0, 14.0), rng.randrange(1 << 30), hold))
     return sorted(faults, key=lambda f: f.at)
 
 
@@ -101,6 +102,11 @@ def freeze(procs: list[psutil.Process], hold: float) -> None:
             pass
 
 
+#: One restart at a time per worker: a kill or a deploy of a worker another fault is restarting
+#: waits for it (the restarted worker is then its target).
+_RESTARTING: dict[str, threading.Lock] = {}
+
+
 def worker_for(chaos: Chaos, fault: Fault) -> Component:
     names = sorted(chaos.cluster.WORKERS)
     return chaos.cluster.components[names[fault.target % len(names)]]
@@ -123,16 +129,18 @@ def inject(chaos: Chaos, fault: Fault, runs: list[Any], log: list[str], task_pid
         log.append(f"{fault.kind}: {worker.name} is down already")
         return
     role = cluster.host_of(worker)
-    if fault.kind == "kill_worker":
-        cluster.crash(worker)
-        log.append(f"kill_worker: {worker.name}")
-        cluster.restart_worker(worker)
-    elif fault.kind == "deploy":
-        os.kill(worker.pid, signal.SIGTERM)
-        assert worker.process is not None
-        worker.process.wait(timeout=120)
-        log.append(f"deploy: {worker.name} drained, exit {worker.process.returncode}")
-        cluster.restart_worker(worker)
+    if fault.kind in ("kill_worker", "deploy"):
+        with _RESTARTING.setdefault(worker.name, threading.Lock()):
+            worker = cluster.components[worker.name]  # the restarted one, if another fault restarted it
+            if fault.kind == "kill_worker":
+                cluster.crash(worker)
+                log.append(f"kill_worker: {worker.name}")
+            else:
+                os.kill(worker.pid, signal.SIGTERM)
+                assert worker.process is not None
+                worker.process.wait(timeout=120)
+                log.append(f"deploy: {worker.name} drained, exit {worker.process.returncode}")
+            cluster.restart_worker(worker)
     elif fault.kind in ("kill_task", "freeze_task"):
         procs = task_processes(chaos, worker, task_pids())
         if not procs:

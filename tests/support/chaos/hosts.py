@@ -20,6 +20,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -223,6 +224,7 @@ class HostPostgres:
         self.data = os.path.join(self.dir, "data")
         shutil.chown(self.dir, "postgres", "postgres")
         self._as = ["runuser", "-u", "postgres", "--"]
+        self._lock = threading.Lock()
 
     @property
     def admin_dsn(self) -> str:
@@ -247,9 +249,19 @@ class HostPostgres:
                 "-c track_commit_timestamp=on -c max_connections=200")
 
     def restart(self) -> None:
-        """A fast restart: every connection is dropped, the server is back at once."""
-        self._pg_ctl("-o", self._options(), "-l", os.path.join(self.dir, "log"), "-m", "fast", "-w", "-t", "60",
-                     "restart")
+        """A fast restart: every connection is dropped, the server is back at once (one restart at
+        a time: two at once make pg_ctl fail to start it)."""
+        with self._lock:
+            self._pg_ctl("-o", self._options(), "-l", os.path.join(self.dir, "log"), "-m", "fast", "-w", "-t", "60",
+                         "restart")
+
+    def ensure_running(self) -> None:
+        """Start the server if a failed restart left it down."""
+        pg_ctl = _pg_bin("pg_ctl")
+        assert pg_ctl
+        with self._lock:
+            if sh(*self.host.argv(*self._as, pg_ctl, "-D", self.data, "status"), check=False).returncode != 0:
+                self._pg_ctl("-o", self._options(), "-l", os.path.join(self.dir, "log"), "-w", "-t", "60", "start")
 
     def stop(self) -> None:
         try:

@@ -21,6 +21,8 @@ from support.standalone import wait_for
 
 #: How long a trial's runs may take to finish after the last fault healed.
 SETTLE = 420.0
+#: Set when the suite stops (Ctrl-C, a failure): faults not injected yet are not injected.
+STOPPING = threading.Event()
 
 
 @dataclass
@@ -58,6 +60,7 @@ def restore(chaos: Chaos) -> None:
     """Undo what a fault thread could leave behind if it failed half-way: frozen processes, a link
     down, blackhole routes, a stopped worker."""
     cluster, network = chaos.cluster, chaos.network
+    chaos.db.ensure_running()
     for name in cluster.WORKERS:
         component = cluster.components[name]
         thaw(component)
@@ -83,6 +86,8 @@ def run_trial(chaos: Chaos, seed: int, *, netem: bool) -> Trial:
         delay = started + fault.at - time.monotonic()
         if delay > 0:
             time.sleep(delay)  # the fault's moment, drawn from the seed
+        if STOPPING.is_set():
+            return
         try:
             inject(chaos, fault, trial.runs, trial.log, lambda: task_pids(chaos, trial.runs))
         except Exception as exc:  # noqa: BLE001 - a fault that could not be injected is reported, not fatal
