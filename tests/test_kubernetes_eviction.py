@@ -11,6 +11,7 @@ settings they lead to are in docs/how-to/kubernetes.md.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -54,7 +55,12 @@ def _row(chaos: Chaos, job: str, slot: str) -> dict[str, Any] | None:
         cur.execute("SELECT status, position, processed, attempt, stop_reason, resumed_from, last_error "
                     "FROM resumable_checkpoints WHERE job = %s AND slot = %s", (job, slot))
         found = cur.fetchone()
-        return dict(zip([d[0] for d in cur.description], found, strict=True)) if found else None
+        if not found:
+            return None
+        row = dict(zip([d[0] for d in cur.description], found, strict=True))
+        for key in ("position", "resumed_from"):  # JSON columns
+            row[key] = None if row[key] is None else json.loads(row[key])
+        return row
 
 
 def _writes(chaos: Chaos, job: str, slot: str) -> tuple[list[tuple[int, int]], set[int]]:
