@@ -72,17 +72,21 @@ def test_hosts_reach_each_other_over_the_bridge_and_nothing_is_left_after_close(
 
 def test_a_crashed_run_s_namespaces_links_and_processes_are_swept_by_the_next() -> None:
     network = Network().open({"w1": 11})
-    sleeper = subprocess.Popen(network.hosts["w1"].argv("sleep", "600"))
+    sleeper = subprocess.Popen(network.hosts["w1"].argv("sleep", "600"))  # a worker on its host
+    root = subprocess.Popen(["sleep", "600"])  # a scheduler in the root namespace
+    network.remember(root.pid)
     # What a run killed by SIGKILL leaves: its owner pid is gone, everything else is still there.
     (hosts.STATE_DIR / network.tag / "owner").write_text("999999999")
     try:
         gone = sweep()
         assert f"{network.tag}-w1" in gone and f"{network.tag}-br" in gone, gone
         assert sleeper.wait(timeout=30) != 0, "the process in the crashed run's namespace was not ended"
+        assert root.wait(timeout=30) != 0, "the crashed run's process in the root namespace was not ended"
         assert not [n for n in hosts._namespaces() if n.startswith(network.tag)]
     finally:
-        if sleeper.poll() is None:
-            sleeper.kill()
+        for proc in (sleeper, root):
+            if proc.poll() is None:
+                proc.kill()
         network.close()
 
 

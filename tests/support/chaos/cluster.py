@@ -144,6 +144,9 @@ def chaos_cluster(admin_dsn: str, *, redis_db: int = 11, extra_hosts: dict[str, 
         )
         network.relay(cluster.port)  # the Execution API, for the task supervisors on the workers' hosts
         cluster.start()
+        for component in cluster.components.values():  # a crashed run's next run ends them (sweep)
+            if component.process is not None:
+                network.remember(component.pid)
         from support.chaos.workloads import DAG_IDS
 
         cluster.serve(dag_ids or DAG_IDS)

@@ -80,9 +80,16 @@ def _remove(tag: str) -> list[str]:
     state = STATE_DIR / tag
     if state.exists():
         for line in (state / "pids").read_text().split() if (state / "pids").exists() else []:
+            pid, _, started = line.partition(":")
             try:
-                os.kill(int(line), signal.SIGKILL)
-            except (ProcessLookupError, ValueError):
+                proc = psutil.Process(int(pid))
+                if f"{proc.create_time():.3f}" != started:
+                    continue  # the pid was reused by a process this suite did not start
+                for child in proc.children(recursive=True):
+                    child.kill()
+                proc.kill()
+                gone.append(f"pid {pid}")
+            except (psutil.Error, ValueError):
                 pass
         shutil.rmtree(state, ignore_errors=True)
     return gone
@@ -170,13 +177,22 @@ class Network:
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
         )
         self.relays.append(proc)
-        with open(STATE_DIR / self.tag / "pids", "a") as f:
-            f.write(f"{proc.pid}\n")
+        self.remember(proc.pid)
         deadline = time.monotonic() + 10
         while f"{self.gateway}:{port} " not in sh("ss", "-ltnH", check=False).stdout:
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"the relay {self.gateway}:{port} -> 127.0.0.1:{target_port or port} did not start")
             time.sleep(0.05)
+
+    def remember(self, pid: int) -> None:
+        """Note a process of this run (with its start time, so a reused pid is never taken for
+        it): :func:`sweep` ends it and its children if this run crashes without cleaning up."""
+        try:
+            started = psutil.Process(pid).create_time()
+        except psutil.Error:
+            return
+        with open(STATE_DIR / self.tag / "pids", "a") as f:
+            f.write(f"{pid}:{started:.3f}\n")
 
     # -- faults on links ----------------------------------------------------------------------------
 
