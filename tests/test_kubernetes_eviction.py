@@ -91,6 +91,17 @@ def _running_with_progress(chaos: Chaos, job: str, slot: str, attempt: int = 1) 
     return wait_for(progressed, timeout=180, interval=0.1, what=f"{job} {slot} to save a chunk")
 
 
+def _just_checkpointed(chaos: Chaos, job: str, slot: str) -> dict[str, Any]:
+    """Wait for a saved chunk, then for the next one to be saved: returns right after a checkpoint."""
+    first = _running_with_progress(chaos, job, slot)
+
+    def next_chunk() -> dict[str, Any] | None:
+        row = _row(chaos, job, slot)
+        return row if row and row["status"] == "running" and row["processed"] > first["processed"] else None
+
+    return wait_for(next_chunk, timeout=60, interval=0.02, what=f"{job} {slot} to save its next chunk")
+
+
 def _pod(chaos: Chaos, tag: str) -> Pod:
     workload = next_workload("pod", redis_db=REDIS_DB)
     return Pod.task(chaos.network.hosts["pod"], workload, chaos.cluster.host_env(),
@@ -133,7 +144,7 @@ def _evict_watching(chaos: Chaos, pod: Pod, grace: float, job: str, slot: str) -
 def test_a_pod_evicted_by_a_node_drain_resumes_in_the_next_pod_and_loses_nothing(chaos: Chaos, grace: str) -> None:
     job, run_id = "chaos_pod.work", _trigger(chaos, "chaos_pod")
     pod = _pod(chaos, run_id)
-    before = _running_with_progress(chaos, job, run_id)
+    before = _just_checkpointed(chaos, job, run_id)  # the next chunk boundary is a whole chunk away
     seconds = LONG_GRACE if grace == "long" else SHORT_GRACE
     times = _evict_watching(chaos, pod, seconds, job, run_id)
 
