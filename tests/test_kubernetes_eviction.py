@@ -91,15 +91,17 @@ def _running_with_progress(chaos: Chaos, job: str, slot: str, attempt: int = 1) 
     return wait_for(progressed, timeout=180, interval=0.1, what=f"{job} {slot} to save a chunk")
 
 
-def _just_checkpointed(chaos: Chaos, job: str, slot: str) -> dict[str, Any]:
-    """Wait for a saved chunk, then for the next one to be saved: returns right after a checkpoint."""
-    first = _running_with_progress(chaos, job, slot)
+def _inside_a_chunk(chaos: Chaos, job: str, slot: str) -> dict[str, Any]:
+    """Wait for a saved chunk, then for the first item of the next one to be written: the attempt is
+    then inside that chunk, its next boundary most of a chunk away. Returns the row."""
+    row = _running_with_progress(chaos, job, slot)
 
-    def next_chunk() -> dict[str, Any] | None:
-        row = _row(chaos, job, slot)
-        return row if row and row["status"] == "running" and row["processed"] > first["processed"] else None
+    def next_item_written() -> bool:
+        log, _ = _writes(chaos, job, slot)
+        return any(item == row["processed"] for item, _ in log)
 
-    return wait_for(next_chunk, timeout=60, interval=0.02, what=f"{job} {slot} to save its next chunk")
+    wait_for(next_item_written, timeout=60, interval=0.02, what=f"{job} {slot} to start its next chunk")
+    return row
 
 
 def _pod(chaos: Chaos, tag: str) -> Pod:
@@ -144,7 +146,7 @@ def _evict_watching(chaos: Chaos, pod: Pod, grace: float, job: str, slot: str) -
 def test_a_pod_evicted_by_a_node_drain_resumes_in_the_next_pod_and_loses_nothing(chaos: Chaos, grace: str) -> None:
     job, run_id = "chaos_pod.work", _trigger(chaos, "chaos_pod")
     pod = _pod(chaos, run_id)
-    before = _just_checkpointed(chaos, job, run_id)  # the next chunk boundary is a whole chunk away
+    before = _inside_a_chunk(chaos, job, run_id)
     seconds = LONG_GRACE if grace == "long" else SHORT_GRACE
     times = _evict_watching(chaos, pod, seconds, job, run_id)
 
