@@ -12,8 +12,8 @@ the sinks' logs, the dead letters, the DAG runs' states) and proves, per slot of
   ``track_commit_timestamp``, against the later attempt's ``started_at``, written in the transaction
   that took the lease; ``FENCE_SLACK`` covers a takeover that waited for the row lock the older
   attempt's last commit held); in the plain sink a stale attempt writes at most its unfinished chunk;
-- **history agrees with the row**: the record of the row's lease token is the row's attempt, ended
-  with the row's status and processed count; tokens never go down;
+- **history agrees with the row**: an attempt record holds the row's lease token; the last record
+  ended with the row's status is the row's attempt, with its processed count; tokens never go down;
 - **quiet**: once every DAG run finished, no slot is ``running``.
 
 Each violation is an :class:`Anomaly` naming the slot and what was seen.
@@ -34,9 +34,6 @@ FENCE_SLACK = timedelta(seconds=0.5)
 COMMITTED_AT = ("CASE WHEN current_setting('track_commit_timestamp') = 'on' THEN pg_xact_commit_timestamp(xmin) "
                 "END")
 REQUEST_OUTCOMES = {"pause_requested", "resume_requested", "cancel_requested", "restart_requested", "lease_released"}
-#: Attempts that never took the lease: they found the slot finished (and returned its stored
-#: outcome) or were kept from starting by the overlap policy; they record the token they saw.
-NOT_HOLDERS = {"already_done", "skipped"}
 
 
 @dataclass(frozen=True)
@@ -142,7 +139,7 @@ def check_run(conn: Any, run: Run, dag_state: str) -> tuple[list[Anomaly], dict[
 
         # -- fencing -----------------------------------------------------------------------------
         tokens = {(h["lease_token"], h["attempt"]) for h in attempts}
-        takeovers = sorted((h["lease_token"], h["started_at"]) for h in attempts if h["outcome"] not in NOT_HOLDERS)
+        takeovers = sorted((h["lease_token"], h["started_at"]) for h in attempts)
         stale_plain = Counter[int]()
         for x in writes:
             if (x["token"], x["attempt"]) not in tokens:
@@ -163,18 +160,18 @@ def check_run(conn: Any, run: Run, dag_state: str) -> tuple[list[Anomaly], dict[
                 bad("fencing", f"token {token} kept writing to the plain sink after losing the lease: {n} writes")
 
         # -- history -----------------------------------------------------------------------------
-        holders = [h for h in attempts if h["lease_token"] == row["lease_token"] and h["outcome"] not in NOT_HOLDERS]
-        if not holders:
+        # The row's token is the last one handed out: the attempt that finished the slot, or a later
+        # one that found it finished (``already_done`` takes a token too, and leaves the row as it was).
+        if not [h for h in attempts if h["lease_token"] == row["lease_token"]]:
             bad("history", f"no attempt record holds the row's token {row['lease_token']}")
-        else:
-            last = holders[-1]
-            if last["attempt"] != row["attempt"]:
-                bad("history", f"the row says try {row['attempt']}, the record of its token try {last['attempt']}")
-            if row["status"] in ("done", "cancelled") and (last["outcome"] != row["status"]
-                                                           or last["processed_end"] != row["processed"]):
-                bad("history", f"row {row['status']}/{row['processed']}, its record {last['outcome']}/"
-                               f"{last['processed_end']}")
-        seen = [h["lease_token"] for h in attempts if h["outcome"] not in NOT_HOLDERS]
+        if row["status"] in ("done", "cancelled"):
+            ended = [h for h in attempts if h["outcome"] == row["status"]]
+            if not ended:
+                bad("history", f"no attempt record ended {row['status']}")
+            elif (ended[-1]["attempt"], ended[-1]["processed_end"]) != (row["attempt"], row["processed"]):
+                bad("history", f"row try {row['attempt']} {row['status']}/{row['processed']}, its record try "
+                               f"{ended[-1]['attempt']} {ended[-1]['outcome']}/{ended[-1]['processed_end']}")
+        seen = [h["lease_token"] for h in attempts]
         if seen != sorted(seen):
             bad("history", f"lease tokens out of order: {seen}")
     return anomalies, dict(counts)
