@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 CONSTRAINTS := constraints/airflow-3.3-py3.11.txt
 DEMO_HOME := $(CURDIR)/.airflow-home
 
-.PHONY: demo test fast lint docs docs-serve bench standalone standalone-stop celery venv clean browser-deps screenshots dist constraints matrix
+.PHONY: demo test fast lint docs docs-serve bench chaos standalone standalone-stop celery venv clean browser-deps screenshots dist constraints matrix
 
 $(VENV)/.installed: setup.cfg pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
@@ -82,6 +82,12 @@ standalone-stop:
 ## A CeleryExecutor deployment with two workers (Redis on 127.0.0.1:6379, PostgreSQL); Ctrl-C stops it.
 celery: venv
 	PYTHONPATH=$(CURDIR):$(CURDIR)/tests $(PY) -m support.celery_cluster
+
+## Chaos trials across network-namespace hosts (root, Redis, PostgreSQL): a table of faults and anomalies.
+## make chaos TRIALS=100; make chaos SEED=123 replays one trial; MINUTES=60 stops starting new ones.
+TRIALS ?= 100
+chaos: venv
+	PYTHONPATH=$(CURDIR):$(CURDIR)/tests $(PY) -m support.chaos --trials $(TRIALS) $(if $(SEED),--seed $(SEED)) $(if $(MINUTES),--minutes $(MINUTES))
 
 ## Benchmarks: ratios measured side by side, each with its target.
 bench: venv

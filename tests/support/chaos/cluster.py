@@ -1,0 +1,185 @@
+"""The chaos suite's deployment: :class:`~support.celery_cluster.CeleryDeployment` with each Celery
+worker on a host of its own and the checkpoint database on another (see :mod:`.hosts`).
+
+The workers reach the broker, the metadata database and the API server through relays on the
+bridge's address; everything else (scheduler, api-server, dag-processor, triggerer) stays in the
+root namespace. :func:`chaos_cluster` builds all of it and removes all of it, even on failure.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from contextlib import closing, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import psycopg2
+
+from airflow_resumable.core.stores import PostgresStore
+from support.celery_cluster import REDIS_PORT, CeleryDeployment, Component, redis_client
+from support.chaos.hosts import HostPostgres, Network
+from support.standalone import free_port
+
+ROOT = Path(__file__).resolve().parents[3]
+DAG_FILE = ROOT / "tests" / "dags" / "chaos_dags.py"
+#: The workers' hosts (namespaces) by worker name.
+WORKER_HOSTS = {"worker-a": "w1", "worker-b": "w2"}
+#: [scheduler] task_instance_heartbeat_timeout: a partitioned or frozen worker's task is failed and
+#: retried after this long.
+HEARTBEAT_TIMEOUT = 15
+TABLES = (
+    "CREATE TABLE chaos_tx_log (job TEXT NOT NULL, slot TEXT NOT NULL, item INTEGER NOT NULL, attempt INTEGER NOT "
+    "NULL, token BIGINT NOT NULL, runs INTEGER NOT NULL, pid INTEGER NOT NULL, "
+    "written_at TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp())",
+    "CREATE TABLE chaos_plain_log (LIKE chaos_tx_log INCLUDING DEFAULTS)",
+    "CREATE TABLE chaos_upsert (job TEXT NOT NULL, slot TEXT NOT NULL, item INTEGER NOT NULL, attempt INTEGER NOT "
+    "NULL, PRIMARY KEY (job, slot, item))",
+)
+
+
+class ChaosDeployment(CeleryDeployment):
+    """Celery workers started on their hosts, talking to the root namespace through the relays."""
+
+    def host_env(self) -> dict[str, str]:
+        """The environment of an Airflow process on one of the hosts (a worker, a pod)."""
+        return {**self.env, **self.worker_env,
+                "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://{self.network.gateway}:{self.port}/execution/"}
+
+    def __init__(self, *, network: Network, worker_env: dict[str, str], **kwargs: Any):
+        self.network = network
+        self.worker_env = worker_env
+        super().__init__(**kwargs)
+
+    def add_worker(self, name: str) -> Component:
+        component = super().add_worker(name)
+        host = self.network.hosts[WORKER_HOSTS[name]]
+        component.argv = host.argv(*component.argv)  # `ip netns exec` execs: the pid stays the worker's
+        component.env = {**component.env, **self.host_env()}
+        return component
+
+    def host_of(self, component: Component) -> str:
+        return WORKER_HOSTS[component.name]
+
+
+@dataclass
+class Chaos:
+    network: Network
+    db: HostPostgres
+    cluster: ChaosDeployment
+    store: PostgresStore
+    conn_uri: str  # the checkpoint database, as the workers' connection names it
+
+    def connect(self) -> Any:
+        conn = psycopg2.connect(self.conn_uri, connect_timeout=10)
+        conn.autocommit = True
+        return conn
+
+
+def _metadata_database(admin_dsn: str) -> tuple[str, int]:
+    import uuid
+
+    name = f"resumable_chaos_meta_{uuid.uuid4().hex[:8]}"
+    with closing(psycopg2.connect(admin_dsn)) as conn:
+        conn.autocommit = True
+        conn.cursor().execute(f'CREATE DATABASE "{name}"')
+    return name, urlsplit(admin_dsn).port or 5432
+
+
+@contextmanager
+def chaos_cluster(admin_dsn: str, *, redis_db: int = 11, extra_hosts: dict[str, int] | None = None,
+                  dag_ids: list[str] | None = None) -> Iterator[Chaos]:
+    """The network, the database host, the deployment; all removed on exit, even on failure.
+
+    :param admin_dsn: the metadata database's server (PostgreSQL on the root namespace).
+    :param redis_db: the broker's database (flushed): one per suite that may run at the same time.
+    :param extra_hosts: more hosts (role -> last octet of the address), e.g. a pod's.
+    :param dag_ids: the DAGs to unpause (default: the trials' workloads).
+    """
+    from support.chaos.trials import STOPPING
+
+    STOPPING.clear()
+    redis_client(redis_db)
+    network = Network()
+    db: HostPostgres | None = None
+    cluster: ChaosDeployment | None = None
+    meta_name = None
+    try:
+        network.open({"db": 2, "w1": 11, "w2": 12, **(extra_hosts or {})})
+        db = HostPostgres(network.hosts["db"]).start()
+        with closing(psycopg2.connect(db.admin_dsn)) as conn:
+            conn.autocommit = True
+            conn.cursor().execute("CREATE DATABASE chaos")
+        conn_uri = f"postgresql://postgres@{db.host.address}:{db.port}/chaos"
+        with closing(psycopg2.connect(conn_uri)) as conn:
+            conn.autocommit = True
+            for statement in TABLES:
+                conn.cursor().execute(statement)
+        meta_name, meta_port = _metadata_database(admin_dsn)
+        meta_host = urlsplit(admin_dsn).hostname
+        relay_meta = free_port()
+        network.relay(REDIS_PORT)
+        network.relay(relay_meta, meta_port)
+        metadata_uri = f"postgresql+psycopg2://postgres@{meta_host}:{meta_port}/{meta_name}"
+        worker_meta = f"postgresql+psycopg2://postgres@{network.gateway}:{relay_meta}/{meta_name}"
+        cluster = ChaosDeployment(
+            network=network,
+            worker_env={
+                "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": worker_meta,
+                "AIRFLOW__CELERY__RESULT_BACKEND": "db+" + worker_meta,
+                "AIRFLOW__CELERY__BROKER_URL": f"redis://{network.gateway}:{REDIS_PORT}/{redis_db}",
+            },
+            metadata_uri=metadata_uri,
+            dag_files=[DAG_FILE],
+            redis_db=redis_db,
+            env={
+                "AIRFLOW_CONN_RESUMABLE_DEFAULT": conn_uri,
+                "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": str(HEARTBEAT_TIMEOUT),
+                "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT_DETECTION_INTERVAL": "2",
+                "AIRFLOW__CORE__PARALLELISM": "8",
+            },
+        )
+        network.relay(cluster.port)  # the Execution API, for the task supervisors on the workers' hosts
+        cluster.start()
+        for component in cluster.components.values():  # a crashed run's next run ends them (sweep)
+            if component.process is not None:
+                network.remember(component.pid)
+        from support.chaos.workloads import DAG_IDS
+
+        cluster.serve(dag_ids or DAG_IDS)
+        store = PostgresStore(host=db.host.address, port=db.port, user="postgres", dbname="chaos")
+        with store.open(autocommit=True) as session:
+            session.ensure_schema()
+        os.environ["AIRFLOW_CONN_RESUMABLE_DEFAULT"] = conn_uri  # airflow_resumable.control, in this process
+        yield Chaos(network=network, db=db, cluster=cluster, store=store, conn_uri=conn_uri)
+    finally:
+        STOPPING.set()
+        if cluster is not None:
+            for name in WORKER_HOSTS:  # a frozen or cut-off worker cannot stop: thaw and reconnect first
+                if name in cluster.components:
+                    from support.chaos.faults import thaw
+
+                    thaw(cluster.components[name])
+            for role in WORKER_HOSTS.values():
+                try:
+                    network.link(role, up=True)
+                except RuntimeError:
+                    pass
+            cluster.close()
+        if db is not None:
+            db.stop()
+        network.close()
+        if meta_name is not None:
+            try:
+                with closing(psycopg2.connect(admin_dsn)) as conn:
+                    conn.autocommit = True
+                    conn.cursor().execute(f'DROP DATABASE IF EXISTS "{meta_name}" WITH (FORCE)')
+            except psycopg2.Error:
+                pass
+
+
+if __name__ == "__main__":  # pragma: no cover - a manual check of the topology
+    sys.path[:0] = [str(ROOT), str(ROOT / "tests")]

@@ -1,0 +1,55 @@
+"""The workloads of tests/dags/chaos_dags.py as the trials start and the checker reads them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+ITEMS, CHUNK, DELAY = 40, 4, 0.25  # a run is 10 s of work: faults find it running
+MAPPED_PARTITIONS, MAPPED_ITEMS = 3, 24
+BAD_EVERY = 7
+
+
+@dataclass(frozen=True)
+class Workload:
+    dag_id: str
+    sink: str  # "tx": ctx.transaction(); "plain": the upsert on its own connection
+    #: chunks an interruption may repeat in the plain sink (two with pipelined checkpoints)
+    repeat_chunks: int = 1
+    partitions: int = 0  # mapped: jobs <dag_id>.work[i]
+    items: int = ITEMS
+    skips: bool = False
+
+    def jobs(self) -> list[str]:
+        if self.partitions:
+            return [f"{self.dag_id}.work[{i}]" for i in range(self.partitions)]
+        return [f"{self.dag_id}.work"]
+
+    def good_items(self) -> set[int]:
+        return {i for i in range(self.items) if not (self.skips and i % BAD_EVERY == 3)}
+
+    def bad_items(self) -> set[int]:
+        return set(range(self.items)) - self.good_items()
+
+
+WORKLOADS = (
+    Workload("chaos_tx", "tx"),
+    Workload("chaos_upsert", "plain"),
+    Workload("chaos_mapped", "tx", partitions=MAPPED_PARTITIONS, items=MAPPED_ITEMS),
+    Workload("chaos_pipelined", "plain", repeat_chunks=2),
+    Workload("chaos_skip", "tx", skips=True),
+)
+DAG_IDS = [w.dag_id for w in WORKLOADS]
+
+
+@dataclass
+class Run:
+    """One DAG run of a trial, and the requests made to its slots."""
+
+    workload: Workload
+    run_id: str
+    #: control requests taken (not refused), by job: ["pause", "resume", "cancel", "restart"]
+    requests: dict[str, list[str]] = field(default_factory=dict)
+
+    @property
+    def conf(self) -> dict[str, object]:
+        return {"items": self.workload.items, "chunk": CHUNK, "delay": DELAY}

@@ -1,0 +1,212 @@
+"""Chaos: random faults, alone and together, on a CeleryExecutor deployment whose two workers and
+checkpoint database are hosts of their own (network namespaces on this machine); a checker proves
+each guarantee from what was committed (tests/support/chaos/).
+
+A few trials run here (``RESUMABLE_CHAOS_TRIALS``, default 2; the seed is printed, and
+``RESUMABLE_CHAOS_SEED`` or ``make chaos SEED=...`` replays one); ``make chaos TRIALS=100`` runs
+many and prints the table. The checker's own tests forge each anomaly into honest history and
+show it is reported.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import closing
+from typing import Any
+
+import psycopg2
+import pytest
+
+from airflow_resumable.core.runner import Attempt, Options
+from airflow_resumable.core.stores import PostgresStore
+from devtools.postgres import Server
+from support.chaos import hosts
+from support.chaos.checker import check_run
+from support.chaos.cluster import TABLES, Chaos, chaos_cluster
+from support.chaos.hosts import Network, netem_available, sweep
+from support.chaos.trials import run_trial, table
+from support.chaos.workloads import CHUNK, WORKLOADS, Run
+from support.standalone import wait_for
+
+pytestmark = [pytest.mark.chaos, pytest.mark.celery]
+
+TX = WORKLOADS[0]  # chaos_tx
+PLAIN = WORKLOADS[1]  # chaos_upsert
+
+
+# -- the hosts ---------------------------------------------------------------------------------
+
+
+def _reaches(host: hosts.Host, address: str, port: int) -> bool:
+    """A TCP connection from ``host`` to ``address:port`` within 2 s."""
+    probe = f"import socket; socket.create_connection(({address!r}, {port}), timeout=2).close()"
+    return subprocess.run(host.argv(sys.executable, "-c", probe), capture_output=True).returncode == 0
+
+
+def test_hosts_reach_each_other_over_the_bridge_and_nothing_is_left_after_close() -> None:
+    network = Network().open({"db": 2, "w1": 11})
+    listener = None
+    try:
+        w1, db = network.hosts["w1"], network.hosts["db"]
+        listener = subprocess.Popen(db.argv("socat", f"TCP-LISTEN:7000,bind={db.address},fork,reuseaddr",
+                                            "SYSTEM:true"))
+        wait_for(lambda: _reaches(w1, db.address, 7000), timeout=20, what="the database host to answer")
+        network.partition("w1", "db", cut=True)
+        assert not _reaches(w1, db.address, 7000), "the partition let a connection through"
+        network.partition("w1", "db", cut=False)
+        assert _reaches(w1, db.address, 7000), "the healed partition still drops the connection"
+        network.link("w1", up=False)
+        assert not _reaches(w1, db.address, 7000), "a host whose link is down still reaches the database"
+    finally:
+        if listener is not None:
+            listener.kill()
+            listener.wait(timeout=10)
+        network.close()
+    assert not [n for n in hosts._namespaces() if n.startswith(network.tag)]
+    assert not [n for n in hosts._links() if n.startswith(network.tag)]
+
+
+def test_a_crashed_run_s_namespaces_links_and_processes_are_swept_by_the_next() -> None:
+    network = Network().open({"w1": 11})
+    sleeper = subprocess.Popen(network.hosts["w1"].argv("sleep", "600"))  # a worker on its host
+    root = subprocess.Popen(["sleep", "600"])  # a scheduler in the root namespace
+    network.remember(root.pid)
+    # What a run killed by SIGKILL leaves: its owner pid is gone, everything else is still there.
+    (hosts.STATE_DIR / network.tag / "owner").write_text("999999999")
+    try:
+        gone = sweep()
+        assert f"{network.tag}-w1" in gone and f"{network.tag}-br" in gone, gone
+        assert sleeper.wait(timeout=30) != 0, "the process in the crashed run's namespace was not ended"
+        assert root.wait(timeout=30) != 0, "the crashed run's process in the root namespace was not ended"
+        assert not [n for n in hosts._namespaces() if n.startswith(network.tag)]
+    finally:
+        for proc in (sleeper, root):
+            if proc.poll() is None:
+                proc.kill()
+        network.close()
+
+
+# -- the checker on forged history ------------------------------------------------------------
+
+
+@pytest.fixture
+def slot_db(pg_server: Server) -> Iterator[Any]:
+    """A schema with the checkpoint tables and the sinks, and a connection on it."""
+    params = pg_server.create_schema("chaos_checker")
+    store = PostgresStore(**params)
+    with store.open(autocommit=True) as session:
+        session.ensure_schema()
+    with closing(psycopg2.connect(**params)) as conn:
+        conn.autocommit = True
+        for statement in TABLES:
+            conn.cursor().execute(statement)
+        yield store, conn
+
+
+def _attempt(store: PostgresStore, conn: Any, workload: Any, slot: str, attempt: int, stop_after: int | None) -> None:
+    """One attempt as the chaos DAGs write (tokens from the row); ``stop_after`` chunks then a crash."""
+
+    class Crash(Exception):
+        pass
+
+    def handler(ctx: Any) -> None:
+        cur = conn.cursor()
+        cur.execute("SELECT lease_token, runs FROM resumable_checkpoints WHERE job = %s AND slot = %s",
+                    (ctx.job, ctx.slot))
+        token, runs = cur.fetchone()
+        i, chunks = ctx.position or 0, 0
+        while i < workload.items:
+            if stop_after is not None and chunks == stop_after:
+                raise Crash
+            batch = list(range(i, min(i + CHUNK, workload.items)))
+            table = "chaos_tx_log" if workload.sink == "tx" else "chaos_plain_log"
+            target = ctx.transaction() if workload.sink == "tx" else conn.cursor()
+            for item in batch:
+                target.execute(f"INSERT INTO {table} (job, slot, item, attempt, token, runs, pid) "
+                               "VALUES (%s, %s, %s, %s, %s, %s, %s)", (ctx.job, ctx.slot, item, ctx.attempt, token,
+                                                                        runs, os.getpid()))
+                if workload.sink == "plain":
+                    conn.cursor().execute("INSERT INTO chaos_upsert VALUES (%s, %s, %s, %s) ON CONFLICT DO NOTHING",
+                                          (ctx.job, ctx.slot, item, ctx.attempt))
+            i = batch[-1] + 1
+            chunks += 1
+            ctx.checkpoint(i, processed=i, total=workload.items)
+
+    try:
+        Attempt(store, job=workload.jobs()[0], slot=slot, attempt=attempt, owner=f"checker/try{attempt}",
+                options=Options(lease=30, overlap="allow")).run(handler)
+    except Crash:
+        pass
+
+
+def _honest(slot_db: Any, workload: Any) -> tuple[Any, Run]:
+    """Try 1 saves two chunks and dies; try 2 takes the expired lease over and finishes."""
+    store, conn = slot_db
+    run = Run(workload, f"slot-{random.randrange(10**6)}")
+    _attempt(store, conn, workload, run.run_id, 1, stop_after=2)
+    with conn.cursor() as cur:  # the dead try's lease lapses (the test does not wait for it)
+        cur.execute("UPDATE resumable_checkpoints SET lease_expires_at = now() - interval '1 minute'")
+    _attempt(store, conn, workload, run.run_id, 2, stop_after=None)
+    return conn, run
+
+
+def test_the_checker_finds_nothing_wrong_in_an_honest_crash_and_resume(slot_db: Any) -> None:
+    for workload in (TX, PLAIN):
+        conn, run = _honest(slot_db, workload)
+        anomalies, counts = check_run(conn, run, "success")
+        assert anomalies == [], "\n".join(map(str, anomalies))
+        assert counts["items"] == workload.items and counts["interruptions"] == 1, counts
+
+
+@pytest.mark.parametrize(
+    ("workload", "forge", "check"),
+    [
+        # a zombie's write committed after the retry took the lease: fencing broken
+        (TX, "INSERT INTO chaos_tx_log (job, slot, item, attempt, token, runs, pid, written_at) SELECT job, slot, 40, "
+             "1, token, runs, 0, now() + interval '1 minute' FROM chaos_tx_log WHERE attempt = 1 LIMIT 1", "fencing"),
+        # an item committed twice through ctx.transaction()
+        (TX, "INSERT INTO chaos_tx_log SELECT job, slot, item, attempt, token, runs, pid FROM chaos_tx_log "
+             "WHERE item = 5", "exactly once"),
+        # a write by a token the history never gave that try
+        (TX, "UPDATE chaos_tx_log SET token = token + 100 WHERE item = 0", "fencing"),
+        # the plain sink repeated three chunks after one interruption
+        (PLAIN, "INSERT INTO chaos_plain_log SELECT * FROM chaos_plain_log WHERE item < 12", "one chunk"),
+        # a slot left running with no holder once everything finished
+        (TX, "UPDATE resumable_checkpoints SET status = 'running'", "quiet"),
+        # the history disagrees with the row
+        (TX, "UPDATE resumable_attempts SET processed_end = 1 WHERE outcome = 'done'", "history"),
+    ],
+    ids=["zombie-write", "twice", "unknown-token", "plain-repeats", "left-running", "history"],
+)
+def test_the_checker_reports_a_forged_anomaly(slot_db: Any, workload: Any, forge: str, check: str) -> None:
+    conn, run = _honest(slot_db, workload)
+    conn.cursor().execute(forge)
+    anomalies, _ = check_run(conn, run, "success")
+    assert check in {a.check for a in anomalies}, f"{check!r} not reported; got {[str(a) for a in anomalies]}"
+
+
+# -- the trials --------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def chaos(pg_server: Server) -> Iterator[Chaos]:
+    with chaos_cluster(pg_server.admin_dsn) as chaos:
+        yield chaos
+
+
+def test_random_faults_across_hosts_break_no_guarantee(chaos: Chaos) -> None:
+    base = int(os.environ.get("RESUMABLE_CHAOS_SEED", random.randrange(10**6)))
+    count = 1 if "RESUMABLE_CHAOS_SEED" in os.environ else int(os.environ.get("RESUMABLE_CHAOS_TRIALS", "2"))
+    skipped = {} if (why := netem_available()) is None else {"netem": why}
+    print(f"\n[chaos] seeds {base}..{base + count - 1}" + (f"; latency/loss skipped: {why}" if why else ""))
+    trials = []
+    for seed in range(base, base + count):
+        trial = run_trial(chaos, seed, netem=not skipped)
+        print(trial.summary())
+        trials.append(trial)
+    print(table(trials, skipped=skipped, replay="RESUMABLE_CHAOS_SEED={seed} make test (or make chaos SEED={seed})"))
+    assert not [a for t in trials for a in t.anomalies], "\n".join(t.summary() for t in trials if t.anomalies)
