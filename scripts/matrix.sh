@@ -14,7 +14,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 NEWEST="${CONSTRAINTS:-constraints/airflow-3.3-py3.11.txt}"
 LOGS="${TEST_LOGS:-.test-logs}"
-FAST="not scheduler and not postgres and not browser and not dist and not site"
+FAST="not scheduler and not postgres and not browser and not celery and not chaos and not dist and not site"
 PIP="pip==26.3"
 mkdir -p "$LOGS" .venvs
 
