@@ -233,11 +233,7 @@ def create_app() -> FastAPI:
         conn_id: str = conn_query(),
     ) -> dict[str, Any]:
         conn = _conn(conn_id)
-        if dag_id is not None:
-            _authorize(user, dag_id, "GET")
-            readable: set[str] | None = {dag_id}
-        else:
-            readable = _readable_dag_ids(user, conn)
+        readable = _readable(user, dag_id, conn)
         if dag_id_pattern is not None:
             needle = dag_id_pattern.casefold()
             owning = readable if readable is not None else control.dag_ids(conn_id=conn)
@@ -314,12 +310,7 @@ def create_app() -> FastAPI:
         conn_id: str = conn_query(),
     ) -> dict[str, Any]:
         conn = _conn(conn_id)
-        if dag_id is not None:
-            _authorize(user, dag_id, "GET")
-            readable: set[str] | None = {dag_id}
-        else:
-            readable = _readable_dag_ids(user, conn)
-        return {"jobs": control.jobs(conn_id=conn, dag_ids=readable)}
+        return {"jobs": control.jobs(conn_id=conn, dag_ids=_readable(user, dag_id, conn))}
 
     @app.post("/api/v1/jobs/rerun_failed", responses=_responses(400, 401, 403, 404, 409, 422, 500, 503),
               summary="Clear exactly the failed task instances (map indexes) of a job in one DAG run")
@@ -402,6 +393,15 @@ def _authorize(user: Any, dag_id: str | None, method: Literal["GET", "PUT"]) -> 
         what = "read" if method == "GET" else "change"
         raise HTTPException(status.HTTP_403_FORBIDDEN,
                             f"Forbidden: {user.get_name()} may not {what} the task instances of DAG {dag_id!r}")
+
+
+def _readable(user: Any, dag_id: str | None, conn_id: str) -> set[str] | None:
+    """The DAGs a listing may show: ``dag_id`` alone (403 unless the user may read it), else every
+    DAG the user may read (None: all of them)."""
+    if dag_id is not None:
+        _authorize(user, dag_id, "GET")
+        return {dag_id}
+    return _readable_dag_ids(user, conn_id)
 
 
 def _readable_dag_ids(user: Any, conn_id: str) -> set[str] | None:
