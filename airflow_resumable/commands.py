@@ -153,12 +153,22 @@ def add_to_module_cli(sub: Any, parser: argparse.ArgumentParser) -> set[str]:
     for command in get_cli_commands()[0].subcommands:
         if command.name in sub.choices:  # migrate and clean: the module's own, which also take --url
             continue
-        each = sub.add_parser(command.name, help=command.help, description=command.description)
-        for arg in command.args:
-            arg.add_to_parser(each)
-        each.set_defaults(func=command.func)
+        _add(sub, command)
         names.add(command.name)
     return names
+
+
+def _add(sub: Any, command: Any) -> None:
+    """``command`` (an Airflow ActionCommand, or a GroupCommand of them) on the subparsers ``sub``."""
+    each = sub.add_parser(command.name, help=command.help, description=getattr(command, "description", None))
+    if hasattr(command, "subcommands"):  # a group: skipped list|retry
+        inner = each.add_subparsers(dest=f"{command.name}_command", required=True)
+        for child in command.subcommands:
+            _add(inner, child)
+        return
+    for arg in command.args:
+        arg.add_to_parser(each)
+    each.set_defaults(func=command.func)
 
 
 # -- the commands ---------------------------------------------------------------------------------

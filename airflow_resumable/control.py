@@ -193,10 +193,9 @@ def rerun_failed(job: str, run_id: str, *, conn_id: str = DEFAULT_CONN_ID) -> li
         SlotNotFound: no partition of the job ran in that run.
         RequestRefused: none of its task instances failed; nothing changed.
     """
-    from airflow.models.taskinstance import TaskInstance, clear_task_instances
-    from airflow.utils.session import create_session
-    from airflow.utils.state import TaskInstanceState
     from sqlalchemy import select
+
+    from airflow_resumable.version_compat import TaskInstance, TaskInstanceState, clear_task_instances, create_session
 
     dag_id, task_id = job_task(job, run_id, conn_id=conn_id)
     with create_session() as session:
@@ -250,10 +249,9 @@ def retry_skipped(job: str, slot: str, *, conn_id: str = DEFAULT_CONN_ID, by: st
 def _clear_finished(row: Checkpoint) -> bool:
     """Clear the row's task instance through Airflow when it has finished (success, failed,
     skipped); True when it did."""
-    from airflow.models.taskinstance import TaskInstance, clear_task_instances
-    from airflow.utils.session import create_session
-    from airflow.utils.state import TaskInstanceState
     from sqlalchemy import select
+
+    from airflow_resumable.version_compat import TaskInstance, TaskInstanceState, clear_task_instances, create_session
 
     finished = (TaskInstanceState.SUCCESS, TaskInstanceState.FAILED, TaskInstanceState.SKIPPED)
     with create_session() as session:

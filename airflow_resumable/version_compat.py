@@ -177,6 +177,13 @@ _LAZY: dict[str, tuple[str, str]] = {
     "ObjectStoragePath": ("airflow.sdk", "ObjectStoragePath"),
     "PostgresHook": ("airflow.providers.postgres.hooks.postgres", "PostgresHook"),
     "DEFAULT_CELERY_CONFIG": ("airflow.providers.celery.executors.default_celery", "DEFAULT_CELERY_CONFIG"),
+    "TaskGroup": ("airflow.sdk", "TaskGroup"),
+    # The metadata database, where only the api-server and the CLI reach it (re-running task instances).
+    "TaskInstance": ("airflow.models.taskinstance", "TaskInstance"),
+    "clear_task_instances": ("airflow.models.taskinstance", "clear_task_instances"),
+    "TaskInstanceState": ("airflow.utils.state", "TaskInstanceState"),
+    "create_session": ("airflow.utils.session", "create_session"),
+    "XComModel": ("airflow.models.xcom", "XComModel"),
 }
 
 

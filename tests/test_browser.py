@@ -506,6 +506,9 @@ def test_the_jobs_page_counts_a_mapped_jobs_partitions_and_re_runs_the_failed_on
     env.api.trigger("ui_parts", run_id=run_id, conf={})
     wait_for(lambda: [getattr(env.row(run_id, job=f"ui_parts.part[{i}]"), "status", None) for i in range(3)]
              == ["done", "failed", "done"], timeout=180, interval=0.3, what="the partitions to end")
+    # and Airflow has recorded partition 1's task instance as failed (the row says so first)
+    wait_for(lambda: env.api.get(f"/dags/ui_parts/dagRuns/{run_id}/taskInstances/part/1")["state"] == "failed",
+             timeout=120, interval=0.5, what="Airflow to record partition 1 as failed")
     # When a person opens the jobs page
     driver.switch_to.default_content()
     driver.get(f"{env.airflow.base_url}/plugin/resumable-jobs")

@@ -27,8 +27,6 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 # TaskGroup: the task SDK's public name (no version difference to adapt to yet).
-from airflow.sdk import TaskGroup
-
 from airflow_resumable.core.chunked import chunk_loop
 from airflow_resumable.core.context import RunContext
 from airflow_resumable.core.errors import ConfigurationError
@@ -49,7 +47,7 @@ from airflow_resumable.operators import task_instance
 from airflow_resumable.operators.outcome import to_airflow
 from airflow_resumable.operators.resumable import ChunkedOperator
 from airflow_resumable.operators.task_instance import slot_of
-from airflow_resumable.version_compat import AirflowFailException, BaseOperator, Context
+from airflow_resumable.version_compat import AirflowFailException, BaseOperator, Context, TaskGroup
 
 __all__ = ["PartitionOperator", "PartitionPlanOperator", "PartitionSummaryOperator", "partitioned"]
 

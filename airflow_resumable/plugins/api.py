@@ -357,10 +357,8 @@ def overlap_of(dag_id: str, run_id: str, task_id: str, map_index: int = -1) -> d
     """The overlap decision that kept the task instance's current try from starting (its XCom
     ``overlap``: ``{"policy", "yielded_to": {"run_id", "slot", "started_at"}, "message"}``), else None.
     XCom is cleared when a new try starts, so an older try's decision is never shown."""
-    from airflow.models.xcom import XComModel
-    from airflow.utils.session import create_session
-
     from airflow_resumable.operators.overlap import OVERLAP_XCOM_KEY
+    from airflow_resumable.version_compat import XComModel, create_session
 
     with create_session() as session:
         found = session.scalars(XComModel.get_many(run_id=run_id, key=OVERLAP_XCOM_KEY, task_ids=task_id,
