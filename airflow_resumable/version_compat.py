@@ -53,6 +53,7 @@ FEATURES: dict[str, tuple[tuple[int, int], str]] = {
     "retry_policy=": ((3, 3), "leave retry_policy out: retries and retry_delay apply as usual"),
     "airflow resumable ... (provider CLI commands)": (
         (3, 2), "run the same commands as python -m airflow_resumable ..."),
+    "the task state store mirror": ((3, 3), "read the same summary on the Checkpoint tab, in XCom or with the CLI"),
 }
 
 

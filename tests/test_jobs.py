@@ -27,13 +27,23 @@ def ti_states(run_id: str) -> dict[int, tuple[str | None, int]]:
 
 
 def cli(*argv: str, capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    from airflow.cli import cli_parser
+    """``airflow resumable <argv>``, or ``python -m airflow_resumable <argv>`` on an Airflow that reads
+    no provider commands (the same definitions)."""
+    from airflow_resumable.version_compat import supports
 
     capsys.readouterr()  # what ran before
-    args = cli_parser.get_parser().parse_args(["resumable", *argv])
     try:
-        args.func(args)
-        code = 0
+        if supports("airflow resumable ... (provider CLI commands)"):
+            from airflow.cli import cli_parser
+
+            args = cli_parser.get_parser().parse_args(["resumable", *argv])
+            args.func(args)
+            code = 0
+        else:
+            from airflow_resumable.cli import main
+            from airflow_resumable.commands import add_to_module_cli
+
+            code = main(list(argv), more=add_to_module_cli)
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1
     out = capsys.readouterr()
