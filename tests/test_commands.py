@@ -256,13 +256,9 @@ def test_a_connection_kept_in_the_metadata_database_is_found(
 
 def module_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
     """Run ``python -m airflow_resumable <argv>`` in this process: (exit status, stdout, stderr)."""
-    from airflow_resumable.cli import main
-    from airflow_resumable.commands import add_to_module_cli
+    from support.module_cli import run_module_cli
 
-    try:
-        code = main(list(argv), more=add_to_module_cli)
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
+    code = run_module_cli(argv)
     out = capsys.readouterr()
     return code, out.out, out.err
 

@@ -40,10 +40,9 @@ def cli(*argv: str, capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
             args.func(args)
             code = 0
         else:
-            from airflow_resumable.cli import main
-            from airflow_resumable.commands import add_to_module_cli
+            from support.module_cli import run_module_cli
 
-            code = main(list(argv), more=add_to_module_cli)
+            code = run_module_cli(argv)
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1
     out = capsys.readouterr()
