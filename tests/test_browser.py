@@ -519,9 +519,18 @@ def test_the_jobs_page_counts_a_mapped_jobs_partitions_and_re_runs_the_failed_on
     line = until(lambda: driver.find_element(By.CSS_SELECTOR, "#summary tr[data-job^='ui_parts.part']"), timeout=30,
                  what="the mapped job's line", on_timeout=lambda: shown(driver, "body"))
     assert "2 done" in line.text and "1 failed" in line.text, line.text
+    assert "10 / 12" in line.text, line.text  # the job's progress: the sum of its partitions'
+    # And its partitions open from the line, each a link into its own Checkpoint tab
+    until(lambda: driver.find_element(By.CSS_SELECTOR, "#summary tr[data-job^='ui_parts.part'] button.show-partitions"),
+          timeout=10, what="the Partitions button").click()
+    links = until(lambda: [a.text for a in driver.find_elements(By.CSS_SELECTOR, "#partitions a.partition-link")] or None,
+                  timeout=30, what="the job's partitions", on_timeout=lambda: shown(driver, "#job-partitions"))
+    assert links == [f"Checkpoint of ui_parts.part[{i}]" for i in range(3)], links
     driver.switch_to.default_content()
     driver.save_screenshot(str(shots / "jobs-page-partitions.png"))
     driver.switch_to.frame(jobs)
+    line = until(lambda: driver.find_element(By.CSS_SELECTOR, "#summary tr[data-job^='ui_parts.part']"), timeout=30,
+                 what="the mapped job's line")
     # When they press "Re-run failed partitions" and confirm
     line.find_element(By.CSS_SELECTOR, "button.rerun-failed").click()
     until(lambda: driver.find_element(By.ID, "confirm"), timeout=10, what="the confirmation").click()
