@@ -480,3 +480,91 @@ def test_a_cancelled_partition_counts_as_failed_against_tolerated_failure_and_th
         error = summarize("pt_tolerant.export", SLOT, rows, tolerated="25%").error()
         assert error is not None and "pt_tolerant.export[2] (cancelled by carol)" in str(error)
         assert "a cancelled partition counts as failed" in str(error)
+
+
+# -- on the Celery deployment ---------------------------------------------------------------------------
+
+
+@pytest.mark.celery
+@pytest.mark.scheduler
+def test_on_celery_a_million_rows_in_16_partitions_are_each_written_once_though_a_worker_is_killed(
+    pg_server: Any,
+) -> None:
+    import time
+    from pathlib import Path
+
+    from support.celery_cluster import CeleryDeployment, redis_client
+    from support.deployment import HEARTBEAT_TIMEOUT, databases
+    from support.standalone import wait_for
+
+    dag_id, run_id, rows, parts = "pt_celery", f"pt_celery_{time.time_ns() % 10**8}", 1_000_000, 16
+    redis_client()
+    with databases(pg_server, "pt_celery") as db:
+        with db.sink.cursor() as cur:
+            cur.execute("CREATE TABLE pt_big (id BIGINT PRIMARY KEY, payload INTEGER NOT NULL)")
+            cur.execute(f"INSERT INTO pt_big SELECT i, i % 97 FROM generate_series(1, {rows}) i")
+            cur.execute("ANALYZE pt_big")
+            cur.execute("CREATE TABLE pt_big_sink (id BIGINT NOT NULL, part INTEGER NOT NULL, attempt INTEGER NOT NULL)")
+        with db.store.open(autocommit=True) as s:
+            s.ensure_schema()  # here: 16 partitions starting at once would all create it
+        cluster = CeleryDeployment(metadata_uri=db.metadata_uri, env=db.env, triggerer=False,
+                                   dag_files=[Path(__file__).parent / "dags" / "partition_dags.py"])
+        try:
+            cluster.start()
+            cluster.serve((dag_id,))
+            api = cluster.api
+            assert api is not None
+
+            def partition_rows() -> list[Checkpoint | None]:
+                with db.store.open(autocommit=True) as s:
+                    return [s.checkpoints.load(f"{dag_id}.copy[{i}]", run_id) for i in range(parts)]
+
+            # Given 1,000,000 rows, and a run of the job in 16 partitions on two workers
+            started = time.monotonic()
+            api.trigger(dag_id, run_id=run_id, conf={"delay": 0.4})
+
+            # When a worker running partitions that saved chunks is killed (SIGKILL, like a lost machine)
+            def busy_worker() -> tuple[Any, list[int]] | None:
+                running = {i: r for i, r in enumerate(partition_rows()) if r and r.status == "running" and r.processed}
+                tis = api.get(f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances", params={"limit": 100})
+                on: dict[str, list[int]] = {}
+                for ti in tis["task_instances"]:
+                    if ti["task_id"] == "copy.partition" and ti["state"] == "running" and ti["map_index"] in running:
+                        try:
+                            on.setdefault(cluster.worker_running(ti).name, []).append(ti["map_index"])
+                        except AssertionError:
+                            pass  # it just finished
+                name = max(on, key=lambda n: len(on[n]), default=None)
+                return (cluster.components[name], sorted(on[name])) if name else None
+
+            victim, lost = wait_for(busy_worker, timeout=300, interval=0.3, what="a worker running partitions",
+                                    on_timeout=cluster.tail)
+            before = {i: r for i, r in enumerate(partition_rows()) if i in lost}
+            killed = time.monotonic()
+            cluster.crash(victim)
+
+            # Then the run succeeds: every partition done, the killed ones on a later try that resumed
+            # from their checkpoints, and every row is in the sink exactly once
+            state = wait_for(lambda: (s := api.dag_run(dag_id, run_id)["state"]) in ("success", "failed") and s,
+                             timeout=HEARTBEAT_TIMEOUT + 420, interval=1.0, what=f"{run_id} to end",
+                             on_timeout=lambda: cluster.tail(40))
+            wall = time.monotonic() - started
+            assert state == "success", cluster.tail(60)
+            final = partition_rows()
+            assert all(r is not None and r.status == "done" for r in final), [(r and (r.status, r.last_error)) for r in final]
+            assert sum(r.processed for r in final if r) == rows
+            for i in lost:
+                row = final[i]
+                assert row is not None and row.attempt >= 2, (i, row)
+                assert row.resumed_from is not None and row.resumed_from >= before[i].position, (i, row, before[i])
+            with db.sink.cursor() as cur:
+                cur.execute("SELECT count(*), count(DISTINCT id), min(id), max(id) FROM pt_big_sink")
+                count, distinct, low, high = cur.fetchone()
+                cur.execute("SELECT count(*) FROM pt_big_sink WHERE attempt > 1")
+                (later,) = cur.fetchone()
+            assert (count, distinct, low, high) == (rows, rows, 1, rows), "every row exactly once"
+            print(f"\n[partitions/celery] {rows:,} rows in {parts} partitions on 2 workers, {victim.name} killed "
+                  f"{killed - started:.1f}s in while running partitions {lost}: run succeeded in {wall:.1f}s; "
+                  f"{later:,} rows written by later tries, none twice")
+        finally:
+            cluster.close()

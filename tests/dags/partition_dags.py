@@ -89,3 +89,19 @@ with DAG("pt_decorated", schedule="@daily", start_date=START, catchup=False) as 
         write_rows(ctx, [(grp, ident + offset) for grp, ident in batch])
 
     export.override(task_id="export")(offset=1000)
+
+
+def copy_rows(ctx: RunContext, batch: list[Any]) -> None:
+    """The chunk's ids into ``pt_big_sink`` in one statement, in the checkpoint's transaction (a
+    chunk rolled back by a crash leaves nothing), then a wait of conf ``delay`` seconds inside it."""
+    conf = dict(get_current_context()["dag_run"].conf or {})
+    ctx.transaction().execute("INSERT INTO pt_big_sink (id, part, attempt) SELECT unnest(%s::bigint[]), %s, %s",
+                              ([row[0] for row in batch], partition_of(ctx), ctx.attempt))
+    ctx.signal.wait(float(conf.get("delay", 0)))
+
+
+with DAG("pt_celery", schedule=None, start_date=START, catchup=False, max_active_tasks=16) as pt_celery:
+    # Run on the Celery deployment (tests/test_partitions.py): 1,000,000 rows of ``pt_big`` in 16
+    # partitions; a short lease, so a retry takes a killed worker's partition over at once.
+    partitioned(task_id="copy", read=sql_reader("resumable_default", table="pt_big", key="id"), process=copy_rows,
+                partitions=16, chunk_size=10_000, lease=4, retries=3, retry_delay=timedelta(seconds=2))
