@@ -396,7 +396,8 @@
       }) : Promise.resolve(null);
       Promise.all([request("GET", API + "checkpoints?" + q), jobs]).then(function (res) {
         if (mine !== generation) return;  // a newer filter's answer is on its way
-        rows = res[0].checkpoints;
+        // A partitioned job's plan row (<job>#plan) is part of its job's line above, not a slot to watch.
+        rows = res[0].checkpoints.filter(function (r) { return !/#plan$/.test(r.job); });
         msg.textContent = rows.length ? "" : "No slots match."; msg.className = "";
         body.replaceChildren.apply(body, rows.map(slotRow));
         renderSummary(res[1], dag);
