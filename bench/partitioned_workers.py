@@ -44,10 +44,14 @@ HEARTBEATS_MEASURED, HEARTBEAT_CORE_SHARE = 100, 0.082
 FLEET = 100
 
 
-def _arithmetic(rows_per_second: float, overhead: float) -> list[str]:
+def _arithmetic(rows_per_second: float, overhead: float, extra: float) -> list[str]:
     """The notes for 100 workers on one PostgreSQL, from a worker's measured rate."""
     heartbeat = FLEET / (defaults.LEASE / 3)  # one renewal per attempt every lease/3 seconds
-    lines = [f"15: per-task overhead {overhead:.1f} s per task instance (median, on the 1-slot pool: the run's wall "
+    lines = [f"15: on the 1-slot pool the partitioned run took {extra:.1f} s per extra task instance more than the "
+             f"unpartitioned one ({PARTITIONS + 1} more tasks): the overhead outside the tasks below, and inside them "
+             f"each task's start (the store's connection and schema check, the XCom pushes), the plan's split and "
+             f"each partition's count of its range",
+             f"15: per-task overhead {overhead:.1f} s per task instance (median, on the 1-slot pool: the run's wall "
              f"time outside its tasks' own durations, per task: queueing, a worker process, parsing the DAG); N "
              f"partitions cost N + 2 tasks (a plan, N partitions, a summary), and a partition pays it again on each try"]
     for chunk in (CHUNK, 5_000, 50_000):
@@ -60,6 +64,8 @@ def _arithmetic(rows_per_second: float, overhead: float) -> list[str]:
                  f"{defaults.LEASE / 3:g} s): {heartbeat:,.0f} statements/s = {heartbeat / HEARTBEATS_MEASURED:.0%} of "
                  f"row 11's 1,000 leases ({HEARTBEATS_MEASURED}/s, {HEARTBEAT_CORE_SHARE:.1%} of one core): "
                  f"~{HEARTBEAT_CORE_SHARE * heartbeat / HEARTBEATS_MEASURED:.1%} of a core")
+    lines.append(f"15: connections, not statements, bound {FLEET} workers first: each attempt holds two (its own and "
+                 f"its lease keeper's), {2 * FLEET} in all, over PostgreSQL's default max_connections of 100")
     return lines
 
 
@@ -133,6 +139,7 @@ def run(db: Database) -> list[Result]:
              f"{ROUNDS} rounds, the two DAGs alternating; every run: " + "; ".join(
                  f"{d.removeprefix('bench_')} on {n}: " + ", ".join(f"{v:.1f}" for v in vs) + " s"
                  for (d, n), vs in walls.items()),
-             *_arithmetic(rate, overhead)]
+             *_arithmetic(rate, overhead, (wall[("bench_partitioned", 1)] - wall[("bench_unpartitioned", 1)])
+                          / (PARTITIONS + 1))]
     return [Result("15", f"{ROWS:,} rows, chunks of {CHUNK}: unpartitioned / {PARTITIONS} partitions, wall time of "
                    "the DAG run (1 / 2 / 4 workers)", measured, ratios[max(WORKERS)], "reported", None, notes=notes)]
