@@ -29,7 +29,7 @@ from airflow_resumable.core.stores import PostgresStore
 from devtools.postgres import Server
 from support.chaos import hosts
 from support.chaos.checker import check_run
-from support.chaos.cluster import TABLES, Chaos, LocalChaosDeployment, chaos_cluster
+from support.chaos.cluster import PROXY_PORT, TABLES, Chaos, LocalChaosDeployment, chaos_cluster, start_proxy
 from support.chaos.hosts import Network, netem_available, sweep
 from support.chaos.trials import run_trial, table
 from support.chaos.workloads import CHUNK, WORKLOADS, Run
@@ -71,6 +71,39 @@ def test_hosts_reach_each_other_over_the_bridge_and_nothing_is_left_after_close(
         network.close()
     assert not [n for n in hosts._namespaces() if n.startswith(network.tag)]
     assert not [n for n in hosts._links() if n.startswith(network.tag)]
+
+
+def _round_trip(host: hosts.Host, port: int) -> float:
+    """Seconds for 20 echoes of one byte through ``127.0.0.1:port`` on ``host``."""
+    probe = (f"import socket, time; s = socket.create_connection(('127.0.0.1', {port}), timeout=30); t = time.monotonic()\n"
+             "for _ in range(20):\n    s.sendall(b'x'); assert s.recv(1) == b'x'\nprint(time.monotonic() - t)")
+    done = subprocess.run(host.argv(sys.executable, "-c", probe), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return float(done.stdout)
+
+
+def test_the_proxy_on_a_worker_host_adds_latency_and_loss_until_healed() -> None:
+    network = Network().open({"db": 2, "w1": 11})
+    echo = None
+    try:
+        w1, db = network.hosts["w1"], network.hosts["db"]
+        echo = subprocess.Popen(db.argv("socat", f"TCP-LISTEN:7001,bind={db.address},fork,reuseaddr", "EXEC:cat"))
+        wait_for(lambda: _reaches(w1, db.address, 7001), timeout=20, what="the echo server to answer")
+        proxy = start_proxy(network, "w1", db.address, 7001, hosts.STATE_DIR / network.tag)
+        healthy = _round_trip(w1, PROXY_PORT)
+        proxy.degrade(delay=0.05, jitter=0.0, loss=0.0)  # read within 0.1 s
+        # 20 round trips, each piece of data held 50 ms each way: 2 s at least
+        degraded = wait_for(lambda: (t := _round_trip(w1, PROXY_PORT)) >= 20 * 2 * 0.05 and t, timeout=30,
+                            what="the proxy to hold each piece of data 50 ms")
+        proxy.heal()
+        healed = wait_for(lambda: (t := _round_trip(w1, PROXY_PORT)) < degraded / 4 and t, timeout=30,
+                          what="the healed proxy to forward at once")
+        assert healthy < degraded / 4, (healthy, degraded, healed)
+    finally:
+        if echo is not None:
+            echo.kill()
+            echo.wait(timeout=10)
+        network.close()
 
 
 def test_a_crashed_run_s_namespaces_links_and_processes_are_swept_by_the_next() -> None:

@@ -151,12 +151,12 @@ class Proxy:
         tmp.replace(self.control)
 
 
-def _start_proxy(network: Network, role: str, db: HostPostgres, state: Path) -> Proxy:
+def start_proxy(network: Network, role: str, address: str, port: int, state: Path) -> Proxy:
+    """The proxy on host ``role`` to ``address:port`` (its control file in ``state``)."""
     control = state / f"proxy-{role}.json"
     control.write_text("{}")
     host = network.hosts[role]
-    proc = subprocess.Popen(host.argv(sys.executable, str(PROXY), str(PROXY_PORT), db.host.address, str(db.port),
-                                      str(control)),
+    proc = subprocess.Popen(host.argv(sys.executable, str(PROXY), str(PROXY_PORT), address, str(port), str(control)),
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
     network.remember(proc.pid)
@@ -228,7 +228,8 @@ def chaos_cluster(admin_dsn: str, *, redis_db: int = 11, extra_hosts: dict[str, 
         meta_name, meta_port = _metadata_database(admin_dsn)
         meta_host = urlsplit(admin_dsn).hostname
         relay_meta = free_port()
-        proxies = {role: _start_proxy(network, role, db, STATE_DIR / network.tag) for role in WORKER_HOSTS.values()}
+        proxies = {role: start_proxy(network, role, db.host.address, db.port, STATE_DIR / network.tag)
+                   for role in WORKER_HOSTS.values()}
         network.relay(REDIS_PORT)
         network.relay(relay_meta, meta_port)
         metadata_uri = f"postgresql+psycopg2://postgres@{meta_host}:{meta_port}/{meta_name}"
