@@ -33,6 +33,8 @@ def main() -> int:
     parser.add_argument("--first", type=int, help="the first seed of the trials (default: a random one)")
     parser.add_argument("--executor", choices=("celery", "local"), default="celery",
                         help="Celery workers on the hosts, or schedulers with their LocalExecutor")
+    parser.add_argument("--redis-db", type=int, default=9,
+                        help="the broker's Redis database (flushed): one per run at the same time")
     parser.add_argument("--minutes", type=float, default=None, help="stop starting trials after this long")
     args = parser.parse_args()
     base = args.seed if args.seed is not None else args.first if args.first is not None else random.randrange(10**6)
@@ -50,7 +52,8 @@ def main() -> int:
     trials = []
     deadline = time.monotonic() + args.minutes * 60 if args.minutes else None
     try:
-        with chaos_cluster(server.admin_dsn, redis_db=9, executor=args.executor) as chaos:  # not the tests' broker database
+        # not the tests' broker database (nor another run's: each flushes its own)
+        with chaos_cluster(server.admin_dsn, redis_db=args.redis_db, executor=args.executor) as chaos:
             for seed in range(base, base + count):
                 if deadline is not None and time.monotonic() > deadline:
                     print(f"stopping after {len(trials)} trials: --minutes {args.minutes:g} ran out")
