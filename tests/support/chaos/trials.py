@@ -156,8 +156,14 @@ def settle(chaos: Chaos, trial: Trial) -> tuple[dict[str, str], float]:
     reports a slot left ``running`` with its lease expired and no live holder as an anomaly."""
     began = time.monotonic()
     last, moved = None, began
+    states = {run.run_id: "unknown" for run in trial.runs}
     while True:
-        states, seen = _snapshot(chaos, trial.runs)
+        try:
+            states, seen = _snapshot(chaos, trial.runs)
+        except Exception as exc:  # noqa: BLE001 - an api-server slow to answer under load: no progress seen
+            seen = last
+            if sum(entry.startswith("settle:") for entry in trial.log) < 5:
+                trial.log.append(f"settle: could not read the runs: {exc!r}"[:300])
         now = time.monotonic()
         if all(s in FINISHED for s in states.values()):
             return states, now - began
@@ -167,7 +173,11 @@ def settle(chaos: Chaos, trial: Trial) -> tuple[dict[str, str], float]:
             break
         time.sleep(1.0)
     why = f"nothing moved for {now - moved:.0f}s" if now - moved > STALL else f"still moving after {now - began:.0f}s"
-    trial.unsettled.append(f"not quiet by the deadline ({why}): {describe(chaos, trial.runs, states)}")
+    try:
+        what = describe(chaos, trial.runs, states)
+    except Exception as exc:  # noqa: BLE001 - the report of a stall must not hide it
+        what = f"(could not describe: {exc!r})"
+    trial.unsettled.append(f"not quiet by the deadline ({why}): {what}")
     return states, now - began
 
 
