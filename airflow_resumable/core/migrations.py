@@ -220,7 +220,15 @@ def migrate(session: SchemaSession, *, apply: bool = True) -> int:
         SchemaVersionError: the database is newer than this code, damaged, or older and ``apply``
             is False or the migration failed (nothing of the failed step stays).
     """
-    version = current_version(session)
+    try:
+        version = current_version(session)
+    except SchemaVersionError:
+        # The stamp missing beside a live checkpoint table is also what two reads see when another
+        # process commits the fresh tables between them (several tasks starting at once on an
+        # empty database). Wait for the schema lock, which that process holds until its tables
+        # and stamp are committed, and look again: a database damaged by hand fails again.
+        _wait_for_schema_work(session)
+        version = current_version(session)
     if version == SCHEMA_VERSION:
         _check_shape(session, version)
         return version
@@ -260,6 +268,12 @@ def migrate(session: SchemaSession, *, apply: bool = True) -> int:
             "may: python -m airflow_resumable migrate --conn-id <conn_id> (or print the SQL with --sql)",
         ) from exc
     return version
+
+
+def _wait_for_schema_work(session: SchemaSession) -> None:
+    """Return once no other process creates or migrates the schema (an empty transaction under the lock)."""
+    with session.transaction(lock=True):
+        pass
 
 
 def plan(session: SchemaSession) -> list[str]:
