@@ -101,6 +101,11 @@ class Connection:
 
     _execute = execute
 
+    @property
+    def in_transaction(self) -> bool:
+        """Whether a :meth:`transaction` block is open on this connection."""
+        return self._in_transaction
+
     def commit(self) -> None:
         """Commit the open transaction, if any (a no-op in autocommit mode, and inside
         :meth:`transaction`, which commits once at its end)."""
