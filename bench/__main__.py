@@ -37,6 +37,7 @@ _RUNNERS = {
     "12": ("bench.throttle", "run"),
     "13": ("bench.txheartbeat", "run"),
     "14": ("bench.partitions", "run"),
+    "15": ("bench.items", "run"),
 }
 ROWS = tuple(_RUNNERS)
 
