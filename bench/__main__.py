@@ -38,6 +38,7 @@ _RUNNERS = {
     "13": ("bench.txheartbeat", "run"),
     "14": ("bench.partitions", "run"),
     "15": ("bench.partitioned_workers", "run"),
+    "16": ("bench.items", "run"),
 }
 ROWS = tuple(_RUNNERS)
 

@@ -4,7 +4,12 @@ Timing rules (the machines are shared and noisy):
 
 * the things compared are measured in the same run, alternating (A B, then B A, ...), so a burst
   of load from a neighbour hits both sides alike;
-* each side is summarized by its median, and a row reports the *ratio* of medians;
+* a row's ratio is the median over the rounds of the two sides' ratio *in the same round*, and its
+  spread is the interquartile range of those per-round ratios (printed in the table): two runs
+  of a row agree when their ratios lie within each other's spread;
+* each side's CPU time (``time.process_time``: this process only, so neither PostgreSQL's server
+  time nor another engineer's load is in it) is kept beside its wall time: the noise-free part
+  of a comparison, for the Python side;
 * absolute times are printed for context only.
 """
 
@@ -39,6 +44,7 @@ class Result:
         target: the target as text, e.g. ``"<= 1.25x"``.
         passed: True / False against the target; None for a figure reported without a target.
         notes: extra lines printed under the table (query plans, caveats).
+        spread: how much the per-round ratios behind ``ratio`` vary (``IQR 1.01-1.04, n=15``).
     """
 
     key: str
@@ -48,6 +54,7 @@ class Result:
     target: str
     passed: bool | None
     notes: list[str] = dataclasses.field(default_factory=list)
+    spread: str = ""
 
     @property
     def verdict(self) -> str:
@@ -68,9 +75,10 @@ def at_least(ratio: float, limit: float) -> bool:
 
 def table(results: list[Result]) -> str:
     """The results as one Markdown table (readable in a terminal, pasteable into the docs)."""
-    head = ["#", "what", "measured (medians)", "ratio", "target", "verdict"]
+    head = ["#", "what", "measured (medians)", "ratio", "spread", "target", "verdict"]
     rows = [
-        [r.key, r.what, r.measured, "n/a" if r.ratio is None else f"{r.ratio:.2f}x", r.target, r.verdict]
+        [r.key, r.what, r.measured, "n/a" if r.ratio is None else f"{r.ratio:.2f}x", r.spread or "-", r.target,
+         r.verdict]
         for r in results
     ]
     widths = [max(len(str(x)) for x in col) for col in zip(head, *rows, strict=True)]
@@ -87,12 +95,14 @@ def table(results: list[Result]) -> str:
 
 
 def interleave(
-    sides: Mapping[str, Callable[[], Any]], *, rounds: int, warmup: int = 0
+    sides: Mapping[str, Callable[[], Any]], *, rounds: int, warmup: int = 0,
+    cpu: dict[str, list[float]] | None = None,
 ) -> dict[str, list[float]]:
     """Time each side once per round, alternating the order every round; seconds per call.
 
     Round ``i`` runs the sides in order when ``i`` is even and reversed when odd (A B, B A, ...),
-    so neither side always runs right after the other.
+    so neither side always runs right after the other. With ``cpu``, each call's CPU time
+    (this process's) is appended to ``cpu[side]`` too.
     """
     names = list(sides)
     for _ in range(warmup):
@@ -101,10 +111,38 @@ def interleave(
     times: dict[str, list[float]] = {name: [] for name in names}
     for i in range(rounds):
         for name in names if i % 2 == 0 else reversed(names):
+            began_cpu = time.process_time()
             start = time.perf_counter()
             sides[name]()
             times[name].append(time.perf_counter() - start)
+            if cpu is not None:
+                cpu.setdefault(name, []).append(time.process_time() - began_cpu)
     return times
+
+
+def ratios(times: Mapping[str, list[float]], side: str, base: str) -> list[float]:
+    """``side``'s time over ``base``'s, round by round (the two ran one right after the other)."""
+    return [a / b for a, b in zip(times[side], times[base], strict=True)]
+
+
+def quartiles(values: list[float]) -> tuple[float, float, float]:
+    """(first quartile, median, third quartile)."""
+    if len(values) < 2:
+        return values[0], values[0], values[0]
+    q1, q2, q3 = statistics.quantiles(values, n=4, method="inclusive")
+    return q1, q2, q3
+
+
+def spread(values: list[float], unit: str = "x", digits: int = 2) -> str:
+    """The interquartile range of per-round figures, and how many rounds: ``IQR 1.01-1.04x, n=15``."""
+    q1, _, q3 = quartiles(values)
+    return f"IQR {q1:.{digits}f}-{q3:.{digits}f}{unit}, n={len(values)}"
+
+
+def paired_ratio(times: Mapping[str, list[float]], side: str, base: str) -> tuple[float, str]:
+    """The median of the per-round ratios of ``side`` over ``base``, and their spread."""
+    rs = ratios(times, side, base)
+    return median(rs), spread(rs)
 
 
 def median(values: list[float]) -> float:

@@ -25,11 +25,11 @@ from typing import Any
 from psycopg2.extensions import make_dsn
 
 from bench import airflow_env
-from bench.common import Database, Result, median, ms, say
+from bench.common import Database, Result, median, ms, say, spread
 from bench.loans import create_loans
 
 CHUNKS = 100
-ROUNDS = 4
+ROUNDS = 6
 TARGET = 1.0
 
 _dates = (datetime(2026, 1, 1, tzinfo=timezone.utc) + timedelta(hours=i) for i in range(10**6))
@@ -83,6 +83,8 @@ def _result(key: str, what: str, seen: dict[str, list[dict[str, Any]]]) -> Resul
     loop_n = median([r["loop"] for r in seen["native"]])
     loop_o = median([r["loop"] for r in seen["ours"]])
     ratio = n / o
+    per_round = [median(a["checkpoints"]) / median(b["checkpoints"])
+                 for a, b in zip(seen["native"], seen["ours"], strict=False) if a["checkpoints"] and b["checkpoints"]]
     return Result(
         key, what, f"set() {ms(n)} vs ctx.checkpoint() {ms(o)}", ratio,
         f">= {TARGET:.2f}x (native / ours)", ratio >= TARGET,
@@ -91,6 +93,7 @@ def _result(key: str, what: str, seen: dict[str, list[dict[str, Any]]]) -> Resul
             f"{len(seen['native'])} + {len(seen['ours'])} task runs; "
             f"whole loop of {CHUNKS} chunks: native {loop_n:.2f} s vs ours {loop_o:.2f} s ({loop_n / loop_o:.2f}x)",
         ],
+        spread=spread(per_round) if per_round else "",
     )
 
 

@@ -279,3 +279,49 @@ def test_the_migrate_command_prints_applies_and_checks(store: Store, store_kind:
     assert cli("--check").returncode == 0
     assert json.loads(json.dumps(meta(store)))["schema_version"] == str(SCHEMA_VERSION)
     assert "password" not in applied.stdout + applied.stderr
+
+
+def _first_use_in_a_process(params: dict[str, Any], start: Any, rounds: Any, answers: Any) -> None:
+    """A task's first use of the store, in its own process: wait for the others, then open and check."""
+    from airflow_resumable.core.stores import PostgresStore
+
+    while (schema := rounds.get()) is not None:
+        store = PostgresStore(**{**params, "options": f"-c search_path={schema}"})
+        start.wait()
+        try:
+            with store.open(autocommit=True) as s:
+                answers.put(s.ensure_schema())
+        except Exception as exc:
+            answers.put(f"{type(exc).__name__}: {exc}")
+
+
+def test_many_processes_creating_the_schema_of_an_empty_database_at_once_all_go_on(pg_server: Any) -> None:
+    # Given eight processes that open the same empty schema at the same moment, a few times over
+    # (partitions' tasks starting together on a fresh database; one try in four failed before)
+    import multiprocessing
+
+    spawn = multiprocessing.get_context("spawn")
+    workers, tries = 8, 6
+    start, rounds, answers = spawn.Barrier(workers), spawn.Queue(), spawn.Queue()
+    first = pg_server.create_schema()
+    params = {k: v for k, v in first.items() if k != "options"}
+    schemas = [first["options"].split("search_path=", 1)[1]]
+    schemas += [pg_server.create_schema()["options"].split("search_path=", 1)[1] for _ in range(tries - 1)]
+    processes = [spawn.Process(target=_first_use_in_a_process, args=(params, start, rounds, answers))
+                 for _ in range(workers)]
+    for p in processes:
+        p.start()
+    try:
+        for schema in schemas:
+            for _ in range(workers):
+                rounds.put(schema)
+            # Then every one of them goes on at the current version (none sees a half-made schema)
+            got = [answers.get(timeout=120) for _ in range(workers)]
+            assert got == [SCHEMA_VERSION] * workers, got
+    finally:
+        for _ in processes:
+            rounds.put(None)
+        for p in processes:
+            p.join(30)
+            if p.is_alive():
+                p.kill()

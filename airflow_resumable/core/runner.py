@@ -66,6 +66,13 @@ class Attempt(Chunks, Finishing, Acquiring):
     (:mod:`~airflow_resumable.core.finish`).
     """
 
+    #: Set by the embedding before :meth:`run`: keep the attempt's connection open after a
+    #: successful end, as :attr:`kept_session`, for a write that follows at once (Airflow's success
+    #: confirmation) instead of connecting again. Whoever takes it closes it.
+    keep_session: bool = False
+    #: The attempt's open session after a successful :meth:`run` with :attr:`keep_session`; else None.
+    kept_session: StoreSession | None = None
+
     def run(self, handler: Callable[[RunContext], Any]) -> Outcome:
         """Run ``handler(ctx)`` from the slot's last checkpoint.
 
@@ -92,73 +99,86 @@ class Attempt(Chunks, Finishing, Acquiring):
             self.signal.fire_after(self.options.timeout)
         # Autocommit until the handler asks for ctx.transaction(): a checkpoint is then one
         # statement, one round trip.
-        with self.store.open(autocommit=True) as session:
-            self._session = session
-            session.ensure_schema()
-            row, created = self._acquire(session)
-            try:
-                status = status_of(row.status, job=self.job, slot=self.slot)
-                check(status, Status.RUNNING, job=self.job, slot=self.slot)
-            except CorruptCheckpoint:
-                self._release(session, created=False)  # leave the hand-edited row as it was
-                raise
-            rerun_because = self._why_run_again(row) if status is Status.DONE else None
-            if status is Status.DONE and rerun_because is None:
-                return self._already_done(session, row)
-            self._overlap(session, row, created)
-            try:
-                previous = session.listings.previous(self.job, self.slot, by_time=self.scheduled_at is not None)
-                row, resumed, resumed_from = self._begin(session, row, created, rerun_because)
-            except BaseException:
-                self._release(session, created=False)  # nothing started: do not hold the slot
-                raise
-            tally = self._tally = Tally(row)
-            ctx = self._ctx = RunContext(self, self.identity, tally, signal=self.signal, log=self.log,
-                                         resumed=resumed, previous=previous)
-            self._meter = ProgressMeter(row.processed)
-            self.reporter.on_start(row, resumed=resumed)
-            self.keeper = LeaseKeeper(
-                self.store,
-                self.fence,
-                lease_seconds=self.options.lease,
-                signal=self.signal,
-                interval=self._heartbeat,
-            ).start()
-            keeper = self.keeper
-            try:
-                if self.options.pipeline_checkpoints:  # connects while the first chunk runs
-                    self._writer = checkpoint_writer(self.store, session, self.fence, signal=self.signal,
-                                                     tally=tally)
-                if row.cancel_request:  # accepted, but the attempt it was meant for died first
-                    raise self._pending_cancel(session, row)
-                if row.request == Request.PAUSE:  # asked before this attempt started: pause before any work
-                    raise Paused(Reason.PAUSED.value, f"pause requested by {row.requested_by or '?'}")
-                self._started = time.monotonic()
-                result = self._call(handler, ctx)
-                # Fails here, before "done", when the value could not be kept (nor given back later).
-                result_text = self._result_text(result)
-                self._flush()  # "done" follows the last checkpoint: wait for a pipelined one in flight
-            except BaseException as exc:
-                self._quiesce(session, keeper)  # the unfinished chunk's writes go with it
-                deleted = self._deleted(session, exc)
-                self._stopped(session, deleted or exc)
-                if deleted is not None:
-                    raise deleted from exc
-                raise
-            if self.signal.reason == Reason.LEASE_LOST:  # lost after the handler's last checkpoint
-                self._quiesce(session, keeper)
-                lost = LeaseLost("the lease was lost while the handler ran", job=self.job, slot=self.slot)
-                lost = self._deleted(session, lost) or lost
-                self._stopped(session, lost)
-                raise lost
-            self._flush(close=True)
-            # Writes made through ctx.transaction() after the last checkpoint commit with "done".
-            keeper.stop(join=False)
-            try:
-                final = self._end(session, Status.DONE, result=result_text)
-            finally:
-                keeper.stop()
-            return Outcome(result=result, checkpoint=final, resumed_from=resumed_from)
+        session = self.store.session(autocommit=True)
+        try:
+            outcome = self._run_on(session, handler)
+        except BaseException:
+            session.close()
+            raise
+        if self.keep_session and session.autocommit:
+            self.kept_session = session
+        else:
+            session.close()
+        return outcome
+
+    def _run_on(self, session: StoreSession, handler: Callable[[RunContext], Any]) -> Outcome:
+        """:meth:`run` on the attempt's open session."""
+        self._session = session
+        session.ensure_schema()
+        row, created = self._acquire(session)
+        try:
+            status = status_of(row.status, job=self.job, slot=self.slot)
+            check(status, Status.RUNNING, job=self.job, slot=self.slot)
+        except CorruptCheckpoint:
+            self._release(session, created=False)  # leave the hand-edited row as it was
+            raise
+        rerun_because = self._why_run_again(row) if status is Status.DONE else None
+        if status is Status.DONE and rerun_because is None:
+            return self._already_done(session, row)
+        self._overlap(session, row, created)
+        try:
+            previous = session.listings.previous(self.job, self.slot, by_time=self.scheduled_at is not None)
+            row, resumed, resumed_from = self._begin(session, row, created, rerun_because)
+        except BaseException:
+            self._release(session, created=False)  # nothing started: do not hold the slot
+            raise
+        tally = self._tally = Tally(row)
+        ctx = self._ctx = RunContext(self, self.identity, tally, signal=self.signal, log=self.log,
+                                     resumed=resumed, previous=previous)
+        self._meter = ProgressMeter(row.processed)
+        self.reporter.on_start(row, resumed=resumed)
+        self.keeper = LeaseKeeper(
+            self.store,
+            self.fence,
+            lease_seconds=self.options.lease,
+            signal=self.signal,
+            interval=self._heartbeat,
+        ).start()
+        keeper = self.keeper
+        try:
+            if self.options.pipeline_checkpoints:  # connects while the first chunk runs
+                self._writer = checkpoint_writer(self.store, session, self.fence, signal=self.signal,
+                                                 tally=tally)
+            if row.cancel_request:  # accepted, but the attempt it was meant for died first
+                raise self._pending_cancel(session, row)
+            if row.request == Request.PAUSE:  # asked before this attempt started: pause before any work
+                raise Paused(Reason.PAUSED.value, f"pause requested by {row.requested_by or '?'}")
+            self._started = time.monotonic()
+            result = self._call(handler, ctx)
+            # Fails here, before "done", when the value could not be kept (nor given back later).
+            result_text = self._result_text(result)
+            self._flush()  # "done" follows the last checkpoint: wait for a pipelined one in flight
+        except BaseException as exc:
+            self._quiesce(session, keeper)  # the unfinished chunk's writes go with it
+            deleted = self._deleted(session, exc)
+            self._stopped(session, deleted or exc)
+            if deleted is not None:
+                raise deleted from exc
+            raise
+        if self.signal.reason == Reason.LEASE_LOST:  # lost after the handler's last checkpoint
+            self._quiesce(session, keeper)
+            lost = LeaseLost("the lease was lost while the handler ran", job=self.job, slot=self.slot)
+            lost = self._deleted(session, lost) or lost
+            self._stopped(session, lost)
+            raise lost
+        self._flush(close=True)
+        # Writes made through ctx.transaction() after the last checkpoint commit with "done".
+        keeper.stop(join=False)
+        try:
+            final = self._end(session, Status.DONE, result=result_text)
+        finally:
+            keeper.stop()
+        return Outcome(result=result, checkpoint=final, resumed_from=resumed_from)
 
     def _call(self, handler: Callable[[RunContext], Any], ctx: RunContext) -> Any:
         """Run the handler; once it returns or raises, its context can no longer write."""

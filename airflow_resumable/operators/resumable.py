@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import threading
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from datetime import datetime, timedelta, timezone
@@ -30,6 +31,7 @@ from airflow_resumable.core.runner import Attempt, Hooks, Outcome
 from airflow_resumable.core.signal import Reason
 from airflow_resumable.core.skips import shown
 from airflow_resumable.core.stores import Store
+from airflow_resumable.core.stores.base import StoreSession
 from airflow_resumable.hooks.resumable import DEFAULT_CONN_ID, ResumableHook
 from airflow_resumable.metrics import Metrics
 from airflow_resumable.operators import task_instance
@@ -267,8 +269,10 @@ class ResumableOperator(BaseOperator):
             self._attempt = attempt
             if self._terminated:  # SIGTERM came while the store was being opened
                 attempt.signal.cancel(Reason.TERMINATED, "the task process received SIGTERM")
-            self._confirm_on_success(store, job, slot, origin)
+            kept = self._confirm_on_success(store, job, slot, origin)
+            attempt.keep_session = True  # the confirmation below writes on it instead of connecting again
             outcome = attempt.run(self._handler(context))
+            kept.give(attempt.kept_session)
         except Paused as exc:
             paused = exc
         except OverlapWait as exc:
@@ -327,25 +331,34 @@ class ResumableOperator(BaseOperator):
             timeout=None if timeout is None else timedelta(seconds=timeout),
         )
 
-    def _confirm_on_success(self, store: Any, job: str, slot: str, origin: Origin) -> None:
+    def _confirm_on_success(self, store: Any, job: str, slot: str, origin: Origin) -> KeptSession:
         """Add a success callback that marks the slot's ``done`` row as confirmed by Airflow.
 
         Airflow runs success callbacks after it committed the task instance's success, so the mark
         means "this task instance succeeded": a later Clear of it asks for the work again. Without
-        the mark (a failure or a kill after ``done``), a new try finishes without redoing it.
+        the mark (a failure or a kill after ``done``), a new try finishes without redoing it. The
+        mark is written on the attempt's own connection, given to the returned holder when the
+        attempt ends well; the callback connects again only without one.
         """
         log = self.log
+        kept = KeptSession()
 
         def confirm(context: Context) -> None:
+            session = kept.take()
             try:
-                with store.open(autocommit=True) as session:
-                    session.checkpoints.confirm(job, slot, origin)
+                if session is None:
+                    session = store.session(autocommit=True)
+                session.checkpoints.confirm(job, slot, origin)
             except Exception as exc:  # a missing mark only means a later Clear finishes instead of redoing
                 log.warning("could not record the success on the checkpoint row: %s [job=%s slot=%s]", exc, job, slot)
+            finally:
+                if session is not None:
+                    session.close()
 
         setattr(confirm, "resumable_confirm", True)  # noqa: B010 - a mark mypy cannot see on a function
-        kept = [cb for cb in self.on_success_callback or () if not getattr(cb, "resumable_confirm", False)]
-        self.on_success_callback = [*kept, confirm]
+        others = [cb for cb in self.on_success_callback or () if not getattr(cb, "resumable_confirm", False)]
+        self.on_success_callback = [*others, confirm]
+        return kept
 
     def _wait_or_give_up(self, context: Context, exc: OverlapWait) -> BaseException:
         """``overlap="wait"``: reschedule (no worker slot, no retry used) until ``overlap_timeout``."""
@@ -476,3 +489,25 @@ class ChunkedOperator(ResumableOperator):
 
 
 ChunkedOperator.__doc__ = f"{(ChunkedOperator.__doc__ or '').rstrip()}\n\n{params_doc(CHUNKED_OPTIONS)}\n"
+
+
+class KeptSession:
+    """The attempt's open connection, from its end to the success callback that confirms on it.
+
+    Taken once, and only on the thread that gave it (a SQLite connection refuses another); a
+    session nobody takes is closed when the holder is dropped (the driver closes it then).
+    """
+
+    def __init__(self) -> None:
+        self._session: StoreSession | None = None
+        self._thread: int | None = None
+
+    def give(self, session: StoreSession | None) -> None:
+        self._session, self._thread = session, threading.get_ident()
+
+    def take(self) -> StoreSession | None:
+        session, self._session = self._session, None
+        if session is not None and self._thread != threading.get_ident():
+            session.close()
+            return None
+        return session

@@ -10,7 +10,10 @@ appends what it measured as one JSON line to ``BENCH_OUT``:
 * ``bench_resumable`` -- the same loop as a :class:`~airflow_resumable.ResumableOperator` handler
   calling ``ctx.checkpoint()`` after every chunk;
 * ``bench_plain`` -- a plain ``PythonOperator`` with the same loop and no checkpoints at all
-  (row 7 compares it with ``bench_resumable``).
+  (row 7 compares it with ``bench_resumable``);
+* ``bench_handwritten`` -- the plain loop with a checkpoint by hand (an upsert + commit per chunk,
+  on a connection of its own), and ``bench_handwritten_reported`` -- that, with the row pushed to
+  XCom and the task state store at the start and at the end as ours reports it: row 7's floors.
 
 The DAGs have no schedule and are only run by ``python -m bench``.
 """
@@ -128,3 +131,56 @@ def plain_report(**_: Any) -> int:
 
 with DAG(dag_id="bench_plain", schedule=None, start_date=START, catchup=False, tags=["bench"]) as plain_dag:
     PythonOperator(task_id="report", python_callable=plain_report)
+
+
+def _handwritten(ti: Any, task_state_store: Any, reported: bool) -> int:
+    """The same loop with a checkpoint by hand: one upsert + commit per chunk on a connection of its
+    own; ``reported``: the row also pushed the way ours reports it (XCom and the task state store,
+    at the start and at the end)."""
+    import datetime as dt
+
+    def report(row: dict[str, Any]) -> None:
+        if reported:
+            ti.xcom_push(key="checkpoint", value=row)
+            if task_state_store is not None:
+                task_state_store.set("resumable", row)
+
+    slot = f"{ti.run_id}"
+    total, after, processed = 0, 0, 0
+    with closing(_loans()) as conn, closing(_loans()) as ckpt:
+        ckpt.autocommit = False
+        out, cur = ckpt.cursor(), conn.cursor()
+        report({"job": "hand", "slot": slot, "status": "running", "position": None, "processed": 0,
+                "updated_at": dt.datetime.now(dt.timezone.utc).isoformat()})
+        for _ in range(_chunks()):
+            batch = _page(cur, after)
+            if not batch:
+                break
+            total += sum(days for _, days in batch)
+            after, processed = batch[-1][0], processed + len(batch)
+            out.execute(
+                "INSERT INTO hand_checkpoints (job, slot, position, state, processed) VALUES ('hand', %s, %s, %s, %s) "
+                "ON CONFLICT (job, slot) DO UPDATE SET position = excluded.position, state = excluded.state, "
+                "processed = excluded.processed",
+                (slot, json.dumps(after), json.dumps({"total": total}), processed),
+            )
+            ckpt.commit()
+        report({"job": "hand", "slot": slot, "status": "done", "position": after, "processed": processed,
+                "updated_at": dt.datetime.now(dt.timezone.utc).isoformat()})
+    return total
+
+
+def handwritten_report(ti: Any = None, task_state_store: Any = None, **_: Any) -> int:
+    return _handwritten(ti, task_state_store, reported=False)
+
+
+def handwritten_reported(ti: Any = None, task_state_store: Any = None, **_: Any) -> int:
+    return _handwritten(ti, task_state_store, reported=True)
+
+
+with DAG(dag_id="bench_handwritten", schedule=None, start_date=START, catchup=False, tags=["bench"]) as hand_dag:
+    PythonOperator(task_id="report", python_callable=handwritten_report)
+
+with DAG(dag_id="bench_handwritten_reported", schedule=None, start_date=START, catchup=False,
+         tags=["bench"]) as hand_reported_dag:
+    PythonOperator(task_id="report", python_callable=handwritten_reported)

@@ -34,9 +34,32 @@ class _SQL:
     save: str
     start: dict[bool, str]
     start_history: str
+    #: PostgreSQL (``writable_ctes``): the start, the history record and (reset) the skipped
+    #: items' clearing in one statement; the record and the clearing only if the start matched.
+    start_one: dict[bool, str] | None
     clear_skipped: str
     confirm: str
     end_record: str
+    #: PostgreSQL: the end and the history record's end in one statement (by status and case).
+    finish_one: bool
+
+
+#: The history record's parameters inside a one-statement start (``h_`` keeps them apart from the row's).
+_H = "h_"
+
+
+def _start_one(start: str, clear: bool) -> str:
+    """The start ``UPDATE ... RETURNING`` with the history INSERT (and the skipped items' DELETE)
+    chained after it: each reads the started row, so neither happens when the fence matched nothing."""
+    values = [f"%({_H}{c})s" for c in HISTORY_COLUMNS if c not in ("position_start", "processed_start")]
+    columns = [c for c in HISTORY_COLUMNS if c not in ("position_start", "processed_start")]
+    record = (f"INSERT INTO {HISTORY} ({', '.join(columns)}, position_start, processed_start, started_at) "
+              f"SELECT {', '.join(values)}, started.position, started.processed, clock_timestamp() FROM started "
+              "RETURNING id")
+    cleared = (f", cleared AS (DELETE FROM {SKIPPED} AS d USING started WHERE d.job = started.job "
+               "AND d.slot = started.slot AND d.status = 'skipped')") if clear else ""
+    return (f"WITH started AS ({start}), record AS ({record}){cleared} "
+            f"SELECT {SELECT}, (SELECT id FROM record) FROM started")
 
 
 @functools.cache
@@ -46,28 +69,31 @@ def _sql(d: Dialect) -> _SQL:
     fresh = ("position = NULL, state = '{}', processed = 0, total = NULL, attempts = 1, runs = runs + 1, "
              f"resumed_from = NULL, started_at = {now}, last_error = NULL, result = NULL")
     resumed = "attempts = attempts + 1, resumed_from = %(resumed_from)s"
+    starts = {reset: (
+        f"UPDATE {TABLE} SET {sets}, status = 'running', attempt = %(attempt)s, stop_reason = NULL, "
+        # The requests pending on the row that a start carries on (rules.AT_START; SET reads
+        # the row as it was).
+        f"{', '.join(rules.sql_carry(rules.AT_START))}, "
+        f"finished_at = NULL, confirmed_at = NULL, updated_at = {now}, resume_at = NULL, rate = NULL, "
+        "dag_id = %(dag_id)s, task_id = %(task_id)s, run_id = %(run_id)s, map_index = %(map_index)s "
+        f"WHERE {WHERE} RETURNING {SELECT}"
+    ) for reset, sets in ((True, fresh), (False, resumed))}
     return _SQL(
         load=f"SELECT {SELECT} FROM {TABLE} WHERE {KEY}",
         save=d.placeholders(
             f"UPDATE {TABLE} SET position = %(position)s, state = %(state)s, processed = %(processed)s, "
             f"total = %(total)s, rate = %(rate)s, updated_at = {now} WHERE {WHERE}"
         ),
-        start={reset: (
-            f"UPDATE {TABLE} SET {sets}, status = 'running', attempt = %(attempt)s, stop_reason = NULL, "
-            # The requests pending on the row that a start carries on (rules.AT_START; SET reads
-            # the row as it was).
-            f"{', '.join(rules.sql_carry(rules.AT_START))}, "
-            f"finished_at = NULL, confirmed_at = NULL, updated_at = {now}, resume_at = NULL, rate = NULL, "
-            "dag_id = %(dag_id)s, task_id = %(task_id)s, run_id = %(run_id)s, map_index = %(map_index)s "
-            f"WHERE {WHERE} RETURNING {SELECT}"
-        ) for reset, sets in ((True, fresh), (False, resumed))},
+        start=starts,
         start_history=insert(ATTEMPTS, {**named(*HISTORY_COLUMNS), "started_at": now}, returning="id"),
+        start_one={reset: _start_one(sql, clear=reset) for reset, sql in starts.items()} if d.writable_ctes else None,
         clear_skipped=f"DELETE FROM {SKIPPED} WHERE {KEY} AND status = 'skipped'",
         confirm=f"UPDATE {TABLE} SET confirmed_at = {now} WHERE {KEY} AND status = 'done' "
         "AND dag_id = %(dag_id)s AND task_id = %(task_id)s AND run_id = %(run_id)s AND map_index = %(map_index)s",
         end_record=f"UPDATE {HISTORY} SET ended_at = {now}, outcome = %(outcome)s, stop_reason = %(stop_reason)s, "
         "error = %(error)s, position_end = %(position)s, processed_end = %(processed)s "
         "WHERE id = %(id)s AND ended_at IS NULL",
+        finish_one=d.writable_ctes,
     )
 
 
@@ -88,6 +114,16 @@ def _finish_sql(d: Dialect, status: Status, resumes: bool) -> str:
         f"finished_at = {now if done else 'NULL'}, updated_at = {now}, lease_owner = NULL, lease_expires_at = NULL"
         f"{requests} WHERE {WHERE} RETURNING {SELECT}"
     )
+
+
+@functools.cache
+def _finish_one_sql(d: Dialect, status: Status, resumes: bool) -> str:
+    """PostgreSQL: :func:`_finish_sql` with the history record's end chained after it (only when
+    the fence matched: it reads the finished row)."""
+    record = (f"UPDATE {HISTORY} AS h SET ended_at = clock_timestamp(), outcome = %(h_outcome)s, "
+              "stop_reason = %(stop_reason)s, error = %(last_error)s, position_end = finished.position, "
+              "processed_end = finished.processed FROM finished WHERE h.id = %(h_id)s AND h.ended_at IS NULL")
+    return f"WITH finished AS ({_finish_sql(d, status, resumes)}), ended AS ({record}) SELECT {SELECT} FROM finished"
 
 
 class Checkpoints:
@@ -122,13 +158,21 @@ class Checkpoints:
         c = self._c
         sql = _sql(c.d)
         o = record or AttemptRecord()
+        params = {
+            **fence.params(), "attempt": attempt, "resumed_from": resumed_from,
+            "dag_id": o.dag_id, "task_id": o.task_id, "run_id": o.run_id, "map_index": o.map_index,
+        }
+        if sql.start_one is not None and record is not None and c.autocommit and not c.in_transaction:
+            # one statement, one round trip
+            history = history_params(record)
+            row = c.execute(sql.start_one[reset], {**params, **{f"{_H}{k}": v for k, v in history.items()}}).fetchone()
+            if row is None:
+                raise c.fenced_out(fence, "the lease was taken over before the attempt started")
+            return c.row(row[:-1]), int(row[-1])
         with c.transaction():
             if reset:  # the run starts over: its skipped items are found again (or not)
                 c.execute(sql.clear_skipped, fence.params())
-            row = c.execute(sql.start[reset], {
-                **fence.params(), "attempt": attempt, "resumed_from": resumed_from,
-                "dag_id": o.dag_id, "task_id": o.task_id, "run_id": o.run_id, "map_index": o.map_index,
-            }).fetchone()
+            row = c.execute(sql.start[reset], params).fetchone()
             if row is None:
                 raise c.fenced_out(fence, "the lease was taken over before the attempt started")
             cp = c.row(row)
@@ -201,11 +245,19 @@ class Checkpoints:
         """
         c = self._c
         done = status is Status.DONE
+        params = {
+            **fence.params(), "status": status.value, "last_error": last_error, "stop_reason": stop_reason,
+            "total": total, "result": result if done else None, "resume_in": resume_in,
+        }
+        if record_id is not None and _sql(c.d).finish_one and c.autocommit and not c.in_transaction:
+            # one statement, one round trip
+            row = c.execute(_finish_one_sql(c.d, status, resume_in is not None), {
+                **params, "h_outcome": AttemptEnd(status.value).value, "h_id": record_id}).fetchone()
+            if row is None:
+                raise c.fenced_out(fence, "final status rejected: the lease was taken over")
+            return c.row(row)
         with c.transaction():
-            row = c.execute(_finish_sql(c.d, status, resume_in is not None), {
-                **fence.params(), "status": status.value, "last_error": last_error, "stop_reason": stop_reason,
-                "total": total, "result": result if done else None, "resume_in": resume_in,
-            }).fetchone()
+            row = c.execute(_finish_sql(c.d, status, resume_in is not None), params).fetchone()
             if row is None:
                 raise c.fenced_out(fence, "final status rejected: the lease was taken over")
             cp = c.row(row)

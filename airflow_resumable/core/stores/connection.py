@@ -103,6 +103,11 @@ class Connection:
 
     _execute = execute
 
+    @property
+    def in_transaction(self) -> bool:
+        """Whether a :meth:`transaction` block is open on this connection."""
+        return self._in_transaction
+
     def commit(self) -> None:
         """Commit the open transaction, if any (a no-op in autocommit mode, and inside
         :meth:`transaction`, which commits once at its end)."""
@@ -118,8 +123,11 @@ class Connection:
         """Run the block's statements as one transaction, committed at its end and rolled back if
         it raises, whatever the session's mode. In transaction mode it joins the open transaction
         (the handler's writes since the last checkpoint commit with it). ``lock`` takes the
-        dialect's schema lock first (a fresh transaction only)."""
+        dialect's schema lock first (in an open transaction too: it is held until that ends)."""
         if self._in_transaction:
+            if lock:  # the schema lock joins the open transaction too (it is held until that ends)
+                for stmt in self.d.schema_lock:
+                    self.execute(stmt)
             yield self
             return
         auto = self.autocommit

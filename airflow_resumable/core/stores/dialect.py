@@ -43,6 +43,9 @@ class Dialect:
     one_writer: bool = False
     #: Whether the driver reads timestamps back as timezone-aware datetimes (nothing to convert).
     aware_timestamps: bool = False
+    #: Whether a statement may chain writes in its WITH clause (PostgreSQL): an attempt's start and
+    #: end, each with its history record, are then one statement, one round trip.
+    writable_ctes: bool = False
 
     def __init__(self) -> None:
         self._translated: dict[str, str] = {}
