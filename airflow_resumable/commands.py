@@ -51,6 +51,8 @@ ARG_BY = Arg(("--by",), default=None, help="who asks, kept in the slot's history
 ARG_FORCE = Arg(("--force",), action="store_true", help="release: also free a live holder's lease, fencing it out")
 ARG_DAG_ID = Arg(("--dag-id",), default=None, help="only this DAG's slots")
 ARG_STATUS = Arg(("--status",), default=None, choices=tuple(Status), help="only slots in this status")
+ARG_PLANS = Arg(("--include-plans",), action="store_true", help="also list partitioned jobs' plan rows (<job>#plan: "
+                "the split each run's partitions read, not work; `airflow resumable jobs` folds them into their job)")
 ARG_LIMIT = Arg(("--limit",), type=whole_number(1, MAX_LIMIT), default=100,
                 help=f"at most this many slots, most recent first, 1 to {MAX_LIMIT:,} (default: 100)")
 ARG_RUN_ID = Arg(("run_id",), help="the DAG run id (as `airflow resumable jobs` shows it)")
@@ -101,7 +103,7 @@ def get_cli_commands() -> list[GroupCommand]:
             subcommands=[
                 ActionCommand(name="list", help="Live and recent slots, most recently updated first",
                               func=lazy_load_command(f"{_HERE}.list_command"),
-                              args=(ARG_DAG_ID, ARG_STATUS, ARG_LIMIT, ARG_CONN_ID, ARG_OUTPUT)),
+                              args=(ARG_DAG_ID, ARG_STATUS, ARG_LIMIT, ARG_PLANS, ARG_CONN_ID, ARG_OUTPUT)),
                 ActionCommand(name="show", help="One slot: its row, progress and lease",
                               func=lazy_load_command(f"{_HERE}.show_command"),
                               args=(ARG_JOB, ARG_SLOT, ARG_CONN_ID, ARG_OUTPUT)),
@@ -192,9 +194,10 @@ def list_command(args: argparse.Namespace) -> None:
     from airflow_resumable.core.view import row_view
 
     rows = _guard(lambda: control.recent(conn_id=args.conn_id, dag_ids={args.dag_id} if args.dag_id else None,
-                                         status=args.status, limit=args.limit))
+                                         status=args.status, limit=args.limit, plans=args.include_plans))
     views = [row_view(r) for r in rows]
-    _print(views if args.output == "json" else [{k: v.get(k) for k in _LIST_COLUMNS} for v in views], args.output)
+    columns = ("kind", *_LIST_COLUMNS) if args.include_plans else _LIST_COLUMNS
+    _print(views if args.output == "json" else [{k: v.get(k) for k in columns} for v in views], args.output)
 
 
 def show_command(args: argparse.Namespace) -> None:

@@ -138,11 +138,12 @@ def dag_ids(*, conn_id: str = DEFAULT_CONN_ID) -> set[str]:
 
 
 def recent(*, conn_id: str = DEFAULT_CONN_ID, dag_ids: Collection[str] | None = None, status: str | None = None,
-           limit: int = 100) -> list[Checkpoint]:
+           limit: int = 100, plans: bool = False) -> list[Checkpoint]:
     """Slots across jobs, most recently updated first; only those of ``dag_ids`` (when given) and
-    of ``status`` (when given)."""
+    of ``status`` (when given). A partitioned job's plan rows (``<job>#plan``) only with ``plans``:
+    they hold the job's split, not work (:func:`jobs` folds them into their job)."""
     with _session(conn_id) as session:
-        return session.listings.recent(dag_ids=dag_ids, status=status, limit=limit)
+        return session.listings.recent(dag_ids=dag_ids, status=status, limit=limit, plans=plans)
 
 
 def dead_letters(job: str, slot: str, *, conn_id: str = DEFAULT_CONN_ID, status: str | None = "skipped",

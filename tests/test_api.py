@@ -342,6 +342,25 @@ def test_the_listing_cuts_a_large_state_to_a_preview_and_one_slot_gives_it_whole
     assert whole.status_code == 200 and whole.json()["state"] == big and "truncated" not in whole.json()
 
 
+def test_the_listing_leaves_a_partitioned_jobs_plan_row_out_unless_asked_and_marks_it(as_user: Any,
+                                                                                       fresh: Store) -> None:
+    from airflow_resumable.core.partitions import Plan, save_plan
+
+    # Given a slot and a partitioned job's plan row (<job>#plan), on each store
+    big_slot(fresh, "dag_big.small", kib=1)
+    with fresh.open(autocommit=True) as s:
+        save_plan(s, "dag_big.parts", SLOT, Plan(2, (10,), 20))
+    # When the listing is asked for: only the slot, marked as one
+    body = as_user("admin", "GET", f"{BASE}/checkpoints", params={"conn_id": FRESH}).json()
+    assert [(r["job"], r["kind"]) for r in body["checkpoints"]] == [("dag_big.small", "slot")]
+    assert body["total_entries"] == 1
+    # When it is asked for with include_plans: the plan row too, marked as a plan
+    body = as_user("admin", "GET", f"{BASE}/checkpoints", params={"conn_id": FRESH, "include_plans": "true"}).json()
+    assert sorted((r["job"], r["kind"]) for r in body["checkpoints"]) == [
+        ("dag_big.parts#plan", "plan"), ("dag_big.small", "slot")]
+    assert body["total_entries"] == 2
+
+
 def test_requests_go_through_with_the_airflow_user_in_the_history(as_user: Any) -> None:
     paused = as_user("alice", "POST", f"{BASE}/checkpoint/pause", params=q(A))
     assert paused.status_code == 200 and paused.json()["request"] == "pause"

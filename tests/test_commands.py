@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from airflow_resumable.core import SQLiteStore, Store
+from airflow_resumable.core.partitions import Plan, save_plan
 from airflow_resumable.version_compat import needs, supports
 from support.slots import SLOT, run_slot
 from support.stores import empty_store
@@ -217,6 +218,30 @@ def test_the_largest_allowed_values_work_on_both_stores(any_store: Store, parser
     assert (code, err) == (0, "") and [r["job"] for r in json.loads(out)] == [B, A]
     code, out, err = cli(parser, capsys, "resumable", "list", "--limit", "1", "--output", "json")
     assert (code, err) == (0, "") and [r["job"] for r in json.loads(out)] == [B]
+
+
+def test_list_leaves_a_partitioned_jobs_plan_row_out_unless_asked_and_then_marks_it_on_both_stores(
+    any_store: Store, parser: Any, capsys: Any
+) -> None:
+    # Given a partitioned job's plan stored on its slot (<job>#plan) beside the two slots
+    with any_store.open(autocommit=True) as s:
+        save_plan(s, "dag_p.export", SLOT, Plan(2, (10,), 20))
+    # When the slots are listed: the plan is not among them (it is the job's split, not work)
+    code, out, _ = cli(parser, capsys, "resumable", "list", "--output", "json")
+    assert code == 0 and [r["job"] for r in json.loads(out)] == [B, A]
+    assert {r["kind"] for r in json.loads(out)} == {"slot"}
+    # When they are listed with --include-plans: the plan row comes, marked as one
+    code, out, _ = cli(parser, capsys, "resumable", "list", "--include-plans", "--output", "json")
+    rows = {r["job"]: r for r in json.loads(out)}
+    assert code == 0 and set(rows) == {A, B, "dag_p.export#plan"}
+    assert (rows["dag_p.export#plan"]["kind"], rows[A]["kind"]) == ("plan", "slot")
+    # And the table says which is which in its first column
+    code, out, _ = cli(parser, capsys, "resumable", "list", "--include-plans", "--output", "plain")
+    line = next(ln for ln in out.splitlines() if "dag_p.export#plan" in ln)
+    assert code == 0 and line.split()[0] == "plan" and "kind" in out.splitlines()[0]
+    # And --limit counts only what is listed
+    code, out, _ = cli(parser, capsys, "resumable", "list", "--limit", "2", "--output", "json")
+    assert [r["job"] for r in json.loads(out)] == [B, A]
 
 
 @pytest.fixture

@@ -12,6 +12,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from airflow_resumable.core.checkpoint import AttemptRecord, Checkpoint
+from airflow_resumable.core.partitions import PLAN_SUFFIX
 from airflow_resumable.core.progress import eta_of
 from airflow_resumable.core.rules import Lease, lease_of
 from airflow_resumable.core.states import FINISHED, Status
@@ -64,10 +65,13 @@ def row_view(cp: Checkpoint, *, history: Sequence[AttemptRecord] | None = None, 
     - ``lease``: ``none``, ``live``, ``stale`` (the holder missed two heartbeats: taken for dead)
       or ``expired``, and ``heartbeat_age_seconds``;
     - ``live`` (an attempt is under way or paused) and ``ended`` (nothing more to watch);
-    - ``offers``: which of pause/resume/cancel/restart/release the slot would take now, when given.
+    - ``offers``: which of pause/resume/cancel/restart/release the slot would take now, when given;
+    - ``kind``: ``plan`` for a partitioned job's plan row (``<job>#plan``: the job's split, stored
+      once per slot, not work), ``slot`` for every other row.
     """
     now = now or datetime.now(tz=timezone.utc)
     out = cp.to_dict()
+    out["kind"] = "plan" if cp.job.endswith(PLAN_SUFFIX) else "slot"
     lease = lease_of(cp, now)
     out["lease"] = lease.value
     out["heartbeat_age_seconds"] = None if cp.heartbeat_at is None else round((now - cp.heartbeat_at).total_seconds(), 1)

@@ -230,6 +230,9 @@ def create_app() -> FastAPI:
                                                     "text, in any case (as the jobs page's DAG filter)")] = None,
         status_: Annotated[Status | None, Query(alias="status", description="only slots in this status")] = None,
         limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+        include_plans: Annotated[bool, Query(description="also partitioned jobs' plan rows (`<job>#plan`, "
+                                             "`kind: \"plan\"`: the split a run's partitions read, not work; "
+                                             "GET /jobs folds them into their job)")] = False,
         conn_id: str = conn_query(),
     ) -> dict[str, Any]:
         conn = _conn(conn_id)
@@ -240,7 +243,7 @@ def create_app() -> FastAPI:
             readable = {d for d in owning if needle in d.casefold()}
             if not readable:
                 return {"checkpoints": [], "total_entries": 0}
-        rows = control.recent(conn_id=conn, dag_ids=readable, status=status_, limit=limit)
+        rows = control.recent(conn_id=conn, dag_ids=readable, status=status_, limit=limit, plans=include_plans)
         views = [row_view(r) for r in rows]
         for view in views:  # a listing must not grow with the states: five 10 MB states were a 52 MB answer
             cap_row(view, marker="truncated")

@@ -64,11 +64,17 @@ class Listings:
                          f"ORDER BY {order} LIMIT 1", {"job": job, "slot": slot})
 
     def recent(self, *, dag_ids: Collection[str] | None = None, status: str | None = None,
-               limit: int = 100) -> list[Checkpoint]:
+               limit: int = 100, plans: bool = False) -> list[Checkpoint]:
         """Slots across jobs, most recently updated first: only those of ``dag_ids`` when given
-        (rows that name no DAG are then left out), only of ``status`` when given."""
+        (rows that name no DAG are then left out), only of ``status`` when given. A partitioned
+        job's plan rows (``<job>#plan``: its split, not a slot of work) only with ``plans``."""
+        # Imported here: the partitions module builds on the stores' SQL helpers.
+        from airflow_resumable.core.partitions import PLAN_SUFFIX
+
         where: list[str] = []
-        params: dict[str, Any] = {"limit": int(limit), "status": status}
+        params: dict[str, Any] = {"limit": int(limit), "status": status, "plan": f"%{PLAN_SUFFIX}"}
+        if not plans:
+            where.append("job NOT LIKE %(plan)s")
         if dag_ids is not None:
             if not dag_ids:
                 return []
