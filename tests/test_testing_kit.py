@@ -16,8 +16,15 @@ from typing import Any
 import pytest
 
 from airflow_resumable.core import Options
-from airflow_resumable.core.stores import Store
-from airflow_resumable.testing import ALL_INTERRUPTIONS, Interruption, NotResumable, check_chunked, check_resumable
+from airflow_resumable.core.stores import PostgresStore, Store
+from airflow_resumable.testing import (
+    ALL_INTERRUPTIONS,
+    Interruption,
+    NotResumable,
+    check_chunked,
+    check_partitioned,
+    check_resumable,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -59,6 +66,94 @@ def test_the_mapped_partitions_handler_is_resumable(airflow_home: Path) -> None:
     report = check_resumable(handler, name="sum_partition(south)").assert_ok()
     assert report.result == {"region": "south", "orders": 800,
                              "amount_cents": sum(m.order_amount("south", i) for i in range(1, 801))}
+
+
+def test_the_taskflow_example_is_resumable_at_every_checkpoint_under_every_interruption(airflow_home: Path) -> None:
+    m = example("taskflow_example")
+    bounds = m.pick_range.function()
+    handler = functools.partial(m.sum_of_squares.function, bounds=bounds)
+    report = check_resumable(handler, name="sum_of_squares").assert_ok()
+    # 10,000 numbers in chunks of 1,000: ten checkpoints, each interrupted by each kind in turn
+    assert report.checkpoints == 10 and len(report.trials) == 10 * len(ALL_INTERRUPTIONS)
+    assert all(t.struck for t in report.trials)
+    assert report.result == sum(i * i for i in range(1, 10_001)) and report.state == {"sum": report.result}
+
+
+def partition_task(dag: Any) -> dict[str, Any]:
+    """What a partitioned job's mapped partition task runs: its reader, its chunk function (with
+    the decorator's arguments), its chunk size, and the planning task's partition count."""
+    partial = dag.task_dict["export_orders.partition"].partial_kwargs
+    process = partial["process"]
+    if partial.get("handler_kwargs"):
+        process = functools.partial(process, **partial["handler_kwargs"])
+    return {"read": partial["read"], "process": process, "chunk_size": partial["chunk_size"],
+            "partitions": dag.task_dict["export_orders.plan"].partitions}
+
+
+def exported(store: Store) -> list[tuple[Any, ...]]:
+    """The partitioned export's sink (without the partition that wrote each row: the kit's job)."""
+    with store.open() as s:
+        return [tuple(r) for r in s.execute("SELECT id, placed_on, amount_cents FROM orders_export ORDER BY id")]
+
+
+def empty_export(store: Store) -> None:
+    with store.open(autocommit=True) as s:
+        s.execute("DELETE FROM orders_export")
+
+
+def test_each_partition_of_the_partitioned_export_is_resumable_on_both_stores(
+    airflow_home: Path, checkpoints: Store, store_kind: str
+) -> None:
+    """Split as the planning task splits a run (4 ranges of the key (placed_on, id), ties
+    included), each partition runs its range through the kit, interrupted at each of its
+    checkpoints by each kind: its upserts commit with its checkpoint, so the sink is the same.
+    On PostgreSQL the first and the last partition (the ranges open at one end) are enough: the
+    partitions differ only in their bounds, the stores in the SQL every partition runs."""
+    m = example("partitioned_export")
+    m.prepare_orders.function()  # the orders and the export table, in the checkpoint database
+    only = None if store_kind == "sqlite" else [0, 3]
+    report = check_partitioned(**partition_task(m.dag), only=only, store=checkpoints, snapshot=exported,
+                               reset=empty_export, name="export_orders").assert_ok()
+    assert (report.plan.partitions, report.plan.rows, report.empty) == (4, m.ORDER_COUNT, [])
+    # 500 orders a partition in chunks of 100: five checkpoints each, each interrupted by each kind
+    assert {i: r.checkpoints for i, r in report.reports.items()} == {i: 5 for i in only or range(4)}
+    assert all(t.struck for r in report.reports.values() for t in r.trials)
+    assert all(len(r.trials) == 5 * len(ALL_INTERRUPTIONS) for r in report.reports.values())
+    # the partitions' uninterrupted runs export every order of their ranges once: all of them together
+    ids = sorted(row[0] for r in report.reports.values() for row in r.snapshot)
+    assert len(ids) == len(set(ids)) == 500 * len(report.reports)
+    if only is None:
+        assert ids == list(range(1, m.ORDER_COUNT + 1))
+
+
+@pytest.mark.one_store("the decorator's chunk function, not the store: the test above runs both", kind="sqlite")
+def test_the_decorated_partitioned_export_proves_one_partition_with_the_kit(
+    airflow_home: Path, checkpoints: Store
+) -> None:
+    m = example("partitioned_export")
+    m.prepare_orders.function()
+    report = check_partitioned(**partition_task(m.decorated_dag), only=[2], store=checkpoints, snapshot=exported,
+                               reset=empty_export, name="export_orders").assert_ok()
+    assert list(report.reports) == [2] and len(report.reports[2].trials) == 5 * len(ALL_INTERRUPTIONS)
+    assert "export_orders: 2000 rows in 4 partitions, 1 checked" in report.summary()
+
+
+def test_a_partition_that_is_not_idempotent_is_caught_and_named(airflow_home: Path, checkpoints: Store) -> None:
+    m = example("partitioned_export")
+    m.prepare_orders.function()
+    task = partition_task(m.dag)
+    seen: list[int] = []
+
+    def appends(ctx: Any, batch: list[tuple[Any, ...]]) -> None:  # outside the transaction: not idempotent
+        seen.extend(row[0] for row in batch)
+
+    report = check_partitioned(task["read"], appends, partitions=task["partitions"], chunk_size=task["chunk_size"],
+                               only=[1], snapshot=lambda: sorted(seen), reset=seen.clear, name="appends",
+                               interruptions=[Interruption.CRASH_BEFORE_CHECKPOINT])
+    assert not report.ok and [i for i, _ in report.failures] == [1] * 5
+    with pytest.raises(NotResumable, match=r"^partition 1 of 4: appends \(partition 1 of 4\) is not resumable: "
+                                           r"crash_before_checkpoint at checkpoint 1"):
+        report.assert_ok()
 
 
 def warehouse(store: Store) -> list[tuple[Any, ...]]:
@@ -212,6 +307,37 @@ def test_the_pytest_plugin_is_registered_and_its_fixtures_fail_a_non_idempotent_
     out = result.stdout + result.stderr
     assert "1 failed, 1 passed" in out, out
     assert "NotResumable: bad is not resumable: crash_before_checkpoint at checkpoint 1 (position 5)" in out, out
+
+
+def test_the_plugins_store_option_runs_the_fixtures_on_postgresql(tmp_path: Path, pg_params: dict[str, Any]) -> None:
+    from devtools.postgres import dsn
+
+    (tmp_path / "test_on_postgres.py").write_text(textwrap.dedent('''
+        def total(ctx):
+            i = ctx.position or 0
+            while i < 10:
+                ctx.state["n"] = ctx.state.get("n", 0) + 5
+                i += 5
+                ctx.checkpoint(i, processed=i)
+            return ctx.state["n"]
+
+        def test_on_the_given_store(resumable_check, resumable_store):
+            assert type(resumable_store).__name__ == "PostgresStore"
+            assert resumable_check(total).result == 10
+    '''))
+    result = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", str(tmp_path),
+                             f"--resumable-store={dsn(pg_params)}"], capture_output=True, text=True, cwd=tmp_path)
+    out = result.stdout + result.stderr
+    assert "1 passed" in out, out
+    # the kit's runs wrote their slot in that database (the schema the URL names), not in a file
+    with PostgresStore(**pg_params).open() as s:
+        row = s.checkpoints.load("test_kit.handler", "2026-01-01T00:00:00+00:00")
+    assert row is not None and (row.status, row.state) == ("done", {"n": 10})
+
+
+def test_a_store_url_of_another_kind_is_refused_saying_what_is_taken() -> None:
+    with pytest.raises(ValueError, match=r"sqlite:////absolute/path.db or postgresql://.*got mysql:"):
+        check_resumable(keeps_progress_in_a_local, store="mysql://db/x")
 
 
 def test_a_dag_run_interrupted_by_a_crash_after_its_third_checkpoint_ends_as_an_uninterrupted_one(

@@ -130,6 +130,29 @@ class Range:
         return cls(int(value["partition"]), value["after"], value["until"], bool(value.get("empty", False)))
 
 
+def range_chunks(reader: KeysetReader, rng: Range, *, total: Any = None) -> dict[str, Any]:
+    """The chunk loop's ``read``, ``start`` and ``total`` for one partition: ``reader`` over the
+    keys of ``rng`` only (nothing for an empty range), from the key after which it starts, and, when
+    ``total`` is None, the range's rows counted when the run starts (its progress and its part of
+    the job's total). What a partition task runs, and what the test kit checks."""
+    read: Any = _nothing if rng.empty else reader.within(rng.until)
+    if total is None:
+        total = 0 if rng.empty else _range_count(read, rng.after)
+    return {"read": read, "start": rng.after, "total": total}
+
+
+def _nothing(ctx: Any, after: Any, limit: int) -> list[Any]:
+    """The read of an empty range."""
+    return []
+
+
+def _range_count(reader: KeysetReader, after: Any) -> Any:
+    def count(ctx: Any) -> int:
+        return int(reader.count(ctx, after))
+
+    return count
+
+
 @dataclasses.dataclass(frozen=True)
 class Plan:
     """A job's split for one slot: ``partitions`` ranges cut at ``boundaries`` (``partitions - 1``

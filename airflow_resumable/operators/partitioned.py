@@ -23,7 +23,7 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any
 
 # TaskGroup: the task SDK's public name (no version difference to adapt to yet).
@@ -36,6 +36,7 @@ from airflow_resumable.core.partitions import (
     partition_job,
     partitions_problem,
     plan_job,
+    range_chunks,
     save_plan,
     split,
     summarize,
@@ -130,32 +131,16 @@ class PartitionOperator(ChunkedOperator):
             raise AirflowFailException(f"{exc} [job={self.job_name(context)!r}]") from exc
         reader = self.read
         assert isinstance(reader, KeysetReader)
-        read: Callable[..., Sequence[Any]] = _nothing if rng.empty else reader.within(rng.until)
         process = self.process
         if self.handler_kwargs:
             process = functools.partial(self.process, **self.handler_kwargs)
-        total = self.total
-        if total is None:  # the range's rows when the run starts: progress and the job's total
-            total = 0 if rng.empty else _range_count(read, rng.after)
-        loop = chunk_loop(**{**self._chunked(), "read": read, "process": process, "start": rng.after, "total": total})
+        loop = chunk_loop(**{**self._chunked(), "process": process, **range_chunks(reader, rng, total=self.total)})
 
         def handler(ctx: RunContext) -> None:
             loop(ctx)
             return None
 
         return handler
-
-
-def _nothing(ctx: RunContext, after: Any, limit: int) -> list[Any]:
-    """The read of an empty range."""
-    return []
-
-
-def _range_count(reader: Any, after: Any) -> Callable[[RunContext], int]:
-    def count(ctx: RunContext) -> int:
-        return int(reader.count(ctx, after))
-
-    return count
 
 
 class PartitionSummaryOperator(BaseOperator):

@@ -5,7 +5,9 @@ interrupted at every chunk boundary in turn, by every kind of interruption the p
 (a crash before and after the checkpoint, a cancel, a timeout, a lost lease, a pause and resume,
 a pipelined write lost in flight), resuming each time until done, and compares each run with an
 uninterrupted one: the returned value, the final state and your sink. ``check_chunked(read,
-process, chunk_size=...)`` does the same for a ``ChunkedOperator``'s functions.
+process, chunk_size=...)`` does the same for a ``ChunkedOperator``'s functions, and
+``check_partitioned(read, process, partitions=..., chunk_size=...)`` for each partition of a
+partitioned job. ``store=`` runs them on PostgreSQL too (a URL, or a store).
 
 The pytest plugin (:mod:`airflow_resumable.testing.plugin`, registered by entry point) adds the
 fixtures ``resumable_store``, ``resumable_check`` and ``resumable_dag_test``.
@@ -15,15 +17,18 @@ from airflow_resumable.testing.kit import (
     ALL_INTERRUPTIONS,
     Interruption,
     NotResumable,
+    PartitionedReport,
     Report,
     SimulatedCrash,
     Trial,
     check_chunked,
+    check_partitioned,
     check_resumable,
     expire_lease,
+    store_of,
 )
 
 __all__ = [
-    "ALL_INTERRUPTIONS", "Interruption", "NotResumable", "Report", "SimulatedCrash", "Trial", "check_chunked",
-    "check_resumable", "expire_lease",
+    "ALL_INTERRUPTIONS", "Interruption", "NotResumable", "PartitionedReport", "Report", "SimulatedCrash", "Trial",
+    "check_chunked", "check_partitioned", "check_resumable", "expire_lease", "store_of",
 ]

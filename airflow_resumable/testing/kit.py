@@ -34,14 +34,16 @@ from airflow_resumable.core import control
 from airflow_resumable.core.chunked import chunk_loop
 from airflow_resumable.core.errors import Cancelled, LeaseLost, Paused
 from airflow_resumable.core.options import Options
+from airflow_resumable.core.partitions import Plan, range_chunks, split
+from airflow_resumable.core.readers import KeysetReader
 from airflow_resumable.core.runner import Attempt, Outcome
 from airflow_resumable.core.signal import Reason
-from airflow_resumable.core.stores import SQLiteStore, Store
+from airflow_resumable.core.stores import PostgresStore, SQLiteStore, Store
 from airflow_resumable.core.tables import ATTEMPTS, CHECKPOINTS, DEAD_LETTERS
 
 __all__ = [
-    "ALL_INTERRUPTIONS", "Interruption", "NotResumable", "Report", "SimulatedCrash", "Trial", "check_chunked",
-    "check_resumable", "expire_lease", "interrupted_attempt",
+    "ALL_INTERRUPTIONS", "Interruption", "NotResumable", "PartitionedReport", "Report", "SimulatedCrash", "Trial",
+    "check_chunked", "check_partitioned", "check_resumable", "expire_lease", "interrupted_attempt", "store_of",
 ]
 
 JOB = "test_kit.handler"
@@ -345,7 +347,7 @@ def check_resumable(
     points: str | Iterable[int] = "every",
     seed: int | None = None,
     samples: int | None = None,
-    store: Callable[[Path], Store] | None = None,
+    store: Callable[[Path], Store] | Store | str | None = None,
     options: Options | None = None,
     max_attempts: int = 20,
     name: str | None = None,
@@ -366,10 +368,13 @@ def check_resumable(
         points: ``"every"`` checkpoint of the reference run, or the checkpoint numbers (1-based).
         seed: the random seed that chooses the ``samples`` points (the same seed, the same points).
         samples: try only this many of the points, chosen at random.
-        store: ``store(directory)`` gives the checkpoint store of one run (default: a new embedded
-            SQLite file in ``directory``); it may give the same store every time (a PostgreSQL
-            database the sink lives in): the kit deletes its own slot before each run, and
-            ``reset`` empties the sink.
+        store: the checkpoint store of every run: a :class:`Store`, a URL
+            (``postgresql://user@host:5432/db``, ``sqlite:////abs/path.db``, see :func:`store_of`)
+            or ``store(directory)`` giving the store of one run (default: a new embedded SQLite file
+            in ``directory``). A store shared by the runs (a PostgreSQL database the sink lives in)
+            is fine: the kit deletes its own slot before each run, and ``reset`` empties the sink.
+            Give each test session running at once a database (or schema) of its own: the kit's
+            slot has one name.
         options: the attempt's options (e.g. ``Options(pipeline_checkpoints=True)``).
         max_attempts: a run that does not finish in this many attempts is a failure.
         name: how the report names the handler (default: its qualified name).
@@ -382,7 +387,7 @@ def check_resumable(
     kinds = [Interruption(k) for k in interruptions]
     options = options or Options()
     label = name or getattr(handler, "__qualname__", None) or repr(handler)
-    make_store = store or (lambda directory: SQLiteStore(directory / "checkpoints.db"))
+    make_store = _store_factory(store)
     with tempfile.TemporaryDirectory(prefix="resumable-kit-") as tmp:
         root = Path(tmp)
 
@@ -427,6 +432,32 @@ def check_resumable(
         return report
 
 
+def store_of(url: str) -> Store:
+    """The checkpoint store a URL names: ``sqlite:////absolute/path.db`` or a libpq URI
+    (``postgresql://user@host:5432/db``, ``?options=-csearch_path%3Dkit`` for a schema of its own).
+
+    Raises:
+        ValueError: any other URL.
+    """
+    if url.startswith("sqlite:///"):
+        return SQLiteStore(url[len("sqlite:///"):])
+    if url.startswith(("postgresql://", "postgres://")):
+        return PostgresStore.from_dsn(url.replace("postgres://", "postgresql://", 1))
+    raise ValueError(f"a checkpoint store's URL is sqlite:////absolute/path.db or postgresql://user@host:5432/db, "
+                     f"got {url.split(':', 1)[0]}:...")
+
+
+def _store_factory(store: Callable[[Path], Store] | Store | str | None) -> Callable[[Path], Store]:
+    if store is None:
+        return lambda directory: SQLiteStore(directory / "checkpoints.db")
+    if isinstance(store, str):
+        store = store_of(store)
+    if isinstance(store, Store):
+        shared = store
+        return lambda directory: shared
+    return store
+
+
 def check_chunked(read: Any, process: Any, *, chunk_size: int, chunked: dict[str, Any] | None = None,
                   **kwargs: Any) -> Report:
     """:func:`check_resumable` for a ``ChunkedOperator``'s ``read``/``process`` (and its other
@@ -439,3 +470,75 @@ def check_chunked(read: Any, process: Any, *, chunk_size: int, chunked: dict[str
                               f"process={getattr(process, '__qualname__', type(process).__name__)}")
     return check_resumable(handler, **kwargs)
 
+
+
+# -- a partitioned job ----------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class PartitionedReport:
+    """What :func:`check_partitioned` found: the job's plan and one :class:`Report` per partition
+    checked (by the partition's index)."""
+
+    name: str
+    plan: Plan
+    reports: dict[int, Report]
+    #: The partitions whose range holds no row (nothing to interrupt: not checked).
+    empty: list[int]
+
+    @property
+    def failures(self) -> list[tuple[int, Trial]]:
+        return [(i, t) for i, r in self.reports.items() for t in r.failures]
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures
+
+    def assert_ok(self) -> PartitionedReport:
+        """Raise :class:`NotResumable` naming the first partition that is not resumable."""
+        for index, report in self.reports.items():
+            try:
+                report.assert_ok()
+            except NotResumable as exc:
+                raise NotResumable(f"partition {index} of {self.plan.partitions}: {exc}") from None
+        return self
+
+    def summary(self) -> str:
+        lines = [f"{self.name}: {self.plan.rows} rows in {self.plan.partitions} partitions, "
+                 f"{len(self.reports)} checked" + (f", {self.empty} empty" if self.empty else "")]
+        for report in self.reports.values():
+            lines += ["  " + line for line in report.summary().splitlines()]
+        return "\n".join(lines)
+
+
+def check_partitioned(read: KeysetReader, process: Any, *, partitions: int, chunk_size: int,
+                      only: Iterable[int] | None = None, chunked: dict[str, Any] | None = None,
+                      **kwargs: Any) -> PartitionedReport:
+    """:func:`check_chunked` for a partitioned job (``partitioned(...)``,
+    ``@task.resumable.partitioned``): split ``read``'s key into ``partitions`` ranges as the planning
+    task does when a run first starts (counted by the source's database now), then check each
+    partition, or those in ``only``, as its task runs it: ``process`` over the keys of its range,
+    from the key after which it starts, interrupted at each of its checkpoints by each kind.
+
+    Every trial of a partition reads the same range, as every try and Clear of a partition does.
+    The sink is the whole of ``snapshot``: ``reset`` empties it before each run, so each
+    partition's runs are compared with that partition's uninterrupted run. ``kwargs`` are
+    :func:`check_resumable`'s (``snapshot``, ``reset``, ``interruptions``, ``points``, ``store``...).
+    """
+    label = kwargs.pop("name", None) or f"read={read.name}, process={getattr(process, '__qualname__', process)!s}"
+    plan = split(read, partitions, job=label)
+    wanted = None if only is None else {int(i) for i in only}
+    reports: dict[int, Report] = {}
+    empty: list[int] = []
+    for rng in plan.ranges():
+        if wanted is not None and rng.index not in wanted:
+            continue
+        if rng.empty:
+            empty.append(rng.index)
+            continue
+        options = dict(chunked or {})
+        args = range_chunks(read, rng, total=options.pop("total", None))
+        reports[rng.index] = check_chunked(args.pop("read"), process, chunk_size=chunk_size,
+                                           chunked={**options, **args},
+                                           name=f"{label} (partition {rng.index} of {plan.partitions})", **kwargs)
+    return PartitionedReport(name=label, plan=plan, reports=reports, empty=empty)

@@ -1,14 +1,20 @@
 """The test kit's pytest plugin, registered by the ``pytest11`` entry point (installing the
 package is enough; ``-p no:resumable`` turns it off).
 
+Option: ``--resumable-store URL`` (or the ini key ``resumable_store``): the checkpoint store the
+fixtures use, e.g. ``postgresql://postgres@127.0.0.1:5432/test``, to prove handlers on PostgreSQL
+as well as on the embedded default (see :func:`~airflow_resumable.testing.store_of`).
+
 Fixtures:
 
 ``resumable_store``
-    A throwaway embedded checkpoint store (SQLite, in the test's ``tmp_path``).
+    A throwaway embedded checkpoint store (SQLite, in the test's ``tmp_path``); with
+    ``--resumable-store``, that store (its schema created; the kit deletes only its own slot).
 ``resumable_check``
     :func:`~airflow_resumable.testing.check_resumable`, asserting: ``resumable_check(handler,
     snapshot=..., reset=...)`` fails the test with the first interruption that changes the outcome,
-    and returns the :class:`~airflow_resumable.testing.Report` otherwise.
+    and returns the :class:`~airflow_resumable.testing.Report` otherwise. With
+    ``--resumable-store`` its runs use that store unless the call gives ``store=``.
 ``resumable_dag_test``
     ``resumable_dag_test(dag, task_id, interruption, at=n)``: run ``dag.test()`` with the task's
     attempt interrupted at its ``n``-th checkpoint, then again (as a Clear does) until the run
@@ -26,20 +32,49 @@ from typing import Any
 import pytest
 
 from airflow_resumable.core.stores import SQLiteStore, Store
-from airflow_resumable.testing.kit import Interruption, Report, _Plan, check_resumable, interrupted_attempt
+from airflow_resumable.testing.kit import (
+    Interruption,
+    Report,
+    _Plan,
+    check_resumable,
+    interrupted_attempt,
+    store_of,
+)
+
+_STORE_HELP = ("the checkpoint store of the test kit's fixtures: postgresql://user@host:5432/db or "
+               "sqlite:////absolute/path.db (default: a new SQLite file per test)")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.getgroup("resumable", "airflow-resumable's test kit").addoption(
+        "--resumable-store", default=None, metavar="URL", help=_STORE_HELP)
+    parser.addini("resumable_store", _STORE_HELP, default=None)
+
+
+def _configured(config: pytest.Config) -> str | None:
+    return config.getoption("--resumable-store") or config.getini("resumable_store") or None
 
 
 @pytest.fixture
-def resumable_store(tmp_path: Path) -> Store:
-    """A fresh embedded checkpoint store for this test."""
-    return SQLiteStore(tmp_path / "resumable-checkpoints.db")
+def resumable_store(tmp_path: Path, request: pytest.FixtureRequest) -> Store:
+    """A fresh embedded checkpoint store for this test, or the ``--resumable-store`` one."""
+    url = _configured(request.config)
+    if url is None:
+        return SQLiteStore(tmp_path / "resumable-checkpoints.db")
+    store = store_of(url)
+    with store.open(autocommit=True) as session:
+        session.ensure_schema()
+    return store
 
 
 @pytest.fixture
-def resumable_check() -> Callable[..., Report]:
+def resumable_check(request: pytest.FixtureRequest) -> Callable[..., Report]:
     """``check_resumable`` that fails the test when the handler is not resumable."""
+    url = _configured(request.config)
 
     def check(handler: Callable[..., Any], **kwargs: Any) -> Report:
+        if url is not None:
+            kwargs.setdefault("store", url)
         return check_resumable(handler, **kwargs).assert_ok()
 
     return check
