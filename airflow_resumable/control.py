@@ -188,7 +188,7 @@ def job_partitions(job: str, run_id: str | None = None, *, conn_id: str = DEFAUL
     for index, row in rows:
         if row is None:
             views.append({"map_index": index, "job": job if index < 0 else f"{job}[{index}]", "status": "waiting",
-                          "dag_id": line["dag_id"], "task_id": line["task_id"], "run_id": line["run_id"]})
+                          "kind": "slot", "dag_id": line["dag_id"], "task_id": line["task_id"], "run_id": line["run_id"]})
             continue
         view = row_view(row)
         cap_row(view, marker="truncated")
