@@ -84,10 +84,12 @@ celery: venv
 	PYTHONPATH=$(CURDIR):$(CURDIR)/tests $(PY) -m support.celery_cluster
 
 ## Chaos trials across network-namespace hosts (root, Redis, PostgreSQL): a table of faults and anomalies.
-## make chaos TRIALS=100; make chaos SEED=123 replays one trial; MINUTES=60 stops starting new ones.
+## make chaos TRIALS=100; make chaos SEED=123 replays one trial; MINUTES=60 stops starting new ones;
+## EXECUTOR=local runs them on LocalExecutor task processes (schedulers on the hosts) instead of Celery workers.
 TRIALS ?= 100
+EXECUTOR ?= celery
 chaos: venv
-	PYTHONPATH=$(CURDIR):$(CURDIR)/tests $(PY) -m support.chaos --trials $(TRIALS) $(if $(SEED),--seed $(SEED)) $(if $(MINUTES),--minutes $(MINUTES))
+	PYTHONPATH=$(CURDIR):$(CURDIR)/tests $(PY) -m support.chaos --trials $(TRIALS) --executor $(EXECUTOR) $(if $(SEED),--seed $(SEED)) $(if $(MINUTES),--minutes $(MINUTES))
 
 ## Benchmarks: ratios measured side by side, each with its target.
 bench: venv

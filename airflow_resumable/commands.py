@@ -4,7 +4,8 @@
     airflow resumable show JOB SLOT          airflow resumable history JOB SLOT
     airflow resumable pause|resume|cancel|restart JOB SLOT [--by WHO]
     airflow resumable release JOB SLOT [--force] [--by WHO]
-    airflow resumable jobs [--dag-id D]      airflow resumable rerun-failed JOB RUN_ID
+    airflow resumable jobs [--dag-id D]      airflow resumable jobs --job JOB [--run-id R]
+    airflow resumable rerun-failed JOB RUN_ID [--by WHO]
     airflow resumable skipped list JOB SLOT  airflow resumable skipped retry JOB SLOT [--by WHO]
     airflow resumable migrate [--sql | --check]
     airflow resumable clean --older-than 30d [--dry-run]
@@ -53,6 +54,9 @@ ARG_STATUS = Arg(("--status",), default=None, choices=tuple(Status), help="only 
 ARG_LIMIT = Arg(("--limit",), type=whole_number(1, MAX_LIMIT), default=100,
                 help=f"at most this many slots, most recent first, 1 to {MAX_LIMIT:,} (default: 100)")
 ARG_RUN_ID = Arg(("run_id",), help="the DAG run id (as `airflow resumable jobs` shows it)")
+ARG_JOB_OPT = Arg(("--job",), default=None, help="one job (as `airflow resumable jobs` lists it): its line, then "
+                 "each partition's row, with the Checkpoint tab's figures")
+ARG_RUN_OPT = Arg(("--run-id",), default=None, help="with --job: that DAG run (default: the job's latest)")
 ARG_SQL = Arg(("--sql",), action="store_true", help="print the SQL it would run, change nothing")
 ARG_CHECK = Arg(("--check",), action="store_true", help="exit 1 if the database needs migrating")
 
@@ -122,15 +126,20 @@ def get_cli_commands() -> list[GroupCommand]:
                                       args=(ARG_JOB, ARG_SLOT, ARG_BY, ARG_CONN_ID, ARG_OUTPUT)),
                     ],
                 ),
-                ActionCommand(name="jobs", help="One line per job: its latest run's partitions (done, failed, running)",
+                ActionCommand(name="jobs", help="One line per job: its latest run's partitions (done, running, paused, "
+                              "failed, waiting) and its progress (processed/total, rate, ETA: the partitions' sum)",
+                              description="One line per job: its latest run's partitions counted by how they stand, "
+                              "and the job's progress as the sum of its partitions'. With --job, that job's line "
+                              "and one line per partition (map index, status, processed/total, rate, ETA).",
                               func=lazy_load_command(f"{_HERE}.jobs_command"),
-                              args=(ARG_DAG_ID, ARG_CONN_ID, ARG_OUTPUT)),
+                              args=(ARG_DAG_ID, ARG_JOB_OPT, ARG_RUN_OPT, ARG_CONN_ID, ARG_OUTPUT)),
                 ActionCommand(name="rerun-failed", help="Clear exactly the failed task instances of a job in one run",
                               description="Clear, through Airflow, the task instances of JOB in RUN_ID that failed "
                               "(a mapped job: only its failed map indexes), so they run again and resume from "
-                              "their checkpoints. Exits 1 when none failed.",
+                              "their checkpoints; a partitioned job's summary (and tasks upstream_failed) too. "
+                              "Each cleared partition's history records who asked. Exits 1 when none failed.",
                               func=lazy_load_command(f"{_HERE}.rerun_failed_command"),
-                              args=(ARG_JOB, ARG_RUN_ID, ARG_CONN_ID, ARG_OUTPUT)),
+                              args=(ARG_JOB, ARG_RUN_ID, ARG_BY, ARG_CONN_ID, ARG_OUTPUT)),
                 ActionCommand(name="migrate", help="Bring the checkpoint database to this release's schema",
                               func=lazy_load_command(f"{_HERE}.migrate_command"),
                               args=(ARG_CONN_ID, ARG_SQL, ARG_CHECK)),
@@ -223,21 +232,48 @@ def skipped_retry_command(args: argparse.Namespace) -> None:
                                                 for i in view["skipped_items"]], args.output)
 
 
-_JOBS_COLUMNS = ("job", "dag_id", "task_id", "run_id", "done", "failed", "running", "other", "total", "updated_at")
+_JOBS_COLUMNS = ("job", "dag_id", "task_id", "run_id", "done", "running", "paused", "failed", "waiting", "total",
+                 "processed", "rate", "eta", "updated_at")
+_PARTITION_COLUMNS = ("map_index", "job", "status", "processed", "rate", "eta", "attempt", "updated_at", "last_error")
+
+
+def _figures(line: dict[str, Any]) -> dict[str, Any]:
+    """A job's or a partition's progress as a table shows it: ``processed/total (percent)``, the
+    rate per second and the ETA."""
+    from airflow_resumable.core.progress import _duration as format_duration  # the task log's own format
+
+    processed = f"{line.get('processed') or 0:,}" + (f"/{line['total']:,}" if line.get("total") is not None else "")
+    if line.get("percent") is not None:
+        processed += f" ({line['percent']:.0f}%)"
+    rate = line.get("rate")
+    eta = line.get("eta_seconds")
+    return {"processed": processed, "rate": "" if rate is None else f"{rate:,.1f}/s",
+            "eta": "" if eta is None else format_duration(eta)}
 
 
 def jobs_command(args: argparse.Namespace) -> None:
     from airflow_resumable import control
 
-    lines = _guard(lambda: control.jobs(conn_id=args.conn_id, dag_ids={args.dag_id} if args.dag_id else None))
-    _print(lines if args.output == "json" else [{k: {**j, **j["partitions"]}.get(k) for k in _JOBS_COLUMNS}
-                                                 for j in lines], args.output)
+    if args.job is None:
+        if args.run_id is not None:
+            raise SystemExit("--run-id needs --job: name the job whose run to show")
+        lines = _guard(lambda: control.jobs(conn_id=args.conn_id, dag_ids={args.dag_id} if args.dag_id else None))
+        _print(lines if args.output == "json" else [{k: {**j, **j["partitions"], **_figures(j)}.get(k)
+                                                     for k in _JOBS_COLUMNS} for j in lines], args.output)
+        return
+    detail = _guard(lambda: control.job_partitions(args.job, args.run_id, conn_id=args.conn_id))
+    if args.output == "json":
+        _print(detail, args.output)
+        return
+    _print([{k: {**detail, **detail["partitions"], **_figures(detail)}.get(k) for k in _JOBS_COLUMNS}], args.output)
+    _print([{k: _cell({**r, **_figures(r)}.get(k)) for k in _PARTITION_COLUMNS} for r in detail["partition_rows"]],
+           args.output)
 
 
 def rerun_failed_command(args: argparse.Namespace) -> None:
     from airflow_resumable import control
 
-    cleared = _guard(lambda: control.rerun_failed(args.job, args.run_id, conn_id=args.conn_id))
+    cleared = _guard(lambda: control.rerun_failed(args.job, args.run_id, conn_id=args.conn_id, by=args.by))
     _print({"job": args.job, "run_id": args.run_id, "cleared": cleared} if args.output == "json"
            else [{"job": args.job, "run_id": args.run_id, "cleared map indexes": ", ".join(map(str, cleared))}],
            args.output)

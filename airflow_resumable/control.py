@@ -34,7 +34,7 @@ from airflow_resumable.hooks.resumable import DEFAULT_CONN_ID, ResumableHook
 
 __all__ = [
     "ACTIONS", "RequestRefused", "SlotNotFound", "cancel", "dag_ids", "dead_letters", "find", "get", "history",
-    "jobs", "offers", "pause", "recent", "release", "replay", "rerun_failed", "restart", "resume", "retry_skipped",
+    "job_partitions", "jobs", "offers", "pause", "recent", "release", "replay", "rerun_failed", "restart", "resume", "retry_skipped",
     "skipped_view",
 ]
 
@@ -162,10 +162,37 @@ def replay(job: str, slot: str, fn: Callable[[Any], Any], *, conn_id: str = DEFA
 
 
 def jobs(*, conn_id: str = DEFAULT_CONN_ID, dag_ids: Collection[str] | None = None) -> list[dict[str, Any]]:
-    """One line per job: its latest run's partitions, ``{"done", "failed", "running", "other",
-    "total"}`` (failed counts cancelled ones too: both end a run unfinished), most recently updated
-    first (see :func:`airflow_resumable.core.control.jobs`)."""
+    """One line per job, most recently updated first: its latest run's partitions counted,
+    ``{"done", "running", "paused", "failed", "waiting", "other", "total"}`` (failed counts cancelled
+    ones too: both end a run unfinished; waiting: planned, not started), and its progress as the
+    sum of theirs: ``processed``, ``total``, ``percent``, ``rate`` (items/s, the live partitions'
+    rates added up) and ``eta_seconds`` (see :func:`airflow_resumable.core.control.jobs`). A
+    partitioned job's plan row is folded into its line (``partitioned``: True)."""
     return _core.jobs(_store(conn_id), dag_ids=dag_ids)
+
+
+def job_partitions(job: str, run_id: str | None = None, *, conn_id: str = DEFAULT_CONN_ID) -> dict[str, Any]:
+    """One job's line (as :func:`jobs` gives it) for ``run_id`` (default: its latest run), with
+    ``partition_rows``: each partition by map index, its row as the Checkpoint tab shows it (the
+    figures of :func:`airflow_resumable.core.view.row_view`), or ``{"map_index": i, "status":
+    "waiting"}`` for a partition of the plan that has not started.
+
+    Raises:
+        SlotNotFound: no partition of the job ran (in that run).
+    """
+    from airflow_resumable.core.view import cap_row, row_view
+
+    line, rows = _core.job_partitions(_store(conn_id), job, run_id)
+    views = []
+    for index, row in rows:
+        if row is None:
+            views.append({"map_index": index, "job": job if index < 0 else f"{job}[{index}]", "status": "waiting",
+                          "dag_id": line["dag_id"], "task_id": line["task_id"], "run_id": line["run_id"]})
+            continue
+        view = row_view(row)
+        cap_row(view, marker="truncated")
+        views.append(view)
+    return {**line, "partition_rows": views}
 
 
 def job_task(job: str, run_id: str, *, conn_id: str = DEFAULT_CONN_ID) -> tuple[str, str]:
@@ -176,18 +203,22 @@ def job_task(job: str, run_id: str, *, conn_id: str = DEFAULT_CONN_ID) -> tuple[
     """
     with _session(conn_id) as session:
         groups = session.listings.partitions(run_id=run_id)
-    for dag_id, task_id, _run, _status, name, _count, _updated, map_index in groups:
+    for dag_id, task_id, _run, _status, name, _count, _updated, map_index, *_ in groups:
         if dag_id and task_id and (_core.base_job(name, map_index) == job or name == job):
             return dag_id, task_id
     raise SlotNotFound("no partition of this job ran in this DAG run", job=job, slot=run_id,
                        hint="Name the job as `airflow resumable jobs` lists it, with the run id it shows")
 
 
-def rerun_failed(job: str, run_id: str, *, conn_id: str = DEFAULT_CONN_ID) -> list[int]:
+def rerun_failed(job: str, run_id: str, *, conn_id: str = DEFAULT_CONN_ID, by: str | None = None) -> list[int]:
     """Clear, through Airflow, exactly the task instances of ``job`` in ``run_id`` that failed (for
-    a mapped job: the failed map indexes; the others keep their state), so that Airflow runs them
-    again and each resumes from its own checkpoint. Returns the cleared map indexes (-1: unmapped).
-    Needs Airflow's metadata database (the api-server, the scheduler's machine, the CLI there).
+    a mapped job: the failed map indexes, cancelled partitions included; the others keep their
+    state), so that Airflow runs them again and each resumes from its own checkpoint. The run's
+    tasks after them that did not run or failed because of them are cleared too (a partitioned
+    job's ``summary``, tasks ``upstream_failed``), so the run can end well. Each cleared
+    partition's history records the re-run and who asked (``by``, default ``user@host``). Returns
+    the cleared map indexes (-1: unmapped). Needs Airflow's metadata database (the api-server, the
+    scheduler's machine, the CLI there).
 
     Raises:
         SlotNotFound: no partition of the job ran in that run.
@@ -197,6 +228,7 @@ def rerun_failed(job: str, run_id: str, *, conn_id: str = DEFAULT_CONN_ID) -> li
 
     from airflow_resumable.version_compat import TaskInstance, TaskInstanceState, clear_task_instances, create_session
 
+    who = _core.default_by() if by is None else _core.checked_by(by)
     dag_id, task_id = job_task(job, run_id, conn_id=conn_id)
     with create_session() as session:
         failed = list(session.scalars(select(TaskInstance).where(
@@ -206,8 +238,28 @@ def rerun_failed(job: str, run_id: str, *, conn_id: str = DEFAULT_CONN_ID) -> li
             raise RequestRefused(
                 f"no task instance of DAG {dag_id!r} task {task_id!r} failed in this run", job=job, slot=run_id,
                 hint="Nothing to run again; `airflow resumable jobs` shows how its partitions stand")
-        clear_task_instances(failed, session)
-        return sorted(ti.map_index for ti in failed)
+        after = _after(session, dag_id, run_id, task_id)
+        cleared = sorted(ti.map_index for ti in failed)
+        _core.record_rerun(_store(conn_id), job, run_id, cleared, by=who)
+        clear_task_instances([*failed, *after], session)
+        return cleared
+
+
+def _after(session: Any, dag_id: str, run_id: str, task_id: str) -> list[Any]:
+    """The run's task instances a re-run of ``task_id``'s failed ones must clear too: a
+    partitioned job's summary (``<group>.summary``, which ran on the failures), and every task
+    that did not run because of them (``upstream_failed``)."""
+    from sqlalchemy import or_, select
+
+    from airflow_resumable.version_compat import TaskInstance, TaskInstanceState
+
+    wanted = [TaskInstance.state == TaskInstanceState.UPSTREAM_FAILED]
+    group, _, leaf = task_id.rpartition(".")
+    if group and leaf == "partition":
+        wanted.append(TaskInstance.task_id == f"{group}.summary")
+    return list(session.scalars(select(TaskInstance).where(
+        TaskInstance.dag_id == dag_id, TaskInstance.run_id == run_id, TaskInstance.task_id != task_id,
+        or_(*wanted))).all())
 
 
 def skipped_view(job: str, slot: str, *, conn_id: str = DEFAULT_CONN_ID, limit: int = 100) -> dict[str, Any]:

@@ -20,6 +20,11 @@ the version it needs (:func:`needs`): ``retry_policy=`` (3.3) is refused at pars
 message, and ``airflow resumable ...`` (provider CLI commands, 3.2) is
 ``python -m airflow_resumable ...`` on 3.1, which says so.
 
+What the installed Airflow cannot do with the packages beside it is said once, when this module is
+imported (:func:`environment_problems`): Airflow 3.2's in-process Execution API (``dag.test()``,
+the triggerer, the dag-processor) answers every request with a 500 where svcs 26.2 or later is
+installed, so the 3.2 constraints files pin svcs below 26.2 (scripts/constraints.py's ``CAPS``).
+
 Names used only in some processes (the CLI's, the api-server's, a provider's) are imported when
 first used (:data:`_LAZY`): importing this module stays cheap on workers.
 """
@@ -70,11 +75,43 @@ def needs(feature: str) -> str:
             f"upgrade Airflow, or {instead}")
 
 
+def environment_problems(airflow: tuple[int, ...] | None = None, installed: dict[str, str] | None = None) -> list[str]:
+    """What breaks in the installed Airflow because of a package version beside it: a sentence each,
+    naming the fix (none on a supported, constraints-pinned install). ``airflow`` (major, minor) and
+    ``installed`` (name -> version) default to this environment's."""
+    airflow = AIRFLOW_VERSION[:2] if airflow is None else tuple(airflow[:2])
+    problems = []
+    if airflow == (3, 2):
+        svcs = installed.get("svcs") if installed is not None else _installed_version("svcs")
+        if svcs and Version(svcs) >= Version("26.2"):
+            problems.append(
+                f"Airflow 3.2 with svcs {svcs}: Airflow's in-process Execution API (dag.test(), the triggerer, the "
+                "dag-processor) answers every request with a 500 ('State' object has no attribute "
+                "'svcs_registry'), because svcs 26.2's lifespan removes the registry when Airflow 3.2 lets it "
+                "end. Install svcs<26.2 (pip install 'svcs<26.2'; constraints/airflow-3.2-*.txt pins it), "
+                "or upgrade Airflow to 3.3")
+    return problems
+
+
+def _installed_version(name: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return None
+
+
 if AIRFLOW_VERSION[:2] < MINIMUM_AIRFLOW:  # pragma: no cover - pip refuses such an install
     raise ImportError(
         f"airflow-resumable needs Airflow {MINIMUM_AIRFLOW[0]}.{MINIMUM_AIRFLOW[1]} or later; this is Airflow "
         f"{AIRFLOW_VERSION_STRING}. Upgrade Airflow, or install an airflow-resumable release made for it"
     )
+
+for _problem in environment_problems():  # said once per process, where Airflow imports the provider
+    import warnings
+
+    warnings.warn(_problem, RuntimeWarning, stacklevel=2)
 
 from airflow.plugins_manager import AirflowPlugin  # noqa: E402 - after the version check
 from airflow.sdk import BaseHook, BaseOperator, Context, XComArg  # noqa: E402
@@ -226,6 +263,7 @@ __all__ = [
     "XComArg",
     "built_from_mapped",
     "conf",
+    "environment_problems",
     "get_base_airflow_version_tuple",
     "needs",
     "serde_deserialize",

@@ -37,7 +37,8 @@ _RUNNERS = {
     "12": ("bench.throttle", "run"),
     "13": ("bench.txheartbeat", "run"),
     "14": ("bench.partitions", "run"),
-    "15": ("bench.items", "run"),
+    "15": ("bench.partitioned_workers", "run"),
+    "16": ("bench.items", "run"),
 }
 ROWS = tuple(_RUNNERS)
 

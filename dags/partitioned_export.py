@@ -17,6 +17,9 @@ Each batch is upserted into ``orders_export`` through ``ctx.transaction()``, so 
 partition's checkpoint: exactly once. ``prepare_orders`` creates and fills ``orders`` (2,000 rows,
 most of them on a few days: ties on the key's first column) in the checkpoint database when the
 table is missing, so the DAG runs on an empty database.
+
+``partitioned_export_decorated`` is the same job declared with ``@task.resumable.partitioned`` on its
+chunk function.
 """
 
 from __future__ import annotations
@@ -104,3 +107,29 @@ with DAG(
 
     prepare_orders() >> export
 # [END partitioned_export_dag]
+
+
+# [START partitioned_export_decorated]
+@task.resumable.partitioned(
+    read=sql_reader(CONN_ID, table="orders", columns=("id", "placed_on", "amount_cents"), key=("placed_on", "id")),
+    partitions=4,
+    chunk_size=100,
+    tolerated_failure="25%",
+    retries=2,
+    retry_delay=timedelta(seconds=5),
+)
+def export_orders(ctx: RunContext, batch: list[tuple[Any, ...]]) -> None:
+    """The same job declared on its chunk function: each batch upserted in its partition's transaction."""
+    export_batch(ctx, batch)
+
+
+with DAG(
+    dag_id="partitioned_export_decorated",
+    schedule="@daily",
+    start_date=datetime(2026, 1, 1, tzinfo=timezone.utc),
+    catchup=False,
+    tags=["resumable", "example"],
+    doc_md="The partitioned export of `partitioned_export`, declared with `@task.resumable.partitioned`.",
+) as decorated_dag:
+    prepare_orders() >> export_orders()
+# [END partitioned_export_decorated]

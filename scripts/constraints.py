@@ -15,7 +15,7 @@ own resolver and ``pip check`` confirm it), and ``pip freeze`` of the venv is th
 header that says how it was made.
 
 Only the standard library is needed (it runs before any venv exists). ``make constraints`` runs
-``--all``; ``AIRFLOW=3.2.2 PYTHON=3.12 make constraints`` makes or refreshes one file.
+``--all``; ``make constraints AIRFLOW=3.2.2 FOR_PYTHON=3.12`` makes or refreshes one file.
 """
 
 from __future__ import annotations
@@ -39,6 +39,21 @@ NAME = re.compile(r"^airflow-(?P<airflow>\d+\.\d+)-py(?P<python>\d+\.\d+)\.txt$"
 AIRFLOW_FAMILY = re.compile(r"^apache-airflow(-core|-task-sdk)?$")
 #: The resolver, pinned: the files do not change with its releases.
 UV = "uv==0.13.8"
+#: Caps on Airflow's own dependencies for one Airflow minor, where a later release of a dependency
+#: breaks that Airflow (each file's header names its caps and why). Airflow's own constraints file
+#: for the release predates the breaking release, so it pins a version below the cap as well.
+CAPS: dict[str, dict[str, tuple[str, str]]] = {
+    "3.2": {
+        "svcs": ("<26.2", "svcs 26.2's FastAPI lifespan removes app.state.svcs_registry when it exits, and "
+                 "Airflow 3.2's dag.test() exits it (it drops the in-process Execution API but keeps its "
+                 "transport): every later request answers 500. Airflow 3.3 keeps the API alive"),
+    },
+}
+
+
+def caps_for(airflow: str) -> dict[str, tuple[str, str]]:
+    """The caps (name -> (specifier, why)) that apply to ``airflow``'s minor."""
+    return CAPS.get(minor(airflow), {})
 
 
 def canonical(name: str) -> str:
@@ -134,7 +149,8 @@ def resolve(airflow: str, python: str, *, seed: Path | None) -> tuple[str, str]:
             ".git", ".venv", ".venvs", "*.egg-info", "build", "dist", "__pycache__", ".test-logs", ".airflow*",
             "screenshots"))
         airflow_pin = Path(tmp) / "airflow.txt"
-        airflow_pin.write_text(f"apache-airflow=={airflow}\n")
+        airflow_pin.write_text(f"apache-airflow=={airflow}\n"
+                               + "".join(f"{name}{spec}\n" for name, (spec, _) in caps_for(airflow).items()))
         compiled = Path(tmp) / "compiled.txt"
         compiled.write_text("\n".join(sorted(kept.values())) + "\n")  # uv prefers these
         print(f"  resolving with uv: Airflow {airflow} on {exe}, preferring {len(kept)} pins", flush=True)
@@ -180,7 +196,8 @@ def generate(airflow: str, python: str) -> Path:
         f"# {', '.join(extras())} (all of setup.cfg's): the freeze of a fresh venv made by scripts/constraints.py\n"
         f"# (uv resolved, keeping the previous pins where they resolve; pip installed). Never edit it by hand.\n"
         f"# Regenerate: python3 scripts/constraints.py {airflow} {minor(python)}   (make constraints: every file)\n"
-    )
+    ) + "".join(f"# Capped by scripts/constraints.py's CAPS: {name}{spec}: {why}.\n"
+                for name, (spec, why) in caps_for(airflow).items())
     DIRECTORY.mkdir(exist_ok=True)
     target.write_text(header + body)
     moved = ", ".join(f"{before[n]} -> {version_of(after[n])}" for n in changed)

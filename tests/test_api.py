@@ -506,7 +506,14 @@ def test_jobs_gives_one_line_per_job_with_its_partitions_only_of_readable_dags(a
     body = as_user("admin", "GET", f"{BASE}/jobs").json()
     parts = next(j for j in body["jobs"] if j["job"] == "dag_a.parts")
     assert (parts["dag_id"], parts["task_id"], parts["run_id"], parts["mapped"]) == ("dag_a", "parts", "run_1", True)
-    assert parts["partitions"] == {"done": 0, "failed": 2, "running": 0, "other": 0, "total": 2}
+    assert parts["partitions"] == {"done": 0, "running": 0, "paused": 0, "failed": 2, "waiting": 0, "other": 0,
+                                   "total": 2}
+    assert (parts["processed"], parts["total"], parts["percent"]) == (5 + 10, 60, 25.0)
+    detail = as_user("alice", "GET", f"{BASE}/jobs/partitions", params={"job": "dag_a.parts"}).json()
+    assert [(r["map_index"], r["status"], r["processed"]) for r in detail["partition_rows"]] == [
+        (0, "failed", 5), (1, "failed", 10)]
+    assert as_user("alice", "GET", f"{BASE}/jobs/partitions", params={"job": B}).status_code == 403
+    assert as_user("admin", "GET", f"{BASE}/jobs/partitions", params={"job": "no.such"}).status_code == 404
     assert {j["job"] for j in as_user("alice", "GET", f"{BASE}/jobs").json()["jobs"]} == {A, "dag_a.parts"}
     assert as_user(None, "GET", f"{BASE}/jobs").status_code == 401
 

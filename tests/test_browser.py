@@ -519,9 +519,18 @@ def test_the_jobs_page_counts_a_mapped_jobs_partitions_and_re_runs_the_failed_on
     line = until(lambda: driver.find_element(By.CSS_SELECTOR, "#summary tr[data-job^='ui_parts.part']"), timeout=30,
                  what="the mapped job's line", on_timeout=lambda: shown(driver, "body"))
     assert "2 done" in line.text and "1 failed" in line.text, line.text
+    assert "10 / 12" in line.text, line.text  # the job's progress: the sum of its partitions'
+    # And its partitions open from the line, each a link into its own Checkpoint tab
+    until(lambda: driver.find_element(By.CSS_SELECTOR, "#summary tr[data-job^='ui_parts.part'] button.show-partitions"),
+          timeout=10, what="the Partitions button").click()
+    links = until(lambda: [a.text for a in driver.find_elements(By.CSS_SELECTOR, "#partitions a.partition-link")] or None,
+                  timeout=30, what="the job's partitions", on_timeout=lambda: shown(driver, "#job-partitions"))
+    assert links == [f"Checkpoint of ui_parts.part[{i}]" for i in range(3)], links
     driver.switch_to.default_content()
     driver.save_screenshot(str(shots / "jobs-page-partitions.png"))
     driver.switch_to.frame(jobs)
+    line = until(lambda: driver.find_element(By.CSS_SELECTOR, "#summary tr[data-job^='ui_parts.part']"), timeout=30,
+                 what="the mapped job's line")
     # When they press "Re-run failed partitions" and confirm
     line.find_element(By.CSS_SELECTOR, "button.rerun-failed").click()
     until(lambda: driver.find_element(By.ID, "confirm"), timeout=10, what="the confirmation").click()
@@ -531,6 +540,14 @@ def test_the_jobs_page_counts_a_mapped_jobs_partitions_and_re_runs_the_failed_on
     wait_for(lambda: env.api.get(f"/dags/ui_parts/dagRuns/{run_id}/taskInstances/part/1")["try_number"] == 2,
              timeout=120, interval=0.5, what="partition 1's second try")
     assert env.api.get(f"/dags/ui_parts/dagRuns/{run_id}/taskInstances/part/0")["try_number"] == 1
+    # And a partition's Checkpoint tab names the whole job and opens its partitions
+    open_tab(driver, env, "ui_parts", run_id, "part/mapped/0")
+    whole = until(lambda: driver.find_element(By.ID, "whole-job"), timeout=30, what="the link to the whole job")
+    assert whole.text == "ui_parts.part (the whole job)", whole.text
+    whole.click()
+    parts = until(lambda: [r.get_attribute("data-partition") for r in driver.find_elements(
+        By.CSS_SELECTOR, "#partitions tr[data-partition]")] or None, timeout=30, what="the whole job's partitions")
+    assert parts == ["0", "1", "2"], parts
 
 
 def test_the_tab_of_a_run_the_overlap_policy_skipped_names_the_run_it_yielded_to(

@@ -2,10 +2,13 @@
 checkpoint database are hosts of their own (network namespaces on this machine); a checker proves
 each guarantee from what was committed (tests/support/chaos/).
 
-A few trials run here (``RESUMABLE_CHAOS_TRIALS``, default 2; the seed is printed, and
-``RESUMABLE_CHAOS_SEED`` or ``make chaos SEED=...`` replays one); ``make chaos TRIALS=100`` runs
-many and prints the table. The checker's own tests forge each anomaly into honest history and
-show it is reported.
+A few trials run here, on each configuration (Celery workers on the hosts; schedulers with their
+LocalExecutor task processes on the hosts): ``RESUMABLE_CHAOS_TRIALS`` each (default 2 on Celery,
+1 on LocalExecutor); the seed is printed, and ``RESUMABLE_CHAOS_SEED`` or ``make chaos SEED=...``
+replays one. A trial waits while its runs make progress and fails when it has an anomaly or does
+not settle (nothing moved for ``STALL`` seconds: what still runs is printed, holder and lease).
+``make chaos TRIALS=100`` runs many and prints the table. The checker's own tests forge each
+anomaly into honest history and show it is reported.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from airflow_resumable.core.stores import PostgresStore
 from devtools.postgres import Server
 from support.chaos import hosts
 from support.chaos.checker import check_run
-from support.chaos.cluster import TABLES, Chaos, chaos_cluster
+from support.chaos.cluster import PROXY_PORT, TABLES, Chaos, LocalChaosDeployment, chaos_cluster, start_proxy
 from support.chaos.hosts import Network, netem_available, sweep
 from support.chaos.trials import run_trial, table
 from support.chaos.workloads import CHUNK, WORKLOADS, Run
@@ -68,6 +71,39 @@ def test_hosts_reach_each_other_over_the_bridge_and_nothing_is_left_after_close(
         network.close()
     assert not [n for n in hosts._namespaces() if n.startswith(network.tag)]
     assert not [n for n in hosts._links() if n.startswith(network.tag)]
+
+
+def _round_trip(host: hosts.Host, port: int) -> float:
+    """Seconds for 20 echoes of one byte through ``127.0.0.1:port`` on ``host``."""
+    probe = (f"import socket, time; s = socket.create_connection(('127.0.0.1', {port}), timeout=30); t = time.monotonic()\n"
+             "for _ in range(20):\n    s.sendall(b'x'); assert s.recv(1) == b'x'\nprint(time.monotonic() - t)")
+    done = subprocess.run(host.argv(sys.executable, "-c", probe), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return float(done.stdout)
+
+
+def test_the_proxy_on_a_worker_host_adds_latency_and_loss_until_healed() -> None:
+    network = Network().open({"db": 2, "w1": 11})
+    echo = None
+    try:
+        w1, db = network.hosts["w1"], network.hosts["db"]
+        echo = subprocess.Popen(db.argv("socat", f"TCP-LISTEN:7001,bind={db.address},fork,reuseaddr", "EXEC:cat"))
+        wait_for(lambda: _reaches(w1, db.address, 7001), timeout=20, what="the echo server to answer")
+        proxy = start_proxy(network, "w1", db.address, 7001, hosts.STATE_DIR / network.tag)
+        healthy = _round_trip(w1, PROXY_PORT)
+        proxy.degrade(delay=0.05, jitter=0.0, loss=0.0)  # read within 0.1 s
+        # 20 round trips, each piece of data held 50 ms each way: 2 s at least
+        degraded = wait_for(lambda: (t := _round_trip(w1, PROXY_PORT)) >= 20 * 2 * 0.05 and t, timeout=30,
+                            what="the proxy to hold each piece of data 50 ms")
+        proxy.heal()
+        healed = wait_for(lambda: (t := _round_trip(w1, PROXY_PORT)) < degraded / 4 and t, timeout=30,
+                          what="the healed proxy to forward at once")
+        assert healthy < degraded / 4, (healthy, degraded, healed)
+    finally:
+        if echo is not None:
+            echo.kill()
+            echo.wait(timeout=10)
+        network.close()
 
 
 def test_a_crashed_run_s_namespaces_links_and_processes_are_swept_by_the_next() -> None:
@@ -179,8 +215,20 @@ def test_the_checker_finds_nothing_wrong_in_an_honest_crash_and_resume(slot_db: 
         (TX, "UPDATE resumable_checkpoints SET status = 'running'", "quiet"),
         # the history disagrees with the row
         (TX, "UPDATE resumable_attempts SET processed_end = 1 WHERE outcome = 'done'", "history"),
+        # an item lost: the transactional sink misses one the row says was done
+        (TX, "DELETE FROM chaos_tx_log WHERE item = 17", "exactly once"),
+        # an item lost from the upsert sink
+        (PLAIN, "DELETE FROM chaos_upsert WHERE item = 9", "one chunk"),
+        # a stale attempt (try 1, after try 2 took the lease) kept writing to the plain sink: more than its
+        # unfinished chunk
+        (PLAIN, "INSERT INTO chaos_plain_log (job, slot, item, attempt, token, runs, pid, written_at) SELECT job, "
+                "slot, item, 1, (SELECT min(token) FROM chaos_plain_log), runs, 0, now() + interval '1 minute' "
+                "FROM chaos_plain_log WHERE attempt = 2 AND item >= 20", "fencing"),
+        # the row's token is one no attempt record holds
+        (TX, "UPDATE resumable_checkpoints SET lease_token = lease_token + 7", "history"),
     ],
-    ids=["zombie-write", "twice", "unknown-token", "plain-repeats", "left-running", "history"],
+    ids=["zombie-write", "twice", "unknown-token", "plain-repeats", "left-running", "history", "tx-lost",
+         "upsert-lost", "stale-plain-writer", "row-token"],
 )
 def test_the_checker_reports_a_forged_anomaly(slot_db: Any, workload: Any, forge: str, check: str) -> None:
     conn, run = _honest(slot_db, workload)
@@ -189,28 +237,51 @@ def test_the_checker_reports_a_forged_anomaly(slot_db: Any, workload: Any, forge
     assert check in {a.check for a in anomalies}, f"{check!r} not reported; got {[str(a) for a in anomalies]}"
 
 
+def _stalled(slot_db: Any, alive: bool) -> list[str]:
+    """An honest history whose slot was then left ``running`` by a try whose lease expired, its DAG run
+    not finished by the deadline: the checks the checker makes, with the holder alive or gone."""
+    conn, run = _honest(slot_db, TX)
+    conn.cursor().execute("UPDATE resumable_checkpoints SET status = 'running', lease_owner = 'ti/try2@host:1', "
+                          "lease_expires_at = now() - interval '1 minute'")
+    anomalies, _ = check_run(conn, run, "running", holder_alive=lambda owner: alive)
+    return [a.check for a in anomalies]
+
+
+def test_the_checker_tells_a_stalled_slot_with_no_live_holder_from_one_not_finished_yet(slot_db: Any) -> None:
+    assert _stalled(slot_db, alive=False) == ["liveness"]
+    assert _stalled(slot_db, alive=True) == [], "a slot whose holder still runs is unsettled, not an anomaly"
+
+
+def test_the_checker_holds_an_unsettled_run_to_the_safety_checks(slot_db: Any) -> None:
+    conn, run = _honest(slot_db, TX)
+    conn.cursor().execute("INSERT INTO chaos_tx_log SELECT job, slot, item, attempt, token, runs, pid FROM chaos_tx_log "
+                          "WHERE item = 5")
+    anomalies, _ = check_run(conn, run, "running")
+    assert {a.check for a in anomalies} == {"exactly once"}, [str(a) for a in anomalies]
+
+
 # -- the trials --------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def chaos(pg_server: Server) -> Iterator[Chaos]:
-    with chaos_cluster(pg_server.admin_dsn) as chaos:
+@pytest.fixture(scope="module", params=["celery", "local"])
+def chaos(request: pytest.FixtureRequest, pg_server: Server) -> Iterator[Chaos]:
+    with chaos_cluster(pg_server.admin_dsn, executor=request.param) as chaos:
         yield chaos
 
 
-@pytest.mark.skipif(not ({"RESUMABLE_CHAOS_TRIALS", "RESUMABLE_CHAOS_SEED"} & set(os.environ)),
-                    reason="random trials run with make chaos (or RESUMABLE_CHAOS_TRIALS=n make test): a trial "
-                    "whose runs are still running at its deadline on a loaded machine fails, not yet told apart "
-                    "from an anomaly")
 def test_random_faults_across_hosts_break_no_guarantee(chaos: Chaos) -> None:
+    executor = "local" if isinstance(chaos.cluster, LocalChaosDeployment) else "celery"
     base = int(os.environ.get("RESUMABLE_CHAOS_SEED", random.randrange(10**6)))
-    count = 1 if "RESUMABLE_CHAOS_SEED" in os.environ else int(os.environ.get("RESUMABLE_CHAOS_TRIALS", "2"))
+    default = {"celery": "2", "local": "1"}[executor]
+    count = 1 if "RESUMABLE_CHAOS_SEED" in os.environ else int(os.environ.get("RESUMABLE_CHAOS_TRIALS", default))
     skipped = {} if (why := netem_available()) is None else {"netem": why}
-    print(f"\n[chaos] seeds {base}..{base + count - 1}" + (f"; latency/loss skipped: {why}" if why else ""))
+    print(f"\n[chaos] {executor}: seeds {base}..{base + count - 1}" + (f"; netem skipped: {why}" if why else ""))
     trials = []
     for seed in range(base, base + count):
         trial = run_trial(chaos, seed, netem=not skipped)
         print(trial.summary())
         trials.append(trial)
-    print(table(trials, skipped=skipped, replay="RESUMABLE_CHAOS_SEED={seed} make test (or make chaos SEED={seed})"))
-    assert not [a for t in trials for a in t.anomalies], "\n".join(t.summary() for t in trials if t.anomalies)
+    print(table(trials, skipped=skipped, replay="RESUMABLE_CHAOS_SEED={seed} make test (or make chaos SEED={seed} "
+                                                f"EXECUTOR={executor})"))
+    bad = [t for t in trials if t.anomalies or t.unsettled]
+    assert not bad, "\n".join(t.summary() for t in bad)

@@ -11,9 +11,10 @@ own pytest with the test kit's fixtures.
 Which Airflow the wheel is installed with is read from one place, :func:`airflow_cells`:
 ``RESUMABLE_DIST_AIRFLOW`` lists entries separated by spaces or commas, each an Airflow version
 (``3.3.2``: the repository's constraints file for this Python that pins it) or the path of a
-constraints file (``constraints/airflow-3.2-py3.12.txt``). Unset, it is the repository's constraints
-file for this Python with the newest Airflow. The fresh venv's Python is the one running the tests,
-so a matrix cell's interpreter is the cell's Python:
+constraints file (``constraints/airflow-3.2-py3.12.txt``). Unset, it is every constraints file of
+the repository for this Python: on 3.11, each supported Airflow minor (3.1, 3.2, 3.3), one test
+each, oldest first; ``newest`` is the newest of them only. The fresh venv's Python is the one
+running the tests, so a matrix cell's interpreter is the cell's Python:
 
     RESUMABLE_DIST_AIRFLOW="3.2.2 3.3.2" python -m pytest -m dist tests/test_dist.py
 
@@ -91,11 +92,11 @@ def airflow_cells(spec: str | None = None) -> list[Cell]:
     spec = os.environ.get("RESUMABLE_DIST_AIRFLOW", "") if spec is None else spec
     files = constraints_files()
     entries = [entry for entry in re.split(r"[\s,]+", spec) if entry]
-    if not entries:
+    if not entries or entries == ["newest"]:
         if not files:
             return [Cell("none", None, f"no constraints file for Python {PYTHON} pins apache-airflow in {ROOT}")]
-        newest = max(files, key=lambda path: _version_key(pinned_airflow(path) or "0"))
-        return [Cell(pinned_airflow(newest) or "", newest)]
+        ordered = sorted(files, key=lambda path: _version_key(pinned_airflow(path) or "0"))
+        return [Cell(pinned_airflow(path) or "", path) for path in (ordered[-1:] if entries else ordered)]
     cells = []
     for entry in entries:
         if re.fullmatch(r"\d+(\.\d+)*", entry):
@@ -112,10 +113,14 @@ def airflow_cells(spec: str | None = None) -> list[Cell]:
     return cells
 
 
-def test_the_airflow_list_defaults_to_the_newest_pinned_airflow_and_takes_versions_or_files() -> None:
-    (default,) = airflow_cells("")
-    assert default.constraints in constraints_files() and not default.problem
-    assert default.airflow == pinned_airflow(default.constraints)  # type: ignore[arg-type]
+def test_the_airflow_list_defaults_to_every_pinned_airflow_and_takes_versions_or_files() -> None:
+    cells = airflow_cells("")
+    assert {cell.constraints for cell in cells} == set(constraints_files()) and not [c for c in cells if c.problem]
+    assert [_version_key(c.airflow) for c in cells] == sorted(_version_key(c.airflow) for c in cells)
+    if PYTHON == "3.11":  # every supported Airflow minor has a file for 3.11 (tests/test_versions.py)
+        assert [".".join(c.airflow.split(".")[:2]) for c in cells] == ["3.1", "3.2", "3.3"]
+    (default,) = airflow_cells("newest")
+    assert default == cells[-1] and default.airflow == pinned_airflow(default.constraints)  # type: ignore[arg-type]
     assert airflow_cells(default.airflow) == [default]
     relative = str(default.constraints.relative_to(ROOT))  # type: ignore[union-attr]
     assert airflow_cells(f"{relative}, {default.airflow}") == [default, default]
@@ -165,7 +170,7 @@ def artifacts(tmp_path_factory: pytest.TempPathFactory) -> Artifacts:
     out = tmp_path_factory.mktemp("dist")
     egg_info = ROOT / "airflow_resumable.egg-info"
     had_egg_info = egg_info.exists()
-    (default,) = airflow_cells("")
+    (default,) = airflow_cells("newest")
     env = {**os.environ, "PY": sys.executable, "DIST_DIR": str(out)}
     if default.constraints:  # the build environment's setuptools from the same pins
         env["CONSTRAINTS"] = str(default.constraints)
@@ -376,6 +381,18 @@ def test_the_handler_resumes_after_every_interruption(resumable_check):
 """
 
 
+#: version_compat's name for the provider CLI commands (``airflow resumable ...``), from 3.2.
+CLI_FEATURE = "airflow resumable ... (provider CLI commands)"
+
+
+def cell_supports(cell: Cell, feature: str) -> bool:
+    """Whether the cell's Airflow has ``feature``, by version_compat's table (the test process's
+    Airflow may be another version than the venv's)."""
+    from airflow_resumable.version_compat import FEATURES
+
+    return tuple(_version_key(cell.airflow)[:2]) >= FEATURES[feature][0]
+
+
 def _result(proc: subprocess.CompletedProcess[str]) -> dict:
     """The JSON a venv script printed on its ``RESULT`` line."""
     assert proc.returncode == 0, (proc.stdout[-4000:] + proc.stderr[-4000:])
@@ -434,11 +451,13 @@ def test_the_built_wheel_in_a_fresh_venv_runs_example_dags_the_cli_the_plugin_pa
     assert ran["states"] == {"chunked_example": "success", "taskflow_example": "success"}, ran
 
     # And `airflow resumable` is a command of the installed Airflow that lists the finished slot
-    helped = step("airflow resumable --help", [airflow, "resumable", "--help"], 120)
+    # (where that Airflow reads providers' CLI commands; on an older one, `python -m airflow_resumable`)
+    cli = [airflow, "resumable"] if cell_supports(cell, CLI_FEATURE) else [python, "-m", "airflow_resumable"]
+    helped = step(f"{' '.join(Path(a).name for a in cli)} --help", [*cli, "--help"], 120)
     assert helped.returncode == 0, helped.stderr[-3000:]
     for command in ("list", "show", "history", "pause", "resume", "cancel", "restart", "release", "migrate", "clean"):
         assert re.search(rf"^\s+{command}\s", helped.stdout, re.M), (command, helped.stdout)
-    listed = step("airflow resumable list", [airflow, "resumable", "list", "--output", "json"], 120)
+    listed = step("list", [*cli, "list", "--output", "json"], 120)
     assert listed.returncode == 0, listed.stderr[-3000:]
     slots = {slot["job"]: slot for slot in json.loads(listed.stdout)}
     assert set(slots) == set(EXAMPLES.values()) and {s["status"] for s in slots.values()} == {"done"}, slots

@@ -29,7 +29,8 @@ ROOT = Path(__file__).resolve().parent.parent
 DAGS_DIR = ROOT / "dags"
 DAG_FILES = sorted(DAGS_DIR.glob("*.py"))
 EXAMPLE_DAG_IDS = [
-    "chunked_example", "customer_export", "loan_report", "mapped_partitions", "partitioned_export", "taskflow_example",
+    "chunked_example", "customer_export", "loan_report", "mapped_partitions", "partitioned_export",
+    "partitioned_export_decorated", "taskflow_example",
 ]
 
 pytestmark = pytest.mark.postgres
@@ -266,17 +267,18 @@ def test_mapped_partitions_retry_resumes_only_the_failed_partition(
     assert rows[1]["state"] == {"region": "south", "amount_cents": south}
 
 
+@pytest.mark.parametrize("dag_id", ["partitioned_export", "partitioned_export_decorated"])
 def test_partitioned_export_exports_every_order_once_in_four_partitions(
-    run_dag: Callable[..., Any], pg_checkpoints: dict[str, Any]
+    run_dag: Callable[..., Any], pg_checkpoints: dict[str, Any], dag_id: str
 ) -> None:
-    run = run_dag("partitioned_export")
+    run = run_dag(dag_id)
     tis = assert_succeeded(run)
     assert sorted(i for t, i in tis if t == "export_orders.partition") == [0, 1, 2, 3]
     summary = xcom(run, "export_orders.summary")
     assert (summary["partitions"], summary["done"], summary["failed"]) == (4, 4, [])
     assert summary["processed"] == summary["total"] == 2_000
     exported = query(pg_checkpoints, "SELECT partition_job, count(*) FROM orders_export GROUP BY 1 ORDER BY 1")
-    assert [job for job, _ in exported] == [f"partitioned_export.export_orders[{i}]" for i in range(4)]
+    assert [job for job, _ in exported] == [f"{dag_id}.export_orders[{i}]" for i in range(4)]
     assert sorted(n for _, n in exported) == [500, 500, 500, 500]
     assert query(pg_checkpoints, "SELECT count(*), count(DISTINCT id) FROM orders_export") == [(2_000, 2_000)]
 

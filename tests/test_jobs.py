@@ -1,16 +1,21 @@
-"""Per-job summaries and re-running the failed partitions of a mapped job only, on a real mapped
-DAG run (dag.test(); tests/dags/jobs_dags.py), through control, the CLI and the REST API's code."""
+"""Per-job summaries and re-running the failed partitions of a mapped job only: the summary's
+arithmetic on rows of both stores, and real mapped and partitioned DAG runs (dag.test();
+tests/dags/jobs_dags.py, tests/dags/partition_dags.py), through control and the CLI."""
 
 from __future__ import annotations
 
 import json
+from datetime import datetime, timezone
 from typing import Any
 
 import pytest
 
 from airflow_resumable import control
+from airflow_resumable.core import control as core_control
 from airflow_resumable.core.errors import RequestRefused, SlotNotFound
+from airflow_resumable.core.partitions import Plan, save_plan
 from airflow_resumable.core.stores import Store
+from support.slots import SLOT, run_slot
 
 JOB = "rt_jobs_mapped.part"
 
@@ -59,15 +64,19 @@ def test_the_summary_counts_a_mapped_job_s_partitions_and_rerun_failed_clears_on
     line = next(j for j in control.jobs() if j["job"] == JOB)
     assert (line["dag_id"], line["task_id"], line["run_id"], line["mapped"]) == ("rt_jobs_mapped", "part", run.run_id,
                                                                                 True)
-    assert line["partitions"] == {"done": 2, "failed": 1, "running": 0, "other": 0, "total": 3}
+    assert line["partitions"] == {"done": 2, "running": 0, "paused": 0, "failed": 1, "waiting": 0, "other": 0,
+                                  "total": 3}
+    assert (line["processed"], line["total"], line["partitioned"]) == (4 + 2 + 4, 12, False)
     code, out, _ = cli("jobs", "--output", "json", capsys=capsys)
     assert code == 0 and next(j for j in json.loads(out) if j["job"] == JOB)["partitions"]["failed"] == 1
     code, out, _ = cli("jobs", "--dag-id", "rt_jobs_mapped", capsys=capsys)
     assert code == 0 and len([ln for ln in out.splitlines() if JOB in ln]) == 1, out  # one line per job
 
-    code, out, err = cli("rerun-failed", JOB, run.run_id, "--output", "json", capsys=capsys)
+    code, out, err = cli("rerun-failed", JOB, run.run_id, "--by", "alice", "--output", "json", capsys=capsys)
     assert code == 0, err
     assert json.loads(out)["cleared"] == [1]
+    asked = [h for h in control.history(f"{JOB}[1]", line["slot"]) if h.outcome == "rerun_requested"]
+    assert [h.requested_by for h in asked] == ["alice"], "who asked for the re-run is in the partition's history"
     after = ti_states(run.run_id)
     assert after[0] == before[0] and after[2] == before[2], "the partitions that succeeded keep their state"
     assert after[1][0] is None, "the failed partition is cleared: Airflow runs it again"
@@ -78,3 +87,103 @@ def test_the_summary_counts_a_mapped_job_s_partitions_and_rerun_failed_clears_on
     assert code == 1 and "no partition of this job ran in this DAG run" in err
     with pytest.raises(SlotNotFound):
         control.rerun_failed("no_such.job", run.run_id)
+
+
+# -- a partitioned job as one job -------------------------------------------------------------------
+
+
+def _set(store: Store, job: str, *, lease: bool = False, **values: Any) -> None:
+    """Put the slot's row in a state a real attempt would leave it in mid-run (``lease``: held
+    by a live attempt for an hour)."""
+    with store.open(autocommit=True) as s:
+        sets = ", ".join([f"{k} = %({k})s" for k in values] +
+                         ([f"lease_owner = 'w2', lease_expires_at = {s.d.now_plus('3600')}"] if lease else []))
+        with s.transaction():
+            s.execute(f"UPDATE resumable_checkpoints SET {sets} WHERE job = %(job)s AND slot = %(slot)s",
+                      {**values, "job": job, "slot": SLOT})
+
+
+def test_a_partitioned_job_is_one_line_summing_its_partitions_with_the_plan_folded_in(store: Store) -> None:
+    # Given a job planned in 5 partitions of 100 rows: one done, one failed at 10, one paused, one
+    # running at 20 items/s, and one not started yet
+    with store.open(autocommit=True) as s:
+        s.ensure_schema()
+        save_plan(s, "d.exp", SLOT, Plan(5, (20, 40, 60, 80), 100))
+    for i, fail_at in enumerate((None, 10, None, None)):
+        run_slot(store, f"d.exp[{i}]", "d", task_id="exp.partition", map_index=i, fail_at=fail_at, n=20)
+    _set(store, "d.exp[2]", status="paused", processed=5)
+    _set(store, "d.exp[3]", status="running", processed=15, rate=20.0, lease=True)
+
+    # When the jobs are listed
+    lines = core_control.jobs(store)
+
+    # Then the job is one line (its plan row is no job of its own), its partitions counted by how
+    # they stand, its progress the sum of theirs, its ETA from the live partitions' rates
+    assert [j["job"] for j in lines] == ["d.exp"]
+    line = lines[0]
+    assert line["partitions"] == {"done": 1, "running": 1, "paused": 1, "failed": 1, "waiting": 1, "other": 0,
+                                  "total": 5}
+    assert (line["partitioned"], line["mapped"], line["task_id"], line["run_id"]) == (True, True, "exp.partition",
+                                                                                     "run_1")
+    assert (line["processed"], line["total"], line["percent"]) == (20 + 10 + 5 + 15, 100, 50.0)
+    assert (line["rate"], line["eta_seconds"]) == (20.0, 2.5)
+
+    # And the job's partitions, by map index, are a way into each: the planned one not started too
+    line, rows = core_control.job_partitions(store, "d.exp", "run_1")
+    assert [(i, r.status if r else None) for i, r in rows] == [(0, "done"), (1, "failed"), (2, "paused"),
+                                                               (3, "running"), (4, None)]
+    with pytest.raises(SlotNotFound, match="no partition of this job ran"):
+        core_control.job_partitions(store, "d.exp", "no_such_run")
+
+
+def test_once_every_partition_started_the_total_is_the_sum_of_the_ranges_they_counted(store: Store) -> None:
+    with store.open(autocommit=True) as s:
+        s.ensure_schema()
+        save_plan(s, "d.exp", SLOT, Plan(2, (10,), 30))  # counted 30 when it split
+    run_slot(store, "d.exp[0]", "d", task_id="exp.partition", map_index=0, n=10)
+    run_slot(store, "d.exp[1]", "d", task_id="exp.partition", map_index=1, n=25)  # 5 rows arrived since
+    line = core_control.jobs(store)[0]
+    assert (line["processed"], line["total"], line["percent"], line["rate"], line["eta_seconds"]) == (35, 35, 100.0,
+                                                                                                    None, None)
+    assert line["partitions"]["done"] == 2 and line["partitions"]["waiting"] == 0
+
+
+def test_a_partitioned_run_s_summary_and_rerun_failed_clear_the_failed_partition_and_the_summary(
+    checkpoints: Store, source: Any, run_dag: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Given a partitioned run (4 partitions, one tolerated) whose partitions 1 and 2 failed
+    source.run("CREATE TABLE pt_source (grp TEXT NOT NULL, id INTEGER NOT NULL, PRIMARY KEY (grp, id))")
+    source.run("INSERT INTO pt_source (grp, id) VALUES (%s, %s)", [("a", i) for i in range(40)])
+    run = run_dag("pt_tolerant", conf={"fail": {"1": [1], "2": [1]}}, logical_date=datetime(2026, 3, 1, tzinfo=timezone.utc))
+    assert str(run.state) == "failed"
+    job = "pt_tolerant.export"
+
+    # Then the jobs listing and the CLI show it as one job: 2 partitions done, 2 failed
+    line = next(j for j in control.jobs() if j["job"].startswith("pt_tolerant"))
+    assert line["job"] == job and line["partitioned"] and line["partitions"]["failed"] == 2
+    assert (line["processed"], line["total"]) == (20 + 3 + 3, 40)
+    code, out, err = cli("jobs", "--job", job, "--output", "json", capsys=capsys)
+    assert code == 0, err
+    detail = json.loads(out)
+    assert [(r["map_index"], r["status"]) for r in detail["partition_rows"]] == [
+        (0, "done"), (1, "failed"), (2, "failed"), (3, "done")]
+    code, out, err = cli("jobs", "--job", job, capsys=capsys)
+    assert code == 0 and "pt_tolerant.export[2]" in out and "failed" in out, err
+
+    # When the failed partitions are re-run as one action
+    cleared = control.rerun_failed(job, run.run_id, by="bob")
+
+    # Then partitions 1 and 2 and the summary are cleared (Airflow runs them again), the others keep theirs
+    assert cleared == [1, 2]
+    from airflow.models.taskinstance import TaskInstance
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        tis = {(ti.task_id, ti.map_index): ti.state for ti in session.query(TaskInstance).filter(
+            TaskInstance.dag_id == "pt_tolerant", TaskInstance.run_id == run.run_id)}
+    assert tis[("export.partition", 1)] is None and tis[("export.partition", 2)] is None
+    assert tis[("export.summary", -1)] is None
+    assert {str(tis[("export.partition", i)]) for i in (0, 3)} == {"success"}
+    assert [h.requested_by for h in control.history(f"{job}[2]", line["slot"]) if h.outcome == "rerun_requested"] == [
+        "bob"]
+    assert tis[("export.plan", -1)] is not None

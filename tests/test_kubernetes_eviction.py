@@ -13,9 +13,12 @@ from __future__ import annotations
 
 import json
 import os
+import stat
+import subprocess
 import sys
 import time
 import uuid
+import zipfile
 from collections.abc import Iterator
 from contextlib import closing
 from pathlib import Path
@@ -37,7 +40,9 @@ CHUNK_SECONDS = CHUNK * DELAY
 #: reports the try's end to the API server and exits: seconds on a loaded machine); one shorter
 #: than a chunk.
 LONG_GRACE, SHORT_GRACE = CHUNK_SECONDS + 30, CHUNK_SECONDS / 4
-DUMB_INIT = Path(os.environ.get("RESUMABLE_DUMB_INIT", "/tmp/dumbinit-pkg/bin/dumb-init"))
+#: dumb-init as the official image ships it, from its PyPI wheel (a static binary in the wheel's
+#: scripts), pinned; ``RESUMABLE_DUMB_INIT`` names another binary.
+DUMB_INIT_PIN = "dumb-init==1.2.5.post1"
 MEASURED: dict[str, float] = {}
 #: Items written twice (the plain sink's log), per eviction.
 REPEATED: dict[str, int] = {}
@@ -52,6 +57,25 @@ def chaos(pg_server: Server) -> Iterator[Chaos]:
         print("\n[kubernetes] measured: " + ", ".join(f"{k} = {v:.2f}s" for k, v in MEASURED.items()))
     if REPEATED:
         print("[kubernetes] items repeated: " + ", ".join(f"{k}: {v}" for k, v in REPEATED.items()))
+
+
+@pytest.fixture(scope="module")
+def dumb_init(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The dumb-init binary: ``RESUMABLE_DUMB_INIT``, else the pinned wheel downloaded with pip into a
+    temporary directory and its binary taken out (nothing installed; a fresh machine needs PyPI only)."""
+    if os.environ.get("RESUMABLE_DUMB_INIT"):
+        return Path(os.environ["RESUMABLE_DUMB_INIT"])
+    where = tmp_path_factory.mktemp("dumb-init")
+    done = subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:",
+                           "--dest", str(where), DUMB_INIT_PIN], capture_output=True, text=True, timeout=300)
+    wheels = list(where.glob("dumb_init-*.whl"))
+    assert done.returncode == 0 and wheels, f"pip download {DUMB_INIT_PIN} failed: {done.stderr[-2000:]}"
+    with zipfile.ZipFile(wheels[0]) as wheel:
+        member = next(n for n in wheel.namelist() if n.endswith("/scripts/dumb-init"))
+        binary = where / "dumb-init"
+        binary.write_bytes(wheel.read(member))
+    binary.chmod(binary.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+    return binary
 
 
 def _row(chaos: Chaos, job: str, slot: str) -> dict[str, Any] | None:
@@ -191,16 +215,15 @@ def test_a_pod_evicted_by_a_node_drain_resumes_in_the_next_pod_and_loses_nothing
 # -- a Celery worker pod under dumb-init -------------------------------------------------------------
 
 
-@pytest.mark.skipif(not DUMB_INIT.exists(), reason=f"dumb-init not found at {DUMB_INIT} (pip install dumb-init)")
 @pytest.mark.parametrize("setsid", ["1", "0"])
-def test_a_celery_worker_pod_under_dumb_init_drains_within_a_grace_longer_than_a_chunk(chaos: Chaos,
+def test_a_celery_worker_pod_under_dumb_init_drains_within_a_grace_longer_than_a_chunk(chaos: Chaos, dumb_init: Path,
                                                                                         setsid: str) -> None:
     """DUMB_INIT_SETSID=1 (the official image): dumb-init signals the worker's whole process group;
     0: the worker only. Either way the drain stops the task at a chunk boundary before the SIGKILL,
     and the retry (on the next worker pod) resumes there."""
     name = f"podworker{setsid}"
     airflow = str(Path(sys.executable).parent / "airflow")
-    argv = [str(DUMB_INIT), airflow, "celery", "worker", "--celery-hostname", f"{name}@%h", "--pid",
+    argv = [str(dumb_init), airflow, "celery", "worker", "--celery-hostname", f"{name}@%h", "--pid",
             str(chaos.cluster.home / f"{name}-{uuid.uuid4().hex[:4]}.pid"), "--concurrency", "1",
             "--queues", "podworker", "--without-mingle", "--without-gossip"]
     env = {**chaos.cluster.host_env(), "DUMB_INIT_SETSID": setsid}

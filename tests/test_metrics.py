@@ -62,7 +62,7 @@ class StatsD:
 
 @pytest.fixture
 def statsd(monkeypatch: pytest.MonkeyPatch) -> Iterator[StatsD]:
-    from airflow_resumable.version_compat import AIRFLOW_V_3_2_PLUS
+    from airflow_resumable.version_compat import AIRFLOW_V_3_2_PLUS, AIRFLOW_V_3_3_PLUS
 
     server = StatsD()
     monkeypatch.setenv("AIRFLOW__METRICS__STATSD_ON", "True")
@@ -82,6 +82,18 @@ def statsd(monkeypatch: pytest.MonkeyPatch) -> Iterator[StatsD]:
             if factory is not None:
                 legacy._Stats.factory = factory
             legacy.Stats.instance = None
+            server.close()
+        return
+    if not AIRFLOW_V_3_3_PLUS:  # Airflow 3.2: airflow.sdk's Stats class, its backend made as the task runner does
+        from airflow.sdk._shared.observability.metrics.stats import Stats
+        from airflow.sdk.observability.metrics import stats_utils as utils_3_2
+
+        factory = Stats.factory
+        Stats.initialize(factory=utils_3_2.get_stats_factory(Stats))
+        try:
+            yield server
+        finally:
+            Stats.initialize(factory=factory)
             server.close()
         return
     from airflow.sdk._shared.observability.metrics import stats

@@ -199,3 +199,47 @@ def test_the_attempt_s_public_names_are_one_object_under_both_import_paths() -> 
     assert runner.Attempt is core.Attempt and runner.Outcome is core.Outcome is finish.Outcome
     assert runner.Identity is identity.Identity and runner.Hooks is identity.Hooks
     assert runner.Options is core.Options
+
+
+def _source_url() -> str:
+    import configparser
+
+    config = configparser.ConfigParser()
+    config.read(ROOT / "setup.cfg")
+    urls = dict(line.split("=", 1) for line in config["metadata"]["project_urls"].strip().splitlines())
+    return {name.strip(): url.strip() for name, url in urls.items()}["Source"]
+
+
+def test_the_readme_s_links_and_images_work_on_pypi_and_on_the_repository() -> None:
+    """The README is the package's long description: PyPI shows it without the repository around it,
+    so a relative link (``docs/install.md``) or image would break there. Every link into the repository
+    is absolute, from setup.cfg's Source URL (a file: ``/blob/main/``, an image: its raw file, which
+    PyPI and GitHub both show), and names a file (and heading) the repository has."""
+    source = _source_url()
+    owner_repo = source.removeprefix("https://github.com/")
+    blob, raw = f"{source}/blob/main/", f"https://raw.githubusercontent.com/{owner_repo}/main/"
+    text = re.sub(r"^```.*?^```", "", (ROOT / "README.md").read_text(), flags=re.S | re.M)
+    text = re.sub(r"`[^`\n]*`", "``", text)
+    links = re.findall(r"(!?)\[(?:[^\[\]]|\[[^\]]*\])*\]\(([^)\s]+)\)", text)
+    problems, into_repo = [], 0
+    for bang, target in links:
+        if not re.match(r"^https?://", target):
+            problems.append(f"{target}: not an absolute URL (PyPI has no copy of the repository)")
+            continue
+        prefix = raw if bang else blob
+        if not target.startswith(prefix):
+            if target.startswith((blob, raw, source)):
+                problems.append(f"{target}: {'an image' if bang else 'a link'} into the repository starts with {prefix}")
+            continue
+        into_repo += 1
+        file, _, anchor = target.removeprefix(prefix).partition("#")
+        path = ROOT / file
+        if not path.is_file():
+            problems.append(f"{target}: the repository has no {file}")
+        elif anchor and path.suffix == ".md":
+            headings = re.findall(r"^#+ (.+)$", re.sub(r"^```.*?^```", "", path.read_text(), flags=re.S | re.M), re.M)
+            slugs = {re.sub(r"[-\s]+", "-", re.sub(r"[^\w\s-]", "", h.replace("`", "")).strip().lower()) for h in headings}
+            if anchor not in slugs:
+                problems.append(f"{target}: {file} has no heading #{anchor}")
+    assert not problems, "\n".join(problems)
+    assert into_repo >= 20 and any(bang for bang, _ in links)

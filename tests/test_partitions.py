@@ -208,7 +208,7 @@ def test_the_summary_counts_unfinished_partitions_as_failed_and_adds_up_the_figu
     strict = summarize("pt.export", SLOT, rows, tolerated="25%")
 
     assert tolerant.ok and tolerant.as_json() == {
-        "job": "pt.export", "slot": SLOT, "partitions": 4, "done": 2, "failed": [1, 2], "tolerated": 2,
+        "job": "pt.export", "slot": SLOT, "partitions": 4, "done": 2, "failed": [1, 2], "cancelled": [], "tolerated": 2,
         "processed": 20, "total": 27}
     assert not strict.ok
     error = strict.error()
@@ -283,7 +283,7 @@ def test_every_row_is_written_once_through_the_transaction_when_one_partition_fa
     assert sorted((g, i) for g, i, _, _ in written) == sorted(source.run("SELECT grp, id FROM pt_source"))
     assert {p for _, _, p, a in written if a == 2} == {1}
     assert xcom(run, "export.summary", required=True) == {
-        "job": "pt_export.export", "slot": SLOT, "partitions": 4, "done": 4, "failed": [], "tolerated": 0,
+        "job": "pt_export.export", "slot": SLOT, "partitions": 4, "done": 4, "failed": [], "cancelled": [], "tolerated": 0,
         "processed": 40, "total": 40}
     with checkpoints.open() as s:
         rows = [s.checkpoints.load(f"pt_export.export[{i}]", SLOT) for i in range(4)]
@@ -416,3 +416,155 @@ def test_with_a_real_scheduler_a_failed_partition_is_cleared_alone_and_resumes_f
             print(f"\n[partitions] pairs of partitions that ran at the same time: {overlapping // 2} of 6")
         finally:
             airflow.close()
+
+
+def test_the_decorator_declares_the_same_job_its_calls_arguments_reaching_every_partition(
+    checkpoints: Store, source: Source, run_dag: Any
+) -> None:
+    # Given 40 rows, and pt_decorated: @task.resumable.partitioned over them in 4 partitions, its
+    # function called with offset=1000
+    table(source, [("a" if i < 30 else "b", i) for i in range(40)])
+
+    # When it runs and partition 3's second chunk fails on its first attempt
+    run = run_dag("pt_decorated", conf={"fail": {"3": [1]}}, logical_date=DAY)
+
+    # Then it is the same task group as partitioned(...)'s, every row is written once with the
+    # call's argument, partition 3 finished on its retry, and the summary adds them up
+    assert str(run.state) == "success"
+    assert {ti.task_id for ti in run.get_task_instances()} == {"export.plan", "export.partition", "export.summary"}
+    written = sink(source)
+    assert sorted((g, i - 1000) for g, i, _, _ in written) == sorted(source.run("SELECT grp, id FROM pt_source"))
+    assert {p for _, _, p, a in written if a == 2} == {3}
+    summary = xcom(run, "export.summary", required=True)
+    assert (summary["job"], summary["done"], summary["processed"]) == ("pt_decorated.export", 4, 40)
+
+
+def test_the_decorator_refuses_positional_arguments_and_a_function_without_ctx_and_batch() -> None:
+    from airflow_resumable.decorators.partitioned import partitioned_task
+
+    reader = KeysetReader(connect=lambda: None, table="t", key="id")
+    with pytest.raises(ConfigurationError, match="must take the run context and the batch first"):
+        partitioned_task(read=reader, partitions=2)(lambda ctx: None)
+    with pytest.raises(ConfigurationError, match="keyword arguments only"):
+        partitioned_task(read=reader, partitions=2)(lambda ctx, batch, n=1: None)(5)
+    with pytest.raises(ConfigurationError, match="takes no process="):
+        partitioned_task(read=reader, partitions=2, process=print)
+
+
+@pytest.mark.one_store("asserts the summary's outcome in Airflow", kind="sqlite")
+@pytest.mark.parametrize(("cancelled", "failing", "outcome"), [(["2"], [], "success"), (["2"], ["1"], "failed")])
+def test_a_cancelled_partition_counts_as_failed_against_tolerated_failure_and_the_summary_names_it(
+    checkpoints: Store, source: Source, run_dag: Any, cancelled: list[str], failing: list[str], outcome: str
+) -> None:
+    # Given a job of 4 partitions that tolerates one failing (25%)
+    table(source, [("a", i) for i in range(40)])
+
+    # When a person cancels partition 2 while it runs (and partition 1 fails, or not)
+    run = run_dag("pt_tolerant", conf={"cancel": cancelled, "fail": {p: [1] for p in failing}}, logical_date=DAY)
+
+    # Then the cancelled partition stops after its chunk, its task instance fails, and it counts
+    # against tolerated_failure like a failed one: alone it is tolerated and the run succeeds,
+    # with a failure besides the run fails; the summary names it as cancelled either way
+    with checkpoints.open() as s:
+        row = s.checkpoints.load("pt_tolerant.export[2]", SLOT)
+    assert (row.status, row.processed) == ("cancelled", 3)
+    assert str(run.get_task_instance("export.partition", map_index=2).state) == "failed"
+    summary = run.get_task_instance("export.summary")
+    assert (str(run.state), str(summary.state)) == (outcome, outcome)
+    if outcome == "success":
+        result = xcom(run, "export.summary", required=True)
+        assert (result["done"], result["failed"], result["cancelled"], result["tolerated"]) == (3, [2], [2], 1)
+    else:
+        with checkpoints.open() as s:
+            rows = [s.checkpoints.load(f"pt_tolerant.export[{i}]", SLOT) for i in range(4)]
+        error = summarize("pt_tolerant.export", SLOT, rows, tolerated="25%").error()
+        assert error is not None and "pt_tolerant.export[2] (cancelled by carol)" in str(error)
+        assert "a cancelled partition counts as failed" in str(error)
+
+
+# -- on the Celery deployment ---------------------------------------------------------------------------
+
+
+@pytest.mark.celery
+@pytest.mark.scheduler
+def test_on_celery_a_million_rows_in_16_partitions_are_each_written_once_though_a_worker_is_killed(
+    pg_server: Any,
+) -> None:
+    import time
+    from pathlib import Path
+
+    from support.celery_cluster import CeleryDeployment, redis_client
+    from support.deployment import HEARTBEAT_TIMEOUT, databases
+    from support.standalone import wait_for
+
+    dag_id, run_id, rows, parts = "pt_celery", f"pt_celery_{time.time_ns() % 10**8}", 1_000_000, 16
+    redis_client()
+    with databases(pg_server, "pt_celery") as db:
+        with db.sink.cursor() as cur:
+            cur.execute("CREATE TABLE pt_big (id BIGINT PRIMARY KEY, payload INTEGER NOT NULL)")
+            cur.execute(f"INSERT INTO pt_big SELECT i, i % 97 FROM generate_series(1, {rows}) i")
+            cur.execute("ANALYZE pt_big")
+            cur.execute("CREATE TABLE pt_big_sink (id BIGINT NOT NULL, part INTEGER NOT NULL, attempt INTEGER NOT NULL)")
+        with db.store.open(autocommit=True) as s:
+            s.ensure_schema()  # here: 16 partitions starting at once would all create it
+        cluster = CeleryDeployment(metadata_uri=db.metadata_uri, env=db.env, triggerer=False,
+                                   dag_files=[Path(__file__).parent / "dags" / "partition_dags.py"])
+        try:
+            cluster.start()
+            cluster.serve((dag_id,))
+            api = cluster.api
+            assert api is not None
+
+            def partition_rows() -> list[Checkpoint | None]:
+                with db.store.open(autocommit=True) as s:
+                    return [s.checkpoints.load(f"{dag_id}.copy[{i}]", run_id) for i in range(parts)]
+
+            # Given 1,000,000 rows, and a run of the job in 16 partitions on two workers
+            started = time.monotonic()
+            api.trigger(dag_id, run_id=run_id, conf={"delay": 0.4})
+
+            # When a worker running partitions that saved chunks is killed (SIGKILL, like a lost machine)
+            def busy_worker() -> tuple[Any, list[int]] | None:
+                running = {i: r for i, r in enumerate(partition_rows()) if r and r.status == "running" and r.processed}
+                tis = api.get(f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances", params={"limit": 100})
+                on: dict[str, list[int]] = {}
+                for ti in tis["task_instances"]:
+                    if ti["task_id"] == "copy.partition" and ti["state"] == "running" and ti["map_index"] in running:
+                        try:
+                            on.setdefault(cluster.worker_running(ti).name, []).append(ti["map_index"])
+                        except AssertionError:
+                            pass  # it just finished
+                name = max(on, key=lambda n: len(on[n]), default=None)
+                return (cluster.components[name], sorted(on[name])) if name else None
+
+            victim, lost = wait_for(busy_worker, timeout=300, interval=0.3, what="a worker running partitions",
+                                    on_timeout=cluster.tail)
+            before = {i: r for i, r in enumerate(partition_rows()) if i in lost}
+            killed = time.monotonic()
+            cluster.crash(victim)
+
+            # Then the run succeeds: every partition done, the killed ones on a later try that resumed
+            # from their checkpoints, and every row is in the sink exactly once
+            state = wait_for(lambda: (s := api.dag_run(dag_id, run_id)["state"]) in ("success", "failed") and s,
+                             timeout=HEARTBEAT_TIMEOUT + 420, interval=1.0, what=f"{run_id} to end",
+                             on_timeout=lambda: cluster.tail(40))
+            wall = time.monotonic() - started
+            assert state == "success", cluster.tail(60)
+            final = partition_rows()
+            assert all(r is not None and r.status == "done" for r in final), [(r and (r.status, r.last_error)) for r in final]
+            assert sum(r.processed for r in final if r) == rows
+            for i in lost:
+                row = final[i]
+                assert row is not None and row.attempt >= 2, (i, row)
+                assert row.resumed_from is not None and row.resumed_from >= before[i].position, (i, row, before[i])
+            with db.sink.cursor() as cur:
+                cur.execute("SELECT count(*), count(DISTINCT id), min(id), max(id) FROM pt_big_sink")
+                count, distinct, low, high = cur.fetchone()
+                cur.execute("SELECT count(*) FROM pt_big_sink WHERE attempt > 1")
+                (later,) = cur.fetchone()
+            assert (count, distinct, low, high) == (rows, rows, 1, rows), "every row exactly once"
+            print(f"\n[partitions/celery] {rows:,} rows in {parts} partitions on 2 workers, {victim.name} killed "
+                  f"{killed - started:.1f}s in while running partitions {lost}: run succeeded in {wall:.1f}s; "
+                  f"{later:,} rows written by later tries, none twice")
+        finally:
+            cluster.close()

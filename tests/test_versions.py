@@ -21,6 +21,7 @@ from types import ModuleType
 
 import pytest
 from packaging.requirements import Requirement
+from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
 from airflow_resumable.core.errors import ConfigurationError
@@ -105,6 +106,40 @@ def test_the_newest_pairs_file_keeps_the_pins_of_the_file_it_replaces() -> None:
     pinned = pins(CONSTRAINTS / "airflow-3.3-py3.11.txt")
     assert (pinned["apache-airflow"], pinned["celery"], pinned["apache-airflow-providers-celery"]) == (
         "3.3.2", "5.6.3", "3.26.0")
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_each_constraints_file_keeps_the_generator_s_caps_for_its_airflow_and_says_why(name: str) -> None:
+    """Airflow 3.2.2's dag.test() answers 500 with svcs 26.2 (its lifespan deletes the registry
+    Airflow's in-process Execution API reads): the 3.2 files pin below it, their header says why."""
+    script = generator()
+    airflow = pins(CONSTRAINTS / name)["apache-airflow"]
+    caps = script.caps_for(airflow)
+    assert ("svcs" in caps) is airflow.startswith("3.2."), caps
+    text = (CONSTRAINTS / name).read_text()
+    for package, (spec, why) in caps.items():
+        assert Version(pins(CONSTRAINTS / name)[package]) in SpecifierSet(spec), (name, package)
+        assert f"# Capped by scripts/constraints.py's CAPS: {package}{spec}: {why}." in text
+
+
+def test_airflow_3_2_with_svcs_26_2_is_named_with_its_fix_and_this_environment_has_no_such_problem() -> None:
+    from airflow_resumable.version_compat import environment_problems
+
+    (said,) = environment_problems((3, 2), {"svcs": "26.2.0"})
+    assert said.startswith("Airflow 3.2 with svcs 26.2.0: Airflow's in-process Execution API (dag.test()")
+    assert "Install svcs<26.2" in said and "upgrade Airflow to 3.3" in said
+    assert environment_problems((3, 2), {"svcs": "26.1.0"}) == environment_problems((3, 2), {}) == []
+    assert environment_problems((3, 3), {"svcs": "26.2.0"}) == environment_problems((3, 1), {"svcs": "26.2.0"}) == []
+    assert environment_problems() == []  # every constraints file's environment is free of them
+
+
+def test_ci_runs_the_fast_suite_on_every_supported_pair_but_the_one_make_test_runs_whole() -> None:
+    ci = (ROOT / ".ci" / "run").read_text()
+    (cells,) = re.findall(r'^CELLS="([^"]+)" make matrix$', ci, re.M)
+    assert sorted(f"{cell}.txt" for cell in cells.split()) == sorted(EXPECTED - {"airflow-3.3-py3.11.txt"})
+    makefile = (ROOT / "Makefile").read_text()
+    assert re.search(r"^CONSTRAINTS := constraints/airflow-3\.3-py3\.11\.txt$", makefile, re.M)
+    assert ci.index("make test\n") < ci.index("make matrix")
 
 
 # -- a feature of a newer Airflow, on an older one ---------------------------------------------------

@@ -163,7 +163,8 @@ class AttemptRecord:
     ended_at: datetime | None = column("timestamp", "when it ended", default=None)
     outcome: str = column("text", "`running`, `done`, `failed`, `cancelled`, `paused`, `lease_lost`, `skipped`, "
                           "`already_done`; for a control request `pause_requested`, `resume_requested`, "
-                          "`cancel_requested`, `restart_requested`, `lease_released`", nullable=False,
+                          "`cancel_requested`, `restart_requested`, `lease_released`, `retry_skipped_requested`, "
+                          "`rerun_requested` (a re-run of the failed partitions)", nullable=False,
                           default=AttemptEnd.RUNNING.value)
     stop_reason: str | None = column(
         "text", "why it stopped short: a cancel's reason, or `paused`, `throttled`, `time_slice`", default=None)

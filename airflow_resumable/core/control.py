@@ -21,7 +21,9 @@ connection id, and the CLI and the UI call that.
 
 from __future__ import annotations
 
+import dataclasses
 import getpass
+import os
 import re
 import socket
 from collections.abc import Collection
@@ -32,13 +34,17 @@ from airflow_resumable.core import rules
 from airflow_resumable.core.checkpoint import Checkpoint
 from airflow_resumable.core.errors import ConfigurationError, RequestRefused, SlotNotFound
 from airflow_resumable.core.options import key_problem
+from airflow_resumable.core.partitions import PLAN_SUFFIX, load_plan, partition_job
+from airflow_resumable.core.progress import eta_of
 from airflow_resumable.core.rules import ACTIONS, Action
 from airflow_resumable.core.schema import to_datetime
 from airflow_resumable.core.states import AttemptEnd, Request, Status
 from airflow_resumable.core.stores.base import Store, StoreSession
+from airflow_resumable.core.stores.sql import insert, json_or_none, named
+from airflow_resumable.core.tables import ATTEMPTS
 
-__all__ = ["ACTIONS", "PARTITION_KINDS", "base_job", "cancel", "default_by", "jobs", "pause", "release", "restart",
-           "resume", "stale", "wake"]
+__all__ = ["ACTIONS", "COUNTS", "PARTITION_KINDS", "base_job", "cancel", "default_by", "job_partitions", "jobs",
+           "pause", "record_rerun", "release", "restart", "resume", "stale", "wake"]
 
 #: The longest ``by`` kept.
 MAX_BY = 200
@@ -205,9 +211,14 @@ def _now(row: Checkpoint) -> datetime:
 # -- per-job summary ------------------------------------------------------------------------------
 
 #: How a partition's status counts in its job's summary: ``done``; ``failed`` (it ended without
-#: finishing: failed or cancelled, what a Clear resumes); ``running`` (live: running or paused).
+#: finishing: failed or cancelled, what a Clear resumes, and what ``tolerated_failure`` counts);
+#: ``running``; ``paused``. A partition of the plan that has no row yet counts as ``waiting``
+#: (its task instance has not started), anything else as ``other``.
 PARTITION_KINDS = {Status.DONE: "done", Status.FAILED: "failed", Status.CANCELLED: "failed",
-                   Status.RUNNING: "running", Status.PAUSED: "running"}
+                   Status.RUNNING: "running", Status.PAUSED: "paused"}
+_STATUSES = frozenset(s.value for s in Status)
+#: The counts of a job's line, in the order they are shown.
+COUNTS = ("done", "running", "paused", "failed", "waiting", "other")
 
 _MAP_SUFFIX = re.compile(r"\[\d+\]$")
 
@@ -217,33 +228,172 @@ def base_job(job: str, map_index: int | None) -> str:
     return _MAP_SUFFIX.sub("", job) if map_index is not None and map_index >= 0 else job
 
 
-def jobs(store: Store, *, dag_ids: Collection[str] | None = None) -> list[dict[str, Any]]:
-    """One line per job (per DAG and task): its latest run's partitions counted by how they stand
-    (:data:`PARTITION_KINDS`; ``other`` for anything else), most recently updated first. An
-    unmapped task is a job of one partition. Only the jobs of ``dag_ids`` when given."""
-    with store.open(autocommit=True) as session:
-        session.ensure_schema()
-        groups = session.listings.partitions()
-    runs: dict[tuple[Any, ...], dict[str, Any]] = {}
-    for dag_id, task_id, run_id, status, job, count, updated, map_index in groups:
+@dataclasses.dataclass
+class _Run:
+    """One run of one job, added up from the listing's groups (one group per status)."""
+
+    name: str
+    dag_id: str | None
+    task_id: str | None
+    run_id: str | None
+    slot: str
+    counts: dict[str, int] = dataclasses.field(default_factory=lambda: dict.fromkeys(COUNTS, 0))
+    updated: datetime | None = None
+    mapped: bool = False
+    last_index: int = -1
+    processed: int = 0
+    total: int = 0
+    totals: int = 0
+    rate: float = 0.0
+    planned: int | None = None
+    planned_rows: int | None = None
+
+    def add(self, status: str, count: int, updated: Any, map_index: int | None, processed: Any, total: Any,
+            totals: Any, rate: Any) -> None:
+        self.counts[PARTITION_KINDS.get(Status(status), "other") if status in _STATUSES else "other"] += int(count)
+        self.mapped = self.mapped or (map_index is not None and map_index >= 0)
+        self.last_index = max(self.last_index, -1 if map_index is None else int(map_index))
+        when = to_datetime(updated)
+        if when is not None and (self.updated is None or when > self.updated):
+            self.updated = when
+        self.processed += int(processed or 0)
+        self.total += int(total or 0)
+        self.totals += int(totals or 0)
+        self.rate += float(rate or 0.0)
+
+    @property
+    def seen(self) -> int:
+        return sum(self.counts.values())
+
+    def line(self) -> dict[str, Any]:
+        """The job's line: its partitions counted, and its progress as the sum of theirs."""
+        counts = dict(self.counts)
+        if self.planned is not None:
+            counts["waiting"] = max(0, self.planned - self.seen)
+        n = sum(counts.values())
+        # The sum of the partitions' totals once each has counted its range; before that, the
+        # rows the plan counted when it split the source (a partitioned job), else unknown.
+        total: int | None = self.total if self.totals == self.seen and not counts["waiting"] else self.planned_rows
+        if total is not None:
+            total = max(total, self.processed) if counts["done"] < n else total
+        rate = self.rate if counts["running"] and self.rate > 0 else None
+        eta = eta_of(rate, self.processed, total)
+        return {
+            "job": self.name, "dag_id": self.dag_id, "task_id": self.task_id, "run_id": self.run_id,
+            "slot": self.slot, "mapped": self.mapped, "partitioned": self.planned is not None,
+            "partitions": {**counts, "total": n},
+            "processed": self.processed, "total": total,
+            "percent": None if not total else round(min(100.0, 100.0 * self.processed / total), 1),
+            "rate": None if rate is None else round(rate, 2), "eta_seconds": None if eta is None else round(eta, 1),
+            "updated_at": self.updated.isoformat() if self.updated else None,
+        }
+
+
+def _runs(session: StoreSession, groups: list[tuple[Any, ...]], *, dag_ids: Collection[str] | None = None,
+          job: str | None = None) -> list[_Run]:
+    """Each job's latest run (or, with ``job``, that job's runs only), most recently updated first;
+    a partitioned job's ``<job>#plan`` row folded into its job (the plan's partitions that have not
+    started count as ``waiting``), never a job of its own."""
+    plans: dict[tuple[str, str], bool] = {}
+    runs: dict[tuple[str, str], _Run] = {}
+    for dag_id, task_id, run_id, status, name, count, updated, map_index, slot, processed, total, totals, rate in groups:
+        if name.endswith(PLAN_SUFFIX):
+            plans[(name[:-len(PLAN_SUFFIX)], slot)] = True
+            continue
         if dag_ids is not None and dag_id not in dag_ids:
             continue
-        name = base_job(job, map_index)
-        key = (name, dag_id, task_id)
-        updated = to_datetime(updated)
-        line = runs.setdefault(key, {})
-        entry = line.setdefault(run_id, {"counts": dict.fromkeys(("done", "failed", "running", "other"), 0),
-                                         "updated": updated, "mapped": False})
-        entry["counts"][PARTITION_KINDS.get(status, "other")] += int(count)
-        entry["mapped"] = entry["mapped"] or (map_index is not None and map_index >= 0)
-        if updated is not None and (entry["updated"] is None or updated > entry["updated"]):
-            entry["updated"] = updated
-    out = []
-    for (name, dag_id, task_id), by_run in runs.items():
-        run_id, entry = max(by_run.items(), key=lambda kv: kv[1]["updated"] or datetime.min.replace(tzinfo=timezone.utc))
-        counts = entry["counts"]
-        out.append({"job": name, "dag_id": dag_id, "task_id": task_id, "run_id": run_id, "mapped": entry["mapped"],
-                    "partitions": {**counts, "total": sum(counts.values())},
-                    "updated_at": entry["updated"].isoformat() if entry["updated"] else None})
-    out.sort(key=lambda j: j["updated_at"] or "", reverse=True)
-    return out
+        base = base_job(name, map_index)
+        if job is not None and base != job and name != job:
+            continue
+        run = runs.get((base, slot))
+        if run is None:
+            run = runs[(base, slot)] = _Run(base, dag_id, task_id, run_id, slot)
+        run.dag_id, run.task_id, run.run_id = run.dag_id or dag_id, run.task_id or task_id, run.run_id or run_id
+        run.add(status, count, updated, map_index, processed, total, totals, rate)
+    latest: dict[str, _Run] = {}
+    floor = datetime.min.replace(tzinfo=timezone.utc)
+    for run in runs.values():
+        held = latest.get(run.name)
+        if job is not None or held is None or (run.updated or floor) > (held.updated or floor):
+            latest[run.name if job is None else f"{run.name}\0{run.slot}"] = run
+    chosen = sorted(latest.values(), key=lambda r: r.updated or floor, reverse=True)
+    for run in chosen:
+        if (run.name, run.slot) in plans:
+            plan = load_plan(session, run.name, run.slot)
+            if plan is not None:
+                run.planned, run.planned_rows = plan.partitions, plan.rows
+    return chosen
+
+
+def jobs(store: Store, *, dag_ids: Collection[str] | None = None) -> list[dict[str, Any]]:
+    """One line per job (per DAG and task): its latest run's partitions counted by how they stand
+    (:data:`PARTITION_KINDS`), and its progress as the sum of theirs (``processed``, ``total``,
+    ``percent``; ``rate``: the sum of the live partitions' rates, each as its attempt measured it;
+    ``eta_seconds`` from them, :func:`~airflow_resumable.core.progress.eta_of`), most recently
+    updated first. An unmapped task is a job of one partition. Only the jobs of ``dag_ids`` when
+    given."""
+    with store.open(autocommit=True) as session:
+        session.ensure_schema()
+        return [run.line() for run in _runs(session, session.listings.partitions(), dag_ids=dag_ids)]
+
+
+def job_partitions(store: Store, job: str, run_id: str | None = None) -> tuple[dict[str, Any], list[tuple[int, Checkpoint | None]]]:
+    """One job's line (as :func:`jobs` gives it) for ``run_id`` (default: its latest run), and
+    each partition's row by map index (None: a partition of the plan that has not started; an
+    unmapped job has one, index -1).
+
+    Raises:
+        SlotNotFound: no partition of the job ran (in that run).
+    """
+    with store.open(autocommit=True) as session:
+        session.ensure_schema()
+        runs = _runs(session, session.listings.partitions(run_id=run_id), job=job)
+        if not runs:
+            raise SlotNotFound("no partition of this job ran" + (" in this DAG run" if run_id else ""), job=job,
+                               slot=run_id, hint="Name the job as `airflow resumable jobs` lists it (without "
+                               "[map_index]), with the run id it shows")
+        run = runs[0]
+        if run.mapped and run.planned is None:  # the plan row names no run: found by its slot
+            plan = load_plan(session, run.name, run.slot)
+            if plan is not None:
+                run.planned, run.planned_rows = plan.partitions, plan.rows
+        if not run.mapped:
+            return run.line(), [(-1, session.checkpoints.load(run.name, run.slot))]
+        count = max(run.last_index + 1, run.planned or 0)
+        return run.line(), [(i, session.checkpoints.load(partition_job(run.name, i), run.slot)) for i in range(count)]
+
+
+_RERUN_HISTORY = ("job", "slot", "attempt", "outcome", "requested_by", "host", "pid", "dag_id", "task_id", "run_id",
+                  "map_index", "position_start", "processed_start", "position_end", "processed_end", "error")
+
+
+def record_rerun(store: Store, job: str, run_id: str, map_indexes: Collection[int], *, by: str) -> int:
+    """Record in each partition's history (``map_indexes`` of ``job`` in ``run_id``; -1: the
+    unmapped job's slot) that a re-run of it was asked, by whom: one record each, as a request's
+    (outcome ``rerun_requested``). Returns how many slots it recorded on (a partition with no row
+    has no history)."""
+    by = _by(by)
+    with store.open(autocommit=True) as session:
+        session.ensure_schema()
+        slots = {slot for _d, _t, _r, _s, name, _c, _u, index, slot, *_ in session.listings.partitions(run_id=run_id)
+                 if base_job(name, index) == job or name == job}
+        d = session.d
+        sql = insert(ATTEMPTS, {**named(*_RERUN_HISTORY), "started_at": d.now(), "ended_at": d.now()})
+        n = 0
+        with session.transaction():
+            for slot in sorted(slots):
+                for index in map_indexes:
+                    row = session.checkpoints.load(job if index < 0 else partition_job(job, index), slot)
+                    if row is None:
+                        continue
+                    session.execute(sql, {
+                        "job": row.job, "slot": row.slot, "attempt": row.attempt,
+                        "outcome": AttemptEnd.RERUN_REQUESTED.value, "requested_by": by,
+                        "host": socket.gethostname(), "pid": os.getpid(), "dag_id": row.dag_id,
+                        "task_id": row.task_id, "run_id": row.run_id, "map_index": row.map_index,
+                        "position_start": json_or_none(row.position), "processed_start": row.processed,
+                        "position_end": json_or_none(row.position), "processed_end": row.processed,
+                        "error": f"re-run of the failed task instance requested (it was {row.status})",
+                    })
+                    n += 1
+    return n

@@ -307,7 +307,14 @@ def save_plan(session: Any, job: str, slot: str, plan: Plan) -> Plan:
 
 @dataclasses.dataclass(frozen=True)
 class Summary:
-    """The partitions of one slot: which finished (``done``), which did not, and their figures."""
+    """The partitions of one slot: which finished (``done``), which did not (``failed``: every one
+    not ``done``; ``cancelled`` of them, a person's cancel, with who asked in ``cancelled_by``), and
+    their figures.
+
+    A cancelled partition counts as failed against ``tolerated_failure``: its rows were not
+    processed, so the job as a whole did not finish them, however it was stopped. Within the
+    tolerance the job succeeds without them (the summary names them); beyond it, it fails.
+    """
 
     job: str
     slot: str
@@ -317,40 +324,54 @@ class Summary:
     processed: int
     total: int | None
     allowed: int
+    cancelled: tuple[int, ...] = ()
+    cancelled_by: tuple[str | None, ...] = ()
 
     @property
     def ok(self) -> bool:
-        """Whether no more partitions failed than tolerated."""
+        """Whether no more partitions failed (cancelled ones included) than tolerated."""
         return len(self.failed) <= self.allowed
 
     def as_json(self) -> dict[str, Any]:
         return {"job": self.job, "slot": self.slot, "partitions": self.partitions, "done": len(self.done),
-                "failed": list(self.failed), "tolerated": self.allowed, "processed": self.processed,
-                "total": self.total}
+                "failed": list(self.failed), "cancelled": list(self.cancelled), "tolerated": self.allowed,
+                "processed": self.processed, "total": self.total}
+
+    def describe(self, index: int) -> str:
+        """``<job>[i]``, with ``(cancelled by who)`` for a cancelled partition."""
+        name = partition_job(self.job, index)
+        if index in self.cancelled:
+            by = self.cancelled_by[self.cancelled.index(index)] if len(self.cancelled_by) == len(self.cancelled) else None
+            return f"{name} (cancelled{f' by {by}' if by else ''})"
+        return name
 
     def error(self) -> ConfigurationError | None:
         """Why the job failed, naming the failed partitions and what to do; None when it did not."""
         if self.ok:
             return None
-        shown = ", ".join(partition_job(self.job, i) for i in self.failed[:10])
+        shown = ", ".join(self.describe(i) for i in self.failed[:10])
         more = f" and {len(self.failed) - 10} more" if len(self.failed) > 10 else ""
+        counted = " (a cancelled partition counts as failed)" if self.cancelled else ""
         return ConfigurationError(
             f"{len(self.failed)} of {self.partitions} partitions did not finish ({shown}{more}); "
-            f"tolerated_failure allows {self.allowed}", job=self.job, slot=self.slot,
-            hint="Clear the failed partitions' task instances: each resumes from its own checkpoint, and the other "
-            "partitions keep theirs; then Clear this task",
+            f"tolerated_failure allows {self.allowed}{counted}", job=self.job, slot=self.slot,
+            hint="Clear the failed partitions' task instances (`airflow resumable rerun-failed`, or Re-run failed "
+            "partitions on the jobs page): each resumes from its own checkpoint, the other partitions keep theirs, "
+            "and the summary runs again",
         )
 
 
 def summarize(job: str, slot: str, rows: Sequence[Checkpoint | None], *, tolerated: int | str) -> Summary:
     """The job's summary from its partitions' rows (``rows[i]``: partition ``i``'s, None if it never
-    started). A partition that is not ``done`` counts as failed."""
+    started). A partition that is not ``done`` counts as failed, a cancelled one too."""
     done = tuple(i for i, row in enumerate(rows) if row is not None and row.status == Status.DONE.value)
     failed = tuple(i for i in range(len(rows)) if i not in set(done))
+    cancelled = tuple(i for i, row in enumerate(rows) if row is not None and row.status == Status.CANCELLED.value)
     totals = [row.total for row in rows if row is not None]
     return Summary(
         job=job, slot=slot, partitions=len(rows), done=done, failed=failed,
         processed=sum(row.processed for row in rows if row is not None),
         total=None if not totals or any(t is None for t in totals) else sum(int(t) for t in totals if t is not None),
-        allowed=allowed_failures(tolerated, len(rows)),
+        allowed=allowed_failures(tolerated, len(rows)), cancelled=cancelled,
+        cancelled_by=tuple(getattr(rows[i], "requested_by", None) for i in cancelled),
     )

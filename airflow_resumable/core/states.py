@@ -81,6 +81,8 @@ class AttemptEnd(enum.StrEnum):
     LEASE_RELEASED = f"lease_{Action.RELEASE}d"
     #: A retry of the slot's skipped items, which its next attempt replays (``core/skips.py``).
     RETRY_SKIPPED_REQUESTED = "retry_skipped_requested"
+    #: A Clear of the slot's failed task instance asked through ``rerun_failed`` (``core/control.py``).
+    RERUN_REQUESTED = "rerun_requested"
 
 
 #: The statuses a slot rests in once an attempt ended it: what retention (``clean``) may remove,
@@ -115,6 +117,7 @@ SLOT_STATUS: dict[AttemptEnd, Status | None] = {
     AttemptEnd.RESTART_REQUESTED: None,
     AttemptEnd.LEASE_RELEASED: None,
     AttemptEnd.RETRY_SKIPPED_REQUESTED: None,
+    AttemptEnd.RERUN_REQUESTED: None,
 }
 
 

@@ -120,10 +120,23 @@ class _ResumableDecoratedOperator(DecoratedOperator, ResumableOperator):
 
 
 def resumable_task(python_callable: Callable[..., Any] | None = None, **kwargs: Any) -> Any:
-    """Turn ``fn(ctx, ...)`` into a resumable task. Takes :class:`ResumableOperator`'s arguments."""
+    """Turn ``fn(ctx, ...)`` into a resumable task. Takes :class:`ResumableOperator`'s arguments.
+
+    ``@task.resumable.partitioned(read=..., partitions=N, ...)`` declares a partitioned job on a
+    chunk function instead (:mod:`airflow_resumable.decorators.partitioned`)."""
     return task_decorator_factory(
         python_callable=python_callable,
         multiple_outputs=False,
         decorated_operator_class=_ResumableDecoratedOperator,
         **kwargs,
     )
+
+
+def _partitioned(python_callable: Callable[..., Any] | None = None, **arguments: Any) -> Any:
+    from airflow_resumable.decorators.partitioned import partitioned_task
+
+    return partitioned_task(python_callable, **arguments)
+
+
+# ``task.resumable`` is this function (the provider info's task decorator): ``task.resumable.partitioned``.
+resumable_task.partitioned = _partitioned  # type: ignore[attr-defined]

@@ -159,8 +159,9 @@ def _range_count(reader: Any, after: Any) -> Callable[[RunContext], int]:
 
 
 class PartitionSummaryOperator(BaseOperator):
-    """The partitioned job as a whole: fails when more partitions failed than tolerated; returns
-    ``{"job", "slot", "partitions", "done", "failed", "tolerated", "processed", "total"}``.
+    """The partitioned job as a whole: fails when more partitions failed than tolerated (a
+    cancelled partition counts as failed: its rows were not processed); returns ``{"job", "slot",
+    "partitions", "done", "failed", "cancelled", "tolerated", "processed", "total"}``.
 
     :param partition_group: the partitioned job's task id (its task group's id).
     :param tolerated_failure: how many partitions may fail (an int), or what share of them (``"10%"``).
@@ -190,9 +191,13 @@ class PartitionSummaryOperator(BaseOperator):
                     f"Clear the task group's planning task ({self.partition_group}.plan) with its downstream tasks")
             rows = [session.checkpoints.load(partition_job(job, i), slot) for i in range(plan.partitions)]
         summary = summarize(job, slot, rows, tolerated=self.tolerated_failure)
-        self.log.info("%s of %s partitions done, %s failed (%s tolerated); %s of %s items processed [job=%s slot=%s]",
-                      len(summary.done), summary.partitions, len(summary.failed), summary.allowed, summary.processed,
-                      summary.total, job, slot)
+        self.log.info("%s of %s partitions done, %s failed (%s of them cancelled; %s tolerated); %s of %s items "
+                      "processed [job=%s slot=%s]", len(summary.done), summary.partitions, len(summary.failed),
+                      len(summary.cancelled), summary.allowed, summary.processed, summary.total, job, slot)
+        if summary.failed and summary.ok:
+            self.log.warning("the job succeeds without %s, within tolerated_failure=%r: their rows were not processed; "
+                             "Clear them (rerun-failed) to finish them [job=%s slot=%s]",
+                             ", ".join(summary.describe(i) for i in summary.failed), self.tolerated_failure, job, slot)
         error = summary.error()
         if error is not None:
             raise AirflowFailException(str(error))

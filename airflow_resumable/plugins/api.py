@@ -302,7 +302,8 @@ def create_app() -> FastAPI:
         return _detail(row, conn)
 
     @app.get("/api/v1/jobs", responses=_responses(400, 401, 403, 422, 500, 503),
-             summary="One line per job: its latest run's partitions (done, failed, running, other, total)")
+             summary="One line per job: its latest run's partitions (done, running, paused, failed, waiting, "
+             "other, total) and its progress as their sum (processed, total, percent, rate, eta_seconds)")
     def list_jobs(
         user: GetUserDep,
         dag_id: Annotated[str | None, Query(min_length=1, max_length=ID_LEN, pattern=NO_NUL,
@@ -312,13 +313,34 @@ def create_app() -> FastAPI:
         conn = _conn(conn_id)
         return {"jobs": control.jobs(conn_id=conn, dag_ids=_readable(user, dag_id, conn))}
 
+    @app.get("/api/v1/jobs/partitions", responses=_responses(400, 401, 403, 404, 422, 500, 503),
+             summary="One job: its line and each partition's row by map index (a way into each partition)",
+             description="`partition_rows`: each partition's row with the Checkpoint tab's figures (`percent`, "
+             "`rate`, `eta_seconds`, `lease`), or `{\"map_index\": i, \"status\": \"waiting\"}` for a planned "
+             "partition that has not started. 404 when no partition of the job ran (in that run).")
+    def job_partitions(
+        user: GetUserDep,
+        job: Annotated[str, Query(min_length=1, pattern=NO_NUL, examples=["partitioned_export.export"],
+                                  description="the job, as GET /api/v1/jobs lists it (without [map_index])")],
+        run_id: Annotated[str | None, Query(min_length=1, max_length=ID_LEN, pattern=NO_NUL,
+                                            description="the DAG run (default: the job's latest)")] = None,
+        conn_id: str = conn_query(),
+    ) -> dict[str, Any]:
+        conn = _conn(conn_id)
+        detail = control.job_partitions(job, run_id, conn_id=conn)
+        _authorize(user, detail["dag_id"], "GET")
+        return detail
+
     @app.post("/api/v1/jobs/rerun_failed", responses=_responses(400, 401, 403, 404, 409, 422, 500, 503),
-              summary="Clear exactly the failed task instances (map indexes) of a job in one DAG run")
+              summary="Clear exactly the failed task instances (map indexes) of a job in one DAG run",
+              description="A partitioned job's summary task (and tasks upstream_failed) is cleared with them; each "
+                          "cleared partition's history records the re-run with your user name.")
     def rerun_failed(user: GetUserDep, job: Job, run_id: RunId, conn_id: str = conn_query()) -> dict[str, Any]:
         conn = _conn(conn_id)
         dag_id, _task_id = control.job_task(job, run_id, conn_id=conn)
         _authorize(user, dag_id, "PUT")
-        return {"job": job, "run_id": run_id, "cleared": control.rerun_failed(job, run_id, conn_id=conn)}
+        return {"job": job, "run_id": run_id,
+                "cleared": control.rerun_failed(job, run_id, conn_id=conn, by=user.get_name())}
 
     @app.get("/ui/checkpoint", include_in_schema=False, response_model=None)
     def checkpoint_page(request: Request) -> FileResponse | RedirectResponse:

@@ -52,7 +52,10 @@ def resumable_dag_test(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[...
     def run(dag: Any, task_id: str, interruption: Interruption | str, *, at: int = 1, max_runs: int = 5,
             **test_kwargs: Any) -> Any:
         from airflow_resumable.operators import resumable as operator_module
+        from airflow_resumable.version_compat import environment_problems
 
+        for problem in environment_problems():  # dag.test() would only answer 500s
+            pytest.fail(problem, pytrace=False)
         kind = Interruption(interruption)
         plan = _Plan(kind=kind, point=at)
         base = operator_module.Attempt

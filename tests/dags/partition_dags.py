@@ -4,7 +4,8 @@ Each reads ``pt_source (grp, id)`` on a composite key from the checkpoint store'
 (the ``resumable_default`` connection) and writes every row it processes to ``pt_sink`` through
 ``ctx.transaction()``, so a write commits with its chunk's checkpoint. Behaviour comes from the
 DAG run's conf: ``fail`` maps a partition's index to the attempts in which its second chunk fails
-(after writing its rows: the failure undoes them); ``resumable_restart`` starts the partitions over.
+(after writing its rows: the failure undoes them); ``cancel`` lists partitions that a person
+cancels during their first chunk; ``resumable_restart`` starts the partitions over.
 """
 
 from __future__ import annotations
@@ -33,15 +34,23 @@ def partition_of(ctx: RunContext) -> int:
 def write_rows(ctx: RunContext, batch: list[Any]) -> None:
     """Each row of the chunk into ``pt_sink``, in the checkpoint's transaction."""
     part = partition_of(ctx)
+    context = get_current_context()
+    conf = dict(context["dag_run"].conf or {})
+    if str(part) in conf.get("cancel", ()) and not _CHUNKS[str(context["ti"].id)]:
+        # A person cancels the partition while it runs (before this chunk's first write: SQLite has
+        # one writer): its heartbeat hears of it and it stops at its next chunk boundary.
+        from airflow_resumable import control
+
+        control.cancel(ctx.job, ctx.slot, by="carol")
+        ctx.signal.wait(60)
     tx = ctx.transaction()
     tx.execute("CREATE TABLE IF NOT EXISTS pt_sink (grp TEXT, id INTEGER, part INTEGER, attempt INTEGER)")
     for grp, ident in batch:
         tx.execute("INSERT INTO pt_sink (grp, id, part, attempt) VALUES (%s, %s, %s, %s)",
                    (grp, ident, part, ctx.attempt))
-    context = get_current_context()
     try_id = str(context["ti"].id)
     _CHUNKS[try_id] += 1
-    fail = dict(context["dag_run"].conf or {}).get("fail", {})
+    fail = conf.get("fail", {})
     if ctx.attempt in fail.get(str(part), ()) and _CHUNKS[try_id] == 2:
         raise RuntimeError(f"injected failure in partition {part}'s second chunk")
 
@@ -69,3 +78,30 @@ def write_rows_slowly(ctx: RunContext, batch: list[Any]) -> None:
 with DAG("pt_workers", schedule=None, start_date=START, catchup=False) as pt_workers:
     # Run by a real scheduler (LocalExecutor): the partitions are task instances on its worker slots.
     partitioned(task_id="export", read=source(), process=write_rows_slowly, partitions=4, chunk_size=5, retries=0)
+
+
+with DAG("pt_decorated", schedule="@daily", start_date=START, catchup=False) as pt_decorated:
+    # The decorator's form of pt_export: the function is each chunk's process, the call's arguments its kwargs.
+    from airflow.sdk import task
+
+    @task.resumable.partitioned(read=source(), partitions=4, chunk_size=3, retries=1, retry_delay=timedelta(0))
+    def export(ctx: RunContext, batch: list[Any], *, offset: int) -> None:
+        write_rows(ctx, [(grp, ident + offset) for grp, ident in batch])
+
+    export.override(task_id="export")(offset=1000)
+
+
+def copy_rows(ctx: RunContext, batch: list[Any]) -> None:
+    """The chunk's ids into ``pt_big_sink`` in one statement, in the checkpoint's transaction (a
+    chunk rolled back by a crash leaves nothing), then a wait of conf ``delay`` seconds inside it."""
+    conf = dict(get_current_context()["dag_run"].conf or {})
+    ctx.transaction().execute("INSERT INTO pt_big_sink (id, part, attempt) SELECT unnest(%s::bigint[]), %s, %s",
+                              ([row[0] for row in batch], partition_of(ctx), ctx.attempt))
+    ctx.signal.wait(float(conf.get("delay", 0)))
+
+
+with DAG("pt_celery", schedule=None, start_date=START, catchup=False, max_active_tasks=16) as pt_celery:
+    # Run on the Celery deployment (tests/test_partitions.py): 1,000,000 rows of ``pt_big`` in 16
+    # partitions; a short lease, so a retry takes a killed worker's partition over at once.
+    partitioned(task_id="copy", read=sql_reader("resumable_default", table="pt_big", key="id"), process=copy_rows,
+                partitions=16, chunk_size=10_000, lease=4, retries=3, retry_delay=timedelta(seconds=2))

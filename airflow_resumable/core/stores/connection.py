@@ -14,7 +14,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, Protocol
 
-from airflow_resumable.core.checkpoint import Checkpoint, decode, error_text
+from airflow_resumable.core.checkpoint import Checkpoint, _depth_over, decode, error_text
 from airflow_resumable.core.errors import CheckpointDeleted, LeaseLost, StoreUnavailable, TransactionRefused
 from airflow_resumable.core.fence import Fence
 from airflow_resumable.core.stores.dialect import Dialect, writes
@@ -26,6 +26,8 @@ __all__ = ["Connection", "Params", "row_deleted", "save_rejected"]
 Params = Mapping[str, Any] | Sequence[Any]
 
 _STATE = CHECKPOINTS.names.index("state")
+#: The JSON columns (index, name): read back within the nesting limit on every Python (MAX_DEPTH).
+_JSON = tuple((i, c.name) for i, c in enumerate(CHECKPOINTS.columns) if c.kind == "json")
 
 
 class _Connector(Protocol):
@@ -205,11 +207,15 @@ class Connection:
         """A row of the checkpoint table's columns as a :class:`Checkpoint`.
 
         Raises:
-            CorruptCheckpoint: a JSON column holds text that is not JSON, or the state is not a
-                JSON object. The row is left as it is.
+            CorruptCheckpoint: a JSON column holds text that is not JSON or nests deeper than
+                ``MAX_DEPTH``, or the state is not a JSON object. The row is left as it is.
         """
         try:
             cp: Checkpoint = CHECKPOINTS.decode(row, aware=self.d.aware_timestamps)
+            # Nested deeper than the limit (text written by hand): corrupt on every Python, not only
+            # where the parser gives up first (3.11's, at its recursion limit; 3.13's reads it).
+            if any(row[i] is not None and _depth_over(cp.__dict__[name], row[i]) for i, name in _JSON):
+                raise RecursionError
         except (TypeError, ValueError, RecursionError):
             job, slot = row[0], row[1]
             for i, c in enumerate(CHECKPOINTS.columns):

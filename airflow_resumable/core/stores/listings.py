@@ -82,14 +82,17 @@ class Listings:
                           params)
 
     def partitions(self, *, run_id: str | None = None) -> list[tuple[Any, ...]]:
-        """Slots counted per (DAG, task, run, status): ``(dag_id, task_id, run_id, status, a job of
-        the group, how many, the last update)``, the rows a per-job summary adds up. Only the run
-        ``run_id`` when given."""
+        """Slots counted per (DAG, task, run, slot, status): ``(dag_id, task_id, run_id, status, a
+        job of the group, how many, the last update, the largest map index, slot, processed summed,
+        total summed, how many have a total, the rate summed over those a live attempt holds)``,
+        the rows a per-job summary adds up. Only the run ``run_id`` when given."""
         c = self._c
         where = "WHERE run_id = %(run_id)s " if run_id is not None else ""
+        live = f"status = 'running' AND lease_owner IS NOT NULL AND lease_expires_at > {c.d.now()}"
         rows = c.execute(
-            f"SELECT dag_id, task_id, run_id, status, MIN(job), COUNT(*), MAX(updated_at), MAX(map_index) FROM {TABLE} "
-            f"{where}GROUP BY dag_id, task_id, run_id, status", {"run_id": run_id},
+            f"SELECT dag_id, task_id, run_id, status, MIN(job), COUNT(*), MAX(updated_at), MAX(map_index), slot, "
+            f"SUM(processed), SUM(total), COUNT(total), SUM(CASE WHEN {live} THEN rate END) FROM {TABLE} "
+            f"{where}GROUP BY dag_id, task_id, run_id, slot, status", {"run_id": run_id},
         ).fetchall()
         c.commit()
         return [tuple(r) for r in rows]

@@ -41,6 +41,13 @@
     return h ? h + "h" + String(m).padStart(2, "0") + "m" : m ? m + "m" + String(r).padStart(2, "0") + "s" : r + "s";
   }
   function rate(r) { return r >= 100 ? num(Math.round(r)) : Number(r.toPrecision(2)).toLocaleString("en-US"); }
+  // "1,200/s · ETA 3m05s": the server's figures (core/progress.py), for a slot or a whole job.
+  function pace(row) {
+    return [row.rate != null ? rate(row.rate) + "/s" : null, row.eta_seconds != null ? "ETA " + duration(row.eta_seconds) : null]
+      .filter(Boolean).join(" · ");
+  }
+  // A mapped partition's job without its [map_index]: the whole job's name.
+  function wholeJob(job) { return String(job || "").replace(/\[\d+\]$/, ""); }
 
   // -- the host: the Airflow UI page around the frame ---------------------------------------------
   function host() {
@@ -344,7 +351,11 @@
           "data-eta": row.eta_seconds == null ? "" : String(row.eta_seconds), text: figures.join(" · ")}),
         next,
         el("dl", {}, [
-          el("dt", {text: "job"}), el("dd", {text: row.job}),
+          el("dt", {text: "job"}), el("dd", {}, [row.job, row.map_index != null && row.map_index >= 0 ? el("span", {}, [" — a partition of ",
+            // In this frame: the jobs page of the whole job, its partitions listed, each linking back to its tab.
+            el("a", {id: "whole-job", href: "jobs?" + new URLSearchParams(Object.assign({job: wholeJob(row.job)},
+              row.run_id ? {run_id: row.run_id} : {}, params.get("conn_id") ? {conn_id: params.get("conn_id")} : {})),
+              text: wholeJob(row.job) + " (the whole job)"})]) : null]),
           el("dt", {text: "slot"}), el("dd", {text: row.slot}),
           el("dt", {text: "position"}), el("dd", {id: "position", "class": "code", title: JSON.stringify(row.position), text: readable(row.position)}),
           el("dt", {text: "lease"}), el("dd", {id: "lease", "class": row.lease === "stale" ? "stale" : ""}, lease),
@@ -368,6 +379,8 @@
     var msg = document.getElementById("message"), timer = null, generation = 0, rows = [];
     var summary = document.getElementById("job-summary"), summaryBody = document.querySelector("#summary tbody");
     var summaryMsg = document.getElementById("summary-message"), asking = null, hasJobs = true;
+    var panel = document.getElementById("job-partitions"), panelBody = document.querySelector("#partitions tbody");
+    var opened = params.get("job") ? {job: params.get("job"), run_id: params.get("run_id")} : null;
     ["dag_id", "status"].forEach(function (k) { if (params.get(k)) form.elements[k].value = params.get(k); });
     function conn(q) { if (params.get("conn_id")) q.set("conn_id", params.get("conn_id")); return q; }
     function load() {
@@ -383,10 +396,12 @@
       }) : Promise.resolve(null);
       Promise.all([request("GET", API + "checkpoints?" + q), jobs]).then(function (res) {
         if (mine !== generation) return;  // a newer filter's answer is on its way
-        rows = res[0].checkpoints;
+        // A partitioned job's plan row (<job>#plan) is part of its job's line above, not a slot to watch.
+        rows = res[0].checkpoints.filter(function (r) { return !/#plan$/.test(r.job); });
         msg.textContent = rows.length ? "" : "No slots match."; msg.className = "";
         body.replaceChildren.apply(body, rows.map(slotRow));
         renderSummary(res[1], dag);
+        loadPartitions();
         document.getElementById("refreshed").textContent = "updated " + clock(new Date()) + " (" + zone() + ")";
       }).catch(function (err) { if (mine === generation) { msg.textContent = err.message; msg.className = "error"; } })
         .then(function () { if (mine === generation) timer = setTimeout(load, LIST_REFRESH_MS); });
@@ -416,12 +431,17 @@
       summary.hidden = !jobs.length;
       summaryBody.replaceChildren.apply(summaryBody, jobs.map(function (job) {
         var p = job.partitions || {}, mapped = (p.total || 0) > 1, runId = mapped && p.failed ? failedRun(job) : null;
-        var counts = ["done", "failed", "running", "other"].filter(function (k) { return p[k]; }).map(function (k) {
-          return el("span", {"class": "badge " + (k === "other" ? "" : k), "data-count": k, text: num(p[k]) + " " + k});
+        var counts = ["done", "running", "paused", "failed", "waiting", "other"].filter(function (k) { return p[k]; }).map(function (k) {
+          return el("span", {"class": "badge " + (k === "other" || k === "waiting" ? "" : k), "data-count": k, text: num(p[k]) + " " + k});
         });
         var show = el("button", {type: "button", "class": "show-slots", text: "Slots"});
         show.addEventListener("click", function () { form.elements.dag_id.value = job.dag_id || ""; load(); });
         var actions = [show];
+        if (mapped) {
+          var open = el("button", {type: "button", "class": "show-partitions", text: "Partitions"});
+          open.addEventListener("click", function () { opened = {job: job.job, run_id: job.run_id}; loadPartitions(); });
+          actions.push(open);
+        }
         if (runId) {
           var rerun = el("button", {type: "button", "class": "rerun-failed", text: "Re-run failed partitions"});
           rerun.addEventListener("click", function () { asking = {job: job.job, run_id: runId}; renderAsk(); });
@@ -433,9 +453,44 @@
           cell(job.job), el("td", {}, [task]),
           el("td", {"class": "nowrap"}, counts.length ? counts.reduce(function (a, c) { return a.concat([c, " "]); }, [])
             .concat([el("span", {"class": "muted", text: "of " + num(p.total)})]) : [el("span", {"class": "muted", text: "none"})]),
+          el("td", {"class": "progress"}, [bar({percent: job.percent, status: p.failed ? "failed" : p.total && p.done === p.total ? "done" : "running"}),
+            job.percent == null ? "" : job.percent.toFixed(0) + "%"]),
+          cell(num(job.processed) + (job.total != null ? " / " + num(job.total) : ""), {"class": "nowrap job-processed"}),
+          cell(pace(job), {"class": "nowrap job-pace"}),
           cell(when(job.updated_at), {"class": "nowrap"}), el("td", {"class": "nowrap"}, actions)
         ]);
       }));
+    }
+    // One job's partitions, each a way into its Checkpoint tab (the job of ?job=&run_id=, or the one opened).
+    function loadPartitions() {
+      if (!opened || !hasJobs) { panel.hidden = true; return; }
+      var target = opened, q = conn(new URLSearchParams({job: target.job}));
+      if (target.run_id) q.set("run_id", target.run_id);
+      request("GET", API + "jobs/partitions?" + q).then(function (d) {
+        if (opened !== target) return;
+        var p = d.partitions || {};
+        document.getElementById("partitions-title").replaceChildren(
+          "Partitions of " + d.job + (d.run_id ? " (run " + d.run_id + ")" : "") + ": " +
+          ["done", "running", "paused", "failed", "waiting"].filter(function (k) { return p[k]; }).map(function (k) { return num(p[k]) + " " + k; }).join(", "),
+          " ", (function () { var b = el("button", {type: "button", id: "close-partitions", text: "Close"});
+            b.addEventListener("click", function () { opened = null; panel.hidden = true; }); return b; })());
+        panelBody.replaceChildren.apply(panelBody, (d.partition_rows || []).map(function (row) {
+          var path = row.status === "waiting" ? null : tabPath(row);
+          return el("tr", {"data-partition": String(row.map_index), "data-status": row.status}, [
+            cell(row.map_index >= 0 ? "[" + row.map_index + "]" : "—", {"class": "code"}),
+            el("td", {}, [el("span", {"class": "badge " + (row.status === "waiting" ? "" : row.status), text: row.status})]),
+            el("td", {"class": "progress"}, [bar(row), row.percent == null ? "" : row.percent.toFixed(0) + "%"]),
+            cell(row.status === "waiting" ? "not started" : num(row.processed) + (row.total != null ? " / " + num(row.total) : ""), {"class": "nowrap"}),
+            cell(pace(row), {"class": "nowrap"}), cell(when(row.updated_at), {"class": "nowrap"}),
+            el("td", {}, [path ? link(path, "Checkpoint of " + row.job, {"class": "partition-link"}) : el("span", {"class": "muted", text: "—"})])
+          ]);
+        }));
+        panel.hidden = false;
+      }).catch(function (err) {
+        panel.hidden = false;
+        document.getElementById("partitions-title").replaceChildren(el("span", {"class": "error", text: err.message}));
+        panelBody.replaceChildren();
+      });
     }
     function renderAsk() {
       if (!asking) { summaryMsg.replaceChildren(); return; }

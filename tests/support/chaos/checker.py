@@ -14,7 +14,13 @@ the sinks' logs, the dead letters, the DAG runs' states) and proves, per slot of
   attempt's last commit held); in the plain sink a stale attempt writes at most its unfinished chunk;
 - **history agrees with the row**: an attempt record holds the row's lease token; the last record
   ended with the row's status is the row's attempt, with its processed count; tokens never go down;
-- **quiet**: once every DAG run finished, no slot is ``running``.
+- **quiet**: once every DAG run finished, no slot is ``running`` (the anomaly names the holder, its
+  lease and whether its process lives);
+- **liveness**: a DAG run not finished by the trial's deadline (nothing moved for
+  :data:`~support.chaos.trials.STALL` seconds) is *unsettled*, not an anomaly by itself: the trial
+  says what still runs. Its slots are held to the safety checks above (nothing twice, fencing,
+  history) but not to the end state; a slot of it ``running`` with its lease expired and its
+  holder's process gone is an anomaly (nothing will finish it).
 
 Each violation is an :class:`Anomaly` naming the slot and what was seen.
 """
@@ -23,6 +29,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -53,9 +60,18 @@ def _rows(cur: Any, sql: str, *params: Any) -> list[dict[str, Any]]:
     return [dict(zip(names, r, strict=True)) for r in cur.fetchall()]
 
 
-def check_run(conn: Any, run: Run, dag_state: str) -> tuple[list[Anomaly], dict[str, int]]:
-    """The anomalies of one DAG run's slots, and counts (items committed, repeats, interruptions)."""
+def _no_pid(owner: str | None) -> bool | None:
+    return None
+
+
+def check_run(conn: Any, run: Run, dag_state: str, *, holder_alive: Callable[[str | None], bool | None] = _no_pid,
+              ) -> tuple[list[Anomaly], dict[str, int]]:
+    """The anomalies of one DAG run's slots, and counts (items committed, repeats, interruptions).
+
+    :param dag_state: the DAG run's state; one not ``success``/``failed`` is unsettled (see above).
+    :param holder_alive: whether a lease owner's process lives (None: cannot tell)."""
     anomalies: list[Anomaly] = []
+    settled = dag_state in ("success", "failed")
     counts = Counter[str]()
     cur = conn.cursor()
     w = run.workload
@@ -65,9 +81,11 @@ def check_run(conn: Any, run: Run, dag_state: str) -> tuple[list[Anomaly], dict[
         def bad(check: str, detail: str, job: str = job, slot: str = slot) -> None:
             anomalies.append(Anomaly(check, job, slot, detail))
 
-        rows = _rows(cur, "SELECT * FROM resumable_checkpoints WHERE job = %s AND slot = %s", job, slot)
+        rows = _rows(cur, "SELECT *, lease_expires_at < now() AS lease_expired FROM resumable_checkpoints "
+                          "WHERE job = %s AND slot = %s", job, slot)
         if not rows:
-            bad("end state", f"no checkpoint row (DAG run {dag_state})")
+            if settled:
+                bad("end state", f"no checkpoint row (DAG run {dag_state})")
             continue
         row = rows[0]
         history = _rows(cur, "SELECT * FROM resumable_attempts WHERE job = %s AND slot = %s ORDER BY id", job, slot)
@@ -86,9 +104,16 @@ def check_run(conn: Any, run: Run, dag_state: str) -> tuple[list[Anomaly], dict[
 
         # -- end state ---------------------------------------------------------------------------
         if row["status"] == "running":
-            bad("quiet", f"still running with the DAG run {dag_state}; lease {row['lease_owner']} until "
-                         f"{row['lease_expires_at']}")
-        if "cancel" in requests and row["status"] == "cancelled":
+            alive = holder_alive(row["lease_owner"])
+            holder = (f"holder {row['lease_owner']} ({'alive' if alive else 'gone' if alive is False else '?'}), "
+                      f"lease {'expired' if row['lease_expired'] else 'until'} {row['lease_expires_at']}")
+            if settled:
+                bad("quiet", f"still running with the DAG run {dag_state}; {holder}")
+            elif row["lease_expired"] and not alive:
+                bad("liveness", f"running with no live holder while its DAG run stalled ({dag_state}); {holder}")
+        if not settled:
+            pass  # unsettled: the safety checks below only
+        elif "cancel" in requests and row["status"] == "cancelled":
             if row["stop_reason"] != "requested":
                 bad("end state", f"cancelled with reason {row['stop_reason']!r}, not 'requested'")
             stop = position or 0
@@ -113,7 +138,7 @@ def check_run(conn: Any, run: Run, dag_state: str) -> tuple[list[Anomaly], dict[
             twice = sorted(i for i, n in per_item.items() if n > 1)
             if twice:
                 bad("exactly once", f"items committed more than once: {twice[:10]} (x{max(per_item.values())})")
-            if set(per_item) != expected_items:
+            if settled and set(per_item) != expected_items:
                 missing, extra = sorted(expected_items - set(per_item)), sorted(set(per_item) - expected_items)
                 bad("exactly once", f"missing {missing[:10]}, unexpected {extra[:10]}")
             earlier = Counter((x["runs"], x["item"]) for x in writes if x["runs"] != row["runs"])
@@ -128,13 +153,13 @@ def check_run(conn: Any, run: Run, dag_state: str) -> tuple[list[Anomaly], dict[
                                  f"(at most {allowed})")
             upserted = {r["item"] for r in _rows(cur, "SELECT item FROM chaos_upsert WHERE job = %s AND slot = %s",
                                                  job, slot)}
-            if not expected_items <= upserted:
+            if settled and not expected_items <= upserted:
                 bad("one chunk", f"items lost from the upsert sink: {sorted(expected_items - upserted)[:10]}")
         if w.skips:
             dead = Counter(int(d["position"]) for d in _rows(
                 cur, "SELECT position FROM resumable_dead_letters WHERE job = %s AND slot = %s", job, slot))
             wanted = {i for i in w.bad_items() if i < (position or 0)}
-            if set(dead) != wanted or any(n > 1 for n in dead.values()):
+            if (settled and set(dead) != wanted) or any(n > 1 for n in dead.values()):
                 bad("exactly once", f"dead letters {sorted(dead.items())}, expected each of {sorted(wanted)} once")
 
         # -- fencing -----------------------------------------------------------------------------

@@ -8,8 +8,11 @@ root namespace. :func:`chaos_cluster` builds all of it and removes all of it, ev
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import closing, contextmanager
 from dataclasses import dataclass
@@ -21,8 +24,8 @@ import psycopg2
 
 from airflow_resumable.core.stores import PostgresStore
 from support.celery_cluster import REDIS_PORT, CeleryDeployment, Component, redis_client
-from support.chaos.hosts import HostPostgres, Network
-from support.standalone import free_port
+from support.chaos.hosts import STATE_DIR, HostPostgres, Network
+from support.standalone import free_port, wait_for
 
 ROOT = Path(__file__).resolve().parents[3]
 DAG_FILE = ROOT / "tests" / "dags" / "chaos_dags.py"
@@ -31,6 +34,11 @@ WORKER_HOSTS = {"worker-a": "w1", "worker-b": "w2"}
 #: [scheduler] task_instance_heartbeat_timeout: a partitioned or frozen worker's task is failed and
 #: retried after this long.
 HEARTBEAT_TIMEOUT = 15
+#: [scheduler] task_queued_timeout and its check interval: a task message a SIGKILLed worker had
+#: taken off the broker (Celery's prefetch; Redis gives it back only after its visibility timeout)
+#: leaves its task instance ``queued``; the scheduler requeues it after this long (600 s + 120 s by
+#: default: longer than a trial, which then looked stuck, seed 599763).
+TASK_QUEUED_TIMEOUT, TASK_QUEUED_CHECK = 90, 10
 TABLES = (
     "CREATE TABLE chaos_tx_log (job TEXT NOT NULL, slot TEXT NOT NULL, item INTEGER NOT NULL, attempt INTEGER NOT "
     "NULL, token BIGINT NOT NULL, runs INTEGER NOT NULL, pid INTEGER NOT NULL, "
@@ -49,20 +57,116 @@ class ChaosDeployment(CeleryDeployment):
         return {**self.env, **self.worker_env,
                 "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://{self.network.gateway}:{self.port}/execution/"}
 
-    def __init__(self, *, network: Network, worker_env: dict[str, str], **kwargs: Any):
+    def __init__(self, *, network: Network, worker_env: dict[str, str], proxies: dict[str, Proxy] | None = None,
+                 **kwargs: Any):
         self.network = network
         self.worker_env = worker_env
+        #: by host role: the proxy its workers reach the checkpoint database through
+        self.proxies = proxies or {}
         super().__init__(**kwargs)
 
     def add_worker(self, name: str) -> Component:
-        component = super().add_worker(name)
-        host = self.network.hosts[WORKER_HOSTS[name]]
+        return self._on_host(super().add_worker(name))
+
+    def _on_host(self, component: Component) -> Component:
+        """``component`` started on its host (by its name, :data:`WORKER_HOSTS`)."""
+        role = WORKER_HOSTS[component.name]
+        host = self.network.hosts[role]
         component.argv = host.argv(*component.argv)  # `ip netns exec` execs: the pid stays the worker's
         component.env = {**component.env, **self.host_env()}
+        if role in self.proxies:
+            component.env["AIRFLOW_CONN_RESUMABLE_DEFAULT"] = self.proxies[role].conn_uri
         return component
 
     def host_of(self, component: Component) -> str:
         return WORKER_HOSTS[component.name]
+
+
+class LocalChaosDeployment(ChaosDeployment):
+    """The second configuration: LocalExecutor task processes on the hosts. Two schedulers (Airflow's
+    high availability: both schedule, locking rows of the metadata database), each on a host of its
+    own with its LocalExecutor, so each runs its task processes there; the root namespace keeps the
+    api-server, dag-processor and triggerer. The faults' "workers" ``worker-a`` and ``worker-b`` are
+    these schedulers: a kill is a lost node, a deploy is a scheduler's SIGTERM (its LocalExecutor waits
+    for its running tasks), and the other scheduler adopts a dead one's queued tasks."""
+
+    def __init__(self, **kwargs: Any):
+        super().__init__(**kwargs)
+        self.env.update({
+            "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+            "AIRFLOW__CORE__PARALLELISM": "6",
+            # a dead scheduler's tasks are adopted (reset and queued again) by the other soon
+            "AIRFLOW__SCHEDULER__SCHEDULER_HEALTH_CHECK_THRESHOLD": "15",
+            "AIRFLOW__SCHEDULER__ORPHANED_TASKS_CHECK_INTERVAL": "10",
+        })
+
+    def _component(self, name: str, *args: str, env: dict[str, str] | None = None) -> Component:
+        if name == "scheduler":  # the root namespace's scheduler: the hosts' replace it (not registered)
+            return Component(name, [], {}, self.home / "scheduler-unused.log")
+        return super()._component(name, *args, env=env)
+
+    def add_worker(self, name: str) -> Component:
+        return self._on_host(self._component(
+            name, "scheduler", env={"AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(free_port())}))
+
+    def wait_worker_ready(self, name: str, timeout: float = 120.0) -> None:
+        component = self.components[name]
+
+        def ready() -> bool:
+            if not component.alive():
+                raise AssertionError(f"{name} exited with {component.process and component.process.returncode}\n"
+                                     f"{component.tail()}")
+            return "Starting the scheduler" in component.log_text()
+
+        wait_for(ready, timeout=timeout, interval=0.5, what=f"scheduler {name} to start", on_timeout=component.tail)
+
+
+#: The deployments a trial can run on: ``--executor`` of ``make chaos``.
+EXECUTORS: dict[str, type[ChaosDeployment]] = {"celery": ChaosDeployment, "local": LocalChaosDeployment}
+
+
+PROXY = Path(__file__).with_name("proxy.py")
+PROXY_PORT = 6543  # on each worker host's loopback: one per namespace, so no collision
+
+
+@dataclass
+class Proxy:
+    """The TCP proxy on a worker's host to the checkpoint database (:mod:`.proxy`): the ``lossy``
+    fault's latency and loss."""
+
+    role: str
+    conn_uri: str
+    control: Path
+    process: subprocess.Popen[bytes]
+
+    def degrade(self, **settings: float) -> None:
+        """Latency, loss and stalls from now on (see :mod:`.proxy`); :meth:`heal` ends them."""
+        tmp = self.control.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"on": 1, **settings}))
+        tmp.replace(self.control)
+
+    def heal(self) -> None:
+        tmp = self.control.with_suffix(".tmp")
+        tmp.write_text("{}")
+        tmp.replace(self.control)
+
+
+def start_proxy(network: Network, role: str, address: str, port: int, state: Path) -> Proxy:
+    """The proxy on host ``role`` to ``address:port`` (its control file in ``state``)."""
+    control = state / f"proxy-{role}.json"
+    control.write_text("{}")
+    host = network.hosts[role]
+    proc = subprocess.Popen(host.argv(sys.executable, str(PROXY), str(PROXY_PORT), address, str(port), str(control)),
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    network.remember(proc.pid)
+    probe = f"import socket; socket.create_connection(('127.0.0.1', {PROXY_PORT}), timeout=2).close()"
+    deadline = time.monotonic() + 30
+    while subprocess.run(host.argv(sys.executable, "-c", probe), capture_output=True).returncode != 0:
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"the proxy on {role} did not start")
+        time.sleep(0.2)
+    return Proxy(role, f"postgresql://postgres@127.0.0.1:{PROXY_PORT}/chaos", control, proc)
 
 
 @dataclass
@@ -71,7 +175,8 @@ class Chaos:
     db: HostPostgres
     cluster: ChaosDeployment
     store: PostgresStore
-    conn_uri: str  # the checkpoint database, as the workers' connection names it
+    conn_uri: str  # the checkpoint database, as the root namespace's connection names it
+    proxies: dict[str, Proxy]  # by worker host role: the workers' way to the checkpoint database
 
     def connect(self) -> Any:
         conn = psycopg2.connect(self.conn_uri, connect_timeout=10)
@@ -91,13 +196,15 @@ def _metadata_database(admin_dsn: str) -> tuple[str, int]:
 
 @contextmanager
 def chaos_cluster(admin_dsn: str, *, redis_db: int = 11, extra_hosts: dict[str, int] | None = None,
-                  dag_ids: list[str] | None = None) -> Iterator[Chaos]:
+                  dag_ids: list[str] | None = None, executor: str = "celery") -> Iterator[Chaos]:
     """The network, the database host, the deployment; all removed on exit, even on failure.
 
     :param admin_dsn: the metadata database's server (PostgreSQL on the root namespace).
     :param redis_db: the broker's database (flushed): one per suite that may run at the same time.
     :param extra_hosts: more hosts (role -> last octet of the address), e.g. a pod's.
     :param dag_ids: the DAGs to unpause (default: the trials' workloads).
+    :param executor: ``celery`` (Celery workers on the hosts) or ``local`` (schedulers with their
+        LocalExecutor on the hosts: :class:`LocalChaosDeployment`).
     """
     from support.chaos.trials import STOPPING
 
@@ -121,12 +228,15 @@ def chaos_cluster(admin_dsn: str, *, redis_db: int = 11, extra_hosts: dict[str, 
         meta_name, meta_port = _metadata_database(admin_dsn)
         meta_host = urlsplit(admin_dsn).hostname
         relay_meta = free_port()
+        proxies = {role: start_proxy(network, role, db.host.address, db.port, STATE_DIR / network.tag)
+                   for role in WORKER_HOSTS.values()}
         network.relay(REDIS_PORT)
         network.relay(relay_meta, meta_port)
         metadata_uri = f"postgresql+psycopg2://postgres@{meta_host}:{meta_port}/{meta_name}"
         worker_meta = f"postgresql+psycopg2://postgres@{network.gateway}:{relay_meta}/{meta_name}"
-        cluster = ChaosDeployment(
+        cluster = EXECUTORS[executor](
             network=network,
+            proxies=proxies,
             worker_env={
                 "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": worker_meta,
                 "AIRFLOW__CELERY__RESULT_BACKEND": "db+" + worker_meta,
@@ -139,6 +249,8 @@ def chaos_cluster(admin_dsn: str, *, redis_db: int = 11, extra_hosts: dict[str, 
                 "AIRFLOW_CONN_RESUMABLE_DEFAULT": conn_uri,
                 "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": str(HEARTBEAT_TIMEOUT),
                 "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT_DETECTION_INTERVAL": "2",
+                "AIRFLOW__SCHEDULER__TASK_QUEUED_TIMEOUT": str(TASK_QUEUED_TIMEOUT),
+                "AIRFLOW__SCHEDULER__TASK_QUEUED_TIMEOUT_CHECK_INTERVAL": str(TASK_QUEUED_CHECK),
                 "AIRFLOW__CORE__PARALLELISM": "8",
             },
         )
@@ -154,7 +266,7 @@ def chaos_cluster(admin_dsn: str, *, redis_db: int = 11, extra_hosts: dict[str, 
         with store.open(autocommit=True) as session:
             session.ensure_schema()
         os.environ["AIRFLOW_CONN_RESUMABLE_DEFAULT"] = conn_uri  # airflow_resumable.control, in this process
-        yield Chaos(network=network, db=db, cluster=cluster, store=store, conn_uri=conn_uri)
+        yield Chaos(network=network, db=db, cluster=cluster, store=store, conn_uri=conn_uri, proxies=proxies)
     finally:
         STOPPING.set()
         if cluster is not None:
@@ -169,6 +281,9 @@ def chaos_cluster(admin_dsn: str, *, redis_db: int = 11, extra_hosts: dict[str, 
                 except RuntimeError:
                     pass
             cluster.close()
+        for proxy in (cluster.proxies if cluster is not None else {}).values():
+            proxy.process.kill()
+            proxy.process.wait(timeout=10)
         if db is not None:
             db.stop()
         network.close()

@@ -9,8 +9,10 @@
 | ``cut_host`` | ``ip link set down`` in a worker's host longer than the lease and the heartbeat timeout | link up |
 | ``cut_db`` | blackhole routes between a worker's host and the database host, longer than the lease | routes removed |
 | ``netem`` | latency and loss on a worker's link (``tc netem``); skipped where the kernel has no netem | qdisc removed |
+| ``lossy`` | latency, loss (a retransmission timeout) and stalls between a worker's host and the database, in the TCP proxy on the worker's host (:mod:`.proxy`): no netem needed | proxy healed |
 | ``pg_restart`` | a fast restart of the checkpoint database (every connection dropped) | at once |
-| ``deploy`` | SIGTERM to a worker (the drain), during running or paused tasks; it is started again | the restart |
+| ``deploy`` | SIGTERM to a worker (the drain) during running tasks; it is started again | the restart |
+| ``deploy_paused`` | a slot paused, then, once its task deferred, a worker drained and restarted, then the slot resumed | the resume |
 | ``pause`` / ``cancel`` / ``restart`` | a control request (airflow_resumable.control) to a random slot, racing the rest | resume after a while |
 """
 
@@ -30,8 +32,8 @@ from support.celery_cluster import Component
 from support.chaos.cluster import HEARTBEAT_TIMEOUT, Chaos
 
 LEASE = 4
-PROCESS_FAULTS = ("kill_worker", "kill_task", "freeze_task", "freeze_worker", "deploy")
-NETWORK_FAULTS = ("cut_host", "cut_db", "netem", "pg_restart")
+PROCESS_FAULTS = ("kill_worker", "kill_task", "freeze_task", "freeze_worker", "deploy", "deploy_paused")
+NETWORK_FAULTS = ("cut_host", "cut_db", "netem", "lossy", "pg_restart")
 REQUESTS = ("pause", "cancel", "restart")
 KINDS = PROCESS_FAULTS + NETWORK_FAULTS + REQUESTS
 
@@ -48,7 +50,7 @@ class Fault:
 
 
 def plan(rng: random.Random, *, netem: bool) -> list[Fault]:
-    """One to three faults at random moments 3 to 14 s after the runs were triggered (while they run)."""
+    """One to three faults at random moments 3 to 11 s after the runs were triggered (while they run)."""
     kinds = [k for k in KINDS if netem or k != "netem"]
     faults = []
     for _ in range(rng.choice((1, 1, 2, 2, 3))):
@@ -59,9 +61,10 @@ def plan(rng: random.Random, *, netem: bool) -> list[Fault]:
             "cut_host": rng.uniform(HEARTBEAT_TIMEOUT + 5, HEARTBEAT_TIMEOUT + 15),
             "cut_db": rng.uniform(LEASE + 2, LEASE + 10),
             "netem": rng.uniform(5, 10),
+            "lossy": rng.uniform(LEASE + 2, LEASE + 10),
             "pause": rng.uniform(2, 8),
         }.get(kind, 0.0)
-        faults.append(Fault(kind, rng.uniform(3.0, 14.0), rng.randrange(1 << 30), hold))
+        faults.append(Fault(kind, rng.uniform(3.0, 11.0), rng.randrange(1 << 30), hold))
     return sorted(faults, key=lambda f: f.at)
 
 
@@ -112,6 +115,21 @@ def worker_for(chaos: Chaos, fault: Fault) -> Component:
     return chaos.cluster.components[names[fault.target % len(names)]]
 
 
+def drain(chaos: Chaos, worker: Component) -> str:
+    """A deploy: SIGTERM to the worker (Celery's warm shutdown drains its tasks), then a new one."""
+    cluster = chaos.cluster
+    with _RESTARTING.setdefault(worker.name, threading.Lock()):
+        worker = cluster.components[worker.name]  # the restarted one, if another fault restarted it
+        if not worker.alive():
+            return f"{worker.name} is down already"
+        os.kill(worker.pid, signal.SIGTERM)
+        assert worker.process is not None
+        worker.process.wait(timeout=120)
+        code = worker.process.returncode
+        cluster.restart_worker(worker)
+    return f"{worker.name} drained (exit {code}) and restarted"
+
+
 def inject(chaos: Chaos, fault: Fault, runs: list[Any], log: list[str], task_pids: Any) -> None:
     """Do ``fault`` now (a thread per fault: faults overlap); note what happened in ``log``."""
     from support.chaos.requests import request
@@ -119,6 +137,11 @@ def inject(chaos: Chaos, fault: Fault, runs: list[Any], log: list[str], task_pid
     cluster, network = chaos.cluster, chaos.network
     if fault.kind in REQUESTS:
         log.append(request(chaos, fault, runs))
+        return
+    if fault.kind == "deploy_paused":
+        from support.chaos.requests import deploy_while_paused
+
+        log.append(deploy_while_paused(chaos, fault, runs, lambda: drain(chaos, worker_for(chaos, fault))))
         return
     if fault.kind == "pg_restart":
         chaos.db.restart()
@@ -129,18 +152,14 @@ def inject(chaos: Chaos, fault: Fault, runs: list[Any], log: list[str], task_pid
         log.append(f"{fault.kind}: {worker.name} is down already")
         return
     role = cluster.host_of(worker)
-    if fault.kind in ("kill_worker", "deploy"):
+    if fault.kind == "kill_worker":
         with _RESTARTING.setdefault(worker.name, threading.Lock()):
             worker = cluster.components[worker.name]  # the restarted one, if another fault restarted it
-            if fault.kind == "kill_worker":
-                cluster.crash(worker)
-                log.append(f"kill_worker: {worker.name}")
-            else:
-                os.kill(worker.pid, signal.SIGTERM)
-                assert worker.process is not None
-                worker.process.wait(timeout=120)
-                log.append(f"deploy: {worker.name} drained, exit {worker.process.returncode}")
+            cluster.crash(worker)
+            log.append(f"kill_worker: {worker.name}")
             cluster.restart_worker(worker)
+    elif fault.kind == "deploy":
+        log.append(f"deploy: {drain(chaos, worker)}")
     elif fault.kind in ("kill_task", "freeze_task"):
         procs = task_processes(chaos, worker, task_pids())
         if not procs:
@@ -169,6 +188,14 @@ def inject(chaos: Chaos, fault: Fault, runs: list[Any], log: list[str], task_pid
         finally:
             network.partition(role, "db", cut=False)
         log.append(f"cut_db: {worker.name} <-> db for {fault.hold:.0f}s")
+    elif fault.kind == "lossy":
+        proxy = chaos.proxies[role]
+        proxy.degrade(delay=0.15, jitter=0.1, loss=0.1, rto=1.0, stall=0.02, stall_for=3.0)
+        try:
+            time.sleep(fault.hold)
+        finally:
+            proxy.heal()
+        log.append(f"lossy: {worker.name} <-> db for {fault.hold:.0f}s (150+-100 ms, 10% loss, 2% stalls of 3 s)")
     elif fault.kind == "netem":
         host = network.hosts[role]
         from support.chaos.hosts import sh

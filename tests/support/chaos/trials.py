@@ -12,15 +12,24 @@ from collections import Counter
 from collections.abc import Iterable
 from contextlib import closing
 from dataclasses import dataclass, field
+from typing import Any
+
+import psutil
 
 from support.chaos.checker import Anomaly, check_run
-from support.chaos.cluster import Chaos
-from support.chaos.faults import KINDS, Fault, inject, plan, thaw
+from support.chaos.cluster import HEARTBEAT_TIMEOUT, TASK_QUEUED_CHECK, TASK_QUEUED_TIMEOUT, Chaos
+from support.chaos.faults import KINDS, LEASE, Fault, inject, plan, thaw
 from support.chaos.workloads import WORKLOADS, Run
-from support.standalone import wait_for
 
-#: How long a trial's runs may take to finish after the last fault healed.
-SETTLE = 420.0
+#: The deadline follows the work: a trial waits for its runs as long as something moves (a slot's
+#: row, a task instance's state or try, a DAG run's state) and gives up once nothing moved for
+#: STALL seconds: longer than the longest wait the deployment's own timers allow with nothing to
+#: see: a task message lost with a SIGKILLed worker stays ``queued`` until the scheduler requeues
+#: it (``task_queued_timeout`` + its check interval), a dead task process is noticed after the
+#: heartbeat timeout, then the retry delay and the lease; plus a loaded machine's scheduling.
+STALL = TASK_QUEUED_TIMEOUT + TASK_QUEUED_CHECK + HEARTBEAT_TIMEOUT + 2 * LEASE + 60.0
+#: And never longer than this in all (then the trial is reported unsettled, with what still runs).
+SETTLE_MAX = 1500.0
 #: Set when the suite stops (Ctrl-C, a failure): faults not injected yet are not injected.
 STOPPING = threading.Event()
 
@@ -34,13 +43,18 @@ class Trial:
     anomalies: list[Anomaly] = field(default_factory=list)
     counts: Counter[str] = field(default_factory=Counter)
     seconds: float = 0.0
+    #: not quiet by the deadline: what still ran (not an anomaly by itself; see :func:`settle`)
+    unsettled: list[str] = field(default_factory=list)
 
     def summary(self) -> str:
         verdict = "ok" if not self.anomalies else f"{len(self.anomalies)} ANOMALIES"
+        if self.unsettled:
+            verdict += ", UNSETTLED"
         counts = ", ".join(f"{k} {v}" for k, v in sorted(self.counts.items()))
         lines = [f"trial seed={self.seed}: {', '.join(map(str, self.faults))} -> {verdict} ({self.seconds:.0f}s; "
                  f"{counts})"]
         lines += [f"    {entry}" for entry in self.log]
+        lines += [f"    UNSETTLED {u}" for u in self.unsettled]
         lines += [f"    ANOMALY {a}" for a in self.anomalies]
         return "\n".join(lines)
 
@@ -100,34 +114,124 @@ def run_trial(chaos: Chaos, seed: int, *, netem: bool) -> Trial:
         thread.join(timeout=300)
     restore(chaos)
 
-    def finished() -> dict[str, str] | None:
-        states = {run.run_id: api.dag_run(run.workload.dag_id, run.run_id)["state"] for run in trial.runs}
-        return states if all(s in ("success", "failed") for s in states.values()) else None
-
-    try:
-        states = wait_for(finished, timeout=SETTLE, interval=1.0, what=f"the runs of trial {seed} to finish")
-    except AssertionError as exc:
-        states = {run.run_id: api.dag_run(run.workload.dag_id, run.run_id)["state"] for run in trial.runs}
-        trial.log.append(f"not finished after {SETTLE:g}s: {states} ({str(exc)[:200]})")
+    states, waited = settle(chaos, trial)
+    trial.counts["settle seconds"] = round(waited)
     with closing(chaos.connect()) as conn:
         for run in trial.runs:
-            anomalies, counts = check_run(conn, run, states[run.run_id])
+            anomalies, counts = check_run(conn, run, states[run.run_id], holder_alive=holder_alive)
             trial.anomalies += anomalies
             trial.counts.update(counts)
     trial.seconds = time.monotonic() - started
     return trial
 
 
+FINISHED = ("success", "failed")
+
+
+def _snapshot(chaos: Chaos, runs: list[Run]) -> tuple[dict[str, str], Any]:
+    """The DAG runs' states, and everything whose change is progress: the slots' rows (status,
+    try, items, lease token) and the task instances' states and tries."""
+    api = chaos.cluster.api
+    assert api is not None
+    states, seen = {}, []
+    for run in runs:
+        states[run.run_id] = api.dag_run(run.workload.dag_id, run.run_id)["state"]
+        tis = api.get(f"/dags/{run.workload.dag_id}/dagRuns/{run.run_id}/taskInstances")["task_instances"]
+        seen += sorted((ti["task_id"], ti.get("map_index"), ti["state"], ti.get("try_number")) for ti in tis)
+    try:
+        with closing(chaos.connect()) as conn, conn.cursor() as cur:
+            cur.execute("SELECT job, slot, status, attempt, processed, lease_token, runs, request FROM "
+                        "resumable_checkpoints WHERE slot = ANY(%s) ORDER BY job, slot", ([r.run_id for r in runs],))
+            seen += cur.fetchall()
+    except Exception as exc:  # noqa: BLE001 - a database not back yet is no progress, not a failure
+        seen.append(repr(exc))
+    return states, (tuple(states.items()), tuple(map(tuple, seen)))
+
+
+def settle(chaos: Chaos, trial: Trial) -> tuple[dict[str, str], float]:
+    """Wait for the trial's DAG runs to finish while something moves (see :data:`STALL`); returns
+    the runs' states and the seconds waited. Runs not finished then are described in
+    ``trial.unsettled``: each unfinished task instance and its slot's row (holder, lease, whether
+    the holder's process is alive), so a stall can be told from a slow machine; the checker then
+    reports a slot left ``running`` with its lease expired and no live holder as an anomaly."""
+    began = time.monotonic()
+    last, moved = None, began
+    states = {run.run_id: "unknown" for run in trial.runs}
+    while True:
+        try:
+            states, seen = _snapshot(chaos, trial.runs)
+        except Exception as exc:  # noqa: BLE001 - an api-server slow to answer under load: no progress seen
+            seen = last
+            if sum(entry.startswith("settle:") for entry in trial.log) < 5:
+                trial.log.append(f"settle: could not read the runs: {exc!r}"[:300])
+        now = time.monotonic()
+        if all(s in FINISHED for s in states.values()):
+            return states, now - began
+        if seen != last:
+            last, moved = seen, now
+        if now - moved > STALL or now - began > SETTLE_MAX or STOPPING.is_set():
+            break
+        time.sleep(1.0)
+    why = f"nothing moved for {now - moved:.0f}s" if now - moved > STALL else f"still moving after {now - began:.0f}s"
+    try:
+        what = describe(chaos, trial.runs, states)
+    except Exception as exc:  # noqa: BLE001 - the report of a stall must not hide it
+        what = f"(could not describe: {exc!r})"
+    trial.unsettled.append(f"not quiet by the deadline ({why}): {what}")
+    return states, now - began
+
+
+def holder_alive(owner: str | None) -> bool | None:
+    """Whether the lease owner's process (``<ti>/try<n>@<host>:<pid>``) still runs (not a zombie);
+    None when the owner names no pid. The hosts are network namespaces only: one pid space."""
+    if not owner or ":" not in owner:
+        return None
+    try:
+        proc = psutil.Process(int(owner.rsplit(":", 1)[1]))
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except (ValueError, psutil.Error):
+        return False
+
+
+def describe(chaos: Chaos, runs: list[Run], states: dict[str, str]) -> str:
+    """What an unfinished trial still runs: per unfinished DAG run, its task instances not finished
+    and the rows of its slots (holder, lease, whether the holder lives)."""
+    api = chaos.cluster.api
+    assert api is not None
+    parts = []
+    with closing(chaos.connect()) as conn, conn.cursor() as cur:
+        for run in runs:
+            if states[run.run_id] in FINISHED:
+                continue
+            tis = api.get(f"/dags/{run.workload.dag_id}/dagRuns/{run.run_id}/taskInstances")["task_instances"]
+            open_tis = [f"{ti['task_id']}[{ti.get('map_index')}] {ti['state']} try {ti.get('try_number')} "
+                        f"(queued {ti.get('queued_when')}, pid {ti.get('pid')})"
+                        for ti in tis if ti["state"] not in ("success", "failed", "skipped", "upstream_failed")]
+            cur.execute("SELECT job, status, attempt, processed, lease_owner, lease_expires_at, lease_expires_at < now() "
+                        "FROM resumable_checkpoints WHERE slot = %s ORDER BY job", (run.run_id,))
+            slots = [f"{job} {status} try {attempt} at {processed}"
+                     + (f", holder {owner} ({'alive' if holder_alive(owner) else 'gone'}), lease "
+                        f"{'expired' if expired else 'until'} {until}" if status == "running" else "")
+                     for job, status, attempt, processed, owner, until, expired in cur.fetchall()]
+            parts.append(f"{run.run_id} {states[run.run_id]}: tasks {open_tis or 'none open'}; "
+                         f"slots {slots or 'none started'}")
+    return "; ".join(parts)
+
+
 def table(trials: Iterable[Trial], *, skipped: dict[str, str], replay: str) -> str:
     trials = list(trials)
     faults = Counter(f.kind for t in trials for f in t.faults)
     counts = sum((t.counts for t in trials), Counter[str]())
-    failing = [t.seed for t in trials if t.anomalies]
+    failing = [t.seed for t in trials if t.anomalies or t.unsettled]
+    seconds = sorted(t.seconds for t in trials) or [0.0]
     lines = [
-        "| trials | items | interruptions | repeated writes (plain) | anomalies | failing seeds |",
-        "|---|---|---|---|---|---|",
+        "| trials | items | interruptions | repeated writes (plain) | stale plain writes | anomalies | unsettled "
+        "| seconds per trial (median, max) | failing seeds |",
+        "|---|---|---|---|---|---|---|---|---|",
         f"| {len(trials)} | {counts['items']} | {counts['interruptions']} | {counts['repeated']} | "
-        f"{sum(len(t.anomalies) for t in trials)} | {', '.join(map(str, failing)) or '-'} |",
+        f"{counts['stale plain writes']} | {sum(len(t.anomalies) for t in trials)} | "
+        f"{sum(1 for t in trials if t.unsettled)} | {seconds[len(seconds) // 2]:.0f}, {seconds[-1]:.0f} | "
+        f"{', '.join(map(str, failing)) or '-'} |",
         "",
         "| fault | injected |",
         "|---|---|",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-ITEMS, CHUNK, DELAY = 40, 4, 0.25  # a run is 10 s of work: faults find it running
+ITEMS, CHUNK, DELAY = 32, 4, 0.2  # a run is 6.4 s of work (once its task started): faults find it running
 MAPPED_PARTITIONS, MAPPED_ITEMS = 3, 24
 BAD_EVERY = 7
 

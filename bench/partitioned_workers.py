@@ -1,0 +1,145 @@
+"""Row 15: a partitioned job against the same job unpartitioned, on 1, 2 and 4 real worker processes.
+
+A real ``airflow standalone`` (LocalExecutor, ``parallelism`` 4: a worker process per running
+task) runs two DAGs over the same 200,000 rows (bench/dags/partitioned_bench_dags.py): one
+``ChunkedOperator``, and ``partitioned(...)`` in 4 partitions (a planning task, 4 mapped
+partitions, a summary task). Each chunk of 500 rows waits 20 ms (a stand-in for a sink's round
+trip), so a chunk costs what an I/O-bound job's does. Every task takes a slot of one pool: its
+size (1, 2, 4) is how many worker processes run the job's tasks at once. At each size both
+DAGs run, one after the other (the unpartitioned one is one task: its time should not move with
+the pool, and is measured beside the other at the same machine load). The wall time is the DAG
+run's, as Airflow records it (start to end); the ratio is unpartitioned / partitioned. Reported,
+no target.
+
+Medians of three rounds, the two DAGs alternating. Also printed in the notes: the per-task
+overhead (on the 1-slot pool, where tasks run one at a time: the DAG run's wall time outside its
+tasks' own durations, per task), and the
+arithmetic for 100 workers on one PostgreSQL: checkpoint and heartbeat statements per second
+against the ceilings rows 10 and 11 measured (docs/benchmarks.md).
+"""
+
+from __future__ import annotations
+
+import sys
+import uuid
+from datetime import datetime
+from typing import Any
+
+import psycopg2
+
+from airflow_resumable.core import defaults
+from bench.common import ROOT, Database, Result, median, say
+
+ROWS, PARTITIONS, CHUNK, WAIT = 200_000, 4, 500, 0.02
+WORKERS = (1, 2, 4)
+ROUNDS = 3
+DAG_FILE = ROOT / "bench" / "dags" / "partitioned_bench_dags.py"
+
+#: Row 10's measured ceiling (docs/benchmarks.md): checkpoints/s summed over 64 concurrent attempts
+#: on one PostgreSQL (the lowest of its levels 4 to 64: 4,179 / 4,045 / 3,486).
+CHECKPOINT_CEILING = 3_486
+#: Row 11's measure (docs/benchmarks.md): 1,000 live leases renewing every 10 s are 100
+#: statements/s, costing 8.2 % of one server core.
+HEARTBEATS_MEASURED, HEARTBEAT_CORE_SHARE = 100, 0.082
+FLEET = 100
+
+
+def _arithmetic(rows_per_second: float, overhead: float, extra: float) -> list[str]:
+    """The notes for 100 workers on one PostgreSQL, from a worker's measured rate."""
+    heartbeat = FLEET / (defaults.LEASE / 3)  # one renewal per attempt every lease/3 seconds
+    lines = [f"15: on the 1-slot pool the partitioned run took {extra:.1f} s per extra task instance more than the "
+             f"unpartitioned one ({PARTITIONS + 1} more tasks): the overhead outside the tasks below, and inside them "
+             f"each task's start (the store's connection and schema check, the XCom pushes), the plan's split and "
+             f"each partition's count of its range",
+             f"15: per-task overhead {overhead:.1f} s per task instance (median, on the 1-slot pool: the run's wall "
+             f"time outside its tasks' own durations, per task: queueing, a worker process, parsing the DAG); N "
+             f"partitions cost N + 2 tasks (a plan, N partitions, a summary), and a partition pays it again on each try"]
+    for chunk in (CHUNK, 5_000, 50_000):
+        per_worker = rows_per_second / chunk
+        total = FLEET * per_worker
+        lines.append(f"15: {FLEET} workers at {rows_per_second:,.0f} rows/s each (measured), chunks of {chunk:,}: "
+                     f"{total:,.0f} checkpoints/s = {100 * total / CHECKPOINT_CEILING:.0f} % of row 10's ceiling "
+                     f"({CHECKPOINT_CEILING:,}/s at 64 attempts)")
+    lines.append(f"15: {FLEET} workers' heartbeats at the default lease ({defaults.LEASE:g} s, every "
+                 f"{defaults.LEASE / 3:g} s): {heartbeat:,.0f} statements/s = {heartbeat / HEARTBEATS_MEASURED:.0%} of "
+                 f"row 11's 1,000 leases ({HEARTBEATS_MEASURED}/s, {HEARTBEAT_CORE_SHARE:.1%} of one core): "
+                 f"~{HEARTBEAT_CORE_SHARE * heartbeat / HEARTBEATS_MEASURED:.1%} of a core")
+    lines.append(f"15: connections, not statements, bound {FLEET} workers first: each attempt holds two (its own and "
+                 f"its lease keeper's), {2 * FLEET} in all, over PostgreSQL's default max_connections of 100")
+    return lines
+
+
+def _parse(ts: str) -> datetime:
+    return datetime.fromisoformat(ts.replace("Z", "+00:00"))
+
+
+def run(db: Database) -> list[Result]:
+    say(f"row 15: {ROWS:,} rows unpartitioned and in {PARTITIONS} partitions, on 1, 2, 4 worker processes "
+        "(airflow standalone, LocalExecutor)")
+    sys.path.insert(0, str(ROOT / "tests"))  # the tests' standalone harness (tests/support/standalone.py)
+    from support.standalone import Standalone, wait_for
+
+    store = db.server.create_database(prefix="resumable_bench15_store")  # the checkpoints and the source
+    with psycopg2.connect(**store) as conn, conn.cursor() as cur:
+        cur.execute("CREATE TABLE bench_part_src (id BIGINT PRIMARY KEY, payload INTEGER NOT NULL)")
+        cur.execute("INSERT INTO bench_part_src SELECT i, i %% 97 FROM generate_series(1, %s) i", (ROWS,))
+    conn.close()
+    meta = db.server.create_database(prefix="resumable_bench15_meta")
+    from devtools.postgres import dsn
+
+    conn_uri = dsn(store)
+    meta_uri = dsn(meta).replace("postgresql://", "postgresql+psycopg2://", 1)
+    airflow = Standalone(metadata_uri=meta_uri, dag_files=[DAG_FILE], env={
+        "AIRFLOW_CONN_RESUMABLE_DEFAULT": conn_uri, "AIRFLOW__CORE__PARALLELISM": "4",
+        "BENCH15_CHUNK": str(CHUNK), "BENCH15_PARTITIONS": str(PARTITIONS), "BENCH15_WAIT": str(WAIT)})
+    walls: dict[tuple[str, int], list[float]] = {}
+    gaps: list[float] = []  # per task, on the 1-slot pool: the run's wall time not spent inside a task
+    rates: list[float] = []
+    try:
+        airflow.start()
+        airflow.serve(("bench_unpartitioned", "bench_partitioned"))
+        api = airflow.api
+        assert api is not None
+        api.request("POST", "/pools", json={"name": "bench_workers", "slots": 1, "include_deferred": False},
+                    expect=(200, 201, 409))
+
+        def run_dag(dag_id: str) -> tuple[float, list[dict[str, Any]]]:
+            run_id = f"b15_{uuid.uuid4().hex[:8]}"
+            api.trigger(dag_id, run_id=run_id)
+            done = wait_for(lambda: (r := api.dag_run(dag_id, run_id))["state"] in ("success", "failed") and r,
+                            timeout=900, interval=0.5, what=f"{dag_id} {run_id} to end", on_timeout=airflow.tail)
+            assert done["state"] == "success", airflow.tail()
+            tis = api.get(f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances", params={"limit": 100})["task_instances"]
+            return (_parse(done["end_date"]) - _parse(done["start_date"])).total_seconds(), tis
+
+        for round_ in range(ROUNDS):
+            for workers in WORKERS:
+                api.request("PATCH", "/pools/bench_workers",
+                            json={"name": "bench_workers", "slots": workers, "include_deferred": False})
+                order = ("bench_unpartitioned", "bench_partitioned")
+                for dag_id in order if round_ % 2 == 0 else reversed(order):
+                    wall, tis = run_dag(dag_id)
+                    walls.setdefault((dag_id, workers), []).append(wall)
+                    say(f"  round {round_ + 1}: {dag_id} on {workers} worker(s): {wall:.1f} s")
+                    if workers == 1:  # one task at a time: the rest of the wall time is the tasks' overhead
+                        gaps.append((wall - sum(float(ti.get("duration") or 0) for ti in tis)) / len(tis))
+                    if dag_id == "bench_partitioned":
+                        rates.extend(ROWS / PARTITIONS / float(ti["duration"]) for ti in tis
+                                     if ti["task_id"] == "copy.partition" and ti.get("duration"))
+    finally:
+        airflow.close()
+    wall = {key: median(values) for key, values in walls.items()}
+    ratios = {n: wall[("bench_unpartitioned", n)] / wall[("bench_partitioned", n)] for n in WORKERS}
+    measured = "; ".join(f"{n} worker(s): {wall[('bench_unpartitioned', n)]:.1f} s vs {wall[('bench_partitioned', n)]:.1f} s "
+                         f"({ratios[n]:.2f}x)" for n in WORKERS)
+    overhead = median(gaps)
+    rate = median(rates)
+    notes = [f"15: airflow standalone (LocalExecutor, parallelism 4); a pool of 1, 2, 4 slots sets how many task "
+             f"processes run the job at once; each chunk waits {WAIT * 1000:g} ms (a sink's round trip); medians of "
+             f"{ROUNDS} rounds, the two DAGs alternating; every run: " + "; ".join(
+                 f"{d.removeprefix('bench_')} on {n}: " + ", ".join(f"{v:.1f}" for v in vs) + " s"
+                 for (d, n), vs in walls.items()),
+             *_arithmetic(rate, overhead, (wall[("bench_partitioned", 1)] - wall[("bench_unpartitioned", 1)])
+                          / (PARTITIONS + 1))]
+    return [Result("15", f"{ROWS:,} rows, chunks of {CHUNK}: unpartitioned / {PARTITIONS} partitions, wall time of "
+                   "the DAG run (1 / 2 / 4 workers)", measured, ratios[max(WORKERS)], "reported", None, notes=notes)]
