@@ -46,7 +46,7 @@ from bench.common import (
     spread,
     timer,
 )
-from bench.profile import Breakdown
+from bench.profile import Breakdown, round_trips
 
 LOANS = 1_000_000
 CHUNK = 3_000
@@ -368,6 +368,7 @@ def run(db: Database) -> list[Result]:
         for _ in range(3):
             with parts.run():
                 ours(store, "profiled", wrap=parts.timed)
+    trips = round_trips(params)
     for conn in (reader, ckpt):
         conn.close()
     floor.close()
@@ -453,6 +454,12 @@ def run(db: Database) -> list[Result]:
                 f"{UNSAVED_ROUNDS} paired rounds; wall {spread(per_item, ' ns', 0)}. CPU time is this process's "
                 "only: PostgreSQL's server time is not in it, the Python side is, without the neighbours' noise",
             ],
+        ),
+        Result(
+            "2k", "one attempt of 10 checkpoints: what it sends to PostgreSQL besides them (counted at the driver)",
+            f"{trips['besides the checkpoints']} round trips ({trips['connections']} connection, {trips['statements']} "
+            f"statements, {trips['begins']} BEGIN, {trips['commits']} COMMIT in all)", None, "(reported)", None,
+            spread="exact (counted)",
         ),
         context_row("2g", f"loans 1M/{big // 1000}k chunks (~{big_work * 1000:.0f} ms of work each): ours vs bare "
                     "keyset", sweep[big], "ours", "keyset"),

@@ -118,6 +118,56 @@ class Breakdown:
         return [f"per run {whole * 1000:.1f} ms: " + "; ".join(out)]
 
 
+def round_trips(params: dict[str, Any], checkpoints: int = 10) -> dict[str, int]:
+    """What one attempt of ``checkpoints`` checkpoints sends to PostgreSQL, counted at the driver:
+    connections, statements, and the BEGIN and COMMIT of its explicit transactions (each one more
+    round trip). The same from run to run: the noise-free companion of the attempt's fixed cost."""
+    import psycopg2
+    import psycopg2.extensions as ext
+
+    from airflow_resumable.core.runner import Attempt
+    from airflow_resumable.core.stores import PostgresStore
+
+    count = dict.fromkeys(("connections", "statements", "begins", "commits"), 0)
+
+    class Cursor(ext.cursor):
+        def execute(self, sql: Any, args: Any = None) -> Any:
+            count["statements"] += 1
+            idle = self.connection.info.transaction_status == ext.TRANSACTION_STATUS_IDLE
+            if not self.connection.autocommit and idle:
+                count["begins"] += 1
+            return super().execute(sql, args)
+
+    class Counted(ext.connection):
+        def cursor(self, *args: Any, **kwargs: Any) -> Any:
+            kwargs.setdefault("cursor_factory", Cursor)
+            return super().cursor(*args, **kwargs)
+
+        def commit(self) -> None:
+            if not self.autocommit and self.info.transaction_status != ext.TRANSACTION_STATUS_IDLE:
+                count["commits"] += 1
+            super().commit()
+
+    def connect() -> Any:
+        count["connections"] += 1
+        return psycopg2.connect(**params, connection_factory=Counted)
+
+    store = PostgresStore.from_connect(connect, host=params.get("host"), dbname=params.get("dbname"))
+    with store.open(autocommit=True) as s:
+        s.ensure_schema()
+
+    def handler(ctx: Any) -> None:
+        for i in range(checkpoints):
+            ctx.checkpoint(i + 1, processed=i + 1)
+
+    for key in count:
+        count[key] = 0
+    Attempt(store, job="bench.round_trips", slot=f"s{time.time_ns()}", attempt=1, owner="bench").run(handler)
+    count["round trips"] = sum(count.values())
+    count["besides the checkpoints"] = count["round trips"] - checkpoints
+    return count
+
+
 def main() -> None:  # pragma: no cover - a tool
     import cProfile
     import pstats

@@ -220,8 +220,6 @@ def migrate(session: SchemaSession, *, apply: bool = True) -> int:
         SchemaVersionError: the database is newer than this code, damaged, or older and ``apply``
             is False or the migration failed (nothing of the failed step stays).
     """
-    if _probe(session) == SCHEMA_VERSION:  # the common case, in one round trip
-        return SCHEMA_VERSION
     try:
         version = current_version(session)
     except SchemaVersionError:
@@ -332,24 +330,6 @@ def _shape_sql() -> str:
     dropped, a column renamed by hand), and costs what probing one table did."""
     empty = ", ".join(f"(SELECT {t.select} FROM {t.name} WHERE 1 = 0) t{i}" for i, t in enumerate(all_tables()))
     return f"SELECT 1 FROM {empty}"
-
-
-def _probe(session: SchemaSession) -> int | None:
-    """The stamped version when every table has every column of the current schema, in one
-    statement (the stamp, left-joined to :func:`_shape_sql`'s empty product); None when that cannot
-    be told in one go (no tables, a missing column, another version): :func:`migrate` then looks
-    closer and says what is wrong."""
-    empty = ", ".join(f"(SELECT {t.select} FROM {t.name} WHERE 1 = 0) t{i}" for i, t in enumerate(all_tables()))
-    try:
-        found = _read(session, f"SELECT m.value FROM {META} m LEFT JOIN (SELECT 1 AS one FROM {empty}) shape "
-                      "ON 1 = 1 WHERE m.key = 'schema_version'")
-    except Exception:
-        session.rollback()
-        return None
-    try:
-        return None if found is None else int(found)
-    except ValueError:
-        return None
 
 
 def _check_shape(session: SchemaSession, version: int) -> None:

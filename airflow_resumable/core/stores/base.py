@@ -37,6 +37,7 @@ from airflow_resumable.core.stores.listings import Listings
 from airflow_resumable.core.stores.requests import Requests
 from airflow_resumable.core.stores.retention import Cleaned, Retention
 from airflow_resumable.core.stores.skips import Skips
+from airflow_resumable.core.tables import META, all_tables
 
 __all__ = ["SCHEMA_VERSION", "Cleaned", "Dialect", "Store", "StoreSession", "row_deleted", "save_rejected"]
 
@@ -104,4 +105,24 @@ class StoreSession(Connection):
         Raises:
             SchemaVersionError: the database's schema is newer than this code, or damaged.
         """
+        if self._probe() == SCHEMA_VERSION:  # the common case, in one round trip
+            return SCHEMA_VERSION
         return migrate(self, apply=apply)
+
+    def _probe(self) -> int | None:
+        """The stamped schema version when every table has every column of the current schema, in
+        one statement (the stamp, left-joined to an empty product that names every column); None
+        when that cannot be told in one go (no tables, a missing column, another version): the
+        migrations then look closer and say what is wrong."""
+        empty = ", ".join(f"(SELECT {t.select} FROM {t.name} WHERE 1 = 0) t{i}" for i, t in enumerate(all_tables()))
+        try:
+            row = self.execute(f"SELECT m.value FROM {META} m LEFT JOIN (SELECT 1 AS one FROM {empty}) shape "
+                               "ON 1 = 1 WHERE m.key = 'schema_version'").fetchone()
+            self.commit()
+        except Exception:
+            self.rollback()
+            return None
+        try:
+            return None if row is None else int(row[0])
+        except ValueError:
+            return None
