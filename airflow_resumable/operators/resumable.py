@@ -13,14 +13,12 @@ from __future__ import annotations
 
 import functools
 import inspect
-import threading
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from datetime import datetime, timedelta, timezone
 from typing import Any, NoReturn
 
 from airflow_resumable.core import defaults
-from airflow_resumable.core.checkpoint import Origin
 from airflow_resumable.core.chunked import CHUNKED_OPTIONS, calls_problems, chunk_loop, chunked_problems
 from airflow_resumable.core.context import RunContext
 from airflow_resumable.core.errors import Cancelled, ConfigurationError, LeaseLost, OverlapSkip, OverlapWait, Paused
@@ -31,11 +29,11 @@ from airflow_resumable.core.runner import Attempt, Hooks, Outcome
 from airflow_resumable.core.signal import Reason
 from airflow_resumable.core.skips import shown
 from airflow_resumable.core.stores import Store
-from airflow_resumable.core.stores.base import StoreSession
 from airflow_resumable.hooks.resumable import DEFAULT_CONN_ID, ResumableHook
 from airflow_resumable.metrics import Metrics
 from airflow_resumable.operators import task_instance
 from airflow_resumable.operators.checks import configuration_error, parse_time_problems, run_time_problems
+from airflow_resumable.operators.confirm import confirm_on_success
 from airflow_resumable.operators.outcome import CombinedRetryPolicy, ResumableStopped, to_airflow
 from airflow_resumable.operators.overlap import report_overlap
 from airflow_resumable.operators.reporting import XCOM_KEY, XCOM_ROW_LIMIT, AirflowReporter
@@ -269,7 +267,7 @@ class ResumableOperator(BaseOperator):
             self._attempt = attempt
             if self._terminated:  # SIGTERM came while the store was being opened
                 attempt.signal.cancel(Reason.TERMINATED, "the task process received SIGTERM")
-            kept = self._confirm_on_success(store, job, slot, origin)
+            kept = confirm_on_success(self, store, job, slot, origin)
             attempt.keep_session = True  # the confirmation below writes on it instead of connecting again
             outcome = attempt.run(self._handler(context))
             kept.give(attempt.kept_session)
@@ -330,35 +328,6 @@ class ResumableOperator(BaseOperator):
             kwargs={"ran": ran},
             timeout=None if timeout is None else timedelta(seconds=timeout),
         )
-
-    def _confirm_on_success(self, store: Any, job: str, slot: str, origin: Origin) -> KeptSession:
-        """Add a success callback that marks the slot's ``done`` row as confirmed by Airflow.
-
-        Airflow runs success callbacks after it committed the task instance's success, so the mark
-        means "this task instance succeeded": a later Clear of it asks for the work again. Without
-        the mark (a failure or a kill after ``done``), a new try finishes without redoing it. The
-        mark is written on the attempt's own connection, given to the returned holder when the
-        attempt ends well; the callback connects again only without one.
-        """
-        log = self.log
-        kept = KeptSession()
-
-        def confirm(context: Context) -> None:
-            session = kept.take()
-            try:
-                if session is None:
-                    session = store.session(autocommit=True)
-                session.checkpoints.confirm(job, slot, origin)
-            except Exception as exc:  # a missing mark only means a later Clear finishes instead of redoing
-                log.warning("could not record the success on the checkpoint row: %s [job=%s slot=%s]", exc, job, slot)
-            finally:
-                if session is not None:
-                    session.close()
-
-        setattr(confirm, "resumable_confirm", True)  # noqa: B010 - a mark mypy cannot see on a function
-        others = [cb for cb in self.on_success_callback or () if not getattr(cb, "resumable_confirm", False)]
-        self.on_success_callback = [*others, confirm]
-        return kept
 
     def _wait_or_give_up(self, context: Context, exc: OverlapWait) -> BaseException:
         """``overlap="wait"``: reschedule (no worker slot, no retry used) until ``overlap_timeout``."""
@@ -490,24 +459,3 @@ class ChunkedOperator(ResumableOperator):
 
 ChunkedOperator.__doc__ = f"{(ChunkedOperator.__doc__ or '').rstrip()}\n\n{params_doc(CHUNKED_OPTIONS)}\n"
 
-
-class KeptSession:
-    """The attempt's open connection, from its end to the success callback that confirms on it.
-
-    Taken once, and only on the thread that gave it (a SQLite connection refuses another); a
-    session nobody takes is closed when the holder is dropped (the driver closes it then).
-    """
-
-    def __init__(self) -> None:
-        self._session: StoreSession | None = None
-        self._thread: int | None = None
-
-    def give(self, session: StoreSession | None) -> None:
-        self._session, self._thread = session, threading.get_ident()
-
-    def take(self) -> StoreSession | None:
-        session, self._session = self._session, None
-        if session is not None and self._thread != threading.get_ident():
-            session.close()
-            return None
-        return session
