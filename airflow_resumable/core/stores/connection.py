@@ -26,8 +26,9 @@ __all__ = ["Connection", "Params", "row_deleted", "save_rejected"]
 Params = Mapping[str, Any] | Sequence[Any]
 
 _STATE = CHECKPOINTS.names.index("state")
-#: The JSON columns (index, name): read back within the nesting limit on every Python (MAX_DEPTH).
-_JSON = tuple((i, c.name) for i, c in enumerate(CHECKPOINTS.columns) if c.kind == "json")
+#: The JSON columns an attempt resumes from (index, name): read back within the nesting limit on
+#: every Python (MAX_DEPTH). Not the result: it can be large, and no attempt resumes from it.
+_JSON = tuple((i, name) for i, name in enumerate(CHECKPOINTS.names) if name in ("position", "state", "resumed_from"))
 
 
 class _Connector(Protocol):
