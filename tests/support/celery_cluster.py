@@ -225,6 +225,13 @@ class CeleryDeployment(Standalone):
             env={"AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(free_port())},
         )
 
+    #: What a worker is, in wait_worker_ready's timeout message.
+    worker_kind = "Celery worker"
+
+    def worker_ready(self, name: str, log: str) -> bool:
+        """Whether worker ``name``'s log says it is ready to take tasks."""
+        return f"{name}@" in log and " ready." in log
+
     def wait_worker_ready(self, name: str, timeout: float = 120.0) -> None:
         component = self.components[name]
 
@@ -232,9 +239,9 @@ class CeleryDeployment(Standalone):
             if not component.alive():
                 raise AssertionError(f"{name} exited with {component.process and component.process.returncode}\n"
                                      f"{component.tail()}")
-            return f"{name}@" in (text := component.log_text()) and " ready." in text
+            return self.worker_ready(name, component.log_text())
 
-        wait_for(ready, timeout=timeout, interval=0.5, what=f"Celery worker {name} to be ready",
+        wait_for(ready, timeout=timeout, interval=0.5, what=f"{self.worker_kind} {name} to be ready",
                  on_timeout=component.tail)
 
     def _healthy(self) -> bool:

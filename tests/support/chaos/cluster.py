@@ -25,7 +25,7 @@ import psycopg2
 from airflow_resumable.core.stores import PostgresStore
 from support.celery_cluster import REDIS_PORT, CeleryDeployment, Component, redis_client
 from support.chaos.hosts import STATE_DIR, HostPostgres, Network
-from support.standalone import free_port, wait_for
+from support.standalone import free_port
 
 ROOT = Path(__file__).resolve().parents[3]
 DAG_FILE = ROOT / "tests" / "dags" / "chaos_dags.py"
@@ -109,16 +109,10 @@ class LocalChaosDeployment(ChaosDeployment):
         return self._on_host(self._component(
             name, "scheduler", env={"AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(free_port())}))
 
-    def wait_worker_ready(self, name: str, timeout: float = 120.0) -> None:
-        component = self.components[name]
+    worker_kind = "scheduler (LocalExecutor)"
 
-        def ready() -> bool:
-            if not component.alive():
-                raise AssertionError(f"{name} exited with {component.process and component.process.returncode}\n"
-                                     f"{component.tail()}")
-            return "Starting the scheduler" in component.log_text()
-
-        wait_for(ready, timeout=timeout, interval=0.5, what=f"scheduler {name} to start", on_timeout=component.tail)
+    def worker_ready(self, name: str, log: str) -> bool:
+        return "Starting the scheduler" in log
 
 
 #: The deployments a trial can run on: ``--executor`` of ``make chaos``.
