@@ -143,6 +143,48 @@ def test_heartbeats_go_on_while_the_handler_burns_cpu_for_ten_leases(store: Stor
     assert not run.keeper.lost and run.keeper.beats >= 10 * 3 * 0.6
 
 
+class _GatedHeartbeats:
+    """The store, with each lease heartbeat held at a gate once it has started: a heartbeat in flight."""
+
+    def __init__(self, store: Store):
+        self.store = store
+        self.entered, self.gate = threading.Event(), threading.Event()
+
+    def session(self, **kw: Any) -> Any:
+        session = self.store.session(**kw)
+        real = session.leases.heartbeat
+
+        def heartbeat(*args: Any) -> Any:
+            self.entered.set()
+            assert self.gate.wait(30), "the test never opened the gate"
+            return real(*args)
+
+        session.leases.heartbeat = heartbeat
+        return session
+
+
+def test_a_heartbeat_in_flight_as_the_attempt_ends_does_not_report_the_lease_lost(store: Store) -> None:
+    from airflow_resumable.core.fence import Fence
+    from airflow_resumable.core.lease import LeaseKeeper
+    from airflow_resumable.core.signal import Signal
+
+    # Given a keeper whose heartbeat has started when the attempt asks it to stop
+    with store.open() as s:
+        s.ensure_schema()
+        taken = s.leases.acquire(JOB, SLOT, "ending", 30)
+    assert taken is not None
+    gated, signal_ = _GatedHeartbeats(store), Signal()
+    keeper = LeaseKeeper(gated, Fence.of(taken[0]), lease_seconds=30, signal=signal_, interval=0.01).start()  # type: ignore[arg-type]
+    assert gated.entered.wait(30), "the keeper sent no heartbeat within 30 s"
+    keeper.stop(join=False)
+    # When the attempt's end releases the lease before that heartbeat lands
+    _take_over(store)
+    gated.gate.set()
+    keeper.stop()
+    # Then the finished attempt is not told it lost its lease
+    assert not keeper.lost and signal_.reason is None, signal_.message
+
+
 def test_an_attempt_waits_bounded_for_a_live_holder_then_gives_up_naming_it(store: Store) -> None:
     with store.open() as s:
         s.ensure_schema()

@@ -5,7 +5,9 @@ threads at least every few milliseconds even in pure-Python loops, and the datab
 the GIL while they wait. When a renewal finds the lease taken over, or cannot renew it for a whole
 lease duration, the keeper raises the run's signal with reason ``lease_lost``; a cancel request left
 on the row (``superseded``, ``user``) is raised the same way. The keeper never logs and never calls
-Airflow: it only sets the signal, which the handler reads at its next chunk boundary.
+Airflow: it only sets the signal, which the handler reads at its next chunk boundary. A heartbeat still in flight when the attempt asks the
+keeper to stop says nothing: the attempt's end is fenced itself, and its release of the lease
+would otherwise read as a lost lease on an attempt that finished.
 
 Stop sources (:func:`add_stop_source`) are plain callables the keeper asks about once a second,
 between heartbeats: one that returns ``(reason, message)`` raises the signal with that reason. The
@@ -121,6 +123,8 @@ class LeaseKeeper:
                         session = self.store.session(autocommit=True)
                     request = session.leases.heartbeat(self.fence, self.lease_seconds)
                 except LeaseLost as exc:
+                    if self._stop.is_set():  # the attempt is ending: its own end released the lease
+                        return
                     self.signal.cancel(Reason.LEASE_LOST, exc.message if isinstance(exc, CheckpointDeleted)
                                        else "another attempt took over this slot's lease")
                     return
@@ -130,6 +134,8 @@ class LeaseKeeper:
                     if session is not None:
                         session.close()
                         session = None
+                    if self._stop.is_set():
+                        return
                     if time.monotonic() - last_ok >= self.lease_seconds:
                         self.signal.cancel(
                             Reason.LEASE_LOST,
