@@ -126,3 +126,33 @@ def test_the_xcom_copy_carries_the_log_lines_rate_and_eta() -> None:
     row = reporter.xcom_row(Checkpoint(job="j.xcom", slot="s", processed=600, total=1000), progress)
     assert (row["rate"], row["eta_seconds"]) == (20.0, 20.0)
     assert "rate=20/s eta=20s" in progress.format()
+
+
+def test_the_row_reaches_xcom_every_xcom_interval_and_at_the_end_but_not_at_the_start(store: Store) -> None:
+    from airflow_resumable.core import Attempt, Options
+    from airflow_resumable.operators.reporting import XCOM_KEY, AirflowReporter
+
+    pushes: list[tuple[str, str, int]] = []
+
+    class PushesOnly:
+        """What the reporter asks of a task instance: its ids and xcom_push."""
+
+        dag_id, task_id = "d", "t"
+
+        def xcom_push(self, key: str, value: Any) -> None:
+            pushes.append((key, value["status"], value["processed"]))
+
+    # Given an attempt whose XCom interval has not elapsed yet at its start and first checkpoint
+    reporter = AirflowReporter(logging.getLogger("airflow_resumable"), PushesOnly(), interval=3600,
+                               xcom_interval=3600)
+
+    def work(ctx: Any) -> None:
+        ctx.checkpoint(1, processed=1)
+        assert pushes == [], "a push at the start or within the interval costs a task a round trip to Airflow"
+        reporter.xcom_interval = 0  # the interval elapses
+        ctx.checkpoint(2, processed=2)
+        assert pushes == [(XCOM_KEY, "running", 2)]
+
+    Attempt(store, job="j.xcom-pace", slot="s", attempt=1, owner="a", options=Options(), reporter=reporter).run(work)
+    # Then the end is pushed too: the row XCom keeps for the try is the final one
+    assert pushes == [(XCOM_KEY, "running", 2), (XCOM_KEY, "done", 2)]

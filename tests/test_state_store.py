@@ -45,8 +45,8 @@ def test_the_native_task_state_store_holds_the_slot_s_summary_and_a_link_to_its_
 def test_it_is_written_at_the_pace_of_the_xcom_push_not_per_checkpoint(
     checkpoints: Store, run_dag: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """20 checkpoints within the default xcom_interval (5 s): the summary is written at the start
-    and at the end, not 20 times."""
+    """20 checkpoints within the default xcom_interval (5 s): the summary is written at the end
+    (and once more if the run outlasts the interval), not 20 times."""
     from airflow.sdk.execution_time.context import TaskStateStoreAccessor
 
     real_set = TaskStateStoreAccessor.set
@@ -60,4 +60,4 @@ def test_it_is_written_at_the_pace_of_the_xcom_push_not_per_checkpoint(
     run = run_dag("rt_no_retry", conf={"items": 20, "chunk": 1})
     assert str(run.state) == "success"
     assert stored("rt_no_retry", run.run_id)["resumable"]["processed"] == 20
-    assert 2 <= keys.count("resumable") <= 4, keys
+    assert 1 <= keys.count("resumable") <= 3, keys
