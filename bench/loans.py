@@ -142,13 +142,13 @@ _BARE_UPSERT = (
 )
 
 
-def keyset_upsert_loop(conn: Any, ckpt: Any, job: str, send: PipelinedUpsert | None = None) -> int:
+def keyset_upsert_loop(conn: Any, ckpt: Any, job: str, send: PipelinedUpsert | None = None, chunk: int = CHUNK) -> int:
     """Keyset pages and a hand-written checkpoint (one upsert + commit) per chunk: committed before
     the next chunk on ``ckpt``, or with ``send`` pipelined (sent, and collected at the next one)."""
     cur, out = conn.cursor(), None if ckpt is None else ckpt.cursor()
     after, total, processed = 0, 0, 0
     while True:
-        cur.execute("SELECT loan_id, days FROM loan WHERE loan_id > %s ORDER BY loan_id LIMIT %s", (after, CHUNK))
+        cur.execute("SELECT loan_id, days FROM loan WHERE loan_id > %s ORDER BY loan_id LIMIT %s", (after, chunk))
         batch = cur.fetchall()
         if not batch:
             if send is not None:
@@ -303,8 +303,8 @@ def run(db: Database) -> list[Result]:
     def keyset(chunk: int = CHUNK) -> None:
         totals[f"keyset/{chunk}"] = keyset_loop(reader, chunk)
 
-    def upsert() -> None:
-        totals["keyset+upsert"] = keyset_upsert_loop(reader, ckpt, f"bench-{next(runs)}")
+    def upsert(chunk: int = CHUNK) -> None:
+        totals[f"keyset+upsert/{chunk}"] = keyset_upsert_loop(reader, ckpt, f"bench-{next(runs)}", chunk=chunk)
 
     def pipelined_upsert() -> None:
         totals["keyset+pipelined upsert"] = keyset_upsert_loop(reader, None, f"bench-{next(runs)}", send=floor)
@@ -358,9 +358,10 @@ def run(db: Database) -> list[Result]:
     for chunk in SWEEP:
         rounds = SWEEP_JUDGED_ROUNDS if chunk in SWEEP_JUDGED else SWEEP_ROUNDS
         say(f"row 2: chunk-size sweep, chunks of {chunk:,}, {rounds} rounds")
-        sweep[chunk] = interleave(
-            {"ours": lambda c=chunk: ours(store, "ours", c), "keyset": lambda c=chunk: keyset(c)}, rounds=rounds,
-        )
+        sides = {"ours": lambda c=chunk: ours(store, "ours", c), "keyset": lambda c=chunk: keyset(c)}
+        if chunk in SWEEP_JUDGED:  # the floor of 2g: what a hand-written checkpoint per chunk costs at this size
+            sides["keyset+upsert"] = lambda c=chunk: upsert(c)
+        sweep[chunk] = interleave(sides, rounds=rounds)
 
     say("row 2: where an attempt's time goes (timers around its parts, 3 runs)")
     parts = Breakdown()
@@ -463,6 +464,13 @@ def run(db: Database) -> list[Result]:
         ),
         context_row("2g", f"loans 1M/{big // 1000}k chunks (~{big_work * 1000:.0f} ms of work each): ours vs bare "
                     "keyset", sweep[big], "ours", "keyset"),
+        context_row("2g floor", f"loans 1M/{big // 1000}k chunks: keyset + hand-written upsert per chunk vs bare "
+                    "keyset (the floor of 2g)", sweep[big], "keyset+upsert", "keyset",
+                    notes=[f"2g floor: the same {-(-LOANS // big)} durable checkpoints written by hand (one upsert and "
+                           "commit a chunk, no lease, no fencing, no order check): what any implementation pays at "
+                           "this chunk size on this machine"]),
+        context_row("2g/floor", f"loans 1M/{big // 1000}k chunks: ours vs keyset + hand-written upsert per chunk",
+                    sweep[big], "ours", "keyset+upsert"),
         against_keyset(
             "2e", f"loans 1M/3k: ours, checkpoint every {TIMED_EVERY * 1000:.0f} ms, vs bare keyset", times, "ours-timed",
             notes=[
