@@ -10,6 +10,8 @@ import threading
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from airflow_resumable.core import (
     Attempt,
@@ -681,6 +683,31 @@ def test_positions_that_do_not_compare_are_only_checked_for_moving(store: Store)
         s.retention.delete(JOB, SLOT)
     outcome = attempt(store, 1).run(chunk_loop(reader(lambda i: {"k": i}), lambda ctx, batch: None, chunk_size=2))
     assert outcome.checkpoint.position == {"k": 3} and outcome.checkpoint.processed == 3
+
+
+@given(
+    keys=st.lists(st.integers(0, 6), min_size=1, max_size=8) | st.lists(st.tuples(st.integers(0, 2), st.text("ab", max_size=1)), min_size=1, max_size=6),
+    after=st.none() | st.integers(-1, 6),
+    rows=st.sampled_from(["tuple", "dict"]),
+)
+def test_the_quick_order_check_never_takes_a_batch_the_full_check_refuses(keys: list[Any], after: Any, rows: str) -> None:
+    """The loop's quick pass (no list of positions) may only say "in order" where the full check
+    agrees: a batch going down, cut inside a run of equal positions, or not after 'after' goes to
+    the full check, which names the misplaced item."""
+    from airflow_resumable.core.chunked import _FIRST, _ID, _first_misplaced, _in_order
+
+    if after is not None and isinstance(keys[0], tuple):
+        after = [after, ""]  # a composite position comes back from JSON as a list
+    batch = [(k, "row") for k in keys] if rows == "tuple" else [{"id": k} for k in keys]
+    in_order = _in_order(after, batch, _FIRST if rows == "tuple" else _ID)
+    last = None if after is None else tuple(after) if isinstance(after, list) else after
+    refused = (sorted(keys) != keys or (last is not None and not last < keys[0])
+               or (len(keys) > 1 and not keys[-2] < keys[-1]))
+    assert not (in_order and refused), (after, keys)
+    if refused:
+        assert _first_misplaced(last, keys)  # the full check finds the item it names
+    else:
+        assert in_order, "a batch in order takes the quick pass"
 
 
 def test_a_composite_position_resumed_from_json_is_still_checked_for_order(store: Store) -> None:

@@ -182,10 +182,14 @@ def chunk_loop(
                     hint="read(ctx, after, limit) must return at most limit items",
                 )
             # Checked before process: nothing is done out of order, and the checkpoint does not move.
-            # A reader's batch converts its positions only when asked (the skip policy's pass).
+            # A reader's batch converts its positions only when asked (the skip policy's pass); so
+            # does a batch of rows found in order at once (_in_order), the common case.
             keys: list[Any] | None = None
+            getter = None
             if isinstance(batch, Batch):
                 new_after = batch.position
+            elif (getter := _getter(batch, key)) is not None and _in_order(after, batch, getter):
+                new_after = getter(batch[-1])
             else:
                 keys = _keys(batch, key)
                 new_after = keys[-1]
@@ -201,7 +205,8 @@ def chunk_loop(
             if skippable is None:
                 process(ctx, batch)
             else:
-                positions = keys if keys is not None else cast(Batch, batch).positions
+                positions = (keys if keys is not None else cast(Batch, batch).positions if getter is None
+                             else _keys(batch, key))
                 skipped += _process_or_skip(ctx, process, batch, positions, skippable, skip_limit)
             after = new_after
             processed += len(batch)
@@ -274,6 +279,29 @@ def _keys(batch: Sequence[Any], key: Callable[[Any], Any]) -> list[Any]:
 
 
 _ID, _FIRST = operator.itemgetter("id"), operator.itemgetter(0)
+
+
+def _getter(batch: Sequence[Any], key: Callable[[Any], Any]) -> Callable[[Any], Any] | None:
+    """The C-speed getter of :func:`default_key` for a list of dicts or of row tuples, else None."""
+    if key is not default_key or type(batch) is not list:
+        return None
+    kind = type(batch[0])
+    return _ID if kind is dict else (_FIRST if kind is tuple or kind is list else None)
+
+
+def _in_order(after: Any, batch: Sequence[Any], getter: Callable[[Any], Any]) -> bool:
+    """Whether the batch is certainly in order (what :func:`_check_order` asks), without building
+    its list of positions: ``sorted()`` with the getter as key is stable, so it gives back the
+    very same list exactly when no position goes down (about 60 instructions an item fewer than
+    the positions' list and its sort: row 2j). False means "look closer", not "out of order"."""
+    try:
+        first, last = getter(batch[0]), getter(batch[-1])
+        if type(after) is list and type(first) is tuple:  # a composite position, back from JSON
+            after = tuple(after)
+        return bool((after is None or after < first) and (len(batch) < 2 or getter(batch[-2]) < last)
+                    and sorted(batch, key=getter) == batch)
+    except (KeyError, IndexError, TypeError):
+        return False
 
 
 def _check_order(ctx: RunContext, after: Any, keys: list[Any]) -> None:
