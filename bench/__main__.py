@@ -19,7 +19,7 @@ import time
 import traceback
 
 from bench import airflow_env
-from bench.common import ROOT, Database, Result, say, table
+from bench.common import ROOT, RUN, Database, Result, say, table
 
 #: Each row of the table: the module and function that measure it, ``run(db) -> list[Result]``.
 _RUNNERS = {
@@ -95,7 +95,9 @@ def main(argv: list[str] | None = None) -> int:
             say(line)
         for row in rows:
             try:
-                results += _runner(row)(db)
+                measured = _runner(row)(db)
+                results += measured
+                RUN.update((r.key, r) for r in measured)
             except Exception as exc:  # one broken row must not hide the others
                 errors += 1
                 traceback.print_exc()
@@ -123,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     (out / "results.md").write_text(text + "\n")
     (out / "results.json").write_text(
         json.dumps(
-            [{**r.__dict__, "verdict": r.verdict} for r in results], indent=2, default=str
+            {"run": header, "rows": [{**r.__dict__, "verdict": r.verdict} for r in results]}, indent=2, default=str
         )
         + "\n"
     )

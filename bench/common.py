@@ -45,6 +45,7 @@ class Result:
         passed: True / False against the target; None for a figure reported without a target.
         notes: extra lines printed under the table (query plans, caveats).
         spread: how much the per-round ratios behind ``ratio`` vary (``IQR 1.01-1.04, n=15``).
+        figures: numbers later rows of the same run build on (:func:`run_figure`), not printed.
     """
 
     key: str
@@ -55,6 +56,7 @@ class Result:
     passed: bool | None
     notes: list[str] = dataclasses.field(default_factory=list)
     spread: str = ""
+    figures: dict[str, float] = dataclasses.field(default_factory=dict)
 
     @property
     def verdict(self) -> str:
@@ -63,6 +65,16 @@ class Result:
         if self.ratio is None:
             return "ERROR" if self.passed is False else "N/A"
         return "PASS" if self.passed else "MISS"
+
+
+#: The rows measured so far in this run, by key (``python -m bench`` records each as it ends).
+RUN: dict[str, Result] = {}
+
+
+def run_figure(key: str, figure: str) -> float | None:
+    """A figure of row ``key`` measured earlier in this run, or None (the row did not run)."""
+    row = RUN.get(key)
+    return None if row is None else row.figures.get(figure)
 
 
 def at_most(ratio: float, limit: float) -> bool:

@@ -59,10 +59,11 @@ IN_PLACE_STEP = 5
 
 def _layout_before(session: StoreSession) -> None:
     """The table as it was before the in-place step: schema 2's layout (the ``(job, updated_at)``
-    index, no fill factor) with the columns the steps in between added, as they ran."""
+    index, no fill factor) with the columns every other step added, before and after it (today's
+    statements write them all)."""
     with session.transaction():
         for m in MIGRATIONS:
-            if m.version < IN_PLACE_STEP:
+            if m.version != IN_PLACE_STEP:
                 for stmt in m.statements(session.d):
                     session.execute(stmt)
 

@@ -28,24 +28,34 @@ from typing import Any
 import psycopg2
 
 from airflow_resumable.core import defaults
-from bench.common import ROOT, Database, Result, median, say
+from bench.common import ROOT, Database, Result, median, run_figure, say
 
 ROWS, PARTITIONS, CHUNK, WAIT = 200_000, 4, 500, 0.02
 WORKERS = (1, 2, 4)
 ROUNDS = 3
 DAG_FILE = ROOT / "bench" / "dags" / "partitioned_bench_dags.py"
 
-#: Row 10's measured ceiling (docs/benchmarks.md): checkpoints/s summed over 64 concurrent attempts
-#: on one PostgreSQL (the lowest of its levels 4 to 64: 4,179 / 4,045 / 3,486).
-CHECKPOINT_CEILING = 3_486
-#: Row 11's measure (docs/benchmarks.md): 1,000 live leases renewing every 10 s are 100
-#: statements/s, costing 8.2 % of one server core.
-HEARTBEATS_MEASURED, HEARTBEAT_CORE_SHARE = 100, 0.082
 FLEET = 100
+
+
+def _ceilings() -> tuple[float, str, float, float, str]:
+    """Row 10's ceiling (checkpoints/s over concurrent attempts on one PostgreSQL: the lowest of its
+    levels 4 to 64) and row 11's measure (1,000 live leases: statements/s, share of a server core),
+    each with where it comes from: this run when it measured them (``--only 10,11,15``), else the
+    run docs/benchmarks.md shows."""
+    levels = [run_figure(f"10.{n}", "checkpoints_per_s") for n in (4, 16, 64)]
+    known = [v for v in levels if v is not None]
+    ceiling, ceiling_from = (min(known), "this run") if known else (5_077.0, "the docs' run")
+    rate, share = run_figure("11", "statements_per_s"), run_figure("11", "core_share")
+    leases_from = "this run" if rate is not None and share is not None else "the docs' run"
+    if rate is None or share is None:
+        rate, share = 100.0, 0.056
+    return ceiling, ceiling_from, rate, share, leases_from
 
 
 def _arithmetic(rows_per_second: float, overhead: float, extra: float) -> list[str]:
     """The notes for 100 workers on one PostgreSQL, from a worker's measured rate."""
+    ceiling, ceiling_from, heartbeats_measured, core_share, leases_from = _ceilings()
     heartbeat = FLEET / (defaults.LEASE / 3)  # one renewal per attempt every lease/3 seconds
     lines = [f"15: on the 1-slot pool the partitioned run took {extra:.1f} s per extra task instance more than the "
              f"unpartitioned one ({PARTITIONS + 1} more tasks): the overhead outside the tasks below, and inside them "
@@ -58,12 +68,12 @@ def _arithmetic(rows_per_second: float, overhead: float, extra: float) -> list[s
         per_worker = rows_per_second / chunk
         total = FLEET * per_worker
         lines.append(f"15: {FLEET} workers at {rows_per_second:,.0f} rows/s each (measured), chunks of {chunk:,}: "
-                     f"{total:,.0f} checkpoints/s = {100 * total / CHECKPOINT_CEILING:.0f} % of row 10's ceiling "
-                     f"({CHECKPOINT_CEILING:,}/s at 64 attempts)")
+                     f"{total:,.0f} checkpoints/s = {100 * total / ceiling:.0f} % of row 10's ceiling "
+                     f"({ceiling:,.0f}/s, the lowest of 4 to 64 concurrent attempts, {ceiling_from})")
     lines.append(f"15: {FLEET} workers' heartbeats at the default lease ({defaults.LEASE:g} s, every "
-                 f"{defaults.LEASE / 3:g} s): {heartbeat:,.0f} statements/s = {heartbeat / HEARTBEATS_MEASURED:.0%} of "
-                 f"row 11's 1,000 leases ({HEARTBEATS_MEASURED}/s, {HEARTBEAT_CORE_SHARE:.1%} of one core): "
-                 f"~{HEARTBEAT_CORE_SHARE * heartbeat / HEARTBEATS_MEASURED:.1%} of a core")
+                 f"{defaults.LEASE / 3:g} s): {heartbeat:,.0f} statements/s = {heartbeat / heartbeats_measured:.0%} of "
+                 f"row 11's 1,000 leases ({heartbeats_measured:.0f}/s, {core_share:.1%} of one core, {leases_from}): "
+                 f"~{core_share * heartbeat / heartbeats_measured:.1%} of a core")
     lines.append(f"15: connections, not statements, bound {FLEET} workers first: each attempt holds two (its own and "
                  f"its lease keeper's), {2 * FLEET} in all, over PostgreSQL's default max_connections of 100")
     return lines

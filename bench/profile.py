@@ -31,7 +31,8 @@ COMPONENTS: dict[str, tuple[str, ...]] = {
     "checkpoint save": ("airflow_resumable.core.chunks:Chunks._save",),
     "checkpoint report": ("airflow_resumable.core.chunks:Chunks._report",),
     "encoding": ("airflow_resumable.core.context:RunContext._encode",),
-    "order check": ("airflow_resumable.core.chunked:_keys", "airflow_resumable.core.chunked:_check_order"),
+    "order check": ("airflow_resumable.core.chunked:_in_order", "airflow_resumable.core.chunked:_keys",
+                    "airflow_resumable.core.chunked:_check_order"),
     "finish": ("airflow_resumable.core.stores.checkpoints:Checkpoints.finish",),
     "close": ("airflow_resumable.core.stores.connection:Connection.close",),
 }

@@ -1,9 +1,11 @@
-"""Draw the benchmark plots of docs/benchmarks.md from ``make bench``'s results.
+"""Draw the benchmark table and plots of docs/benchmarks.md from ``make bench``'s results.
 
-``make bench`` writes ``.bench/results.json`` (one object a row: key, what, measured, ratio,
-target, passed, verdict); the docs keep the run they show as ``docs/bench/results.json``. This
-writes one SVG a plot beside it, by hand (no plotting library: the files are small, the same for
-the same data, and a test checks they were redrawn):
+``make bench`` writes ``.bench/results.json`` (``run``: the lines saying when, where and on what
+it ran; ``rows``: one object a row: key, what, measured, ratio, spread, target, passed, verdict,
+notes); the docs keep the run they show as ``docs/bench/results.json``. This writes the table of
+docs/benchmarks.md (between its ``bench-table`` markers) and one SVG a plot beside the data, by
+hand (no plotting library: the files are small, the same for the same data, and a test checks
+that the table and the plots were drawn from the data kept):
 
     python scripts/bench_plots.py                      # redraw from docs/bench/results.json
     python scripts/bench_plots.py .bench/results.json  # take a new run's results, then redraw
@@ -25,12 +27,52 @@ WIDTH, LABEL, ROW, TOP, RIGHT = 760, 360, 28, 46, 90
 PASS, MISS, NEUTRAL, INK = "#2e7d32", "#c62828", "#607d8b", "#263238"
 
 
+PAGE = ROOT / "docs" / "benchmarks.md"
+BEGIN, END = "<!-- bench-table: drawn by scripts/bench_plots.py -->", "<!-- /bench-table -->"
+
+
 def target_value(target: str) -> tuple[str, float] | None:
-    """``("<=", 1.25)`` for ``"≤ 1.25x"``; None for a target that is not a ratio."""
-    match = re.fullmatch(r"\s*(≤|<|≥|>)\s*(\d+(?:\.\d+)?)x(?: each)?\s*", target)
+    """``("<=", 1.25)`` for ``"<= 1.25x"`` or ``"≤ 1.25x"``; None for a target that is not a ratio."""
+    match = re.fullmatch(r"\s*(≤|<=|<|≥|>=|>)\s*(\d+(?:\.\d+)?)x(?: each)?\s*", target)
     if not match:
         return None
-    return ("<=" if match[1] in "≤<" else ">="), float(match[2])
+    return ("<=" if match[1] in ("≤", "<=", "<") else ">="), float(match[2])
+
+
+def load(path: Path) -> tuple[list[str], list[dict[str, Any]]]:
+    """(the run's header lines, its rows) from a results file."""
+    import json
+
+    data = json.loads(path.read_text())
+    if isinstance(data, list):  # a file written before the header was kept
+        return [], data
+    return list(data["run"]), list(data["rows"])
+
+
+def _cell(text: Any) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ").strip()
+
+
+def markdown(run: list[str], rows: list[dict[str, Any]]) -> str:
+    """The run's table as the docs show it: its header lines, then a row a result."""
+    verdicts = {"PASS": "pass", "MISS": "**miss**", "ERROR": "**error**"}
+    out = [f"{line}  " for line in run[:-1]] + run[-1:] + [""] if run else []
+    out += ["| # | what | measured (medians) | ratio | spread | target | |", "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        target = str(r["target"]).replace("<=", "≤").replace(">=", "≥")
+        ratio = "" if r["ratio"] is None else f"{r['ratio']:.2f}x"
+        spread = "" if r.get("spread") in (None, "-") else r["spread"]
+        out.append("| " + " | ".join(_cell(c) for c in (r["key"], r["what"], r["measured"], ratio, spread, target,
+                                                         verdicts.get(r["verdict"], ""))) + " |")
+    return "\n".join(out)
+
+
+def page_with_table(text: str, table: str) -> str:
+    """``text`` (docs/benchmarks.md) with the table between its markers replaced by ``table``."""
+    head, found, rest = text.partition(BEGIN)
+    _, found_end, tail = rest.partition(END)
+    assert found and found_end, f"docs/benchmarks.md lost its markers {BEGIN} ... {END}"
+    return f"{head}{BEGIN}\n{table}\n{END}{tail}"
 
 
 def _target(row: dict[str, Any]) -> tuple[str, float]:
@@ -101,14 +143,14 @@ def plots(results: list[dict[str, Any]]) -> dict[str, str]:
 
 
 def main() -> int:
-    import json
-
     if len(sys.argv) > 1:
         shutil.copyfile(sys.argv[1], BENCH / "results.json")
-    results = json.loads((BENCH / "results.json").read_text())
+    run, results = load(BENCH / "results.json")
     for name, svg in plots(results).items():
         (BENCH / name).write_text(svg)
         print(f"docs/bench/{name}")
+    PAGE.write_text(page_with_table(PAGE.read_text(), markdown(run, results)))
+    print("docs/benchmarks.md (its table)")
     return 0
 
 

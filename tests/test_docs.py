@@ -5,7 +5,6 @@ exist, and build into a site with no warning."""
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 import re
 import subprocess
@@ -174,15 +173,20 @@ def test_every_image_of_the_readme_is_in_the_docs_too() -> None:
         assert image.startswith("docs/") and (ROOT / image).is_file(), image
 
 
-def test_the_benchmark_plots_are_drawn_from_the_results() -> None:
+def test_the_benchmark_table_and_plots_are_drawn_from_one_run_s_results() -> None:
     spec = importlib.util.spec_from_file_location("bench_plots", ROOT / "scripts" / "bench_plots.py")
     assert spec and spec.loader
     bench_plots = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench_plots)
-    results = json.loads((DOCS / "bench" / "results.json").read_text())
+    run, results = bench_plots.load(DOCS / "bench" / "results.json")
     for name, svg in bench_plots.plots(results).items():
         assert (DOCS / "bench" / name).read_text() == svg, f"redraw docs/bench/{name}: python scripts/bench_plots.py"
         assert f"(bench/{name})" in page("benchmarks.md"), name
+    # and the table is the same run's, row for row, never typed by hand
+    text = page("benchmarks.md")
+    assert bench_plots.page_with_table(text, bench_plots.markdown(run, results)) == text, (
+        "redraw the table of docs/benchmarks.md: python scripts/bench_plots.py")
+    assert run and all(f"| {r['key']} |" in text for r in results)
 
 
 @pytest.mark.site
