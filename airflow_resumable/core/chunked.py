@@ -10,7 +10,7 @@ from __future__ import annotations
 import operator
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
-from typing import Any, cast
+from typing import Any
 
 from airflow_resumable.core import defaults
 from airflow_resumable.core.checkpoint import error_text, short
@@ -185,7 +185,6 @@ def chunk_loop(
             # A reader's batch converts its positions only when asked (the skip policy's pass); so
             # does a batch of rows found in order at once (_in_order), the common case.
             keys: list[Any] | None = None
-            getter = None
             if isinstance(batch, Batch):
                 new_after = batch.position
             elif (getter := _getter(batch, key)) is not None and _in_order(after, batch, getter):
@@ -205,7 +204,7 @@ def chunk_loop(
             if skippable is None:
                 process(ctx, batch)
             else:
-                positions = (keys if keys is not None else cast(Batch, batch).positions if getter is None
+                positions = (keys if keys is not None else batch.positions if isinstance(batch, Batch)
                              else _keys(batch, key))
                 skipped += _process_or_skip(ctx, process, batch, positions, skippable, skip_limit)
             after = new_after
@@ -267,14 +266,12 @@ def _keys(batch: Sequence[Any], key: Callable[[Any], Any]) -> list[Any]:
     """The position of every item. :func:`default_key` on a batch of dicts or of row tuples takes
     the C-speed ``itemgetter`` (its ``isinstance(item, Mapping)`` per item would cost more than a
     small chunk's work); anything else, or a mixed batch, goes item by item."""
-    if key is default_key:
-        kind = type(batch[0])
-        getter = _ID if kind is dict else (_FIRST if kind is tuple or kind is list else None)
-        if getter is not None:
-            try:
-                return list(map(getter, batch))
-            except (KeyError, IndexError, TypeError):
-                pass  # default_key explains an item it cannot take
+    getter = _getter(batch, key)
+    if getter is not None:
+        try:
+            return list(map(getter, batch))
+        except (KeyError, IndexError, TypeError):
+            pass  # default_key explains an item it cannot take
     return list(map(key, batch))
 
 
@@ -282,8 +279,9 @@ _ID, _FIRST = operator.itemgetter("id"), operator.itemgetter(0)
 
 
 def _getter(batch: Sequence[Any], key: Callable[[Any], Any]) -> Callable[[Any], Any] | None:
-    """The C-speed getter of :func:`default_key` for a list of dicts or of row tuples, else None."""
-    if key is not default_key or type(batch) is not list:
+    """The C-speed getter of :func:`default_key` for a batch of dicts or of row tuples (by its
+    first item), else None."""
+    if key is not default_key:
         return None
     kind = type(batch[0])
     return _ID if kind is dict else (_FIRST if kind is tuple or kind is list else None)
@@ -294,6 +292,8 @@ def _in_order(after: Any, batch: Sequence[Any], getter: Callable[[Any], Any]) ->
     its list of positions: ``sorted()`` with the getter as key is stable, so it gives back the
     very same list exactly when no position goes down (about 60 instructions an item fewer than
     the positions' list and its sort: row 2j). False means "look closer", not "out of order"."""
+    if type(batch) is not list:  # sorted() gives a list: another sequence never compares equal
+        return False
     try:
         first, last = getter(batch[0]), getter(batch[-1])
         if type(after) is list and type(first) is tuple:  # a composite position, back from JSON

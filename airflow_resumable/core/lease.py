@@ -5,9 +5,10 @@ threads at least every few milliseconds even in pure-Python loops, and the datab
 the GIL while they wait. When a renewal finds the lease taken over, or cannot renew it for a whole
 lease duration, the keeper raises the run's signal with reason ``lease_lost``; a cancel request left
 on the row (``superseded``, ``user``) is raised the same way. The keeper never logs and never calls
-Airflow: it only sets the signal, which the handler reads at its next chunk boundary. A heartbeat still in flight when the attempt asks the
-keeper to stop says nothing: the attempt's end is fenced itself, and its release of the lease
-would otherwise read as a lost lease on an attempt that finished.
+Airflow: it only sets the signal, which the handler reads at its next chunk boundary. A heartbeat
+still in flight when the attempt asks the keeper to stop says nothing: the attempt's end is fenced
+itself, and its release of the lease would otherwise read as a lost lease on an attempt that
+finished.
 
 Stop sources (:func:`add_stop_source`) are plain callables the keeper asks about once a second,
 between heartbeats: one that returns ``(reason, message)`` raises the signal with that reason. The
