@@ -780,6 +780,77 @@ def test_ctx_previous_is_the_last_done_slot_before_this_one_so_a_backfill_contin
     assert seen["manual__2026-01-01T09:00:00"].slot == HOUR[2]
 
 
+def _previous_reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The statements that read a job's previous finished run, as the attempts send them."""
+    from airflow_resumable.core.stores.connection import Connection
+
+    sent: list[str] = []
+    execute = Connection.execute
+
+    def recording(self: Connection, sql: str, params: Any = ()) -> Any:
+        if "status = 'done'" in sql and "LIMIT 1" in sql:
+            sent.append(sql)
+        return execute(self, sql, params)
+
+    monkeypatch.setattr(Connection, "execute", recording)
+    return sent
+
+
+def test_ctx_previous_costs_a_round_trip_only_for_a_handler_that_reads_it_and_only_once(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given hour 0 done
+    _hourly(store, HOUR[0], 1, lambda ctx: ctx.checkpoint(10))
+    sent = _previous_reads(monkeypatch)
+    # When hour 1 runs a handler that never asks for ctx.previous
+    _hourly(store, HOUR[1], 1, lambda ctx: ctx.checkpoint(20))
+    # Then the attempt sent no statement for it
+    assert sent == []
+    # When hour 2's handler reads it three times, it is read once, and it is hour 1
+    seen: list[Any] = []
+
+    def reads(ctx: Any) -> None:
+        seen.extend(ctx.previous for _ in range(3))
+        ctx.checkpoint(30)
+
+    _hourly(store, HOUR[2], 1, reads)
+    assert len(sent) == 1
+    assert [p.slot for p in seen] == [HOUR[1]] * 3 and seen[0] is seen[2]
+
+
+def test_ctx_previous_read_inside_the_handlers_transaction_does_not_commit_its_pending_writes(
+    store: Store,
+) -> None:
+    with store.open() as s:
+        s.ensure_schema()
+        s._execute("CREATE TABLE sink (item INTEGER PRIMARY KEY)")
+        s.commit()
+    _hourly(store, HOUR[0], 1, lambda ctx: ctx.checkpoint(10))
+
+    # Given a handler that writes through ctx.transaction(), then reads ctx.previous, then fails
+    def handler(ctx: Any) -> None:
+        ctx.transaction().cursor().execute("INSERT INTO sink (item) VALUES (%s)", (1,))
+        assert ctx.previous is not None and ctx.previous.slot == HOUR[0]
+        raise Crash("after the write, before its checkpoint")
+
+    with pytest.raises(Crash):
+        _hourly(store, HOUR[1], 1, handler)
+    # Then the write went with the failed chunk: reading ctx.previous committed nothing
+    with store.open() as s:
+        cur = s.conn.cursor()
+        cur.execute("SELECT item FROM sink")
+        assert cur.fetchall() == []
+
+
+def test_ctx_previous_first_asked_after_the_handler_returned_says_the_attempt_ended(store: Store) -> None:
+    from airflow_resumable.core.errors import AttemptEnded
+
+    kept: list[Any] = []
+    _hourly(store, HOUR[0], 1, lambda ctx: kept.append(ctx))
+    with pytest.raises(AttemptEnded, match="ctx.previous was called after attempt 1's handler returned"):
+        assert kept[0].previous is None  # not reached: reading it raises
+
+
 def test_an_incremental_chunked_run_starts_where_the_previous_one_ended_and_a_run_with_nothing_new_keeps_it(
     store: Store,
 ) -> None:

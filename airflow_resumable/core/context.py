@@ -162,6 +162,10 @@ class _QmarkCursor:
         return getattr(self._cur, name)
 
 
+#: ``ctx.previous`` before the handler first asked for it.
+_UNREAD = object()
+
+
 class AttemptCalls(Protocol):
     """What the run context asks of its attempt (:class:`~airflow_resumable.core.runner.Attempt`):
     one call per checkpoint, and the handler's tools. Identity and progress are not calls: the
@@ -187,6 +191,13 @@ class AttemptCalls(Protocol):
     def replay_requested(self, fn: Callable[[Any], Any] | None,
                          savepoint: Callable[[], AbstractContextManager[None]]) -> Any: ...
 
+    def previous_run(self) -> Checkpoint | None:
+        """The job's previous finished run (``ctx.previous``), read from the store.
+
+        Raises:
+            AttemptEnded: the handler already returned (and never asked for it).
+        """
+
 
 class RunContext:
     """The run as its handler sees it.
@@ -204,11 +215,11 @@ class RunContext:
             run starts where it ended. "Previous" is the ``done`` slot sorting last before this
             one when slots are times (a backfill continues from the interval before it), else
             the ``done`` slot that finished last; never this slot itself. Read once, when the
-            attempt starts.
+            handler first asks (a handler that never does costs no round trip for it).
     """
 
     def __init__(self, calls: AttemptCalls, identity: Identity, tally: Tally, *, signal: Signal, log: Log,
-                 resumed: bool, previous: Checkpoint | None = None):
+                 resumed: bool):
         self._attempt = calls
         self._tally = tally
         self.job: str = identity.job
@@ -221,8 +232,18 @@ class RunContext:
         self.resumed: bool = resumed
         #: The position this attempt started from (None on a fresh start).
         self.resumed_from: Any = tally.position if resumed else None
-        #: The job's previous finished run (see the class docstring), or None.
-        self.previous: Checkpoint | None = previous
+        self._previous: Checkpoint | None | object = _UNREAD
+
+    @property
+    def previous(self) -> Checkpoint | None:
+        """The job's previous finished run (see the class docstring), or None; read on first use.
+
+        Raises:
+            AttemptEnded: first asked after the handler returned.
+        """
+        if self._previous is _UNREAD:
+            self._previous = self._attempt.previous_run()
+        return self._previous  # type: ignore[return-value]
 
     @property
     def position(self) -> Any:

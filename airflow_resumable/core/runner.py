@@ -23,7 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from airflow_resumable.core.acquire import Acquiring
-from airflow_resumable.core.checkpoint import Status
+from airflow_resumable.core.checkpoint import Checkpoint, Status
 from airflow_resumable.core.chunks import Chunks
 from airflow_resumable.core.context import RunContext
 from airflow_resumable.core.errors import CheckpointDeleted, ConfigurationError, CorruptCheckpoint, LeaseLost, Paused
@@ -127,14 +127,13 @@ class Attempt(Chunks, Finishing, Acquiring):
             return self._already_done(session, row)
         self._overlap(session, row, created)
         try:
-            previous = session.listings.previous(self.job, self.slot, by_time=self.scheduled_at is not None)
             row, resumed, resumed_from = self._begin(session, row, created, rerun_because)
         except BaseException:
             self._release(session, created=False)  # nothing started: do not hold the slot
             raise
         tally = self._tally = Tally(row)
         ctx = self._ctx = RunContext(self, self.identity, tally, signal=self.signal, log=self.log,
-                                     resumed=resumed, previous=previous)
+                                     resumed=resumed)
         self._meter = ProgressMeter(row.processed)
         self.reporter.on_start(row, resumed=resumed)
         self.keeper = LeaseKeeper(
@@ -187,6 +186,22 @@ class Attempt(Chunks, Finishing, Acquiring):
         finally:
             with self._lock:  # waits for a save another thread has under way
                 self._ended = True
+
+    def previous_run(self) -> Checkpoint | None:
+        """``ctx.previous``, read when the handler first asks: most handlers never do, and then
+        the attempt sends no statement for it. Inside the handler's open transaction it is read in
+        that transaction (a commit here would commit the handler's pending writes).
+
+        Raises:
+            AttemptEnded: the handler already returned.
+        """
+        assert self._session is not None
+        with self._lock:  # the session is the checkpoints' too (a handler's other thread)
+            if self._ended:
+                raise self._ended_error("ctx.previous")
+            session = self._session
+            return session.listings.previous(self.job, self.slot, by_time=self.scheduled_at is not None,
+                                             commit=session.autocommit)
 
     def _deleted(self, session: StoreSession, exc: BaseException) -> CheckpointDeleted | None:
         """When ``exc`` is a lost lease the keeper or the signal noticed (they say "lost", not why),

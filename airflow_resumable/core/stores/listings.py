@@ -23,10 +23,11 @@ class Listings:
         c.commit()
         return [c.row(r) for r in rows]
 
-    def _one(self, sql: str, params: dict[str, Any]) -> Checkpoint | None:
+    def _one(self, sql: str, params: dict[str, Any], *, commit: bool = True) -> Checkpoint | None:
         c = self._c
         row = c.execute(sql, params).fetchone()
-        c.commit()
+        if commit:
+            c.commit()
         return None if row is None else c.row(row)
 
     def list_slots(self, job: str, limit: int = 100) -> list[Checkpoint]:
@@ -47,7 +48,7 @@ class Listings:
             {"dag_id": dag_id, "task_id": task_id, "run_id": run_id, "map_index": int(map_index)},
         )
 
-    def previous(self, job: str, slot: str, *, by_time: bool) -> Checkpoint | None:
+    def previous(self, job: str, slot: str, *, by_time: bool, commit: bool = True) -> Checkpoint | None:
         """The job's previous finished run, as seen from ``slot``: where an incremental run starts.
 
         With ``by_time`` (the slot is the run's data interval start or logical date, ISO-8601):
@@ -55,13 +56,14 @@ class Listings:
         continues from the interval before it, not from today's. Without (a run with no logical
         date, whose slot is its run id): the ``done`` slot that finished last. Never this slot
         itself (a run started over on purpose looks before itself). None when there is none.
+        ``commit=False`` reads inside the open transaction and leaves it open.
         """
         if by_time:
             where, order = "slot < %(slot)s", "slot DESC"
         else:
             where, order = "slot <> %(slot)s AND finished_at IS NOT NULL", "finished_at DESC, slot DESC"
         return self._one(f"SELECT {SELECT} FROM {TABLE} WHERE job = %(job)s AND status = 'done' AND {where} "
-                         f"ORDER BY {order} LIMIT 1", {"job": job, "slot": slot})
+                         f"ORDER BY {order} LIMIT 1", {"job": job, "slot": slot}, commit=commit)
 
     def recent(self, *, dag_ids: Collection[str] | None = None, status: str | None = None,
                limit: int = 100, plans: bool = False) -> list[Checkpoint]:
