@@ -42,6 +42,7 @@ from airflow_resumable.core.fence import Fence
 from airflow_resumable.core.signal import Reason, Signal
 from airflow_resumable.core.stores.base import Store, StoreSession
 from airflow_resumable.core.stores.connection import save_rejected
+from airflow_resumable.core.stores.prepared import PreparedStatement
 from airflow_resumable.core.tally import Tally
 
 #: The writer thread's name starts with this (tests and debuggers tell it apart by it).
@@ -112,8 +113,10 @@ class NoWaitWriter(CheckpointWriter):
         self._like = session.conn
         self._conn: Any = conn
         self._connected = False
-        #: the cursor of the write in flight and the ``(processed, total)`` it saves
-        self._pending: tuple[Any, tuple[int, int | None]] | None = None
+        self._prepared: PreparedStatement | None = None  # made with the first statement (its text)
+        #: the write in flight: its cursor, the ``(processed, total)`` it saves, what was sent and
+        #: its parameters (sent again as text when the server process lost the prepared statement)
+        self._pending: tuple[Any, tuple[int, int | None], str, dict[str, Any]] | None = None
 
     def submit(self, *, position: str, state: str, processed: int, total: int | None,
                rate: float | None = None) -> None:
@@ -126,20 +129,32 @@ class NoWaitWriter(CheckpointWriter):
             if not self._connected:
                 self.store.wait(self._conn, connecting=True)
                 self._connected = True
+            if self._prepared is None or self._prepared.plain is not sql:
+                self._prepared = PreparedStatement(sql, enabled=self.store.dialect.prepares)
+            text = self._prepared.text(autocommit=True)  # this connection is never in a transaction
             cur = self._conn.cursor()
-            cur.execute(sql, params)
+            cur.execute(text, params)
         except Exception:
             self._discard()
             raise
-        self._pending = (cur, (processed, total))
+        self._pending = (cur, (processed, total), text, params)
 
     def flush(self) -> None:
         pending, self._pending = self._pending, None
         if pending is None:
             return
-        cur, saved = pending
+        cur, saved, text, params = pending
         try:
-            self.store.wait(self._conn)
+            try:
+                self.store.wait(self._conn)
+            except Exception as exc:
+                if self._prepared is None or not self._prepared.gone(exc, text):
+                    raise
+                cur.execute(self._prepared.plain, params)  # the failed EXECUTE changed nothing
+                self.store.wait(self._conn)
+            else:
+                if self._prepared is not None:
+                    self._prepared.sent(text)
         except Exception:
             self._discard()  # a broken connection: the next write opens a new one
             raise
@@ -156,6 +171,7 @@ class NoWaitWriter(CheckpointWriter):
 
     def _discard(self) -> None:
         self._pending = None
+        self._prepared = None  # a new connection prepares again
         conn, self._conn, self._connected = self._conn, None, False
         if conn is not None:
             try:

@@ -12,6 +12,7 @@ from airflow_resumable.core.checkpoint import AttemptEnd, AttemptRecord, Checkpo
 from airflow_resumable.core.fence import WHERE, Fence
 from airflow_resumable.core.stores.connection import Connection, save_rejected
 from airflow_resumable.core.stores.dialect import Dialect
+from airflow_resumable.core.stores.prepared import PreparedStatement, preparable
 from airflow_resumable.core.stores.sql import (
     HISTORY,
     HISTORY_COLUMNS,
@@ -132,6 +133,9 @@ class Checkpoints:
     def __init__(self, connection: Connection):
         self._c = connection
         self._save_cursor: Any = None
+        #: The checkpoint's UPDATE, prepared on this connection where the server keeps it.
+        self._prepared = (PreparedStatement(_sql(connection.d).save)
+                          if connection.d.prepares and preparable(connection.conn) else None)
 
     def load(self, job: str, slot: str) -> Checkpoint | None:
         """The slot's row, or None.
@@ -194,13 +198,23 @@ class Checkpoints:
         cur = self._save_cursor
         if cur is None:  # one cursor for every checkpoint of the session
             cur = self._save_cursor = c.conn.cursor()
-        statement = self.save_statement(fence, position=position, state=state, processed=processed, total=total,
-                                        rate=rate)
+        sql, params = self.save_statement(fence, position=position, state=state, processed=processed, total=total,
+                                          rate=rate)
         if c.d.one_writer:
             with c.conn.writing():
-                cur.execute(*statement)
-        else:
-            cur.execute(*statement)
+                cur.execute(sql, params)
+        elif self._prepared is None or self._prepared.plain is not sql:
+            cur.execute(sql, params)
+        else:  # PostgreSQL through psycopg2: by name once prepared (stores/prepared.py)
+            text = self._prepared.text(autocommit=c.autocommit)
+            try:
+                cur.execute(text, params)
+            except Exception as exc:
+                if not self._prepared.gone(exc, text):
+                    raise
+                cur.execute(sql, params)  # the failed EXECUTE changed nothing
+            else:
+                self._prepared.sent(text)
         if cur.rowcount != 1:
             c.rollback()
             raise c.fenced_out(fence, save_rejected(fence.job, fence.slot).message)

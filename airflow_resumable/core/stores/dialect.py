@@ -46,6 +46,9 @@ class Dialect:
     #: Whether a statement may chain writes in its WITH clause (PostgreSQL): an attempt's start and
     #: end, each with its history record, are then one statement, one round trip.
     writable_ctes: bool = False
+    #: Whether a statement the store repeats (the checkpoint) is worth preparing on the server,
+    #: once per connection (PostgreSQL; see ``stores/prepared.py``).
+    prepares: bool = False
 
     def __init__(self) -> None:
         self._translated: dict[str, str] = {}

@@ -20,6 +20,7 @@ class PostgresDialect(Dialect):
     timestamp_type = "TIMESTAMPTZ"
     aware_timestamps = True
     writable_ctes = True
+    prepares = True
     id_type = "BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY"
     # Two workers creating or migrating the schema at once would race on the DDL.
     schema_lock = ("SELECT pg_advisory_xact_lock(7241730117)",)

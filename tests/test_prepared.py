@@ -1,0 +1,189 @@
+"""The checkpoint's UPDATE prepared on the server (PostgreSQL through psycopg2): planned once per
+connection, sent by name, and sent as text again when the server process lost it (a pooler such
+as PgBouncer in transaction mode) without losing or repeating a checkpoint."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg2
+import psycopg2.extensions
+import pytest
+
+from airflow_resumable.core import Attempt, Options
+from airflow_resumable.core.pipeline import NoWaitWriter
+from airflow_resumable.core.stores import PostgresStore
+
+JOB = "prepared"
+
+
+class Sent(psycopg2.extensions.cursor):
+    """A psycopg2 cursor that keeps the text of every statement it sends (``Sent.log``)."""
+
+    log: list[str] = []
+
+    def execute(self, sql: Any, args: Any = None) -> Any:
+        Sent.log.append(str(sql))
+        return super().execute(sql, args)
+
+
+@pytest.fixture
+def recorded(pg_params: dict[str, Any]) -> tuple[PostgresStore, list[Any]]:
+    """A PostgreSQL store whose connections record what they send, and the connections it opened."""
+    Sent.log = []
+    opened: list[Any] = []
+
+    def connect() -> Any:
+        conn = psycopg2.connect(**pg_params, cursor_factory=Sent)
+        opened.append(conn)
+        return conn
+
+    store = PostgresStore.from_connect(connect, host=pg_params.get("host"), dbname=pg_params.get("dbname"))
+    with store.open() as s:
+        s.ensure_schema()
+    return store, opened
+
+
+def _saves() -> list[str]:
+    """What the attempt sent for its checkpoints: ``prepare+execute``, ``execute`` or ``text``."""
+    out = []
+    for sql in Sent.log:
+        if sql.startswith("PREPARE resumable_"):
+            out.append("prepare+execute")
+        elif sql.startswith("EXECUTE resumable_"):
+            out.append("execute")
+        elif sql.startswith("UPDATE resumable_checkpoints SET position"):
+            out.append("text")
+    return out
+
+
+def _row(store: PostgresStore, slot: str) -> Any:
+    with store.open() as s:
+        return s.checkpoints.load(JOB, slot)
+
+
+def test_a_run_s_checkpoints_are_prepared_once_and_then_sent_by_name(
+    recorded: tuple[PostgresStore, list[Any]],
+) -> None:
+    store, _ = recorded
+
+    # When an attempt saves five checkpoints
+    def handler(ctx: Any) -> None:
+        for i in range(1, 6):
+            ctx.checkpoint(i, processed=i)
+
+    Attempt(store, job=JOB, slot="s1", attempt=1, owner="a").run(handler)
+    # Then the first prepares the statement in its own round trip, the others name it
+    assert _saves() == ["prepare+execute"] + ["execute"] * 4
+    row = _row(store, "s1")
+    assert (row.status, row.position, row.processed) == ("done", 5, 5)
+
+
+def test_a_checkpoint_whose_prepared_statement_the_server_lost_is_sent_as_text_and_nothing_is_lost(
+    recorded: tuple[PostgresStore, list[Any]],
+) -> None:
+    store, opened = recorded
+
+    # Given an attempt whose server process forgets its prepared statements after checkpoint 2
+    # (what a pooler in transaction mode does when it hands over another server process)
+    def handler(ctx: Any) -> None:
+        for i in range(1, 6):
+            ctx.checkpoint(i, processed=i)
+            if i == 2:
+                with opened[-1].cursor() as cur:
+                    cur.execute("DEALLOCATE ALL")
+
+    outcome = Attempt(store, job=JOB, slot="s1", attempt=1, owner="a").run(handler)
+    # Then checkpoint 3's EXECUTE failed, it was sent again as text, and so were the rest
+    assert _saves() == ["prepare+execute", "execute", "execute", "text", "text", "text"]
+    # and every checkpoint is there, once
+    assert outcome.checkpoint.position == 5
+    row = _row(store, "s1")
+    assert (row.status, row.position, row.processed) == ("done", 5, 5)
+
+
+def test_a_checkpoint_inside_the_handlers_transaction_is_sent_as_text(
+    recorded: tuple[PostgresStore, list[Any]],
+) -> None:
+    store, _ = recorded
+
+    # Given a handler that writes through ctx.transaction() from its third chunk on
+    def handler(ctx: Any) -> None:
+        for i in range(1, 5):
+            if i >= 3:
+                ctx.transaction().cursor().execute("SELECT 1")
+            ctx.checkpoint(i, processed=i)
+
+    Attempt(store, job=JOB, slot="s1", attempt=1, owner="a").run(handler)
+    # Then those checkpoints go as text: a failed EXECUTE there would undo the handler's writes
+    assert _saves() == ["prepare+execute", "execute", "text", "text"]
+    assert _row(store, "s1").position == 4
+
+
+def test_a_stale_attempt_s_prepared_checkpoint_is_fenced_out_like_any_other(
+    recorded: tuple[PostgresStore, list[Any]],
+) -> None:
+    from airflow_resumable.core.errors import LeaseLost
+
+    store, _ = recorded
+    # Given attempt 1 saved two checkpoints (the statement prepared), then attempt 2 took over
+    taken: list[Any] = []
+
+    def stale(ctx: Any) -> None:
+        ctx.checkpoint(1, processed=1)
+        ctx.checkpoint(2, processed=2)
+        with store.open(autocommit=True) as s:
+            s.execute("UPDATE resumable_checkpoints SET lease_token = lease_token + 1, lease_owner = 'b' "
+                      "WHERE job = %s AND slot = %s", (JOB, "s1"))
+        taken.append(True)
+        ctx.checkpoint(3, processed=3)  # sent by name, matches no row
+
+    with pytest.raises(LeaseLost):
+        Attempt(store, job=JOB, slot="s1", attempt=1, owner="a", options=Options(lease=30)).run(stale)
+    # Then the stale checkpoint changed nothing
+    assert taken and _saves()[:3] == ["prepare+execute", "execute", "execute"]
+    row = _row(store, "s1")
+    assert (row.position, row.processed, row.lease_owner) == (2, 2, "b")
+
+
+def test_a_pipelined_checkpoint_whose_prepared_statement_the_server_lost_is_sent_again_as_text(
+    recorded: tuple[PostgresStore, list[Any]], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    store, _ = recorded
+    # Given the pipelined writer's server process forgets its prepared statements once two
+    # checkpoints are durable
+    flush = NoWaitWriter.flush
+    flushed: list[int] = []
+
+    def forgetful(self: NoWaitWriter) -> None:
+        flush(self)
+        flushed.append(1)
+        if len(flushed) == 2 and self._conn is not None:
+            cur = self._conn.cursor()
+            cur.execute("DEALLOCATE ALL")
+            self.store.wait(self._conn)
+
+    monkeypatch.setattr(NoWaitWriter, "flush", forgetful)
+    written: list[str] = []
+    send = NoWaitWriter.submit
+
+    def recording(self: NoWaitWriter, **kwargs: Any) -> None:
+        send(self, **kwargs)
+        assert self._pending is not None
+        written.append(self._pending[2].split(" ", 1)[0])
+
+    monkeypatch.setattr(NoWaitWriter, "submit", recording)
+
+    # When an attempt pipelines six checkpoints
+    def handler(ctx: Any) -> None:
+        for i in range(1, 7):
+            ctx.checkpoint(i, processed=i)
+
+    outcome = Attempt(store, job=JOB, slot="s1", attempt=1, owner="a",
+                      options=Options(pipeline_checkpoints=True)).run(handler)
+    # Then checkpoint 2's EXECUTE (in flight when its server process forgot) failed, was sent again
+    # as text when collected, the later ones went as text, and every checkpoint is durable
+    assert written[:2] == ["PREPARE", "EXECUTE"] and set(written[2:]) == {"UPDATE"} and len(written) == 6
+    assert outcome.checkpoint.position == 6
+    row = _row(store, "s1")
+    assert (row.status, row.position, row.processed) == ("done", 6, 6)
