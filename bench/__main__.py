@@ -19,7 +19,7 @@ import time
 import traceback
 
 from bench import airflow_env
-from bench.common import ROOT, RUN, Database, Result, say, table
+from bench.common import PRECISION, ROOT, RUN, Database, Result, imprecise, say, table
 
 #: Each row of the table: the module and function that measure it, ``run(db) -> list[Result]``.
 _RUNNERS = {
@@ -116,6 +116,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     text = "\n".join(header) + "\n\n" + table(results)
     notes = [f"- [{r.key}] {n}" for r in results for n in r.notes]
+    if loose := imprecise(results):
+        notes.append(f"- Judged rows whose median this run could not pin down to +/-{PRECISION:.0%} (half the median's "
+                     f"95% interval; a second run can land anywhere in it): {', '.join(loose)}")
     if notes:
         text += "\n\nNotes:\n" + "\n".join(notes)
     print(text, flush=True)

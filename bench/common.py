@@ -16,6 +16,8 @@ Timing rules (the machines are shared and noisy):
 from __future__ import annotations
 
 import dataclasses
+import math
+import re
 import statistics
 import sys
 import time
@@ -62,7 +64,7 @@ class Result:
     def verdict(self) -> str:
         if self.passed is None:
             return "INFO"
-        if self.ratio is None:
+        if self.ratio is None and self.target == "-":  # a row that could not be measured
             return "ERROR" if self.passed is False else "N/A"
         return "PASS" if self.passed else "MISS"
 
@@ -145,10 +147,50 @@ def quartiles(values: list[float]) -> tuple[float, float, float]:
     return q1, q2, q3
 
 
+def median_interval(values: list[float], confidence: float = 0.95) -> tuple[float, float]:
+    """A distribution-free interval that holds the true median with at least ``confidence``: the
+    j-th smallest and j-th largest figures, j the largest rank whose binomial tail stays under
+    the rest (for 15 rounds: the 4th and the 12th of 15, 96 %). How precisely a run measured a
+    median, where the IQR says how much the rounds differ: the median of a run agrees with a
+    second run's about as closely as this interval is narrow."""
+    ordered, n = sorted(values), len(values)
+    below = 0.0  # P(fewer than j of n rounds fall under the median)
+    j = 0
+    while j < n // 2:
+        nxt = below + math.comb(n, j) / 2**n
+        if nxt > (1 - confidence) / 2:
+            break
+        below, j = nxt, j + 1
+    if j == 0:  # too few rounds for the confidence asked: the whole range
+        return ordered[0], ordered[-1]
+    return ordered[j - 1], ordered[n - j]
+
+
 def spread(values: list[float], unit: str = "x", digits: int = 2) -> str:
-    """The interquartile range of per-round figures, and how many rounds: ``IQR 1.01-1.04x, n=15``."""
+    """The interquartile range of per-round figures, the median's 95 % interval and how many
+    rounds: ``IQR 1.01-1.04x, 95% CI 1.01-1.03x, n=15``."""
     q1, _, q3 = quartiles(values)
-    return f"IQR {q1:.{digits}f}-{q3:.{digits}f}{unit}, n={len(values)}"
+    low, high = median_interval(values)
+    return f"IQR {q1:.{digits}f}-{q3:.{digits}f}{unit}, 95% CI {low:.{digits}f}-{high:.{digits}f}{unit}, n={len(values)}"
+
+
+#: How closely a judged ratio's median must be known (half its 95 % interval, relative) for this
+#: machine to measure it "within a few percent".
+PRECISION = 0.03
+
+
+def imprecise(results: list[Result]) -> list[str]:
+    """The judged ratios whose median this run could not pin down to :data:`PRECISION`, each with
+    its interval (read from its spread)."""
+    out = []
+    for r in results:
+        found = re.search(r"95% CI (-?[\d.]+)-(-?[\d.]+)x", r.spread or "")
+        if r.ratio is None or r.passed is None or not found:
+            continue
+        low, high = float(found[1]), float(found[2])
+        if (high - low) / 2 / r.ratio > PRECISION:
+            out.append(f"{r.key} ({low:.2f}-{high:.2f}x)")
+    return out
 
 
 def paired_ratio(times: Mapping[str, list[float]], side: str, base: str) -> tuple[float, str]:
