@@ -30,7 +30,7 @@ from bench.loans import create_loans
 
 CHUNKS = 100
 ROUNDS = 6
-TARGET = 1.0
+TARGET = 10.0
 
 _dates = (datetime(2026, 1, 1, tzinfo=timezone.utc) + timedelta(hours=i) for i in range(10**6))
 

@@ -22,6 +22,8 @@ from bench.profile import COMPONENTS, Breakdown
 
 CHUNKS = 10
 ROUNDS = 21
+#: the issue's target for a whole task over a plain PythonOperator, in ms (its floor is row 7c)
+EXTRA_TARGET = 20.0
 
 _dates = (datetime(2027, 1, 1, tzinfo=timezone.utc) + timedelta(hours=i) for i in range(10**6))
 
@@ -82,8 +84,8 @@ def run(db: Database) -> list[Result]:
     return [
         Result(
             "7", "task run: our operator vs plain PythonOperator (30k loans, 10 chunks)",
-            f"task {ms(ours)} vs {ms(plain)} (+{median(extra):.0f} ms)", ours / plain, "(reported: + ms per task)",
-            None, spread=spread(extra, " ms", 0),
+            f"task {ms(ours)} vs {ms(plain)} (+{median(extra):.0f} ms)", ours / plain,
+            f"<= +{EXTRA_TARGET:.0f} ms per task", median(extra) <= EXTRA_TARGET, spread=spread(extra, " ms", 0),
             notes=[
                 f"task run: {ROUNDS} paired dag.test() runs each; the figure is the task instance's duration as "
                 f"Airflow records it; the whole dag.test() call {wall_ours:.2f} s vs {wall_plain:.2f} s "
