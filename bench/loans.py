@@ -285,20 +285,18 @@ def timed_report_handler(conn: Any, every: float, chunk: int = CHUNK) -> Any:
     return report_handler(conn, chunk, checkpoint_interval=every)
 
 
-def against_keyset(key: str, what: str, times: dict[str, list[float]], side: str, base: str = "keyset",
-                   notes: list[str] | None = None) -> Result:
-    """A row judging one of our loops against the bare keyset loop (target <= 1.05x), by the paired ratio."""
-    ratio, spread_ = paired_ratio(times, side, base)
-    return Result(key, what, f"{secs(median(times[side]))} vs {secs(median(times[base]))}", ratio,
-                  f"<= {KEYSET_TARGET:.2f}x", at_most(ratio, KEYSET_TARGET), notes=notes or [], spread=spread_)
-
-
 def judged_row(key: str, what: str, times: dict[str, list[float]], side: str, base: str, limit: float,
                notes: list[str] | None = None) -> Result:
-    """A row judged against a hand-written loop with the issue's target (``<= limit``)."""
+    """A row judging ``side`` against ``base`` by the paired ratio, with the target ``<= limit``."""
     ratio, spread_ = paired_ratio(times, side, base)
     return Result(key, what, f"{secs(median(times[side]))} vs {secs(median(times[base]))}", ratio,
                   f"<= {limit:.2f}x", at_most(ratio, limit), notes=notes or [], spread=spread_)
+
+
+def against_keyset(key: str, what: str, times: dict[str, list[float]], side: str, base: str = "keyset",
+                   notes: list[str] | None = None) -> Result:
+    """A row judging one of our loops against the bare keyset loop (target <= 1.05x)."""
+    return judged_row(key, what, times, side, base, KEYSET_TARGET, notes)
 
 
 def context_row(key: str, what: str, times: dict[str, list[float]], side: str, base: str,
@@ -543,7 +541,7 @@ def run(db: Database) -> list[Result]:
             None, spread=spread(check_cpu, " ns CPU", 0),
             notes=["2i+: the bare keyset loop with bench.loans.order_check on every batch, minus the bare loop: what "
                    "the order check costs an item at its cheapest; ours' own per-item cost over that loop beside it "
-                   f"(IQR {spread(over_check_cpu, ' ns CPU', 0)})"],
+                   f"({spread(over_check_cpu, ' ns CPU', 0)})"],
         ),
         Result(
             "2l", "an attempt's fixed cost: ours (empty handler) vs the least a fenced attempt sends, by hand",
