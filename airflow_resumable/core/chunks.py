@@ -143,8 +143,7 @@ class Chunks(AttemptState):
                 hint="Set pipeline_checkpoints=False to keep writes to the checkpoint database exactly once, or "
                 "write to the sink on your own connection, idempotently, and commit before ctx.checkpoint()",
             )
-        self._session.begin_transactions()
-        return TransactionConnection(self._session.conn, self.store.dialect, job=self.job, slot=self.slot)
+        return self._session.lend(self.job, self.slot)
 
     def skip(self, item: Any, *, position: Any, error: BaseException, limit: int) -> int:
         """Record a skipped item (see :func:`airflow_resumable.core.skips.skip_item`)."""

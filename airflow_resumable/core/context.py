@@ -1,4 +1,5 @@
-"""What a handler sees: the run context."""
+"""What a handler sees: the run context (and, through ``ctx.transaction()``, a
+:class:`~airflow_resumable.core.lent.TransactionConnection`)."""
 
 from __future__ import annotations
 
@@ -6,160 +7,22 @@ import copy
 import json
 import math
 import operator
-import sys
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from datetime import datetime
 from typing import Any, Protocol
 
 from airflow_resumable.core import defaults
-from airflow_resumable.core.checkpoint import ENCODER, Checkpoint, encode, error_text
-from airflow_resumable.core.errors import ConfigurationError, InvalidCheckpoint, TransactionRefused
+from airflow_resumable.core.checkpoint import ENCODER, Checkpoint, encode
+from airflow_resumable.core.errors import InvalidCheckpoint
 from airflow_resumable.core.identity import Identity
 from airflow_resumable.core.progress import Log
 from airflow_resumable.core.signal import Signal
-from airflow_resumable.core.statements import check_statement, guarded_cursor
-from airflow_resumable.core.stores.dialect import Dialect
+from airflow_resumable.core.lent import TransactionConnection
 from airflow_resumable.core.tally import Tally
 
 #: The largest count the checkpoint table's BIGINT columns hold.
 _MAX_COUNT = 2**63 - 1
-
-
-class TransactionConnection:
-    """The checkpoint database's connection, lent to the handler for one chunk's writes.
-
-    Whatever is written through it commits *together with* the next ``ctx.checkpoint()``, in the
-    same database transaction: a crash before the checkpoint loses both, a crash after keeps both.
-    Committing or closing it yourself would break that, so ``commit()`` and ``close()`` raise; so
-    does ``rollback()`` (:class:`~airflow_resumable.core.errors.TransactionRefused`), which would
-    undo the pending skips and earlier chunks too: raise instead, or use ``ctx.savepoint()``.
-
-    **One placeholder style on both stores**: psycopg2's ``format`` style, ``%s`` for each
-    parameter and ``%%`` for a literal ``%`` when parameters are given. On SQLite the statements of
-    :meth:`execute`, :meth:`executemany` and :meth:`cursor`'s cursors are translated to its ``?``.
-    Everything else (``fetchall()`` on a cursor...) is the driver's own.
-
-    **Any statement joins the transaction.** On SQLite the transaction is opened explicitly
-    (``BEGIN IMMEDIATE``) before the chunk's first statement, so that statements Python's sqlite3
-    does not take for DML (``WITH ... INSERT``) commit with the checkpoint too. ``executescript``
-    (which commits first) is refused: it cannot be part of the chunk's transaction.
-    """
-
-    #: The DB-API paramstyle every store takes through this connection.
-    paramstyle = "format"
-
-    def __init__(self, conn: Any, dialect: Dialect, *, job: str | None = None, slot: str | None = None):
-        self._conn = conn
-        self._dialect = dialect
-        self._job, self._slot = job, slot
-
-    def commit(self) -> None:
-        raise RuntimeError(
-            "ctx.transaction() commits with the next ctx.checkpoint(); do not commit it yourself"
-        )
-
-    def close(self) -> None:
-        raise RuntimeError("ctx.transaction() belongs to the run; do not close it")
-
-    def rollback(self) -> None:
-        """Refused: the transaction holds more than the caller's writes.
-
-        Raises:
-            TransactionRefused: always. Called while an exception is being handled (the usual
-                ``except: tx.rollback(); raise``), it names that exception and chains it as its cause,
-                so the error that made the handler roll back is not hidden.
-        """
-        handling = sys.exc_info()[1]
-        during = f", while handling {error_text(handling, 300)}" if handling is not None else ""
-        raise TransactionRefused(
-            f"ctx.transaction().rollback() was called{during}: it would undo every write since the last "
-            "checkpoint (earlier chunks and recorded skips included) and the savepoint that undoes this chunk; "
-            "nothing was rolled back by it and the checkpoint did not move",
-            job=self._job,
-            slot=self._slot,
-            hint="Do not roll back yourself: raise, and the chunk's writes are undone (with skip_on=..., only the "
-            "bad item's); to undo part of a chunk and go on, write it inside 'with ctx.savepoint():'",
-        ) from handling
-
-    def executescript(self, script: str) -> Any:
-        """Refused: a script commits the pending transaction first and runs outside it.
-
-        Raises:
-            ConfigurationError: always; nothing was run.
-        """
-        raise _script_refused(self._job, self._slot)
-
-    def cursor(self) -> Any:
-        if self._dialect.marker == "%s":
-            return guarded_cursor(self._conn, self._job, self._slot)
-        return _QmarkCursor(self._conn.cursor(), self._dialect, self._conn, job=self._job, slot=self._slot)
-
-    def execute(self, sql: str, params: Any = None) -> Any:
-        cur = self.cursor()
-        if params is None:
-            cur.execute(sql)
-        else:
-            cur.execute(sql, params)
-        return cur
-
-    def executemany(self, sql: str, seq_of_params: Any) -> Any:
-        cur = self.cursor()
-        cur.executemany(sql, seq_of_params)
-        return cur
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._conn, name)
-
-    def __enter__(self) -> TransactionConnection:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        """Leaving the block neither commits nor rolls back: the checkpoint decides."""
-
-
-def _script_refused(job: str | None, slot: str | None) -> ConfigurationError:
-    return ConfigurationError(
-        "executescript() through ctx.transaction() would commit the chunk's pending writes first and run the "
-        "script outside the checkpoint's transaction",
-        job=job,
-        slot=slot,
-        hint="Send each statement with execute() or executemany(): they commit with the next ctx.checkpoint(); "
-        "nothing of this chunk was committed",
-    )
-
-
-class _QmarkCursor:
-    """A SQLite cursor that takes ``%s`` placeholders and opens the chunk's transaction before
-    its first statement (see :class:`TransactionConnection`)."""
-
-    def __init__(self, cur: Any, dialect: Dialect, conn: Any, *, job: str | None, slot: str | None):
-        self._cur = cur
-        self._dialect = dialect
-        self._conn = conn
-        self._job, self._slot = job, slot
-
-    def execute(self, sql: str, params: Any = None) -> Any:
-        check_statement(sql, self._job, self._slot)
-        self._conn.begin()
-        if params is None:  # as psycopg2: no parameters, no placeholder processing
-            return self._cur.execute(sql)
-        return self._cur.execute(self._dialect.placeholders(sql), params)
-
-    def executemany(self, sql: str, seq_of_params: Any) -> Any:
-        check_statement(sql, self._job, self._slot)
-        self._conn.begin()
-        return self._cur.executemany(self._dialect.placeholders(sql), seq_of_params)
-
-    def executescript(self, script: str) -> Any:
-        """Refused, as :meth:`TransactionConnection.executescript`."""
-        raise _script_refused(self._job, self._slot)
-
-    def __iter__(self) -> Any:
-        return iter(self._cur)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._cur, name)
 
 
 #: ``ctx.previous`` before the handler first asked for it.

@@ -186,6 +186,8 @@ class Attempt(Chunks, Finishing, Acquiring):
         finally:
             with self._lock:  # waits for a save another thread has under way
                 self._ended = True
+                if self._session is not None:
+                    self._session.end_loan()  # the handles of ctx.transaction() refuse from now on
 
     def previous_run(self) -> Checkpoint | None:
         """``ctx.previous``, read when the handler first asks: most handlers never do, and then

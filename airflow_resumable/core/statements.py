@@ -1,221 +1,184 @@
-"""Which statements would end the chunk's transaction: found before they are sent.
+"""Which statements the handler may send through ``ctx.transaction()``, judged by the database's own
+grammar: never by a lexer of ours.
 
-Writes through ``ctx.transaction()`` commit with the next checkpoint (guarantee 3). A ``COMMIT``
-(or ``END``, ``ROLLBACK``, ``ABORT``, ``BEGIN``, ``START TRANSACTION``, ``PREPARE TRANSACTION``)
-sent through that connection would commit or undo the chunk's writes on its own, outside the
-checkpoint: such a statement is refused before it reaches the database. Savepoints of the
-handler's own (``SAVEPOINT``, ``RELEASE``, ``ROLLBACK TO``) stay inside the transaction and pass.
+Writes through ``ctx.transaction()`` commit with the next checkpoint (guarantee 3). A statement that
+ends or opens a transaction (``COMMIT``, ``END``, ``ROLLBACK``, ``ABORT``, ``BEGIN``, ``START
+TRANSACTION``, ``PREPARE TRANSACTION``, ``COMMIT``/``ROLLBACK PREPARED``) would commit or undo writes
+the checkpoint does not cover; one that names a savepoint of the run's own (``resumable_...``) would
+undo or release what the run keeps to undo a chunk or to tell that its transaction is intact. Both
+are refused before they run. The handler's own ``SAVEPOINT``, ``RELEASE`` and ``ROLLBACK TO``
+stay inside the transaction and pass.
 
-The scan skips what cannot start a statement: quoted strings and identifiers, dollar quoting,
-comments; it looks at the first word of every statement of the text (psycopg2 sends
-``INSERT ...; COMMIT`` as one call). Its answer is cached per SQL text, so a statement sent once per
-item costs one dictionary look-up (~0.1 µs) after the first.
-
-:func:`guarded_cursor` gives ``ctx.transaction()`` its PostgreSQL cursors with the check in front of
-``execute``/``executemany`` (the SQLite cursor of :mod:`~airflow_resumable.core.context` calls
-:func:`check_statement` itself, beside its placeholder translation).
+* **PostgreSQL**: the text the driver is about to send (parameters merged, ``psycopg2.sql``/
+  ``psycopg.sql`` objects rendered) is parsed by PostgreSQL's own parser, libpg_query through
+  `pglast <https://pypi.org/project/pglast/>`_, and refused if any of its top-level statements is a
+  ``TransactionStmt`` of the kinds above. A text that parser cannot read is refused too (fail
+  closed): a text the server accepts but pglast's PostgreSQL cannot read (syntax newer than
+  pglast's) is not sent. So is every text while the session's ``standard_conforming_strings`` is
+  off: libpg_query reads strings as the server does only with it on. The verdict is cached per text
+  (texts up to :data:`CACHED_LENGTH` characters); a text holding none of the words a transaction
+  statement needs is passed without parsing (a keyword token is made of those letters; sound).
+* **SQLite**: the engine judges every statement as it compiles it: ``sqlite3``'s authorizer denies
+  ``SQLITE_TRANSACTION`` and the savepoint actions on the run's names while the connection is lent
+  to the handler (see :func:`sqlite_denial` and ``stores/sqlite.py``). The handler's statements,
+  and its raw driver calls (``commit()``, ``executescript()``...), fail with SQLite's "not
+  authorized"; the run's own statements are marked as its own and pass.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import json
 import re
+import sqlite3
 from typing import Any
 
-from airflow_resumable.core.errors import TransactionRefused
+from airflow_resumable.core.errors import ConfigurationError, TransactionRefused
 
-#: The first words of statements that end (or open) a transaction.
-_ENDS = frozenset({"COMMIT", "END", "ABORT", "BEGIN", "START", "ROLLBACK", "PREPARE"})
-#: Cheap first look: a text without any of these words has nothing to refuse.
-_MAYBE = re.compile(r"(?i)\b(?:commit|end|abort|begin|start|rollback|prepare)\b")
-_WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_$]*")
-_DOLLAR = re.compile(r"\$([A-Za-z_][A-Za-z0-9_]*)?\$")
+#: Every savepoint the run opens on the handler's connection starts with this (case does not matter).
+RUN_SAVEPOINTS = "resumable_"
+
+#: Texts longer than this are judged every time (a ``execute_values`` page is unique anyway).
+CACHED_LENGTH = 8192
+
+#: A transaction statement needs one of these words as a keyword token; PostgreSQL folds only ASCII
+#: letters to match keywords, so a text without any of them (in any case) holds no such statement.
+_WORDS = re.compile(r"begin|start|commit|end|abort|rollback|savepoint|release|prepare", re.IGNORECASE)
+
+#: libpg_query's TransactionStmtKind -> the statement, as a person writes it.
+_KINDS = {
+    "TRANS_STMT_BEGIN": "BEGIN",
+    "TRANS_STMT_START": "START TRANSACTION",
+    "TRANS_STMT_COMMIT": "COMMIT",
+    "TRANS_STMT_ROLLBACK": "ROLLBACK",
+    "TRANS_STMT_SAVEPOINT": "SAVEPOINT",
+    "TRANS_STMT_RELEASE": "RELEASE SAVEPOINT",
+    "TRANS_STMT_ROLLBACK_TO": "ROLLBACK TO SAVEPOINT",
+    "TRANS_STMT_PREPARE": "PREPARE TRANSACTION",
+    "TRANS_STMT_COMMIT_PREPARED": "COMMIT PREPARED",
+    "TRANS_STMT_ROLLBACK_PREPARED": "ROLLBACK PREPARED",
+}
+#: The kinds that stay inside the transaction when they name a savepoint of the handler's own.
+_OWN_SAVEPOINT_KINDS = frozenset({"TRANS_STMT_SAVEPOINT", "TRANS_STMT_RELEASE", "TRANS_STMT_ROLLBACK_TO"})
 
 
-def ending_statement(sql: str | bytes) -> str | None:
-    """The words of the first statement in ``sql`` that would end the transaction, or None.
+@dataclasses.dataclass(frozen=True)
+class Refusal:
+    """Why a statement may not run through ``ctx.transaction()``.
 
-    >>> ending_statement("insert into t values (1); commit")
-    'COMMIT'
-    >>> ending_statement("rollback to savepoint s") is None
-    True
+    Attributes:
+        what: the statement's kind (``COMMIT``, ``ROLLBACK TO SAVEPOINT resumable_item_...``), or
+            what could not be read.
+        unreadable: the parser could not read the text (not sent: the server might have run it).
     """
-    if isinstance(sql, bytes | bytearray | memoryview):
-        sql = bytes(sql).decode("latin-1")
-    if not isinstance(sql, str):
+
+    what: str
+    unreadable: bool = False
+
+
+def postgres_refusal(sql: str) -> Refusal | None:
+    """Why PostgreSQL's own parser says ``sql`` may not run through ``ctx.transaction()``, or None.
+
+    >>> postgres_refusal("insert into t values (1); commit").what
+    'COMMIT'
+    >>> postgres_refusal("select 'commit'; savepoint mine; rollback to savepoint mine") is None
+    True
+
+    Raises:
+        ConfigurationError: pglast is not installed (the ``postgres`` extra).
+    """
+    if _WORDS.search(sql) is None:
         return None
+    if len(sql) > CACHED_LENGTH:
+        return _judge(sql)
     return _cached(sql)
 
 
-@functools.lru_cache(maxsize=1024)
-def _cached(sql: str) -> str | None:
-    return _scan(sql) if _MAYBE.search(sql) else None
+@functools.lru_cache(maxsize=4096)
+def _cached(sql: str) -> Refusal | None:
+    return _judge(sql)
 
 
-def _scan(sql: str) -> str | None:
-    i, n = 0, len(sql)
-    at_start = True  # the next word is a statement's first
-    first: str | None = None  # the current statement's first word, when it is one of _ENDS
-    while i < n:
-        c = sql[i]
-        if c in " \t\r\n\f":
-            i += 1
-        elif c == ";":
-            at_start, first = True, None
-            i += 1
-        elif c == "-" and sql.startswith("--", i):
-            j = sql.find("\n", i)
-            i = n if j < 0 else j + 1
-        elif c == "/" and sql.startswith("/*", i):
-            i = _comment_end(sql, i)
-        elif c in "'\"`":
-            i = _quote_end(sql, i, c)
-        elif c == "[":  # SQLite's [identifier]
-            j = sql.find("]", i + 1)
-            i = n if j < 0 else j + 1
-        elif c == "$" and (m := _DOLLAR.match(sql, i)):
-            j = sql.find(m.group(0), m.end())
-            i = n if j < 0 else j + len(m.group(0))
-            at_start = False
-        elif (m := _WORD.match(sql, i)) is not None:
-            word = m.group(0).upper()
-            i = m.end()
-            if at_start:
-                at_start = False
-                if word in _ENDS:
-                    first = word
-                    if word not in ("ROLLBACK", "PREPARE"):
-                        return word
-                continue
-            if first == "ROLLBACK":
-                if word == "TO":  # ROLLBACK TO [SAVEPOINT] name: stays inside the transaction
-                    first = None
-                elif word not in ("WORK", "TRANSACTION"):
-                    return "ROLLBACK"
-                continue
-            if first == "PREPARE":
-                if word == "TRANSACTION":
-                    return "PREPARE TRANSACTION"
-                first = None  # PREPARE name AS ...: a prepared statement
-        else:
-            if first == "ROLLBACK":
-                return "ROLLBACK"
-            at_start = False
-            first = None
-            i += 1
-    return "ROLLBACK" if first == "ROLLBACK" else None
+def _judge(sql: str) -> Refusal | None:
+    parser = _parser()
+    try:
+        tree = parser.parse_sql_json(sql)
+    except parser.ParseError as exc:
+        return Refusal(f"a text PostgreSQL's parser (pglast, PostgreSQL {_server_grammar()}) cannot read: {exc}",
+                       unreadable=True)
+    if '"TransactionStmt"' not in tree:  # the common case: no JSON to load
+        return None
+    for raw in json.loads(tree).get("stmts", ()):
+        stmt = raw.get("stmt", {}).get("TransactionStmt")
+        if stmt is None:
+            continue
+        kind = stmt.get("kind", "")
+        name = stmt.get("savepoint_name") or ""
+        what = _KINDS.get(kind, kind)
+        if kind in _OWN_SAVEPOINT_KINDS:
+            if not name.lower().startswith(RUN_SAVEPOINTS):
+                continue  # the handler's own savepoint: inside the transaction
+            what = f"{what} {name}"
+        return Refusal(what)
+    return None
 
 
-def check_statement(sql: Any, job: str | None, slot: str | None) -> None:
-    """Refuse a statement that would end the chunk's transaction (see :func:`ending_statement`).
+@functools.cache
+def _parser() -> Any:
+    try:
+        import pglast.parser
+    except ImportError as exc:  # pragma: no cover - depends on the install
+        raise ConfigurationError(
+            "ctx.transaction() on PostgreSQL checks each statement with PostgreSQL's own parser, pglast, which is "
+            "not installed",
+            hint="Install it with: pip install 'airflow-resumable[postgres]' (or pglast)",
+        ) from exc
+    return pglast.parser
 
-    Raises:
-        TransactionRefused: ``sql`` holds a ``COMMIT``, ``ROLLBACK``, ``BEGIN``...; nothing was sent.
+
+@functools.cache
+def _server_grammar() -> str:
+    version = int(_parser().get_postgresql_version()[0])
+    return str(version)
+
+
+def sqlite_denial(action: int, arg1: str | None, arg2: str | None) -> str | None:
+    """What SQLite's authorizer refuses to compile for the handler: a transaction statement, or a
+    savepoint action on one of the run's savepoints (``resumable_...``); None for anything else.
+
+    Args:
+        action: the authorizer's action code.
+        arg1: ``BEGIN``/``COMMIT``/``ROLLBACK`` (``SQLITE_TRANSACTION``), ``BEGIN``/``RELEASE``/
+            ``ROLLBACK`` (``SQLITE_SAVEPOINT``).
+        arg2: the savepoint's name (``SQLITE_SAVEPOINT``).
     """
-    word = ending_statement(sql)
-    if word is not None:
-        raise TransactionRefused(
-            f"a {word} statement was sent through ctx.transaction(): it would end the chunk's transaction on its "
-            "own, outside the checkpoint (committing or undoing writes the checkpoint does not cover); nothing was "
-            "sent",
+    if action == sqlite3.SQLITE_TRANSACTION:
+        return arg1 or "a transaction statement"
+    if action == sqlite3.SQLITE_SAVEPOINT and (arg2 or "").lower().startswith(RUN_SAVEPOINTS):
+        verb = {"BEGIN": "SAVEPOINT", "RELEASE": "RELEASE", "ROLLBACK": "ROLLBACK TO"}.get(arg1 or "", arg1)
+        return f"{verb} {arg2}"
+    return None
+
+
+def statement_refused(refusal: Refusal, job: str | None, slot: str | None) -> TransactionRefused:
+    """The error of a statement refused before it ran."""
+    if refusal.unreadable:
+        return TransactionRefused(
+            f"a statement sent through ctx.transaction() is {refusal.what}; it was not sent, since whether it "
+            "would end the chunk's transaction cannot be told",
             job=job,
             slot=slot,
-            hint="Leave the transaction to the run: its writes commit with the next ctx.checkpoint(), and raising "
-            "undoes them; your own SAVEPOINT / ROLLBACK TO / RELEASE stay inside it and are allowed",
+            hint="Fix the statement's syntax. If your server accepts it (a newer PostgreSQL), upgrade pglast to one "
+            "built on that PostgreSQL's parser",
         )
-
-
-class _GuardedCursor:
-    """A driver cursor (PostgreSQL) whose statements are checked by :func:`_check_statement` first."""
-
-    def __init__(self, cur: Any, job: str | None, slot: str | None):
-        self._cur = cur
-        self._job, self._slot = job, slot
-
-    def execute(self, sql: Any, params: Any = None) -> Any:
-        check_statement(sql, self._job, self._slot)
-        return self._cur.execute(sql) if params is None else self._cur.execute(sql, params)
-
-    def executemany(self, sql: Any, seq_of_params: Any) -> Any:
-        check_statement(sql, self._job, self._slot)
-        return self._cur.executemany(sql, seq_of_params)
-
-    def __iter__(self) -> Any:
-        return iter(self._cur)
-
-    def __enter__(self) -> Any:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self._cur.close()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._cur, name)
-
-
-def guarded_cursor(conn: Any, job: str | None, slot: str | None) -> Any:
-    """A checked cursor on ``conn``: for psycopg2 a subclass of the connection's own cursor class
-    (its ``cursor_factory``, e.g. a hook's ``RealDictCursor``), so rows keep their shape and helpers
-    such as ``psycopg2.extras.execute_values`` keep working; for other drivers a wrapper."""
-    if type(conn).__module__.startswith("psycopg2"):
-        cur = conn.cursor(cursor_factory=_checked_class(conn.cursor_factory))
-        cur.resumable_where = (job, slot)
-        return cur
-    return _GuardedCursor(conn.cursor(), job, slot)
-
-
-#: psycopg2 cursor class -> its checked subclass (made once per class).
-_CHECKED: dict[Any, Any] = {}
-
-
-def _checked_class(base: Any) -> Any:
-    if base is None:
-        import psycopg2.extensions  # only reached with a psycopg2 connection in hand
-
-        base = psycopg2.extensions.cursor
-    checked = _CHECKED.get(base)
-    if checked is None:
-
-        class CheckedCursor(base):
-            resumable_where: tuple[str | None, str | None] = (None, None)
-
-            def execute(self, query: Any, vars: Any = None) -> Any:  # noqa: A002 - psycopg2's name
-                check_statement(query, *self.resumable_where)
-                return super().execute(query, vars)
-
-            def executemany(self, query: Any, vars_list: Any) -> Any:
-                check_statement(query, *self.resumable_where)
-                return super().executemany(query, vars_list)
-
-        checked = _CHECKED[base] = CheckedCursor
-    return checked
-
-
-def _comment_end(sql: str, i: int) -> int:
-    depth, i = 1, i + 2  # PostgreSQL nests block comments
-    while i < len(sql) and depth:
-        if sql.startswith("/*", i):
-            depth, i = depth + 1, i + 2
-        elif sql.startswith("*/", i):
-            depth, i = depth - 1, i + 2
-        else:
-            i += 1
-    return i
-
-
-def _quote_end(sql: str, i: int, quote: str) -> int:
-    # E'...' strings take backslash escapes; a doubled quote is a quote in every dialect.
-    escapes = quote == "'" and i > 0 and sql[i - 1] in "eE"
-    i += 1
-    while i < len(sql):
-        c = sql[i]
-        if escapes and c == "\\":
-            i += 2
-            continue
-        if c == quote:
-            if i + 1 < len(sql) and sql[i + 1] == quote:
-                i += 2
-                continue
-            return i + 1
-        i += 1
-    return i
+    return TransactionRefused(
+        f"a {refusal.what} statement was sent through ctx.transaction(): it would end the chunk's transaction on "
+        "its own, outside the checkpoint (committing or undoing writes the checkpoint does not cover), or undo "
+        "what the run keeps to undo a chunk; nothing was run",
+        job=job,
+        slot=slot,
+        hint="Leave the transaction to the run: its writes commit with the next ctx.checkpoint(), and raising "
+        "undoes them; to undo part of a chunk use 'with ctx.savepoint():'. Your own SAVEPOINT / ROLLBACK TO / "
+        "RELEASE (any name not starting with 'resumable_') stay inside it and are allowed",
+    )

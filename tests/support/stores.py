@@ -12,13 +12,28 @@ def spec_of(store: Store) -> str:
     if isinstance(store, SQLiteStore):
         return json.dumps({"sqlite": store.path})
     assert isinstance(store, PostgresStore)
+    if getattr(store, "psycopg3_params", None) is not None:
+        return json.dumps({"psycopg3": store.psycopg3_params})  # type: ignore[attr-defined]
     return json.dumps({"postgres": store._params})
+
+
+def psycopg3_store(params: dict[str, Any]) -> PostgresStore:
+    """A PostgreSQL store whose connections are psycopg 3's (as the Postgres provider's hook opens them)."""
+    import psycopg
+
+    params = {k: v for k, v in params.items() if k != "application_name"}
+    store = PostgresStore.from_connect(lambda: psycopg.connect(**params), host=params.get("host"),
+                                       dbname=params.get("dbname"))
+    store.psycopg3_params = params  # type: ignore[attr-defined]
+    return store
 
 
 def store_of(spec: str) -> Store:
     data = json.loads(spec)
     if "sqlite" in data:
         return SQLiteStore(data["sqlite"])
+    if "psycopg3" in data:
+        return psycopg3_store(data["psycopg3"])
     params = dict(data["postgres"])
     params.pop("application_name", None)
     return PostgresStore(**params)

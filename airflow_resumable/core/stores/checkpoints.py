@@ -195,13 +195,14 @@ class Checkpoints:
             CheckpointDeleted: the row is gone (deleted by hand); nothing was committed.
         """
         c = self._c
+        c.check_loan()  # a lent connection's transaction must still be the chunk's (no round trip)
         cur = self._save_cursor
         if cur is None:  # one cursor for every checkpoint of the session
             cur = self._save_cursor = c.conn.cursor()
         sql, params = self.save_statement(fence, position=position, state=state, processed=processed, total=total,
                                           rate=rate)
         if c.d.one_writer:
-            with c.conn.writing():
+            with c.conn.own(), c.conn.writing():
                 cur.execute(sql, params)
         elif self._prepared is None or self._prepared.plain is not sql:
             cur.execute(sql, params)

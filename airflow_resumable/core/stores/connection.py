@@ -17,6 +17,7 @@ from typing import Any, Protocol
 from airflow_resumable.core.checkpoint import Checkpoint, _depth_over, decode, error_text
 from airflow_resumable.core.errors import CheckpointDeleted, LeaseLost, StoreUnavailable, TransactionRefused
 from airflow_resumable.core.fence import Fence
+from airflow_resumable.core.lent import Loan, TransactionConnection, driver_of
 from airflow_resumable.core.stores.dialect import Dialect, writes
 from airflow_resumable.core.tables import CHECKPOINTS
 
@@ -80,6 +81,30 @@ def _undo_failed(exc: BaseException, undo: Exception, job: str | None, slot: str
                             hint="A retry resumes from the last checkpoint")
 
 
+#: SQLSTATEs of a ``RELEASE SAVEPOINT`` whose savepoint (3B001) or transaction block (25P01) is gone.
+_GONE = ("3B001", "25P01")
+
+
+def escaped(loan: Loan, what: str) -> TransactionRefused:
+    """The error of a chunk whose transaction was ended behind the run's back (found when the run
+    commits it: :meth:`Connection.lend`)."""
+    return TransactionRefused(
+        f"the transaction being committed is not the one this chunk opened: {what} (the driver's connection was "
+        "reached around ctx.transaction()). The checkpoint was NOT written and the transaction's remaining writes "
+        "were rolled back; writes committed that way stay committed, and the next attempt does the chunk again "
+        "from the last checkpoint",
+        job=loan.job, slot=loan.slot,
+        hint="Write only through ctx.transaction() and never commit, roll back or reconfigure its connection: the "
+        "chunk's writes commit with ctx.checkpoint(), raising undoes them, 'with ctx.savepoint():' undoes part of "
+        "them. Fix the handler, then Clear the task: it resumes from the last checkpoint",
+    )
+
+
+def _sqlstate(exc: BaseException) -> str | None:
+    """A PostgreSQL error's SQLSTATE (psycopg2's ``pgcode``, psycopg 3's ``sqlstate``)."""
+    return getattr(exc, "pgcode", None) or getattr(exc, "sqlstate", None)
+
+
 class Connection:
     """One DB-API connection on the checkpoint database, and how statements run on it."""
 
@@ -89,15 +114,22 @@ class Connection:
         self.autocommit = autocommit
         self.d = store.dialect
         self._in_transaction = False
+        #: The connection's loan to the handler (:meth:`lend`), until its last transaction is committed.
+        self._loan: Loan | None = None
+        self._driver: Any = None
 
     def execute(self, sql: str, params: Params = ()) -> Any:
         """Run one statement written with ``%s`` or ``%(name)s`` placeholders (see :class:`Dialect`),
         with a sequence or a dict of values."""
         cur = self.conn.cursor()
         values = params if isinstance(params, Mapping) else tuple(params)
-        if self.d.one_writer and writes(sql):
-            with self.conn.writing():
-                cur.execute(self.d.placeholders(sql), values)
+        if self.d.one_writer:
+            with self.conn.own():  # the run's own statement: SQLite's authorizer lets it pass
+                if writes(sql):
+                    with self.conn.writing():
+                        cur.execute(self.d.placeholders(sql), values)
+                else:
+                    cur.execute(self.d.placeholders(sql), values)
             return cur
         cur.execute(self.d.placeholders(sql), values)
         return cur
@@ -111,13 +143,128 @@ class Connection:
 
     def commit(self) -> None:
         """Commit the open transaction, if any (a no-op in autocommit mode, and inside
-        :meth:`transaction`, which commits once at its end)."""
+        :meth:`transaction`, which commits once at its end). While the connection is lent to the
+        handler, first make sure the transaction is the chunk's own (see :meth:`lend`).
+
+        Raises:
+            TransactionRefused: the chunk's transaction was ended behind the run's back; nothing
+                was committed (what remained was rolled back).
+        """
         if not self._in_transaction:
-            self.conn.commit()
+            self._commit()
 
     def rollback(self) -> None:
         """Roll back the open transaction, if any (a no-op in autocommit mode)."""
-        self.conn.rollback()
+        loan = self._loan
+        if loan is None:
+            self.conn.rollback()
+        elif self.d.one_writer:
+            with self.conn.own():
+                self.conn.rollback()
+            self.conn.chunk_done()
+            if not loan.active:
+                self._loan = None
+        elif loan.active:  # the next chunk's transaction and its savepoint, in the same round trip
+            try:
+                self.conn.cursor().execute(f"ROLLBACK; BEGIN; SAVEPOINT {loan.marker}")
+            except Exception:
+                self.conn.rollback()
+                raise
+        else:
+            self._loan = None
+            self.conn.rollback()
+
+    def _commit(self) -> None:
+        loan = self._loan
+        if loan is None:
+            self.conn.commit()
+        elif self.d.one_writer:
+            conn = self.conn
+            with conn.own():
+                self.check_loan()
+                if conn.marked:
+                    try:
+                        conn.execute(f"RELEASE {loan.marker}")
+                    except Exception as exc:
+                        self.rollback()
+                        raise escaped(loan, f"the run's savepoint {loan.marker} is gone ({error_text(exc, 200).strip()})") from exc
+                conn.commit()
+            conn.chunk_done()
+            if not loan.active:
+                self._loan = None
+        else:
+            # One round trip: the savepoint the chunk's transaction began with must still be there, then
+            # the commit, then (while the handler runs) the next chunk's transaction and its savepoint.
+            reopen = f"; BEGIN; SAVEPOINT {loan.marker}" if loan.active else ""
+            try:
+                self.conn.cursor().execute(f"RELEASE SAVEPOINT {loan.marker}" + ("; COMMIT" + reopen if reopen else ""))
+            except Exception as exc:
+                if _sqlstate(exc) not in _GONE:
+                    raise
+                what = ("it was committed or rolled back, or the run's savepoint released or rolled back to, through "
+                        f"the driver's own connection ({error_text(exc, 200).strip()})")
+                self.rollback()
+                raise escaped(loan, what) from exc
+            if not reopen:  # the handler has returned: the driver commits, and knows it did
+                self._loan = None
+                self.conn.commit()
+
+    def check_loan(self) -> None:
+        """Before the run writes on a lent connection (a checkpoint, the final status): make sure the
+        chunk's transaction is still open and the run's (without a round trip: the driver knows).
+
+        Raises:
+            TransactionRefused: it was ended behind the run's back; what remained was rolled back.
+        """
+        loan = self._loan
+        if loan is None:
+            return
+        if self.d.one_writer:
+            problem = self.conn.chunk_problem()
+        elif self.conn.info.transaction_status == 0:  # IDLE: the server ended it, and the driver knows
+            problem = "it was committed or rolled back through the driver's own connection"
+        else:
+            return
+        if problem is not None:
+            self.rollback()
+            raise escaped(loan, problem)
+
+    def lend(self, job: str | None, slot: str | None) -> TransactionConnection:
+        """The connection as the handler gets it (``ctx.transaction()``): from now on statements join a
+        transaction that the run commits with each checkpoint (see :class:`~airflow_resumable.core.lent.
+        TransactionConnection`).
+
+        Each chunk's transaction begins with a savepoint of the run's own (:attr:`Loan.marker`), which
+        every commit while the loan lasts releases first: if the handler ended the transaction behind
+        the run's back (the driver's connection reached through private attributes), the savepoint is
+        gone, the commit fails with :class:`TransactionRefused` and the checkpoint is not written. On
+        PostgreSQL the release travels with the commit and the next chunk's ``BEGIN`` and savepoint: one
+        round trip where a driver's ``BEGIN`` and ``COMMIT`` take two. On SQLite the engine's authorizer
+        also refuses, while the handler runs, every transaction statement that is not the run's own.
+        """
+        if self._loan is None:
+            self.begin_transactions()
+            loan = self._loan = Loan(job, slot)
+            self._driver = driver_of(self.conn, self.d.placeholders)
+            if self.d.one_writer:
+                self.conn.lend(loan)  # the savepoint comes with each chunk's BEGIN IMMEDIATE
+            else:
+                self.conn.cursor().execute(f"SAVEPOINT {loan.marker}")  # the driver sends BEGIN first
+        return TransactionConnection(self.conn, self._driver, self._loan)
+
+    def end_loan(self) -> None:
+        """The handler has returned: its handles refuse to run anything. The open transaction's
+        savepoint is still checked when it commits (with the final status)."""
+        loan = self._loan
+        if loan is not None and loan.active:
+            loan.active = False
+            if self.d.one_writer:
+                self.conn.unlend()
+
+    @property
+    def item_savepoint(self) -> str:
+        """The name of ``ctx.savepoint()``'s savepoints on this connection."""
+        return "resumable_item" if self._loan is None else self._loan.item
 
     @contextmanager
     def transaction(self, *, lock: bool = False) -> Iterator[Connection]:
@@ -131,6 +278,7 @@ class Connection:
                     self.execute(stmt)
             yield self
             return
+        self.check_loan()
         auto = self.autocommit
         if auto:
             self.store.set_autocommit(self.conn, False)
@@ -143,10 +291,10 @@ class Connection:
                     self.execute(stmt)
             yield self
             self._in_transaction = False
-            self.conn.commit()
+            self._commit()
         except BaseException:
             self._in_transaction = False
-            self.conn.rollback()
+            self.rollback()
             raise
         finally:
             self._in_transaction = False
@@ -170,14 +318,17 @@ class Connection:
             StoreUnavailable: undoing failed otherwise (a broken connection); names the block's error.
         """
         transactional = not self.autocommit
+        name = self.item_savepoint
         if transactional:
-            self.execute("SAVEPOINT resumable_item")
+            if self.d.one_writer:
+                self.conn.begin()  # inside the chunk's transaction: a savepoint of its own would commit on release
+            self.execute(f"SAVEPOINT {name}")
         try:
             yield
         except BaseException as exc:
             try:
                 if transactional:
-                    self.execute("ROLLBACK TO SAVEPOINT resumable_item")
+                    self.execute(f"ROLLBACK TO SAVEPOINT {name}")
                 elif not self.autocommit:
                     self.rollback()
             except Exception as undo:

@@ -12,7 +12,10 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 
 from airflow_resumable.core.errors import ConfigurationError, StoreUnavailable
+from airflow_resumable.core.lent import Loan
+from airflow_resumable.core.statements import sqlite_denial
 from airflow_resumable.core.stores.base import Store
+from airflow_resumable.core.stores.connection import escaped
 from airflow_resumable.core.stores.dialect import Dialect
 
 _NOW = "((julianday('now') - 2440587.5) * 86400.0)"
@@ -112,6 +115,21 @@ class WriteTurns:
         self.close()
 
 
+class _Own:
+    """The block of one of the run's own statements (:meth:`SQLiteConnection.own`)."""
+
+    __slots__ = ("_conn",)
+
+    def __init__(self, conn: SQLiteConnection):
+        self._conn = conn
+
+    def __enter__(self) -> None:
+        self._conn._own += 1
+
+    def __exit__(self, *exc: Any) -> None:
+        self._conn._own -= 1
+
+
 class SQLiteConnection(sqlite3.Connection):
     """A connection of the store: the driver's, plus turns at the write lock (:class:`WriteTurns`)
     and explicit transactions.
@@ -121,9 +139,61 @@ class SQLiteConnection(sqlite3.Connection):
     at once, outside the checkpoint's transaction. :meth:`writing` therefore opens every
     transaction itself, with ``BEGIN IMMEDIATE`` (the write lock up front: a transaction that read
     first and then waits to write would get ``SQLITE_BUSY`` at once instead of waiting).
+
+    While it is lent to the handler (:meth:`lend`), SQLite's authorizer refuses to compile any
+    transaction statement and any savepoint action on the run's savepoints (``resumable_...``)
+    that is not the run's own (:meth:`own`), and each chunk's transaction begins with the run's
+    savepoint (:attr:`~airflow_resumable.core.lent.Loan.marker`).
     """
 
     turns: WriteTurns
+    _own = 0
+    _loan: Loan | None = None
+    _denied: str | None = None
+    #: The chunk's transaction was opened by :meth:`begin` (since the run last committed or rolled back).
+    ran = False
+    #: ... and began with the run's savepoint.
+    marked = False
+
+    def own(self) -> _Own:
+        """A block whose statements are the run's own: the authorizer lets them pass."""
+        return _Own(self)
+
+    def lend(self, loan: Loan) -> None:
+        """Judge the statements compiled from now on (see the class docstring)."""
+        self._loan = loan
+        self.set_authorizer(self._authorize)
+
+    def unlend(self) -> None:
+        """The handler has returned: stop judging."""
+        self.set_authorizer(None)
+
+    def _authorize(self, action: int, arg1: str | None, arg2: str | None, db: str | None, source: str | None) -> int:
+        if self._own or (action != sqlite3.SQLITE_TRANSACTION and action != sqlite3.SQLITE_SAVEPOINT):
+            return sqlite3.SQLITE_OK
+        denied = sqlite_denial(action, arg1, arg2)
+        if denied is None:
+            return sqlite3.SQLITE_OK
+        self._denied = denied
+        return sqlite3.SQLITE_DENY
+
+    def take_denial(self) -> str | None:
+        """What the authorizer refused last (None if nothing), forgotten once read."""
+        denied, self._denied = self._denied, None
+        return denied
+
+    def chunk_problem(self) -> str | None:
+        """What is wrong with the transaction about to be committed while lent, or None: the chunk's
+        transaction ended behind the run's back, or one the run did not open is open."""
+        if self.marked and not self.in_transaction:
+            return "it was committed or rolled back through the driver's own connection"
+        if self.in_transaction and not self.ran:
+            return "it was opened through the driver's own connection, not by the run"
+        return None
+
+    def chunk_done(self) -> None:
+        """The run committed or rolled back the chunk's transaction."""
+        self.ran = self.marked = False
 
     def begin(self) -> None:
         """Open a transaction now, taking the write lock in turn (a no-op inside one).
@@ -137,14 +207,23 @@ class SQLiteConnection(sqlite3.Connection):
         """
         if self.in_transaction:
             return
+        loan = self._loan
+        if self.marked and loan is not None:  # the chunk's transaction is gone, and not by the run's hand
+            raise escaped(loan, "it was committed or rolled back through the driver's own connection")
         turns = self.turns
-        with turns.turn():
+        with turns.turn(), self.own():
             self.execute("PRAGMA busy_timeout = 0")
             try:
                 deadline = time.monotonic() + turns.timeout
                 while True:
                     try:
-                        self.execute("BEGIN IMMEDIATE")
+                        # Lent: a text the handler cannot send by chance (SQLite would reuse the compiled
+                        # statement of an identical text without asking the authorizer again).
+                        self.execute("BEGIN IMMEDIATE" if loan is None else f"BEGIN IMMEDIATE /* {loan.marker} */")
+                        self.ran = True
+                        if loan is not None and loan.active:
+                            self.execute(f"SAVEPOINT {loan.marker}")
+                            self.marked = True
                         return
                     except sqlite3.OperationalError as exc:
                         if getattr(exc, "sqlite_errorcode", None) != sqlite3.SQLITE_BUSY:

@@ -1,0 +1,680 @@
+"""The checkpoint database's connection as the handler gets it (``ctx.transaction()``): handles with
+no method that ends the chunk's transaction.
+
+What the handler holds is never the driver's connection. :class:`TransactionConnection` offers
+``cursor()``, ``execute()``, ``executemany()`` and a few read-only facts of its driver (an
+allow-list); its cursors are the driver's own cursors (psycopg2: a subclass of the connection's
+cursor class, so rows keep their shape and ``psycopg2.extras`` helpers work) or allow-listed
+wrappers (SQLite, psycopg 3), and their ``.connection`` is the :class:`TransactionConnection` again.
+``commit``, ``rollback``, ``reset``, ``close``, ``set_session``, ``set_isolation_level``,
+``set_client_encoding``, ``tpc_*`` and ``executescript`` raise :class:`TransactionRefused` naming
+the job, the slot and what to do instead; so does setting any attribute (``autocommit = True``,
+``isolation_level = None``): nothing is stored on the handle. Every statement a cursor sends is
+judged first (:mod:`airflow_resumable.core.statements`). The driver modules (``psycopg2.sql``,
+``psycopg2.extras``, ``psycopg.sql``...) get the real connection from a cursor's ``.connection``, as
+their C code needs it; code of the handler's own gets the handle.
+
+What the handles cannot stop (a handler that digs the driver's connection out of private
+attributes or the garbage collector) the run notices at the next checkpoint: see
+:meth:`airflow_resumable.core.stores.connection.Connection.lend`.
+"""
+
+from __future__ import annotations
+
+import secrets
+import sys
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+from airflow_resumable.core.checkpoint import error_text
+from airflow_resumable.core.errors import AttemptEnded, TransactionRefused
+from airflow_resumable.core.statements import Refusal, postgres_refusal, statement_refused
+
+#: What each refused call would have done.
+_EFFECTS = {
+    "commit": "commit the chunk's writes on their own, before its checkpoint (a crash before the checkpoint would "
+    "write them twice)",
+    "rollback": "undo every write since the last checkpoint (earlier chunks and recorded skips included) while the "
+    "checkpoint moves on past them",
+    "reset": "undo every write since the last checkpoint while the checkpoint moves on past them",
+    "close": "close the run's own connection, and with it the chunk's transaction",
+    "set_session": "make the chunk's statements commit on their own, or change the transaction under the checkpoint",
+    "set_isolation_level": "end the chunk's transaction and change how the next ones run",
+    "set_client_encoding": "roll back the chunk's transaction (psycopg2 does before it changes the encoding)",
+    "tpc_begin": "hand the chunk's transaction to two-phase commit, outside the checkpoint",
+    "tpc_prepare": "hand the chunk's transaction to two-phase commit, outside the checkpoint",
+    "tpc_commit": "commit the chunk's transaction outside the checkpoint",
+    "tpc_rollback": "undo the chunk's transaction outside the checkpoint",
+    "tpc_recover": "end the chunk's transaction",
+    "executescript": "commit the chunk's pending writes first and run the script outside the checkpoint's "
+    "transaction",
+}
+_HINT = ("Let the run end the transaction: it commits with the next ctx.checkpoint() (return from the chunk to get "
+         "there), and raising undoes the chunk's writes; to undo part of a chunk, write it inside "
+         "'with ctx.savepoint():'")
+
+
+class Loan:
+    """One attempt's loan of its connection to the handler: for whom (job, slot), the run's own
+    savepoints on it (names the handler cannot guess: a random part per attempt), and whether the
+    handler may still use it.
+
+    Attributes:
+        marker: the savepoint the run opens first in each chunk's transaction and releases when it
+            commits: gone means the transaction was ended (or rolled back) behind the run's back.
+        item: the savepoint of ``ctx.savepoint()`` blocks.
+        active: False once the handler has returned: the handles refuse to run anything.
+    """
+
+    def __init__(self, job: str | None, slot: str | None):
+        nonce = secrets.token_hex(4)
+        self.job, self.slot = job, slot
+        self.marker = f"resumable_chunk_{nonce}"
+        self.item = f"resumable_item_{nonce}"
+        self.active = True
+
+    def check(self) -> None:
+        """Raises:
+            AttemptEnded: the handler has returned; nothing was run.
+        """
+        if not self.active:
+            raise AttemptEnded(
+                "a handle of ctx.transaction() was used after the attempt's handler returned; nothing was run",
+                job=self.job, slot=self.slot,
+                hint="Write through ctx.transaction() only while the handler runs: join threads that use it before "
+                "the handler returns",
+            )
+
+    def refused(self, call: str, effect: str, *, cause: BaseException | None = None) -> TransactionRefused:
+        """The error of a refused call, naming the exception being handled (``cause``), if any."""
+        during = f", while handling {error_text(cause, 300)}" if cause is not None else ""
+        return TransactionRefused(
+            f"{call} was called{during}: on the connection of ctx.transaction() it would {effect}; nothing was done "
+            "and the checkpoint did not move",
+            job=self.job, slot=self.slot, hint=_HINT,
+        )
+
+    def refuse_call(self, name: str) -> TransactionRefused:
+        handling = sys.exc_info()[1]
+        error = self.refused(f"{name}()", _EFFECTS[name], cause=handling)
+        error.__cause__ = handling
+        return error
+
+    def refuse_set(self, name: str) -> TransactionRefused:
+        return TransactionRefused(
+            f"{name} was set on the connection of ctx.transaction(): that would change the connection under the "
+            "chunk's transaction (autocommit, isolation...); nothing was stored and the checkpoint did not move",
+            job=self.job, slot=self.slot, hint=_HINT,
+        )
+
+
+class TransactionConnection:
+    """The checkpoint database's connection, lent to the handler for one chunk's writes.
+
+    Whatever is written through it commits *together with* the next ``ctx.checkpoint()``, in the
+    same database transaction: a crash before the checkpoint loses both, a crash after keeps both.
+    It has no way to end that transaction: ``commit()``, ``rollback()``, ``close()``, ``reset()``,
+    ``set_session()``, ``set_isolation_level()``, ``set_client_encoding()``, ``tpc_*()`` and
+    ``executescript()`` raise :class:`~airflow_resumable.core.errors.TransactionRefused`, and so does
+    setting any attribute. Statements that would end it (``COMMIT``, ``ROLLBACK``, ``BEGIN``...) are
+    refused before they run (:mod:`airflow_resumable.core.statements`). Raise to undo the chunk's
+    writes, or undo part of them with ``ctx.savepoint()``.
+
+    **One placeholder style on both stores**: psycopg2's ``format`` style, ``%s`` for each
+    parameter and ``%%`` for a literal ``%`` when parameters are given. On SQLite the statements of
+    :meth:`execute`, :meth:`executemany` and :meth:`cursor`'s cursors are translated to its ``?``.
+
+    **Any statement joins the transaction.** On SQLite the transaction is opened explicitly
+    (``BEGIN IMMEDIATE``) before the chunk's first statement, so that statements Python's sqlite3
+    does not take for DML (``WITH ... INSERT``) commit with the checkpoint too.
+
+    Besides its cursors it offers a few read-only facts of its driver (psycopg2: ``encoding``,
+    ``server_version``, ``get_parameter_status()``...; SQLite: ``in_transaction``, ``total_changes``);
+    anything else is an ``AttributeError`` saying what it offers.
+    """
+
+    __slots__ = ("_conn", "_driver", "_loan")
+
+    #: The DB-API paramstyle every store takes through this connection.
+    paramstyle = "format"
+
+    def __init__(self, conn: Any, driver: Any, loan: Loan):
+        object.__setattr__(self, "_conn", conn)
+        object.__setattr__(self, "_driver", driver)
+        object.__setattr__(self, "_loan", loan)
+
+    def cursor(self, *args: Any, **kwargs: Any) -> Any:
+        """A cursor whose statements are judged before they run (the driver's own arguments:
+        psycopg2's ``name``, ``cursor_factory``, ``withhold``, ``scrollable``; psycopg 3's ``name``,
+        ``binary``, ``row_factory``...).
+
+        Raises:
+            AttemptEnded: the handler has returned.
+        """
+        self._loan.check()
+        return self._driver.cursor(self, *args, **kwargs)
+
+    def execute(self, sql: Any, params: Any = None) -> Any:
+        """Run one statement on a new cursor and return the cursor.
+
+        Raises:
+            TransactionRefused: the statement would end the chunk's transaction; nothing was run.
+        """
+        cur = self.cursor()
+        if params is None:
+            cur.execute(sql)
+        else:
+            cur.execute(sql, params)
+        return cur
+
+    def executemany(self, sql: Any, seq_of_params: Any) -> Any:
+        """Run one statement for each set of parameters on a new cursor and return the cursor.
+
+        Raises:
+            TransactionRefused: the statement would end the chunk's transaction; nothing was run.
+        """
+        cur = self.cursor()
+        cur.executemany(sql, seq_of_params)
+        return cur
+
+    def commit(self) -> None:
+        """Refused: the chunk's writes commit with the next ``ctx.checkpoint()``.
+
+        Raises:
+            TransactionRefused: always; nothing was committed.
+        """
+        raise self._loan.refuse_call("commit")
+
+    def rollback(self) -> None:
+        """Refused: the transaction holds more than the caller's writes.
+
+        Raises:
+            TransactionRefused: always. Called while an exception is being handled (the usual
+                ``except: tx.rollback(); raise``), it names that exception and chains it as its cause,
+                so the error that made the handler roll back is not hidden.
+        """
+        raise self._loan.refuse_call("rollback")
+
+    def close(self) -> None:
+        """Refused: the connection is the run's. Raises: TransactionRefused."""
+        raise self._loan.refuse_call("close")
+
+    def reset(self) -> None:
+        """Refused. Raises: TransactionRefused."""
+        raise self._loan.refuse_call("reset")
+
+    def set_session(self, *args: Any, **kwargs: Any) -> None:
+        """Refused. Raises: TransactionRefused."""
+        raise self._loan.refuse_call("set_session")
+
+    def set_isolation_level(self, *args: Any) -> None:
+        """Refused. Raises: TransactionRefused."""
+        raise self._loan.refuse_call("set_isolation_level")
+
+    def set_client_encoding(self, *args: Any) -> None:
+        """Refused. Raises: TransactionRefused."""
+        raise self._loan.refuse_call("set_client_encoding")
+
+    def tpc_begin(self, *args: Any) -> None:
+        """Refused. Raises: TransactionRefused."""
+        raise self._loan.refuse_call("tpc_begin")
+
+    def tpc_prepare(self) -> None:
+        """Refused. Raises: TransactionRefused."""
+        raise self._loan.refuse_call("tpc_prepare")
+
+    def tpc_commit(self, *args: Any) -> None:
+        """Refused. Raises: TransactionRefused."""
+        raise self._loan.refuse_call("tpc_commit")
+
+    def tpc_rollback(self, *args: Any) -> None:
+        """Refused. Raises: TransactionRefused."""
+        raise self._loan.refuse_call("tpc_rollback")
+
+    def tpc_recover(self) -> None:
+        """Refused. Raises: TransactionRefused."""
+        raise self._loan.refuse_call("tpc_recover")
+
+    def executescript(self, script: str) -> Any:
+        """Refused: a script commits the pending transaction first and runs outside it.
+
+        Raises:
+            TransactionRefused: always; nothing was run.
+        """
+        raise self._loan.refuse_call("executescript")
+
+    def __getattr__(self, name: str) -> Any:
+        if name in self._driver.readable:
+            return getattr(self._conn, name)
+        raise AttributeError(
+            f"the connection of ctx.transaction() has no {name!r}: it offers cursor(), execute(), executemany() and "
+            f"the read-only {', '.join(sorted(self._driver.readable))}"
+        )
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise self._loan.refuse_set(name)
+
+    def __delattr__(self, name: str) -> None:
+        raise self._loan.refuse_set(name)
+
+    def __enter__(self) -> TransactionConnection:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        """Leaving the block neither commits nor rolls back: the checkpoint decides."""
+
+    def __repr__(self) -> str:
+        return f"<TransactionConnection of ctx.transaction() job={self._loan.job!r} slot={self._loan.slot!r}>"
+
+
+def from_driver() -> bool:
+    """Whether the code asking for a cursor's ``.connection`` (two frames up) is a driver module's
+    own (``psycopg2.sql``, ``psycopg2.extras``, ``psycopg.sql``...): their C parts check that it is a
+    real connection. Any other caller gets the :class:`TransactionConnection`."""
+    name = sys._getframe(2).f_globals.get("__name__", "")
+    return isinstance(name, str) and name.startswith(("psycopg2.", "psycopg."))
+
+
+# -- SQLite --------------------------------------------------------------------------------------
+
+
+class SQLiteDriver:
+    """How ``ctx.transaction()`` lends a SQLite connection (``stores/sqlite.py``'s SQLiteConnection)."""
+
+    readable = frozenset({"in_transaction", "total_changes", "isolation_level", "row_factory", "text_factory"})
+
+    def __init__(self, placeholders: Any):
+        self.placeholders = placeholders
+
+    def cursor(self, guard: TransactionConnection, *args: Any, **kwargs: Any) -> SQLiteCursor:
+        return SQLiteCursor(guard._conn.cursor(*args, **kwargs), guard, self)
+
+
+class SQLiteCursor:
+    """A SQLite cursor that takes ``%s`` placeholders, opens the chunk's transaction before its
+    first statement, and turns SQLite's authorizer refusal into :class:`TransactionRefused`."""
+
+    __slots__ = ("_cur", "_driver", "_guard")
+    #: What may be set on the cursor (passed to SQLite's).
+    _SETTABLE = frozenset({"arraysize", "row_factory"})
+    _READABLE = frozenset({"description", "rowcount", "lastrowid", "arraysize", "row_factory", "fetchone",
+                           "fetchmany", "fetchall", "close", "setinputsizes", "setoutputsize"})
+
+    def __init__(self, cur: Any, guard: TransactionConnection, driver: SQLiteDriver):
+        object.__setattr__(self, "_cur", cur)
+        object.__setattr__(self, "_guard", guard)
+        object.__setattr__(self, "_driver", driver)
+
+    @property
+    def connection(self) -> TransactionConnection:
+        return self._guard
+
+    def execute(self, sql: str, params: Any = None) -> SQLiteCursor:
+        """Raises: TransactionRefused: SQLite refused to compile it for the handler; nothing ran."""
+        with self._judged():
+            if params is None:  # as psycopg2: no parameters, no placeholder processing
+                self._cur.execute(sql)
+            else:
+                self._cur.execute(self._driver.placeholders(sql), params)
+        return self
+
+    def executemany(self, sql: str, seq_of_params: Any) -> SQLiteCursor:
+        """Raises: TransactionRefused: SQLite refused to compile it for the handler; nothing ran."""
+        with self._judged():
+            self._cur.executemany(self._driver.placeholders(sql), seq_of_params)
+        return self
+
+    @contextmanager
+    def _judged(self) -> Iterator[None]:
+        guard = self._guard
+        loan = guard._loan
+        loan.check()
+        conn = guard._conn
+        conn.begin()
+        try:
+            yield
+        except Exception as exc:
+            denied = conn.take_denial()
+            if denied is not None:
+                raise statement_refused(Refusal(denied), loan.job, loan.slot) from exc
+            raise
+
+    def executescript(self, script: str) -> Any:
+        """Refused, as :meth:`TransactionConnection.executescript`."""
+        raise self._guard._loan.refuse_call("executescript")
+
+    def __iter__(self) -> Any:
+        return self
+
+    def __next__(self) -> Any:
+        return next(self._cur)
+
+    def __getattr__(self, name: str) -> Any:
+        if name in self._READABLE:
+            return getattr(self._cur, name)
+        raise AttributeError(f"a cursor of ctx.transaction() has no {name!r}")
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name not in self._SETTABLE:
+            raise AttributeError(f"{name!r} cannot be set on a cursor of ctx.transaction()")
+        setattr(self._cur, name, value)
+
+
+# -- psycopg2 ------------------------------------------------------------------------------------
+
+
+class Psycopg2Driver:
+    """How ``ctx.transaction()`` lends a psycopg2 connection."""
+
+    readable = frozenset({
+        "autocommit", "closed", "deferrable", "dsn", "encoding", "get_backend_pid", "get_dsn_parameters",
+        "get_parameter_status", "get_transaction_status", "info", "isolation_level", "notices", "protocol_version",
+        "readonly", "server_version", "status",
+    })
+
+    def cursor(self, guard: TransactionConnection, name: str | None = None, cursor_factory: Any = None,
+               withhold: bool = False, scrollable: bool | None = None) -> Any:
+        conn = guard._conn
+        cur = conn.cursor(name, cursor_factory=_checked_class(cursor_factory or conn.cursor_factory),
+                          withhold=withhold, scrollable=scrollable)
+        object.__setattr__(cur, "_resumable_guard", guard)
+        return cur
+
+
+#: psycopg2 cursor class -> its checked subclass (made once per class).
+_CHECKED: dict[Any, Any] = {}
+
+
+def _checked_class(base: Any) -> Any:
+    """The checked subclass of a psycopg2 cursor class (see :class:`TransactionConnection`)."""
+    if base is None:
+        import psycopg2.extensions
+
+        base = psycopg2.extensions.cursor
+    checked = _CHECKED.get(base)
+    if checked is None:
+        checked = _CHECKED[base] = _make_checked(base)
+    return checked
+
+
+def _make_checked(base: Any) -> Any:
+    import psycopg2
+    from psycopg2 import sql as pgsql
+    from psycopg2.extensions import encodings, quote_ident
+
+    real_connection = base.connection  # the C attribute's descriptor
+    real_rowcount = base.rowcount
+
+    class CheckedCursor(base):  # type: ignore[misc, valid-type]
+        """A psycopg2 cursor whose every statement is judged by PostgreSQL's parser before it is
+        sent, exactly as it is sent (parameters merged); ``.connection`` is the handle."""
+
+        _resumable_guard: TransactionConnection | None = None
+        _resumable_many: int | None = None
+
+        @property
+        def connection(self) -> Any:
+            if from_driver():
+                return real_connection.__get__(self)
+            return self._resumable_guard
+
+        @property
+        def rowcount(self) -> int:
+            many = self._resumable_many
+            return real_rowcount.__get__(self) if many is None else many
+
+        def __setattr__(self, name: str, value: Any) -> None:
+            if name.startswith("_resumable"):
+                raise AttributeError(f"{name!r} cannot be set on a cursor of ctx.transaction()")
+            super().__setattr__(name, value)
+
+        def _resumable_text(self, query: Any, vars: Any = None) -> bytes:  # noqa: A002 - psycopg2's name
+            guard = self._resumable_guard
+            assert guard is not None
+            loan = guard._loan
+            loan.check()
+            conn = real_connection.__get__(self)
+            if isinstance(query, pgsql.Composable):
+                query = query.as_string(conn)
+            text = super().mogrify(query, vars)
+            judge(conn.get_parameter_status("standard_conforming_strings"),
+                  text.decode(encodings.get(conn.encoding, conn.encoding)), loan)
+            return text  # type: ignore[no-any-return]
+
+        def execute(self, query: Any, vars: Any = None) -> Any:  # noqa: A002 - psycopg2's name
+            text = self._resumable_text(query, vars)
+            object.__setattr__(self, "_resumable_many", None)
+            return super().execute(text)
+
+        def executemany(self, query: Any, vars_list: Any) -> Any:
+            if self.name is not None:
+                raise psycopg2.ProgrammingError("can't call .executemany() on named cursors")
+            texts = [self._resumable_text(query, v) for v in vars_list]  # all judged before any runs
+            total = 0
+            for text in texts:
+                super().execute(text)
+                n = real_rowcount.__get__(self)
+                total = -1 if n < 0 or total < 0 else total + n
+            object.__setattr__(self, "_resumable_many", total)
+
+        def callproc(self, procname: str, parameters: Any = None) -> Any:
+            conn = real_connection.__get__(self)
+            if isinstance(parameters, Mapping):
+                args = ", ".join(f"{quote_ident(k, conn)}:=%s" for k in parameters)
+                values: Any = list(parameters.values())
+            else:
+                values = list(parameters or ())
+                args = ", ".join(["%s"] * len(values))
+            self.execute(f"SELECT * FROM {procname}({args})", values)
+            return parameters
+
+        def copy_expert(self, sql: Any, file: Any, size: int = 8192) -> Any:
+            guard = self._resumable_guard
+            assert guard is not None
+            guard._loan.check()
+            conn = real_connection.__get__(self)
+            if isinstance(sql, pgsql.Composable):
+                sql = sql.as_string(conn)
+            text = sql.decode(encodings.get(conn.encoding, conn.encoding)) if isinstance(sql, bytes) else sql
+            judge(conn.get_parameter_status("standard_conforming_strings"), text, guard._loan)
+            object.__setattr__(self, "_resumable_many", None)
+            return super().copy_expert(sql, file, size)
+
+        def copy_from(self, file: Any, table: str, sep: str = "\t", null: str = "\\N", size: int = 8192,
+                      columns: Any = None) -> Any:
+            return self.copy_expert(pgsql.SQL("COPY {}{} FROM stdin WITH DELIMITER AS {} NULL AS {}").format(
+                pgsql.Identifier(table), _columns(columns), pgsql.Literal(sep), pgsql.Literal(null)), file, size)
+
+        def copy_to(self, file: Any, table: str, sep: str = "\t", null: str = "\\N", columns: Any = None) -> Any:
+            return self.copy_expert(pgsql.SQL("COPY {}{} TO stdout WITH DELIMITER AS {} NULL AS {}").format(
+                pgsql.Identifier(table), _columns(columns), pgsql.Literal(sep), pgsql.Literal(null)), file)
+
+    def _columns(columns: Any) -> Any:
+        if not columns:
+            return pgsql.SQL("")
+        return pgsql.SQL("({})").format(pgsql.SQL(",").join(pgsql.Identifier(c) for c in columns))
+
+    CheckedCursor.__name__ = CheckedCursor.__qualname__ = f"Checked{base.__name__}"
+    return CheckedCursor
+
+
+def judge(conforming: Any, text: str, loan: Loan) -> None:
+    """Refuse ``text`` if PostgreSQL's parser finds a statement in it that would end the chunk's
+    transaction, or if the session reads strings unlike that parser (``standard_conforming_strings``
+    off: ``'\\'`` would quote differently).
+
+    Raises:
+        TransactionRefused: nothing was sent.
+    """
+    if conforming not in ("on", b"on"):
+        raise TransactionRefused(
+            f"standard_conforming_strings is {conforming!r} on the checkpoint connection: its statements cannot be "
+            "checked for a COMMIT or ROLLBACK hidden in a string (PostgreSQL's parser reads strings only as with "
+            "it on); nothing was sent",
+            job=loan.job, slot=loan.slot,
+            hint="Leave standard_conforming_strings on (the default since PostgreSQL 9.1) for the checkpoint "
+            "database's role and database, and do not set it off through ctx.transaction()",
+        )
+    refusal = postgres_refusal(text)
+    if refusal is not None:
+        raise statement_refused(refusal, loan.job, loan.slot)
+
+
+# -- psycopg 3 -----------------------------------------------------------------------------------
+
+
+class Psycopg3Driver:
+    """How ``ctx.transaction()`` lends a psycopg 3 connection (the Postgres provider's hook)."""
+
+    readable = frozenset({"adapters", "autocommit", "broken", "closed", "prepare_threshold"})
+
+    def __init__(self) -> None:
+        self._mogrifier: Any = None
+
+    def cursor(self, guard: TransactionConnection, *args: Any, **kwargs: Any) -> Psycopg3Cursor:
+        return Psycopg3Cursor(guard._conn.cursor(*args, **kwargs), guard)
+
+    def merged(self, conn: Any, query: Any, params: Any) -> str:
+        """``query`` with ``params`` merged into it, as psycopg's client-side cursors send it."""
+        if self._mogrifier is None:
+            import psycopg
+
+            self._mogrifier = psycopg.ClientCursor(conn)
+        return self._mogrifier.mogrify(query, params)  # type: ignore[no-any-return]
+
+
+class Psycopg3Cursor:
+    """A psycopg 3 cursor, allow-listed: each statement is judged before it is sent, with its
+    parameters merged as a client-side cursor sends it (with server-side parameters the server
+    takes one statement only, so that judges conservatively)."""
+
+    __slots__ = ("_cur", "_guard", "_many")
+    _SETTABLE = frozenset({"arraysize", "row_factory"})
+    _READABLE = frozenset({
+        "adapters", "arraysize", "close", "closed", "description", "fetchall", "fetchmany", "fetchone", "format",
+        "name", "nextset", "row_factory", "rownumber", "scroll", "statusmessage",
+    })
+
+    def __init__(self, cur: Any, guard: TransactionConnection):
+        object.__setattr__(self, "_cur", cur)
+        object.__setattr__(self, "_guard", guard)
+        object.__setattr__(self, "_many", None)
+
+    @property
+    def connection(self) -> Any:
+        if from_driver():
+            return self._guard._conn
+        return self._guard
+
+    @property
+    def rowcount(self) -> int:
+        many = self._many
+        return self._cur.rowcount if many is None else many  # type: ignore[no-any-return]
+
+    def _sent(self, query: Any, params: Any) -> tuple[Any, Any]:
+        """What to send (query, params), once the text the server parses is judged.
+
+        Raises:
+            TransactionRefused: nothing was sent.
+        """
+        import psycopg
+
+        guard = self._guard
+        guard._loan.check()
+        conn = guard._conn
+        if isinstance(query, psycopg.sql.Composable):
+            query = query.as_string(conn)
+        text = query
+        if params is not None:
+            text = guard._driver.merged(conn, query, params)
+            if isinstance(self._cur, psycopg.ClientCursor) or not params:
+                query, params = text, None  # the text is what goes (simple query protocol): send what was judged
+        if isinstance(text, bytes):
+            text = text.decode(conn.info.encoding)
+        judge(conn.info.parameter_status("standard_conforming_strings"), text, guard._loan)
+        object.__setattr__(self, "_many", None)
+        return query, params
+
+    def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Psycopg3Cursor:
+        query, params = self._sent(query, params)
+        self._cur.execute(query, params, **kwargs)
+        return self
+
+    def executemany(self, query: Any, params_seq: Any, **kwargs: Any) -> None:
+        sent = [self._sent(query, p) for p in params_seq]  # all judged before any runs
+        if sent and all(p is not None for _, p in sent):  # server-side parameters: psycopg's own executemany
+            self._cur.executemany(query, [p for _, p in sent], **kwargs)
+            return
+        total = 0
+        for q, p in sent:
+            self._cur.execute(q, p)
+            total += max(self._cur.rowcount, 0)
+        object.__setattr__(self, "_many", total)
+
+    def stream(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
+        query, params = self._sent(query, params)
+        return self._cur.stream(query, params, **kwargs)
+
+    @contextmanager
+    def copy(self, statement: Any, params: Any = None, **kwargs: Any) -> Iterator[Any]:
+        import psycopg
+
+        guard = self._guard
+        if params is not None:  # psycopg merges COPY's parameters client-side
+            if isinstance(statement, psycopg.sql.Composable):
+                statement = statement.as_string(guard._conn)
+            statement = guard._driver.merged(guard._conn, statement, params)
+        statement, _ = self._sent(statement, None)
+        with self._cur.copy(statement, **kwargs) as copy:
+            yield _Copy(copy)
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._cur)
+
+    def __enter__(self) -> Psycopg3Cursor:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._cur.close()
+
+    def __getattr__(self, name: str) -> Any:
+        if name in self._READABLE:
+            return getattr(self._cur, name)
+        raise AttributeError(f"a cursor of ctx.transaction() has no {name!r}")
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name not in self._SETTABLE:
+            raise AttributeError(f"{name!r} cannot be set on a cursor of ctx.transaction()")
+        setattr(self._cur, name, value)
+
+
+class _Copy:
+    """psycopg 3's ``Copy`` object, without its ``connection`` and ``cursor``."""
+
+    __slots__ = ("_copy",)
+    _READABLE = frozenset({"read", "read_row", "rows", "set_types", "write", "write_row"})
+
+    def __init__(self, copy: Any):
+        object.__setattr__(self, "_copy", copy)
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._copy)
+
+    def __getattr__(self, name: str) -> Any:
+        if name in self._READABLE:
+            return getattr(self._copy, name)
+        raise AttributeError(f"a COPY of ctx.transaction() has no {name!r}")
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"{name!r} cannot be set on a COPY of ctx.transaction()")
+
+
+def driver_of(conn: Any, placeholders: Any) -> Any:
+    """The :class:`SQLiteDriver`, :class:`Psycopg2Driver` or :class:`Psycopg3Driver` for ``conn``."""
+    module = type(conn).__module__
+    if module.startswith("psycopg2"):
+        return Psycopg2Driver()
+    if module.startswith("psycopg"):
+        return Psycopg3Driver()
+    return SQLiteDriver(placeholders)
