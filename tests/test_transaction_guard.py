@@ -150,3 +150,268 @@ def test_a_commit_statement_sent_on_the_drivers_own_cursor_fails_the_checkpoint_
     assert _row(driver_store).position == 10
     _resume(driver_store)
     assert sorted(set(sink(driver_store))) == list(range(ITEMS)) and _row(driver_store).status == "done"
+
+
+#: Every call that would end or reconfigure the chunk's transaction, on any handle.
+REFUSED_CALLS = ["commit", "rollback", "reset", "close", "set_session", "set_isolation_level", "set_client_encoding",
+                 "tpc_begin", "tpc_prepare", "tpc_commit", "tpc_rollback", "tpc_recover", "executescript"]
+REFUSED_SETS = ["autocommit", "isolation_level", "readonly", "deferrable", "cursor_factory", "anything"]
+
+
+def _handles(ctx: Any, kind: str) -> list[Any]:
+    """Every connection-like handle reachable from ctx.transaction(): the handle itself, its
+    cursors' ``.connection`` (plain, named, with a cursor factory), the cursors that execute() and
+    executemany() return."""
+    tx = ctx.transaction()
+    cursors = [tx.cursor(), tx.execute("SELECT 1"), tx.executemany("UPDATE sink SET attempt = %s WHERE false", [(1,), (2,)])]
+    if kind == "psycopg2":
+        import psycopg2.extras
+
+        cursors += [tx.cursor(name="named"), tx.cursor(cursor_factory=psycopg2.extras.RealDictCursor)]
+    elif kind == "psycopg3":
+        cursors += [tx.cursor(name="named")]
+    return [tx] + [c.connection for c in cursors]
+
+
+@pytest.mark.parametrize("driver_store", _drivers(*ALL), indirect=True)
+def test_no_handle_reachable_from_the_transaction_can_end_or_reconfigure_it(driver_store: Store) -> None:
+    kind = "sqlite" if isinstance(driver_store, SQLiteStore) else getattr(driver_store, "psycopg3_params", None) and \
+        "psycopg3" or "psycopg2"
+    refused: list[str] = []
+
+    def check(ctx: Any) -> int:
+        ctx.transaction().execute("INSERT INTO sink (item, attempt) VALUES (%s, %s)", (1, ctx.attempt))
+        for handle in _handles(ctx, kind):
+            for name in REFUSED_CALLS:
+                with pytest.raises(TransactionRefused) as caught:
+                    getattr(handle, name)()
+                refused.append(str(caught.value))
+            for name in REFUSED_SETS:
+                with pytest.raises(TransactionRefused) as caught:
+                    setattr(handle, name, None)
+                refused.append(str(caught.value))
+            # what it offers besides its cursors is read-only and harmless; the rest is not there
+            with pytest.raises(AttributeError, match="offers cursor"):
+                handle.get_native_connection  # noqa: B018 - the attribute access is the test
+        cur = ctx.transaction().cursor()
+        with pytest.raises((TransactionRefused, AttributeError)):
+            cur.executescript("SELECT 1")
+        with pytest.raises(AttributeError):
+            cur.connection = None
+        ctx.checkpoint(1, processed=1)
+        return 1
+
+    # When a handler tries them all in its chunk, then each is refused with the job, the slot and
+    # what to do instead, and the chunk's write commits once with its checkpoint
+    outcome = Attempt(driver_store, job=JOB, slot=SLOT, attempt=1, owner="a").run(check)
+    assert outcome.checkpoint.status == "done" and sink(driver_store) == [1]
+    assert refused and all(f"job={JOB!r}" in r and f"slot={SLOT!r}" in r and "ctx.checkpoint()" in r for r in refused)
+
+
+@pytest.mark.parametrize("driver_store", _drivers(*ALL), indirect=True)
+def test_a_handle_kept_after_the_handler_returned_runs_nothing(driver_store: Store) -> None:
+    kept: list[Any] = []
+
+    def keep(ctx: Any) -> None:
+        cur = ctx.transaction().cursor()
+        cur.execute("INSERT INTO sink (item, attempt) VALUES (%s, %s)", (1, ctx.attempt))
+        kept.append(cur)
+        ctx.checkpoint(1, processed=1)
+
+    Attempt(driver_store, job=JOB, slot=SLOT, attempt=1, owner="a").run(keep)
+    # When a cursor kept from the run is used afterwards, then it refuses and nothing is written
+    with pytest.raises(AttemptEnded, match="after the attempt's handler returned"):
+        kept[0].execute("INSERT INTO sink (item, attempt) VALUES (%s, %s)", (2, 9))
+    assert sink(driver_store) == [1]
+
+
+PG_REFUSED = [
+    "COMMIT", "commit work", "END", "ROLLBACK", "rollback transaction", "ABORT", "BEGIN", "START TRANSACTION",
+    "PREPARE TRANSACTION 'x'", "INSERT INTO sink (item, attempt) VALUES (99, 1); COMMIT", "COMMIT AND CHAIN",
+    "SELECT name'\\'; COMMIT; --'", "SELECT ARRAY[']']; COMMIT; --'", "SELECT $é$'$é$; COMMIT; --'",
+    "SELECT $q$ ; end $q$; commit", "select 1;\n  begin", "ROLLBACK TO SAVEPOINT resumable_item",
+    'RELEASE "resumable_chunk_1"', "SAVEPOINT resumable_mine",
+]
+PG_ALLOWED = [
+    "SELECT 1 /* ; commit /* nested */ ; */", "SELECT E'\\'; commit'", "SELECT 'x; commit'", 'SELECT 1 AS "commit"',
+    "SELECT $$; commit$$", "DO $$ BEGIN PERFORM 1; END $$", "SAVEPOINT mine", "ROLLBACK TO SAVEPOINT mine",
+    "RELEASE SAVEPOINT mine", "PREPARE p AS SELECT 1", "DEALLOCATE p", "SELECT 1 /* /* */ COMMIT --*/",
+    "UPDATE sink SET item = CASE WHEN item = 1 THEN 1 END WHERE false",
+]
+
+
+@pytest.mark.parametrize("driver_store", _drivers("psycopg2", "psycopg3"), indirect=True)
+def test_postgresql_s_own_parser_refuses_exactly_the_statements_that_would_end_the_transaction(
+    driver_store: Store,
+) -> None:
+    results: dict[str, str] = {}
+
+    def send_all(ctx: Any) -> None:
+        cur = ctx.transaction().cursor()
+        cur.execute("INSERT INTO sink (item, attempt) VALUES (%s, %s)", (1, ctx.attempt))
+        for sql in PG_REFUSED + PG_ALLOWED:
+            try:
+                cur.execute(sql)
+            except TransactionRefused:
+                results[sql] = "refused"
+            else:
+                results[sql] = "ran"
+        cur.execute("SAVEPOINT last")
+        ctx.checkpoint(1, processed=1)
+
+    # When a handler sends each through its cursor, then those that would end the transaction (or
+    # touch a savepoint of the run's) are refused before they are sent, and the rest run inside it
+    Attempt(driver_store, job=JOB, slot=SLOT, attempt=1, owner="a").run(send_all)
+    assert results == {**dict.fromkeys(PG_REFUSED, "refused"), **dict.fromkeys(PG_ALLOWED, "ran")}
+    assert sink(driver_store) == [1]
+
+
+@pytest.mark.parametrize("driver_store", _drivers("psycopg2", "psycopg3"), indirect=True)
+def test_a_text_postgresql_s_parser_cannot_read_is_not_sent(driver_store: Store) -> None:
+    def garbled(ctx: Any) -> None:
+        cur = ctx.transaction().cursor()
+        cur.execute("INSERT INTO sink (item, attempt) VALUES (%s, %s)", (1, ctx.attempt))
+        with pytest.raises(TransactionRefused, match="cannot read") as caught:
+            cur.execute("SELEC 1; COMMIT")  # would the server run the COMMIT? it is never asked
+        assert "pglast" in str(caught.value) and JOB in str(caught.value)
+        cur.execute("INSERT INTO sink (item, attempt) VALUES (%s, %s)", (2, ctx.attempt))  # the transaction is intact
+        ctx.checkpoint(2, processed=2)
+
+    Attempt(driver_store, job=JOB, slot=SLOT, attempt=1, owner="a").run(garbled)
+    assert sink(driver_store) == [1, 2]
+
+
+@pytest.mark.parametrize("driver_store", _drivers("psycopg2", "psycopg3"), indirect=True)
+def test_with_standard_conforming_strings_off_no_statement_is_sent(driver_store: Store) -> None:
+    # Given a handler that turns standard_conforming_strings off: '\'' then ends a string early, so
+    # the COMMIT after it would run, where PostgreSQL's parser (with it on) reads one string
+    def off(ctx: Any) -> None:
+        cur = ctx.transaction().cursor()
+        cur.execute("INSERT INTO sink (item, attempt) VALUES (%s, %s)", (1, ctx.attempt))
+        cur.execute("SET LOCAL standard_conforming_strings = off")
+        with pytest.raises(TransactionRefused, match="standard_conforming_strings"):
+            cur.execute("SELECT '\\''; COMMIT; --'")
+        ctx.checkpoint(1, processed=1)
+
+    # Then the statement is refused; the chunk commits once with its checkpoint
+    Attempt(driver_store, job=JOB, slot=SLOT, attempt=1, owner="a").run(off)
+    assert sink(driver_store) == [1]
+
+
+@pytest.mark.parametrize("driver_store", _drivers("psycopg2"), indirect=True)
+def test_every_psycopg2_cursor_method_that_sends_sql_is_judged_and_its_helpers_still_work(driver_store: Store) -> None:
+    import psycopg2.extras
+    from psycopg2 import sql
+
+    def helpers(ctx: Any) -> None:
+        tx = ctx.transaction()
+        cur = tx.cursor()
+        # the helpers of psycopg2.extras and psycopg2.sql, given the handle's cursor
+        psycopg2.extras.execute_values(cur, "INSERT INTO sink (item, attempt) VALUES %s", [(1, 1), (2, 1)])
+        psycopg2.extras.execute_values(cur, sql.SQL(  # rendered by psycopg2.sql with the cursor: a Literal needs the
+            # real connection, which psycopg2's own modules get from the cursor's .connection
+            "INSERT INTO {} (item, attempt) SELECT v.i, v.a FROM (VALUES %s) AS v(i, a) WHERE v.a = {}").format(
+            sql.Identifier("sink"), sql.Literal(1)), [(3, 1)])
+        assert sql.SQL("{}").format(sql.Literal("it's")).as_string(cur) == "'it''s'"
+        psycopg2.extras.execute_batch(cur, "INSERT INTO sink (item, attempt) VALUES (%s, %s)", [(4, 1), (5, 1)])
+        cur.execute(sql.SQL("INSERT INTO {} VALUES ({}, {})").format(sql.Identifier("sink"), sql.Literal(6),
+                                                                    sql.Literal(1)))
+        cur.copy_from(io.StringIO("7\t1\n"), "sink")
+        cur.copy_expert("COPY sink FROM STDIN", io.StringIO("8\t1\n"))
+        out = io.StringIO()
+        cur.copy_to(out, "sink", columns=("item",))
+        assert len(out.getvalue().split()) == 8
+        cur.callproc("pg_sleep", (0,))
+        named = tx.cursor(name="reader")
+        named.execute("SELECT item FROM sink ORDER BY item")
+        assert [r[0] for r in named.fetchall()] == list(range(1, 9))
+        # and each of them refuses a text that would end the transaction
+        for send in (
+            lambda: psycopg2.extras.execute_values(cur, "INSERT INTO sink VALUES %s; COMMIT", [(9, 1)]),
+            lambda: psycopg2.extras.execute_batch(cur, "INSERT INTO sink VALUES (%s, %s); COMMIT", [(9, 1)]),
+            lambda: cur.execute(sql.SQL("COMMIT")),
+            lambda: cur.executemany("INSERT INTO sink VALUES (%s, %s); COMMIT", [(9, 1)]),
+            lambda: cur.copy_expert("COPY sink FROM STDIN; COMMIT", io.StringIO("")),
+            lambda: cur.callproc("pg_sleep(0); COMMIT; SELECT * FROM pg_sleep", (0,)),
+            lambda: tx.cursor(name="evil").execute("SELECT 1; COMMIT"),
+            lambda: cur.execute("SELECT %s", ("'; COMMIT; --",)) or cur.execute("SELECT '%s'", ("; COMMIT; --",)),
+        ):
+            with pytest.raises(TransactionRefused):
+                send()
+        ctx.checkpoint(8, processed=8)
+
+    Attempt(driver_store, job=JOB, slot=SLOT, attempt=1, owner="a").run(helpers)
+    assert sink(driver_store) == list(range(1, 9))
+
+
+def test_a_transactional_checkpoint_on_postgresql_costs_no_extra_round_trip(pg_params: dict[str, Any]) -> None:
+    import psycopg2
+    import psycopg2.extensions as ext
+
+    count = dict.fromkeys(("statements", "begins", "commits"), 0)
+
+    class Cursor(ext.cursor):  # the driver's cursor class: the handle's cursors derive from it too
+        def execute(self, sql: Any, args: Any = None) -> Any:
+            count["statements"] += 1
+            conn = ext.cursor.connection.__get__(self)
+            if not conn.autocommit and conn.info.transaction_status == ext.TRANSACTION_STATUS_IDLE:
+                count["begins"] += 1  # psycopg2 sends BEGIN first, in its own round trip
+            return super().execute(sql, args)
+
+    class Counted(ext.connection):
+        def commit(self) -> None:
+            if self.info.transaction_status != ext.TRANSACTION_STATUS_IDLE:
+                count["commits"] += 1
+            super().commit()
+
+    store = PostgresStore.from_connect(lambda: psycopg2.connect(**pg_params, connection_factory=Counted,
+                                                                 cursor_factory=Cursor), host="h", dbname="d")
+    make_sink(store)
+    per_chunk: list[dict[str, int]] = []
+
+    def write(ctx: Any) -> None:
+        for i in range(1, 8):
+            before = dict(count)
+            ctx.transaction().execute("INSERT INTO sink (item, attempt) VALUES (%s, %s)", (i, ctx.attempt))
+            ctx.checkpoint(i, processed=i)
+            per_chunk.append({k: count[k] - before[k] for k in count})
+
+    # When a handler writes one row through ctx.transaction() and checkpoints, chunk after chunk
+    Attempt(store, job=JOB, slot=SLOT, attempt=1, owner="a", options=Options(progress_interval=3600)).run(write)
+    assert sink(store) == list(range(1, 8))
+    # Then from the second chunk on each costs its own INSERT, the checkpoint's UPDATE, and one round trip
+    # that checks the chunk's savepoint, commits, and opens the next chunk's transaction and savepoint:
+    # no BEGIN and no COMMIT of the driver's (which would take 3 round trips besides the INSERT)
+    assert per_chunk[1:] == [{"statements": 3, "begins": 0, "commits": 0}] * 6
+
+
+@pytest.mark.parametrize("misdeed", ["cursor connection rollback", "raw rollback"])
+def test_through_dag_test_a_refused_chunk_fails_the_task_and_the_next_run_writes_it_once(
+    checkpoints: Store, run_dag: Any, misdeed: str
+) -> None:
+    # Given a DAG whose handler rolls the chunk's transaction back in its third chunk: through the
+    # cursor's connection (refused at once), or through the driver's own (found at the checkpoint);
+    # on PostgreSQL the Postgres provider's hook connects, with psycopg 3
+    make_sink(checkpoints)
+    day = "2026-03-01T00:00:00+00:00"
+    first = run_dag("rt_guard", conf={"misdeed": misdeed}, logical_date=_day(day))
+    # Then the task fails without a retry, and the row stays at the last whole chunk, saying why
+    assert str(first.state) == "failed"
+    with checkpoints.open() as s:
+        failed = s.checkpoints.load("rt_guard.work", day)
+    assert (failed.status, failed.position) == ("failed", 10)
+    assert "TransactionRefused" in failed.last_error or "ctx.transaction()" in failed.last_error
+    # When the DAG runs again with the handler fixed
+    again = run_dag("rt_guard", conf={}, logical_date=_day(day))
+    # Then it resumes from the last chunk, and every item is in the sink exactly once
+    assert str(again.state) == "success"
+    assert sink(checkpoints) == list(range(ITEMS))
+    with checkpoints.open() as s:
+        done = s.checkpoints.load("rt_guard.work", day)
+    assert (done.status, done.processed, done.resumed_from) == ("done", ITEMS, 10)
+
+
+def _day(text: str) -> Any:
+    from datetime import datetime
+
+    return datetime.fromisoformat(text)

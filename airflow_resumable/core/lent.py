@@ -28,7 +28,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from airflow_resumable.core.checkpoint import error_text
-from airflow_resumable.core.errors import AttemptEnded, TransactionRefused
+from airflow_resumable.core.errors import AttemptEnded, ConfigurationError, TransactionRefused
 from airflow_resumable.core.statements import Refusal, postgres_refusal, statement_refused
 
 #: What each refused call would have done.
@@ -178,15 +178,7 @@ class TransactionConnection:
         cur.executemany(sql, seq_of_params)
         return cur
 
-    def commit(self) -> None:
-        """Refused: the chunk's writes commit with the next ``ctx.checkpoint()``.
-
-        Raises:
-            TransactionRefused: always; nothing was committed.
-        """
-        raise self._loan.refuse_call("commit")
-
-    def rollback(self) -> None:
+    def rollback(self, *args: Any, **kwargs: Any) -> None:
         """Refused: the transaction holds more than the caller's writes.
 
         Raises:
@@ -196,53 +188,8 @@ class TransactionConnection:
         """
         raise self._loan.refuse_call("rollback")
 
-    def close(self) -> None:
-        """Refused: the connection is the run's. Raises: TransactionRefused."""
-        raise self._loan.refuse_call("close")
-
-    def reset(self) -> None:
-        """Refused. Raises: TransactionRefused."""
-        raise self._loan.refuse_call("reset")
-
-    def set_session(self, *args: Any, **kwargs: Any) -> None:
-        """Refused. Raises: TransactionRefused."""
-        raise self._loan.refuse_call("set_session")
-
-    def set_isolation_level(self, *args: Any) -> None:
-        """Refused. Raises: TransactionRefused."""
-        raise self._loan.refuse_call("set_isolation_level")
-
-    def set_client_encoding(self, *args: Any) -> None:
-        """Refused. Raises: TransactionRefused."""
-        raise self._loan.refuse_call("set_client_encoding")
-
-    def tpc_begin(self, *args: Any) -> None:
-        """Refused. Raises: TransactionRefused."""
-        raise self._loan.refuse_call("tpc_begin")
-
-    def tpc_prepare(self) -> None:
-        """Refused. Raises: TransactionRefused."""
-        raise self._loan.refuse_call("tpc_prepare")
-
-    def tpc_commit(self, *args: Any) -> None:
-        """Refused. Raises: TransactionRefused."""
-        raise self._loan.refuse_call("tpc_commit")
-
-    def tpc_rollback(self, *args: Any) -> None:
-        """Refused. Raises: TransactionRefused."""
-        raise self._loan.refuse_call("tpc_rollback")
-
-    def tpc_recover(self) -> None:
-        """Refused. Raises: TransactionRefused."""
-        raise self._loan.refuse_call("tpc_recover")
-
-    def executescript(self, script: str) -> Any:
-        """Refused: a script commits the pending transaction first and runs outside it.
-
-        Raises:
-            TransactionRefused: always; nothing was run.
-        """
-        raise self._loan.refuse_call("executescript")
+    # commit, close, reset, set_session, set_isolation_level, set_client_encoding, tpc_*, executescript:
+    # refused (TransactionRefused), whatever their arguments; see _refused below the class.
 
     def __getattr__(self, name: str) -> Any:
         if name in self._driver.readable:
@@ -266,6 +213,24 @@ class TransactionConnection:
 
     def __repr__(self) -> str:
         return f"<TransactionConnection of ctx.transaction() job={self._loan.job!r} slot={self._loan.slot!r}>"
+
+
+def _refused(name: str) -> Any:
+    def refused(self: TransactionConnection, *args: Any, **kwargs: Any) -> None:
+        raise self._loan.refuse_call(name)
+
+    refused.__name__ = refused.__qualname__ = name
+    refused.__doc__ = f"""Refused: it would {_EFFECTS[name]}.
+
+    Raises:
+        TransactionRefused: always; nothing was done.
+    """
+    return refused
+
+
+for _name in _EFFECTS:
+    if _name != "rollback":
+        setattr(TransactionConnection, _name, _refused(_name))
 
 
 def from_driver() -> bool:
@@ -671,10 +636,23 @@ class _Copy:
 
 
 def driver_of(conn: Any, placeholders: Any) -> Any:
-    """The :class:`SQLiteDriver`, :class:`Psycopg2Driver` or :class:`Psycopg3Driver` for ``conn``."""
-    module = type(conn).__module__
-    if module.startswith("psycopg2"):
+    """The :class:`SQLiteDriver`, :class:`Psycopg2Driver` or :class:`Psycopg3Driver` for ``conn``.
+
+    Raises:
+        ConfigurationError: a connection of another driver: it cannot be lent safely.
+    """
+    import sqlite3
+
+    if isinstance(conn, sqlite3.Connection):
+        return SQLiteDriver(placeholders)
+    psycopg2 = sys.modules.get("psycopg2.extensions")
+    if psycopg2 is not None and isinstance(conn, psycopg2.connection):
         return Psycopg2Driver()
-    if module.startswith("psycopg"):
+    psycopg = sys.modules.get("psycopg")
+    if psycopg is not None and isinstance(conn, psycopg.Connection):
         return Psycopg3Driver()
-    return SQLiteDriver(placeholders)
+    raise ConfigurationError(
+        f"ctx.transaction() cannot lend a connection of {type(conn).__module__}.{type(conn).__qualname__}: only "
+        "SQLite's, psycopg2's and psycopg 3's connections are guarded",
+        hint="Connect the checkpoint store with psycopg2 or psycopg 3 (the Postgres provider's hook does)",
+    )

@@ -243,9 +243,9 @@ class Connection:
         also refuses, while the handler runs, every transaction statement that is not the run's own.
         """
         if self._loan is None:
+            self._driver = driver_of(self.conn, self.d.placeholders)
             self.begin_transactions()
             loan = self._loan = Loan(job, slot)
-            self._driver = driver_of(self.conn, self.d.placeholders)
             if self.d.one_writer:
                 self.conn.lend(loan)  # the savepoint comes with each chunk's BEGIN IMMEDIATE
             else:
