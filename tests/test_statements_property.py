@@ -19,7 +19,8 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from airflow_resumable.core.errors import TransactionRefused
-from airflow_resumable.core.lent import Loan, Psycopg2Driver, SQLiteDriver, TransactionConnection
+from airflow_resumable.core.lent import Loan, SQLiteDriver, TransactionConnection
+from airflow_resumable.core.lent_postgres import Psycopg2Driver
 from airflow_resumable.core.stores import SQLiteStore
 from airflow_resumable.core.stores.dialect import to_qmark
 

@@ -23,7 +23,7 @@ import pytest
 from airflow_resumable.core import Attempt, Options
 from airflow_resumable.core.errors import AttemptEnded, TransactionRefused
 from airflow_resumable.core.stores import PostgresStore, SQLiteStore, Store
-from support.escapes import ITEMS, handler, make_sink, raw_connection, sink
+from support.escapes import ITEMS, handler, make_sink, sink
 from support.stores import psycopg3_store, spec_of
 
 WORKER = Path(__file__).parent / "support" / "escape_worker.py"

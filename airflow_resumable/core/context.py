@@ -16,9 +16,9 @@ from airflow_resumable.core import defaults
 from airflow_resumable.core.checkpoint import ENCODER, Checkpoint, encode
 from airflow_resumable.core.errors import InvalidCheckpoint
 from airflow_resumable.core.identity import Identity
+from airflow_resumable.core.lent import TransactionConnection
 from airflow_resumable.core.progress import Log
 from airflow_resumable.core.signal import Signal
-from airflow_resumable.core.lent import TransactionConnection
 from airflow_resumable.core.tally import Tally
 
 #: The largest count the checkpoint table's BIGINT columns hold.
