@@ -5,7 +5,8 @@ position where it first goes wrong."""
 from __future__ import annotations
 
 import functools
-import importlib.util
+import importlib
+import operator
 import subprocess
 import sys
 import textwrap
@@ -30,18 +31,19 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def example(name: str) -> Any:
-    """An example DAG's module, imported from dags/ under a name of its own."""
-    spec = importlib.util.spec_from_file_location(f"_kit_example_{name}", ROOT / "dags" / f"{name}.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """An example DAG's module, imported anew from dags/ by its name (as a new process of the kit's
+    process_death imports it again: dags/ is on sys.path)."""
+    dags = str(ROOT / "dags")
+    if dags not in sys.path:
+        sys.path.append(dags)
+    sys.modules.pop(name, None)  # its module-level settings read the environment as the test set it
+    return importlib.import_module(name)
 
 
 def test_the_chunked_example_is_resumable_at_every_checkpoint_under_every_interruption(airflow_home: Path) -> None:
     m = example("chunked_example")
     report = check_chunked(m.read_orders, m.add_revenue, chunk_size=500,
-                           chunked={"position": lambda o: o["id"], "total": m.ORDER_COUNT}).assert_ok()
+                           chunked={"position": operator.itemgetter("id"), "total": m.ORDER_COUNT}).assert_ok()
     # 5,000 orders in chunks of 500: ten checkpoints, each interrupted by each kind in turn
     assert report.checkpoints == 10 and len(report.trials) == 10 * len(ALL_INTERRUPTIONS)
     assert all(t.struck for t in report.trials)

@@ -92,6 +92,10 @@ def resumable_dag_test(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[...
         for problem in environment_problems():  # dag.test() would only answer 500s
             pytest.fail(problem, pytrace=False)
         kind = Interruption(interruption)
+        if kind is Interruption.PROCESS_DEATH:
+            pytest.fail("process_death kills the attempt's process and resumes in a new one, and dag.test() runs the "
+                        "task in this test's process: prove the handler with resumable_check (or check_resumable), "
+                        "or crash_after_checkpoint here", pytrace=False)
         plan = _Plan(kind=kind, point=at)
         base = operator_module.Attempt
         job_prefix = f"{dag.dag_id}.{task_id}"
