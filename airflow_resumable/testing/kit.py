@@ -176,8 +176,12 @@ class _Run:
         """Reset the sink for ``trial``'s run and take its snapshot; note in ``trial`` whether the
         sink is not as it was before the reference run (an earlier run's rows still in it)."""
         before = _before_run(self.reset, self.snapshot, store)
-        trial.sink_not_reset = (self.snapshot is not None and before is not _UNREADABLE
-                                and self.before_reference is not _UNREADABLE and before != self.before_reference)
+        if self.snapshot is None or before is _UNREADABLE:
+            trial.sink_not_reset = False
+        elif self.before_reference is _UNREADABLE:  # none before the first run (no table yet): rows now are a run's
+            trial.sink_not_reset = bool(before)
+        else:
+            trial.sink_not_reset = before != self.before_reference
         return before
 
     def in_process(self, kind: Interruption, point: int) -> Trial:
