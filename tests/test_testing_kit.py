@@ -5,43 +5,56 @@ position where it first goes wrong."""
 from __future__ import annotations
 
 import functools
-import importlib.util
+import importlib
+import operator
+import os
+import re
 import subprocess
 import sys
 import textwrap
-from datetime import datetime, timezone
+import time
+from datetime import date, datetime, timezone
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
+from uuid import UUID
 
 import pytest
 
 from airflow_resumable.core import Options
-from airflow_resumable.core.stores import PostgresStore, Store
+from airflow_resumable.core.chunked import chunk_loop
+from airflow_resumable.core.runner import Attempt
+from airflow_resumable.core.skips import replay, request_retry
+from airflow_resumable.core.stores import PostgresStore, SQLiteStore, Store
 from airflow_resumable.testing import (
     ALL_INTERRUPTIONS,
+    IN_PROCESS_INTERRUPTIONS,
     Interruption,
+    NotImportable,
     NotResumable,
     check_chunked,
     check_partitioned,
     check_resumable,
 )
+from airflow_resumable.testing.fresh import FreshProcesses, handler_payload, store_payload
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def example(name: str) -> Any:
-    """An example DAG's module, imported from dags/ under a name of its own."""
-    spec = importlib.util.spec_from_file_location(f"_kit_example_{name}", ROOT / "dags" / f"{name}.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """An example DAG's module, imported anew from dags/ by its name (as a new process of the kit's
+    process_death imports it again: dags/ is on sys.path)."""
+    dags = str(ROOT / "dags")
+    if dags not in sys.path:
+        sys.path.append(dags)
+    sys.modules.pop(name, None)  # its module-level settings read the environment as the test set it
+    return importlib.import_module(name)
 
 
 def test_the_chunked_example_is_resumable_at_every_checkpoint_under_every_interruption(airflow_home: Path) -> None:
     m = example("chunked_example")
     report = check_chunked(m.read_orders, m.add_revenue, chunk_size=500,
-                           chunked={"position": lambda o: o["id"], "total": m.ORDER_COUNT}).assert_ok()
+                           chunked={"position": operator.itemgetter("id"), "total": m.ORDER_COUNT}).assert_ok()
     # 5,000 orders in chunks of 500: ten checkpoints, each interrupted by each kind in turn
     assert report.checkpoints == 10 and len(report.trials) == 10 * len(ALL_INTERRUPTIONS)
     assert all(t.struck for t in report.trials)
@@ -357,3 +370,432 @@ def test_a_dag_run_interrupted_by_a_crash_after_its_third_checkpoint_ends_as_an_
     assert row.state == {"revenue_cents": sum(m.order(i)["amount_cents"] for i in range(1, m.ORDER_COUNT + 1))}
     # the crashed attempt left its history record running; the next one resumed after checkpoint 3
     assert history[-1].resumed_from == 1500 and history[-1].outcome == "done"
+
+
+# -- process_death: a real crash, the run resumed in a new process -------------------------------
+
+
+PARTS: dict[int, int] = {}
+
+
+def keeps_its_total_in_a_module_global(ctx: Any) -> int:
+    """Right in one process, wrong in production: each chunk's sum is kept in a module-level dict
+    under the chunk's start (a repeated chunk writes the same entry again), not in ctx.state."""
+    if ctx.position is None:
+        PARTS.clear()
+    i = ctx.position or 0
+    while i < 20:
+        PARTS[i] = sum(range(i + 1, i + 6))
+        i += 5
+        ctx.checkpoint(i, processed=i)
+    return sum(PARTS.values())
+
+
+def test_a_handler_keeping_its_total_in_a_module_global_passes_in_one_process_and_fails_a_real_crash_saying_why(
+) -> None:
+    # Given a handler whose running total lives in a module-level variable: every interruption that
+    # stops the attempt inside the test's process leaves that memory, and the runs agree
+    assert check_resumable(keeps_its_total_in_a_module_global, interruptions=IN_PROCESS_INTERRUPTIONS).ok
+    # When the kit also kills the process after each checkpoint and resumes in a new one
+    report = check_resumable(keeps_its_total_in_a_module_global)
+    # Then process_death, and only it, differs at every checkpoint: 155 instead of 210 after checkpoint 2
+    assert [(t.interruption, t.point) for t in report.failures] == [(Interruption.PROCESS_DEATH, p) for p in (1, 2, 3, 4)]
+    assert report.failures[1].differences == ["the result differs: expected 210, got 155"]
+    assert all(t.struck and t.attempts == 2 for t in report.failures)
+    with pytest.raises(NotResumable) as err:
+        report.assert_ok()
+    text = str(err.value)
+    assert text.startswith("keeps_its_total_in_a_module_global is not resumable: process_death at checkpoint 1 "
+                           "(position 5): the result differs: expected 210, got 195 (4 of 32 interrupted runs"), text
+    assert "the handler's progress lived outside ctx.state and the position, in the dead process's memory" in text
+    assert "although crash_after_checkpoint at the same checkpoint, resumed in the same process, gave what" in text
+
+
+def records_its_process(ctx: Any) -> int:
+    """Appends to the file KIT_PROCESS_LOG names which process ran each chunk, and which process
+    ran the handler's finally block."""
+    log = Path(os.environ["KIT_PROCESS_LOG"])
+    try:
+        i = ctx.position or 0
+        while i < 4:
+            i += 1
+            with log.open("a") as f:
+                f.write(f"chunk {i} {os.getpid()}\n")
+            ctx.state["n"] = i
+            ctx.checkpoint(i, processed=i)
+        return i
+    finally:
+        with log.open("a") as f:
+            f.write(f"finally {os.getpid()}\n")
+
+
+def test_process_death_kills_the_process_after_the_checkpoint_and_resumes_in_another_new_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a handler that writes down its process id, to a file named by an environment variable
+    log = tmp_path / "processes.log"
+    monkeypatch.setenv("KIT_PROCESS_LOG", str(log))
+    # When the kit kills its process at checkpoint 2 (the file is emptied before each run)
+    report = check_resumable(records_its_process, interruptions=[Interruption.PROCESS_DEATH], points=[2],
+                             reset=lambda: log.write_text("")).assert_ok()
+    # Then chunks 1-2 ran in one process, which died without its finally block running (no exception,
+    # a kill), and chunks 3-4 in another one; neither is the test's process
+    lines = [line.split() for line in log.read_text().splitlines()]
+    killed, resumed = lines[0][2], lines[2][2]
+    assert lines == [["chunk", "1", killed], ["chunk", "2", killed], ["chunk", "3", resumed],
+                     ["chunk", "4", resumed], ["finally", resumed]]
+    assert len({killed, resumed, str(os.getpid())}) == 3
+    with pytest.raises(ProcessLookupError):
+        os.kill(int(killed), 0)
+    (trial,) = report.trials
+    assert (trial.struck, trial.position, trial.attempts, trial.state) == (True, 2, 2, {"n": 4})
+
+
+def sums_in_its_state(ctx: Any) -> int:
+    """Right: the running total is in ctx.state, saved with each checkpoint."""
+    i = ctx.position or 0
+    while i < 20:
+        ctx.state["total"] = ctx.state.get("total", 0) + sum(range(i + 1, i + 6))
+        i += 5
+        ctx.checkpoint(i, processed=i)
+    return int(ctx.state["total"])
+
+
+def test_a_correct_handler_survives_process_death_at_its_first_and_its_last_checkpoint() -> None:
+    report = check_resumable(sums_in_its_state, interruptions=[Interruption.PROCESS_DEATH]).assert_ok()
+    assert [t.point for t in report.trials] == [1, 2, 3, 4] and report.result == 210
+    assert all(t.struck and t.attempts == 2 and t.result == 210 for t in report.trials)
+    assert [t.position for t in report.trials] == [5, 10, 15, 20]
+
+
+class Tally:
+    """A handler as a callable object (and its bound method): ``in_state`` keeps the running total
+    in ctx.state (right), else in the object's own attribute (wrong: a new process has its own)."""
+
+    def __init__(self, in_state: bool):
+        self.in_state = in_state
+        self.parts: dict[int, int] = {}
+
+    def __call__(self, ctx: Any) -> int:
+        i = ctx.position or 0
+        while i < 15:
+            if self.in_state:
+                ctx.state["total"] = ctx.state.get("total", 0) + i
+            else:
+                self.parts[i] = i
+            i += 5
+            ctx.checkpoint(i, processed=i)
+        return int(ctx.state["total"]) if self.in_state else sum(self.parts.values())
+
+    def run(self, ctx: Any) -> int:
+        return self(ctx)
+
+
+def test_callable_objects_and_bound_methods_go_to_the_new_process_as_they_were_before_any_run() -> None:
+    kinds = [Interruption.CRASH_AFTER_CHECKPOINT, Interruption.PROCESS_DEATH]
+    assert check_resumable(Tally(in_state=True), interruptions=kinds).ok
+    assert check_resumable(Tally(in_state=True).run, interruptions=kinds).ok
+    # the object's attribute survives in this process, not in a new one: it was sent before the reference
+    # run filled it, as a worker builds the object anew
+    wrong = check_resumable(Tally(in_state=False), interruptions=kinds, name="Tally(in_state=False)")
+    assert {t.interruption for t in wrong.failures} == {Interruption.PROCESS_DEATH}
+    assert not check_resumable(Tally(in_state=False).run, interruptions=kinds).ok
+
+
+def read_numbers(ctx: Any, after: int | None, limit: int) -> list[int]:
+    first = (after or 0) + 1
+    return list(range(first, min(first + limit, 21)))
+
+
+def add_numbers(ctx: Any, batch: list[int]) -> None:
+    ctx.state["total"] = ctx.state.get("total", 0) + sum(batch)
+
+
+def test_a_handler_a_new_process_cannot_import_is_refused_saying_it_must_be_importable() -> None:
+    def closure(ctx: Any) -> int:  # defined inside a test: no module path names it
+        return sums_in_its_state(ctx)
+
+    with pytest.raises(NotImportable, match=r"^test_a_handler_a_new_process.*<locals>.closure: process_death runs "
+                                            r"the resumed attempt in a new process.*The handler must be importable.*"
+                                            r"interruptions=IN_PROCESS_INTERRUPTIONS"):
+        check_resumable(closure)
+    with pytest.raises(NotImportable, match=r"use operator.itemgetter\('id'\) for position=lambda"):
+        check_chunked(read_numbers, add_numbers, chunk_size=5, chunked={"position": lambda n: n})
+    # without process_death they are checked in this process, as before
+    assert check_resumable(closure, interruptions=IN_PROCESS_INTERRUPTIONS).ok
+    assert check_chunked(read_numbers, add_numbers, chunk_size=5, chunked={"position": lambda n: n},
+                         interruptions=IN_PROCESS_INTERRUPTIONS).state == {"total": 210}
+    # and importable ones go through process_death too
+    assert check_chunked(read_numbers, add_numbers, chunk_size=5).state == {"total": 210}
+
+
+def test_a_handler_defined_in_the_script_being_run_is_refused_naming_main(tmp_path: Path) -> None:
+    script = tmp_path / "check.py"
+    script.write_text(textwrap.dedent('''
+        from airflow_resumable.testing import check_resumable
+
+        def handler(ctx):
+            ctx.checkpoint(1)
+            return 1
+
+        check_resumable(handler)
+    '''))
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=tmp_path)
+    assert result.returncode == 1
+    assert "NotImportable: handler: process_death runs the resumed attempt in a new process" in result.stderr
+    assert "defined in the script being run (__main__)" in result.stderr
+
+
+SIDE_EFFECTS = '''
+import os
+from pathlib import Path
+
+print("importing kit_side_effects", flush=True)  # on stdout, which carries nothing of the kit's
+with open(os.environ["KIT_IMPORTS"], "a") as f:
+    f.write(f"{os.getpid()}\\n")
+if os.environ.get("KIT_REFUSE_IMPORT"):
+    raise RuntimeError("kit_side_effects refuses to be imported here")
+SCALE = int(os.environ.get("KIT_SCALE", "1"))  # read once, when the module is imported
+
+
+def handler(ctx):
+    numbers = [int(x) for x in Path(os.environ["KIT_NUMBERS"]).read_text().split()]
+    i = ctx.position or 0
+    while i < len(numbers):
+        ctx.state["total"] = ctx.state.get("total", 0) + SCALE * sum(numbers[i:i + 2])
+        i += 2
+        ctx.checkpoint(i, processed=i)
+    return ctx.state["total"]
+'''
+
+
+def test_a_handler_module_with_import_side_effects_is_imported_anew_by_each_new_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a handler module that prints and counts its imports, reads the environment when imported
+    # and a file named by the environment when it runs
+    (tmp_path / "kit_side_effects.py").write_text(SIDE_EFFECTS)
+    (tmp_path / "numbers.txt").write_text(" ".join(str(i) for i in range(1, 9)))
+    imports = tmp_path / "imports.txt"
+    monkeypatch.setenv("KIT_IMPORTS", str(imports))
+    monkeypatch.setenv("KIT_NUMBERS", str(tmp_path / "numbers.txt"))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "kit_side_effects", raising=False)
+    m = importlib.import_module("kit_side_effects")
+    # When the kit kills and resumes it at each of its 4 checkpoints
+    report = check_resumable(m.handler, interruptions=[Interruption.PROCESS_DEATH]).assert_ok()
+    # Then each new process imported it anew: this one once, the uninterrupted new process, and two a point
+    assert report.result == 36 and len(report.trials) == 4
+    pids = imports.read_text().split()
+    assert len(pids) == 1 + 1 + 2 * 4 and len(set(pids)) == len(pids) and pids[0] == str(os.getpid())
+
+    # A module that reads the environment when imported, changed since this process imported it: a
+    # new process runs another handler, and the kit says so before any crash
+    monkeypatch.setenv("KIT_SCALE", "2")
+    changed = check_resumable(m.handler, interruptions=[Interruption.PROCESS_DEATH])
+    (trial,) = changed.trials
+    assert trial.point == 0 and trial.differences[0] == "the result differs: expected 36, got 72"
+    with pytest.raises(NotResumable, match=r"process_death, an uninterrupted run in a new process: the result "
+                                           r"differs.*depends on something this process holds and a new one does not"):
+        changed.assert_ok()
+
+    # A module whose import fails in a new process: named, with the import's error
+    monkeypatch.setenv("KIT_REFUSE_IMPORT", "1")
+    with pytest.raises(NotImportable, match=r"could not import the handler: RuntimeError: kit_side_effects refuses"):
+        check_resumable(m.handler, interruptions=[Interruption.PROCESS_DEATH])
+
+
+def test_a_sink_in_the_tests_memory_is_named_when_a_new_process_cannot_write_to_it() -> None:
+    report = check_resumable(upserts_into_the_sink, snapshot=lambda: dict(SINK_ROWS), reset=SINK_ROWS.clear)
+    assert {t.interruption for t in report.failures} == {Interruption.PROCESS_DEATH}
+    (trial,) = report.failures
+    assert trial.point == 0 and "the sink lives in this test's memory (a list, a dict)" in trial.differences[-1]
+    with pytest.raises(NotResumable, match=r"leave this kind out: interruptions=IN_PROCESS_INTERRUPTIONS"):
+        report.assert_ok()
+
+
+SINK_ROWS: dict[int, int] = {}
+
+
+def upserts_into_the_sink(ctx: Any) -> int:
+    i = ctx.position or 0
+    while i < 10:
+        SINK_ROWS[i] = i * i
+        i += 1
+        ctx.checkpoint(i, processed=i)
+    return i
+
+
+# -- a sink that is not reset ----------------------------------------------------------------------
+
+
+def inserts_through_its_transaction(ctx: Any) -> int:
+    """Right: each chunk's row commits with its checkpoint (exactly once in the checkpoint database)."""
+    tx = ctx.transaction()
+    tx.execute("CREATE TABLE IF NOT EXISTS kit_sink (n INTEGER NOT NULL)")
+    i = ctx.position or 0
+    while i < 5:
+        i += 1
+        tx.execute("INSERT INTO kit_sink (n) VALUES (%s)", (i,))
+        ctx.checkpoint(i, processed=i)
+    return i
+
+
+def sink_rows(store: Store) -> list[int]:
+    with store.open() as s:
+        return [r[0] for r in s.execute("SELECT n FROM kit_sink ORDER BY n")]
+
+
+def test_a_sink_not_reset_between_runs_is_named_instead_of_blaming_the_handler(tmp_path: Path) -> None:
+    # Given a correct handler, a store shared by every run, its sink table in it, and no reset=
+    shared = SQLiteStore(tmp_path / "shared.db")
+    report = check_resumable(inserts_through_its_transaction, store=shared, snapshot=sink_rows)
+    # Then the runs differ, but the kit names the sink that still held the earlier run's rows, and reset=
+    assert not report.ok and all(t.sink_not_reset for t in report.trials)
+    with pytest.raises(NotResumable) as err:
+        report.assert_ok()
+    text = str(err.value)
+    assert text.startswith("inserts_through_its_transaction cannot be judged: crash_before_checkpoint at checkpoint 1 "
+                           "(position 1): the sink's snapshot differs (10 items instead of 5"), text
+    assert "the sink was not reset: when this run began it still held what the run before it wrote" in text
+    assert "Pass reset=" in text and "idempotent" not in text
+    # A reset that leaves some of them is named too
+    with pytest.raises(NotResumable, match="reset= left rows of an earlier run in it"):
+        check_resumable(inserts_through_its_transaction, store=shared, snapshot=sink_rows, interruptions=["cancel"],
+                        reset=lambda s: _delete_sink(s, "n > 2")).assert_ok()
+    # And with a reset that empties it, the same handler is resumable under every interruption
+    report = check_resumable(inserts_through_its_transaction, store=shared, snapshot=sink_rows,
+                             reset=lambda s: _delete_sink(s, "1 = 1")).assert_ok()
+    assert report.snapshot == [1, 2, 3, 4, 5] and not any(t.sink_not_reset for t in report.trials)
+
+
+def _delete_sink(store: Store, where: str) -> None:
+    with store.open(autocommit=True) as s:
+        s.execute("CREATE TABLE IF NOT EXISTS kit_sink (n INTEGER NOT NULL)")
+        s.execute(f"DELETE FROM kit_sink WHERE {where}")
+
+
+# -- what the kit costs ------------------------------------------------------------------------------
+
+
+CHUNKS_RUN = [0]
+
+
+def counts_its_chunks(ctx: Any, checkpoints: int) -> int:
+    i = ctx.position or 0
+    while i < checkpoints:
+        CHUNKS_RUN[0] += 1
+        i += 1
+        ctx.state["total"] = ctx.state.get("total", 0) + i
+        ctx.checkpoint(i, processed=i)
+    return int(ctx.state["total"])
+
+
+def test_a_long_run_is_sampled_at_its_first_last_and_seeded_checkpoints_and_the_seed_replays_them(
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    handler = functools.partial(counts_its_chunks, checkpoints=60)
+    report = check_resumable(handler, interruptions=["cancel"], name="counts_its_chunks")
+    # 60 checkpoints: 20 of them, the first and the last among them, and the seed that chose the others
+    assert len(report.points) == 20 and report.points[0] == 1 and report.points[-1] == 60
+    assert report.seed is not None and f"sampled with seed={report.seed}" in report.summary()
+    assert check_resumable(handler, interruptions=["cancel"], seed=report.seed).points == report.points
+    monkeypatch.setenv("RESUMABLE_KIT_SEED", str(report.seed))
+    assert check_resumable(handler, interruptions=["cancel"]).points == report.points
+    every = check_resumable(handler, interruptions=["cancel"], points="every")
+    assert every.points == list(range(1, 61)) and every.seed is None
+    short = check_resumable(functools.partial(counts_its_chunks, checkpoints=20), interruptions=["cancel"])
+    assert short.points == list(range(1, 21)) and short.seed is None
+    # a failure in a sample says how to try the same points again
+    with pytest.raises(NotResumable, match=rf"sampled with seed={report.seed}: pass seed={report.seed} \(or set "
+                                           rf"RESUMABLE_KIT_SEED={report.seed}\) .* points='every' to try them all"):
+        check_resumable(functools.partial(forgets_its_total, checkpoints=30),
+                        interruptions=[Interruption.CRASH_AFTER_CHECKPOINT]).assert_ok()
+
+
+def forgets_its_total(ctx: Any, checkpoints: int) -> int:
+    i, total = ctx.position or 0, 0
+    while i < checkpoints:
+        i += 1
+        total += i
+        ctx.checkpoint(i, processed=i)
+    return total
+
+
+def test_the_kits_default_cost_grows_with_the_runs_length_not_its_square() -> None:
+    # Given a correct handler of N checkpoints, one chunk each: each trial runs the whole job once, so
+    # the chunks a check runs are about kinds x points x N
+    chunks = {}
+    for n in (40, 80):
+        CHUNKS_RUN[0] = 0
+        report = check_resumable(functools.partial(counts_its_chunks, checkpoints=n),
+                                 interruptions=IN_PROCESS_INTERRUPTIONS).assert_ok()
+        chunks[n] = CHUNKS_RUN[0]
+        assert len(report.points) == 20
+        # the reference, then each trial's whole run plus the chunk or two an interruption repeats
+        assert len(report.trials) * n < chunks[n] <= (len(report.trials) + 1) * (n + 2)
+    # twice the checkpoints, twice the chunks (every checkpoint of each: four times)
+    assert 1.9 < chunks[80] / chunks[40] < 2.1
+
+
+# -- replayed items: what comes back ------------------------------------------------------------
+
+
+def test_a_replayed_item_comes_back_exactly_as_the_skip_policy_guide_shows(tmp_path: Path) -> None:
+    # Given the guide's example: an item as the reader gives it, and what it says a replay gives back
+    guide = (ROOT / "docs" / "guides" / "skip-policy.md").read_text()
+    found = re.search(r"<!-- replayed item:[^>]*-->\s*```python\n(.*?)```", guide, re.S)
+    assert found, "the skip policy guide shows a replayed item"
+    example: dict[str, Any] = {"date": date, "datetime": datetime, "timezone": timezone, "Decimal": Decimal,
+                               "UUID": UUID}
+    exec(found.group(1), example)
+    item, documented = example["item"], example["replayed"]
+    # When a chunk loop with skip_on skips it, then it is replayed on purpose and by the task's next attempt
+    store = SQLiteStore(tmp_path / "checkpoints.db")
+
+    def read(ctx: Any, after: Any, limit: int) -> list[Any]:
+        return [] if after is not None else [item]
+
+    def refuse(ctx: Any, batch: list[Any]) -> None:
+        raise ValueError("bad item")
+
+    loop = chunk_loop(read, refuse, chunk_size=10, skip_on=ValueError)
+    Attempt(store, job="kit.replay", slot="s", attempt=1, owner="o1").run(loop)
+    by_hand: list[Any] = []
+    assert replay(store, "kit.replay", "s", by_hand.append).failed == []
+    request_letters = SQLiteStore(tmp_path / "again.db")
+    Attempt(request_letters, job="kit.replay", slot="s", attempt=1, owner="o1").run(loop)
+    request_retry(request_letters, "kit.replay", "s", by="test")
+    by_the_task: list[Any] = []
+    Attempt(request_letters, job="kit.replay", slot="s", attempt=2, owner="o2").run(
+        lambda ctx: ctx.replay_skipped(by_the_task.append) and None)
+    # Then both give exactly what the guide says
+    assert by_hand == [documented] and by_the_task == [documented]
+
+
+def sleeps_in_a_new_process(ctx: Any) -> int:
+    """Hangs where KIT_HANG is set (the new processes), not in the test's process."""
+    if os.environ.get("KIT_HANG"):
+        time.sleep(120)
+    ctx.checkpoint(1)
+    return 1
+
+
+def test_an_attempt_that_hangs_in_a_new_process_is_killed_after_the_timeout_and_said_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    payload, preload = handler_payload(sleeps_in_a_new_process, Options(), label="sleeps")
+    monkeypatch.setenv("KIT_HANG", "1")
+    processes = FreshProcesses(payload, preload, timeout=1.0)
+    try:
+        began = time.monotonic()
+        ended = processes.run(store_payload(SQLiteStore(tmp_path / "c.db"), label="sleeps"), mode="run")
+    finally:
+        processes.close()
+    assert time.monotonic() - began < 60 and ended.killed
+    assert ended.answer is not None and "did not end in 1s in a new process; it was killed" in ended.answer["text"]
+
+
+def test_resumable_dag_test_refuses_process_death_naming_what_to_use(resumable_dag_test: Any) -> None:
+    with pytest.raises(pytest.fail.Exception, match="process_death kills the attempt's process .* resumable_check"):
+        resumable_dag_test(None, "total_revenue", "process_death")

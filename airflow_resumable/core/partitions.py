@@ -137,7 +137,7 @@ def range_chunks(reader: KeysetReader, rng: Range, *, total: Any = None) -> dict
     the job's total). What a partition task runs, and what the test kit checks."""
     read: Any = _nothing if rng.empty else reader.within(rng.until)
     if total is None:
-        total = 0 if rng.empty else _range_count(read, rng.after)
+        total = 0 if rng.empty else RangeCount(read, rng.after)
     return {"read": read, "start": rng.after, "total": total}
 
 
@@ -146,11 +146,16 @@ def _nothing(ctx: Any, after: Any, limit: int) -> list[Any]:
     return []
 
 
-def _range_count(reader: KeysetReader, after: Any) -> Any:
-    def count(ctx: Any) -> int:
-        return int(reader.count(ctx, after))
+@dataclasses.dataclass(frozen=True)
+class RangeCount:
+    """A partition's ``total``: the rows of its range, counted once per run. A value that pickles
+    (not a closure): the test kit's ``process_death`` sends it to a new process by name."""
 
-    return count
+    reader: KeysetReader
+    after: Any
+
+    def __call__(self, ctx: Any) -> int:
+        return int(self.reader.count(ctx, self.after))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""Prove a handler resumable: run it interrupted at every chunk boundary, by every kind of
+"""Prove a handler resumable: run it interrupted at chunk boundaries, by every kind of
 interruption the product knows, and compare each interrupted run with an uninterrupted one.
 
 A handler is resumable when an attempt that stops anywhere, and the attempts after it, give what
@@ -7,251 +7,89 @@ the same data in the user's sink. Chunks must be idempotent (a crash repeats the
 and the position and the state must describe everything done before them.
 
 :func:`check_resumable` runs the handler once without interruption (the reference), then once per
-(interruption, boundary): on a fresh checkpoint store, with the user's sink reset, interrupted at
+(interruption, checkpoint): on a fresh checkpoint store, with the user's sink reset, interrupted at
 that ``ctx.checkpoint()`` and resumed by further attempts until the slot is ``done``. It returns a
 :class:`Report`; :meth:`Report.assert_ok` raises :class:`NotResumable` naming the first trial that
 differs: the interruption, the chunk, the position and the difference.
 
 The attempts are the product's own (:class:`~airflow_resumable.core.runner.Attempt`, the loop every
 operator runs); an interruption is injected at the one step after a chunk, where a real one is
-noticed. No Airflow is needed (see :mod:`airflow_resumable.testing.plugin` for a ``dag.test()``
-of a DAG's task with interruptions).
+noticed. Every kind but ``process_death`` runs in the test's process; ``process_death`` kills a
+process of its own and resumes in a new one (:mod:`airflow_resumable.testing.fresh`). No Airflow
+is needed (see :mod:`airflow_resumable.testing.plugin` for a ``dag.test()`` of a DAG's task with
+interruptions).
+
+What it costs: each trial runs the whole job once (plus the chunk or two an interruption
+repeats), so a check runs about ``kinds x points x chunks`` chunks. ``points="auto"`` (the
+default) interrupts every checkpoint up to :data:`EVERY_UP_TO` of them, and above that a sample of
+:data:`SAMPLES` (the first, the last and others chosen by a seed the report names), so the cost
+grows with the job's length, not with its square.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-import enum
 import inspect
-import json
+import os
 import random
+import shutil
+import signal
+import sqlite3
 import tempfile
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from airflow_resumable.core import control
 from airflow_resumable.core.chunked import chunk_loop
-from airflow_resumable.core.errors import Cancelled, LeaseLost, Paused
 from airflow_resumable.core.options import Options
 from airflow_resumable.core.partitions import Plan, range_chunks, split
 from airflow_resumable.core.readers import KeysetReader
-from airflow_resumable.core.runner import Attempt, Outcome
-from airflow_resumable.core.signal import Reason
 from airflow_resumable.core.stores import PostgresStore, SQLiteStore, Store
 from airflow_resumable.core.tables import ATTEMPTS, CHECKPOINTS, DEAD_LETTERS
+from airflow_resumable.testing.fresh import FreshProcesses, NotImportable, handler_payload, store_payload
+from airflow_resumable.testing.interrupt import (
+    ALL_INTERRUPTIONS,
+    IN_PROCESS_INTERRUPTIONS,
+    JOB,
+    SLOT,
+    Interruption,
+    NotResumable,
+    SimulatedCrash,
+    _Plan,
+    expire_lease,
+    interrupted_attempt,
+    run_to_the_end,
+)
+from airflow_resumable.testing.report import Report, Trial, differences
 
 __all__ = [
-    "ALL_INTERRUPTIONS", "Interruption", "NotResumable", "PartitionedReport", "Report", "SimulatedCrash", "Trial",
-    "check_chunked", "check_partitioned", "check_resumable", "expire_lease", "interrupted_attempt", "store_of",
+    "ALL_INTERRUPTIONS", "EVERY_UP_TO", "IN_PROCESS_INTERRUPTIONS", "SAMPLES", "ChunkLoop", "Interruption",
+    "NotImportable", "NotResumable", "PartitionedReport", "Report", "SimulatedCrash", "Trial", "check_chunked",
+    "check_partitioned", "check_resumable", "expire_lease", "interrupted_attempt", "store_of",
 ]
 
-JOB = "test_kit.handler"
-SLOT = "2026-01-01T00:00:00+00:00"
+#: ``points="auto"`` interrupts every checkpoint of a run that makes at most this many.
+EVERY_UP_TO = 20
+#: ``points="auto"`` interrupts this many checkpoints of a longer run: the first, the last and
+#: others chosen at random by the seed.
+SAMPLES = 20
+#: The environment variable that gives the seed when ``seed=`` is not given (to replay a sample).
+SEED_VARIABLE = "RESUMABLE_KIT_SEED"
 
+#: A sink's snapshot that could not be taken before a run (e.g. its table does not exist yet).
+_UNREADABLE = object()
 
-class Interruption(enum.StrEnum):
-    """Where and how an attempt stops short, as it does in production."""
-
-    #: The worker dies inside ``ctx.checkpoint()``, before the checkpoint is written: the chunk's
-    #: uncommitted writes are lost, the lease lapses, the next attempt repeats the chunk.
-    CRASH_BEFORE_CHECKPOINT = "crash_before_checkpoint"
-    #: The worker dies right after the checkpoint committed, before the handler goes on.
-    CRASH_AFTER_CHECKPOINT = "crash_after_checkpoint"
-    #: A person cancels (mark failed, ``control.cancel``): the attempt stops at this boundary.
-    CANCEL = "cancel"
-    #: The cooperative ``timeout`` runs out at this boundary.
-    TIMEOUT = "timeout"
-    #: Another attempt takes the slot over (a lease lapsed under a stalled worker): this checkpoint
-    #: is fenced out and nothing of its chunk is committed.
-    LEASE_LOST = "lease_lost"
-    #: Paused at this boundary (the task defers), then resumed in the same try.
-    PAUSE_RESUME = "pause_resume"
-    #: With ``pipeline_checkpoints=True``: this checkpoint is still in flight when the worker dies
-    #: during the next chunk, and is lost; the next attempt resumes from the one before.
-    PIPELINED_WRITE_LOST = "pipelined_write_lost"
-
-
-#: Every kind, in the order trials run.
-ALL_INTERRUPTIONS: tuple[Interruption, ...] = tuple(Interruption)
-
-
-class SimulatedCrash(BaseException):
-    """The worker died (raised by the kit, never by the product). A ``BaseException``, as a real
-    death cannot be caught by the handler's ``except Exception``."""
-
-
-class NotResumable(AssertionError):
-    """An interrupted run gave something else than the uninterrupted one."""
-
-
-@dataclasses.dataclass
-class Trial:
-    """One interrupted run: ``interruption`` at the ``point``-th ``ctx.checkpoint()``."""
-
-    interruption: Interruption
-    point: int
-    #: The position the handler was checkpointing when the interruption struck.
-    position: Any = None
-    attempts: int = 0
-    result: Any = None
-    state: Any = None
-    snapshot: Any = None
-    #: What differs from the reference, one sentence each; empty when the run agreed.
-    differences: list[str] = dataclasses.field(default_factory=list)
-    #: False when the interruption's point was never reached (the run had fewer checkpoints).
-    struck: bool = False
-
-    def describe(self) -> str:
-        where = f"{self.interruption.value} at checkpoint {self.point} (position {self.position!r})"
-        return f"{where}: " + "; ".join(self.differences) if self.differences else f"{where}: same"
-
-
-@dataclasses.dataclass
-class Report:
-    """What :func:`check_resumable` found."""
-
-    name: str
-    checkpoints: int
-    positions: list[Any]
-    result: Any
-    state: Any
-    snapshot: Any
-    trials: list[Trial]
-
-    @property
-    def failures(self) -> list[Trial]:
-        return [t for t in self.trials if t.differences]
-
-    @property
-    def ok(self) -> bool:
-        return not self.failures
-
-    def assert_ok(self) -> Report:
-        """Raise :class:`NotResumable` naming the first trial that differs (and how many did)."""
-        if self.checkpoints == 0:
-            raise NotResumable(
-                f"{self.name} made no checkpoint in an uninterrupted run: an interrupted attempt has nothing to "
-                "resume from and starts over. Call ctx.checkpoint(position) after each chunk (or give "
-                "ChunkedOperator's read a source with items)")
-        failures = self.failures
-        if failures:
-            first = failures[0]
-            raise NotResumable(
-                f"{self.name} is not resumable: {first.describe()} "
-                f"({len(failures)} of {len(self.trials)} interrupted runs differ from the uninterrupted one, "
-                f"which made {self.checkpoints} checkpoints). Make each chunk idempotent, or write it through "
-                "ctx.transaction() so it commits with its checkpoint, and keep in the position and ctx.state "
-                "everything the next chunk needs"
-            )
-        return self
-
-    def summary(self) -> str:
-        by_kind: dict[Interruption, list[Trial]] = {}
-        for t in self.trials:
-            by_kind.setdefault(t.interruption, []).append(t)
-        lines = [f"{self.name}: {self.checkpoints} checkpoints, {len(self.trials)} interrupted runs"]
-        for kind, trials in by_kind.items():
-            bad = [t.point for t in trials if t.differences]
-            lines.append(f"  {kind.value}: {len(trials)} runs, " + (f"differ at {bad}" if bad else "all the same"))
-        return "\n".join(lines)
-
-
-# -- the interrupted attempt ----------------------------------------------------------------------
-
-
-@dataclasses.dataclass
-class _Plan:
-    """The interruption of one trial, shared by its attempts (checkpoint calls count across them)."""
-
-    kind: Interruption | None
-    point: int
-    calls: int = 0
-    struck_at: Any = None
-    struck: bool = False
-    crash_next: bool = False
-    positions: list[Any] = dataclasses.field(default_factory=list)
-
-
-def expire_lease(store: Store, job: str, slot: str) -> None:
-    """Let the slot's lease lapse now, as it does after its holder died: the next attempt takes
-    the slot at once instead of waiting out the lease."""
-    d = store.dialect
-    with store.open(autocommit=True) as s:
-        s.execute(f"UPDATE {CHECKPOINTS.name} SET lease_expires_at = {d.now_plus('%(back)s')} "
-                  "WHERE job = %(job)s AND slot = %(slot)s AND lease_owner IS NOT NULL",
-                  {"back": -3600.0, "job": job, "slot": slot})
-
-
-def _take_over(session: Any) -> None:
-    """Another attempt takes the slot's lease (a new token), so that this attempt's checkpoint is
-    fenced out. Written on the attempt's own connection: on SQLite a taker would wait for the
-    chunk's transaction, which commits only with the checkpoint. Inside that transaction the
-    take-over is rolled back with the chunk (the lease is then expired as a dead taker's would be);
-    outside one it stays, with a lapsed lease."""
-    d = session.d
-    session.execute(f"UPDATE {CHECKPOINTS.name} SET lease_token = lease_token + 1, lease_owner = 'test-kit-taker', "
-                    f"lease_expires_at = {d.now_plus('%(back)s')} WHERE job = %(job)s AND slot = %(slot)s",
-                    {"back": -3600.0, "job": JOB, "slot": SLOT})
-
-
-def interrupted_attempt(plan: _Plan, base: type[Attempt] = Attempt) -> type[Attempt]:
-    """An :class:`Attempt` class that strikes ``plan``'s interruption at its point."""
-
-    class InterruptedAttempt(base):  # type: ignore[misc, valid-type]
-        def after_chunk(self, position: str, state_json: str, state: dict[str, Any], processed: int,
-                        total: int | None) -> None:
-            if plan.crash_next:  # the checkpoint dropped in flight is followed by the worker's death
-                plan.crash_next = False
-                raise SimulatedCrash(f"the worker died during the chunk after checkpoint {plan.point}")
-            plan.calls += 1
-            plan.positions.append(json.loads(position))
-            if plan.kind is None or plan.calls != plan.point or plan.struck:
-                return super().after_chunk(position, state_json, state, processed, total)
-            plan.struck, plan.struck_at = True, json.loads(position)
-            kind = plan.kind
-            if kind is Interruption.CRASH_BEFORE_CHECKPOINT:
-                raise SimulatedCrash(f"the worker died before checkpoint {plan.point}")
-            if kind is Interruption.PIPELINED_WRITE_LOST:
-                if not self.options.pipeline_checkpoints:  # nothing in flight: the same as a crash before it
-                    raise SimulatedCrash(f"the worker died before checkpoint {plan.point}")
-                plan.crash_next = True  # this write never commits; the handler goes on with the next chunk
-                return None
-            if kind is Interruption.CANCEL:
-                self.signal.cancel(Reason.USER, "cancelled by the test kit")
-            elif kind is Interruption.TIMEOUT:
-                self.signal.cancel(Reason.TIMEOUT, "the test kit's timeout ran out")
-            elif kind is Interruption.LEASE_LOST:
-                self._flush()  # a pipelined checkpoint in flight lands first, as it would
-                _take_over(self._session)
-            elif kind is Interruption.PAUSE_RESUME:  # as the lease keeper does when it finds a pause request
-                self.signal.cancel(Reason.PAUSED, "paused by the test kit")
-            super().after_chunk(position, state_json, state, processed, total)
-            if kind is Interruption.CRASH_AFTER_CHECKPOINT:
-                self._flush()  # the checkpoint is durable, then the worker dies
-                raise SimulatedCrash(f"the worker died after checkpoint {plan.point}")
-            return None
-
-        def _call(self, handler: Callable[..., Any], ctx: Any) -> Any:
-            result = super()._call(handler, ctx)
-            if plan.crash_next:  # the last checkpoint was the one dropped in flight
-                plan.crash_next = False
-                raise SimulatedCrash(f"the worker died before the run's end, checkpoint {plan.point} in flight")
-            return result
-
-        def _stopped(self, session: Any, exc: BaseException) -> None:
-            if isinstance(exc, SimulatedCrash):
-                # A dead worker records nothing: the row stays `running` under its lease, which lapses.
-                session.rollback()
-                expire_lease(self.store, self.job, self.slot)
-                return
-            super()._stopped(session, exc)
-
-    InterruptedAttempt.__qualname__ = InterruptedAttempt.__name__ = f"Interrupted{base.__name__}"
-    return InterruptedAttempt
-
-
-# -- running the trials ---------------------------------------------------------------------------
+_IN_MEMORY = ("the sink's snapshot after a run in a new process is what it was before the run, while the "
+              "uninterrupted run in this process changed it: the sink lives in this test's memory (a list, a dict), "
+              "which an attempt in another process cannot write to, as a worker's writes to its own memory are "
+              "lost with it. Give the kit a sink outside the process (a table, a file), or leave this kind out: "
+              "interruptions=IN_PROCESS_INTERRUPTIONS")
+_PROCESS_STATE = ("An uninterrupted run in a new process, the handler imported anew, gives another outcome than the "
+                  "same run in this process: the handler depends on something this process holds and a new one "
+                  "does not (a module attribute the test set or patched, progress kept in memory by an earlier run, "
+                  "a cache). A worker imports your code anew as a new process does: give the handler what it needs "
+                  "through its arguments, the environment or files, and keep its progress in ctx.state")
 
 
 def _forget(store: Store) -> None:
@@ -274,68 +112,150 @@ def _call_with_store(fn: Callable[..., Any] | None, store: Store) -> Any:
     return fn(store) if takes else fn()
 
 
-def _run_to_the_end(handler: Callable[..., Any], store: Store, plan: _Plan, options: Options,
-                    max_attempts: int) -> tuple[Outcome, int]:
-    cls = interrupted_attempt(plan)
-    attempt = 1
-    for n in range(1, max_attempts + 1):
-        try:
-            outcome = cls(store, job=JOB, slot=SLOT, attempt=attempt, owner=f"test-kit/try{attempt}/{n}",
-                          options=options).run(handler)
-            return outcome, n
-        except SimulatedCrash:
-            attempt += 1  # Airflow's next try, once the dead one was noticed
-        except LeaseLost:
-            expire_lease(store, JOB, SLOT)  # the taker is gone too: its lease lapses
-            attempt += 1
-        except Cancelled:
-            attempt += 1  # a retry or a Clear
-        except Paused:
-            control.resume(store, JOB, SLOT, by="test kit")  # the same try continues
-    raise NotResumable(f"the run did not finish in {max_attempts} attempts after {plan.kind} at checkpoint "
-                       f"{plan.point}")
+def _before_run(reset: Callable[..., Any] | None, snapshot: Callable[..., Any] | None, store: Store) -> Any:
+    """Reset the sink, then take its snapshot as the run finds it (:data:`_UNREADABLE` when the
+    snapshot cannot be taken yet, e.g. the table the handler creates does not exist)."""
+    _call_with_store(reset, store)
+    if snapshot is None:
+        return None
+    try:
+        return _call_with_store(snapshot, store)
+    except Exception:
+        return _UNREADABLE
 
 
-def _differences(label: str, expected: Any, got: Any) -> list[str]:
-    if expected == got:
-        return []
-    if isinstance(expected, dict) and isinstance(got, dict):
-        keys = sorted(set(expected) | set(got), key=str)
-        diff = [f"{k!r}: expected {expected.get(k, '<missing>')!r}, got {got.get(k, '<missing>')!r}"
-                for k in keys if expected.get(k, object()) != got.get(k, object())]
-        return [f"{label} differs ({'; '.join(diff[:5])}{' ...' if len(diff) > 5 else ''})"]
-    if isinstance(expected, (list, tuple)) and isinstance(got, (list, tuple)):
-        if len(expected) != len(got):
-            extra = [x for x in got if x not in expected][:3]
-            missing = [x for x in expected if x not in got][:3]
-            repeated = sorted({repr(x) for x in got if list(got).count(x) > list(expected).count(x)})[:3]
-            parts = [f"{len(got)} items instead of {len(expected)}"]
-            if repeated:
-                parts.append(f"repeated: {', '.join(repeated)}")
-            if missing:
-                parts.append(f"missing: {missing!r}")
-            if extra:
-                parts.append(f"unexpected: {extra!r}")
-            return [f"{label} differs ({'; '.join(parts)})"]
-        i = next(i for i, (a, b) in enumerate(zip(expected, got, strict=True)) if a != b)
-        return [f"{label} differs at index {i}: expected {expected[i]!r}, got {got[i]!r}"]
-    return [f"{label} differs: expected {expected!r}, got {got!r}"]
-
-
-def _points(n: int, points: str | Iterable[int], seed: int | None, samples: int | None) -> list[int]:
-    if points == "every":
+def _points(n: int, points: str | Iterable[int], seed: int | None, samples: int | None) -> tuple[list[int], int | None]:
+    """The checkpoints to interrupt, and the seed that sampled them (None: no sample)."""
+    if points in ("every", "auto"):
         chosen = list(range(1, n + 1))
+        if points == "auto" and samples is None and n > EVERY_UP_TO:
+            samples = SAMPLES
     elif isinstance(points, str):
-        raise ValueError(f"points must be 'every' or checkpoint numbers (1..{n}), got {points!r}")
+        raise ValueError(f"points must be 'auto', 'every' or checkpoint numbers (1..{n}), got {points!r}")
     else:
         chosen = sorted({int(p) for p in points})
         bad = [p for p in chosen if not 1 <= p <= n]
         if bad:
             raise ValueError(f"points {bad} are outside the run's checkpoints 1..{n}")
-    if samples is not None:
-        rng = random.Random(seed)
-        chosen = sorted(rng.sample(chosen, min(samples, len(chosen))))
-    return chosen
+    if samples is None or samples >= len(chosen):
+        return chosen, None
+    if seed is None:
+        given = os.environ.get(SEED_VARIABLE, "").strip()
+        seed = int(given) if given else random.SystemRandom().randrange(1, 2**31)
+    ends = sorted({chosen[0], chosen[-1]})[:max(samples, 1)]
+    rest = [p for p in chosen if p not in ends]
+    return sorted(ends + random.Random(seed).sample(rest, max(samples - len(ends), 0))), seed
+
+
+@dataclasses.dataclass
+class _Run:
+    """What one check shares: the handler, the sink's functions, the stores, the reference."""
+
+    handler: Callable[..., Any]
+    snapshot: Callable[..., Any] | None
+    reset: Callable[..., Any] | None
+    fresh: Callable[[str], Store]
+    options: Options
+    max_attempts: int
+    compare_result: bool
+    label: str
+    reference: tuple[Any, Any, Any] = (None, None, None)
+    before_reference: Any = None
+
+    def compare(self, trial: Trial, result: Any, state: Any, store: Store, before: Any) -> None:
+        """Note in ``trial`` what its run gave and how it differs from the reference."""
+        trial.result, trial.state = result, state
+        trial.snapshot = _call_with_store(self.snapshot, store)
+        expected_result, expected_state, expected_snapshot = self.reference
+        if self.compare_result:
+            trial.differences += differences("the result", expected_result, result)
+        trial.differences += differences("the final state", expected_state, state)
+        trial.differences += differences("the sink's snapshot", expected_snapshot, trial.snapshot)
+
+    def prepare(self, trial: Trial, store: Store) -> Any:
+        """Reset the sink for ``trial``'s run and take its snapshot; note in ``trial`` whether the
+        sink is not as it was before the reference run (an earlier run's rows still in it)."""
+        before = _before_run(self.reset, self.snapshot, store)
+        if self.snapshot is None or before is _UNREADABLE:
+            trial.sink_not_reset = False
+        elif self.before_reference is _UNREADABLE:  # none before the first run (no table yet): rows now are a run's
+            trial.sink_not_reset = bool(before)
+        else:
+            trial.sink_not_reset = before != self.before_reference
+        return before
+
+    def in_process(self, kind: Interruption, point: int) -> Trial:
+        store = self.fresh(f"{kind.value}-{point}")
+        plan = _Plan(kind=kind, point=point)
+        trial = Trial(interruption=kind, point=point)
+        before = self.prepare(trial, store)
+        try:
+            outcome, trial.attempts = run_to_the_end(self.handler, store, plan, self.options, self.max_attempts)
+        except NotResumable as exc:
+            trial.differences.append(str(exc))
+        except Exception as exc:  # the resumed run failed where the reference did not
+            trial.differences.append(f"the resumed run failed: {type(exc).__name__}: {exc}")
+        else:
+            self.compare(trial, outcome.result, outcome.checkpoint.state, store, before)
+        trial.position, trial.struck = plan.struck_at, plan.struck
+        return trial
+
+    def new_processes(self, processes: FreshProcesses, points: list[int]) -> list[Trial]:
+        """The uninterrupted run in a new process, then, when it agrees, a process killed at each
+        point and the run resumed in another new process."""
+        store = self.fresh("process_death-0")
+        trial = Trial(interruption=Interruption.PROCESS_DEATH, point=0)
+        before = self.prepare(trial, store)
+        answer = self._answer(processes.run(store_payload(store, label=self.label), mode="run",
+                                            max_attempts=self.max_attempts), trial)
+        if answer is not None:
+            self.compare(trial, answer["result"], answer["state"], store, before)
+            trial.attempts = answer["attempts"]
+        if trial.differences:
+            if not trial.sink_not_reset:
+                in_memory = (self.snapshot is not None and trial.snapshot == before
+                             and self.reference[2] != self.before_reference)
+                trial.differences.append(_IN_MEMORY if in_memory else _PROCESS_STATE)
+            return [trial]
+        return [self._killed_at(processes, point) for point in points]
+
+    def _killed_at(self, processes: FreshProcesses, point: int) -> Trial:
+        store = self.fresh(f"process_death-{point}")
+        trial = Trial(interruption=Interruption.PROCESS_DEATH, point=point)
+        before = self.prepare(trial, store)
+        sent = store_payload(store, label=self.label)
+        ended = processes.run(sent, mode="crash", point=point, max_attempts=self.max_attempts)
+        if ended.killed and ended.signal == getattr(signal, "SIGKILL", 9) or ended.exit_code == 137:
+            trial.struck, trial.attempts = True, 1
+            with store.open() as s:
+                row = s.checkpoints.load(JOB, SLOT)
+            trial.position = row.position if row is not None else None
+            expire_lease(store, JOB, SLOT)  # the dead worker's lease lapses
+            first = (row.attempt if row is not None else 1) + 1
+            ended = processes.run(sent, mode="run", first_attempt=first, max_attempts=self.max_attempts)
+        answer = self._answer(ended, trial)
+        if answer is not None:
+            trial.attempts += answer["attempts"]
+            self.compare(trial, answer["result"], answer["state"], store, before)
+        return trial
+
+    def _answer(self, ended: Any, trial: Trial) -> dict[str, Any] | None:
+        """The child's answer; a failure or a silent end noted in ``trial``; an import error raised."""
+        answer = ended.answer
+        if answer is None:
+            trial.differences.append(f"the attempt in a new process {ended.describe()} and gave no outcome")
+            return None
+        if answer.get("error") == "import":
+            raise NotImportable(
+                f"{self.label}: process_death runs the resumed attempt in a new process, which could not import the "
+                f"handler: {answer['text']}. The handler's module must be importable by its name from sys.path in a "
+                "new process (a module loaded from a file path under a made-up name, or a test module imported by "
+                "pytest's importlib mode, is not), and importing it must not fail; or leave this kind out: "
+                f"interruptions=IN_PROCESS_INTERRUPTIONS\n{answer['trace']}")
+        if "error" in answer:
+            trial.differences.append(f"the run in a new process failed: {answer['text']}")
+            return None
+        return answer
 
 
 def check_resumable(
@@ -344,7 +264,7 @@ def check_resumable(
     snapshot: Callable[..., Any] | None = None,
     reset: Callable[..., Any] | None = None,
     interruptions: Sequence[Interruption | str] = ALL_INTERRUPTIONS,
-    points: str | Iterable[int] = "every",
+    points: str | Iterable[int] = "auto",
     seed: int | None = None,
     samples: int | None = None,
     store: Callable[[Path], Store] | Store | str | None = None,
@@ -358,21 +278,29 @@ def check_resumable(
 
     Args:
         handler: a ``ResumableOperator`` handler (``def handler(ctx)``); for a ``ChunkedOperator``'s
-            ``read``/``process`` use :func:`check_chunked`.
+            ``read``/``process`` use :func:`check_chunked`. For ``process_death`` it must be
+            importable by a new process (a top-level function of a module, a ``functools.partial``
+            of one, a bound method or callable object of a top-level class).
         snapshot: what the handler wrote, to compare (e.g. the rows of the sink table, sorted);
-            called after each run, with the run's checkpoint store if it takes an argument (a sink
-            written through ``ctx.transaction()`` lives there).
+            called before and after each run, with the run's checkpoint store if it takes an
+            argument (a sink written through ``ctx.transaction()`` lives there). Always called in
+            the test's process.
         reset: empties the user's sink before each run (same calling convention). Each run gets a
             fresh checkpoint store of its own.
-        interruptions: the kinds to try (:class:`Interruption` or their names).
-        points: ``"every"`` checkpoint of the reference run, or the checkpoint numbers (1-based).
-        seed: the random seed that chooses the ``samples`` points (the same seed, the same points).
-        samples: try only this many of the points, chosen at random.
+        interruptions: the kinds to try (:class:`Interruption` or their names); default all of
+            them, :data:`IN_PROCESS_INTERRUPTIONS` all but ``process_death``.
+        points: ``"auto"``: every checkpoint of the reference run up to :data:`EVERY_UP_TO` of
+            them, else :data:`SAMPLES` of them; ``"every"`` checkpoint; or the checkpoint numbers
+            (1-based).
+        seed: the random seed that chooses a sample (the same seed, the same points); default
+            the ``RESUMABLE_KIT_SEED`` environment variable, else a new one, named by the report.
+        samples: try only this many of the points: the first, the last and others at random.
         store: the checkpoint store of every run: a :class:`Store`, a URL
             (``postgresql://user@host:5432/db``, ``sqlite:////abs/path.db``, see :func:`store_of`)
             or ``store(directory)`` giving the store of one run (default: a new embedded SQLite file
-            in ``directory``). A store shared by the runs (a PostgreSQL database the sink lives in)
-            is fine: the kit deletes its own slot before each run, and ``reset`` empties the sink.
+            in ``directory``, written without fsync: the kit's runs need no durability against a
+            power loss). A store shared by the runs (a PostgreSQL database the sink lives in) is
+            fine: the kit deletes its own slot before each run, and ``reset`` empties the sink.
             Give each test session running at once a database (or schema) of its own: the kit's
             slot has one name.
         options: the attempt's options (e.g. ``Options(pipeline_checkpoints=True)``).
@@ -383,13 +311,24 @@ def check_resumable(
 
     Returns:
         The :class:`Report`; call :meth:`Report.assert_ok` in a test.
+
+    Raises:
+        NotImportable: ``process_death`` is asked for and a new process cannot import the handler
+            (or be given the store or the options).
+        ValueError: ``points`` outside the reference run's checkpoints.
     """
     kinds = [Interruption(k) for k in interruptions]
     options = options or Options()
     label = name or getattr(handler, "__qualname__", None) or repr(handler)
-    make_store = _store_factory(store)
+    payload: tuple[bytes, list[str]] | NotImportable | None = None
+    if Interruption.PROCESS_DEATH in kinds:  # named as it is now, before any run changes it
+        try:
+            payload = handler_payload(handler, options, label=label)
+        except NotImportable as exc:
+            payload = exc
     with tempfile.TemporaryDirectory(prefix="resumable-kit-") as tmp:
         root = Path(tmp)
+        make_store = _store_factory(store, root)
 
         def fresh(tag: str) -> Store:
             directory = root / tag
@@ -398,37 +337,30 @@ def check_resumable(
             _forget(made)  # a factory may give the same store every time: each run starts with no row
             return made
 
+        run = _Run(handler=handler, snapshot=snapshot, reset=reset, fresh=fresh, options=options,
+                   max_attempts=max_attempts, compare_result=compare_result, label=label)
         ref_store = fresh("reference")
-        _call_with_store(reset, ref_store)
+        run.before_reference = _before_run(reset, snapshot, ref_store)
         plan = _Plan(kind=None, point=0)
-        outcome, _ = _run_to_the_end(handler, ref_store, plan, options, max_attempts)
-        reference = (outcome.result, outcome.checkpoint.state, _call_with_store(snapshot, ref_store))
-        report = Report(name=label, checkpoints=plan.calls, positions=list(plan.positions), result=reference[0],
-                        state=reference[1], snapshot=reference[2], trials=[])
+        outcome, _ = run_to_the_end(handler, ref_store, plan, options, max_attempts)
+        run.reference = (outcome.result, outcome.checkpoint.state, _call_with_store(snapshot, ref_store))
+        report = Report(name=label, checkpoints=plan.calls, positions=list(plan.positions), result=run.reference[0],
+                        state=run.reference[1], snapshot=run.reference[2], trials=[], reset_given=reset is not None)
         if plan.calls == 0:
             return report
-        chosen = _points(plan.calls, points, seed, samples)
+        report.points, report.seed = _points(plan.calls, points, seed, samples)
+        if isinstance(payload, NotImportable):
+            raise payload
         for kind in kinds:
-            for point in chosen:
-                trial_store = fresh(f"{kind.value}-{point}")
-                _call_with_store(reset, trial_store)
-                trial_plan = _Plan(kind=kind, point=point)
-                trial = Trial(interruption=kind, point=point)
-                try:
-                    outcome, trial.attempts = _run_to_the_end(handler, trial_store, trial_plan, options, max_attempts)
-                except NotResumable as exc:
-                    trial.differences.append(str(exc))
-                except Exception as exc:  # the resumed run failed where the reference did not
-                    trial.differences.append(f"the resumed run failed: {type(exc).__name__}: {exc}")
-                else:
-                    trial.result, trial.state = outcome.result, outcome.checkpoint.state
-                    trial.snapshot = _call_with_store(snapshot, trial_store)
-                    if compare_result:
-                        trial.differences += _differences("the result", reference[0], trial.result)
-                    trial.differences += _differences("the final state", reference[1], trial.state)
-                    trial.differences += _differences("the sink's snapshot", reference[2], trial.snapshot)
-                trial.position, trial.struck = trial_plan.struck_at, trial_plan.struck
-                report.trials.append(trial)
+            if kind is not Interruption.PROCESS_DEATH:
+                report.trials += [run.in_process(kind, point) for point in report.points]
+                continue
+            assert payload is not None
+            processes = FreshProcesses(*payload)
+            try:
+                report.trials += run.new_processes(processes, report.points)
+            finally:
+                processes.close()
         return report
 
 
@@ -447,9 +379,9 @@ def store_of(url: str) -> Store:
                      f"got {url.split(':', 1)[0]}:...")
 
 
-def _store_factory(store: Callable[[Path], Store] | Store | str | None) -> Callable[[Path], Store]:
+def _store_factory(store: Callable[[Path], Store] | Store | str | None, root: Path) -> Callable[[Path], Store]:
     if store is None:
-        return lambda directory: SQLiteStore(directory / "checkpoints.db")
+        return _Embedded(root / "template.db")
     if isinstance(store, str):
         store = store_of(store)
     if isinstance(store, Store):
@@ -458,18 +390,63 @@ def _store_factory(store: Callable[[Path], Store] | Store | str | None) -> Calla
     return store
 
 
+class _Embedded:
+    """The kit's default store: a new SQLite file for each run, copied from one whose schema is made
+    once, written without fsync (a test needs no durability against a power loss; a killed
+    process's writes are in the operating system's cache all the same)."""
+
+    def __init__(self, template: Path):
+        self.template = template
+
+    def __call__(self, directory: Path) -> Store:
+        if not self.template.exists():
+            made = SQLiteStore(self.template.with_suffix(".new"), synchronous="OFF")
+            with made.open(autocommit=True) as session:
+                session.ensure_schema()
+            with contextlib.closing(sqlite3.connect(made.path)) as conn:  # all of it in the one file
+                conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            os.replace(made.path, self.template)
+        shutil.copyfile(self.template, directory / "checkpoints.db")
+        return SQLiteStore(directory / "checkpoints.db", synchronous="OFF")
+
+
+@dataclasses.dataclass(frozen=True)
+class ChunkLoop:
+    """The handler a ``ChunkedOperator`` runs, built from its ``read``, ``process`` and other
+    arguments: a callable a new process can import (its parts by name), unlike a closure."""
+
+    read: Any
+    process: Any
+    chunk_size: int
+    options: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.build()  # bad arguments fail here, at once
+
+    def build(self) -> Callable[..., Any]:
+        """The operator's chunk loop over these arguments.
+
+        Raises:
+            ConfigurationError: bad arguments, all of them named at once.
+        """
+        return chunk_loop(self.read, self.process, chunk_size=self.chunk_size, **self.options)
+
+    def __call__(self, ctx: Any) -> Any:
+        return self.build()(ctx)
+
+
 def check_chunked(read: Any, process: Any, *, chunk_size: int, chunked: dict[str, Any] | None = None,
                   **kwargs: Any) -> Report:
     """:func:`check_resumable` for a ``ChunkedOperator``'s ``read``/``process`` (and its other
     arguments in ``chunked``: ``position``, ``total``, ``start``, ``skip_on``, ...), run by the
     operator's own chunk loop. The loop's return value counts the chunks and skips of the *last*
-    attempt, so it is not compared: the final state and the snapshot are."""
-    handler = chunk_loop(read, process, chunk_size=chunk_size, **(chunked or {}))
+    attempt, so it is not compared: the final state and the snapshot are. For ``process_death``,
+    ``read``, ``process`` and the functions in ``chunked`` must be importable (no lambda)."""
+    handler = ChunkLoop(read, process, chunk_size, dict(chunked or {}))
     kwargs.setdefault("compare_result", False)
     kwargs.setdefault("name", f"read={getattr(read, '__qualname__', type(read).__name__)}, "
                               f"process={getattr(process, '__qualname__', type(process).__name__)}")
     return check_resumable(handler, **kwargs)
-
 
 
 # -- a partitioned job ----------------------------------------------------------------------------

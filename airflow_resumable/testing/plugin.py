@@ -89,9 +89,13 @@ def resumable_dag_test(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[...
         from airflow_resumable.operators import resumable as operator_module
         from airflow_resumable.version_compat import environment_problems
 
+        kind = Interruption(interruption)
+        if kind is Interruption.PROCESS_DEATH:
+            pytest.fail("process_death kills the attempt's process and resumes in a new one, and dag.test() runs the "
+                        "task in this test's process: prove the handler with resumable_check (or check_resumable), "
+                        "or crash_after_checkpoint here", pytrace=False)
         for problem in environment_problems():  # dag.test() would only answer 500s
             pytest.fail(problem, pytrace=False)
-        kind = Interruption(interruption)
         plan = _Plan(kind=kind, point=at)
         base = operator_module.Attempt
         job_prefix = f"{dag.dag_id}.{task_id}"
