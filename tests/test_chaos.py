@@ -33,7 +33,7 @@ import pytest
 from airflow_resumable.core.runner import Attempt, Options
 from airflow_resumable.core.stores import PostgresStore
 from devtools.postgres import Server
-from support.chaos import hosts
+from support.chaos import hosts, soak
 from support.chaos.checker import check_run
 from support.chaos.cluster import PROXY_PORT, TABLES, Chaos, LocalChaosDeployment, chaos_cluster, start_proxy
 from support.chaos.faults import Fault, fire
@@ -342,6 +342,31 @@ def test_a_fault_that_struck_a_running_attempt_is_a_hit_once_the_history_shows_i
     assert finisher.verdict == "unconfirmed", finisher
     anomalies, counts = check_run(conn, run, "success")
     assert anomalies == [] and counts["interruptions"] == 1, (anomalies, counts)
+
+
+def _samples(rss: list[float], threads: list[int], connections: list[int]) -> list[dict[str, Any]]:
+    """One soak sample a minute of a worker and the connections held."""
+    return [{"minute": float(m), "processes": {"worker-a": {"pid": 1, "processes": 3, "rss_mb": r, "fds": 40,
+                                                             "threads": t}},
+             "connections": {"checkpoint": c, "metadata": 5}}
+            for m, (r, t, c) in enumerate(zip(rss, threads, connections, strict=True))]
+
+
+def test_the_soak_fails_on_growth_after_the_warm_up_and_not_on_noise() -> None:
+    # Given samples over ten minutes: memory that warms up then stays, threads and connections that
+    # go up and down while tasks come and go
+    flat = _samples([200, 240, 250, 251, 249, 252, 250, 253, 251, 252, 250], [9, 12, 10, 12, 11, 12, 10, 12, 11, 12, 12],
+                    [1, 3, 2, 3, 1, 2, 3, 1, 2, 2, 1])
+    # When the same run leaks memory, threads, connections
+    leaking = _samples([200, 240, 250, 255, 260, 270, 280, 290, 300, 310, 320], [9, 12, 10, 12, 11, 12, 13, 14, 15, 16, 17],
+                       [1, 3, 2, 3, 1, 2, 4, 5, 6, 7, 8])
+    # Then the soak passes the first and names each curve that grew in the second
+    assert soak.judge(flat) == []
+    problems = soak.judge(leaking)
+    assert [p.split(":")[0] for p in problems] == ["worker-a rss_mb", "worker-a threads", "connections checkpoint"], problems
+    assert "270 MB after the warm-up, 300 MB at the end (+11%" in problems[0], problems[0]
+    # and a soak too short to judge says so instead of passing
+    assert all("too few samples" in p for p in soak.judge(flat[:6])), soak.judge(flat[:6])
 
 
 # -- the trials --------------------------------------------------------------------------------
