@@ -6,14 +6,15 @@ the history once the trial ends (:mod:`.verdicts`).
 
 | kind | moments | what it does to the victim | until |
 |---|---|---|---|
-| ``kill_task`` | chunk, boundary, transaction | SIGKILL of its task process (the OOM killer) | at once |
+| ``kill_task`` | chunk, boundary, transaction, lease_wait | SIGKILL of its task process (the OOM killer) | at once |
 | ``kill_worker`` | chunk, transaction | SIGKILL of its worker's whole tree (a lost machine); a new worker | at once |
 | ``freeze_task`` | chunk, transaction | SIGSTOP of its task process and its supervisor (the zombie: Airflow's heartbeats stop too) | another attempt took the lease over |
 | ``freeze_worker`` | chunk | SIGSTOP of its worker's whole tree | another attempt took the lease over |
 | ``cut_host`` | chunk | its host's only link down | another attempt took the lease over |
+| ``cut_api`` | chunk | its host cut off from Airflow (API server, broker, metadata database), the checkpoint database still reachable: Airflow retries the task while the attempt still runs and holds its lease | another attempt took the lease over |
 | ``cut_db`` | chunk, transaction | blackhole routes between its host and the database host | its lease expired, then its connections gave up (``tcp_user_timeout``) |
-| ``pg_restart`` | transaction | a fast restart of the checkpoint database (its open transaction dropped) | at once |
-| ``deploy`` | chunk, boundary | its worker's drain (Celery: SIGTERM to the worker; LocalExecutor: SIGTERM to the scheduler's whole tree, as systemd stops a service), then a new one | the drain |
+| ``pg_restart`` | transaction, lease_wait | a fast restart of the checkpoint database (its open transaction dropped) | at once |
+| ``deploy`` | chunk, boundary, lease_wait | its worker's drain (Celery: SIGTERM to the worker; LocalExecutor: SIGTERM to the scheduler's whole tree, as systemd stops a service), then a new one | the drain |
 | ``deploy_paused`` | paused | the slot paused at a chunk; once paused (its task deferred), the worker it ran on drained and restarted; then resumed | the resume |
 | ``lossy`` | chunk, boundary | latency, loss and stalls between its host and the database, in the proxy (:mod:`.proxy`) | drawn: 6-14 s |
 | ``netem`` | chunk | the same with ``tc netem``; skipped where the kernel has no netem | drawn: 5-10 s |
@@ -23,6 +24,9 @@ the history once the trial ends (:mod:`.verdicts`).
 
 A freeze or cut meant to cost the lease holds until the victim's lease was taken over by another
 attempt (at least until the lease it held ran out), measured from the row, within :data:`TAKEOVER`.
+A fault at ``lease_wait`` brings its cause: at a ``chunk`` moment it cuts the holder's host off from
+Airflow (as ``cut_api``, healed once the lease was taken over), so Airflow starts a later try that
+waits on the live holder's lease; it strikes that waiting try.
 """
 
 from __future__ import annotations
@@ -46,14 +50,15 @@ from support.chaos.workloads import WORKLOADS, Run
 
 LEASE = 4
 MOMENTS_OF = {
-    "kill_task": ("chunk", "boundary", "transaction"),
+    "kill_task": ("chunk", "boundary", "transaction", "lease_wait"),
     "kill_worker": ("chunk", "transaction"),
     "freeze_task": ("chunk", "transaction"),
     "freeze_worker": ("chunk",),
     "cut_host": ("chunk",),
+    "cut_api": ("chunk",),
     "cut_db": ("chunk", "transaction"),
-    "pg_restart": ("transaction",),
-    "deploy": ("chunk", "boundary"),
+    "pg_restart": ("transaction", "lease_wait"),
+    "deploy": ("chunk", "boundary", "lease_wait"),
     "deploy_paused": ("paused",),
     "lossy": ("chunk", "boundary"),
     "netem": ("chunk",),
@@ -202,7 +207,7 @@ def fire(chaos: Chaos, fault: Fault, runs: list[Run], *, deadline: float, stoppi
         shot.verdict, shot.why = "missed", f"{job}/{run.run_id}: {why}"
         return shot
 
-    wait = "chunk" if fault.moment == "paused" else fault.moment
+    wait = "chunk" if fault.moment in ("paused", "lease_wait") else fault.moment
     victim, why = wait_for_moment(chaos.connect, wait, run, job, fault.k, deadline=deadline, stopping=stopping)
     if victim is None:
         return missed(f"no {wait} moment past checkpoint {fault.k}: {why}")
@@ -222,9 +227,45 @@ def fire(chaos: Chaos, fault: Fault, runs: list[Run], *, deadline: float, stoppi
             shot.note = requests.ask(run, job, "restart")
         shot.victim = victim
         return shot
+    if fault.moment == "lease_wait":  # the cause first: Airflow retries the task while its attempt holds on
+        holder, notes = victim, list[str]()
+
+        def cause_it() -> None:
+            try:
+                notes.append(cut_api(chaos, holder))
+            except Exception as exc:  # noqa: BLE001 - said in the shot's note
+                notes.append(f"the cut failed: {exc!r}")
+
+        cause = threading.Thread(target=cause_it, daemon=True)
+        cause.start()
+        try:
+            victim, why = wait_for_moment(chaos.connect, "lease_wait", run, job, 0, deadline=time.monotonic() + TAKEOVER,
+                                          stopping=stopping, api=chaos.cluster.api)
+            if victim is None:
+                return missed(f"no try waited on the lease of {holder} (its host cut off from Airflow): {why}")
+            shot.victim = victim
+            shot.note = inject(chaos, fault, run, job, victim)
+        finally:
+            cause.join(timeout=TAKEOVER + 60)
+        shot.note += f"; the cause: {''.join(notes) or 'still holding'}"
+        return shot
     shot.victim = victim
     shot.note = inject(chaos, fault, run, job, victim)
     return shot
+
+
+def cut_api(chaos: Chaos, victim: Victim) -> str:
+    """Cut the victim's host off from Airflow until another attempt took its lease over."""
+    worker = worker_of(chaos, victim.pid)
+    if worker is None:
+        raise RuntimeError(f"no worker runs pid {victim.pid} any more")
+    role = chaos.cluster.host_of(worker)
+    chaos.network.isolate(role, cut=True)
+    try:
+        what = taken_over(chaos, victim, least=0.0)
+    finally:
+        chaos.network.isolate(role, cut=False)
+    return f"{worker.name} cut off from Airflow: {what}"
 
 
 def inject(chaos: Chaos, fault: Fault, run: Run, job: str, victim: Victim) -> str:
@@ -273,6 +314,8 @@ def inject(chaos: Chaos, fault: Fault, run: Run, job: str, victim: Victim) -> st
         finally:
             signal_all(procs, signal.SIGCONT)
         return f"{len(procs)} process(es) on {worker.name} frozen: {what}"
+    if fault.kind == "cut_api":
+        return cut_api(chaos, victim)
     if fault.kind == "cut_host":
         network.link(role, up=False)
         try:

@@ -95,7 +95,7 @@ def markdown(res: dict[str, Any], *, verdict: bool = True) -> str:
         moments = Counter(s["moment"] for s in mine)
         hit_at = Counter(s["moment"] for s in mine if s["verdict"] == "hit")
         by_moment = ", ".join(f"{m} {hit_at[m]}/{moments[m]}" for m in MOMENTS if moments[m]) or "-"
-        skipped = f" (skipped: {res['skipped'][kind]})" if kind in res["skipped"] else ""
+        skipped = f" (skipped: {res['skipped'][kind].split(' (')[0]})" if kind in res["skipped"] else ""
         lines.append(f"| {kind}{skipped} | {len(mine)} | {v['hit']} | {v['missed']} | {v['unconfirmed']} | "
                      f"{v['failed']} | {_rate(v['hit'], len(mine))} | {by_moment} |")
     replay = res["replay"]

@@ -94,6 +94,7 @@ def restore(chaos: Chaos) -> None:
         role = cluster.host_of(component)
         network.link(role, up=True)
         network.partition(role, "db", cut=False)
+        network.isolate(role, cut=False)
         if not component.alive():
             cluster.restart_worker(component)
 

@@ -28,7 +28,9 @@ HIT_RATE = 0.9
 #: ``paused``: it stopped ``paused`` and a later attempt continued; ``cancelled``: it stopped
 #: ``cancelled`` with reason ``requested``; ``restarted``: it stopped ``paused`` and a later attempt
 #: started the slot over; ``ran_through``: it was running when the fault began (a degraded link is
-#: meant to slow an attempt, not to stop it).
+#: meant to slow an attempt, not to stop it). A fault on a try waiting on a lease (the ``lease_wait``
+#: moment) has the effect ``waiter_replaced`` whatever its kind: that try never took the lease, a
+#: later one did.
 EFFECTS = {
     "kill_worker": "replaced",
     "kill_task": "replaced",
@@ -37,6 +39,7 @@ EFFECTS = {
     "deploy": "replaced",
     "deploy_paused": "paused",
     "cut_host": "replaced",
+    "cut_api": "replaced",
     "cut_db": "replaced",
     "netem": "ran_through",
     "lossy": "ran_through",
@@ -77,9 +80,17 @@ def history(cur: Any, job: str, slot: str) -> list[dict[str, Any]]:
             if r["outcome"] not in REQUEST_OUTCOMES]
 
 
-def confirm(cur: Any, kind: str, victim: Victim) -> tuple[bool, str]:
+def confirm(cur: Any, kind: str, victim: Victim, moment: str = "chunk") -> tuple[bool, str]:
     """Whether the history shows ``kind``'s effect (:data:`EFFECTS`) on ``victim``, and the evidence."""
     records = history(cur, victim.job, victim.slot)
+    if moment == "lease_wait":
+        own = [r for r in records if r["attempt"] == victim.attempt]
+        took = [r for r in records if r["attempt"] > victim.attempt]
+        return not own and bool(took), (
+            f"try {victim.attempt} waited on token {victim.token}: " + (
+                f"it took the lease later (token {own[0]['lease_token']})" if own else "it never took the lease")
+            + (f"; try {took[0]['attempt']} (token {took[0]['lease_token']}) {took[0]['outcome']} from "
+               f"{took[0]['processed_start']}" if took else "; no later try"))
     mine = [r for r in records if r["lease_token"] == victim.token]
     if not mine:
         return False, f"no attempt record holds token {victim.token}"
@@ -119,5 +130,5 @@ def judge(conn: Any, shots: list[Shot]) -> None:
             if shot.victim is None:
                 shot.verdict, shot.why = "failed", shot.note or "no victim"
                 continue
-            hit, shot.why = confirm(cur, shot.fault.kind, shot.victim)
+            hit, shot.why = confirm(cur, shot.fault.kind, shot.victim, shot.fault.moment)
             shot.verdict = "hit" if hit else "unconfirmed"
