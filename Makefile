@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 CONSTRAINTS := constraints/airflow-3.3-py3.11.txt
 DEMO_HOME := $(CURDIR)/.airflow-home
 
-.PHONY: demo test fast lint docs docs-serve bench chaos standalone standalone-stop celery venv clean browser-deps screenshots dist constraints matrix
+.PHONY: demo test fast lint docs docs-serve bench chaos soak standalone standalone-stop celery venv clean browser-deps chaos-deps screenshots dist constraints matrix
 
 $(VENV)/.installed: setup.cfg pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
@@ -47,6 +47,14 @@ constraints:
 browser-deps:
 	@if [ -x /usr/bin/chromium ] && [ -x /usr/bin/chromedriver ]; then echo "chromium: $$(/usr/bin/chromium --version 2>/dev/null)"; \
 	else apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver; fi
+
+## What the chaos and eviction tests run beside Python (Debian's packages, installed only if missing):
+## dumb-init (the worker pod's init), socat (the hosts' relays), iproute2 (ip netns, tc).
+chaos-deps:
+	@missing=""; for pair in dumb-init:dumb-init socat:socat ip:iproute2; do \
+	  command -v $${pair%%:*} >/dev/null 2>&1 || missing="$$missing $${pair#*:}"; done; \
+	if [ -z "$$missing" ]; then echo "chaos: $$(dumb-init --version 2>&1), socat and iproute2 installed"; \
+	else apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; fi
 
 ## The README's screenshots (docs/screenshots/): the browser test against a real airflow standalone.
 screenshots: venv browser-deps
@@ -89,7 +97,14 @@ celery: venv
 TRIALS ?= 100
 EXECUTOR ?= celery
 chaos: venv
-	PYTHONPATH=$(CURDIR):$(CURDIR)/tests $(PY) -m support.chaos --trials $(TRIALS) --executor $(EXECUTOR) $(if $(SEED),--seed $(SEED)) $(if $(MINUTES),--minutes $(MINUTES))
+	PYTHONPATH=$(CURDIR):$(CURDIR)/tests $(PY) -m support.chaos --trials $(TRIALS) --executor $(EXECUTOR) $(if $(SEED),--seed $(SEED)) $(if $(MINUTES),--minutes $(MINUTES)) $(if $(FAULTS),--kinds $(FAULTS))
+
+## The soak: the chaos workloads' runs back to back with random faults for MINUTES, each worker's and
+## the API server's memory, open files and threads and the database connections sampled every minute;
+## fails on growth after the first five minutes or on any anomaly; curves in .chaos/soak-$(EXECUTOR).png.
+MINUTES ?=
+soak: venv
+	PYTHONPATH=$(CURDIR):$(CURDIR)/tests $(PY) -m support.chaos.soak --minutes $(or $(MINUTES),30) --executor $(EXECUTOR)
 
 ## Benchmarks: ratios measured side by side, each with its target.
 bench: venv

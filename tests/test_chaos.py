@@ -3,22 +3,28 @@ checkpoint database are hosts of their own (network namespaces on this machine);
 each guarantee from what was committed (tests/support/chaos/).
 
 A few trials run here, on each configuration (Celery workers on the hosts; schedulers with their
-LocalExecutor task processes on the hosts): ``RESUMABLE_CHAOS_TRIALS`` each (default 2 on Celery,
-1 on LocalExecutor); the seed is printed, and ``RESUMABLE_CHAOS_SEED`` or ``make chaos SEED=...``
-replays one. A trial waits while its runs make progress and fails when it has an anomaly or does
-not settle (nothing moved for ``STALL`` seconds: what still runs is printed, holder and lease).
-``make chaos TRIALS=100`` runs many and prints the table. The checker's own tests forge each
-anomaly into honest history and show it is reported.
+LocalExecutor task processes on the hosts): ``RESUMABLE_CHAOS_TRIALS`` each (default
+:data:`TRIALS`); the seed is printed, and ``RESUMABLE_CHAOS_SEED`` or ``make chaos SEED=...``
+replays one. Each fault waits for a condition of the slot it targets and its effect is confirmed
+from the history; the test fails when more than 10 % of the faults did not hit (missed or not
+confirmed), on any anomaly, and when a trial does not settle (nothing moved for ``STALL`` seconds:
+what still runs is printed, holder and lease). ``make chaos TRIALS=100`` runs many and prints the
+report. The checker's own tests forge each anomaly into honest history and show it is reported, and
+show a fault whose condition never comes reported missed and one that struck a real process a hit.
 """
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import random
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import closing
+from types import SimpleNamespace
 from typing import Any
 
 import psycopg2
@@ -27,15 +33,22 @@ import pytest
 from airflow_resumable.core.runner import Attempt, Options
 from airflow_resumable.core.stores import PostgresStore
 from devtools.postgres import Server
-from support.chaos import hosts
+from support.chaos import hosts, soak
 from support.chaos.checker import check_run
 from support.chaos.cluster import PROXY_PORT, TABLES, Chaos, LocalChaosDeployment, chaos_cluster, start_proxy
+from support.chaos.faults import Fault, fire
 from support.chaos.hosts import Network, netem_available, sweep
-from support.chaos.trials import run_trial, table
-from support.chaos.workloads import CHUNK, WORKLOADS, Run
+from support.chaos.moments import Victim, wait_for_moment
+from support.chaos.report import markdown, misses, passed, results
+from support.chaos.trials import Trial, run_trial
+from support.chaos.verdicts import Shot, judge
+from support.chaos.workloads import CHUNK, DELAY, WORKLOADS, Run
 from support.standalone import wait_for
 
 pytestmark = [pytest.mark.chaos, pytest.mark.celery]
+
+#: Trials per configuration in ``make test`` (RESUMABLE_CHAOS_TRIALS asks for others).
+TRIALS = {"celery": 2, "local": 1}
 
 TX = WORKLOADS[0]  # chaos_tx
 PLAIN = WORKLOADS[1]  # chaos_upsert
@@ -140,11 +153,13 @@ def slot_db(pg_server: Server) -> Iterator[Any]:
         conn.autocommit = True
         for statement in TABLES:
             conn.cursor().execute(statement)
-        yield store, conn
+        yield store, conn, params
 
 
-def _attempt(store: PostgresStore, conn: Any, workload: Any, slot: str, attempt: int, stop_after: int | None) -> None:
-    """One attempt as the chaos DAGs write (tokens from the row); ``stop_after`` chunks then a crash."""
+def _attempt(store: PostgresStore, conn: Any, workload: Any, slot: str, attempt: int, stop_after: int | None,
+             *, delay: float = 0.0, owner: str | None = None) -> None:
+    """One attempt as the chaos DAGs write (tokens from the row); ``stop_after`` chunks then a crash;
+    ``delay`` seconds of work per item."""
 
     class Crash(Exception):
         pass
@@ -162,6 +177,7 @@ def _attempt(store: PostgresStore, conn: Any, workload: Any, slot: str, attempt:
             table = "chaos_tx_log" if workload.sink == "tx" else "chaos_plain_log"
             target = ctx.transaction() if workload.sink == "tx" else conn.cursor()
             for item in batch:
+                time.sleep(delay)
                 target.execute(f"INSERT INTO {table} (job, slot, item, attempt, token, runs, pid) "
                                "VALUES (%s, %s, %s, %s, %s, %s, %s)", (ctx.job, ctx.slot, item, ctx.attempt, token,
                                                                         runs, os.getpid()))
@@ -173,7 +189,7 @@ def _attempt(store: PostgresStore, conn: Any, workload: Any, slot: str, attempt:
             ctx.checkpoint(i, processed=i, total=workload.items)
 
     try:
-        Attempt(store, job=workload.jobs()[0], slot=slot, attempt=attempt, owner=f"checker/try{attempt}",
+        Attempt(store, job=workload.jobs()[0], slot=slot, attempt=attempt, owner=owner or f"checker/try{attempt}",
                 options=Options(lease=30, overlap="allow")).run(handler)
     except Crash:
         pass
@@ -181,7 +197,7 @@ def _attempt(store: PostgresStore, conn: Any, workload: Any, slot: str, attempt:
 
 def _honest(slot_db: Any, workload: Any) -> tuple[Any, Run]:
     """Try 1 saves two chunks and dies; try 2 takes the expired lease over and finishes."""
-    store, conn = slot_db
+    store, conn, _ = slot_db
     run = Run(workload, f"slot-{random.randrange(10**6)}")
     _attempt(store, conn, workload, run.run_id, 1, stop_after=2)
     with conn.cursor() as cur:  # the dead try's lease lapses (the test does not wait for it)
@@ -260,6 +276,99 @@ def test_the_checker_holds_an_unsettled_run_to_the_safety_checks(slot_db: Any) -
     assert {a.check for a in anomalies} == {"exactly once"}, [str(a) for a in anomalies]
 
 
+# -- the faults' verdicts ----------------------------------------------------------------------
+
+
+def _connect(params: dict[str, Any]) -> Any:
+    conn = psycopg2.connect(**params)
+    conn.autocommit = True
+    return conn
+
+
+def _working_attempt(params: dict[str, Any], slot: str) -> None:
+    """Try 1 of a transactional slot in a process of its own, named as the chaos DAGs name a task
+    process (its lease owner and its connections carry its pid), one item every DELAY seconds."""
+    store = PostgresStore(**params, application_name=f"chaos-task:{os.getpid()}")
+    with closing(_connect(params)) as conn:
+        _attempt(store, conn, TX, slot, 1, stop_after=None, delay=DELAY, owner=f"ti/try1@host:{os.getpid()}")
+
+
+def test_a_fault_whose_condition_never_comes_is_reported_missed_and_fails_the_run(slot_db: Any) -> None:
+    # Given a slot that ran to its end, and one that never started
+    _, _, params = slot_db
+    conn, finished = _honest(slot_db, TX)
+    never = Run(TX, "never-started")
+    stand_in = SimpleNamespace(connect=lambda: _connect(params))  # the deployment's database, nothing else
+    # When faults wait for an attempt inside a chunk of each
+    shots = [fire(stand_in, Fault("kill_task", "chunk", 0, 2), [run], deadline=time.monotonic() + 3,
+                  stopping=lambda: False) for run in (finished, never)]
+    # Then neither fires: each is missed, with what was seen instead
+    assert [shot.verdict for shot in shots] == ["missed", "missed"], [str(shot) for shot in shots]
+    assert shots[0].victim is None and "the slot ended first (last seen done" in shots[0].why, shots[0].why
+    assert "not by the deadline (the slot never started)" in shots[1].why, shots[1].why
+    # And a run with them is not counted as surviving them: it fails, naming the seed to replay
+    res = results([Trial(seed=7, faults=[s.fault for s in shots], shots=shots)], executor="celery", skipped={},
+                  minutes=0.1)
+    ok, why = passed(res)
+    assert not ok and "0 of 2 faults hit (0%)" in why, why
+    assert "make chaos SEED=7 EXECUTOR=celery" in markdown(res) and "the slot never started" in misses(res)
+
+
+def test_a_fault_that_struck_a_running_attempt_is_a_hit_once_the_history_shows_it_replaced(slot_db: Any) -> None:
+    # Given try 1 of a slot working in a process of its own
+    store, conn, params = slot_db
+    run = Run(TX, f"slot-{random.randrange(10**6)}")
+    job = TX.jobs()[0]
+    child = multiprocessing.get_context("fork").Process(target=_working_attempt, args=(params, run.run_id))
+    child.start()
+    try:
+        # When a fault waits until it holds a transaction open past its second checkpoint, and kills it
+        victim, why = wait_for_moment(lambda: _connect(params), "transaction", run, job, 2,
+                                      deadline=time.monotonic() + 120)
+        assert victim is not None, why
+        assert (victim.pid, victim.attempt, victim.token) == (child.pid, 1, 1) and victim.processed >= 2 * CHUNK
+        os.kill(child.pid, signal.SIGKILL)
+    finally:
+        child.join(timeout=60)
+    # and try 2 takes the expired lease over and finishes the slot
+    conn.cursor().execute("UPDATE resumable_checkpoints SET lease_expires_at = now() - interval '1 minute'")
+    _attempt(store, conn, TX, run.run_id, 2, stop_after=None)
+    # Then the history confirms the fault: the attempt it struck was replaced
+    hit = Shot(Fault("kill_task", "transaction", 0, 2), victim)
+    # while a fault "on" the attempt that finished the slot proved nothing
+    finisher = Shot(Fault("kill_task", "chunk", 0, 2), Victim(job, run.run_id, 2, 2, None, 0, 1, victim.at, 0.0))
+    judge(conn, [hit, finisher])
+    assert hit.verdict == "hit" and "never ended" in hit.why and "try 2 (token 2) done" in hit.why, hit
+    assert finisher.verdict == "unconfirmed", finisher
+    anomalies, counts = check_run(conn, run, "success")
+    assert anomalies == [] and counts["interruptions"] == 1, (anomalies, counts)
+
+
+def _samples(rss: list[float], threads: list[int], connections: list[int]) -> list[dict[str, Any]]:
+    """One soak sample a minute of a worker and the connections held."""
+    return [{"minute": float(m), "processes": {"worker-a": {"pid": 1, "processes": 3, "rss_mb": r, "fds": 40,
+                                                             "threads": t}},
+             "connections": {"checkpoint": c, "metadata": 5}}
+            for m, (r, t, c) in enumerate(zip(rss, threads, connections, strict=True))]
+
+
+def test_the_soak_fails_on_growth_after_the_warm_up_and_not_on_noise() -> None:
+    # Given samples over ten minutes: memory that warms up then stays, threads and connections that
+    # go up and down while tasks come and go
+    flat = _samples([200, 240, 250, 251, 249, 252, 250, 253, 251, 252, 250], [9, 12, 10, 12, 11, 12, 10, 12, 11, 12, 12],
+                    [1, 3, 2, 3, 1, 2, 3, 1, 2, 2, 1])
+    # When the same run leaks memory, threads, connections
+    leaking = _samples([200, 240, 250, 255, 260, 270, 280, 290, 300, 310, 320], [9, 12, 10, 12, 11, 12, 13, 14, 15, 16, 17],
+                       [1, 3, 2, 3, 1, 2, 4, 5, 6, 7, 8])
+    # Then the soak passes the first and names each curve that grew in the second
+    assert soak.judge(flat) == []
+    problems = soak.judge(leaking)
+    assert [p.split(":")[0] for p in problems] == ["worker-a rss_mb", "worker-a threads", "connections checkpoint"], problems
+    assert "270 MB after the warm-up, 300 MB at the end (+11%" in problems[0], problems[0]
+    # and a soak too short to judge says so instead of passing
+    assert all("too few samples" in p for p in soak.judge(flat[:6])), soak.judge(flat[:6])
+
+
 # -- the trials --------------------------------------------------------------------------------
 
 
@@ -269,19 +378,21 @@ def chaos(request: pytest.FixtureRequest, pg_server: Server) -> Iterator[Chaos]:
         yield chaos
 
 
-def test_random_faults_across_hosts_break_no_guarantee(chaos: Chaos) -> None:
+def test_random_faults_on_running_attempts_across_hosts_break_no_guarantee(chaos: Chaos) -> None:
     executor = "local" if isinstance(chaos.cluster, LocalChaosDeployment) else "celery"
     base = int(os.environ.get("RESUMABLE_CHAOS_SEED", random.randrange(10**6)))
-    default = {"celery": "2", "local": "1"}[executor]
+    default = TRIALS[executor]
     count = 1 if "RESUMABLE_CHAOS_SEED" in os.environ else int(os.environ.get("RESUMABLE_CHAOS_TRIALS", default))
     skipped = {} if (why := netem_available()) is None else {"netem": why}
     print(f"\n[chaos] {executor}: seeds {base}..{base + count - 1}" + (f"; netem skipped: {why}" if why else ""))
+    began = time.monotonic()
     trials = []
     for seed in range(base, base + count):
         trial = run_trial(chaos, seed, netem=not skipped)
         print(trial.summary())
         trials.append(trial)
-    print(table(trials, skipped=skipped, replay="RESUMABLE_CHAOS_SEED={seed} make test (or make chaos SEED={seed} "
-                                                f"EXECUTOR={executor})"))
-    bad = [t for t in trials if t.anomalies or t.unsettled]
-    assert not bad, "\n".join(t.summary() for t in bad)
+    res = results(trials, executor=executor, skipped=skipped, minutes=(time.monotonic() - began) / 60,
+                  replay="RESUMABLE_CHAOS_SEED={seed} make test (or make chaos SEED={seed} EXECUTOR={executor})")
+    print(markdown(res))
+    ok, why = passed(res)
+    assert ok, f"{why}\n" + "\n".join(t.summary() for t in trials if t.failing or not t.all_hit)

@@ -17,6 +17,11 @@ history: no write may commit after another attempt took the lease.
 
 Tables (created by the suite, in the checkpoint database): ``chaos_tx_log`` and ``chaos_plain_log``
 (one row per committed write), ``chaos_upsert`` (the upsert's target).
+
+Every connection a task process opens to the checkpoint database (the store's, the lease keeper's,
+the sinks') is named ``chaos-task:<pid>`` (libpq's ``PGAPPNAME``, set when the task process parses
+this file): the suite sees in ``pg_stat_activity`` which attempt holds a transaction open
+(tests/support/chaos/moments.py).
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ KWARGS = {
 DEFAULTS = {"retries": 8, "retry_delay": timedelta(seconds=2)}
 LEASE = 4
 BAD_EVERY = 7  # chaos_skip: items with item % 7 == 3 raise ValueError
+os.environ["PGAPPNAME"] = f"chaos-task:{os.getpid()}"
 
 _tokens: dict[tuple[str, str, int, int], tuple[int, int]] = {}
 

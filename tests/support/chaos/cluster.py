@@ -39,6 +39,13 @@ HEARTBEAT_TIMEOUT = 15
 #: leaves its task instance ``queued``; the scheduler requeues it after this long (600 s + 120 s by
 #: default: longer than a trial, which then looked stuck, seed 599763).
 TASK_QUEUED_TIMEOUT, TASK_QUEUED_CHECK = 90, 10
+#: Seconds unacknowledged data may wait on a connection to the checkpoint database before the
+#: connection gives up (libpq's ``tcp_user_timeout``, in every connection of the workers): a link
+#: cut longer than this fails the attempt's statements instead of stalling them until TCP gives up
+#: (about 15 minutes), so a cut that outlasts the lease costs the attempt.
+TCP_USER_TIMEOUT = 6
+#: The connection's query string that sets it.
+TCP_OPTIONS = f"tcp_user_timeout={TCP_USER_TIMEOUT * 1000}"
 TABLES = (
     "CREATE TABLE chaos_tx_log (job TEXT NOT NULL, slot TEXT NOT NULL, item INTEGER NOT NULL, attempt INTEGER NOT "
     "NULL, token BIGINT NOT NULL, runs INTEGER NOT NULL, pid INTEGER NOT NULL, "
@@ -150,7 +157,8 @@ def start_proxy(network: Network, role: str, address: str, port: int, state: Pat
     control = state / f"proxy-{role}.json"
     control.write_text("{}")
     host = network.hosts[role]
-    proc = subprocess.Popen(host.argv(sys.executable, str(PROXY), str(PROXY_PORT), address, str(port), str(control)),
+    proc = subprocess.Popen(host.argv(sys.executable, str(PROXY), str(PROXY_PORT), address, str(port), str(control),
+                                      str(TCP_USER_TIMEOUT)),
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
     network.remember(proc.pid)
@@ -160,7 +168,7 @@ def start_proxy(network: Network, role: str, address: str, port: int, state: Pat
         if proc.poll() is not None or time.monotonic() > deadline:
             raise RuntimeError(f"the proxy on {role} did not start")
         time.sleep(0.2)
-    return Proxy(role, f"postgresql://postgres@127.0.0.1:{PROXY_PORT}/chaos", control, proc)
+    return Proxy(role, f"postgresql://postgres@127.0.0.1:{PROXY_PORT}/chaos?{TCP_OPTIONS}", control, proc)
 
 
 @dataclass
@@ -171,6 +179,7 @@ class Chaos:
     store: PostgresStore
     conn_uri: str  # the checkpoint database, as the root namespace's connection names it
     proxies: dict[str, Proxy]  # by worker host role: the workers' way to the checkpoint database
+    metadata_dsn: str = ""  # Airflow's metadata database (the root namespace's server)
 
     def connect(self) -> Any:
         conn = psycopg2.connect(self.conn_uri, connect_timeout=10)
@@ -186,6 +195,18 @@ def _metadata_database(admin_dsn: str) -> tuple[str, int]:
         conn.autocommit = True
         conn.cursor().execute(f'CREATE DATABASE "{name}"')
     return name, urlsplit(admin_dsn).port or 5432
+
+
+def _warm_up_control() -> None:
+    """Import and use the control API once now: its first call imports Airflow (seconds on a loaded
+    machine), which must not delay the first request fault past its moment."""
+    from airflow_resumable import control
+    from airflow_resumable.core.errors import SlotNotFound
+
+    try:
+        control.get("chaos-warm-up", "none")
+    except SlotNotFound:
+        pass
 
 
 @contextmanager
@@ -214,7 +235,7 @@ def chaos_cluster(admin_dsn: str, *, redis_db: int = 11, extra_hosts: dict[str, 
         with closing(psycopg2.connect(db.admin_dsn)) as conn:
             conn.autocommit = True
             conn.cursor().execute("CREATE DATABASE chaos")
-        conn_uri = f"postgresql://postgres@{db.host.address}:{db.port}/chaos"
+        conn_uri = f"postgresql://postgres@{db.host.address}:{db.port}/chaos?{TCP_OPTIONS}"
         with closing(psycopg2.connect(conn_uri)) as conn:
             conn.autocommit = True
             for statement in TABLES:
@@ -260,7 +281,9 @@ def chaos_cluster(admin_dsn: str, *, redis_db: int = 11, extra_hosts: dict[str, 
         with store.open(autocommit=True) as session:
             session.ensure_schema()
         os.environ["AIRFLOW_CONN_RESUMABLE_DEFAULT"] = conn_uri  # airflow_resumable.control, in this process
-        yield Chaos(network=network, db=db, cluster=cluster, store=store, conn_uri=conn_uri, proxies=proxies)
+        _warm_up_control()
+        yield Chaos(network=network, db=db, cluster=cluster, store=store, conn_uri=conn_uri, proxies=proxies,
+                    metadata_dsn=f"postgresql://postgres@{meta_host}:{meta_port}/{meta_name}")
     finally:
         STOPPING.set()
         if cluster is not None:

@@ -1,19 +1,32 @@
-"""The faults a trial injects, each at a random moment chosen from the trial's seed.
+"""The faults a trial injects, each on a condition of the slot it targets (:mod:`.moments`), never at
+a moment of the clock: a fault waits, with a deadline, until its slot's attempt is inside a chunk,
+between chunks, holding a transaction or paused, then strikes that attempt (the *victim*: its task
+process, its worker, its host's links, its database). What it did to the victim is confirmed from
+the history once the trial ends (:mod:`.verdicts`).
 
-| kind | what it does | healed by |
-|---|---|---|
-| ``kill_worker`` | SIGKILL a worker's whole tree (a lost machine); it is started again | the restart |
-| ``kill_task`` | SIGKILL one task process (the OOM killer) | Airflow's retry |
-| ``freeze_task`` | SIGSTOP one task process longer than the lease, then SIGCONT | SIGCONT |
-| ``freeze_worker`` | SIGSTOP a worker's tree longer than the heartbeat timeout (the zombie), then SIGCONT | SIGCONT |
-| ``cut_host`` | ``ip link set down`` in a worker's host longer than the lease and the heartbeat timeout | link up |
-| ``cut_db`` | blackhole routes between a worker's host and the database host, longer than the lease | routes removed |
-| ``netem`` | latency and loss on a worker's link (``tc netem``); skipped where the kernel has no netem | qdisc removed |
-| ``lossy`` | latency, loss (a retransmission timeout) and stalls between a worker's host and the database, in the TCP proxy on the worker's host (:mod:`.proxy`): no netem needed | proxy healed |
-| ``pg_restart`` | a fast restart of the checkpoint database (every connection dropped) | at once |
-| ``deploy`` | SIGTERM to a worker (the drain) during running tasks; it is started again | the restart |
-| ``deploy_paused`` | a slot paused, then, once its task deferred, a worker drained and restarted, then the slot resumed | the resume |
-| ``pause`` / ``cancel`` / ``restart`` | a control request (airflow_resumable.control) to a random slot, racing the rest | resume after a while |
+| kind | moments | what it does to the victim | until |
+|---|---|---|---|
+| ``kill_task`` | chunk, boundary, transaction, lease_wait | SIGKILL of its task process (the OOM killer) | at once |
+| ``kill_worker`` | chunk, transaction | SIGKILL of its worker's whole tree (a lost machine); a new worker | at once |
+| ``freeze_task`` | chunk, transaction | SIGSTOP of its task process and its supervisor (the zombie: Airflow's heartbeats stop too) | another attempt took the lease over |
+| ``freeze_worker`` | chunk | SIGSTOP of its worker's whole tree | another attempt took the lease over |
+| ``cut_host`` | chunk | its host's only link down | another attempt took the lease over |
+| ``cut_api`` | chunk | its host cut off from Airflow (API server, broker, metadata database), the checkpoint database still reachable: Airflow retries the task while the attempt still runs and holds its lease | another attempt took the lease over |
+| ``cut_db`` | chunk, transaction | blackhole routes between its host and the database host | its lease expired, then its connections gave up (``tcp_user_timeout``) |
+| ``pg_restart`` | transaction, lease_wait | a fast restart of the checkpoint database (its open transaction dropped) | at once |
+| ``deploy`` | chunk, boundary, lease_wait | its worker's drain (Celery: SIGTERM to the worker; LocalExecutor: SIGTERM to the scheduler's whole tree, as systemd stops a service), then a new one | the drain |
+| ``deploy_paused`` | paused | the slot paused at a chunk; once paused (its task deferred), the worker it ran on drained and restarted; then resumed | the resume |
+| ``lossy`` | chunk, boundary | latency, loss and stalls between its host and the database, in the proxy (:mod:`.proxy`) | drawn: 6-14 s |
+| ``netem`` | chunk | the same with ``tc netem``; skipped where the kernel has no netem | drawn: 5-10 s |
+| ``pause`` | chunk | a pause request; resumed a while after it took effect | drawn: 2-8 s paused |
+| ``cancel`` | chunk, boundary | a cancel request | at once |
+| ``restart`` | paused | the slot paused at a chunk; once paused, a restart request (it starts over) | at once |
+
+A freeze or cut meant to cost the lease holds until the victim's lease was taken over by another
+attempt (at least until the lease it held ran out), measured from the row, within :data:`TAKEOVER`.
+A fault at ``lease_wait`` brings its cause: at a ``chunk`` moment it cuts the holder's host off from
+Airflow (as ``cut_api``, healed once the lease was taken over), so Airflow starts a later try that
+waits on the live holder's lease; it strikes that waiting try.
 """
 
 from __future__ import annotations
@@ -23,49 +36,84 @@ import random
 import signal
 import threading
 import time
+from collections.abc import Callable
+from contextlib import closing
 from dataclasses import dataclass
-from typing import Any
 
 import psutil
 
 from support.celery_cluster import Component
-from support.chaos.cluster import HEARTBEAT_TIMEOUT, Chaos
+from support.chaos.cluster import HEARTBEAT_TIMEOUT, TCP_USER_TIMEOUT, Chaos
+from support.chaos.moments import Victim, row, wait_for_moment
+from support.chaos.verdicts import KINDS, Shot
+from support.chaos.workloads import WORKLOADS, Run
 
 LEASE = 4
-PROCESS_FAULTS = ("kill_worker", "kill_task", "freeze_task", "freeze_worker", "deploy", "deploy_paused")
-NETWORK_FAULTS = ("cut_host", "cut_db", "netem", "lossy", "pg_restart")
-REQUESTS = ("pause", "cancel", "restart")
-KINDS = PROCESS_FAULTS + NETWORK_FAULTS + REQUESTS
+MOMENTS_OF = {
+    "kill_task": ("chunk", "boundary", "transaction", "lease_wait"),
+    "kill_worker": ("chunk", "transaction"),
+    "freeze_task": ("chunk", "transaction"),
+    "freeze_worker": ("chunk",),
+    "cut_host": ("chunk",),
+    "cut_api": ("chunk",),
+    "cut_db": ("chunk", "transaction"),
+    "pg_restart": ("transaction", "lease_wait"),
+    "deploy": ("chunk", "boundary", "lease_wait"),
+    "deploy_paused": ("paused",),
+    "lossy": ("chunk", "boundary"),
+    "netem": ("chunk",),
+    "pause": ("chunk",),
+    "cancel": ("chunk", "boundary"),
+    "restart": ("paused",),
+}
+#: The workloads whose chunks write through ``ctx.transaction()`` (the ``transaction`` moment).
+TX_SINK = "tx"
+#: Seconds after the trial's start by which a fault's condition must have come (its runs wait for a
+#: free worker slot, and earlier faults' retries take a while on a loaded machine).
+MOMENT_DEADLINE = 240.0
+#: The longest a freeze or a cut waits for another attempt to take the victim's lease over: the
+#: heartbeat timeout, its detection, the retry's delay and start, the lease, a loaded machine.
+TAKEOVER = HEARTBEAT_TIMEOUT + 2 * LEASE + 90.0
 
 
-@dataclass
+@dataclass(frozen=True)
 class Fault:
     kind: str
-    at: float  # seconds after the trial's runs were triggered
-    target: int  # picks a worker (even/odd) or a slot (modulo), so the seed decides
-    hold: float = 0.0  # how long a freeze or a cut lasts
+    moment: str
+    target: int  # the slot: an index of SLOTS, drawn from the seed
+    k: int  # the checkpoint the slot's attempt must be past (its k-th)
+    hold: float = 0.0  # how long a drawn degradation or pause lasts
 
     def __str__(self) -> str:
-        return f"{self.kind}@{self.at:.1f}s" + (f"/{self.hold:.0f}s" if self.hold else "")
+        return f"{self.kind}@{self.moment}" + (f">{self.k}" if self.moment != "paused" else "") + (
+            f"/{self.hold:.0f}s" if self.hold else "")
 
 
-def plan(rng: random.Random, *, netem: bool) -> list[Fault]:
-    """One to three faults at random moments 3 to 11 s after the runs were triggered (while they run)."""
-    kinds = [k for k in KINDS if netem or k != "netem"]
-    faults = []
+#: Every slot of a trial, (workload, job), in the order a fault's ``target`` indexes them.
+SLOTS = [(w, job) for w in WORKLOADS for job in w.jobs()]
+
+
+def plan(rng: random.Random, *, netem: bool, kinds: tuple[str, ...] = KINDS) -> list[Fault]:
+    """One to three faults of ``kinds``, each on a slot of its own (a transactional one for the
+    ``transaction`` moment), at a moment of its kind."""
+    kinds = tuple(k for k in kinds if netem or k != "netem")
+    faults: list[Fault] = []
     for _ in range(rng.choice((1, 1, 2, 2, 3))):
         kind = rng.choice(kinds)
-        hold = {
-            "freeze_task": rng.uniform(LEASE + 2, LEASE + 8),
-            "freeze_worker": rng.uniform(HEARTBEAT_TIMEOUT + 5, HEARTBEAT_TIMEOUT + 15),
-            "cut_host": rng.uniform(HEARTBEAT_TIMEOUT + 5, HEARTBEAT_TIMEOUT + 15),
-            "cut_db": rng.uniform(LEASE + 2, LEASE + 10),
-            "netem": rng.uniform(5, 10),
-            "lossy": rng.uniform(LEASE + 2, LEASE + 10),
-            "pause": rng.uniform(2, 8),
-        }.get(kind, 0.0)
-        faults.append(Fault(kind, rng.uniform(3.0, 11.0), rng.randrange(1 << 30), hold))
-    return sorted(faults, key=lambda f: f.at)
+        moment = rng.choice(MOMENTS_OF[kind])
+        free = [i for i, (w, _) in enumerate(SLOTS) if i not in {f.target for f in faults}
+                and (moment != "transaction" or w.sink == TX_SINK)]
+        hold = {"netem": rng.uniform(5, 10), "lossy": rng.uniform(LEASE + 2, LEASE + 10),
+                "pause": rng.uniform(2, 8)}.get(kind, 0.0)
+        faults.append(Fault(kind, moment, rng.choice(free), rng.randint(1, 4), hold))
+    return faults
+
+
+def slot_of(fault: Fault, runs: list[Run]) -> tuple[Run, str]:
+    """The fault's slot: the run of its workload, and the job (:data:`SLOTS`)."""
+    workload, job = SLOTS[fault.target]
+    (run,) = [r for r in runs if r.workload == workload]
+    return run, job
 
 
 def tree(component: Component) -> list[psutil.Process]:
@@ -77,32 +125,43 @@ def tree(component: Component) -> list[psutil.Process]:
         return []
 
 
+def signal_all(procs: list[psutil.Process], sig: int) -> None:
+    for proc in procs:
+        try:
+            proc.send_signal(sig)
+        except psutil.Error:
+            pass
+
+
 def thaw(component: Component) -> None:
-    for proc in tree(component):
+    signal_all(tree(component), signal.SIGCONT)
+
+
+def worker_of(chaos: Chaos, pid: int | None) -> Component | None:
+    """The worker (or the LocalExecutor's scheduler) whose tree runs the process ``pid``."""
+    for name in sorted(chaos.cluster.WORKERS):
+        component = chaos.cluster.components[name]
+        if pid is not None and component.alive() and pid in {p.pid for p in tree(component)}:
+            return component
+    return None
+
+
+def taken_over(chaos: Chaos, victim: Victim, *, least: float) -> str:
+    """Wait (at least ``least`` seconds) until another attempt took the victim's lease over, within
+    :data:`TAKEOVER`; returns what happened, in words."""
+    began = time.monotonic()
+    while True:
+        waited = time.monotonic() - began
         try:
-            proc.send_signal(signal.SIGCONT)
-        except psutil.Error:
-            pass
-
-
-def task_processes(chaos: Chaos, component: Component, pids: list[int]) -> list[psutil.Process]:
-    """Of the task processes ``pids`` (as the REST API reports them), those running on ``component``."""
-    on_worker = {p.pid: p for p in tree(component)}
-    return [on_worker[pid] for pid in pids if pid in on_worker]
-
-
-def freeze(procs: list[psutil.Process], hold: float) -> None:
-    for proc in procs:
-        try:
-            proc.send_signal(signal.SIGSTOP)
-        except psutil.Error:
-            pass
-    time.sleep(hold)  # the fault itself (not a wait for a condition): how long the processes stay stopped
-    for proc in procs:
-        try:
-            proc.send_signal(signal.SIGCONT)
-        except psutil.Error:
-            pass
+            with closing(chaos.connect()) as conn, conn.cursor() as cur:
+                now = row(cur, victim.job, victim.slot)
+        except Exception:  # noqa: BLE001 - the database may be cut off from here too: keep holding
+            now = None
+        if waited >= least and now is not None and now["lease_token"] > victim.token:
+            return f"token {now['lease_token']} took the lease over after {waited:.0f}s"
+        if waited > TAKEOVER:
+            return f"no takeover within {TAKEOVER:.0f}s"
+        time.sleep(0.5)
 
 
 #: One restart at a time per worker: a kill or a deploy of a worker another fault is restarting
@@ -110,100 +169,185 @@ def freeze(procs: list[psutil.Process], hold: float) -> None:
 _RESTARTING: dict[str, threading.Lock] = {}
 
 
-def worker_for(chaos: Chaos, fault: Fault) -> Component:
-    names = sorted(chaos.cluster.WORKERS)
-    return chaos.cluster.components[names[fault.target % len(names)]]
-
-
 def drain(chaos: Chaos, worker: Component) -> str:
-    """A deploy: SIGTERM to the worker (Celery's warm shutdown drains its tasks), then a new one."""
+    """A deploy: the worker drained, then a new one. Celery: SIGTERM to the worker (its warm shutdown
+    drains; the product's drain stops resumable attempts at a chunk boundary). LocalExecutor: SIGTERM
+    to every process of the scheduler's tree at once, as systemd stops a service (``KillMode=
+    control-group``), SIGKILL to what is left after 60 s."""
+    from support.chaos.cluster import LocalChaosDeployment
+
     cluster = chaos.cluster
     with _RESTARTING.setdefault(worker.name, threading.Lock()):
         worker = cluster.components[worker.name]  # the restarted one, if another fault restarted it
         if not worker.alive():
             return f"{worker.name} is down already"
-        os.kill(worker.pid, signal.SIGTERM)
         assert worker.process is not None
+        if isinstance(cluster, LocalChaosDeployment):
+            procs = tree(worker)
+            signal_all(procs, signal.SIGTERM)
+            _, left = psutil.wait_procs(procs, timeout=60)
+            signal_all(left, signal.SIGKILL)
+        else:
+            os.kill(worker.pid, signal.SIGTERM)
         worker.process.wait(timeout=120)
         code = worker.process.returncode
         cluster.restart_worker(worker)
     return f"{worker.name} drained (exit {code}) and restarted"
 
 
-def inject(chaos: Chaos, fault: Fault, runs: list[Any], log: list[str], task_pids: Any) -> None:
-    """Do ``fault`` now (a thread per fault: faults overlap); note what happened in ``log``."""
-    from support.chaos.requests import request
+def fire(chaos: Chaos, fault: Fault, runs: list[Run], *, deadline: float, stopping: Callable[[], bool]) -> Shot:
+    """Wait for the fault's moment on its slot, then inject it on the attempt found there. The shot
+    says what it fired on (its victim) or why it did not (its verdict then ``missed``)."""
+    from support.chaos import requests
+
+    run, job = slot_of(fault, runs)
+    shot = Shot(fault)
+
+    def missed(why: str) -> Shot:
+        shot.verdict, shot.why = "missed", f"{job}/{run.run_id}: {why}"
+        return shot
+
+    wait = "chunk" if fault.moment in ("paused", "lease_wait") else fault.moment
+    victim, why = wait_for_moment(chaos.connect, wait, run, job, fault.k, deadline=deadline, stopping=stopping)
+    if victim is None:
+        return missed(f"no {wait} moment past checkpoint {fault.k}: {why}")
+    if fault.moment == "paused":  # the slot is paused first; the fault strikes once it is
+        taken = requests.ask(run, job, "pause")
+        worker = worker_of(chaos, victim.pid)  # the worker it ran on (its task process exits once paused)
+        if taken != "taken":
+            return missed(f"a pause at {victim.processed}: {taken}")
+        paused, why = requests.wait_paused(chaos, run, job, deadline=time.monotonic() + 60)
+        if paused is None:
+            return missed(f"a pause at {victim.processed} did not take effect: {why}; {requests.resume(run, job)}")
+        victim = paused
+        if fault.kind == "deploy_paused":
+            drained = drain(chaos, worker) if worker is not None else "its worker was not found"
+            shot.note = f"paused, {drained}, {requests.resume(run, job)}"
+        else:
+            shot.note = requests.ask(run, job, "restart")
+        shot.victim = victim
+        return shot
+    if fault.moment == "lease_wait":  # the cause first: Airflow retries the task while its attempt holds on
+        holder, notes = victim, list[str]()
+
+        def cause_it() -> None:
+            try:
+                notes.append(cut_api(chaos, holder))
+            except Exception as exc:  # noqa: BLE001 - said in the shot's note
+                notes.append(f"the cut failed: {exc!r}")
+
+        cause = threading.Thread(target=cause_it, daemon=True)
+        cause.start()
+        try:
+            victim, why = wait_for_moment(chaos.connect, "lease_wait", run, job, 0, deadline=time.monotonic() + TAKEOVER,
+                                          stopping=stopping, api=chaos.cluster.api)
+            if victim is None:
+                return missed(f"no try waited on the lease of {holder} (its host cut off from Airflow): {why}")
+            shot.victim = victim
+            shot.note = inject(chaos, fault, run, job, victim)
+        finally:
+            cause.join(timeout=TAKEOVER + 60)
+        shot.note += f"; the cause: {''.join(notes) or 'still holding'}"
+        return shot
+    shot.victim = victim
+    shot.note = inject(chaos, fault, run, job, victim)
+    return shot
+
+
+def cut_api(chaos: Chaos, victim: Victim) -> str:
+    """Cut the victim's host off from Airflow until another attempt took its lease over."""
+    worker = worker_of(chaos, victim.pid)
+    if worker is None:
+        raise RuntimeError(f"no worker runs pid {victim.pid} any more")
+    role = chaos.cluster.host_of(worker)
+    chaos.network.isolate(role, cut=True)
+    try:
+        what = taken_over(chaos, victim, least=0.0)
+    finally:
+        chaos.network.isolate(role, cut=False)
+    return f"{worker.name} cut off from Airflow: {what}"
+
+
+def inject(chaos: Chaos, fault: Fault, run: Run, job: str, victim: Victim) -> str:
+    """Do ``fault`` to ``victim`` now; returns what was done, in words."""
+    from support.chaos import requests
 
     cluster, network = chaos.cluster, chaos.network
-    if fault.kind in REQUESTS:
-        log.append(request(chaos, fault, runs))
-        return
-    if fault.kind == "deploy_paused":
-        from support.chaos.requests import deploy_while_paused
-
-        log.append(deploy_while_paused(chaos, fault, runs, lambda: drain(chaos, worker_for(chaos, fault))))
-        return
+    if fault.kind in ("pause", "cancel"):
+        note = requests.ask(run, job, fault.kind)
+        if fault.kind == "pause" and note == "taken":
+            paused, why = requests.wait_paused(chaos, run, job, deadline=time.monotonic() + 60)
+            if paused is None:
+                return f"pause taken, not in effect: {why}; {requests.resume(run, job)}"
+            time.sleep(fault.hold)  # how long the slot stays paused (the fault itself, not a wait for a condition)
+            return f"paused at {paused.processed}, after {fault.hold:.0f}s: {requests.resume(run, job)}"
+        return note
     if fault.kind == "pg_restart":
         chaos.db.restart()
-        log.append("pg_restart: done")
-        return
-    worker = worker_for(chaos, fault)
-    if not worker.alive():
-        log.append(f"{fault.kind}: {worker.name} is down already")
-        return
+        return "database restarted"
+    if fault.kind == "kill_task":
+        assert victim.pid is not None
+        os.kill(victim.pid, signal.SIGKILL)
+        return f"pid {victim.pid} killed"
+    worker = worker_of(chaos, victim.pid)
+    if worker is None:
+        raise RuntimeError(f"no worker runs pid {victim.pid} any more")
     role = cluster.host_of(worker)
+    least = max(victim.lease_left, 0.0) + LEASE  # the lease it held ran out, and one more
     if fault.kind == "kill_worker":
         with _RESTARTING.setdefault(worker.name, threading.Lock()):
-            worker = cluster.components[worker.name]  # the restarted one, if another fault restarted it
+            worker = cluster.components[worker.name]
             cluster.crash(worker)
-            log.append(f"kill_worker: {worker.name}")
             cluster.restart_worker(worker)
-    elif fault.kind == "deploy":
-        log.append(f"deploy: {drain(chaos, worker)}")
-    elif fault.kind in ("kill_task", "freeze_task"):
-        procs = task_processes(chaos, worker, task_pids())
-        if not procs:
-            log.append(f"{fault.kind}: no task on {worker.name}")
-            return
-        victim = procs[fault.target % len(procs)]
-        if fault.kind == "kill_task":
-            victim.kill()
+        return f"{worker.name} killed and restarted"
+    if fault.kind == "deploy":
+        return drain(chaos, worker)
+    if fault.kind in ("freeze_task", "freeze_worker"):
+        if fault.kind == "freeze_task":
+            task = psutil.Process(victim.pid)
+            procs = [task, task.parent()] if task.parent() is not None else [task]
         else:
-            freeze([victim], fault.hold)
-        log.append(f"{fault.kind}: pid {victim.pid} on {worker.name}")
-    elif fault.kind == "freeze_worker":
-        freeze(tree(worker), fault.hold)
-        log.append(f"freeze_worker: {worker.name} for {fault.hold:.0f}s")
-    elif fault.kind == "cut_host":
+            procs = tree(worker)
+        signal_all(procs, signal.SIGSTOP)
+        try:
+            what = taken_over(chaos, victim, least=least)
+        finally:
+            signal_all(procs, signal.SIGCONT)
+        return f"{len(procs)} process(es) on {worker.name} frozen: {what}"
+    if fault.kind == "cut_api":
+        return cut_api(chaos, victim)
+    if fault.kind == "cut_host":
         network.link(role, up=False)
         try:
-            time.sleep(fault.hold)
+            what = taken_over(chaos, victim, least=least)
         finally:
             network.link(role, up=True)
-        log.append(f"cut_host: {worker.name} for {fault.hold:.0f}s")
-    elif fault.kind == "cut_db":
+        return f"{worker.name}'s link cut: {what}"
+    if fault.kind == "cut_db":
+        hold = least + TCP_USER_TIMEOUT
         network.partition(role, "db", cut=True)
         try:
-            time.sleep(fault.hold)
+            time.sleep(hold)  # measured from the lease: it ran out, then the connections gave up
         finally:
             network.partition(role, "db", cut=False)
-        log.append(f"cut_db: {worker.name} <-> db for {fault.hold:.0f}s")
-    elif fault.kind == "lossy":
+        return f"{worker.name} <-> db cut for {hold:.0f}s (lease left {victim.lease_left:.1f}s)"
+    if fault.kind == "lossy":
         proxy = chaos.proxies[role]
         proxy.degrade(delay=0.15, jitter=0.1, loss=0.1, rto=1.0, stall=0.02, stall_for=3.0)
         try:
-            time.sleep(fault.hold)
+            time.sleep(fault.hold)  # the fault itself: how long the link stays degraded
         finally:
             proxy.heal()
-        log.append(f"lossy: {worker.name} <-> db for {fault.hold:.0f}s (150+-100 ms, 10% loss, 2% stalls of 3 s)")
-    elif fault.kind == "netem":
-        host = network.hosts[role]
+        return f"{worker.name} <-> db degraded for {fault.hold:.0f}s (150+-100 ms, 10% loss, 2% stalls of 3 s)"
+    if fault.kind == "netem":
         from support.chaos.hosts import sh
 
+        host = network.hosts[role]
         sh(*host.argv("tc", "qdisc", "add", "dev", host.inside, "root", "netem", "delay", "200ms", "50ms",
                       "loss", "10%"))
         try:
             time.sleep(fault.hold)
         finally:
             sh(*host.argv("tc", "qdisc", "del", "dev", host.inside, "root"), check=False)
-        log.append(f"netem: {worker.name} for {fault.hold:.0f}s")
+        return f"{worker.name} netem for {fault.hold:.0f}s"
+    raise ValueError(f"unknown fault kind {fault.kind!r}")

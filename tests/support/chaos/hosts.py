@@ -209,6 +209,13 @@ class Network:
         sh(*a.argv("ip", "route", verb, "blackhole", f"{b.address}/32"), check=cut)
         sh(*b.argv("ip", "route", verb, "blackhole", f"{a.address}/32"), check=cut)
 
+    def isolate(self, role: str, cut: bool) -> None:
+        """Drop (or heal) a host's traffic to the root namespace only (a blackhole route to the bridge's
+        address, where the relays listen): it loses Airflow (the API server, the broker, the metadata
+        database) and keeps the other hosts, the checkpoint database among them."""
+        host = self.hosts[role]
+        sh(*host.argv("ip", "route", "add" if cut else "del", "blackhole", f"{self.gateway}/32"), check=cut)
+
     def close(self) -> None:
         for proc in self.relays:
             if proc.poll() is None:
@@ -223,7 +230,7 @@ def netem_available() -> str | None:
     try:
         sh("ip", "netns", "add", ns)
         done = sh(*in_ns(ns, "tc", "qdisc", "add", "dev", "lo", "root", "netem", "delay", "10ms"), check=False)
-        return None if done.returncode == 0 else f"tc netem: {done.stderr.strip()} (kernel without sch_netem)"
+        return None if done.returncode == 0 else f"the kernel has no sch_netem ({done.stderr.strip()})"
     except (RuntimeError, FileNotFoundError) as exc:
         return str(exc)
     finally:

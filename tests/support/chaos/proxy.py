@@ -7,9 +7,12 @@ fault writes a control file; while it says so, each piece of data waits ``delay`
 seconds before it is forwarded, and with probability ``loss`` a retransmission timeout more
 (``rto``: what a lost segment costs a TCP connection: the application sees loss as a stall, never as
 missing bytes), and with probability ``stall`` the connection hangs ``stall_for`` seconds. Order is
-kept per direction. Self-contained (run by path, on the host: ``ip netns exec ... python proxy.py``).
+kept per direction. Its connection to the database gives up as the task's own would (the
+connection's ``tcp_user_timeout``, ``TCP_USER_TIMEOUT`` seconds, on the proxy's upstream socket) and
+then closes the task's: a cut link fails the task's statements instead of stalling them.
+Self-contained (run by path, on the host: ``ip netns exec ... python proxy.py``).
 
-    python proxy.py LISTEN_PORT UPSTREAM_HOST UPSTREAM_PORT CONTROL_FILE
+    python proxy.py LISTEN_PORT UPSTREAM_HOST UPSTREAM_PORT CONTROL_FILE [TCP_USER_TIMEOUT]
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import asyncio
 import json
 import os
 import random
+import socket
 import sys
 import time
 
@@ -72,13 +76,16 @@ async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
             pass
 
 
-async def main(listen: int, host: str, port: int, control: str) -> None:
+async def main(listen: int, host: str, port: int, control: str, user_timeout: float = 0.0) -> None:
     async def serve(client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
         try:
             server_r, server_w = await asyncio.wait_for(asyncio.open_connection(host, port), timeout=30)
         except (TimeoutError, OSError):
             client_w.close()
             return
+        if user_timeout:
+            upstream = server_w.get_extra_info("socket")
+            upstream.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, int(user_timeout * 1000))
         await asyncio.gather(_pipe(client_r, server_w), _pipe(server_r, client_w))
 
     asyncio.ensure_future(_watch(control))
@@ -88,4 +95,5 @@ async def main(listen: int, host: str, port: int, control: str) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main(int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4]))
+    asyncio.run(main(int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4],
+                     float(sys.argv[5]) if len(sys.argv) > 5 else 0.0))

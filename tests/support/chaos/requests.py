@@ -1,37 +1,55 @@
-"""Control requests (airflow_resumable.control) racing the faults: pause (resumed after a while),
-cancel, restart; and a deploy (the drain of a worker) while a slot is paused. A refused request is
-part of the race (the slot was not in a state to take it)."""
+"""Control requests (airflow_resumable.control) as faults: pause (resumed a while after it took
+effect), cancel, restart (of a paused slot). A refused request is noted: the fault then proved
+nothing (its verdict says so)."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from contextlib import closing
 from typing import Any
 
 from airflow_resumable.core.errors import RequestRefused, SlotNotFound
+from support.chaos.moments import Victim, holds
+from support.chaos.workloads import Run
 
 
-def _slot(fault: Any, runs: list[Any]) -> tuple[Any, str]:
-    slots = [(run, job) for run in runs for job in run.workload.jobs()]
-    return slots[fault.target % len(slots)]
-
-
-def _wait_for_slot(job: str, slot: str) -> bool:
-    """The slot exists once its first attempt started (the run may still be queued)."""
+def ask(run: Run, job: str, kind: str) -> str:
+    """Make the request ``kind`` (pause, resume, cancel, restart) to the slot: ``taken`` or why not."""
     from airflow_resumable import control
 
-    deadline = time.monotonic() + 60
-    while True:
+    call = {"pause": control.pause, "resume": control.resume, "cancel": control.cancel,
+            "restart": control.restart}[kind]
+    try:
+        call(job, run.run_id, by="chaos")
+    except (RequestRefused, SlotNotFound) as exc:
+        return f"{kind} refused ({type(exc).__name__}: {exc})"[:300]
+    run.requests.setdefault(job, []).append(kind)
+    return "taken"
+
+
+def wait_paused(chaos: Any, run: Run, job: str, *, deadline: float) -> tuple[Victim | None, str]:
+    """Wait until the slot is paused (its attempt stopped at a chunk boundary; its task defers):
+    the paused attempt, or None and what the slot did instead."""
+    from airflow_resumable import control
+
+    seen = "?"
+    while time.monotonic() < deadline:
         try:
-            control.get(job, slot)
-            return True
-        except SlotNotFound:
-            if time.monotonic() > deadline:
-                return False
-            time.sleep(0.2)
+            with closing(chaos.connect()) as conn, conn.cursor() as cur:
+                paused = holds(cur, "paused", run, job, 0)
+            if paused is not None:
+                return paused, ""
+            r = control.get(job, run.run_id)
+            seen = f"{r.status}, request {r.request}"
+            if r.status == "done" or (r.status, r.stop_reason) == ("cancelled", "requested"):
+                return None, f"the slot ended {r.status} first"
+        except Exception as exc:  # noqa: BLE001 - a database restarting: not paused yet
+            seen = repr(exc)[:200]
+        time.sleep(0.2)
+    return None, f"not paused in time ({seen})"
 
 
-def _resume(run: Any, job: str) -> str:
+def resume(run: Run, job: str) -> str:
     """Resume a paused slot: refused until the pause took effect (or while it is pending)."""
     from airflow_resumable import control
 
@@ -39,52 +57,18 @@ def _resume(run: Any, job: str) -> str:
     while True:
         try:
             control.resume(job, run.run_id, by="chaos")
-            run.requests[job].append("resume")
+            run.requests.setdefault(job, []).append("resume")
             return "resumed"
         except (RequestRefused, SlotNotFound) as exc:
-            row = control.get(job, run.run_id)
-            if row.status not in ("running", "paused") and row.request != "pause":
-                return f"slot {row.status} before a resume ({exc.__class__.__name__})"
-            if time.monotonic() > deadline:
-                return f"resume refused for 120s: {exc}"
+            why = f"{type(exc).__name__}: {exc}"
+        except Exception as exc:  # noqa: BLE001 - a database restarting: try again
+            why = repr(exc)
+        try:
+            r = control.get(job, run.run_id)
+            if r.status not in ("running", "paused") and r.request != "pause":
+                return f"slot {r.status} before a resume ({why})"[:300]
+        except Exception:  # noqa: BLE001, S110 - a database restarting: try again
+            pass
+        if time.monotonic() > deadline:
+            return f"resume refused for 120s: {why}"[:300]
         time.sleep(0.5)
-
-
-def request(chaos: Any, fault: Any, runs: list[Any]) -> str:
-    from airflow_resumable import control
-
-    run, job = _slot(fault, runs)
-    call = {"pause": control.pause, "cancel": control.cancel, "restart": control.restart}[fault.kind]
-    if not _wait_for_slot(job, run.run_id):
-        return f"{fault.kind} {job}/{run.run_id}: the slot did not appear in 60s"
-    try:
-        call(job, run.run_id, by="chaos")
-    except (RequestRefused, SlotNotFound) as exc:
-        return f"{fault.kind} {job}/{run.run_id}: refused ({type(exc).__name__})"
-    run.requests.setdefault(job, []).append(fault.kind)
-    if fault.kind != "pause":
-        return f"{fault.kind} {job}/{run.run_id}: taken"
-    time.sleep(fault.hold)  # how long the pause lasts (the fault itself, not a wait for a condition)
-    return f"pause {job}/{run.run_id}: taken, after {fault.hold:.0f}s: {_resume(run, job)}"
-
-
-def deploy_while_paused(chaos: Any, fault: Any, runs: list[Any], deploy: Callable[[], str]) -> str:
-    """Pause a slot, wait until it is paused (its task deferred: no worker holds it), drain and
-    restart a worker (``deploy``), then resume the slot: it continues on whichever worker takes it."""
-    from airflow_resumable import control
-
-    run, job = _slot(fault, runs)
-    if not _wait_for_slot(job, run.run_id):
-        return f"deploy_paused {job}/{run.run_id}: the slot did not appear in 60s"
-    try:
-        control.pause(job, run.run_id, by="chaos")
-    except (RequestRefused, SlotNotFound) as exc:
-        return f"deploy_paused {job}/{run.run_id}: pause refused ({type(exc).__name__})"
-    run.requests.setdefault(job, []).append("pause")
-    deadline = time.monotonic() + 60
-    while (row := control.get(job, run.run_id)).status != "paused":
-        if row.status not in ("running", "pending") and row.request != "pause" or time.monotonic() > deadline:
-            return f"deploy_paused {job}/{run.run_id}: not paused (slot {row.status}): {_resume(run, job)}"
-        time.sleep(0.2)
-    drained = deploy()
-    return f"deploy_paused {job}/{run.run_id}: paused, {drained}, {_resume(run, job)}"

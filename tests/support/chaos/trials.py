@@ -1,6 +1,7 @@
-"""Trials: one DAG run of every workload, one to three faults at random moments (from the trial's
-seed), then, once every run finished, the checker. ``python -m support.chaos`` (``make chaos``)
-runs many and prints the table; tests/test_chaos.py runs a few inside ``make test``."""
+"""Trials: one DAG run of every workload and one to three faults, each waiting for a condition of
+the slot it targets (:mod:`.moments`), then, once every run finished, the checker and each fault's
+verdict from the history (:mod:`.verdicts`). ``python -m support.chaos`` (``make chaos``) runs many
+and prints the report (:mod:`.report`); tests/test_chaos.py runs a few inside ``make test``."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ import threading
 import time
 import traceback
 from collections import Counter
-from collections.abc import Iterable
 from contextlib import closing
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,7 +18,8 @@ import psutil
 
 from support.chaos.checker import Anomaly, check_run
 from support.chaos.cluster import HEARTBEAT_TIMEOUT, TASK_QUEUED_CHECK, TASK_QUEUED_TIMEOUT, Chaos
-from support.chaos.faults import KINDS, LEASE, Fault, inject, plan, thaw
+from support.chaos.faults import KINDS, LEASE, MOMENT_DEADLINE, Fault, fire, plan, thaw
+from support.chaos.verdicts import Shot, judge
 from support.chaos.workloads import WORKLOADS, Run
 
 #: The deadline follows the work: a trial waits for its runs as long as something moves (a slot's
@@ -39,6 +40,7 @@ class Trial:
     seed: int
     faults: list[Fault]
     runs: list[Run] = field(default_factory=list)
+    shots: list[Shot] = field(default_factory=list)
     log: list[str] = field(default_factory=list)
     anomalies: list[Anomaly] = field(default_factory=list)
     counts: Counter[str] = field(default_factory=Counter)
@@ -46,28 +48,39 @@ class Trial:
     #: not quiet by the deadline: what still ran (not an anomaly by itself; see :func:`settle`)
     unsettled: list[str] = field(default_factory=list)
 
+    @property
+    def failing(self) -> bool:
+        return bool(self.anomalies or self.unsettled)
+
+    @property
+    def all_hit(self) -> bool:
+        return all(shot.verdict == "hit" for shot in self.shots)
+
     def summary(self) -> str:
         verdict = "ok" if not self.anomalies else f"{len(self.anomalies)} ANOMALIES"
         if self.unsettled:
             verdict += ", UNSETTLED"
+        hits = sum(shot.verdict == "hit" for shot in self.shots)
         counts = ", ".join(f"{k} {v}" for k, v in sorted(self.counts.items()))
-        lines = [f"trial seed={self.seed}: {', '.join(map(str, self.faults))} -> {verdict} ({self.seconds:.0f}s; "
-                 f"{counts})"]
+        lines = [f"trial seed={self.seed}: {', '.join(map(str, self.faults))} -> {verdict}, {hits}/{len(self.shots)} "
+                 f"hit ({self.seconds:.0f}s; {counts})"]
+        lines += [f"    {shot}" + (f"; did: {shot.note}" if shot.note else "") for shot in self.shots]
         lines += [f"    {entry}" for entry in self.log]
         lines += [f"    UNSETTLED {u}" for u in self.unsettled]
         lines += [f"    ANOMALY {a}" for a in self.anomalies]
         return "\n".join(lines)
 
 
-def task_pids(chaos: Chaos, runs: list[Run]) -> list[int]:
-    """The task processes of the trial's running task instances (as the REST API reports them)."""
-    api = chaos.cluster.api
-    assert api is not None
-    pids = []
-    for run in runs:
-        tis = api.get(f"/dags/{run.workload.dag_id}/dagRuns/{run.run_id}/taskInstances")["task_instances"]
-        pids += [ti["pid"] for ti in tis if ti["state"] == "running" and ti.get("pid")]
-    return pids
+def holder_alive(owner: str | None) -> bool | None:
+    """Whether the lease owner's process (``<ti>/try<n>@<host>:<pid>``) still runs (not a zombie);
+    None when the owner names no pid. The hosts are network namespaces only: one pid space."""
+    if not owner or ":" not in owner:
+        return None
+    try:
+        proc = psutil.Process(int(owner.rsplit(":", 1)[1]))
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except (ValueError, psutil.Error):
+        return False
 
 
 def restore(chaos: Chaos) -> None:
@@ -81,13 +94,16 @@ def restore(chaos: Chaos) -> None:
         role = cluster.host_of(component)
         network.link(role, up=True)
         network.partition(role, "db", cut=False)
+        network.isolate(role, cut=False)
         if not component.alive():
             cluster.restart_worker(component)
 
 
-def run_trial(chaos: Chaos, seed: int, *, netem: bool) -> Trial:
+def run_trial(chaos: Chaos, seed: int, *, netem: bool, kinds: tuple[str, ...] = KINDS,
+              moment_deadline: float = MOMENT_DEADLINE) -> Trial:
+    """One trial: the seed draws the faults (of ``kinds``), their slots and moments."""
     rng = random.Random(seed)
-    trial = Trial(seed=seed, faults=plan(rng, netem=netem))
+    trial = Trial(seed=seed, faults=plan(rng, netem=netem, kinds=kinds))
     api = chaos.cluster.api
     assert api is not None
     started = time.monotonic()
@@ -95,23 +111,22 @@ def run_trial(chaos: Chaos, seed: int, *, netem: bool) -> Trial:
         run = Run(workload, f"s{seed}_{workload.dag_id}")
         api.trigger(workload.dag_id, run_id=run.run_id, conf=run.conf)
         trial.runs.append(run)
+    trial.shots = [Shot(fault) for fault in trial.faults]
 
-    def fire(fault: Fault) -> None:
-        delay = started + fault.at - time.monotonic()
-        if delay > 0:
-            time.sleep(delay)  # the fault's moment, drawn from the seed
-        if STOPPING.is_set():
-            return
+    def shoot(i: int, fault: Fault) -> None:
         try:
-            inject(chaos, fault, trial.runs, trial.log, lambda: task_pids(chaos, trial.runs))
+            trial.shots[i] = fire(chaos, fault, trial.runs, deadline=started + moment_deadline,
+                                  stopping=STOPPING.is_set)
         except Exception as exc:  # noqa: BLE001 - a fault that could not be injected is reported, not fatal
-            trial.log.append(f"{fault.kind}: not injected: {exc!r}\n{traceback.format_exc(limit=3)}")
+            trial.shots[i].verdict = "failed"
+            trial.shots[i].why = f"not injected: {exc!r}"
+            trial.log.append(f"{fault}: not injected: {exc!r}\n{traceback.format_exc(limit=3)}")
 
-    threads = [threading.Thread(target=fire, args=(f,), daemon=True) for f in trial.faults]
+    threads = [threading.Thread(target=shoot, args=(i, f), daemon=True) for i, f in enumerate(trial.faults)]
     for thread in threads:
         thread.start()
     for thread in threads:
-        thread.join(timeout=300)
+        thread.join(timeout=moment_deadline + 600)
     restore(chaos)
 
     states, waited = settle(chaos, trial)
@@ -121,6 +136,7 @@ def run_trial(chaos: Chaos, seed: int, *, netem: bool) -> Trial:
             anomalies, counts = check_run(conn, run, states[run.run_id], holder_alive=holder_alive)
             trial.anomalies += anomalies
             trial.counts.update(counts)
+        judge(conn, trial.shots)
     trial.seconds = time.monotonic() - started
     return trial
 
@@ -181,18 +197,6 @@ def settle(chaos: Chaos, trial: Trial) -> tuple[dict[str, str], float]:
     return states, now - began
 
 
-def holder_alive(owner: str | None) -> bool | None:
-    """Whether the lease owner's process (``<ti>/try<n>@<host>:<pid>``) still runs (not a zombie);
-    None when the owner names no pid. The hosts are network namespaces only: one pid space."""
-    if not owner or ":" not in owner:
-        return None
-    try:
-        proc = psutil.Process(int(owner.rsplit(":", 1)[1]))
-        return proc.status() != psutil.STATUS_ZOMBIE
-    except (ValueError, psutil.Error):
-        return False
-
-
 def describe(chaos: Chaos, runs: list[Run], states: dict[str, str]) -> str:
     """What an unfinished trial still runs: per unfinished DAG run, its task instances not finished
     and the rows of its slots (holder, lease, whether the holder lives)."""
@@ -216,28 +220,3 @@ def describe(chaos: Chaos, runs: list[Run], states: dict[str, str]) -> str:
             parts.append(f"{run.run_id} {states[run.run_id]}: tasks {open_tis or 'none open'}; "
                          f"slots {slots or 'none started'}")
     return "; ".join(parts)
-
-
-def table(trials: Iterable[Trial], *, skipped: dict[str, str], replay: str) -> str:
-    trials = list(trials)
-    faults = Counter(f.kind for t in trials for f in t.faults)
-    counts = sum((t.counts for t in trials), Counter[str]())
-    failing = [t.seed for t in trials if t.anomalies or t.unsettled]
-    seconds = sorted(t.seconds for t in trials) or [0.0]
-    lines = [
-        "| trials | items | interruptions | repeated writes (plain) | stale plain writes | anomalies | unsettled "
-        "| seconds per trial (median, max) | failing seeds |",
-        "|---|---|---|---|---|---|---|---|---|",
-        f"| {len(trials)} | {counts['items']} | {counts['interruptions']} | {counts['repeated']} | "
-        f"{counts['stale plain writes']} | {sum(len(t.anomalies) for t in trials)} | "
-        f"{sum(1 for t in trials if t.unsettled)} | {seconds[len(seconds) // 2]:.0f}, {seconds[-1]:.0f} | "
-        f"{', '.join(map(str, failing)) or '-'} |",
-        "",
-        "| fault | injected |",
-        "|---|---|",
-        *[f"| {kind} | {faults.get(kind, 0)}{' (skipped: ' + skipped[kind] + ')' if kind in skipped else ''} |"
-          for kind in KINDS],
-    ]
-    if failing:
-        lines += ["", "replay one: " + replay.format(seed=failing[0])]
-    return "\n".join(lines)
