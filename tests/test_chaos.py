@@ -48,7 +48,7 @@ from support.standalone import wait_for
 pytestmark = [pytest.mark.chaos, pytest.mark.celery]
 
 #: Trials per configuration in ``make test`` (RESUMABLE_CHAOS_TRIALS asks for others).
-TRIALS = {"celery": 2, "local": 1}
+TRIALS = {"celery": 1, "local": 1}
 
 TX = WORKLOADS[0]  # chaos_tx
 PLAIN = WORKLOADS[1]  # chaos_upsert

@@ -10,18 +10,22 @@ when the check starts, so an object's attributes travel as they were before any 
 function defined inside another, or a handler defined in the script being run (``__main__``) has no
 such name: :class:`NotImportable` says so before any new process starts.
 
-A new process is forked from a server process the kit starts once per check
-(``python -m airflow_resumable.testing.fresh``), which has imported the product but never any of
-the user's modules: each child imports them anew, with the test's current environment variables,
-working directory and ``sys.path``. To keep a child quick the server imports beforehand the
-installed libraries (the standard library and site-packages, never the user's own code) that the
-handler's modules use, such as Airflow; a library imported so is in the state a fresh import
-leaves it in. The crashing child kills itself with SIGKILL once its checkpoint is durable; the
-server reports how each child ended.
+A new process is forked from a server process the kit starts on first use
+(``python -c "from airflow_resumable.testing.fresh import serve; serve()"``), which has imported the
+product but never any of the user's modules: each child imports them anew, with the test's current
+environment variables, working directory and ``sys.path``. To keep a child quick the server
+imports beforehand the installed libraries (the standard library, site-packages, this product;
+never the user's own code) that the handler's modules use, such as Airflow, and those the children
+before had to import; a library imported so is in the state a fresh import leaves it in. The
+server is kept for the checks that follow while the environment, the working directory and
+``sys.path`` stay as they were when it started (a change starts a new one), and stopped at exit.
+The crashing child kills itself with SIGKILL once its checkpoint is durable; the server reports
+how each child ended.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import io
 import logging
@@ -35,10 +39,10 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+import threading
 import time
 import traceback
 import types
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -329,12 +333,68 @@ class Ended:
         return f"exited with status {self.exit_code}"
 
 
+class _Server:
+    """The server process, with the libraries it has imported so far; one at a time, kept for
+    the checks that follow while the environment, the working directory and ``sys.path`` stay
+    as they were when it started (its libraries read them when imported)."""
+
+    def __init__(self, key: tuple[Any, ...]):
+        self.key = key
+        self.preload: set[str] = set()
+        self.lock = threading.Lock()
+        self.popen = subprocess.Popen(
+            [sys.executable, "-c", "from airflow_resumable.testing.fresh import serve; serve()"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)})
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def close(self) -> None:
+        """Stop it: it exits once its requests end (a child still running ends first)."""
+        assert self.popen.stdin is not None and self.popen.stdout is not None
+        self.popen.stdin.close()
+        try:
+            self.popen.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.popen.kill()
+            self.popen.wait()
+        self.popen.stdout.close()
+
+
+_SERVERS: list[_Server] = []  # at most one
+#: Variables that change from test to test and no library reads when imported (pytest's own).
+_VOLATILE = frozenset({"PYTEST_CURRENT_TEST"})
+_SERVERS_LOCK = threading.Lock()
+
+
+def _server() -> _Server:
+    """The server for this process's environment, working directory and import path, as they are
+    now: the one running when they have not changed since it started, else a new one."""
+    env = tuple(sorted((k, v) for k, v in os.environ.items() if k not in _VOLATILE))
+    key = (sys.executable, env, os.getcwd(), tuple(sys.path))
+    with _SERVERS_LOCK:
+        if _SERVERS and _SERVERS[0].key == key and _SERVERS[0].alive():
+            return _SERVERS[0]
+        if _SERVERS:
+            _SERVERS.pop().close()
+        _SERVERS.append(_Server(key))
+        return _SERVERS[0]
+
+
+@atexit.register
+def stop_server() -> None:
+    """Stop the kit's server process, if one runs (at exit, or to start afresh)."""
+    with _SERVERS_LOCK:
+        while _SERVERS:
+            _SERVERS.pop().close()
+
+
 class FreshProcesses:
-    """The kit's server of new processes, for one check: started on first use, stopped by :meth:`close`."""
+    """New processes for one check's handler: each :meth:`run` forks one from the kit's server."""
 
     def __init__(self, payload: bytes, preload: list[str], *, timeout: float = CHILD_TIMEOUT):
         self.payload, self.preload, self.timeout = payload, preload, timeout
-        self._server: subprocess.Popen[bytes] | None = None
         self._folder = tempfile.TemporaryDirectory(prefix="resumable-kit-fresh-")
         self._count = 0
 
@@ -345,69 +405,52 @@ class FreshProcesses:
         Raises:
             RuntimeError: the server process died.
         """
-        server = self._start()
-        assert server.stdin is not None and server.stdout is not None
+        server = _server()
+        with server.lock:
+            return self._run(server, store, mode=mode, point=point, first_attempt=first_attempt,
+                             max_attempts=max_attempts)
+
+    def _run(self, server: _Server, store: bytes, *, mode: str, point: int, first_attempt: int,
+             max_attempts: int) -> Ended:
+        assert server.popen.stdin is not None and server.popen.stdout is not None
         self._count += 1
         answer = Path(self._folder.name) / f"answer-{self._count}"
-        _send(server.stdin.fileno(), {
-            "payload": self.payload, "preload": self.preload, "mode": mode, "point": point,
-            "first_attempt": first_attempt, "max_attempts": max_attempts, "store": store,
+        _send(server.popen.stdin.fileno(), {
+            "payload": self.payload, "preload": sorted(server.preload | set(self.preload)), "mode": mode,
+            "point": point, "first_attempt": first_attempt, "max_attempts": max_attempts, "store": store,
             "answer": str(answer), "env": dict(os.environ), "cwd": os.getcwd(), "path": list(sys.path),
             "log_level": logging.getLogger("airflow_resumable").getEffectiveLevel()})
-        replies = server.stdout.fileno()
-        started = self._reply(replies, None)
-        deadline = time.monotonic() + self.timeout
-        ended = self._reply(replies, deadline)
+        server.preload |= set(self.preload)
+        replies = server.popen.stdout.fileno()
+        started = _reply(replies, None)
+        ended = _reply(replies, time.monotonic() + self.timeout)
         if ended is None:  # hung: kill it, as the supervisor would, and take the status
             os.kill(started["pid"], signal.SIGKILL)
-            ended = self._reply(replies, None)
-            assert ended is not None
+            ended = _reply(replies, None)
             return Ended(ended["status"], {"error": "run", "text": f"the attempt did not end in {self.timeout:g}s "
                                            "in a new process; it was killed", "trace": ""})
         data = answer.read_bytes() if answer.exists() else None
         answered = None if data is None else pickle.loads(data)
-        if answered is not None:
-            self.preload = sorted(set(self.preload) | set(answered.pop("imported", ())))
+        if answered is not None:  # the libraries it imported: loaded in the server for the next ones
+            server.preload |= set(answered.pop("imported", ()))
         return Ended(ended["status"], answered)
 
-    def _reply(self, fd: int, deadline: float | None) -> Any:
-        if deadline is not None:
-            ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
-            if not ready:
-                return None
-        message = _receive(fd)
-        if message is None:
-            raise RuntimeError("the test kit's process server ended unexpectedly (see the output above)")
-        return message
-
-    def _start(self) -> subprocess.Popen[bytes]:
-        if self._server is None or self._server.poll() is not None:
-            self._server = subprocess.Popen(
-                [sys.executable, "-c", "from airflow_resumable.testing.fresh import serve; serve()"],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, env={**os.environ, "PYTHONPATH": os.pathsep.join(
-                    p for p in sys.path if p)})
-        return self._server
-
     def close(self) -> None:
-        """Stop the server (it exits when its requests end) and remove the answers."""
-        server, self._server = self._server, None
-        if server is not None:
-            assert server.stdin is not None and server.stdout is not None
-            server.stdin.close()
-            try:
-                server.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                server.kill()
-                server.wait()
-            server.stdout.close()
+        """Remove the answers (the server stays for the next check; :func:`stop_server` stops it)."""
         self._folder.cleanup()
 
 
-@contextlib.contextmanager
-def fresh_processes(payload: bytes, preload: list[str]) -> Iterator[FreshProcesses]:
-    """A :class:`FreshProcesses` closed at the end of the block."""
-    processes = FreshProcesses(payload, preload)
-    try:
-        yield processes
-    finally:
-        processes.close()
+def _reply(fd: int, deadline: float | None) -> Any:
+    """The server's next message; None when ``deadline`` passed first.
+
+    Raises:
+        RuntimeError: the server process ended.
+    """
+    if deadline is not None:
+        ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+        if not ready:
+            return None
+    message = _receive(fd)
+    if message is None:
+        raise RuntimeError("the test kit's process server ended unexpectedly (see the output above)")
+    return message

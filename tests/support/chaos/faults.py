@@ -73,7 +73,7 @@ TX_SINK = "tx"
 MOMENT_DEADLINE = 240.0
 #: The longest a freeze or a cut waits for another attempt to take the victim's lease over: the
 #: heartbeat timeout, its detection, the retry's delay and start, the lease, a loaded machine.
-TAKEOVER = HEARTBEAT_TIMEOUT + 2 * LEASE + 90.0
+TAKEOVER = HEARTBEAT_TIMEOUT + 2 * LEASE + 150.0
 
 
 @dataclass(frozen=True)
@@ -169,6 +169,20 @@ def taken_over(chaos: Chaos, victim: Victim, *, least: float) -> str:
 _RESTARTING: dict[str, threading.Lock] = {}
 
 
+def restart(chaos: Chaos, worker: Component) -> None:
+    """Start the stopped worker again, as often as it takes within :data:`TAKEOVER`: another fault may
+    hold its host cut off (a worker that cannot reach Airflow exits at its start)."""
+    deadline = time.monotonic() + TAKEOVER
+    while True:
+        try:
+            chaos.cluster.restart_worker(chaos.cluster.components[worker.name])
+            return
+        except AssertionError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(5)
+
+
 def drain(chaos: Chaos, worker: Component) -> str:
     """A deploy: the worker drained, then a new one. Celery: SIGTERM to the worker (its warm shutdown
     drains; the product's drain stops resumable attempts at a chunk boundary). LocalExecutor: SIGTERM
@@ -191,7 +205,7 @@ def drain(chaos: Chaos, worker: Component) -> str:
             os.kill(worker.pid, signal.SIGTERM)
         worker.process.wait(timeout=120)
         code = worker.process.returncode
-        cluster.restart_worker(worker)
+        restart(chaos, worker)
     return f"{worker.name} drained (exit {code}) and restarted"
 
 
@@ -298,7 +312,7 @@ def inject(chaos: Chaos, fault: Fault, run: Run, job: str, victim: Victim) -> st
         with _RESTARTING.setdefault(worker.name, threading.Lock()):
             worker = cluster.components[worker.name]
             cluster.crash(worker)
-            cluster.restart_worker(worker)
+            restart(chaos, worker)
         return f"{worker.name} killed and restarted"
     if fault.kind == "deploy":
         return drain(chaos, worker)

@@ -9,7 +9,7 @@ as survived.
 | ``boundary`` | between chunks: as ``chunk``, but the k-th (or a later) checkpoint was saved less than half an item's wait ago: the next chunk has not begun |
 | ``transaction`` | holding a transaction: the holder's task process has a transaction open on the checkpoint database with a lock on ``chaos_tx_log`` (its chunk's writes through ``ctx.transaction()``, not committed yet); the chaos DAGs name each task process's connections ``chaos-task:<pid>`` |
 | ``paused`` | paused (its task deferred): the row is ``paused`` and no attempt holds its lease |
-| ``lease_wait`` | waiting on a lease: Airflow runs a later try of the slot's task (the REST API) whose process is connected to the checkpoint database, while the row's live lease is still the older try's (the victim is the waiting try) |
+| ``lease_wait`` | waiting on a lease: Airflow runs the slot's task in another process than the lease holder's (a later try, or the same try again after a LocalExecutor scheduler's tasks were reset; the REST API says which) and that process is connected to the checkpoint database, while the row's lease is live (the victim is the waiting process) |
 
 The attempt found is the :class:`Victim`: its lease token names it in the history, where the
 verdict (:mod:`.verdicts`) later confirms what the fault did to it.
@@ -107,7 +107,7 @@ def holds(cur: Any, moment: str, run: Run, job: str, k: int,
         if r["status"] != "running" or not r["live"]:
             return None
         ti = task_instance(api, run, job)
-        if ti is None or ti["state"] != "running" or not ti.get("pid") or ti["try_number"] <= r["attempt"]:
+        if ti is None or ti["state"] != "running" or not ti.get("pid") or ti["pid"] == pid:
             return None
         cur.execute(_CONNECTED, (f"chaos-task:{ti['pid']}",))
         if not cur.fetchone()[0]:

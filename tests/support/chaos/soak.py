@@ -72,24 +72,29 @@ def _process_sample(component: Any) -> dict[str, Any] | None:
             "threads": threads}
 
 
-def _connections(dsn: str, database: str) -> int:
-    """Connections held to ``database`` on the server of ``dsn`` (this sampler's own left out)."""
+def _connections(dsn: str, database: str) -> tuple[int, int]:
+    """Connections held to ``database`` on the server of ``dsn`` (this sampler's own left out), and of
+    those the ones whose task process is gone (named ``chaos-task:<pid>`` by the chaos DAGs)."""
     with closing(psycopg2.connect(dsn, connect_timeout=10)) as conn, conn.cursor() as cur:
-        cur.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()",
+        cur.execute("SELECT application_name FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()",
                     (database,))
-        return int(cur.fetchone()[0])
+        names = [name for (name,) in cur.fetchall()]
+    gone = [n for n in names if n.startswith("chaos-task:") and not psutil.pid_exists(int(n.split(":")[1]))]
+    return len(names), len(gone)
 
 
 def sample(chaos: Chaos, minute: float) -> dict[str, Any]:
     """One sample of every watched process and of the connections held."""
     cluster = chaos.cluster
     roles = [*sorted(cluster.WORKERS), "api-server"]
+    checkpoint, gone = _connections(chaos.conn_uri, "chaos")
     return {
         "minute": round(minute, 2),
         "processes": {role: _process_sample(cluster.components[role]) for role in roles},
         "connections": {
-            "checkpoint": _connections(chaos.conn_uri, "chaos"),
-            "metadata": _connections(chaos.metadata_dsn, chaos.metadata_dsn.rsplit("/", 1)[1]),
+            "checkpoint": checkpoint,
+            "checkpoint, process gone": gone,
+            "metadata": _connections(chaos.metadata_dsn, chaos.metadata_dsn.rsplit("/", 1)[1])[0],
         },
     }
 
@@ -106,8 +111,8 @@ def _series(samples: list[dict[str, Any]]) -> dict[str, list[tuple[float, float]
         last_pid = seen[-1][1]["pid"]
         for measure in MEASURES:
             curves[f"{role} {measure}"] = [(m, p[measure]) for m, p in seen if p["pid"] == last_pid]
-    for database in ("checkpoint", "metadata"):
-        curves[f"connections {database}"] = [(s["minute"], s["connections"][database]) for s in samples]
+    for database in samples[0]["connections"] if samples else ():
+        curves[f"connections {database}"] = [(s["minute"], s["connections"].get(database, 0)) for s in samples]
     return curves
 
 

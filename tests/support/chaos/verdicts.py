@@ -29,8 +29,8 @@ HIT_RATE = 0.9
 #: ``cancelled`` with reason ``requested``; ``restarted``: it stopped ``paused`` and a later attempt
 #: started the slot over; ``ran_through``: it was running when the fault began (a degraded link is
 #: meant to slow an attempt, not to stop it). A fault on a try waiting on a lease (the ``lease_wait``
-#: moment) has the effect ``waiter_replaced`` whatever its kind: that try never took the lease, a
-#: later one did.
+#: moment) has the effect ``waiter_replaced`` whatever its kind: that process never took the lease
+#: (no attempt record names its pid), a later attempt did.
 EFFECTS = {
     "kill_worker": "replaced",
     "kill_task": "replaced",
@@ -72,7 +72,7 @@ class Shot:
 
 def history(cur: Any, job: str, slot: str) -> list[dict[str, Any]]:
     """The slot's attempt records (control requests left out), oldest first."""
-    cur.execute("SELECT lease_token, attempt, outcome, stop_reason, started_at, ended_at, position_start, "
+    cur.execute("SELECT lease_token, attempt, pid, outcome, stop_reason, started_at, ended_at, position_start, "
                 "processed_start, processed_end FROM resumable_attempts WHERE job = %s AND slot = %s ORDER BY id",
                 (job, slot))
     names = [d[0] for d in cur.description]
@@ -84,10 +84,10 @@ def confirm(cur: Any, kind: str, victim: Victim, moment: str = "chunk") -> tuple
     """Whether the history shows ``kind``'s effect (:data:`EFFECTS`) on ``victim``, and the evidence."""
     records = history(cur, victim.job, victim.slot)
     if moment == "lease_wait":
-        own = [r for r in records if r["attempt"] == victim.attempt]
-        took = [r for r in records if r["attempt"] > victim.attempt]
+        own = [r for r in records if r["pid"] == victim.pid]
+        took = [r for r in records if r["lease_token"] > victim.token]
         return not own and bool(took), (
-            f"try {victim.attempt} waited on token {victim.token}: " + (
+            f"try {victim.attempt} (pid {victim.pid}) waited on token {victim.token}: " + (
                 f"it took the lease later (token {own[0]['lease_token']})" if own else "it never took the lease")
             + (f"; try {took[0]['attempt']} (token {took[0]['lease_token']}) {took[0]['outcome']} from "
                f"{took[0]['processed_start']}" if took else "; no later try"))
