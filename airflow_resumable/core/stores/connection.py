@@ -38,6 +38,7 @@ class _Connector(Protocol):
 
     def set_autocommit(self, conn: Any, on: bool) -> None: ...
     def describe(self) -> str: ...
+    def lost(self, conn: Any) -> bool: ...
 
 
 def save_rejected(job: str, slot: str) -> LeaseLost:
@@ -116,8 +117,25 @@ class Connection:
             self.conn.commit()
 
     def rollback(self) -> None:
-        """Roll back the open transaction, if any (a no-op in autocommit mode)."""
-        self.conn.rollback()
+        """Roll back the open transaction, if any (a no-op in autocommit mode, and on a connection
+        that is :attr:`lost`: the server rolled its transaction back when it went).
+
+        Raises:
+            Exception: the driver's error, when the rollback failed on a connection still open.
+        """
+        if self.lost:
+            return
+        try:
+            self.conn.rollback()
+        except Exception:
+            if not self.lost:  # the rollback itself found the connection gone: nothing left to undo
+                raise
+
+    @property
+    def lost(self) -> bool:
+        """Whether the connection is gone (a terminated backend, a restarted server, a cut
+        network): nothing more can be sent on it, and its open transaction was rolled back."""
+        return self.store.lost(self.conn)
 
     @contextmanager
     def transaction(self, *, lock: bool = False) -> Iterator[Connection]:
