@@ -14,7 +14,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,7 @@ from typing import Any
 import psycopg2
 import pytest
 
-from airflow_resumable.core import Attempt, Options
+from airflow_resumable.core import Attempt
 from airflow_resumable.core.errors import ConfigurationError, StoreUnavailable
 from airflow_resumable.core.stores import PostgresStore, SQLiteStore, Store
 
@@ -235,3 +234,190 @@ def test_a_terminated_backend_fails_the_try_as_retryable_and_the_retry_resumes_t
     assert first.outcome == "failed" and "StoreUnavailable: lost the connection" in first.error
     assert (first.processed_end, second.processed_start, second.outcome) == (10, 10, "done")
     assert [r[0] for r in items] == list(range(ITEMS))
+
+
+# -- SQLite: a read-only file or folder -----------------------------------------------------------
+
+def _read_only(target: Path) -> Any:
+    """Make ``target`` (a file or a folder) read-only for this process, as it is for a worker's user
+    without write permission; returns the undo. Root writes whatever the mode bits say, so as root
+    the file system's immutable flag does it (``chattr +i``, which binds root too)."""
+    if os.geteuid() != 0:
+        mode = target.stat().st_mode
+        target.chmod(0o555 if target.is_dir() else 0o444)
+        return lambda: target.chmod(mode)
+    subprocess.run(["chattr", "+i", str(target)], check=True)
+    return lambda: subprocess.run(["chattr", "-i", str(target)], check=True)
+
+
+@pytest.mark.parametrize("what", ["file", "folder"])
+def test_a_read_only_sqlite_file_or_folder_is_a_store_error_naming_the_path_and_the_fix(
+    what: str, tmp_path: Path
+) -> None:
+    # Given a checkpoint database made by its owner, then made read-only: the file (its folder
+    # still writable, so SQLite could add its -wal file) or its folder
+    folder = tmp_path / "db"
+    path = folder / "checkpoints.db"
+    with SQLiteStore(path).open() as s:
+        s.ensure_schema()
+    undo = _read_only(path if what == "file" else folder)
+    try:
+        # When a worker runs an attempt on it
+        with pytest.raises(StoreUnavailable) as caught:
+            Attempt(SQLiteStore(path), job=JOB, slot=SLOT, attempt=1, owner="a1").run(
+                lambda ctx: ctx.checkpoint(1, processed=1))
+    finally:
+        undo()
+    # Then it fails with the store's error (retryable), naming the path, that it is read-only for
+    # this user, and the fix; not SQLite's bare "attempt to write a readonly database"
+    text = str(caught.value)
+    if what == "file":
+        assert f"the SQLite checkpoint file '{path}' is read-only for this process (user " in text, text
+    else:
+        assert f"the folder '{folder}' of the SQLite checkpoint file '{path}' is not writable" in text, text
+        assert "-wal and -shm beside the file" in text
+    assert "write access" in text and "sqlite:////" in text and f"job='{JOB}'" in text, text
+    assert "attempt to write a readonly database" not in text
+
+
+def test_a_write_sqlite_refuses_as_read_only_mid_run_is_the_store_error_naming_the_file(tmp_path: Path) -> None:
+    # Given a store connection that SQLite itself refuses writes on (query_only: its SQLITE_READONLY,
+    # as a file system remounted read-only under a running attempt would give)
+    path = tmp_path / "checkpoints.db"
+    store = SQLiteStore(path)
+    with store.open(autocommit=True) as s:
+        s.ensure_schema()
+        s.conn.execute("PRAGMA query_only = 1")
+        # When the store writes on it, in autocommit and in a transaction, then SQLite's bare "attempt
+        # to write a readonly database" is the store's error, naming the file and what to do
+        for transactions in (False, True):
+            if transactions:
+                s.begin_transactions()
+            with pytest.raises(StoreUnavailable) as caught:
+                s.execute("DELETE FROM resumable_checkpoints WHERE job = %s", (JOB,))
+            text = str(caught.value)
+            assert f"the SQLite checkpoint file '{path}' cannot be written (SQLITE_READONLY" in text, text
+            assert "writable" in text and "attempt to write a readonly database" in text
+            s.rollback()
+
+
+# -- SQLite: file: URIs ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("form", ["file:{path}?mode=rwc", "file://{path}", "file://localhost{path}", "file:{path}"])
+def test_a_sqlite_file_uri_names_the_checkpoint_file(tmp_path: Path, form: str) -> None:
+    # Given a SQLite file: URI for the checkpoint file (a space in its path percent-encoded)
+    path = tmp_path / "my checkpoints.db"
+    store = SQLiteStore(form.format(path=str(path).replace(" ", "%20")))
+    # When an attempt runs on it, then the checkpoints are in that file
+    Attempt(store, job=JOB, slot=SLOT, attempt=1, owner="a1").run(lambda ctx: ctx.checkpoint(7, processed=7))
+    assert store.path == str(path) and path.exists()
+    assert _row(SQLiteStore(path)).position == 7
+
+
+def test_a_sqlite_file_uri_in_an_airflow_connection_works_and_its_mode_is_honoured(airflow_home: Path,
+                                                                                   tmp_path: Path) -> None:
+    from airflow.models.connection import Connection
+
+    from airflow_resumable.hooks.resumable import store_from_connection
+
+    # Given connections naming the file as a SQLite URI (its ?mode= lands in the connection's extras)
+    path = tmp_path / "checkpoints.db"
+    rwc = store_from_connection(Connection(conn_id="resumable_default", uri=f"sqlite:///file:{path}?mode=rwc"))
+    Attempt(rwc, job=JOB, slot=SLOT, attempt=1, owner="a1").run(lambda ctx: ctx.checkpoint(3, processed=3))
+    assert rwc.path == str(path) and _row(rwc).position == 3
+    # and mode=rw, which does not create a missing file: a store error saying so
+    missing = store_from_connection(Connection(conn_id="resumable_default",
+                                               uri=f"sqlite:///file:{tmp_path / 'nope.db'}?mode=rw"))
+    with pytest.raises(StoreUnavailable, match="does not exist, and mode=rw does not create it"):
+        Attempt(missing, job=JOB, slot=SLOT, attempt=1, owner="a1").run(lambda ctx: None)
+    assert not (tmp_path / "nope.db").exists()
+
+
+@pytest.mark.parametrize(("uri", "expected"), [
+    ("file:relative.db", "is a relative path"),
+    ("file:/abs/x.db?mode=ro", "mode=ro, which the store cannot honour: a read-only database cannot hold checkpoints"),
+    ("file:/abs/x.db?mode=memory", "mode=memory, which the store cannot honour: an in-memory database"),
+    ("file:/abs/x.db?immutable=1", "immutable=1, which the store cannot honour"),
+    ("file:/abs/x.db?vfs=unix-none", "vfs=unix-none, which the store cannot honour"),
+    ("file:/abs/x.db?cache=shared", "cache=shared, which the store cannot honour"),
+    ("file://otherhost/abs/x.db", "names the host 'otherhost'"),
+])
+def test_a_sqlite_file_uri_the_store_cannot_honour_is_refused_saying_exactly_why(uri: str, expected: str) -> None:
+    with pytest.raises(ConfigurationError) as caught:
+        SQLiteStore(uri)
+    text = str(caught.value)
+    assert expected in text, text
+    assert "'/file:" not in text  # not the old "relative path" hint that glued a slash in front of the URI
+    if "relative" in expected:
+        assert "'/relative.db' or file:/relative.db" in text, text
+
+
+# -- SQLite: a writer waiting for the write lock ---------------------------------------------------
+
+
+def _frozen_holder(path: Path, job: str, slot: str) -> subprocess.Popen[str]:
+    """A real attempt of ``job``/``slot`` in another process, frozen (SIGSTOP) holding the write lock."""
+    worker = Path(__file__).parent / "support" / "frozen_writer.py"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    proc = subprocess.Popen([sys.executable, str(worker), str(path), job, slot], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+    assert proc.stdout is not None
+    line = proc.stdout.readline()  # printed with the lock held, right before the process stops itself
+    assert line.strip() == "holding", proc.stderr.read() if proc.poll() is not None else line
+    deadline = time.monotonic() + 30
+    while _state(proc.pid) != "T":
+        assert time.monotonic() < deadline, "the writer did not stop itself"
+        time.sleep(0.01)
+    return proc
+
+
+def _state(pid: int) -> str:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rpartition(")")[2].split()[0]
+
+
+def test_a_writer_waiting_past_the_busy_timeout_names_the_frozen_holder_and_how_to_find_it(tmp_path: Path) -> None:
+    # Given an attempt of another slot, in another process, frozen (SIGSTOP) while its chunk's
+    # transaction holds the file's write lock
+    path = tmp_path / "checkpoints.db"
+    holder = _frozen_holder(path, "nightly.load", "2026-03-01")
+    try:
+        # When an attempt on the same file waits for the lock past its busy timeout
+        store = SQLiteStore(path, busy_timeout=1.0)
+        began = time.monotonic()
+        with pytest.raises(StoreUnavailable) as caught:
+            Attempt(store, job=JOB, slot=SLOT, attempt=1, owner="a1").run(lambda ctx: ctx.checkpoint(1, processed=1))
+        waited = time.monotonic() - began
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait(timeout=30)
+    # Then the error names the holder: its pid and host, that it is stopped, the attempt it runs
+    # (job, slot, try, DAG, task, run), how to find it and how to let it go on; and this attempt's
+    # own job and slot. After its own busy timeout, not SQLite's 30 s.
+    text = str(caught.value)
+    assert text.startswith("database is locked: the write lock of"), text
+    assert f"held (the write lock) by pid {holder.pid} on {socket.gethostname()}" in text, text
+    assert "stopped: SIGSTOP" in text and f"kill -CONT {holder.pid}" in text, text
+    assert "attempt 3 of job='nightly.load' slot='2026-03-01'" in text, text
+    assert "(DAG nightly, task load, run scheduled__2026-03-01)" in text, text
+    assert f"ps -o pid,stat,etime,args -p {holder.pid}" in text and f"job='{JOB}'" in text, text
+    assert waited < 20
+
+
+def test_a_writer_of_this_very_process_holding_the_lock_is_named_as_such(tmp_path: Path) -> None:
+    import sqlite3
+
+    # Given a connection of this process (the handler's own, on the checkpoint file) holding the lock
+    path = tmp_path / "checkpoints.db"
+    store = SQLiteStore(path, busy_timeout=0.3)
+    with store.open() as s:
+        s.ensure_schema()
+    other = sqlite3.connect(path, isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")
+    try:
+        with pytest.raises(StoreUnavailable, match="held .the write lock. by this very process"):
+            Attempt(store, job=JOB, slot=SLOT, attempt=1, owner="a1").run(lambda ctx: None)
+    finally:
+        other.rollback()
+        other.close()

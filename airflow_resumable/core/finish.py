@@ -120,10 +120,11 @@ class Finishing(AttemptState):
                 try:
                     final = fresh.checkpoints.finish(self.fence, **end)
                 except LeaseLost:
-                    final = fresh.checkpoints.load(self.job, self.slot)  # did the lost connection commit it?
-                    if (final is None or final.status != tried.value or final.lease_owner is not None
-                            or final.lease_token != self.fence.token or final.attempt != self.attempt):
+                    row = fresh.checkpoints.load(self.job, self.slot)  # did the lost connection commit it?
+                    if (row is None or row.status != tried.value or row.lease_owner is not None
+                            or row.lease_token != self.fence.token or row.attempt != self.attempt):
                         raise
+                    final = row
         except LeaseLost as lost:
             self.log.error("could not record status %s: %s", tried, lost)
             raise

@@ -34,6 +34,7 @@ from airflow_resumable.core.errors import (
     LeaseLost,
     Paused,
     ResumableError,
+    StoreUnavailable,
 )
 from airflow_resumable.core.finish import Finishing, Outcome
 from airflow_resumable.core.identity import Hooks, Identity
@@ -107,10 +108,16 @@ class Attempt(Chunks, Finishing, Acquiring):
             self.signal.fire_after(self.options.timeout)
         # Autocommit until the handler asks for ctx.transaction(): a checkpoint is then one
         # statement, one round trip.
-        session = self.store.session(autocommit=True)
+        try:
+            session = self.store.session(autocommit=True)
+        except StoreUnavailable as exc:
+            exc.naming(self.job, self.slot)  # the store names the database, the attempt its job and slot
+            raise
         try:
             outcome = self._run_on(session, handler)
         except BaseException as exc:
+            if isinstance(exc, StoreUnavailable):  # raised deep in the store: name the attempt
+                exc.naming(self.job, self.slot)
             gone = self._gone or (self._connection_lost(exc) if session.lost else None)
             session.close()
             if gone is not None and gone is not exc and not isinstance(exc, ResumableError | Cancelled):
