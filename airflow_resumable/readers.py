@@ -101,7 +101,7 @@ class _OpenPath:
         try:
             return path.open("rb")
         except FileNotFoundError:
-            raise ConfigurationError(f"the file {str(self.path)!r} does not exist",
+            raise ConfigurationError(f"the file {_shown(str(self.path))!r} does not exist",
                                      hint="Check the path (and conn_id for an object store)") from None
 
 
@@ -130,4 +130,14 @@ def object_reader(
         ConfigurationError: bad arguments, all named at once (when the DAG is parsed).
     """
     return FileReader(open=_OpenPath(path, conn_id), format=format, encoding=encoding, header=header,
-                      csv_options=csv_options, complete=complete, name=str(path), if_changed=if_changed)
+                      csv_options=csv_options, complete=complete, name=_shown(str(path)), if_changed=if_changed)
+
+
+def _shown(url: str) -> str:
+    """``url`` as errors and logs name it: credentials written into it (``s3://key:secret@bucket/x``)
+    replaced by ``***``."""
+    scheme, sep, rest = url.partition("://")
+    where, slash, tail = rest.partition("/")
+    if sep and "@" in where:
+        return f"{scheme}://***@{where.rpartition('@')[2]}{slash}{tail}"
+    return url

@@ -372,3 +372,10 @@ def test_a_rotated_log_fails_the_task_through_airflow_with_the_refusal_and_the_r
         s.commit()
     assert r[0] == "failed" and "app.log: the file changed since byte 100 was read" in r[1], r
     assert "if_changed='from_start'" in r[1]
+
+
+def test_an_object_storage_url_with_credentials_in_it_is_named_without_them(airflow_home: Path) -> None:
+    from airflow_resumable.readers import object_reader
+
+    reader = object_reader("s3://AKIAEXAMPLE:wJalrXUtnFEMI@bucket/exports/feed.csv", format="csv")
+    assert reader.name == "s3://***@bucket/exports/feed.csv" and "wJalrXUtnFEMI" not in repr(reader)

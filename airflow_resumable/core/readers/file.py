@@ -258,7 +258,7 @@ class FileReader(Reader):
         assert f is not None
         window = mark[0] if mark is not None else min(offset, WINDOW)
         f.seek(offset - window)
-        before = f.read(window)
+        before = _read(f, window)
         cut = not before.endswith(b"\n") and bool(f.read(1))  # a line goes on past the offset
         problem = None
         if len(before) < window:
@@ -324,7 +324,7 @@ class FileReader(Reader):
         f.seek(0)
         self._forget()
         if self._data_start:
-            self._remember(f.read(self._data_start))
+            self._remember(_read(f, self._data_start))
         self._line = self._header_line if self._data_start else 1
         return self._data_start
 
@@ -361,7 +361,7 @@ class FileReader(Reader):
         here = f.tell()
         window = min(offset, WINDOW)
         f.seek(offset - window)
-        data = f.read(window)
+        data = _read(f, window)
         f.seek(here)
         return {"offset": offset, "window": window, "digest": fingerprint(data)}
 
@@ -508,6 +508,17 @@ class _FileBatch(Batch):
     @property
     def position(self) -> Any:
         return self._mark
+
+
+def _read(f: BinaryIO, n: int) -> bytes:
+    """``n`` bytes of ``f`` (fewer only at its end): a raw file may hand out fewer in one read."""
+    data = f.read(n)
+    while len(data) < n:
+        more = f.read(n - len(data))
+        if not more:
+            break
+        data += more
+    return data
 
 
 def fingerprint(data: bytes) -> str:
