@@ -7,7 +7,6 @@ import csv
 import hashlib
 import itertools
 import json
-from collections import deque
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, BinaryIO
 
@@ -172,10 +171,10 @@ class FileReader(Reader):
         self._data_start = 0  # the offset after the CSV header
         self._held: tuple[int, str] | None = None  # an unfinished last record: its offset, and what it lacks
         self._end = False  # the lines read so far reached the end of what the file holds
-        # The raw lines before _offset, at least WINDOW bytes of them when the file has them: what
-        # the fingerprint of a position at _offset covers.
-        self._tail: deque[bytes] = deque()
-        self._tail_bytes = 0
+        # The raw lines before _offset (the last batch's, cut to WINDOW bytes at each mark): what
+        # the fingerprint of a position at _offset covers. One list for the reader's life: _lines
+        # appends to it (a list append a line: the cheapest note there is).
+        self._raw: list[bytes] = []
         self._header_line: int | None = 1  # the line number after the CSV header
 
     def read(self, ctx: RunContext, after: Any, limit: int) -> Batch:
@@ -310,8 +309,7 @@ class FileReader(Reader):
         assert f is not None
         if f.tell() != offset:
             f.seek(offset)
-        self._forget()
-        self._remember(before)
+        self._raw[:] = (before,)
         self._line = None  # resumed at a byte offset: the line numbers before it were not counted
         return offset
 
@@ -322,9 +320,7 @@ class FileReader(Reader):
         if f.seekable():
             self._check_start(ctx)
         f.seek(0)
-        self._forget()
-        if self._data_start:
-            self._remember(_read(f, self._data_start))
+        self._raw[:] = (_read(f, self._data_start),) if self._data_start else ()
         self._line = self._header_line if self._data_start else 1
         return self._data_start
 
@@ -337,23 +333,19 @@ class FileReader(Reader):
             return "fewer"
 
     def _forget(self) -> None:
-        self._tail.clear()
-        self._tail_bytes = 0
-
-    def _remember(self, raw: bytes) -> None:
-        """Note the bytes just read (up to ``_offset``), keeping at least :data:`WINDOW` of them."""
-        tail = self._tail
-        tail.append(raw)
-        self._tail_bytes += len(raw)
-        while self._tail_bytes - len(tail[0]) >= WINDOW:
-            self._tail_bytes -= len(tail.popleft())
+        self._raw.clear()
 
     def _mark(self, offset: int) -> dict[str, Any]:
         """The position at ``offset`` (a record's end): the offset and the fingerprint of the bytes
         before it. From the bytes in hand, unless the reader went on past it (blank lines, a
         record held back at the end): then read again (the last batch only)."""
         if offset == self._offset:
-            data = b"".join(self._tail)[-WINDOW:]
+            raw, i, n = self._raw, len(self._raw), 0
+            while i > 0 and n < WINDOW:  # the last lines, WINDOW bytes of them
+                i -= 1
+                n += len(raw[i])
+            del raw[:i]
+            data = b"".join(raw)[-WINDOW:]
             if len(data) == min(offset, WINDOW):
                 return {"offset": offset, "window": len(data), "digest": fingerprint(data)}
         f = self._file
@@ -412,6 +404,7 @@ class FileReader(Reader):
         """
         assert self._file is not None
         readline, encoding, whole = self._file.readline, self.encoding, self.complete is True
+        keep = self._raw.append
         while True:
             raw = readline()
             if not raw or not (whole or raw.endswith(b"\n")):
@@ -421,7 +414,7 @@ class FileReader(Reader):
                 return
             start = self._offset
             self._offset += len(raw)
-            self._remember(raw)
+            keep(raw)
             if self._line is not None:
                 self._line += 1
             if start == 0 and self._utf8 and raw.startswith(codecs.BOM_UTF8):
