@@ -421,3 +421,29 @@ def test_a_writer_of_this_very_process_holding_the_lock_is_named_as_such(tmp_pat
     finally:
         other.rollback()
         other.close()
+
+
+def test_a_writer_stuck_in_its_turn_at_the_lock_is_named_by_the_turnstiles_lock(tmp_path: Path) -> None:
+    # Given another process holding the store's turnstile (a writer frozen while it waited for the
+    # write lock: it holds the -turns file's flock, not SQLite's lock)
+    path = tmp_path / "checkpoints.db"
+    store = SQLiteStore(path, busy_timeout=0.5)
+    with store.open() as s:
+        s.ensure_schema()
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import fcntl, os, sys, time\nfd = os.open(sys.argv[1], os.O_RDWR)\n"
+         "fcntl.flock(fd, fcntl.LOCK_EX)\nprint('holding', flush=True)\ntime.sleep(120)", f"{path}-turns"],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "holding"
+        # When a writer waits for its turn past the busy timeout
+        with pytest.raises(StoreUnavailable) as caught:
+            Attempt(store, job=JOB, slot=SLOT, attempt=1, owner="a1").run(lambda ctx: None)
+    finally:
+        holder.kill()
+        holder.wait(timeout=30)
+    # Then the error says it waited for its turn and names the process that has it
+    text = str(caught.value)
+    assert text.startswith(f"database is locked: another writer of '{path}' kept its turn"), text
+    assert f"held (the turn at the write lock) by pid {holder.pid} on {socket.gethostname()}" in text, text
+    assert "which runs no attempt this store knows of" in text
