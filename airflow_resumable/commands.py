@@ -250,8 +250,9 @@ def _figures(line: dict[str, Any]) -> dict[str, Any]:
         processed += f" ({line['percent']:.0f}%)"
     rate = line.get("rate")
     eta = line.get("eta_seconds")
+    stalled = line.get("stalled_since")
     return {"processed": processed, "rate": "" if rate is None else f"{rate:,.1f}/s",
-            "eta": "" if eta is None else format_duration(eta)}
+            "eta": f"stalled since {stalled}" if stalled else "" if eta is None else format_duration(eta)}
 
 
 def jobs_command(args: argparse.Namespace) -> None:

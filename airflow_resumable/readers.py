@@ -101,7 +101,7 @@ class _OpenPath:
         try:
             return path.open("rb")
         except FileNotFoundError:
-            raise ConfigurationError(f"the file {str(self.path)!r} does not exist",
+            raise ConfigurationError(f"the file {_shown(str(self.path))!r} does not exist",
                                      hint="Check the path (and conn_id for an object store)") from None
 
 
@@ -114,17 +114,30 @@ def object_reader(
     header: bool = True,
     csv_options: dict[str, Any] | None = None,
     complete: bool | None = None,
+    if_changed: str = "refuse",
 ) -> FileReader:
     """Records of the file at ``path`` through Airflow's ``ObjectStoragePath``, by byte offset.
 
     ``path`` is a URL (``file:///data/x.csv``, ``s3://bucket/key.jsonl``...) or an
     ``ObjectStoragePath``; ``conn_id`` names the Airflow connection with the object store's
-    credentials. See :class:`~airflow_resumable.core.readers.FileReader` for the formats and
-    ``complete`` (whether a last line without a line break is a record yet); a resume seeks to the
-    saved offset (a ranged read on an object store) instead of reading the start again.
+    credentials. See :class:`~airflow_resumable.core.readers.FileReader` for the formats,
+    ``complete`` (whether a last line without a line break is a record yet) and ``if_changed``
+    (what a resume does when the object was rewritten or replaced since its position was read); a
+    resume reads the 4 KiB before the saved offset (one ranged read on an object store, which checks
+    them against the position's fingerprint) and goes on from there instead of reading the start again.
 
     Raises:
         ConfigurationError: bad arguments, all named at once (when the DAG is parsed).
     """
     return FileReader(open=_OpenPath(path, conn_id), format=format, encoding=encoding, header=header,
-                      csv_options=csv_options, complete=complete, name=str(path))
+                      csv_options=csv_options, complete=complete, name=_shown(str(path)), if_changed=if_changed)
+
+
+def _shown(url: str) -> str:
+    """``url`` as errors and logs name it: credentials written into it (``s3://key:secret@bucket/x``)
+    replaced by ``***``."""
+    scheme, sep, rest = url.partition("://")
+    where, slash, tail = rest.partition("/")
+    if sep and "@" in where:
+        return f"{scheme}://***@{where.rpartition('@')[2]}{slash}{tail}"
+    return url

@@ -156,3 +156,82 @@ def test_the_row_reaches_xcom_every_xcom_interval_and_at_the_end_but_not_at_the_
     Attempt(store, job="j.xcom-pace", slot="s", attempt=1, owner="a", options=Options(), reporter=reporter).run(work)
     # Then the end is pushed too: the row XCom keeps for the try is the final one
     assert pushes == [(XCOM_KEY, "running", 2), (XCOM_KEY, "done", 2)]
+
+
+def _running(processed: int, *, updated_at: datetime, rate: float | None, total: int | None = 1000) -> Checkpoint:
+    return Checkpoint(job="j.stall", slot="s", processed=processed, total=total, status="running", lease_owner="w",
+                      lease_token=1, lease_expires_at=updated_at + timedelta(hours=1), heartbeat_at=updated_at,
+                      updated_at=updated_at, rate=rate)
+
+
+def test_a_chunk_stuck_past_its_eta_is_shown_stalled_since_its_last_checkpoint_not_eta_0() -> None:
+    # Given a running slot at 600 of 1,000 at 20/s (20 s left at its last checkpoint), its lease live
+    row = _running(600, updated_at=T0, rate=20.0)
+    # When people look before, at and just past the ETA, the ETA counts down to 0
+    assert [row_view(row, now=T0 + timedelta(seconds=s))["eta_seconds"] for s in (5, 20, 21)] == [15.0, 0.0, 0.0]
+    assert row_view(row, now=T0 + timedelta(seconds=21))["stalled_since"] is None
+    # Then once it ran out more than the grace ago with no checkpoint, it says since when it is stuck
+    late = row_view(row, now=T0 + timedelta(minutes=30))
+    assert (late["eta_seconds"], late["stalled_since"]) == (None, T0.isoformat())
+    assert late["rate"] == 20.0 and late["lease"] == "live"
+    # and a slot with no rate measured yet, or no total, or not running, is never called stalled
+    for quiet in (_running(600, updated_at=T0, rate=None), _running(600, updated_at=T0, rate=20.0, total=None)):
+        assert row_view(quiet, now=T0 + timedelta(hours=2))["stalled_since"] is None
+
+
+def test_a_frozen_chunk_with_a_live_lease_shows_stalled_since_in_the_command_lines_row_view(
+    checkpoints: Store, airflow_home: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+    import threading
+    import time
+
+    from airflow_resumable.core import Attempt, Options
+    from support.module_cli import run_module_cli
+
+    # Given a real attempt that checkpointed four quick chunks of 10 (a rate measured, its total
+    # known) and is now stuck in its fifth, its lease keeper still renewing the lease
+    release, frozen = threading.Event(), threading.Event()
+
+    def work(ctx: Any) -> None:
+        i = ctx.position or 0
+        while i < 100:
+            if i == 40:
+                frozen.set()
+                release.wait(120)
+            ctx.signal.wait(0.4)
+            i += 10
+            ctx.checkpoint(i, processed=i, total=100)
+
+    runner = threading.Thread(target=lambda: Attempt(checkpoints, job="j.stall", slot="s", attempt=1, owner="w",
+                                                     options=Options(lease=3.0)).run(work))
+    runner.start()
+    try:
+        assert frozen.wait(60)
+
+        def show() -> dict[str, Any]:
+            assert run_module_cli(["show", "j.stall", "s", "--output", "json"]) == 0
+            return json.loads(capsys.readouterr().out)
+
+        # When people look at it while its ETA counts down (a second after its last checkpoint: 60
+        # items left at about 25/s) and after it ran out (2.4 s, then the grace)
+        with checkpoints.open() as s:
+            row = s.checkpoints.load("j.stall", "s")
+        assert row is not None and row.updated_at is not None
+        early = row_view(row, now=row.updated_at + timedelta(seconds=1))
+        assert early["rate"] and early["eta_seconds"] and early["stalled_since"] is None
+        deadline = time.monotonic() + 60
+        view = show()
+        while view["stalled_since"] is None:
+            assert time.monotonic() < deadline, view
+            time.sleep(0.2)
+            view = show()
+        # Then the row view (the one the tab, REST and the command line show) says it is stalled since
+        # its last checkpoint, with the lease still live, instead of ETA 0 forever
+        assert view["eta_seconds"] is None and view["lease"] == "live" and view["status"] == "running"
+        assert view["stalled_since"] == view["updated_at"]
+        assert run_module_cli(["show", "j.stall", "s"]) == 0
+        assert "stalled_since" in capsys.readouterr().out
+    finally:
+        release.set()
+        runner.join(60)

@@ -7,6 +7,7 @@ store, like the customer export's warehouse).
 
 from __future__ import annotations
 
+import hashlib
 import io
 import sqlite3
 from collections.abc import Callable
@@ -479,24 +480,37 @@ def opener(data: bytes, opened: list[CountingFile]) -> Callable[[], Any]:
 
 
 LINES = b"".join(f"line {i:03d}\n".encode() for i in range(100))  # 9 bytes a line
+BIG = b"".join(f"line {i:05d}\n".encode() for i in range(2000))  # 11 bytes a line
+
+
+def fingerprint(data: bytes) -> str:
+    """A file position's fingerprint of the bytes before it, as the docs give it: BLAKE2b, 8 bytes, hex."""
+    return hashlib.blake2b(data, digest_size=8).hexdigest()
+
+
+def offset_of(position: Any) -> Any:
+    """The byte offset of a file reader's position (``{"offset", "window", "digest"}``)."""
+    return position["offset"] if isinstance(position, dict) else position
 
 
 def test_a_file_reader_resumed_at_a_byte_offset_does_not_read_the_start(store: Store) -> None:
-    # Given attempt 1 read 4 chunks of 10 lines and then died
+    # Given attempt 1 read 10 chunks of 100 lines and then died
     opened: list[CountingFile] = []
-    reader = FileReader(open=opener(LINES, opened))
+    reader = FileReader(open=opener(BIG, opened))
     seen: list[str] = []
     with pytest.raises(Crash):
-        attempt(store, 1).run(chunk_loop(reader, lambda c, b: _crash_on(seen, b, "line 040"), chunk_size=10))
-    assert _load(store, SLOT).position == 40 * 9
+        attempt(store, 1).run(chunk_loop(reader, lambda c, b: _crash_on(seen, b, "line 01000"), chunk_size=100))
+    saved = _load(store, SLOT).position
+    assert saved == {"offset": 1000 * 11, "window": 4096, "digest": fingerprint(BIG[1000 * 11 - 4096:1000 * 11])}
     # When attempt 2 resumes
-    outcome = attempt(store, 2).run(chunk_loop(reader, lambda c, b: seen.extend(b), chunk_size=10))
-    # Then it seeked to the offset and never read a byte before it
+    outcome = attempt(store, 2).run(chunk_loop(reader, lambda c, b: seen.extend(b), chunk_size=100))
+    # Then it read only the 4 KiB before the offset (to check them against the position's
+    # fingerprint) and what follows, never the start
     retry = opened[-1]
-    assert retry.seeks == [40 * 9] and retry.first_read_at == 40 * 9
-    assert retry.bytes_read <= len(LINES) - 40 * 9
-    assert seen == [f"line {i:03d}" for i in range(100)]
-    assert outcome.checkpoint.position == len(LINES) and outcome.checkpoint.processed == 100
+    assert retry.seeks == [1000 * 11 - 4096] and retry.first_read_at == 1000 * 11 - 4096
+    assert retry.bytes_read <= len(BIG) - 1000 * 11 + 4096
+    assert seen == [f"line {i:05d}" for i in range(2000)]
+    assert offset_of(outcome.checkpoint.position) == len(BIG) and outcome.checkpoint.processed == 2000
 
 
 def _sinks(seen: list[Any], first: Any) -> tuple[Callable[..., None], Callable[..., None]]:
@@ -527,16 +541,17 @@ def test_a_csv_resume_reads_the_header_once_then_seeks_past_records_spanning_lin
     with pytest.raises(Crash):
         attempt(store, 1).run(chunk_loop(reader, lambda c, b: _crash_on(seen, b, {"id": "7", "name": "P7", "comment": "x"}),
                                          chunk_size=3))
-    offset = _load(store, SLOT).position
+    offset = offset_of(_load(store, SLOT).position)
     assert offset == CSV.index(b"7,P7")
     outcome = attempt(store, 2).run(chunk_loop(reader, lambda c, b: seen.extend(b), chunk_size=3))
     assert [r["id"] for r in seen] == [str(i) for i in range(1, 21)]
     assert seen[0] == {"id": "1", "name": "Ada", "comment": 'likes "quotes"'}
     assert seen[1]["comment"] == "two\r\nlines"
-    # The retry read the header (one line from the start), then seeked to the saved offset
+    # The retry read the header (one line from the start), then the bytes before the saved offset (to
+    # check them against the position's fingerprint: here, in a file under 4 KiB, the whole start)
     retry = opened[-1]
-    assert retry.seeks == [0, offset] and retry.bytes_read == len(b"id,name,comment\r\n") + len(CSV) - offset
-    assert outcome.checkpoint.position == len(CSV)
+    assert retry.seeks == [0, 0] and retry.bytes_read == len(b"id,name,comment\r\n") + len(CSV)
+    assert offset_of(outcome.checkpoint.position) == len(CSV)
 
 
 def test_json_lines_are_parsed_and_a_bad_line_names_its_byte_offset(store: Store) -> None:
@@ -561,7 +576,7 @@ def test_a_last_line_still_being_written_is_never_split_into_two_records(tmp_pat
     text = str(err.value)
     assert f"{path}: the last line (at byte 11) has no line break" in text and f"slot='{SLOT}'" in text
     assert "complete=True" in text and "complete=False" in text
-    assert seen == ["alpha", "beta"] and _load(store, SLOT).position == 11
+    assert seen == ["alpha", "beta"] and offset_of(_load(store, SLOT).position) == 11
     # Then once the line is written, a Clear resumes at it and reads it whole
     with path.open("ab") as f:
         f.write(b"ma\ndelta\n")
@@ -576,7 +591,7 @@ def test_a_growing_file_holds_its_unfinished_line_back_for_the_next_run(tmp_path
     seen: list[Any] = []
     first = attempt(store, 1, "run-1").run(chunk_loop(reader, lambda c, b: seen.extend(b), chunk_size=5))
     # The run ends before the unfinished line, and the next run continues there once it is whole
-    assert seen == [{"n": 1}, {"n": 2}] and first.checkpoint.position == 18
+    assert seen == [{"n": 1}, {"n": 2}] and offset_of(first.checkpoint.position) == 18
     with path.open("ab") as f:
         f.write(b': 3}\n')
     attempt(store, 1, "run-2").run(chunk_loop(reader, lambda c, b: seen.extend(b), chunk_size=5, start=18))
@@ -589,7 +604,7 @@ def test_a_complete_file_without_a_final_line_break_reads_its_last_line_when_dec
     reader = FileReader(open=lambda: io.BytesIO(b"alpha\nbeta\ngamma"), complete=True)
     seen: list[str] = []
     out = attempt(store, 1).run(chunk_loop(reader, lambda c, b: seen.extend(b), chunk_size=2))
-    assert seen == ["alpha", "beta", "gamma"] and out.checkpoint.position == 16
+    assert seen == ["alpha", "beta", "gamma"] and offset_of(out.checkpoint.position) == 16
 
 
 def test_a_csv_record_whose_quoted_field_is_still_being_written_is_not_returned(store: Store) -> None:
@@ -599,7 +614,7 @@ def test_a_csv_record_whose_quoted_field_is_still_being_written_is_not_returned(
     held = FileReader(open=lambda: io.BytesIO(data), format="csv", complete=False)
     out = attempt(store, 1, "held").run(chunk_loop(held, lambda c, b: seen.extend(b), chunk_size=5))
     # Then it is held back whole (with complete=False), the position before it
-    assert seen == [{"id": "1", "note": "plain"}] and out.checkpoint.position == data.index(b"2,")
+    assert seen == [{"id": "1", "note": "plain"}] and offset_of(out.checkpoint.position) == data.index(b"2,")
     # and refused when the file is declared complete: a quote is missing
     broken = FileReader(open=lambda: io.BytesIO(data + b"\n"), format="csv", complete=True)
     with pytest.raises(ConfigurationError, match=r"the record at byte 16 \(line 3\) ends inside a quoted field"):
@@ -618,7 +633,7 @@ def test_a_csv_row_with_more_fields_than_the_header_is_refused_naming_the_file_a
     text = str(err.value)
     assert f"{path}: the record at byte 14 (line 3) has 3 fields" in text and "the header has 2 (id, name)" in text
     assert "'2,Bob,Smith'" in text and "Quote the field" in text and f"slot='{SLOT}'" in text
-    assert seen == [{"id": "1", "name": "Ada"}] and _load(store, SLOT).position == 14
+    assert seen == [{"id": "1", "name": "Ada"}] and offset_of(_load(store, SLOT).position) == 14
 
 
 def test_a_file_in_another_encoding_fails_before_its_first_record_naming_the_encoding_and_the_fix(
@@ -648,7 +663,7 @@ def test_a_byte_the_encoding_cannot_decode_deep_in_the_file_is_named_by_its_offs
     reader = FileReader(open=lambda: io.BytesIO(data), name="big.txt")
     with pytest.raises(ConfigurationError, match=r"big.txt: the line at byte 90000 \(line 30001\) is not utf-8 \(byte 90003"):
         attempt(store, 1).run(chunk_loop(reader, lambda c, b: None, chunk_size=1000))
-    assert _load(store, SLOT).position == 90_000
+    assert offset_of(_load(store, SLOT).position) == 90_000
 
 
 def test_encodings_a_line_by_line_reader_cannot_read_are_refused_and_a_utf8_bom_is_not_data(store: Store) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from airflow_resumable.core import Attempt, ConfigurationError, Options, Store
-from airflow_resumable.core.errors import TransactionRefused
+from airflow_resumable.core.errors import StoreUnavailable, TransactionRefused
 
 JOB, SLOT = "sqlite.cte", "2026-01-01T00:00:00+00:00"
 ITEMS, CHUNK = 30, 10
@@ -141,7 +141,7 @@ def test_a_final_status_the_locked_file_refuses_is_logged_with_the_error_and_wha
     # When the attempt cannot record "failed", then the store's error propagates and the log says
     # which status and error were not recorded, and what happens to the row
     try:
-        with caplog.at_level("ERROR", logger="airflow_resumable"), pytest.raises(sqlite3.OperationalError):
+        with caplog.at_level("ERROR", logger="airflow_resumable"), pytest.raises(StoreUnavailable, match="locked"):
             Attempt(store, job=JOB, slot=SLOT, attempt=1, owner="a1").run(handler)
     finally:
         other.rollback()

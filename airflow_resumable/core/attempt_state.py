@@ -11,9 +11,9 @@ import time
 from datetime import datetime, timezone
 from typing import Any, Unpack
 
-from airflow_resumable.core.checkpoint import AttemptEnd, AttemptRecord, Checkpoint, Origin
+from airflow_resumable.core.checkpoint import AttemptEnd, AttemptRecord, Checkpoint, Origin, error_text
 from airflow_resumable.core.context import RunContext
-from airflow_resumable.core.errors import AttemptEnded, ConfigurationError
+from airflow_resumable.core.errors import AttemptEnded, ConfigurationError, StoreUnavailable
 from airflow_resumable.core.fence import Fence
 from airflow_resumable.core.identity import Hooks, Identity, LegacyArgs, split_legacy
 from airflow_resumable.core.lease import LeaseKeeper
@@ -89,6 +89,8 @@ class AttemptState:
         # refuses to write, whichever thread still holds it.
         self._ended = False
         self._lock = threading.Lock()
+        #: Set when the attempt's connection was lost (see :meth:`_connection_lost`): what it ends with.
+        self._gone: StoreUnavailable | None = None
 
     @property
     def fence(self) -> Fence:
@@ -111,6 +113,20 @@ class AttemptState:
             slot=self.slot,
             hint="Checkpoint only while the handler runs: do not keep the ctx for later, and join "
             "threads that use it before the handler returns",
+        )
+
+    def _connection_lost(self, exc: BaseException) -> StoreUnavailable:
+        """The error of an attempt whose connection to the checkpoint database went (``exc``, the
+        driver's error or the handler's over it, is chained to it by the caller)."""
+        what = " ".join(error_text(exc, 500).split())  # the driver's text spans lines
+        return StoreUnavailable(
+            f"lost the connection to the checkpoint database {self.store.describe()} ({what}); "
+            "nothing after the last checkpoint was committed: the writes made through ctx.transaction() since "
+            "then were rolled back by the server",
+            job=self.job, slot=self.slot,
+            hint="A retry resumes from the last checkpoint. If connections keep being lost, look for what ends "
+            "them: a server restart or failover, pg_terminate_backend(), idle_in_transaction_session_timeout, a "
+            "pooler, the network",
         )
 
     def _record(self, end: AttemptEnd = AttemptEnd.RUNNING, **fields: Any) -> AttemptRecord:

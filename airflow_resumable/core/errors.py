@@ -21,6 +21,14 @@ class ResumableError(Exception):
         self.hint = hint
         super().__init__(self.__str__())
 
+    def naming(self, job: str | None, slot: str | None) -> ResumableError:
+        """This error, naming ``job`` and ``slot`` when it named neither (raised deep in a store,
+        which knows the database but not the attempt)."""
+        if self.job is None and self.slot is None:
+            self.job, self.slot = job, slot
+            self.args = (self.__str__(),)
+        return self
+
     def __str__(self) -> str:
         where = []
         if self.job is not None:

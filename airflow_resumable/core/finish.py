@@ -70,16 +70,18 @@ class Finishing(AttemptState):
         result: str | None = None, resume_in: float | None = None,
     ) -> Checkpoint:
         total = self._tally.total if self._tally is not None else None
+        end: dict[str, Any] = {"status": status, "last_error": error, "stop_reason": stop_reason, "total": total,
+                               "result": result, "record_id": self._record_id, "resume_in": resume_in}
         try:
-            final = session.checkpoints.finish(
-                self.fence, status=status, last_error=error,
-                stop_reason=stop_reason, total=total, result=result, record_id=self._record_id,
-                resume_in=resume_in,
-            )
+            final = session.checkpoints.finish(self.fence, **end)
         except LeaseLost as exc:
             self.log.error("could not record status %s: %s", status, exc)
             raise
         except Exception as exc:
+            if session.lost:
+                final = self._end_anew(end, exc, pending=not session.autocommit)
+                self.reporter.on_finish(final)
+                return final
             # The database refused the final write (SQLite: another writer held the file's write
             # lock for the whole busy timeout). Say so where the user looks: the row cannot.
             self.log.error(
@@ -90,6 +92,56 @@ class Finishing(AttemptState):
             )
             raise
         self.reporter.on_finish(final)
+        return final
+
+    def _end_anew(self, end: dict[str, Any], exc: Exception, *, pending: bool) -> Checkpoint:
+        """Record the attempt's end through a new connection: the attempt's own was lost (``exc``)
+        while it recorded it (or before).
+
+        ``done`` is recorded only when nothing can have been pending on the lost connection (it was
+        in autocommit: every checkpoint committed alone). Once the handler used ``ctx.transaction()``
+        (``pending``), writes made after the last checkpoint would have committed with ``done`` and
+        went with the connection, and nothing can tell whether there were any: the slot is recorded
+        ``failed`` instead and :class:`StoreUnavailable` raised; the retry resumes at the last
+        checkpoint and redoes them. An end the lost connection did commit (it
+        went after the server's commit, before its answer) is read back, not written again.
+
+        Raises:
+            StoreUnavailable: ``done`` could not be recorded (pending writes were lost), or no new
+                connection could record anything (the row stays ``running`` until its lease expires).
+            LeaseLost: another attempt holds the slot now.
+        """
+        tried: Status = end["status"]
+        gone = self._gone or self._connection_lost(exc)
+        if tried is Status.DONE and pending:
+            end = {**end, "status": Status.FAILED, "last_error": _error_text(gone), "result": None}
+        try:
+            with self.store.open(autocommit=True) as fresh:
+                try:
+                    final = fresh.checkpoints.finish(self.fence, **end)
+                except LeaseLost:
+                    row = fresh.checkpoints.load(self.job, self.slot)  # did the lost connection commit it?
+                    if (row is None or row.status != tried.value or row.lease_owner is not None
+                            or row.lease_token != self.fence.token or row.attempt != self.attempt):
+                        raise
+                    final = row
+        except LeaseLost as lost:
+            self.log.error("could not record status %s: %s", tried, lost)
+            raise
+        except Exception as again:
+            self.log.error(
+                "could not record status %s%s: the connection was lost (%s) and a new one failed too (%s: %s); the "
+                "row stays 'running' until its lease expires (within %gs), and the next attempt resumes from the "
+                "last checkpoint [job=%s slot=%s attempt=%s]", end["status"],
+                f" with error {short(end['last_error'])}" if end["last_error"] else "", _error_text(exc, 300),
+                type(again).__name__, again, self.options.lease, self.job, self.slot, self.attempt,
+            )
+            raise gone from exc
+        self.log.warning("the attempt's connection to the checkpoint database was lost (%s); recorded status %s "
+                         "through a new one [job=%s slot=%s attempt=%s]", _error_text(exc, 300), final.status,
+                         self.job, self.slot, self.attempt)
+        if tried is Status.DONE and final.status != Status.DONE.value:
+            raise gone from exc
         return final
 
     def _stopped(self, session: StoreSession, exc: BaseException) -> None:

@@ -26,7 +26,16 @@ from airflow_resumable.core.acquire import Acquiring
 from airflow_resumable.core.checkpoint import Checkpoint, Status
 from airflow_resumable.core.chunks import Chunks
 from airflow_resumable.core.context import RunContext
-from airflow_resumable.core.errors import CheckpointDeleted, ConfigurationError, CorruptCheckpoint, LeaseLost, Paused
+from airflow_resumable.core.errors import (
+    Cancelled,
+    CheckpointDeleted,
+    ConfigurationError,
+    CorruptCheckpoint,
+    LeaseLost,
+    Paused,
+    ResumableError,
+    StoreUnavailable,
+)
 from airflow_resumable.core.finish import Finishing, Outcome
 from airflow_resumable.core.identity import Hooks, Identity
 from airflow_resumable.core.lease import LeaseKeeper
@@ -99,13 +108,22 @@ class Attempt(Chunks, Finishing, Acquiring):
             self.signal.fire_after(self.options.timeout)
         # Autocommit until the handler asks for ctx.transaction(): a checkpoint is then one
         # statement, one round trip.
-        session = self.store.session(autocommit=True)
+        try:
+            session = self.store.session(autocommit=True)
+        except StoreUnavailable as exc:
+            exc.naming(self.job, self.slot)  # the store names the database, the attempt its job and slot
+            raise
         try:
             outcome = self._run_on(session, handler)
-        except BaseException:
+        except BaseException as exc:
+            if isinstance(exc, StoreUnavailable):  # raised deep in the store: name the attempt
+                exc.naming(self.job, self.slot)
+            gone = self._gone or (self._connection_lost(exc) if session.lost else None)
             session.close()
+            if gone is not None and gone is not exc and not isinstance(exc, ResumableError | Cancelled):
+                raise gone from exc  # lost before the handler ran (or its end was recorded anew)
             raise
-        if self.keep_session and session.autocommit:
+        if self.keep_session and session.autocommit and not session.lost:
             self.kept_session = session
         else:
             session.close()
@@ -159,10 +177,17 @@ class Attempt(Chunks, Finishing, Acquiring):
             self._flush()  # "done" follows the last checkpoint: wait for a pipelined one in flight
         except BaseException as exc:
             self._quiesce(session, keeper)  # the unfinished chunk's writes go with it
-            deleted = self._deleted(session, exc)
-            self._stopped(session, deleted or exc)
+            if session.lost and isinstance(exc, Exception) and not isinstance(exc, ResumableError | Cancelled):
+                # The driver's error (or the handler's, over it) says less than what happened: the
+                # connection is gone, and every write since the last checkpoint with it.
+                self._gone = self._connection_lost(exc)
+            stop = self._gone or exc
+            deleted = self._deleted(session, stop)
+            self._stopped(session, deleted or stop)  # through a new connection when this one is lost
             if deleted is not None:
                 raise deleted from exc
+            if stop is not exc:
+                raise stop from exc
             raise
         if self.signal.reason == Reason.LEASE_LOST:  # lost after the handler's last checkpoint
             self._quiesce(session, keeper)
@@ -220,7 +245,11 @@ class Attempt(Chunks, Finishing, Acquiring):
         waiting for the write lock this session holds."""
         self._flush(close=True)
         keeper.stop(join=False)
-        session.rollback()
+        try:
+            session.rollback()  # a no-op on a lost connection (the server rolled it back)
+        except Exception:  # never in place of the error that stopped the attempt
+            self.log.warning("could not roll back the unfinished chunk [job=%s slot=%s attempt=%s]", self.job,
+                             self.slot, self.attempt, exc_info=True)
         keeper.stop()
 
     def _flush(self, *, close: bool = False) -> None:

@@ -28,6 +28,10 @@ ROW_LIMIT = 64 * 1024
 #: The columns that can grow without bound, and how much of a cut one's JSON the preview keeps.
 CUT_FIELDS, PREVIEW = ("position", "state", "resumed_from"), 200
 
+#: Seconds past its ETA, with no checkpoint, after which a running slot is shown as stalled: the
+#: rate said the rest would be done by then (the last chunk's jitter is not a stall).
+STALL_GRACE = 2.0
+
 
 
 def cap_row(row: dict[str, Any], *, marker: str, limit: int = ROW_LIMIT) -> tuple[int, dict[str, int]]:
@@ -62,6 +66,10 @@ def row_view(cp: Checkpoint, *, history: Sequence[AttemptRecord] | None = None, 
       as the holder measured it (:class:`~airflow_resumable.core.progress.RateWindow`) and wrote
       it with its last checkpoint, the ETA counting down since (None until measured, and while
       the slot is not running): the numbers of the task's log and XCom;
+    - ``stalled_since``: the last checkpoint's time (ISO 8601) when the ETA ran out more than
+      :data:`STALL_GRACE` seconds ago without a new checkpoint while the lease is live (a chunk, or
+      the work after the last checkpoint, taking longer than the rate predicts); ``eta_seconds``
+      is then None instead of a 0 that would never move. None otherwise;
     - ``lease``: ``none``, ``live``, ``stale`` (the holder missed two heartbeats: taken for dead)
       or ``expired``, and ``heartbeat_age_seconds``;
     - ``live`` (an attempt is under way or paused) and ``ended`` (nothing more to watch);
@@ -75,13 +83,19 @@ def row_view(cp: Checkpoint, *, history: Sequence[AttemptRecord] | None = None, 
     lease = lease_of(cp, now)
     out["lease"] = lease.value
     out["heartbeat_age_seconds"] = None if cp.heartbeat_at is None else round((now - cp.heartbeat_at).total_seconds(), 1)
-    rate = eta = None
+    rate = eta = stalled = None
     if cp.status == Status.RUNNING and lease is Lease.LIVE and cp.updated_at is not None:
         # The holder's own measure, written with its last checkpoint (core/progress.py)
         rate = cp.rate
-        eta = eta_of(rate, cp.processed, cp.total, since=(now - cp.updated_at).total_seconds())
+        since = (now - cp.updated_at).total_seconds()
+        left = eta_of(rate, cp.processed, cp.total)  # as of the last checkpoint
+        if left is not None and since > left + STALL_GRACE:
+            stalled = cp.updated_at
+        else:
+            eta = eta_of(rate, cp.processed, cp.total, since=since)
     out["rate"] = None if rate is None else round(rate, 2)
     out["eta_seconds"] = None if eta is None else round(eta, 1)
+    out["stalled_since"] = None if stalled is None else stalled.isoformat()
     out["live"] = cp.status == Status.PAUSED or lease in (Lease.LIVE, Lease.STALE)
     # Nothing more to watch (the UI stops refreshing): a finished status nobody runs any more.
     out["ended"] = cp.status in FINISHED and lease is not Lease.LIVE

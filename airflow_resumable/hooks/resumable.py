@@ -8,6 +8,7 @@ from typing import Any
 from airflow_resumable.core import defaults
 from airflow_resumable.core.errors import ConfigurationError
 from airflow_resumable.core.stores import PostgresStore, SQLiteStore, Store
+from airflow_resumable.core.stores.sqlite_errors import URI_PARAMS
 from airflow_resumable.version_compat import AirflowNotFoundException, BaseHook
 
 DEFAULT_CONN_ID = defaults.CONN_ID
@@ -23,7 +24,7 @@ class ResumableHook(BaseHook):
     """Opens the checkpoint store named by an Airflow connection.
 
     The connection's type picks the store: ``sqlite`` (the file is the connection's host or schema,
-    i.e. ``sqlite:////abs/path.db``) or ``postgres``, Airflow's standard PostgreSQL connection:
+    i.e. ``sqlite:////abs/path.db``, or a SQLite ``file:`` URI, ``sqlite:///file:/abs/path.db?mode=rwc``) or ``postgres``, Airflow's standard PostgreSQL connection:
     the Postgres provider's hook connects, so every extra it supports works here too (``sslmode``
     and other libpq options, ``iam`` for AWS RDS, ``options``...).
 
@@ -69,7 +70,7 @@ def store_from_connection(conn: Any, *, job: str | None = None, slot: str | None
                 slot=slot,
                 hint="Use a URI with an absolute path: sqlite:////absolute/path/checkpoints.db",
             )
-        if not os.path.isabs(path):
+        if not path.startswith("file:") and not os.path.isabs(path):  # a file: URI is read (and checked) by the store
             # sqlite:///var/lib/x.db (three slashes) parses to the relative path var/lib/x.db.
             raise ConfigurationError(
                 f"the SQLite connection {conn.conn_id!r} names the relative path {path!r}",
@@ -79,8 +80,10 @@ def store_from_connection(conn: Any, *, job: str | None = None, slot: str | None
                 "(sqlite:/// followed by the absolute path)",
             )
         extra = conn.extra_dejson or {}
+        # A URI's query lands in the extras: sqlite:///file:/abs/x.db?mode=rwc gives {"mode": "rwc"}.
+        params = {k: str(v) for k, v in extra.items() if k in URI_PARAMS}
         try:
-            return SQLiteStore(path, synchronous=str(extra.get("synchronous", "FULL")))
+            return SQLiteStore(path, synchronous=str(extra.get("synchronous", "FULL")), params=params)
         except ConfigurationError as exc:  # name the connection, the job and the slot too
             raise ConfigurationError(f"the SQLite connection {conn.conn_id!r}: {exc.message}", job=job, slot=slot,
                                      hint=exc.hint) from None

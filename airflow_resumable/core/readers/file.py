@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import codecs
 import csv
+import hashlib
 import itertools
 import json
 from collections.abc import Callable, Iterator
@@ -15,9 +16,20 @@ from airflow_resumable.core.readers.base import Batch, Reader, check_arguments, 
 if TYPE_CHECKING:
     from airflow_resumable.core.context import RunContext
 
-__all__ = ["FORMATS", "FileReader"]
+__all__ = ["FORMATS", "IF_CHANGED", "WINDOW", "FileReader", "fingerprint"]
 
 FORMATS = ("lines", "csv", "jsonl")
+
+#: What a resume does when the file is not the one its position was read from (see :class:`FileReader`).
+IF_CHANGED = ("refuse", "from_start", "keep_offset")
+
+#: How many bytes before a position its fingerprint covers (fewer at the file's start).
+WINDOW = 4096
+
+#: The keys of a position (``offset``, and the fingerprint of the ``window`` bytes before it).
+_KEYS = frozenset(("offset", "window", "digest"))
+#: The largest window a position may name (a hand-edited one is not read for a gigabyte).
+_MAX_WINDOW = 1 << 20
 
 #: How much of a file the reader decodes when an attempt starts at its first byte: a wrong encoding
 #: fails there, before any record, instead of deep into the run.
@@ -37,13 +49,39 @@ class FileReader(Reader):
     attempt from the start of the file (one record), then the reader seeks to the position. A CSV
     record with more fields than the header is refused (a value would have no column).
 
-    The position of a record is the byte offset just after it. The file is read as bytes and
-    decoded line by line, so the encoding must keep ``\\n`` a single byte (UTF-8, Latin-1, ASCII...;
-    UTF-16 and UTF-32 are refused). When an attempt starts at the first byte, the reader checks
-    the first 64 KiB: a UTF-16/UTF-32 byte order mark, NUL bytes, or bytes the encoding cannot
-    decode fail before any record is read (a UTF-8 byte order mark is skipped); a byte that cannot
-    be decoded later fails at its line. A file that changes while it is read (other than growing
-    at its end) breaks positions.
+    The file is read as bytes and decoded line by line, so the encoding must keep ``\\n`` a single
+    byte (UTF-8, Latin-1, ASCII...; UTF-16 and UTF-32 are refused). When an attempt starts at the
+    first byte, the reader checks the first 64 KiB: a UTF-16/UTF-32 byte order mark, NUL bytes, or
+    bytes the encoding cannot decode fail before any record is read (a UTF-8 byte order mark is
+    skipped); a byte that cannot be decoded later fails at its line.
+
+    **A position knows the bytes before it.** The checkpoint of a batch is
+    ``{"offset": 360, "window": 360, "digest": "9b1e0f3a5c7d2e48"}``: the byte offset after its last
+    record, and a fingerprint (BLAKE2b, 8 bytes) of the ``window`` bytes before it (the last
+    4 KiB, fewer near the start). A resume reads those bytes again (one seek and one read, a ranged
+    read on an object store) and compares: a file rewritten, truncated or replaced since (a rotated
+    log, a new export at the same path) is noticed before any record, and so is a file now shorter
+    than the offset; a file that only grew at its end, or was replaced by an identical copy, resumes.
+    Device and inode numbers are not used: a copy, a restore or an editor's save changes them
+    while the bytes stay the same, and object stores have none. Each item's own position (a skipped
+    item's, in the dead letters) is its plain byte offset. A plain integer offset (what 0.4.0
+    saved, or a ``start=``) still resumes: the file must hold that many bytes and the offset must be
+    the end of a line (or of the file); the next checkpoint carries the fingerprint.
+
+    ``if_changed`` says what a resume does when the file changed:
+
+    * ``"refuse"`` (default): fail with ``ConfigurationError`` naming the file, the offset, what
+      changed and the choices; nothing is read, the checkpoint is kept.
+    * ``"from_start"``: read the file from its first byte (a rotated log: a new file), keeping the
+      slot's counts and state; a warning says so. What followed the offset in the file it replaced
+      is not read.
+    * ``"keep_offset"``: continue at the saved offset of this file: you declare it only grows and
+      the change before the offset does not matter (earlier records were rewritten in place, on
+      purpose). Still refused when the file is now shorter than the offset or the offset falls
+      inside a line: a cut line is never read as a record.
+
+    Restarting the slot (its counts and state start over) reads the file from its start whatever
+    ``if_changed`` says.
 
     **A record ends with its line break.** A last line without one (or, in CSV, a record whose
     quoted field runs into the end of the file) may still be being written, so it is never
@@ -67,11 +105,15 @@ class FileReader(Reader):
         csv_options: CSV only: keyword arguments of :func:`csv.reader` (``delimiter``, ``quotechar``...).
         complete: whether the file is complete (see above); None: the reader cannot tell.
         name: names the file in errors (default: the opened file's ``name``, e.g. its path).
+        if_changed: what a resume does when the file is not the one its position was read from:
+            ``refuse`` (default), ``from_start`` or ``keep_offset`` (see above).
 
     Raises:
         ConfigurationError: bad arguments, all of them named at once. When reading: a record cut
             by the end of the file (with ``complete=None``), a CSV record with more fields than
-            the header, bad JSON, a wrong encoding; each naming the file and the byte.
+            the header, bad JSON, a wrong encoding; each naming the file and the byte. When
+            resuming: a file that changed (``if_changed="refuse"``), naming the offset and the
+            choices; a position that is not this reader's.
     """
 
     def __init__(
@@ -84,6 +126,7 @@ class FileReader(Reader):
         csv_options: dict[str, Any] | None = None,
         complete: bool | None = None,
         name: str | None = None,
+        if_changed: str = "refuse",
     ):
         super().__init__()
         problems = []
@@ -107,6 +150,8 @@ class FileReader(Reader):
             problems.append("csv_options apply to format='csv' only")
         if complete not in (None, True, False):
             problems.append(f"complete must be True, False or None, got {complete!r}")
+        if if_changed not in IF_CHANGED:
+            problems.append(f"if_changed must be one of {', '.join(IF_CHANGED)}, got {if_changed!r}")
         check_arguments("file", problems)
         self.open = open
         self.format = format
@@ -114,6 +159,7 @@ class FileReader(Reader):
         self.header = header and format == "csv"
         self.csv_options = dict(csv_options or {})
         self.complete = complete
+        self.if_changed = if_changed
         self.name = name or "file"
         self._named = name is not None
         self._utf8 = codec.name == "utf-8"
@@ -125,13 +171,16 @@ class FileReader(Reader):
         self._data_start = 0  # the offset after the CSV header
         self._held: tuple[int, str] | None = None  # an unfinished last record: its offset, and what it lacks
         self._end = False  # the lines read so far reached the end of what the file holds
+        # The raw lines before _offset (the last batch's, cut to WINDOW bytes at each mark): what
+        # the fingerprint of a position at _offset covers. One list for the reader's life: _lines
+        # appends to it (a list append a line: the cheapest note there is).
+        self._raw: list[bytes] = []
+        self._header_line: int | None = 1  # the line number after the CSV header
 
     def read(self, ctx: RunContext, after: Any, limit: int) -> Batch:
-        offset = 0 if after is None else after
-        if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
-            raise self._not_a_position(ctx, after, "a byte offset")
+        offset, mark = self._position(ctx, after)
         if self._records is None or offset != self._offset:
-            self._seek(ctx, offset)
+            self._seek(ctx, offset, mark)
         assert self._records is not None
         items, positions = [], []
         for record in itertools.islice(self._records, limit):
@@ -147,9 +196,24 @@ class FileReader(Reader):
                 "it is still written at its end (the line is read once its line break has arrived); then Clear the "
                 "task to resume",
             )
-        return Batch(items, positions)
+        return _FileBatch(items, positions, self._mark(positions[-1]) if positions else None)
 
-    def _seek(self, ctx: RunContext, offset: int) -> None:
+    def _position(self, ctx: RunContext, after: Any) -> tuple[int, tuple[int, str] | None]:
+        """``(offset, (window, digest))`` of a position; no fingerprint for a plain offset (0.4.0's
+        positions, a ``start=``) or the start."""
+        if after is None:
+            return 0, None
+        if type(after) is int and after >= 0:
+            return after, None
+        if type(after) is dict and after.keys() == _KEYS:
+            offset, window, digest = after["offset"], after["window"], after["digest"]
+            if (type(offset) is int and type(window) is int and min(offset, 1) <= window <= min(offset, _MAX_WINDOW)
+                    and isinstance(digest, str) and len(digest) == 16 and not digest.strip("0123456789abcdef")):
+                return offset, (window, digest)
+        raise self._not_a_position(ctx, after, 'a file position (a byte offset, or {"offset", "window", "digest"} '
+                                   "as this reader saves it)")
+
+    def _seek(self, ctx: RunContext, offset: int, mark: tuple[int, str] | None) -> None:
         if self._file is None:
             self._file = self.open()
             if not self._named and isinstance(getattr(self._file, "name", None), str):
@@ -161,19 +225,137 @@ class FileReader(Reader):
         if self.header and self._columns is None:  # once per attempt: one record from the start
             f.seek(0)
             self._offset, self._line = 0, 1
+            self._forget()
             first = next(csv.reader(self._lines(ctx), **self.csv_options), None)
             self._columns = list(first or [])
-            self._data_start = self._offset
+            self._data_start, self._header_line = self._offset, self._line
             self._held, self._end = None, False
         offset = max(offset, self._data_start)  # a fresh start begins after the header
-        if f.tell() != offset:
-            f.seek(offset)
-        if offset == 0:
-            self._line = 1
-        elif offset != self._offset:
-            self._line = None  # resumed at a byte offset: the line numbers before it were not counted
+        if offset > 0 and (mark is not None or offset != self._offset):
+            offset = self._verify(ctx, offset, mark)  # the file at offset, its tail known
+        else:
+            if f.tell() != offset:
+                f.seek(offset)
+            if offset == 0:
+                self._forget()
+                self._line = 1
         self._offset = offset
         self._records = self._parse(ctx)
+
+    # -- what a position knows of the bytes before it ---------------------------------------------
+
+    def _verify(self, ctx: RunContext, offset: int, mark: tuple[int, str] | None) -> int:
+        """Check the bytes before ``offset`` against the position's fingerprint (a plain offset:
+        that it is a line's end), leaving the file at the offset to read from: ``offset``, or the
+        start (``if_changed="from_start"``). One seek and one read.
+
+        Raises:
+            ConfigurationError: the file changed (``if_changed="refuse"``, or a change
+                ``keep_offset`` cannot continue over), naming it, the offset and the choices.
+        """
+        f = self._file
+        assert f is not None
+        window = mark[0] if mark is not None else min(offset, WINDOW)
+        f.seek(offset - window)
+        before = _read(f, window)
+        cut = not before.endswith(b"\n") and bool(f.read(1))  # a line goes on past the offset
+        problem = None
+        if len(before) < window:
+            problem = f"it is now {self._size()} bytes, shorter than that"
+        elif mark is not None and fingerprint(before) != mark[1]:
+            problem = (f"the {window} bytes before it are not those read then (fingerprint {mark[1]}, now "
+                       f"{fingerprint(before)}): the file was rewritten or replaced since (a rotated log, a new export?)")
+        elif cut:
+            problem = ("it is inside a line of the file now (a record there would be read cut)" if mark is None else
+                       "the line before it, read as the file's last record (complete=True), goes on now: the file "
+                       "grew after it was read as complete")
+        if problem is None:
+            return self._continue_at(offset, before)
+        return self._changed(ctx, offset, problem, before if len(before) == window and not cut else None)
+
+    def _changed(self, ctx: RunContext, offset: int, problem: str, before: bytes | None) -> int:
+        """A resume at ``offset`` of a file that changed (``problem``): what ``if_changed`` says."""
+        what = f"the file changed since byte {offset} was read: {problem}"
+        log = getattr(ctx, "log", None)
+        if self.if_changed == "from_start":
+            if log is not None:
+                log.warning("%s: %s; if_changed='from_start': reading it from its first byte (what followed byte %s "
+                            "in the file it replaced is not read) [job=%s slot=%s]", self.name, what, offset,
+                            getattr(ctx, "job", None), getattr(ctx, "slot", None))
+            return self._from_start(ctx)
+        if self.if_changed == "keep_offset" and before is not None:
+            if log is not None:
+                log.warning("%s: %s; if_changed='keep_offset': continuing at byte %s [job=%s slot=%s]", self.name, what,
+                            offset, getattr(ctx, "job", None), getattr(ctx, "slot", None))
+            return self._continue_at(offset, before)
+        job = getattr(ctx, "job", None) or "<job>"
+        slot = getattr(ctx, "slot", None) or "<slot>"
+        keep = ("" if self.if_changed == "refuse" else
+                "; if_changed='keep_offset' cannot continue there (no whole line ends at that byte now)")
+        raise self._error(
+            ctx, f"{what}{keep}. Nothing was read; the checkpoint is kept",
+            f"Choose: restart the slot to read the file from its start, its counts and state too (the Checkpoint "
+            f"tab's Restart, or `airflow resumable restart {job} {slot}`), then Clear the task; or pass "
+            f"if_changed='from_start' to read this file from its first byte, keeping the slot's counts and state "
+            f"(a rotated log: what followed byte {offset} in the file it replaced is not read)"
+            + ("" if keep else f"; or if_changed='keep_offset' to continue at byte {offset} of this file (you know "
+               "it only grew, and the change before that byte does not matter)")
+            + "; then Clear the task",
+        )
+
+    def _continue_at(self, offset: int, before: bytes) -> int:
+        """Resume at ``offset`` (the file is there), ``before`` the bytes before it."""
+        f = self._file
+        assert f is not None
+        if f.tell() != offset:
+            f.seek(offset)
+        self._raw[:] = (before,)
+        self._line = None  # resumed at a byte offset: the line numbers before it were not counted
+        return offset
+
+    def _from_start(self, ctx: RunContext) -> int:
+        """Read the file again from its first byte (after its CSV header)."""
+        f = self._file
+        assert f is not None
+        if f.seekable():
+            self._check_start(ctx)
+        f.seek(0)
+        self._raw[:] = (_read(f, self._data_start),) if self._data_start else ()
+        self._line = self._header_line if self._data_start else 1
+        return self._data_start
+
+    def _size(self) -> str:
+        f = self._file
+        try:
+            assert f is not None
+            return f"{f.seek(0, 2):,}"
+        except Exception:  # a stream that cannot tell
+            return "fewer"
+
+    def _forget(self) -> None:
+        self._raw.clear()
+
+    def _mark(self, offset: int) -> dict[str, Any]:
+        """The position at ``offset`` (a record's end): the offset and the fingerprint of the bytes
+        before it. From the bytes in hand, unless the reader went on past it (blank lines, a
+        record held back at the end): then read again (the last batch only)."""
+        if offset == self._offset:
+            raw, i, n = self._raw, len(self._raw), 0
+            while i > 0 and n < WINDOW:  # the last lines, WINDOW bytes of them
+                i -= 1
+                n += len(raw[i])
+            del raw[:i]
+            data = b"".join(raw)[-WINDOW:]
+            if len(data) == min(offset, WINDOW):
+                return {"offset": offset, "window": len(data), "digest": fingerprint(data)}
+        f = self._file
+        assert f is not None
+        here = f.tell()
+        window = min(offset, WINDOW)
+        f.seek(offset - window)
+        data = _read(f, window)
+        f.seek(here)
+        return {"offset": offset, "window": window, "digest": fingerprint(data)}
 
     def _check_start(self, ctx: RunContext) -> None:
         """Fail on the file's first 64 KiB, before any record: a wide encoding's byte order mark, NUL
@@ -222,6 +404,7 @@ class FileReader(Reader):
         """
         assert self._file is not None
         readline, encoding, whole = self._file.readline, self.encoding, self.complete is True
+        keep = self._raw.append
         while True:
             raw = readline()
             if not raw or not (whole or raw.endswith(b"\n")):
@@ -231,6 +414,7 @@ class FileReader(Reader):
                 return
             start = self._offset
             self._offset += len(raw)
+            keep(raw)
             if self._line is not None:
                 self._line += 1
             if start == 0 and self._utf8 and raw.startswith(codecs.BOM_UTF8):
@@ -300,6 +484,37 @@ class FileReader(Reader):
         f, self._file = self._file, None
         self._records, self._columns, self._offset, self._data_start = None, None, 0, 0
         self._line, self._held, self._end = None, None, False
+        self._forget()
         close_quietly(f)
         super().close()
+
+
+class _FileBatch(Batch):
+    """A file reader's batch: each item's position is its byte offset (a skipped item's, in the
+    dead letters); the batch's :attr:`position`, what is checkpointed, also carries the fingerprint
+    of the bytes before it."""
+
+    def __init__(self, items: list[Any], offsets: list[int], mark: dict[str, Any] | None):
+        super().__init__(items, offsets)
+        self._mark = mark
+
+    @property
+    def position(self) -> Any:
+        return self._mark
+
+
+def _read(f: BinaryIO, n: int) -> bytes:
+    """``n`` bytes of ``f`` (fewer only at its end): a raw file may hand out fewer in one read."""
+    data = f.read(n)
+    while len(data) < n:
+        more = f.read(n - len(data))
+        if not more:
+            break
+        data += more
+    return data
+
+
+def fingerprint(data: bytes) -> str:
+    """The fingerprint of the bytes before a position: BLAKE2b, 8 bytes, as 16 hex digits."""
+    return hashlib.blake2b(data, digest_size=8).hexdigest()
 

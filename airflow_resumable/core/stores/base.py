@@ -59,6 +59,12 @@ class Store(abc.ABC):
     def describe(self) -> str:
         """Where the checkpoints live, for logs: never includes a password."""
 
+    def lost(self, conn: Any) -> bool:
+        """Whether ``conn`` is gone for good (see :attr:`Connection.lost`): psycopg2 and psycopg 3
+        mark a connection ``closed`` once the server or the network dropped it; a SQLite
+        connection has no server to lose."""
+        return bool(getattr(conn, "closed", False))
+
     def connect_nowait(self, like: Any = None) -> Any | None:
         """A connection whose statements return before the database answers (see
         :meth:`PostgresStore.connect_nowait`), or None when the driver has no such mode: pipelined

@@ -39,6 +39,7 @@ class _Connector(Protocol):
 
     def set_autocommit(self, conn: Any, on: bool) -> None: ...
     def describe(self) -> str: ...
+    def lost(self, conn: Any) -> bool: ...
 
 
 def save_rejected(job: str, slot: str) -> LeaseLost:
@@ -154,7 +155,21 @@ class Connection:
             self._commit()
 
     def rollback(self) -> None:
-        """Roll back the open transaction, if any (a no-op in autocommit mode)."""
+        """Roll back the open transaction, if any (a no-op in autocommit mode, and on a connection
+        that is :attr:`lost`: the server rolled its transaction back when it went).
+
+        Raises:
+            Exception: the driver's error, when the rollback failed on a connection still open.
+        """
+        if self.lost:
+            return
+        try:
+            self._rollback()
+        except Exception:
+            if not self.lost:  # the rollback itself found the connection gone: nothing left to undo
+                raise
+
+    def _rollback(self) -> None:
         loan = self._loan
         if loan is None:
             self.conn.rollback()
@@ -265,6 +280,12 @@ class Connection:
     def item_savepoint(self) -> str:
         """The name of ``ctx.savepoint()``'s savepoints on this connection."""
         return "resumable_item" if self._loan is None else self._loan.item
+
+    @property
+    def lost(self) -> bool:
+        """Whether the connection is gone (a terminated backend, a restarted server, a cut
+        network): nothing more can be sent on it, and its open transaction was rolled back."""
+        return self.store.lost(self.conn)
 
     @contextmanager
     def transaction(self, *, lock: bool = False) -> Iterator[Connection]:

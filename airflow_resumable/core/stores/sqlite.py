@@ -7,8 +7,8 @@ import fcntl
 import os
 import sqlite3
 import time
-from collections.abc import Iterator
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from collections.abc import Iterator, Mapping
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
 from airflow_resumable.core.errors import ConfigurationError, StoreUnavailable
@@ -17,6 +17,7 @@ from airflow_resumable.core.statements import sqlite_denial
 from airflow_resumable.core.stores.base import Store
 from airflow_resumable.core.stores.connection import escaped
 from airflow_resumable.core.stores.dialect import Dialect
+from airflow_resumable.core.stores.sqlite_errors import Location, locked, parse_location, readonly, unwritable
 
 _NOW = "((julianday('now') - 2440587.5) * 86400.0)"
 
@@ -61,24 +62,27 @@ class WriteTurns:
     as those of two processes do; each connection opens the file once.
     """
 
-    def __init__(self, path: str, timeout: float):
-        """Open (or create) the turnstile file beside the database ``path``.
+    def __init__(self, location: Location, timeout: float):
+        """Open (or create) the turnstile file beside the database.
 
         Raises:
             OSError: the file cannot be opened (the folder is not writable).
         """
-        self.db_path = path
-        self.path = f"{path}-turns"
+        self.location = location
+        self.db_path = location.path
+        self.path = f"{location.path}-turns"
         self.timeout = timeout
-        self._fd: int | None = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
+        self._fd: int | None = None
+        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
 
     @contextmanager
     def turn(self) -> Iterator[None]:
         """Hold the turnstile for the block: wait (up to the busy timeout) for a writer that holds it.
 
         Raises:
-            sqlite3.OperationalError: another writer held the turnstile for the whole busy timeout
-                (it waited that long for the write lock: the database is locked).
+            StoreUnavailable: another writer held the turnstile for the whole busy timeout (it waited
+                that long for the write lock: the database is locked), naming who holds the lock; or
+                the block's statement found the file read-only.
         """
         fd = self._fd
         if fd is None:
@@ -95,14 +99,18 @@ class WriteTurns:
             # Polled, not blocking: a deadline bounds it, and SIGTERM's handler (the cancel flag)
             # runs between two tries.
             if time.monotonic() >= deadline:
-                raise sqlite3.OperationalError(
-                    f"database is locked: another writer of {self.db_path!r} kept its turn at the write lock for "
-                    f"{self.timeout:g}s (the busy timeout); a chunk writing through ctx.transaction() must be shorter"
-                )
+                raise locked(self.db_path, self.timeout, turn=True)
             time.sleep(pause)
             pause = TURN_POLL
         try:
             yield
+        except sqlite3.Error as exc:
+            if getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_BUSY:  # the statement waited out the timeout
+                raise locked(self.db_path, self.timeout, turn=False) from exc
+            translated = readonly(exc, self.location)
+            if translated is None:
+                raise
+            raise translated from exc
         finally:
             fcntl.flock(fd, fcntl.LOCK_UN)
 
@@ -130,6 +138,25 @@ class _Own:
         self._conn._own -= 1
 
 
+class _ReadOnly:
+    """Around a write: SQLite's ``SQLITE_READONLY`` becomes the store's error, naming the file and
+    the fix (one per connection, reused: no cost on a write that goes well)."""
+
+    __slots__ = ("location",)
+
+    def __init__(self, location: Location):
+        self.location = location
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: Any, exc: Any, tb: Any) -> None:
+        if kind is not None and issubclass(kind, sqlite3.Error):
+            translated = readonly(exc, self.location)
+            if translated is not None:
+                raise translated from exc
+
+
 class SQLiteConnection(sqlite3.Connection):
     """A connection of the store: the driver's, plus turns at the write lock (:class:`WriteTurns`)
     and explicit transactions.
@@ -147,6 +174,8 @@ class SQLiteConnection(sqlite3.Connection):
     """
 
     turns: WriteTurns
+    #: Turns SQLite's ``SQLITE_READONLY`` into the store's error naming the file and the fix.
+    readonly: _ReadOnly
     _own = 0
     _loan: Loan | None = None
     _denied: str | None = None
@@ -203,7 +232,7 @@ class SQLiteConnection(sqlite3.Connection):
         cannot take the lock back meanwhile, and the turn comes as soon as its chunk commits.
 
         Raises:
-            sqlite3.OperationalError: the write lock stayed taken for the busy timeout.
+            StoreUnavailable: the write lock stayed taken for the busy timeout (naming who holds it).
         """
         if self.in_transaction:
             return
@@ -229,11 +258,7 @@ class SQLiteConnection(sqlite3.Connection):
                         if getattr(exc, "sqlite_errorcode", None) != sqlite3.SQLITE_BUSY:
                             raise
                         if time.monotonic() >= deadline:
-                            raise sqlite3.OperationalError(
-                                f"database is locked: {turns.db_path!r}'s write lock stayed taken for "
-                                f"{turns.timeout:g}s (the busy timeout); a chunk writing through ctx.transaction() "
-                                "must be shorter"
-                            ) from exc
+                            raise locked(turns.db_path, turns.timeout, turn=False) from exc
                     time.sleep(LOCK_POLL)
             finally:
                 self.execute(f"PRAGMA busy_timeout = {int(turns.timeout * 1000)}")
@@ -243,20 +268,23 @@ class SQLiteConnection(sqlite3.Connection):
         autocommit, wait for the write lock in turn while the statement runs.
 
         Raises:
-            sqlite3.OperationalError: the write lock stayed taken for the busy timeout.
+            StoreUnavailable: the write lock stayed taken for the busy timeout (naming who holds it),
+                or the statement found the file read-only (naming it and the fix).
         """
         if self.in_transaction:
-            return nullcontext()
+            return self.readonly
         if self.isolation_level is None:  # autocommit: the statement is its own transaction
             return self.turns.turn()
         self.begin()
-        return nullcontext()
+        return self.readonly
 
     def close(self) -> None:
         try:
             super().close()
         finally:
-            self.turns.close()
+            turns = getattr(self, "turns", None)  # None: closed before it was set up (connect failed)
+            if turns is not None:
+                turns.close()
 
 
 class SQLiteDialect(Dialect):
@@ -291,20 +319,26 @@ class SQLiteStore(Store):
 
     dialect = DIALECT
 
-    def __init__(self, path: str | os.PathLike[str], *, busy_timeout: float = 30.0, synchronous: str = "FULL"):
-        self.path = os.fspath(path)
-        if not self.path or self.path == ":memory:":
+    def __init__(self, path: str | os.PathLike[str], *, busy_timeout: float = 30.0, synchronous: str = "FULL",
+                 params: Mapping[str, str] | None = None):
+        text = os.fspath(path)
+        if not text or text == ":memory:":
             raise ConfigurationError(
-                f"a SQLite checkpoint store needs a file path, got {self.path!r} (an in-memory database is not "
+                f"a SQLite checkpoint store needs a file path, got {text!r} (an in-memory database is not "
                 "shared by the run's connections and is gone when the attempt ends)",
                 hint="Give an absolute file path, e.g. sqlite:////var/lib/airflow/checkpoints.db",
             )
+        self.location = parse_location(text, params)
+        self.path = self.location.path
         if not os.path.isabs(self.path):
+            example = os.path.join(os.sep, self.path)
             raise ConfigurationError(
-                f"the SQLite checkpoint file {self.path!r} is a relative path, which would depend on each "
-                "worker's current directory",
-                hint=f"Give an absolute path, e.g. {os.path.join(os.sep, self.path)!r}",
+                f"the SQLite checkpoint file {self.path!r}{f' (from {text!r})' if text != self.path else ''} is a "
+                "relative path, which would depend on each worker's current directory",
+                hint=f"Give an absolute path, e.g. {example!r}" + (f" or file:{example}" if text.startswith("file:")
+                                                                    else ""),
             )
+        synchronous = self.location.synchronous or synchronous
         if not isinstance(synchronous, str) or synchronous.upper() not in SYNCHRONOUS_MODES:
             raise ConfigurationError(
                 f"unknown SQLite synchronous mode {synchronous!r} for the checkpoint file {self.path!r}",
@@ -315,19 +349,38 @@ class SQLiteStore(Store):
         self.synchronous = synchronous.upper()
 
     def connect(self, *, autocommit: bool = False) -> Any:
-        folder = os.path.dirname(os.path.abspath(self.path))
+        """A connection in WAL mode, with its turns at the write lock.
+
+        Raises:
+            StoreUnavailable: the file, a file beside it or its folder is read-only for this process
+                (checked first: SQLite would open the file read-only without a word and fail at the
+                first write), ``mode=rw`` and no file, or SQLite cannot open it; each naming the path
+                and the fix.
+        """
+        location = self.location
+        cannot = unwritable(location)
+        if cannot is not None:
+            raise cannot
+        conn: Any = None
         try:
-            os.makedirs(folder, exist_ok=True)
+            if location.mode == "rwc":
+                os.makedirs(os.path.dirname(self.path), exist_ok=True)
             # None: every statement commits itself; "": the driver opens a transaction before DML.
-            conn = sqlite3.connect(self.path, timeout=self.busy_timeout, isolation_level=None,
-                                   factory=SQLiteConnection)
-            conn.turns = WriteTurns(self.path, self.busy_timeout)
+            conn = sqlite3.connect(self.path if location.mode == "rwc" else location.uri(), timeout=self.busy_timeout,
+                                   isolation_level=None, factory=SQLiteConnection, uri=location.mode != "rwc")
+            conn.readonly = _ReadOnly(location)
+            conn.turns = WriteTurns(location, self.busy_timeout)
             if not autocommit:
                 self.set_autocommit(conn, False)
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute(f"PRAGMA synchronous={self.synchronous}")
             conn.execute(f"PRAGMA journal_size_limit={WAL_SIZE_LIMIT}")
         except (sqlite3.Error, OSError) as exc:
+            if conn is not None:
+                conn.close()
+            translated = readonly(exc, location) if isinstance(exc, sqlite3.Error) else unwritable(location)
+            if translated is not None:
+                raise translated from exc
             raise StoreUnavailable(
                 f"cannot open the SQLite checkpoint file {self.path!r}: {exc}",
                 hint="Check that the path is absolute, its folder writable, and the file a SQLite database",

@@ -43,8 +43,8 @@
   function rate(r) { return r >= 100 ? num(Math.round(r)) : Number(r.toPrecision(2)).toLocaleString("en-US"); }
   // "1,200/s · ETA 3m05s": the server's figures (core/progress.py), for a slot or a whole job.
   function pace(row) {
-    return [row.rate != null ? rate(row.rate) + "/s" : null, row.eta_seconds != null ? "ETA " + duration(row.eta_seconds) : null]
-      .filter(Boolean).join(" · ");
+    return [row.rate != null ? rate(row.rate) + "/s" : null, row.eta_seconds != null ? "ETA " + duration(row.eta_seconds) : null,
+      row.stalled_since ? "stalled since " + clock(new Date(row.stalled_since)) : null].filter(Boolean).join(" · ");
   }
   // A mapped partition's job without its [map_index]: the whole job's name.
   function wholeJob(job) { return String(job || "").replace(/\[\d+\]$/, ""); }
@@ -308,6 +308,7 @@
       if (row.percent != null) figures.push(row.percent.toFixed(1) + "%");
       if (row.rate != null) figures.push(rate(row.rate) + "/s");
       if (row.eta_seconds != null) figures.push("ETA " + duration(row.eta_seconds));
+      else if (row.stalled_since) figures.push("stalled since " + clock(new Date(row.stalled_since)) + " (past its ETA, no checkpoint)");
       else if (row.status === "running" && row.rate == null) figures.push("measuring the rate…");
       var lease = row.lease_owner ? [holder(row.lease_owner), " — heartbeat " + row.heartbeat_age_seconds + " s ago" +
         (row.lease === "stale" ? " (STALE: the holder missed two heartbeats)" : row.lease === "expired" ? " (expired)" : "")] : ["none"];
