@@ -16,6 +16,7 @@ from airflow_resumable.core import defaults
 from airflow_resumable.core.checkpoint import ENCODER, Checkpoint, encode, error_text
 from airflow_resumable.core.errors import ConfigurationError, InvalidCheckpoint, TransactionRefused
 from airflow_resumable.core.identity import Identity
+from airflow_resumable.core.observe import Source
 from airflow_resumable.core.progress import Log
 from airflow_resumable.core.signal import Signal
 from airflow_resumable.core.statements import check_statement, guarded_cursor
@@ -191,6 +192,13 @@ class AttemptCalls(Protocol):
     def replay_requested(self, fn: Callable[[Any], Any] | None,
                          savepoint: Callable[[], AbstractContextManager[None]]) -> Any: ...
 
+    def declare_output(self, source: Source) -> None:
+        """Add ``source`` to what this attempt writes, for lineage (``ctx.output()``).
+
+        Raises:
+            ConfigurationError: more than :data:`~airflow_resumable.core.observe.MAX_OUTPUTS` outputs.
+        """
+
     def previous_run(self) -> Checkpoint | None:
         """The job's previous finished run (``ctx.previous``), read from the store.
 
@@ -329,6 +337,25 @@ class RunContext:
             InvalidCheckpoint: ``position`` is not plain JSON.
         """
         return self._attempt.skip(item, position=position, error=error, limit=limit)
+
+    def output(self, *, table: str | None = None, file: str | None = None, connection: str | None = None) -> None:
+        """Say what the handler writes, for lineage backends (OpenLineage): a ``table`` (optionally
+        schema-qualified) through the Airflow ``connection``, or a ``file`` (a path or URL; its
+        credentials and query are dropped). Each attempt says it again (an output is this attempt's);
+        the same output twice counts once. Without the OpenLineage provider it changes nothing.
+
+        Raises:
+            ConfigurationError: neither or both of ``table`` and ``file``, an empty name, or more
+                than 100 outputs in one attempt.
+        """
+        if (table is None) == (file is None) or not isinstance(table or file, str) or not (table or file or "").strip():
+            raise ConfigurationError(
+                f"ctx.output() takes exactly one of table= and file=, a non-empty name, got table={table!r} "
+                f"file={file!r}", job=self.job, slot=self.slot,
+                hint='Write ctx.output(table="schema.table", connection="my_db") or ctx.output(file="s3://bucket/key")',
+            )
+        kind = "table" if table is not None else "file"
+        self._attempt.declare_output(Source(kind, table or file or "", connection))
 
     def replay_skipped(self, fn: Callable[[Any], Any] | None) -> Any:
         """Replay the slot's skipped items whose retry was requested (``airflow resumable skipped

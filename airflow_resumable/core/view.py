@@ -12,6 +12,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from airflow_resumable.core.checkpoint import AttemptRecord, Checkpoint
+from airflow_resumable.core.observe import cut_value
 from airflow_resumable.core.partitions import PLAN_SUFFIX
 from airflow_resumable.core.progress import eta_of
 from airflow_resumable.core.rules import Lease, lease_of
@@ -27,7 +28,6 @@ ROW_LIMIT = 64 * 1024
 
 #: The columns that can grow without bound, and how much of a cut one's JSON the preview keeps.
 CUT_FIELDS, PREVIEW = ("position", "state", "resumed_from"), 200
-
 
 
 def cap_row(row: dict[str, Any], *, marker: str, limit: int = ROW_LIMIT) -> tuple[int, dict[str, int]]:
@@ -46,10 +46,9 @@ def cap_row(row: dict[str, Any], *, marker: str, limit: int = ROW_LIMIT) -> tupl
         return size, {}
     cut = {}
     for name in CUT_FIELDS:
-        text = json.dumps(row.get(name))
-        if len(text) > PREVIEW:
-            row[name] = {marker: True, "bytes": len(text), "preview": text[:PREVIEW] + "..."}
-            cut[name] = len(text)
+        value, size_of = cut_value(row.get(name), marker=marker, limit=PREVIEW)
+        if size_of is not None:
+            row[name], cut[name] = value, size_of
     row[marker] = list(cut)
     return size, cut
 

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_resumable.core.checkpoint import short
 from airflow_resumable.core.errors import ConfigurationError
+from airflow_resumable.core.observe import Source
 
 if TYPE_CHECKING:
     from airflow_resumable.core.context import RunContext
@@ -92,6 +93,11 @@ class Reader(abc.ABC):
     def close(self) -> None:
         """Release what is held between chunks. Safe to call more than once."""
         self._ctx = None
+
+    def source(self) -> Source | None:
+        """What this reader reads, for lineage (a table, a query, a file), or None (items in memory).
+        The Airflow connection is the one its opening function names (``conn_id``), if any."""
+        return None
 
     def chunks(self, ctx: RunContext, size: int, *, after: Any = _UNSET) -> Iterator[Batch]:
         """The batches from ``after`` (default: ``ctx.position``, the checkpoint) to the end.
