@@ -222,6 +222,14 @@ _LAZY: dict[str, tuple[str, str]] = {
     "TaskInstanceState": ("airflow.utils.state", "TaskInstanceState"),
     "create_session": ("airflow.utils.session", "create_session"),
     "XComModel": ("airflow.models.xcom", "XComModel"),
+    # The running task's context where Airflow does not pass it (the OpenLineage listener's calls).
+    "get_current_context": ("airflow.sdk", "get_current_context"),
+    # The OpenLineage provider (the `openlineage` extra), asked only when it calls the operators.
+    "OperatorLineage": ("airflow.providers.openlineage.extractors", "OperatorLineage"),
+    "ExtractorManager": ("airflow.providers.openlineage.extractors.manager", "ExtractorManager"),
+    "OpenLineageAdapter": ("airflow.providers.openlineage.plugins.adapter", "OpenLineageAdapter"),
+    "SQLParser": ("airflow.providers.openlineage.sqlparser", "SQLParser"),
+    "openlineage_conf": ("airflow.providers.openlineage", "conf"),
 }
 
 

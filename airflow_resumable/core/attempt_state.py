@@ -90,7 +90,8 @@ class AttemptState:
         # refuses to write, whichever thread still holds it.
         self._ended = False
         self._lock = threading.Lock()
-        #: What the handler said it writes (``ctx.output()``), for lineage.
+        #: What the attempt read (its readers, ``ctx.input()``) and wrote (``ctx.output()``), for lineage.
+        self.inputs: list[Source] = []
         self.outputs: list[Source] = []
         #: Whether the attempt continued a checkpoint, and from where (set once it began the handler).
         self._resumed: bool | None = None

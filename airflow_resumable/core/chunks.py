@@ -158,21 +158,25 @@ class Chunks(AttemptState):
             self._tally.skipped = count
         return count
 
-    def declare_output(self, source: Source) -> None:
-        """Add ``source`` to this attempt's outputs (``ctx.output()``), once.
+    def declare(self, direction: str, source: Source) -> None:
+        """Add ``source`` to this attempt's ``inputs`` or ``outputs`` (``direction``), once: what a
+        reader reads (its first read in the attempt) and what ``ctx.input()``/``ctx.output()`` name.
 
         Raises:
-            ConfigurationError: the attempt declared :data:`~airflow_resumable.core.observe.MAX_OUTPUTS` already.
+            ConfigurationError: the attempt declared :data:`~airflow_resumable.core.observe.MAX_OUTPUTS`
+                of that direction already.
         """
-        if source in self.outputs:
+        declared = self.inputs if direction == "input" else self.outputs
+        if source in declared:
             return
-        if len(self.outputs) >= MAX_OUTPUTS:
+        if len(declared) >= MAX_OUTPUTS:
             raise ConfigurationError(
-                f"ctx.output() was called for more than {MAX_OUTPUTS} different outputs in one attempt",
+                f"more than {MAX_OUTPUTS} different {direction}s were declared in one attempt",
                 job=self.job, slot=self.slot,
-                hint="Name the tables or files the handler writes (a prefix for many files), not each row or object",
+                hint="Name the tables or files the handler reads or writes (a prefix for many files), not each row "
+                "or object",
             )
-        self.outputs.append(source)
+        declared.append(source)
 
     def savepoint(self) -> AbstractContextManager[None]:
         assert self._session is not None

@@ -192,11 +192,11 @@ class AttemptCalls(Protocol):
     def replay_requested(self, fn: Callable[[Any], Any] | None,
                          savepoint: Callable[[], AbstractContextManager[None]]) -> Any: ...
 
-    def declare_output(self, source: Source) -> None:
-        """Add ``source`` to what this attempt writes, for lineage (``ctx.output()``).
+    def declare(self, direction: str, source: Source) -> None:
+        """Add ``source`` to what this attempt reads (``"input"``) or writes (``"output"``), for lineage.
 
         Raises:
-            ConfigurationError: more than :data:`~airflow_resumable.core.observe.MAX_OUTPUTS` outputs.
+            ConfigurationError: more than :data:`~airflow_resumable.core.observe.MAX_OUTPUTS` of them.
         """
 
     def previous_run(self) -> Checkpoint | None:
@@ -338,6 +338,18 @@ class RunContext:
         """
         return self._attempt.skip(item, position=position, error=error, limit=limit)
 
+    def input(self, *, table: str | None = None, file: str | None = None, connection: str | None = None) -> None:
+        """Say what the handler reads, for lineage backends (OpenLineage), when no reader says it
+        (a reader says it on its first read): a ``table`` (optionally schema-qualified) through the
+        Airflow ``connection``, or a ``file`` (a path or URL; its credentials and query are dropped).
+        Without the OpenLineage provider it changes nothing.
+
+        Raises:
+            ConfigurationError: neither or both of ``table`` and ``file``, an empty name, or more
+                than 100 inputs in one attempt.
+        """
+        self._attempt.declare("input", self._source("input", table, file, connection))
+
     def output(self, *, table: str | None = None, file: str | None = None, connection: str | None = None) -> None:
         """Say what the handler writes, for lineage backends (OpenLineage): a ``table`` (optionally
         schema-qualified) through the Airflow ``connection``, or a ``file`` (a path or URL; its
@@ -348,14 +360,25 @@ class RunContext:
             ConfigurationError: neither or both of ``table`` and ``file``, an empty name, or more
                 than 100 outputs in one attempt.
         """
-        if (table is None) == (file is None) or not isinstance(table or file, str) or not (table or file or "").strip():
+        self._attempt.declare("output", self._source("output", table, file, connection))
+
+    def reading(self, source: Source | None) -> None:
+        """A reader's first read in this attempt: its source becomes one of the attempt's inputs."""
+        if source is not None:
+            self._attempt.declare("input", source)
+
+    def _source(self, direction: str, table: Any, file: Any, connection: Any) -> Source:
+        name = table if file is None else file
+        if (table is None) == (file is None) or not isinstance(name, str) or not name.strip() or not (
+                connection is None or isinstance(connection, str)):
             raise ConfigurationError(
-                f"ctx.output() takes exactly one of table= and file=, a non-empty name, got table={table!r} "
-                f"file={file!r}", job=self.job, slot=self.slot,
-                hint='Write ctx.output(table="schema.table", connection="my_db") or ctx.output(file="s3://bucket/key")',
+                f"ctx.{direction}() takes exactly one of table= and file= (a non-empty name) and an optional "
+                f"connection id, got table={table!r} file={file!r} connection={connection!r}",
+                job=self.job, slot=self.slot,
+                hint=f'Write ctx.{direction}(table="schema.table", connection="my_db") or '
+                f'ctx.{direction}(file="s3://bucket/key")',
             )
-        kind = "table" if table is not None else "file"
-        self._attempt.declare_output(Source(kind, table or file or "", connection))
+        return Source("table" if file is None else "file", name, connection)
 
     def replay_skipped(self, fn: Callable[[Any], Any] | None) -> Any:
         """Replay the slot's skipped items whose retry was requested (``airflow resumable skipped

@@ -59,7 +59,8 @@ class Finishing(AttemptState):
             processed=row.processed if row is not None else None, total=row.total if row is not None else None,
             skipped=tally.skipped if tally is not None else None,
             stop_reason=(Reason.LEASE_LOST.value if lost else row.stop_reason) if row is not None else None,
-            checkpoints=tally.checkpoints if tally is not None else None, outputs=tuple(self.outputs),
+            checkpoints=tally.checkpoints if tally is not None else None, inputs=tuple(self.inputs),
+            outputs=tuple(self.outputs),
         )
 
     def _already_done(self, session: StoreSession, row: Checkpoint) -> Outcome:

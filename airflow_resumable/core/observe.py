@@ -26,7 +26,7 @@ __all__ = [
 VALUE_LIMIT = 200
 #: The longest text (a query, a name) an event carries whole, in characters.
 TEXT_LIMIT = 1000
-#: The most outputs one attempt declares; more are refused with a clear error.
+#: The most inputs (and the most outputs) one attempt declares; more are refused with a clear error.
 MAX_OUTPUTS = 100
 
 Kind = Literal["table", "query", "file"]
@@ -115,6 +115,7 @@ class AttemptFacts:
         stop_reason: why it stopped (``timeout``, ``user``, ``shutdown``, ``paused``...), None when
             it did not stop early.
         checkpoints: how many checkpoints this attempt saved.
+        inputs: what the attempt read: its readers' sources and ``ctx.input(...)``.
         outputs: what the handler said it writes (``ctx.output(...)``).
         partition: the partition's place in its job, for a partition of a partitioned job.
     """
@@ -131,6 +132,7 @@ class AttemptFacts:
     skipped: int | None = None
     stop_reason: str | None = None
     checkpoints: int | None = None
+    inputs: tuple[Source, ...] = ()
     outputs: tuple[Source, ...] = ()
     partition: Part | None = None
 

@@ -22,6 +22,7 @@ from airflow_resumable.core import defaults
 from airflow_resumable.core.chunked import CHUNKED_OPTIONS, calls_problems, chunk_loop, chunked_problems
 from airflow_resumable.core.context import RunContext
 from airflow_resumable.core.errors import Cancelled, ConfigurationError, LeaseLost, OverlapSkip, OverlapWait, Paused
+from airflow_resumable.core.observe import Source
 from airflow_resumable.core.options import ARGUMENTS, ATTEMPT_OPTIONS, Option, Options, call_problem, params_doc
 from airflow_resumable.core.options import problems as option_problems
 from airflow_resumable.core.readers import Reader
@@ -34,6 +35,7 @@ from airflow_resumable.metrics import Metrics
 from airflow_resumable.operators import task_instance
 from airflow_resumable.operators.checks import configuration_error, parse_time_problems, run_time_problems
 from airflow_resumable.operators.confirm import confirm_on_success
+from airflow_resumable.operators.lineage import OpenLineageMethods
 from airflow_resumable.operators.outcome import CombinedRetryPolicy, ResumableStopped, to_airflow
 from airflow_resumable.operators.overlap import report_overlap
 from airflow_resumable.operators.reporting import XCOM_KEY, XCOM_ROW_LIMIT, AirflowReporter
@@ -61,7 +63,7 @@ __all__ = [
 ]
 
 
-class ResumableOperator(BaseOperator):
+class ResumableOperator(OpenLineageMethods, BaseOperator):
     """Run ``handler(ctx)`` so that a retry or a Clear continues from its last checkpoint.
 
     The handler owns its loop: it reads ``ctx.position`` (None on a fresh start), does a chunk,
@@ -230,6 +232,7 @@ class ResumableOperator(BaseOperator):
         """One execution of the task: ``execute()`` and each continuation after a pause. ``ran``
         is how long the try ran before (the cooperative ``timeout`` counts running time only)."""
         began = time.monotonic()
+        self._observed = None
         ti = context["ti"]
         job = self.job_name(context)
         identity = task_instance.identity(context, job)
@@ -287,6 +290,8 @@ class ResumableOperator(BaseOperator):
                 raise
             raise mapped from exc
         finally:
+            if self._attempt is not None:  # plain facts for lineage and tracing (memory only)
+                self._observed = self._observe(self._attempt.facts(), context)
             self._attempt = None
             self._terminated = False
         if paused is not None:
@@ -425,6 +430,10 @@ class ChunkedOperator(ResumableOperator):
 
     def _own_problems(self) -> list[str]:
         return chunked_problems(self._chunked())
+
+    def _known_inputs(self) -> list[Source]:
+        source = self.read.source() if isinstance(self.read, Reader) else None
+        return [] if source is None else [source]
 
     def _call_problems(self, keywords: Collection[str] | None, context: Context | None) -> list[str]:
         return calls_problems(self.read, self.process, keywords)

@@ -85,6 +85,9 @@ class Reader(abc.ABC):
         if ctx is not self._ctx:  # a new attempt: nothing held by an earlier one is reused
             self.close()
             self._ctx = ctx
+            reading = getattr(ctx, "reading", None)  # a RunContext; a test's stand-in may have none
+            if reading is not None:
+                reading(self.source())
 
     @abc.abstractmethod
     def read(self, ctx: RunContext, after: Any, limit: int) -> Batch:
