@@ -9,7 +9,7 @@ Where a name moved:
 
 | name | 3.2 and later | 3.1 |
 |---|---|---|
-| exceptions (``AirflowException``...) | ``airflow.sdk.exceptions`` | ``airflow.exceptions`` |
+| exceptions (``AirflowException``, ``TaskDeferred``...) | ``airflow.sdk.exceptions`` | ``airflow.exceptions`` |
 | ``KeywordParameters`` | ``airflow.sdk.bases.decorator`` | ``airflow.utils.operator_helpers`` |
 | ``conf`` | ``airflow.sdk.configuration`` | ``airflow.configuration`` |
 | ``Stats`` | ``airflow.sdk.observability.stats`` | ``airflow.stats`` |
@@ -128,6 +128,7 @@ if AIRFLOW_V_3_2_PLUS or TYPE_CHECKING:
         AirflowNotFoundException,
         AirflowRescheduleException,
         AirflowSkipException,
+        TaskDeferred,
     )
     from airflow.sdk.observability.stats import Stats
     from airflow.sdk.serde import deserialize as serde_deserialize
@@ -140,6 +141,7 @@ else:  # Airflow 3.1
         AirflowNotFoundException,
         AirflowRescheduleException,
         AirflowSkipException,
+        TaskDeferred,
     )
     from airflow.serialization.serde import (
         deserialize as serde_deserialize,
@@ -267,6 +269,7 @@ __all__ = [
     "RetryDecision",
     "RetryPolicy",
     "Stats",
+    "TaskDeferred",
     "TriggerEvent",
     "XComArg",
     "built_from_mapped",

@@ -40,6 +40,7 @@ from airflow_resumable.operators.outcome import CombinedRetryPolicy, ResumableSt
 from airflow_resumable.operators.overlap import report_overlap
 from airflow_resumable.operators.reporting import XCOM_KEY, XCOM_ROW_LIMIT, AirflowReporter
 from airflow_resumable.operators.state_store import StateStoreMirror
+from airflow_resumable.operators.tracing import AttemptTrace, attempt_span
 from airflow_resumable.operators.task_instance import RESTART_CONF_KEY, slot_of
 from airflow_resumable.triggers.resume import SlotResumeTrigger
 from airflow_resumable.version_compat import (
@@ -135,6 +136,7 @@ class ResumableOperator(OpenLineageMethods, BaseOperator):
         if handler_kwargs is None or isinstance(handler_kwargs, Mapping):
             self.handler_kwargs = dict(handler_kwargs or {})
         self._attempt: Attempt | None = None
+        self._trace: AttemptTrace | None = None
         self._terminated = False
         #: Problems found while a mapped task instance was being built on the worker: raised by
         #: execute(), where they fail the task without spending a retry.
@@ -212,7 +214,8 @@ class ResumableOperator(OpenLineageMethods, BaseOperator):
         return task_instance.job_name(self.job, context["ti"], dag_id=self.dag_id, task_id=self.task_id)
 
     def execute(self, context: Context) -> Any:
-        return self._run(context, ran=0.0, first=True)
+        with attempt_span(self, context) as self._trace:
+            return self._run(context, ran=0.0, first=True)
 
     def execute_resumed(self, context: Context, event: Mapping[str, Any] | None = None, ran: float = 0.0) -> Any:
         """Where a paused task continues, in the same try, when its trigger fires."""
@@ -226,7 +229,8 @@ class ResumableOperator(OpenLineageMethods, BaseOperator):
         if event.get("event") == "missing":
             raise AirflowFailException(f"{why} {where}; a Clear starts the slot over")
         self.log.info("continuing in the same try: %s [job=%s slot=%s]", why, job, slot)
-        return self._run(context, ran=float(event.get("ran", ran)), first=False)
+        with attempt_span(self, context) as self._trace:
+            return self._run(context, ran=float(event.get("ran", ran)), first=False)
 
     def _run(self, context: Context, *, ran: float, first: bool) -> Any:
         """One execution of the task: ``execute()`` and each continuation after a pause. ``ran``
@@ -263,7 +267,7 @@ class ResumableOperator(OpenLineageMethods, BaseOperator):
                 reporter=AirflowReporter(
                     self.log, ti, interval=options.progress_interval, xcom_interval=self.xcom_interval,
                     where=store.describe(),
-                    mirror=StateStoreMirror(self.log, ti, context.get("task_state_store")),
+                    mirror=StateStoreMirror(self.log, ti, context.get("task_state_store")), trace=self._trace,
                 ),
                 log=self.log,
             )
