@@ -16,7 +16,8 @@ from airflow_resumable.core.observe import AttemptFacts, Source, cut_text
 from airflow_resumable.lineage import FACET_NAME, PRODUCER, SCHEMA_URL
 from airflow_resumable.lineage.naming import dataset_names
 
-__all__ = ["MAX_PARTS", "ResumableRunFacet", "datasets", "operator_lineage", "run_facet", "summary_lineage"]
+__all__ = ["MAX_PARTS", "ResumableRunFacet", "datasets", "look_up", "operator_lineage", "run_facet",
+           "summary_lineage"]
 
 #: The most partitions a summary's event names one by one (a job may have 10,000).
 MAX_PARTS = 100
@@ -58,24 +59,37 @@ def run_facet(facts: AttemptFacts, *, partitions: dict[str, Any] | None = None) 
     )
 
 
-def datasets(sources: Iterable[Source], log: Any) -> list[Dataset]:
-    """The datasets of ``sources``, each once. One that cannot be named (no connection, a lookup
-    that failed) is left out, with a log line saying why; it never fails the task."""
-    out: list[Dataset] = []
-    seen: set[tuple[str, str]] = set()
+def look_up(sources: Iterable[Source], log: Any) -> dict[Source, list[tuple[str, str]]]:
+    """The ``(namespace, name)`` of each dataset of each source, looking connections up (in the
+    task's own process). One that cannot be named (no connection, a failed lookup) maps to none,
+    with a log line saying why; it never fails the task."""
+    out: dict[Source, list[tuple[str, str]]] = {}
     for src in sources:
         what = f"{src.kind} {cut_text(src.name, 80)!r}"
         try:
-            names = dataset_names(src)
+            out[src] = dataset_names(src)
         except Exception as exc:
-            log.warning("OpenLineage: could not name the %s (connection %r: %s: %s); the event goes without it",
+            out[src] = []
+            log.warning("OpenLineage: could not name the %s (connection %r: %s: %s); its events go without it",
                         what, src.connection, type(exc).__name__, cut_text(str(exc), 200))
             continue
-        if not names and src.connection is None:
+        if not out[src] and src.connection is None:
             log.info("OpenLineage: the %s has no Airflow connection to name its datasource by (a reader on a plain "
-                     "connect function); the event goes without it. Use sql_reader(conn_id, ...), or "
+                     "connect function); its events go without it. Use sql_reader(conn_id, ...), or "
                      "ctx.input(table=..., connection=...)", what)
-        for namespace, name in names:
+    return out
+
+
+def datasets(sources: Iterable[Source], names: dict[Source, list[tuple[str, str]]]) -> list[Dataset]:
+    """The datasets of ``sources``, each once: as :func:`look_up` named them in the task's process,
+    else a file (its name needs no lookup); a table or query not named there is left out."""
+    out: list[Dataset] = []
+    seen: set[tuple[str, str]] = set()
+    for src in sources:
+        found = names.get(src)
+        if found is None:
+            found = dataset_names(src) if src.kind == "file" else []
+        for namespace, name in found:
             if (namespace, name) not in seen:
                 seen.add((namespace, name))
                 out.append(Dataset(namespace=namespace, name=name))
@@ -98,15 +112,16 @@ def _outlets(outlets: Sequence[Any], log: Any) -> list[Dataset]:
 
 
 def operator_lineage(facts: AttemptFacts, *, inputs: Iterable[Source] = (), outlets: Sequence[Any] = (),
-                     log: Any) -> Any:
+                     names: dict[Source, list[tuple[str, str]]], log: Any) -> Any:
     """The ``OperatorLineage`` of one attempt: its facet, its inputs (``inputs`` the task knows
-    before it runs, then the attempt's own) and outputs (``ctx.output()``, then the ``outlets``)."""
+    before it runs, then the attempt's own) and outputs (``ctx.output()``, then the ``outlets``),
+    named as :func:`look_up` named them."""
     from airflow_resumable.version_compat import OperatorLineage
 
-    outputs = datasets(facts.outputs, log)
+    outputs = datasets(facts.outputs, names)
     seen = {(d.namespace, d.name) for d in outputs}
     outputs += [d for d in _outlets(outlets, log) if (d.namespace, d.name) not in seen]
-    return OperatorLineage(inputs=datasets([*inputs, *facts.inputs], log), outputs=outputs,
+    return OperatorLineage(inputs=datasets([*inputs, *facts.inputs], names), outputs=outputs,
                            run_facets={FACET_NAME: run_facet(facts)})
 
 

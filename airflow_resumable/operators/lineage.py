@@ -6,17 +6,40 @@ The provider's listener asks each task for its lineage when it starts, completes
 :mod:`airflow_resumable.lineage.facets` from the attempt's plain facts (:class:`AttemptFacts`,
 kept on the operator by ``execute()``). Without the provider nobody calls these methods.
 Building an answer never fails the task: a failure is logged, and the event goes without it.
+
+The listener calls them in a forked process (or a thread) of the task's. Naming a table's
+datasource means looking its Airflow connection up, which a forked process cannot always do (its
+request to the worker's supervisor may never be answered: the event is then lost after
+``[openlineage] execution_timeout``). So the names are looked up in the task's own process, at
+the end of each execution, only when the provider listens (:func:`lineage_listening`); the start
+event, made before any execution, carries the facet and the inputs that need no lookup (files).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+import functools
+import importlib.util
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from airflow_resumable.core.observe import AttemptFacts, Part, Source
 
-__all__ = ["OpenLineageMethods"]
+__all__ = ["OpenLineageMethods", "lineage_listening"]
+
+
+@functools.cache
+def lineage_listening() -> bool:
+    """Whether the OpenLineage provider is installed and listens (it does once a transport is
+    configured): asked once per process."""
+    try:
+        if importlib.util.find_spec("airflow.providers.openlineage") is None:
+            return False
+        from airflow_resumable.version_compat import openlineage_conf
+
+        return not openlineage_conf.is_disabled()
+    except Exception:  # a broken install: no lineage, never a failed task
+        return False
 
 
 class OpenLineageMethods:
@@ -24,6 +47,8 @@ class OpenLineageMethods:
 
     #: The last attempt's facts, kept by ``execute()`` for the complete and failure events.
     _observed: AttemptFacts | None = None
+    #: The datasets each source stands for, looked up in the task's own process (see the module).
+    _lineage_names: dict[Source, list[tuple[str, str]]] | None = None
     log: Any
     outlets: Any
 
@@ -67,6 +92,24 @@ class OpenLineageMethods:
                              status=status)
         return self._observe(facts, context)
 
+    def _name_datasets(self, facts: AttemptFacts | None) -> None:
+        """Look up the datasets of what the task read and wrote, in the task's own process, when the
+        provider listens: what the listener's callbacks name (they look nothing up themselves).
+        Never raises: it runs as the execution ends, whichever way."""
+        try:
+            if not lineage_listening():
+                return
+            from airflow_resumable.lineage.facets import look_up
+
+            names = dict(self._lineage_names or {})
+            sources: Iterable[Source] = [*self._known_inputs(), *(facts.inputs if facts else ()),
+                                         *(facts.outputs if facts else ())]
+            names.update(look_up([s for s in sources if s not in names], self.log))
+            self._lineage_names = names
+        except Exception:
+            self.log.warning("OpenLineage: could not name this task's datasets; its events go without them",
+                             exc_info=True)
+
     # -- the one path ----------------------------------------------------------------------------
 
     def _openlineage(self, task_instance: Any, *, status: str) -> Any:
@@ -78,7 +121,7 @@ class OpenLineageMethods:
             if observed is None:  # the start event, or no attempt began
                 observed = self._facts_without_attempt(get_current_context(), status)
             return operator_lineage(observed, inputs=self._known_inputs(), outlets=list(self.outlets or ()),
-                                    log=self.log)
+                                    names=self._lineage_names or {}, log=self.log)
         except Exception:
             self.log.warning("OpenLineage: could not build this task's lineage; the event goes without it (the task "
                              "is not affected)", exc_info=True)

@@ -296,6 +296,7 @@ class ResumableOperator(OpenLineageMethods, BaseOperator):
         finally:
             if self._attempt is not None:  # plain facts for lineage and tracing (memory only)
                 self._observed = self._observe(self._attempt.facts(), context)
+            self._name_datasets(self._observed)
             self._attempt = None
             self._terminated = False
         if paused is not None:

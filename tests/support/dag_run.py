@@ -11,6 +11,9 @@ are written to that file as JSON when the run ends. Where the task SDK has its s
 try (``_make_task_span``, Airflow 3.2 and later), each try that ``dag.test()`` runs in line runs
 inside it, as a worker's task process does (``task_runner.main()`` opens it around the try); on
 Airflow 3.1 there is none.
+
+With ``RESUMABLE_REPORT_IMPORTS=<package>,...``, prints ``DAG_RUN_IMPORTED [...]``: the modules of
+those packages the run imported.
 """
 
 from __future__ import annotations
@@ -64,6 +67,7 @@ def spans_as_json(exporter: object) -> list[dict[str, object]]:
 def main() -> None:
     from devtools.dags import DagFolder
 
+    reported = [n for n in os.environ.get("RESUMABLE_REPORT_IMPORTS", "").split(",") if n]
     trace_to = os.environ.get("RESUMABLE_TRACE_TO")
     exporter = trace_in_memory() if trace_to else None
     dag_id, conf, logical_date = sys.argv[1], json.loads(sys.argv[2]), datetime.fromisoformat(sys.argv[3])
@@ -71,6 +75,8 @@ def main() -> None:
     run = dag.test(run_conf=conf, logical_date=logical_date)
     if trace_to:
         Path(trace_to).write_text(json.dumps(spans_as_json(exporter), default=str))
+    imported = sorted(n for n in sys.modules if any(n == b or n.startswith(b + ".") for b in reported))
+    print("DAG_RUN_IMPORTED " + json.dumps(imported), flush=True)
     print("DAG_RUN_RESULT " + json.dumps({"state": str(run.state), "run_id": run.run_id}), flush=True)
 
 
