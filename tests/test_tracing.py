@@ -81,6 +81,8 @@ def test_a_paused_and_resumed_task_has_one_attempt_span_per_execution_nested_und
         "resumable.processed": 3, "resumable.checkpoints": 2}
     assert [e["name"] for e in second["events"]][-1] == "resumable.stop"
     assert sum(e["name"] == "resumable.checkpoint" for s in attempts for e in s["events"]) >= 1
+    if os.environ.get("RESUMABLE_DOCS_SPANS"):  # the docs' rendered trace (docs/how-to/tracing.md)
+        Path(os.environ["RESUMABLE_DOCS_SPANS"]).write_text(json.dumps(spans, indent=2))
 
 
 @pytest.mark.one_store("asserts spans, not the store", kind="sqlite")

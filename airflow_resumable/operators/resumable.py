@@ -40,8 +40,8 @@ from airflow_resumable.operators.outcome import CombinedRetryPolicy, ResumableSt
 from airflow_resumable.operators.overlap import report_overlap
 from airflow_resumable.operators.reporting import XCOM_KEY, XCOM_ROW_LIMIT, AirflowReporter
 from airflow_resumable.operators.state_store import StateStoreMirror
-from airflow_resumable.operators.tracing import AttemptTrace, attempt_span
 from airflow_resumable.operators.task_instance import RESTART_CONF_KEY, slot_of
+from airflow_resumable.operators.tracing import AttemptTrace, attempt_span
 from airflow_resumable.triggers.resume import SlotResumeTrigger
 from airflow_resumable.version_compat import (
     AirflowException,
