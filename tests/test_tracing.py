@@ -24,8 +24,8 @@ from airflow_resumable.core.stores import Store
 ROOT = Path(__file__).resolve().parent.parent
 DAY = "2026-02-01T00:00:00+00:00"
 
-# OpenTelemetry's API comes with Airflow (the task SDK needs it from 3.3 on; the 3.1 and 3.2 constraints
-# pin it too) and its SDK with the test extra: a missing one fails here, loudly, rather than skipping.
+# OpenTelemetry's API comes with Airflow (its task SDK imports it from 3.2 on; Airflow 3.1 depends on it
+# too) and its SDK with the test extra: a missing one fails here, loudly, rather than skipping.
 import opentelemetry.sdk.trace  # noqa: E402,F401
 import opentelemetry.trace  # noqa: E402,F401
 

@@ -37,7 +37,7 @@ from airflow_resumable.core.progress import Progress
 try:
     from opentelemetry import trace as _trace
     from opentelemetry.trace import Status, StatusCode
-except ImportError:  # pragma: no cover - Airflow 3.3's task SDK requires it; earlier ones may lack it
+except ImportError:  # pragma: no cover - Airflow's task SDK imports it from 3.2 on; an odd install may lack it
     _trace = None  # type: ignore[assignment]
 
 __all__ = ["MAX_CHECKPOINT_EVENTS", "SPAN_ACQUIRE", "SPAN_ATTEMPT", "AttemptTrace", "attempt_span"]
