@@ -9,7 +9,7 @@ Where a name moved:
 
 | name | 3.2 and later | 3.1 |
 |---|---|---|
-| exceptions (``AirflowException``...) | ``airflow.sdk.exceptions`` | ``airflow.exceptions`` |
+| exceptions (``AirflowException``, ``TaskDeferred``...) | ``airflow.sdk.exceptions`` | ``airflow.exceptions`` |
 | ``KeywordParameters`` | ``airflow.sdk.bases.decorator`` | ``airflow.utils.operator_helpers`` |
 | ``conf`` | ``airflow.sdk.configuration`` | ``airflow.configuration`` |
 | ``Stats`` | ``airflow.sdk.observability.stats`` | ``airflow.stats`` |
@@ -128,6 +128,7 @@ if AIRFLOW_V_3_2_PLUS or TYPE_CHECKING:
         AirflowNotFoundException,
         AirflowRescheduleException,
         AirflowSkipException,
+        TaskDeferred,
     )
     from airflow.sdk.observability.stats import Stats
     from airflow.sdk.serde import deserialize as serde_deserialize
@@ -140,6 +141,7 @@ else:  # Airflow 3.1
         AirflowNotFoundException,
         AirflowRescheduleException,
         AirflowSkipException,
+        TaskDeferred,
     )
     from airflow.serialization.serde import (
         deserialize as serde_deserialize,
@@ -222,6 +224,14 @@ _LAZY: dict[str, tuple[str, str]] = {
     "TaskInstanceState": ("airflow.utils.state", "TaskInstanceState"),
     "create_session": ("airflow.utils.session", "create_session"),
     "XComModel": ("airflow.models.xcom", "XComModel"),
+    # The running task's context where Airflow does not pass it (the OpenLineage listener's calls).
+    "get_current_context": ("airflow.sdk", "get_current_context"),
+    # The OpenLineage provider (the `openlineage` extra), asked only when it calls the operators.
+    "OperatorLineage": ("airflow.providers.openlineage.extractors", "OperatorLineage"),
+    "ExtractorManager": ("airflow.providers.openlineage.extractors.manager", "ExtractorManager"),
+    "OpenLineageAdapter": ("airflow.providers.openlineage.plugins.adapter", "OpenLineageAdapter"),
+    "SQLParser": ("airflow.providers.openlineage.sqlparser", "SQLParser"),
+    "openlineage_conf": ("airflow.providers.openlineage", "conf"),
 }
 
 
@@ -259,6 +269,7 @@ __all__ = [
     "RetryDecision",
     "RetryPolicy",
     "Stats",
+    "TaskDeferred",
     "TriggerEvent",
     "XComArg",
     "built_from_mapped",

@@ -28,6 +28,20 @@ def test_no_core_module_mentions_airflow_imports() -> None:
         assert "import airflow" not in text and "from airflow " not in text and "from airflow." not in text, path
 
 
+def test_the_core_imports_neither_openlineage_nor_opentelemetry() -> None:
+    """The core gives lineage and tracing plain data (core/observe.py); the Airflow layer turns it
+    into facets and spans (airflow_resumable/lineage/, operators/tracing.py)."""
+    imports = re.compile(r"^\s*(from|import)\s+(openlineage|opentelemetry)\b", re.M)
+    leaks = [str(p.relative_to(ROOT)) for p in (ROOT / "airflow_resumable" / "core").rglob("*.py")
+             if imports.search(p.read_text())]
+    assert not leaks, leaks
+    code = ("import sys, airflow_resumable.core.runner, airflow_resumable.core.observe\n"
+            "leaked = sorted(m for m in sys.modules if m.split('.')[0] in ('openlineage', 'opentelemetry'))\n"
+            "assert not leaked, leaked\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+
+
 def test_airflow_is_imported_in_version_compat_only() -> None:
     """Every Airflow name the package uses comes through version_compat, which imports it from where
     the installed Airflow (3.1, 3.2 or 3.3) keeps it: an Airflow that moves a name breaks one module."""

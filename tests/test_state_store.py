@@ -4,6 +4,7 @@ the pace of the XCom push, read back from Airflow's metadata database after real
 from __future__ import annotations
 
 import json
+from datetime import datetime, timezone
 from typing import Any
 
 import pytest
@@ -61,3 +62,42 @@ def test_it_is_written_at_the_pace_of_the_xcom_push_not_per_checkpoint(
     assert str(run.state) == "success"
     assert stored("rt_no_retry", run.run_id)["resumable"]["processed"] == 20
     assert 1 <= keys.count("resumable") <= 3, keys
+
+
+@pytest.mark.one_store("asserts what reaches Airflow's task state store, not the store", kind="sqlite")
+def test_a_clear_that_discards_the_task_state_store_still_resumes_from_the_checkpoint(
+    checkpoints: Store, run_dag: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    """Airflow's next release: a Clear of a task instance discards its task state store entries
+    unless keep_task_state (newsfragment 72100). Our checkpoint is not kept there, and the mirror
+    writes the summary without ever reading it back.
+
+    Given try 1 failed at item 10 with its summary in the task state store,
+    When the entries are discarded (the run is made again for the same date, as a Clear that
+    discards leaves the task: its task state store empty) and the task runs again,
+    Then it resumes from the checkpoint at 10 (not from the start), the mirror writes a new summary
+    (done, 30 of 30), and nothing read the task state store on the way."""
+    from airflow.sdk.execution_time.context import TaskStateStoreAccessor
+
+    reads: list[str] = []
+    for name in ("get", "aget"):
+        real = getattr(TaskStateStoreAccessor, name, None)
+        if real is not None:
+            def counted(self: Any, *args: Any, _real: Any = real, _name: str = name, **kwargs: Any) -> Any:
+                reads.append(_name)
+                return _real(self, *args, **kwargs)
+            monkeypatch.setattr(TaskStateStoreAccessor, name, counted)
+    day = datetime(2026, 3, 1, tzinfo=timezone.utc)
+    conf = {"items": 30, "chunk": 5, "fail": [1, 2]}
+    first = run_dag("rt_no_retry", conf=conf, logical_date=day)
+    assert str(first.state) == "failed"
+    assert stored("rt_no_retry", first.run_id)["resumable"]["position"] == 10
+    again = run_dag("rt_no_retry", conf={**conf, "fail": None}, logical_date=day)
+    assert str(again.state) == "success"
+    assert stored("rt_no_retry", first.run_id) == {}  # discarded: the first run's entries are gone
+    summary = stored("rt_no_retry", again.run_id)["resumable"]
+    assert (summary["status"], summary["processed"], summary["total"]) == ("done", 30, 30)
+    with checkpoints.open(autocommit=True) as session:
+        row = session.checkpoints.load("rt_no_retry.work", summary["slot"])
+    assert row is not None and (row.resumed_from, row.attempts) == (10, 2)
+    assert reads == [], "the mirror never reads the task state store: its discard cannot change what runs"

@@ -17,6 +17,7 @@ from airflow_resumable.core.errors import AttemptEnded, ConfigurationError, Stor
 from airflow_resumable.core.fence import Fence
 from airflow_resumable.core.identity import Hooks, Identity, LegacyArgs, split_legacy
 from airflow_resumable.core.lease import LeaseKeeper
+from airflow_resumable.core.observe import Source
 from airflow_resumable.core.options import MAX_KEY_BYTES, Options, key_problem
 from airflow_resumable.core.pipeline import CheckpointWriter
 from airflow_resumable.core.progress import Log, ProgressMeter, Reporter
@@ -91,6 +92,14 @@ class AttemptState:
         self._lock = threading.Lock()
         #: Set when the attempt's connection was lost (see :meth:`_connection_lost`): what it ends with.
         self._gone: StoreUnavailable | None = None
+        #: What the attempt read (its readers, ``ctx.input()``) and wrote (``ctx.output()``), for lineage.
+        self.inputs: list[Source] = []
+        self.outputs: list[Source] = []
+        #: Whether the attempt continued a checkpoint, and from where (set once it began the handler).
+        self._resumed: bool | None = None
+        self._resumed_from: Any = None
+        #: The row as the attempt left it (its end, or the stored outcome of a done slot).
+        self._final: Checkpoint | None = None
 
     @property
     def fence(self) -> Fence:

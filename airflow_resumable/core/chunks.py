@@ -13,6 +13,7 @@ from airflow_resumable.core.attempt_state import AttemptState, utcnow
 from airflow_resumable.core.checkpoint import short
 from airflow_resumable.core.context import TransactionConnection
 from airflow_resumable.core.errors import ConfigurationError, LeaseLost, Paused
+from airflow_resumable.core.observe import MAX_OUTPUTS, Source
 from airflow_resumable.core.options import wait_seconds
 from airflow_resumable.core.signal import Reason
 from airflow_resumable.core.skips import ReplayReport, replay_requested, skip_item
@@ -150,8 +151,31 @@ class Chunks(AttemptState):
         assert self._session is not None
         if self._ended:
             raise self._ended_error("ctx.skip()")
-        return skip_item(self._session, job=self.job, slot=self.slot, attempt=self.attempt, item=item,
-                         position=position, error=error, limit=limit, log=self.log)
+        count = skip_item(self._session, job=self.job, slot=self.slot, attempt=self.attempt, item=item,
+                          position=position, error=error, limit=limit, log=self.log)
+        if self._tally is not None:
+            self._tally.skipped = count
+        return count
+
+    def declare(self, direction: str, source: Source) -> None:
+        """Add ``source`` to this attempt's ``inputs`` or ``outputs`` (``direction``), once: what a
+        reader reads (its first read in the attempt) and what ``ctx.input()``/``ctx.output()`` name.
+
+        Raises:
+            ConfigurationError: the attempt declared :data:`~airflow_resumable.core.observe.MAX_OUTPUTS`
+                of that direction already.
+        """
+        declared = self.inputs if direction == "input" else self.outputs
+        if source in declared:
+            return
+        if len(declared) >= MAX_OUTPUTS:
+            raise ConfigurationError(
+                f"more than {MAX_OUTPUTS} different {direction}s were declared in one attempt",
+                job=self.job, slot=self.slot,
+                hint="Name the tables or files the handler reads or writes (a prefix for many files), not each row "
+                "or object",
+            )
+        declared.append(source)
 
     def savepoint(self) -> AbstractContextManager[None]:
         assert self._session is not None

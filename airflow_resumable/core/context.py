@@ -17,6 +17,7 @@ from airflow_resumable.core.checkpoint import ENCODER, Checkpoint, encode
 from airflow_resumable.core.errors import InvalidCheckpoint
 from airflow_resumable.core.identity import Identity
 from airflow_resumable.core.lent import TransactionConnection
+from airflow_resumable.core.observe import Source
 from airflow_resumable.core.progress import Log
 from airflow_resumable.core.signal import Signal
 from airflow_resumable.core.tally import Tally
@@ -53,6 +54,13 @@ class AttemptCalls(Protocol):
 
     def replay_requested(self, fn: Callable[[Any], Any] | None,
                          savepoint: Callable[[], AbstractContextManager[None]]) -> Any: ...
+
+    def declare(self, direction: str, source: Source) -> None:
+        """Add ``source`` to what this attempt reads (``"input"``) or writes (``"output"``), for lineage.
+
+        Raises:
+            ConfigurationError: more than :data:`~airflow_resumable.core.observe.MAX_OUTPUTS` of them.
+        """
 
     def previous_run(self) -> Checkpoint | None:
         """The job's previous finished run (``ctx.previous``), read from the store.
@@ -192,6 +200,48 @@ class RunContext:
             InvalidCheckpoint: ``position`` is not plain JSON.
         """
         return self._attempt.skip(item, position=position, error=error, limit=limit)
+
+    def input(self, *, table: str | None = None, file: str | None = None, connection: str | None = None) -> None:
+        """Say what the handler reads, for lineage backends (OpenLineage), when no reader says it
+        (a reader says it on its first read): a ``table`` (optionally schema-qualified) through the
+        Airflow ``connection``, or a ``file`` (a path or URL; its credentials and query are dropped).
+        Without the OpenLineage provider it changes nothing.
+
+        Raises:
+            ConfigurationError: neither or both of ``table`` and ``file``, an empty name, or more
+                than 100 inputs in one attempt.
+        """
+        self._attempt.declare("input", self._source("input", table, file, connection))
+
+    def output(self, *, table: str | None = None, file: str | None = None, connection: str | None = None) -> None:
+        """Say what the handler writes, for lineage backends (OpenLineage): a ``table`` (optionally
+        schema-qualified) through the Airflow ``connection``, or a ``file`` (a path or URL; its
+        credentials and query are dropped). Each attempt says it again (an output is this attempt's);
+        the same output twice counts once. Without the OpenLineage provider it changes nothing.
+
+        Raises:
+            ConfigurationError: neither or both of ``table`` and ``file``, an empty name, or more
+                than 100 outputs in one attempt.
+        """
+        self._attempt.declare("output", self._source("output", table, file, connection))
+
+    def reading(self, source: Source | None) -> None:
+        """A reader's first read in this attempt: its source becomes one of the attempt's inputs."""
+        if source is not None:
+            self._attempt.declare("input", source)
+
+    def _source(self, direction: str, table: Any, file: Any, connection: Any) -> Source:
+        name = table if file is None else file
+        if (table is None) == (file is None) or not isinstance(name, str) or not name.strip() or not (
+                connection is None or isinstance(connection, str)):
+            raise ConfigurationError(
+                f"ctx.{direction}() takes exactly one of table= and file= (a non-empty name) and an optional "
+                f"connection id, got table={table!r} file={file!r} connection={connection!r}",
+                job=self.job, slot=self.slot,
+                hint=f'Write ctx.{direction}(table="schema.table", connection="my_db") or '
+                f'ctx.{direction}(file="s3://bucket/key")',
+            )
+        return Source("table" if file is None else "file", name, connection)
 
     def replay_skipped(self, fn: Callable[[Any], Any] | None) -> Any:
         """Replay the slot's skipped items whose retry was requested (``airflow resumable skipped

@@ -10,6 +10,7 @@ from airflow_resumable.core.attempt_state import AttemptState, utcnow
 from airflow_resumable.core.checkpoint import ENCODER, AttemptEnd, Checkpoint, Status, short
 from airflow_resumable.core.checkpoint import error_text as _error_text
 from airflow_resumable.core.errors import Cancelled, CheckpointDeleted, InvalidCheckpoint, LeaseLost, Paused
+from airflow_resumable.core.observe import AttemptFacts
 from airflow_resumable.core.signal import Reason
 from airflow_resumable.core.stores.base import StoreSession
 
@@ -44,6 +45,24 @@ class Outcome:
 class Finishing(AttemptState):
     """Step 6 of :class:`~airflow_resumable.core.runner.Attempt`, and its end without running the handler."""
 
+    def facts(self) -> AttemptFacts:
+        """This attempt as lineage and tracing report it (plain data, read from memory: no I/O).
+        Before the lease is taken it knows its identity only; after its end, the final row's figures."""
+        tally, final = self._tally, self._final
+        row = final if final is not None else (tally.row if tally is not None else None)
+        lost = self.signal.reason == Reason.LEASE_LOST.value
+        return AttemptFacts(
+            job=self.job, slot=self.slot, attempt=self.attempt,
+            status="lease_lost" if lost else (row.status if row is not None else "starting"),
+            resumed=self._resumed, resumed_from=self._resumed_from,
+            position=row.position if row is not None else None,
+            processed=row.processed if row is not None else None, total=row.total if row is not None else None,
+            skipped=tally.skipped if tally is not None else None,
+            stop_reason=(Reason.LEASE_LOST.value if lost else row.stop_reason) if row is not None else None,
+            checkpoints=tally.checkpoints if tally is not None else None, inputs=tuple(self.inputs),
+            outputs=tuple(self.outputs),
+        )
+
     def _already_done(self, session: StoreSession, row: Checkpoint) -> Outcome:
         """The slot finished before: give the lease back and return what it stored, without
         running the handler (an automatic retry after the end-of-run window, a duplicate attempt,
@@ -61,7 +80,7 @@ class Finishing(AttemptState):
             f", {row.dag_id}.{row.task_id}" if row.dag_id else "", self.job, self.slot, self.attempt,
         )
         session.leases.release(self.fence, record=self._unstarted(AttemptEnd.ALREADY_DONE, row))
-        released = dataclasses.replace(row, lease_owner=None, lease_expires_at=None)
+        released = self._final = dataclasses.replace(row, lease_owner=None, lease_expires_at=None)
         self.reporter.on_finish(released)
         return Outcome(result=result, checkpoint=released, resumed_from=None, already_done=True)
 
@@ -91,6 +110,7 @@ class Finishing(AttemptState):
                 self.job, self.slot, self.attempt,
             )
             raise
+        self._final = final
         self.reporter.on_finish(final)
         return final
 

@@ -113,9 +113,12 @@ class Range:
     after: Any
     until: Any
     empty: bool = False
+    #: The job's partitions (None: a range handed over by a release that did not say).
+    count: int | None = None
 
     def as_json(self) -> dict[str, Any]:
-        return {"partition": self.index, "after": self.after, "until": self.until, "empty": self.empty}
+        return {"partition": self.index, "after": self.after, "until": self.until, "empty": self.empty,
+                "partitions": self.count}
 
     @classmethod
     def from_json(cls, value: Any) -> Range:
@@ -127,7 +130,9 @@ class Range:
         if not isinstance(value, dict) or not {"partition", "after", "until"} <= set(value):
             raise ConfigurationError(f"a partition's range must be a dict of partition, after and until, got "
                                      f"{short(value)}", hint="Pass the planning task's output, as .partitioned() does")
-        return cls(int(value["partition"]), value["after"], value["until"], bool(value.get("empty", False)))
+        count = value.get("partitions")
+        return cls(int(value["partition"]), value["after"], value["until"], bool(value.get("empty", False)),
+                   count if isinstance(count, int) and not isinstance(count, bool) else None)
 
 
 def range_chunks(reader: KeysetReader, rng: Range, *, total: Any = None) -> dict[str, Any]:
@@ -174,11 +179,12 @@ class Plan:
         for i in range(self.partitions):
             lower = self.boundaries[i - 1] if i > 0 else None
             if i == self.partitions - 1:
-                out.append(Range(i, lower, None))
+                out.append(Range(i, lower, None, count=self.partitions))
                 continue
             upper = self.boundaries[i]
             # A range up to "before every key", or from a key up to itself, holds nothing.
-            out.append(Range(i, lower, upper, empty=upper is None or (lower is not None and lower == upper)))
+            out.append(Range(i, lower, upper, empty=upper is None or (lower is not None and lower == upper),
+                             count=self.partitions))
         return out
 
     def state(self) -> dict[str, Any]:

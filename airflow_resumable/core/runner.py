@@ -149,6 +149,7 @@ class Attempt(Chunks, Finishing, Acquiring):
         except BaseException:
             self._release(session, created=False)  # nothing started: do not hold the slot
             raise
+        self._resumed, self._resumed_from = resumed, resumed_from
         tally = self._tally = Tally(row)
         ctx = self._ctx = RunContext(self, self.identity, tally, signal=self.signal, log=self.log,
                                      resumed=resumed)

@@ -29,10 +29,12 @@ class Tally:
             the first: progress is reported from it (write before report). Set by the attempt after
             a direct save, by the pipelined writer once its write is committed.
         save_seconds: how long the last direct save took (reported with progress), None when pipelined.
+        checkpoints: how many checkpoints this attempt saved (lineage and tracing report it).
+        skipped: the slot's skipped items after this attempt's last skip, None before its first.
     """
 
     __slots__ = ("_base", "_row", "_position", "_position_json", "state", "processed", "total", "saved_at",
-                 "durable", "save_seconds")
+                 "durable", "save_seconds", "checkpoints", "skipped")
 
     def __init__(self, row: Checkpoint):
         self._base = row
@@ -45,6 +47,8 @@ class Tally:
         self.saved_at: float | None = None
         self.durable: tuple[int, int | None] | None = None
         self.save_seconds: float | None = None
+        self.checkpoints = 0
+        self.skipped: int | None = None
 
     @property
     def position(self) -> Any:
@@ -76,6 +80,7 @@ class Tally:
         self.processed = processed
         self.total = total
         self.saved_at = time.time()
+        self.checkpoints += 1
         self._row = None
 
     def __repr__(self) -> str:

@@ -12,6 +12,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from airflow_resumable.core.checkpoint import AttemptRecord, Checkpoint
+from airflow_resumable.core.observe import cut_value
 from airflow_resumable.core.partitions import PLAN_SUFFIX
 from airflow_resumable.core.progress import eta_of
 from airflow_resumable.core.rules import Lease, lease_of
@@ -33,7 +34,6 @@ CUT_FIELDS, PREVIEW = ("position", "state", "resumed_from"), 200
 STALL_GRACE = 2.0
 
 
-
 def cap_row(row: dict[str, Any], *, marker: str, limit: int = ROW_LIMIT) -> tuple[int, dict[str, int]]:
     """Cut ``row`` (a row as plain JSON) in place when its JSON is over ``limit`` bytes.
 
@@ -50,10 +50,9 @@ def cap_row(row: dict[str, Any], *, marker: str, limit: int = ROW_LIMIT) -> tupl
         return size, {}
     cut = {}
     for name in CUT_FIELDS:
-        text = json.dumps(row.get(name))
-        if len(text) > PREVIEW:
-            row[name] = {marker: True, "bytes": len(text), "preview": text[:PREVIEW] + "..."}
-            cut[name] = len(text)
+        value, size_of = cut_value(row.get(name), marker=marker, limit=PREVIEW)
+        if size_of is not None:
+            row[name], cut[name] = value, size_of
     row[marker] = list(cut)
     return size, cut
 

@@ -22,16 +22,21 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime
 from typing import Any
 
 # TaskGroup: the task SDK's public name (no version difference to adapt to yet).
+from airflow_resumable.core.checkpoint import Checkpoint
 from airflow_resumable.core.chunked import chunk_loop
 from airflow_resumable.core.context import RunContext
 from airflow_resumable.core.errors import ConfigurationError
+from airflow_resumable.core.observe import AttemptFacts, Part
 from airflow_resumable.core.partitions import (
     Range,
+    Summary,
     load_plan,
     partition_job,
     partitions_problem,
@@ -124,6 +129,14 @@ class PartitionOperator(ChunkedOperator):
         return task_instance.job_name(_base_job(self.job, self.dag_id, self.partition_group), context["ti"],
                                       dag_id=self.dag_id, task_id=self.task_id)
 
+    def _partition_place(self, context: Context) -> Part | None:
+        try:
+            rng = Range.from_json(self.partition_range)
+        except ConfigurationError:
+            return None
+        return Part(job=_base_job(self.job, self.dag_id, self.partition_group), index=rng.index, count=rng.count,
+                    after=rng.after, until=rng.until)
+
     def _handler(self, context: Context) -> Callable[[RunContext], Any]:
         try:
             rng = Range.from_json(self.partition_range)
@@ -163,6 +176,31 @@ class PartitionSummaryOperator(BaseOperator):
         self.partition_group, self.tolerated_failure = partition_group, tolerated_failure
         self.conn_id, self.job = conn_id, job
 
+    #: The summary's facts, kept by ``execute()`` for the OpenLineage complete and failure events.
+    _observed: SummaryFacts | None = None
+
+    def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
+        """The job's summary for OpenLineage: its partitions as one job's parts (see
+        :func:`airflow_resumable.lineage.facets.summary_lineage`)."""
+        return self._openlineage()
+
+    def get_openlineage_facets_on_failure(self, task_instance: Any) -> Any:
+        return self._openlineage()
+
+    def _openlineage(self) -> Any:
+        observed = self._observed
+        if observed is None:  # the summary failed before it read the partitions
+            return None
+        try:
+            from airflow_resumable.lineage.facets import summary_lineage
+
+            return summary_lineage(observed.facts, observed.parts, counts=observed.counts, dag_id=self.dag_id,
+                                   task_id=observed.task_id, logical_date=observed.logical_date)
+        except Exception:
+            self.log.warning("OpenLineage: could not build the summary's lineage; the event goes without it (the "
+                             "task is not affected)", exc_info=True)
+            return None
+
     def execute(self, context: Context) -> dict[str, Any]:
         job = _base_job(self.job, self.dag_id, self.partition_group)
         slot, _ = slot_of(context)
@@ -176,6 +214,8 @@ class PartitionSummaryOperator(BaseOperator):
                     f"Clear the task group's planning task ({self.partition_group}.plan) with its downstream tasks")
             rows = [session.checkpoints.load(partition_job(job, i), slot) for i in range(plan.partitions)]
         summary = summarize(job, slot, rows, tolerated=self.tolerated_failure)
+        self._observed = _summary_facts(summary, rows, attempt=context["ti"].try_number, dag_run=context["dag_run"],
+                                        task_id=f"{self.partition_group}.partition")
         self.log.info("%s of %s partitions done, %s failed (%s of them cancelled; %s tolerated); %s of %s items "
                       "processed [job=%s slot=%s]", len(summary.done), summary.partitions, len(summary.failed),
                       len(summary.cancelled), summary.allowed, summary.processed, summary.total, job, slot)
@@ -187,6 +227,33 @@ class PartitionSummaryOperator(BaseOperator):
         if error is not None:
             raise AirflowFailException(str(error))
         return summary.as_json()
+
+
+@dataclasses.dataclass(frozen=True)
+class SummaryFacts:
+    """A partitioned job's summary as lineage carries it: the job's facts, its parts and counts."""
+
+    facts: AttemptFacts
+    parts: tuple[dict[str, Any], ...]
+    counts: dict[str, Any]
+    task_id: str
+    logical_date: datetime | None
+
+
+def _summary_facts(summary: Summary, rows: Sequence[Checkpoint | None], *, attempt: int, dag_run: Any,
+                   task_id: str) -> SummaryFacts:
+    parts = tuple(
+        {k: v for k, v in {"index": i, "job": partition_job(summary.job, i), "status": None if row is None else row.status,
+                           "processed": None if row is None else row.processed,
+                           "total": None if row is None else row.total,
+                           "attempt": None if row is None else row.attempt}.items() if v is not None}
+        for i, row in enumerate(rows))
+    counts = {"count": summary.partitions, "done": len(summary.done), "failed": list(summary.failed)[:100],
+              "tolerated": summary.allowed}
+    facts = AttemptFacts(job=summary.job, slot=summary.slot, attempt=attempt, status="done" if summary.ok else "failed",
+                         processed=summary.processed, total=summary.total)
+    logical = getattr(dag_run, "logical_date", None) or getattr(dag_run, "run_after", None)
+    return SummaryFacts(facts, parts, counts, task_id, logical)
 
 
 def partitioned(

@@ -10,6 +10,7 @@ from airflow_resumable.core.progress import Progress, Reporter
 from airflow_resumable.core.view import ROW_LIMIT, cap_row
 from airflow_resumable.metrics import Metrics
 from airflow_resumable.operators.state_store import StateStoreMirror
+from airflow_resumable.operators.tracing import AttemptTrace
 
 #: XCom key under which the checkpoint row is pushed.
 XCOM_KEY = "checkpoint"
@@ -29,11 +30,13 @@ class AirflowReporter(Reporter):
 
     def __init__(
         self, log: Any, ti: Any, *, interval: float, xcom_interval: float, where: str = "the checkpoint store",
-        metrics: Metrics | None = None, mirror: StateStoreMirror | None = None,
+        metrics: Metrics | None = None, mirror: StateStoreMirror | None = None, trace: AttemptTrace | None = None,
     ):
         super().__init__(log, interval=interval)
         #: Airflow's task state store, written at the XCom push's pace.
         self.mirror = mirror
+        #: The attempt's OpenTelemetry span (operators/tracing.py), fed at the reporter's pace.
+        self.trace = trace
         self.ti = ti
         self.metrics = metrics or Metrics(dag_id=getattr(ti, "dag_id", None), task_id=getattr(ti, "task_id", None))
         self.xcom_interval = xcom_interval
@@ -77,6 +80,8 @@ class AirflowReporter(Reporter):
         # supervisor to the API server (17-33 ms measured, bench row 7): a short task pays them once,
         # and the row the attempt started from is in the Checkpoint tab and the table meanwhile.
         self.metrics.started(cp)
+        if self.trace is not None:
+            self.trace.acquired(cp, resumed=resumed)
         self._last_push = time.monotonic()
 
     def _xcom_due(self) -> bool:
@@ -88,11 +93,15 @@ class AirflowReporter(Reporter):
     def on_checkpoint(self, cp: Checkpoint, progress: Progress) -> None:
         super().on_checkpoint(cp, progress)
         self.metrics.checkpoint(progress.processed, progress.save_seconds)
+        if self.trace is not None:
+            self.trace.checkpoint(cp, progress)
         if self._xcom_due():
             self.push(cp, progress)
 
     def on_finish(self, cp: Checkpoint) -> None:
         super().on_finish(cp)
         self.metrics.finished(cp)
+        if self.trace is not None:
+            self.trace.finished(cp)
         self.push(cp)
 

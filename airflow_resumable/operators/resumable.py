@@ -22,6 +22,7 @@ from airflow_resumable.core import defaults
 from airflow_resumable.core.chunked import CHUNKED_OPTIONS, calls_problems, chunk_loop, chunked_problems
 from airflow_resumable.core.context import RunContext
 from airflow_resumable.core.errors import Cancelled, ConfigurationError, LeaseLost, OverlapSkip, OverlapWait, Paused
+from airflow_resumable.core.observe import Source
 from airflow_resumable.core.options import ARGUMENTS, ATTEMPT_OPTIONS, Option, Options, call_problem, params_doc
 from airflow_resumable.core.options import problems as option_problems
 from airflow_resumable.core.readers import Reader
@@ -34,11 +35,13 @@ from airflow_resumable.metrics import Metrics
 from airflow_resumable.operators import task_instance
 from airflow_resumable.operators.checks import configuration_error, parse_time_problems, run_time_problems
 from airflow_resumable.operators.confirm import confirm_on_success
+from airflow_resumable.operators.lineage import OpenLineageMethods
 from airflow_resumable.operators.outcome import CombinedRetryPolicy, ResumableStopped, to_airflow
 from airflow_resumable.operators.overlap import report_overlap
 from airflow_resumable.operators.reporting import XCOM_KEY, XCOM_ROW_LIMIT, AirflowReporter
 from airflow_resumable.operators.state_store import StateStoreMirror
 from airflow_resumable.operators.task_instance import RESTART_CONF_KEY, slot_of
+from airflow_resumable.operators.tracing import AttemptTrace, attempt_span
 from airflow_resumable.triggers.resume import SlotResumeTrigger
 from airflow_resumable.version_compat import (
     AirflowException,
@@ -61,7 +64,7 @@ __all__ = [
 ]
 
 
-class ResumableOperator(BaseOperator):
+class ResumableOperator(OpenLineageMethods, BaseOperator):
     """Run ``handler(ctx)`` so that a retry or a Clear continues from its last checkpoint.
 
     The handler owns its loop: it reads ``ctx.position`` (None on a fresh start), does a chunk,
@@ -133,6 +136,7 @@ class ResumableOperator(BaseOperator):
         if handler_kwargs is None or isinstance(handler_kwargs, Mapping):
             self.handler_kwargs = dict(handler_kwargs or {})
         self._attempt: Attempt | None = None
+        self._trace: AttemptTrace | None = None
         self._terminated = False
         #: Problems found while a mapped task instance was being built on the worker: raised by
         #: execute(), where they fail the task without spending a retry.
@@ -210,7 +214,8 @@ class ResumableOperator(BaseOperator):
         return task_instance.job_name(self.job, context["ti"], dag_id=self.dag_id, task_id=self.task_id)
 
     def execute(self, context: Context) -> Any:
-        return self._run(context, ran=0.0, first=True)
+        with attempt_span(self, context) as self._trace:
+            return self._run(context, ran=0.0, first=True)
 
     def execute_resumed(self, context: Context, event: Mapping[str, Any] | None = None, ran: float = 0.0) -> Any:
         """Where a paused task continues, in the same try, when its trigger fires."""
@@ -224,12 +229,14 @@ class ResumableOperator(BaseOperator):
         if event.get("event") == "missing":
             raise AirflowFailException(f"{why} {where}; a Clear starts the slot over")
         self.log.info("continuing in the same try: %s [job=%s slot=%s]", why, job, slot)
-        return self._run(context, ran=float(event.get("ran", ran)), first=False)
+        with attempt_span(self, context) as self._trace:
+            return self._run(context, ran=float(event.get("ran", ran)), first=False)
 
     def _run(self, context: Context, *, ran: float, first: bool) -> Any:
         """One execution of the task: ``execute()`` and each continuation after a pause. ``ran``
         is how long the try ran before (the cooperative ``timeout`` counts running time only)."""
         began = time.monotonic()
+        self._observed = None
         ti = context["ti"]
         job = self.job_name(context)
         identity = task_instance.identity(context, job)
@@ -260,7 +267,7 @@ class ResumableOperator(BaseOperator):
                 reporter=AirflowReporter(
                     self.log, ti, interval=options.progress_interval, xcom_interval=self.xcom_interval,
                     where=store.describe(),
-                    mirror=StateStoreMirror(self.log, ti, context.get("task_state_store")),
+                    mirror=StateStoreMirror(self.log, ti, context.get("task_state_store")), trace=self._trace,
                 ),
                 log=self.log,
             )
@@ -287,6 +294,9 @@ class ResumableOperator(BaseOperator):
                 raise
             raise mapped from exc
         finally:
+            if self._attempt is not None:  # plain facts for lineage and tracing (memory only)
+                self._observed = self._observe(self._attempt.facts(), context)
+            self._name_datasets(self._observed)
             self._attempt = None
             self._terminated = False
         if paused is not None:
@@ -425,6 +435,10 @@ class ChunkedOperator(ResumableOperator):
 
     def _own_problems(self) -> list[str]:
         return chunked_problems(self._chunked())
+
+    def _known_inputs(self) -> list[Source]:
+        source = self.read.source() if isinstance(self.read, Reader) else None
+        return [] if source is None else [source]
 
     def _call_problems(self, keywords: Collection[str] | None, context: Context | None) -> list[str]:
         return calls_problems(self.read, self.process, keywords)

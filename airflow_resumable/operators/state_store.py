@@ -7,6 +7,14 @@ row, live). Written at the pace of the XCom push (``xcom_interval``), never per 
 write goes through the supervisor and the Execution API (about 17 ms here). Where the running
 Airflow has no task state store, or a write fails, it says so once in the log and stops trying;
 the work never fails over it.
+
+The summary is a copy, written and never read: the checkpoint lives in the checkpoint store, not in
+the task state store, and decides alone where an attempt starts. So Airflow's next release, whose
+Clear of a task instance discards its task state store entries unless ``keep_task_state`` is set
+(apache/airflow newsfragment 72100), changes nothing in what a resumable task does: the summary is
+gone until the next attempt writes it again, and a Clear of a failed task still resumes from the
+checkpoint, a Clear of a succeeded task still starts the slot over on purpose (both with or without
+``keep_task_state``; see docs/explanation/airflow.md). A test pins it (tests/test_state_store.py).
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_resumable.core.checkpoint import short
 from airflow_resumable.core.errors import ConfigurationError
+from airflow_resumable.core.observe import Source
 
 if TYPE_CHECKING:
     from airflow_resumable.core.context import RunContext
@@ -84,6 +85,9 @@ class Reader(abc.ABC):
         if ctx is not self._ctx:  # a new attempt: nothing held by an earlier one is reused
             self.close()
             self._ctx = ctx
+            reading = getattr(ctx, "reading", None)  # a RunContext; a test's stand-in may have none
+            if reading is not None:
+                reading(self.source())
 
     @abc.abstractmethod
     def read(self, ctx: RunContext, after: Any, limit: int) -> Batch:
@@ -92,6 +96,11 @@ class Reader(abc.ABC):
     def close(self) -> None:
         """Release what is held between chunks. Safe to call more than once."""
         self._ctx = None
+
+    def source(self) -> Source | None:
+        """What this reader reads, for lineage (a table, a query, a file), or None (items in memory).
+        The Airflow connection is the one its opening function names (``conn_id``), if any."""
+        return None
 
     def chunks(self, ctx: RunContext, size: int, *, after: Any = _UNSET) -> Iterator[Batch]:
         """The batches from ``after`` (default: ``ctx.position``, the checkpoint) to the end.

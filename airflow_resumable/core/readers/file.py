@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 from airflow_resumable.core.checkpoint import short
+from airflow_resumable.core.observe import Source
 from airflow_resumable.core.readers.base import Batch, Reader, check_arguments, close_quietly
 
 if TYPE_CHECKING:
@@ -479,6 +480,15 @@ class FileReader(Reader):
                 )
             else:
                 yield dict(zip(columns, record, strict=False))
+
+    def source(self) -> Source | None:
+        """The file this reader reads (the path or URL its opening function names, ``object_reader``'s;
+        else its ``name``), with the Airflow connection that function names, if any."""
+        path = getattr(self.open, "path", None)
+        name = str(path) if path is not None else (self.name if self._named else None)
+        if not name:
+            return None
+        return Source("file", name, getattr(self.open, "conn_id", None))
 
     def close(self) -> None:
         f, self._file = self._file, None

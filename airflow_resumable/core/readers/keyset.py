@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_resumable.core.checkpoint import short
 from airflow_resumable.core.errors import ConfigurationError, ResumableError
+from airflow_resumable.core.observe import Source
 from airflow_resumable.core.readers.base import Batch, Reader, check_arguments, close_quietly
 from airflow_resumable.core.readers.keys import json_key, json_keys
 from airflow_resumable.core.readers.sql import IDENTIFIER, MARKERS, paramstyle_of, placeholder_problems
@@ -123,6 +124,14 @@ class KeysetReader(Reader):
         self._conn: Any = None
         self._key_index: tuple[int, ...] | None = None
         self._checked_marker: str | None = MARKERS[paramstyle] if paramstyle else None
+
+    def source(self) -> Source:
+        """The table, or the query, this reader pages through; with the Airflow connection its
+        ``connect`` names (``sql_reader(conn_id, ...)``'s), if any."""
+        connection = getattr(self.connect, "conn_id", None)
+        if self.table is not None:
+            return Source("table", self.table, connection)
+        return Source("query", self.query or "", connection)
 
     def within(self, until: Any) -> KeysetReader:
         """A copy of this reader that stops after the key ``until`` (inclusive; None: to the end).

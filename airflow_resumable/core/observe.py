@@ -1,0 +1,154 @@
+"""What an attempt tells lineage and tracing backends, as plain data: no Airflow, no OpenLineage,
+no OpenTelemetry here (the Airflow layer turns it into facets and spans: ``airflow_resumable/lineage/``,
+``airflow_resumable/operators/tracing.py``).
+
+* :class:`Source` names a dataset: what a reader reads (a table, a query, a file) and what a handler
+  says it writes (``ctx.output(...)``), with the Airflow connection it goes through, if known.
+* :class:`Part` is a partition's place in its partitioned job.
+* :class:`AttemptFacts` is one attempt as a lineage event carries it: the job, the slot, the try,
+  where it resumed from, how far it got and why it stopped. :meth:`AttemptFacts.as_json` gives it
+  small whatever the checkpoint holds: a position over :data:`VALUE_LIMIT` characters of JSON goes
+  as a preview (:func:`cut_value`: the one cut rule, which the XCom copy and the REST listing use too).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any, Literal
+from urllib.parse import urlsplit, urlunsplit
+
+__all__ = [
+    "MAX_OUTPUTS", "VALUE_LIMIT", "AttemptFacts", "Part", "Source", "cut_text", "cut_value", "without_credentials",
+]
+
+#: The longest position (and partition bound) an event carries whole, in characters of JSON.
+VALUE_LIMIT = 200
+#: The longest text (a query, a name) an event carries whole, in characters.
+TEXT_LIMIT = 1000
+#: The most inputs (and the most outputs) one attempt declares; more are refused with a clear error.
+MAX_OUTPUTS = 100
+
+Kind = Literal["table", "query", "file"]
+KINDS: tuple[str, ...] = ("table", "query", "file")
+
+
+def cut_value(value: Any, *, marker: str, limit: int = 200) -> tuple[Any, int | None]:
+    """``value`` as it goes out: itself when its JSON is at most ``limit`` characters, else
+    ``{marker: true, "bytes": n, "preview": "<its first limit characters>..."}``.
+
+    Returns:
+        the value to send, and the size of the cut value's JSON (None: nothing was cut).
+    """
+    text = json.dumps(value, default=str)  # ASCII (ensure_ascii): characters are bytes
+    if len(text) <= limit:
+        return value, None
+    return {marker: True, "bytes": len(text), "preview": text[:limit] + "..."}, len(text)
+
+
+def cut_text(text: str, limit: int = TEXT_LIMIT) -> str:
+    """``text``, or its first ``limit`` characters and ``...`` when longer."""
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def without_credentials(url: str) -> str:
+    """A URL without its user, password, query and fragment (``s3://key:secret@bucket/k?sig=x`` ->
+    ``s3://bucket/k``): what may leave the task. A plain path is returned as it is."""
+    parts = urlsplit(url)
+    if not parts.scheme or not parts.netloc:
+        return url
+    host = parts.hostname or ""
+    netloc = f"{host}:{parts.port}" if parts.port else host
+    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+
+
+@dataclasses.dataclass(frozen=True)
+class Source:
+    """A dataset an attempt reads or writes.
+
+    Attributes:
+        kind: ``table`` (a table or view name, optionally schema-qualified), ``query`` (the text of
+            a SELECT) or ``file`` (a path or URL).
+        name: the table, the query or the file.
+        connection: the Airflow connection id it goes through (None: not known, e.g. a reader
+            built on a plain ``connect`` function; or a local file).
+    """
+
+    kind: Kind
+    name: str
+    connection: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"a source's kind is one of {', '.join(KINDS)}, got {self.kind!r}")
+        if not isinstance(self.name, str) or not self.name.strip():
+            raise ValueError(f"a {self.kind} needs a name, got {self.name!r}")
+        if self.kind == "file":  # what may leave the task: never a URL's credentials
+            object.__setattr__(self, "name", without_credentials(self.name))
+
+
+@dataclasses.dataclass(frozen=True)
+class Part:
+    """A partition's place in its partitioned job: partition ``index`` of ``count`` (None: not
+    known), reading the keys after ``after`` up to ``until`` (None: from the first / to the last)."""
+
+    job: str
+    index: int
+    count: int | None = None
+    after: Any = None
+    until: Any = None
+
+
+@dataclasses.dataclass(frozen=True)
+class AttemptFacts:
+    """One attempt, as a lineage event or a span carries it.
+
+    Attributes:
+        job / slot / attempt: the checkpoint's key and Airflow's try number.
+        status: the slot's status when the facts were taken (``running`` at the start; ``done``,
+            ``failed``, ``cancelled``, ``paused`` after; ``lease_lost`` when another attempt took over).
+        resumed: whether the attempt continued a checkpoint (False: it started from the beginning).
+        resumed_from: the position it continued from (None on a fresh start).
+        position / processed / total: where the slot stood when the facts were taken.
+        skipped: the slot's skipped items as this attempt knows them (after its last skip, or from
+            its summary), None when it does not know.
+        stop_reason: why it stopped (``timeout``, ``user``, ``shutdown``, ``paused``...), None when
+            it did not stop early.
+        checkpoints: how many checkpoints this attempt saved.
+        inputs: what the attempt read: its readers' sources and ``ctx.input(...)``.
+        outputs: what the handler said it writes (``ctx.output(...)``).
+        partition: the partition's place in its job, for a partition of a partitioned job.
+    """
+
+    job: str
+    slot: str | None
+    attempt: int
+    status: str = "running"
+    resumed: bool | None = None
+    resumed_from: Any = None
+    position: Any = None
+    processed: int | None = None
+    total: int | None = None
+    skipped: int | None = None
+    stop_reason: str | None = None
+    checkpoints: int | None = None
+    inputs: tuple[Source, ...] = ()
+    outputs: tuple[Source, ...] = ()
+    partition: Part | None = None
+
+    def as_json(self) -> dict[str, Any]:
+        """The facts as plain JSON, small: positions and bounds over :data:`VALUE_LIMIT` characters of
+        JSON become ``{"truncated": true, "bytes": n, "preview": ...}``; None values are left out."""
+        out: dict[str, Any] = {"job": cut_text(self.job), "slot": None if self.slot is None else cut_text(self.slot),
+                               "attempt": self.attempt, "status": self.status, "resumed": self.resumed,
+                               "processed": self.processed, "total": self.total, "skipped": self.skipped,
+                               "stop_reason": self.stop_reason, "checkpoints": self.checkpoints}
+        for name in ("resumed_from", "position"):
+            if getattr(self, name) is not None:
+                out[name] = cut_value(getattr(self, name), marker="truncated", limit=VALUE_LIMIT)[0]
+        if self.partition is not None:
+            p = self.partition
+            out["partition"] = {"job": cut_text(p.job), "index": p.index, "count": p.count,
+                                "after": cut_value(p.after, marker="truncated", limit=VALUE_LIMIT)[0],
+                                "until": cut_value(p.until, marker="truncated", limit=VALUE_LIMIT)[0]}
+        return {k: v for k, v in out.items() if v is not None}

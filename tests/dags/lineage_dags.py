@@ -1,0 +1,76 @@
+"""DAGs the lineage and tracing tests drive through dag.test(): a ChunkedOperator over a SQL table
+through an Airflow connection (``lineage_source``), a handler-owned loop under ``@task.resumable``,
+a partitioned job, and a task that pauses and resumes.
+
+conf keys: ``fail`` ([attempt, chunk] to raise in), ``position_bytes`` (a position that large, to see
+it cut).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+from airflow.sdk import DAG, get_current_context, task
+
+from airflow_resumable import ChunkedOperator, ResumableOperator, RunContext
+from airflow_resumable.operators.partitioned import partitioned
+from airflow_resumable.readers import sql_reader
+
+START = datetime(2026, 1, 1)
+
+
+def _conf() -> dict[str, Any]:
+    return dict(get_current_context()["dag_run"].conf or {})
+
+
+def add_loans(ctx: RunContext, batch: list[Any]) -> None:
+    """Sums the loans' amounts; says it writes ``loan_totals``; fails where the conf says."""
+    ctx.output(table="loan_totals", connection="lineage_source")
+    ctx.state["sum"] = ctx.state.get("sum", 0) + sum(row[1] for row in batch)
+    fail = _conf().get("fail")
+    if fail and [ctx.attempt, ctx.processed // len(batch)] == list(fail):
+        raise RuntimeError("injected failure")
+
+
+with DAG("ol_loans", schedule="@daily", start_date=START, catchup=False) as ol_loans:
+    ChunkedOperator(
+        task_id="sum_loans", read=sql_reader("lineage_source", table="loans", key="id"), process=add_loans,
+        chunk_size=10, total=lambda ctx: 50, retries=1, retry_delay=timedelta(0),
+    )
+
+
+with DAG("ol_taskflow", schedule="@daily", start_date=START, catchup=False) as ol_taskflow:
+
+    @task.resumable(retries=0)
+    def copy_items(ctx: RunContext) -> None:
+        """A handler that owns its loop: says what it reads and writes; its position may be huge."""
+        ctx.input(file="s3://inbox-key:inbox-secret@landing/items.jsonl?X-Amz-Signature=sig")
+        ctx.output(table="public.items_copy", connection="lineage_source")
+        size = int(_conf().get("position_bytes", 0))
+        for i in range(3):
+            ctx.checkpoint("x" * size if size else i + 1, processed=i + 1, total=3)
+
+    copy_items()
+
+
+with DAG("ol_partitioned", schedule="@daily", start_date=START, catchup=False) as ol_partitioned:
+    partitioned(task_id="export", read=sql_reader("lineage_source", table="loans", key="id"), partitions=3,
+                process=add_loans, chunk_size=10, retries=0)
+
+
+def three_chunks(ctx: RunContext) -> None:
+    i = ctx.position or 0
+    while i < 3:
+        i += 1
+        ctx.checkpoint(i, processed=i, total=3)
+
+
+def pause_once(ctx: RunContext) -> float | None:
+    """After the first chunk, a wait long enough to pause (defer) the task once."""
+    return 0.3 if ctx.processed == 1 and ctx.attempt == 1 else None
+
+
+with DAG("ol_pause", schedule="@daily", start_date=START, catchup=False) as ol_pause:
+    ResumableOperator(task_id="work", handler=three_chunks, retries=0, throttle=pause_once, defer_after=0.2,
+                      resume_poll=0.1)

@@ -1,0 +1,308 @@
+"""OpenLineage: the events the real OpenLineage provider emits for resumable tasks run under
+``dag.test()``, read back from its file transport, carry our ``resumable`` run facet (valid against
+the schema the package ships, and the events against OpenLineage's rules), the reader's table as an
+input and the handler's outputs.
+
+Each DAG runs in a process of its own (``tests/support/dag_run.py``): the provider decides at import
+whether it listens (it does only with a transport configured), once per process.
+
+Store-insensitive (``one_store``): what reaches the lineage events, not the checkpoint store.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from airflow_resumable.core.stores import Store
+
+ROOT = Path(__file__).resolve().parent.parent
+DAY = "2026-02-01T00:00:00+00:00"
+
+# The provider runs on every supported Airflow (3.1 to 3.3) and comes with the test extra: a
+# missing one fails here, loudly, rather than skipping.
+import airflow.providers.openlineage  # noqa: E402,F401
+
+# -- OpenLineage's rules for a RunEvent (spec 2-0-2), as a consumer relies on them ------------------
+#
+# OpenLineage publishes its schema at https://openlineage.io/spec/2-0-2/OpenLineage.json; no
+# installable package carries it and these machines cannot fetch it, so the rules the events must
+# keep are written out here, from the spec's text: a RunEvent's required fields and formats, a
+# dataset's namespace and name, and every facet's _producer and _schemaURL (BaseFacet).
+_URI = {"type": "string", "format": "uri"}
+_FACET = {"type": "object", "properties": {"_producer": _URI, "_schemaURL": _URI},
+          "required": ["_producer", "_schemaURL"]}
+_FACETS = {"type": "object", "additionalProperties": {"$ref": "#/$defs/BaseFacet"}}
+_DATASET = {"type": "object", "properties": {"namespace": {"type": "string"}, "name": {"type": "string"},
+                                            "facets": _FACETS}, "required": ["namespace", "name"]}
+OPENLINEAGE_RUN_EVENT = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "$id": "https://openlineage.io/spec/2-0-2/OpenLineage.json",
+    "$defs": {
+        "BaseFacet": _FACET,
+        "RunFacet": {"allOf": [{"$ref": "#/$defs/BaseFacet"}]},
+        "RunEvent": {
+            "type": "object",
+            "properties": {
+                "eventTime": {"type": "string", "format": "date-time"},
+                "producer": _URI,
+                "schemaURL": _URI,
+                "eventType": {"enum": ["START", "RUNNING", "COMPLETE", "ABORT", "FAIL", "OTHER"]},
+                "run": {"type": "object", "properties": {"runId": {"type": "string", "format": "uuid"},
+                                                         "facets": _FACETS}, "required": ["runId"]},
+                "job": {"type": "object", "properties": {"namespace": {"type": "string"}, "name": {"type": "string"},
+                                                         "facets": _FACETS}, "required": ["namespace", "name"]},
+                "inputs": {"type": "array", "items": _DATASET},
+                "outputs": {"type": "array", "items": _DATASET},
+            },
+            "required": ["eventTime", "producer", "schemaURL", "run", "job"],
+        },
+    },
+    "$ref": "#/$defs/RunEvent",
+}
+
+
+def validators() -> tuple[Any, Any]:
+    """A validator of OpenLineage's RunEvent rules, and one of our facet's schema (whose base,
+    OpenLineage's RunFacet, resolves to the rules above), both checking formats."""
+    import jsonschema
+    from referencing import Registry, Resource
+
+    from airflow_resumable.lineage import SCHEMA_FILE
+
+    ours = json.loads(SCHEMA_FILE.read_text())
+    registry = Registry().with_resources([
+        (OPENLINEAGE_RUN_EVENT["$id"], Resource.from_contents(OPENLINEAGE_RUN_EVENT)),
+        (ours["$id"], Resource.from_contents(ours)),
+    ])
+    check = jsonschema.FormatChecker()
+    event = jsonschema.Draft202012Validator(OPENLINEAGE_RUN_EVENT, registry=registry, format_checker=check)
+    facet = jsonschema.Draft202012Validator({"$ref": f"{ours['$id']}#/$defs/ResumableRunFacet"}, registry=registry,
+                                            format_checker=check)
+    return event, facet
+
+
+# -- running a DAG with the provider listening -------------------------------------------------------
+
+
+@pytest.fixture
+def source_db(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A SQLite database ``lineage_source`` with 50 loans (ids 1..50, amount = id)."""
+    path = tmp_path / "source.db"
+    with sqlite3.connect(path) as db:
+        db.execute("CREATE TABLE loans (id INTEGER PRIMARY KEY, amount INTEGER)")
+        db.executemany("INSERT INTO loans VALUES (?, ?)", [(i, i) for i in range(1, 51)])
+    monkeypatch.setenv("AIRFLOW_CONN_LINEAGE_SOURCE", f"sqlite:///{path}")
+    return path
+
+
+def run_with_lineage(dag_id: str, events: Path, *, conf: dict[str, Any] | None = None,
+                     env: dict[str, str] | None = None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Run ``dag_id`` under ``dag.test()`` with the OpenLineage provider's file transport writing to
+    ``events``; the run's state and the events of its tasks, in order."""
+    environ = {**os.environ, **(env or {}),
+               "AIRFLOW__OPENLINEAGE__TRANSPORT": json.dumps({"type": "file", "log_file_path": str(events),
+                                                              "append": True}),
+               "AIRFLOW__OPENLINEAGE__NAMESPACE": "resumable-tests"}
+    result = subprocess.run([sys.executable, str(ROOT / "tests" / "support" / "dag_run.py"), dag_id,
+                             json.dumps(conf or {}), DAY], capture_output=True, text=True, env=environ, timeout=300)
+    (events.parent / f"{dag_id}.log").write_text(result.stdout + result.stderr)  # the run's log, beside its events
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    run = json.loads(next(line for line in result.stdout.splitlines() if line.startswith("DAG_RUN_RESULT "))[15:])
+    lines = events.read_text().splitlines() if events.exists() else []
+    task_events = [e for e in map(json.loads, lines) if "." in e["job"]["name"]]  # not the DAG's own
+    return run, task_events
+
+
+def facet(event: dict[str, Any]) -> dict[str, Any]:
+    return event["run"]["facets"]["resumable"]
+
+
+# -- the tests -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.one_store("asserts the OpenLineage events, not the store", kind="sqlite")
+def test_a_crash_then_a_resume_carries_the_facet_on_every_event_with_the_table_as_input(
+    checkpoints: Store, airflow_home: Path, source_db: Path, tmp_path: Path
+) -> None:
+    """Given a ChunkedOperator reading table ``loans`` through connection ``lineage_source``,
+    When try 1 raises in its third chunk and try 2 resumes,
+    Then START, FAIL, START, COMPLETE carry the ``resumable`` facet (valid against our schema and
+    the events against OpenLineage's rules): try 2 resumed from try 1's last checkpoint, and
+    ``loans`` is the input of FAIL and COMPLETE, ``loan_totals`` the output, both in the SQLite
+    file's namespace."""
+    run, events = run_with_lineage("ol_loans", tmp_path / "events.jsonl", conf={"fail": [1, 2]})
+    assert run["state"] == "success"
+    assert [e["eventType"] for e in events] == ["START", "FAIL", "START", "COMPLETE"]
+    event_ok, facet_ok = validators()
+    for event in events:
+        event_ok.validate(event)
+        facet_ok.validate(facet(event))
+    start1, fail, start2, complete = (facet(e) for e in events)
+    assert {k: start1[k] for k in ("job", "attempt", "status")} == {"job": "ol_loans.sum_loans", "attempt": 1,
+                                                                    "status": "running"}
+    assert start1["slot"] == complete["slot"] == "2026-02-01T00:00:00+00:00"
+    assert {k: fail[k] for k in ("attempt", "status", "resumed", "position", "processed", "checkpoints")} == {
+        "attempt": 1, "status": "failed", "resumed": False, "position": 20, "processed": 20, "checkpoints": 2}
+    assert {k: complete[k] for k in ("attempt", "status", "resumed", "resumedFrom", "position", "processed",
+                                     "total", "checkpoints")} == {
+        "attempt": 2, "status": "done", "resumed": True, "resumedFrom": 20, "position": 50, "processed": 50,
+        "total": 50, "checkpoints": 3}
+    namespace = f"sqlite://{source_db}"
+    # The table's datasource is named in the task's own process as each try ends (the listener's
+    # forked process cannot always look a connection up): the start events come before that.
+    assert [e["inputs"] for e in events if e["eventType"] == "START"] == [[], []]
+    for event in events[1::2]:
+        assert [(d["namespace"], d["name"]) for d in event["inputs"]] == [(namespace, "loans")]
+    assert [(d["namespace"], d["name"]) for d in events[-1]["outputs"]] == [(namespace, "loan_totals")]
+    if os.environ.get("RESUMABLE_DOCS_EVENT"):  # the docs' rendered event (docs/how-to/openlineage.md)
+        Path(os.environ["RESUMABLE_DOCS_EVENT"]).write_text(json.dumps(events[-1], indent=2))
+
+
+@pytest.mark.one_store("asserts the OpenLineage events, not the store", kind="sqlite")
+def test_credentials_never_reach_an_event_and_a_huge_position_goes_cut(
+    checkpoints: Store, airflow_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Given a @task.resumable handler that reads a file URL with a key, a secret and a signed query,
+    writes a table through a PostgreSQL connection whose URI holds a password (a server that
+    refuses connections: its current schema cannot be asked), and checkpoints a 100 kB position,
+    When it runs, Then it succeeds; no event holds the password, the key, the secret or the
+    signature; the input is ``s3://landing`` / ``items.jsonl``, the output the connection's
+    ``postgres://host:port`` / ``warehouse.public.items_copy``; the position is a short preview."""
+    monkeypatch.setenv("AIRFLOW_CONN_LINEAGE_SOURCE", "postgresql://alice:s3cret-pw@127.0.0.1:1/warehouse")
+    run, events = run_with_lineage("ol_taskflow", tmp_path / "events.jsonl", conf={"position_bytes": 100_000})
+    assert run["state"] == "success"
+    assert [e["eventType"] for e in events] == ["START", "COMPLETE"]
+    text = json.dumps(events)
+    for secret in ("s3cret-pw", "alice", "inbox-secret", "inbox-key", "X-Amz-Signature", "sig"):
+        assert secret not in text, secret
+    complete = events[-1]
+    assert [(d["namespace"], d["name"]) for d in complete["inputs"]] == [("s3://landing", "items.jsonl")]
+    assert [(d["namespace"], d["name"]) for d in complete["outputs"]] == [
+        ("postgres://127.0.0.1:1", "warehouse.public.items_copy")]
+    position = facet(complete)["position"]
+    assert position["truncated"] is True and position["bytes"] == 100_002 and len(position["preview"]) == 203
+    assert len(json.dumps(facet(complete))) < 2_000
+    validators()[1].validate(facet(complete))
+
+
+@pytest.mark.one_store("asserts the OpenLineage events, not the store", kind="sqlite")
+def test_a_partitioned_job_s_summary_names_its_partitions_runs_as_one_job_s_parts(
+    checkpoints: Store, airflow_home: Path, source_db: Path, tmp_path: Path
+) -> None:
+    """Given a job over ``loans`` in 3 partitions, When it runs, Then each partition's events carry
+    its place (index of 3 in ``ol_partitioned.export``) and ``loans`` as input, and the summary's
+    COMPLETE event names the 3 parts, and, in OpenLineage's ``jobDependencies`` facet, the very
+    runs the partitions' events were emitted for."""
+    run, events = run_with_lineage("ol_partitioned", tmp_path / "events.jsonl")
+    assert run["state"] == "success"
+    parts = [e for e in events if e["job"]["name"] == "ol_partitioned.export.partition"]
+    completes = {facet(e)["partition"]["index"]: e for e in parts if e["eventType"] == "COMPLETE"}
+    assert sorted(completes) == [0, 1, 2]
+    for index, event in completes.items():
+        assert {k: facet(event)["partition"][k] for k in ("job", "index", "count")} == {
+            "job": "ol_partitioned.export", "index": index, "count": 3}
+        assert facet(event)["job"] == f"ol_partitioned.export[{index}]"
+        assert [d["name"] for d in event["inputs"]] == ["loans"]
+    summary = next(e for e in events if e["job"]["name"] == "ol_partitioned.export.summary"
+                   and e["eventType"] == "COMPLETE")
+    validators()[0].validate(summary)
+    validators()[1].validate(facet(summary))
+    partitions = facet(summary)["partitions"]
+    assert (partitions["count"], partitions["done"], partitions["failed"]) == (3, 3, [])
+    assert [(p["index"], p["job"], p["status"]) for p in partitions["parts"]] == [
+        (i, f"ol_partitioned.export[{i}]", "done") for i in range(3)]
+    assert sum(p["processed"] for p in partitions["parts"]) == 50
+    upstream = summary["run"]["facets"]["jobDependencies"]["upstream"]
+    assert {u["run"]["runId"] for u in upstream} == {e["run"]["runId"] for e in completes.values()}
+    assert {u["job"]["name"] for u in upstream} == {"ol_partitioned.export.partition"}
+
+
+@pytest.mark.one_store("asserts the OpenLineage events, not the store", kind="sqlite")
+def test_a_connection_that_cannot_be_looked_up_costs_the_events_their_input_not_the_task(
+    checkpoints: Store, airflow_home: Path, tmp_path: Path
+) -> None:
+    """Given the reader's connection ``lineage_source`` not defined (its datasource cannot be named),
+    When the task runs (and fails: its reader cannot read either), Then every try's events still come
+    at once (no lookup in the listener's process to wait out), with the facet and without the input,
+    and the task's log says why."""
+    run, events = run_with_lineage("ol_loans", tmp_path / "events.jsonl")
+    assert run["state"] == "failed"
+    assert [e["eventType"] for e in events] == ["START", "FAIL"]  # a missing connection is not retried
+    for event in events:
+        assert event["inputs"] == [] and facet(event)["job"] == "ol_loans.sum_loans"
+    log = (tmp_path / "ol_loans.log").read_text()
+    assert "OpenLineage: could not name the table 'loans' (connection 'lineage_source'" in log
+    assert "expired and will be terminated" not in log
+
+
+def test_a_failing_facet_builder_is_logged_and_the_event_goes_without_it(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Given building the facet raises, When the provider asks for the complete event's lineage,
+    Then the answer is None (the provider emits its event without ours) and a warning is logged."""
+    import logging
+
+    from airflow_resumable import ResumableOperator
+    from airflow_resumable.core.observe import AttemptFacts
+    from airflow_resumable.lineage import facets
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("a broken facet")
+
+    monkeypatch.setattr(facets, "run_facet", broken)
+    logger = logging.getLogger("test_lineage.task")  # the task's logger, as caplog can read it
+    monkeypatch.setattr(ResumableOperator, "log", property(lambda self: logger))
+    op = ResumableOperator(task_id="t", handler=lambda ctx: None)
+    op._observed = AttemptFacts(job="j", slot="s", attempt=1, status="done")
+    with caplog.at_level(logging.WARNING):
+        assert op.get_openlineage_facets_on_complete(object()) is None
+        assert op.get_openlineage_facets_on_failure(object()) is None
+    assert "OpenLineage: could not build this task's lineage" in caplog.text and "a broken facet" in caplog.text
+
+
+def test_with_the_provider_not_listening_no_lineage_module_is_imported_and_the_task_runs(
+    airflow_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Given the OpenLineage provider installed without a transport (it then registers no listener:
+    as good as absent), When a resumable task runs, Then it succeeds and neither OpenLineage's
+    client nor our facets module was imported, nor any dataset looked up."""
+    path = tmp_path / "source.db"
+    with sqlite3.connect(path) as db:
+        db.execute("CREATE TABLE loans (id INTEGER PRIMARY KEY, amount INTEGER)")
+        db.executemany("INSERT INTO loans VALUES (?, ?)", [(i, i) for i in range(1, 51)])
+    monkeypatch.setenv("AIRFLOW_CONN_LINEAGE_SOURCE", f"sqlite:///{path}")
+    monkeypatch.setenv("AIRFLOW_CONN_RESUMABLE_DEFAULT", f"sqlite:///{tmp_path / 'checkpoints.db'}")
+    monkeypatch.delenv("AIRFLOW__OPENLINEAGE__TRANSPORT", raising=False)
+    result = subprocess.run([sys.executable, str(ROOT / "tests" / "support" / "dag_run.py"), "ol_loans", "{}", DAY],
+                            capture_output=True, text=True, timeout=300,
+                            env={**os.environ, "RESUMABLE_REPORT_IMPORTS": "openlineage,airflow_resumable.lineage"})
+    assert result.returncode == 0, result.stderr[-5000:]
+    lines = result.stdout.splitlines()
+    assert json.loads(next(x for x in lines if x.startswith("DAG_RUN_RESULT "))[15:])["state"] == "success"
+    assert json.loads(next(x for x in lines if x.startswith("DAG_RUN_IMPORTED "))[17:]) == []
+
+
+def test_a_reader_without_a_connection_is_left_out_with_a_log_line_saying_how_to_name_it(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Given a keyset reader on a plain ``connect`` function (no Airflow connection to name its
+    datasource by), When its datasets are named, Then there are none and the log says what to use."""
+    import logging
+
+    from airflow_resumable.core.readers import KeysetReader
+    from airflow_resumable.lineage.facets import datasets, look_up
+
+    source = KeysetReader(connect=lambda: None, key="id", table="loans").source()
+    assert source.connection is None
+    with caplog.at_level(logging.INFO):
+        names = look_up([source], logging.getLogger("test_lineage.task"))
+    assert names == {source: []} and datasets([source], names) == []
+    assert "has no Airflow connection to name its datasource by" in caplog.text and "ctx.input(" in caplog.text

@@ -1,0 +1,108 @@
+"""The core's facts for lineage and tracing (core/observe.py): what an attempt says it read and
+wrote, how far it got, and the rules that keep them small and free of credentials. No Airflow."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from airflow_resumable.core import Attempt, Options
+from airflow_resumable.core.errors import ConfigurationError
+from airflow_resumable.core.observe import AttemptFacts, Part, Source, without_credentials
+from airflow_resumable.core.readers import KeysetReader, SequenceReader
+from airflow_resumable.core.stores import Store
+
+pytestmark = pytest.mark.one_store("the facts are the attempt's memory, not the store's", kind="sqlite")
+
+
+def attempt(store: Store, n: int = 1) -> Attempt:
+    return Attempt(store, job="observe.job", slot="2026-01-01", attempt=n, owner=f"owner-{n}", options=Options())
+
+
+def test_an_attempt_s_facts_say_where_it_resumed_how_far_it_got_and_what_it_read_and_wrote(store: Store) -> None:
+    """Given try 1 stopping after 2 checkpoints and try 2 finishing, Then try 2's facts say it resumed
+    from 2, processed 5 in 3 checkpoints, read its reader's table and wrote what the handler named."""
+    class Stop(Exception):
+        pass
+
+    def first(ctx: Any) -> None:
+        for i in (1, 2):
+            ctx.checkpoint(i, processed=i, total=5)
+        raise Stop
+
+    one = attempt(store, 1)
+    with pytest.raises(Stop):
+        one.run(first)
+    assert (one.facts().status, one.facts().checkpoints, one.facts().resumed) == ("failed", 2, False)
+
+    reader = KeysetReader(connect=lambda: None, key="id", table="public.loans")
+    reader.connect.conn_id = "warehouse"  # type: ignore[attr-defined]  # as sql_reader's connect names it
+
+    def second(ctx: Any) -> None:
+        ctx.reading(reader.source())
+        ctx.output(table="report", connection="warehouse")
+        ctx.output(table="report", connection="warehouse")  # the same output once
+        for i in (3, 4, 5):
+            ctx.checkpoint(i, processed=i, total=5)
+
+    two = attempt(store, 2)
+    two.run(second)
+    facts = two.facts()
+    assert (facts.status, facts.resumed, facts.resumed_from, facts.position, facts.processed, facts.total,
+            facts.checkpoints) == ("done", True, 2, 5, 5, 5, 3)
+    assert facts.inputs == (Source("table", "public.loans", "warehouse"),)
+    assert facts.outputs == (Source("table", "report", "warehouse"),)
+
+
+def test_a_reader_says_what_it_reads_on_its_first_read_of_an_attempt(store: Store) -> None:
+    def handler(ctx: Any) -> None:
+        reader = SequenceReader(list(range(3)))
+        for batch in reader.chunks(ctx, 2):
+            ctx.checkpoint(batch.position, processed=len(batch))
+
+    one = attempt(store)
+    one.run(handler)
+    assert one.facts().inputs == ()  # items in memory: no dataset
+
+
+@pytest.mark.parametrize(("kwargs", "why"), [
+    ({}, "exactly one of table= and file="),
+    ({"table": "a", "file": "b"}, "exactly one of table= and file="),
+    ({"table": "  "}, "a non-empty name"),
+    ({"table": "t", "connection": 5}, "an optional connection id"),
+])
+def test_ctx_output_refuses_what_names_no_dataset_naming_the_job_and_slot(store: Store, kwargs: dict[str, Any],
+                                                                          why: str) -> None:
+    def handler(ctx: Any) -> None:
+        ctx.output(**kwargs)
+
+    with pytest.raises(ConfigurationError, match=why) as caught:
+        attempt(store).run(handler)
+    assert (caught.value.job, caught.value.slot) == ("observe.job", "2026-01-01")
+
+
+def test_more_than_a_hundred_outputs_are_refused_not_kept_without_bound(store: Store) -> None:
+    def handler(ctx: Any) -> None:
+        for i in range(101):
+            ctx.output(table=f"t{i}")
+
+    with pytest.raises(ConfigurationError, match="more than 100 different outputs"):
+        attempt(store).run(handler)
+
+
+def test_a_file_s_url_loses_its_credentials_and_query_before_anything_keeps_it() -> None:
+    assert Source("file", "s3://key:secret@bucket/dir/x.csv?X-Amz-Signature=abc#f").name == "s3://bucket/dir/x.csv"
+    assert without_credentials("https://u:p@host:8443/a?b=c") == "https://host:8443/a"
+    assert without_credentials("/data/x.csv") == "/data/x.csv"
+
+
+def test_huge_positions_and_names_go_as_short_previews() -> None:
+    huge = ["x" * 10_000, list(range(5000))]
+    facts = AttemptFacts(job="j" * 1024, slot="s", attempt=1, status="done", resumed_from=huge, position=huge,
+                         partition=Part(job="p", index=0, count=2, after=huge, until=None))
+    out = facts.as_json()
+    assert len(json.dumps(out)) < 2_500
+    assert out["position"]["truncated"] is True and out["position"]["bytes"] == len(json.dumps(huge))
+    assert out["partition"]["after"]["truncated"] is True and out["job"].endswith("...")
