@@ -415,3 +415,34 @@ def _day(text: str) -> Any:
     from datetime import datetime
 
     return datetime.fromisoformat(text)
+
+
+@pytest.mark.parametrize("driver_store", _drivers(*ALL), indirect=True)
+def test_a_library_s_statements_sent_through_the_cursor_commit_once_with_the_checkpoint(driver_store: Store) -> None:
+    # Given the documented way for a library that would commit by itself: SQLAlchemy Core's
+    # statement compiled (psycopg2's paramstyle) and sent through the handle, and a DataFrame's rows
+    # (here, what itertuples(index=False, name=None) yields) through executemany
+    from sqlalchemy import column, insert, table
+    from sqlalchemy.dialects import postgresql
+
+    sink_table = table("sink", column("item"), column("attempt"))
+
+    def library(ctx: Any) -> None:
+        i = ctx.position or 0
+        while i < 10:
+            compiled = insert(sink_table).values(item=i, attempt=ctx.attempt).compile(
+                dialect=postgresql.psycopg2.dialect())
+            ctx.transaction().execute(str(compiled), compiled.params)
+            rows = ((item, ctx.attempt) for item in range(i + 1, i + 5))
+            ctx.transaction().executemany("INSERT INTO sink (item, attempt) VALUES (%s, %s)", rows)
+            if ctx.attempt == 1 and i == 5:
+                raise RuntimeError("the chunk fails after its writes")
+            i += 5
+            ctx.checkpoint(i, processed=i)
+
+    # When the second chunk fails after its writes and a second attempt resumes
+    with pytest.raises(RuntimeError):
+        Attempt(driver_store, job=JOB, slot=SLOT, attempt=1, owner="a").run(library)
+    Attempt(driver_store, job=JOB, slot=SLOT, attempt=2, owner="b").run(library)
+    # Then each row is there once: the failed chunk's rows were rolled back with it
+    assert sink(driver_store) == list(range(10))

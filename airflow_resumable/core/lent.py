@@ -34,7 +34,9 @@ from airflow_resumable.core.statements import Refusal, statement_refused
 #: What each refused call would have done.
 _EFFECTS = {
     "commit": "commit the chunk's writes on their own, before its checkpoint (a crash before the checkpoint would "
-    "write them twice)",
+    "write them twice). A library that commits by itself (pandas' to_sql, an ORM session) cannot share the chunk's "
+    "transaction: send its statements through a cursor of ctx.transaction() instead (compiled SQL, executemany "
+    "of its rows), or let it write on a connection of its own, idempotently, and commit before ctx.checkpoint()",
     "rollback": "undo every write since the last checkpoint (earlier chunks and recorded skips included) while the "
     "checkpoint moves on past them",
     "reset": "undo every write since the last checkpoint while the checkpoint moves on past them",
