@@ -195,7 +195,7 @@ class TransactionConnection:
 
     def __getattr__(self, name: str) -> Any:
         if name in self._driver.readable:
-            return getattr(self._conn, name)
+            return forwarded(getattr(self._conn, name))
         raise AttributeError(
             f"the connection of ctx.transaction() has no {name!r}: it offers cursor(), execute(), executemany() and "
             f"the read-only {', '.join(sorted(self._driver.readable))}"
@@ -233,6 +233,20 @@ def _refused(name: str) -> Any:
 for _name in _EFFECTS:
     if _name != "rollback":
         setattr(TransactionConnection, _name, _refused(_name))
+
+
+def forwarded(value: Any) -> Any:
+    """``value`` as a handle may hand it out: a bound method of the driver's object is wrapped, so
+    that its ``__self__`` does not lead to that object."""
+    if getattr(value, "__self__", None) is None or not callable(value):
+        return value
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return value(*args, **kwargs)
+
+    call.__name__ = call.__qualname__ = getattr(value, "__name__", "call")
+    call.__doc__ = getattr(value, "__doc__", None)
+    return call
 
 
 def from_driver() -> bool:
@@ -319,7 +333,7 @@ class SQLiteCursor:
 
     def __getattr__(self, name: str) -> Any:
         if name in self._READABLE:
-            return getattr(self._cur, name)
+            return forwarded(getattr(self._cur, name))
         raise AttributeError(f"a cursor of ctx.transaction() has no {name!r}")
 
     def __setattr__(self, name: str, value: Any) -> None:

@@ -10,7 +10,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from airflow_resumable.core.errors import TransactionRefused
-from airflow_resumable.core.lent import Loan, TransactionConnection, from_driver
+from airflow_resumable.core.lent import Loan, TransactionConnection, forwarded, from_driver
 from airflow_resumable.core.statements import postgres_refusal, statement_refused
 
 # -- psycopg2 ------------------------------------------------------------------------------------
@@ -254,10 +254,17 @@ class Psycopg3Cursor:
         return self
 
     def executemany(self, query: Any, params_seq: Any, **kwargs: Any) -> None:
-        sent = [self._sent(query, p) for p in params_seq]  # all judged before any runs
-        if sent and all(p is not None for _, p in sent):  # server-side parameters: psycopg's own executemany
-            self._cur.executemany(query, [p for _, p in sent], **kwargs)
+        import psycopg
+
+        params_seq = list(params_seq)
+        if params_seq and not isinstance(self._cur, psycopg.ClientCursor) and all(params_seq):
+            # Server-side parameters: one statement, the same text for every set (the server takes one
+            # statement with parameters, and none that ends a transaction has any), judged once; sent by
+            # psycopg's own executemany (pipelined)
+            self._sent(query, params_seq[0])
+            self._cur.executemany(query, params_seq, **kwargs)
             return
+        sent = [self._sent(query, p) for p in params_seq]  # all judged before any runs
         total = 0
         for q, p in sent:
             self._cur.execute(q, p)
@@ -292,7 +299,7 @@ class Psycopg3Cursor:
 
     def __getattr__(self, name: str) -> Any:
         if name in self._READABLE:
-            return getattr(self._cur, name)
+            return forwarded(getattr(self._cur, name))
         raise AttributeError(f"a cursor of ctx.transaction() has no {name!r}")
 
     def __setattr__(self, name: str, value: Any) -> None:
@@ -315,7 +322,7 @@ class _Copy:
 
     def __getattr__(self, name: str) -> Any:
         if name in self._READABLE:
-            return getattr(self._copy, name)
+            return forwarded(getattr(self._copy, name))
         raise AttributeError(f"a COPY of ctx.transaction() has no {name!r}")
 
     def __setattr__(self, name: str, value: Any) -> None:

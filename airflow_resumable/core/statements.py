@@ -88,6 +88,8 @@ def postgres_refusal(sql: str) -> Refusal | None:
     Raises:
         ConfigurationError: pglast is not installed (the ``postgres`` extra).
     """
+    if "\x00" in sql:  # libpq and libpg_query both stop reading there: refuse rather than guess
+        return Refusal("a text holding a NUL character", unreadable=True)
     if _WORDS.search(sql) is None:
         return None
     if len(sql) > CACHED_LENGTH:
