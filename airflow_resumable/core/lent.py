@@ -23,8 +23,6 @@ from __future__ import annotations
 
 import secrets
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 from airflow_resumable.core.checkpoint import error_text
@@ -293,33 +291,50 @@ class SQLiteCursor:
 
     def execute(self, sql: str, params: Any = None) -> SQLiteCursor:
         """Raises: TransactionRefused: SQLite refused to compile it for the handler; nothing ran."""
-        with self._judged():
+        conn = self._opened()
+        try:
             if params is None:  # as psycopg2: no parameters, no placeholder processing
                 self._cur.execute(sql)
             else:
                 self._cur.execute(self._driver.placeholders(sql), params)
+        except Exception as exc:
+            refused = self._refused(conn)
+            if refused is None:
+                raise
+            raise refused from exc
         return self
 
     def executemany(self, sql: str, seq_of_params: Any) -> SQLiteCursor:
         """Raises: TransactionRefused: SQLite refused to compile it for the handler; nothing ran."""
-        with self._judged():
+        conn = self._opened()
+        try:
             self._cur.executemany(self._driver.placeholders(sql), seq_of_params)
+        except Exception as exc:
+            refused = self._refused(conn)
+            if refused is None:
+                raise
+            raise refused from exc
         return self
 
-    @contextmanager
-    def _judged(self) -> Iterator[None]:
+    def _opened(self) -> Any:
+        """The connection, in the chunk's transaction (opened now if need be).
+
+        Raises:
+            AttemptEnded: the handler has returned.
+        """
         guard = self._guard
-        loan = guard._loan
-        loan.check()
+        guard._loan.check()
         conn = guard._conn
         conn.begin()
-        try:
-            yield
-        except Exception as exc:
-            denied = conn.take_denial()
-            if denied is not None:
-                raise statement_refused(Refusal(denied), loan.job, loan.slot) from exc
-            raise
+        return conn
+
+    def _refused(self, conn: Any) -> TransactionRefused | None:
+        """:class:`TransactionRefused` when SQLite's authorizer refused what just failed, else None."""
+        denied = conn.take_denial()
+        if denied is None:
+            return None
+        loan = self._guard._loan
+        return statement_refused(Refusal(denied), loan.job, loan.slot)
 
     def executescript(self, script: str) -> Any:
         """Refused, as :meth:`TransactionConnection.executescript`."""
