@@ -39,6 +39,7 @@ _RUNNERS = {
     "14": ("bench.partitions", "run"),
     "15": ("bench.partitioned_workers", "run"),
     "16": ("bench.items", "run"),
+    "17": ("bench.statements", "run"),
 }
 ROWS = tuple(_RUNNERS)
 

@@ -5,6 +5,10 @@ not DML to Python's sqlite3, which would run it in autocommit), ``executescript`
 connection URI with a bad ``synchronous`` refused by name. The concurrency cases (heartbeats and
 control requests while a transactional handler runs, two workers on one file) are in
 ``tests/test_sqlite_concurrency.py``.
+
+One test runs on SQLite only (``one_store``): statements only SQLite's grammar has (``BEGIN
+IMMEDIATE``, a comment that does not nest), refused by SQLite's own authorizer; PostgreSQL's own
+cases are in ``tests/test_transaction_guard.py``.
 """
 
 from __future__ import annotations

@@ -208,6 +208,83 @@ def test_no_handle_reachable_from_the_transaction_can_end_or_reconfigure_it(driv
     assert refused and all(f"job={JOB!r}" in r and f"slot={SLOT!r}" in r and "ctx.checkpoint()" in r for r in refused)
 
 
+def _driver_objects() -> tuple[type, ...]:
+    """The driver's own connection and cursor classes (psycopg2's cursor excepted: the handle's
+    cursors are subclasses of it, by design, whose ``.connection`` is the handle)."""
+    import sqlite3
+
+    import psycopg
+    import psycopg2.extensions
+
+    return sqlite3.Connection, sqlite3.Cursor, psycopg2.extensions.connection, psycopg.Connection, psycopg.Cursor
+
+
+def _offered() -> set[str]:
+    """Every name a handle or cursor offers through ``__getattr__`` (not in its ``dir()``)."""
+    from airflow_resumable.core.lent import SQLiteCursor, SQLiteDriver
+    from airflow_resumable.core.lent_postgres import Psycopg2Driver, Psycopg3Cursor, Psycopg3Driver, _Copy
+
+    return set().union(SQLiteDriver.readable, Psycopg2Driver.readable, Psycopg3Driver.readable,
+                       SQLiteCursor._READABLE, Psycopg3Cursor._READABLE, _Copy._READABLE)
+
+
+_OFFERED = _offered()
+
+
+def _reachable(roots: list[Any], depth: int = 3) -> list[tuple[str, Any]]:
+    """Every object reachable from ``roots`` through public attributes and the ``__self__`` of the
+    methods they hand out (what code that is not digging into private attributes can reach)."""
+    seen: dict[int, tuple[str, Any]] = {}
+    frontier = [(type(r).__name__, r) for r in roots]
+    for _ in range(depth):
+        found = []
+        for path, obj in frontier:
+            if id(obj) in seen or isinstance(obj, (str, bytes, int, float, type(None), type)):
+                continue
+            seen[id(obj)] = (path, obj)
+            for name in sorted(set(dir(obj)) | _OFFERED):
+                if name.startswith("_") and name != "__self__":
+                    continue
+                try:
+                    value = getattr(obj, name)
+                except Exception:  # a refused or unreadable attribute hands nothing out
+                    continue
+                found.append((f"{path}.{name}", value))
+                owner = getattr(value, "__self__", None)
+                if owner is not None:
+                    found.append((f"{path}.{name}.__self__", owner))
+        frontier = found
+    return list(seen.values())
+
+
+@pytest.mark.parametrize("driver_store", _drivers(*ALL), indirect=True)
+def test_nothing_reachable_from_the_handle_s_public_attributes_is_the_drivers_connection(driver_store: Store) -> None:
+    kind = "sqlite" if isinstance(driver_store, SQLiteStore) else getattr(driver_store, "psycopg3_params", None) and \
+        "psycopg3" or "psycopg2"
+    leaks: list[str] = []
+
+    def look(ctx: Any) -> None:
+        tx = ctx.transaction()
+        roots = [tx, tx.cursor(), tx.execute("SELECT 1")]
+        if kind == "psycopg3":
+            with tx.cursor().copy("COPY (SELECT 1) TO STDOUT") as copy:
+                assert [bytes(block) for block in copy] == [b"1\n"]
+            roots.append(copy)
+        leaks.extend(path for path, obj in _reachable(roots) if isinstance(obj, _driver_objects()))
+
+    Attempt(driver_store, job=JOB, slot=SLOT, attempt=1, owner="a").run(look)
+    assert leaks == []
+
+
+@pytest.mark.parametrize("driver_store", _drivers("psycopg2", "psycopg3"), indirect=True)
+def test_a_text_with_a_nul_character_is_not_sent(driver_store: Store) -> None:
+    def nul(ctx: Any) -> None:
+        with pytest.raises(TransactionRefused, match="NUL"):
+            ctx.transaction().execute("SELECT 1\x00; COMMIT")
+
+    Attempt(driver_store, job=JOB, slot=SLOT, attempt=1, owner="a").run(nul)
+
+
 @pytest.mark.parametrize("driver_store", _drivers(*ALL), indirect=True)
 def test_a_handle_kept_after_the_handler_returned_runs_nothing(driver_store: Store) -> None:
     kept: list[Any] = []
@@ -415,3 +492,34 @@ def _day(text: str) -> Any:
     from datetime import datetime
 
     return datetime.fromisoformat(text)
+
+
+@pytest.mark.parametrize("driver_store", _drivers(*ALL), indirect=True)
+def test_a_library_s_statements_sent_through_the_cursor_commit_once_with_the_checkpoint(driver_store: Store) -> None:
+    # Given the documented way for a library that would commit by itself: SQLAlchemy Core's
+    # statement compiled (psycopg2's paramstyle) and sent through the handle, and a DataFrame's rows
+    # (here, what itertuples(index=False, name=None) yields) through executemany
+    from sqlalchemy import column, insert, table
+    from sqlalchemy.dialects import postgresql
+
+    sink_table = table("sink", column("item"), column("attempt"))
+
+    def library(ctx: Any) -> None:
+        i = ctx.position or 0
+        while i < 10:
+            compiled = insert(sink_table).values(item=i, attempt=ctx.attempt).compile(
+                dialect=postgresql.psycopg2.dialect())
+            ctx.transaction().execute(str(compiled), compiled.params)
+            rows = ((item, ctx.attempt) for item in range(i + 1, i + 5))
+            ctx.transaction().executemany("INSERT INTO sink (item, attempt) VALUES (%s, %s)", rows)
+            if ctx.attempt == 1 and i == 5:
+                raise RuntimeError("the chunk fails after its writes")
+            i += 5
+            ctx.checkpoint(i, processed=i)
+
+    # When the second chunk fails after its writes and a second attempt resumes
+    with pytest.raises(RuntimeError):
+        Attempt(driver_store, job=JOB, slot=SLOT, attempt=1, owner="a").run(library)
+    Attempt(driver_store, job=JOB, slot=SLOT, attempt=2, owner="b").run(library)
+    # Then each row is there once: the failed chunk's rows were rolled back with it
+    assert sink(driver_store) == list(range(10))

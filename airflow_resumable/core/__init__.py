@@ -2,7 +2,7 @@
 
 from airflow_resumable.core.checkpoint import Checkpoint, Status
 from airflow_resumable.core.chunked import chunk_loop
-from airflow_resumable.core.context import RunContext, TransactionConnection
+from airflow_resumable.core.context import RunContext
 from airflow_resumable.core.errors import (
     AttemptEnded,
     Cancelled,
@@ -21,6 +21,7 @@ from airflow_resumable.core.errors import (
     SlotNotFound,
     StoreUnavailable,
 )
+from airflow_resumable.core.lent import TransactionConnection
 from airflow_resumable.core.readers import Batch, FileReader, KeysetReader, Reader, SequenceReader
 from airflow_resumable.core.runner import Attempt, Options, Outcome
 from airflow_resumable.core.signal import Reason, Signal

@@ -23,8 +23,6 @@ from __future__ import annotations
 
 import secrets
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 from airflow_resumable.core.checkpoint import error_text
@@ -34,7 +32,9 @@ from airflow_resumable.core.statements import Refusal, statement_refused
 #: What each refused call would have done.
 _EFFECTS = {
     "commit": "commit the chunk's writes on their own, before its checkpoint (a crash before the checkpoint would "
-    "write them twice)",
+    "write them twice). A library that commits by itself (pandas' to_sql, an ORM session) cannot share the chunk's "
+    "transaction: send its statements through a cursor of ctx.transaction() instead (compiled SQL, executemany "
+    "of its rows), or let it write on a connection of its own, idempotently, and commit before ctx.checkpoint()",
     "rollback": "undo every write since the last checkpoint (earlier chunks and recorded skips included) while the "
     "checkpoint moves on past them",
     "reset": "undo every write since the last checkpoint while the checkpoint moves on past them",
@@ -193,7 +193,7 @@ class TransactionConnection:
 
     def __getattr__(self, name: str) -> Any:
         if name in self._driver.readable:
-            return getattr(self._conn, name)
+            return forwarded(getattr(self._conn, name))
         raise AttributeError(
             f"the connection of ctx.transaction() has no {name!r}: it offers cursor(), execute(), executemany() and "
             f"the read-only {', '.join(sorted(self._driver.readable))}"
@@ -231,6 +231,20 @@ def _refused(name: str) -> Any:
 for _name in _EFFECTS:
     if _name != "rollback":
         setattr(TransactionConnection, _name, _refused(_name))
+
+
+def forwarded(value: Any) -> Any:
+    """``value`` as a handle may hand it out: a bound method of the driver's object is wrapped, so
+    that its ``__self__`` does not lead to that object."""
+    if getattr(value, "__self__", None) is None or not callable(value):
+        return value
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return value(*args, **kwargs)
+
+    call.__name__ = call.__qualname__ = getattr(value, "__name__", "call")
+    call.__doc__ = getattr(value, "__doc__", None)
+    return call
 
 
 def from_driver() -> bool:
@@ -277,33 +291,50 @@ class SQLiteCursor:
 
     def execute(self, sql: str, params: Any = None) -> SQLiteCursor:
         """Raises: TransactionRefused: SQLite refused to compile it for the handler; nothing ran."""
-        with self._judged():
+        conn = self._opened()
+        try:
             if params is None:  # as psycopg2: no parameters, no placeholder processing
                 self._cur.execute(sql)
             else:
                 self._cur.execute(self._driver.placeholders(sql), params)
+        except Exception as exc:
+            refused = self._refused(conn)
+            if refused is None:
+                raise
+            raise refused from exc
         return self
 
     def executemany(self, sql: str, seq_of_params: Any) -> SQLiteCursor:
         """Raises: TransactionRefused: SQLite refused to compile it for the handler; nothing ran."""
-        with self._judged():
+        conn = self._opened()
+        try:
             self._cur.executemany(self._driver.placeholders(sql), seq_of_params)
+        except Exception as exc:
+            refused = self._refused(conn)
+            if refused is None:
+                raise
+            raise refused from exc
         return self
 
-    @contextmanager
-    def _judged(self) -> Iterator[None]:
+    def _opened(self) -> Any:
+        """The connection, in the chunk's transaction (opened now if need be).
+
+        Raises:
+            AttemptEnded: the handler has returned.
+        """
         guard = self._guard
-        loan = guard._loan
-        loan.check()
+        guard._loan.check()
         conn = guard._conn
         conn.begin()
-        try:
-            yield
-        except Exception as exc:
-            denied = conn.take_denial()
-            if denied is not None:
-                raise statement_refused(Refusal(denied), loan.job, loan.slot) from exc
-            raise
+        return conn
+
+    def _refused(self, conn: Any) -> TransactionRefused | None:
+        """:class:`TransactionRefused` when SQLite's authorizer refused what just failed, else None."""
+        denied = conn.take_denial()
+        if denied is None:
+            return None
+        loan = self._guard._loan
+        return statement_refused(Refusal(denied), loan.job, loan.slot)
 
     def executescript(self, script: str) -> Any:
         """Refused, as :meth:`TransactionConnection.executescript`."""
@@ -317,7 +348,7 @@ class SQLiteCursor:
 
     def __getattr__(self, name: str) -> Any:
         if name in self._READABLE:
-            return getattr(self._cur, name)
+            return forwarded(getattr(self._cur, name))
         raise AttributeError(f"a cursor of ctx.transaction() has no {name!r}")
 
     def __setattr__(self, name: str, value: Any) -> None:

@@ -5,12 +5,14 @@ verdict)."""
 
 from __future__ import annotations
 
+import codecs
+import functools
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
 from airflow_resumable.core.errors import TransactionRefused
-from airflow_resumable.core.lent import Loan, TransactionConnection, from_driver
+from airflow_resumable.core.lent import Loan, TransactionConnection, forwarded, from_driver
 from airflow_resumable.core.statements import postgres_refusal, statement_refused
 
 # -- psycopg2 ------------------------------------------------------------------------------------
@@ -53,7 +55,7 @@ def _checked_class(base: Any) -> Any:
 def _make_checked(base: Any) -> Any:
     import psycopg2
     from psycopg2 import sql as pgsql
-    from psycopg2.extensions import encodings, quote_ident
+    from psycopg2.extensions import quote_ident
 
     real_connection = base.connection  # the C attribute's descriptor
     real_rowcount = base.rowcount
@@ -90,8 +92,7 @@ def _make_checked(base: Any) -> Any:
             if isinstance(query, pgsql.Composable):
                 query = query.as_string(conn)
             text = super().mogrify(query, vars)
-            judge(conn.get_parameter_status("standard_conforming_strings"),
-                  text.decode(encodings.get(conn.encoding, conn.encoding)), loan)
+            judge(conn.get_parameter_status("standard_conforming_strings"), text.decode(_codec(conn.encoding)), loan)
             return text
 
         def execute(self, query: Any, vars: Any = None) -> Any:  # noqa: A002 - psycopg2's name
@@ -128,7 +129,7 @@ def _make_checked(base: Any) -> Any:
             conn = real_connection.__get__(self)
             if isinstance(sql, pgsql.Composable):
                 sql = sql.as_string(conn)
-            text = sql.decode(encodings.get(conn.encoding, conn.encoding)) if isinstance(sql, bytes) else sql
+            text = sql.decode(_codec(conn.encoding)) if isinstance(sql, bytes) else sql
             judge(conn.get_parameter_status("standard_conforming_strings"), text, guard._loan)
             object.__setattr__(self, "_resumable_many", None)
             return super().copy_expert(sql, file, size)
@@ -149,6 +150,15 @@ def _make_checked(base: Any) -> Any:
 
     CheckedCursor.__name__ = CheckedCursor.__qualname__ = f"Checked{base.__name__}"
     return CheckedCursor
+
+
+@functools.cache
+def _codec(encoding: str) -> str:
+    """Python's name of a PostgreSQL client encoding (its canonical one: ``bytes.decode`` takes
+    ``utf-8`` by a fast path, ``utf_8`` through the codec registry)."""
+    from psycopg2.extensions import encodings
+
+    return codecs.lookup(encodings.get(encoding, encoding)).name
 
 
 def judge(conforming: Any, text: str, loan: Loan) -> None:
@@ -254,10 +264,17 @@ class Psycopg3Cursor:
         return self
 
     def executemany(self, query: Any, params_seq: Any, **kwargs: Any) -> None:
-        sent = [self._sent(query, p) for p in params_seq]  # all judged before any runs
-        if sent and all(p is not None for _, p in sent):  # server-side parameters: psycopg's own executemany
-            self._cur.executemany(query, [p for _, p in sent], **kwargs)
+        import psycopg
+
+        params_seq = list(params_seq)
+        if params_seq and not isinstance(self._cur, psycopg.ClientCursor) and all(params_seq):
+            # Server-side parameters: one statement, the same text for every set (the server takes one
+            # statement with parameters, and none that ends a transaction has any), judged once; sent by
+            # psycopg's own executemany (pipelined)
+            self._sent(query, params_seq[0])
+            self._cur.executemany(query, params_seq, **kwargs)
             return
+        sent = [self._sent(query, p) for p in params_seq]  # all judged before any runs
         total = 0
         for q, p in sent:
             self._cur.execute(q, p)
@@ -292,7 +309,7 @@ class Psycopg3Cursor:
 
     def __getattr__(self, name: str) -> Any:
         if name in self._READABLE:
-            return getattr(self._cur, name)
+            return forwarded(getattr(self._cur, name))
         raise AttributeError(f"a cursor of ctx.transaction() has no {name!r}")
 
     def __setattr__(self, name: str, value: Any) -> None:
@@ -315,7 +332,7 @@ class _Copy:
 
     def __getattr__(self, name: str) -> Any:
         if name in self._READABLE:
-            return getattr(self._copy, name)
+            return forwarded(getattr(self._copy, name))
         raise AttributeError(f"a COPY of ctx.transaction() has no {name!r}")
 
     def __setattr__(self, name: str, value: Any) -> None:

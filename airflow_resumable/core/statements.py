@@ -30,7 +30,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-import re
 import sqlite3
 from typing import Any
 
@@ -44,7 +43,9 @@ CACHED_LENGTH = 8192
 
 #: A transaction statement needs one of these words as a keyword token; PostgreSQL folds only ASCII
 #: letters to match keywords, so a text without any of them (in any case) holds no such statement.
-_WORDS = re.compile(r"begin|start|commit|end|abort|rollback|savepoint|release|prepare", re.IGNORECASE)
+#: (``str.lower()`` turns every ASCII capital into its small letter; what else it turns into ASCII
+#: letters only adds matches, and a match only means the text is parsed.)
+_WORDS = ("begin", "start", "commit", "end", "abort", "rollback", "savepoint", "release", "prepare")
 
 #: libpg_query's TransactionStmtKind -> the statement, as a person writes it.
 _KINDS = {
@@ -88,8 +89,12 @@ def postgres_refusal(sql: str) -> Refusal | None:
     Raises:
         ConfigurationError: pglast is not installed (the ``postgres`` extra).
     """
-    if _WORDS.search(sql) is None:
-        return None
+    if "\x00" in sql:  # libpq and libpg_query both stop reading there: refuse rather than guess
+        return Refusal("a text holding a NUL character", unreadable=True)
+    low = sql.lower()
+    if not ("begin" in low or "start" in low or "commit" in low or "end" in low or "abort" in low
+            or "rollback" in low or "savepoint" in low or "release" in low or "prepare" in low):
+        return None  # _WORDS, spelled out: a generator would cost more than the test
     if len(sql) > CACHED_LENGTH:
         return _judge(sql)
     return _cached(sql)
