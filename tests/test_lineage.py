@@ -306,3 +306,23 @@ def test_a_reader_without_a_connection_is_left_out_with_a_log_line_saying_how_to
         names = look_up([source], logging.getLogger("test_lineage.task"))
     assert names == {source: []} and datasets([source], names) == []
     assert "has no Airflow connection to name its datasource by" in caplog.text and "ctx.input(" in caplog.text
+
+
+def test_a_query_s_tables_and_a_table_are_named_in_their_connection_s_namespace(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Given a SQLite connection, When a query with the driver's placeholders and a table are named,
+    Then the query's tables (parsed by OpenLineage's SQL parser) and the table are datasets of the
+    file's namespace; a PostgreSQL connection's namespace is its host and port, never its password."""
+    from airflow_resumable.core.observe import Source
+    from airflow_resumable.lineage.naming import dataset_names, datasource
+
+    datasource.cache_clear()
+    monkeypatch.setenv("AIRFLOW_CONN_NAMING_SQLITE", f"sqlite:///{tmp_path / 'src.db'}")
+    monkeypatch.setenv("AIRFLOW_CONN_NAMING_PG", "postgresql://bob:hunter2@127.0.0.1:1/warehouse")
+    namespace = f"sqlite://{tmp_path / 'src.db'}"
+    query = "SELECT l.id, r.rate FROM loans l JOIN rates r ON r.id = l.rate_id WHERE l.id > ? AND r.day = ?"
+    assert sorted(dataset_names(Source("query", query, "naming_sqlite"))) == [(namespace, "loans"), (namespace, "rates")]
+    assert dataset_names(Source("table", "loans", "naming_sqlite")) == [(namespace, "loans")]
+    named = dataset_names(Source("table", "public.loans", "naming_pg"))
+    assert named == [("postgres://127.0.0.1:1", "warehouse.public.loans")] and "hunter2" not in str(named)

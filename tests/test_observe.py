@@ -106,3 +106,15 @@ def test_huge_positions_and_names_go_as_short_previews() -> None:
     assert len(json.dumps(out)) < 2_500
     assert out["position"]["truncated"] is True and out["position"]["bytes"] == len(json.dumps(huge))
     assert out["partition"]["after"]["truncated"] is True and out["job"].endswith("...")
+
+
+def test_an_attempt_s_facts_count_the_slot_s_skipped_items(store: Store) -> None:
+    def handler(ctx: Any) -> None:
+        for i in (1, 2, 3):
+            if i != 2:
+                ctx.skip({"item": i}, position=i, error=ValueError("bad"), limit=5)
+            ctx.checkpoint(i, processed=i)
+
+    one = attempt(store)
+    one.run(handler)
+    assert (one.facts().skipped, one.facts().checkpoints) == (2, 3)

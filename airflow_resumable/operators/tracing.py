@@ -105,6 +105,9 @@ class AttemptTrace:
     def acquired(self, cp: Checkpoint, *, resumed: bool) -> None:
         """The attempt holds the lease; the row says ``running``."""
         def record() -> None:
+            if not self.span.is_recording():  # no tracer provider: encode nothing
+                self._end_acquire()
+                return
             resumed_from = _json(cp.position) if resumed and cp.position is not None else None
             self._end_acquire(**{"resumable.resumed": resumed, "resumable.resumed_from": resumed_from})
             self.span.set_attributes({"resumable.resumed": resumed, "resumable.processed_start": cp.processed})
@@ -153,7 +156,7 @@ class AttemptTrace:
     def end(self, facts: AttemptFacts | None) -> None:
         def record() -> None:
             self._end_acquire()
-            if facts is not None:
+            if facts is not None and self.span.is_recording():
                 self.span.set_attributes(facts_attributes(facts))
             if self.unrecorded:
                 self.span.set_attribute("resumable.checkpoint_events_unrecorded", self.unrecorded)
