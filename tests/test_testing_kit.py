@@ -438,16 +438,16 @@ def test_a_long_run_is_sampled_at_its_first_last_and_seeded_checkpoints_and_the_
 ) -> None:
     handler = functools.partial(counts_its_chunks, checkpoints=60)
     report = check_resumable(handler, interruptions=["cancel"], name="counts_its_chunks")
-    # 60 checkpoints: 20 of them, the first and the last among them, and the seed that chose the others
-    assert len(report.points) == 20 and report.points[0] == 1 and report.points[-1] == 60
+    # 60 checkpoints: 12 of them, the first and the last among them, and the seed that chose the others
+    assert len(report.points) == 12 and report.points[0] == 1 and report.points[-1] == 60
     assert report.seed is not None and f"sampled with seed={report.seed}" in report.summary()
     assert check_resumable(handler, interruptions=["cancel"], seed=report.seed).points == report.points
     monkeypatch.setenv("RESUMABLE_KIT_SEED", str(report.seed))
     assert check_resumable(handler, interruptions=["cancel"]).points == report.points
     every = check_resumable(handler, interruptions=["cancel"], points="every")
     assert every.points == list(range(1, 61)) and every.seed is None
-    short = check_resumable(functools.partial(counts_its_chunks, checkpoints=20), interruptions=["cancel"])
-    assert short.points == list(range(1, 21)) and short.seed is None
+    short = check_resumable(functools.partial(counts_its_chunks, checkpoints=12), interruptions=["cancel"])
+    assert short.points == list(range(1, 13)) and short.seed is None
     # a failure in a sample says how to try the same points again
     with pytest.raises(NotResumable, match=rf"sampled with seed={report.seed}: pass seed={report.seed} \(or set "
                                            rf"RESUMABLE_KIT_SEED={report.seed}\) .* points='every' to try them all"):
@@ -473,7 +473,7 @@ def test_the_kits_default_cost_grows_with_the_runs_length_not_its_square() -> No
         report = check_resumable(functools.partial(counts_its_chunks, checkpoints=n),
                                  interruptions=IN_PROCESS_INTERRUPTIONS).assert_ok()
         chunks[n] = CHUNKS_RUN[0]
-        assert len(report.points) == 20
+        assert len(report.points) == 12
         # the reference, then each trial's whole run plus the chunk or two an interruption repeats
         assert len(report.trials) * n < chunks[n] <= (len(report.trials) + 1) * (n + 2)
     # twice the checkpoints, twice the chunks (every checkpoint of each: four times)

@@ -70,10 +70,10 @@ __all__ = [
 ]
 
 #: ``points="auto"`` interrupts every checkpoint of a run that makes at most this many.
-EVERY_UP_TO = 20
+EVERY_UP_TO = 12
 #: ``points="auto"`` interrupts this many checkpoints of a longer run: the first, the last and
 #: others chosen at random by the seed.
-SAMPLES = 20
+SAMPLES = 12
 #: The environment variable that gives the seed when ``seed=`` is not given (to replay a sample).
 SEED_VARIABLE = "RESUMABLE_KIT_SEED"
 
