@@ -12,8 +12,8 @@ from typing import Any
 from airflow_resumable.core.attempt_state import AttemptState, utcnow
 from airflow_resumable.core.checkpoint import short
 from airflow_resumable.core.errors import ConfigurationError, LeaseLost, Paused
-from airflow_resumable.core.observe import MAX_OUTPUTS, Source
 from airflow_resumable.core.lent import TransactionConnection
+from airflow_resumable.core.observe import MAX_OUTPUTS, Source
 from airflow_resumable.core.options import wait_seconds
 from airflow_resumable.core.signal import Reason
 from airflow_resumable.core.skips import ReplayReport, replay_requested, skip_item

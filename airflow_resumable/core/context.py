@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 from airflow_resumable.core import defaults
 from airflow_resumable.core.checkpoint import ENCODER, Checkpoint, encode
-from airflow_resumable.core.errors import InvalidCheckpoint
+from airflow_resumable.core.errors import ConfigurationError, InvalidCheckpoint
 from airflow_resumable.core.identity import Identity
 from airflow_resumable.core.lent import TransactionConnection
 from airflow_resumable.core.observe import Source
