@@ -189,6 +189,22 @@ def test_the_benchmark_table_and_plots_are_drawn_from_one_run_s_results() -> Non
     assert run and all(f"| {r['key']} |" in text for r in results)
 
 
+def test_the_chaos_tables_and_curves_are_drawn_from_the_runs_the_docs_keep() -> None:
+    spec = importlib.util.spec_from_file_location("chaos_docs", ROOT / "scripts" / "chaos_docs.py")
+    assert spec and spec.loader
+    chaos_docs = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(chaos_docs)
+    text = page("explanation/chaos.md")
+    names = [m["name"] for m in chaos_docs.MARKER.finditer(text)]
+    # every configuration's trials and the soak, each from its kept results, never typed by hand
+    assert {"celery", "local", "soak-celery"} <= set(names), names
+    assert chaos_docs.page_with_tables(text) == text, "redraw the tables of docs/explanation/chaos.md: " \
+        "python scripts/chaos_docs.py"
+    for name in names:
+        assert (DOCS / "chaos" / f"{name}.json").is_file(), name
+    assert "(../chaos/soak-celery.png)" in text and (DOCS / "chaos" / "soak-celery.png").is_file()
+
+
 @pytest.mark.site
 @pytest.mark.timeout(300)
 def test_the_site_builds_with_no_warning(tmp_path: Path) -> None:

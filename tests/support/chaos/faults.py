@@ -227,7 +227,7 @@ def fire(chaos: Chaos, fault: Fault, runs: list[Run], *, deadline: float, stoppi
         return missed(f"no {wait} moment past checkpoint {fault.k}: {why}")
     if fault.moment == "paused":  # the slot is paused first; the fault strikes once it is
         taken = requests.ask(run, job, "pause")
-        worker = worker_of(chaos, victim.pid)  # the worker it ran on (its task process exits once paused)
+        ran_on, worker = victim.pid, worker_of(chaos, victim.pid)  # its task process exits once paused
         if taken != "taken":
             return missed(f"a pause at {victim.processed}: {taken}")
         paused, why = requests.wait_paused(chaos, run, job, deadline=time.monotonic() + 60)
@@ -235,8 +235,11 @@ def fire(chaos: Chaos, fault: Fault, runs: list[Run], *, deadline: float, stoppi
             return missed(f"a pause at {victim.processed} did not take effect: {why}; {requests.resume(run, job)}")
         victim = paused
         if fault.kind == "deploy_paused":
-            drained = drain(chaos, worker) if worker is not None else "its worker was not found"
-            shot.note = f"paused, {drained}, {requests.resume(run, job)}"
+            if worker is None:  # nothing to drain: the fault did not happen, whatever the history says
+                shot.verdict, shot.why = "failed", f"the worker pid {ran_on} ran on was not found"
+                shot.note = f"paused, not drained, {requests.resume(run, job)}"
+                return shot
+            shot.note = f"paused, {drain(chaos, worker)}, {requests.resume(run, job)}"
         else:
             shot.note = requests.ask(run, job, "restart")
         shot.victim = victim
