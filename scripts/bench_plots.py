@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "docs" / "bench"
 PASS, MISS, NEUTRAL, INK = "#2e7d32", "#c62828", "#78909c", "#263238"
 #: A row's label: its key and what it measures, wrapped to lines of this many characters.
-LABEL_WIDTH = 46
+LABEL_WIDTH = 44
 
 
 PAGE = ROOT / "docs" / "benchmarks.md"
@@ -102,6 +102,11 @@ def label(row: dict[str, Any]) -> str:
     return "\n".join(textwrap.wrap(f"{row['key']}  {row['what'].replace('`', '')}", LABEL_WIDTH))
 
 
+def subtitle_lines(subtitle: str) -> list[str]:
+    """A plot's subtitle, wrapped to the figure's width."""
+    return textwrap.wrap(subtitle, 100)
+
+
 def bars(title: str, subtitle: str, rows: list[dict[str, Any]], *, log: bool, axis: str) -> str:
     """A horizontal bar a row (its ratio, its value at its end), its target as a black tick; green
     where the target was met, red where it was missed; the 1x line dashed. Returns the SVG."""
@@ -117,7 +122,7 @@ def bars(title: str, subtitle: str, rows: list[dict[str, Any]], *, log: bool, ax
                          "font.family": "DejaVu Sans"})
     labels = [label(r) for r in rows]
     # Inches: the title and subtitle above, the axis and the legend below, a row of two lines each.
-    width, top, bottom, row, left = 10.0, 0.95, 1.05, 0.46, 3.7
+    width, top, bottom, row, left = 8.5, 1.0, 1.05, 0.46, 3.6
     height = top + bottom + row * len(rows)
     fig = plt.figure(figsize=(width, height))
     ax = fig.add_axes((left / width, bottom / height, 1 - (left + 0.25) / width, row * len(rows) / height))
@@ -152,13 +157,13 @@ def bars(title: str, subtitle: str, rows: list[dict[str, Any]], *, log: bool, ax
     for side in ("top", "right"):
         ax.spines[side].set_visible(False)
     fig.text(0.1 / width, 1 - 0.12 / height, title, fontsize=13, fontweight="bold", color=INK, va="top")
-    fig.text(0.1 / width, 1 - 0.42 / height, "\n".join(textwrap.wrap(subtitle, 125)), color=NEUTRAL,
+    fig.text(0.1 / width, 1 - 0.42 / height, "\n".join(subtitle_lines(subtitle)), color=NEUTRAL,
              fontsize=9.5, va="top")
     fig.legend(handles=[Patch(color=PASS, label="target met"), Patch(color=MISS, label="target missed"),
                        Line2D([], [], color=INK, marker="|", linestyle="", markersize=14, markeredgewidth=2.5,
                               label="the row's target"),
                        Line2D([], [], color=NEUTRAL, linestyle="--", label="1x")],
-               loc="lower center", bbox_to_anchor=((left / width + 1) / 2, 0.02 / height), ncol=4, frameon=False,
+               loc="lower center", bbox_to_anchor=(0.5, 0.02 / height), ncol=4, frameon=False,
                fontsize=9)
     out = io.StringIO()
     fig.savefig(out, format="svg", metadata={"Date": None})

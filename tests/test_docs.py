@@ -5,11 +5,11 @@ exist, and build into a site with no warning."""
 from __future__ import annotations
 
 import importlib.util
-from html import escape as html_escape
 import os
 import re
 import subprocess
 import sys
+from html import escape as html_escape
 from pathlib import Path
 
 import pytest
@@ -187,6 +187,8 @@ def test_the_benchmark_table_and_plots_are_drawn_from_one_run_s_results() -> Non
         svg = (DOCS / "bench" / name).read_text()
         assert f"(bench/{name})" in page("benchmarks.md"), name
         assert "matplotlib" in svg and title in svg and axis in svg, f"redraw docs/bench/{name}: python scripts/bench_plots.py"
+        for line in bench_plots.subtitle_lines(subtitle):
+            assert html_escape(line, quote=False) in svg, (name, line)
         assert sorted(re.findall(r'id="bar-([^"]+)"', svg)) == sorted(r["key"] for r in rows), name
         shown = re.findall(r">(\d[\d.]*x)<", svg.replace("\n", ""))
         for row in rows:
