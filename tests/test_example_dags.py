@@ -613,3 +613,16 @@ def test_readings_import_with_its_skip_policy_is_resumable_by_the_test_kit(airfl
     assert len(readings) == 596
     assert [(json.loads(p), s) for p, s, _ in letters] == [(i, "skipped") for i in module["FAHRENHEIT_IDS"]]
     assert len(report.trials) == len(around) * 7, report.summary()
+
+
+def test_readings_import_logs_its_rate_and_eta_as_the_tutorial_says(
+    run_dag: Callable[..., Any], embedded_default: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """The tutorial sends a reader who wants rate and ETA in a task log to this DAG: at a pace slow
+    enough for two chunks over a second, its progress lines have them (every 5 s)."""
+    run = run_dag("readings_import", conf={"seconds_per_reading": 0.012})  # about 7 s
+    assert_succeeded(run)
+    out, err = capfd.readouterr()
+    lines = [line for line in (out + err).splitlines() if "progress " in line and "rate=" in line and "eta=" in line]
+    assert lines, (out + err)[-3000:]
+    assert re.search(r"progress \d+% processed=\d+/600 rate=\d+/s eta=\d", lines[0]), lines[0]

@@ -175,7 +175,7 @@ def _who_asked(session: Any, fence: Fence, reason: str) -> str | None:
     if reason not in _ASKED:
         return None
     try:
-        return session.listings.requested_by(fence.job, fence.slot, _ASKED[reason][1])  # type: ignore[no-any-return]
+        return session.listings.requested_by(fence.job, fence.slot, _ASKED[reason][1])
     except Exception:  # who asked is a courtesy: the stop itself must not wait on it
         return None
 
