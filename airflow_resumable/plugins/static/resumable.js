@@ -537,13 +537,16 @@
           encodeURIComponent(job.task_id), "") : el("span", {"class": "muted", text: "—"});
         if (job.dag_id && job.task_id) task.replaceChildren(name(job.dag_id + " / " + job.task_id));
         return el("tr", {"data-job": job.job, hidden: status && !p[status] ? "" : null}, [
-          el("td", {"class": "name"}, [name(job.job)]), el("td", {"class": "name"}, [task]),
+          // The job's actions under its name: in view however narrow the window (the table may
+          // scroll sideways, from the right).
+          el("td", {"class": "name"}, [name(job.job), el("div", {"class": "actions"}, actions)]),
+          el("td", {"class": "name"}, [task]),
           el("td", {"class": "standing"}, p.total ? standing(job) : [el("span", {"class": "muted", text: "none"})]),
           el("td", {"class": "progress"}, [bar({percent: job.percent, status: p.failed ? "failed" : p.total && p.done === p.total ? "done" : "running"}),
             job.percent == null ? "" : job.percent.toFixed(0) + "%"]),
           cell(num(job.processed) + (job.total != null ? " / " + num(job.total) : ""), {"class": "nowrap job-processed"}),
           cell(pace(job), {"class": "job-pace"}),
-          cell(when(job.updated_at), {"class": "nowrap"}), el("td", {"class": "actions"}, actions)
+          cell(when(job.updated_at), {"class": "nowrap"})
         ]);
       }));
     }
