@@ -81,6 +81,23 @@ def whole_number(low: int, high: int) -> Callable[[str], int]:
     return parse
 
 
+#: What ``python -m airflow_resumable --help`` says first (the module's docstring is reStructuredText
+#: for the API docs; a terminal gets plain words).
+DESCRIPTION = ("Schema administration for those who run DDL by hand or deny it to workers (migrate), and "
+               "retention (clean: remove finished slots past a given age); with Airflow installed, also the "
+               "'airflow resumable' group's other commands (list, show, pause...), the way to run them on an "
+               "Airflow without provider CLI commands (3.1).")
+
+
+def plain(text: str | None) -> str | None:
+    """``text`` with its reStructuredText markup turned into plain words, for a terminal: literals
+    (````x````) and roles (``:func:`x```) keep their text only."""
+    if text is None:
+        return None
+    text = re.sub(r":\w+:`~?([^`<]+?)(?:\s*<[^>]*>)?`", r"\1", text)
+    return re.sub(r"``([^`]+)``", r"\1", text)
+
+
 def _where(command: argparse.ArgumentParser) -> None:
     where = command.add_mutually_exclusive_group()
     where.add_argument("--conn-id", default="resumable_default", help="Airflow connection (default: %(default)s)")
@@ -90,7 +107,7 @@ def _where(command: argparse.ArgumentParser) -> None:
 def main(argv: Sequence[str] | None = None, *,
          more: Callable[[Any, argparse.ArgumentParser], set[str]] | None = None) -> int:
     """Run the command line; ``more`` adds commands of its own to the subparsers (their names)."""
-    parser = argparse.ArgumentParser(prog="python -m airflow_resumable", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m airflow_resumable", description=DESCRIPTION)
     sub = parser.add_subparsers(dest="command", required=True)
     m = sub.add_parser("migrate", help=f"bring a checkpoint database to schema {SCHEMA_VERSION}")
     _where(m)

@@ -171,7 +171,9 @@ def add_to_module_cli(sub: Any, parser: argparse.ArgumentParser) -> set[str]:
 
 def _add(sub: Any, command: Any) -> None:
     """``command`` (an Airflow ActionCommand, or a GroupCommand of them) on the subparsers ``sub``."""
-    each = sub.add_parser(command.name, help=command.help, description=getattr(command, "description", None))
+    from airflow_resumable.cli import plain
+
+    each = sub.add_parser(command.name, help=plain(command.help), description=plain(getattr(command, "description", None)))
     if hasattr(command, "subcommands"):  # a group: skipped list|retry
         inner = each.add_subparsers(dest=f"{command.name}_command", required=True)
         for child in command.subcommands:
@@ -386,4 +388,23 @@ def _print(data: Sequence[Any] | dict[str, Any], output: str) -> None:
         return
     from airflow_resumable.version_compat import AirflowConsole
 
-    AirflowConsole().print_as(data=list(data), output=output)
+    rows = list(data)
+    if output != "table" or not rows:
+        AirflowConsole().print_as(data=rows, output=output)
+        return
+    _print_table(AirflowConsole(), rows)
+
+
+def _print_table(console: Any, rows: list[dict[str, Any]]) -> None:
+    """Airflow's table, whose cells wrap between words but never inside one: a job, a slot, a run
+    id or a time stays whole on its line (each column is at least as wide as its longest word), and
+    a table wider than the terminal runs past its edge rather than cut a name."""
+    from airflow_resumable.version_compat import SimpleTable
+
+    table = SimpleTable(show_header=console.show_header)
+    for column in rows[0]:
+        words = [word for row in rows for word in str(row[column]).split()] + [column]
+        table.add_column(column, min_width=max(len(word) for word in words))
+    for row in rows:
+        table.add_row(*(str(value) for value in row.values()))
+    console.print(table, crop=False)

@@ -26,14 +26,17 @@ from contextlib import contextmanager
 from typing import Any
 
 from airflow_resumable.core import control as _core
+from airflow_resumable.core import rules as _rules
 from airflow_resumable.core import skips as _skips
 from airflow_resumable.core.checkpoint import AttemptRecord, Checkpoint
 from airflow_resumable.core.errors import RequestRefused, SlotNotFound
+from airflow_resumable.core.states import AttemptEnd
 from airflow_resumable.core.stores.base import Store, StoreSession
 from airflow_resumable.hooks.resumable import DEFAULT_CONN_ID, ResumableHook
 
 __all__ = [
-    "ACTIONS", "RequestRefused", "SlotNotFound", "cancel", "dag_ids", "dead_letters", "find", "get", "history",
+    "ACTIONS", "RequestRefused", "SlotNotFound", "cancel", "dag_ids", "dead_letters", "explained_offers", "find", "get",
+    "history",
     "job_partitions", "jobs", "offers", "pause", "recent", "release", "replay", "rerun_failed", "restart", "resume", "retry_skipped",
     "skipped_view",
 ]
@@ -112,15 +115,30 @@ def offers(job: str, slot: str, *, conn_id: str = DEFAULT_CONN_ID) -> dict[str, 
     Raises:
         SlotNotFound: no such slot.
     """
+    return explained_offers(job, slot, conn_id=conn_id)[0]
+
+
+def explained_offers(job: str, slot: str, *,
+                     conn_id: str = DEFAULT_CONN_ID) -> tuple[dict[str, bool], dict[str, str]]:
+    """:func:`offers`, and for each request a sentence: what it would do to the slot now, or why
+    the slot refuses it (the UI's tooltips), from the same rules
+    (:func:`airflow_resumable.core.rules.explain`).
+
+    Raises:
+        SlotNotFound: no such slot.
+    """
     with _session(conn_id, job, slot) as session:
         found = session.requests.offers(job, slot)
-        if found is not None:
-            row = session.checkpoints.load(job, slot)
-            replayable = sum(1 for d in session.skips.items(job, slot, status="skipped") if d.item_format == "json")
-            found["retry_skipped"] = _skips.retry_offered(row, replayable)
-    if found is None:
-        raise _core.not_found(job, slot)
-    return found
+        row = session.checkpoints.load(job, slot) if found is not None else None
+        if found is None or row is None:
+            raise _core.not_found(job, slot)
+        replayable = sum(1 for d in session.skips.items(job, slot, status="skipped") if d.item_format == "json")
+        pending = session.skips.count(job, slot, status="retry_requested")
+    now = _core.now_of(row)
+    notes = {a.value: _rules.explain(a, row, now, taken=found[a.value]) for a in _rules.Action}
+    found["retry_skipped"] = _skips.retry_offered(row, replayable)
+    notes["retry_skipped"] = _skips.retry_note(row, replayable, pending)
+    return found, notes
 
 
 def find(dag_id: str, task_id: str, run_id: str, map_index: int = -1, *,
@@ -266,15 +284,20 @@ def _after(session: Any, dag_id: str, run_id: str, task_id: str) -> list[Any]:
 def skipped_view(job: str, slot: str, *, conn_id: str = DEFAULT_CONN_ID, limit: int = 100) -> dict[str, Any]:
     """The slot's skipped items as the Checkpoint tab and the CLI show them: ``skipped_items``
     (``position``, ``error``, ``attempt``, ``skipped_at``, ``state``: ``skipped``, ``replayed`` or
-    ``retry_requested``; oldest first, at most ``limit``) and ``skipped_total`` (those still skipped
-    or waiting for their retry)."""
+    ``retry_requested``; oldest first, at most ``limit``), ``skipped_counts`` (how many items are in
+    each of those states, all of them, not only those listed), ``skipped_total`` (those still
+    skipped or waiting for their retry) and ``retry_requested_by`` (who asked for the retry still
+    pending, else None)."""
     with _session(conn_id, job, slot) as session:
         letters = session.skips.items(job, slot, status=None, limit=limit)
-        total = session.skips.count(job, slot) + session.skips.count(job, slot, status="retry_requested")
+        counts = session.skips.counts(job, slot)
+        asked = (session.listings.requested_by(job, slot, AttemptEnd.RETRY_SKIPPED_REQUESTED)
+                 if counts["retry_requested"] else None)
     return {"skipped_items": [{"position": d.position, "error": d.error, "attempt": d.attempt,
                                "skipped_at": d.recorded_at.isoformat() if d.recorded_at else None, "state": d.status}
                               for d in letters],
-            "skipped_total": total}
+            "skipped_counts": counts, "skipped_total": counts["skipped"] + counts["retry_requested"],
+            "retry_requested_by": asked}
 
 
 def retry_skipped(job: str, slot: str, *, conn_id: str = DEFAULT_CONN_ID, by: str | None = None,

@@ -207,6 +207,7 @@ _LAZY: dict[str, tuple[str, str]] = {
     "GroupCommand": ("airflow.cli.cli_config", "GroupCommand"),
     "lazy_load_command": ("airflow.cli.cli_config", "lazy_load_command"),
     "AirflowConsole": ("airflow.cli.simple_table", "AirflowConsole"),
+    "SimpleTable": ("airflow.cli.simple_table", "SimpleTable"),
     "GetUserDep": ("airflow.api_fastapi.core_api.security", "GetUserDep"),
     "get_auth_manager": ("airflow.api_fastapi.app", "get_auth_manager"),
     "DagAccessEntity": ("airflow.api_fastapi.auth.managers.models.resource_details", "DagAccessEntity"),

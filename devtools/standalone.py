@@ -3,13 +3,17 @@
 Three commands, each run with the project-local Airflow's environment already exported
 (``eval "$(python -m devtools.airflow_env ...)"``):
 
-``python -m devtools.standalone connection [--conn URI]``
+``python -m devtools.standalone connection [--conn URI] [--with-export-source [--export-source URI]]``
     Records the checkpoint store in the Airflow home's own metadata database, as the connection
     ``resumable_default``: ``--conn`` when given (``RESUMABLE_CONN``), else the one recorded before,
     else the embedded SQLite file ``$AIRFLOW_HOME/checkpoints.db``. Every process that uses this
     Airflow home then reads the same store: the standalone's components, ``make demo`` and an
     ``airflow resumable ...`` command in another shell (``source .airflow-home/env.sh`` first).
-    Prints the store (no password) and writes ``env.sh``.
+    With ``--with-export-source`` (``make standalone``) it also records ``export_source``, the
+    PostgreSQL database the customer export reads its customers from, when PostgreSQL is there: ``--export-source`` when given (``RESUMABLE_EXPORT_SOURCE``), else
+    the one recorded before, else the checkpoint store when it is PostgreSQL, else the local server
+    (``--export-source-probe``, default ``postgresql://postgres@127.0.0.1:5432/postgres``) if it
+    answers. Prints both (no password) and writes ``env.sh``.
 
 ``python -m devtools.standalone run``
     Starts ``airflow standalone`` in a session of its own and stays in front of it. SIGINT
@@ -42,6 +46,10 @@ from urllib.parse import urlsplit, urlunsplit
 PID_FILE = "standalone.pid"
 ENV_FILE = "env.sh"
 CONN_ID = "resumable_default"
+#: The customer export's source of customers (dags/customer_export.py): PostgreSQL only.
+EXPORT_SOURCE_ID = "export_source"
+#: Where ``connection`` looks for a PostgreSQL server for ``export_source`` when none is named.
+LOCAL_POSTGRES = "postgresql://postgres@127.0.0.1:5432/postgres"
 #: Seconds ``airflow standalone`` gets to stop its components after SIGINT, then each escalation.
 STOP_TIMEOUT = float(os.environ.get("RESUMABLE_STOP_TIMEOUT", "30"))
 ESCALATION = 10.0
@@ -66,20 +74,68 @@ def shown(uri: str) -> str:
 def record_connection(requested: str | None) -> str:
     """The store's URI, recorded as ``resumable_default`` in this Airflow home's metadata database
     (migrated first when it is new)."""
-    default = f"sqlite:///{home() / 'checkpoints.db'}"
     _migrate_if_new()
+    return _record(CONN_ID, requested, f"sqlite:///{home() / 'checkpoints.db'}")  # type: ignore[return-value]
+
+
+def record_export_source(requested: str | None, store_uri: str, probe: str = LOCAL_POSTGRES) -> str | None:
+    """The customer export's ``export_source``, recorded in this Airflow home when PostgreSQL is
+    there: ``requested``, else the one recorded before, else the checkpoint store when it is
+    PostgreSQL, else ``probe`` if a server answers there (None: no PostgreSQL found, nothing recorded)."""
+    if requested:
+        return _record(EXPORT_SOURCE_ID, requested, None)
+    if _recorded(EXPORT_SOURCE_ID) is not None:
+        return _record(EXPORT_SOURCE_ID, None, None)
+    if _is_postgres(store_uri):
+        return _record(EXPORT_SOURCE_ID, store_uri, None)
+    return _record(EXPORT_SOURCE_ID, probe, None) if _answers(probe) else None
+
+
+def _is_postgres(uri: str) -> bool:
+    return urlsplit(uri).scheme in ("postgres", "postgresql")
+
+
+def _answers(uri: str) -> bool:
+    """Whether a PostgreSQL server accepts a connection at ``uri`` (within 3 seconds)."""
+    if not _is_postgres(uri):
+        return False
+    try:
+        import psycopg2
+    except ImportError:  # no driver: nothing to read customers with either
+        return False
+    try:
+        psycopg2.connect(uri, connect_timeout=3).close()
+    except psycopg2.Error:
+        return False
+    return True
+
+
+def _recorded(conn_id: str) -> str | None:
     from airflow.models.connection import Connection
     from airflow.utils.session import create_session
 
     with create_session() as session:
-        found = session.query(Connection).filter(Connection.conn_id == CONN_ID).one_or_none()
+        found = session.query(Connection).filter(Connection.conn_id == conn_id).one_or_none()
+        return None if found is None else _uri_of(found)
+
+
+def _record(conn_id: str, requested: str | None, default: str | None) -> str | None:
+    """Record ``conn_id`` in this home's metadata database: ``requested``, else the one recorded
+    before, else ``default`` (None: leave it unrecorded). Returns its URI."""
+    from airflow.models.connection import Connection
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        found = session.query(Connection).filter(Connection.conn_id == conn_id).one_or_none()
         uri = requested or (_uri_of(found) if found is not None else default)
+        if uri is None:
+            return None
         if found is not None and _uri_of(found) != uri:
             session.delete(found)
             session.flush()
             found = None
         if found is None:
-            session.add(Connection(conn_id=CONN_ID, uri=uri))
+            session.add(Connection(conn_id=conn_id, uri=uri))
     return uri
 
 
@@ -264,6 +320,12 @@ def main() -> None:
     c = sub.add_parser("connection", help="record the checkpoint store in this Airflow home; print it")
     c.add_argument("--conn", default=None, help="the store's URI (RESUMABLE_CONN); default: the recorded one")
     c.add_argument("--env-file", action="store_true", help=f"also write $AIRFLOW_HOME/{ENV_FILE} for other shells")
+    c.add_argument("--with-export-source", action="store_true",
+                   help="also record the customer export's PostgreSQL source, export_source (make standalone)")
+    c.add_argument("--export-source", default=None,
+                   help=f"the customer export's PostgreSQL source (RESUMABLE_EXPORT_SOURCE); default: the recorded "
+                   f"one, the store if it is PostgreSQL, else {LOCAL_POSTGRES} if it answers")
+    c.add_argument("--export-source-probe", default=LOCAL_POSTGRES, help=argparse.SUPPRESS)
     sub.add_parser("run", help="start airflow standalone; SIGINT/SIGTERM/SIGHUP stop all of it")
     s = sub.add_parser("stop", help="stop this Airflow home's standalone")
     s.add_argument("--timeout", type=float, default=STOP_TIMEOUT)
@@ -273,6 +335,16 @@ def main() -> None:
         if args.env_file:
             write_env_file()
         print(f"checkpoints: {shown(uri)}  (connection {CONN_ID} of {home()}; set RESUMABLE_CONN to change)")
+        if not args.with_export_source:
+            return
+        source = record_export_source(args.export_source or None, uri, args.export_source_probe)
+        if source is None:
+            print(f"customer_export: no PostgreSQL found at {shown(args.export_source_probe)}; it needs one for its "
+                  f"customers: set RESUMABLE_EXPORT_SOURCE=postgresql://user:password@host:5432/dbname (the "
+                  f"connection {EXPORT_SOURCE_ID}). Every other example DAG runs on the embedded store.")
+        else:
+            print(f"customer_export reads its customers from: {shown(source)}  (connection {EXPORT_SOURCE_ID}; set "
+                  "RESUMABLE_EXPORT_SOURCE to change)")
         return
     if args.command == "run":
         raise SystemExit(run([str(Path(sys.executable).parent / "airflow"), "standalone"]))

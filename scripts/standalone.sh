@@ -3,9 +3,11 @@
 # with the example DAGs, for trying them in the UI. Stop it with Ctrl-C, `make standalone-stop` from
 # any shell, or SIGTERM/SIGINT to the pid it prints (devtools/standalone.py stops all of it).
 #   RESUMABLE_CONN  the checkpoint store's connection URI (default: the one recorded in the Airflow home
-#                   before, else the SQLite file .airflow-home/checkpoints.db); the customer export needs
-#                   PostgreSQL, e.g. postgresql://postgres@127.0.0.1:5432/postgres. It is recorded as the
+#                   before, else the SQLite file .airflow-home/checkpoints.db). It is recorded as the
 #                   home's connection resumable_default: `make demo` and the CLI use the same store.
+#   RESUMABLE_EXPORT_SOURCE  the customer export's PostgreSQL database (the connection export_source;
+#                   default: the one recorded before, the store if it is PostgreSQL, else the local server
+#                   postgresql://postgres@127.0.0.1:5432/postgres if one answers there).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT="$PWD"
@@ -16,7 +18,8 @@ mkdir -p "$HOME_DIR"
 eval "$("$PY" -m devtools.airflow_env --home "$HOME_DIR" --dags "$ROOT/dags")"
 unset AIRFLOW_CONN_RESUMABLE_DEFAULT  # the store is the home's connection (one place for every process)
 export LOANS_DB="${LOANS_DB:-$AIRFLOW_HOME/loans.db}"
-"$PY" -m devtools.standalone connection --env-file --conn "${RESUMABLE_CONN:-}"
+"$PY" -m devtools.standalone connection --env-file --conn "${RESUMABLE_CONN:-}" \
+  --with-export-source --export-source "${RESUMABLE_EXPORT_SOURCE:-}"
 echo "UI: ${AIRFLOW__API__BASE_URL:-http://localhost:${AIRFLOW__API__PORT:-8080}}  (user admin; password in $AIRFLOW_HOME/simple_auth_manager_passwords.json.generated)"
 echo "CLI in another shell: source $AIRFLOW_HOME/env.sh; airflow resumable list"
 exec "$PY" -m devtools.standalone run

@@ -318,3 +318,38 @@ def test_on_an_airflow_without_provider_commands_the_help_says_where_they_are(
     code, out, _ = module_cli(capsys, "--help")
     text = " ".join(out.split())
     assert code == 0 and "needs Airflow 3.2 or later" in text and "python -m airflow_resumable" in text
+
+
+@pytest.mark.parametrize("command", ["", "list", "show", "pause", "jobs", "rerun-failed", "migrate", "clean",
+                                     "skipped retry"])
+def test_python_m_airflow_resumable_help_reads_as_plain_words_without_rest_markup(
+    command: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, _ = module_cli(capsys, *command.split(), "--help")
+    assert code == 0 and out
+    for markup in ("``", ":func:", ":class:", ":data:", ":meth:", ":mod:"):
+        assert markup not in out, (command, markup, out)
+
+
+def test_cli_tables_keep_job_names_and_run_ids_whole_however_narrow(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A table wider than the terminal wraps its cells between words or runs past the edge, but
+    never splits a job name, a slot or a run id across lines."""
+    from airflow_resumable.commands import _print
+
+    long_job = "partitioned_export_decorated.export_orders_for_every_region[12]"
+    run_id = "manual__2026-12-02T05:05:26.424130+00:00"
+    rows = [{"job": long_job, "status": "running", "run_id": run_id, "note": "a few words that may wrap here"},
+            {"job": "a.b", "status": "done", "run_id": "scheduled__2026-01-01T00:00:00+00:00", "note": ""}]
+    import airflow.cli.simple_table as simple_table
+
+    monkeypatch.setattr(simple_table, "is_tty", lambda: True)  # a terminal, COLUMNS wide
+    for width in ("40", "80", "200"):
+        monkeypatch.setenv("COLUMNS", width)
+        _print(rows, "table")
+        out = capsys.readouterr().out
+        lines = out.splitlines()
+        for whole in (long_job, run_id, "scheduled__2026-01-01T00:00:00+00:00"):
+            assert any(whole in line for line in lines), (width, whole, out)
+        assert any("running" in line for line in lines) and any("done" in line for line in lines), out

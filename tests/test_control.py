@@ -268,6 +268,28 @@ def test_cancel_of_a_running_slot_stops_it_as_requested_and_of_a_paused_one_at_o
     assert cancelled.position == 15 and history(store)[-1] == ("cancel_requested", "carol")
 
 
+def test_a_run_cancelled_on_request_names_who_asked_in_its_last_error_and_history(store: Store) -> None:
+    """A person pressing Cancel in the UI is named where the row says why the run stopped, not
+    "the control API"; a name with markup in it is kept as it is (the faces escape it)."""
+    # Given a running slot, and a person who cancels it (a name with markup, as an auth manager may give)
+    who = "<b>dora</b>"
+
+    def cancel_once(ctx: Any, i: int) -> None:
+        if i == 10:
+            control.cancel(store, JOB, SLOT, by=who)
+            wait_until(lambda: ctx.signal.cancelled)
+
+    # When the holder reads the request and stops
+    with pytest.raises(Cancelled) as stopped:
+        attempt(store, 1).run(Items(30, 5, cancel_once))
+    # Then the row's last error, the exception and the attempt's history record name who asked
+    assert stopped.value.message == f"cancel requested by {who}"
+    assert (row(store).status, row(store).last_error) == ("cancelled", f"cancel requested by {who}")
+    with store.open() as s:
+        ended = [r for r in s.listings.history(JOB, SLOT) if r.outcome == "cancelled"]
+    assert [r.error for r in ended] == [f"cancel requested by {who}"]
+
+
 def test_restart_makes_the_next_attempt_start_from_the_beginning(store: Store) -> None:
     work = Items(20, 5)
     attempt(store, 1).run(work)

@@ -9,6 +9,7 @@ import os
 import re
 import subprocess
 import sys
+from html import escape as html_escape
 from pathlib import Path
 
 import pytest
@@ -174,19 +175,38 @@ def test_every_image_of_the_readme_is_in_the_docs_too() -> None:
 
 
 def test_the_benchmark_table_and_plots_are_drawn_from_one_run_s_results() -> None:
+    """The table is the kept run's, row for row; each plot (matplotlib's SVG, its text kept as text)
+    shows exactly the judged rows of that run, each labelled whole, its value as the table prints
+    it, with an axis and a legend."""
     spec = importlib.util.spec_from_file_location("bench_plots", ROOT / "scripts" / "bench_plots.py")
     assert spec and spec.loader
     bench_plots = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench_plots)
     run, results = bench_plots.load(DOCS / "bench" / "results.json")
-    for name, svg in bench_plots.plots(results).items():
-        assert (DOCS / "bench" / name).read_text() == svg, f"redraw docs/bench/{name}: python scripts/bench_plots.py"
+    for name, (title, subtitle, rows, _log, axis) in bench_plots.plotted(results).items():
+        svg = (DOCS / "bench" / name).read_text()
         assert f"(bench/{name})" in page("benchmarks.md"), name
-    # and the table is the same run's, row for row, never typed by hand
+        assert "matplotlib" in svg and title in svg and axis in svg, f"redraw docs/bench/{name}: python scripts/bench_plots.py"
+        for line in bench_plots.subtitle_lines(subtitle):
+            assert html_escape(line, quote=False) in svg, (name, line)
+        assert sorted(re.findall(r'id="bar-([^"]+)"', svg)) == sorted(r["key"] for r in rows), name
+        shown = re.findall(r">(\d[\d.]*x)<", svg.replace("\n", ""))
+        for row in rows:
+            assert bench_plots.ratio_text(row["ratio"]) in shown, (name, row["key"], row["ratio"])
+            for line in bench_plots.label(row).splitlines():  # the whole label, not cut
+                assert html_escape(line, quote=False) in svg, (name, line)
+        for entry in ("target met", "target missed", "the row&#x27;s target"):
+            assert entry in svg or entry.replace("&#x27;", "'") in svg, (name, entry)
+    # and the table is the same run's, row for row, never typed by hand, with the verdict in view
     text = page("benchmarks.md")
     assert bench_plots.page_with_table(text, bench_plots.markdown(run, results)) == text, (
         "redraw the table of docs/benchmarks.md: python scripts/bench_plots.py")
     assert run and all(f"| {r['key']} |" in text for r in results)
+    assert "| # | verdict | ratio | target |" in text
+    for r in results:
+        if r["ratio"] is not None:
+            assert f"| {r['key']} | {('pass' if r['verdict'] == 'PASS' else '')}" in text or r["verdict"] != "PASS"
+            assert f"| {bench_plots.ratio_text(r['ratio'])} |" in text, r["key"]
 
 
 def test_the_chaos_tables_and_curves_are_drawn_from_the_runs_the_docs_keep() -> None:
@@ -238,3 +258,55 @@ def test_the_request_table_names_the_statuses_the_rules_take_each_request_in() -
         # the statuses of the rules that name some (a rule on any status says so by its request or lease)
         taken = {s.value for r in rules_of(action, force=True) if r.when.status != ANY_STATUS for s in r.when.status}
         assert named == taken, f"{action.value}: the docs name {sorted(named)}, the rules take {sorted(taken)}"
+
+
+def _versions_table() -> object:
+    spec = importlib.util.spec_from_file_location("versions_table", ROOT / "scripts" / "versions_table.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["versions_table"] = module  # its dataclass looks its module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_supported_versions_table_is_the_constraints_files_and_the_readme_claims_no_other() -> None:
+    """One table, generated from constraints/ (what make matrix and make test run): every pair it
+    claims has a constraints file, and the README links to it instead of naming a range of its own;
+    each constraints file the README or the install page names exists and pins the Airflow named
+    beside it."""
+    versions = _versions_table()
+    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "versions_table.py")], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    pairs = versions.pairs()  # type: ignore[attr-defined]
+    table = between(page("install.md"), versions.START, versions.END)  # type: ignore[attr-defined]
+    claimed = re.findall(r"`(airflow-\d+\.\d+-py\d+\.\d+\.txt)`", table)
+    assert sorted(claimed) == sorted(p.file for p in pairs) and all((ROOT / "constraints" / f).is_file() for f in claimed)
+    install = between(README, "## Install into an existing deployment")
+    assert "docs/install.md#supported-versions" in install
+    assert not re.search(r"Python 3\.\d+\s*(to|–|-)\s*3\.\d+|Airflow 3\.\d+(,| to|–| and) 3\.\d+", README), \
+        "the README names a version range: link to the supported-versions table instead"
+    pins = {p.file: p.airflow for p in pairs}
+    for text in (README, page("install.md")):
+        for file, version in re.findall(r"constraints/(airflow-[\d.]+-py[\d.]+\.txt)\S*\s*\\?\s*\"apache-airflow==([\d.]+)\"",
+                                        text):
+            assert pins.get(file) == version, (file, version)
+
+
+def test_the_install_commands_work_before_and_after_the_package_is_on_an_index() -> None:
+    """Today: the repository's git URL with the extra (the repository setup.cfg names), or the wheel
+    make dist builds; once published: the name alone, said to be for then."""
+    import configparser
+
+    config = configparser.ConfigParser()
+    config.read(ROOT / "setup.cfg")
+    source = re.search(r"Source = (\S+)", config["metadata"]["project_urls"]).group(1)
+    extras = set(config["options.extras_require"])
+    git = f'"airflow-resumable[postgres] @ git+{source}.git@main"'
+    install = between(page("install.md"), "## With pip")
+    for text in (between(README, "## Install into an existing deployment"), install):
+        assert git in text
+        assert "not on a package index yet" in text and "Once it is" in text and "PyPI" in text
+    assert "postgres" in extras
+    assert 'make dist\npip install -c constraints/airflow-3.3-py3.11.txt "apache-airflow==3.3.2" ' \
+           '"$(ls dist/airflow_resumable-*.whl)[postgres]"' in install
+    assert re.search(r"^dist:", (ROOT / "Makefile").read_text(), re.M)

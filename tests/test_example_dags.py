@@ -1,5 +1,7 @@
 """The example DAGs in ``dags/``: each file imports cleanly, and each DAG runs to success with
-``dag.test()`` against PostgreSQL (checkpoints, and the customer export's source and warehouse).
+``dag.test()`` against PostgreSQL (checkpoints, and the customer export's source and warehouse);
+the UI tour's first DAG (the readings import) on the embedded default alone, as a newcomer's
+``make standalone`` runs it, its skip policy proven by the test kit.
 
 The customer export is also interrupted mid-run, once as a deploy would (the run's signal fires
 after two batches) and once as a crash would (an error after a batch's upsert, before its
@@ -30,10 +32,8 @@ DAGS_DIR = ROOT / "dags"
 DAG_FILES = sorted(DAGS_DIR.glob("*.py"))
 EXAMPLE_DAG_IDS = [
     "chunked_example", "customer_export", "loan_report", "mapped_partitions", "partitioned_export",
-    "partitioned_export_decorated", "taskflow_example",
+    "partitioned_export_decorated", "readings_import", "taskflow_example",
 ]
-
-pytestmark = pytest.mark.postgres
 
 
 # -- helpers --------------------------------------------------------------------------------------
@@ -472,3 +472,157 @@ def test_customer_export_without_a_postgresql_source_fails_with_a_hint(
     assert tis[("export_customers", -1)][0] == "upstream_failed"
     out, err = capfd.readouterr()
     assert "Create the connection 'export_source'" in out + err
+
+
+# -- the UI tour's readings import: the embedded default alone ------------------------------------
+
+UI_PAGE = ROOT / "docs" / "how-to" / "ui.md"
+READINGS_JOB = "readings_import.import_readings"
+
+
+@pytest.fixture
+def embedded_default(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Only the embedded default is configured: ``resumable_default`` is a SQLite file, no other
+    connection (no ``export_source``), no PostgreSQL; ``make standalone``'s default store."""
+    for key in [k for k in os.environ if k.startswith(("AIRFLOW_CONN_", "AIRFLOW_VAR_"))]:
+        monkeypatch.delenv(key)
+    path = tmp_path / "checkpoints.db"
+    monkeypatch.setenv("AIRFLOW_CONN_RESUMABLE_DEFAULT", f"sqlite:///{path}")
+    return path
+
+
+def sqlite_rows(path: Path, sql: str, args: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    import sqlite3
+
+    with closing(sqlite3.connect(path)) as db:
+        return db.execute(sql, args).fetchall()
+
+
+def first_tour_dag() -> str:
+    """The DAG the UI page's walkthrough starts with: the first example DAG id its steps name."""
+    text = UI_PAGE.read_text()
+    steps = text[text.index("## Try it in the Airflow UI"):]
+    named = [m.group(1) for m in re.finditer(r"`(\w+)`", steps) if m.group(1) in EXAMPLE_DAG_IDS]
+    assert named, "the UI page's walkthrough names no example DAG"
+    return named[0]
+
+
+def test_the_ui_pages_first_dag_succeeds_with_only_the_embedded_default_configured(
+    run_dag: Callable[..., Any], embedded_default: Path
+) -> None:
+    """Given no PostgreSQL and no connection but the embedded default, when the UI tour's first DAG
+    runs (fast pace), then it succeeds: every good reading imported once, the four readings in °F
+    in the dead letters with their error, not the task's failure; and its default pace lasts minutes."""
+    from conftest import load_dag
+
+    dag_id = first_tour_dag()
+    assert dag_id == "readings_import"
+    dag = load_dag(dag_id)
+    module = dag.get_task("import_readings").process.__globals__
+    assert 120 <= module["READING_COUNT"] * dag.params["seconds_per_reading"] <= 600  # minutes to watch
+
+    run = run_dag(dag_id, conf={"seconds_per_reading": 0})
+    tis = assert_succeeded(run)
+    assert tis[("import_readings", -1)] == ("success", 1)
+    bad = module["FAHRENHEIT_IDS"]
+    assert len(bad) == 4
+    imported = sqlite_rows(embedded_default, "SELECT id FROM imported_readings ORDER BY id")
+    assert [r[0] for r in imported] == [i for i in range(1, 601) if i not in bad]
+    [(status, processed, total, state)] = sqlite_rows(
+        embedded_default, "SELECT status, processed, total, state FROM resumable_checkpoints WHERE job = ?",
+        (READINGS_JOB,))
+    assert (status, processed, total) == ("done", 600, 600)
+    assert json.loads(state)["count"] == 596
+    letters = sqlite_rows(embedded_default, "SELECT position, status, error FROM resumable_dead_letters "
+                          "WHERE job = ? ORDER BY id", (READINGS_JOB,))
+    assert [(json.loads(p), s) for p, s, _ in letters] == [(i, "skipped") for i in bad]
+    assert all("readings_import_fahrenheit" in e for _, _, e in letters)
+    summary = xcom(run, "import_readings")
+    assert summary["skipped"] == 4
+
+
+def test_readings_import_retry_of_skipped_items_replays_them_once_fahrenheit_is_allowed(
+    run_dag: Callable[..., Any], embedded_default: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The tour's skip policy step: Retry skipped items replays them through the task's own code;
+    refused again, they stay skipped with the new try's error; with the Variable set, the next retry
+    imports them and marks them replayed (nothing else is imported again)."""
+    from datetime import datetime, timezone
+
+    from airflow_resumable import control
+
+    when = datetime(2026, 3, 1, 9, tzinfo=timezone.utc)
+    conf = {"seconds_per_reading": 0}
+    assert_succeeded(run_dag("readings_import", conf=conf, logical_date=when))
+    [(slot,)] = sqlite_rows(embedded_default, "SELECT slot FROM resumable_checkpoints WHERE job = ?", (READINGS_JOB,))
+
+    def letters() -> list[tuple[str, int]]:
+        return [(s, a) for s, a in sqlite_rows(embedded_default, "SELECT status, attempt FROM resumable_dead_letters "
+                                                "WHERE job = ? ORDER BY id", (READINGS_JOB,))]
+
+    # When a person asks to retry them, with °F still refused: they are replayed and refused again
+    control.retry_skipped(READINGS_JOB, slot, by="alice", clear=False)
+    assert [s for s, _ in letters()] == ["retry_requested"] * 4
+    assert_succeeded(run_dag("readings_import", conf=conf, logical_date=when))
+    assert [s for s, _ in letters()] == ["skipped"] * 4
+    assert len(sqlite_rows(embedded_default, "SELECT id FROM imported_readings")) == 596
+    # When the Variable allows °F and they retry again: imported, replayed
+    monkeypatch.setenv("AIRFLOW_VAR_READINGS_IMPORT_FAHRENHEIT", "true")
+    control.retry_skipped(READINGS_JOB, slot, by="alice", clear=False)
+    assert_succeeded(run_dag("readings_import", conf=conf, logical_date=when))
+    assert [s for s, _ in letters()] == ["replayed"] * 4
+    rows = dict(sqlite_rows(embedded_default, "SELECT id, celsius_tenths FROM imported_readings"))
+    assert sorted(rows) == list(range(1, 601))
+    assert all(150 <= rows[i] < 350 for i in (73, 222, 371, 520)), rows  # converted from °F
+    [(state,)] = sqlite_rows(embedded_default, "SELECT state FROM resumable_checkpoints WHERE job = ?",
+                             (READINGS_JOB,))
+    assert json.loads(state)["count"] == 600
+
+
+def test_readings_import_with_its_skip_policy_is_resumable_by_the_test_kit(airflow_home: Path) -> None:
+    """The test kit interrupts the import at checkpoints around each refused reading (every kind of
+    interruption): the same readings imported, the same state, and each refused reading in the dead
+    letters once, as in an uninterrupted run."""
+    import functools
+    import sqlite3
+
+    from conftest import load_dag
+
+    from airflow_resumable.testing import check_chunked
+
+    task = load_dag("readings_import").get_task("import_readings")
+    module = task.process.__globals__
+
+    def snapshot(store: Any) -> Any:
+        with closing(sqlite3.connect(store.path)) as db:
+            readings = db.execute("SELECT id, sensor, celsius_tenths FROM imported_readings ORDER BY id").fetchall()
+            letters = db.execute("SELECT position, status, error FROM resumable_dead_letters").fetchall()
+        return readings, sorted(letters, key=lambda letter: json.loads(letter[0]))
+
+    # The checkpoints just before and just after each refused reading's chunk, and the first and last.
+    around = sorted({1, 60} | {(i - 1) // module["CHUNK"] + k for i in module["FAHRENHEIT_IDS"] for k in (0, 1, 2)})
+    report = check_chunked(
+        task.read, functools.partial(task.process, seconds_per_reading=0, accept_fahrenheit="false"),
+        chunk_size=task.chunk_size,
+        chunked={"position": task.position, "total": task.total, "skip_on": task.skip_on,
+                 "skip_limit": task.skip_limit},
+        snapshot=snapshot, points=around,
+    )
+    report.assert_ok()
+    readings, letters = report.snapshot  # the uninterrupted run's, which every trial matched
+    assert len(readings) == 596
+    assert [(json.loads(p), s) for p, s, _ in letters] == [(i, "skipped") for i in module["FAHRENHEIT_IDS"]]
+    assert len(report.trials) == len(around) * 7, report.summary()
+
+
+def test_readings_import_logs_its_rate_and_eta_as_the_tutorial_says(
+    run_dag: Callable[..., Any], embedded_default: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """The tutorial sends a reader who wants rate and ETA in a task log to this DAG: at a pace slow
+    enough for two chunks over a second, its progress lines have them (every 5 s)."""
+    run = run_dag("readings_import", conf={"seconds_per_reading": 0.012})  # about 7 s
+    assert_succeeded(run)
+    out, err = capfd.readouterr()
+    lines = [line for line in (out + err).splitlines() if "progress " in line and "rate=" in line and "eta=" in line]
+    assert lines, (out + err)[-3000:]
+    assert re.search(r"progress \d+% processed=\d+/600 rate=\d+/s eta=\d", lines[0]), lines[0]

@@ -112,15 +112,26 @@ def test_the_public_api_names(airflow_home: Path) -> None:
     assert issubclass(ChunkedOperator, ResumableOperator) and RunContext.__name__ == "RunContext"
 
 
-def test_make_demo_prints_the_lesson_s_figures(tmp_path: Path) -> None:
-    """The README's first command, on the embedded default, in a fresh Airflow home."""
+def test_make_demo_prints_the_lesson_s_figures_and_at_info_the_log_lines_the_tutorial_quotes(tmp_path: Path) -> None:
+    """The README's first command, on the embedded default, in a fresh Airflow home; with
+    ``DEMO_LOG_LEVEL=INFO``, as the tutorial suggests, the task log's lines it quotes are there."""
+    import re
+
     env = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW")}
     env["AIRFLOW_HOME"] = str(tmp_path / "home")
     env["PY"] = sys.executable
+    env["DEMO_LOG_LEVEL"] = "INFO"
     result = subprocess.run(["bash", str(ROOT / "scripts" / "demo.sh")], capture_output=True, text=True, env=env, timeout=300)
     out = result.stdout
     assert result.returncode == 0, out[-3000:] + result.stderr[-3000:]
-    lines = [line.strip() for line in out.splitlines()]
+    tutorial = (ROOT / "docs" / "guides" / "tutorial.md").read_text()
+    quoted = re.search(r"<!-- demo-log -->\n```\n(.*?)```", tutorial, re.S)
+    assert quoted, "the tutorial quotes no demo log (<!-- demo-log --> before a ``` block)"
+    logged = out + result.stderr
+    for line in quoted.group(1).splitlines():
+        assert line in logged, f"the tutorial quotes a log line the demo does not print: {line}"
+    # The demo's own lines (the task log's start with a time)
+    lines = [line.strip() for line in out.splitlines() if not re.match(r"\s*\d{4}-\d\d-\d\dT", line)]
     first = lines.index("--- first run: cancelled at %40 ---")
     progress = [line for line in lines if line.startswith("progress %")]
     assert progress == [f"progress %{p} processed={p * 300}" for p in range(10, 101, 10)]

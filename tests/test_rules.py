@@ -121,3 +121,32 @@ def test_the_table_covers_every_request_in_every_state_and_its_faces_list_them()
     assert rules.ACTIONS == ("pause", "resume", "cancel", "restart", "release") == tuple(control.ACTIONS)
     assert FINISHED == {Status.DONE, Status.FAILED, Status.CANCELLED}
     assert rules.taken_when(Action.RELEASE).endswith("(with --force)")
+
+
+def test_every_request_in_every_state_says_what_it_would_do_now_or_why_not() -> None:
+    """The UI's tooltips: for every status, pending request and lease, each request's sentence is
+    the rule that takes it (its own words, every placeholder filled) or the refusal's reason."""
+    from datetime import timedelta
+
+    from airflow_resumable.core.checkpoint import Checkpoint
+
+    now = datetime(2026, 2, 1, 12, tzinfo=timezone.utc)
+    assert all(r.does for r in rules.RULES), [r for r in rules.RULES if not r.does]
+    for status, request, lease, action in itertools.product(Status, REQUESTS, Lease, Action):
+        ago = AGE.get(lease, 0.0)
+        row = Checkpoint(
+            job=JOB, slot=SLOT, status=status.value, request=None if request is None else request.value,
+            requested_by="<b>alice</b>", lease_owner=None if lease is Lease.NONE else "ti/try1@host-1:42",
+            heartbeat_at=None if lease is Lease.NONE else now - timedelta(seconds=ago),
+            lease_expires_at=None if lease is Lease.NONE else now + timedelta(seconds=LENGTH - ago))
+        assert rules.slot_of(row, now) == Slot(status, request, lease)
+        found = rules.decide(action, Slot(status, request, lease))
+        text = rules.explain(action, row, now)
+        assert "{" not in text and "}" not in text, text
+        if isinstance(found, Rule):
+            assert text == found.does.format(by="<b>alice</b>", holder="host-1:42", status=status.value), text
+        else:
+            assert text.startswith("Not now: ") and rules.refusal_text(found, action, row)[0] in text, text
+        # The database's answer decides: a sentence never contradicts the button
+        other = rules.explain(action, row, now, taken=not isinstance(found, Rule))
+        assert "changing" in other, other

@@ -184,3 +184,40 @@ def test_make_standalone_stop_ends_every_process_of_it_and_frees_its_ports(stand
     assert all(_port_free(port) for port in standalone.ports.values()), standalone.ports
     assert not (standalone.home / script.PID_FILE).exists()
     assert "standalone: SIGTERM: stopping all of it..." in standalone.log.read_text()
+
+
+def test_make_standalone_names_the_customer_exports_postgresql_source_when_one_answers(
+    pg_server: Any, tmp_path: Path
+) -> None:
+    """The store is the embedded SQLite file (the default). Given no PostgreSQL where the script
+    looks, ``export_source`` stays unset and the script says how to set it; given a server that
+    answers, it is recorded (the customer export then runs beside the SQLite store), and kept by
+    the next start even when nothing answers then."""
+    from devtools.postgres import dsn
+
+    home = tmp_path / "home"
+
+    def connection(probe: str) -> tuple[str, dict[str, tuple[Any, ...]]]:
+        script_text = (f'eval "$({sys.executable} -m devtools.airflow_env --home {home} --dags {ROOT / "dags"})"; '
+                       f"{sys.executable} -m devtools.standalone connection --with-export-source "
+                       f"--export-source-probe '{probe}'")
+        done = subprocess.run(["bash", "-c", script_text], capture_output=True, text=True, timeout=300,
+                              env=_shell_env(), cwd=ROOT)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        import sqlite3
+
+        with closing(sqlite3.connect(home / "airflow.db")) as db:
+            rows = db.execute("SELECT conn_id, conn_type, host, port, schema FROM connection").fetchall()
+        return done.stdout, {r[0]: r[1:] for r in rows}
+
+    nowhere = "postgresql://postgres@127.0.0.1:1/postgres"
+    out, conns = connection(nowhere)
+    assert "export_source" not in conns and conns["resumable_default"][0] == "sqlite"
+    assert "customer_export: no PostgreSQL found at" in out and "RESUMABLE_EXPORT_SOURCE=" in out
+    params = pg_server.create_database("resumable_export_source")
+    out, conns = connection(dsn(params))
+    assert conns["export_source"] == ("postgres", params.get("host", "127.0.0.1"), int(params.get("port", 5432)),
+                                      params["dbname"])
+    assert f"customer_export reads its customers from: {dsn(params)}" in out
+    out, conns = connection(nowhere)
+    assert conns["export_source"][3] == params["dbname"]

@@ -37,9 +37,9 @@ def test_the_native_task_state_store_holds_the_slot_s_summary_and_a_link_to_its_
     summary = stored("rt_items", run.run_id)["resumable"]
     assert {k: summary[k] for k in ("job", "status", "position", "processed", "total", "percent")} == {
         "job": "rt_items.work", "status": "done", "position": 20, "processed": 20, "total": 20, "percent": 100.0}
+    # The link opens the tab inside the Airflow UI, on its own route (the browser test follows it)
     assert summary["checkpoint_tab"].endswith(
-        f"/resumable/ui/checkpoint?dag_id=rt_items&run_id={run.run_id.replace(':', '%3A').replace('+', '%2B')}"
-        "&task_id=work&map_index=-1")
+        f"/dags/rt_items/runs/{run.run_id.replace(':', '%3A').replace('+', '%2B')}/tasks/work/plugin/checkpoint")
 
 
 @pytest.mark.one_store("counts writes to Airflow's task state store, not the store", kind="sqlite")

@@ -203,6 +203,11 @@ def stale(row: Checkpoint) -> bool:
     return rules.missed_heartbeats(row, _now(row))
 
 
+def now_of(row: Checkpoint) -> datetime:
+    """Now, in the time zone of ``row``'s lease times (what the rules compare them with)."""
+    return _now(row)
+
+
 def _now(row: Checkpoint) -> datetime:
     expires = row.lease_expires_at
     return datetime.now(tz=expires.tzinfo if expires is not None and expires.tzinfo else timezone.utc)

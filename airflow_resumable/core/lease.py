@@ -26,6 +26,7 @@ from typing import Any
 from airflow_resumable.core.errors import CheckpointDeleted, LeaseLost
 from airflow_resumable.core.fence import Fence
 from airflow_resumable.core.signal import Reason, Signal
+from airflow_resumable.core.states import AttemptEnd
 from airflow_resumable.core.stores.base import Store
 
 #: A stop source: returns ``(reason, message)`` when the run must stop, None otherwise. It must be
@@ -147,17 +148,36 @@ class LeaseKeeper:
                 self.beats += 1
                 last_ok = time.monotonic()
                 if request:
-                    self.signal.cancel(request, _REQUEST_MESSAGES.get(request, f"{request}: requested through the "
-                                                                                "checkpoint row"))
+                    self.signal.cancel(request, request_message(request, _who_asked(session, self.fence, request)))
         finally:
             if session is not None:
                 session.close()
 
 
-_REQUEST_MESSAGES = {
-    Reason.PAUSED.value: "pause requested through the control API",
-    Reason.REQUESTED.value: "cancel requested through the control API",
-}
+#: The stop requests a person makes, by the reason the holder reads, and their history's outcome.
+_ASKED = {Reason.PAUSED.value: ("pause", AttemptEnd.PAUSE_REQUESTED),
+          Reason.REQUESTED.value: ("cancel", AttemptEnd.CANCEL_REQUESTED)}
+
+
+def request_message(reason: str, by: str | None) -> str:
+    """How a stop request reads on the row (``last_error``) and in the log: ``cancel requested by
+    alice``, naming who asked (the UI's user, the CLI's ``--by``); a request whose author is unknown
+    names the ways one is made."""
+    if reason not in _ASKED:
+        return f"{reason}: requested through the checkpoint row"
+    what = _ASKED[reason][0]
+    return f"{what} requested by {by}" if by else f"{what} requested through the control API (CLI, UI or REST)"
+
+
+def _who_asked(session: Any, fence: Fence, reason: str) -> str | None:
+    """Who made the stop request, from the slot's history: one read, only when a request arrives.
+    None when unknown (a request a program wrote on the row, or the read failed)."""
+    if reason not in _ASKED:
+        return None
+    try:
+        return session.listings.requested_by(fence.job, fence.slot, _ASKED[reason][1])
+    except Exception:  # who asked is a courtesy: the stop itself must not wait on it
+        return None
 
 
 def heartbeat_interval(lease_seconds: float) -> float:

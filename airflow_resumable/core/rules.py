@@ -31,7 +31,8 @@ from airflow_resumable.core.states import Action, Request, Status, status_of
 
 __all__ = [
     "ACTIONS", "AT_END", "AT_START", "OTHERWISE", "PARAMETERS", "REFUSALS", "RULES", "Action", "Carry", "Lease",
-    "Pending", "Refusal", "Rule", "Slot", "Then", "When", "decide", "forceable", "lease_of", "missed_heartbeats",
+    "Pending", "Refusal", "Rule", "Slot", "Then", "When", "decide", "explain", "forceable", "lease_of",
+    "missed_heartbeats",
     "offers", "refusal_text", "rules_of", "slot_of", "sql_carry", "sql_sets", "sql_when", "sql_where", "taken_when",
 ]
 
@@ -124,6 +125,9 @@ class Rule:
     action: Action
     when: When
     then: Then
+    #: What taking it does to such a slot, in words (the UI's tooltip; ``{by}``, ``{holder}``,
+    #: ``{status}`` are filled in from the row, see :func:`explain`).
+    does: str = ""
     #: Taken only when the caller forces it (``release(force=True)``).
     forced: bool = False
 
@@ -141,37 +145,58 @@ class Refusal:
 
 
 P, A = Status, Action  # short names for the tables below
+_KEPT = "The checkpoint is kept: a Clear of its task resumes from it."
 #: Every request, in every slot it is taken by. A slot no rule of a request covers refuses it.
 RULES: tuple[Rule, ...] = (
     # A running slot's holder stops at its next chunk boundary (it reads the request within one
-    # heartbeat) and the slot becomes paused; a failed or cancelled slot pauses before the first
-    # chunk of its next attempt. A pending resume is replaced; a pending restart is kept (refused).
-    Rule(A.PAUSE, when(status={P.RUNNING, P.FAILED, P.CANCELLED}, request={None, Request.RESUME}),
-         Then(request=Request.PAUSE)),
+    # heartbeat) and the slot becomes paused. A pending resume is replaced; a pending restart is
+    # kept (refused).
+    Rule(A.PAUSE, when(status={P.RUNNING}, request={None, Request.RESUME}), Then(request=Request.PAUSE),
+         "The run stops at its next chunk boundary and waits, deferred (no worker slot held, no retry used), "
+         "until resumed."),
+    # A failed or cancelled slot pauses before the first chunk of its next attempt.
+    Rule(A.PAUSE, when(status={P.FAILED, P.CANCELLED}, request={None, Request.RESUME}), Then(request=Request.PAUSE),
+         "Nothing runs this {status} slot now: its next attempt (a retry or a Clear) pauses before its first "
+         "chunk, and waits until resumed."),
     # A paused slot's waiting task continues from its checkpoint, in the same try.
-    Rule(A.RESUME, when(status={P.PAUSED}, request={None, Request.RESUME}), Then(request=Request.RESUME)),
+    Rule(A.RESUME, when(status={P.PAUSED}, request={None, Request.RESUME}), Then(request=Request.RESUME),
+         "The paused run continues from its checkpoint, in the same try."),
     # A pause nobody acted on yet is withdrawn (in any status: the holder has not stopped yet).
-    Rule(A.RESUME, when(request={Request.PAUSE}), Then(request=Request.RESUME)),
+    Rule(A.RESUME, when(request={Request.PAUSE}), Then(request=Request.RESUME),
+         "Withdraws the pause {by} asked for, which has not taken effect yet: the run goes on."),
     # A holder that may be alive stops at its next chunk boundary as cancelled (reason requested).
-    Rule(A.CANCEL, when(status={P.RUNNING}, lease=UNEXPIRED), Then(cancel_request=Pending.REASON)),
+    Rule(A.CANCEL, when(status={P.RUNNING}, lease=UNEXPIRED), Then(cancel_request=Pending.REASON),
+         "The run stops at its next chunk boundary and its task fails without a retry. " + _KEPT),
     # A running slot whose holder is gone is cancelled at once and the holder fenced out. Its
     # Airflow task is still to be retried: the request stays pending for that next attempt, which
     # ends cancelled without running (see Attempt.run).
     Rule(A.CANCEL, when(status={P.RUNNING}, lease=UNHELD),
-         Then(status=P.CANCELLED, stop=True, cancel_request=Pending.REASON, request=None, fence=True)),
+         Then(status=P.CANCELLED, stop=True, cancel_request=Pending.REASON, request=None, fence=True),
+         "Its holder is gone: the slot is cancelled now, and the task's next attempt ends cancelled without "
+         "running. " + _KEPT),
     # A paused slot has no holder: cancelled at once; its waiting task reads the new status itself.
     Rule(A.CANCEL, when(status={P.PAUSED}),
-         Then(status=P.CANCELLED, stop=True, cancel_request=Pending.CLEAR, request=None, fence=True)),
-    # A slot nobody runs starts from the beginning on its next attempt (a paused one continues at
-    # once, from the beginning). A pending pause or resume is replaced.
-    Rule(A.RESTART, when(status={P.DONE, P.FAILED, P.CANCELLED, P.PAUSED},
-                         request={None, Request.PAUSE, Request.RESUME}, lease=UNHELD),
-         Then(request=Request.RESTART)),
+         Then(status=P.CANCELLED, stop=True, cancel_request=Pending.CLEAR, request=None, fence=True),
+         "The paused run is cancelled now: its waiting task fails without a retry. " + _KEPT),
+    # A slot nobody runs starts from the beginning on its next attempt. A pending pause or resume
+    # is replaced.
+    Rule(A.RESTART, when(status={P.DONE, P.FAILED, P.CANCELLED}, request={None, Request.PAUSE, Request.RESUME},
+                         lease=UNHELD), Then(request=Request.RESTART),
+         "Its next attempt starts from the beginning and discards the checkpoint then (not now): Clear the "
+         "task instance to run it."),
+    # A paused one continues at once, from the beginning.
+    Rule(A.RESTART, when(status={P.PAUSED}, request={None, Request.PAUSE, Request.RESUME}, lease=UNHELD),
+         Then(request=Request.RESTART),
+         "The paused run continues at once, from the beginning: its checkpoint is discarded."),
     # A holder whose lease lapsed, or that missed two heartbeats, is taken for dead: its lease is
     # freed so that the next attempt takes the slot at once.
-    Rule(A.RELEASE, when(lease={Lease.EXPIRED, Lease.STALE}), Then(fence=True)),
+    Rule(A.RELEASE, when(lease={Lease.EXPIRED, Lease.STALE}), Then(fence=True),
+         "Frees the lease of {holder}, which stopped heartbeating, so that the next attempt takes the slot at "
+         "once (the old holder is fenced out)."),
     # Forced, a live holder's too: it is fenced out (its next checkpoint or heartbeat fails as lease_lost).
-    Rule(A.RELEASE, when(lease={Lease.LIVE}), Then(fence=True), forced=True),
+    Rule(A.RELEASE, when(lease={Lease.LIVE}), Then(fence=True),
+         "Frees the lease of the live holder {holder}: it is fenced out, its next write fails and its task is "
+         "retried.", forced=True),
 )
 
 _NOTHING_RUNS = ("Its checkpoint is kept; a retry or a Clear of its task resumes from it. To keep it from running, "
@@ -275,11 +300,34 @@ def slot_of(row: Checkpoint, now: datetime) -> Slot:
     return Slot(status_of(row.status, job=row.job, slot=row.slot), request, lease_of(row, now))
 
 
+def _fields(action: Action, row: Checkpoint) -> dict[str, str]:
+    owner = row.lease_owner or ""
+    return {"action": action.value, "status": row.status, "lease_owner": owner,
+            "holder": owner.rsplit("@", 1)[-1] or "?", "by": row.requested_by or "someone",
+            "heartbeat_at": row.heartbeat_at.isoformat() if row.heartbeat_at else "?"}
+
+
 def refusal_text(refusal: Refusal, action: Action, row: Checkpoint) -> tuple[str, str]:
     """The refusal's message and hint, filled in from ``row``."""
-    fields = {"action": action.value, "status": row.status, "lease_owner": row.lease_owner,
-              "heartbeat_at": row.heartbeat_at.isoformat() if row.heartbeat_at else "?"}
+    fields = _fields(action, row)
     return refusal.message.format(**fields), refusal.hint.format(**fields)
+
+
+def explain(action: Action, row: Checkpoint, now: datetime, *, taken: bool | None = None) -> str:
+    """What ``action`` would do to ``row``'s slot now, in a sentence, or why it is refused (the
+    UI's tooltip on each request's button).
+
+    ``taken`` is the database's answer (:meth:`~airflow_resumable.core.stores.requests.Requests.offers`),
+    which decides: where this process's clock judges the lease otherwise (a lease lapsing this very
+    moment), the sentence says the slot is changing rather than contradict the button.
+    """
+    found = decide(action, slot_of(row, now))
+    if taken is not None and isinstance(found, Rule) != taken:
+        return "The slot is changing at this moment (its lease is lapsing): look again in a second."
+    if isinstance(found, Rule):
+        return found.does.format(**_fields(action, row))
+    message, hint = refusal_text(found, action, row)
+    return f"Not now: {message}. {hint}."
 
 
 # -- the same rules as SQL -------------------------------------------------------------------------

@@ -43,8 +43,8 @@ from airflow_resumable.core.progress import Log
 from airflow_resumable.core.readers import json_key
 from airflow_resumable.core.stores.base import Store, StoreSession
 
-__all__ = ["ReplayReport", "never_skipped", "replay", "replay_requested", "request_retry", "retry_offered", "skip_item",
-           "skip_limit_check", "skip_on_check", "skip_on_problem"]
+__all__ = ["ReplayReport", "never_skipped", "replay", "replay_requested", "request_retry", "retry_note", "retry_offered",
+           "skip_item", "skip_limit_check", "skip_on_check", "skip_on_problem"]
 
 #: The longest ``repr`` kept of an item that has no JSON form.
 _REPR_LIMIT = 10_000
@@ -194,6 +194,21 @@ def retry_offered(row: Checkpoint | None, replayable: int) -> bool:
     """Whether the slot would take a retry of its skipped items now: it has ``replayable`` (> 0)
     items kept as JSON and no attempt runs it."""
     return row is not None and replayable > 0 and not _live(row)
+
+
+def retry_note(row: Checkpoint | None, replayable: int, pending: int) -> str:
+    """What a retry of the slot's skipped items would do now, or why it is refused (the UI's
+    tooltip); the same conditions as :func:`retry_offered` and :func:`request_retry`."""
+    if row is not None and _live(row):
+        return ("Not now: the slot is running: its skipped items can be retried once the run has ended. Wait "
+                "for it to end (or pause or cancel it), then ask again.")
+    if replayable:
+        return (f"The task replays its {replayable} skipped item(s) through its own code on its next run, before "
+                "its other work; a finished task instance is cleared now, so that run starts at once. Those that "
+                "succeed become replayed, the others stay skipped with their new error.")
+    if pending:
+        return f"Not now: a retry of its {pending} skipped item(s) is already requested; the task's next run replays them."
+    return "Not now: the slot has no skipped item that can be replayed (none, or only items kept as repr)."
 
 
 def request_retry(store: Store, job: str, slot: str, *, by: str) -> int:

@@ -2,8 +2,8 @@
 sub-tab of a task instance's **Storage** tab: where a person looks first.
 
 Key ``resumable``: ``{"job", "slot", "status", "position", "processed", "total", "percent",
-"updated_at", "checkpoint_tab"}``, the last a link to the task instance's Checkpoint tab (the whole
-row, live). Written at the pace of the XCom push (``xcom_interval``), never per checkpoint: one
+"updated_at", "checkpoint_tab"}``, the last a link to the task instance's Checkpoint tab in the
+Airflow UI (the whole row, live). Written at the pace of the XCom push (``xcom_interval``), never per checkpoint: one
 write goes through the supervisor and the Execution API (about 17 ms here). Where the running
 Airflow has no task state store, or a write fails, it says so once in the log and stops trying;
 the work never fails over it.
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 from typing import Any
-from urllib.parse import urlencode
+from urllib.parse import quote
 
 from airflow_resumable.core.checkpoint import Checkpoint
 
@@ -32,13 +32,16 @@ POSITION_LIMIT = 512
 
 
 def checkpoint_tab(ti: Any) -> str:
-    """The task instance's Checkpoint tab (the plugin's page), under ``[api] base_url`` when set."""
+    """The task instance's Checkpoint tab in the Airflow UI (its own route: the task instance's
+    page with the tab open, not the bare plugin page), under ``[api] base_url`` when set."""
     from airflow_resumable.version_compat import conf
 
     base = (conf.get("api", "base_url", fallback="") or "").rstrip("/")
-    query = urlencode({"dag_id": ti.dag_id, "run_id": ti.run_id, "task_id": ti.task_id,
-                       "map_index": getattr(ti, "map_index", -1)})
-    return f"{base}/resumable/ui/checkpoint?{query}"
+    map_index = getattr(ti, "map_index", -1)
+    mapped = f"/mapped/{int(map_index)}" if map_index is not None and int(map_index) >= 0 else ""
+    path = "/".join(("dags", quote(ti.dag_id, safe=""), "runs", quote(ti.run_id, safe=""), "tasks",
+                     quote(ti.task_id, safe="")))
+    return f"{base}/{path}{mapped}/plugin/checkpoint"
 
 
 class StateStoreMirror:

@@ -372,8 +372,9 @@ def create_app() -> FastAPI:
 
 
 def _detail(row: Any, conn_id: str) -> dict[str, Any]:
-    view = row_view(row, history=control.history(row.job, row.slot, conn_id=conn_id),
-                    offers=control.offers(row.job, row.slot, conn_id=conn_id))
+    offers, notes = control.explained_offers(row.job, row.slot, conn_id=conn_id)
+    view = row_view(row, history=control.history(row.job, row.slot, conn_id=conn_id), offers=offers)
+    view["offer_notes"] = notes  # what each request would do now, or why not: the buttons' tooltips
     view.update(control.skipped_view(row.job, row.slot, conn_id=conn_id))
     return view
 

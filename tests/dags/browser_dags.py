@@ -1,7 +1,7 @@
-"""The DAGs the browser test (tests/test_browser.py) watches in the UI: one slow resumable export,
-a chunked one whose items 3, 7 and 11 fail (skipped, for the tab's "Retry skipped items"), a mapped
-one whose partition 1 fails (the jobs page's partitions and "Re-run failed partitions"), and one
-whose runs share a job with overlap="skip" (the tab of the run that yielded).
+"""The DAGs the browser test (tests/test_browser.py) watches in the UI: one slow resumable export, a
+mapped one whose partition 1 fails (the jobs page's partitions and "Re-run failed partitions"), and
+one whose runs share a job with overlap="skip" (the tab of the run that yielded). The tab's skipped
+items and "Retry skipped items" are the UI tour's own DAG's (dags/readings_import.py).
 
 ``items`` items (DAG run conf, default 60), ``chunk`` per checkpoint, ``delay`` seconds per item,
 waiting on the run's signal (a pause or a cancel ends the wait at once). A short lease (3 s:
@@ -15,7 +15,7 @@ from typing import Any
 
 from airflow.sdk import DAG
 
-from airflow_resumable import ChunkedOperator, ResumableOperator, RunContext
+from airflow_resumable import ResumableOperator, RunContext
 
 
 def export_items(ctx: RunContext, *, items: Any, chunk: Any, delay: Any) -> int:
@@ -39,23 +39,6 @@ with DAG(dag_id="ui_export", schedule=None, start_date=datetime(2026, 1, 1), cat
         handler_kwargs={"items": "{{ dag_run.conf.get('items', 60) }}", "chunk": 2,
                         "delay": "{{ dag_run.conf.get('delay', 0.25) }}"},
     )
-
-
-def read_numbers(ctx: RunContext, after: Any, limit: int) -> list[dict[str, int]]:
-    first = int(after or 0) + 1
-    return [{"id": i} for i in range(first, min(first + limit, 13))]
-
-
-def even_only(ctx: RunContext, batch: list[dict[str, int]]) -> None:
-    for item in batch:
-        if item["id"] % 4 == 3:
-            raise ValueError(f"item {item['id']} is not accepted")
-
-
-with DAG(dag_id="ui_skips", schedule=None, start_date=datetime(2026, 1, 1), catchup=False,
-         tags=["resumable-tests"]):
-    ChunkedOperator(task_id="numbers", read=read_numbers, process=even_only, chunk_size=4, total=12,
-                    skip_on=ValueError, skip_limit=10, retries=0)
 
 
 def part_items(ctx: RunContext, *, n: int, fail: bool) -> int:

@@ -122,6 +122,15 @@ class Listings:
             {"job": job, "slot": slot},
         )
 
+    def requested_by(self, job: str, slot: str, outcome: str) -> str | None:
+        """Who made the slot's latest request recorded as ``outcome`` (e.g. ``cancel_requested``),
+        from its history; None when there is none."""
+        c = self._c
+        row = c.execute(f"SELECT requested_by FROM {HISTORY} WHERE {KEY} AND outcome = %(outcome)s "
+                        "ORDER BY id DESC LIMIT 1", {"job": job, "slot": slot, "outcome": str(outcome)}).fetchone()
+        c.commit()
+        return None if row is None else row[0]
+
     def history(self, job: str, slot: str) -> list[AttemptRecord]:
         """The slot's attempts, oldest first."""
         c = self._c

@@ -86,6 +86,15 @@ class Skips:
         c.commit()
         return int(n)
 
+    def counts(self, job: str, slot: str) -> dict[str, int]:
+        """How many of the slot's items are in each status (``skipped``, ``retry_requested``,
+        ``replayed``; a status no item has is 0)."""
+        c = self._c
+        rows = c.execute(f"SELECT status, count(*) FROM {SKIPPED} WHERE {KEY} GROUP BY status",
+                         {"job": job, "slot": slot}).fetchall()
+        c.commit()
+        return {"skipped": 0, "retry_requested": 0, "replayed": 0, **{str(s): int(n) for s, n in rows}}
+
     def mark_replayed(self, record_id: int, *, error: str | None = None) -> None:
         """End a replay of one dead letter: ``replayed`` when ``error`` is None, else it stays
         ``skipped`` with the replay's error."""

@@ -14,15 +14,11 @@
   // A task instance in one of these states is about to (re)run the slot or is running it: refresh fast.
   var TI_ACTIVE = ["queued", "running", "deferred", "restarting"];
   var ACTIONS = ["pause", "resume", "cancel", "restart", "release"];
-  var CONFIRM = {
-    pause: "Pause this job? It stops at its next chunk boundary and waits (no worker slot) until resumed.",
-    resume: "Resume this job from its checkpoint?",
-    cancel: "Cancel this job? Its task fails without a retry; the checkpoint is kept (a Clear resumes it).",
-    restart: "Restart this job from the beginning on its next attempt? Its progress is discarded then.",
-    release: "Release the lease of a holder that stopped heartbeating, so the next attempt takes the slot now?",
-    retry_skipped: "Retry the skipped items? The task replays them from their saved positions.",
-    rerun_failed: "Re-run the failed partitions? Their task instances are cleared and resume from their checkpoints."
-  };
+  var LABEL = {pause: "Pause", resume: "Resume", cancel: "Cancel", restart: "Restart", release: "Release",
+    retry_skipped: "Retry skipped items"};
+  // The confirmation asks this, then says what the request will do to this slot now (the button's tooltip).
+  var QUESTION = {pause: "Pause this slot?", resume: "Resume this slot?", cancel: "Cancel this slot's run?",
+    restart: "Restart this slot?", release: "Release this slot's lease?", retry_skipped: "Retry its skipped items?"};
   var params = new URLSearchParams(location.search);
   var root = document.getElementById("root");
 
@@ -207,7 +203,9 @@
     var tiUrl = uiBase() + "/api/v2/dags/" + encodeURIComponent(dagId) + "/dagRuns/" + encodeURIComponent(runId) +
       "/taskInstances/" + encodeURIComponent(taskId) + (Number(mapIndex) >= 0 ? "/" + mapIndex : "");
     var timer = null, current = null, note = null, ti = null, watched = null, busy = false, failure = null;
-    var message = {text: "", error: false};
+    // The answer to the person's last click, shown for a few seconds: what lasts is read off the row
+    // (a pending request, a retry waiting for the next run), so no note outlives what it says.
+    var message = {text: "", error: false}, messageTimer = null;
     // The UI's iframe is sandboxed without allow-modals (window.confirm returns false at once), so
     // the confirmation is in the page: a click asks, a second click on "Confirm" sends.
     var asking = null;
@@ -241,18 +239,22 @@
         schedule(watch, WATCH_MS);
       });
     }
-    function ask(action) { asking = action; message = {text: "", error: false}; render(); }
+    function say(text, error) {
+      message = {text: text, error: !!error};
+      clearTimeout(messageTimer);
+      if (text) messageTimer = setTimeout(function () { message = {text: "", error: false}; render(); }, error ? 15000 : 6000);
+    }
+    function ask(action) { asking = action; say(""); render(); }
     function act(action) {
       asking = null;
       if (!current || busy) return;
       busy = true;
       var q = new URLSearchParams({job: current.job, slot: current.slot});
       if (params.get("conn_id")) q.set("conn_id", params.get("conn_id"));
-      request("POST", API + "checkpoint/" + action + "?" + q, {}).then(function (row) {
-        // Shown until the slot's status moves on (the request took effect, or the slot ended).
-        message = {text: action.replace("_", " ") + " requested", error: false, status: row && row.status};
+      request("POST", API + "checkpoint/" + action + "?" + q, {}).then(function () {
+        say(LABEL[action] + ": sent.");
       }).catch(function (err) {
-        message = {text: err.message, error: true};
+        say(LABEL[action] + " refused: " + err.message, true);
       }).then(function () { busy = false; load(); });
     }
     function tiLine() {
@@ -286,6 +288,18 @@
         : "Ended — watching the task instance for a new try or a Clear (every " + WATCH_MS / 1000 + " s).";
       return el("p", {id: "refreshed", "class": "muted", "data-at": String(Date.now()), "data-live": String(!!live()), text: text});
     }
+    // A request's button: enabled where the rules table offers it now; its tooltip says what it
+    // would do to this slot now, or why it cannot (the server's words, core/rules.py). A disabled
+    // button gets no pointer events, so its wrapper carries the tooltip too.
+    function actionButton(row, a) {
+      var offered = !!(row.offers && row.offers[a]);
+      var why = (row.offer_notes && row.offer_notes[a]) || (offered ? "" : "Not offered now.");
+      var b = el("button", {type: "button", id: "action-" + a, text: LABEL[a], title: why, "aria-description": why});
+      b.disabled = !offered;
+      b.addEventListener("click", function () { ask(a); });
+      return el("span", {"class": "action", title: why}, [b]);
+    }
+    // Skipped items: the counts are of every item in each state (the table may list the first 100).
     function skippedSection(row) {
       if (!row.skipped_items || !row.skipped_items.length) return [];
       var table = el("table", {id: "skipped"}, [el("tr", {}, ["position", "error", "try", "skipped", "state"].map(function (h) { return el("th", {text: h}); }))]);
@@ -293,17 +307,22 @@
         table.appendChild(el("tr", {"data-state": s.state}, [cell(readable(s.position), {"class": "code", title: JSON.stringify(s.position)}),
           cell(s.error), cell(s.attempt), cell(when(s.skipped_at), {"class": "nowrap"}), cell(String(s.state || "").replace("_", " "))]));
       });
-      var retry = el("button", {type: "button", id: "action-retry_skipped", text: "Retry skipped items"});
-      if (!(row.offers && row.offers.retry_skipped)) retry.disabled = true;
-      retry.addEventListener("click", function () { ask("retry_skipped"); });
-      var total = row.skipped_total != null ? row.skipped_total : row.skipped_items.length;
-      return [el("h2", {text: "Skipped items (" + num(total) + ")"}), table, retry];
+      var counts = row.skipped_counts || {};
+      var listed = ["skipped", "retry_requested", "replayed"].filter(function (k) { return counts[k]; });
+      var all = listed.reduce(function (n, k) { return n + counts[k]; }, 0);
+      var heading = el("h2", {id: "skipped-title"}, ["Skipped items ", el("span", {"class": "muted", id: "skipped-counts",
+        text: listed.map(function (k) { return num(counts[k]) + " " + k.replace("_", " "); }).join(" · ") +
+          (all > row.skipped_items.length ? " (the first " + num(row.skipped_items.length) + " listed)" : "")})]);
+      var pending = counts.retry_requested ? el("div", {id: "retry-pending", "class": "note",
+        text: "Retry of " + num(counts.retry_requested) + " skipped item(s) requested" +
+          (row.retry_requested_by ? " by " + row.retry_requested_by : "") +
+          ": the task's next run replays them before its other work."}) : null;
+      return [heading, pending, table, actionButton(row, "retry_skipped")];
     }
     function render() {
       if (failure && !current && !note) { root.replaceChildren(el("p", {"class": "error", id: "error", text: failure})); return; }
       if (!current) { renderNote(); return; }
       var row = current;
-      if (message.status && message.status !== row.status) message = {text: "", error: false};
       var figures = [num(row.processed) + (row.total != null ? " / " + num(row.total) : "") + " items"];
       if (row.percent != null) figures.push(row.percent.toFixed(1) + "%");
       if (row.rate != null) figures.push(rate(row.rate) + "/s");
@@ -315,20 +334,16 @@
       var why = stopReason(row);
       var reason = why && why !== row.status ? " (" + why + ")" : "";
       var pending = pendingRequest(row);
-      var buttons = el("div", {id: "actions"}, ACTIONS.map(function (a) {
-        var b = el("button", {type: "button", id: "action-" + a, text: a[0].toUpperCase() + a.slice(1)});
-        if (!(row.offers && row.offers[a])) b.disabled = true;
-        b.addEventListener("click", function () { ask(a); });
-        return b;
-      }));
+      var buttons = el("div", {id: "actions"}, ACTIONS.map(function (a) { return actionButton(row, a); }));
       var confirmBox = null;
       if (asking) {
         var action = asking;
-        var yes = el("button", {type: "button", id: "confirm", text: "Confirm " + action.replace("_", " ")});
+        var yes = el("button", {type: "button", id: "confirm", text: "Confirm: " + LABEL[action].toLowerCase()});
         var no = el("button", {type: "button", id: "dismiss", text: "Never mind"});
         yes.addEventListener("click", function () { act(action); });
         no.addEventListener("click", function () { asking = null; render(); });
-        confirmBox = el("div", {id: "confirmation", role: "alertdialog", "class": "confirm"}, [el("span", {text: CONFIRM[action] + " "}), yes, no]);
+        confirmBox = el("div", {id: "confirmation", role: "alertdialog", "class": "confirm"}, [el("span", {text: QUESTION[action] + " " +
+          ((row.offer_notes && row.offer_notes[action]) || "") + " "}), yes, no]);
       }
       // The task instance moved on (a new try queued or running) while the slot shows the last one.
       var next = null;
@@ -375,22 +390,76 @@
   }
 
   // -- the Resumable jobs page -------------------------------------------------------------------
+  var STATUSES = ["running", "paused", "failed", "cancelled", "done"];
+  var ID_LEN = 250;  // Airflow's longest DAG id (the API refuses a longer filter)
+  // A filter as typed or as a shared address gave it: no control characters (the API refuses a
+  // NUL), at most ID_LEN characters.
+  function cleanFilter(text) {
+    return String(text || "").replace(/[\u0000-\u001f\u007f]/g, "").trim().slice(0, ID_LEN);
+  }
+  // The page's address with these parameters, for the frame and, where the Airflow UI shows the
+  // page, for the page around it: a reload or a shared link keeps the filters. Airflow 3.3 mirrors
+  // a nav page's frame as /plugin/<page><frame path><query> and gives that query back to the frame
+  // on a reload; an older UI keeps /plugin/<page>, whose own query this page reads at its start.
+  function keepInAddress(values) {
+    var q = new URLSearchParams(location.search);
+    Object.keys(values).forEach(function (k) { if (values[k]) q.set(k, values[k]); else q.delete(k); });
+    var search = q.toString() ? "?" + q : "";
+    history.replaceState(history.state, "", location.pathname + search);
+    var top = host();
+    if (!top) return;
+    try {
+      var path = top.location.pathname, at = path.indexOf("/plugin/");
+      if (at < 0) return;
+      var page = path.slice(0, at) + "/plugin/" + path.slice(at + 8).split("/")[0];
+      var mirrored = path.slice(page.length) === location.pathname;
+      top.history.replaceState(top.history.state, "", page + (mirrored ? location.pathname : "") + search);
+    } catch (e) { /* the host cannot be reached: the frame's own address keeps them */ }
+  }
+  // The filters the address asks for: the frame's own, else the page's around it (an older UI).
+  function askedFilters() {
+    var own = new URLSearchParams(location.search), top = host(), theirs = new URLSearchParams();
+    try { if (top) theirs = new URLSearchParams(top.location.search); } catch (e) { /* another origin */ }
+    var from = own.has("dag_id") || own.has("status") || own.has("job") ? own : theirs;
+    return {dag_id: cleanFilter(from.get("dag_id")), status: String(from.get("status") || ""),
+      job: from.get("job"), run_id: from.get("run_id")};
+  }
+  // A job or DAG name that may wrap after its dots and underscores, never inside a word.
+  function name(text) {
+    var parts = String(text == null ? "" : text).split(/(?<=[._\/\]])/);
+    return el("span", {}, parts.reduce(function (a, part, i) { return a.concat(i ? [el("wbr"), part] : [part]); }, []));
+  }
+  function plural(n, one, many) { return num(n) + " " + (n === 1 ? one : many); }
+  function sentenceList(items) {
+    return items.length < 2 ? items.join("") : items.slice(0, -1).join(", ") + " and " + items[items.length - 1];
+  }
+
   function jobsPage() {
     var form = document.getElementById("filters"), body = document.querySelector("#jobs tbody");
     var msg = document.getElementById("message"), timer = null, generation = 0, rows = [];
     var summary = document.getElementById("job-summary"), summaryBody = document.querySelector("#summary tbody");
     var summaryMsg = document.getElementById("summary-message"), asking = null, hasJobs = true;
     var panel = document.getElementById("job-partitions"), panelBody = document.querySelector("#partitions tbody");
-    var opened = params.get("job") ? {job: params.get("job"), run_id: params.get("run_id")} : null;
-    ["dag_id", "status"].forEach(function (k) { if (params.get(k)) form.elements[k].value = params.get(k); });
+    var filterNote = document.getElementById("filter-note");
+    var asked = askedFilters();
+    var opened = asked.job ? {job: asked.job, run_id: asked.run_id} : null;
+    form.elements.dag_id.value = asked.dag_id;
+    if (STATUSES.indexOf(asked.status) >= 0) form.elements.status.value = asked.status;
+    else if (asked.status) filterNote.textContent = "Status \u201c" + cleanFilter(asked.status) + "\u201d is not one of " +
+      STATUSES.join(", ") + ": showing any status.";
     function conn(q) { if (params.get("conn_id")) q.set("conn_id", params.get("conn_id")); return q; }
+    function filters() {
+      return {dag_id: cleanFilter(form.elements.dag_id.value), status: form.elements.status.value,
+        job: opened ? opened.job : "", run_id: opened && opened.run_id ? opened.run_id : ""};
+    }
     function load() {
       var mine = ++generation;
       clearTimeout(timer);
+      var f = filters();
+      keepInAddress(f);
       var q = conn(new URLSearchParams({limit: "200"}));
-      var dag = form.elements.dag_id.value.trim();
-      if (dag) q.set("dag_id_pattern", dag);
-      if (form.elements.status.value) q.set("status", form.elements.status.value);
+      if (f.dag_id) q.set("dag_id_pattern", f.dag_id);
+      if (f.status) q.set("status", f.status);
       var jobs = hasJobs ? request("GET", API + "jobs?" + conn(new URLSearchParams())).catch(function (err) {
         if (err.status === 404) hasJobs = false;  // an API without the summary: the slots alone
         return null;
@@ -401,7 +470,7 @@
         rows = res[0].checkpoints.filter(function (r) { return !/#plan$/.test(r.job); });
         msg.textContent = rows.length ? "" : "No slots match."; msg.className = "";
         body.replaceChildren.apply(body, rows.map(slotRow));
-        renderSummary(res[1], dag);
+        renderSummary(res[1], f.dag_id);
         loadPartitions();
         document.getElementById("refreshed").textContent = "updated " + clock(new Date()) + " (" + zone() + ")";
       }).catch(function (err) { if (mine === generation) { msg.textContent = err.message; msg.className = "error"; } })
@@ -410,7 +479,7 @@
     function slotRow(row) {
       var path = tabPath(row);
       return el("tr", {"data-job": row.job, "data-slot": row.slot}, [
-        cell(row.job), cell(row.slot, {"class": "code"}),
+        el("td", {"class": "name"}, [name(row.job)]), cell(row.slot, {"class": "code"}),
         el("td", {}, [el("span", {"class": "badge " + row.status, text: row.status})]),
         el("td", {"class": "progress"}, [bar(row), row.percent == null ? "" : row.percent.toFixed(0) + "%"]),
         cell(num(row.processed) + (row.total != null ? " / " + num(row.total) : ""), {"class": "nowrap"}),
@@ -425,40 +494,60 @@
       var failed = rows.filter(function (r) { return r.dag_id === job.dag_id && r.task_id === job.task_id && r.status === "failed"; });
       return failed.length ? failed[0].run_id : null;
     }
+    // How a job stands: a mapped or partitioned job's partitions counted; a job of one slot, its status.
+    function standing(job) {
+      var p = job.partitions || {};
+      if (!(job.mapped || job.partitioned)) {
+        var only = ["done", "running", "paused", "failed", "waiting", "other"].filter(function (k) { return p[k]; })[0];
+        var slot = rows.filter(function (r) { return r.job === job.job && r.slot === job.slot; })[0];
+        var shown = slot ? slot.status : only === "other" || !only ? "unknown" : only;
+        return [el("span", {"class": "badge " + shown, "data-count": only || "", text: shown})];
+      }
+      var counts = ["done", "running", "paused", "failed", "waiting", "other"].filter(function (k) { return p[k]; }).map(function (k) {
+        return el("span", {"class": "badge " + (k === "other" || k === "waiting" ? "" : k), "data-count": k, text: num(p[k]) + " " + k});
+      });
+      return counts.reduce(function (a, c) { return a.concat([c, " "]); }, [])
+        .concat([el("span", {"class": "muted", text: "of " + plural(p.total || 0, "partition", "partitions")})]);
+    }
     function renderSummary(data, dag) {
       if (!data || !data.jobs) { summary.hidden = true; return; }
       var needle = dag.toLowerCase(), status = form.elements.status.value;
       var jobs = data.jobs.filter(function (j) { return !needle || String(j.dag_id || "").toLowerCase().indexOf(needle) >= 0; });
       summary.hidden = !jobs.length;
       summaryBody.replaceChildren.apply(summaryBody, jobs.map(function (job) {
-        var p = job.partitions || {}, mapped = (p.total || 0) > 1, runId = mapped && p.failed ? failedRun(job) : null;
-        var counts = ["done", "running", "paused", "failed", "waiting", "other"].filter(function (k) { return p[k]; }).map(function (k) {
-          return el("span", {"class": "badge " + (k === "other" || k === "waiting" ? "" : k), "data-count": k, text: num(p[k]) + " " + k});
-        });
-        var show = el("button", {type: "button", "class": "show-slots", text: "Slots"});
-        show.addEventListener("click", function () { form.elements.dag_id.value = job.dag_id || ""; load(); });
-        var actions = [show];
-        if (mapped) {
-          var open = el("button", {type: "button", "class": "show-partitions", text: "Partitions"});
-          open.addEventListener("click", function () { opened = {job: job.job, run_id: job.run_id}; loadPartitions(); });
-          actions.push(open);
-        }
-        if (runId) {
-          var rerun = el("button", {type: "button", "class": "rerun-failed", text: "Re-run failed partitions"});
-          rerun.addEventListener("click", function () { asking = {job: job.job, run_id: runId}; renderAsk(); });
+        var p = job.partitions || {}, several = job.mapped || job.partitioned, runId = several && p.failed ? failedRun(job) : null;
+        var actions = [];
+        if (runId) {  // first: the one that changes something
+          var rerun = el("button", {type: "button", "class": "rerun-failed", text: "Re-run failed partitions",
+            title: "Clears the " + plural(p.failed, "failed partition", "failed partitions") + " of run " + runId +
+              " in Airflow: each resumes from its own checkpoint, the others keep their state."});
+          rerun.addEventListener("click", function () { asking = {job: job.job, run_id: runId, failed: p.failed}; renderAsk(); });
           actions.push(rerun);
         }
+        if (several) {
+          var open = el("button", {type: "button", "class": "show-partitions", text: "Partitions",
+            title: "Lists this run's partitions below, each with its figures, its error and a link to its Checkpoint tab."});
+          open.addEventListener("click", function () { opened = {job: job.job, run_id: job.run_id}; load(); });
+          actions.push(open);
+        }
+        var show = el("button", {type: "button", "class": "show-slots", text: "Slots",
+          title: "Filters the slots below to DAG " + job.dag_id + "."});
+        show.addEventListener("click", function () { form.elements.dag_id.value = job.dag_id || ""; load(); });
+        actions.push(show);
         var task = job.dag_id && job.task_id ? link(uiBase() + "/dags/" + encodeURIComponent(job.dag_id) + "/tasks/" +
-          encodeURIComponent(job.task_id), job.dag_id + " / " + job.task_id) : el("span", {"class": "muted", text: "—"});
+          encodeURIComponent(job.task_id), "") : el("span", {"class": "muted", text: "—"});
+        if (job.dag_id && job.task_id) task.replaceChildren(name(job.dag_id + " / " + job.task_id));
         return el("tr", {"data-job": job.job, hidden: status && !p[status] ? "" : null}, [
-          cell(job.job), el("td", {}, [task]),
-          el("td", {"class": "nowrap"}, counts.length ? counts.reduce(function (a, c) { return a.concat([c, " "]); }, [])
-            .concat([el("span", {"class": "muted", text: "of " + num(p.total)})]) : [el("span", {"class": "muted", text: "none"})]),
+          // The job's actions under its name: in view however narrow the window (the table may
+          // scroll sideways, from the right).
+          el("td", {"class": "name"}, [name(job.job), el("div", {"class": "actions"}, actions)]),
+          el("td", {"class": "name"}, [task]),
+          el("td", {"class": "standing"}, p.total ? standing(job) : [el("span", {"class": "muted", text: "none"})]),
           el("td", {"class": "progress"}, [bar({percent: job.percent, status: p.failed ? "failed" : p.total && p.done === p.total ? "done" : "running"}),
             job.percent == null ? "" : job.percent.toFixed(0) + "%"]),
           cell(num(job.processed) + (job.total != null ? " / " + num(job.total) : ""), {"class": "nowrap job-processed"}),
-          cell(pace(job), {"class": "nowrap job-pace"}),
-          cell(when(job.updated_at), {"class": "nowrap"}), el("td", {"class": "nowrap"}, actions)
+          cell(pace(job), {"class": "job-pace"}),
+          cell(when(job.updated_at), {"class": "nowrap"})
         ]);
       }));
     }
@@ -474,15 +563,17 @@
           "Partitions of " + d.job + (d.run_id ? " (run " + d.run_id + ")" : "") + ": " +
           ["done", "running", "paused", "failed", "waiting"].filter(function (k) { return p[k]; }).map(function (k) { return num(p[k]) + " " + k; }).join(", "),
           " ", (function () { var b = el("button", {type: "button", id: "close-partitions", text: "Close"});
-            b.addEventListener("click", function () { opened = null; panel.hidden = true; }); return b; })());
+            b.addEventListener("click", function () { opened = null; panel.hidden = true; keepInAddress(filters()); }); return b; })());
         panelBody.replaceChildren.apply(panelBody, (d.partition_rows || []).map(function (row) {
           var path = row.status === "waiting" ? null : tabPath(row);
+          var error = row.status === "failed" || row.status === "cancelled" ? row.last_error || "" : "";
           return el("tr", {"data-partition": String(row.map_index), "data-status": row.status}, [
             cell(row.map_index >= 0 ? "[" + row.map_index + "]" : "—", {"class": "code"}),
             el("td", {}, [el("span", {"class": "badge " + (row.status === "waiting" ? "" : row.status), text: row.status})]),
             el("td", {"class": "progress"}, [bar(row), row.percent == null ? "" : row.percent.toFixed(0) + "%"]),
             cell(row.status === "waiting" ? "not started" : num(row.processed) + (row.total != null ? " / " + num(row.total) : ""), {"class": "nowrap"}),
             cell(pace(row), {"class": "nowrap"}), cell(when(row.updated_at), {"class": "nowrap"}),
+            cell(error.length > 300 ? error.slice(0, 300) + "…" : error, {"class": "partition-error", title: error || null}),
             el("td", {}, [path ? link(path, "Checkpoint of " + row.job, {"class": "partition-link"}) : el("span", {"class": "muted", text: "—"})])
           ]);
         }));
@@ -503,16 +594,21 @@
         asking = null;
         request("POST", API + "jobs/rerun_failed?" + conn(new URLSearchParams({job: target.job, run_id: target.run_id})), {})
           .then(function (r) {
-            summaryMsg.replaceChildren(el("span", {id: "rerun-result", text: "cleared partitions " + (r.cleared || []).join(", ") + " of " + target.run_id}));
-          }).catch(function (err) { summaryMsg.replaceChildren(el("span", {"class": "error", text: err.message})); })
+            var cleared = r.cleared || [], one = cleared.length === 1;
+            var what = one && cleared[0] < 0 ? "the failed task instance" : one ? "failed partition " + cleared[0]
+              : "failed partitions " + sentenceList(cleared.map(String));
+            summaryMsg.replaceChildren(el("span", {id: "rerun-result", text: "Cleared " + what + " of " + target.job +
+              " in run " + target.run_id + ": Airflow runs " + (one ? "it again from its checkpoint." : "them again, each from its checkpoint.")}));
+          }).catch(function (err) { summaryMsg.replaceChildren(el("span", {"class": "error", text: "Re-run refused: " + err.message})); })
           .then(load);
       });
       summaryMsg.replaceChildren(el("div", {id: "confirmation", role: "alertdialog", "class": "confirm"},
-        [el("span", {text: CONFIRM.rerun_failed + " (" + target.job + ", run " + target.run_id + ") "}), yes, no]));
+        [el("span", {text: "Re-run the " + plural(target.failed || 0, "failed partition", "failed partitions") + " of " + target.job +
+          " in run " + target.run_id + "? Their task instances are cleared in Airflow and each resumes from its checkpoint. "}), yes, no]));
     }
     var typing = null;
     form.elements.dag_id.addEventListener("input", function () { clearTimeout(typing); typing = setTimeout(load, 250); });
-    form.elements.status.addEventListener("change", load);  // a choice applies at once
+    form.elements.status.addEventListener("change", function () { filterNote.textContent = ""; load(); });  // at once
     form.addEventListener("submit", function (e) { e.preventDefault(); load(); });
     load();
   }
