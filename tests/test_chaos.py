@@ -7,7 +7,7 @@ on schedulers with their LocalExecutor task processes on the hosts too): ``RESUM
 each (default :data:`TRIALS`); the seed is printed, and ``RESUMABLE_CHAOS_SEED`` or ``make chaos SEED=...``
 replays one. Each fault waits for a condition of the slot it targets and its effect is confirmed
 from the history; the test fails when more than 10 % of the faults did not hit (missed or not
-confirmed), on any anomaly, and when a trial does not settle (nothing moved for ``STALL`` seconds:
+confirmed) and one more trial does not hit every fault, on any anomaly, and when a trial does not settle (nothing moved for ``STALL`` seconds:
 what still runs is printed, holder and lease). ``make chaos TRIALS=100`` runs many and prints the
 report. The checker's own tests forge each anomaly into honest history and show it is reported, and
 show a fault whose condition never comes reported missed and one that struck a real process a hit.
@@ -396,8 +396,18 @@ def test_random_faults_on_running_attempts_across_hosts_break_no_guarantee(chaos
         trial = run_trial(chaos, seed, netem=not skipped)
         print(trial.summary())
         trials.append(trial)
-    res = results(trials, executor=executor, skipped=skipped, minutes=(time.monotonic() - began) / 60,
-                  replay="RESUMABLE_CHAOS_SEED={seed} make test (or make chaos SEED={seed} EXECUTOR={executor})")
+    replay = "RESUMABLE_CHAOS_SEED={seed} make test (or make chaos SEED={seed} EXECUTOR={executor})"
+    res = results(trials, executor=executor, skipped=skipped, minutes=(time.monotonic() - began) / 60, replay=replay)
     print(markdown(res))
     ok, why = passed(res)
+    if not ok and not any(t.failing for t in trials) and "RESUMABLE_CHAOS_SEED" not in os.environ:
+        # Only faults that did not hit, no anomaly and nothing unsettled: with a couple of faults a run, one
+        # moment that did not come in time on a loaded machine is already over the 10 % rule. One more
+        # trial, with the next seed, must then hit every fault (an anomaly anywhere still fails at once).
+        print(f"[chaos] {why}: one more trial, seed {base + count}, must hit every fault")
+        again = run_trial(chaos, base + count, netem=not skipped)
+        print(again.summary())
+        ok = not again.failing and again.all_hit and bool(again.shots)
+        why = f"{why}; and the trial after it, seed {again.seed}: {again.summary()}"
+        trials.append(again)
     assert ok, f"{why}\n" + "\n".join(t.summary() for t in trials if t.failing or not t.all_hit)
