@@ -305,13 +305,16 @@ def test_restart_makes_the_next_attempt_start_from_the_beginning(store: Store) -
 def test_a_short_throttle_wait_sleeps_between_chunks_and_a_cancel_cuts_it_short(store: Store) -> None:
     asked: list[int] = []
 
+    timer = threading.Timer(0.2, lambda: a.signal.cancel("user"))
+
     def throttle(ctx: Any) -> float | None:
         asked.append(ctx.processed)
-        return 0.01 if ctx.processed < 30 else 30.0  # then a long sleep, cut by the cancel below
+        if ctx.processed < 30:
+            return 0.01
+        timer.start()  # the cancel comes during the long sleep asked here, whatever the machine's speed
+        return 30.0
 
-    timer = threading.Timer(0.5, lambda: a.signal.cancel("user"))
     a = attempt(store, 1, throttle=throttle, defer_after=60)
-    timer.start()
     started = time.monotonic()
     with pytest.raises(Cancelled):
         a.run(Items(50, 5))
