@@ -406,7 +406,7 @@ def test_the_plugin_adds_a_checkpoint_tab_and_a_jobs_page_once(as_user: Any) -> 
 
 
 def test_the_pages_and_their_script_are_served_offline(client: TestClient) -> None:
-    for path in ("/resumable/ui/checkpoint", "/resumable/ui/jobs", "/resumable/ui/resumable.js"):
+    for path in ("/resumable/ui/checkpoint", "/resumable/ui/jobs", "/resumable/ui/resumable.js", "/resumable/ui/jobs.js"):
         r = client.get(path)
         assert r.status_code == 200 and "http://" not in r.text and "https://" not in r.text, path
 

@@ -368,6 +368,10 @@ def create_app() -> FastAPI:
         return FileResponse(STATIC / "resumable.js", media_type="text/javascript",
                             headers={"Cache-Control": "no-cache"})
 
+    @app.get("/ui/jobs.js", include_in_schema=False)
+    def jobs_script() -> FileResponse:
+        return FileResponse(STATIC / "jobs.js", media_type="text/javascript", headers={"Cache-Control": "no-cache"})
+
     return app
 
 
