@@ -74,7 +74,7 @@ class Finishing(AttemptState):
             final = session.checkpoints.finish(
                 self.fence, status=status, last_error=error,
                 stop_reason=stop_reason, total=total, result=result, record_id=self._record_id,
-                resume_in=resume_in,
+                resume_in=resume_in, attempt=self.attempt,
             )
         except LeaseLost as exc:
             self.log.error("could not record status %s: %s", status, exc)

@@ -126,6 +126,10 @@ class FileReader(Reader):
         self._held: tuple[int, str] | None = None  # an unfinished last record: its offset, and what it lacks
         self._end = False  # the lines read so far reached the end of what the file holds
 
+    def identity(self) -> dict[str, Any]:
+        """The file's path, as given in ``name`` (see :meth:`Reader.identity`)."""
+        return {"reader": "file", "path": self.name if self._named else None}
+
     def read(self, ctx: RunContext, after: Any, limit: int) -> Batch:
         offset = 0 if after is None else after
         if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
