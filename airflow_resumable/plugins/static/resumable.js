@@ -249,8 +249,11 @@
       var q = new URLSearchParams({job: current.job, slot: current.slot});
       if (params.get("conn_id")) q.set("conn_id", params.get("conn_id"));
       request("POST", API + "checkpoint/" + action + "?" + q, {}).then(function (row) {
-        // Shown until the slot's status moves on (the request took effect, or the slot ended).
-        message = {text: action.replace("_", " ") + " requested", error: false, status: row && row.status};
+        // Shown until the slot's status moves on (the request took effect, or the slot ended). A retry
+        // of skipped items says which run carries it out, or why none will until the task is cleared.
+        var retry = row && row.retry;
+        message = {text: action.replace("_", " ") + " requested" + (retry ? ": " + retry.next_run : ""),
+          error: !!(retry && !retry.cleared && /not carried out/.test(retry.next_run)), status: row && row.status};
       }).catch(function (err) {
         message = {text: err.message, error: true};
       }).then(function () { busy = false; load(); });
@@ -455,7 +458,10 @@
             .concat([el("span", {"class": "muted", text: "of " + num(p.total)})]) : [el("span", {"class": "muted", text: "none"})]),
           el("td", {"class": "progress"}, [bar({percent: job.percent, status: p.failed ? "failed" : p.total && p.done === p.total ? "done" : "running"}),
             job.percent == null ? "" : job.percent.toFixed(0) + "%"]),
-          cell(num(job.processed) + (job.total != null ? " / " + num(job.total) : ""), {"class": "nowrap job-processed"}),
+          // The plan's rows, and the dead letters among the processed ones (the summary task tells them apart).
+          cell(num(job.processed) + (job.total != null ? " / " + num(job.total) : "") +
+            (job.skipped ? " · " + num(job.skipped) + " skipped" : "") +
+            (job.planned != null ? " · " + num(job.planned) + " planned" : ""), {"class": "nowrap job-processed"}),
           cell(pace(job), {"class": "nowrap job-pace"}),
           cell(when(job.updated_at), {"class": "nowrap"}), el("td", {"class": "nowrap"}, actions)
         ]);
