@@ -22,7 +22,7 @@ import pytest
 
 from airflow_resumable.core import Attempt, Options, chunk_loop
 from airflow_resumable.core.errors import ConfigurationError, ReaderChanged
-from airflow_resumable.core.partitions import load_plan, range_chunks, split
+from airflow_resumable.core.partitions import Plan, load_plan, range_chunks, split
 from airflow_resumable.core.readers import KeysetReader, SequenceReader
 from airflow_resumable.core.stores import Store
 from support.sources import Source
@@ -137,7 +137,9 @@ def test_a_reader_s_identity_names_what_its_positions_depend_on_and_nothing_else
     base = ident()
     assert base == {"reader": "keyset", "connection": "warehouse", "table": "orders", "key": ["id"]}
     # what a row looks like is not where a position points
-    assert ident(columns=("id", "amount"), as_dict=True, name="orders!") == base
+    assert ident(columns=("id", "amount"), as_dict=True) == base
+    named = KeysetReader(connect=lambda: None, table="orders", key="id", name="orders!").identity()
+    assert named == KeysetReader(connect=lambda: None, table="orders", key="id").identity()
     # where it points is
     changed = [ident("replica"), ident(key=("placed_on", "id")), ident(table="orders_v2"), ident(where="id > 0"),
                ident(where="id > %s", params=(5,)), ident(where="id > %s", params=(6,)), ident(until=99),
@@ -351,6 +353,26 @@ def _fresh_dag(dag_id: str, key: str | None, monkeypatch: pytest.MonkeyPatch, ta
     else:
         monkeypatch.setenv("PT_TEST_KEY", key)
     return DagFolder(conftest._DAGS, f"_pt_bounds_{tag}_").load(dag_id)
+
+
+def test_a_range_planned_with_another_reader_is_refused_before_its_partition_reads(source: Source) -> None:
+    """What a partition checks first, before its checkpoint is even looked at: a partition that
+    failed before its first checkpoint has no progress for its row to protect, and the plan task is
+    not run again by "Re-run failed partitions", so its range (planned with the old key) must not
+    be read with a new one."""
+    from airflow_resumable.core.partitions import check_range_reader
+
+    old = KeysetReader(connect=source.connect, table="pt_ids", key="id")
+    new = KeysetReader(connect=source.connect, table="pt_ids", key="code")
+    rng = Plan(2, (50,), 100, old.identity()).ranges()[1]
+    check_range_reader(rng, old, job="pt[1]", slot=SLOT)
+    with pytest.raises(ReaderChanged) as err:
+        check_range_reader(rng, new, job="pt[1]", slot=SLOT, planned_with=old.identity())
+    text = str(err.value)
+    assert "key: ['id'] -> ['code']" in text and "job='pt[1]'" in text
+    assert "airflow resumable restart 'pt#plan'" in text
+    with pytest.raises(ReaderChanged, match="a reader whose identity's digest is"):
+        check_range_reader(rng, new, job="pt[1]", slot=SLOT)  # the plan row unreadable: its digest named
 
 
 def test_a_changed_key_refuses_the_plan_and_the_partition_and_a_restart_of_the_plan_splits_anew(
