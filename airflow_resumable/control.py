@@ -360,6 +360,10 @@ def _clear_finished(row: Checkpoint, *, wait: float) -> tuple[bool, str]:
     from airflow_resumable.version_compat import TaskInstance, TaskInstanceState, clear_task_instances, create_session
 
     finished = (TaskInstanceState.SUCCESS, TaskInstanceState.FAILED, TaskInstanceState.SKIPPED)
+    # States from which the task instance runs again by itself (by name: not every Airflow has each).
+    coming = (None, *(getattr(TaskInstanceState, n) for n in ("SCHEDULED", "QUEUED", "UP_FOR_RETRY", "UP_FOR_RESCHEDULE",
+                                                               "DEFERRED", "RESTARTING", "AWAITING_INPUT")
+                      if hasattr(TaskInstanceState, n)))
     name = _ti_name(row)
     deadline = time.monotonic() + wait
     while True:
@@ -375,9 +379,12 @@ def _clear_finished(row: Checkpoint, *, wait: float) -> tuple[bool, str]:
                 clear_task_instances([ti], session)
                 return True, f"its task instance ({name}, {state}) was cleared: its next run replays them first"
             # A try later than the one that released the slot has not taken it yet (the request was
-            # refused otherwise): it replays them when it does.
-            if state != TaskInstanceState.RUNNING or tries > row.attempt:
+            # refused otherwise): it replays them when it does; so does a try about to run.
+            if (state == TaskInstanceState.RUNNING and tries > row.attempt) or state in coming:
                 return False, f"its task instance ({name}) is {state or 'not started'}: its next try replays them first"
+            if state != TaskInstanceState.RUNNING:  # upstream_failed, removed...: nothing runs it unless cleared
+                return False, (f"not carried out yet: its task instance ({name}) is {state}; Clear it (and what it "
+                               "waits for) and its next run replays them")
         if time.monotonic() >= deadline:
             return False, (f"not carried out yet: the task instance ({name}) was still running try {tries}, which had "
                            f"released the slot, {wait:g}s later; Clear it once it ends and its next run replays them")

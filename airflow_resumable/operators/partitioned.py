@@ -156,7 +156,9 @@ class PartitionPlanOperator(BaseOperator):
             try:
                 core_control.restart(store, partition_job(job, i), slot, by=by)
             except RequestRefused as exc:
-                refused.append(f"{partition_job(job, i)}: {exc.message}")
+                again = session.checkpoints.load(partition_job(job, i), slot)
+                if again is None or again.request != Request.RESTART:  # else another planner asked first
+                    refused.append(f"{partition_job(job, i)}: {exc.message}")
         if refused:
             raise AirflowFailException(
                 f"the restart of the job requested by {row.requested_by or '?'} was not carried out: "
@@ -274,8 +276,8 @@ class PartitionSummaryOperator(BaseOperator):
                     f"Clear the task group's planning task ({self.partition_group}.plan) with its downstream tasks")
             names = [partition_job(job, i) for i in range(plan.partitions)]
             rows = [session.checkpoints.load(name, slot) for name in names]
-            skipped = [session.skips.count(name, slot) + session.skips.count(name, slot, status="retry_requested")
-                       for name in names]
+            pending = session.skips.pending(slot)
+            skipped = [pending.get((name, slot), 0) for name in names]
         summary = summarize(job, slot, rows, tolerated=self.tolerated_failure, plan=plan, skipped=skipped,
                             count=self._counter(plan), tolerated_shortfall=self.tolerated_shortfall)
         where = f"[job={job} slot={slot}]"

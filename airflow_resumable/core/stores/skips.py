@@ -119,12 +119,14 @@ class Skips:
         c.commit()
         return int(n)
 
-    def pending(self) -> dict[tuple[str, str], int]:
+    def pending(self, slot: str | None = None) -> dict[tuple[str, str], int]:
         """How many items of each (job, slot) are dead letters not replayed (``skipped``, or waiting
-        for their retry): what a job's summary line counts as skipped."""
+        for their retry): what a job's summary counts as skipped. One statement (of one ``slot``,
+        when given), however many partitions."""
         c = self._c
-        rows = c.execute(f"SELECT job, slot, count(*) FROM {SKIPPED} WHERE status IN ('skipped', 'retry_requested') "
-                         "GROUP BY job, slot").fetchall()
+        where = "" if slot is None else " AND slot = %(slot)s"
+        rows = c.execute(f"SELECT job, slot, count(*) FROM {SKIPPED} WHERE status IN ('skipped', 'retry_requested')"
+                         f"{where} GROUP BY job, slot", {"slot": slot}).fetchall()
         c.commit()
         return {(job, slot): int(n) for job, slot, n in rows}
 
