@@ -155,3 +155,9 @@ def test_total_on_partitioned_is_each_partition_s_and_is_now_called_partition_to
     for group in (old, new):
         mapped = group.children[f"{group.group_id}.partition"]
         assert mapped.partial_kwargs["total"] == 7
+    from airflow_resumable.core.errors import ConfigurationError
+
+    with DAG("pt_totals_both", schedule=None, start_date=DAY), pytest.warns(DeprecationWarning), \
+            pytest.raises(ConfigurationError, match="give partition_total= only"):
+        partitioned(task_id="both", read=reader, process=lambda ctx, batch: None, partitions=2, chunk_size=5,
+                    total=7, partition_total=8)

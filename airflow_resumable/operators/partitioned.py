@@ -356,11 +356,13 @@ def partitioned(
     Raises:
         ConfigurationError: bad arguments, all of them named at once, with the job.
     """
+    both = False
     if "total" in kwargs:
         warnings.warn("partitioned(total=...) is each partition's total, not the whole job's; it is now called "
                       "partition_total=. The job's total is the plan's row count (the summary's 'planned')",
                       DeprecationWarning, stacklevel=2)
         given = kwargs.pop("total")
+        both = given is not None and partition_total is not None
         partition_total = given if partition_total is None else partition_total
     job = kwargs.get("job")
     dag = kwargs.get("dag")
@@ -374,6 +376,8 @@ def partitioned(
     if not isinstance(read, KeysetReader):
         problems.append(f"read must be a reader with a key to split (a KeysetReader, e.g. "
                         f"airflow_resumable.readers.sql_reader(conn_id, table=..., key=...)), got {read!r}")
+    if both:
+        problems.append("give partition_total= only: total= is its deprecated name")
     for taken in ("start", "position"):
         if kwargs.get(taken) is not None:
             problems.append(f"{taken}= is not taken by a partitioned job: each partition starts where its range does "
