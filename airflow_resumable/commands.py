@@ -231,14 +231,19 @@ def skipped_list_command(args: argparse.Namespace) -> None:
 def skipped_retry_command(args: argparse.Namespace) -> None:
     from airflow_resumable import control
 
-    _guard(lambda: control.retry_skipped(args.job, args.slot, conn_id=args.conn_id, by=args.by))
+    asked = _guard(lambda: control.request_retry_skipped(args.job, args.slot, conn_id=args.conn_id, by=args.by))
     view = _guard(lambda: control.skipped_view(args.job, args.slot, conn_id=args.conn_id, limit=MAX_LIMIT))
-    _print(view if args.output == "json" else [{k: _cell(i.get(k)) for k in _SKIPPED_COLUMNS}
-                                                for i in view["skipped_items"]], args.output)
+    if args.output == "json":
+        _print({**view, "retry": asked.as_json()}, "json")
+        return
+    # Which run carries the retry out, or why none will until the task instance is cleared.
+    print(f"retry of {asked.items} skipped item(s) requested: {asked.next_run}",
+          file=sys.stdout if asked.cleared else sys.stderr)
+    _print([{k: _cell(i.get(k)) for k in _SKIPPED_COLUMNS} for i in view["skipped_items"]], args.output)
 
 
 _JOBS_COLUMNS = ("job", "dag_id", "task_id", "run_id", "done", "running", "paused", "failed", "waiting", "total",
-                 "processed", "rate", "eta", "updated_at")
+                 "planned", "processed", "skipped", "rate", "eta", "updated_at")
 _PARTITION_COLUMNS = ("map_index", "job", "status", "processed", "rate", "eta", "attempt", "updated_at", "last_error")
 
 

@@ -21,6 +21,8 @@ The table of what each request does to a slot in each state is in
 
 from __future__ import annotations
 
+import dataclasses
+import time
 from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -35,9 +37,9 @@ from airflow_resumable.core.stores.base import Store, StoreSession
 from airflow_resumable.hooks.resumable import DEFAULT_CONN_ID, ResumableHook
 
 __all__ = [
-    "ACTIONS", "RequestRefused", "SlotNotFound", "cancel", "dag_ids", "dead_letters", "explained_offers", "find", "get",
+    "ACTIONS", "RequestRefused", "RetryRequested", "SlotNotFound", "cancel", "dag_ids", "dead_letters", "explained_offers", "find", "get",
     "history",
-    "job_partitions", "jobs", "offers", "pause", "recent", "release", "replay", "rerun_failed", "restart", "resume", "retry_skipped",
+    "job_partitions", "jobs", "offers", "pause", "recent", "release", "replay", "rerun_failed", "restart", "resume", "request_retry_skipped", "retry_skipped",
     "skipped_view",
 ]
 
@@ -300,41 +302,113 @@ def skipped_view(job: str, slot: str, *, conn_id: str = DEFAULT_CONN_ID, limit: 
             "retry_requested_by": asked}
 
 
-def retry_skipped(job: str, slot: str, *, conn_id: str = DEFAULT_CONN_ID, by: str | None = None,
-                  clear: bool = True) -> Checkpoint:
+@dataclasses.dataclass(frozen=True)
+class RetryRequested:
+    """A retry of a slot's skipped items, once requested: the slot's row, how many items now wait
+    for it, whether the slot's task instance was cleared for it, and ``next_run``: in words, which
+    run of the task carries it out, or why none will until someone Clears it."""
+
+    row: Checkpoint
+    items: int
+    cleared: bool
+    next_run: str
+
+    def as_json(self) -> dict[str, Any]:
+        return {"items": self.items, "cleared": self.cleared, "next_run": self.next_run}
+
+
+#: How long a retry request waits for the task instance of the attempt that just released the slot
+#: to finish in Airflow (its success or failure is recorded a moment after the lease is released).
+FINISHING_WAIT = 15.0
+
+
+def request_retry_skipped(job: str, slot: str, *, conn_id: str = DEFAULT_CONN_ID, by: str | None = None,
+                          clear: bool = True, wait: float = FINISHING_WAIT) -> RetryRequested:
     """Ask the slot's task to replay its skipped items through its own code (``ChunkedOperator``'s
-    ``process``, a ``ResumableOperator``'s ``replay``) on its next run: they become
-    ``retry_requested`` and the request, with who asked, goes to the slot's history. With ``clear``
-    (and Airflow's metadata database at hand: the api-server, the CLI beside it) the slot's task
-    instance is cleared when it has finished, so that the next run is now; a task instance waiting
-    for its retry replays them on that try. A ``done`` slot resumes at its end for it (it does not
-    start over). Returns the row.
+    and each partition's ``process``, a ``ResumableOperator``'s ``replay``) on its next run: they
+    become ``retry_requested`` and the request, with who asked, goes to the slot's history.
+
+    With ``clear`` (and Airflow's metadata database at hand: the api-server, the CLI beside it) the
+    slot's task instance is cleared when it has finished, so that the next run is now; one waiting
+    for its retry (or deferred, or starting) replays them on that try. A task instance still
+    running the try that just released the slot is waited for (up to ``wait`` seconds), then
+    cleared. A ``done`` slot resumes at its end for it (it does not start over). Whatever happens,
+    the answer says which run carries the retry out, or that none will until its task is cleared;
+    and a run that finishes the slot without carrying it out puts the items back ``skipped``,
+    saying so.
 
     Raises:
         SlotNotFound: no such slot.
         RequestRefused: the slot runs now, or has no skipped item that can be replayed; nothing changed.
     """
     store = _store(conn_id, job, slot)
-    _skips.request_retry(store, job, slot, by=_core.default_by() if by is None else _core.checked_by(by))
+    items = _skips.request_retry(store, job, slot, by=_core.default_by() if by is None else _core.checked_by(by))
     row = get(job, slot, conn_id=conn_id)
-    if clear and row.dag_id and row.task_id and row.run_id:
-        _clear_finished(row)
-    return row
+    if not (row.dag_id and row.task_id and row.run_id):
+        return RetryRequested(row, items, False, "the slot names no Airflow task instance (it was run outside "
+                              "Airflow): its next attempt replays them first")
+    if not clear:
+        return RetryRequested(row, items, False, f"not cleared: Clear the task instance ({_ti_name(row)}) to run it "
+                              "now; its next run replays them first")
+    try:
+        cleared, next_run = _clear_finished(row, wait=wait)
+    except Exception as exc:  # no metadata database here, or it failed: the request stands, say what to do
+        cleared, next_run = False, (f"not carried out yet: its task instance ({_ti_name(row)}) could not be cleared "
+                                    f"({type(exc).__name__}: {exc}); Clear it in Airflow and its next run replays them")
+    return RetryRequested(row, items, cleared, next_run)
 
 
-def _clear_finished(row: Checkpoint) -> bool:
+def retry_skipped(job: str, slot: str, *, conn_id: str = DEFAULT_CONN_ID, by: str | None = None,
+                  clear: bool = True) -> Checkpoint:
+    """:func:`request_retry_skipped`, returning the slot's row only.
+
+    Raises:
+        SlotNotFound: no such slot.
+        RequestRefused: the slot runs now, or has no skipped item that can be replayed; nothing changed.
+    """
+    return request_retry_skipped(job, slot, conn_id=conn_id, by=by, clear=clear).row
+
+
+def _ti_name(row: Checkpoint) -> str:
+    index = "" if row.map_index is None or row.map_index < 0 else f"[{row.map_index}]"
+    return f"DAG {row.dag_id}, task {row.task_id}{index}, run {row.run_id}"
+
+
+def _clear_finished(row: Checkpoint, *, wait: float) -> tuple[bool, str]:
     """Clear the row's task instance through Airflow when it has finished (success, failed,
-    skipped); True when it did."""
+    skipped), waiting up to ``wait`` seconds for the try that last ran the slot to finish; whether
+    it did, and which run carries the retry out (or why none will yet)."""
     from sqlalchemy import select
 
     from airflow_resumable.version_compat import TaskInstance, TaskInstanceState, clear_task_instances, create_session
 
     finished = (TaskInstanceState.SUCCESS, TaskInstanceState.FAILED, TaskInstanceState.SKIPPED)
-    with create_session() as session:
-        ti = session.scalars(select(TaskInstance).where(
-            TaskInstance.dag_id == row.dag_id, TaskInstance.task_id == row.task_id, TaskInstance.run_id == row.run_id,
-            TaskInstance.map_index == (-1 if row.map_index is None else row.map_index))).first()
-        if ti is None or ti.state not in finished:
-            return False
-        clear_task_instances([ti], session)
-        return True
+    # States from which the task instance runs again by itself (by name: not every Airflow has each).
+    coming = (None, *(getattr(TaskInstanceState, n) for n in ("SCHEDULED", "QUEUED", "UP_FOR_RETRY", "UP_FOR_RESCHEDULE",
+                                                               "DEFERRED", "RESTARTING", "AWAITING_INPUT")
+                      if hasattr(TaskInstanceState, n)))
+    name = _ti_name(row)
+    deadline = time.monotonic() + wait
+    while True:
+        with create_session() as session:
+            ti = session.scalars(select(TaskInstance).where(
+                TaskInstance.dag_id == row.dag_id, TaskInstance.task_id == row.task_id, TaskInstance.run_id == row.run_id,
+                TaskInstance.map_index == (-1 if row.map_index is None else row.map_index))).first()
+            if ti is None:
+                return False, (f"no task instance {name} in Airflow's metadata database: the slot's next attempt "
+                               "replays them first, whenever its task runs again")
+            state, tries = ti.state, ti.try_number
+            if state in finished:
+                clear_task_instances([ti], session)
+                return True, f"its task instance ({name}, {state}) was cleared: its next run replays them first"
+            # A try later than the one that released the slot has not taken it yet (the request was
+            # refused otherwise): it replays them when it does; so does a try about to run.
+            if (state == TaskInstanceState.RUNNING and tries > row.attempt) or state in coming:
+                return False, f"its task instance ({name}) is {state or 'not started'}: its next try replays them first"
+            if state != TaskInstanceState.RUNNING:  # upstream_failed, removed...: nothing runs it unless cleared
+                return False, (f"not carried out yet: its task instance ({name}) is {state}; Clear it (and what it "
+                               "waits for) and its next run replays them")
+        if time.monotonic() >= deadline:
+            return False, (f"not carried out yet: the task instance ({name}) was still running try {tries}, which had "
+                           f"released the slot, {wait:g}s later; Clear it once it ends and its next run replays them")
+        time.sleep(0.2)

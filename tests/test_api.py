@@ -553,3 +553,34 @@ def test_retry_skipped_of_a_slot_without_skipped_items_is_refused_saying_why(as_
     assert r.status_code == 409 and "no skipped item that can be replayed" in r.json()["message"]
     assert as_user("viewer", "POST", f"{BASE}/checkpoint/retry_skipped", params=q(A)).status_code == 403
     assert as_user("admin", "POST", f"{BASE}/checkpoint/retry_skipped", params=q("no.such")).status_code == 404
+
+
+def test_retry_skipped_of_a_partition_through_rest_clears_it_and_its_next_run_replays_them(
+    as_user: Any, fresh: Store, store_kind: str, run_dag: Any, request: pytest.FixtureRequest
+) -> None:
+    """What the Checkpoint tab's "Retry skipped items" button sends, for one partition of a
+    partitioned job (tests/dags/partition_dags.py: pt_skips_fresh, on the store ``resumable_fresh``)."""
+    from datetime import datetime, timezone
+
+    from test_partitions import table
+
+    from support.sources import source_of
+
+    day = datetime(2026, 3, 1, tzinfo=timezone.utc)
+    source = source_of(store_kind, path=getattr(fresh, "path", None),
+                       pg_params=request.getfixturevalue("pg_params") if store_kind == "postgres" else None)
+    table(source, [("a" if i < 30 else "b", i) for i in range(40)])
+    assert str(run_dag("pt_skips_fresh", conf={"bad": [13]}, logical_date=day).state) == "success"
+    slot = {"job": "pt_skips_fresh.export[1]", "slot": day.isoformat(), "conn_id": FRESH}
+
+    r = as_user("admin", "POST", f"{BASE}/checkpoint/retry_skipped", params=slot)
+
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["retry"]["items"] == 1 and body["retry"]["cleared"] is True and "was cleared" in body["retry"]["next_run"]
+    assert [i["state"] for i in body["skipped_items"]] == ["retry_requested"]
+    assert body["history"][-1]["requested_by"] == "admin"
+    assert str(run_dag("pt_skips_fresh", conf={"bad": []}, logical_date=day).state) == "success"
+    after = as_user("admin", "GET", f"{BASE}/checkpoint", params=slot).json()
+    assert [i["state"] for i in after["skipped_items"]] == ["replayed"]
+    assert "it had failed with: ValueError: bad row a/13" in after["skipped_items"][0]["error"]

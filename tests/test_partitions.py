@@ -20,7 +20,8 @@ import pytest
 from airflow_resumable.core import partitions
 from airflow_resumable.core.checkpoint import Checkpoint
 from airflow_resumable.core.errors import ConfigurationError
-from airflow_resumable.core.partitions import Plan, allowed_failures, load_plan, save_plan, split, summarize
+from airflow_resumable.core.job_summary import summarize
+from airflow_resumable.core.partitions import Plan, allowed_failures, load_plan, save_plan, split
 from airflow_resumable.core.readers import KeysetReader
 from airflow_resumable.core.stores import Store
 from airflow_resumable.operators.task_instance import RESTART_CONF_KEY
@@ -49,7 +50,7 @@ def read_range(reader: KeysetReader, rng: partitions.Range, chunk: int = 4) -> l
     """Every row of one partition's range, page by page, as a partition's task reads it."""
     if rng.empty:
         return []
-    bounded, after, rows = reader.within(rng.until), rng.after, []
+    bounded, after, rows = reader.within(rng.until, after=rng.after), rng.after, []
     while True:
         batch = bounded.read(None, after, chunk)  # type: ignore[arg-type]  # no run context: no error expected
         if not batch:
@@ -208,8 +209,10 @@ def test_the_summary_counts_unfinished_partitions_as_failed_and_adds_up_the_figu
     strict = summarize("pt.export", SLOT, rows, tolerated="25%")
 
     assert tolerant.ok and tolerant.as_json() == {
+        "summary": "2 of 4 partitions done; rows: 20 processed, 0 skipped (dead letters)",
         "job": "pt.export", "slot": SLOT, "partitions": 4, "done": 2, "failed": [1, 2], "cancelled": [], "tolerated": 2,
-        "processed": 20, "total": 27}
+        "planned": None, "processed": 20, "skipped": 0, "unfinished": 0, "gone": 0, "shortfall": 0, "short": [],
+        "tolerated_shortfall": 0, "more": 0, "total": 27}
     assert not strict.ok
     error = strict.error()
     assert error is not None and error.job == "pt.export" and error.slot == SLOT
@@ -283,8 +286,10 @@ def test_every_row_is_written_once_through_the_transaction_when_one_partition_fa
     assert sorted((g, i) for g, i, _, _ in written) == sorted(source.run("SELECT grp, id FROM pt_source"))
     assert {p for _, _, p, a in written if a == 2} == {1}
     assert xcom(run, "export.summary", required=True) == {
+        "summary": "4 of 4 partitions done; of 40 planned rows: 40 processed, 0 skipped (dead letters)",
         "job": "pt_export.export", "slot": SLOT, "partitions": 4, "done": 4, "failed": [], "cancelled": [], "tolerated": 0,
-        "processed": 40, "total": 40}
+        "planned": 40, "processed": 40, "skipped": 0, "unfinished": 0, "gone": 0, "shortfall": 0, "short": [],
+        "tolerated_shortfall": 0, "more": 0, "total": 40}
     with checkpoints.open() as s:
         rows = [s.checkpoints.load(f"pt_export.export[{i}]", SLOT) for i in range(4)]
     assert [(r.status, r.processed, r.attempt) for r in rows] == [

@@ -84,6 +84,8 @@ class AttemptState:
         #: This attempt's progress, one owner (see core/tally.py); set once the handler starts.
         self._tally: Tally | None = None
         self.keeper: LeaseKeeper | None = None
+        #: The identity of the reader this attempt recorded or found on the row (see ``use_reader``).
+        self._reader: dict[str, Any] | None = None
         #: Writes the checkpoints with ``pipeline_checkpoints`` (see core/pipeline.py).
         self._writer: CheckpointWriter | None = None
         # Set (under the lock) once the handler has returned or raised: the run context then

@@ -104,6 +104,10 @@ class Checkpoint:
     rate: float | None = column(
         "float", "items per second the holder measured over its recent chunks, written with each checkpoint "
         "(None until measured: two chunk cycles over a second; reset when an attempt starts)", default=None)
+    reader: Any = column(
+        "json", "the identity of the reader whose positions `position` holds (JSON: its kind, what it reads from, "
+        "its key and bounds), recorded when an attempt first reads; an attempt whose reader differs refuses before "
+        "reading. None: no reader drives the slot, or it last ran before schema 8", default=None)
 
     cancel_reason = _Renamed("stop_reason")  # deprecated alias; not a field
 

@@ -155,6 +155,8 @@ def chunk_loop(
                 read.close()
 
     def loop(ctx: RunContext) -> dict[str, Any]:
+        if isinstance(read, Reader):  # before anything is read: the checkpoint's positions are its
+            ctx.use_reader(read)
         if ctx.total is None and total is not None:
             ctx.total = total(ctx) if callable(total) else total
         after = ctx.position

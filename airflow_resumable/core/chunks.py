@@ -3,6 +3,8 @@ tally, report, stop or wait), and the tools the handler borrows (transaction, sk
 
 from __future__ import annotations
 
+import json
+import re
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
@@ -10,11 +12,12 @@ from datetime import timedelta
 from typing import Any
 
 from airflow_resumable.core.attempt_state import AttemptState, utcnow
-from airflow_resumable.core.checkpoint import short
-from airflow_resumable.core.errors import ConfigurationError, LeaseLost, Paused
+from airflow_resumable.core.checkpoint import encode, short
+from airflow_resumable.core.errors import ConfigurationError, LeaseLost, Paused, ReaderChanged
 from airflow_resumable.core.lent import TransactionConnection
 from airflow_resumable.core.observe import MAX_OUTPUTS, Source
 from airflow_resumable.core.options import wait_seconds
+from airflow_resumable.core.readers.base import differences
 from airflow_resumable.core.signal import Reason
 from airflow_resumable.core.skips import ReplayReport, replay_requested, skip_item
 from airflow_resumable.core.tally import Tally
@@ -187,4 +190,70 @@ class Chunks(AttemptState):
         assert self._session is not None
         if self._ended:
             raise self._ended_error("ctx.replay_skipped()")
-        return replay_requested(self._session, job=self.job, slot=self.slot, fn=fn, savepoint=savepoint, log=self.log)
+        return replay_requested(self._session, job=self.job, slot=self.slot, fn=fn, savepoint=savepoint, log=self.log,
+                                attempt=self.attempt)
+
+    def use_reader(self, identity: dict[str, Any]) -> None:
+        """Record the reader whose positions the slot's checkpoint holds (once per attempt, one
+        fenced write when the row names none or, without progress, another), or refuse another
+        reader's checkpoint (see :meth:`RunContext.use_reader`).
+
+        Raises:
+            ReaderChanged: the row holds progress of a reader with another identity, or this
+                attempt already reads with another one.
+            InvalidCheckpoint: the identity is not plain JSON.
+            AttemptEnded / LeaseLost: nothing was written.
+        """
+        assert self._session is not None and self._tally is not None
+        text = encode(identity, what="reader identity", job=self.job, slot=self.slot)
+        current = json.loads(text)
+        with self._lock:
+            if self._ended:
+                raise self._ended_error("ctx.use_reader()")
+            if self._reader is not None:
+                if self._reader == current:
+                    return
+                raise ReaderChanged(
+                    f"this attempt reads with {short(self._reader, 300)} already; a second reader, {short(current, 300)}, "
+                    "would move the same checkpoint through positions of another source", job=self.job, slot=self.slot,
+                    stored=self._reader, current=current,
+                    hint="Read the second source from a position of your own (reader.chunks(ctx, n, after=...)), or in "
+                    "a task of its own", )
+            row = self._tally.row
+            stored = row.reader
+            if stored == current:
+                self._reader = current
+                return
+            progress = row.position is not None or row.processed > 0
+            if stored is not None and progress:
+                raise reader_changed(self.job, self.slot, row.position, row.processed, stored, current)
+            self._session.checkpoints.set_reader(self.fence, text)
+            self._tally.reader_recorded(current)
+            self._reader = current
+        if stored is not None:
+            self.log.warning("the slot's row named another reader (%s) but holds no progress: it now names this task's "
+                             "[job=%s slot=%s]", differences(stored, current), self.job, self.slot)
+        elif progress:
+            self.log.info("the slot's checkpoint names no reader (written before this release): it now names %s "
+                          "[job=%s slot=%s]", short(current, 300), self.job, self.slot)
+
+
+_PARTITION = re.compile(r"\[\d+\]$")
+
+
+def reader_changed(job: str, slot: str, position: Any, processed: int, stored: Any, current: Any) -> ReaderChanged:
+    """The refusal of a checkpoint written with another reader: both identities, how they differ,
+    and the choices (put the reader back, or start the slot, or its partitioned job, over)."""
+    hint = (f"Put the reader back as it was, then Clear the task: it resumes from its checkpoint. Or start the slot "
+            f"over on purpose with this reader: `airflow resumable restart '{job}' '{slot}'` (or restart=True, or the "
+            "run's conf {\"resumable_restart\": true}), then Clear the task")
+    if _PARTITION.search(job) and isinstance(current, dict) and "range" in current:
+        base = _PARTITION.sub("", job)
+        hint += (f". A partition's range is a range of the plan's reader: when the key or the source changed, "
+                 f"restart the whole job instead: `airflow resumable restart '{base}#plan' '{slot}'`, then Clear the "
+                 "job's tasks in that run (its plan is split anew and every partition starts over)")
+    return ReaderChanged(
+        f"the slot's checkpoint holds positions of another reader than this task's ({differences(stored, current)}): "
+        f"written with {short(stored, 300)}, while this task reads with {short(current, 300)}. Its position "
+        f"{short(position, 60)} ({processed} processed) is a position of the first; read with the second it would skip "
+        "or repeat items, so nothing was read", job=job, slot=slot, stored=stored, current=current, hint=hint)

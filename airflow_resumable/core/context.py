@@ -62,6 +62,14 @@ class AttemptCalls(Protocol):
             ConfigurationError: more than :data:`~airflow_resumable.core.observe.MAX_OUTPUTS` of them.
         """
 
+    def use_reader(self, identity: dict[str, Any]) -> None:
+        """Record the reader whose positions the slot's checkpoint holds, or refuse another's.
+
+        Raises:
+            ReaderChanged: the checkpoint holds positions of a reader with another identity.
+            AttemptEnded / LeaseLost: nothing was written.
+        """
+
     def previous_run(self) -> Checkpoint | None:
         """The job's previous finished run (``ctx.previous``), read from the store.
 
@@ -242,6 +250,25 @@ class RunContext:
                 f'ctx.{direction}(file="s3://bucket/key")',
             )
         return Source("table" if file is None else "file", name, connection)
+
+    def use_reader(self, reader: Any) -> None:
+        """Say that ``reader`` (a :class:`~airflow_resumable.core.readers.Reader`) drives this
+        slot: :attr:`position` is a position of its items. The chunk loop and ``reader.chunks(ctx,
+        n)`` call it before their first read; call it yourself before reading from
+        ``ctx.position`` with ``reader(ctx, after, limit)``.
+
+        The first attempt of a slot (and one that starts it over) records the reader's
+        :meth:`~airflow_resumable.core.readers.Reader.identity` on the row; a later attempt whose
+        reader has another identity (another key, table or query, ``where``, ``params``, bound or
+        range) is refused here, before it reads anything: a position of one reader read by
+        another would skip or repeat items without a trace. A row without a reader (written before
+        this release, or by a handler that never said) takes this one.
+
+        Raises:
+            ReaderChanged: the checkpoint holds positions of another reader; names both, the job,
+                the slot and the choices (put the reader back, or restart the slot on purpose).
+        """
+        self._attempt.use_reader(reader.identity())
 
     def replay_skipped(self, fn: Callable[[Any], Any] | None) -> Any:
         """Replay the slot's skipped items whose retry was requested (``airflow resumable skipped

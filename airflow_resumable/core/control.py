@@ -252,6 +252,7 @@ class _Run:
     rate: float = 0.0
     planned: int | None = None
     planned_rows: int | None = None
+    skipped: int = 0
 
     def add(self, status: str, count: int, updated: Any, map_index: int | None, processed: Any, total: Any,
             totals: Any, rate: Any) -> None:
@@ -287,7 +288,9 @@ class _Run:
             "job": self.name, "dag_id": self.dag_id, "task_id": self.task_id, "run_id": self.run_id,
             "slot": self.slot, "mapped": self.mapped, "partitioned": self.planned is not None,
             "partitions": {**counts, "total": n},
-            "processed": self.processed, "total": total,
+            # The plan's rows (a partitioned job), and the partitions' dead letters not replayed:
+            # processed counts them too (a skipped item is read), the summary task tells them apart.
+            "planned": self.planned_rows, "processed": self.processed, "skipped": self.skipped, "total": total,
             "percent": None if not total else round(min(100.0, 100.0 * self.processed / total), 1),
             "rate": None if rate is None else round(rate, 2), "eta_seconds": None if eta is None else round(eta, 1),
             "updated_at": self.updated.isoformat() if self.updated else None,
@@ -322,12 +325,24 @@ def _runs(session: StoreSession, groups: list[tuple[Any, ...]], *, dag_ids: Coll
         if job is not None or held is None or (run.updated or floor) > (held.updated or floor):
             latest[run.name if job is None else f"{run.name}\0{run.slot}"] = run
     chosen = sorted(latest.values(), key=lambda r: r.updated or floor, reverse=True)
+    pending = session.skips.pending() if chosen else {}
     for run in chosen:
         if (run.name, run.slot) in plans:
-            plan = load_plan(session, run.name, run.slot)
+            plan = _readable_plan(session, run.name, run.slot)
             if plan is not None:
                 run.planned, run.planned_rows = plan.partitions, plan.rows
+        run.skipped = sum(n for (name, slot), n in pending.items()
+                          if slot == run.slot and (name == run.name or _MAP_SUFFIX.sub("", name) == run.name))
     return chosen
+
+
+def _readable_plan(session: StoreSession, job: str, slot: str) -> Any:
+    """The slot's plan, or None when there is none or its row does not hold one (changed by hand: the
+    planning task refuses it, saying so; a listing shows the job without it)."""
+    try:
+        return load_plan(session, job, slot)
+    except ConfigurationError:
+        return None
 
 
 def jobs(store: Store, *, dag_ids: Collection[str] | None = None) -> list[dict[str, Any]]:
@@ -359,7 +374,7 @@ def job_partitions(store: Store, job: str, run_id: str | None = None) -> tuple[d
                                "[map_index]), with the run id it shows")
         run = runs[0]
         if run.mapped and run.planned is None:  # the plan row names no run: found by its slot
-            plan = load_plan(session, run.name, run.slot)
+            plan = _readable_plan(session, run.name, run.slot)
             if plan is not None:
                 run.planned, run.planned_rows = plan.partitions, plan.rows
         if not run.mapped:

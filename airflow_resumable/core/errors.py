@@ -59,6 +59,18 @@ class TransactionRefused(ConfigurationError, RuntimeError):
     ``ctx.savepoint()``."""
 
 
+class ReaderChanged(ConfigurationError):
+    """The slot's checkpoint (or its partitioned job's plan) holds positions of another reader than
+    the task's: another key, source, ``where``, ``params`` or bounds. Refused before anything is
+    read: a position of one reader read by another skips or repeats items silently. ``stored`` and
+    ``current`` are the two identities (:meth:`~airflow_resumable.core.readers.Reader.identity`).
+    Retrying cannot help: put the reader back, or start the slot (or the job) over on purpose."""
+
+    def __init__(self, message: str, *, stored: Any = None, current: Any = None, **kwargs: Any):
+        self.stored, self.current = stored, current
+        super().__init__(message, **kwargs)
+
+
 class AttemptEnded(ResumableError, RuntimeError):
     """``ctx.checkpoint()`` or ``ctx.transaction()`` was called after the attempt's handler returned.
 

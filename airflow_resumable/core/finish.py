@@ -90,7 +90,8 @@ class Finishing(AttemptState):
     ) -> Checkpoint:
         total = self._tally.total if self._tally is not None else None
         end: dict[str, Any] = {"status": status, "last_error": error, "stop_reason": stop_reason, "total": total,
-                               "result": result, "record_id": self._record_id, "resume_in": resume_in}
+                               "result": result, "record_id": self._record_id, "resume_in": resume_in,
+                               "attempt": self.attempt}
         try:
             final = session.checkpoints.finish(self.fence, **end)
         except LeaseLost as exc:

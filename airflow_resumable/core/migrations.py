@@ -155,6 +155,13 @@ def _v7(d: Dialect) -> list[str]:
     return [f"ALTER TABLE {CHECKPOINTS.name} ADD COLUMN rate DOUBLE PRECISION"]
 
 
+def _v8(d: Dialect) -> list[str]:
+    """The identity of the reader whose positions a checkpoint holds: an attempt whose reader differs
+    (another key, source, condition or bound) refuses instead of reading from a foreign position.
+    Existing rows have none and resume as before; their next attempt records its reader."""
+    return [f"ALTER TABLE {CHECKPOINTS.name} ADD COLUMN reader TEXT"]
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "checkpoint table and schema stamp", _v1),
     Migration(2, "owning task instance, result and success confirmation on the row; attempt history table", _v2),
@@ -163,6 +170,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(5, "checkpoints as in-place (HOT) updates: listing index on started_at, fill factor 80", _v5),
     Migration(6, "cancel_reason renamed stop_reason (it also says why an attempt paused or was throttled)", _v6),
     Migration(7, "the holder's measured rate on the row, written with each checkpoint", _v7),
+    Migration(8, "the identity of the reader whose positions the checkpoint holds", _v8),
 )
 
 #: The schema this code reads and writes.
@@ -194,7 +202,7 @@ def current_version(session: SchemaSession) -> int | None:
                 hint="It was dropped by hand; nothing was changed. Restore it from a backup, or recreate it "
                 f"with the version the tables have (1 if it has no dag_id column, 2 if it has no request column, 3 if "
                 f"{DEAD_LETTERS.name} is missing, 4 if it has the index {CHECKPOINTS.name}_job_updated, 5 if it has a cancel_reason "
-                f"column, 6 if it has no rate column, else "
+                f"column, 6 if it has no rate column, 7 if it has no reader column, else "
                 f"{SCHEMA_VERSION}): "
                 f"CREATE TABLE {META} (key TEXT PRIMARY KEY, value TEXT NOT NULL); "
                 f"INSERT INTO {META} VALUES ('schema_version', '<version>')",

@@ -18,10 +18,15 @@ whichever worker. Three things make it correct:
   collations and rows written after the split all fall in exactly one range. A boundary of
   ``None`` stands before every key (a source with fewer rows than partitions): a range up to it
   is empty. Empty partitions are fine; they finish at once.
-* **The job as a whole.** :func:`summarize` reads the partitions' rows: which finished, what they
-  processed, and whether more of them failed than ``tolerated_failure`` allows (a count, or a
-  percentage of the partitions as ``"10%"``: Step Functions' *ToleratedFailureCount* and
-  *ToleratedFailurePercentage*).
+* **Within the reader's own bounds.** A partition reads its range *and* the reader's own
+  ``until``, ``where`` and ``params`` (:meth:`KeysetReader.within`): the first and the last range,
+  open at one end, still stop where the reader does.
+* **One reader for the whole job.** The plan records the identity of the reader it split
+  (:meth:`~airflow_resumable.core.readers.Reader.identity`), each range carries its digest, and
+  each partition's checkpoint records its reader with the range: a planning task, or a partition,
+  whose reader differs (another key, source, condition or bound) refuses before reading.
+* **The job as a whole** (:mod:`airflow_resumable.core.job_summary`): which partitions finished,
+  whether more of them failed than ``tolerated_failure`` allows, and the plan's rows accounted for.
 
 No Airflow here; the operators (``airflow_resumable.operators.partitioned``) put it in a DAG.
 """
@@ -29,14 +34,15 @@ No Airflow here; the operators (``airflow_resumable.operators.partitioned``) put
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import re
 from collections.abc import Sequence
 from typing import Any
 
-from airflow_resumable.core.checkpoint import ENCODER, Checkpoint, Status, short
-from airflow_resumable.core.errors import ConfigurationError
-from airflow_resumable.core.readers.base import close_quietly
+from airflow_resumable.core.checkpoint import ENCODER, Status, short
+from airflow_resumable.core.errors import ConfigurationError, ReaderChanged
+from airflow_resumable.core.readers.base import close_quietly, differences, identity_digest
 from airflow_resumable.core.readers.keys import json_key, json_keys
 from airflow_resumable.core.readers.keyset import KeysetReader
 from airflow_resumable.core.stores.connection import Connection
@@ -44,8 +50,9 @@ from airflow_resumable.core.stores.sql import insert
 from airflow_resumable.core.tables import CHECKPOINTS
 
 __all__ = [
-    "PLAN_SUFFIX", "Plan", "Range", "Summary", "allowed_failures", "load_plan", "partition_job", "partitions_problem",
-    "plan_job", "save_plan", "split", "summarize", "tolerated_problem",
+    "PLAN_SUFFIX", "Plan", "Range", "allowed_failures", "allowed_shortfall", "check_plan_reader", "check_range_reader",
+    "load_plan", "partition_job", "partitions_problem", "plan_job", "replace_plan", "save_plan", "shortfall_problem",
+    "split", "tolerated_problem",
 ]
 
 #: The planning job of a partitioned job: ``<job>#plan``, one row per slot whose state is the plan.
@@ -91,6 +98,20 @@ def tolerated_problem(name: str, value: Any) -> str | None:
             f"as \"10%\"), got {value!r}")
 
 
+def shortfall_problem(name: str, value: Any) -> str | None:
+    """What is wrong with a ``tolerated_shortfall`` (rows >= 0, or a percentage of the planned rows)."""
+    if tolerated_problem(name, value) is None:
+        return None
+    return (f"{name} must be how many planned rows may go unexplained (an int >= 0) or a percentage of them (a "
+            f"string such as \"1%\"), got {value!r}")
+
+
+def allowed_shortfall(tolerated: int | str, planned: int) -> int:
+    """How many of ``planned`` rows may be short without failing the job (the count, or the
+    percentage's share rounded down)."""
+    return allowed_failures(tolerated, planned)
+
+
 def allowed_failures(tolerated: int | str, partitions: int) -> int:
     """How many of ``partitions`` may fail before the job fails: the count, or the percentage's
     share rounded down (``"10%"`` of 16 partitions: 1)."""
@@ -107,7 +128,9 @@ def allowed_failures(tolerated: int | str, partitions: int) -> int:
 @dataclasses.dataclass(frozen=True)
 class Range:
     """One partition's rows: the keys after ``after`` (None: from the first) up to ``until``,
-    inclusive (None: to the last). ``empty``: the range holds no key at all."""
+    inclusive (None: to the last), within the reader's own bounds. ``empty``: the range holds no
+    key at all. ``reader``: the digest of the plan's reader's identity (None: a plan made before
+    readers were recorded)."""
 
     index: int
     after: Any
@@ -115,10 +138,14 @@ class Range:
     empty: bool = False
     #: The job's partitions (None: a range handed over by a release that did not say).
     count: int | None = None
+    reader: str | None = None
 
     def as_json(self) -> dict[str, Any]:
-        return {"partition": self.index, "after": self.after, "until": self.until, "empty": self.empty,
-                "partitions": self.count}
+        out = {"partition": self.index, "after": self.after, "until": self.until, "empty": self.empty,
+               "partitions": self.count}
+        if self.reader is not None:
+            out["reader"] = self.reader
+        return out
 
     @classmethod
     def from_json(cls, value: Any) -> Range:
@@ -131,16 +158,19 @@ class Range:
             raise ConfigurationError(f"a partition's range must be a dict of partition, after and until, got "
                                      f"{short(value)}", hint="Pass the planning task's output, as .partitioned() does")
         count = value.get("partitions")
+        reader = value.get("reader")
         return cls(int(value["partition"]), value["after"], value["until"], bool(value.get("empty", False)),
-                   count if isinstance(count, int) and not isinstance(count, bool) else None)
+                   count=count if isinstance(count, int) and not isinstance(count, bool) else None,
+                   reader=reader if isinstance(reader, str) else None)
 
 
 def range_chunks(reader: KeysetReader, rng: Range, *, total: Any = None) -> dict[str, Any]:
     """The chunk loop's ``read``, ``start`` and ``total`` for one partition: ``reader`` over the
-    keys of ``rng`` only (nothing for an empty range), from the key after which it starts, and, when
-    ``total`` is None, the range's rows counted when the run starts (its progress and its part of
-    the job's total). What a partition task runs, and what the test kit checks."""
-    read: Any = _nothing if rng.empty else reader.within(rng.until)
+    keys of ``rng`` only, within the reader's own bounds (nothing for an empty range), from the key
+    after which it starts, and, when ``total`` is None, the range's rows counted when the run
+    starts (its progress and its part of the job's total). What a partition task runs, and what
+    the test kit checks."""
+    read: Any = _nothing if rng.empty else reader.within(rng.until, after=rng.after)
     if total is None:
         total = 0 if rng.empty else RangeCount(read, rng.after)
     return {"read": read, "start": rng.after, "total": total}
@@ -167,41 +197,78 @@ class RangeCount:
 class Plan:
     """A job's split for one slot: ``partitions`` ranges cut at ``boundaries`` (``partitions - 1``
     keys in the key's order, as JSON positions; None: before every key), made when the source had
-    ``rows`` rows."""
+    ``rows`` rows, by the reader whose identity is ``reader`` (None: a plan made before readers were
+    recorded)."""
 
     partitions: int
     boundaries: tuple[Any, ...]
     rows: int
+    reader: dict[str, Any] | None = None
 
     def ranges(self) -> list[Range]:
         """Every partition's range, in order: together they hold every key once."""
         out = []
+        digest = None if self.reader is None else identity_digest(self.reader)
         for i in range(self.partitions):
             lower = self.boundaries[i - 1] if i > 0 else None
             if i == self.partitions - 1:
-                out.append(Range(i, lower, None, count=self.partitions))
+                out.append(Range(i, lower, None, count=self.partitions, reader=digest))
                 continue
             upper = self.boundaries[i]
             # A range up to "before every key", or from a key up to itself, holds nothing.
             out.append(Range(i, lower, upper, empty=upper is None or (lower is not None and lower == upper),
-                             count=self.partitions))
+                             count=self.partitions, reader=digest))
         return out
 
+    def planned(self) -> list[int]:
+        """How many of :attr:`rows` each partition's range held when the plan was made: the split
+        cuts at rows ``n/N, 2n/N, ...`` of the key's order; a range the split left empty (a boundary
+        that stood in for a row deleted meanwhile) hands its rows to the next."""
+        ends = [(j * self.rows) // self.partitions for j in range(1, self.partitions)] + [self.rows]
+        counts = [end - start for start, end in zip([0, *ends[:-1]], ends, strict=True)]
+        for i, rng in enumerate(self.ranges()):
+            if rng.empty and i + 1 < self.partitions:
+                counts[i + 1] += counts[i]
+                counts[i] = 0
+        return counts
+
     def state(self) -> dict[str, Any]:
-        """The plan as the plan row's state (JSON)."""
-        return {"partitions": self.partitions, "boundaries": list(self.boundaries), "rows": self.rows}
+        """The plan as the plan row's state (JSON), sealed: ``seal`` is the digest of the rest, so
+        a plan changed by hand after it was stored is refused instead of read (its ranges could
+        overlap or leave a gap)."""
+        out: dict[str, Any] = {"partitions": self.partitions, "boundaries": list(self.boundaries), "rows": self.rows}
+        if self.reader is not None:
+            out["reader"] = self.reader
+        out["seal"] = identity_digest(out)
+        return out
 
     @classmethod
     def from_state(cls, state: dict[str, Any], *, job: str, slot: str) -> Plan:
         """The plan a plan row holds.
 
         Raises:
-            ConfigurationError: the row's state is not a plan (written by hand, or by other code).
+            ConfigurationError: the row's state is not a plan (written by hand, or by other code),
+                or its seal does not match (changed by hand after it was stored).
         """
+        if isinstance(state, dict) and "seal" in state:
+            sealed = {k: v for k, v in state.items() if k != "seal"}
+            if identity_digest(sealed) != state["seal"]:
+                raise ConfigurationError(
+                    f"the plan row's state was changed after the plan was stored (its seal {short(state['seal'])} "
+                    f"does not match what it holds: {short(sealed, 200)}); ranges read from it could overlap or "
+                    "leave a gap, so none is handed out", job=job, slot=slot,
+                    hint=f"Put the plan back as it was stored, or split the job anew on purpose: `airflow resumable "
+                    f"restart '{job}' '{slot}'`, then Clear the job's tasks in that run (every partition starts over)",
+                )
         try:
-            plan = cls(int(state["partitions"]), tuple(state["boundaries"]), int(state["rows"]))
+            reader = state.get("reader")
+            if reader is not None and not isinstance(reader, dict):
+                raise ValueError(f"its reader is not an identity (a JSON object): {short(reader)}")
+            plan = cls(int(state["partitions"]), tuple(state["boundaries"]), int(state["rows"]), reader)
             if len(plan.boundaries) != plan.partitions - 1:
                 raise ValueError(f"{len(plan.boundaries)} boundaries for {plan.partitions} partitions")
+            if plan.rows < 0:
+                raise ValueError(f"a negative row count, {plan.rows}")
         except (KeyError, TypeError, ValueError) as exc:
             raise ConfigurationError(
                 f"the plan row's state is not a plan ({exc}): {short(state)}", job=job, slot=slot,
@@ -256,7 +323,7 @@ def split(reader: KeysetReader, partitions: int, *, job: str | None = None, slot
                 boundaries.append(boundaries[-1] if boundaries else None)
     finally:
         _end(conn)
-    return Plan(partitions, tuple(boundaries), rows)
+    return Plan(partitions, tuple(boundaries), rows, reader.identity())
 
 
 def _is_postgres(conn: Any) -> bool:
@@ -336,76 +403,69 @@ def save_plan(session: Any, job: str, slot: str, plan: Plan) -> Plan:
     return stored
 
 
-# -- the job as a whole ----------------------------------------------------------------------------
+def replace_plan(session: Any, job: str, slot: str, plan: Plan) -> bool:
+    """Replace the slot's plan with ``plan`` when a restart of it is pending (``airflow resumable
+    restart '<job>#plan' SLOT``), taking the request in the same write; False when none was pending
+    (another planner took it first). The row's ``runs`` counts the splits."""
+    now = session.d.now()
+    with session.transaction():
+        n = session.execute(
+            f"UPDATE {TABLE_NAME} SET state = %(state)s, processed = %(rows)s, total = %(rows)s, runs = runs + 1, "
+            f"request = NULL, started_at = {now}, updated_at = {now}, finished_at = {now} "
+            "WHERE job = %(job)s AND slot = %(slot)s AND request = 'restart'",
+            {"job": plan_job(job), "slot": slot, "state": ENCODER.encode(plan.state()), "rows": plan.rows},
+        ).rowcount
+    return bool(n == 1)
 
 
-@dataclasses.dataclass(frozen=True)
-class Summary:
-    """The partitions of one slot: which finished (``done``), which did not (``failed``: every one
-    not ``done``; ``cancelled`` of them, a person's cancel, with who asked in ``cancelled_by``), and
-    their figures.
+# -- one reader for the whole job -------------------------------------------------------------------
 
-    A cancelled partition counts as failed against ``tolerated_failure``: its rows were not
-    processed, so the job as a whole did not finish them, however it was stopped. Within the
-    tolerance the job succeeds without them (the summary names them); beyond it, it fails.
+
+def _plain_json(identity: Any) -> Any:
+    return json.loads(ENCODER.encode(identity))
+
+
+def check_plan_reader(plan: Plan, reader: KeysetReader, *, job: str, slot: str) -> None:
+    """Refuse a planning task whose reader is not the one the stored plan was split with.
+
+    Raises:
+        ReaderChanged: naming both identities, how they differ, the job, the slot and the choices.
     """
-
-    job: str
-    slot: str
-    partitions: int
-    done: tuple[int, ...]
-    failed: tuple[int, ...]
-    processed: int
-    total: int | None
-    allowed: int
-    cancelled: tuple[int, ...] = ()
-    cancelled_by: tuple[str | None, ...] = ()
-
-    @property
-    def ok(self) -> bool:
-        """Whether no more partitions failed (cancelled ones included) than tolerated."""
-        return len(self.failed) <= self.allowed
-
-    def as_json(self) -> dict[str, Any]:
-        return {"job": self.job, "slot": self.slot, "partitions": self.partitions, "done": len(self.done),
-                "failed": list(self.failed), "cancelled": list(self.cancelled), "tolerated": self.allowed,
-                "processed": self.processed, "total": self.total}
-
-    def describe(self, index: int) -> str:
-        """``<job>[i]``, with ``(cancelled by who)`` for a cancelled partition."""
-        name = partition_job(self.job, index)
-        if index in self.cancelled:
-            by = self.cancelled_by[self.cancelled.index(index)] if len(self.cancelled_by) == len(self.cancelled) else None
-            return f"{name} (cancelled{f' by {by}' if by else ''})"
-        return name
-
-    def error(self) -> ConfigurationError | None:
-        """Why the job failed, naming the failed partitions and what to do; None when it did not."""
-        if self.ok:
-            return None
-        shown = ", ".join(self.describe(i) for i in self.failed[:10])
-        more = f" and {len(self.failed) - 10} more" if len(self.failed) > 10 else ""
-        counted = " (a cancelled partition counts as failed)" if self.cancelled else ""
-        return ConfigurationError(
-            f"{len(self.failed)} of {self.partitions} partitions did not finish ({shown}{more}); "
-            f"tolerated_failure allows {self.allowed}{counted}", job=self.job, slot=self.slot,
-            hint="Clear the failed partitions' task instances (`airflow resumable rerun-failed`, or Re-run failed "
-            "partitions on the jobs page): each resumes from its own checkpoint, the other partitions keep theirs, "
-            "and the summary runs again",
-        )
-
-
-def summarize(job: str, slot: str, rows: Sequence[Checkpoint | None], *, tolerated: int | str) -> Summary:
-    """The job's summary from its partitions' rows (``rows[i]``: partition ``i``'s, None if it never
-    started). A partition that is not ``done`` counts as failed, a cancelled one too."""
-    done = tuple(i for i, row in enumerate(rows) if row is not None and row.status == Status.DONE.value)
-    failed = tuple(i for i in range(len(rows)) if i not in set(done))
-    cancelled = tuple(i for i, row in enumerate(rows) if row is not None and row.status == Status.CANCELLED.value)
-    totals = [row.total for row in rows if row is not None]
-    return Summary(
-        job=job, slot=slot, partitions=len(rows), done=done, failed=failed,
-        processed=sum(row.processed for row in rows if row is not None),
-        total=None if not totals or any(t is None for t in totals) else sum(int(t) for t in totals if t is not None),
-        allowed=allowed_failures(tolerated, len(rows)), cancelled=cancelled,
-        cancelled_by=tuple(getattr(rows[i], "requested_by", None) for i in cancelled),
+    current = _plain_json(reader.identity())
+    if plan.reader is None or plan.reader == current:
+        return
+    raise ReaderChanged(
+        f"the slot's plan was split with another reader than this task's ({differences(plan.reader, current)}): "
+        f"split with {short(plan.reader, 300)}, while this task reads with {short(current, 300)}. Its boundaries "
+        "are keys of the first; ranges of them read with the second would skip or repeat rows, so no range was "
+        "handed out and nothing was read", job=job, slot=slot, stored=plan.reader, current=current,
+        hint=f"Put the reader back as it was, then Clear the task. Or split the job anew on purpose with this "
+        f"reader: `airflow resumable restart '{plan_job(job)}' '{slot}'`, then Clear the job's tasks in that run "
+        "(every partition starts over)",
     )
+
+
+def check_range_reader(rng: Range, reader: KeysetReader, *, job: str, slot: str,
+                       planned_with: dict[str, Any] | None = None) -> None:
+    """Refuse a partition whose reader is not the one its range was planned with (the range
+    carries the digest of the plan's reader; ``planned_with``, the plan's whole identity when
+    known, is named in the error).
+
+    Raises:
+        ReaderChanged: naming both identities (or the digests), the job, the slot and the choices.
+    """
+    current = _plain_json(reader.identity())
+    if rng.reader is None or identity_digest(current) == rng.reader:
+        return
+    stored: Any = planned_with if planned_with is not None else f"a reader whose identity's digest is {rng.reader}"
+    base = job[:job.rindex("[")] if job.endswith("]") and "[" in job else job
+    raise ReaderChanged(
+        f"this partition's range was planned with another reader than this task's "
+        f"({differences(stored, current)}): planned with {short(stored, 300)}, while this task reads with "
+        f"{short(current, 300)}. Its bounds are keys of the first, so nothing was read", job=job, slot=slot,
+        stored=stored, current=current,
+        hint=f"Put the reader back as it was, then Clear the task. Or split the job anew on purpose with this "
+        f"reader: `airflow resumable restart '{plan_job(base)}' '{slot}'`, then Clear the job's tasks in that run "
+        "(every partition starts over)",
+    )
+

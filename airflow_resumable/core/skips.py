@@ -14,12 +14,18 @@ raised happen again in the scan (at least once, as always: make them idempotent)
 
 Skipped items are replayed on purpose with :func:`replay`, which runs a function on each one
 still ``skipped`` and marks it ``replayed`` when it succeeds. Or by the task itself, with its own
-code: :func:`request_retry` marks them ``retry_requested`` (who asked is in the slot's history),
-and the slot's next attempt (a Clear, or the next try) replays them first, each in a savepoint,
-through :func:`replay_requested` (``ChunkedOperator``'s ``process``, or a ``ResumableOperator``'s
+code: :func:`request_retry` marks them ``retry_requested`` (who asked is in the slot's history;
+refused while an attempt holds the slot, in the same write), and the slot's next attempt (a Clear,
+or the next try) replays them first, each in a savepoint, through :func:`replay_requested`
+(``ChunkedOperator``'s and every partition's ``process``, or a ``ResumableOperator``'s
 ``replay``): those that succeed become ``replayed``, the others ``skipped`` again with their new
 error; their changes to ``ctx.state`` and writes through ``ctx.transaction()`` commit with the
 checkpoint that follows. A ``done`` slot asked to retry resumes at its end instead of starting over.
+
+A replayed item's ``error`` says that it was replayed, when and how, then the error it had failed
+with. No request stays pending for good: an attempt that finishes the slot (``done``) with items
+still ``retry_requested`` (a handler without a replay step, or a request that came while it ran)
+puts them back ``skipped``, their ``error`` saying the retry was not carried out.
 """
 
 from __future__ import annotations
@@ -243,7 +249,7 @@ def request_retry(store: Store, job: str, slot: str, *, by: str) -> int:
 
 
 def replay_requested(session: StoreSession, *, job: str, slot: str, fn: Callable[[Any], Any] | None,
-                     savepoint: Callable[[], Any], log: Log) -> ReplayReport | None:
+                     savepoint: Callable[[], Any], log: Log, attempt: int | None = None) -> ReplayReport | None:
     """Inside an attempt, before the handler's work: replay the items whose retry was requested,
     each through ``fn(item)`` in its own ``savepoint()``. Marks commit with the next checkpoint.
     ``fn`` None (the task has no code to replay them with) puts them back ``skipped``, saying so.
@@ -270,7 +276,7 @@ def replay_requested(session: StoreSession, *, job: str, slot: str, fn: Callable
             log.warning("retried the skipped item at position %s: it failed again: %s; still skipped "
                         "[job=%s slot=%s]", short(letter.position, 60), error_text(exc, 300), job, slot)
         else:
-            session.skips.end_retry(letter.id)
+            session.skips.end_retry(letter.id, attempt=attempt)
             replayed.append(letter.position)
     if fn is None:
         log.warning("a retry of %s skipped item(s) was requested, but this task has no process or replay function "

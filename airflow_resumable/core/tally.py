@@ -72,6 +72,12 @@ class Tally:
             )
         return self._row
 
+    def reader_recorded(self, identity: Any) -> None:
+        """The row now names the reader with ``identity`` (recorded by the attempt)."""
+        self._base = dataclasses.replace(self._base, reader=identity)
+        if self._row is not None:
+            self._row = dataclasses.replace(self._row, reader=identity)
+
     def saved(self, position_json: str, state: dict[str, Any], processed: int, total: int | None) -> None:
         """Record a checkpoint the store accepted (cheaply: the position is decoded, the row rebuilt,
         only when read). ``durable`` is left to whoever knows the write committed."""

@@ -8,14 +8,20 @@
 ``<task_id>.plan``
     splits the reader's key into ``partitions`` ranges when the run first starts, stores the plan
     on the slot (``<job>#plan``, see :mod:`airflow_resumable.core.partitions`) and returns the
-    ranges; on every later try or Clear it returns the stored ranges.
+    ranges; on every later try or Clear it returns the stored ranges (refusing a reader other than
+    the one the plan was split with). A restart requested on the plan row
+    (``airflow resumable restart '<job>#plan' SLOT``) splits the job anew and asks every partition
+    to start over.
 ``<task_id>.partition``
     a :class:`ChunkedOperator` mapped over the ranges: ``partitions`` mapped task instances, each
     its own job ``<job>[<map_index>]`` with its own checkpoint, resuming on its own on whichever
     worker runs it.
 ``<task_id>.summary``
-    runs when every partition has finished, whichever way (``trigger_rule="all_done"``); fails when
-    more partitions failed than ``tolerated_failure`` allows, and returns the job's figures.
+    runs when every partition has finished, whichever way (``trigger_rule="all_done"``); accounts
+    for every planned row (:mod:`airflow_resumable.core.job_summary`: processed, skipped, in
+    unfinished partitions, gone from the source, unexplained); fails when more partitions failed
+    than ``tolerated_failure`` allows or more rows are unexplained than ``tolerated_shortfall``
+    allows, and returns the job's figures, its headline first.
 
 ``<job>`` is the ``job=`` argument, by default ``<dag_id>.<task_id>``.
 """
@@ -24,30 +30,36 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Callable, Mapping, Sequence
+import warnings
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
 # TaskGroup: the task SDK's public name (no version difference to adapt to yet).
+from airflow_resumable.core import control as core_control
 from airflow_resumable.core.checkpoint import Checkpoint
-from airflow_resumable.core.chunked import chunk_loop
-from airflow_resumable.core.context import RunContext
-from airflow_resumable.core.errors import ConfigurationError
+from airflow_resumable.core.errors import ConfigurationError, RequestRefused
+from airflow_resumable.core.job_summary import Summary, summarize
 from airflow_resumable.core.observe import AttemptFacts, Part
 from airflow_resumable.core.partitions import (
+    Plan,
     Range,
-    Summary,
+    check_plan_reader,
+    check_range_reader,
     load_plan,
     partition_job,
     partitions_problem,
     plan_job,
     range_chunks,
+    replace_plan,
     save_plan,
+    shortfall_problem,
     split,
-    summarize,
     tolerated_problem,
 )
 from airflow_resumable.core.readers import KeysetReader
+from airflow_resumable.core.states import Request
+from airflow_resumable.core.stores import Store
 from airflow_resumable.hooks.resumable import DEFAULT_CONN_ID, ResumableHook
 from airflow_resumable.operators import task_instance
 from airflow_resumable.operators.outcome import to_airflow
@@ -90,16 +102,11 @@ class PartitionPlanOperator(BaseOperator):
             store = ResumableHook(self.conn_id, job=plan_job(job), slot=slot).get_store()
             with store.open(autocommit=True) as session:
                 session.ensure_schema()
-                plan = load_plan(session, job, slot)
-                if plan is None:
-                    made = split(self.read, self.partitions, job=job, slot=slot)
-                    plan = save_plan(session, job, slot, made)
-                    if plan == made:
-                        self.log.info("split %s rows of %s into %s partitions at %s [job=%s slot=%s]", plan.rows,
-                                      self.read.name, plan.partitions, list(plan.boundaries), job, slot)
+                row = session.checkpoints.load(plan_job(job), slot)
+                if row is not None and row.request == Request.RESTART:
+                    plan = self._split_anew(store, session, job, slot, row)
                 else:
-                    self.log.info("the slot's plan, made when its run first started (%s rows then): %s partitions at "
-                                  "%s [job=%s slot=%s]", plan.rows, plan.partitions, list(plan.boundaries), job, slot)
+                    plan = self._plan(session, job, slot)
         except Exception as exc:
             mapped = to_airflow(exc, job=job, slot=slot)
             if mapped is None:
@@ -110,6 +117,64 @@ class PartitionPlanOperator(BaseOperator):
                              "for this slot (later slots split anew) [job=%s slot=%s]", plan.partitions,
                              self.partitions, job, slot)
         return [r.as_json() for r in plan.ranges()]
+
+    def _plan(self, session: Any, job: str, slot: str) -> Plan:
+        """The slot's stored plan (its reader checked against this task's), or a new one stored now."""
+        plan = load_plan(session, job, slot)
+        if plan is None:
+            made = split(self.read, self.partitions, job=job, slot=slot)
+            plan = save_plan(session, job, slot, made)
+            if plan == made:
+                self.log.info("split %s rows of %s into %s partitions at %s [job=%s slot=%s]", plan.rows,
+                              self.read.name, plan.partitions, list(plan.boundaries), job, slot)
+        else:
+            self.log.info("the slot's plan, made when its run first started (%s rows then): %s partitions at "
+                          "%s [job=%s slot=%s]", plan.rows, plan.partitions, list(plan.boundaries), job, slot)
+        if plan.reader is None:
+            self.log.warning("the slot's plan was made by an earlier release and records no reader: it cannot be "
+                             "checked against this task's; each partition's checkpoint still is [job=%s slot=%s]",
+                             job, slot)
+        check_plan_reader(plan, self.read, job=job, slot=slot)
+        return plan
+
+    def _split_anew(self, store: Store, session: Any, job: str, slot: str, row: Checkpoint) -> Plan:
+        """Carry out a restart requested on the plan row: split now, ask every partition that has a
+        row to start over (refused while one runs: nothing is replaced then, the request stays),
+        then replace the plan, taking the request.
+
+        Raises:
+            AirflowFailException: a partition cannot take the restart now, naming it and why.
+        """
+        made = split(self.read, self.partitions, job=job, slot=slot)
+        try:
+            old = load_plan(session, job, slot)
+        except ConfigurationError:  # a plan changed by hand: this restart is the way out
+            old = None
+        by = f"{row.requested_by or '?'} (restart of {plan_job(job)})"
+        refused = []
+        for i in range(max(old.partitions if old else 0, made.partitions, self.partitions)):
+            part = session.checkpoints.load(partition_job(job, i), slot)
+            if part is None or part.request == Request.RESTART:
+                continue
+            try:
+                core_control.restart(store, partition_job(job, i), slot, by=by)
+            except RequestRefused as exc:
+                again = session.checkpoints.load(partition_job(job, i), slot)
+                if again is None or again.request != Request.RESTART:  # else another planner asked first
+                    refused.append(f"{partition_job(job, i)}: {exc.message}")
+        if refused:
+            raise AirflowFailException(
+                f"the restart of the job requested by {row.requested_by or '?'} was not carried out: "
+                f"{'; '.join(refused[:10])}{' ...' if len(refused) > 10 else ''}. The plan was kept, and the request "
+                f"is still pending on its row [job={job!r} slot={slot!r}]. Let the partition finish (or pause or "
+                "cancel it), then Clear this task again")
+        if replace_plan(session, job, slot, made):
+            self.log.warning("split the job anew as %s asked (restart of %s): %s rows in %s partitions at %s; every "
+                             "partition with a checkpoint starts over on its next attempt [job=%s slot=%s]",
+                             row.requested_by or "?", plan_job(job), made.rows, made.partitions,
+                             list(made.boundaries), job, slot)
+            return made
+        return self._plan(session, job, slot)  # another planner carried it out first
 
 
 class PartitionOperator(ChunkedOperator):
@@ -137,43 +202,65 @@ class PartitionOperator(ChunkedOperator):
         return Part(job=_base_job(self.job, self.dag_id, self.partition_group), index=rng.index, count=rng.count,
                     after=rng.after, until=rng.until)
 
-    def _handler(self, context: Context) -> Callable[[RunContext], Any]:
+    def _loop_arguments(self, context: Context) -> dict[str, Any]:
+        """The chunk loop over the keys of this partition's range only, within the reader's own
+        bounds, from the key after which the range starts; refused before anything runs when the
+        range was planned with another reader (see :func:`check_range_reader`)."""
+        job = self.job_name(context)
+        slot, _ = slot_of(context)
         try:
             rng = Range.from_json(self.partition_range)
         except ConfigurationError as exc:
-            raise AirflowFailException(f"{exc} [job={self.job_name(context)!r}]") from exc
+            raise AirflowFailException(f"{exc} [job={job!r}]") from exc
         reader = self.read
         assert isinstance(reader, KeysetReader)
+        try:
+            check_range_reader(rng, reader, job=job, slot=slot)
+        except ConfigurationError:
+            check_range_reader(rng, reader, job=job, slot=slot, planned_with=self._planned_with(slot))
         process = self.process
         if self.handler_kwargs:
             process = functools.partial(self.process, **self.handler_kwargs)
-        loop = chunk_loop(**{**self._chunked(), "process": process, **range_chunks(reader, rng, total=self.total)})
+        return {**self._chunked(), "process": process, **range_chunks(reader, rng, total=self.total)}
 
-        def handler(ctx: RunContext) -> None:
-            loop(ctx)
+    def _planned_with(self, slot: str) -> dict[str, Any] | None:
+        """The whole identity of the reader the slot's plan was split with (for an error), if it can be read."""
+        job = _base_job(self.job, self.dag_id, self.partition_group)
+        try:
+            with ResumableHook(self.conn_id, job=job, slot=slot).get_store().open(autocommit=True) as session:
+                plan = load_plan(session, job, slot)
+        except Exception:  # the error names the digest instead
             return None
-
-        return handler
+        return None if plan is None else plan.reader
 
 
 class PartitionSummaryOperator(BaseOperator):
-    """The partitioned job as a whole: fails when more partitions failed than tolerated (a
-    cancelled partition counts as failed: its rows were not processed); returns ``{"job", "slot",
-    "partitions", "done", "failed", "cancelled", "tolerated", "processed", "total"}``.
+    """The partitioned job as a whole: accounts for every planned row and fails when more
+    partitions failed than tolerated (a cancelled partition counts as failed: its rows were not
+    processed) or more planned rows are unexplained than tolerated (see
+    :mod:`airflow_resumable.core.job_summary`); returns ``{"summary": <headline>, "job", "slot",
+    "partitions", "done", "failed", "cancelled", "tolerated", "planned", "processed", "skipped",
+    "unfinished", "gone", "shortfall", "short", "tolerated_shortfall", "more", "total"}``.
 
     :param partition_group: the partitioned job's task id (its task group's id).
     :param tolerated_failure: how many partitions may fail (an int), or what share of them (``"10%"``).
+    :param tolerated_shortfall: how many planned rows may go unexplained (an int), or what share of
+        them (``"1%"``); a tolerated shortfall is named in the summary's first line and warned of.
+    :param read: the job's reader: a finished partition that read fewer rows than were planned for
+        it has its range counted again (rows deleted since the plan explain that much).
     :param conn_id: the checkpoint store's connection.
     :param job: the job (default ``<dag_id>.<partition_group>``).
     """
 
     ui_color = "#d7ecf5"
 
-    def __init__(self, *, partition_group: str, tolerated_failure: int | str = 0, conn_id: str = DEFAULT_CONN_ID,
-                 job: str | None = None, **kwargs: Any) -> None:
+    def __init__(self, *, partition_group: str, tolerated_failure: int | str = 0, tolerated_shortfall: int | str = 0,
+                 read: KeysetReader | None = None, conn_id: str = DEFAULT_CONN_ID, job: str | None = None,
+                 **kwargs: Any) -> None:
         kwargs.setdefault("trigger_rule", "all_done")
         super().__init__(**kwargs)
         self.partition_group, self.tolerated_failure = partition_group, tolerated_failure
+        self.tolerated_shortfall, self.read = tolerated_shortfall, read
         self.conn_id, self.job = conn_id, job
 
     #: The summary's facts, kept by ``execute()`` for the OpenLineage complete and failure events.
@@ -204,29 +291,67 @@ class PartitionSummaryOperator(BaseOperator):
     def execute(self, context: Context) -> dict[str, Any]:
         job = _base_job(self.job, self.dag_id, self.partition_group)
         slot, _ = slot_of(context)
+        planner = f"{self.partition_group}.plan"
+        if not context["ti"].xcom_pull(task_ids=planner):
+            # The summary runs whatever happened upstream (all_done): without this run's ranges it
+            # would add up an earlier run's rows and succeed over work this run refused to do.
+            raise AirflowFailException(
+                f"the planning task ({planner}) handed out no ranges in this run: it failed or did not run (its log "
+                f"says why), so no partition ran on its plan [job={job!r} slot={slot!r}]. Fix it and Clear it with "
+                "its downstream tasks")
         store = ResumableHook(self.conn_id, job=job, slot=slot).get_store()
         with store.open(autocommit=True) as session:
             session.ensure_schema()
-            plan = load_plan(session, job, slot)
+            try:
+                plan = load_plan(session, job, slot)
+            except ConfigurationError as exc:
+                raise AirflowFailException(str(exc)) from exc
             if plan is None:
                 raise AirflowFailException(
                     f"the slot has no plan: the planning task did not run or failed [job={job!r} slot={slot!r}]. "
                     f"Clear the task group's planning task ({self.partition_group}.plan) with its downstream tasks")
-            rows = [session.checkpoints.load(partition_job(job, i), slot) for i in range(plan.partitions)]
-        summary = summarize(job, slot, rows, tolerated=self.tolerated_failure)
+            names = [partition_job(job, i) for i in range(plan.partitions)]
+            rows = [session.checkpoints.load(name, slot) for name in names]
+            pending = session.skips.pending(slot)
+            skipped = [pending.get((name, slot), 0) for name in names]
+        summary = summarize(job, slot, rows, tolerated=self.tolerated_failure, plan=plan, skipped=skipped,
+                            count=self._counter(plan), tolerated_shortfall=self.tolerated_shortfall)
         self._observed = _summary_facts(summary, rows, attempt=context["ti"].try_number, dag_run=context["dag_run"],
                                         task_id=f"{self.partition_group}.partition")
-        self.log.info("%s of %s partitions done, %s failed (%s of them cancelled; %s tolerated); %s of %s items "
-                      "processed [job=%s slot=%s]", len(summary.done), summary.partitions, len(summary.failed),
-                      len(summary.cancelled), summary.allowed, summary.processed, summary.total, job, slot)
-        if summary.failed and summary.ok:
+        where = f"[job={job} slot={slot}]"
+        if summary.shortfall and summary.ok:
+            self.log.warning("%s %s", summary.headline(), where)
+        else:
+            self.log.info("%s %s", summary.headline(), where)
+        self.log.info("%s failed (%s of them cancelled; %s tolerated) %s", len(summary.failed),
+                      len(summary.cancelled), summary.allowed, where)
+        if summary.failed and len(summary.failed) <= summary.allowed:
             self.log.warning("the job succeeds without %s, within tolerated_failure=%r: their rows were not processed; "
-                             "Clear them (rerun-failed) to finish them [job=%s slot=%s]",
-                             ", ".join(summary.describe(i) for i in summary.failed), self.tolerated_failure, job, slot)
+                             "Clear them (rerun-failed) to finish them %s",
+                             ", ".join(summary.describe(i) for i in summary.failed), self.tolerated_failure, where)
         error = summary.error()
         if error is not None:
+            self.log.error("%s", error)
             raise AirflowFailException(str(error))
         return summary.as_json()
+
+    def _counter(self, plan: Plan) -> Any:
+        """How many rows a partition's range holds now, within the reader's bounds (None: no reader)."""
+        read, ranges = self.read, plan.ranges()
+        if not isinstance(read, KeysetReader):
+            return None
+
+        def count(index: int) -> int | None:
+            rng = ranges[index]
+            if rng.empty:
+                return 0
+            bounded = read.within(rng.until, after=rng.after)
+            try:
+                return bounded.count(None, rng.after)
+            finally:
+                bounded.close()
+
+        return count
 
 
 @dataclasses.dataclass(frozen=True)
@@ -262,6 +387,8 @@ def partitioned(
     read: Any,
     partitions: Any,
     tolerated_failure: Any = 0,
+    tolerated_shortfall: Any = 0,
+    partition_total: Any = None,
     **kwargs: Any,
 ) -> TaskGroup:
     """One job over ``read``'s key in ``partitions`` ranges of about equal size, each a mapped
@@ -269,14 +396,24 @@ def partitioned(
 
     Returns the task group ``task_id`` (use it with ``>>`` like a task) of three tasks: ``plan``
     splits once per run and stores the plan (retries and Clears read the same ranges),
-    ``partition`` is the mapped :class:`ChunkedOperator`, ``summary`` fails when more than
-    ``tolerated_failure`` partitions failed and returns the job's figures.
+    ``partition`` is the mapped :class:`ChunkedOperator`, ``summary`` accounts for every planned
+    row, fails when more than ``tolerated_failure`` partitions failed or more than
+    ``tolerated_shortfall`` planned rows are unexplained, and returns the job's figures.
+
+    The job's total is the plan's: the rows it counted when it split the source (the summary's
+    ``planned``); each partition counts its own range when it starts, unless ``partition_total``
+    says otherwise.
 
     Args:
         task_id: the task group's id; the job is ``job=`` if given, else ``<dag_id>.<task_id>``.
         read: a :class:`~airflow_resumable.core.readers.KeysetReader`: its key is split.
         partitions: how many ranges (mapped task instances), 1 to 10,000.
         tolerated_failure: how many partitions may fail (an int >= 0), or what share of them (``"10%"``).
+        tolerated_shortfall: how many planned rows may go unexplained (an int >= 0), or what share
+            of them (``"1%"``): the summary then succeeds, saying so in its first line and warning.
+        partition_total: each partition's item count (an int, or ``fn(ctx)`` asked once per
+            partition run), for its progress; default: its range's rows, counted when it starts.
+            ``total=`` is its old name, deprecated: it was never the whole job's total.
         kwargs: :class:`ChunkedOperator`'s arguments (``process``, ``chunk_size``, ``retries``...),
             for every partition; the planning and summary tasks take ``conn_id``, ``job``,
             ``retries``, ``retry_delay``, ``queue``, ``pool``, ``owner`` and ``executor`` too.
@@ -284,6 +421,14 @@ def partitioned(
     Raises:
         ConfigurationError: bad arguments, all of them named at once, with the job.
     """
+    both = False
+    if "total" in kwargs:
+        warnings.warn("partitioned(total=...) is each partition's total, not the whole job's; it is now called "
+                      "partition_total=. The job's total is the plan's row count (the summary's 'planned')",
+                      DeprecationWarning, stacklevel=2)
+        given = kwargs.pop("total")
+        both = given is not None and partition_total is not None
+        partition_total = given if partition_total is None else partition_total
     job = kwargs.get("job")
     dag = kwargs.get("dag")
     tooltip = (f"a partitioned job: {task_id}.plan splits, {task_id}.partition reads each range, "
@@ -291,10 +436,13 @@ def partitioned(
     group = TaskGroup(group_id=task_id, tooltip=tooltip, **({} if dag is None else {"dag": dag}))
     name = job or (f"{group.dag.dag_id}.{task_id}" if group.dag is not None else task_id)
     problems = [p for p in (partitions_problem("partitions", partitions),
-                            tolerated_problem("tolerated_failure", tolerated_failure)) if p]
+                            tolerated_problem("tolerated_failure", tolerated_failure),
+                            shortfall_problem("tolerated_shortfall", tolerated_shortfall)) if p]
     if not isinstance(read, KeysetReader):
         problems.append(f"read must be a reader with a key to split (a KeysetReader, e.g. "
                         f"airflow_resumable.readers.sql_reader(conn_id, table=..., key=...)), got {read!r}")
+    if both:
+        problems.append("give partition_total= only: total= is its deprecated name")
     for taken in ("start", "position"):
         if kwargs.get(taken) is not None:
             problems.append(f"{taken}= is not taken by a partitioned job: each partition starts where its range does "
@@ -305,9 +453,9 @@ def partitioned(
     shared = {k: kwargs[k] for k in (*_SHARED, "conn_id", "job", "dag") if k in kwargs}
     with group:
         plan = PartitionPlanOperator(task_id="plan", read=read, partitions=partitions, partition_group=task_id, **shared)
-        parts = PartitionOperator.partial(task_id="partition", read=read, partition_group=task_id, **kwargs).expand(
-            partition_range=plan.output)
+        parts = PartitionOperator.partial(task_id="partition", read=read, partition_group=task_id,
+                                          total=partition_total, **kwargs).expand(partition_range=plan.output)
         summary = PartitionSummaryOperator(task_id="summary", partition_group=task_id, tolerated_failure=tolerated_failure,
-                                           **shared)
+                                           tolerated_shortfall=tolerated_shortfall, read=read, **shared)
         parts >> summary
     return group

@@ -443,15 +443,24 @@ class ChunkedOperator(ResumableOperator):
     def _call_problems(self, keywords: Collection[str] | None, context: Context | None) -> list[str]:
         return calls_problems(self.read, self.process, keywords)
 
-    def _handler(self, context: Context) -> Callable[[RunContext], Any]:
+    def _loop_arguments(self, context: Context) -> dict[str, Any]:
+        """:func:`chunk_loop`'s arguments for this try: :data:`CHUNKED_OPTIONS`' values, with
+        ``handler_kwargs`` bound to ``read`` (unless it is a reader) and ``process``."""
         read, process, kwargs = self.read, self.process, self.handler_kwargs
         if kwargs:  # e.g. one partition per mapped task instance: .expand(handler_kwargs=[...])
             if not isinstance(read, Reader):  # a reader takes none: they go to process only
                 read = functools.partial(self.read, **kwargs)
             process = functools.partial(self.process, **kwargs)
-        loop = chunk_loop(**{**self._chunked(), "read": read, "process": process})
+        return {**self._chunked(), "read": read, "process": process}
+
+    def _handler(self, context: Context) -> Callable[[RunContext], Any]:
+        arguments = self._loop_arguments(context)
+        read, process = arguments["read"], arguments["process"]
+        loop = chunk_loop(**arguments)
 
         def handler(ctx: RunContext) -> None:
+            if isinstance(read, Reader):  # a checkpoint of another reader is refused before anything runs
+                ctx.use_reader(read)
             # Skipped items whose retry was requested go first, one at a time through process.
             ctx.replay_skipped(lambda item: process(ctx, [item]))
             loop(ctx)

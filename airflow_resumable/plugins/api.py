@@ -280,13 +280,15 @@ def create_app() -> FastAPI:
               summary="Ask the slot's task to replay its skipped items through its own code, on its next run",
               description="The items become `retry_requested` and the request, with your user name, goes to the "
               "slot's history; a finished task instance is cleared through Airflow so that the next run is now. "
+              "The answer's `retry` says how many items wait (`items`), whether the task instance was cleared "
+              "(`cleared`) and which run carries the retry out, or why none will until it is cleared (`next_run`). "
               "409 while the slot runs or when it has no skipped item that can be replayed.")
     def retry_skipped(user: GetUserDep, job: Job, slot: Slot, conn_id: str = conn_query()) -> dict[str, Any]:
         conn = _conn(conn_id)
         row = control.get(job, slot, conn_id=conn)
         _authorize(user, row.dag_id, "PUT")
-        row = control.retry_skipped(job, slot, conn_id=conn, by=user.get_name())
-        return _detail(row, conn)
+        asked = control.request_retry_skipped(job, slot, conn_id=conn, by=user.get_name())
+        return {**_detail(asked.row, conn), "retry": asked.as_json()}
 
     @app.post("/api/v1/checkpoint/{action}", responses=_responses(400, 401, 403, 404, 409, 422, 500, 503),
               summary="Ask the slot to pause, resume, cancel, restart or release its lease")

@@ -10,6 +10,7 @@ cancels during their first chunk; ``resumable_restart`` starts the partitions ov
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from datetime import datetime, timedelta
 from typing import Any
@@ -55,8 +56,11 @@ def write_rows(ctx: RunContext, batch: list[Any]) -> None:
         raise RuntimeError(f"injected failure in partition {part}'s second chunk")
 
 
-def source() -> Any:
-    return sql_reader("resumable_default", table="pt_source", key=("grp", "id"))
+def source(conn_id: str = "resumable_default") -> Any:
+    """``pt_source`` on its composite key; ``PT_TEST_KEY`` (comma-separated columns, read when the file
+    is parsed) pages it on another key instead: the DAG file as someone changed it between attempts."""
+    key = tuple(os.environ.get("PT_TEST_KEY", "grp,id").split(","))
+    return sql_reader(conn_id, table="pt_source", key=key)
 
 
 with DAG("pt_export", schedule="@daily", start_date=START, catchup=False) as pt_export:
@@ -105,3 +109,81 @@ with DAG("pt_celery", schedule=None, start_date=START, catchup=False, max_active
     # partitions; a short lease, so a retry takes a killed worker's partition over at once.
     partitioned(task_id="copy", read=sql_reader("resumable_default", table="pt_big", key="id"), process=copy_rows,
                 partitions=16, chunk_size=10_000, lease=4, retries=3, retry_delay=timedelta(seconds=2))
+
+
+def write_rows_or_refuse(ctx: RunContext, batch: list[Any]) -> None:
+    """:func:`write_rows`, but a row whose id is in the run's conf ``bad`` raises ValueError first
+    (the skip policy records it, and the chunk's writes are undone and done again row by row)."""
+    bad = set(dict(get_current_context()["dag_run"].conf or {}).get("bad", ()))
+    for grp, ident in batch:
+        if ident in bad:
+            raise ValueError(f"bad row {grp}/{ident}")
+    write_rows(ctx, batch)
+
+
+with DAG("pt_skips", schedule="@daily", start_date=START, catchup=False) as pt_skips:
+    # Rows of conf "bad" are skipped (dead letters); a retry of them replays them through write_rows_or_refuse.
+    partitioned(task_id="export", read=source(), process=write_rows_or_refuse, partitions=4, chunk_size=3,
+                skip_on=ValueError, skip_limit=5, retries=0)
+
+
+with DAG("pt_skips_decorated", schedule="@daily", start_date=START, catchup=False) as pt_skips_decorated:
+    from airflow.sdk import task
+
+    @task.resumable.partitioned(read=source(), partitions=4, chunk_size=3, skip_on=ValueError, skip_limit=5,
+                                retries=0)
+    def export_skipping(ctx: RunContext, batch: list[Any]) -> None:
+        write_rows_or_refuse(ctx, batch)
+
+    export_skipping.override(task_id="export")()
+
+
+with DAG("pt_skips_fresh", schedule="@daily", start_date=START, catchup=False) as pt_skips_fresh:
+    # pt_skips on the store the REST tests serve besides the default (tests/test_api.py: resumable_fresh).
+    partitioned(task_id="export", read=source("resumable_fresh"), process=write_rows_or_refuse, partitions=4,
+                chunk_size=3, skip_on=ValueError, skip_limit=5, retries=0, conn_id="resumable_fresh")
+
+
+with DAG("pt_bounded", schedule="@daily", start_date=START, catchup=False) as pt_bounded:
+    # The reader's own bounds: ids up to 50, and not 7 or 21. Every partition keeps to them, the first
+    # and the last (open at one end) included.
+    partitioned(task_id="export", read=sql_reader("resumable_default", table="pt_ids", key="id", until=50,
+                                                  where="id NOT IN (7, 21)"),
+                process=lambda ctx, batch: ctx.transaction().executemany(
+                    "INSERT INTO pt_ids_sink (id) VALUES (%s)", [(row[0],) for row in batch]),
+                partitions=4, chunk_size=5, retries=0)
+
+
+with DAG("pt_bounded_decorated", schedule="@daily", start_date=START, catchup=False) as pt_bounded_decorated:
+    # pt_bounded declared with the decorator.
+    from airflow.sdk import task
+
+    @task.resumable.partitioned(read=sql_reader("resumable_default", table="pt_ids", key="id", until=50,
+                                                where="id NOT IN (7, 21)"), partitions=4, chunk_size=5, retries=0)
+    def export_bounded(ctx: RunContext, batch: list[Any]) -> None:
+        ctx.transaction().executemany("INSERT INTO pt_ids_sink (id) VALUES (%s)", [(row[0],) for row in batch])
+
+    export_bounded.override(task_id="export")()
+
+
+def move_rows(ctx: RunContext, batch: list[Any]) -> None:
+    """:func:`write_rows`, and rows of partition 1's range (ids 10..19) that move while it reads it,
+    by the run's conf: its first chunk deletes the ids of ``delete`` (further in its range: it never
+    reads them), and the chunk that holds id 19 (its last) puts back those of ``restore`` (behind its
+    position: it never reads them either)."""
+    conf = dict(get_current_context()["dag_run"].conf or {})
+    if partition_of(ctx) == 1:
+        tx = ctx.transaction()
+        if not ctx.processed:
+            for ident in conf.get("delete", ()):
+                tx.execute("DELETE FROM pt_source WHERE id = %s", (ident,))
+        if any(ident == 19 for _, ident in batch):
+            for ident in conf.get("restore", ()):
+                tx.execute("INSERT INTO pt_source (grp, id) VALUES (%s, %s)", ("a", ident))
+    write_rows(ctx, batch)
+
+
+with DAG("pt_moving", schedule="@daily", start_date=START, catchup=False) as pt_moving:
+    # Two planned rows may go unexplained (tolerated_shortfall=2): a third fails the summary.
+    partitioned(task_id="export", read=source(), process=move_rows, partitions=4, chunk_size=3, retries=0,
+                tolerated_shortfall=2)

@@ -7,17 +7,20 @@ read, and how they close what they hold between chunks.
 from __future__ import annotations
 
 import abc
+import hashlib
+import json
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from airflow_resumable.core.checkpoint import short
 from airflow_resumable.core.errors import ConfigurationError
 from airflow_resumable.core.observe import Source
+from airflow_resumable.core.readers.keys import json_key
 
 if TYPE_CHECKING:
     from airflow_resumable.core.context import RunContext
 
-__all__ = ["Batch", "Reader", "check_arguments", "close_quietly"]
+__all__ = ["Batch", "Reader", "check_arguments", "close_quietly", "differences", "identity_digest", "plain"]
 
 _UNSET: Any = object()
 
@@ -81,6 +84,23 @@ class Reader(abc.ABC):
         self._bind(ctx)
         return self.read(ctx, after, limit)
 
+    def identity(self) -> dict[str, Any]:
+        """What this reader's positions are positions of, as plain JSON: its kind, what it reads
+        from, its key and its bounds. Two readers with the same identity page the same rows in the
+        same order, so a position of one is a position of the other.
+
+        A slot's checkpoint records the identity of the reader that drives it (the chunk loop and
+        :meth:`chunks` ask :meth:`RunContext.use_reader`), and an attempt whose reader has another
+        identity refuses before it reads (:class:`~airflow_resumable.core.errors.ReaderChanged`):
+        a position of one reader read by another would skip or repeat items silently.
+
+        This one is the reader's class and :attr:`name`; each reader of the package adds what its
+        positions depend on. A reader of your own should add the same: what it reads and in what
+        order, never a secret (the identity is stored on the row and shown in errors).
+        """
+        cls = type(self)
+        return {"reader": f"{cls.__module__}.{cls.__qualname__}", "name": self.name}
+
     def _bind(self, ctx: RunContext | None) -> None:
         if ctx is not self._ctx:  # a new attempt: nothing held by an earlier one is reused
             self.close()
@@ -114,6 +134,10 @@ class Reader(abc.ABC):
         if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
             raise ConfigurationError(f"the chunk size must be a positive integer, got {size!r}", job=ctx.job,
                                      slot=ctx.slot)
+        if after is _UNSET:  # the checkpoint's positions are this reader's: record it, or refuse another's
+            claim = getattr(ctx, "use_reader", None)
+            if claim is not None:
+                claim(self)
         position = ctx.position if after is _UNSET else after
         try:
             while True:
@@ -147,6 +171,34 @@ def check_arguments(reader: str, problems: list[str]) -> None:
     """
     if problems:
         raise ConfigurationError(f"{reader} reader: " + "; ".join(problems), hint="Fix the reader's arguments")
+
+
+def plain(value: Any) -> Any:
+    """A value as an identity holds it: its exact JSON form where it has one (timestamps, decimals
+    and UUIDs as text, as positions are), else its ``repr`` (bytes...). Lists and tuples alike."""
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    try:
+        return json_key(value)
+    except TypeError:
+        return repr(value)
+
+
+def identity_digest(identity: Any) -> str:
+    """A short, stable digest of an identity (its canonical JSON's SHA-256, 16 hex digits): what a
+    partition's range carries instead of the whole identity."""
+    text = json.dumps(identity, sort_keys=True, separators=(",", ":"), default=repr)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def differences(stored: Any, current: Any, limit: int = 160) -> str:
+    """How two identities differ, field by field (``key: ['id'] -> ['code']``), each value cut to
+    ``limit`` characters: what an error about a changed reader names."""
+    if not (isinstance(stored, dict) and isinstance(current, dict)):
+        return f"{short(stored, limit)} -> {short(current, limit)}"
+    changed = [f"{k}: {short(stored.get(k), limit)} -> {short(current.get(k), limit)}"
+               for k in sorted(set(stored) | set(current)) if stored.get(k) != current.get(k)]
+    return "; ".join(changed) or "(none: the same identity)"
 
 
 def close_quietly(resource: Any) -> None:

@@ -178,6 +178,10 @@ class FileReader(Reader):
         self._raw: list[bytes] = []
         self._header_line: int | None = 1  # the line number after the CSV header
 
+    def identity(self) -> dict[str, Any]:
+        """The file's path, as given in ``name`` (see :meth:`Reader.identity`)."""
+        return {"reader": "file", "path": self.name if self._named else None}
+
     def read(self, ctx: RunContext, after: Any, limit: int) -> Batch:
         offset, mark = self._position(ctx, after)
         if self._records is None or offset != self._offset:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from airflow_resumable.core.checkpoint import short
 from airflow_resumable.core.errors import ConfigurationError, ResumableError
 from airflow_resumable.core.observe import Source
-from airflow_resumable.core.readers.base import Batch, Reader, check_arguments, close_quietly
+from airflow_resumable.core.readers.base import Batch, Reader, check_arguments, close_quietly, plain
 from airflow_resumable.core.readers.keys import json_key, json_keys
 from airflow_resumable.core.readers.sql import IDENTIFIER, MARKERS, paramstyle_of, placeholder_problems
 
@@ -65,7 +65,8 @@ class KeysetReader(Reader):
             reader stops after it, so ``(after, until]`` is one range of the key, compared as
             the pages compare (a row value for a composite key; ties and collations decide as
             the database does). None (the default): to the end. :meth:`within` gives a copy
-            bounded so; a partitioned job's partitions read their ranges this way.
+            that also reads one range only; a partitioned job's partitions read their ranges
+            this way, within the reader's own ``until``, ``where`` and ``params``.
 
     Raises:
         ConfigurationError: bad arguments, all of them named at once; the placeholders of
@@ -121,6 +122,9 @@ class KeysetReader(Reader):
         self.until: Any = None
         if until is not None:
             self.until = self._bound_values(until)
+        #: The range of :meth:`within` (keys after ``[0]``, up to ``[1]``; None: unbounded), on top
+        #: of the reader's own bounds; None: the whole source.
+        self.range: tuple[Any, Any] | None = None
         self._conn: Any = None
         self._key_index: tuple[int, ...] | None = None
         self._checked_marker: str | None = MARKERS[paramstyle] if paramstyle else None
@@ -133,25 +137,51 @@ class KeysetReader(Reader):
             return Source("table", self.table, connection)
         return Source("query", self.query or "", connection)
 
-    def within(self, until: Any) -> KeysetReader:
-        """A copy of this reader that stops after the key ``until`` (inclusive; None: to the end).
+    def within(self, until: Any, *, after: Any = None) -> KeysetReader:
+        """A copy of this reader that reads only the keys after ``after`` (None: from the first)
+        up to ``until`` (inclusive; None: to the last) **and** within this reader's own bounds:
+        its ``until``, ``where`` and ``params`` still apply, so a range reaching past them reads
+        nothing there. Both ends are compared as the pages are (by the database).
 
         The copy holds no connection of this one: each partition of a job opens its own.
 
         Raises:
-            ConfigurationError: ``until`` is not a key of this reader's columns.
+            ConfigurationError: ``until`` or ``after`` is not a key of this reader's columns.
         """
         bounded = copy.copy(self)
         bounded._conn, bounded._ctx = None, None
-        bounded.until = None if until is None else self._bound_values(until)
+        bounded.range = (None if after is None else self._bound_values(after, "after"),
+                         None if until is None else self._bound_values(until))
         return bounded
 
-    def _bound_values(self, until: Any) -> Any:
+    def identity(self) -> dict[str, Any]:
+        """What this reader's positions are positions of (see :meth:`Reader.identity`): the
+        table or the query, the key columns, ``where``, ``params``, ``until``, the Airflow
+        connection of a :func:`~airflow_resumable.readers.sql_reader`, and the range of
+        :meth:`within`. Not ``columns``, ``as_dict`` or ``name``: they change what a row looks
+        like, not which rows come in which order."""
+        out: dict[str, Any] = {"reader": "keyset"}
+        connection = getattr(self.connect, "conn_id", None)
+        if isinstance(connection, str):
+            out["connection"] = connection
+        out.update({"table": self.table} if self.table is not None else {"query": self.query})
+        out["key"] = list(self.keys)
+        if self.where:
+            out["where"] = self.where
+        if self.params:
+            out["params"] = plain(self.params)
+        if self.until is not None:
+            out["until"] = plain(self.until)
+        if self.range is not None:
+            out["range"] = {"after": plain(self.range[0]), "until": plain(self.range[1])}
+        return out
+
+    def _bound_values(self, until: Any, what: str = "until") -> Any:
         if len(self.keys) > 1 and not (isinstance(until, (list, tuple)) and len(until) == len(self.keys)):
-            check_arguments("keyset", [f"until {short(until)} is not a key of {len(self.keys)} values "
+            check_arguments("keyset", [f"{what} {short(until)} is not a key of {len(self.keys)} values "
                                        f"({', '.join(self.keys)})"])
         if (until if len(self.keys) > 1 else [until]).count(None):
-            check_arguments("keyset", [f"until {short(until)} has a NULL value: no key is before or after it"])
+            check_arguments("keyset", [f"{what} {short(until)} has a NULL value: no key is before or after it"])
         return list(until) if len(self.keys) > 1 else until
 
     # -- SQL --------------------------------------------------------------------------------------
@@ -164,19 +194,24 @@ class KeysetReader(Reader):
 
     def _rows(self, conditions: Sequence[_Condition], what: str | None = None, *, marker: str = "%s",
               bounded: bool = True) -> tuple[str, list[Any]]:
-        """The source's rows that pass ``where``, ``until`` (when ``bounded``) and ``conditions``
-        (each a SQL text and its values)."""
-        if bounded and self.until is not None:
-            conditions = [self._up_to(marker), *conditions]
+        """The source's rows that pass ``where``, ``until`` and the range of :meth:`within` (when
+        ``bounded``) and ``conditions`` (each a SQL text and its values)."""
+        if bounded:
+            bounds = [] if self.until is None else [self._up_to(self.until, marker)]
+            if self.range is not None:
+                after, until = self.range
+                bounds += [] if after is None else [self._after(after if len(self.keys) > 1 else [after], marker)]
+                bounds += [] if until is None else [self._up_to(until, marker)]
+            conditions = [*bounds, *conditions]
         texts = ([f"({self.where})"] if self.where else []) + [c for c, _ in conditions]
         sql = self._source(what) + (f" WHERE {' AND '.join(texts)}" if texts else "")
         return sql, [*self.params, *(v for _, values in conditions for v in values)]
 
-    def _up_to(self, marker: str) -> _Condition:
+    def _up_to(self, until: Any, marker: str) -> _Condition:
         """Rows up to ``until``, inclusive: the mirror of :meth:`_after`."""
         if len(self.keys) == 1:
-            return f"{self.keys[0]} <= {marker}", [self.until]
-        return f"({', '.join(self.keys)}) <= ({', '.join([marker] * len(self.keys))})", list(self.until)
+            return f"{self.keys[0]} <= {marker}", [until]
+        return f"({', '.join(self.keys)}) <= ({', '.join([marker] * len(self.keys))})", list(until)
 
     def _after(self, values: Sequence[Any], marker: str) -> _Condition:
         """Rows after the position: a row value for a composite key, compared as the index is ordered."""

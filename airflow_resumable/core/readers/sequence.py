@@ -44,6 +44,11 @@ class SequenceReader(Reader):
         self._iter: Iterator[Any] | None = None
         self._next = 0  # the index of the item self._iter gives next
 
+    def identity(self) -> dict[str, Any]:
+        """The sequence's name (see :meth:`Reader.identity`): positions are indexes, so a sequence
+        that grows at its end keeps them; one named otherwise is another source."""
+        return {"reader": "sequence", "name": self.name}
+
     def read(self, ctx: RunContext, after: Any, limit: int) -> Batch:
         first = 0 if after is None else after + 1 if isinstance(after, int) and not isinstance(after, bool) else None
         if first is None or first < 0:

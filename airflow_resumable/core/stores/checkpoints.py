@@ -13,6 +13,7 @@ from airflow_resumable.core.fence import WHERE, Fence
 from airflow_resumable.core.stores.connection import Connection, save_rejected
 from airflow_resumable.core.stores.dialect import Dialect
 from airflow_resumable.core.stores.prepared import PreparedStatement, preparable
+from airflow_resumable.core.stores.skips import unclaimed_note, unclaimed_sql
 from airflow_resumable.core.stores.sql import (
     HISTORY,
     HISTORY_COLUMNS,
@@ -39,6 +40,8 @@ class _SQL:
     #: items' clearing in one statement; the record and the clearing only if the start matched.
     start_one: dict[bool, str] | None
     clear_skipped: str
+    #: The reader whose positions the row holds (fenced).
+    set_reader: str
     confirm: str
     end_record: str
     #: PostgreSQL: the end and the history record's end in one statement (by status and case).
@@ -68,7 +71,7 @@ def _sql(d: Dialect) -> _SQL:
     """The checkpoint's statements, built once per dialect."""
     now = d.now()
     fresh = ("position = NULL, state = '{}', processed = 0, total = NULL, attempts = 1, runs = runs + 1, "
-             f"resumed_from = NULL, started_at = {now}, last_error = NULL, result = NULL")
+             f"resumed_from = NULL, started_at = {now}, last_error = NULL, result = NULL, reader = NULL")
     resumed = "attempts = attempts + 1, resumed_from = %(resumed_from)s"
     starts = {reset: (
         f"UPDATE {TABLE} SET {sets}, status = 'running', attempt = %(attempt)s, stop_reason = NULL, "
@@ -89,6 +92,7 @@ def _sql(d: Dialect) -> _SQL:
         start_history=insert(ATTEMPTS, {**named(*HISTORY_COLUMNS), "started_at": now}, returning="id"),
         start_one={reset: _start_one(sql, clear=reset) for reset, sql in starts.items()} if d.writable_ctes else None,
         clear_skipped=f"DELETE FROM {SKIPPED} WHERE {KEY} AND status = 'skipped'",
+        set_reader=f"UPDATE {TABLE} SET reader = %(reader)s WHERE {WHERE}",
         confirm=f"UPDATE {TABLE} SET confirmed_at = {now} WHERE {KEY} AND status = 'done' "
         "AND dag_id = %(dag_id)s AND task_id = %(task_id)s AND run_id = %(run_id)s AND map_index = %(map_index)s",
         end_record=f"UPDATE {HISTORY} SET ended_at = {now}, outcome = %(outcome)s, stop_reason = %(stop_reason)s, "
@@ -124,7 +128,10 @@ def _finish_one_sql(d: Dialect, status: Status, resumes: bool) -> str:
     record = (f"UPDATE {HISTORY} AS h SET ended_at = clock_timestamp(), outcome = %(h_outcome)s, "
               "stop_reason = %(stop_reason)s, error = %(last_error)s, position_end = finished.position, "
               "processed_end = finished.processed FROM finished WHERE h.id = %(h_id)s AND h.ended_at IS NULL")
-    return f"WITH finished AS ({_finish_sql(d, status, resumes)}), ended AS ({record}) SELECT {SELECT} FROM finished"
+    # A finished slot leaves no retry request pending (see Checkpoints.finish).
+    swept = f", swept AS ({unclaimed_sql(alias='d', using='finished')})" if status is Status.DONE else ""
+    return (f"WITH finished AS ({_finish_sql(d, status, resumes)}), ended AS ({record}){swept} "
+            f"SELECT {SELECT} FROM finished")
 
 
 class Checkpoints:
@@ -186,6 +193,17 @@ class Checkpoints:
                 record, position_start=cp.position, processed_start=cp.processed)).fetchone()[0]
         return cp, int(record_id)
 
+    def set_reader(self, fence: Fence, reader: str) -> None:
+        """Record the identity of the reader whose positions the row holds (JSON text), fenced,
+        without a commit of its own: at once in autocommit mode, else with the next checkpoint.
+
+        Raises:
+            LeaseLost: another attempt holds the lease (:class:`CheckpointDeleted`: the row is gone).
+        """
+        c = self._c
+        if c.execute(_sql(c.d).set_reader, {**fence.params(), "reader": reader}).rowcount != 1:
+            raise c.fenced_out(fence, "the reader could not be recorded: the lease was taken over")
+
     def save(self, fence: Fence, *, position: str, state: str, processed: int, total: int | None,
              rate: float | None = None) -> None:
         """Write a checkpoint and commit it, together with whatever else this connection wrote.
@@ -243,9 +261,14 @@ class Checkpoints:
         result: str | None = None,
         record_id: int | None = None,
         resume_in: float | None = None,
+        attempt: int | None = None,
     ) -> Checkpoint:
         """Record how the attempt ended (and the total, if it became known; the handler's result
         with ``done``), end its history record, and release the lease: one transaction.
+
+        With ``done``, the slot's skipped items still ``retry_requested`` go back to ``skipped`` in
+        the same transaction, their ``error`` saying that ``attempt`` finished the slot without
+        carrying the retry out: no accepted request is left pending for good.
 
         ``stop_reason`` is why the attempt stopped short: a cancel's reason, or a pause's
         (``paused``, ``throttled``, ``time_slice``); the column is ``stop_reason`` for history's
@@ -263,6 +286,7 @@ class Checkpoints:
         params = {
             **fence.params(), "status": status.value, "last_error": last_error, "stop_reason": stop_reason,
             "total": total, "result": result if done else None, "resume_in": resume_in,
+            "unclaimed": unclaimed_note(attempt or 0),
         }
         if record_id is not None and _sql(c.d).finish_one and c.autocommit and not c.in_transaction:
             # one statement, one round trip
@@ -276,6 +300,8 @@ class Checkpoints:
             if row is None:
                 raise c.fenced_out(fence, "final status rejected: the lease was taken over")
             cp = c.row(row)
+            if done:
+                c.execute(unclaimed_sql(), params)
             if record_id is not None:
                 self._end_record(record_id, AttemptEnd(status.value), stop_reason=stop_reason, error=last_error,
                                  position=cp.position, processed=cp.processed)

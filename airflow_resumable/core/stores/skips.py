@@ -11,13 +11,14 @@ from __future__ import annotations
 import functools
 import os
 import socket
+from datetime import datetime, timezone
 from typing import Any
 
 from airflow_resumable.core.checkpoint import ENCODER, Checkpoint, DeadLetter
 from airflow_resumable.core.states import AttemptEnd
 from airflow_resumable.core.stores.connection import Connection
 from airflow_resumable.core.stores.dialect import Dialect
-from airflow_resumable.core.stores.sql import KEY, SKIPPED, insert, json_or_none, named
+from airflow_resumable.core.stores.sql import KEY, SKIPPED, TABLE, insert, json_or_none, named
 from airflow_resumable.core.tables import ATTEMPTS, DEAD_LETTERS
 
 _HISTORY = ("job", "slot", "attempt", "outcome", "requested_by", "host", "pid", "dag_id", "task_id", "run_id",
@@ -27,6 +28,38 @@ _HISTORY = ("job", "slot", "attempt", "outcome", "requested_by", "host", "pid", 
 @functools.cache
 def _history_sql(d: Dialect) -> str:
     return insert(ATTEMPTS, {**named(*_HISTORY), "started_at": d.now(), "ended_at": d.now()})
+
+
+#: The longest error text a dead letter keeps (as ``error_text`` cuts it).
+_ERROR_LIMIT = 2000
+
+#: A replayed item's ``error``: that it was replayed, when and how, then the error it had failed with.
+_REPLAYED = (f"CASE WHEN error IS NULL THEN %(note)s ELSE substr(%(note)s || '; it had failed with: ' || error, 1, "
+             f"{_ERROR_LIMIT}) END")
+
+
+def replayed_note(how: str) -> str:
+    """What a replayed item's ``error`` says first: ``replayed at <UTC time> <how>``."""
+    return f"replayed at {datetime.now(tz=timezone.utc).isoformat(timespec='seconds')} {how}"
+
+
+def unclaimed_note(attempt: int) -> str:
+    """What an item whose requested retry an attempt finished without carrying out says first."""
+    return (f"retry requested but not carried out: attempt {attempt} finished the slot at "
+            f"{datetime.now(tz=timezone.utc).isoformat(timespec='seconds')} without replaying it (its task has no "
+            "replay step, or the request came while it ran); still skipped, ask again. Before: ")
+
+
+def unclaimed_sql(*, alias: str | None = None, using: str | None = None) -> str:
+    """Put the slot's items still ``retry_requested`` back to ``skipped``, their ``error`` saying the
+    retry was not carried out (parameter ``unclaimed``: :func:`unclaimed_note`): what a ``done``
+    attempt does at its end, so that no accepted retry stays pending for good. ``using`` (with
+    ``alias``): the rows of a WITH query to take the slot from, instead of ``job``/``slot``."""
+    d = f"{alias}." if alias else ""
+    target = f"{SKIPPED} AS {alias}" if alias else SKIPPED
+    where = (f"{d}job = {using}.job AND {d}slot = {using}.slot" if using else KEY)
+    return (f"UPDATE {target} SET status = 'skipped', error = substr(%(unclaimed)s || COALESCE({d}error, ''), 1, "
+            f"{_ERROR_LIMIT}) {f'FROM {using} ' if using else ''}WHERE {where} AND {d}status = 'retry_requested'")
 
 
 class Skips:
@@ -95,25 +128,41 @@ class Skips:
         c.commit()
         return {"skipped": 0, "retry_requested": 0, "replayed": 0, **{str(s): int(n) for s, n in rows}}
 
+    def pending(self, slot: str | None = None) -> dict[tuple[str, str], int]:
+        """How many items of each (job, slot) are dead letters not replayed (``skipped``, or waiting
+        for their retry): what a job's summary counts as skipped. One statement (of one ``slot``,
+        when given), however many partitions."""
+        c = self._c
+        where = "" if slot is None else " AND slot = %(slot)s"
+        rows = c.execute(f"SELECT job, slot, count(*) FROM {SKIPPED} WHERE status IN ('skipped', 'retry_requested')"
+                         f"{where} GROUP BY job, slot", {"slot": slot}).fetchall()
+        c.commit()
+        return {(job, slot): int(n) for job, slot, n in rows}
+
     def mark_replayed(self, record_id: int, *, error: str | None = None) -> None:
-        """End a replay of one dead letter: ``replayed`` when ``error`` is None, else it stays
-        ``skipped`` with the replay's error."""
+        """End a replay of one dead letter: ``replayed`` when ``error`` is None (its ``error`` then
+        says so and when, followed by the error it had failed with), else it stays ``skipped`` with
+        the replay's error."""
         c = self._c
         if error is None:
-            c.execute(f"UPDATE {SKIPPED} SET status = 'replayed', replayed_at = {c.d.now()} WHERE id = %(id)s",
-                      {"id": record_id})
+            c.execute(f"UPDATE {SKIPPED} SET status = 'replayed', replayed_at = {c.d.now()}, error = {_REPLAYED} "
+                      "WHERE id = %(id)s", {"id": record_id, "note": replayed_note("by a replay on purpose")})
         else:
             c.execute(f"UPDATE {SKIPPED} SET error = %(error)s WHERE id = %(id)s", {"id": record_id, "error": error})
         c.commit()
 
     def request_retry(self, row: Checkpoint, *, by: str) -> int:
         """Mark the slot's replayable skipped items (kept as JSON) ``retry_requested`` and record
-        the request, with who asked, in the slot's history: one transaction. Returns how many."""
+        the request, with who asked, in the slot's history: one transaction. Returns how many
+        (none while an attempt holds a live lease on the slot: it would not see them; the
+        condition is part of the write)."""
         c = self._c
         key = {"job": row.job, "slot": row.slot}
+        live = (f"SELECT 1 FROM {TABLE} AS held WHERE held.job = %(job)s AND held.slot = %(slot)s "
+                f"AND held.lease_owner IS NOT NULL AND held.lease_expires_at > {c.d.now()}")
         with c.transaction():
             n = c.execute(f"UPDATE {SKIPPED} SET status = 'retry_requested' WHERE {KEY} AND status = 'skipped' "
-                          "AND item_format = 'json'", key).rowcount
+                          f"AND item_format = 'json' AND NOT EXISTS ({live})", key).rowcount
             if n:
                 c.execute(_history_sql(c.d), {
                     **key, "attempt": row.attempt, "outcome": AttemptEnd.RETRY_SKIPPED_REQUESTED.value,
@@ -125,14 +174,16 @@ class Skips:
                 })
         return int(n)
 
-    def end_retry(self, record_id: int, *, error: str | None = None) -> None:
+    def end_retry(self, record_id: int, *, error: str | None = None, attempt: int | None = None) -> None:
         """End the retry of one dead letter inside the attempt, without a commit of its own (it
-        commits with the attempt's next checkpoint): ``replayed``, or ``skipped`` again with the
-        new ``error``."""
+        commits with the attempt's next checkpoint): ``replayed`` (its ``error`` then says so, when
+        and by which attempt, followed by the error it had failed with), or ``skipped`` again with
+        the new ``error``."""
         c = self._c
         if error is None:
-            c.execute(f"UPDATE {SKIPPED} SET status = 'replayed', replayed_at = {c.d.now()} WHERE id = %(id)s",
-                      {"id": record_id})
+            how = "by the task's own code" + (f" (attempt {attempt}), as requested" if attempt is not None else "")
+            c.execute(f"UPDATE {SKIPPED} SET status = 'replayed', replayed_at = {c.d.now()}, error = {_REPLAYED} "
+                      "WHERE id = %(id)s", {"id": record_id, "note": replayed_note(how)})
         else:
             c.execute(f"UPDATE {SKIPPED} SET status = 'skipped', error = %(error)s WHERE id = %(id)s",
                       {"id": record_id, "error": error})

@@ -163,7 +163,10 @@
           el("td", {"class": "standing"}, p.total ? standing(job) : [el("span", {"class": "muted", text: "none"})]),
           el("td", {"class": "progress"}, [bar({percent: job.percent, status: p.failed ? "failed" : p.total && p.done === p.total ? "done" : "running"}),
             job.percent == null ? "" : job.percent.toFixed(0) + "%"]),
-          cell(num(job.processed) + (job.total != null ? " / " + num(job.total) : ""), {"class": "nowrap job-processed"}),
+          // The plan's rows, and the dead letters among the processed ones (the summary task tells them apart).
+          cell(num(job.processed) + (job.total != null ? " / " + num(job.total) : "") +
+            (job.skipped ? " · " + num(job.skipped) + " skipped" : "") +
+            (job.planned != null ? " · " + num(job.planned) + " planned" : ""), {"class": "nowrap job-processed"}),
           cell(pace(job), {"class": "job-pace"}),
           cell(when(job.updated_at), {"class": "nowrap"})
         ]);

@@ -374,6 +374,9 @@
               text: wholeJob(row.job) + " (the whole job)"})]) : null]),
           el("dt", {text: "slot"}), el("dd", {text: row.slot}),
           el("dt", {text: "position"}), el("dd", {id: "position", "class": "code", title: JSON.stringify(row.position), text: readable(row.position)}),
+          // The reader whose positions these are: an attempt with another one refuses before reading.
+          row.reader ? el("dt", {text: "of reader"}) : null,
+          row.reader ? el("dd", {id: "reader", "class": "code", title: JSON.stringify(row.reader), text: readable(row.reader)}) : null,
           el("dt", {text: "lease"}), el("dd", {id: "lease", "class": row.lease === "stale" ? "stale" : ""}, lease),
           el("dt", {text: "attempt"}), el("dd", {text: "try " + row.attempt + ", " + row.attempts + " attempt(s) this run"}),
           el("dt", {text: "updated"}), el("dd", {}, [when(row.updated_at)]),
