@@ -10,9 +10,10 @@ sampling is quadratic in N, and takes minutes.
 When the before side's full check would run more than ``--budget`` trials (7 kinds x N points),
 it is estimated: the reference run, then each kind at ``--probes`` points spread over the run,
 their mean time per trial times the trials the full check runs (``--full`` runs all of them).
-The after side always runs in full. Its 100-checkpoint figure is judged against the issue's
-target, 20 s; the others are printed for context. Wall time on a shared machine: compare the
-two sides of a row, not rows of different runs.
+The after side always runs in full. Each side runs once (the "medians" of the table are single
+runs). The after side's 100-checkpoint figure is judged against the target, 20 s; the others are
+printed for context. Wall time on a shared machine: compare the two sides of a row, not rows of
+different runs.
 """
 
 from __future__ import annotations

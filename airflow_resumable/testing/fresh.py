@@ -116,8 +116,12 @@ def handler_payload(handler: Any, options: Any, *, label: str) -> tuple[bytes, l
     child starts (those the handler's own modules use).
 
     Raises:
-        NotImportable: one of them cannot be named so that a new process imports it.
+        NotImportable: one of them cannot be named so that a new process imports it; or this
+            platform cannot fork (Windows).
     """
+    if not hasattr(os, "fork"):
+        raise NotImportable(f"{label}: process_death forks its new processes (os.fork), which this platform does not "
+                            "have; leave this kind out: interruptions=IN_PROCESS_INTERRUPTIONS")
     buffer = io.BytesIO()
     pickler = _ByName(buffer, protocol=pickle.HIGHEST_PROTOCOL)
     try:
@@ -207,8 +211,10 @@ def _preloads(named: set[str]) -> list[str]:
 
 
 def _send(fd: int, message: dict[str, Any]) -> None:
-    data = marshal.dumps(message)
-    os.write(fd, _LEN.pack(len(data)) + data)
+    body = marshal.dumps(message)
+    data = memoryview(_LEN.pack(len(body)) + body)
+    while data:
+        data = data[os.write(fd, data):]
 
 
 def _read_exact(fd: int, n: int) -> bytes | None:
