@@ -118,3 +118,17 @@ def test_an_attempt_s_facts_count_the_slot_s_skipped_items(store: Store) -> None
     one = attempt(store)
     one.run(handler)
     assert (one.facts().skipped, one.facts().checkpoints) == (2, 3)
+
+
+@pytest.mark.parametrize("url, named", [
+    ("s3://AKIAX:wJal/rXUtn@bucket/key", "s3://bucket/key"),  # a secret with a "/" (AWS secret keys)
+    ("s3://AKIAX:123/abcSECRET@bucket/key", "s3://bucket/key"),
+    ("user:PASSW0RD@host:/path/file.csv", "host:/path/file.csv"),  # scp style, no "//"
+    ("s3:AKIA:NOSLASHSECRET@bucket/key", "bucket/key"),
+    ("https://host/path;jsessionid=SECRETSESSION/x", "https://host/path/x"),
+    ("s3://[::1]:9000/bucket/k", "s3://[::1]:9000/bucket/k"),
+    ("s3://bucket/v@2.csv", "s3://bucket/v@2.csv"),  # an "@" in a path is not a credential
+])
+def test_a_url_s_credentials_never_leave_however_the_secret_is_written(url: str, named: str) -> None:
+    assert without_credentials(url) == named
+    assert Source("file", url).name == named

@@ -17,7 +17,7 @@ from airflow_resumable.core.checkpoint import ENCODER, Checkpoint, encode
 from airflow_resumable.core.errors import ConfigurationError, InvalidCheckpoint
 from airflow_resumable.core.identity import Identity
 from airflow_resumable.core.lent import TransactionConnection
-from airflow_resumable.core.observe import Source
+from airflow_resumable.core.observe import Source, without_credentials
 from airflow_resumable.core.progress import Log
 from airflow_resumable.core.signal import Signal
 from airflow_resumable.core.tally import Tally
@@ -244,7 +244,8 @@ class RunContext:
                 connection is None or isinstance(connection, str)):
             raise ConfigurationError(
                 f"ctx.{direction}() takes exactly one of table= and file= (a non-empty name) and an optional "
-                f"connection id, got table={table!r} file={file!r} connection={connection!r}",
+                f"connection id, got table={table!r} "
+                f"file={without_credentials(file) if isinstance(file, str) else file!r} connection={connection!r}",
                 job=self.job, slot=self.slot,
                 hint=f'Write ctx.{direction}(table="schema.table", connection="my_db") or '
                 f'ctx.{direction}(file="s3://bucket/key")',

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from typing import Any, Literal
-from urllib.parse import urlsplit, urlunsplit
 
 __all__ = [
     "MAX_OUTPUTS", "VALUE_LIMIT", "AttemptFacts", "Part", "Source", "cut_text", "cut_value", "without_credentials",
@@ -52,14 +52,27 @@ def cut_text(text: str, limit: int = TEXT_LIMIT) -> str:
 
 
 def without_credentials(url: str) -> str:
-    """A URL without its user, password, query and fragment (``s3://key:secret@bucket/k?sig=x`` ->
-    ``s3://bucket/k``): what may leave the task. A plain path is returned as it is."""
-    parts = urlsplit(url)
-    if not parts.scheme or not parts.netloc:
-        return url
-    host = parts.hostname or ""
-    netloc = f"{host}:{parts.port}" if parts.port else host
-    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+    """A URL without its user, password, query, fragment and path parameters (``s3://key:secret@bucket/k?sig=x``
+    -> ``s3://bucket/k``): what may leave the task. A plain path is returned as it is.
+
+    Read by hand, not by ``urlsplit``: a secret may hold a ``/`` (AWS secret keys do), which ends
+    ``urlsplit``'s authority early and leaves the rest of the secret in the path. What stands before
+    the last ``@`` is taken for credentials when it has no ``/``, or a ``:`` before its first ``/``
+    (``user:pass@host:/path``, ``s3://key:se/cret@bucket/k``); an ``@`` in a path
+    (``s3://bucket/v@2.csv``) stays.
+    """
+    text = url.split("#", 1)[0].split("?", 1)[0]
+    scheme, sep, rest = text.partition("://")
+    if not sep:
+        scheme, rest = "", text
+    before, at, after = rest.rpartition("@")
+    if at and ("/" not in before or ":" in before.split("/", 1)[0]):
+        rest = after
+    if sep:
+        host, slash, path = rest.partition("/")
+        rest = host.lower() + slash + path
+    rest = re.sub(r";[^/]*", "", rest)  # path parameters (;jsessionid=...)
+    return f"{scheme}{sep}{rest}"
 
 
 @dataclasses.dataclass(frozen=True)
