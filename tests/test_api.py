@@ -433,7 +433,9 @@ _REGISTERED = (
     "    plugins_manager.ensure_plugins_loaded()\n"
     "    plugins, errors = plugins_manager.plugins, plugins_manager.import_errors\n"
     "ours = [p for p in plugins if p.name == 'resumable']\n"
-    "print(len(ours), len(ours[0].fastapi_apps), sorted(errors))\n"
+    # Only our plugin's errors: another provider's (OpenLineage's plugin is declared twice, as provider
+    # info and as an entry point) is not ours to judge.
+    "print(len(ours), len(ours[0].fastapi_apps), sorted(e for e in errors if 'resumable' in str(e).lower()))\n"
 )
 
 
