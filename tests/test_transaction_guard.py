@@ -198,6 +198,9 @@ def test_no_handle_reachable_from_the_transaction_can_end_or_reconfigure_it(driv
             cur.executescript("SELECT 1")
         with pytest.raises(AttributeError):
             cur.connection = None
+        with pytest.raises((TransactionRefused, AttributeError)):  # a connection's setting, not stored on a cursor
+            cur.autocommit = True
+        assert getattr(cur, "autocommit", None) is None
         ctx.checkpoint(1, processed=1)
         return 1
 
