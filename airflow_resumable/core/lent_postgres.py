@@ -258,8 +258,10 @@ class Psycopg3Cursor:
             query = query.as_string(conn)
         text = query
         if params is not None:
-            text = guard._driver.merged(conn, query, params)
-            if isinstance(self._cur, psycopg.ClientCursor) or not params:
+            client = isinstance(self._cur, psycopg.ClientCursor)
+            # merged by the cursor itself where it merges (its own dumpers), else by one on the connection
+            text = self._cur.mogrify(query, params) if client else guard._driver.merged(conn, query, params)
+            if client or not params:
                 query, params = text, None  # the text is what goes (simple query protocol): send what was judged
         if isinstance(text, bytes):
             text = text.decode(conn.info.encoding)
