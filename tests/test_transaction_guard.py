@@ -198,6 +198,9 @@ def test_no_handle_reachable_from_the_transaction_can_end_or_reconfigure_it(driv
             cur.executescript("SELECT 1")
         with pytest.raises(AttributeError):
             cur.connection = None
+        with pytest.raises((TransactionRefused, AttributeError)):  # a connection's setting, not stored on a cursor
+            cur.autocommit = True
+        assert getattr(cur, "autocommit", None) is None
         ctx.checkpoint(1, processed=1)
         return 1
 
@@ -228,12 +231,11 @@ def _offered() -> set[str]:
                        SQLiteCursor._READABLE, Psycopg3Cursor._READABLE, _Copy._READABLE)
 
 
-_OFFERED = _offered()
-
 
 def _reachable(roots: list[Any], depth: int = 3) -> list[tuple[str, Any]]:
     """Every object reachable from ``roots`` through public attributes and the ``__self__`` of the
     methods they hand out (what code that is not digging into private attributes can reach)."""
+    offered = _offered()
     seen: dict[int, tuple[str, Any]] = {}
     frontier = [(type(r).__name__, r) for r in roots]
     for _ in range(depth):
@@ -242,7 +244,7 @@ def _reachable(roots: list[Any], depth: int = 3) -> list[tuple[str, Any]]:
             if id(obj) in seen or isinstance(obj, (str, bytes, int, float, type(None), type)):
                 continue
             seen[id(obj)] = (path, obj)
-            for name in sorted(set(dir(obj)) | _OFFERED):
+            for name in sorted(set(dir(obj)) | offered):
                 if name.startswith("_") and name != "__self__":
                     continue
                 try:

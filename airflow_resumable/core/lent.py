@@ -26,7 +26,7 @@ import sys
 from typing import Any
 
 from airflow_resumable.core.checkpoint import error_text
-from airflow_resumable.core.errors import AttemptEnded, ConfigurationError, TransactionRefused
+from airflow_resumable.core.errors import AttemptEnded, TransactionRefused
 from airflow_resumable.core.statements import Refusal, statement_refused
 
 #: What each refused call would have done.
@@ -355,28 +355,3 @@ class SQLiteCursor:
         if name not in self._SETTABLE:
             raise AttributeError(f"{name!r} cannot be set on a cursor of ctx.transaction()")
         setattr(self._cur, name, value)
-
-
-def driver_of(conn: Any, placeholders: Any) -> Any:
-    """The :class:`SQLiteDriver`, :class:`Psycopg2Driver` or :class:`Psycopg3Driver` for ``conn``.
-
-    Raises:
-        ConfigurationError: a connection of another driver: it cannot be lent safely.
-    """
-    import sqlite3
-
-    if isinstance(conn, sqlite3.Connection):
-        return SQLiteDriver(placeholders)
-    from airflow_resumable.core.lent_postgres import Psycopg2Driver, Psycopg3Driver
-
-    psycopg2 = sys.modules.get("psycopg2.extensions")
-    if psycopg2 is not None and isinstance(conn, psycopg2.connection):
-        return Psycopg2Driver()
-    psycopg = sys.modules.get("psycopg")
-    if psycopg is not None and isinstance(conn, psycopg.Connection):
-        return Psycopg3Driver()
-    raise ConfigurationError(
-        f"ctx.transaction() cannot lend a connection of {type(conn).__module__}.{type(conn).__qualname__}: only "
-        "SQLite's, psycopg2's and psycopg 3's connections are guarded",
-        hint="Connect the checkpoint store with psycopg2 or psycopg 3 (the Postgres provider's hook does)",
-    )

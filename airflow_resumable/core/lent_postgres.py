@@ -36,6 +36,11 @@ class Psycopg2Driver:
         return cur
 
 
+#: A connection's settings, refused on a cursor too (where psycopg2's own cursor class would refuse
+#: them as unknown, a Python subclass would keep them, doing nothing).
+_CONNECTION_SETTINGS = frozenset({"autocommit", "isolation_level", "readonly", "deferrable", "cursor_factory",
+                                  "encoding"})
+
 #: psycopg2 cursor class -> its checked subclass (made once per class).
 _CHECKED: dict[Any, Any] = {}
 
@@ -81,6 +86,10 @@ def _make_checked(base: Any) -> Any:
         def __setattr__(self, name: str, value: Any) -> None:
             if name.startswith("_resumable"):
                 raise AttributeError(f"{name!r} cannot be set on a cursor of ctx.transaction()")
+            if name in _CONNECTION_SETTINGS:  # a cursor has none: set on it, they would change nothing, silently
+                guard = self._resumable_guard
+                assert guard is not None
+                raise guard._loan.refuse_set(name)
             super().__setattr__(name, value)
 
         def _resumable_text(self, query: Any, vars: Any = None) -> bytes:  # noqa: A002 - psycopg2's name
@@ -249,8 +258,10 @@ class Psycopg3Cursor:
             query = query.as_string(conn)
         text = query
         if params is not None:
-            text = guard._driver.merged(conn, query, params)
-            if isinstance(self._cur, psycopg.ClientCursor) or not params:
+            client = isinstance(self._cur, psycopg.ClientCursor)
+            # merged by the cursor itself where it merges (its own dumpers), else by one on the connection
+            text = self._cur.mogrify(query, params) if client else guard._driver.merged(conn, query, params)
+            if client or not params:
                 query, params = text, None  # the text is what goes (simple query protocol): send what was judged
         if isinstance(text, bytes):
             text = text.decode(conn.info.encoding)

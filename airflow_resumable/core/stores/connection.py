@@ -10,14 +10,23 @@ from __future__ import annotations
 
 import os
 import socket
+import sqlite3
+import sys
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, Protocol
 
 from airflow_resumable.core.checkpoint import Checkpoint, _depth_over, decode, error_text
-from airflow_resumable.core.errors import CheckpointDeleted, LeaseLost, StoreUnavailable, TransactionRefused
+from airflow_resumable.core.errors import (
+    CheckpointDeleted,
+    ConfigurationError,
+    LeaseLost,
+    StoreUnavailable,
+    TransactionRefused,
+)
 from airflow_resumable.core.fence import Fence
-from airflow_resumable.core.lent import Loan, TransactionConnection, driver_of
+from airflow_resumable.core.lent import Loan, SQLiteDriver, TransactionConnection
+from airflow_resumable.core.lent_postgres import Psycopg2Driver, Psycopg3Driver
 from airflow_resumable.core.stores.dialect import Dialect, writes
 from airflow_resumable.core.tables import CHECKPOINTS
 
@@ -98,6 +107,27 @@ def escaped(loan: Loan, what: str) -> TransactionRefused:
         hint="Write only through ctx.transaction() and never commit, roll back or reconfigure its connection: the "
         "chunk's writes commit with ctx.checkpoint(), raising undoes them, 'with ctx.savepoint():' undoes part of "
         "them. Fix the handler, then Clear the task: it resumes from the last checkpoint",
+    )
+
+
+def driver_of(conn: Any, placeholders: Any) -> Any:
+    """The :class:`SQLiteDriver`, :class:`Psycopg2Driver` or :class:`Psycopg3Driver` for ``conn``.
+
+    Raises:
+        ConfigurationError: a connection of another driver: it cannot be lent safely.
+    """
+    if isinstance(conn, sqlite3.Connection):
+        return SQLiteDriver(placeholders)
+    psycopg2 = sys.modules.get("psycopg2.extensions")
+    if psycopg2 is not None and isinstance(conn, psycopg2.connection):
+        return Psycopg2Driver()
+    psycopg = sys.modules.get("psycopg")
+    if psycopg is not None and isinstance(conn, psycopg.Connection):
+        return Psycopg3Driver()
+    raise ConfigurationError(
+        f"ctx.transaction() cannot lend a connection of {type(conn).__module__}.{type(conn).__qualname__}: only "
+        "SQLite's, psycopg2's and psycopg 3's connections are guarded",
+        hint="Connect the checkpoint store with psycopg2 or psycopg 3 (the Postgres provider's hook does)",
     )
 
 
