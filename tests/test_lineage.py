@@ -110,7 +110,10 @@ def run_with_lineage(dag_id: str, events: Path, *, conf: dict[str, Any] | None =
     environ = {**os.environ, **(env or {}),
                "AIRFLOW__OPENLINEAGE__TRANSPORT": json.dumps({"type": "file", "log_file_path": str(events),
                                                               "append": True}),
-               "AIRFLOW__OPENLINEAGE__NAMESPACE": "resumable-tests"}
+               "AIRFLOW__OPENLINEAGE__NAMESPACE": "resumable-tests",
+               # The provider emits each event from a forked process it gives 10 s by default: on a loaded
+               # machine that fork can take longer, and the event is dropped (the run still succeeds).
+               "AIRFLOW__OPENLINEAGE__EXECUTION_TIMEOUT": "120"}
     result = subprocess.run([sys.executable, str(ROOT / "tests" / "support" / "dag_run.py"), dag_id,
                              json.dumps(conf or {}), DAY], capture_output=True, text=True, env=environ, timeout=300)
     (events.parent / f"{dag_id}.log").write_text(result.stdout + result.stderr)  # the run's log, beside its events
