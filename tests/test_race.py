@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import sqlite3
 import subprocess
 import sys
+from contextlib import closing
 from pathlib import Path
 
 from airflow_resumable.core.stores import Store
@@ -35,7 +35,12 @@ def dags_test(home: Path, dag_id: str, conf: dict, out: Path, store_uri: str) ->
 def home_copy(airflow_home: Path, target: Path) -> Path:
     """A second Airflow home with its own copy of the migrated metadata database."""
     target.mkdir()
-    shutil.copy(airflow_home / "airflow.db", target / "airflow.db")
+    # Through SQLite's own backup, never a file copy: the metadata database is open in this process
+    # (WAL mode), and closing a descriptor of our own on its file would drop SQLite's POSIX locks on
+    # it (another process may then checkpoint and remove the WAL under this process's connection:
+    # "database disk image is malformed" tests later). A file copy also misses what is in the WAL.
+    with closing(sqlite3.connect(airflow_home / "airflow.db")) as live, closing(sqlite3.connect(target / "airflow.db")) as copy:
+        live.backup(copy)
     (target / "dags").symlink_to(airflow_home / "dags")
     return target
 
