@@ -1,0 +1,85 @@
+"""A partitioned job at its edges: requests on its plan refused or carried out whole, data and
+hand edits between attempts, and odd arguments. On both stores; the DAG runs through ``dag.test()``
+(tests/dags/partition_dags.py)."""
+
+from __future__ import annotations
+
+import threading
+from datetime import datetime, timezone
+from typing import Any
+
+import pytest
+from test_partitions import table
+
+from airflow_resumable import control
+from airflow_resumable.core import Attempt
+from airflow_resumable.core.partitions import load_plan
+from airflow_resumable.core.stores import Store
+from support.sources import Source
+from support.xcoms import xcom
+
+DAY = datetime(2026, 3, 1, tzinfo=timezone.utc)
+SLOT = DAY.isoformat()
+ROWS = [("a" if i < 30 else "b", i) for i in range(40)]
+JOB = "pt_tolerant.export"
+
+
+def rows_of(store: Store, job: str, n: int = 4) -> list[Any]:
+    with store.open() as s:
+        return [s.checkpoints.load(f"{job}[{i}]", SLOT) for i in range(n)]
+
+
+def test_a_restart_of_the_plan_while_a_partition_runs_is_refused_whole_and_carried_out_once_it_ends(
+    checkpoints: Store, source: Source, run_dag: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Given a run whose partition 1 failed in its second chunk (one failure tolerated), the others done
+    table(source, ROWS)
+    assert str(run_dag("pt_tolerant", conf={"fail": {"1": [1]}}, logical_date=DAY).state) == "success"
+    before = rows_of(checkpoints, JOB)
+    assert [r.status for r in before] == ["done", "failed", "done", "done"]
+    with checkpoints.open() as s:
+        plan = load_plan(s, JOB, SLOT)
+    # and an attempt of partition 1 that holds its slot (a worker still running it)
+    holding, release = threading.Event(), threading.Event()
+
+    def hold(ctx: Any) -> None:
+        holding.set()
+        release.wait(60)
+
+    holder = threading.Thread(target=lambda: Attempt(checkpoints, job=f"{JOB}[1]", slot=SLOT, attempt=7,
+                                                     owner="worker-7").run(hold), daemon=True)
+    holder.start()
+    assert holding.wait(30)
+    try:
+        # When someone restarts the job's plan and the run runs again
+        control.restart(f"{JOB}#plan", SLOT, by="dora")
+        again = run_dag("pt_tolerant", logical_date=DAY)
+
+        # Then the planning task fails without a retry, naming the running partition and what to do
+        ti = again.get_task_instance("export.plan")
+        assert str(ti.state) == "failed"
+        said = capsys.readouterr().out
+        assert f"{JOB}[1]: an attempt is running the slot (worker-7" in said, said[-3000:]
+        assert "The plan was kept, and the request is still pending on its row. No partition was asked" in said
+        with checkpoints.open() as s:
+            plan_row = s.checkpoints.load(f"{JOB}#plan", SLOT)
+            kept = load_plan(s, JOB, SLOT)
+        # And nothing was changed: the plan is kept, its request still pending, and no partition was asked to restart
+        assert kept == plan
+        assert (plan_row.request, plan_row.requested_by) == ("restart", "dora")
+        assert [r.request for r in rows_of(checkpoints, JOB)] == [None] * 4
+    finally:
+        release.set()
+        holder.join(60)
+
+    # When the partition has ended and the run runs again
+    third = run_dag("pt_tolerant", logical_date=DAY)
+
+    # Then the restart is carried out: the plan is split anew, every partition starts over and ends done
+    assert str(third.state) == "success"
+    with checkpoints.open() as s:
+        plan_row = s.checkpoints.load(f"{JOB}#plan", SLOT)
+    assert plan_row.request is None and plan_row.runs == 2
+    assert [(r.status, r.processed) for r in rows_of(checkpoints, JOB)] == [("done", 10)] * 4
+    summary = xcom(third, "export.summary", required=True)
+    assert (summary["planned"], summary["processed"], summary["shortfall"]) == (40, 40, 0)
