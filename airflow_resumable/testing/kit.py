@@ -47,7 +47,7 @@ from airflow_resumable.core.partitions import Plan, range_chunks, split
 from airflow_resumable.core.readers import KeysetReader
 from airflow_resumable.core.stores import PostgresStore, SQLiteStore, Store
 from airflow_resumable.core.tables import ATTEMPTS, CHECKPOINTS, DEAD_LETTERS
-from airflow_resumable.testing.fresh import FreshProcesses, NotImportable, handler_payload, store_payload
+from airflow_resumable.testing.fresh import FreshProcesses, NotImportable, handler_payload, refuse_in_child, store_payload
 from airflow_resumable.testing.interrupt import (
     ALL_INTERRUPTIONS,
     IN_PROCESS_INTERRUPTIONS,
@@ -314,13 +314,14 @@ def check_resumable(
 
     Raises:
         NotImportable: ``process_death`` is asked for and a new process cannot import the handler
-            (or be given the store or the options).
+            (or be given the store or the options), or importing it there ran a check again.
         ValueError: ``points`` outside the reference run's checkpoints, or no checkpoint, kind or
             sample to try.
     """
     kinds = [Interruption(k) for k in interruptions]
     options = options or Options()
     label = name or getattr(handler, "__qualname__", None) or repr(handler)
+    refuse_in_child(label)
     # Nothing interrupted proves nothing: a check that would try no run is refused, not passed.
     if not kinds:
         raise ValueError(f"{label}: interruptions names no kind, so no run would be interrupted and the check would "
