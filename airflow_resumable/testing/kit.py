@@ -47,7 +47,13 @@ from airflow_resumable.core.partitions import Plan, range_chunks, split
 from airflow_resumable.core.readers import KeysetReader
 from airflow_resumable.core.stores import PostgresStore, SQLiteStore, Store
 from airflow_resumable.core.tables import ATTEMPTS, CHECKPOINTS, DEAD_LETTERS
-from airflow_resumable.testing.fresh import FreshProcesses, NotImportable, handler_payload, refuse_in_child, store_payload
+from airflow_resumable.testing.fresh import (
+    FreshProcesses,
+    NotImportable,
+    handler_payload,
+    refuse_in_child,
+    store_payload,
+)
 from airflow_resumable.testing.interrupt import (
     ALL_INTERRUPTIONS,
     IN_PROCESS_INTERRUPTIONS,
