@@ -13,6 +13,7 @@ from test_partitions import table
 
 from airflow_resumable import control
 from airflow_resumable.core import Attempt
+from airflow_resumable.core import control as core_control
 from airflow_resumable.core.partitions import load_plan
 from airflow_resumable.core.stores import Store
 from support.sources import Source
@@ -68,6 +69,9 @@ def test_a_restart_of_the_plan_while_a_partition_runs_is_refused_whole_and_carri
         assert kept == plan
         assert (plan_row.request, plan_row.requested_by) == ("restart", "dora")
         assert [r.request for r in rows_of(checkpoints, JOB)] == [None] * 4
+        # And the job's line (jobs page, REST, CLI) says the restart of the whole job waits, and who asked
+        [line] = [j for j in core_control.jobs(checkpoints) if j["job"] == JOB]
+        assert line["plan_request"] == {"request": "restart", "requested_by": "dora"}
     finally:
         release.set()
         holder.join(60)
@@ -80,6 +84,8 @@ def test_a_restart_of_the_plan_while_a_partition_runs_is_refused_whole_and_carri
     with checkpoints.open() as s:
         plan_row = s.checkpoints.load(f"{JOB}#plan", SLOT)
     assert plan_row.request is None and plan_row.runs == 2
+    [line] = [j for j in core_control.jobs(checkpoints) if j["job"] == JOB]
+    assert line["plan_request"] is None
     assert [(r.status, r.processed) for r in rows_of(checkpoints, JOB)] == [("done", 10)] * 4
     summary = xcom(third, "export.summary", required=True)
     assert (summary["planned"], summary["processed"], summary["shortfall"]) == (40, 40, 0)
