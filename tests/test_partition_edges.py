@@ -89,3 +89,33 @@ def test_a_restart_of_the_plan_while_a_partition_runs_is_refused_whole_and_carri
     assert [(r.status, r.processed) for r in rows_of(checkpoints, JOB)] == [("done", 10)] * 4
     summary = xcom(third, "export.summary", required=True)
     assert (summary["planned"], summary["processed"], summary["shortfall"]) == (40, 40, 0)
+
+
+def test_a_plan_row_broken_by_hand_is_refused_naming_the_restart_that_splits_the_job_anew(
+    checkpoints: Store, source: Source, run_dag: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    # Given a run whose partition 1 failed, and its plan row's state then overwritten by hand
+    table(source, ROWS)
+    assert str(run_dag("pt_tolerant", conf={"fail": {"1": [1]}}, logical_date=DAY).state) == "success"
+    with checkpoints.open() as s:
+        s.execute("UPDATE resumable_checkpoints SET state = %s WHERE job = %s", (json.dumps({"x": 1}), f"{JOB}#plan"))
+        s.commit()
+    capsys.readouterr()
+
+    # When the run runs again: the planning task refuses the row, naming the restart as the way out
+    again = run_dag("pt_tolerant", logical_date=DAY)
+    assert str(again.get_task_instance("export.plan").state) == "failed"
+    said = capsys.readouterr().out
+    assert "the plan row's state is not a plan" in said
+    assert f"airflow resumable restart '{JOB}#plan' '{SLOT}'" in said, said[-2000:]
+    assert "Deleting the row instead would split anew while the partitions keep the progress" in said
+
+    # And that restart splits the job anew: every partition starts over, every row is processed once
+    control.restart(f"{JOB}#plan", SLOT, by="erin")
+    third = run_dag("pt_tolerant", logical_date=DAY)
+    assert str(third.state) == "success"
+    assert [(r.status, r.processed) for r in rows_of(checkpoints, JOB)] == [("done", 10)] * 4
+    summary = xcom(third, "export.summary", required=True)
+    assert (summary["planned"], summary["processed"], summary["shortfall"]) == (40, 40, 0)

@@ -272,8 +272,9 @@ class Plan:
         except (KeyError, TypeError, ValueError) as exc:
             raise ConfigurationError(
                 f"the plan row's state is not a plan ({exc}): {short(state)}", job=job, slot=slot,
-                hint=f"Delete the plan's row ({TABLE_NAME} where job = {job!r} and slot = {slot!r}) to split the slot "
-                "again, then Clear the planning task",
+                hint=f"Split the job anew on purpose: `airflow resumable restart '{job}' '{slot}'`, then Clear the job's "
+                "tasks in that run (every partition starts over). Deleting the row instead would split anew while "
+                "the partitions keep the progress they made in the old ranges",
             ) from None
         return plan
 
