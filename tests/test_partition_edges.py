@@ -119,3 +119,37 @@ def test_a_plan_row_broken_by_hand_is_refused_naming_the_restart_that_splits_the
     assert [(r.status, r.processed) for r in rows_of(checkpoints, JOB)] == [("done", 10)] * 4
     summary = xcom(third, "export.summary", required=True)
     assert (summary["planned"], summary["processed"], summary["shortfall"]) == (40, 40, 0)
+
+
+def test_a_plan_row_deleted_by_hand_is_not_split_anew_under_partitions_that_kept_their_progress(
+    checkpoints: Store, source: Source, run_dag: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Given a run whose partition 1 failed, its plan row then deleted by hand, and rows added since
+    table(source, ROWS)
+    assert str(run_dag("pt_tolerant", conf={"fail": {"1": [1]}}, logical_date=DAY).state) == "success"
+    with checkpoints.open() as s:
+        s.execute("DELETE FROM resumable_checkpoints WHERE job = %s", (f"{JOB}#plan",))
+        s.commit()
+    source.run("INSERT INTO pt_source (grp, id) VALUES (%s, %s)", [("a", 100 + i) for i in range(8)])
+    capsys.readouterr()
+
+    # When the run runs again: the planning task refuses to split, naming the partitions and the choices
+    again = run_dag("pt_tolerant", logical_date=DAY)
+    assert str(again.get_task_instance("export.plan").state) == "failed"
+    said = capsys.readouterr().out
+    assert (f"the slot has no plan, but partition(s) {JOB}[0], {JOB}[1], {JOB}[2], {JOB}[3] have checkpoints in it"
+            in said), said[-2000:]
+    assert "Put the plan's row back, or start the job over in this run on purpose" in said
+    with checkpoints.open() as s:
+        assert s.checkpoints.load(f"{JOB}#plan", SLOT) is None
+    assert rows_of(checkpoints, JOB)[1].processed == 3  # partition 1 kept its checkpoint, nothing was read
+
+    # And once the partitions' rows are deleted too, the job starts over in this run: every row once
+    with checkpoints.open() as s:
+        for i in range(4):
+            s.execute("DELETE FROM resumable_checkpoints WHERE job = %s", (f"{JOB}[{i}]",))
+        s.commit()
+    third = run_dag("pt_tolerant", logical_date=DAY)
+    assert str(third.state) == "success"
+    summary = xcom(third, "export.summary", required=True)
+    assert (summary["planned"], summary["processed"], summary["shortfall"]) == (48, 48, 0)

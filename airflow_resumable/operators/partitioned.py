@@ -48,6 +48,7 @@ from airflow_resumable.core.partitions import (
     check_plan_reader,
     check_range_reader,
     load_plan,
+    orphan_partitions,
     partition_job,
     partitions_problem,
     plan_job,
@@ -123,6 +124,15 @@ class PartitionPlanOperator(BaseOperator):
         """The slot's stored plan (its reader checked against this task's), or a new one stored now."""
         plan = load_plan(session, job, slot)
         if plan is None:
+            orphans = orphan_partitions(session, job, slot, self.partitions)
+            if orphans:
+                raise AirflowFailException(
+                    f"the slot has no plan, but partition(s) {', '.join(orphans)} have checkpoints in it: their progress "
+                    "was made in the ranges of a plan whose row is gone (deleted by hand?). A new split would give "
+                    "other ranges, and those partitions would keep what they did in the old ones, so nothing was "
+                    f"split [job={job!r} slot={slot!r}]. Put the plan's row back, or start the job over in this run "
+                    f"on purpose: delete its partitions' rows too (job LIKE '{job}[%' and slot = '{slot}'), then Clear "
+                    "this task with its downstream tasks")
             made = split(self.read, self.partitions, job=job, slot=slot)
             plan = save_plan(session, job, slot, made)
             if plan == made:
