@@ -98,7 +98,7 @@ def env(pg_server: Server, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     )
     try:
         airflow.start()
-        airflow.serve([DAG_ID, "readings_import", "ui_parts", "ui_overlap"])
+        airflow.serve([DAG_ID, "readings_import", "ui_parts", "ui_overlap", "ui_partitioned"])
         warm_up(airflow)
         yield Env(airflow, store)
     finally:
@@ -607,6 +607,59 @@ def test_the_tour_s_skipped_items_are_counted_as_listed_and_retried_until_replay
         env.api.request("DELETE", "/variables/readings_import_fahrenheit", expect=(204, 404))
     record(shots, skipped_items_seconds={"retry_to_refused_again": round(refused_again_after, 2),
                                          "retry_to_replayed": round(replayed_after, 2)})
+
+
+def test_a_partition_s_retry_skipped_items_button_says_which_run_carries_it_out_and_that_run_replays_them(
+    env: Env, browser: Any
+) -> None:
+    """A partitioned job with a skip policy (``ui_partitioned``): partition 1 skipped a refused row.
+    Its Checkpoint tab's "Retry skipped items" clears the partition's task instance, says so beside
+    the pending retry (which run carries it out), and that run replays the row through the
+    partition's own process."""
+    import sqlite3
+
+    from selenium.webdriver.common.by import By
+
+    driver = browser
+    login(driver, env)
+    # Given 20 rows in two partitions (ids 1..10, 11..20), row 14 refused by the process
+    with sqlite3.connect(env.store.path) as db:
+        db.executescript("DROP TABLE IF EXISTS ui_pt_source; DROP TABLE IF EXISTS ui_pt_sink;"
+                         "DROP TABLE IF EXISTS ui_pt_refused;"
+                         "CREATE TABLE ui_pt_source (id INTEGER PRIMARY KEY); CREATE TABLE ui_pt_sink (id INTEGER PRIMARY KEY);"
+                         "CREATE TABLE ui_pt_refused (id INTEGER PRIMARY KEY); INSERT INTO ui_pt_refused VALUES (14);")
+        db.executemany("INSERT INTO ui_pt_source VALUES (?)", [(i,) for i in range(1, 21)])
+    run_id = f"ui_pt_{uuid.uuid4().hex[:6]}"
+    job = "ui_partitioned.export[1]"
+    env.api.trigger("ui_partitioned", run_id=run_id, conf={})
+    wait_for(lambda: env.api.dag_run("ui_partitioned", run_id)["state"] in ("success", "failed") or None,
+             timeout=180, interval=0.5, what="the partitioned run to end", on_timeout=env.airflow.tail)
+    assert env.api.dag_run("ui_partitioned", run_id)["state"] == "success"
+    assert env.row(run_id, job=job).status == "done"
+    # and the refused row allowed now
+    with sqlite3.connect(env.store.path) as db:
+        db.execute("DELETE FROM ui_pt_refused")
+
+    # When a person opens partition 1's Checkpoint tab and presses "Retry skipped items"
+    open_tab(driver, env, "ui_partitioned", run_id, "export.partition/mapped/1")
+    until(lambda: skipped_states(driver) == ["skipped"] or None, timeout=30, what="the skipped row",
+          on_timeout=lambda: shown(driver, "body"))
+    assert "row 14 is refused" in frame_text(driver, "#skipped")
+    retry_skipped(driver)
+
+    # Then the tab says which run carries the retry out: the partition's task instance, cleared for it
+    note = until(lambda: frame_text(driver, "#retry-next-run") or None, timeout=30, what="which run carries it out",
+                 on_timeout=lambda: shown(driver, "body"))
+    assert "ui_partitioned, task export.partition[1], run " + run_id in note, note
+    assert "was cleared: its next run replays them first" in note, note
+    assert "Retry of 1 skipped item(s) requested by admin" in frame_text(driver, "#retry-pending")
+    # And that run replays the row through the partition's process: it is copied, marked replayed, the note gone
+    until(lambda: skipped_states(driver) == ["replayed"] and not driver.find_elements(By.ID, "retry-pending") or None,
+          timeout=180, what="the partition's next run to replay the row", on_timeout=lambda: shown(driver, "body"))
+    assert env.api.get(f"/dags/ui_partitioned/dagRuns/{run_id}/taskInstances/export.partition/1")["try_number"] == 2
+    with sqlite3.connect(env.store.path) as db:
+        assert db.execute("SELECT count(*) FROM ui_pt_sink WHERE id = 14").fetchone() == (1,)
+    assert not driver.find_elements(By.ID, "retry-next-run")
 
 
 def test_the_rest_api_of_a_real_api_server_applies_airflow_auth(env: Env) -> None:

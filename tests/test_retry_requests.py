@@ -108,16 +108,16 @@ JOB = "retries"
 
 
 def bad_items(store: Store, *, attempt: int = 1, crash_after: int | None = None, wait: threading.Event | None = None,
-              entered: threading.Event | None = None) -> Any:
-    """An attempt over 0..29 in chunks of 5 that skips 7 and 19; it crashes after ``crash_after``
-    items, or holds the slot until ``wait`` is set (``entered`` set once it holds it)."""
+              entered: threading.Event | None = None, bad: tuple[int, ...] = (7, 19)) -> Any:
+    """An attempt over 0..29 in chunks of 5 that skips ``bad`` (7 and 19); it crashes after
+    ``crash_after`` items, or holds the slot until ``wait`` is set (``entered`` set once it holds it)."""
 
     def process(ctx: Any, batch: list[int]) -> None:
         if entered is not None and wait is not None:
             entered.set()
             wait.wait(30)
         for i in batch:
-            if i in (7, 19):
+            if i in bad:
                 raise ValueError(f"bad item {i}")
             if crash_after is not None and i >= crash_after:
                 raise RuntimeError("the worker died")
@@ -143,6 +143,27 @@ def test_a_run_that_finishes_the_slot_without_replaying_requested_items_puts_the
     assert letters[0].error.startswith("retry requested but not carried out: attempt 2 finished the slot at ")
     assert letters[0].error.endswith("Before: ValueError: bad item 7")
     assert request_retry(store, JOB, SLOT, by="alice") == 2
+
+
+def test_a_slot_started_over_forgets_items_whose_retry_was_requested_and_finds_them_again(store: Store) -> None:
+    from airflow_resumable.core import control as core_control
+
+    # Given a done slot with two skipped items whose retry was requested, then a restart of the slot
+    bad_items(store)
+    assert request_retry(store, JOB, SLOT, by="alice") == 2
+    core_control.restart(store, JOB, SLOT, by="bob")
+
+    # When its next run starts over and reads every item again, 7 processed now and 19 still bad
+    outcome = bad_items(store, attempt=2, bad=(19,))
+
+    # Then what that run found is all there is: 19 skipped again with its error, 7 no longer a dead
+    # letter (it was processed); neither is put back as a retry "not carried out" (the run read them)
+    assert (outcome.checkpoint.status, outcome.checkpoint.processed) == ("done", 30)
+    with store.open() as s:
+        letters = s.skips.items(JOB, SLOT, status=None)
+    assert [(d.position, d.status, d.attempt, d.error) for d in letters] == [(19, "skipped", 2, "ValueError: bad item 19")]
+    # and a retry of the skipped items retries 19 only
+    assert request_retry(store, JOB, SLOT, by="alice") == 1
 
 
 def test_an_item_replayed_on_purpose_says_so_and_keeps_the_error_it_had(store: Store) -> None:

@@ -282,6 +282,49 @@ def test_points_outside_the_run_are_refused_with_the_range() -> None:
         check_resumable(keeps_progress_in_a_local, points=[1, 7])
 
 
+@pytest.mark.parametrize("asked", [{"points": []}, {"points": ()}, {"interruptions": []}, {"samples": 0}],
+                         ids=["no_points", "no_points_tuple", "no_kinds", "no_samples"])
+def test_a_check_that_would_interrupt_no_run_is_refused_not_passed(asked: dict[str, Any]) -> None:
+    # A check that tries nothing proves nothing: refused before it runs, naming the argument
+    with pytest.raises(ValueError, match="keeps_progress_in_a_local: (points names no checkpoint|interruptions names "
+                       "no kind|samples must be)"):
+        check_resumable(keeps_progress_in_a_local, **asked)
+
+
+def test_a_report_without_an_interrupted_run_does_not_pass() -> None:
+    from airflow_resumable.testing.report import Report
+
+    report = Report(name="h", checkpoints=3, positions=[1, 2, 3], result=None, state={}, snapshot=None, trials=[])
+    with pytest.raises(NotResumable, match="h: no interrupted run was tried, so nothing was proven"):
+        report.assert_ok()
+
+
+def test_check_partitioned_refuses_partitions_it_does_not_have_and_does_not_pass_having_checked_none(
+    tmp_path: Path,
+) -> None:
+    import sqlite3
+
+    from airflow_resumable.core.readers import KeysetReader
+
+    db = tmp_path / "source.db"
+    with sqlite3.connect(db) as conn:
+        conn.execute("CREATE TABLE ids (id INTEGER PRIMARY KEY)")
+        conn.executemany("INSERT INTO ids VALUES (?)", [(i,) for i in range(1, 4)])
+    read = KeysetReader(connect=functools.partial(sqlite3.connect, str(db)), table="ids", key="id")
+    # Given 3 rows in 4 partitions (partition 0 empty): a partition the plan does not have is refused
+    with pytest.raises(ValueError, match=r"only= must name partitions of the plan \(0..3\), got \[7\]"):
+        check_partitioned(read, sum_ids, partitions=4, chunk_size=1, only=[7], interruptions=["cancel"])
+    # and a check of the empty partition alone proves nothing: it does not pass
+    report = check_partitioned(read, sum_ids, partitions=4, chunk_size=1, only=[0], interruptions=["cancel"])
+    assert (report.reports, report.empty) == ({}, [0])
+    with pytest.raises(NotResumable, match="no partition was checked"):
+        report.assert_ok()
+
+
+def sum_ids(ctx: Any, batch: list[Any]) -> None:
+    ctx.state["sum"] = ctx.state.get("sum", 0) + sum(row[0] for row in batch)
+
+
 # -- the pytest plugin, as a user's test suite meets it ------------------------------------------
 
 

@@ -261,6 +261,46 @@ def test_a_handler_module_with_import_side_effects_is_imported_anew_by_each_new_
         check_resumable(m.handler, interruptions=[Interruption.PROCESS_DEATH])
 
 
+CHECKS_ITSELF = '''
+import os
+
+from airflow_resumable.testing import check_resumable
+
+# Each new process that imports this module runs the check again (a bound keeps a regression finite).
+depth = int(os.environ.get("KIT_DEPTH", "0"))
+if depth > 3:
+    raise RuntimeError(f"the check started again {depth} times")
+os.environ["KIT_DEPTH"] = str(depth + 1)
+
+
+def handler(ctx):
+    i = ctx.position or 0
+    while i < 3:
+        i += 1
+        ctx.state["n"] = ctx.state.get("n", 0) + 1
+        ctx.checkpoint(i)
+    return ctx.state["n"]
+
+
+REPORT = check_resumable(handler, interruptions=["process_death"], points=[1])
+'''
+
+
+def test_a_handler_module_that_runs_a_check_when_imported_is_refused_instead_of_starting_it_again_and_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a module that runs the kit on its handler when it is imported (a check at its top level)
+    (tmp_path / "kit_checks_itself.py").write_text(CHECKS_ITSELF)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("KIT_DEPTH", "0")
+    monkeypatch.delitem(sys.modules, "kit_checks_itself", raising=False)
+    # When it is imported: the check's new process imports it, which would run the check again
+    # Then that second check is refused, saying why and what to do, and the first one fails with it
+    with pytest.raises(NotImportable, match=r"could not import the handler: NotImportable: handler: a check of the "
+                                            r"test kit started while a new process of process_death imported"):
+        importlib.import_module("kit_checks_itself")
+
+
 def test_a_sink_in_the_tests_memory_is_named_when_a_new_process_cannot_write_to_it() -> None:
     report = check_resumable(upserts_into_the_sink, snapshot=lambda: dict(SINK_ROWS), reset=SINK_ROWS.clear)
     assert {t.interruption for t in report.failures} == {Interruption.PROCESS_DEATH}

@@ -34,7 +34,7 @@ from airflow_resumable.core import rules
 from airflow_resumable.core.checkpoint import Checkpoint
 from airflow_resumable.core.errors import ConfigurationError, RequestRefused, SlotNotFound
 from airflow_resumable.core.options import key_problem
-from airflow_resumable.core.partitions import PLAN_SUFFIX, load_plan, partition_job
+from airflow_resumable.core.partitions import PLAN_SUFFIX, load_plan, partition_job, plan_job
 from airflow_resumable.core.progress import eta_of
 from airflow_resumable.core.rules import ACTIONS, Action
 from airflow_resumable.core.schema import to_datetime
@@ -253,6 +253,9 @@ class _Run:
     planned: int | None = None
     planned_rows: int | None = None
     skipped: int = 0
+    #: A request pending on the plan row (a restart of the whole job), with who asked: carried out
+    #: by the planning task's next run, or refused there while a partition runs.
+    plan_request: dict[str, Any] | None = None
 
     def add(self, status: str, count: int, updated: Any, map_index: int | None, processed: Any, total: Any,
             totals: Any, rate: Any) -> None:
@@ -294,6 +297,7 @@ class _Run:
             "percent": None if not total else round(min(100.0, 100.0 * self.processed / total), 1),
             "rate": None if rate is None else round(rate, 2), "eta_seconds": None if eta is None else round(eta, 1),
             "updated_at": self.updated.isoformat() if self.updated else None,
+            "plan_request": self.plan_request,
         }
 
 
@@ -331,9 +335,18 @@ def _runs(session: StoreSession, groups: list[tuple[Any, ...]], *, dag_ids: Coll
             plan = _readable_plan(session, run.name, run.slot)
             if plan is not None:
                 run.planned, run.planned_rows = plan.partitions, plan.rows
+            run.plan_request = _plan_request(session, run.name, run.slot)
         run.skipped = sum(n for (name, slot), n in pending.items()
                           if slot == run.slot and (name == run.name or _MAP_SUFFIX.sub("", name) == run.name))
     return chosen
+
+
+def _plan_request(session: StoreSession, job: str, slot: str) -> dict[str, Any] | None:
+    """The request pending on the job's plan row for ``slot`` (``request``, ``requested_by``), or None."""
+    row = session.checkpoints.load(plan_job(job), slot)
+    if row is None or row.request is None:
+        return None
+    return {"request": str(row.request), "requested_by": row.requested_by}
 
 
 def _readable_plan(session: StoreSession, job: str, slot: str) -> Any:

@@ -51,8 +51,8 @@ from airflow_resumable.core.tables import CHECKPOINTS
 
 __all__ = [
     "PLAN_SUFFIX", "Plan", "Range", "allowed_failures", "allowed_shortfall", "check_plan_reader", "check_range_reader",
-    "load_plan", "partition_job", "partitions_problem", "plan_job", "replace_plan", "save_plan", "shortfall_problem",
-    "split", "tolerated_problem",
+    "load_plan", "orphan_partitions", "partition_job", "partitions_problem", "plan_job", "replace_plan", "save_plan",
+    "shortfall_problem", "split", "tolerated_problem",
 ]
 
 #: The planning job of a partitioned job: ``<job>#plan``, one row per slot whose state is the plan.
@@ -272,8 +272,9 @@ class Plan:
         except (KeyError, TypeError, ValueError) as exc:
             raise ConfigurationError(
                 f"the plan row's state is not a plan ({exc}): {short(state)}", job=job, slot=slot,
-                hint=f"Delete the plan's row ({TABLE_NAME} where job = {job!r} and slot = {slot!r}) to split the slot "
-                "again, then Clear the planning task",
+                hint=f"Split the job anew on purpose: `airflow resumable restart '{job}' '{slot}'`, then Clear the job's "
+                "tasks in that run (every partition starts over). Deleting the row instead would split anew while "
+                "the partitions keep the progress they made in the old ranges",
             ) from None
         return plan
 
@@ -389,6 +390,23 @@ def load_plan(session: Any, job: str, slot: str) -> Plan | None:
     """The plan stored for ``job``'s ``slot`` (``session``: a store session), or None."""
     row = session.checkpoints.load(plan_job(job), slot)
     return None if row is None else Plan.from_state(row.state, job=plan_job(job), slot=slot)
+
+
+def orphan_partitions(session: Any, job: str, slot: str, partitions: int, *, limit: int = 10) -> list[str]:
+    """Up to ``limit`` of ``job``'s first ``partitions`` partitions that have a row for ``slot``
+    (progress made in a plan's ranges): none before the slot's first plan, unless its plan row was
+    deleted by hand. Looked up by key, 500 at a time."""
+    found: list[str] = []
+    for start in range(0, partitions, 500):
+        names = [partition_job(job, i) for i in range(start, min(partitions, start + 500))]
+        marks = ", ".join(f"%(j{n})s" for n in range(len(names)))
+        rows = session.execute(
+            f"SELECT job FROM {TABLE_NAME} WHERE slot = %(slot)s AND job IN ({marks})",
+            {"slot": slot, **{f"j{n}": name for n, name in enumerate(names)}}).fetchall()
+        found += sorted((str(r[0]) for r in rows), key=names.index)
+        if len(found) >= limit:
+            break
+    return found[:limit]
 
 
 def save_plan(session: Any, job: str, slot: str, plan: Plan) -> Plan:

@@ -37,6 +37,7 @@ from typing import Any
 
 # TaskGroup: the task SDK's public name (no version difference to adapt to yet).
 from airflow_resumable.core import control as core_control
+from airflow_resumable.core import rules
 from airflow_resumable.core.checkpoint import Checkpoint
 from airflow_resumable.core.errors import ConfigurationError, RequestRefused
 from airflow_resumable.core.job_summary import Summary, summarize
@@ -47,6 +48,7 @@ from airflow_resumable.core.partitions import (
     check_plan_reader,
     check_range_reader,
     load_plan,
+    orphan_partitions,
     partition_job,
     partitions_problem,
     plan_job,
@@ -58,7 +60,7 @@ from airflow_resumable.core.partitions import (
     tolerated_problem,
 )
 from airflow_resumable.core.readers import KeysetReader
-from airflow_resumable.core.states import Request
+from airflow_resumable.core.states import Action, Request
 from airflow_resumable.core.stores import Store
 from airflow_resumable.hooks.resumable import DEFAULT_CONN_ID, ResumableHook
 from airflow_resumable.operators import task_instance
@@ -122,6 +124,15 @@ class PartitionPlanOperator(BaseOperator):
         """The slot's stored plan (its reader checked against this task's), or a new one stored now."""
         plan = load_plan(session, job, slot)
         if plan is None:
+            orphans = orphan_partitions(session, job, slot, self.partitions)
+            if orphans:
+                raise AirflowFailException(
+                    f"the slot has no plan, but partition(s) {', '.join(orphans)} have checkpoints in it: their progress "
+                    "was made in the ranges of a plan whose row is gone (deleted by hand?). A new split would give "
+                    "other ranges, and those partitions would keep what they did in the old ones, so nothing was "
+                    f"split [job={job!r} slot={slot!r}]. Put the plan's row back, or start the job over in this run "
+                    f"on purpose: delete its partitions' rows too (job LIKE '{job}[%' and slot = '{slot}'), then Clear "
+                    "this task with its downstream tasks")
             made = split(self.read, self.partitions, job=job, slot=slot)
             plan = save_plan(session, job, slot, made)
             if plan == made:
@@ -139,8 +150,9 @@ class PartitionPlanOperator(BaseOperator):
 
     def _split_anew(self, store: Store, session: Any, job: str, slot: str, row: Checkpoint) -> Plan:
         """Carry out a restart requested on the plan row: split now, ask every partition that has a
-        row to start over (refused while one runs: nothing is replaced then, the request stays),
-        then replace the plan, taking the request.
+        row to start over, then replace the plan, taking the request. Refused whole while a
+        partition cannot take a restart (one runs): every partition is looked at before any is
+        asked, so nothing is asked or replaced then, and the request stays.
 
         Raises:
             AirflowFailException: a partition cannot take the restart now, naming it and why.
@@ -151,23 +163,35 @@ class PartitionPlanOperator(BaseOperator):
         except ConfigurationError:  # a plan changed by hand: this restart is the way out
             old = None
         by = f"{row.requested_by or '?'} (restart of {plan_job(job)})"
+        count = max(old.partitions if old else 0, made.partitions, self.partitions)
+        parts = [(i, session.checkpoints.load(partition_job(job, i), slot)) for i in range(count)]
+        asking = [i for i, part in parts if part is not None and part.request != Request.RESTART]
         refused = []
-        for i in range(max(old.partitions if old else 0, made.partitions, self.partitions)):
-            part = session.checkpoints.load(partition_job(job, i), slot)
-            if part is None or part.request == Request.RESTART:
+        for i, part in parts:
+            if i not in asking:
                 continue
-            try:
-                core_control.restart(store, partition_job(job, i), slot, by=by)
-            except RequestRefused as exc:
-                again = session.checkpoints.load(partition_job(job, i), slot)
-                if again is None or again.request != Request.RESTART:  # else another planner asked first
-                    refused.append(f"{partition_job(job, i)}: {exc.message}")
+            found = rules.decide(Action.RESTART, rules.slot_of(part, core_control.now_of(part)))
+            if not isinstance(found, rules.Rule):
+                message, _ = rules.refusal_text(found, Action.RESTART, part)
+                refused.append(f"{partition_job(job, i)}: {message}")
+        asked: list[str] = []
+        if not refused:
+            for i in asking:
+                try:
+                    core_control.restart(store, partition_job(job, i), slot, by=by)
+                    asked.append(partition_job(job, i))
+                except RequestRefused as exc:  # it changed since it was looked at (an attempt took it)
+                    again = session.checkpoints.load(partition_job(job, i), slot)
+                    if again is None or again.request != Request.RESTART:  # else another planner asked first
+                        refused.append(f"{partition_job(job, i)}: {exc.message}")
         if refused:
+            started = (f" {', '.join(asked[:10])}{' ...' if len(asked) > 10 else ''} had been asked to start over "
+                       "already (each does on its next attempt)." if asked else " No partition was asked to start over.")
             raise AirflowFailException(
                 f"the restart of the job requested by {row.requested_by or '?'} was not carried out: "
                 f"{'; '.join(refused[:10])}{' ...' if len(refused) > 10 else ''}. The plan was kept, and the request "
-                f"is still pending on its row [job={job!r} slot={slot!r}]. Let the partition finish (or pause or "
-                "cancel it), then Clear this task again")
+                f"is still pending on its row.{started} [job={job!r} slot={slot!r}]. Let the partition finish (or "
+                "pause or cancel it), then Clear this task again")
         if replace_plan(session, job, slot, made):
             self.log.warning("split the job anew as %s asked (restart of %s): %s rows in %s partitions at %s; every "
                              "partition with a checkpoint starts over on its next attempt [job=%s slot=%s]",

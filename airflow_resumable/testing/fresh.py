@@ -46,10 +46,14 @@ import types
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Ended", "FreshProcesses", "NotImportable", "handler_payload", "store_payload"]
+__all__ = ["Ended", "FreshProcesses", "NotImportable", "handler_payload", "refuse_in_child", "store_payload"]
 
 #: How long a child may run before the kit kills it (a handler that hangs in a new process).
 CHILD_TIMEOUT = 600.0
+
+#: Set in a child's environment: a check of the kit started there (by a module that runs one when
+#: imported) would start the same check again in a new child, and so on without end.
+IN_CHILD = "RESUMABLE_KIT_CHILD"
 
 _LEN = struct.Struct("!I")
 
@@ -109,6 +113,21 @@ class _Modules(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
         self.modules.add(module)
         return super().find_class(module, name)
+
+
+def refuse_in_child(label: str) -> None:
+    """Refuse a check started inside one of the kit's new processes.
+
+    Raises:
+        NotImportable: this process is one of the kit's new processes: the handler's module (or a
+            module it imports) runs a check when it is imported.
+    """
+    if os.environ.get(IN_CHILD):
+        raise NotImportable(
+            f"{label}: a check of the test kit started while a new process of process_death imported the handler: "
+            "the handler's module (or one it imports) runs a check when it is imported, so each new process would "
+            "start the same check again, without end. Run the check inside a test function, or under "
+            "`if __name__ == \"__main__\":`")
 
 
 def handler_payload(handler: Any, options: Any, *, label: str) -> tuple[bytes, list[str]]:
@@ -278,6 +297,7 @@ def _child(request: dict[str, Any]) -> None:
 
     answer: dict[str, Any]
     known = set(sys.modules)
+    os.environ[IN_CHILD] = "1"
     try:
         try:
             handler, options = pickle.loads(request["payload"])

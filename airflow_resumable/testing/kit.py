@@ -47,7 +47,13 @@ from airflow_resumable.core.partitions import Plan, range_chunks, split
 from airflow_resumable.core.readers import KeysetReader
 from airflow_resumable.core.stores import PostgresStore, SQLiteStore, Store
 from airflow_resumable.core.tables import ATTEMPTS, CHECKPOINTS, DEAD_LETTERS
-from airflow_resumable.testing.fresh import FreshProcesses, NotImportable, handler_payload, store_payload
+from airflow_resumable.testing.fresh import (
+    FreshProcesses,
+    NotImportable,
+    handler_payload,
+    refuse_in_child,
+    store_payload,
+)
 from airflow_resumable.testing.interrupt import (
     ALL_INTERRUPTIONS,
     IN_PROCESS_INTERRUPTIONS,
@@ -314,12 +320,25 @@ def check_resumable(
 
     Raises:
         NotImportable: ``process_death`` is asked for and a new process cannot import the handler
-            (or be given the store or the options).
-        ValueError: ``points`` outside the reference run's checkpoints.
+            (or be given the store or the options), or importing it there ran a check again.
+        ValueError: ``points`` outside the reference run's checkpoints, or no checkpoint, kind or
+            sample to try.
     """
     kinds = [Interruption(k) for k in interruptions]
     options = options or Options()
     label = name or getattr(handler, "__qualname__", None) or repr(handler)
+    refuse_in_child(label)
+    # Nothing interrupted proves nothing: a check that would try no run is refused, not passed.
+    if not kinds:
+        raise ValueError(f"{label}: interruptions names no kind, so no run would be interrupted and the check would "
+                         "prove nothing; leave it out for every kind, or name some (IN_PROCESS_INTERRUPTIONS...)")
+    if not isinstance(points, str):
+        points = [int(p) for p in points]
+        if not points:
+            raise ValueError(f"{label}: points names no checkpoint, so no run would be interrupted and the check "
+                             "would prove nothing; give points='auto', 'every' or checkpoint numbers (1-based)")
+    if samples is not None and (isinstance(samples, bool) or not isinstance(samples, int) or samples < 1):
+        raise ValueError(f"{label}: samples must be how many checkpoints to interrupt (an int >= 1), got {samples!r}")
     payload: tuple[bytes, list[str]] | NotImportable | None = None
     if Interruption.PROCESS_DEATH in kinds:  # named as it is now, before any run changes it
         try:
@@ -472,7 +491,12 @@ class PartitionedReport:
         return not self.failures
 
     def assert_ok(self) -> PartitionedReport:
-        """Raise :class:`NotResumable` naming the first partition that is not resumable."""
+        """Raise :class:`NotResumable` naming the first partition that is not resumable, or saying
+        that no partition was checked (every one asked for is empty): nothing was proven."""
+        if not self.reports:
+            raise NotResumable(f"{self.name}: no partition was checked ({self.plan.rows} rows in {self.plan.partitions} "
+                               f"partitions; empty, so not checked: {self.empty}), so nothing was proven; give the "
+                               "check a source with rows in the partitions it checks")
         for index, report in self.reports.items():
             try:
                 report.assert_ok()
@@ -505,6 +529,9 @@ def check_partitioned(read: KeysetReader, process: Any, *, partitions: int, chun
     label = kwargs.pop("name", None) or f"read={read.name}, process={getattr(process, '__qualname__', process)!s}"
     plan = split(read, partitions, job=label)
     wanted = None if only is None else {int(i) for i in only}
+    if wanted is not None and (not wanted or not wanted <= set(range(plan.partitions))):
+        raise ValueError(f"{label}: only= must name partitions of the plan (0..{plan.partitions - 1}), got "
+                         f"{sorted(wanted)}: a partition it does not have would be checked by no run")
     reports: dict[int, Report] = {}
     empty: list[int] = []
     for rng in plan.ranges():

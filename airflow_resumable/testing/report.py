@@ -88,13 +88,16 @@ class Report:
         """Raise :class:`NotResumable` naming the first trial that differs (and how many did).
 
         Raises:
-            NotResumable: the handler made no checkpoint, or an interrupted run differs.
+            NotResumable: the handler made no checkpoint, no interrupted run was tried, or one differs.
         """
         if self.checkpoints == 0:
             raise NotResumable(
                 f"{self.name} made no checkpoint in an uninterrupted run: an interrupted attempt has nothing to "
                 "resume from and starts over. Call ctx.checkpoint(position) after each chunk (or give "
                 "ChunkedOperator's read a source with items)")
+        if not self.trials:
+            raise NotResumable(f"{self.name}: no interrupted run was tried, so nothing was proven; give the check "
+                               "points and interruptions to try")
         failures = self.failures
         if not failures:
             return self

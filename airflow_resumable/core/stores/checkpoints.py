@@ -61,7 +61,7 @@ def _start_one(start: str, clear: bool) -> str:
               f"SELECT {', '.join(values)}, started.position, started.processed, clock_timestamp() FROM started "
               "RETURNING id")
     cleared = (f", cleared AS (DELETE FROM {SKIPPED} AS d USING started WHERE d.job = started.job "
-               "AND d.slot = started.slot AND d.status = 'skipped')") if clear else ""
+               "AND d.slot = started.slot AND d.status IN ('skipped', 'retry_requested'))") if clear else ""
     return (f"WITH started AS ({start}), record AS ({record}){cleared} "
             f"SELECT {SELECT}, (SELECT id FROM record) FROM started")
 
@@ -91,7 +91,7 @@ def _sql(d: Dialect) -> _SQL:
         start=starts,
         start_history=insert(ATTEMPTS, {**named(*HISTORY_COLUMNS), "started_at": now}, returning="id"),
         start_one={reset: _start_one(sql, clear=reset) for reset, sql in starts.items()} if d.writable_ctes else None,
-        clear_skipped=f"DELETE FROM {SKIPPED} WHERE {KEY} AND status = 'skipped'",
+        clear_skipped=f"DELETE FROM {SKIPPED} WHERE {KEY} AND status IN ('skipped', 'retry_requested')",
         set_reader=f"UPDATE {TABLE} SET reader = %(reader)s WHERE {WHERE}",
         confirm=f"UPDATE {TABLE} SET confirmed_at = {now} WHERE {KEY} AND status = 'done' "
         "AND dag_id = %(dag_id)s AND task_id = %(task_id)s AND run_id = %(run_id)s AND map_index = %(map_index)s",

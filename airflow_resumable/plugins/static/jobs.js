@@ -158,7 +158,7 @@
         return el("tr", {"data-job": job.job, hidden: status && !p[status] ? "" : null}, [
           // The job's actions under its name: in view however narrow the window (the table may
           // scroll sideways, from the right).
-          el("td", {"class": "name"}, [name(job.job), el("div", {"class": "actions"}, actions)]),
+          el("td", {"class": "name"}, [name(job.job), planRequest(job), el("div", {"class": "actions"}, actions)]),
           el("td", {"class": "name"}, [task]),
           el("td", {"class": "standing"}, p.total ? standing(job) : [el("span", {"class": "muted", text: "none"})]),
           el("td", {"class": "progress"}, [bar({percent: job.percent, status: p.failed ? "failed" : p.total && p.done === p.total ? "done" : "running"}),
@@ -171,6 +171,15 @@
           cell(when(job.updated_at), {"class": "nowrap"})
         ]);
       }));
+    }
+    // A request pending on the job's plan row (a restart of the whole job): the planning task's next
+    // run carries it out, or refuses it while a partition runs (its log says which); shown until then.
+    function planRequest(job) {
+      var r = job.plan_request;
+      if (!r) return null;
+      return el("div", {"class": "note plan-request", text: r.request + " of the whole job requested" +
+        (r.requested_by ? " by " + r.requested_by : "") + ": not carried out yet; the planning task's next run " +
+        "(Clear it) splits the job anew, or says why not"});
     }
     // One job's partitions, each a way into its Checkpoint tab (the job of ?job=&run_id=, or the one opened).
     function loadPartitions() {

@@ -209,6 +209,8 @@
     // The UI's iframe is sandboxed without allow-modals (window.confirm returns false at once), so
     // the confirmation is in the page: a click asks, a second click on "Confirm" sends.
     var asking = null;
+    // The answer to this page's last "Retry skipped items": which run carries it out (see act()).
+    var retryAnswer = null;
 
     function schedule(fn, ms) { clearTimeout(timer); timer = setTimeout(fn, ms); }
     function tiKey(t) { return t ? t.try_number + "/" + t.state : ""; }
@@ -251,8 +253,17 @@
       busy = true;
       var q = new URLSearchParams({job: current.job, slot: current.slot});
       if (params.get("conn_id")) q.set("conn_id", params.get("conn_id"));
-      request("POST", API + "checkpoint/" + action + "?" + q, {}).then(function () {
-        say(LABEL[action] + ": sent.");
+      request("POST", API + "checkpoint/" + action + "?" + q, {}).then(function (answer) {
+        // A retry of skipped items says which run carries it out, or why none will until its task
+        // instance is cleared: kept beside the pending retry's note for as long as the retry waits.
+        var retry = answer && answer.retry;
+        if (retry) {
+          retryAnswer = {job: current.job, slot: current.slot, next_run: String(retry.next_run || ""),
+            waiting: !retry.cleared && /not carried out/.test(String(retry.next_run || ""))};
+          say(LABEL[action] + " requested: " + retryAnswer.next_run, retryAnswer.waiting);
+        } else {
+          say(LABEL[action] + ": sent.");
+        }
       }).catch(function (err) {
         say(LABEL[action] + " refused: " + err.message, true);
       }).then(function () { busy = false; load(); });
@@ -313,10 +324,15 @@
       var heading = el("h2", {id: "skipped-title"}, ["Skipped items ", el("span", {"class": "muted", id: "skipped-counts",
         text: listed.map(function (k) { return num(counts[k]) + " " + k.replace("_", " "); }).join(" · ") +
           (all > row.skipped_items.length ? " (the first " + num(row.skipped_items.length) + " listed)" : "")})]);
-      var pending = counts.retry_requested ? el("div", {id: "retry-pending", "class": "note",
-        text: "Retry of " + num(counts.retry_requested) + " skipped item(s) requested" +
+      if (!counts.retry_requested || (retryAnswer && (retryAnswer.job !== row.job || retryAnswer.slot !== row.slot))) {
+        retryAnswer = null;  // the retry ran (or the tab shows another slot): its answer said all it had to
+      }
+      var nextRun = retryAnswer ? el("span", {id: "retry-next-run", "class": retryAnswer.waiting ? "error" : "",
+        text: " Which run: " + retryAnswer.next_run + "."}) : null;
+      var pending = counts.retry_requested ? el("div", {id: "retry-pending", "class": "note"}, [
+        "Retry of " + num(counts.retry_requested) + " skipped item(s) requested" +
           (row.retry_requested_by ? " by " + row.retry_requested_by : "") +
-          ": the task's next run replays them before its other work."}) : null;
+          ": the task's next run replays them before its other work.", nextRun]) : null;
       return [heading, pending, table, actionButton(row, "retry_skipped")];
     }
     function render() {
