@@ -110,11 +110,11 @@ def test_a_failed_try_s_span_records_the_error_and_the_retry_s_span_resumes(
     tries = sorted((s for s in spans if s["name"] == "resumable.attempt"), key=lambda s: s["start"])
     assert [s["attributes"]["resumable.attempt"] for s in tries] == [1, 2]
     assert tries[0]["status"] == "ERROR"
+    assert "hunter2" not in json.dumps(tries)
     error = next(e for e in tries[0]["events"] if e["name"] == "exception")["attributes"]
-    assert error["exception.type"] == "builtins.RuntimeError"
+    assert error["exception.type"] == "RuntimeError"
     assert error["exception.message"] == "could not reach postgresql://db.example:5432/loans"
     assert "RuntimeError: could not reach postgresql://db.example:5432/loans" in error["exception.stacktrace"]
-    assert "hunter2" not in json.dumps(tries)
     assert tries[0]["attributes"]["resumable.status"] == "failed"
     assert (tries[1]["status"], tries[1]["attributes"]["resumable.resumed_from"]) == ("UNSET", "20")
 

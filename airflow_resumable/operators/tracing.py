@@ -171,8 +171,9 @@ class AttemptTrace:
         the traceback passed through :func:`~airflow_resumable.core.observe.without_credentials_in` and cut:
         an error's text may hold a DSN with its password (``span.record_exception`` would send it as it is)."""
         trace = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        kind = type(exc).__qualname__
         self.span.add_event("exception", {
-            "exception.type": f"{type(exc).__module__}.{type(exc).__qualname__}",
+            "exception.type": kind if type(exc).__module__ == "builtins" else f"{type(exc).__module__}.{kind}",
             "exception.message": cut_text(without_credentials_in(str(exc)), TEXT_LIMIT),
             "exception.stacktrace": cut_text(without_credentials_in(trace), STACK_LIMIT),
             "exception.escaped": True,
