@@ -432,3 +432,53 @@ def test_a_hundred_and_fifty_outputs_make_an_event_of_a_hundred_and_the_huge_nam
              "run": {"runId": "019c167f-cc00-7fb3-985e-bee1db05d771"}, "job": {"namespace": "n", "name": "j"},
              "outputs": datasets}
     validators()[0].validate(event)
+
+
+def test_a_query_too_long_for_the_sql_parser_is_left_out_with_a_warning_not_a_crashed_task(tmp_path: Path) -> None:
+    """Given a query reader's query of 15,000 ``OR`` terms (195 kB: OpenLineage's SQL parser overflows an
+    8 MB stack on it, a segfault that would end the task's process), When its tables are named in a
+    process of its own, Then the process lives on: the query is left out, and the warning says why and
+    what to use instead."""
+    query = "SELECT id FROM loans WHERE " + " OR ".join(f"id = {i}" for i in range(15_000))
+    script = (
+        "import json, logging, sys\n"
+        "logging.basicConfig(level=logging.WARNING, stream=sys.stdout)\n"
+        "from airflow_resumable.core.observe import Source\n"
+        "from airflow_resumable.lineage.facets import look_up\n"
+        "source = Source('query', sys.stdin.read(), 'naming_sqlite')\n"
+        "print('NAMES', json.dumps(look_up([source], logging.getLogger('task'))[source]))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], input=query, capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "AIRFLOW_CONN_NAMING_SQLITE": f"sqlite:///{tmp_path / 'src.db'}"})
+    assert result.returncode == 0, (result.returncode, result.stderr[-3000:])
+    assert "NAMES []" in result.stdout
+    assert "characters long; OpenLineage's SQL parser is given 100,000 at most" in result.stdout
+    assert "ctx.input(table=" in result.stdout
+
+
+def test_a_database_that_does_not_answer_for_its_schema_delays_the_naming_by_the_timeout_only(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Given a PostgreSQL connection whose database never answers the current-schema question, When a
+    table through it is named, Then the name comes within the lookup's timeout, without the schema."""
+    import threading
+    import time
+
+    from airflow.providers.postgres.hooks.postgres import PostgresHook
+
+    from airflow_resumable.core.observe import Source
+    from airflow_resumable.lineage import naming
+
+    released = threading.Event()
+    monkeypatch.setattr(PostgresHook, "get_openlineage_default_schema", lambda self: released.wait(60) and "late")
+    monkeypatch.setattr(naming, "LOOKUP_TIMEOUT", 0.5)
+    monkeypatch.setenv("AIRFLOW_CONN_NAMING_HANG", "postgresql://bob:hunter2@127.0.0.1:1/warehouse")
+    naming.datasource.cache_clear()
+    began = time.monotonic()
+    try:
+        named = naming.dataset_names(Source("table", "loans", "naming_hang"))
+    finally:
+        released.set()
+        naming.datasource.cache_clear()
+    assert time.monotonic() - began < 10
+    assert named == [("postgres://127.0.0.1:1", "loans")]  # no schema to qualify it with

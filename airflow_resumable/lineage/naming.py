@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import functools
 import re
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote
@@ -28,6 +30,17 @@ from urllib.parse import unquote
 from airflow_resumable.core.observe import NAME_LIMIT, Source, cut_text, without_credentials
 
 __all__ = ["Datasource", "dataset_names", "datasource"]
+
+#: The longest query whose tables are parsed: OpenLineage's SQL parser recurses on a long chain of
+#: ``OR``/``AND`` terms and overflows a thread's stack (a segfault that ends the task's process: 15,000
+#: terms, 195 kB, on an 8 MB stack); a longer query is left out of the events, with a warning.
+QUERY_LIMIT = 100_000
+#: The parser runs in a thread of its own with this stack (virtual memory; 1.4 MB of such a chain
+#: needed under 128 MB): a query within QUERY_LIMIT never reaches its end.
+PARSE_STACK = 128 * 1024 * 1024
+#: How long parsing a query, or asking a database for its current schema, may take before the name is
+#: given up (the task goes on; a database that does not answer would otherwise hold the task's start).
+LOOKUP_TIMEOUT = 15.0
 
 _PLACEHOLDERS = re.compile(r"%\([A-Za-z_][A-Za-z0-9_]*\)s|%s|\?")
 _SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]+")  # two characters at least: C:/data is a path
@@ -87,6 +100,37 @@ def _file_names(name: str) -> tuple[str, str]:
     return "file", text
 
 
+def _bounded(fn: Callable[[], Any], what: str, *, stack: int | None = None) -> Any:
+    """``fn()``, run in a daemon thread (with a ``stack`` of its own) for at most :data:`LOOKUP_TIMEOUT` s.
+
+    Raises:
+        TimeoutError: it did not finish in time (it is left to finish on its own).
+        Exception: what ``fn`` raised.
+    """
+    result: list[Any] = []
+
+    def run() -> None:
+        try:
+            result.append((True, fn()))
+        except BaseException as exc:
+            result.append((False, exc))
+
+    previous = threading.stack_size(stack) if stack else None
+    try:
+        thread = threading.Thread(target=run, name=f"resumable-lineage-{what}", daemon=True)
+        thread.start()
+    finally:
+        if previous is not None:
+            threading.stack_size(previous)
+    thread.join(LOOKUP_TIMEOUT)
+    if not result:
+        raise TimeoutError(f"{what} took more than {LOOKUP_TIMEOUT:g} s")
+    ok, value = result[0]
+    if not ok:
+        raise value
+    return value
+
+
 @functools.lru_cache(maxsize=64)
 def datasource(conn_id: str) -> Datasource:
     """The connection's datasource (cached per process: one look-up, and for PostgreSQL one
@@ -108,7 +152,7 @@ def datasource(conn_id: str) -> Datasource:
         port = f":{conn.port}" if conn.port else ""
         return Datasource(f"{conn_type or 'unknown'}://{_authority(conn.host)}{port}", conn.schema or None, None, None)
     try:
-        schema = hook.get_openlineage_default_schema()
+        schema = _bounded(hook.get_openlineage_default_schema, "current-schema")
     except Exception:  # the name is still useful without it
         schema = None
     dialect = getattr(hook, "get_openlineage_database_dialect", lambda _conn: None)(conn)
@@ -147,8 +191,12 @@ def dataset_names(src: Source) -> list[tuple[str, str]]:
 
         where = datasource(src.connection)
         # The parser reads SQL, not a driver's placeholders (%s, %(name)s, ?): a NULL stands in for each.
+        if len(src.name) > QUERY_LIMIT:
+            raise ValueError(f"the query is {len(src.name):,} characters long; OpenLineage's SQL parser is given "
+                             f"{QUERY_LIMIT:,} at most. Name its tables with ctx.input(table=..., connection=...)")
         sql = _PLACEHOLDERS.sub("NULL", src.name)
-        parsed = SQLParser(dialect=where.dialect, default_schema=where.default_schema).parse(sql)
+        parser = SQLParser(dialect=where.dialect, default_schema=where.default_schema)
+        parsed = _bounded(lambda: parser.parse(sql), "sql-parse", stack=PARSE_STACK)
         tables = [] if parsed is None else parsed.in_tables
         found = [(where.namespace, _table_name(where, t.qualified_name)) for t in tables]
     out = [(cut_text(_namespace(namespace), NAME_LIMIT), _name(name)) for namespace, name in found]
