@@ -209,3 +209,20 @@ def test_an_attempt_s_facts_count_the_slot_s_skipped_items(store: Store) -> None
 def test_a_url_s_credentials_never_leave_however_the_secret_is_written(url: str, named: str) -> None:
     assert without_credentials(url) == named
     assert Source("file", url).name == named
+
+
+def test_a_huge_text_is_scrubbed_in_linear_time_and_a_cut_leaves_no_half_of_a_url() -> None:
+    """Given 1 MB texts that made the scrubber's patterns backtrack (a run of letters, of ``a:`` pairs,
+    of URL-like words), When they are scrubbed, Then each takes well under 10 s (it took hours); and given
+    a limit that falls inside a URL with its password after it, Then no part of that URL's userinfo is
+    kept and the result is within the limit."""
+    import time
+
+    for text in ("a" * 1_000_000, "a:" * 500_000, "x://a:" * 170_000, "password=" * 110_000):
+        began = time.monotonic()
+        without_credentials_in(text)
+        assert time.monotonic() - began < 10, text[:20]
+    text = "error " * 100 + "postgresql://alice:hunter2@db/x failed"
+    for limit in range(590, 640):
+        cut = without_credentials_in(text, limit)
+        assert len(cut) <= limit and "hunter" not in cut and "alice" not in cut, limit

@@ -89,25 +89,46 @@ def without_credentials(url: str) -> str:
     return f"{scheme}{sep}{rest}"
 
 
-_URL_IN_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://\S+")
+# Each starts only where a run of its characters starts (the look-behinds): linear in the text's length,
+# a 10 MB message included (without them, a long run of letters took quadratic time).
+_URL_IN_TEXT = re.compile(r"(?<![A-Za-z0-9+.-])[A-Za-z][A-Za-z0-9+.-]*://\S+")
 _URL_TAIL = re.compile(r"[\'\")\]}>.,;:!]+$")
-_SECRET_IN_TEXT = re.compile(
-    r"(?i)([A-Za-z0-9_.-]*(?:password|passwd|pwd|secret|token|api[_-]?key|access[_-]?key|credential)[A-Za-z0-9_.-]*"
-    r"[\'\"]?\s*[=:]\s*[\'\"]?)([^\s\'\",;&]+)")
+_PAIR_IN_TEXT = re.compile(r"(?<![A-Za-z0-9_.-])([A-Za-z0-9_.-]+)([\'\"]?[ \t]*[=:][ \t]*[\'\"]?)")
+_PAIR_VALUE = re.compile(r"[^\s\'\",;&]+")
+_SECRET_KEY = re.compile(r"password|passwd|pwd|secret|token|api[_-]?key|access[_-]?key|credential", re.IGNORECASE)
 
 
-def without_credentials_in(text: str) -> str:
+def without_credentials_in(text: str, limit: int | None = None) -> str:
     """A free text (an error's message, a traceback) without the credentials it may hold: each URL in it
     goes through :func:`without_credentials` (its user, password, query and fragment dropped), and the
     value of each ``password=``/``token:``/``"secret": "..."``-like pair becomes ``***``. What it cannot
-    see: a secret written with no URL or key around it, or a password holding a space."""
+    see: a secret written with no URL or key around it, or a password holding a space.
+
+    With a ``limit``, the result is at most ``limit`` characters (:func:`cut_text`), and only the start
+    of a longer text is read: the word the limit falls in is dropped whole, so no half of a URL (its
+    ``@`` beyond the limit) is left to keep its password.
+    """
+    if limit is not None and len(text) > limit:
+        start = text[:limit + 1]
+        text = start[:max(start.rfind(" "), start.rfind("\n"), start.rfind("\t"), 0)] + ELLIPSIS
     def url(match: re.Match[str]) -> str:
         token = match.group(0)
         tail = _URL_TAIL.search(token)
         end = tail.start() if tail else len(token)
         return without_credentials(token[:end]) + token[end:]
 
-    return _SECRET_IN_TEXT.sub(r"\1***", _URL_IN_TEXT.sub(url, text))
+    text = _URL_IN_TEXT.sub(url, text)
+    out: list[str] = []
+    at = 0
+    while (match := _PAIR_IN_TEXT.search(text, at)) is not None:
+        out.append(text[at:match.end()])
+        at = match.end()
+        value = _PAIR_VALUE.match(text, at) if _SECRET_KEY.search(match.group(1)) else None
+        if value is not None:  # else its value may be the next pair's key (``Authorization: token: ...``)
+            out.append("***")
+            at = value.end()
+    scrubbed = "".join(out) + text[at:]
+    return scrubbed if limit is None else cut_text(scrubbed, limit)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -74,7 +74,7 @@ def look_up(sources: Iterable[Source], log: Any) -> dict[Source, list[tuple[str,
         except Exception as exc:
             out[src] = []
             log.warning("OpenLineage: could not name the %s (connection %r: %s: %s); its events go without it",
-                        what, src.connection, type(exc).__name__, cut_text(without_credentials_in(str(exc)), 200))
+                        what, src.connection, type(exc).__name__, without_credentials_in(str(exc), 200))
             continue
         if not out[src] and src.connection is None:
             log.info("OpenLineage: the %s has no Airflow connection to name its datasource by (a reader on a plain "
@@ -110,7 +110,7 @@ def _outlets(outlets: Sequence[Any], log: Any) -> list[Dataset]:
             dataset = ExtractorManager.convert_to_ol_dataset(outlet)
         except Exception as exc:
             log.warning("OpenLineage: could not turn the outlet %s into a dataset (%s)", cut_text(repr(outlet), 200),
-                        cut_text(without_credentials_in(str(exc)), 200))
+                        without_credentials_in(str(exc), 200))
             continue
         if dataset is not None:
             out.append(dataset)

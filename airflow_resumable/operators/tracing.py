@@ -66,6 +66,14 @@ def _json(value: Any) -> str:
     return json.dumps(shown, default=str)
 
 
+def _message(exc: BaseException) -> str:
+    """``str(exc)``, or what stands for it when its ``__str__`` raises."""
+    try:
+        return str(exc)
+    except Exception:
+        return f"<{type(exc).__name__}: its message could not be read>"
+
+
 def facts_attributes(facts: AttemptFacts) -> dict[str, Any]:
     """The attempt's facts as ``resumable.*`` span attributes (None values left out)."""
     attributes: dict[str, Any] = {
@@ -174,8 +182,8 @@ class AttemptTrace:
         kind = type(exc).__qualname__
         self.span.add_event("exception", {
             "exception.type": kind if type(exc).__module__ == "builtins" else f"{type(exc).__module__}.{kind}",
-            "exception.message": cut_text(without_credentials_in(str(exc)), TEXT_LIMIT),
-            "exception.stacktrace": cut_text(without_credentials_in(trace), STACK_LIMIT),
+            "exception.message": without_credentials_in(_message(exc), TEXT_LIMIT),
+            "exception.stacktrace": without_credentials_in(trace, STACK_LIMIT),
             "exception.escaped": True,
         })
 

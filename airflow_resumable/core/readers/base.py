@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_resumable.core.checkpoint import short
 from airflow_resumable.core.errors import ConfigurationError
-from airflow_resumable.core.observe import Source, cut_text, without_credentials_in
+from airflow_resumable.core.observe import Source, without_credentials_in
 from airflow_resumable.core.readers.keys import json_key
 
 if TYPE_CHECKING:
@@ -114,7 +114,7 @@ class Reader(abc.ABC):
                     log = getattr(ctx, "log", None)
                     if log is not None:
                         log.warning("lineage: could not name what this reader reads (%s: %s); its lineage events go "
-                                    "without it", type(exc).__name__, cut_text(without_credentials_in(str(exc)), 200))
+                                    "without it", type(exc).__name__, without_credentials_in(str(exc), 200))
                 reading(source)
 
     @abc.abstractmethod
