@@ -115,7 +115,10 @@ def _bounded(fn: Callable[[], Any], what: str, *, stack: int | None = None) -> A
         except BaseException as exc:
             result.append((False, exc))
 
-    previous = threading.stack_size(stack) if stack else None
+    try:
+        previous = threading.stack_size(stack) if stack else None
+    except (ValueError, RuntimeError):  # a platform that sets no stack size: the default one
+        previous = None
     try:
         thread = threading.Thread(target=run, name=f"resumable-lineage-{what}", daemon=True)
         thread.start()
