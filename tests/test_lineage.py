@@ -1,7 +1,7 @@
 """OpenLineage: the events the real OpenLineage provider emits for resumable tasks run under
 ``dag.test()``, read back from its file transport, carry our ``resumable`` run facet (valid against
-the schema the package ships, and the events against OpenLineage's rules), the reader's table as an
-input and the handler's outputs.
+the schema the package ships, and the events against OpenLineage's published schema, vendored in
+``tests/openlineage_spec/``), the reader's table as an input and the handler's outputs.
 
 Each DAG runs in a process of its own (``tests/support/dag_run.py``): the provider decides at import
 whether it listens (it does only with a transport configured), once per process.
@@ -30,63 +30,42 @@ DAY = "2026-02-01T00:00:00+00:00"
 # missing one fails here, loudly, rather than skipping.
 import airflow.providers.openlineage  # noqa: E402,F401
 
-# -- OpenLineage's rules for a RunEvent (spec 2-0-2), as a consumer relies on them ------------------
-#
-# OpenLineage publishes its schema at https://openlineage.io/spec/2-0-2/OpenLineage.json; no
-# installable package carries it and these machines cannot fetch it, so the rules the events must
-# keep are written out here, from the spec's text: a RunEvent's required fields and formats, a
-# dataset's namespace and name, and every facet's _producer and _schemaURL (BaseFacet).
-_URI = {"type": "string", "format": "uri"}
-_FACET = {"type": "object", "properties": {"_producer": _URI, "_schemaURL": _URI},
-          "required": ["_producer", "_schemaURL"]}
-_FACETS = {"type": "object", "additionalProperties": {"$ref": "#/$defs/BaseFacet"}}
-_DATASET = {"type": "object", "properties": {"namespace": {"type": "string"}, "name": {"type": "string"},
-                                            "facets": _FACETS}, "required": ["namespace", "name"]}
-OPENLINEAGE_RUN_EVENT = {
-    "$schema": "https://json-schema.org/draft/2020-12/schema",
-    "$id": "https://openlineage.io/spec/2-0-2/OpenLineage.json",
-    "$defs": {
-        "BaseFacet": _FACET,
-        "RunFacet": {"allOf": [{"$ref": "#/$defs/BaseFacet"}]},
-        "RunEvent": {
-            "type": "object",
-            "properties": {
-                "eventTime": {"type": "string", "format": "date-time"},
-                "producer": _URI,
-                "schemaURL": _URI,
-                "eventType": {"enum": ["START", "RUNNING", "COMPLETE", "ABORT", "FAIL", "OTHER"]},
-                "run": {"type": "object", "properties": {"runId": {"type": "string", "format": "uuid"},
-                                                         "facets": _FACETS}, "required": ["runId"]},
-                "job": {"type": "object", "properties": {"namespace": {"type": "string"}, "name": {"type": "string"},
-                                                         "facets": _FACETS}, "required": ["namespace", "name"]},
-                "inputs": {"type": "array", "items": _DATASET},
-                "outputs": {"type": "array", "items": _DATASET},
-            },
-            "required": ["eventTime", "producer", "schemaURL", "run", "job"],
-        },
-    },
-    "$ref": "#/$defs/RunEvent",
-}
+# -- OpenLineage's published schemas (tests/openlineage_spec/, vendored: see its README) ---------------
+
+SPEC = ROOT / "tests" / "openlineage_spec"
 
 
 def validators() -> tuple[Any, Any]:
-    """A validator of OpenLineage's RunEvent rules, and one of our facet's schema (whose base,
-    OpenLineage's RunFacet, resolves to the rules above), both checking formats."""
+    """A validator of OpenLineage's own schema (``OpenLineage.json`` 2-0-2, the RunEvent and every facet's
+    base), and one of our facet's schema (whose base is OpenLineage's ``RunFacet``), both checking formats;
+    offline: every ``$ref`` resolves from the registry, none is fetched."""
     import jsonschema
     from referencing import Registry, Resource
 
     from airflow_resumable.lineage import SCHEMA_FILE
 
-    ours = json.loads(SCHEMA_FILE.read_text())
-    registry = Registry().with_resources([
-        (OPENLINEAGE_RUN_EVENT["$id"], Resource.from_contents(OPENLINEAGE_RUN_EVENT)),
-        (ours["$id"], Resource.from_contents(ours)),
-    ])
+    schemas = [json.loads(path.read_text()) for path in sorted(SPEC.glob("*.json"))]
+    schemas.append(json.loads(SCHEMA_FILE.read_text()))
+    registry = Registry().with_resources([(schema["$id"], Resource.from_contents(schema)) for schema in schemas])
     check = jsonschema.FormatChecker()
-    event = jsonschema.Draft202012Validator(OPENLINEAGE_RUN_EVENT, registry=registry, format_checker=check)
-    facet = jsonschema.Draft202012Validator({"$ref": f"{ours['$id']}#/$defs/ResumableRunFacet"}, registry=registry,
+    event = jsonschema.Draft202012Validator({"$ref": "https://openlineage.io/spec/2-0-2/OpenLineage.json"},
+                                            registry=registry, format_checker=check)
+    ours = json.loads(SCHEMA_FILE.read_text())["$id"]
+    facet = jsonschema.Draft202012Validator({"$ref": f"{ours}#/$defs/ResumableRunFacet"}, registry=registry,
                                             format_checker=check)
     return event, facet
+
+
+def job_dependencies_validator() -> Any:
+    """OpenLineage's ``jobDependencies`` run facet schema (1-0-1), as the summary's event carries it."""
+    import jsonschema
+    from referencing import Registry, Resource
+
+    schemas = [json.loads(path.read_text()) for path in sorted(SPEC.glob("*.json"))]
+    registry = Registry().with_resources([(schema["$id"], Resource.from_contents(schema)) for schema in schemas])
+    return jsonschema.Draft202012Validator(
+        {"$ref": "https://openlineage.io/spec/facets/1-0-1/JobDependenciesRunFacet.json#/$defs/JobDependenciesRunFacet"},
+        registry=registry, format_checker=jsonschema.FormatChecker())
 
 
 # -- running a DAG with the provider listening -------------------------------------------------------
@@ -138,9 +117,9 @@ def test_a_crash_then_a_resume_carries_the_facet_on_every_event_with_the_table_a
     """Given a ChunkedOperator reading table ``loans`` through connection ``lineage_source``,
     When try 1 raises in its third chunk and try 2 resumes,
     Then START, FAIL, START, COMPLETE carry the ``resumable`` facet (valid against our schema and
-    the events against OpenLineage's rules): try 2 resumed from try 1's last checkpoint, and
-    ``loans`` is the input of FAIL and COMPLETE, ``loan_totals`` the output, both in the SQLite
-    file's namespace."""
+    the events against OpenLineage's published schema): try 2 resumed from try 1's last checkpoint, and
+    ``loans`` is the input of every event (START included), ``loan_totals`` the output, both in the
+    SQLite file's namespace."""
     run, events = run_with_lineage("ol_loans", tmp_path / "events.jsonl", conf={"fail": [1, 2]})
     assert run["state"] == "success"
     assert [e["eventType"] for e in events] == ["START", "FAIL", "START", "COMPLETE"]
@@ -159,11 +138,10 @@ def test_a_crash_then_a_resume_carries_the_facet_on_every_event_with_the_table_a
         "attempt": 2, "status": "done", "resumed": True, "resumedFrom": 20, "position": 50, "processed": 50,
         "total": 50, "checkpoints": 3}
     namespace = f"sqlite://{source_db}"
-    # The table's datasource is named in the task's own process as each try ends (the listener's
-    # forked process cannot always look a connection up): the start events come before that.
-    assert [e["inputs"] for e in events if e["eventType"] == "START"] == [[], []]
-    for event in events[1::2]:
-        assert [(d["namespace"], d["name"]) for d in event["inputs"]] == [(namespace, "loans")]
+    # The reader's table is named in the task's own process before each START (the listener's forked
+    # process cannot always look a connection up): every event has it.
+    for event in events:
+        assert [(d["namespace"], d["name"]) for d in event["inputs"]] == [(namespace, "loans")], event["eventType"]
     assert [(d["namespace"], d["name"]) for d in events[-1]["outputs"]] == [(namespace, "loan_totals")]
     if os.environ.get("RESUMABLE_DOCS_EVENT"):  # the docs' rendered event (docs/how-to/openlineage.md)
         Path(os.environ["RESUMABLE_DOCS_EVENT"]).write_text(json.dumps(events[-1], indent=2))
@@ -218,6 +196,7 @@ def test_a_partitioned_job_s_summary_names_its_partitions_runs_as_one_job_s_part
                    and e["eventType"] == "COMPLETE")
     validators()[0].validate(summary)
     validators()[1].validate(facet(summary))
+    job_dependencies_validator().validate(summary["run"]["facets"]["jobDependencies"])
     partitions = facet(summary)["partitions"]
     assert (partitions["count"], partitions["done"], partitions["failed"]) == (3, 3, [])
     assert [(p["index"], p["job"], p["status"]) for p in partitions["parts"]] == [
@@ -329,3 +308,177 @@ def test_a_query_s_tables_and_a_table_are_named_in_their_connection_s_namespace(
     assert dataset_names(Source("table", "loans", "naming_sqlite")) == [(namespace, "loans")]
     named = dataset_names(Source("table", "public.loans", "naming_pg"))
     assert named == [("postgres://127.0.0.1:1", "warehouse.public.loans")] and "hunter2" not in str(named)
+
+
+# -- naming attacked: odd URLs and connection fields ---------------------------------------------------
+
+ODD_FILES = [
+    "s3://AKIA:se/cr@et@bucket/key.csv?X-Amz-Signature=SECRET#SECRET",
+    "fs://nas?token=SECRET",
+    "https://user:SECRET@[::1]:8080/p?q=SECRET",
+    "s3://key%3ASECRET%40bucket/k",
+    "user:SECRET@host:/path/f.csv",
+    "s3://?token=SECRET",
+    "?token=SECRET",
+    "#SECRET",
+    "s3://",
+    "file:///data/x.csv?key=SECRET",
+    "http://u:p@h;jsessionid=SECRET/x",
+    "HTTP://u:SECRET@H/x#SECRET",
+    "s3://:SECRET@bucket/k",
+    "s3://b/k?token=a@SECRET",
+    "s3://bucket/" + "k" * 10_000_000,
+]
+
+
+@pytest.mark.parametrize("url", ODD_FILES, ids=lambda u: u[:40])
+def test_an_odd_file_url_is_named_without_its_secret_or_left_out_with_a_warning_never_raising(
+    url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Given a file URL with credentials, a query or a fragment however written (or that names no path
+    at all), When its datasets are named, Then no namespace or name holds the secret, none is longer than
+    NAME_LIMIT, nothing raises; a URL that names no dataset is left out with a warning."""
+    import logging
+
+    from airflow_resumable.core.observe import NAME_LIMIT, Source
+    from airflow_resumable.lineage.facets import datasets, look_up
+
+    source = Source("file", url)
+    with caplog.at_level(logging.WARNING):
+        names = look_up([source], logging.getLogger("test_lineage.task"))
+        named = datasets([source], names) + datasets([source], {})  # named in the task's process, or not
+    shown = json.dumps([(d.namespace, d.name) for d in named])
+    assert "SECRET" not in shown + caplog.text and "?" not in shown and "#" not in shown
+    assert all(0 < len(d.name) <= NAME_LIMIT and len(d.namespace) <= NAME_LIMIT for d in named)
+    if not named:
+        assert "names no dataset" in caplog.text
+
+
+@pytest.mark.parametrize("conn", [
+    {"conn_type": "fs", "host": "nas?token=SECRET"},
+    {"conn_type": "fs", "host": "alice:SE/CRET@nas#SECRET", "port": 445},
+    {"conn_type": "fs", "host": "alice%3ASECRET%40nas"},
+    {"conn_type": "sqlite", "host": "/data/x.db?key=SECRET#SECRET"},
+    {"conn_type": "sqlite", "host": "file:/data/x.db?cipher=aes&key=SECRET"},
+    {"conn_type": "postgres", "host": "127.0.0.1?sslpassword=SECRET", "port": 1, "schema": "w", "login": "alice",
+     "password": "SECRET"},
+    {"conn_type": "postgres", "host": "[::1]", "port": 1, "schema": "w", "password": "SECRET"},
+], ids=lambda c: f"{c['conn_type']}:{c['host'][:20]}")
+def test_a_connection_s_host_field_never_puts_a_query_fragment_or_credential_into_a_namespace(
+    conn: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Given a connection whose host field holds a query string, a fragment or credentials (plain or
+    percent-encoded), When a table through it is named, Then its namespace holds none of them."""
+    import logging
+
+    from airflow_resumable.core.observe import Source
+    from airflow_resumable.lineage.facets import datasets, look_up
+    from airflow_resumable.lineage.naming import datasource
+
+    datasource.cache_clear()
+    monkeypatch.setenv("AIRFLOW_CONN_ODD_HOST", json.dumps(conn))
+    source = Source("table", "loans", "odd_host")
+    named = datasets([source], look_up([source], logging.getLogger("test_lineage.task")))
+    datasource.cache_clear()
+    assert len(named) == 1 and named[0].name.endswith("loans")
+    assert "SECRET" not in named[0].namespace and "?" not in named[0].namespace and "#" not in named[0].namespace
+    assert "alice" not in named[0].namespace
+
+
+def test_a_facet_built_from_huge_values_is_valid_against_its_schema_and_small() -> None:
+    """Given an attempt's facts with 10 MB job, slot, stop reason, position and partition bounds, and a
+    summary with 10,000 partitions of huge jobs, When their facets are built, Then each validates against
+    our schema (OpenLineage's ``RunFacet`` as its base) and stays under 20 kB."""
+    from openlineage.client.serde import Serde
+
+    from airflow_resumable.core.observe import AttemptFacts, Part
+    from airflow_resumable.lineage.facets import run_facet
+
+    huge = "x" * 10_000_000
+    facts = AttemptFacts(job=huge, slot=huge, attempt=1, status="cancelled", resumed=True, resumed_from=huge,
+                         position=[huge], processed=1, total=2, skipped=0, stop_reason=huge, checkpoints=1,
+                         partition=Part(job=huge, index=3, count=4, after=huge, until={"k": huge}))
+    built = json.loads(Serde.to_json(run_facet(facts)))
+    validators()[1].validate(built)
+    assert len(built["stopReason"]) == 200 and len(json.dumps(built)) < 20_000
+    parts = [{"index": i, "job": huge, "status": "done", "processed": 1} for i in range(10_000)]
+    summary = json.loads(Serde.to_json(run_facet(facts, partitions={
+        "count": 10_000, "done": 10_000, "failed": [], "parts": [
+            {**p, "job": p["job"][:1000]} for p in parts[:100]], "partsOmitted": 9_900})))
+    validators()[1].validate(summary)
+
+
+def test_a_hundred_and_fifty_outputs_make_an_event_of_a_hundred_and_the_huge_names_cut(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Given an attempt that declared 150 outputs (more than an attempt keeps) with 100 kB file names,
+    When its lineage is built, Then the event names at most MAX_OUTPUTS outputs, each name cut to
+    NAME_LIMIT, and the event's datasets are valid against OpenLineage's schema."""
+    import logging
+
+    from openlineage.client.serde import Serde
+
+    from airflow_resumable.core.observe import MAX_OUTPUTS, NAME_LIMIT, AttemptFacts, Source
+    from airflow_resumable.lineage.facets import operator_lineage
+
+    outputs = tuple(Source("file", f"s3://bucket/{i}-" + "k" * 100_000) for i in range(150))
+    facts = AttemptFacts(job="j", slot="s", attempt=1, status="done", outputs=outputs)
+    lineage = operator_lineage(facts, names={}, log=logging.getLogger("test_lineage.task"))
+    assert len(lineage.outputs) == MAX_OUTPUTS
+    assert {len(d.name) for d in lineage.outputs} == {NAME_LIMIT}
+    datasets = [json.loads(Serde.to_json(d)) for d in lineage.outputs]
+    event = {"eventTime": "2026-02-01T00:00:00+00:00", "producer": "https://example.org/p",
+             "schemaURL": "https://openlineage.io/spec/2-0-2/OpenLineage.json#/$defs/RunEvent", "eventType": "COMPLETE",
+             "run": {"runId": "019c167f-cc00-7fb3-985e-bee1db05d771"}, "job": {"namespace": "n", "name": "j"},
+             "outputs": datasets}
+    validators()[0].validate(event)
+
+
+def test_a_query_too_long_for_the_sql_parser_is_left_out_with_a_warning_not_a_crashed_task(tmp_path: Path) -> None:
+    """Given a query reader's query of 15,000 ``OR`` terms (195 kB: OpenLineage's SQL parser overflows an
+    8 MB stack on it, a segfault that would end the task's process), When its tables are named in a
+    process of its own, Then the process lives on: the query is left out, and the warning says why and
+    what to use instead."""
+    query = "SELECT id FROM loans WHERE " + " OR ".join(f"id = {i}" for i in range(15_000))
+    script = (
+        "import json, logging, sys\n"
+        "logging.basicConfig(level=logging.WARNING, stream=sys.stdout)\n"
+        "from airflow_resumable.core.observe import Source\n"
+        "from airflow_resumable.lineage.facets import look_up\n"
+        "source = Source('query', sys.stdin.read(), 'naming_sqlite')\n"
+        "print('NAMES', json.dumps(look_up([source], logging.getLogger('task'))[source]))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], input=query, capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "AIRFLOW_CONN_NAMING_SQLITE": f"sqlite:///{tmp_path / 'src.db'}"})
+    assert result.returncode == 0, (result.returncode, result.stderr[-3000:])
+    assert "NAMES []" in result.stdout
+    assert "characters long; OpenLineage's SQL parser is given 100,000 at most" in result.stdout
+    assert "ctx.input(table=" in result.stdout
+
+
+def test_a_database_that_does_not_answer_for_its_schema_delays_the_naming_by_the_timeout_only(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Given a PostgreSQL connection whose database never answers the current-schema question, When a
+    table through it is named, Then the name comes within the lookup's timeout, without the schema."""
+    import threading
+    import time
+
+    from airflow.providers.postgres.hooks.postgres import PostgresHook
+
+    from airflow_resumable.core.observe import Source
+    from airflow_resumable.lineage import naming
+
+    released = threading.Event()
+    monkeypatch.setattr(PostgresHook, "get_openlineage_default_schema", lambda self: released.wait(60) and "late")
+    monkeypatch.setattr(naming, "LOOKUP_TIMEOUT", 0.5)
+    monkeypatch.setenv("AIRFLOW_CONN_NAMING_HANG", "postgresql://bob:hunter2@127.0.0.1:1/warehouse")
+    naming.datasource.cache_clear()
+    began = time.monotonic()
+    try:
+        named = naming.dataset_names(Source("table", "loans", "naming_hang"))
+    finally:
+        released.set()
+        naming.datasource.cache_clear()
+    assert time.monotonic() - began < 10
+    assert named == [("postgres://127.0.0.1:1", "loans")]  # no schema to qualify it with

@@ -91,8 +91,9 @@ def test_a_paused_and_resumed_task_has_one_attempt_span_per_execution_nested_und
 def test_a_failed_try_s_span_records_the_error_and_the_retry_s_span_resumes(
     checkpoints: Store, airflow_home: Path, tmp_path: Path
 ) -> None:
-    """Given try 1 raising in its third chunk, When try 2 resumes, Then try 1's span has status
-    ERROR with the exception recorded and a failed stop, and try 2's span resumed from 20."""
+    """Given try 1 raising in its third chunk an error whose text holds a DSN with its password, When
+    try 2 resumes, Then try 1's span has status ERROR with the exception recorded (its type, and its
+    message and traceback without the password) and a failed stop, and try 2's span resumed from 20."""
     import sqlite3
 
     source = tmp_path / "source.db"
@@ -101,13 +102,19 @@ def test_a_failed_try_s_span_records_the_error_and_the_retry_s_span_resumes(
         db.executemany("INSERT INTO loans VALUES (?, ?)", [(i, i) for i in range(1, 51)])
     os.environ["AIRFLOW_CONN_LINEAGE_SOURCE"] = f"sqlite:///{source}"
     try:
-        state, spans = traced_run("ol_loans", tmp_path, conf={"fail": [1, 2]})
+        state, spans = traced_run("ol_loans", tmp_path, conf={
+            "fail": [1, 2], "error": "could not reach postgresql://alice:hunter2@db.example:5432/loans"})
     finally:
         del os.environ["AIRFLOW_CONN_LINEAGE_SOURCE"]
     assert state == "success"
     tries = sorted((s for s in spans if s["name"] == "resumable.attempt"), key=lambda s: s["start"])
     assert [s["attributes"]["resumable.attempt"] for s in tries] == [1, 2]
-    assert tries[0]["status"] == "ERROR" and "exception" in [e["name"] for e in tries[0]["events"]]
+    assert tries[0]["status"] == "ERROR"
+    assert "hunter2" not in json.dumps(tries)
+    error = next(e for e in tries[0]["events"] if e["name"] == "exception")["attributes"]
+    assert error["exception.type"] == "RuntimeError"
+    assert error["exception.message"] == "could not reach postgresql://db.example:5432/loans"
+    assert "RuntimeError: could not reach postgresql://db.example:5432/loans" in error["exception.stacktrace"]
     assert tries[0]["attributes"]["resumable.status"] == "failed"
     assert (tries[1]["status"], tries[1]["attributes"]["resumable.resumed_from"]) == ("UNSET", "20")
 
@@ -122,3 +129,40 @@ def test_without_opentelemetry_an_attempt_runs_untraced(monkeypatch: pytest.Monk
     with tracing.attempt_span(object(), {}) as traced:
         ran.append(traced)
     assert ran == [None]
+
+
+def test_an_error_s_password_never_reaches_the_span_however_the_error_says_it() -> None:
+    """Given an attempt's span (OpenTelemetry's SDK, in-memory exporter), When the attempt raises an
+    error chained to a driver's error, both texts holding passwords (a URL's, a libpq DSN's), Then the
+    span's ``exception`` event names the error's type and keeps the texts without the passwords, and its
+    status description is the type only."""
+    import logging
+
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from airflow_resumable.operators.tracing import AttemptTrace
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = provider.get_tracer("test")
+    span = tracer.start_span("resumable.attempt")
+    traced = AttemptTrace(span, tracer, logging.getLogger("test_tracing"))
+    try:
+        try:
+            raise ConnectionError("host=db user=alice password=s3cret-pw dbname=x: timeout")
+        except ConnectionError as driver:
+            raise RuntimeError("could not reach postgresql://alice:hunter2@db:5432/x?sslkey=k") from driver
+    except RuntimeError as exc:
+        traced.raised(exc)
+    traced.end(None)
+    recorded = next(s for s in exporter.get_finished_spans() if s.name == "resumable.attempt")
+    event = next(e for e in recorded.events if e.name == "exception")
+    assert event.attributes is not None
+    assert event.attributes["exception.message"] == "could not reach postgresql://db:5432/x"
+    assert "password=*** dbname=x: timeout" in str(event.attributes["exception.stacktrace"])
+    assert recorded.status.description == "RuntimeError"
+    everything = str([(e.name, dict(e.attributes or {})) for e in recorded.events]) + str(recorded.attributes)
+    assert "hunter2" not in everything and "s3cret-pw" not in everything and "sslkey" not in everything

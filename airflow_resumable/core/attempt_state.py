@@ -97,6 +97,8 @@ class AttemptState:
         #: What the attempt read (its readers, ``ctx.input()``) and wrote (``ctx.output()``), for lineage.
         self.inputs: list[Source] = []
         self.outputs: list[Source] = []
+        #: The directions ("input", "output") past MAX_OUTPUTS in this attempt (warned of once each).
+        self._declared_over: set[str] = set()
         #: Whether the attempt continued a checkpoint, and from where (set once it began the handler).
         self._resumed: bool | None = None
         self._resumed_from: Any = None

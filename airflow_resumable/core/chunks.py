@@ -15,7 +15,7 @@ from airflow_resumable.core.attempt_state import AttemptState, utcnow
 from airflow_resumable.core.checkpoint import encode, short
 from airflow_resumable.core.errors import ConfigurationError, LeaseLost, Paused, ReaderChanged
 from airflow_resumable.core.lent import TransactionConnection
-from airflow_resumable.core.observe import MAX_OUTPUTS, Source
+from airflow_resumable.core.observe import MAX_OUTPUTS, Source, cut_text
 from airflow_resumable.core.options import wait_seconds
 from airflow_resumable.core.readers.base import differences
 from airflow_resumable.core.signal import Reason
@@ -163,21 +163,20 @@ class Chunks(AttemptState):
     def declare(self, direction: str, source: Source) -> None:
         """Add ``source`` to this attempt's ``inputs`` or ``outputs`` (``direction``), once: what a
         reader reads (its first read in the attempt) and what ``ctx.input()``/``ctx.output()`` name.
-
-        Raises:
-            ConfigurationError: the attempt declared :data:`~airflow_resumable.core.observe.MAX_OUTPUTS`
-                of that direction already.
-        """
+        Past :data:`~airflow_resumable.core.observe.MAX_OUTPUTS` of a direction, the others are left
+        out of the lineage events, with one warning in the attempt: lineage never fails a task."""
         declared = self.inputs if direction == "input" else self.outputs
         if source in declared:
             return
         if len(declared) >= MAX_OUTPUTS:
-            raise ConfigurationError(
-                f"more than {MAX_OUTPUTS} different {direction}s were declared in one attempt",
-                job=self.job, slot=self.slot,
-                hint="Name the tables or files the handler reads or writes (a prefix for many files), not each row "
-                "or object",
-            )
+            if direction not in self._declared_over:
+                self._declared_over.add(direction)
+                self.log.warning(
+                    "lineage: more than %s different %ss were declared in this attempt; the others (%s %s, ...) are "
+                    "left out of its lineage events. Name the tables or files the handler reads or writes (a prefix "
+                    "for many files), not each row or object [job=%s slot=%s]", MAX_OUTPUTS, direction, source.kind,
+                    cut_text(source.name, 80), self.job, self.slot)
+            return
         declared.append(source)
 
     def savepoint(self) -> AbstractContextManager[None]:

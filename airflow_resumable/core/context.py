@@ -58,8 +58,8 @@ class AttemptCalls(Protocol):
     def declare(self, direction: str, source: Source) -> None:
         """Add ``source`` to what this attempt reads (``"input"``) or writes (``"output"``), for lineage.
 
-        Raises:
-            ConfigurationError: more than :data:`~airflow_resumable.core.observe.MAX_OUTPUTS` of them.
+        Past :data:`~airflow_resumable.core.observe.MAX_OUTPUTS` of them, the others are left out of
+        the lineage events (one warning per attempt); it never raises.
         """
 
     def use_reader(self, identity: dict[str, Any]) -> None:
@@ -216,8 +216,9 @@ class RunContext:
         Without the OpenLineage provider it changes nothing.
 
         Raises:
-            ConfigurationError: neither or both of ``table`` and ``file``, an empty name, or more
-                than 100 inputs in one attempt.
+            ConfigurationError: neither or both of ``table`` and ``file``, or an empty name. Past
+                100 inputs in one attempt, the others are left out of the lineage events (one warning), the
+                task goes on.
         """
         self._attempt.declare("input", self._source("input", table, file, connection))
 
@@ -228,8 +229,9 @@ class RunContext:
         the same output twice counts once. Without the OpenLineage provider it changes nothing.
 
         Raises:
-            ConfigurationError: neither or both of ``table`` and ``file``, an empty name, or more
-                than 100 outputs in one attempt.
+            ConfigurationError: neither or both of ``table`` and ``file``, or an empty name. Past
+                100 outputs in one attempt, the others are left out of the lineage events (one warning), the
+                task goes on.
         """
         self._attempt.declare("output", self._source("output", table, file, connection))
 

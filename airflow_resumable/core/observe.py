@@ -19,15 +19,23 @@ import re
 from typing import Any, Literal
 
 __all__ = [
-    "MAX_OUTPUTS", "VALUE_LIMIT", "AttemptFacts", "Part", "Source", "cut_text", "cut_value", "without_credentials",
+    "MAX_OUTPUTS", "NAME_LIMIT", "REASON_LIMIT", "TEXT_LIMIT", "VALUE_LIMIT", "AttemptFacts", "Part", "Source",
+    "cut_text", "cut_value", "without_credentials", "without_credentials_in",
 ]
 
 #: The longest position (and partition bound) an event carries whole, in characters of JSON.
 VALUE_LIMIT = 200
-#: The longest text (a query, a name) an event carries whole, in characters.
+#: The longest text (a job, a slot, a name) an event carries, in characters, the cut's ``...`` included.
 TEXT_LIMIT = 1000
-#: The most inputs (and the most outputs) one attempt declares; more are refused with a clear error.
+#: The longest dataset namespace and dataset name an event carries (a longer one is cut to this).
+NAME_LIMIT = TEXT_LIMIT
+#: The longest stop reason an event carries (the facet schema's ``stopReason`` ``maxLength``).
+REASON_LIMIT = 200
+#: The most inputs (and the most outputs) one attempt's events name; the others are left out, with one
+#: warning per attempt (the task is not affected).
 MAX_OUTPUTS = 100
+#: What ends a cut text.
+ELLIPSIS = "..."
 
 Kind = Literal["table", "query", "file"]
 KINDS: tuple[str, ...] = ("table", "query", "file")
@@ -43,12 +51,18 @@ def cut_value(value: Any, *, marker: str, limit: int = 200) -> tuple[Any, int | 
     text = json.dumps(value, default=str)  # ASCII (ensure_ascii): characters are bytes
     if len(text) <= limit:
         return value, None
-    return {marker: True, "bytes": len(text), "preview": text[:limit] + "..."}, len(text)
+    return {marker: True, "bytes": len(text), "preview": cut_text(text, limit + len(ELLIPSIS))}, len(text)
 
 
 def cut_text(text: str, limit: int = TEXT_LIMIT) -> str:
-    """``text``, or its first ``limit`` characters and ``...`` when longer."""
-    return text if len(text) <= limit else text[:limit] + "..."
+    """``text``, or, when longer than ``limit`` characters, its start and ``...``: never more than
+    ``limit`` characters in all (a schema's ``maxLength: limit`` holds). Every cut of an event's text
+    goes through here."""
+    if len(text) <= limit:
+        return text
+    if limit < len(ELLIPSIS):
+        return text[:max(limit, 0)]
+    return text[:limit - len(ELLIPSIS)] + ELLIPSIS
 
 
 def without_credentials(url: str) -> str:
@@ -73,6 +87,48 @@ def without_credentials(url: str) -> str:
         rest = host.lower() + slash + path
     rest = re.sub(r";[^/]*", "", rest)  # path parameters (;jsessionid=...)
     return f"{scheme}{sep}{rest}"
+
+
+# Each starts only where a run of its characters starts (the look-behinds): linear in the text's length,
+# a 10 MB message included (without them, a long run of letters took quadratic time).
+_URL_IN_TEXT = re.compile(r"(?<![A-Za-z0-9+.-])[A-Za-z][A-Za-z0-9+.-]*://\S+")
+_URL_TAIL = re.compile(r"[\'\")\]}>.,;:!]+$")
+_PAIR_IN_TEXT = re.compile(r"(?<![A-Za-z0-9_.-])([A-Za-z0-9_.-]+)([\'\"]?[ \t]*[=:][ \t]*[\'\"]?)")
+_PAIR_VALUE = re.compile(r"[^\s\'\",;&]+")
+_SECRET_KEY = re.compile(r"password|passwd|pwd|secret|token|api[_-]?key|access[_-]?key|credential", re.IGNORECASE)
+
+
+def without_credentials_in(text: str, limit: int | None = None) -> str:
+    """A free text (an error's message, a traceback) without the credentials it may hold: each URL in it
+    goes through :func:`without_credentials` (its user, password, query and fragment dropped), and the
+    value of each ``password=``/``token:``/``"secret": "..."``-like pair becomes ``***``. What it cannot
+    see: a secret written with no URL or key around it, or a password holding a space.
+
+    With a ``limit``, the result is at most ``limit`` characters (:func:`cut_text`), and only the start
+    of a longer text is read: the word the limit falls in is dropped whole, so no half of a URL (its
+    ``@`` beyond the limit) is left to keep its password.
+    """
+    if limit is not None and len(text) > limit:
+        start = text[:limit + 1]
+        text = start[:max(start.rfind(" "), start.rfind("\n"), start.rfind("\t"), 0)] + ELLIPSIS
+    def url(match: re.Match[str]) -> str:
+        token = match.group(0)
+        tail = _URL_TAIL.search(token)
+        end = tail.start() if tail else len(token)
+        return without_credentials(token[:end]) + token[end:]
+
+    text = _URL_IN_TEXT.sub(url, text)
+    out: list[str] = []
+    at = 0
+    while (match := _PAIR_IN_TEXT.search(text, at)) is not None:
+        out.append(text[at:match.end()])
+        at = match.end()
+        value = _PAIR_VALUE.match(text, at) if _SECRET_KEY.search(match.group(1)) else None
+        if value is not None:  # else its value may be the next pair's key (``Authorization: token: ...``)
+            out.append("***")
+            at = value.end()
+    scrubbed = "".join(out) + text[at:]
+    return scrubbed if limit is None else cut_text(scrubbed, limit)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -151,11 +207,15 @@ class AttemptFacts:
 
     def as_json(self) -> dict[str, Any]:
         """The facts as plain JSON, small: positions and bounds over :data:`VALUE_LIMIT` characters of
-        JSON become ``{"truncated": true, "bytes": n, "preview": ...}``; None values are left out."""
+        JSON become ``{"truncated": true, "bytes": n, "preview": ...}``, the stop reason is cut to
+        :data:`REASON_LIMIT` characters and names to :data:`TEXT_LIMIT` (:func:`cut_text`); None
+        values are left out."""
         out: dict[str, Any] = {"job": cut_text(self.job), "slot": None if self.slot is None else cut_text(self.slot),
                                "attempt": self.attempt, "status": self.status, "resumed": self.resumed,
                                "processed": self.processed, "total": self.total, "skipped": self.skipped,
-                               "stop_reason": self.stop_reason, "checkpoints": self.checkpoints}
+                               "stop_reason": None if self.stop_reason is None else cut_text(self.stop_reason,
+                                                                                             REASON_LIMIT),
+                               "checkpoints": self.checkpoints}
         for name in ("resumed_from", "position"):
             if getattr(self, name) is not None:
                 out[name] = cut_value(getattr(self, name), marker="truncated", limit=VALUE_LIMIT)[0]

@@ -4,6 +4,7 @@ Imported only when the OpenLineage provider calls a resumable task (it needs the
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
@@ -12,9 +13,11 @@ from attrs import define
 from openlineage.client.event_v2 import Dataset
 from openlineage.client.facet_v2 import RunFacet, job_dependencies_run
 
-from airflow_resumable.core.observe import AttemptFacts, Source, cut_text
+from airflow_resumable.core.observe import MAX_OUTPUTS, AttemptFacts, Source, cut_text, without_credentials_in
 from airflow_resumable.lineage import FACET_NAME, PRODUCER, SCHEMA_URL
 from airflow_resumable.lineage.naming import dataset_names
+
+_LOG = logging.getLogger(__name__)
 
 __all__ = ["MAX_PARTS", "ResumableRunFacet", "datasets", "look_up", "operator_lineage", "run_facet",
            "summary_lineage"]
@@ -54,7 +57,7 @@ def run_facet(facts: AttemptFacts, *, partitions: dict[str, Any] | None = None) 
         producer=PRODUCER, job=j["job"], status=j["status"], slot=j.get("slot"), attempt=j.get("attempt"),
         resumed=j.get("resumed"), resumedFrom=j.get("resumed_from"), position=j.get("position"),
         processed=j.get("processed"), total=j.get("total"), skipped=j.get("skipped"),
-        stopReason=None if facts.stop_reason is None else cut_text(facts.stop_reason, 200),
+        stopReason=j.get("stop_reason"),
         checkpoints=j.get("checkpoints"), partition=j.get("partition"), partitions=partitions,
     )
 
@@ -71,7 +74,7 @@ def look_up(sources: Iterable[Source], log: Any) -> dict[Source, list[tuple[str,
         except Exception as exc:
             out[src] = []
             log.warning("OpenLineage: could not name the %s (connection %r: %s: %s); its events go without it",
-                        what, src.connection, type(exc).__name__, cut_text(str(exc), 200))
+                        what, src.connection, type(exc).__name__, without_credentials_in(str(exc), 200))
             continue
         if not out[src] and src.connection is None:
             log.info("OpenLineage: the %s has no Airflow connection to name its datasource by (a reader on a plain "
@@ -80,17 +83,19 @@ def look_up(sources: Iterable[Source], log: Any) -> dict[Source, list[tuple[str,
     return out
 
 
-def datasets(sources: Iterable[Source], names: dict[Source, list[tuple[str, str]]]) -> list[Dataset]:
-    """The datasets of ``sources``, each once: as :func:`look_up` named them in the task's process,
-    else a file (its name needs no lookup); a table or query not named there is left out."""
+def datasets(sources: Iterable[Source], names: dict[Source, list[tuple[str, str]]], log: Any = None,
+             *, limit: int = MAX_OUTPUTS) -> list[Dataset]:
+    """The datasets of ``sources``, each once, at most ``limit``: as :func:`look_up` named them in the
+    task's process, else a file (its name needs no lookup); a table or query not named there, or a
+    file that cannot be named (logged), is left out."""
     out: list[Dataset] = []
     seen: set[tuple[str, str]] = set()
     for src in sources:
         found = names.get(src)
-        if found is None:
-            found = dataset_names(src) if src.kind == "file" else []
-        for namespace, name in found:
-            if (namespace, name) not in seen:
+        if found is None and src.kind == "file":
+            found = look_up([src], log or _LOG)[src]
+        for namespace, name in found or ():
+            if (namespace, name) not in seen and len(out) < limit:
                 seen.add((namespace, name))
                 out.append(Dataset(namespace=namespace, name=name))
     return out
@@ -104,7 +109,8 @@ def _outlets(outlets: Sequence[Any], log: Any) -> list[Dataset]:
         try:
             dataset = ExtractorManager.convert_to_ol_dataset(outlet)
         except Exception as exc:
-            log.warning("OpenLineage: could not turn the outlet %r into a dataset (%s)", outlet, exc)
+            log.warning("OpenLineage: could not turn the outlet %s into a dataset (%s)", cut_text(repr(outlet), 200),
+                        without_credentials_in(str(exc), 200))
             continue
         if dataset is not None:
             out.append(dataset)
@@ -118,10 +124,10 @@ def operator_lineage(facts: AttemptFacts, *, inputs: Iterable[Source] = (), outl
     named as :func:`look_up` named them."""
     from airflow_resumable.version_compat import OperatorLineage
 
-    outputs = datasets(facts.outputs, names)
+    outputs = datasets(facts.outputs, names, log)
     seen = {(d.namespace, d.name) for d in outputs}
     outputs += [d for d in _outlets(outlets, log) if (d.namespace, d.name) not in seen]
-    return OperatorLineage(inputs=datasets([*inputs, *facts.inputs], names), outputs=outputs,
+    return OperatorLineage(inputs=datasets([*inputs, *facts.inputs], names, log), outputs=outputs,
                            run_facets={FACET_NAME: run_facet(facts)})
 
 
@@ -132,7 +138,7 @@ def summary_lineage(facts: AttemptFacts, parts: Sequence[dict[str, Any]], *, cou
     (partition ``i``'s last try of task ``task_id``, map index ``i``) as upstream of the summary."""
     from airflow_resumable.version_compat import OpenLineageAdapter, OperatorLineage, openlineage_conf
 
-    shown = list(parts[:MAX_PARTS])
+    shown = [{**part, "job": cut_text(str(part["job"]))} if "job" in part else part for part in parts[:MAX_PARTS]]
     partitions = {**counts, "parts": shown, "partsOmitted": max(0, len(parts) - MAX_PARTS) or None}
     partitions = {k: v for k, v in partitions.items() if v is not None}
     job = job_dependencies_run.JobIdentifier(namespace=openlineage_conf.namespace(), name=f"{dag_id}.{task_id}")

@@ -10,9 +10,10 @@ Building an answer never fails the task: a failure is logged, and the event goes
 The listener calls them in a forked process (or a thread) of the task's. Naming a table's
 datasource means looking its Airflow connection up, which a forked process cannot always do (its
 request to the worker's supervisor may never be answered: the event is then lost after
-``[openlineage] execution_timeout``). So the names are looked up in the task's own process, at
-the end of each execution, only when the provider listens (:func:`lineage_listening`); the start
-event, made before any execution, carries the facet and the inputs that need no lookup (files).
+``[openlineage] execution_timeout``). So the names are looked up in the task's own process, only
+when the provider listens (:func:`lineage_listening`): the reader's once the task's arguments are
+rendered (``render_template_fields``, which Airflow's task runner calls just before the listener's
+START), what the attempt read and wrote at the end of each execution.
 """
 
 from __future__ import annotations
@@ -64,6 +65,13 @@ class OpenLineageMethods:
     def get_openlineage_facets_on_failure(self, task_instance: Any) -> Any:
         """The failure event's lineage: the attempt's facts (where it stopped, and why)."""
         return self._openlineage(task_instance, status="failed")
+
+    def render_template_fields(self, context: Any, jinja_env: Any = None) -> None:
+        """Airflow's rendering of the task's arguments, then (in the task's own process, before the
+        provider's START event) the naming of what the task's reader reads: so START carries the
+        reader's table too."""
+        super().render_template_fields(context, jinja_env)  # type: ignore[misc]
+        self._name_datasets(None)
 
     # -- what the operators fill in ------------------------------------------------------------
 

@@ -437,7 +437,12 @@ class ChunkedOperator(ResumableOperator):
         return chunked_problems(self._chunked())
 
     def _known_inputs(self) -> list[Source]:
-        source = self.read.source() if isinstance(self.read, Reader) else None
+        try:
+            source = self.read.source() if isinstance(self.read, Reader) else None
+        except Exception as exc:  # a reader of one's own: lineage never fails a task
+            self.log.warning("OpenLineage: could not name what this task's reader reads (%s); its events go without "
+                             "it", type(exc).__name__)
+            return []
         return [] if source is None else [source]
 
     def _call_problems(self, keywords: Collection[str] | None, context: Context | None) -> list[str]:

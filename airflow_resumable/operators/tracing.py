@@ -25,13 +25,21 @@ tracing failure never fails the task: it is logged once, and the attempt goes on
 from __future__ import annotations
 
 import json
+import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 from airflow_resumable import __version__
 from airflow_resumable.core.checkpoint import Checkpoint
-from airflow_resumable.core.observe import AttemptFacts, cut_value
+from airflow_resumable.core.observe import (
+    REASON_LIMIT,
+    TEXT_LIMIT,
+    AttemptFacts,
+    cut_text,
+    cut_value,
+    without_credentials_in,
+)
 from airflow_resumable.core.progress import Progress
 
 try:
@@ -48,6 +56,8 @@ SPAN_ATTEMPT, SPAN_ACQUIRE = "resumable.attempt", "resumable.acquire"
 MAX_CHECKPOINT_EVENTS = 100
 #: A position longer than this, as JSON, goes as a preview in a span attribute.
 VALUE_LIMIT = 200
+#: The longest traceback an ``exception`` event carries, in characters (its end is cut).
+STACK_LIMIT = 20_000
 
 
 def _json(value: Any) -> str:
@@ -56,18 +66,27 @@ def _json(value: Any) -> str:
     return json.dumps(shown, default=str)
 
 
+def _message(exc: BaseException) -> str:
+    """``str(exc)``, or what stands for it when its ``__str__`` raises."""
+    try:
+        return str(exc)
+    except Exception:
+        return f"<{type(exc).__name__}: its message could not be read>"
+
+
 def facts_attributes(facts: AttemptFacts) -> dict[str, Any]:
     """The attempt's facts as ``resumable.*`` span attributes (None values left out)."""
     attributes: dict[str, Any] = {
         "resumable.status": facts.status, "resumable.resumed": facts.resumed,
         "resumable.processed": facts.processed, "resumable.total": facts.total,
-        "resumable.skipped": facts.skipped, "resumable.stop_reason": facts.stop_reason,
+        "resumable.skipped": facts.skipped,
+        "resumable.stop_reason": None if facts.stop_reason is None else cut_text(facts.stop_reason, REASON_LIMIT),
         "resumable.checkpoints": facts.checkpoints,
         "resumable.resumed_from": None if facts.resumed_from is None else _json(facts.resumed_from),
         "resumable.position": None if facts.position is None else _json(facts.position),
     }
     if facts.partition is not None:
-        attributes.update({"resumable.partition.job": facts.partition.job,
+        attributes.update({"resumable.partition.job": cut_text(facts.partition.job),
                            "resumable.partition.index": facts.partition.index,
                            "resumable.partition.count": facts.partition.count})
     return {k: v for k, v in attributes.items() if v is not None}
@@ -129,7 +148,9 @@ class AttemptTrace:
         """The attempt ended (any status) and gave the lease back."""
         def record() -> None:
             self._end_acquire()
-            attributes = {"resumable.status": cp.status, "resumable.stop_reason": cp.stop_reason,
+            attributes = {"resumable.status": cp.status,
+                          "resumable.stop_reason": None if cp.stop_reason is None else cut_text(cp.stop_reason,
+                                                                                                REASON_LIMIT),
                           "resumable.processed": cp.processed, "resumable.total": cp.total}
             self.span.add_event("resumable.stop", {k: v for k, v in attributes.items() if v is not None})
         self._guard(record)
@@ -149,9 +170,22 @@ class AttemptTrace:
             elif isinstance(exc, AirflowSkipException):
                 self.span.add_event("resumable.skip", {"resumable.overlap": "skip"})
             else:
-                self.span.record_exception(exc)
-                self.span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}"))
+                self._record_exception(exc)
+                self.span.set_status(Status(StatusCode.ERROR, type(exc).__name__))
         self._guard(record)
+
+    def _record_exception(self, exc: BaseException) -> None:
+        """OpenTelemetry's ``exception`` event (its semantic conventions' attributes), with the message and
+        the traceback passed through :func:`~airflow_resumable.core.observe.without_credentials_in` and cut:
+        an error's text may hold a DSN with its password (``span.record_exception`` would send it as it is)."""
+        trace = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        kind = type(exc).__qualname__
+        self.span.add_event("exception", {
+            "exception.type": kind if type(exc).__module__ == "builtins" else f"{type(exc).__module__}.{kind}",
+            "exception.message": without_credentials_in(_message(exc), TEXT_LIMIT),
+            "exception.stacktrace": without_credentials_in(trace, STACK_LIMIT),
+            "exception.escaped": True,
+        })
 
     def end(self, facts: AttemptFacts | None) -> None:
         def record() -> None:
@@ -180,7 +214,7 @@ def attempt_span(operator: Any, context: Any) -> Iterator[AttemptTrace | None]:
         ti = context["ti"]
         tracer = _trace.get_tracer(TRACER_NAME, __version__)
         span = tracer.start_span(SPAN_ATTEMPT, attributes={
-            "resumable.job": operator.job_name(context), "resumable.slot": slot_of(context)[0],
+            "resumable.job": cut_text(operator.job_name(context)), "resumable.slot": cut_text(slot_of(context)[0]),
             "resumable.attempt": ti.try_number, "airflow.dag_id": ti.dag_id, "airflow.task_id": ti.task_id,
             "airflow.dag_run.run_id": ti.run_id, "airflow.task_instance.try_number": ti.try_number,
             "airflow.task_instance.map_index": getattr(ti, "map_index", -1) if getattr(ti, "map_index", None) is not None

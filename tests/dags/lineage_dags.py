@@ -2,7 +2,7 @@
 through an Airflow connection (``lineage_source``), a handler-owned loop under ``@task.resumable``,
 a partitioned job, and a task that pauses and resumes.
 
-conf keys: ``fail`` ([attempt, chunk] to raise in), ``position_bytes`` (a position that large, to see
+conf keys: ``fail`` ([attempt, chunk] to raise in), ``error`` (the raised error's text), ``position_bytes`` (a position that large, to see
 it cut).
 """
 
@@ -30,7 +30,7 @@ def add_loans(ctx: RunContext, batch: list[Any]) -> None:
     ctx.state["sum"] = ctx.state.get("sum", 0) + sum(row[1] for row in batch)
     fail = _conf().get("fail")
     if fail and [ctx.attempt, ctx.processed // len(batch)] == list(fail):
-        raise RuntimeError("injected failure")
+        raise RuntimeError(_conf().get("error", "injected failure"))
 
 
 with DAG("ol_loans", schedule="@daily", start_date=START, catchup=False) as ol_loans:

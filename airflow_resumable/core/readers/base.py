@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_resumable.core.checkpoint import short
 from airflow_resumable.core.errors import ConfigurationError
-from airflow_resumable.core.observe import Source
+from airflow_resumable.core.observe import Source, without_credentials_in
 from airflow_resumable.core.readers.keys import json_key
 
 if TYPE_CHECKING:
@@ -107,7 +107,15 @@ class Reader(abc.ABC):
             self._ctx = ctx
             reading = getattr(ctx, "reading", None)  # a RunContext; a test's stand-in may have none
             if reading is not None:
-                reading(self.source())
+                try:  # lineage never fails a task: a source that cannot be named is left out, with a warning
+                    source = self.source()
+                except Exception as exc:
+                    source = None
+                    log = getattr(ctx, "log", None)
+                    if log is not None:
+                        log.warning("lineage: could not name what this reader reads (%s: %s); its lineage events go "
+                                    "without it", type(exc).__name__, without_credentials_in(str(exc), 200))
+                reading(source)
 
     @abc.abstractmethod
     def read(self, ctx: RunContext, after: Any, limit: int) -> Batch:
