@@ -63,8 +63,10 @@ class Loan:
     handler may still use it.
 
     Attributes:
-        marker: the savepoint the run opens first in each chunk's transaction and releases when it
-            commits: gone means the transaction was ended (or rolled back) behind the run's back.
+        marker: PostgreSQL: the savepoint the run opens first in each chunk's transaction (its
+            witness follows it) and releases when it commits: gone means the transaction was ended
+            behind the run's back. SQLite: in a comment of the run's ``BEGIN``, so that its text is
+            not one the handler sends by chance. Never shown in a message.
         item: the savepoint of ``ctx.savepoint()`` blocks.
         active: False once the handler has returned: the handles refuse to run anything.
     """
