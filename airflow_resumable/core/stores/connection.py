@@ -108,8 +108,9 @@ _UNDONE = ("the chunk's writes were rolled back behind the run's back (a rollbac
 
 def _witnessed(token: str) -> str:
     """The statement that sets the chunk's witness (undone by any rollback to before it, gone once
-    the transaction ends)."""
-    return f"SELECT set_config('{WITNESS_SETTING}', '{token}', true)"
+    the transaction ends). ``SET LOCAL``: a utility statement, not planned (a few µs less than
+    ``set_config()`` per chunk)."""
+    return f"SET LOCAL {WITNESS_SETTING} = '{token}'"
 
 
 def _check_witness(token: str) -> str:
