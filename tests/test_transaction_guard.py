@@ -654,6 +654,7 @@ def test_code_that_calls_itself_a_driver_module_still_gets_the_handle(driver_sto
         ("raw session characteristics", ("psycopg2", "psycopg3"), "done"),
         ("raw transaction read only", ("psycopg2", "psycopg3"), "failed"),
         ("raw query_only", ("sqlite",), "failed"),
+        ("raw read only then fail", ("psycopg2", "psycopg3"), "failed"),
     ] for k in kinds],
     indirect=["driver_store"],
 )
@@ -661,6 +662,7 @@ def test_a_session_made_read_only_behind_the_run_s_back_never_leaves_the_row_run
     driver_store: Store, misdeed: str, ends: str
 ) -> None:
     # Given attempt 1 making the session read-only through the driver's own connection mid-chunk
+    # (and, for one of them, failing as the next chunk starts)
     first = _attempt(driver_store, misdeed, "checkpoint")
     assert "done: the misdeed went through" in first.stdout, first.stdout + first.stderr[-3000:]
     row = _row(driver_store)
@@ -669,6 +671,9 @@ def test_a_session_made_read_only_behind_the_run_s_back_never_leaves_the_row_run
     assert row.status == ends, (row.status, first.stdout + first.stderr[-3000:])
     if ends == "failed":
         assert first.returncode == 4 and row.last_error and "read" in row.last_error.lower(), row.last_error
+        assert "read" in first.stdout.split("error: ", 1)[1].lower(), first.stdout
+    if misdeed.endswith("then fail"):
+        assert (row.position, "handler failed after" in row.last_error) == (15, True), row
     # When attempt 2 resumes, then every item is in the sink exactly once
     _resume(driver_store)
     assert sink(driver_store) == list(range(ITEMS)) and _row(driver_store).status == "done"

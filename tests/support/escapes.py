@@ -189,6 +189,14 @@ def _raw_setting(*texts: str) -> Callable[[Any, Any], None]:
     return misdeed
 
 
+def _read_only_then_fail(ctx: Any, cur: Any) -> None:
+    """The session made read-only for its next transactions (committed with the chunk's
+    checkpoint), and the handler fails as the next chunk starts: the run records the failure in a
+    transaction the driver opens."""
+    _raw_setting("SET SESSION CHARACTERISTICS AS TRANSACTION READ ONLY")(ctx, cur)
+    SEEN["fail"] = "at the next chunk"
+
+
 #: Misdeeds that first look at something when their chunk starts, before its first write.
 PEEKS: dict[str, Callable[[Any, Any], None]] = {"descriptor rollback to": _peek_activity}
 
@@ -223,6 +231,7 @@ MISDEEDS: dict[str, Callable[[Any, Any], None]] = {
     "raw session characteristics": _raw_setting("SET SESSION CHARACTERISTICS AS TRANSACTION READ ONLY"),
     "raw transaction read only": _raw_setting("SET transaction_read_only = on"),
     "raw query_only": _raw_setting("PRAGMA query_only = 1"),
+    "raw read only then fail": _read_only_then_fail,
 }
 
 
@@ -255,6 +264,8 @@ def handler(misdeed: str | None, *, then: str = "checkpoint", swallow: bool = Tr
     def run(ctx: Any) -> int:
         i = ctx.position or 0
         while i < ITEMS:
+            if SEEN.get("fail"):
+                raise RuntimeError("the handler failed after making the session read-only")
             cur = ctx.transaction().cursor()
             for item in range(i, i + CHUNK):
                 if misdeed in PEEKS and item == BAD_CHUNK * CHUNK:
