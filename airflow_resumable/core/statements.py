@@ -48,10 +48,12 @@ RUN_SAVEPOINTS = "resumable_"
 #: Texts longer than this are judged every time (a ``execute_values`` page is unique anyway).
 CACHED_LENGTH = 8192
 
-#: A transaction statement needs one of these words as a keyword token; PostgreSQL folds only ASCII
-#: letters to match keywords, so a text without any of them (in any case) holds no such statement.
-#: (``str.lower()`` turns every ASCII capital into its small letter; what else it turns into ASCII
-#: letters only adds matches, and a match only means the text is parsed.)
+#: A statement the check refuses needs one of these words: a transaction statement's keyword, or the
+#: name of a guarded setting or function (an identifier: as written, or spelled with Unicode escapes,
+#: ``U&"..."``). PostgreSQL folds only ASCII letters to match keywords and identifiers, so a text
+#: without any of them (in any case) holds no such statement. (``str.lower()`` turns every ASCII
+#: capital into its small letter; what else it turns into ASCII letters only adds matches, and a
+#: match only means the text is parsed.)
 _WORDS = ("begin", "start", "commit", "end", "abort", "rollback", "savepoint", "release", "prepare", "read_only",
           "transaction", "set_config", "current_setting", "resumable", "reset", "u&")
 
