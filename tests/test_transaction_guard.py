@@ -476,13 +476,14 @@ def test_a_transactional_checkpoint_on_postgresql_costs_no_extra_round_trip(pg_p
     assert per_chunk[1:] == [{"statements": 3, "begins": 0, "commits": 0}] * 6
 
 
-@pytest.mark.parametrize("misdeed", ["cursor connection rollback", "raw rollback"])
+@pytest.mark.parametrize("misdeed", ["cursor connection rollback", "raw rollback", "raw rollback and begin"])
 def test_through_dag_test_a_refused_chunk_fails_the_task_and_the_next_run_writes_it_once(
     checkpoints: Store, run_dag: Any, misdeed: str
 ) -> None:
     # Given a DAG whose handler rolls the chunk's transaction back in its third chunk: through the
-    # cursor's connection (refused at once), or through the driver's own (found at the checkpoint);
-    # on PostgreSQL the Postgres provider's hook connects, with psycopg 3
+    # cursor's connection (refused at once), or through the driver's own (found at the checkpoint; then
+    # also with a new transaction dressed as the chunk's, found by its witness); on PostgreSQL the
+    # Postgres provider's hook connects, with psycopg 3
     make_sink(checkpoints)
     day = "2026-03-01T00:00:00+00:00"
     first = run_dag("rt_guard", conf={"misdeed": misdeed}, logical_date=_day(day))
