@@ -13,6 +13,7 @@ Postgres provider's hook), where the row applies.
 from __future__ import annotations
 
 import io
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -310,12 +311,23 @@ PG_REFUSED = [
     "SELECT name'\\'; COMMIT; --'", "SELECT ARRAY[']']; COMMIT; --'", "SELECT $é$'$é$; COMMIT; --'",
     "SELECT $q$ ; end $q$; commit", "select 1;\n  begin", "ROLLBACK TO SAVEPOINT resumable_item",
     'RELEASE "resumable_chunk_1"', "SAVEPOINT resumable_mine",
+    # read-only sessions (the run could record neither its checkpoint nor its failure) and the run's witness
+    "SET default_transaction_read_only = on", "SET SESSION default_transaction_read_only TO on",
+    "SET LOCAL transaction_read_only = on", "SET transaction_read_only TO on", "SET TRANSACTION READ ONLY",
+    "SET SESSION CHARACTERISTICS AS TRANSACTION READ ONLY", "RESET ALL", 'SET "DEFAULT_TRANSACTION_READ_ONLY" = on',
+    "SELECT set_config('default_transaction_read_only', 'on', false)", "SELECT set_config('resumable.chunk', 'x', true)",
+    "SELECT pg_catalog.set_config('resumable.chunk', 'x', true)", "SET LOCAL resumable.chunk = 'x'",
+    "RESET resumable.chunk", "SELECT current_setting('resumable.chunk', true)",
+    "SELECT set_config(lower('RESUMABLE.CHUNK'), 'x', true)",
+    r'SELECT U&"set\005fconfig"(' + "'resumable.chunk', 'x', true)",
 ]
 PG_ALLOWED = [
     "SELECT 1 /* ; commit /* nested */ ; */", "SELECT E'\\'; commit'", "SELECT 'x; commit'", 'SELECT 1 AS "commit"',
     "SELECT $$; commit$$", "DO $$ BEGIN PERFORM 1; END $$", "SAVEPOINT mine", "ROLLBACK TO SAVEPOINT mine",
     "RELEASE SAVEPOINT mine", "PREPARE p AS SELECT 1", "DEALLOCATE p", "SELECT 1 /* /* */ COMMIT --*/",
     "UPDATE sink SET item = CASE WHEN item = 1 THEN 1 END WHERE false",
+    "SET LOCAL statement_timeout = '5s'", "SELECT current_setting('TimeZone')", "SET LOCAL work_mem = '8MB'",
+    "SELECT set_config('application_name', 'mine', true)", "SELECT 'set_config(''resumable.chunk'')'",
 ]
 
 
@@ -464,13 +476,14 @@ def test_a_transactional_checkpoint_on_postgresql_costs_no_extra_round_trip(pg_p
     assert per_chunk[1:] == [{"statements": 3, "begins": 0, "commits": 0}] * 6
 
 
-@pytest.mark.parametrize("misdeed", ["cursor connection rollback", "raw rollback"])
+@pytest.mark.parametrize("misdeed", ["cursor connection rollback", "raw rollback", "raw rollback and begin"])
 def test_through_dag_test_a_refused_chunk_fails_the_task_and_the_next_run_writes_it_once(
     checkpoints: Store, run_dag: Any, misdeed: str
 ) -> None:
     # Given a DAG whose handler rolls the chunk's transaction back in its third chunk: through the
-    # cursor's connection (refused at once), or through the driver's own (found at the checkpoint);
-    # on PostgreSQL the Postgres provider's hook connects, with psycopg 3
+    # cursor's connection (refused at once), or through the driver's own (found at the checkpoint; then
+    # also with a new transaction dressed as the chunk's, found by its witness); on PostgreSQL the
+    # Postgres provider's hook connects, with psycopg 3
     make_sink(checkpoints)
     day = "2026-03-01T00:00:00+00:00"
     first = run_dag("rt_guard", conf={"misdeed": misdeed}, logical_date=_day(day))
@@ -525,3 +538,171 @@ def test_a_library_s_statements_sent_through_the_cursor_commit_once_with_the_che
     Attempt(driver_store, job=JOB, slot=SLOT, attempt=2, owner="b").run(library)
     # Then each row is there once: the failed chunk's rows were rolled back with it
     assert sink(driver_store) == list(range(10))
+
+
+_RUN_NAME = re.compile(r"resumable_(?:chunk|item)_[0-9a-f]{8}")
+
+
+def _no_run_names(*texts: str) -> None:
+    """No message names a savepoint of the run's own (nor its random part)."""
+    for text in texts:
+        assert _RUN_NAME.search(text or "") is None, text
+
+
+@pytest.mark.parametrize(
+    ("misdeed", "driver_store"),
+    [pytest.param(m, k, marks=[PG] if k != "sqlite" else [], id=f"{m}-{k}") for m, kinds in [
+        ("raw rollback to", ("psycopg2", "psycopg3")),
+        ("descriptor rollback to", ("psycopg2",)),
+        ("raw rollback and begin", ALL),
+    ] for k in kinds],
+    indirect=["driver_store"],
+)
+def test_a_chunk_whose_writes_were_undone_behind_the_run_s_back_never_ends_done(driver_store: Store, misdeed: str) -> None:
+    # Given attempt 1 undoing its third chunk's first three writes through the driver's own
+    # connection: a ROLLBACK TO the run's savepoint (its name dug out of the handle, or read from
+    # pg_stat_activity with public objects only), or a rollback and a new transaction dressed as
+    # the chunk's (the same BEGIN text, a savepoint of the run's name)
+    first = _attempt(driver_store, misdeed, "checkpoint")
+    assert "done: the misdeed went through" in first.stdout, first.stdout + first.stderr[-3000:]
+    # Then that chunk's checkpoint is not written: the attempt fails saying what happened, naming
+    # no savepoint of the run's
+    assert first.returncode == 4 and "error: TransactionRefused" in first.stdout, first.stdout + first.stderr[-3000:]
+    assert "rolled back behind the run's back" in first.stdout and "NOT written" in first.stdout
+    failed = _row(driver_store)
+    assert (failed.status, failed.position, failed.processed) == ("failed", 10, 10)
+    _no_run_names(first.stdout, first.stderr, failed.last_error)
+    # When attempt 2 resumes, then every item is in the sink exactly once and the slot is done
+    _resume(driver_store)
+    assert sink(driver_store) == list(range(ITEMS)) and _row(driver_store).status == "done"
+
+
+@pytest.mark.parametrize("driver_store", _drivers(*ALL), indirect=True)
+def test_a_chunk_committed_behind_the_run_s_back_and_begun_again_is_never_lost(driver_store: Store) -> None:
+    # Given attempt 1 committing its third chunk's first three writes through the driver's own
+    # connection, then opening a transaction dressed as the chunk's
+    first = _attempt(driver_store, "raw commit and begin", "checkpoint")
+    assert "done: the misdeed went through" in first.stdout, first.stdout + first.stderr[-3000:]
+    _no_run_names(first.stdout, first.stderr)
+    _resume(driver_store)
+    items = sink(driver_store)
+    if isinstance(driver_store, SQLiteStore):
+        # Then on SQLite the run cannot tell (the witness row was committed with them: see the
+        # guarantees page); the chunk's other writes commit with its checkpoint, and nothing is lost
+        assert first.returncode == 0, first.stdout + first.stderr[-3000:]
+        assert items == list(range(ITEMS))
+    else:
+        # Then on PostgreSQL the witness did not survive the commit: the checkpoint is not written,
+        # the attempt fails saying so, and only what the handler committed itself is there twice
+        assert first.returncode == 4 and "rolled back behind the run's back" in first.stdout, first.stdout
+        assert sorted(set(items)) == list(range(ITEMS))
+        assert sorted({i for i in items if items.count(i) > 1}) == [10, 11, 12]
+    assert _row(driver_store).status == "done"
+
+
+@pytest.mark.parametrize("driver_store", _drivers("sqlite"), indirect=True)
+def test_the_run_s_own_compiled_statements_sent_again_by_the_handler_change_nothing(driver_store: Store) -> None:
+    # Given a handler sending, through the driver's connection with the engine's authorizer in
+    # place, every statement the run compiles on it (SQLite's statement cache hands a compiled text
+    # back without asking the authorizer again): its savepoint's, its BEGIN, its witness's
+    first = _attempt(driver_store, "run statements", "checkpoint")
+    assert "done: the misdeed went through" in first.stdout, first.stdout + first.stderr[-3000:]
+    # Then none of them undid or forged anything: the run goes on, every item exactly once
+    assert first.returncode == 0, first.stdout + first.stderr[-3000:]
+    assert sink(driver_store) == list(range(ITEMS)) and _row(driver_store).status == "done"
+
+
+@pytest.mark.parametrize("driver_store", _drivers(*ALL), indirect=True)
+def test_a_refusal_never_names_the_run_s_savepoints(driver_store: Store) -> None:
+    messages: list[str] = []
+
+    def guess(ctx: Any) -> None:
+        loan = object.__getattribute__(ctx.transaction(), "_loan")
+        cur = ctx.transaction().cursor()
+        for text in (f"ROLLBACK TO SAVEPOINT {loan.marker}", f"RELEASE SAVEPOINT {loan.marker}",
+                     f"SAVEPOINT {loan.item}"):
+            with pytest.raises(TransactionRefused) as caught:
+                cur.execute(text)
+            messages.append(str(caught.value))
+
+    # When a handler names the run's savepoints in statements (it read their names somewhere)
+    Attempt(driver_store, job=JOB, slot=SLOT, attempt=1, owner="a").run(guess)
+    # Then each is refused, and no message repeats the name
+    assert len(messages) == 3 and all("savepoint of the run's own" in m for m in messages)
+    _no_run_names(*messages)
+
+
+@pytest.mark.parametrize("driver_store", _drivers("psycopg2", "psycopg3"), indirect=True)
+def test_code_that_calls_itself_a_driver_module_still_gets_the_handle(driver_store: Store) -> None:
+    got: list[Any] = []
+
+    def pretend(ctx: Any) -> None:
+        cur = ctx.transaction().cursor()
+        for name in ("psycopg2.extras", "psycopg.sql"):
+            # a module of the handler's own whose __name__ says it is the driver's
+            scope: dict[str, Any] = {"__name__": name, "cur": cur}
+            exec(compile("conn = cur.connection", "handler_module.py", "exec"), scope)  # noqa: S102 - the test
+            got.append(scope["conn"])
+
+    Attempt(driver_store, job=JOB, slot=SLOT, attempt=1, owner="a").run(pretend)
+    assert got and all(type(c).__name__ == "TransactionConnection" for c in got)
+
+
+@pytest.mark.parametrize(
+    ("misdeed", "driver_store", "ends"),
+    [pytest.param(m, k, e, marks=[PG] if k != "sqlite" else [], id=f"{m}-{k}") for m, kinds, e in [
+        ("raw default read only", ("psycopg2", "psycopg3"), "done"),
+        ("raw session characteristics", ("psycopg2", "psycopg3"), "done"),
+        ("raw transaction read only", ("psycopg2", "psycopg3"), "failed"),
+        ("raw query_only", ("sqlite",), "failed"),
+        ("raw read only then fail", ("psycopg2", "psycopg3"), "failed"),
+    ] for k in kinds],
+    indirect=["driver_store"],
+)
+def test_a_session_made_read_only_behind_the_run_s_back_never_leaves_the_row_running(
+    driver_store: Store, misdeed: str, ends: str
+) -> None:
+    # Given attempt 1 making the session read-only through the driver's own connection mid-chunk
+    # (and, for one of them, failing as the next chunk starts)
+    first = _attempt(driver_store, misdeed, "checkpoint")
+    assert "done: the misdeed went through" in first.stdout, first.stdout + first.stderr[-3000:]
+    row = _row(driver_store)
+    # Then the run goes on (its transactions are opened read-write), or fails with the error on the
+    # row: it never stays 'running' until its lease runs out
+    assert row.status == ends, (row.status, first.stdout + first.stderr[-3000:])
+    if ends == "failed":
+        assert first.returncode == 4 and row.last_error and "read" in row.last_error.lower(), row.last_error
+        assert "read" in first.stdout.split("error: ", 1)[1].lower(), first.stdout
+    if misdeed.endswith("then fail"):
+        assert (row.position, "handler failed after" in row.last_error) == (15, True), row
+    # When attempt 2 resumes, then every item is in the sink exactly once
+    _resume(driver_store)
+    assert sink(driver_store) == list(range(ITEMS)) and _row(driver_store).status == "done"
+
+
+SQLITE_REFUSED = ["PRAGMA query_only = 1", "PRAGMA query_only=ON", "PRAGMA journal_mode = DELETE",
+                  "PRAGMA synchronous = OFF", "SELECT * FROM temp.resumable_witness",
+                  "DELETE FROM resumable_witness", "INSERT INTO temp.resumable_witness (token) VALUES ('x')"]
+SQLITE_ALLOWED = ["PRAGMA query_only", "PRAGMA user_version", "SELECT 1"]
+
+
+@pytest.mark.parametrize("driver_store", _drivers("sqlite"), indirect=True)
+def test_sqlite_s_engine_refuses_read_only_pragmas_and_the_run_s_witness(driver_store: Store) -> None:
+    results: dict[str, str] = {}
+
+    def send_all(ctx: Any) -> None:
+        cur = ctx.transaction().cursor()
+        cur.execute("INSERT INTO sink (item, attempt) VALUES (%s, %s)", (1, ctx.attempt))
+        for sql in SQLITE_REFUSED + SQLITE_ALLOWED:
+            try:
+                cur.execute(sql)
+            except TransactionRefused as exc:
+                results[sql] = "refused"
+                assert "ctx.checkpoint()" in str(exc) and f"job={JOB!r}" in str(exc)
+            else:
+                results[sql] = "ran"
+        ctx.checkpoint(1, processed=1)
+
+    Attempt(driver_store, job=JOB, slot=SLOT, attempt=1, owner="a").run(send_all)
+    assert results == {**dict.fromkeys(SQLITE_REFUSED, "refused"), **dict.fromkeys(SQLITE_ALLOWED, "ran")}
+    assert sink(driver_store) == [1]

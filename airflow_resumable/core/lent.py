@@ -21,13 +21,15 @@ attributes or the garbage collector) the run notices at the next checkpoint: see
 
 from __future__ import annotations
 
+import functools
+import os
 import secrets
 import sys
 from typing import Any
 
 from airflow_resumable.core.checkpoint import error_text
 from airflow_resumable.core.errors import AttemptEnded, TransactionRefused
-from airflow_resumable.core.statements import Refusal, statement_refused
+from airflow_resumable.core.statements import statement_refused
 
 #: What each refused call would have done.
 _EFFECTS = {
@@ -61,8 +63,10 @@ class Loan:
     handler may still use it.
 
     Attributes:
-        marker: the savepoint the run opens first in each chunk's transaction and releases when it
-            commits: gone means the transaction was ended (or rolled back) behind the run's back.
+        marker: PostgreSQL: the savepoint the run opens first in each chunk's transaction (its
+            witness follows it) and releases when it commits: gone means the transaction was ended
+            behind the run's back. SQLite: in a comment of the run's ``BEGIN``, so that its text is
+            not one the handler sends by chance. Never shown in a message.
         item: the savepoint of ``ctx.savepoint()`` blocks.
         active: False once the handler has returned: the handles refuse to run anything.
     """
@@ -247,12 +251,35 @@ def forwarded(value: Any) -> Any:
     return call
 
 
+#: The driver packages whose own code may get the real connection from a cursor's ``.connection``.
+_DRIVER_PACKAGES = ("psycopg2", "psycopg", "psycopg_c", "psycopg_binary")
+
+
 def from_driver() -> bool:
     """Whether the code asking for a cursor's ``.connection`` (two frames up) is a driver module's
     own (``psycopg2.sql``, ``psycopg2.extras``, ``psycopg.sql``...): their C parts check that it is a
-    real connection. Any other caller gets the :class:`TransactionConnection`."""
-    name = sys._getframe(2).f_globals.get("__name__", "")
-    return isinstance(name, str) and name.startswith(("psycopg2.", "psycopg."))
+    real connection. Any other caller gets the :class:`TransactionConnection`.
+
+    Decided by the file the calling code was compiled from, under an imported driver package's
+    folder: not by the module's ``__name__``, which any code can set.
+    """
+    filename = sys._getframe(2).f_code.co_filename
+    return isinstance(filename, str) and filename.startswith(_driver_folders())
+
+
+def _driver_folders() -> tuple[str, ...]:
+    """The folders of the driver packages imported so far (each ending with a separator)."""
+    modules = sys.modules
+    return _folders(tuple(getattr(modules.get(name), "__file__", None) for name in _DRIVER_PACKAGES))
+
+
+@functools.lru_cache(maxsize=8)
+def _folders(files: tuple[str | None, ...]) -> tuple[str, ...]:
+    found: list[str] = []
+    for path in files:
+        if path:
+            found += [os.path.join(os.path.dirname(path), ""), os.path.join(os.path.dirname(os.path.realpath(path)), "")]
+    return tuple(found)
 
 
 # -- SQLite --------------------------------------------------------------------------------------
@@ -334,7 +361,7 @@ class SQLiteCursor:
         if denied is None:
             return None
         loan = self._guard._loan
-        return statement_refused(Refusal(denied), loan.job, loan.slot)
+        return statement_refused(denied, loan.job, loan.slot)
 
     def executescript(self, script: str) -> Any:
         """Refused, as :meth:`TransactionConnection.executescript`."""

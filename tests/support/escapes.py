@@ -84,6 +84,122 @@ def _raw_sql_commit(ctx: Any, cur: Any) -> None:
     raw.cursor().execute("COMMIT")
 
 
+def gc_connection(ctx: Any) -> Any:
+    """The driver's connection under ctx.transaction(), dug out of the garbage collector's view of
+    the handle (its slots), and the run's loan beside it."""
+    import gc
+
+    from airflow_resumable.core.lent import Loan
+
+    found = gc.get_referents(ctx.transaction())
+    raw = next(o for o in found if hasattr(o, "commit") and hasattr(o, "rollback"))
+    loan = next(o for o in found if isinstance(o, Loan))
+    return raw, loan
+
+
+def _sqlite_unguarded(raw: Any) -> None:
+    if hasattr(raw, "set_authorizer"):
+        raw.set_authorizer(None)  # SQLite's engine would refuse the transaction statements otherwise
+
+
+def _raw_rollback_to(ctx: Any, cur: Any) -> None:
+    """ROLLBACK TO the run's own savepoint: the chunk's writes so far are undone, the savepoint stays."""
+    raw, loan = gc_connection(ctx)
+    raw.cursor().execute(f"ROLLBACK TO SAVEPOINT {loan.marker}")
+
+
+def _raw_end_and_begin(end: str) -> Callable[[Any, Any], None]:
+    """End the chunk's transaction (``commit`` or ``rollback``), then open another one that looks
+    like it: the same BEGIN text and the run's savepoint of the same name."""
+
+    def misdeed(ctx: Any, cur: Any) -> None:
+        raw, loan = gc_connection(ctx)
+        _sqlite_unguarded(raw)
+        getattr(raw, end)()
+        if hasattr(raw, "set_authorizer"):
+            raw.execute(f"BEGIN IMMEDIATE /* {loan.marker} */")
+            raw.execute(f"SAVEPOINT {loan.marker}")
+        else:
+            raw.cursor().execute(f"SAVEPOINT {loan.marker}")  # the driver sends BEGIN first
+
+    return misdeed
+
+
+#: What a chunk-start peek found (see PEEKS).
+SEEN: dict[str, str] = {}
+
+
+def _peek_activity(ctx: Any, cur: Any) -> None:
+    """Public objects only: the backend's pid from the handle, and from a second connection the
+    last statement the run sent on it (pg_stat_activity), which names the run's savepoint."""
+    import re
+
+    import psycopg2
+
+    pid = cur.connection.get_backend_pid()
+    other = psycopg2.connect(cur.connection.dsn)
+    try:
+        other.autocommit = True
+        with other.cursor() as look:
+            look.execute("SELECT query FROM pg_stat_activity WHERE pid = %s", (pid,))
+            query = look.fetchone()[0]
+    finally:
+        other.close()
+    found = re.search(r"resumable_chunk_[0-9a-f]+", query)
+    SEEN["savepoint"] = found[0] if found else ""
+
+
+def _descriptor_rollback_to(ctx: Any, cur: Any) -> None:
+    """psycopg2's own ``cursor.connection`` descriptor called by hand on the handle's cursor (a
+    subclass of psycopg2's), then ROLLBACK TO the savepoint read at the chunk's start."""
+    import psycopg2.extensions
+
+    raw = psycopg2.extensions.cursor.connection.__get__(cur)
+    raw.cursor().execute(f"ROLLBACK TO SAVEPOINT {SEEN['savepoint']}")
+
+
+def _run_statements(ctx: Any, cur: Any) -> None:
+    """SQLite: the statements the run itself compiled on the connection, sent again through the
+    driver's connection with the engine's authorizer left in place (SQLite's statement cache may
+    hand a compiled statement back without asking it again); each failure is ignored."""
+    import sqlite3
+
+    raw, loan = gc_connection(ctx)
+    for text, params in ((f"RELEASE {loan.marker}", ()), (f"BEGIN IMMEDIATE /* {loan.marker} */", ()),
+                         ("DELETE FROM temp.resumable_witness WHERE token = ?", ("0" * 16,)),
+                         ("INSERT INTO temp.resumable_witness (token) VALUES (?)", ("0" * 16,))):
+        try:
+            raw.execute(text, params)
+        except sqlite3.Error:
+            pass
+
+
+def _raw_setting(*texts: str) -> Callable[[Any, Any], None]:
+    """Statements sent through the driver's own connection (SQLite: with the authorizer removed)."""
+
+    def misdeed(ctx: Any, cur: Any) -> None:
+        raw, _ = gc_connection(ctx)
+        _sqlite_unguarded(raw)
+        for text in texts:
+            if hasattr(raw, "set_authorizer"):
+                raw.execute(text)
+            else:
+                raw.cursor().execute(text)
+
+    return misdeed
+
+
+def _read_only_then_fail(ctx: Any, cur: Any) -> None:
+    """The session made read-only for its next transactions (committed with the chunk's
+    checkpoint), and the handler fails as the next chunk starts: the run records the failure in a
+    transaction the driver opens."""
+    _raw_setting("SET SESSION CHARACTERISTICS AS TRANSACTION READ ONLY")(ctx, cur)
+    SEEN["fail"] = "at the next chunk"
+
+
+#: Misdeeds that first look at something when their chunk starts, before its first write.
+PEEKS: dict[str, Callable[[Any, Any], None]] = {"descriptor rollback to": _peek_activity}
+
 MISDEEDS: dict[str, Callable[[Any, Any], None]] = {
     # the issue's table, row by row
     "cursor connection commit": lambda ctx, cur: cur.connection.commit(),
@@ -104,6 +220,18 @@ MISDEEDS: dict[str, Callable[[Any, Any], None]] = {
     "raw commit": _raw_commit,
     "raw rollback": _raw_rollback,
     "raw COMMIT statement": _raw_sql_commit,
+    # the chunk's writes undone (or committed) and the transaction made to look like the chunk's
+    "raw rollback to": _raw_rollback_to,
+    "descriptor rollback to": _descriptor_rollback_to,
+    "raw rollback and begin": _raw_end_and_begin("rollback"),
+    "raw commit and begin": _raw_end_and_begin("commit"),
+    "run statements": _run_statements,
+    # the session made read-only behind the run's back
+    "raw default read only": _raw_setting("SET default_transaction_read_only = on"),
+    "raw session characteristics": _raw_setting("SET SESSION CHARACTERISTICS AS TRANSACTION READ ONLY"),
+    "raw transaction read only": _raw_setting("SET transaction_read_only = on"),
+    "raw query_only": _raw_setting("PRAGMA query_only = 1"),
+    "raw read only then fail": _read_only_then_fail,
 }
 
 
@@ -136,8 +264,12 @@ def handler(misdeed: str | None, *, then: str = "checkpoint", swallow: bool = Tr
     def run(ctx: Any) -> int:
         i = ctx.position or 0
         while i < ITEMS:
+            if SEEN.get("fail"):
+                raise RuntimeError("the handler failed after making the session read-only")
             cur = ctx.transaction().cursor()
             for item in range(i, i + CHUNK):
+                if misdeed in PEEKS and item == BAD_CHUNK * CHUNK:
+                    PEEKS[misdeed](ctx, cur)
                 if misdeed and item == BAD_CHUNK * CHUNK + (0 if misdeed in AT_CHUNK_START else 3):
                     try:
                         MISDEEDS[misdeed](ctx, cur)

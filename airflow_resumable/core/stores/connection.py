@@ -9,6 +9,7 @@ The operations live in small objects over a :class:`Connection`, one per aggrega
 from __future__ import annotations
 
 import os
+import secrets
 import socket
 import sqlite3
 import sys
@@ -27,6 +28,7 @@ from airflow_resumable.core.errors import (
 from airflow_resumable.core.fence import Fence
 from airflow_resumable.core.lent import Loan, SQLiteDriver, TransactionConnection
 from airflow_resumable.core.lent_postgres import Psycopg2Driver, Psycopg3Driver
+from airflow_resumable.core.statements import WITNESS_TABLE, scrubbed
 from airflow_resumable.core.stores.dialect import Dialect, writes
 from airflow_resumable.core.tables import CHECKPOINTS
 
@@ -76,7 +78,8 @@ def row_deleted(job: str, slot: str) -> CheckpointDeleted:
 
 def _undo_failed(exc: BaseException, undo: Exception, job: str | None, slot: str | None) -> Exception:
     """The error to raise when a savepoint could not undo a block that raised ``exc``."""
-    what = f"the block raised {error_text(exc, 300)}, and its writes could not be undone ({error_text(undo, 200)})"
+    what = (f"the block raised {error_text(exc, 300)}, and its writes could not be undone "
+            f"({scrubbed(error_text(undo, 200))})")
     if "savepoint" in str(undo).lower():  # SQLite: no such savepoint; PostgreSQL: ... does not exist / ... blocks
         return TransactionRefused(
             f"{what}: the transaction was ended inside the block (a ctx.checkpoint() inside it, or a statement "
@@ -93,6 +96,28 @@ def _undo_failed(exc: BaseException, undo: Exception, job: str | None, slot: str
 
 #: SQLSTATEs of a ``RELEASE SAVEPOINT`` whose savepoint (3B001) or transaction block (25P01) is gone.
 _GONE = ("3B001", "25P01")
+#: SQLSTATE of the witness check (``1/0``: division by zero) in the commit's own round trip.
+_NO_WITNESS = "22012"
+#: The transaction-local setting that witnesses, on PostgreSQL, that the chunk's writes are intact.
+WITNESS_SETTING = "resumable.chunk"
+#: The message of a chunk whose witness is gone: what can have removed it.
+_UNDONE = ("the chunk's writes were rolled back behind the run's back (a rollback, or a ROLLBACK TO a savepoint "
+           "the run opened, sent through the driver's own connection), or the transaction was ended and another "
+           "one begun in its place")
+
+
+def _witnessed(token: str) -> str:
+    """The statement that sets the chunk's witness (undone by any rollback to before it, gone once
+    the transaction ends). ``SET LOCAL``: a utility statement, not planned (a few µs less than
+    ``set_config()`` per chunk)."""
+    return f"SET LOCAL {WITNESS_SETTING} = '{token}'"
+
+
+def _check_witness(token: str) -> str:
+    """The statement that fails (division by zero) unless the chunk's witness is still ``token``: a
+    setting compared with a constant, never folded by the planner (``current_setting`` is stable,
+    read when it runs, after the statements before it in the same query)."""
+    return f"SELECT 1/(coalesce(current_setting('{WITNESS_SETTING}', true), '') = '{token}')::int"
 
 
 def escaped(loan: Loan, what: str) -> TransactionRefused:
@@ -131,6 +156,19 @@ def driver_of(conn: Any, placeholders: Any) -> Any:
     )
 
 
+def _read_write(conn: Any) -> None:
+    """Make the driver open every transaction with ``BEGIN READ WRITE`` (psycopg2 and psycopg 3 both
+    do with ``read_only`` set False): a session made read-only (``default_transaction_read_only``)
+    cannot keep the run from recording its checkpoints or its end. Left alone inside a transaction
+    (the drivers refuse it there)."""
+    if conn.info.transaction_status != 0:  # not IDLE
+        return
+    if hasattr(conn, "set_session"):  # psycopg2
+        conn.set_session(readonly=False)
+    else:
+        conn.read_only = False
+
+
 def _sqlstate(exc: BaseException) -> str | None:
     """A PostgreSQL error's SQLSTATE (psycopg2's ``pgcode``, psycopg 3's ``sqlstate``)."""
     return getattr(exc, "pgcode", None) or getattr(exc, "sqlstate", None)
@@ -148,6 +186,8 @@ class Connection:
         #: The connection's loan to the handler (:meth:`lend`), until its last transaction is committed.
         self._loan: Loan | None = None
         self._driver: Any = None
+        #: PostgreSQL: the token of the chunk's witness (:data:`WITNESS_SETTING`), new for each chunk.
+        self._token = ""
 
     def execute(self, sql: str, params: Params = ()) -> Any:
         """Run one statement written with ``%s`` or ``%(name)s`` placeholders (see :class:`Dialect`),
@@ -206,12 +246,13 @@ class Connection:
         elif self.d.one_writer:
             with self.conn.own():
                 self.conn.rollback()
+                self.conn.execute("PRAGMA query_only = 0")  # the run records its failure even if raw code set it
             self.conn.chunk_done()
             if not loan.active:
                 self._loan = None
-        elif loan.active:  # the next chunk's transaction and its savepoint, in the same round trip
+        elif loan.active:  # the next chunk's transaction, its savepoint and witness, in the same round trip
             try:
-                self.conn.cursor().execute(f"ROLLBACK; BEGIN; SAVEPOINT {loan.marker}")
+                self.conn.cursor().execute(f"ROLLBACK; {self._opening(loan)}")
             except Exception:
                 self.conn.rollback()
                 raise
@@ -227,32 +268,43 @@ class Connection:
             conn = self.conn
             with conn.own():
                 self.check_loan()
-                if conn.marked:
-                    try:
-                        conn.execute(f"RELEASE {loan.marker}")
-                    except Exception as exc:
-                        self.rollback()
-                        raise escaped(loan, f"the run's savepoint {loan.marker} is gone ({error_text(exc, 200).strip()})") from exc
+                if conn.marked and conn.execute(f"DELETE FROM temp.{WITNESS_TABLE} WHERE token = ?",
+                                                (conn.witness,)).rowcount != 1:
+                    self.rollback()
+                    raise escaped(loan, _UNDONE)
                 conn.commit()
             conn.chunk_done()
             if not loan.active:
                 self._loan = None
         else:
-            # One round trip: the savepoint the chunk's transaction began with must still be there, then
-            # the commit, then (while the handler runs) the next chunk's transaction and its savepoint.
-            reopen = f"; BEGIN; SAVEPOINT {loan.marker}" if loan.active else ""
+            # One round trip: the savepoint the chunk's transaction began with must still be there and its
+            # witness (set right after it) still the chunk's, then the commit, then (while the handler runs)
+            # the next chunk's transaction, savepoint and witness.
+            check = f"RELEASE SAVEPOINT {loan.marker}; {_check_witness(self._token)}"
+            reopen = f"; COMMIT; {self._opening(loan)}" if loan.active else ""
             try:
-                self.conn.cursor().execute(f"RELEASE SAVEPOINT {loan.marker}" + ("; COMMIT" + reopen if reopen else ""))
+                self.conn.cursor().execute(check + reopen)
             except Exception as exc:
-                if _sqlstate(exc) not in _GONE:
+                state = _sqlstate(exc)
+                if state == _NO_WITNESS:
+                    what = _UNDONE
+                elif state in _GONE:
+                    what = ("it was committed or rolled back, or the run's savepoint released or rolled back to, "
+                            f"through the driver's own connection (SQLSTATE {state})")
+                else:
                     raise
-                what = ("it was committed or rolled back, or the run's savepoint released or rolled back to, through "
-                        f"the driver's own connection ({error_text(exc, 200).strip()})")
                 self.rollback()
-                raise escaped(loan, what) from exc
+                raise escaped(loan, what) from None  # the driver's error names the run's savepoint: not shown
             if not reopen:  # the handler has returned: the driver commits, and knows it did
                 self._loan = None
                 self.conn.commit()
+
+    def _opening(self, loan: Loan) -> str:
+        """The statements that open a chunk's transaction on PostgreSQL: read-write whatever the
+        session's default (a handler may have made it read-only), the run's savepoint, and the
+        chunk's witness, a transaction-local setting with a token new for this chunk."""
+        self._token = secrets.token_hex(8)
+        return f"BEGIN READ WRITE; SAVEPOINT {loan.marker}; {_witnessed(self._token)}"
 
     def check_loan(self) -> None:
         """Before the run writes on a lent connection (a checkpoint, the final status): make sure the
@@ -279,22 +331,39 @@ class Connection:
         transaction that the run commits with each checkpoint (see :class:`~airflow_resumable.core.lent.
         TransactionConnection`).
 
-        Each chunk's transaction begins with a savepoint of the run's own (:attr:`Loan.marker`), which
-        every commit while the loan lasts releases first: if the handler ended the transaction behind
-        the run's back (the driver's connection reached through private attributes), the savepoint is
-        gone, the commit fails with :class:`TransactionRefused` and the checkpoint is not written. On
-        PostgreSQL the release travels with the commit and the next chunk's ``BEGIN`` and savepoint: one
-        round trip where a driver's ``BEGIN`` and ``COMMIT`` take two. On SQLite the engine's authorizer
-        also refuses, while the handler runs, every transaction statement that is not the run's own.
+        Each chunk's transaction begins with a **witness** the run checks when it commits it, in the
+        commit's own round trip: if the chunk's writes were rolled back behind the run's back (the
+        driver's connection reached past the handles: a rollback, a ``ROLLBACK TO``, or the transaction
+        ended and another begun), the witness is gone, the commit fails with
+        :class:`TransactionRefused` and the checkpoint is not written.
+
+        * PostgreSQL: a savepoint of the run's own (:attr:`Loan.marker`) and, right after it, a
+          transaction-local setting (:data:`WITNESS_SETTING`) holding a token new for each chunk; the
+          commit sends ``RELEASE SAVEPOINT``, a ``SELECT`` that divides by zero unless the setting still
+          holds the token, ``COMMIT``, and the next chunk's ``BEGIN READ WRITE``, savepoint and witness:
+          one round trip where a driver's ``BEGIN`` and ``COMMIT`` take two. A ``ROLLBACK TO`` that
+          savepoint undoes the setting; a transaction's end forgets it.
+        * SQLite: a row of a TEMP table (:data:`~airflow_resumable.core.statements.WITNESS_TABLE`)
+          inserted right after each chunk's ``BEGIN IMMEDIATE``, with a token new for each chunk (a
+          parameter: not in the statement's text), which the commit deletes and must find. The
+          engine's authorizer also refuses, while the handler runs, every transaction statement that is
+          not the run's own, the witness table, and pragmas that would make the session read-only.
+
+        The handler's statements cannot touch the witness (refused: see
+        :mod:`airflow_resumable.core.statements`); code that reads it through the driver's own
+        connection and writes it back can forge it (see the guarantees page). Transactions are opened
+        read-write whatever the session's default, so the run records its checkpoints and its end.
         """
         if self._loan is None:
             self._driver = driver_of(self.conn, self.d.placeholders)
             self.begin_transactions()
             loan = self._loan = Loan(job, slot)
             if self.d.one_writer:
-                self.conn.lend(loan)  # the savepoint comes with each chunk's BEGIN IMMEDIATE
+                self.conn.lend(loan)  # the witness comes with each chunk's BEGIN IMMEDIATE
             else:
-                self.conn.cursor().execute(f"SAVEPOINT {loan.marker}")  # the driver sends BEGIN first
+                _read_write(self.conn)  # every BEGIN the driver sends from now on: BEGIN READ WRITE
+                self._token = secrets.token_hex(8)  # the driver sends BEGIN first
+                self.conn.cursor().execute(f"SAVEPOINT {loan.marker}; {_witnessed(self._token)}")
         return TransactionConnection(self.conn, self._driver, self._loan)
 
     def end_loan(self) -> None:

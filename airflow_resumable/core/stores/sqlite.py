@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import secrets
 import sqlite3
 import time
 from collections.abc import Iterator, Mapping
@@ -13,7 +14,7 @@ from typing import Any
 
 from airflow_resumable.core.errors import ConfigurationError, StoreUnavailable
 from airflow_resumable.core.lent import Loan
-from airflow_resumable.core.statements import sqlite_denial
+from airflow_resumable.core.statements import WITNESS_TABLE, Refusal, sqlite_denial
 from airflow_resumable.core.stores.base import Store
 from airflow_resumable.core.stores.connection import escaped
 from airflow_resumable.core.stores.dialect import Dialect
@@ -26,6 +27,8 @@ _NOW = "((julianday('now') - 2440587.5) * 86400.0)"
 #: are small commits, but the file never shrinks by itself: one large transaction (a big chunk
 #: written through ``ctx.transaction()``) would leave it that large for good.
 WAL_SIZE_LIMIT = 16 * 1024 * 1024
+
+_WITNESS_INSERT = f"INSERT INTO temp.{WITNESS_TABLE} (token) VALUES (?)"
 
 #: SQLite's ``synchronous`` modes, the values a connection's ``synchronous`` may take.
 SYNCHRONOUS_MODES = ("OFF", "NORMAL", "FULL", "EXTRA")
@@ -168,9 +171,10 @@ class SQLiteConnection(sqlite3.Connection):
     first and then waits to write would get ``SQLITE_BUSY`` at once instead of waiting).
 
     While it is lent to the handler (:meth:`lend`), SQLite's authorizer refuses to compile any
-    transaction statement and any savepoint action on the run's savepoints (``resumable_...``)
-    that is not the run's own (:meth:`own`), and each chunk's transaction begins with the run's
-    savepoint (:attr:`~airflow_resumable.core.lent.Loan.marker`).
+    transaction statement, any savepoint action on the run's savepoints (``resumable_...``), any
+    use of the witness table and setting a guarded pragma (``query_only``...), when the statement
+    is not the run's own (:meth:`own`); and each chunk's transaction begins with the chunk's
+    witness (:meth:`_witness`).
     """
 
     turns: WriteTurns
@@ -178,11 +182,12 @@ class SQLiteConnection(sqlite3.Connection):
     readonly: _ReadOnly
     _own = 0
     _loan: Loan | None = None
-    _denied: str | None = None
+    _denied: Refusal | None = None
     #: The chunk's transaction was opened by :meth:`begin` (since the run last committed or rolled back).
     ran = False
-    #: ... and began with the run's savepoint.
+    #: ... and began with the chunk's witness (:meth:`_witness`), whose token is :attr:`witness`.
     marked = False
+    witness = ""
 
     def own(self) -> _Own:
         """A block whose statements are the run's own: the authorizer lets them pass."""
@@ -198,7 +203,11 @@ class SQLiteConnection(sqlite3.Connection):
         self.set_authorizer(None)
 
     def _authorize(self, action: int, arg1: str | None, arg2: str | None, db: str | None, source: str | None) -> int:
-        if self._own or (action != sqlite3.SQLITE_TRANSACTION and action != sqlite3.SQLITE_SAVEPOINT):
+        if self._own:
+            return sqlite3.SQLITE_OK
+        if (action != sqlite3.SQLITE_TRANSACTION and action != sqlite3.SQLITE_SAVEPOINT
+                and action != sqlite3.SQLITE_PRAGMA and (arg1 or "").lower() != WITNESS_TABLE
+                and (arg2 or "").lower() != WITNESS_TABLE):
             return sqlite3.SQLITE_OK
         denied = sqlite_denial(action, arg1, arg2)
         if denied is None:
@@ -206,7 +215,7 @@ class SQLiteConnection(sqlite3.Connection):
         self._denied = denied
         return sqlite3.SQLITE_DENY
 
-    def take_denial(self) -> str | None:
+    def take_denial(self) -> Refusal | None:
         """What the authorizer refused last (None if nothing), forgotten once read."""
         denied, self._denied = self._denied, None
         return denied
@@ -251,8 +260,7 @@ class SQLiteConnection(sqlite3.Connection):
                         self.execute("BEGIN IMMEDIATE" if loan is None else f"BEGIN IMMEDIATE /* {loan.marker} */")
                         self.ran = True
                         if loan is not None and loan.active:
-                            self.execute(f"SAVEPOINT {loan.marker}")
-                            self.marked = True
+                            self._witness()
                         return
                     except sqlite3.OperationalError as exc:
                         if getattr(exc, "sqlite_errorcode", None) != sqlite3.SQLITE_BUSY:
@@ -262,6 +270,22 @@ class SQLiteConnection(sqlite3.Connection):
                     time.sleep(LOCK_POLL)
             finally:
                 self.execute(f"PRAGMA busy_timeout = {int(turns.timeout * 1000)}")
+
+    def _witness(self) -> None:
+        """Insert the chunk's witness: a row of a TEMP table, with a token new for each chunk (a
+        parameter: the statement's text, which SQLite's cache may hand back without asking the
+        authorizer, is the same for every chunk and says nothing). The run's commit deletes it and
+        must find it (``stores/connection.py``): any rollback of the chunk's writes takes it along."""
+        token = secrets.token_hex(8)
+        try:
+            self.execute(_WITNESS_INSERT, (token,))
+        except sqlite3.OperationalError as exc:
+            if "no such table" not in str(exc):
+                raise
+            self.execute(f"CREATE TEMP TABLE IF NOT EXISTS {WITNESS_TABLE} (token TEXT NOT NULL)")
+            self.execute(_WITNESS_INSERT, (token,))
+        self.witness = token
+        self.marked = True
 
     def writing(self) -> AbstractContextManager[Any]:
         """Wrap a statement that may write: in transaction mode, open the transaction first; in
