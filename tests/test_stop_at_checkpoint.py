@@ -8,8 +8,10 @@ only the checkpoint can carry the request. Given / When / Then, against both sto
 
 from __future__ import annotations
 
+import sqlite3
 import threading
 import time
+from datetime import datetime, timezone
 from typing import Any
 
 import pytest
@@ -18,6 +20,7 @@ from airflow_resumable.core import Attempt, Cancelled, Options, Paused, Store, c
 from airflow_resumable.core.errors import Cancelled as CancelledError
 
 JOB, SLOT = "stop_at_checkpoint", "2026-02-01T00:00:00+00:00"
+DAY = datetime(2026, 3, 2, tzinfo=timezone.utc)
 #: The request is asked right after this checkpoint; the run must stop at the next one.
 ASK_AT = 10
 #: A lease no test outlives: the keeper's first heartbeat would come after 200 s.
@@ -136,8 +139,9 @@ def test_a_pipelined_run_reads_the_request_with_the_checkpoint_in_flight_and_sto
     with pytest.raises(raised) as stopped:
         a.run(work)
     # Then checkpoint k+1's statement read it, and the run stopped once that result was collected:
-    # at checkpoint k+2 at the latest (k+1 when the writer thread answered before the boundary's check),
-    # the checkpoint in flight saved first
+    # at checkpoint k+2 at the latest (k+1 when the writer thread answered before the boundary's
+    # check, or checkpoint k's statement, sent without waiting, ran after the request), the
+    # checkpoint in flight saved first
     stored = row(store)
     assert ASK_AT + 1 <= stored.position <= ASK_AT + 2 and stored.position == len(work.seen)
     assert (stored.status, stored.processed) == (status, stored.position)
@@ -159,3 +163,20 @@ def test_a_cancel_from_a_newer_run_reaches_the_holder_at_its_next_checkpoint(sto
     # Then it stops at the next checkpoint, with the reason the row gives
     assert stopped.value.reason == "superseded"
     assert (row(store).status, row(store).position) == ("cancelled", ASK_AT + 1)
+
+
+def test_a_dag_run_cancelled_after_checkpoint_k_fails_at_checkpoint_k_plus_1(
+    checkpoints: Store, run_dag: Any, tmp_path: Any,
+) -> None:
+    # Given a task with fast chunks that asks, through the control API by connection id, for a
+    # cancel of its own slot right after checkpoint k (its lease of ten minutes never heartbeats here)
+    log = tmp_path / "seen.db"
+    # When the DAG runs under dag.test()
+    run = run_dag("rt_stop_at_checkpoint", conf={"ask_at": ASK_AT, "seen": str(log)}, logical_date=DAY)
+    # Then the task failed at checkpoint k+1, having run chunk k+1 and nothing after it
+    assert str(run.get_task_instance("work").state) == "failed"
+    with checkpoints.open() as s:
+        stored = s.checkpoints.load("rt_stop_at_checkpoint.work", DAY.isoformat())
+    assert (stored.status, stored.position, stored.last_error) == ("cancelled", ASK_AT + 1, "cancel requested by erin")
+    with sqlite3.connect(log) as db:
+        assert [i for (i,) in db.execute("SELECT item FROM seen ORDER BY rowid")] == list(range(ASK_AT + 1))
