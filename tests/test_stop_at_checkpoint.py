@@ -165,6 +165,26 @@ def test_a_cancel_from_a_newer_run_reaches_the_holder_at_its_next_checkpoint(sto
     assert (row(store).status, row(store).position) == ("cancelled", ASK_AT + 1)
 
 
+def test_a_long_chunk_still_learns_of_a_request_from_its_lease_s_heartbeat(store: Store) -> None:
+    # Given a run whose heartbeat comes every 50 ms, and a chunk that waits on its signal for up to 30 s
+    a = Attempt(store, job=JOB, slot=SLOT, attempt=1, owner="owner-1", options=Options(lease=3.0), heartbeat=0.05)
+    woke: list[bool] = []
+
+    def handler(ctx: Any) -> None:
+        for i in range(1, 100):
+            if i == ASK_AT + 1:
+                control.cancel(store, JOB, SLOT, by="erin")
+                woke.append(ctx.signal.wait(30))  # no checkpoint comes before this wait ends
+            ctx.checkpoint(i, processed=i)
+
+    # When a cancel is asked inside that chunk
+    with pytest.raises(CancelledError) as stopped:
+        a.run(handler)
+    # Then the heartbeat woke the chunk's wait, and the run stopped at that chunk's checkpoint
+    assert woke == [True] and stopped.value.message == "cancel requested by erin"
+    assert (row(store).status, row(store).position) == ("cancelled", ASK_AT + 1)
+
+
 def test_a_dag_run_cancelled_after_checkpoint_k_fails_at_checkpoint_k_plus_1(
     checkpoints: Store, run_dag: Any, tmp_path: Any,
 ) -> None:
