@@ -40,6 +40,7 @@ _RUNNERS = {
     "15": ("bench.partitioned_workers", "run"),
     "16": ("bench.items", "run"),
     "17": ("bench.statements", "run"),
+    "18": ("bench.stop_requests", "run"),
 }
 ROWS = tuple(_RUNNERS)
 

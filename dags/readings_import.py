@@ -128,7 +128,7 @@ with DAG(
             # Read when each try starts: set the Variable, then retry the skipped items.
             "accept_fahrenheit": "{{ var.value.get('" + FAHRENHEIT_VARIABLE + "', 'false') }}",
         },
-        lease=15,  # heartbeat every 5 s: a pause or cancel request reaches the run within about 5 s
+        lease=15,  # heartbeat every 5 s; a pause or cancel comes with the next checkpoint or heartbeat
         progress_interval=5,  # rate and ETA in the task log every 5 s
         timeout=timedelta(hours=2),
         retries=2,

@@ -11,6 +11,11 @@ matplotlib (no date, a fixed id salt).
 
     python scripts/bench_plots.py                      # redraw from docs/bench/results.json
     python scripts/bench_plots.py .bench/results.json  # take a new run's results, then redraw
+    python scripts/bench_plots.py --merge .bench/results.json  # a run of some rows (--only): put its
+                                                               # rows in the kept run's, then redraw
+
+A merged run's rows replace the kept rows with the same keys (new keys go at the end), and the
+header says which rows were measured apart, when and on what.
 """
 
 from __future__ import annotations
@@ -193,9 +198,29 @@ def plotted(results: list[dict[str, Any]]) -> dict[str, tuple[str, str, list[dic
     }
 
 
+def merged(kept: tuple[list[str], list[dict[str, Any]]], new: tuple[list[str], list[dict[str, Any]]]) -> dict[str, Any]:
+    """The kept run (``run``, ``rows``) with a run of some rows put in: same keys replaced in place,
+    new keys appended, and one header line saying which rows came from that run, when and where."""
+    (run, rows), (new_run, new_rows) = kept, new
+    fresh = {r["key"]: r for r in new_rows}
+    out = [fresh.pop(r["key"], r) for r in rows] + [r for r in new_rows if r["key"] in fresh]
+    when = new_run[0].removeprefix("airflow-resumable benchmarks, ") if new_run else "?"
+    machine = new_run[1].removeprefix("machine: ") if len(new_run) > 1 else "?"
+    keys = [r["key"] for r in new_rows]
+    note = f"rows {keys[0]}-{keys[-1]} measured on their own, {when} (python -m bench --only): {machine}"
+    lines = [line for line in run if not line.startswith(f"rows {keys[0]}-{keys[-1]} measured on their own")]
+    return {"run": lines[:-1] + [note] + lines[-1:] if lines else [note], "rows": out}
+
+
 def main() -> int:
-    if len(sys.argv) > 1:
-        shutil.copyfile(sys.argv[1], BENCH / "results.json")
+    import json
+
+    args = sys.argv[1:]
+    if args[:1] == ["--merge"] and len(args) == 2:
+        data = merged(load(BENCH / "results.json"), load(Path(args[1])))
+        (BENCH / "results.json").write_text(json.dumps(data, indent=2, default=str) + "\n")
+    elif args:
+        shutil.copyfile(args[0], BENCH / "results.json")
     run, results = load(BENCH / "results.json")
     for name, svg in plots(results).items():
         (BENCH / name).write_text(svg)

@@ -10,7 +10,7 @@ import psycopg2
 import psycopg2.extensions
 import pytest
 
-from airflow_resumable.core import Attempt, Options
+from airflow_resumable.core import Attempt, Cancelled, Options, control
 from airflow_resumable.core.pipeline import NoWaitWriter
 from airflow_resumable.core.stores import PostgresStore
 
@@ -187,3 +187,30 @@ def test_a_pipelined_checkpoint_whose_prepared_statement_the_server_lost_is_sent
     assert outcome.checkpoint.position == 6
     row = _row(store, "s1")
     assert (row.status, row.position, row.processed) == ("done", 6, 6)
+
+
+@pytest.mark.parametrize("pipelined", [False, True], ids=["sync", "pipelined"])
+def test_a_prepared_checkpoint_brings_back_a_cancel_asked_since_the_last_one(
+    recorded: tuple[PostgresStore, list[Any]], pipelined: bool,
+) -> None:
+    store, _ = recorded
+
+    # Given a run whose checkpoints go by name (EXECUTE), and a cancel asked right after checkpoint 4
+    def handler(ctx: Any) -> None:
+        for i in range(1, 100):
+            ctx.checkpoint(i, processed=i)
+            if i == 4:
+                control.cancel(store, JOB, "s1", by="erin")
+
+    # When the run goes on
+    with pytest.raises(Cancelled) as stopped:
+        Attempt(store, job=JOB, slot="s1", attempt=1, owner="a",
+                options=Options(lease=600, pipeline_checkpoints=pipelined)).run(handler)
+    # Then the EXECUTE of checkpoint 5 returned it (no heartbeat in a 600 s lease's first 200 s) and
+    # the run stopped there; pipelined, once that result was collected, at checkpoint 6 (or 5, when
+    # checkpoint 4's EXECUTE, sent without waiting, ran on the server after the cancel)
+    assert stopped.value.message == "cancel requested by erin"
+    row = _row(store, "s1")
+    assert row.status == "cancelled" and row.position in ((5, 6) if pipelined else (5,))
+    if not pipelined:
+        assert _saves() == ["prepare+execute"] + ["execute"] * 4

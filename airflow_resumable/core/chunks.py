@@ -14,6 +14,7 @@ from typing import Any
 from airflow_resumable.core.attempt_state import AttemptState, utcnow
 from airflow_resumable.core.checkpoint import encode, short
 from airflow_resumable.core.errors import ConfigurationError, LeaseLost, Paused, ReaderChanged
+from airflow_resumable.core.lease import raise_request
 from airflow_resumable.core.lent import TransactionConnection
 from airflow_resumable.core.observe import MAX_OUTPUTS, Source, cut_text
 from airflow_resumable.core.options import wait_seconds
@@ -31,6 +32,10 @@ class Chunks(AttemptState):
         """The one step after a chunk (``ctx.checkpoint()``): save the checkpoint (JSON text,
         encoded by the context), record it in the tally, report progress when due (write before
         report), then stop at this boundary if the signal fired, or end the slice or wait as asked.
+
+        The checkpoint's statement returns the stop request pending on the row (a pause, a cancel):
+        one asked while the chunk ran stops the run here, at the first checkpoint written after it
+        (pipelined, the checkpoint in flight is read at the next one).
 
         Raises:
             AttemptEnded: the handler already returned; nothing was written.
@@ -68,10 +73,28 @@ class Chunks(AttemptState):
                 self._writer.submit(position=position, state=state, processed=processed, total=total, rate=rate)
                 return
             began = time.perf_counter()
-            self._session.checkpoints.save(self._fence, position=position, state=state, processed=processed,
-                                           total=total, rate=rate)
+            request = self._session.checkpoints.save(self._fence, position=position, state=state,
+                                                     processed=processed, total=total, rate=rate)
             self._tally.save_seconds = time.perf_counter() - began
             self._tally.durable = (processed, total)
+            if request:
+                self._stop_asked(request)
+
+    def _stop_asked(self, request: str) -> None:
+        """A stop request came back with the checkpoint: raise the signal as the lease keeper does,
+        naming who asked (one read, now only). The attempt's connection reads it unless it is lent
+        to the handler (its next chunk's transaction is open there): then a connection of its own."""
+        assert self._session is not None and self._fence is not None
+        if self.signal.cancelled:
+            return
+        if self._session.autocommit:
+            raise_request(self.signal, self._session, self._fence, request)
+            return
+        try:
+            with self.store.open(autocommit=True) as session:
+                raise_request(self.signal, session, self._fence, request)
+        except Exception:  # who asked is a courtesy: the stop itself must not wait on it
+            raise_request(self.signal, None, self._fence, request)
 
     def _report(self, tally: Tally) -> None:
         """Report the last durable checkpoint (pipelined: what is committed, not what is in flight),

@@ -4,7 +4,10 @@ Renewal runs on a separate connection, so it goes on while the handler computes:
 threads at least every few milliseconds even in pure-Python loops, and the database drivers release
 the GIL while they wait. When a renewal finds the lease taken over, or cannot renew it for a whole
 lease duration, the keeper raises the run's signal with reason ``lease_lost``; a cancel request left
-on the row (``superseded``, ``user``) is raised the same way. The keeper never logs and never calls
+on the row (``superseded``, ``user``) is raised the same way. The checkpoint's own statement reads
+the same request (:meth:`~airflow_resumable.core.stores.checkpoints.Checkpoints.save`), so a
+request reaches the holder with its next checkpoint or its next heartbeat, whichever comes first:
+the heartbeat matters for a chunk that runs long. The keeper never logs and never calls
 Airflow: it only sets the signal, which the handler reads at its next chunk boundary. A heartbeat
 still in flight when the attempt asks the keeper to stop says nothing: the attempt's end is fenced
 itself, and its release of the lease would otherwise read as a lost lease on an attempt that
@@ -148,7 +151,7 @@ class LeaseKeeper:
                 self.beats += 1
                 last_ok = time.monotonic()
                 if request:
-                    self.signal.cancel(request, request_message(request, _who_asked(session, self.fence, request)))
+                    raise_request(self.signal, session, self.fence, request)
         finally:
             if session is not None:
                 session.close()
@@ -169,10 +172,20 @@ def request_message(reason: str, by: str | None) -> str:
     return f"{what} requested by {by}" if by else f"{what} requested through the control API (CLI, UI or REST)"
 
 
+def raise_request(signal: Signal, session: Any, fence: Fence, request: str) -> bool:
+    """Raise the run's ``signal`` for a stop ``request`` read off the slot's row (by a heartbeat or
+    by a checkpoint's own statement: whichever comes first), with the message that names who asked
+    (one read on ``session``, only now). Returns False when the signal was raised already."""
+    if signal.cancelled:
+        return False
+    return signal.cancel(request, request_message(request, _who_asked(session, fence, request)))
+
+
 def _who_asked(session: Any, fence: Fence, reason: str) -> str | None:
     """Who made the stop request, from the slot's history: one read, only when a request arrives.
-    None when unknown (a request a program wrote on the row, or the read failed)."""
-    if reason not in _ASKED:
+    None when unknown (a request a program wrote on the row, no session to read with, or the read
+    failed)."""
+    if reason not in _ASKED or session is None:
         return None
     try:
         return session.listings.requested_by(fence.job, fence.slot, _ASKED[reason][1])

@@ -12,6 +12,10 @@ that changes, and what it keeps:
   ``ctx.checkpoint()`` raises :class:`~airflow_resumable.core.errors.LeaseLost`; any other failure
   is raised by the next ``ctx.checkpoint()`` (or when the attempt ends) as it was;
 * **write before report**: progress is reported from the last write known to be durable;
+* **a stop request comes with the result**: each checkpoint's UPDATE returns the pause or cancel
+  pending on the row, read when its result is collected, at the next ``ctx.checkpoint()``: a
+  request asked while chunk N ran stops the run at checkpoint N+1 without pipelining, N+2 with it
+  (the write in flight is saved first);
 * **the end waits**: the attempt's final status (``done``, ``cancelled``, ``failed``) is written
   after the write in flight finished, so ``done`` always follows the last checkpoint.
 
@@ -39,8 +43,10 @@ from typing import Any
 
 from airflow_resumable.core.errors import LeaseLost
 from airflow_resumable.core.fence import Fence
+from airflow_resumable.core.lease import raise_request
 from airflow_resumable.core.signal import Reason, Signal
 from airflow_resumable.core.stores.base import Store, StoreSession
+from airflow_resumable.core.stores.checkpoints import pending_stop
 from airflow_resumable.core.stores.connection import save_rejected
 from airflow_resumable.core.stores.prepared import PreparedStatement
 from airflow_resumable.core.tally import Tally
@@ -110,6 +116,9 @@ class NoWaitWriter(CheckpointWriter):
     def __init__(self, store: Store, session: StoreSession, conn: Any, fence: Fence, *, signal: Signal, tally: Tally):
         super().__init__(store, fence, signal=signal, tally=tally)
         self._statement: Callable[..., tuple[str, dict[str, Any]]] = session.checkpoints.save_statement
+        #: The attempt's own session (autocommit: a pipelined attempt lends no transaction): who
+        #: asked for a stop a checkpoint returned is read there.
+        self._session = session
         self._like = session.conn
         self._conn: Any = conn
         self._connected = False
@@ -155,12 +164,16 @@ class NoWaitWriter(CheckpointWriter):
             else:
                 if self._prepared is not None:
                     self._prepared.sent(text)
+            rows = cur.fetchall()
         except Exception:
             self._discard()  # a broken connection: the next write opens a new one
             raise
         if cur.rowcount != 1:
             raise self._lost()
         self.tally.durable = saved
+        request = pending_stop(rows)
+        if request:
+            raise_request(self.signal, self._session, self.fence, request)
 
     def close(self) -> None:
         try:
@@ -215,8 +228,8 @@ class ThreadWriter(CheckpointWriter):
         if self._session is None:
             self._session = self.store.session(autocommit=True)
         try:
-            self._session.checkpoints.save(self.fence, position=position, state=state, processed=processed,
-                                           total=total, rate=rate)
+            request = self._session.checkpoints.save(self.fence, position=position, state=state,
+                                                     processed=processed, total=total, rate=rate)
         except LeaseLost:
             self.signal.cancel(Reason.LEASE_LOST, _LOST)
             raise
@@ -224,6 +237,8 @@ class ThreadWriter(CheckpointWriter):
             self._close()  # a broken connection: the next write opens a new one
             raise
         self.tally.durable = (processed, total)
+        if request:  # read on this thread's own session
+            raise_request(self.signal, self._session, self.fence, request)
 
     def _close(self) -> None:
         if self._session is not None:

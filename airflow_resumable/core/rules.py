@@ -148,9 +148,9 @@ P, A = Status, Action  # short names for the tables below
 _KEPT = "The checkpoint is kept: a Clear of its task resumes from it."
 #: Every request, in every slot it is taken by. A slot no rule of a request covers refuses it.
 RULES: tuple[Rule, ...] = (
-    # A running slot's holder stops at its next chunk boundary (it reads the request within one
-    # heartbeat) and the slot becomes paused. A pending resume is replaced; a pending restart is
-    # kept (refused).
+    # A running slot's holder stops at its next chunk boundary (it reads the request with its next
+    # checkpoint, or its next heartbeat inside a long chunk) and the slot becomes paused. A pending
+    # resume is replaced; a pending restart is kept (refused).
     Rule(A.PAUSE, when(status={P.RUNNING}, request={None, Request.RESUME}), Then(request=Request.PAUSE),
          "The run stops at its next chunk boundary and waits, deferred (no worker slot held, no retry used), "
          "until resumed."),

@@ -310,6 +310,28 @@ with DAG("rt_big_state", schedule="@daily", start_date=START, catchup=False) as 
     ResumableOperator(task_id="work", handler=big_state, xcom_interval=0, progress_interval=0)
 
 
+def asks_to_stop(ctx: RunContext) -> None:
+    """Items one a chunk, each checkpointed; right after checkpoint conf ``ask_at`` it asks for its own
+    ``action`` (default ``cancel``) through the control API, by the ``resumable_default`` connection."""
+    from airflow_resumable import control
+
+    conf = _conf()
+    n, at = int(conf.get("items", 1000)), int(conf["ask_at"])
+    i = ctx.position or 0
+    while i < n:
+        _log_seen(conf.get("seen"), [i], ctx.attempt)
+        i += 1
+        ctx.checkpoint(i, processed=i)
+        if i == at:
+            getattr(control, conf.get("action", "cancel"))(ctx.job, ctx.slot, by="erin")
+
+
+with DAG("rt_stop_at_checkpoint", schedule="@daily", start_date=START, catchup=False) as rt_stop_at_checkpoint:
+    # A lease of ten minutes: its first heartbeat would come after 200 s.
+    ResumableOperator(task_id="work", handler=asks_to_stop, lease=600, retries=0, progress_interval=0,
+                      xcom_interval=0)
+
+
 # Pause, throttle and time slices: the task defers (dag.test() runs the trigger in line).
 def throttle_twice(ctx: RunContext) -> float | None:
     """A long wait (it defers) after the chunks that end at 10 and 20 items."""

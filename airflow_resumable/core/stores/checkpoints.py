@@ -18,6 +18,7 @@ from airflow_resumable.core.stores.sql import (
     HISTORY,
     HISTORY_COLUMNS,
     KEY,
+    PENDING_STOP,
     SELECT,
     SKIPPED,
     TABLE,
@@ -32,7 +33,9 @@ from airflow_resumable.core.tables import ATTEMPTS
 @dataclasses.dataclass(frozen=True)
 class _SQL:
     load: str
-    #: The checkpoint, already in the driver's placeholders: a run sends it after every chunk.
+    #: The checkpoint, already in the driver's placeholders: a run sends it after every chunk. It
+    #: returns the stop request pending on the row, so the holder learns of a pause or a cancel
+    #: with the checkpoint it writes anyway (no statement of its own).
     save: str
     start: dict[bool, str]
     start_history: str
@@ -86,7 +89,7 @@ def _sql(d: Dialect) -> _SQL:
         load=f"SELECT {SELECT} FROM {TABLE} WHERE {KEY}",
         save=d.placeholders(
             f"UPDATE {TABLE} SET position = %(position)s, state = %(state)s, processed = %(processed)s, "
-            f"total = %(total)s, rate = %(rate)s, updated_at = {now} WHERE {WHERE}"
+            f"total = %(total)s, rate = %(rate)s, updated_at = {now} WHERE {WHERE} RETURNING {PENDING_STOP}"
         ),
         start=starts,
         start_history=insert(ATTEMPTS, {**named(*HISTORY_COLUMNS), "started_at": now}, returning="id"),
@@ -132,6 +135,12 @@ def _finish_one_sql(d: Dialect, status: Status, resumes: bool) -> str:
     swept = f", swept AS ({unclaimed_sql(alias='d', using='finished')})" if status is Status.DONE else ""
     return (f"WITH finished AS ({_finish_sql(d, status, resumes)}), ended AS ({record}){swept} "
             f"SELECT {SELECT} FROM finished")
+
+
+def pending_stop(rows: list[Any]) -> str | None:
+    """The stop request a checkpoint's UPDATE returned (``rows``: what it fetched): a cancel's
+    reason, ``paused``, or None (none pending, or the write was fenced out)."""
+    return str(rows[0][0]) if rows and rows[0][0] is not None else None
 
 
 class Checkpoints:
@@ -205,8 +214,12 @@ class Checkpoints:
             raise c.fenced_out(fence, "the reader could not be recorded: the lease was taken over")
 
     def save(self, fence: Fence, *, position: str, state: str, processed: int, total: int | None,
-             rate: float | None = None) -> None:
+             rate: float | None = None) -> str | None:
         """Write a checkpoint and commit it, together with whatever else this connection wrote.
+
+        Returns the stop request pending on the row, read by the checkpoint's own statement (see
+        :func:`pending_stop`): a cancel's reason (``requested``, ``superseded``...), ``paused``
+        when a pause was asked, or None.
 
         Raises:
             LeaseLost: another attempt holds the lease; nothing was committed.
@@ -222,8 +235,10 @@ class Checkpoints:
         if c.d.one_writer:
             with c.conn.own(), c.conn.writing():
                 cur.execute(sql, params)
+                rows = cur.fetchall()  # SQLite's statement (and its rowcount) ends with its rows
         elif self._prepared is None or self._prepared.plain is not sql:
             cur.execute(sql, params)
+            rows = cur.fetchall()
         else:  # PostgreSQL through psycopg2: by name once prepared (stores/prepared.py)
             text = self._prepared.text(autocommit=c.autocommit)
             try:
@@ -234,17 +249,20 @@ class Checkpoints:
                 cur.execute(sql, params)  # the failed EXECUTE changed nothing
             else:
                 self._prepared.sent(text)
+            rows = cur.fetchall()
         if cur.rowcount != 1:
             c.rollback()
             raise c.fenced_out(fence, save_rejected(fence.job, fence.slot).message)
         c.commit()
+        return pending_stop(rows)
 
     def save_statement(
         self, fence: Fence, *, position: str, state: str, processed: int, total: int | None, rate: float | None = None,
     ) -> tuple[str, dict[str, Any]]:
         """The checkpoint's fenced UPDATE, in this driver's placeholders, and its parameters: it
-        changes one row, or none once another attempt holds the lease. Sent by :meth:`save`, or
-        without waiting by a pipelined writer (core/pipeline.py)."""
+        changes one row, or none once another attempt holds the lease, and returns the row's
+        pending stop request (:func:`pending_stop` reads it). Sent by :meth:`save`, or without
+        waiting by a pipelined writer (core/pipeline.py)."""
         return _sql(self._c.d).save, {
             "position": position, "state": state, "processed": processed, "total": total, "rate": rate,
             "job": fence.job, "slot": fence.slot, "owner": fence.owner, "token": fence.token,

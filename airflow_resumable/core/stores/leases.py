@@ -14,6 +14,7 @@ from airflow_resumable.core.stores.dialect import Dialect
 from airflow_resumable.core.stores.sql import (
     HISTORY_COLUMNS,
     KEY,
+    PENDING_STOP,
     SELECT,
     TABLE,
     history_params,
@@ -51,7 +52,7 @@ def _sql(d: Dialect) -> _SQL:
         f"WHERE {KEY} AND (lease_owner IS NULL OR lease_owner = %(owner)s OR lease_expires_at <= {now}) "
         f"RETURNING {SELECT}",
         heartbeat=f"UPDATE {TABLE} SET lease_expires_at = {lease_end}, heartbeat_at = {now} WHERE {WHERE} "
-        "RETURNING COALESCE(cancel_request, CASE WHEN request = 'pause' THEN 'paused' END)",
+        f"RETURNING {PENDING_STOP}",
         # A release names the owner, not the token: it is only ever sent by the acquiring attempt
         # before it started (nothing of the row's progress is touched).
         release=f"UPDATE {TABLE} SET lease_owner = NULL, lease_expires_at = NULL WHERE {KEY} AND lease_owner = %(owner)s",

@@ -17,6 +17,10 @@ SKIPPED = DEAD_LETTERS.name
 SELECT = CHECKPOINTS.select
 #: A slot's row: the condition, with the named parameters ``job`` and ``slot``.
 KEY = "job = %(job)s AND slot = %(slot)s"
+#: The stop request pending for the holder, as a fenced write of its (a heartbeat, a checkpoint)
+#: returns it: a cancel's reason (``requested``, ``superseded``...), else ``paused`` when a pause
+#: was asked, else NULL.
+PENDING_STOP = "COALESCE(cancel_request, CASE WHEN request = 'pause' THEN 'paused' END)"
 
 #: The columns of an attempt's history record that :func:`history_params` fills.
 HISTORY_COLUMNS = (
