@@ -205,4 +205,5 @@ def test_a_task_paused_at_its_checkpoint_defers_and_a_resume_continues_it_in_the
         assert [i for (i,) in db.execute("SELECT item FROM seen ORDER BY rowid")] == list(range(30))
     with checkpoints.open() as s:
         done = s.checkpoints.load(job, DAY.isoformat())
+    assert done is not None
     assert (done.status, done.processed, done.resumed_from) == ("done", 30, ASK_AT + 1)
