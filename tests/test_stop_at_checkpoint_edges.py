@@ -69,7 +69,6 @@ def test_an_empty_or_unknown_request_edited_by_hand_is_not_a_stop_and_the_run_fi
     assert (stored.status, stored.position, stored.cancel_request, stored.request) == ("done", N, None, None)
 
 
-@pytest.mark.xfail(strict=True, reason="a row's cancel_request of 'lease_lost' reads as a lost lease in the holder")
 def test_a_cancel_request_edited_by_hand_to_lease_lost_ends_the_slot_as_a_cancel_not_as_a_lost_lease(
     store: Store,
 ) -> None:

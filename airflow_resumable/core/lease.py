@@ -178,6 +178,12 @@ def raise_request(signal: Signal, session: Any, fence: Fence, request: str) -> b
     (one read on ``session``, only now). Returns False when the signal was raised already."""
     if signal.cancelled:
         return False
+    if request == Reason.LEASE_LOST.value:  # only a run gives it; on the row it was written by hand or a program
+        # The write that read it proved the lease is this attempt's: a cancel, not a lost lease (which
+        # would stop without writing anything, and leave the row running under a lease nobody renews).
+        return signal.cancel(Reason.REQUESTED.value, "cancelled: the checkpoint row asked to stop with the reason "
+                             "'lease_lost', which only a run gives itself (the row was edited by hand or by a "
+                             "program); this attempt still held the lease")
     return signal.cancel(request, request_message(request, _who_asked(session, fence, request)))
 
 
