@@ -482,3 +482,28 @@ def test_a_database_that_does_not_answer_for_its_schema_delays_the_naming_by_the
         naming.datasource.cache_clear()
     assert time.monotonic() - began < 10
     assert named == [("postgres://127.0.0.1:1", "loans")]  # no schema to qualify it with
+
+
+@pytest.mark.one_store("asserts the OpenLineage events, not the store", kind="sqlite")
+def test_no_secret_of_a_query_its_params_a_connection_s_extra_or_a_stop_reason_reaches_an_event(
+    checkpoints: Store, airflow_home: Path, source_db: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Given a ChunkedOperator whose reader's query holds a password literal and a password in a comment,
+    with a secret param, through a connection whose extra holds a token, and a handler that stops the
+    attempt with a reason of its own holding a DSN with a password,
+    When it runs (and is cancelled), Then no event holds any of those secrets outside the provider's own
+    ``errorMessage`` facet (the raised error's text and traceback, as the provider sends them for every
+    operator: the docs say so); our facet's stop reason keeps the DSN's host, without its user and
+    password; the query's table is the input."""
+    monkeypatch.setenv("AIRFLOW_CONN_LINEAGE_SOURCE", json.dumps(
+        {"conn_type": "sqlite", "host": str(source_db), "extra": {"token": "extra-tok-4", "api_key": "extra-key-5"}}))
+    run, events = run_with_lineage("ol_secrets", tmp_path / "events.jsonl")
+    assert [e["eventType"] for e in events] == ["START", "FAIL"]
+    assert facet(events[-1])["stopReason"] == "postgresql://db.internal/x"
+    for event in events:
+        event["run"]["facets"].pop("errorMessage", None)
+    text = json.dumps(events)
+    for secret in ("extra-tok-4", "extra-key-5", "query-pw-1", "param-pw-2", "where-pw-3", "reason-pw-7", "bob"):
+        assert secret not in text, secret
+    for event in events:
+        assert [(d["namespace"], d["name"]) for d in event["inputs"]] == [(f"sqlite://{source_db}", "loans")]

@@ -207,14 +207,15 @@ class AttemptFacts:
 
     def as_json(self) -> dict[str, Any]:
         """The facts as plain JSON, small: positions and bounds over :data:`VALUE_LIMIT` characters of
-        JSON become ``{"truncated": true, "bytes": n, "preview": ...}``, the stop reason is cut to
+        JSON become ``{"truncated": true, "bytes": n, "preview": ...}``, the stop reason (a handler's
+        own may hold a DSN) loses its credentials (:func:`without_credentials_in`) and is cut to
         :data:`REASON_LIMIT` characters and names to :data:`TEXT_LIMIT` (:func:`cut_text`); None
         values are left out."""
         out: dict[str, Any] = {"job": cut_text(self.job), "slot": None if self.slot is None else cut_text(self.slot),
                                "attempt": self.attempt, "status": self.status, "resumed": self.resumed,
                                "processed": self.processed, "total": self.total, "skipped": self.skipped,
-                               "stop_reason": None if self.stop_reason is None else cut_text(self.stop_reason,
-                                                                                             REASON_LIMIT),
+                               "stop_reason": None if self.stop_reason is None else without_credentials_in(
+                                   self.stop_reason, REASON_LIMIT),
                                "checkpoints": self.checkpoints}
         for name in ("resumed_from", "position"):
             if getattr(self, name) is not None:

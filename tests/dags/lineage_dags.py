@@ -74,3 +74,21 @@ def pause_once(ctx: RunContext) -> float | None:
 with DAG("ol_pause", schedule="@daily", start_date=START, catchup=False) as ol_pause:
     ResumableOperator(task_id="work", handler=three_chunks, retries=0, throttle=pause_once, defer_after=0.2,
                       resume_poll=0.1)
+
+
+def cancel_with_a_dsn(ctx: RunContext, batch: list[Any]) -> None:
+    """Stops the attempt with a reason of its own that holds a DSN (a careless handler's)."""
+    from airflow_resumable.core.errors import Cancelled
+
+    ctx.output(file="/exports/token=tok-in-path-9/part.csv")
+    if ctx.processed >= 10:
+        raise Cancelled("postgresql://bob:reason-pw-7@db.internal/x", "stopped: postgresql://bob:reason-pw-7@db/x")
+
+
+with DAG("ol_secrets", schedule="@daily", start_date=START, catchup=False) as ol_secrets:
+    ChunkedOperator(
+        task_id="read_users",
+        read=sql_reader("lineage_source", query="SELECT id, amount FROM loans WHERE 'where-pw-3' <> ? "
+                        "AND amount > 0 /* password = 'query-pw-1' */", key="id", params=("param-pw-2",)),
+        process=cancel_with_a_dsn, chunk_size=10, retries=0,
+    )
