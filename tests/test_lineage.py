@@ -507,3 +507,32 @@ def test_no_secret_of_a_query_its_params_a_connection_s_extra_or_a_stop_reason_r
         assert secret not in text, secret
     for event in events:
         assert [(d["namespace"], d["name"]) for d in event["inputs"]] == [(f"sqlite://{source_db}", "loans")]
+
+
+def test_queries_parsed_from_many_threads_at_once_leave_the_process_s_thread_stack_size_as_it_was() -> None:
+    """Given the parser's thread, started with a large stack (the process's setting, set and set back),
+    When eight threads start such threads at once, again and again, Then the process's stack size for
+    new threads is what it was before (it stayed at the parser's for every later thread of the process)."""
+    import threading
+
+    from airflow_resumable.lineage import naming
+
+    before = threading.stack_size()  # reading it sets it to 0: the default
+    changed = []
+    for _ in range(10):
+        barrier = threading.Barrier(8)
+
+        def parse_often() -> None:
+            barrier.wait()
+            for _ in range(5):
+                naming._bounded(lambda: None, "sql-parse", stack=naming.PARSE_STACK)
+
+        threads = [threading.Thread(target=parse_often) for _ in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        now = threading.stack_size(before)
+        if now != before:
+            changed.append(now)
+    assert changed == []

@@ -42,6 +42,7 @@ PARSE_STACK = 128 * 1024 * 1024
 #: given up (the task goes on; a database that does not answer would otherwise hold the task's start).
 LOOKUP_TIMEOUT = 15.0
 
+_STACK_SIZE_LOCK = threading.Lock()
 _PLACEHOLDERS = re.compile(r"%\([A-Za-z_][A-Za-z0-9_]*\)s|%s|\?")
 _SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]+")  # two characters at least: C:/data is a path
 
@@ -115,16 +116,20 @@ def _bounded(fn: Callable[[], Any], what: str, *, stack: int | None = None) -> A
         except BaseException as exc:
             result.append((False, exc))
 
-    try:
-        previous = threading.stack_size(stack) if stack else None
-    except (ValueError, RuntimeError):  # a platform that sets no stack size: the default one
-        previous = None
-    try:
-        thread = threading.Thread(target=run, name=f"resumable-lineage-{what}", daemon=True)
-        thread.start()
-    finally:
-        if previous is not None:
-            threading.stack_size(previous)
+    # The stack size is the process's, read when a thread starts: set, start, set back, under one lock (two
+    # callers at once left it at PARSE_STACK for every later thread of the process). A thread another
+    # library starts in that instant gets the large stack too (virtual memory, not used unless touched).
+    with _STACK_SIZE_LOCK:
+        try:
+            previous = threading.stack_size(stack) if stack else None
+        except (ValueError, RuntimeError):  # a platform that sets no stack size: the default one
+            previous = None
+        try:
+            thread = threading.Thread(target=run, name=f"resumable-lineage-{what}", daemon=True)
+            thread.start()
+        finally:
+            if previous is not None:
+                threading.stack_size(previous)
     thread.join(LOOKUP_TIMEOUT)
     if not result:
         raise TimeoutError(f"{what} took more than {LOOKUP_TIMEOUT:g} s")
