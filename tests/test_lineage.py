@@ -536,3 +536,31 @@ def test_queries_parsed_from_many_threads_at_once_leave_the_process_s_thread_sta
         if now != before:
             changed.append(now)
     assert changed == []
+
+
+@pytest.mark.one_store("asserts the OpenLineage events, not the store", kind="sqlite")
+def test_a_process_that_dies_leaves_a_start_without_a_fail_and_the_next_process_s_complete_says_where_it_resumed(
+    checkpoints: Store, airflow_home: Path, source_db: Path, tmp_path: Path
+) -> None:
+    """Given a ChunkedOperator over ``loans`` whose process dies (``os._exit``) in its third chunk,
+    When a fresh process runs the same DAG run again,
+    Then the dead process left a START and nothing else (no listener runs in a dead process); the next
+    process's START says its try, and its COMPLETE says it resumed from the dead one's last checkpoint."""
+    events_file = tmp_path / "events.jsonl"
+    environ = {**os.environ,
+               "AIRFLOW__OPENLINEAGE__TRANSPORT": json.dumps({"type": "file", "log_file_path": str(events_file),
+                                                              "append": True}),
+               "AIRFLOW__OPENLINEAGE__NAMESPACE": "resumable-tests", "AIRFLOW__OPENLINEAGE__EXECUTION_TIMEOUT": "120"}
+    died = subprocess.run([sys.executable, str(ROOT / "tests" / "support" / "dag_run.py"), "ol_crash",
+                           json.dumps({"die_at": 2}), DAY], capture_output=True, text=True, env=environ, timeout=300)
+    (tmp_path / "died.log").write_text(died.stdout + died.stderr)
+    assert died.returncode == 9, died.stderr[-3000:]
+    dead = [e for e in map(json.loads, events_file.read_text().splitlines()) if "." in e["job"]["name"]]
+    assert [e["eventType"] for e in dead] == ["START"]
+    events_file.unlink()
+    run, events = run_with_lineage("ol_crash", events_file)
+    assert run["state"] == "success"
+    assert [e["eventType"] for e in events] == ["START", "COMPLETE"], [e["eventType"] for e in events]
+    start, complete = (facet(e) for e in events)
+    assert {k: complete.get(k) for k in ("status", "resumed", "resumedFrom", "processed")} == {
+        "status": "done", "resumed": True, "resumedFrom": 20, "processed": 50}, (start, complete)
