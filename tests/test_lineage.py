@@ -564,3 +564,35 @@ def test_a_process_that_dies_leaves_a_start_without_a_fail_and_the_next_process_
     start, complete = (facet(e) for e in events)
     assert {k: complete.get(k) for k in ("status", "resumed", "resumedFrom", "processed")} == {
         "status": "done", "resumed": True, "resumedFrom": 20, "processed": 50}, (start, complete)
+
+
+@pytest.mark.parametrize(("path", "named"), [
+    ("/data/in/../out/./x.csv", ("file", "/data/out/x.csv")),
+    ("file:///data/in/../x.csv", ("file", "/data/x.csv")),
+    ("s3://bucket/a/../k", ("s3://bucket", "a/../k")),  # an object store's key is taken as it is
+])
+def test_a_local_path_with_dot_segments_names_the_file_it_is_once(path: str, named: tuple[str, str]) -> None:
+    """Given a file written ``/data/in/../out/./x.csv`` by one task and ``/data/out/x.csv`` by another,
+    When they are named, Then both are the one dataset ``/data/out/x.csv`` (an S3 key keeps its ``..``)."""
+    from airflow_resumable.core.observe import Source
+    from airflow_resumable.lineage.naming import dataset_names
+
+    assert dataset_names(Source("file", path)) == [named]
+
+
+def test_a_name_holding_a_nul_character_is_left_out_of_the_events_with_a_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Given ``ctx.output(file="out\\x00.csv")`` (a NUL, which no path or table name holds and which a backend
+    storing events in PostgreSQL refuses, with the whole event), When its datasets are named, Then it is
+    left out with a warning naming the NUL, and nothing raises."""
+    import logging
+
+    from airflow_resumable.core.observe import Source
+    from airflow_resumable.lineage.facets import datasets, look_up
+
+    source = Source("file", "/data/out\x00.csv")
+    with caplog.at_level(logging.WARNING):
+        names = look_up([source], logging.getLogger("test_lineage.task"))
+        assert datasets([source], names) == []
+    assert "NUL character" in caplog.text

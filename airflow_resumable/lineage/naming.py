@@ -8,7 +8,8 @@ dataset in it.
   names none); a query is parsed by OpenLineage's SQL parser into the tables it reads.
   A SQLite file, which the spec does not name: namespace ``sqlite://{path of the file}``, name the
   table. A connection whose hook says nothing: ``{conn_type}://{host}:{port}``.
-* A file: ``s3://bucket`` and the key, ``gs://bucket`` and the object, ``file`` and the path.
+* A file: ``s3://bucket`` and the key, ``gs://bucket`` and the object, ``file`` and the path (normalised:
+  ``/data/in/../x.csv`` is ``/data/x.csv``).
 
 Only the host and port of a connection are used, never its login, password or extras; a file's
 URL loses its credentials and query before it gets here (:class:`~airflow_resumable.core.observe.Source`).
@@ -20,6 +21,7 @@ characters (1,000; cut with ``...``).
 from __future__ import annotations
 
 import functools
+import posixpath
 import re
 import threading
 from collections.abc import Callable
@@ -94,11 +96,12 @@ def _file_names(name: str) -> tuple[str, str]:
         host, _, path = rest.partition("/")
         return f"{scheme.lower()}://{_authority(host)}", path
     if text[:5].lower() == "file:":  # file:///data/x.csv, file:/data/x.csv
-        path = text[5:]
-        if path.startswith("//"):
-            path = "/" + path[2:].partition("/")[2]
-        return "file", path
-    return "file", text
+        text = text[5:]
+        if text.startswith("//"):
+            text = "/" + text[2:].partition("/")[2]
+    # A local path names its file once: /data/in/../x.csv is /data/x.csv (an object store's key is kept as it
+    # is: there ``..`` is part of the key).
+    return "file", posixpath.normpath(text) if text else text
 
 
 def _bounded(fn: Callable[[], Any], what: str, *, stack: int | None = None) -> Any:
@@ -210,4 +213,7 @@ def dataset_names(src: Source) -> list[tuple[str, str]]:
     out = [(cut_text(_namespace(namespace), NAME_LIMIT), _name(name)) for namespace, name in found]
     if any(not name for _, name in out):
         raise ValueError(f"the {src.kind} names no dataset once its credentials, query and fragment are dropped")
+    if any("\x00" in namespace or "\x00" in name for namespace, name in out):  # no path or table holds one
+        raise ValueError(f"the {src.kind}'s name holds a NUL character, which a backend storing events in "
+                         "PostgreSQL (Marquez) refuses with the whole event")
     return out
