@@ -596,3 +596,23 @@ def test_a_name_holding_a_nul_character_is_left_out_of_the_events_with_a_warning
         names = look_up([source], logging.getLogger("test_lineage.task"))
         assert datasets([source], names) == []
     assert "NUL character" in caplog.text
+
+
+def test_a_query_s_password_literal_never_reaches_the_task_log_when_its_datasets_cannot_be_named(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Given a reader's query ``... WHERE password = 'hunter2'`` read through a plain connect function (no
+    connection to name it by), and another through a connection that cannot be looked up,
+    When their datasets are named, Then the log lines saying why they are left out show the query
+    without the password."""
+    import logging
+
+    from airflow_resumable.core.observe import Source
+    from airflow_resumable.lineage.facets import look_up
+
+    sources = [Source("query", "SELECT id FROM users WHERE password = 'hunter2'"),
+               Source("query", "SELECT id FROM users WHERE token='tok-9'", "no_such_connection_for_lineage")]
+    with caplog.at_level(logging.INFO):
+        look_up(sources, logging.getLogger("test_lineage.task"))
+    assert "SELECT id FROM users" in caplog.text
+    assert "hunter2" not in caplog.text and "tok-9" not in caplog.text
