@@ -522,7 +522,7 @@ def test_queries_parsed_from_many_threads_at_once_leave_the_process_s_thread_sta
     for _ in range(10):
         barrier = threading.Barrier(8)
 
-        def parse_often() -> None:
+        def parse_often(barrier: threading.Barrier = barrier) -> None:
             barrier.wait()
             for _ in range(5):
                 naming._bounded(lambda: None, "sql-parse", stack=naming.PARSE_STACK)
