@@ -482,3 +482,137 @@ def test_a_database_that_does_not_answer_for_its_schema_delays_the_naming_by_the
         naming.datasource.cache_clear()
     assert time.monotonic() - began < 10
     assert named == [("postgres://127.0.0.1:1", "loans")]  # no schema to qualify it with
+
+
+@pytest.mark.one_store("asserts the OpenLineage events, not the store", kind="sqlite")
+def test_no_secret_of_a_query_its_params_a_connection_s_extra_or_a_stop_reason_reaches_an_event(
+    checkpoints: Store, airflow_home: Path, source_db: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Given a ChunkedOperator whose reader's query holds a password literal and a password in a comment,
+    with a secret param, through a connection whose extra holds a token, and a handler that stops the
+    attempt with a reason of its own holding a DSN with a password,
+    When it runs (and is cancelled), Then no event holds any of those secrets outside the provider's own
+    ``errorMessage`` facet (the raised error's text and traceback, as the provider sends them for every
+    operator: the docs say so); our facet's stop reason keeps the DSN's host, without its user and
+    password; the query's table is the input."""
+    monkeypatch.setenv("AIRFLOW_CONN_LINEAGE_SOURCE", json.dumps(
+        {"conn_type": "sqlite", "host": str(source_db), "extra": {"token": "extra-tok-4", "api_key": "extra-key-5"}}))
+    run, events = run_with_lineage("ol_secrets", tmp_path / "events.jsonl")
+    assert [e["eventType"] for e in events] == ["START", "FAIL"]
+    assert facet(events[-1])["stopReason"] == "postgresql://db.internal/x"
+    for event in events:
+        event["run"]["facets"].pop("errorMessage", None)
+    text = json.dumps(events)
+    for secret in ("extra-tok-4", "extra-key-5", "query-pw-1", "param-pw-2", "where-pw-3", "reason-pw-7", "bob"):
+        assert secret not in text, secret
+    for event in events:
+        assert [(d["namespace"], d["name"]) for d in event["inputs"]] == [(f"sqlite://{source_db}", "loans")]
+
+
+def test_queries_parsed_from_many_threads_at_once_leave_the_process_s_thread_stack_size_as_it_was() -> None:
+    """Given the parser's thread, started with a large stack (the process's setting, set and set back),
+    When eight threads start such threads at once, again and again, Then the process's stack size for
+    new threads is what it was before (it stayed at the parser's for every later thread of the process)."""
+    import threading
+
+    from airflow_resumable.lineage import naming
+
+    before = threading.stack_size()  # reading it sets it to 0: the default
+    changed = []
+    for _ in range(10):
+        barrier = threading.Barrier(8)
+
+        def parse_often(barrier: threading.Barrier = barrier) -> None:
+            barrier.wait()
+            for _ in range(5):
+                naming._bounded(lambda: None, "sql-parse", stack=naming.PARSE_STACK)
+
+        threads = [threading.Thread(target=parse_often) for _ in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        now = threading.stack_size(before)
+        if now != before:
+            changed.append(now)
+    assert changed == []
+
+
+@pytest.mark.one_store("asserts the OpenLineage events, not the store", kind="sqlite")
+def test_a_process_that_dies_leaves_a_start_without_a_fail_and_the_next_process_s_complete_says_where_it_resumed(
+    checkpoints: Store, airflow_home: Path, source_db: Path, tmp_path: Path
+) -> None:
+    """Given a ChunkedOperator over ``loans`` whose process dies (``os._exit``) in its third chunk,
+    When a fresh process runs the same DAG run again,
+    Then the dead process left a START and nothing else (no listener runs in a dead process); the next
+    process's START says its try, and its COMPLETE says it resumed from the dead one's last checkpoint."""
+    events_file = tmp_path / "events.jsonl"
+    environ = {**os.environ,
+               "AIRFLOW__OPENLINEAGE__TRANSPORT": json.dumps({"type": "file", "log_file_path": str(events_file),
+                                                              "append": True}),
+               "AIRFLOW__OPENLINEAGE__NAMESPACE": "resumable-tests", "AIRFLOW__OPENLINEAGE__EXECUTION_TIMEOUT": "120"}
+    died = subprocess.run([sys.executable, str(ROOT / "tests" / "support" / "dag_run.py"), "ol_crash",
+                           json.dumps({"die_at": 2}), DAY], capture_output=True, text=True, env=environ, timeout=300)
+    (tmp_path / "died.log").write_text(died.stdout + died.stderr)
+    assert died.returncode == 9, died.stderr[-3000:]
+    dead = [e for e in map(json.loads, events_file.read_text().splitlines()) if "." in e["job"]["name"]]
+    assert [e["eventType"] for e in dead] == ["START"]
+    events_file.unlink()
+    run, events = run_with_lineage("ol_crash", events_file)
+    assert run["state"] == "success"
+    assert [e["eventType"] for e in events] == ["START", "COMPLETE"], [e["eventType"] for e in events]
+    start, complete = (facet(e) for e in events)
+    assert {k: complete.get(k) for k in ("status", "resumed", "resumedFrom", "processed")} == {
+        "status": "done", "resumed": True, "resumedFrom": 20, "processed": 50}, (start, complete)
+
+
+@pytest.mark.parametrize(("path", "named"), [
+    ("/data/in/../out/./x.csv", ("file", "/data/out/x.csv")),
+    ("file:///data/in/../x.csv", ("file", "/data/x.csv")),
+    ("s3://bucket/a/../k", ("s3://bucket", "a/../k")),  # an object store's key is taken as it is
+])
+def test_a_local_path_with_dot_segments_names_the_file_it_is_once(path: str, named: tuple[str, str]) -> None:
+    """Given a file written ``/data/in/../out/./x.csv`` by one task and ``/data/out/x.csv`` by another,
+    When they are named, Then both are the one dataset ``/data/out/x.csv`` (an S3 key keeps its ``..``)."""
+    from airflow_resumable.core.observe import Source
+    from airflow_resumable.lineage.naming import dataset_names
+
+    assert dataset_names(Source("file", path)) == [named]
+
+
+def test_a_name_holding_a_nul_character_is_left_out_of_the_events_with_a_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Given ``ctx.output(file="out\\x00.csv")`` (a NUL, which no path or table name holds and which a backend
+    storing events in PostgreSQL refuses, with the whole event), When its datasets are named, Then it is
+    left out with a warning naming the NUL, and nothing raises."""
+    import logging
+
+    from airflow_resumable.core.observe import Source
+    from airflow_resumable.lineage.facets import datasets, look_up
+
+    source = Source("file", "/data/out\x00.csv")
+    with caplog.at_level(logging.WARNING):
+        names = look_up([source], logging.getLogger("test_lineage.task"))
+        assert datasets([source], names) == []
+    assert "NUL character" in caplog.text
+
+
+def test_a_query_s_password_literal_never_reaches_the_task_log_when_its_datasets_cannot_be_named(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Given a reader's query ``... WHERE password = 'hunter2'`` read through a plain connect function (no
+    connection to name it by), and another through a connection that cannot be looked up,
+    When their datasets are named, Then the log lines saying why they are left out show the query
+    without the password."""
+    import logging
+
+    from airflow_resumable.core.observe import Source
+    from airflow_resumable.lineage.facets import look_up
+
+    sources = [Source("query", "SELECT id FROM users WHERE password = 'hunter2'"),
+               Source("query", "SELECT id FROM users WHERE token='tok-9'", "no_such_connection_for_lineage")]
+    with caplog.at_level(logging.INFO):
+        look_up(sources, logging.getLogger("test_lineage.task"))
+    assert "SELECT id FROM users" in caplog.text
+    assert "hunter2" not in caplog.text and "tok-9" not in caplog.text

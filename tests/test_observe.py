@@ -226,3 +226,13 @@ def test_a_huge_text_is_scrubbed_in_linear_time_and_a_cut_leaves_no_half_of_a_ur
     for limit in range(590, 640):
         cut = without_credentials_in(text, limit)
         assert len(cut) <= limit and "hunter" not in cut and "alice" not in cut, limit
+
+
+def test_a_stop_reason_s_dsn_loses_its_password_even_when_the_cut_falls_before_its_at_sign() -> None:
+    """Given a handler's own stop reason holding a DSN whose user and password start before the 200th
+    character and whose ``@`` comes after it, When the facts go out, Then the reason is 200 characters and
+    holds neither the user nor the password."""
+    reason = "x" * 150 + " postgresql://bob:" + "p" * 100 + "@db.internal/x"
+    shown = AttemptFacts(job="j", slot="s", attempt=1, status="cancelled", stop_reason=reason).as_json()["stop_reason"]
+    assert shown.startswith("x" * 150 + " postgresql://db.internal/x")
+    assert "bob" not in shown and "ppp" not in shown and len(shown) <= REASON_LIMIT

@@ -166,3 +166,32 @@ def test_an_error_s_password_never_reaches_the_span_however_the_error_says_it() 
     assert recorded.status.description == "RuntimeError"
     everything = str([(e.name, dict(e.attributes or {})) for e in recorded.events]) + str(recorded.attributes)
     assert "hunter2" not in everything and "s3cret-pw" not in everything and "sslkey" not in everything
+
+
+def test_a_stop_reason_holding_a_dsn_reaches_the_span_without_its_password() -> None:
+    """Given an attempt's span, When the attempt stops with a reason of the handler's own that holds a
+    DSN with a user and a password (``Cancelled("postgresql://bob:pw@db/x")``), Then the ``resumable.stop``
+    event and the span's ``resumable.stop_reason`` keep the host, not the user or the password."""
+    import logging
+
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from airflow_resumable.core.checkpoint import Checkpoint
+    from airflow_resumable.core.observe import AttemptFacts
+    from airflow_resumable.operators.tracing import AttemptTrace
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = provider.get_tracer("test")
+    traced = AttemptTrace(tracer.start_span("resumable.attempt"), tracer, logging.getLogger("test_tracing"))
+    reason = "postgresql://bob:reason-pw-7@db.internal/x"
+    traced.finished(Checkpoint(job="j", slot="s", status="cancelled", stop_reason=reason, processed=10))
+    traced.end(AttemptFacts(job="j", slot="s", attempt=1, status="cancelled", stop_reason=reason))
+    recorded = next(s for s in exporter.get_finished_spans() if s.name == "resumable.attempt")
+    stop = next(e for e in recorded.events if e.name == "resumable.stop")
+    assert stop.attributes is not None and recorded.attributes is not None
+    assert stop.attributes["resumable.stop_reason"] == recorded.attributes["resumable.stop_reason"] == (
+        "postgresql://db.internal/x")

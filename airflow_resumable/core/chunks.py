@@ -16,7 +16,7 @@ from airflow_resumable.core.checkpoint import encode, short
 from airflow_resumable.core.errors import ConfigurationError, LeaseLost, Paused, ReaderChanged
 from airflow_resumable.core.lease import raise_request
 from airflow_resumable.core.lent import TransactionConnection
-from airflow_resumable.core.observe import MAX_OUTPUTS, Source, cut_text
+from airflow_resumable.core.observe import MAX_OUTPUTS, Source, without_credentials_in
 from airflow_resumable.core.options import wait_seconds
 from airflow_resumable.core.readers.base import differences
 from airflow_resumable.core.signal import Reason
@@ -198,7 +198,7 @@ class Chunks(AttemptState):
                     "lineage: more than %s different %ss were declared in this attempt; the others (%s %s, ...) are "
                     "left out of its lineage events. Name the tables or files the handler reads or writes (a prefix "
                     "for many files), not each row or object [job=%s slot=%s]", MAX_OUTPUTS, direction, source.kind,
-                    cut_text(source.name, 80), self.job, self.slot)
+                    without_credentials_in(source.name, 80), self.job, self.slot)
             return
         declared.append(source)
 

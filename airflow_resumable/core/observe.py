@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 __all__ = [
     "MAX_OUTPUTS", "NAME_LIMIT", "REASON_LIMIT", "TEXT_LIMIT", "VALUE_LIMIT", "AttemptFacts", "Part", "Source",
-    "cut_text", "cut_value", "without_credentials", "without_credentials_in",
+    "cut_text", "cut_value", "stop_reason_text", "without_credentials", "without_credentials_in",
 ]
 
 #: The longest position (and partition bound) an event carries whole, in characters of JSON.
@@ -131,6 +131,13 @@ def without_credentials_in(text: str, limit: int | None = None) -> str:
     return scrubbed if limit is None else cut_text(scrubbed, limit)
 
 
+def stop_reason_text(reason: str) -> str:
+    """A stop reason as an event or a span carries it: without the credentials a handler's own reason may
+    hold (:func:`without_credentials_in`, over the whole text: a cut first could split a URL before its
+    ``@``), then cut to :data:`REASON_LIMIT` characters (a long one-word reason keeps its start)."""
+    return cut_text(without_credentials_in(reason), REASON_LIMIT)
+
+
 @dataclasses.dataclass(frozen=True)
 class Source:
     """A dataset an attempt reads or writes.
@@ -207,14 +214,14 @@ class AttemptFacts:
 
     def as_json(self) -> dict[str, Any]:
         """The facts as plain JSON, small: positions and bounds over :data:`VALUE_LIMIT` characters of
-        JSON become ``{"truncated": true, "bytes": n, "preview": ...}``, the stop reason is cut to
+        JSON become ``{"truncated": true, "bytes": n, "preview": ...}``, the stop reason (a handler's
+        own may hold a DSN) loses its credentials (:func:`without_credentials_in`) and is cut to
         :data:`REASON_LIMIT` characters and names to :data:`TEXT_LIMIT` (:func:`cut_text`); None
         values are left out."""
         out: dict[str, Any] = {"job": cut_text(self.job), "slot": None if self.slot is None else cut_text(self.slot),
                                "attempt": self.attempt, "status": self.status, "resumed": self.resumed,
                                "processed": self.processed, "total": self.total, "skipped": self.skipped,
-                               "stop_reason": None if self.stop_reason is None else cut_text(self.stop_reason,
-                                                                                             REASON_LIMIT),
+                               "stop_reason": None if self.stop_reason is None else stop_reason_text(self.stop_reason),
                                "checkpoints": self.checkpoints}
         for name in ("resumed_from", "position"):
             if getattr(self, name) is not None:

@@ -68,7 +68,7 @@ def look_up(sources: Iterable[Source], log: Any) -> dict[Source, list[tuple[str,
     with a log line saying why; it never fails the task."""
     out: dict[Source, list[tuple[str, str]]] = {}
     for src in sources:
-        what = f"{src.kind} {cut_text(src.name, 80)!r}"
+        what = f"{src.kind} {without_credentials_in(src.name, 80)!r}"  # a query may hold a password literal
         try:
             out[src] = dataset_names(src)
         except Exception as exc:

@@ -8,7 +8,8 @@ dataset in it.
   names none); a query is parsed by OpenLineage's SQL parser into the tables it reads.
   A SQLite file, which the spec does not name: namespace ``sqlite://{path of the file}``, name the
   table. A connection whose hook says nothing: ``{conn_type}://{host}:{port}``.
-* A file: ``s3://bucket`` and the key, ``gs://bucket`` and the object, ``file`` and the path.
+* A file: ``s3://bucket`` and the key, ``gs://bucket`` and the object, ``file`` and the path (normalised:
+  ``/data/in/../x.csv`` is ``/data/x.csv``).
 
 Only the host and port of a connection are used, never its login, password or extras; a file's
 URL loses its credentials and query before it gets here (:class:`~airflow_resumable.core.observe.Source`).
@@ -20,6 +21,7 @@ characters (1,000; cut with ``...``).
 from __future__ import annotations
 
 import functools
+import posixpath
 import re
 import threading
 from collections.abc import Callable
@@ -42,6 +44,7 @@ PARSE_STACK = 128 * 1024 * 1024
 #: given up (the task goes on; a database that does not answer would otherwise hold the task's start).
 LOOKUP_TIMEOUT = 15.0
 
+_STACK_SIZE_LOCK = threading.Lock()
 _PLACEHOLDERS = re.compile(r"%\([A-Za-z_][A-Za-z0-9_]*\)s|%s|\?")
 _SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]+")  # two characters at least: C:/data is a path
 
@@ -93,11 +96,12 @@ def _file_names(name: str) -> tuple[str, str]:
         host, _, path = rest.partition("/")
         return f"{scheme.lower()}://{_authority(host)}", path
     if text[:5].lower() == "file:":  # file:///data/x.csv, file:/data/x.csv
-        path = text[5:]
-        if path.startswith("//"):
-            path = "/" + path[2:].partition("/")[2]
-        return "file", path
-    return "file", text
+        text = text[5:]
+        if text.startswith("//"):
+            text = "/" + text[2:].partition("/")[2]
+    # A local path names its file once: /data/in/../x.csv is /data/x.csv (an object store's key is kept as it
+    # is: there ``..`` is part of the key).
+    return "file", posixpath.normpath(text) if text else text
 
 
 def _bounded(fn: Callable[[], Any], what: str, *, stack: int | None = None) -> Any:
@@ -115,16 +119,20 @@ def _bounded(fn: Callable[[], Any], what: str, *, stack: int | None = None) -> A
         except BaseException as exc:
             result.append((False, exc))
 
-    try:
-        previous = threading.stack_size(stack) if stack else None
-    except (ValueError, RuntimeError):  # a platform that sets no stack size: the default one
-        previous = None
-    try:
-        thread = threading.Thread(target=run, name=f"resumable-lineage-{what}", daemon=True)
-        thread.start()
-    finally:
-        if previous is not None:
-            threading.stack_size(previous)
+    # The stack size is the process's, read when a thread starts: set, start, set back, under one lock (two
+    # callers at once left it at PARSE_STACK for every later thread of the process). A thread another
+    # library starts in that instant gets the large stack too (virtual memory, not used unless touched).
+    with _STACK_SIZE_LOCK:
+        try:
+            previous = threading.stack_size(stack) if stack else None
+        except (ValueError, RuntimeError):  # a platform that sets no stack size: the default one
+            previous = None
+        try:
+            thread = threading.Thread(target=run, name=f"resumable-lineage-{what}", daemon=True)
+            thread.start()
+        finally:
+            if previous is not None:
+                threading.stack_size(previous)
     thread.join(LOOKUP_TIMEOUT)
     if not result:
         raise TimeoutError(f"{what} took more than {LOOKUP_TIMEOUT:g} s")
@@ -205,4 +213,7 @@ def dataset_names(src: Source) -> list[tuple[str, str]]:
     out = [(cut_text(_namespace(namespace), NAME_LIMIT), _name(name)) for namespace, name in found]
     if any(not name for _, name in out):
         raise ValueError(f"the {src.kind} names no dataset once its credentials, query and fragment are dropped")
+    if any("\x00" in namespace or "\x00" in name for namespace, name in out):  # no path or table holds one
+        raise ValueError(f"the {src.kind}'s name holds a NUL character, which a backend storing events in "
+                         "PostgreSQL (Marquez) refuses with the whole event")
     return out

@@ -33,11 +33,11 @@ from typing import Any
 from airflow_resumable import __version__
 from airflow_resumable.core.checkpoint import Checkpoint
 from airflow_resumable.core.observe import (
-    REASON_LIMIT,
     TEXT_LIMIT,
     AttemptFacts,
     cut_text,
     cut_value,
+    stop_reason_text,
     without_credentials_in,
 )
 from airflow_resumable.core.progress import Progress
@@ -80,7 +80,7 @@ def facts_attributes(facts: AttemptFacts) -> dict[str, Any]:
         "resumable.status": facts.status, "resumable.resumed": facts.resumed,
         "resumable.processed": facts.processed, "resumable.total": facts.total,
         "resumable.skipped": facts.skipped,
-        "resumable.stop_reason": None if facts.stop_reason is None else cut_text(facts.stop_reason, REASON_LIMIT),
+        "resumable.stop_reason": None if facts.stop_reason is None else stop_reason_text(facts.stop_reason),
         "resumable.checkpoints": facts.checkpoints,
         "resumable.resumed_from": None if facts.resumed_from is None else _json(facts.resumed_from),
         "resumable.position": None if facts.position is None else _json(facts.position),
@@ -149,8 +149,7 @@ class AttemptTrace:
         def record() -> None:
             self._end_acquire()
             attributes = {"resumable.status": cp.status,
-                          "resumable.stop_reason": None if cp.stop_reason is None else cut_text(cp.stop_reason,
-                                                                                                REASON_LIMIT),
+                          "resumable.stop_reason": None if cp.stop_reason is None else stop_reason_text(cp.stop_reason),
                           "resumable.processed": cp.processed, "resumable.total": cp.total}
             self.span.add_event("resumable.stop", {k: v for k, v in attributes.items() if v is not None})
         self._guard(record)

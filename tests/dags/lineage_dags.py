@@ -2,7 +2,7 @@
 through an Airflow connection (``lineage_source``), a handler-owned loop under ``@task.resumable``,
 a partitioned job, and a task that pauses and resumes.
 
-conf keys: ``fail`` ([attempt, chunk] to raise in), ``error`` (the raised error's text), ``position_bytes`` (a position that large, to see
+conf keys: ``fail`` ([attempt, chunk] to raise in), ``die_at`` (the chunk whose process dies: ``os._exit``), ``error`` (the raised error's text), ``position_bytes`` (a position that large, to see
 it cut).
 """
 
@@ -31,6 +31,10 @@ def add_loans(ctx: RunContext, batch: list[Any]) -> None:
     fail = _conf().get("fail")
     if fail and [ctx.attempt, ctx.processed // len(batch)] == list(fail):
         raise RuntimeError(_conf().get("error", "injected failure"))
+    if _conf().get("die_at") == ctx.processed // len(batch):  # a real death: no handler, no listener runs
+        import os
+
+        os._exit(9)
 
 
 with DAG("ol_loans", schedule="@daily", start_date=START, catchup=False) as ol_loans:
@@ -74,3 +78,28 @@ def pause_once(ctx: RunContext) -> float | None:
 with DAG("ol_pause", schedule="@daily", start_date=START, catchup=False) as ol_pause:
     ResumableOperator(task_id="work", handler=three_chunks, retries=0, throttle=pause_once, defer_after=0.2,
                       resume_poll=0.1)
+
+
+def cancel_with_a_dsn(ctx: RunContext, batch: list[Any]) -> None:
+    """Stops the attempt with a reason of its own that holds a DSN (a careless handler's)."""
+    from airflow_resumable.core.errors import Cancelled
+
+    ctx.output(file="/exports/token=tok-in-path-9/part.csv")
+    if ctx.processed >= 10:
+        raise Cancelled("postgresql://bob:reason-pw-7@db.internal/x", "stopped: postgresql://bob:reason-pw-7@db/x")
+
+
+with DAG("ol_secrets", schedule="@daily", start_date=START, catchup=False) as ol_secrets:
+    ChunkedOperator(
+        task_id="read_users",
+        read=sql_reader("lineage_source", query="SELECT id, amount FROM loans WHERE 'where-pw-3' <> ? "
+                        "AND amount > 0 /* password = 'query-pw-1' */", key="id", params=("param-pw-2",)),
+        process=cancel_with_a_dsn, chunk_size=10, retries=0,
+    )
+
+
+with DAG("ol_crash", schedule="@daily", start_date=START, catchup=False) as ol_crash:
+    ChunkedOperator(
+        task_id="sum_loans", read=sql_reader("lineage_source", table="loans", key="id"), process=add_loans,
+        chunk_size=10, total=lambda ctx: 50, retries=1, retry_delay=timedelta(0), lease=timedelta(seconds=2),
+    )
