@@ -120,9 +120,16 @@ def _check_witness(token: str) -> str:
     return f"SELECT 1/(coalesce(current_setting('{WITNESS_SETTING}', true), '') = '{token}')::int"
 
 
+#: What :attr:`Loan.lost` says when the run rolled the chunk's transaction back after an error while
+#: the handler still ran (the error itself went to the handler).
+_ROLLED_BACK = "the run rolled the chunk's transaction back after an error raised to the handler"
+
+
 def escaped(loan: Loan, what: str) -> TransactionRefused:
     """The error of a chunk whose transaction was ended behind the run's back (found when the run
-    commits it: :meth:`Connection.lend`)."""
+    commits it: :meth:`Connection.lend`). From then on the attempt refuses everything (:attr:`Loan.lost`)."""
+    if loan.lost is None or loan.lost == _ROLLED_BACK:
+        loan.lost = f"the transaction was not the one the chunk opened: {what}"
     return TransactionRefused(
         f"the transaction being committed is not the one this chunk opened: {what} (the driver's connection was "
         "reached around ctx.transaction()). The checkpoint was NOT written and the transaction's remaining writes "
@@ -241,6 +248,8 @@ class Connection:
 
     def _rollback(self) -> None:
         loan = self._loan
+        if loan is not None and loan.active and loan.lost is None:
+            loan.lost = _ROLLED_BACK  # the handler runs on: it must not checkpoint past what was undone
         if loan is None:
             self.conn.rollback()
         elif self.d.one_writer:
@@ -272,11 +281,16 @@ class Connection:
                                                 (conn.witness,)).rowcount != 1:
                     self.rollback()
                     raise escaped(loan, _UNDONE)
-                conn.commit()
+                try:
+                    conn.commit()
+                except Exception as exc:
+                    self._commit_failed(loan, exc)
+                    raise
             conn.chunk_done()
             if not loan.active:
                 self._loan = None
         else:
+            self.check_loan()
             # One round trip: the savepoint the chunk's transaction began with must still be there and its
             # witness (set right after it) still the chunk's, then the commit, then (while the handler runs)
             # the next chunk's transaction, savepoint and witness.
@@ -292,12 +306,26 @@ class Connection:
                     what = ("it was committed or rolled back, or the run's savepoint released or rolled back to, "
                             f"through the driver's own connection (SQLSTATE {state})")
                 else:
+                    self._commit_failed(loan, exc)
                     raise
                 self.rollback()
                 raise escaped(loan, what) from None  # the driver's error names the run's savepoint: not shown
             if not reopen:  # the handler has returned: the driver commits, and knows it did
                 self._loan = None
                 self.conn.commit()
+
+    def _commit_failed(self, loan: Loan, exc: BaseException) -> None:
+        """The commit of a lent connection's transaction failed (a deferred constraint, a serialization
+        failure...): the chunk's writes are gone. The attempt refuses from now on (:attr:`Loan.lost`),
+        and the driver is brought back in step with the server (psycopg2 does not notice that a
+        ``COMMIT`` it did not send itself ended the transaction: the handler's next statements would
+        commit one by one)."""
+        if loan.lost is None or loan.lost == _ROLLED_BACK:
+            loan.lost = f"the commit of the chunk's transaction failed: {scrubbed(error_text(exc, 300))}"
+        try:
+            self.rollback()
+        except Exception:  # never in place of the commit's own error
+            pass
 
     def _opening(self, loan: Loan) -> str:
         """The statements that open a chunk's transaction on PostgreSQL: read-write whatever the
@@ -311,11 +339,16 @@ class Connection:
         chunk's transaction is still open and the run's (without a round trip: the driver knows).
 
         Raises:
-            TransactionRefused: it was ended behind the run's back; what remained was rolled back.
+            TransactionRefused: it was ended behind the run's back, or writes of the chunk were lost
+                earlier in the attempt (:attr:`Loan.lost`); what remained was rolled back.
         """
         loan = self._loan
         if loan is None:
             return
+        if loan.lost is not None:  # the handler caught the error that said so, and went on
+            error = loan.refuse_lost()
+            self.rollback()
+            raise error
         if self.d.one_writer:
             problem = self.conn.chunk_problem()
         elif self.conn.info.transaction_status == 0:  # IDLE: the server ended it, and the driver knows

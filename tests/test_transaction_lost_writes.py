@@ -1,0 +1,139 @@
+"""Guarantee 3 when the handler catches the error that said its chunk's writes were lost.
+
+A library's ``except Exception: log and go on`` around a chunk is common. When the chunk's writes
+through ``ctx.transaction()`` were lost (its commit failed on a deferred constraint, a conflict
+clause rolled the whole transaction back, the transaction was ended behind the run's back), the
+error reaches the handler; a handler that catches it and goes on must not be able to checkpoint
+past the lost writes, nor end the slot ``done`` over them. The attempt fails; the next one does the
+chunk again, and every item is in the sink exactly once.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from airflow_resumable.core import Attempt
+from airflow_resumable.core.errors import TransactionRefused
+from airflow_resumable.core.stores import PostgresStore, SQLiteStore, Store
+from support.escapes import ITEMS, MISDEEDS, handler, make_sink, sink
+from support.stores import psycopg3_store
+
+JOB, SLOT = "lost", "2026-01-01T00:00:00+00:00"
+PG = pytest.mark.postgres
+ALL = ("sqlite", "psycopg2", "psycopg3")
+
+
+@pytest.fixture
+def driver_store(request: pytest.FixtureRequest, tmp_path: Path) -> Store:
+    """An empty store on the driver named by the test's ``driver`` parameter, with the sink and a
+    table ``u`` whose unique key is checked only at commit (PostgreSQL: deferred) or rolls the whole
+    transaction back on a conflict (SQLite: ``ON CONFLICT ROLLBACK``)."""
+    kind = request.param
+    if kind == "sqlite":
+        store: Store = SQLiteStore(tmp_path / "checkpoints.db")
+        unique = "CREATE TABLE u (k INTEGER UNIQUE ON CONFLICT ROLLBACK)"
+    else:
+        params = request.getfixturevalue("pg_params")
+        store = PostgresStore(**params) if kind == "psycopg2" else psycopg3_store(params)
+        unique = "CREATE TABLE u (k INTEGER, CONSTRAINT u_k UNIQUE (k) DEFERRABLE INITIALLY DEFERRED)"
+    make_sink(store)
+    with store.open() as s:
+        s.execute(unique)
+        s.commit()
+    return store
+
+
+def _drivers(*kinds: str) -> list[Any]:
+    return [pytest.param(k, marks=PG) if k != "sqlite" else k for k in kinds]
+
+
+def _row(store: Store) -> Any:
+    with store.open() as s:
+        return s.checkpoints.load(JOB, SLOT)
+
+
+def _forgiving(bad: Any) -> Any:
+    """20 items in chunks of 5 through ctx.transaction(); the third chunk also does ``bad``; every
+    error of a chunk's writes and of its checkpoint is caught and logged, and the handler goes on."""
+    caught: list[str] = []
+
+    def run(ctx: Any) -> int:
+        i = ctx.position or 0
+        while i < ITEMS:
+            try:
+                cur = ctx.transaction().cursor()
+                for item in range(i, i + 5):
+                    cur.execute("INSERT INTO sink (item, attempt) VALUES (%s, %s)", (item, ctx.attempt))
+                if i == 10 and ctx.attempt == 1:
+                    bad(ctx, cur)
+            except Exception as exc:
+                caught.append(f"write: {type(exc).__name__}")
+            i += 5
+            try:
+                ctx.checkpoint(i, processed=i, total=ITEMS)
+            except TransactionRefused as exc:
+                caught.append(f"checkpoint: {exc}")
+            except Exception as exc:
+                caught.append(f"checkpoint: {type(exc).__name__}")
+        return i
+
+    run.caught = caught  # type: ignore[attr-defined]
+    return run
+
+
+def _conflict(ctx: Any, cur: Any) -> None:
+    """Ordinary SQL whose failure loses the chunk's writes: on PostgreSQL at its commit (a deferred
+    key), on SQLite at once (the conflict clause rolls the whole transaction back)."""
+    cur.execute("INSERT INTO u (k) VALUES (1)")
+    cur.execute("INSERT INTO u (k) VALUES (1)")
+
+
+def _then_resumed(store: Store) -> None:
+    """A second attempt that behaves resumes; every item is then in the sink once, the slot done."""
+    Attempt(store, job=JOB, slot=SLOT, attempt=2, owner="a2").run(handler(None, report=lambda _: None))
+    assert sink(store) == list(range(ITEMS))
+    row = _row(store)
+    assert (row.status, row.processed, row.position) == ("done", ITEMS, ITEMS)
+
+
+@pytest.mark.parametrize("driver_store", _drivers(*ALL), indirect=True)
+def test_a_chunk_whose_writes_were_lost_is_never_checkpointed_past_even_when_the_handler_catches_the_error(
+    driver_store: Store,
+) -> None:
+    # Given a handler that catches every error of its chunks and goes on, and a third chunk whose
+    # writes are lost by ordinary SQL (a key checked at commit; a conflict that rolls back)
+    run = _forgiving(_conflict)
+    # When it runs
+    with pytest.raises(TransactionRefused) as failed:
+        Attempt(driver_store, job=JOB, slot=SLOT, attempt=1, owner="a1").run(run)
+    # Then the attempt fails saying the chunk's writes were lost: it neither checkpointed past them
+    # nor ended done, and nothing it wrote after them was committed
+    assert "uncommitted writes were lost" in str(failed.value) and "NOT written" in str(failed.value)
+    row = _row(driver_store)
+    assert (row.status, row.position, row.processed) == ("failed", 10, 10)
+    assert "uncommitted writes were lost" in row.last_error
+    assert sink(driver_store) == list(range(10))
+    # And the next attempt does the chunk again: every item once
+    _then_resumed(driver_store)
+
+
+@pytest.mark.parametrize("driver_store", _drivers(*ALL), indirect=True)
+def test_a_refused_checkpoint_caught_by_the_handler_refuses_every_later_checkpoint_and_the_end(
+    driver_store: Store,
+) -> None:
+    # Given a handler that catches every error and goes on, whose third chunk's writes are rolled back
+    # behind the run's back (the driver's connection dug out of the handle)
+    run = _forgiving(MISDEEDS["raw rollback"])
+    # When it runs
+    with pytest.raises(TransactionRefused):
+        Attempt(driver_store, job=JOB, slot=SLOT, attempt=1, owner="a1").run(run)
+    # Then the refusal it caught was not the last word: later checkpoints and the end were refused too
+    refusals = [c for c in run.caught if c.startswith("checkpoint: ")]  # type: ignore[attr-defined]
+    assert refusals and "not the one this chunk opened" in refusals[0]
+    row = _row(driver_store)
+    assert (row.status, row.position) == ("failed", 10)
+    assert sink(driver_store) == list(range(10))
+    _then_resumed(driver_store)
