@@ -6,6 +6,9 @@ clause rolled the whole transaction back, the transaction was ended behind the r
 error reaches the handler; a handler that catches it and goes on must not be able to checkpoint
 past the lost writes, nor end the slot ``done`` over them. The attempt fails; the next one does the
 chunk again, and every item is in the sink exactly once.
+
+Also: a session changed under the run after its last checkpoint (``SET search_path``), so that
+``done`` cannot be written, fails the slot saying why instead of leaving it ``running``.
 """
 
 from __future__ import annotations
@@ -137,3 +140,36 @@ def test_a_refused_checkpoint_caught_by_the_handler_refuses_every_later_checkpoi
     assert (row.status, row.position) == ("failed", 10)
     assert sink(driver_store) == list(range(10))
     _then_resumed(driver_store)
+
+
+@pytest.mark.parametrize("setting", ["SET search_path TO public", "SET LOCAL search_path TO public"])
+@pytest.mark.parametrize("driver_store", _drivers("psycopg2", "psycopg3"), indirect=True)
+def test_a_session_changed_under_the_run_after_the_last_checkpoint_fails_the_slot_instead_of_leaving_it_running(
+    driver_store: Store, setting: str,
+) -> None:
+    # Given a handler that checkpoints every chunk, then, before it returns, writes one more row and
+    # changes the session's search_path through ctx.transaction() (the run's table is not found there)
+    def run(ctx: Any) -> int:
+        i = ctx.position or 0
+        while i < ITEMS:
+            ctx.transaction().executemany("INSERT INTO sink (item, attempt) VALUES (%s, %s)",
+                                          [(item, ctx.attempt) for item in range(i, i + 5)])
+            i += 5
+            ctx.checkpoint(i, processed=i, total=ITEMS)
+        if ctx.attempt == 1:
+            ctx.transaction().execute("INSERT INTO sink (item, attempt) VALUES (%s, %s)", (ITEMS, 1))
+            ctx.transaction().execute(setting)
+        return i
+
+    # When it returns, and "done" cannot be recorded under that search_path
+    with pytest.raises(Exception, match="resumable_checkpoints"):
+        Attempt(driver_store, job=JOB, slot=SLOT, attempt=1, owner="a1").run(run)
+    # Then the row is not left running until its lease expires: it is failed, saying why, and the
+    # write made after the last checkpoint was rolled back with the setting
+    row = _row(driver_store)
+    assert (row.status, row.position, row.lease_owner) == ("failed", ITEMS, None)
+    assert "resumable_checkpoints" in row.last_error
+    assert sink(driver_store) == list(range(ITEMS))
+    # And a retry at once finds the slot free and finishes it
+    Attempt(driver_store, job=JOB, slot=SLOT, attempt=2, owner="a2").run(run)
+    assert _row(driver_store).status == "done" and sink(driver_store) == list(range(ITEMS))
