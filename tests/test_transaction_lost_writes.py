@@ -173,3 +173,30 @@ def test_a_session_changed_under_the_run_after_the_last_checkpoint_fails_the_slo
     # And a retry at once finds the slot free and finishes it
     Attempt(driver_store, job=JOB, slot=SLOT, attempt=2, owner="a2").run(run)
     assert _row(driver_store).status == "done" and sink(driver_store) == list(range(ITEMS))
+
+
+@pytest.mark.parametrize("driver_store", _drivers("psycopg2", "psycopg3"), indirect=True)
+def test_a_row_deleted_while_the_handler_writes_through_the_transaction_is_still_reported_as_deleted(
+    driver_store: Store,
+) -> None:
+    # Given a handler writing through ctx.transaction() whose checkpoint row is deleted by hand mid-run
+    from airflow_resumable.core.errors import CheckpointDeleted
+
+    def run(ctx: Any) -> int:
+        i = ctx.position or 0
+        while i < ITEMS:
+            ctx.transaction().executemany("INSERT INTO sink (item, attempt) VALUES (%s, %s)",
+                                          [(item, ctx.attempt) for item in range(i, i + 5)])
+            if i == 10:
+                with driver_store.open(autocommit=True) as other:
+                    other.execute("DELETE FROM resumable_checkpoints")
+            i += 5
+            ctx.checkpoint(i, processed=i, total=ITEMS)
+        return i
+
+    # When its next checkpoint matches no row
+    # Then the attempt says the row was deleted (not that another attempt took the lease over), and
+    # the chunk's writes were rolled back
+    with pytest.raises(CheckpointDeleted):
+        Attempt(driver_store, job=JOB, slot=SLOT, attempt=1, owner="a1").run(run)
+    assert sink(driver_store) == list(range(10))

@@ -541,7 +541,10 @@ class Connection:
         try:
             gone = self.execute(f"SELECT 1 FROM {CHECKPOINTS.name} WHERE job = %(job)s AND slot = %(slot)s",
                                 {"job": job, "slot": slot}).fetchone() is None
-            self.commit()
         except Exception:  # the database blinked: the write was refused all the same
             gone = False
+        try:
+            self.commit()  # lent, after the fenced write's rollback: refused (Loan.lost), which changes nothing
+        except Exception:
+            pass
         return row_deleted(job, slot) if gone else LeaseLost(taken_over, job=job, slot=slot)
