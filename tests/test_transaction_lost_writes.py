@@ -229,3 +229,50 @@ def test_a_temp_table_copying_the_checkpoint_table_does_not_take_the_run_s_check
     # holding only what its checkpoint covers
     row = _row(driver_store)
     assert (row.status, row.position) == ("done", ITEMS) or sink(driver_store) == list(range(row.position or 0))
+
+
+@pytest.mark.parametrize("driver_store", _drivers("psycopg2", "psycopg3"), indirect=True)
+def test_a_statement_error_caught_without_a_savepoint_fails_the_checkpoint_saying_so(driver_store: Store) -> None:
+    # Given a handler that catches a failed statement (no savepoint around it) and goes on to the
+    # chunk's checkpoint: PostgreSQL has aborted the chunk's transaction
+    def run(ctx: Any) -> int:
+        i = ctx.position or 0
+        while i < ITEMS:
+            cur = ctx.transaction().cursor()
+            cur.executemany("INSERT INTO sink (item, attempt) VALUES (%s, %s)",
+                            [(item, ctx.attempt) for item in range(i, i + 5)])
+            if i == 10 and ctx.attempt == 1:
+                try:
+                    cur.execute("SELECT 1/0")
+                except Exception:
+                    pass  # "a bad item: log it and go on"
+            i += 5
+            ctx.checkpoint(i, processed=i, total=ITEMS)
+        return i
+
+    # When it runs
+    with pytest.raises(TransactionRefused) as refused:
+        Attempt(driver_store, job=JOB, slot=SLOT, attempt=1, owner="a1").run(run)
+    # Then the checkpoint says what happened and how to write it (not a bare "transaction is aborted")
+    assert "failed earlier in this chunk and its error was caught" in str(refused.value)
+    assert "ctx.savepoint()" in str(refused.value)
+    row = _row(driver_store)
+    assert (row.status, row.position) == ("failed", 10) and "its error was caught" in row.last_error
+    _then_resumed(driver_store)
+
+
+@pytest.mark.parametrize("driver_store", _drivers("psycopg2", "psycopg3"), indirect=True)
+def test_a_handler_that_catches_every_error_after_a_failed_statement_never_leaves_the_row_running(
+    driver_store: Store,
+) -> None:
+    # Given a handler that catches every error of its statements and of its checkpoints, and one
+    # statement of its third chunk fails (PostgreSQL aborts the chunk's transaction)
+    run = _forgiving(lambda ctx, cur: cur.execute("SELECT 1/0"))
+    # When it runs to its end
+    with pytest.raises(TransactionRefused):
+        Attempt(driver_store, job=JOB, slot=SLOT, attempt=1, owner="a1").run(run)
+    # Then the row is failed at the last good checkpoint (not running until its lease expires, not done)
+    row = _row(driver_store)
+    assert (row.status, row.position, row.lease_owner) == ("failed", 10, None)
+    assert sink(driver_store) == list(range(10))
+    _then_resumed(driver_store)

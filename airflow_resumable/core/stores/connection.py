@@ -125,6 +125,25 @@ def _check_witness(token: str) -> str:
 _ROLLED_BACK = "the run rolled the chunk's transaction back after an error raised to the handler"
 
 
+#: libpq's transaction status of a transaction that a failed statement aborted (psycopg2 and psycopg 3 alike).
+_INERROR = 3
+
+
+def _aborted(loan: Loan) -> TransactionRefused:
+    """The error of a chunk whose transaction PostgreSQL aborted: a statement of the handler's failed
+    and its error was caught (no savepoint around it). Its writes cannot be committed."""
+    return TransactionRefused(
+        "a statement sent through ctx.transaction() failed earlier in this chunk and its error was caught: "
+        "PostgreSQL aborted the chunk's transaction, so none of its writes since the last checkpoint can be "
+        "committed. The checkpoint was NOT written and they were rolled back; the next attempt does the chunk "
+        "again from the last checkpoint",
+        job=loan.job, slot=loan.slot,
+        hint="Send a statement that may fail inside 'with ctx.savepoint():' (its failure then undoes only that "
+        "statement, and the chunk goes on), or let its error propagate. Fix the handler, then Clear the task: it "
+        "resumes from the last checkpoint",
+    )
+
+
 def escaped(loan: Loan, what: str) -> TransactionRefused:
     """The error of a chunk whose transaction was ended behind the run's back (found when the run
     commits it: :meth:`Connection.lend`). From then on the attempt refuses everything (:attr:`Loan.lost`)."""
@@ -351,8 +370,14 @@ class Connection:
             raise error
         if self.d.one_writer:
             problem = self.conn.chunk_problem()
-        elif self.conn.info.transaction_status == 0:  # IDLE: the server ended it, and the driver knows
+        elif (status := self.conn.info.transaction_status) == 0:  # IDLE: the server ended it, and the driver knows
             problem = "it was committed or rolled back through the driver's own connection"
+        elif status == _INERROR:
+            error = _aborted(loan)
+            if loan.active and loan.lost is None:
+                loan.lost = "a statement's error was caught, and PostgreSQL had aborted the chunk's transaction"
+            self.rollback()
+            raise error
         else:
             return
         if problem is not None:
