@@ -276,3 +276,21 @@ def test_a_handler_that_catches_every_error_after_a_failed_statement_never_leave
     assert (row.status, row.position, row.lease_owner) == ("failed", 10, None)
     assert sink(driver_store) == list(range(10))
     _then_resumed(driver_store)
+
+
+@pytest.mark.parametrize("driver_store", _drivers("sqlite"), indirect=True)
+def test_a_chunk_rolled_back_by_a_sqlite_trigger_is_refused_naming_sqlite_s_own_rollback(driver_store: Store) -> None:
+    # Given a TEMP trigger of the handler's that rolls the transaction back (RAISE(ROLLBACK)), fired
+    # in the third chunk; the handler catches the IntegrityError and goes on to the checkpoint
+    def bad(ctx: Any, cur: Any) -> None:
+        cur.execute("CREATE TEMP TRIGGER no_99 AFTER INSERT ON sink WHEN new.item = 99 "
+                    "BEGIN SELECT RAISE(ROLLBACK, 'no 99'); END")
+        cur.execute("INSERT INTO sink (item, attempt) VALUES (99, 1)")
+
+    # When it runs
+    with pytest.raises(TransactionRefused) as refused:
+        Attempt(driver_store, job=JOB, slot=SLOT, attempt=1, owner="a1").run(_forgiving(bad))
+    # Then the refusal names what can have done it, SQLite's own rollback included
+    assert "RAISE(ROLLBACK)" in str(refused.value) or "RAISE(ROLLBACK)" in _row(driver_store).last_error
+    assert sink(driver_store) == list(range(10))
+    _then_resumed(driver_store)

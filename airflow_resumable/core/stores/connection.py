@@ -150,8 +150,7 @@ def escaped(loan: Loan, what: str) -> TransactionRefused:
     if loan.lost is None or loan.lost == _ROLLED_BACK:
         loan.lost = f"the transaction was not the one the chunk opened: {what}"
     return TransactionRefused(
-        f"the transaction being committed is not the one this chunk opened: {what} (the driver's connection was "
-        "reached around ctx.transaction()). The checkpoint was NOT written and the transaction's remaining writes "
+        f"the transaction being committed is not the one this chunk opened: {what}. The checkpoint was NOT written and the transaction's remaining writes "
         "were rolled back; writes committed that way stay committed, and the next attempt does the chunk again "
         "from the last checkpoint",
         job=loan.job, slot=loan.slot,
@@ -371,7 +370,7 @@ class Connection:
         if self.d.one_writer:
             problem = self.conn.chunk_problem()
         elif (status := self.conn.info.transaction_status) == 0:  # IDLE: the server ended it, and the driver knows
-            problem = "it was committed or rolled back through the driver's own connection"
+            problem = "it was committed or rolled back through the driver's own connection (reached around ctx.transaction())"
         elif status == _INERROR:
             error = _aborted(loan)
             if loan.active and loan.lost is None:
