@@ -294,3 +294,36 @@ def test_a_chunk_rolled_back_by_a_sqlite_trigger_is_refused_naming_sqlite_s_own_
     assert "RAISE(ROLLBACK)" in str(refused.value) or "RAISE(ROLLBACK)" in _row(driver_store).last_error
     assert sink(driver_store) == list(range(10))
     _then_resumed(driver_store)
+
+
+@pytest.mark.parametrize("driver_store", _drivers(*ALL), indirect=True)
+def test_an_outer_savepoint_block_that_raises_undoes_its_own_writes_too_when_an_inner_block_was_opened(
+    driver_store: Store,
+) -> None:
+    # Given a handler writing an item inside 'with ctx.savepoint():', with a nested block of its own,
+    # whose outer block then fails; the handler skips the item and goes on
+    def run(ctx: Any) -> int:
+        cur = ctx.transaction().cursor()
+        cur.execute("INSERT INTO sink (item, attempt) VALUES (%s, %s)", (0, ctx.attempt))
+        try:
+            with ctx.savepoint():
+                cur.execute("INSERT INTO sink (item, attempt) VALUES (%s, %s)", (100, ctx.attempt))
+                with ctx.savepoint():
+                    cur.execute("INSERT INTO sink (item, attempt) VALUES (%s, %s)", (101, ctx.attempt))
+                try:
+                    with ctx.savepoint():
+                        cur.execute("INSERT INTO sink (item, attempt) VALUES (%s, %s)", (102, ctx.attempt))
+                        raise KeyError("an inner block fails and is skipped")
+                except KeyError:
+                    pass
+                raise ValueError("the outer block fails")
+        except ValueError:
+            pass
+        cur.execute("INSERT INTO sink (item, attempt) VALUES (%s, %s)", (1, ctx.attempt))
+        ctx.checkpoint(2, processed=2)
+        return 2
+
+    # When it runs
+    Attempt(driver_store, job=JOB, slot=SLOT, attempt=1, owner="a1").run(run)
+    # Then none of the outer block's writes (its own, and its inner blocks') is committed
+    assert sink(driver_store) == [0, 1]

@@ -213,6 +213,8 @@ class Connection:
         self._driver: Any = None
         #: PostgreSQL: the token of the chunk's witness (:data:`WITNESS_SETTING`), new for each chunk.
         self._token = ""
+        #: How many :meth:`savepoint` blocks are open (each depth has a savepoint name of its own).
+        self._depth = 0
 
     def execute(self, sql: str, params: Params = ()) -> Any:
         """Run one statement written with ``%s`` or ``%(name)s`` placeholders (see :class:`Dialect`),
@@ -495,11 +497,15 @@ class Connection:
             StoreUnavailable: undoing failed otherwise (a broken connection); names the block's error.
         """
         transactional = not self.autocommit
-        name = self.item_savepoint
+        # One name per nesting depth: a ROLLBACK TO goes to the newest savepoint of its name, and these
+        # are never released, so an outer block sharing its inner block's name would roll back only to
+        # the inner one (keeping the outer block's earlier writes).
+        name = f"{self.item_savepoint}_{self._depth}"
         if transactional:
             if self.d.one_writer:
                 self.conn.begin()  # inside the chunk's transaction: a savepoint of its own would commit on release
             self.execute(f"SAVEPOINT {name}")
+        self._depth += 1
         try:
             yield
         except BaseException as exc:
@@ -512,6 +518,8 @@ class Connection:
                 # The driver's error about the undo must not stand in for the block's own error.
                 raise _undo_failed(exc, undo, job, slot) from exc
             raise
+        finally:
+            self._depth -= 1
 
     def begin_transactions(self) -> None:
         """Leave autocommit mode: from now on statements join a transaction that lasts until the
