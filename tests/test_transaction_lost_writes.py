@@ -327,3 +327,33 @@ def test_an_outer_savepoint_block_that_raises_undoes_its_own_writes_too_when_an_
     Attempt(driver_store, job=JOB, slot=SLOT, attempt=1, owner="a1").run(run)
     # Then none of the outer block's writes (its own, and its inner blocks') is committed
     assert sink(driver_store) == [0, 1]
+
+
+@pytest.mark.parametrize("driver_store", _drivers(*ALL), indirect=True)
+def test_a_savepoint_block_whose_writes_could_not_be_undone_never_commits_them(driver_store: Store) -> None:
+    # Given a handler that opens a savepoint of its own, then a ctx.savepoint() block that releases it
+    # (which removes the block's savepoint too) and fails; the handler catches the refusal and goes on
+    def run(ctx: Any) -> int:
+        cur = ctx.transaction().cursor()
+        cur.execute("INSERT INTO sink (item, attempt) VALUES (%s, %s)", (0, ctx.attempt))
+        if ctx.attempt == 1:
+            cur.execute("SAVEPOINT mine")
+            try:
+                with ctx.savepoint():
+                    cur.execute("INSERT INTO sink (item, attempt) VALUES (%s, %s)", (100, ctx.attempt))
+                    cur.execute("RELEASE SAVEPOINT mine")
+                    raise ValueError("the block fails")
+            except TransactionRefused as exc:
+                assert "RELEASE or ROLLBACK TO of a savepoint of yours" in str(exc)
+        cur.execute("INSERT INTO sink (item, attempt) VALUES (%s, %s)", (1, ctx.attempt))
+        ctx.checkpoint(2, processed=2)
+        return 2
+
+    # When it runs
+    with pytest.raises(TransactionRefused):
+        Attempt(driver_store, job=JOB, slot=SLOT, attempt=1, owner="a1").run(run)
+    # Then the block's write, which could not be undone, was not committed, nor anything after it
+    assert sink(driver_store) == []
+    assert _row(driver_store).status == "failed"
+    Attempt(driver_store, job=JOB, slot=SLOT, attempt=2, owner="a2").run(run)
+    assert sink(driver_store) == [0, 1]

@@ -103,9 +103,9 @@ class Loan:
     def refuse_lost(self) -> TransactionRefused:
         """The error of anything the attempt tries after writes of the chunk were lost (:attr:`lost`)."""
         return TransactionRefused(
-            f"earlier in this attempt the chunk's uncommitted writes were lost ({self.lost}); the error that said so "
-            "was caught and the handler went on. Nothing more is run or checkpointed in this attempt: a checkpoint "
-            "now would move past the lost writes. The checkpoint was NOT written; the next attempt does the chunk "
+            f"earlier in this attempt the chunk's uncommitted writes were lost, or could not be undone ({self.lost}); "
+            "the error that said so was caught and the handler went on. Nothing more is run or checkpointed in this "
+            "attempt: a checkpoint now would move past the lost writes. The checkpoint was NOT written; the next attempt does the chunk "
             "again from the last checkpoint",
             job=self.job, slot=self.slot,
             hint="Let errors of ctx.checkpoint() and of statements sent through ctx.transaction() propagate (or "

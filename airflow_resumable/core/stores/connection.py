@@ -82,11 +82,13 @@ def _undo_failed(exc: BaseException, undo: Exception, job: str | None, slot: str
             f"({scrubbed(error_text(undo, 200))})")
     if "savepoint" in str(undo).lower():  # SQLite: no such savepoint; PostgreSQL: ... does not exist / ... blocks
         return TransactionRefused(
-            f"{what}: the transaction was ended inside the block (a ctx.checkpoint() inside it, or a statement "
-            "sent around ctx.transaction() on the driver's own connection), which also undid or committed earlier "
-            "writes",
+            f"{what}: its savepoint was gone. Either the transaction was ended inside the block (a ctx.checkpoint() "
+            "inside it, or a statement sent around ctx.transaction() on the driver's own connection), which also "
+            "undid or committed earlier writes, or a RELEASE or ROLLBACK TO of a savepoint of yours opened before "
+            "the block removed it. Nothing more is run or checkpointed in this attempt",
             job=job, slot=slot,
-            hint="Do not end the transaction inside a savepoint: raise to undo the chunk's writes, write inside "
+            hint="Do not end the transaction, nor release or roll back to a savepoint opened before the block, inside "
+            "it: raise to undo the chunk's writes, write inside "
             "'with ctx.savepoint():' to undo part of it, and checkpoint outside it. Fix the code, then Clear the "
             "task: it resumes from the last checkpoint",
         )
@@ -515,6 +517,9 @@ class Connection:
                 elif not self.autocommit:
                     self.rollback()
             except Exception as undo:
+                loan = self._loan
+                if loan is not None and loan.active and loan.lost is None:  # nothing may commit them now
+                    loan.lost = "the writes of a ctx.savepoint() block that raised could not be undone"
                 # The driver's error about the undo must not stand in for the block's own error.
                 raise _undo_failed(exc, undo, job, slot) from exc
             raise
