@@ -515,7 +515,11 @@ class Connection:
                 if transactional:
                     self.execute(f"ROLLBACK TO SAVEPOINT {name}")
                 elif not self.autocommit:
+                    loan = self._loan
+                    lost = None if loan is None else loan.lost
                     self.rollback()
+                    if loan is not None:  # every pending write was the block's: nothing else was lost
+                        loan.lost = lost
             except Exception as undo:
                 loan = self._loan
                 if loan is not None and loan.active and loan.lost is None:  # nothing may commit them now
