@@ -102,6 +102,8 @@ class Finishing(AttemptState):
                 final = self._end_anew(end, exc, pending=not session.autocommit)
                 self.reporter.on_finish(final)
                 return final
+            if status is Status.DONE and not session.autocommit and self._failed_instead(session, end, exc):
+                raise
             # The database refused the final write (SQLite: another writer held the file's write
             # lock for the whole busy timeout). Say so where the user looks: the row cannot.
             self.log.error(
@@ -114,6 +116,22 @@ class Finishing(AttemptState):
         self._final = final
         self.reporter.on_finish(final)
         return final
+
+    def _failed_instead(self, session: StoreSession, end: dict[str, Any], exc: Exception) -> bool:
+        """``done`` could not be written in the transaction the handler left open (it changed the
+        session under it: ``SET search_path``, ``SET ROLE``, a statement timeout...): roll that
+        transaction back (the writes since the last checkpoint, and the settings changed in it, go
+        with it) and record ``failed`` with the error, so the row says why and the retry redoes them
+        instead of waiting for the lease to expire. Whether it could."""
+        try:
+            session.rollback()
+            self._end(session, Status.FAILED, error=_error_text(exc), stop_reason=end["stop_reason"])
+        except Exception:  # the row stays running: said by the caller
+            return False
+        self.log.error("could not record status done (%s: %s): the writes since the last checkpoint were rolled "
+                       "back and the slot recorded failed; the next attempt resumes from the last checkpoint "
+                       "[job=%s slot=%s attempt=%s]", type(exc).__name__, exc, self.job, self.slot, self.attempt)
+        return True
 
     def _end_anew(self, end: dict[str, Any], exc: Exception, *, pending: bool) -> Checkpoint:
         """Record the attempt's end through a new connection: the attempt's own was lost (``exc``)

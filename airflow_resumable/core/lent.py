@@ -69,7 +69,14 @@ class Loan:
             not one the handler sends by chance. Never shown in a message.
         item: the savepoint of ``ctx.savepoint()`` blocks.
         active: False once the handler has returned: the handles refuse to run anything.
+        lost: what undid writes of the handler's since the last checkpoint while it still runs (a
+            transaction ended behind the run's back, a commit that failed, the run's rollback after
+            an error), or None. From then on every statement and every checkpoint of the attempt
+            is refused (:meth:`check`): a handler that caught the error and went on would otherwise
+            checkpoint past the lost writes.
     """
+
+    lost: str | None = None
 
     def __init__(self, job: str | None, slot: str | None):
         nonce = secrets.token_hex(4)
@@ -81,6 +88,7 @@ class Loan:
     def check(self) -> None:
         """Raises:
             AttemptEnded: the handler has returned; nothing was run.
+            TransactionRefused: writes of the chunk were lost earlier in the attempt (:attr:`lost`).
         """
         if not self.active:
             raise AttemptEnded(
@@ -89,6 +97,22 @@ class Loan:
                 hint="Write through ctx.transaction() only while the handler runs: join threads that use it before "
                 "the handler returns",
             )
+        if self.lost is not None:
+            raise self.refuse_lost()
+
+    def refuse_lost(self) -> TransactionRefused:
+        """The error of anything the attempt tries after writes of the chunk were lost (:attr:`lost`)."""
+        return TransactionRefused(
+            f"earlier in this attempt the chunk's uncommitted writes were lost, or could not be undone ({self.lost}); "
+            "the error that said so was caught and the handler went on. Nothing more is run or checkpointed in this "
+            "attempt: a checkpoint now would move past the lost writes. The checkpoint was NOT written; the next attempt does the chunk "
+            "again from the last checkpoint",
+            job=self.job, slot=self.slot,
+            hint="Let errors of ctx.checkpoint() and of statements sent through ctx.transaction() propagate (or "
+            "re-raise them): catching them and going on cannot keep the chunk's writes. To skip a bad item, write "
+            "it inside 'with ctx.savepoint():'. Fix the handler, then Clear the task: it resumes from the last "
+            "checkpoint",
+        )
 
     def refused(self, call: str, effect: str, *, cause: BaseException | None = None) -> TransactionRefused:
         """The error of a refused call, naming the exception being handled (``cause``), if any."""

@@ -173,6 +173,9 @@ class Attempt(Chunks, Finishing, Acquiring):
                 raise Paused(Reason.PAUSED.value, f"pause requested by {row.requested_by or '?'}")
             self._started = time.monotonic()
             result = self._call(handler, ctx)
+            # Never "done" over writes since the last checkpoint that were lost (an error the handler
+            # caught and went on from) or a transaction that is not the chunk's: fail, the retry redoes them.
+            session.check_loan()
             # Fails here, before "done", when the value could not be kept (nor given back later).
             result_text = self._result_text(result)
             self._flush()  # "done" follows the last checkpoint: wait for a pipelined one in flight

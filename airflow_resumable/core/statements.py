@@ -71,7 +71,7 @@ WITNESS_TABLE = "resumable_witness"
 #: checkpoint or failure; the others change how (or whether) the run's commits are durable.
 GUARDED_PRAGMAS = frozenset({"query_only", "journal_mode", "locking_mode", "synchronous", "writable_schema"})
 
-_RUN_NAMES = re.compile(r"resumable_(?:chunk|item)_[0-9a-z]+", re.IGNORECASE)
+_RUN_NAMES = re.compile(r"resumable_(?:chunk|item)_[0-9a-z]+(?:_[0-9]+)?", re.IGNORECASE)
 
 
 def scrubbed(text: str) -> str:

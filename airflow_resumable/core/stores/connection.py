@@ -82,11 +82,13 @@ def _undo_failed(exc: BaseException, undo: Exception, job: str | None, slot: str
             f"({scrubbed(error_text(undo, 200))})")
     if "savepoint" in str(undo).lower():  # SQLite: no such savepoint; PostgreSQL: ... does not exist / ... blocks
         return TransactionRefused(
-            f"{what}: the transaction was ended inside the block (a ctx.checkpoint() inside it, or a statement "
-            "sent around ctx.transaction() on the driver's own connection), which also undid or committed earlier "
-            "writes",
+            f"{what}: its savepoint was gone. Either the transaction was ended inside the block (a ctx.checkpoint() "
+            "inside it, or a statement sent around ctx.transaction() on the driver's own connection), which also "
+            "undid or committed earlier writes, or a RELEASE or ROLLBACK TO of a savepoint of yours opened before "
+            "the block removed it. Nothing more is run or checkpointed in this attempt",
             job=job, slot=slot,
-            hint="Do not end the transaction inside a savepoint: raise to undo the chunk's writes, write inside "
+            hint="Do not end the transaction, nor release or roll back to a savepoint opened before the block, inside "
+            "it: raise to undo the chunk's writes, write inside "
             "'with ctx.savepoint():' to undo part of it, and checkpoint outside it. Fix the code, then Clear the "
             "task: it resumes from the last checkpoint",
         )
@@ -120,12 +122,37 @@ def _check_witness(token: str) -> str:
     return f"SELECT 1/(coalesce(current_setting('{WITNESS_SETTING}', true), '') = '{token}')::int"
 
 
+#: What :attr:`Loan.lost` says when the run rolled the chunk's transaction back after an error while
+#: the handler still ran (the error itself went to the handler).
+_ROLLED_BACK = "the run rolled the chunk's transaction back after an error raised to the handler"
+
+
+#: libpq's transaction status of a transaction that a failed statement aborted (psycopg2 and psycopg 3 alike).
+_INERROR = 3
+
+
+def _aborted(loan: Loan) -> TransactionRefused:
+    """The error of a chunk whose transaction PostgreSQL aborted: a statement of the handler's failed
+    and its error was caught (no savepoint around it). Its writes cannot be committed."""
+    return TransactionRefused(
+        "a statement sent through ctx.transaction() failed earlier in this chunk and its error was caught: "
+        "PostgreSQL aborted the chunk's transaction, so none of its writes since the last checkpoint can be "
+        "committed. The checkpoint was NOT written and they were rolled back; the next attempt does the chunk "
+        "again from the last checkpoint",
+        job=loan.job, slot=loan.slot,
+        hint="Send a statement that may fail inside 'with ctx.savepoint():' (its failure then undoes only that "
+        "statement, and the chunk goes on), or let its error propagate. Fix the handler, then Clear the task: it "
+        "resumes from the last checkpoint",
+    )
+
+
 def escaped(loan: Loan, what: str) -> TransactionRefused:
     """The error of a chunk whose transaction was ended behind the run's back (found when the run
-    commits it: :meth:`Connection.lend`)."""
+    commits it: :meth:`Connection.lend`). From then on the attempt refuses everything (:attr:`Loan.lost`)."""
+    if loan.lost is None or loan.lost == _ROLLED_BACK:
+        loan.lost = f"the transaction was not the one the chunk opened: {what}"
     return TransactionRefused(
-        f"the transaction being committed is not the one this chunk opened: {what} (the driver's connection was "
-        "reached around ctx.transaction()). The checkpoint was NOT written and the transaction's remaining writes "
+        f"the transaction being committed is not the one this chunk opened: {what}. The checkpoint was NOT written and the transaction's remaining writes "
         "were rolled back; writes committed that way stay committed, and the next attempt does the chunk again "
         "from the last checkpoint",
         job=loan.job, slot=loan.slot,
@@ -188,6 +215,8 @@ class Connection:
         self._driver: Any = None
         #: PostgreSQL: the token of the chunk's witness (:data:`WITNESS_SETTING`), new for each chunk.
         self._token = ""
+        #: How many :meth:`savepoint` blocks are open (each depth has a savepoint name of its own).
+        self._depth = 0
 
     def execute(self, sql: str, params: Params = ()) -> Any:
         """Run one statement written with ``%s`` or ``%(name)s`` placeholders (see :class:`Dialect`),
@@ -241,6 +270,8 @@ class Connection:
 
     def _rollback(self) -> None:
         loan = self._loan
+        if loan is not None and loan.active and loan.lost is None:
+            loan.lost = _ROLLED_BACK  # the handler runs on: it must not checkpoint past what was undone
         if loan is None:
             self.conn.rollback()
         elif self.d.one_writer:
@@ -272,11 +303,16 @@ class Connection:
                                                 (conn.witness,)).rowcount != 1:
                     self.rollback()
                     raise escaped(loan, _UNDONE)
-                conn.commit()
+                try:
+                    conn.commit()
+                except Exception as exc:
+                    self._commit_failed(loan, exc)
+                    raise
             conn.chunk_done()
             if not loan.active:
                 self._loan = None
         else:
+            self.check_loan()
             # One round trip: the savepoint the chunk's transaction began with must still be there and its
             # witness (set right after it) still the chunk's, then the commit, then (while the handler runs)
             # the next chunk's transaction, savepoint and witness.
@@ -292,12 +328,26 @@ class Connection:
                     what = ("it was committed or rolled back, or the run's savepoint released or rolled back to, "
                             f"through the driver's own connection (SQLSTATE {state})")
                 else:
+                    self._commit_failed(loan, exc)
                     raise
                 self.rollback()
                 raise escaped(loan, what) from None  # the driver's error names the run's savepoint: not shown
             if not reopen:  # the handler has returned: the driver commits, and knows it did
                 self._loan = None
                 self.conn.commit()
+
+    def _commit_failed(self, loan: Loan, exc: BaseException) -> None:
+        """The commit of a lent connection's transaction failed (a deferred constraint, a serialization
+        failure...): the chunk's writes are gone. The attempt refuses from now on (:attr:`Loan.lost`),
+        and the driver is brought back in step with the server (psycopg2 does not notice that a
+        ``COMMIT`` it did not send itself ended the transaction: the handler's next statements would
+        commit one by one)."""
+        if loan.lost is None or loan.lost == _ROLLED_BACK:
+            loan.lost = f"the commit of the chunk's transaction failed: {scrubbed(error_text(exc, 300))}"
+        try:
+            self.rollback()
+        except Exception:  # never in place of the commit's own error
+            pass
 
     def _opening(self, loan: Loan) -> str:
         """The statements that open a chunk's transaction on PostgreSQL: read-write whatever the
@@ -311,15 +361,26 @@ class Connection:
         chunk's transaction is still open and the run's (without a round trip: the driver knows).
 
         Raises:
-            TransactionRefused: it was ended behind the run's back; what remained was rolled back.
+            TransactionRefused: it was ended behind the run's back, or writes of the chunk were lost
+                earlier in the attempt (:attr:`Loan.lost`); what remained was rolled back.
         """
         loan = self._loan
         if loan is None:
             return
+        if loan.lost is not None:  # the handler caught the error that said so, and went on
+            error = loan.refuse_lost()
+            self.rollback()
+            raise error
         if self.d.one_writer:
             problem = self.conn.chunk_problem()
-        elif self.conn.info.transaction_status == 0:  # IDLE: the server ended it, and the driver knows
-            problem = "it was committed or rolled back through the driver's own connection"
+        elif (status := self.conn.info.transaction_status) == 0:  # IDLE: the server ended it, and the driver knows
+            problem = "it was committed or rolled back through the driver's own connection (reached around ctx.transaction())"
+        elif status == _INERROR:
+            error = _aborted(loan)
+            if loan.active and loan.lost is None:
+                loan.lost = "a statement's error was caught, and PostgreSQL had aborted the chunk's transaction"
+            self.rollback()
+            raise error
         else:
             return
         if problem is not None:
@@ -438,11 +499,15 @@ class Connection:
             StoreUnavailable: undoing failed otherwise (a broken connection); names the block's error.
         """
         transactional = not self.autocommit
-        name = self.item_savepoint
+        # One name per nesting depth: a ROLLBACK TO goes to the newest savepoint of its name, and these
+        # are never released, so an outer block sharing its inner block's name would roll back only to
+        # the inner one (keeping the outer block's earlier writes).
+        name = f"{self.item_savepoint}_{self._depth}"
         if transactional:
             if self.d.one_writer:
                 self.conn.begin()  # inside the chunk's transaction: a savepoint of its own would commit on release
             self.execute(f"SAVEPOINT {name}")
+        self._depth += 1
         try:
             yield
         except BaseException as exc:
@@ -450,11 +515,20 @@ class Connection:
                 if transactional:
                     self.execute(f"ROLLBACK TO SAVEPOINT {name}")
                 elif not self.autocommit:
+                    loan = self._loan
+                    lost = None if loan is None else loan.lost
                     self.rollback()
+                    if loan is not None:  # every pending write was the block's: nothing else was lost
+                        loan.lost = lost
             except Exception as undo:
+                loan = self._loan
+                if loan is not None and loan.active and loan.lost is None:  # nothing may commit them now
+                    loan.lost = "the writes of a ctx.savepoint() block that raised could not be undone"
                 # The driver's error about the undo must not stand in for the block's own error.
                 raise _undo_failed(exc, undo, job, slot) from exc
             raise
+        finally:
+            self._depth -= 1
 
     def begin_transactions(self) -> None:
         """Leave autocommit mode: from now on statements join a transaction that lasts until the
@@ -508,7 +582,10 @@ class Connection:
         try:
             gone = self.execute(f"SELECT 1 FROM {CHECKPOINTS.name} WHERE job = %(job)s AND slot = %(slot)s",
                                 {"job": job, "slot": slot}).fetchone() is None
-            self.commit()
         except Exception:  # the database blinked: the write was refused all the same
             gone = False
+        try:
+            self.commit()  # lent, after the fenced write's rollback: refused (Loan.lost), which changes nothing
+        except Exception:
+            pass
         return row_deleted(job, slot) if gone else LeaseLost(taken_over, job=job, slot=slot)

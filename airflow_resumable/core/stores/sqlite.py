@@ -28,6 +28,10 @@ _NOW = "((julianday('now') - 2440587.5) * 86400.0)"
 #: written through ``ctx.transaction()``) would leave it that large for good.
 WAL_SIZE_LIMIT = 16 * 1024 * 1024
 
+#: What ended a lent chunk's transaction that the run did not end.
+_ENDED = ("it was rolled back by SQLite itself (a conflict clause: INSERT OR ROLLBACK, ON CONFLICT ROLLBACK, "
+          "RAISE(ROLLBACK) in a trigger), or committed or rolled back through the driver's own connection (reached "
+          "around ctx.transaction())")
 _WITNESS_INSERT = f"INSERT INTO temp.{WITNESS_TABLE} (token) VALUES (?)"
 
 #: SQLite's ``synchronous`` modes, the values a connection's ``synchronous`` may take.
@@ -224,7 +228,7 @@ class SQLiteConnection(sqlite3.Connection):
         """What is wrong with the transaction about to be committed while lent, or None: the chunk's
         transaction ended behind the run's back, or one the run did not open is open."""
         if self.marked and not self.in_transaction:
-            return "it was committed or rolled back through the driver's own connection"
+            return _ENDED
         if self.in_transaction and not self.ran:
             return "it was opened through the driver's own connection, not by the run"
         return None
@@ -247,7 +251,7 @@ class SQLiteConnection(sqlite3.Connection):
             return
         loan = self._loan
         if self.marked and loan is not None:  # the chunk's transaction is gone, and not by the run's hand
-            raise escaped(loan, "it was committed or rolled back through the driver's own connection")
+            raise escaped(loan, _ENDED)
         turns = self.turns
         with turns.turn(), self.own():
             self.execute("PRAGMA busy_timeout = 0")
