@@ -7,12 +7,13 @@ import copy
 import json
 import math
 import operator
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from datetime import datetime
 from typing import Any, Protocol
 
 from airflow_resumable.core import defaults
+from airflow_resumable.core.aio import current_bridge
 from airflow_resumable.core.checkpoint import ENCODER, Checkpoint, encode
 from airflow_resumable.core.errors import ConfigurationError, InvalidCheckpoint
 from airflow_resumable.core.identity import Identity
@@ -182,13 +183,104 @@ class RunContext:
             Paused: after the save, when a pause was requested, the throttle asked for a long
                 wait, or ``max_runtime`` ran out (a kind of Cancelled: stop the same way).
         """
+        saving = self._checkpoint_call(position, state, processed, total)
+        bridge = current_bridge()
+        if bridge is not None:  # an async handler's sync call: its event loop waits for the write
+            bridge.blocking(*saving)
+        else:
+            saving[0](*saving[1:])
+
+    async def acheckpoint(
+        self,
+        position: Any,
+        *,
+        state: dict[str, Any] | None = None,
+        processed: int | None = None,
+        total: int | None = None,
+    ) -> None:
+        """:meth:`checkpoint` for an ``async def`` handler: ``await ctx.acheckpoint(position, ...)``.
+
+        The same one step (save fenced by the lease, then report, then stop if the signal fired),
+        written on the attempt's own thread while the event loop goes on: the loop is never blocked
+        by the write. The position and state are encoded before the await (what is saved is what
+        they were at the call). A cancellation that arrives during the write waits for it: the
+        checkpoint is written whole, then the cancellation goes on.
+
+        Raises:
+            The same as :meth:`checkpoint`.
+        """
+        saving = self._checkpoint_call(position, state, processed, total)
+        bridge = current_bridge()
+        if bridge is None:  # not on the attempt's event loop (a loop the caller runs): write inline
+            saving[0](*saving[1:])
+            return
+        await bridge.home(*saving)
+
+    async def arun(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """``await ctx.arun(fn, *args, **kwargs)``: call the synchronous ``fn`` on the attempt's own
+        thread, where the checkpoint database's connection lives, without blocking the event loop.
+
+        The way to use :meth:`transaction`, :meth:`skip`, :meth:`savepoint` and :attr:`previous`
+        from an ``async def`` handler: e.g. ``await ctx.arun(write_rows, ctx.transaction(), rows)``
+        (writes that commit with the next checkpoint, exactly once). The calls run one at a time.
+        """
+        bridge = current_bridge()
+        if bridge is None:
+            return fn(*args, **kwargs)
+        return await bridge.home(fn, *args, **kwargs)
+
+    async def map(
+        self,
+        items: Iterable[Any],
+        fn: Callable[[Any], Awaitable[Any]],
+        *,
+        limit: int = 10,
+        position: Callable[[Any], Any] | None = None,
+        every: int | None = None,
+        skip_on: type[Exception] | tuple[type[Exception], ...] | None = None,
+        skip_limit: int = defaults.SKIP_LIMIT,
+    ) -> list[Any]:
+        """``await ctx.map(items, fn, limit=50)``: run ``await fn(item)`` for every item, at most
+        ``limit`` at once, and checkpoint the **contiguous low-water mark**: the position of the
+        last item before which every item finished. Items finish in any order; the saved position
+        never passes an unfinished item.
+
+        ``items`` are the items after :attr:`position`, in position order (``position`` gives an
+        item's position: default ``item["id"]``, ``item[0]`` or the item). No item starts more than
+        ``limit`` items ahead of the mark, and the mark is saved whenever it moved ``every`` items
+        (default ``limit``) and at the end: a crash repeats at most ``limit + every`` items and
+        skips none. A stop source cancels the items in flight, saves the mark, and stops the run.
+        With ``skip_on``, an item raising one of those goes to the dead letters (as
+        :meth:`skip`) and counts as finished. Returns ``fn``'s results in item order (None for a
+        skipped item).
+
+        Raises:
+            ConfigurationError: ``limit`` or ``every`` is not a positive whole number.
+            Exception: the first error of an item (not skipped); the items in flight are cancelled
+                and the checkpoint stays at the last saved mark.
+            Cancelled / Paused / LeaseLost: as :meth:`checkpoint`.
+        """
+        from airflow_resumable.core.aio import map_items
+        from airflow_resumable.core.chunked import default_key
+
+        for name, value in (("limit", limit), ("every", every)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
+                raise ConfigurationError(f"ctx.map() {name} must be a positive whole number, got {value!r}",
+                                         job=self.job, slot=self.slot, hint=f"Pass {name}=50, say")
+        skippable = None if skip_on is None else tuple(skip_on) if isinstance(skip_on, (tuple, list)) else (skip_on,)
+        return await map_items(self, items, fn, limit=limit, key=position or default_key, every=every,
+                               skip_on=skippable, skip_limit=skip_limit)
+
+    def _checkpoint_call(self, position: Any, state: dict[str, Any] | None, processed: int | None,
+                         total: int | None) -> tuple[Any, ...]:
+        """The attempt's call that saves this checkpoint, its arguments encoded and checked now."""
         tally = self._tally
         state = tally.state if state is None else state
         processed = tally.processed if processed is None else self._count("processed", processed)
         total = tally.total if total is None else self._count("total", total)
         position_json, state_json = self._encode(position, state)
         # One way: the attempt saves, records in the tally, reports, then stops or waits.
-        self._attempt.after_chunk(position_json, state_json, state, processed, total)
+        return (self._attempt.after_chunk, position_json, state_json, state, processed, total)
 
     def transaction(self) -> TransactionConnection:
         """The checkpoint database's connection; writes on it commit with the next checkpoint."""
