@@ -242,6 +242,52 @@ class AsyncBridge:
         return done.result()
 
 
+class SyncCalls:
+    """The synchronous face of possibly-async functions, for the chunk loop: ``calls.sync(fn)``
+    calls ``fn`` and, when it gives back a coroutine, runs it to its end on the attempt's bridge
+    (started on the first coroutine; one per attempt thread, shared by nested uses). Use it as a
+    context manager around the calls."""
+
+    _local = threading.local()
+
+    def __init__(self, signal: Signal, log: Log, *, job: str, slot: str):
+        self.signal, self.log, self.job, self.slot = signal, log, job, slot
+        self._bridge: AsyncBridge | None = None
+        self._owner = False
+
+    def __enter__(self) -> SyncCalls:
+        outer = getattr(self._local, "calls", None)
+        if outer is None:
+            self._local.calls, self._owner = self, True
+        else:
+            self._outer = outer
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._owner:
+            self._local.calls = None
+            if self._bridge is not None:
+                self._bridge.__exit__(None, None, None)
+                self._bridge = None
+
+    def _shared(self) -> SyncCalls:
+        return self if self._owner else self._outer
+
+    def sync(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """``fn`` as a synchronous function (itself, for a plain function's results)."""
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            result = fn(*args, **kwargs)
+            if not asyncio.iscoroutine(result):
+                return result
+            owner = self._shared()
+            if owner._bridge is None:
+                owner._bridge = AsyncBridge(self.signal, self.log, job=self.job, slot=self.slot).__enter__()
+            return owner._bridge.run(result)
+
+        return call
+
+
 def drive(coro: Coroutine[Any, Any, Any], signal: Signal, log: Log, *, job: str, slot: str) -> Any:
     """Run an async handler's coroutine to its end on a bridge of its own (see the module docstring).
 
@@ -315,9 +361,9 @@ async def map_items(ctx: RunContext, items: Iterable[Any], fn: Callable[[Any], A
         # A stop source: the items before the mark are done; keep them, then stop (the checkpoint raises).
         await stop_running()
         if mark > saved and ctx.signal.cancelled:
-            task = asyncio.current_task()
-            if task is not None:
-                _FINISHING.add(task)
+            current = asyncio.current_task()
+            if current is not None:
+                _FINISHING.add(current)
             await ctx.acheckpoint(keys[mark - 1], processed=base + mark)
         raise
     except BaseException:
