@@ -207,7 +207,9 @@ class RunContext:
         checkpoint is written whole, then the cancellation goes on.
 
         Raises:
-            The same as :meth:`checkpoint`.
+            InvalidCheckpoint: position or state is not plain JSON; nothing was written.
+            LeaseLost: another attempt holds the slot; nothing was written.
+            Cancelled: after the save, when the signal has fired (Paused for a pause, as :meth:`checkpoint`).
         """
         saving = self._checkpoint_call(position, state, processed, total)
         bridge = current_bridge()
