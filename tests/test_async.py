@@ -362,3 +362,40 @@ def test_a_real_process_death_mid_chunk_resumes_from_the_last_checkpoint(store: 
         cur.execute("SELECT min(item) FROM sink WHERE attempt = 2")
         assert cur.fetchone()[0] == killed_at
     assert row(store, "crash_async").status == "done"
+
+
+async def sums_its_items(ctx: Any) -> int:
+    """An async handler for the test kit: chunks of 3 of 12 items, a running sum in ctx.state."""
+    i = ctx.position or 0
+    while i < 12:
+        batch = list(range(i, min(i + 3, 12)))
+        await asyncio.sleep(0)
+        ctx.state["sum"] = ctx.state.get("sum", 0) + sum(batch)
+        i = batch[-1] + 1
+        await ctx.acheckpoint(i, processed=i)
+    return int(ctx.state["sum"])
+
+
+async def maps_its_items(ctx: Any) -> int:
+    """An async handler for the test kit: 20 items through ctx.map, finishing out of order, each
+    item's effect keyed by the item (a repeated item writes the same entry again), not a running sum."""
+    doubled = ctx.state.setdefault("doubled", {})
+
+    async def double(item: int) -> None:
+        await asyncio.sleep(0.001 * (item % 3))
+        doubled[str(item)] = item * 2
+
+    start = 0 if ctx.position is None else ctx.position + 1
+    await ctx.map(range(start, 20), double, limit=4, every=2)
+    return sum(doubled.values())
+
+
+@pytest.mark.parametrize("handler", [sums_its_items, maps_its_items], ids=["acheckpoint", "map"])
+def test_the_test_kit_proves_an_async_handler_under_every_interruption_a_real_crash_included(handler: Any) -> None:
+    from airflow_resumable.testing import check_resumable
+
+    # Given an async handler; when the kit interrupts it at each checkpoint by each kind (process death too)
+    report = check_resumable(handler, seed=1)
+    # Then every trial resumed to the uninterrupted run's result
+    assert report.ok, report.failures
+    assert {t.interruption.value for t in report.trials} >= {"process_death", "timeout", "cancel", "pause_resume"}
