@@ -399,3 +399,71 @@ def test_the_test_kit_proves_an_async_handler_under_every_interruption_a_real_cr
     # Then every trial resumed to the uninterrupted run's result
     assert report.ok, report.failures
     assert {t.interruption.value for t in report.trials} >= {"process_death", "timeout", "cancel", "pause_resume"}
+
+
+def test_the_connection_s_calls_from_the_event_loop_are_refused_and_work_through_arun(store: Store) -> None:
+    # Given an async handler that writes through ctx.transaction() on its event loop, then through ctx.arun
+    refused: list[str] = []
+
+    async def handler(ctx: Any) -> Any:
+        try:
+            ctx.transaction()
+        except Exception as exc:  # the refusal names the way out
+            refused.append(str(exc))
+        await ctx.arun(lambda: ctx.transaction().execute("CREATE TABLE IF NOT EXISTS sink (item INTEGER)"))
+        await ctx.arun(lambda: ctx.transaction().execute("INSERT INTO sink (item) VALUES (%s)", (1,)))
+        await ctx.acheckpoint(1, processed=1)
+        return ctx.previous  # read on the attempt's thread
+
+    # When it runs
+    outcome = attempt(store, 1).run(handler)
+    # Then the loop's call was refused saying what to do, and the write through arun committed
+    assert refused and "await ctx.arun(fn, ...)" in refused[0]
+    assert outcome.result is None and outcome.checkpoint.status == "done"
+    with store.open() as s:
+        assert [tuple(r) for r in s.execute("SELECT item FROM sink").fetchall()] == [(1,)]
+
+
+def test_sigterm_cancels_the_pending_await_of_an_async_handler_in_a_real_process(store: Store) -> None:
+    # Given an async handler in its own process, awaiting 60 s after its checkpoint at 6
+    with store.open() as s:
+        s.ensure_schema()
+        s._execute("CREATE TABLE sink (item INTEGER NOT NULL, attempt INTEGER NOT NULL)")
+        s.commit()
+    proc = subprocess.Popen([sys.executable, str(WORKER), spec_of(store), "30", "1", "6"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 60
+    while (row(store, "crash_async") is None or row(store, "crash_async").processed < 6) and proc.poll() is None:
+        assert time.monotonic() < deadline, "the worker made no progress"
+        time.sleep(0.005)
+    # When the process receives SIGTERM (the handler running on the main thread's signal handler)
+    time.sleep(0.1)  # well inside the await
+    began = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    # Then it stopped within seconds as cancelled, the checkpoint at 6 and the reason on the row
+    assert proc.returncode == 3, err[-2000:]
+    assert time.monotonic() - began < PROMPT
+    stopped = row(store, "crash_async")
+    assert (stopped.status, stopped.position, stopped.cancel_reason) == ("cancelled", 6, "shutdown")
+    assert stopped.lease_owner is None
+
+
+def test_a_cpu_bound_second_inside_an_async_handler_does_not_cost_the_lease(store: Store) -> None:
+    # Given an async handler that blocks its loop with 2 s of CPU-bound work, under a 0.6 s lease
+    beats: list[Any] = []
+
+    async def careless(ctx: Any) -> None:
+        await ctx.acheckpoint(1, processed=1)
+        beats.append(row(store).heartbeat_at)
+        end = time.monotonic() + 2.0
+        while time.monotonic() < end:
+            sum(range(1000))
+        beats.append(row(store).heartbeat_at)  # read before anything yields to the loop
+        await ctx.acheckpoint(2, processed=2)
+
+    # When it runs
+    outcome = attempt(store, 1, lease=0.6).run(careless)
+    # Then the lease keeper's thread heartbeat while the loop was blocked, and the run finished
+    assert outcome.checkpoint.status == "done" and outcome.checkpoint.position == 2
+    assert None not in beats and (beats[1] - beats[0]).total_seconds() >= 1.0, beats

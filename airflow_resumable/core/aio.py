@@ -94,6 +94,12 @@ class AsyncBridge:
             self._watcher.cancel()
 
         async def close() -> None:
+            # Tasks the handler left running (started, never awaited) end with it.
+            left = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in left:
+                task.cancel()
+            if left:
+                await asyncio.wait(left, timeout=2)
             await self._loop.shutdown_asyncgens()
 
         try:

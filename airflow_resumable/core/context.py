@@ -122,7 +122,9 @@ class RunContext:
             AttemptEnded: first asked after the handler returned.
         """
         if self._previous is _UNREAD:
-            self._previous = self._attempt.previous_run()
+            bridge = current_bridge()  # async code: read on the attempt's thread (the loop waits)
+            self._previous = self._attempt.previous_run() if bridge is None else bridge.blocking(
+                self._attempt.previous_run)
         return self._previous  # type: ignore[return-value]
 
     @property
@@ -286,7 +288,20 @@ class RunContext:
 
     def transaction(self) -> TransactionConnection:
         """The checkpoint database's connection; writes on it commit with the next checkpoint."""
+        self._on_attempt_thread("ctx.transaction()")
         return self._attempt.transaction()
+
+    def _on_attempt_thread(self, call: str) -> None:
+        """Refuse ``call`` on an async handler's event loop: the connection is the attempt's thread's.
+
+        Raises:
+            ConfigurationError: called from the event loop of an ``async def`` handler.
+        """
+        if current_bridge() is not None:
+            raise ConfigurationError(
+                f"{call} was called on the async handler's event loop: the checkpoint database's connection "
+                "belongs to the attempt's own thread", job=self.job, slot=self.slot,
+                hint=f"Call it inside a function run there: await ctx.arun(fn, ...), where fn uses {call}")
 
     def skip(self, item: Any, *, position: Any, error: BaseException, limit: int = defaults.SKIP_LIMIT) -> int:
         """Record ``item`` as skipped because processing it raised ``error``, and go on: the skip
@@ -301,6 +316,9 @@ class RunContext:
                 recorded); let it propagate: the attempt fails without a retry.
             InvalidCheckpoint: ``position`` is not plain JSON.
         """
+        bridge = current_bridge()  # async code: recorded on the attempt's thread (the loop waits)
+        if bridge is not None:
+            return int(bridge.blocking(self._attempt.skip, item, position=position, error=error, limit=limit))
         return self._attempt.skip(item, position=position, error=error, limit=limit)
 
     def input(self, *, table: str | None = None, file: str | None = None, connection: str | None = None) -> None:
@@ -365,6 +383,10 @@ class RunContext:
             ReaderChanged: the checkpoint holds positions of another reader; names both, the job,
                 the slot and the choices (put the reader back, or restart the slot on purpose).
         """
+        bridge = current_bridge()  # async code: recorded on the attempt's thread (the loop waits)
+        if bridge is not None:
+            bridge.blocking(self._attempt.use_reader, reader.identity())
+            return
         self._attempt.use_reader(reader.identity())
 
     def replay_skipped(self, fn: Callable[[Any], Any] | None) -> Any:
@@ -379,6 +401,7 @@ class RunContext:
         Returns what it did (a :class:`~airflow_resumable.core.skips.ReplayReport`), or None when no
         retry was requested.
         """
+        self._on_attempt_thread("ctx.replay_skipped()")
         report = self._attempt.replay_requested(fn, self.savepoint)
         if report is not None:
             self.checkpoint(self.position, state=self.state)
@@ -401,6 +424,7 @@ class RunContext:
             StoreUnavailable: undoing the writes failed (e.g. the connection broke); names the block's error.
             InvalidCheckpoint: :attr:`state` can be neither written as JSON nor copied.
         """
+        self._on_attempt_thread("ctx.savepoint()")
         restore = self._keep_state()
         try:
             with self._attempt.savepoint():
