@@ -193,6 +193,8 @@ class AsyncBridge:
             now = time.monotonic()
             for task in list(self._running):
                 sent = self._sent.get(task)
+                if sent is not None and task in _FINISHING:
+                    continue  # finishing a checkpoint, then it stops
                 if sent is None or now - sent >= RECANCEL:
                     if sent is not None:
                         self._warn_ignored()
@@ -222,13 +224,14 @@ class AsyncBridge:
                 result = await asyncio.shield(waiting)
                 break
             except asyncio.CancelledError:
-                cancelled = True
+                if not cancelled:  # finishing the call on purpose: not "ignored", not cancelled again
+                    cancelled = True
+                    task = asyncio.current_task()
+                    if task is not None:
+                        _FINISHING.add(task)
                 if waiting.done():
                     break
         if cancelled:
-            task = asyncio.current_task()
-            if task is not None:
-                _FINISHING.add(task)
             waiting.result()  # the call's own error first (a checkpoint stopping the run: Cancelled, Paused)
             raise asyncio.CancelledError
         return result
