@@ -32,15 +32,11 @@ import time
 import weakref
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from airflow_resumable.core.errors import ConfigurationError
+from airflow_resumable.core.errors import Cancelled, ConfigurationError, ResumableError
 from airflow_resumable.core.progress import Log
 from airflow_resumable.core.signal import Signal
-from airflow_resumable.core.skips import never_skipped
-
-if TYPE_CHECKING:
-    from airflow_resumable.core.context import RunContext
 
 #: How often the watcher reads the signal: the bound on how long a stop takes to reach the await.
 POLL = 0.05
@@ -319,10 +315,11 @@ def drive(coro: Coroutine[Any, Any, Any], signal: Signal, log: Log, *, job: str,
         return bridge.run(coro)
 
 
-async def map_items(ctx: RunContext, items: Iterable[Any], fn: Callable[[Any], Awaitable[Any]], *, limit: int,
+async def map_items(ctx: Any, items: Iterable[Any], fn: Callable[[Any], Awaitable[Any]], *, limit: int,
                     key: Callable[[Any], Any], every: int | None,
                     skip_on: tuple[type[Exception], ...] | None, skip_limit: int) -> list[Any]:
-    """``ctx.map()``: run ``fn(item)`` for every item, at most ``limit`` at once, saving the
+    """``ctx.map()`` (``ctx`` is the :class:`~airflow_resumable.core.context.RunContext`, which
+    imports this module): run ``fn(item)`` for every item, at most ``limit`` at once, saving the
     contiguous low-water mark (see :meth:`~airflow_resumable.core.context.RunContext.map`)."""
     todo: Sequence[Any] = items if isinstance(items, Sequence) else list(items)
     count = len(todo)
@@ -356,7 +353,8 @@ async def map_items(ctx: RunContext, items: Iterable[Any], fn: Callable[[Any], A
                     error = RuntimeError(f"item at position {keys[i]!r} cancelled itself")
                 if error is None:
                     results[i] = task.result()
-                elif skip_on is not None and isinstance(error, skip_on) and not never_skipped(error):
+                elif skip_on is not None and isinstance(error, skip_on) and not isinstance(
+                        error, (Cancelled, ResumableError)):  # never skipped, as the chunk loop's policy
                     await ctx.arun(ctx.skip, todo[i], position=keys[i], error=error, limit=skip_limit)
                 else:
                     raise error

@@ -18,22 +18,12 @@ from airflow_resumable.core.checkpoint import error_text, short
 from airflow_resumable.core.context import RunContext
 from airflow_resumable.core.errors import ConfigurationError
 from airflow_resumable.core.options import REQUIRED, Option, call_problem, params_doc, problems, seconds
+from airflow_resumable.core.positions import default_key
 from airflow_resumable.core.readers import Batch, Reader
 from airflow_resumable.core.skips import never_skipped, skip_limit_check, skip_on_check
 
 ReadFn = Callable[[RunContext, Any, int], Sequence[Any]]
 ProcessFn = Callable[[RunContext, Sequence[Any]], Any]
-
-
-def default_key(item: Any) -> Any:
-    """The position of an item: ``item["id"]`` for a mapping, ``item[0]`` for a row tuple, else the item."""
-    if isinstance(item, Mapping):
-        if "id" not in item:
-            raise KeyError("the item has no 'id'; pass position=<function of an item> to ChunkedOperator")
-        return item["id"]
-    if isinstance(item, (tuple, list)):
-        return item[0]
-    return item
 
 
 def _callable_as(call: str) -> Callable[[str, Any], str | None]:

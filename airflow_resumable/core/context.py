@@ -13,12 +13,13 @@ from datetime import datetime
 from typing import Any, Protocol
 
 from airflow_resumable.core import defaults
-from airflow_resumable.core.aio import current_bridge
+from airflow_resumable.core.aio import current_bridge, map_items
 from airflow_resumable.core.checkpoint import ENCODER, Checkpoint, encode
 from airflow_resumable.core.errors import ConfigurationError, InvalidCheckpoint
 from airflow_resumable.core.identity import Identity
 from airflow_resumable.core.lent import TransactionConnection
 from airflow_resumable.core.observe import Source, without_credentials
+from airflow_resumable.core.positions import default_key
 from airflow_resumable.core.progress import Log
 from airflow_resumable.core.signal import Signal
 from airflow_resumable.core.tally import Tally
@@ -264,9 +265,6 @@ class RunContext:
                 and the checkpoint stays at the last saved mark.
             Cancelled / Paused / LeaseLost: as :meth:`checkpoint`.
         """
-        from airflow_resumable.core.aio import map_items
-        from airflow_resumable.core.chunked import default_key
-
         for name, value in (("limit", limit), ("every", every)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
                 raise ConfigurationError(f"ctx.map() {name} must be a positive whole number, got {value!r}",
