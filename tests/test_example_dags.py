@@ -218,33 +218,6 @@ def test_async_export_sends_every_customer_once_50_requests_at_once(
     assert xcom(run, "export_customers") == {"exported": 1_000}
 
 
-def test_async_export_is_resumable_by_the_test_kit(airflow_home: Path, tmp_path: Path) -> None:
-    """The kit interrupts the async export at checkpoints by every kind (a real process death
-    included): the same customers in the API's sink, each sent again at most within the window."""
-    import functools
-    import importlib
-
-    from airflow_resumable.testing import check_resumable
-
-    dags = str(DAGS_DIR)
-    if dags not in sys.path:
-        sys.path.append(dags)
-    sys.modules.pop("async_export", None)
-    module = importlib.import_module("async_export")
-    sink = tmp_path / "sink.db"
-
-    def snapshot() -> Any:
-        return sqlite_rows(sink, "SELECT id, name FROM exported ORDER BY id") if sink.exists() else []
-
-    def reset() -> None:
-        sink.unlink(missing_ok=True)
-
-    handler = functools.partial(module.export_customers, latency_ms=0, customers=150, sink=str(sink))
-    report = check_resumable(handler, snapshot=snapshot, reset=reset, points=[1, 3], seed=1)
-    report.assert_ok()
-    assert len(report.snapshot) == 150
-
-
 def test_taskflow_example_returns_the_sum(run_dag: Callable[..., Any], pg_checkpoints: dict[str, Any]) -> None:
     run = run_dag("taskflow_example")
     assert_succeeded(run)
