@@ -41,6 +41,7 @@ _RUNNERS = {
     "16": ("bench.items", "run"),
     "17": ("bench.statements", "run"),
     "18": ("bench.stop_requests", "run"),
+    "19": ("bench.async_items", "run"),
 }
 ROWS = tuple(_RUNNERS)
 

@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 DAGS_DIR = ROOT / "dags"
 DAG_FILES = sorted(DAGS_DIR.glob("*.py"))
 EXAMPLE_DAG_IDS = [
-    "chunked_example", "customer_export", "loan_report", "mapped_partitions", "partitioned_export",
+    "async_export", "chunked_example", "customer_export", "loan_report", "mapped_partitions", "partitioned_export",
     "partitioned_export_decorated", "readings_import", "taskflow_example",
 ]
 
@@ -200,6 +200,22 @@ def test_chunked_example_totals_every_order(run_dag: Callable[..., Any], pg_chec
     summary = xcom(run, "total_revenue")
     assert (summary["status"], summary["processed"], summary["position"]) == ("done", 5_000, 5_000)
     assert xcom(run, "total_revenue", key="checkpoint")["state"] == {"revenue_cents": expected}
+
+
+def test_async_export_sends_every_customer_once_50_requests_at_once(
+        run_dag: Callable[..., Any], pg_checkpoints: dict[str, Any], tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Given the API's sink in a file of the test's own
+    sink = tmp_path / "sink.db"
+    monkeypatch.setenv("ASYNC_EXPORT_SINK", str(sink))
+    # When the DAG runs
+    run = run_dag("async_export")
+    # Then every customer was sent once, and the checkpoint is at the last one
+    assert_succeeded(run)
+    assert sqlite_rows(sink, "SELECT count(*), min(id), max(id), max(sent) FROM exported") == [(1_000, 1, 1_000, 1)]
+    [row] = checkpoint_rows(pg_checkpoints, "async_export.%")
+    assert (row["status"], row["position"], row["processed"]) == ("done", 1_000, 1_000)
+    assert xcom(run, "export_customers") == {"exported": 1_000}
 
 
 def test_taskflow_example_returns_the_sum(run_dag: Callable[..., Any], pg_checkpoints: dict[str, Any]) -> None:

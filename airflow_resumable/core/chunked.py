@@ -13,26 +13,17 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 from airflow_resumable.core import defaults
+from airflow_resumable.core.aio import SyncCalls
 from airflow_resumable.core.checkpoint import error_text, short
 from airflow_resumable.core.context import RunContext
 from airflow_resumable.core.errors import ConfigurationError
 from airflow_resumable.core.options import REQUIRED, Option, call_problem, params_doc, problems, seconds
+from airflow_resumable.core.positions import default_key
 from airflow_resumable.core.readers import Batch, Reader
 from airflow_resumable.core.skips import never_skipped, skip_limit_check, skip_on_check
 
 ReadFn = Callable[[RunContext, Any, int], Sequence[Any]]
 ProcessFn = Callable[[RunContext, Sequence[Any]], Any]
-
-
-def default_key(item: Any) -> Any:
-    """The position of an item: ``item["id"]`` for a mapping, ``item[0]`` for a row tuple, else the item."""
-    if isinstance(item, Mapping):
-        if "id" not in item:
-            raise KeyError("the item has no 'id'; pass position=<function of an item> to ChunkedOperator")
-        return item["id"]
-    if isinstance(item, (tuple, list)):
-        return item[0]
-    return item
 
 
 def _callable_as(call: str) -> Callable[[str, Any], str | None]:
@@ -149,12 +140,14 @@ def chunk_loop(
 
     def handler(ctx: RunContext) -> dict[str, Any]:
         try:
-            return loop(ctx)
+            # Async read/process run on the attempt's event loop; the loop itself stays this one.
+            with SyncCalls(ctx.signal, ctx.log, job=ctx.job, slot=ctx.slot) as calls:
+                return loop(ctx, read if isinstance(read, Reader) else calls.sync(read), calls.sync(process))
         finally:
             if isinstance(read, Reader):
                 read.close()
 
-    def loop(ctx: RunContext) -> dict[str, Any]:
+    def loop(ctx: RunContext, read_items: ReadFn, process: ProcessFn) -> dict[str, Any]:
         if isinstance(read, Reader):  # before anything is read: the checkpoint's positions are its
             ctx.use_reader(read)
         if ctx.total is None and total is not None:
@@ -173,7 +166,7 @@ def chunk_loop(
             if pending and ctx.signal.cancelled:
                 ctx.checkpoint(after, processed=processed)  # saves the finished chunks, then raises
             ctx.signal.raise_if_cancelled()
-            batch = read(ctx, after, chunk_size)
+            batch = read_items(ctx, after, chunk_size)
             if not batch:
                 break
             if len(batch) > chunk_size:

@@ -7,17 +7,19 @@ import copy
 import json
 import math
 import operator
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from datetime import datetime
 from typing import Any, Protocol
 
 from airflow_resumable.core import defaults
+from airflow_resumable.core.aio import current_bridge, map_items
 from airflow_resumable.core.checkpoint import ENCODER, Checkpoint, encode
 from airflow_resumable.core.errors import ConfigurationError, InvalidCheckpoint
 from airflow_resumable.core.identity import Identity
 from airflow_resumable.core.lent import TransactionConnection
 from airflow_resumable.core.observe import Source, without_credentials
+from airflow_resumable.core.positions import default_key
 from airflow_resumable.core.progress import Log
 from airflow_resumable.core.signal import Signal
 from airflow_resumable.core.tally import Tally
@@ -121,7 +123,9 @@ class RunContext:
             AttemptEnded: first asked after the handler returned.
         """
         if self._previous is _UNREAD:
-            self._previous = self._attempt.previous_run()
+            bridge = current_bridge()  # async code: read on the attempt's thread (the loop waits)
+            self._previous = self._attempt.previous_run() if bridge is None else bridge.blocking(
+                self._attempt.previous_run)
         return self._previous  # type: ignore[return-value]
 
     @property
@@ -182,17 +186,120 @@ class RunContext:
             Paused: after the save, when a pause was requested, the throttle asked for a long
                 wait, or ``max_runtime`` ran out (a kind of Cancelled: stop the same way).
         """
+        saving = self._checkpoint_call(position, state, processed, total)
+        bridge = current_bridge()
+        if bridge is not None:  # an async handler's sync call: its event loop waits for the write
+            bridge.blocking(*saving)
+        else:
+            saving[0](*saving[1:])
+
+    async def acheckpoint(
+        self,
+        position: Any,
+        *,
+        state: dict[str, Any] | None = None,
+        processed: int | None = None,
+        total: int | None = None,
+    ) -> None:
+        """:meth:`checkpoint` for an ``async def`` handler: ``await ctx.acheckpoint(position, ...)``.
+
+        The same one step (save fenced by the lease, then report, then stop if the signal fired),
+        written on the attempt's own thread while the event loop goes on: the loop is never blocked
+        by the write. The position and state are encoded before the await (what is saved is what
+        they were at the call). A cancellation that arrives during the write waits for it: the
+        checkpoint is written whole, then the cancellation goes on.
+
+        Raises:
+            InvalidCheckpoint: position or state is not plain JSON; nothing was written.
+            LeaseLost: another attempt holds the slot; nothing was written.
+            Cancelled: after the save, when the signal has fired (Paused for a pause, as :meth:`checkpoint`).
+        """
+        saving = self._checkpoint_call(position, state, processed, total)
+        bridge = current_bridge()
+        if bridge is None:  # not on the attempt's event loop (a loop the caller runs): write inline
+            saving[0](*saving[1:])
+            return
+        await bridge.home(*saving)
+
+    async def arun(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """``await ctx.arun(fn, *args, **kwargs)``: call the synchronous ``fn`` on the attempt's own
+        thread, where the checkpoint database's connection lives, without blocking the event loop.
+
+        The way to use :meth:`transaction`, :meth:`skip`, :meth:`savepoint` and :attr:`previous`
+        from an ``async def`` handler: e.g. ``await ctx.arun(write_rows, ctx.transaction(), rows)``
+        (writes that commit with the next checkpoint, exactly once). The calls run one at a time.
+        """
+        bridge = current_bridge()
+        if bridge is None:
+            return fn(*args, **kwargs)
+        return await bridge.home(fn, *args, **kwargs)
+
+    async def map(
+        self,
+        items: Iterable[Any],
+        fn: Callable[[Any], Awaitable[Any]],
+        *,
+        limit: int = 10,
+        position: Callable[[Any], Any] | None = None,
+        every: int | None = None,
+        skip_on: type[Exception] | tuple[type[Exception], ...] | None = None,
+        skip_limit: int = defaults.SKIP_LIMIT,
+    ) -> list[Any]:
+        """``await ctx.map(items, fn, limit=50)``: run ``await fn(item)`` for every item, at most
+        ``limit`` at once, and checkpoint the **contiguous low-water mark**: the position of the
+        last item before which every item finished. Items finish in any order; the saved position
+        never passes an unfinished item.
+
+        ``items`` are the items after :attr:`position`, in position order (``position`` gives an
+        item's position: default ``item["id"]``, ``item[0]`` or the item). No item starts more than
+        ``limit`` items ahead of the mark, and the mark is saved whenever it moved ``every`` items
+        (default ``limit``) and at the end: a crash repeats at most ``limit + every`` items and
+        skips none. A stop source cancels the items in flight, saves the mark, and stops the run.
+        With ``skip_on``, an item raising one of those goes to the dead letters (as
+        :meth:`skip`) and counts as finished. Returns ``fn``'s results in item order (None for a
+        skipped item).
+
+        Raises:
+            ConfigurationError: ``limit`` or ``every`` is not a positive whole number.
+            Exception: the first error of an item (not skipped); the items in flight are cancelled
+                and the checkpoint stays at the last saved mark.
+            Cancelled / Paused / LeaseLost: as :meth:`checkpoint`.
+        """
+        for name, value in (("limit", limit), ("every", every)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
+                raise ConfigurationError(f"ctx.map() {name} must be a positive whole number, got {value!r}",
+                                         job=self.job, slot=self.slot, hint=f"Pass {name}=50, say")
+        skippable = None if skip_on is None else tuple(skip_on) if isinstance(skip_on, (tuple, list)) else (skip_on,)
+        return await map_items(self, items, fn, limit=limit, key=position or default_key, every=every,
+                               skip_on=skippable, skip_limit=skip_limit)
+
+    def _checkpoint_call(self, position: Any, state: dict[str, Any] | None, processed: int | None,
+                         total: int | None) -> tuple[Any, ...]:
+        """The attempt's call that saves this checkpoint, its arguments encoded and checked now."""
         tally = self._tally
         state = tally.state if state is None else state
         processed = tally.processed if processed is None else self._count("processed", processed)
         total = tally.total if total is None else self._count("total", total)
         position_json, state_json = self._encode(position, state)
         # One way: the attempt saves, records in the tally, reports, then stops or waits.
-        self._attempt.after_chunk(position_json, state_json, state, processed, total)
+        return (self._attempt.after_chunk, position_json, state_json, state, processed, total)
 
     def transaction(self) -> TransactionConnection:
         """The checkpoint database's connection; writes on it commit with the next checkpoint."""
+        self._on_attempt_thread("ctx.transaction()")
         return self._attempt.transaction()
+
+    def _on_attempt_thread(self, call: str) -> None:
+        """Refuse ``call`` on an async handler's event loop: the connection is the attempt's thread's.
+
+        Raises:
+            ConfigurationError: called from the event loop of an ``async def`` handler.
+        """
+        if current_bridge() is not None:
+            raise ConfigurationError(
+                f"{call} was called on the async handler's event loop: the checkpoint database's connection "
+                "belongs to the attempt's own thread", job=self.job, slot=self.slot,
+                hint=f"Call it inside a function run there: await ctx.arun(fn, ...), where fn uses {call}")
 
     def skip(self, item: Any, *, position: Any, error: BaseException, limit: int = defaults.SKIP_LIMIT) -> int:
         """Record ``item`` as skipped because processing it raised ``error``, and go on: the skip
@@ -207,6 +314,9 @@ class RunContext:
                 recorded); let it propagate: the attempt fails without a retry.
             InvalidCheckpoint: ``position`` is not plain JSON.
         """
+        bridge = current_bridge()  # async code: recorded on the attempt's thread (the loop waits)
+        if bridge is not None:
+            return int(bridge.blocking(self._attempt.skip, item, position=position, error=error, limit=limit))
         return self._attempt.skip(item, position=position, error=error, limit=limit)
 
     def input(self, *, table: str | None = None, file: str | None = None, connection: str | None = None) -> None:
@@ -271,6 +381,10 @@ class RunContext:
             ReaderChanged: the checkpoint holds positions of another reader; names both, the job,
                 the slot and the choices (put the reader back, or restart the slot on purpose).
         """
+        bridge = current_bridge()  # async code: recorded on the attempt's thread (the loop waits)
+        if bridge is not None:
+            bridge.blocking(self._attempt.use_reader, reader.identity())
+            return
         self._attempt.use_reader(reader.identity())
 
     def replay_skipped(self, fn: Callable[[Any], Any] | None) -> Any:
@@ -285,6 +399,7 @@ class RunContext:
         Returns what it did (a :class:`~airflow_resumable.core.skips.ReplayReport`), or None when no
         retry was requested.
         """
+        self._on_attempt_thread("ctx.replay_skipped()")
         report = self._attempt.replay_requested(fn, self.savepoint)
         if report is not None:
             self.checkpoint(self.position, state=self.state)
@@ -307,6 +422,7 @@ class RunContext:
             StoreUnavailable: undoing the writes failed (e.g. the connection broke); names the block's error.
             InvalidCheckpoint: :attr:`state` can be neither written as JSON nor copied.
         """
+        self._on_attempt_thread("ctx.savepoint()")
         restore = self._keep_state()
         try:
             with self._attempt.savepoint():

@@ -18,11 +18,13 @@ The class operator, the chunked operator and ``@task.resumable`` all run this; t
 
 from __future__ import annotations
 
+import inspect
 import time
 from collections.abc import Callable
 from typing import Any
 
 from airflow_resumable.core.acquire import Acquiring
+from airflow_resumable.core.aio import drive
 from airflow_resumable.core.checkpoint import Checkpoint, Status
 from airflow_resumable.core.chunks import Chunks
 from airflow_resumable.core.context import RunContext
@@ -211,7 +213,10 @@ class Attempt(Chunks, Finishing, Acquiring):
     def _call(self, handler: Callable[[RunContext], Any], ctx: RunContext) -> Any:
         """Run the handler; once it returns or raises, its context can no longer write."""
         try:
-            return handler(ctx)
+            result = handler(ctx)
+            if inspect.iscoroutine(result):  # an async def handler: the same attempt, on a loop of its own
+                result = drive(result, self.signal, self.log, job=self.job, slot=self.slot)
+            return result
         finally:
             with self._lock:  # waits for a save another thread has under way
                 self._ended = True

@@ -130,5 +130,20 @@ class Signal:
             self._event.wait(min(remaining, _POLL))
         return True
 
+    async def wait_async(self, seconds: float | None = None) -> bool:
+        """:meth:`wait` for async code, without blocking the event loop: ``await
+        ctx.signal.wait_async()`` returns once the signal is raised (or after ``seconds``, if
+        given). Returns ``cancelled``. Race it against I/O to abort the I/O when the run stops
+        (an async handler's pending await is cancelled on a stop anyway)."""
+        import asyncio
+
+        end = None if seconds is None else self._clock() + max(0.0, seconds)
+        while not self.cancelled:
+            remaining = _POLL if end is None else min(_POLL, end - self._clock())
+            if remaining <= 0:
+                return False
+            await asyncio.sleep(remaining)
+        return True
+
     def __repr__(self) -> str:
         return f"Signal(cancelled={self.cancelled}, reason={self._reason!r})"

@@ -97,6 +97,13 @@ class _ResumableDecoratedOperator(DecoratedOperator, ResumableOperator):
             # Job and slot are not known yet; to_airflow only needs them for a cancel.
             raise (to_airflow(error, job="", slot="") or error) from exc
 
+    @property
+    def is_async(self) -> bool:
+        """False: an ``async def`` function is driven by the attempt's own event loop, inside
+        ``execute()``, never by Airflow's async operator path (whose loop knows only the timeout,
+        not the run's other stop sources: a cancel or pause request, SIGTERM, a lost lease)."""
+        return False
+
     def _arguments(self, context: Context) -> tuple[list[Any], dict[str, Any]]:
         """The arguments the function gets after the run context: the task's, and context keys it names."""
         merged = {**context, **self.op_kwargs}

@@ -19,6 +19,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any, NoReturn
 
 from airflow_resumable.core import defaults
+from airflow_resumable.core.aio import SyncCalls
 from airflow_resumable.core.chunked import CHUNKED_OPTIONS, calls_problems, chunk_loop, chunked_problems
 from airflow_resumable.core.context import RunContext
 from airflow_resumable.core.errors import Cancelled, ConfigurationError, LeaseLost, OverlapSkip, OverlapWait, Paused
@@ -200,8 +201,11 @@ class ResumableOperator(OpenLineageMethods, BaseOperator):
         assert handler is not None
 
         def run(ctx: RunContext) -> Any:
-            # Skipped items whose retry was requested go first (none: nothing happens).
-            ctx.replay_skipped(None if replay is None else lambda item: replay(ctx, item))
+            # Skipped items whose retry was requested go first (none: nothing happens); an async
+            # replay runs on an event loop of its own. An async handler gives back its coroutine:
+            # the attempt drives it.
+            with SyncCalls(ctx.signal, ctx.log, job=ctx.job, slot=ctx.slot) as calls:
+                ctx.replay_skipped(None if replay is None else lambda item: calls.sync(replay)(ctx, item))
             return handler(ctx, **kwargs) if kwargs else handler(ctx)
 
         return run
@@ -466,9 +470,11 @@ class ChunkedOperator(ResumableOperator):
         def handler(ctx: RunContext) -> None:
             if isinstance(read, Reader):  # a checkpoint of another reader is refused before anything runs
                 ctx.use_reader(read)
-            # Skipped items whose retry was requested go first, one at a time through process.
-            ctx.replay_skipped(lambda item: process(ctx, [item]))
-            loop(ctx)
+            # Skipped items whose retry was requested go first, one at a time through process; an
+            # async process runs on the attempt's event loop, shared with the chunk loop's.
+            with SyncCalls(ctx.signal, ctx.log, job=ctx.job, slot=ctx.slot) as calls:
+                ctx.replay_skipped(lambda item: calls.sync(process)(ctx, [item]))
+                loop(ctx)
             return None  # the summary is the return value
 
         return handler
