@@ -103,7 +103,10 @@ def pg_checkpoints(pg_database: dict[str, Any], monkeypatch: pytest.MonkeyPatch)
 
 _IMPORT_PROBE = r"""
 import json, sys
-from airflow.dag_processing.dagbag import DagBag
+try:
+    from airflow.dag_processing.dagbag import DagBag  # Airflow 3.2 and later
+except ImportError:
+    from airflow.models.dagbag import DagBag  # Airflow 3.1
 
 bag = DagBag(dag_folder=sys.argv[1])
 files = {}
