@@ -27,9 +27,9 @@ from airflow_resumable.core import (
     Status,
     StoreUnavailable,
 )
+from airflow_resumable.version import __version__
 
 #: The release, declared here only: setup.cfg reads it (`attr:`), and so does the provider info.
-__version__ = "0.4.0"
 
 _LAZY = {
     "ResumableOperator": "airflow_resumable.operators.resumable",

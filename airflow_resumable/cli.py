@@ -13,10 +13,10 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from airflow_resumable.core import defaults
-from airflow_resumable.core.errors import ResumableError
-from airflow_resumable.core.migrations import SCHEMA_VERSION, current_version, migrate, plan
+from airflow_resumable.core.model import defaults
+from airflow_resumable.core.model.errors import ResumableError
 from airflow_resumable.core.stores import PostgresStore, SQLiteStore, Store
+from airflow_resumable.core.stores.migrations import SCHEMA_VERSION, current_version, migrate, plan
 
 
 def store_from_url(url: str) -> Store:

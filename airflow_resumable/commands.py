@@ -29,9 +29,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from airflow_resumable.cli import MAX_AGE_DAYS, MAX_BATCH, MAX_LIMIT, duration, whole_number
-from airflow_resumable.core.defaults import CONN_ID
-from airflow_resumable.core.rules import Action, forceable, taken_when
-from airflow_resumable.core.states import Status
+from airflow_resumable.core.model.defaults import CONN_ID
+from airflow_resumable.core.model.request_rules import Action, forceable, taken_when
+from airflow_resumable.core.model.states import Status
 from airflow_resumable.version_compat import (
     ARG_OUTPUT,
     ActionCommand,
@@ -192,7 +192,7 @@ _HISTORY_COLUMNS = ("id", "attempt", "outcome", "requested_by", "owner", "starte
 
 
 def list_command(args: argparse.Namespace) -> None:
-    from airflow_resumable import control
+    import airflow_resumable.control as control
     from airflow_resumable.core.view import row_view
 
     rows = _guard(lambda: control.recent(conn_id=args.conn_id, dag_ids={args.dag_id} if args.dag_id else None,
@@ -207,7 +207,7 @@ def show_command(args: argparse.Namespace) -> None:
 
 
 def history_command(args: argparse.Namespace) -> None:
-    from airflow_resumable import control
+    import airflow_resumable.control as control
 
     _guard(lambda: control.get(args.job, args.slot, conn_id=args.conn_id))  # unknown slot: exit 1, saying so
     records = [r.to_dict() for r in _guard(lambda: control.history(args.job, args.slot, conn_id=args.conn_id))]
@@ -219,7 +219,7 @@ _SKIPPED_COLUMNS = ("position", "state", "attempt", "skipped_at", "error")
 
 
 def skipped_list_command(args: argparse.Namespace) -> None:
-    from airflow_resumable import control
+    import airflow_resumable.control as control
 
     _guard(lambda: control.get(args.job, args.slot, conn_id=args.conn_id))  # unknown slot: exit 1, saying so
     view = _guard(lambda: control.skipped_view(args.job, args.slot, conn_id=args.conn_id, limit=MAX_LIMIT))
@@ -229,7 +229,7 @@ def skipped_list_command(args: argparse.Namespace) -> None:
 
 
 def skipped_retry_command(args: argparse.Namespace) -> None:
-    from airflow_resumable import control
+    import airflow_resumable.control as control
 
     asked = _guard(lambda: control.request_retry_skipped(args.job, args.slot, conn_id=args.conn_id, by=args.by))
     view = _guard(lambda: control.skipped_view(args.job, args.slot, conn_id=args.conn_id, limit=MAX_LIMIT))
@@ -250,7 +250,7 @@ _PARTITION_COLUMNS = ("map_index", "job", "status", "processed", "rate", "eta", 
 def _figures(line: dict[str, Any]) -> dict[str, Any]:
     """A job's or a partition's progress as a table shows it: ``processed/total (percent)``, the
     rate per second and the ETA."""
-    from airflow_resumable.core.progress import _duration as format_duration  # the task log's own format
+    from airflow_resumable.core.attempt.reporter import _duration as format_duration  # the task log's own format
 
     processed = f"{line.get('processed') or 0:,}" + (f"/{line['total']:,}" if line.get("total") is not None else "")
     if line.get("percent") is not None:
@@ -263,7 +263,7 @@ def _figures(line: dict[str, Any]) -> dict[str, Any]:
 
 
 def jobs_command(args: argparse.Namespace) -> None:
-    from airflow_resumable import control
+    import airflow_resumable.control as control
 
     if args.job is None:
         if args.run_id is not None:
@@ -282,7 +282,7 @@ def jobs_command(args: argparse.Namespace) -> None:
 
 
 def rerun_failed_command(args: argparse.Namespace) -> None:
-    from airflow_resumable import control
+    import airflow_resumable.control as control
 
     cleared = _guard(lambda: control.rerun_failed(args.job, args.run_id, conn_id=args.conn_id, by=args.by))
     _print({"job": args.job, "run_id": args.run_id, "cleared": cleared} if args.output == "json"
@@ -291,7 +291,7 @@ def rerun_failed_command(args: argparse.Namespace) -> None:
 
 
 def _request(action: str, args: argparse.Namespace) -> None:
-    from airflow_resumable import control
+    import airflow_resumable.control as control
 
     def ask() -> Any:
         if action == "release":
@@ -346,7 +346,7 @@ def _module_cli(argv: list[str]) -> None:
 # -- helpers -------------------------------------------------------------------------------------
 
 def _detail(job: str, slot: str, conn_id: str) -> dict[str, Any]:
-    from airflow_resumable import control
+    import airflow_resumable.control as control
     from airflow_resumable.core.view import row_view
 
     return row_view(control.get(job, slot, conn_id=conn_id), offers=control.offers(job, slot, conn_id=conn_id),
@@ -364,7 +364,7 @@ def server_context() -> None:
 def _guard(call: Any) -> Any:
     """Run ``call``; our errors (unknown slot, refused request, missing connection) end the command
     with exit status 1 and the error's own words (job, slot, what to do)."""
-    from airflow_resumable.core.errors import ResumableError
+    from airflow_resumable.core.model.errors import ResumableError
 
     server_context()
     try:

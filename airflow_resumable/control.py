@@ -4,8 +4,8 @@ The one API below the CLI and the UI. Each call takes the slot's ``job`` and ``s
 data interval start in ISO 8601, as the checkpoint row and its XCom copy show it), the checkpoint
 store's ``conn_id``, and ``by`` (who asks, kept in the attempt history; default ``user@host``), and
 returns the row after the request. A slot that cannot take the request raises
-:class:`~airflow_resumable.core.errors.RequestRefused` (nothing changed); an unknown slot raises
-:class:`~airflow_resumable.core.errors.SlotNotFound`.
+:class:`~airflow_resumable.core.model.errors.RequestRefused` (nothing changed); an unknown slot raises
+:class:`~airflow_resumable.core.model.errors.SlotNotFound`.
 
 .. code-block:: python
 
@@ -16,7 +16,7 @@ returns the row after the request. A slot that cannot take the request raises
     control.resume("customer_export.export", "2026-03-01T10:00:00+00:00", by="alice")
 
 The table of what each request does to a slot in each state is in
-:mod:`airflow_resumable.core.control`.
+:mod:`airflow_resumable.core.control.requests`.
 """
 
 from __future__ import annotations
@@ -27,12 +27,12 @@ from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from airflow_resumable.core import control as _core
-from airflow_resumable.core import rules as _rules
-from airflow_resumable.core import skips as _skips
-from airflow_resumable.core.checkpoint import AttemptRecord, Checkpoint
-from airflow_resumable.core.errors import RequestRefused, SlotNotFound
-from airflow_resumable.core.states import AttemptEnd
+from airflow_resumable.core.attempt import skip_policy as _skips
+from airflow_resumable.core.control import requests as _core
+from airflow_resumable.core.model import request_rules as _rules
+from airflow_resumable.core.model.checkpoint import AttemptRecord, Checkpoint
+from airflow_resumable.core.model.errors import RequestRefused, SlotNotFound
+from airflow_resumable.core.model.states import AttemptEnd
 from airflow_resumable.core.stores.base import Store, StoreSession
 from airflow_resumable.hooks.resumable import DEFAULT_CONN_ID, ResumableHook
 
@@ -124,7 +124,7 @@ def explained_offers(job: str, slot: str, *,
                      conn_id: str = DEFAULT_CONN_ID) -> tuple[dict[str, bool], dict[str, str]]:
     """:func:`offers`, and for each request a sentence: what it would do to the slot now, or why
     the slot refuses it (the UI's tooltips), from the same rules
-    (:func:`airflow_resumable.core.rules.explain`).
+    (:func:`airflow_resumable.core.model.request_rules.explain`).
 
     Raises:
         SlotNotFound: no such slot.
@@ -177,7 +177,7 @@ def dead_letters(job: str, slot: str, *, conn_id: str = DEFAULT_CONN_ID, status:
 def replay(job: str, slot: str, fn: Callable[[Any], Any], *, conn_id: str = DEFAULT_CONN_ID,
            limit: int = 1000) -> _skips.ReplayReport:
     """Run ``fn(item)`` on each of the slot's skipped items, on purpose, and mark those it
-    processes ``replayed`` (see :func:`airflow_resumable.core.skips.replay`). Refused while the
+    processes ``replayed`` (see :func:`airflow_resumable.core.attempt.skip_policy.replay`). Refused while the
     slot runs."""
     return _skips.replay(_store(conn_id, job, slot), job, slot, fn, limit=limit)
 
@@ -187,7 +187,7 @@ def jobs(*, conn_id: str = DEFAULT_CONN_ID, dag_ids: Collection[str] | None = No
     ``{"done", "running", "paused", "failed", "waiting", "other", "total"}`` (failed counts cancelled
     ones too: both end a run unfinished; waiting: planned, not started), and its progress as the
     sum of theirs: ``processed``, ``total``, ``percent``, ``rate`` (items/s, the live partitions'
-    rates added up) and ``eta_seconds`` (see :func:`airflow_resumable.core.control.jobs`). A
+    rates added up) and ``eta_seconds`` (see :func:`airflow_resumable.core.control.requests.jobs`). A
     partitioned job's plan row is folded into its line (``partitioned``: True)."""
     return _core.jobs(_store(conn_id), dag_ids=dag_ids)
 

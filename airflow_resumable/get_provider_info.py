@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from airflow_resumable import __version__
+from airflow_resumable.version import __version__
 
 
 def get_provider_info() -> dict[str, Any]:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from airflow_resumable.core.checkpoint import Checkpoint, Status
+from airflow_resumable.core.model.checkpoint import Checkpoint, Status
 from airflow_resumable.version_compat import Stats
 
 PREFIX = "resumable"

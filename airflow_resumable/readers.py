@@ -14,7 +14,7 @@ import sqlite3
 from collections.abc import Sequence
 from typing import Any, BinaryIO
 
-from airflow_resumable.core.errors import ConfigurationError
+from airflow_resumable.core.model.errors import ConfigurationError
 from airflow_resumable.core.readers import Batch, FileReader, KeysetReader, Reader, SequenceReader, json_key
 from airflow_resumable.version_compat import AirflowNotFoundException, BaseHook
 

@@ -13,7 +13,7 @@ import statistics
 import time
 from typing import Any
 
-from airflow_resumable.core.runner import Attempt, Options
+from airflow_resumable.core.attempt.runner import Attempt, Options
 from airflow_resumable.core.stores import PostgresStore
 from bench.common import Database, Result, say
 

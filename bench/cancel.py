@@ -22,9 +22,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from airflow_resumable.core.errors import Cancelled
-from airflow_resumable.core.runner import Attempt, Options
-from airflow_resumable.core.signal import Reason
+from airflow_resumable.core.attempt.runner import Attempt, Options
+from airflow_resumable.core.attempt.signal import Reason
+from airflow_resumable.core.model.errors import Cancelled
 from airflow_resumable.core.stores import PostgresStore
 from bench.common import Database, Result, median, percentile, say
 from bench.loans import CHUNK, create_loans

@@ -18,8 +18,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from airflow_resumable.core.fence import Fence
-from airflow_resumable.core.runner import Attempt, Options
+from airflow_resumable.core.attempt.runner import Attempt, Options
+from airflow_resumable.core.model.fence import Fence
 from airflow_resumable.core.stores import PostgresStore, SQLiteStore, Store
 from bench.common import Database, Result, at_most, interleave, median, ms, say
 
@@ -126,7 +126,7 @@ def _measure(
 
 
 def _done() -> Any:
-    from airflow_resumable.core.checkpoint import Status
+    from airflow_resumable.core.model.checkpoint import Status
 
     return Status.DONE
 

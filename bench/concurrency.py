@@ -1,6 +1,6 @@
 """Row 10: aggregate checkpoint throughput with 1, 4, 16 and 64 concurrent attempts.
 
-Ours: N real attempts (:class:`~airflow_resumable.core.runner.Attempt`, each on its own slot and
+Ours: N real attempts (:class:`~airflow_resumable.core.attempt.runner.Attempt`, each on its own slot and
 connection, lease keeper running) whose handlers call ``ctx.checkpoint()`` in a loop. The floor:
 N client threads, each on its own autocommit connection, doing the hand-written checkpoint of
 row 1 (a bare single-row upsert of its own row). Both sides run for the same window after all
@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from airflow_resumable.core.runner import Attempt, Options
+from airflow_resumable.core.attempt.runner import Attempt, Options
 from airflow_resumable.core.stores import PostgresStore
 from bench.common import Database, Result, at_least, interleave, median, say
 

@@ -32,9 +32,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from airflow_resumable.core.fence import Fence
-from airflow_resumable.core.migrations import MIGRATIONS
+from airflow_resumable.core.model.fence import Fence
 from airflow_resumable.core.stores import PostgresStore, SQLiteStore, Store, StoreSession
+from airflow_resumable.core.stores.migrations import MIGRATIONS
 from bench.common import Database, Result, at_least, at_most, interleave, say
 
 JOB, SLOT, OWNER = "bench.hot", "2026-01-01T00:00:00+00:00", "bench"

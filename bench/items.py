@@ -6,7 +6,7 @@ three loops over rows held in memory, chunks of 3,000, the position each row's f
 * **bare** -- a hand-written loop over the same pages, summing ``days``;
 * **bare+check** -- the same with the order check written by hand as cheaply as CPython allows
   (:func:`bench.loans.order_check`): the floor of a loop that keeps ours' guarantee;
-* **unsaved** -- ours (:func:`~airflow_resumable.core.chunked.chunk_loop` in an attempt on a
+* **unsaved** -- ours (:func:`~airflow_resumable.core.work.chunk_loop.chunk_loop` in an attempt on a
   SQLite file) with its checkpoint writes left out: the loop, the order check, encoding, tally;
 * **saved** -- ours with its checkpoints, each a SQLite commit: their client side (statement,
   SQLite's own code; the file system's work is the kernel's, not counted).
@@ -53,9 +53,9 @@ def _bare(rows: list[tuple[int, int]], check: bool = False) -> int:
 
 
 def _ours(rows: list[tuple[int, int]], path: str, saves: bool) -> int:
-    from airflow_resumable.core.chunked import chunk_loop
-    from airflow_resumable.core.runner import Attempt
+    from airflow_resumable.core.attempt.runner import Attempt
     from airflow_resumable.core.stores import SQLiteStore
+    from airflow_resumable.core.work.chunk_loop import chunk_loop
 
     class Unsaved(Attempt):
         def _save(self, position: str, state: str, processed: int, total: int | None, rate: float | None = None) -> None:
@@ -75,7 +75,7 @@ def _ours(rows: list[tuple[int, int]], path: str, saves: bool) -> int:
 
 
 def _child(side: str, n: int, path: str) -> None:
-    import airflow_resumable.core.runner  # noqa: F401 - imported in every side's process alike
+    import airflow_resumable.core.attempt.runner  # noqa: F401 - imported in every side's process alike
     import bench.loans  # noqa: F401 - the hand-written check's module, likewise
     from airflow_resumable.core.stores import SQLiteStore
 

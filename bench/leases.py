@@ -18,9 +18,9 @@ import os
 import threading
 import time
 
-from airflow_resumable.core import defaults
-from airflow_resumable.core.fence import Fence
-from airflow_resumable.core.lease import heartbeat_interval
+from airflow_resumable.core.attempt.lease import heartbeat_interval
+from airflow_resumable.core.model import defaults
+from airflow_resumable.core.model.fence import Fence
 from airflow_resumable.core.stores import PostgresStore
 from bench.common import Database, Result, median, ms, percentile, say
 from bench.hot import updates

@@ -7,8 +7,8 @@ its own autocommit connection for the reads:
   every row before it: quadratic) and a ``job_status`` upsert per chunk;
 * **keyset** -- a hand-written keyset loop (``WHERE loan_id > last``) with no checkpoints at all;
 * **keyset+upsert** -- the same with a bare checkpoint upsert + commit per chunk (for context);
-* **ours** -- :class:`~airflow_resumable.core.runner.Attempt` running
-  :func:`~airflow_resumable.core.chunked.chunk_loop`: keyset reads, the running total in the
+* **ours** -- :class:`~airflow_resumable.core.attempt.runner.Attempt` running
+  :func:`~airflow_resumable.core.work.chunk_loop.chunk_loop`: keyset reads, the running total in the
   checkpoint's state, a fenced checkpoint per chunk, lease keeper running, in PostgreSQL;
 * **ours, relaxed** -- the same with ``synchronous_commit=off`` on the checkpoint connection;
 * **ours, pipelined** -- the same with ``pipeline_checkpoints=True``: each checkpoint's durable
@@ -31,9 +31,9 @@ import operator
 import time
 from typing import Any
 
-from airflow_resumable.core.chunked import chunk_loop
-from airflow_resumable.core.runner import Attempt, Options
+from airflow_resumable.core.attempt.runner import Attempt, Options
 from airflow_resumable.core.stores import PostgresStore
+from airflow_resumable.core.work.chunk_loop import chunk_loop
 from bench.common import (
     Database,
     Result,

@@ -27,7 +27,7 @@ from typing import Any
 
 import psycopg2
 
-from airflow_resumable.core import defaults
+from airflow_resumable.core.model import defaults
 from bench.common import ROOT, Database, Result, median, run_figure, say
 
 ROWS, PARTITIONS, CHUNK, WAIT = 200_000, 4, 500, 0.02

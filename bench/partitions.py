@@ -1,7 +1,7 @@
 """Row 14: a partitioned job's split, and its partitions run side by side.
 
 14a: the planning task's split of 1,000,000 rows on a composite key ``(grp, id)`` (80 % of the rows
-share one ``grp``: ties) into 16 ranges, through :func:`airflow_resumable.core.partitions.split`:
+share one ``grp``: ties) into 16 ranges, through :func:`airflow_resumable.core.work.partitions.split`:
 PostgreSQL numbers the rows in one pass (``row_number() OVER (ORDER BY key)``), SQLite takes one
 indexed ``LIMIT 1 OFFSET k`` per boundary; PostgreSQL's OFFSET path is timed too, for the choice.
 Reported, no target.
@@ -25,9 +25,9 @@ from typing import Any
 import psycopg2
 
 from airflow_resumable.core import Attempt, chunk_loop
-from airflow_resumable.core import partitions as parts
 from airflow_resumable.core.readers import KeysetReader
 from airflow_resumable.core.stores import PostgresStore
+from airflow_resumable.core.work import partitions as parts
 from bench.common import Database, Result, ms, say
 
 ROWS = 1_000_000

@@ -24,16 +24,16 @@ COMPONENTS: dict[str, tuple[str, ...]] = {
     "connect": ("airflow_resumable.core.stores.postgres:PostgresStore.connect",
                 "airflow_resumable.core.stores.sqlite:SQLiteStore.connect"),
     "schema probe": ("airflow_resumable.core.stores.base:StoreSession.ensure_schema",),
-    "lease": ("airflow_resumable.core.acquire:Acquiring._acquire", "airflow_resumable.core.acquire:Acquiring._overlap"),
+    "lease": ("airflow_resumable.core.attempt.acquire:Acquiring._acquire", "airflow_resumable.core.attempt.acquire:Acquiring._overlap"),
     "previous run": ("airflow_resumable.core.stores.listings:Listings.previous",),
-    "start+history": ("airflow_resumable.core.stores.checkpoints:Checkpoints.start",),
-    "keeper start/stop": ("airflow_resumable.core.lease:LeaseKeeper.start", "airflow_resumable.core.lease:LeaseKeeper.stop"),
-    "checkpoint save": ("airflow_resumable.core.chunks:Chunks._save",),
-    "checkpoint report": ("airflow_resumable.core.chunks:Chunks._report",),
-    "encoding": ("airflow_resumable.core.context:RunContext._encode",),
-    "order check": ("airflow_resumable.core.chunked:_in_order", "airflow_resumable.core.chunked:_keys",
-                    "airflow_resumable.core.chunked:_check_order"),
-    "finish": ("airflow_resumable.core.stores.checkpoints:Checkpoints.finish",),
+    "start+history": ("airflow_resumable.core.stores.checkpoint_writes:Checkpoints.start",),
+    "keeper start/stop": ("airflow_resumable.core.attempt.lease:LeaseKeeper.start", "airflow_resumable.core.attempt.lease:LeaseKeeper.stop"),
+    "checkpoint save": ("airflow_resumable.core.attempt.after_chunk:Chunks._save",),
+    "checkpoint report": ("airflow_resumable.core.attempt.after_chunk:Chunks._report",),
+    "encoding": ("airflow_resumable.core.attempt.context:RunContext._encode",),
+    "order check": ("airflow_resumable.core.work.chunk_loop:_in_order", "airflow_resumable.core.work.chunk_loop:_keys",
+                    "airflow_resumable.core.work.chunk_loop:_check_order"),
+    "finish": ("airflow_resumable.core.stores.checkpoint_writes:Checkpoints.finish",),
     "close": ("airflow_resumable.core.stores.connection:Connection.close",),
 }
 #: Added by the bench around the handler's own calls (not ours: the user's work).
@@ -126,7 +126,7 @@ def round_trips(params: dict[str, Any], checkpoints: int = 10) -> dict[str, int]
     import psycopg2
     import psycopg2.extensions as ext
 
-    from airflow_resumable.core.runner import Attempt
+    from airflow_resumable.core.attempt.runner import Attempt
     from airflow_resumable.core.stores import PostgresStore
 
     count = dict.fromkeys(("connections", "statements", "begins", "commits"), 0)
@@ -173,7 +173,7 @@ def main() -> None:  # pragma: no cover - a tool
     import cProfile
     import pstats
 
-    from airflow_resumable.core.runner import Attempt, Options
+    from airflow_resumable.core.attempt.runner import Attempt, Options
     from airflow_resumable.core.stores import PostgresStore
     from bench.common import Database
     from bench.loans import create_loans, report_handler

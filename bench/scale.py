@@ -2,7 +2,7 @@
 
 Times the two reads people and operators run against a big table, through the product's own
 code (``StoreSession.load`` and ``StoreSession.list_slots``: the SQL, the round trip and the
-decoding into :class:`~airflow_resumable.core.checkpoint.Checkpoint` rows), at random jobs and
+decoding into :class:`~airflow_resumable.core.model.checkpoint.Checkpoint` rows), at random jobs and
 slots, interleaved. Target: median under 2 ms each (p99 printed too). The query plans are printed
 to show each read uses an index (the primary key, and ``resumable_checkpoints_job_started``).
 PostgreSQL, and SQLite with the same rows.

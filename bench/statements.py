@@ -18,9 +18,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from airflow_resumable.core.lent import Loan, TransactionConnection
-from airflow_resumable.core.runner import Attempt, Options
+from airflow_resumable.core.attempt.runner import Attempt, Options
 from airflow_resumable.core.stores import PostgresStore, SQLiteStore
+from airflow_resumable.core.stores.transaction.handle import Loan, TransactionConnection
 from bench.common import Database, Result, interleave, median, paired_ratio, say
 
 ROUNDS = 2000
@@ -43,8 +43,8 @@ def _statement_row(key: str, what: str, times: dict[str, list[float]]) -> Result
 def _postgres_statements(params: dict[str, Any]) -> tuple[dict[str, list[float]], dict[str, float]]:
     import psycopg2
 
-    from airflow_resumable.core.lent_postgres import Psycopg2Driver
-    from airflow_resumable.core.statements import _cached
+    from airflow_resumable.core.stores.transaction.postgres_cursors import Psycopg2Driver
+    from airflow_resumable.core.stores.transaction.statements import _cached
 
     conn = psycopg2.connect(**params)
     try:
@@ -78,8 +78,8 @@ def _postgres_statements(params: dict[str, Any]) -> tuple[dict[str, list[float]]
 
 
 def _sqlite_statements(path: Path) -> dict[str, list[float]]:
-    from airflow_resumable.core.lent import SQLiteDriver
     from airflow_resumable.core.stores.dialect import to_qmark
+    from airflow_resumable.core.stores.transaction.handle import SQLiteDriver
 
     conn = SQLiteStore(path).connect()
     try:

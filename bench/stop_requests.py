@@ -34,9 +34,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from airflow_resumable.core.errors import Cancelled, RequestRefused
-from airflow_resumable.core.runner import Attempt, Options
-from airflow_resumable.core.signal import Reason
+from airflow_resumable.core.attempt.runner import Attempt, Options
+from airflow_resumable.core.attempt.signal import Reason
+from airflow_resumable.core.model.errors import Cancelled, RequestRefused
 from airflow_resumable.core.stores import PostgresStore, SQLiteStore, Store
 from bench.common import Database, Result, median, percentile, say
 

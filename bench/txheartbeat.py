@@ -26,7 +26,7 @@ import tempfile
 import time
 from typing import Any
 
-from airflow_resumable.core.runner import Attempt, Options
+from airflow_resumable.core.attempt.runner import Attempt, Options
 from airflow_resumable.core.stores import PostgresStore, SQLiteStore, Store
 from bench.common import ROOT, Database, Result, say
 

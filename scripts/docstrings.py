@@ -1,7 +1,7 @@
 """A griffe extension for the docs site's API reference (mkdocs.yml loads it).
 
 The package's docstrings are Google style with reStructuredText inline markup, which also reads
-well in ``help()``: Sphinx roles (``:class:`~airflow_resumable.core.errors.Cancelled```) and
+well in ``help()``: Sphinx roles (``:class:`~airflow_resumable.core.model.errors.Cancelled```) and
 literal blocks (``::`` or ``.. code-block:: python`` before an indented block). Markdown has
 neither, so this turns roles into code spans (``~`` keeps the last name, as Sphinx shows it) and
 literal blocks into fenced code, leaving the docstrings themselves alone.

@@ -21,7 +21,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from airflow_resumable.core import Attempt, Options, PostgresStore, SQLiteStore, Store
-from airflow_resumable.core.checkpoint import Origin
+from airflow_resumable.core.model.checkpoint import Origin
 from airflow_resumable.plugins.api import EXAMPLE
 from devtools.postgres import dsn
 from support import plugins
@@ -344,7 +344,7 @@ def test_the_listing_cuts_a_large_state_to_a_preview_and_one_slot_gives_it_whole
 
 def test_the_listing_leaves_a_partitioned_jobs_plan_row_out_unless_asked_and_marks_it(as_user: Any,
                                                                                        fresh: Store) -> None:
-    from airflow_resumable.core.partitions import Plan, save_plan
+    from airflow_resumable.core.work.partitions import Plan, save_plan
 
     # Given a slot and a partitioned job's plan row (<job>#plan), on each store
     big_slot(fresh, "dag_big.small", kib=1)
@@ -386,7 +386,7 @@ def test_the_api_is_described_by_openapi(client: TestClient) -> None:
 
 
 def test_the_request_choices_the_schema_publishes_are_the_rules_tables(client: TestClient) -> None:
-    from airflow_resumable.core.rules import ACTIONS
+    from airflow_resumable.core.model.request_rules import ACTIONS
 
     schema = client.get("/resumable/openapi.json").json()
     action = next(p for p in schema["paths"]["/api/v1/checkpoint/{action}"]["post"]["parameters"]

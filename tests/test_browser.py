@@ -832,17 +832,17 @@ def test_every_request_button_is_enabled_exactly_where_the_rules_offer_it_and_sa
     env: Env, browser: Any
 ) -> None:
     """A slot in every status, with every pending request and every kind of lease (its row written by
-    hand): the tab enables each button exactly where the rules table (core/rules.py) offers that
+    hand): the tab enables each button exactly where the rules table (core/model/request_rules.py) offers that
     request, and each button's tooltip is the table's sentence for this slot now (what it does, or
     why not). A requester's name with markup in it stays text in the tooltips."""
     from selenium.webdriver.common.by import By
     from test_rules import JOB as RULES_JOB
     from test_rules import REQUESTS, seed, set_row
 
-    from airflow_resumable.core import rules
-    from airflow_resumable.core.control import now_of
-    from airflow_resumable.core.rules import Action, Lease, Slot
-    from airflow_resumable.core.states import Status
+    from airflow_resumable.core.control.requests import now_of
+    from airflow_resumable.core.model import request_rules as rules
+    from airflow_resumable.core.model.request_rules import Action, Lease, Slot
+    from airflow_resumable.core.model.states import Status
 
     driver = browser
     login(driver, env)

@@ -23,8 +23,8 @@ from typing import Any
 import pytest
 from test_scheduler import Env, assert_exactly_once
 
-from airflow_resumable.core.checkpoint import Checkpoint
-from airflow_resumable.core.lease import STOP_POLL
+from airflow_resumable.core.attempt.lease import STOP_POLL
+from airflow_resumable.core.model.checkpoint import Checkpoint
 from devtools.postgres import Server
 from support.celery_cluster import CeleryDeployment, Component, redis_client
 from support.deployment import HEARTBEAT_TIMEOUT, databases

@@ -30,7 +30,7 @@ from typing import Any
 import psycopg2
 import pytest
 
-from airflow_resumable.core.runner import Attempt, Options
+from airflow_resumable.core.attempt.runner import Attempt, Options
 from airflow_resumable.core.stores import PostgresStore
 from devtools.postgres import Server
 from support.chaos import hosts, soak

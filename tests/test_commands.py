@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from airflow_resumable.core import SQLiteStore, Store
-from airflow_resumable.core.partitions import Plan, save_plan
+from airflow_resumable.core.work.partitions import Plan, save_plan
 from airflow_resumable.version_compat import needs, supports
 from support.slots import SLOT, run_slot
 from support.stores import empty_store
@@ -102,7 +102,7 @@ def test_history_lists_attempts_and_requests(store: Store, parser: Any, capsys: 
 
 
 def test_pause_and_resume_record_who_asked_defaulting_to_the_os_user(store: Store, parser: Any, capsys: Any) -> None:
-    from airflow_resumable.core.control import default_by
+    from airflow_resumable.core.control.requests import default_by
 
     code, out, _ = cli(parser, capsys, "resumable", "pause", A, SLOT, "--output", "json")
     assert code == 0 and json.loads(out)["request"] == "pause" and json.loads(out)["requested_by"] == default_by()
@@ -126,7 +126,7 @@ def test_release_without_a_holder_is_refused_even_with_force(store: Store, parse
 
 
 def test_migrate_reports_the_schema(store: Store, parser: Any, capsys: Any) -> None:
-    from airflow_resumable.core.migrations import SCHEMA_VERSION
+    from airflow_resumable.core.stores.migrations import SCHEMA_VERSION
 
     code, out, _ = cli(parser, capsys, "resumable", "migrate", "--check")
     assert code == 0 and f"schema {SCHEMA_VERSION}, this code needs {SCHEMA_VERSION}" in out
@@ -149,7 +149,7 @@ def test_the_airflow_command_line_has_the_group(store: Store, airflow_home: Path
 
 
 def test_each_requests_help_says_which_slots_take_it_from_the_rules_table(parser: Any, capsys: Any) -> None:
-    from airflow_resumable.core.rules import Action, taken_when
+    from airflow_resumable.core.model.request_rules import Action, taken_when
 
     for action in Action:
         with pytest.raises(SystemExit):

@@ -369,7 +369,7 @@ def test_options_refuse_a_throttle_that_cannot_take_ctx_and_a_bad_max_runtime() 
 def test_a_paused_task_wakes_for_resume_restart_cancel_its_time_or_a_clear_and_not_otherwise() -> None:
     from datetime import datetime, timezone
 
-    from airflow_resumable.core.checkpoint import Checkpoint
+    from airflow_resumable.core.model.checkpoint import Checkpoint
 
     now = datetime(2026, 2, 1, 12, tzinfo=timezone.utc)
     paused = Checkpoint(job=JOB, slot=SLOT, status="paused", stop_reason="paused", requested_by="ann")

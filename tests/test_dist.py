@@ -253,7 +253,7 @@ def test_the_sdist_ships_the_package_and_its_documents_and_no_tests(artifacts: A
 
 
 def test_the_version_is_declared_once_and_every_place_reads_it(artifacts: Artifacts) -> None:
-    """``airflow_resumable.__version__`` is the only declaration: setup.cfg reads it (``attr:``), the
+    """``airflow_resumable.version.__version__`` is the only declaration: setup.cfg reads it (``attr:``), the
     provider info reads it, and the changelog's newest release is it."""
     from airflow_resumable.get_provider_info import get_provider_info
 
@@ -261,10 +261,10 @@ def test_the_version_is_declared_once_and_every_place_reads_it(artifacts: Artifa
     assert re.fullmatch(r"\d+\.\d+\.\d+", version)
     assert artifacts.metadata()["Version"] == version
     assert get_provider_info()["versions"] == [version]
-    assert re.search(r"^version = attr: airflow_resumable\.__version__$", (ROOT / "setup.cfg").read_text(), re.M)
+    assert re.search(r"^version = attr: airflow_resumable\.version\.__version__$", (ROOT / "setup.cfg").read_text(), re.M)
     declared = [str(p.relative_to(ROOT)) for p in (ROOT / "airflow_resumable").rglob("*.py")
                 if f'"{version}"' in p.read_text() or f"'{version}'" in p.read_text()]
-    assert declared == ["airflow_resumable/__init__.py"]
+    assert declared == ["airflow_resumable/version.py"]
     assert changelog_releases()[0][0] == version
 
 

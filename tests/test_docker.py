@@ -234,7 +234,7 @@ def test_the_checkpoint_connection_opens_the_database_the_postgres_service_creat
     import psycopg2
     from airflow.sdk import Connection
 
-    from airflow_resumable.core.errors import StoreUnavailable
+    from airflow_resumable.core.model.errors import StoreUnavailable
     from airflow_resumable.core.stores import PostgresStore
     from airflow_resumable.hooks.resumable import store_from_connection
 

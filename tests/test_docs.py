@@ -68,7 +68,7 @@ def test_every_example_dag_is_mentioned() -> None:
 
 
 def test_the_column_tables_are_the_tables_definitions() -> None:
-    from airflow_resumable.core.tables import all_tables
+    from airflow_resumable.core.model.tables import all_tables
 
     tables = page("reference/tables.md")
     for table in all_tables():
@@ -79,9 +79,9 @@ def test_the_column_tables_are_the_tables_definitions() -> None:
 
 def test_the_argument_table_is_the_operators_declarations(airflow_home: Path) -> None:
     """Every argument's row (name, default, meaning) comes from its declaration, which reads its
-    default from ``core/defaults.py``; the operator's signature is checked against the same
+    default from ``core/model/defaults.py``; the operator's signature is checked against the same
     declarations in tests/test_operators.py."""
-    from airflow_resumable.core.options import markdown
+    from airflow_resumable.core.model.options import markdown
     from airflow_resumable.operators.resumable import OPERATOR_ARGUMENTS
 
     operators = page("reference/operators.md")
@@ -92,14 +92,14 @@ def test_the_argument_table_is_the_operators_declarations(airflow_home: Path) ->
 
 def test_the_chunked_operator_table_states_the_defaults_of_its_signature(airflow_home: Path) -> None:
     """The table and the heading's signature come from ChunkedOperator's declarations
-    (core/chunked.py's CHUNKED_OPTIONS); its signature is checked against the same declarations in
+    (core/work/chunk_loop.py's CHUNKED_OPTIONS); its signature is checked against the same declarations in
     tests/test_operators.py."""
     import inspect
 
     from airflow_resumable import ChunkedOperator
-    from airflow_resumable.core import defaults
-    from airflow_resumable.core.chunked import CHUNKED_OPTIONS
-    from airflow_resumable.core.options import markdown, signature_text
+    from airflow_resumable.core.model import defaults
+    from airflow_resumable.core.model.options import markdown, signature_text
+    from airflow_resumable.core.work.chunk_loop import CHUNKED_OPTIONS
 
     def shown(value: object) -> str:
         if value is inspect.Parameter.empty:
@@ -246,9 +246,9 @@ def test_the_site_builds_with_no_warning(tmp_path: Path) -> None:
 
 def test_the_request_table_names_the_statuses_the_rules_take_each_request_in() -> None:
     """The prose of "the slot takes it when" is written for people, but the statuses it names are
-    the rules table's (core/rules.py): a rule changed there fails here until the docs follow."""
-    from airflow_resumable.core.rules import ANY_STATUS, Action, rules_of
-    from airflow_resumable.core.states import Status
+    the rules table's (core/model/request_rules.py): a rule changed there fails here until the docs follow."""
+    from airflow_resumable.core.model.request_rules import ANY_STATUS, Action, rules_of
+    from airflow_resumable.core.model.states import Status
 
     text = page("explanation/pause.md")
     rows = dict(re.findall(r"^\| `control\.(\w+)\([^`]*\)` \| ([^|]+) \|", text, re.M))

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 
 from airflow_resumable.core import Attempt, Cancelled, Options
-from airflow_resumable.core.lease import STOP_POLL, add_stop_source, remove_stop_source
+from airflow_resumable.core.attempt.lease import STOP_POLL, add_stop_source, remove_stop_source
 from airflow_resumable.core.stores import SQLiteStore, Store
 
 
@@ -92,7 +92,7 @@ def test_the_drain_config_is_airflow_s_default_celery_config() -> None:
     """Pointing [celery] celery_config_options at it changes nothing but loading the hooks."""
     from airflow.providers.celery.executors.default_celery import DEFAULT_CELERY_CONFIG
 
-    from airflow_resumable.core.lease import _STOP_SOURCES
+    from airflow_resumable.core.attempt.lease import _STOP_SOURCES
     from airflow_resumable.executors.celery import CELERY_CONFIG, draining
 
     assert CELERY_CONFIG == DEFAULT_CELERY_CONFIG

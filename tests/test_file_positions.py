@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from airflow_resumable.core import Attempt, chunk_loop
-from airflow_resumable.core.errors import ConfigurationError
+from airflow_resumable.core.model.errors import ConfigurationError
 from airflow_resumable.core.readers import FileReader
 from airflow_resumable.core.stores import Store
 

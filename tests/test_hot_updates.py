@@ -9,7 +9,7 @@ import json
 import time
 from typing import Any
 
-from airflow_resumable.core.fence import Fence
+from airflow_resumable.core.model.fence import Fence
 from airflow_resumable.core.stores import PostgresStore
 
 JOB, SLOT, OWNER = "export", "2026-01-01T00:00:00+00:00", "a"

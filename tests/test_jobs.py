@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 
 from airflow_resumable import control
-from airflow_resumable.core import control as core_control
-from airflow_resumable.core.errors import RequestRefused, SlotNotFound
-from airflow_resumable.core.partitions import Plan, save_plan
+from airflow_resumable.core.control import requests as core_control
+from airflow_resumable.core.model.errors import RequestRefused, SlotNotFound
 from airflow_resumable.core.stores import Store
+from airflow_resumable.core.work.partitions import Plan, save_plan
 from support.slots import SLOT, run_slot
 
 JOB = "rt_jobs_mapped.part"

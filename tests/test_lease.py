@@ -164,9 +164,9 @@ class _GatedHeartbeats:
 
 
 def test_a_heartbeat_in_flight_as_the_attempt_ends_does_not_report_the_lease_lost(store: Store) -> None:
-    from airflow_resumable.core.fence import Fence
-    from airflow_resumable.core.lease import LeaseKeeper
-    from airflow_resumable.core.signal import Signal
+    from airflow_resumable.core.attempt.lease import LeaseKeeper
+    from airflow_resumable.core.attempt.signal import Signal
+    from airflow_resumable.core.model.fence import Fence
 
     # Given a keeper whose heartbeat has started when the attempt asks it to stop
     with store.open() as s:
@@ -223,7 +223,7 @@ def _take_over(store: Store) -> None:
 
 @pytest.mark.parametrize("mode", ["transactional", "plain", "pipelined"])
 def test_a_row_deleted_while_the_attempt_runs_is_reported_as_deleted_and_not_retried(store: Store, mode: str) -> None:
-    from airflow_resumable.core.errors import CheckpointDeleted
+    from airflow_resumable.core.model.errors import CheckpointDeleted
     from airflow_resumable.operators.outcome import to_airflow
     from airflow_resumable.version_compat import AirflowFailException
 
@@ -261,7 +261,7 @@ def test_a_row_deleted_while_the_attempt_runs_is_reported_as_deleted_and_not_ret
 
 
 def test_a_row_deleted_that_the_lease_keeper_notices_first_is_reported_as_deleted(store: Store) -> None:
-    from airflow_resumable.core.errors import CheckpointDeleted
+    from airflow_resumable.core.model.errors import CheckpointDeleted
 
     # Given an attempt whose heartbeat finds the row deleted before its next checkpoint
     def handler(ctx: Any) -> None:
@@ -277,7 +277,7 @@ def test_a_row_deleted_that_the_lease_keeper_notices_first_is_reported_as_delete
 
 
 def test_a_takeover_is_still_reported_as_one_and_retried(store: Store) -> None:
-    from airflow_resumable.core.errors import CheckpointDeleted, LeaseLost
+    from airflow_resumable.core.model.errors import CheckpointDeleted, LeaseLost
     from airflow_resumable.operators.outcome import to_airflow
     from airflow_resumable.version_compat import AirflowException, AirflowFailException
 

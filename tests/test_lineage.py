@@ -233,7 +233,7 @@ def test_a_failing_facet_builder_is_logged_and_the_event_goes_without_it(
     import logging
 
     from airflow_resumable import ResumableOperator
-    from airflow_resumable.core.observe import AttemptFacts
+    from airflow_resumable.core.model.observe import AttemptFacts
     from airflow_resumable.lineage import facets
 
     def broken(*args: Any, **kwargs: Any) -> Any:
@@ -296,7 +296,7 @@ def test_a_query_s_tables_and_a_table_are_named_in_their_connection_s_namespace(
     """Given a SQLite connection, When a query with the driver's placeholders and a table are named,
     Then the query's tables (parsed by OpenLineage's SQL parser) and the table are datasets of the
     file's namespace; a PostgreSQL connection's namespace is its host and port, never its password."""
-    from airflow_resumable.core.observe import Source
+    from airflow_resumable.core.model.observe import Source
     from airflow_resumable.lineage.naming import dataset_names, datasource
 
     datasource.cache_clear()
@@ -340,7 +340,7 @@ def test_an_odd_file_url_is_named_without_its_secret_or_left_out_with_a_warning_
     NAME_LIMIT, nothing raises; a URL that names no dataset is left out with a warning."""
     import logging
 
-    from airflow_resumable.core.observe import NAME_LIMIT, Source
+    from airflow_resumable.core.model.observe import NAME_LIMIT, Source
     from airflow_resumable.lineage.facets import datasets, look_up
 
     source = Source("file", url)
@@ -371,7 +371,7 @@ def test_a_connection_s_host_field_never_puts_a_query_fragment_or_credential_int
     percent-encoded), When a table through it is named, Then its namespace holds none of them."""
     import logging
 
-    from airflow_resumable.core.observe import Source
+    from airflow_resumable.core.model.observe import Source
     from airflow_resumable.lineage.facets import datasets, look_up
     from airflow_resumable.lineage.naming import datasource
 
@@ -391,7 +391,7 @@ def test_a_facet_built_from_huge_values_is_valid_against_its_schema_and_small() 
     our schema (OpenLineage's ``RunFacet`` as its base) and stays under 20 kB."""
     from openlineage.client.serde import Serde
 
-    from airflow_resumable.core.observe import AttemptFacts, Part
+    from airflow_resumable.core.model.observe import AttemptFacts, Part
     from airflow_resumable.lineage.facets import run_facet
 
     huge = "x" * 10_000_000
@@ -418,7 +418,7 @@ def test_a_hundred_and_fifty_outputs_make_an_event_of_a_hundred_and_the_huge_nam
 
     from openlineage.client.serde import Serde
 
-    from airflow_resumable.core.observe import MAX_OUTPUTS, NAME_LIMIT, AttemptFacts, Source
+    from airflow_resumable.core.model.observe import MAX_OUTPUTS, NAME_LIMIT, AttemptFacts, Source
     from airflow_resumable.lineage.facets import operator_lineage
 
     outputs = tuple(Source("file", f"s3://bucket/{i}-" + "k" * 100_000) for i in range(150))
@@ -443,7 +443,7 @@ def test_a_query_too_long_for_the_sql_parser_is_left_out_with_a_warning_not_a_cr
     script = (
         "import json, logging, sys\n"
         "logging.basicConfig(level=logging.WARNING, stream=sys.stdout)\n"
-        "from airflow_resumable.core.observe import Source\n"
+        "from airflow_resumable.core.model.observe import Source\n"
         "from airflow_resumable.lineage.facets import look_up\n"
         "source = Source('query', sys.stdin.read(), 'naming_sqlite')\n"
         "print('NAMES', json.dumps(look_up([source], logging.getLogger('task'))[source]))\n"
@@ -467,7 +467,7 @@ def test_a_database_that_does_not_answer_for_its_schema_delays_the_naming_by_the
 
     from airflow.providers.postgres.hooks.postgres import PostgresHook
 
-    from airflow_resumable.core.observe import Source
+    from airflow_resumable.core.model.observe import Source
     from airflow_resumable.lineage import naming
 
     released = threading.Event()
@@ -575,7 +575,7 @@ def test_a_process_that_dies_leaves_a_start_without_a_fail_and_the_next_process_
 def test_a_local_path_with_dot_segments_names_the_file_it_is_once(path: str, named: tuple[str, str]) -> None:
     """Given a file written ``/data/in/../out/./x.csv`` by one task and ``/data/out/x.csv`` by another,
     When they are named, Then both are the one dataset ``/data/out/x.csv`` (an S3 key keeps its ``..``)."""
-    from airflow_resumable.core.observe import Source
+    from airflow_resumable.core.model.observe import Source
     from airflow_resumable.lineage.naming import dataset_names
 
     assert dataset_names(Source("file", path)) == [named]
@@ -589,7 +589,7 @@ def test_a_name_holding_a_nul_character_is_left_out_of_the_events_with_a_warning
     left out with a warning naming the NUL, and nothing raises."""
     import logging
 
-    from airflow_resumable.core.observe import Source
+    from airflow_resumable.core.model.observe import Source
     from airflow_resumable.lineage.facets import datasets, look_up
 
     source = Source("file", "/data/out\x00.csv")
@@ -608,7 +608,7 @@ def test_a_query_s_password_literal_never_reaches_the_task_log_when_its_datasets
     without the password."""
     import logging
 
-    from airflow_resumable.core.observe import Source
+    from airflow_resumable.core.model.observe import Source
     from airflow_resumable.lineage.facets import look_up
 
     sources = [Source("query", "SELECT id FROM users WHERE password = 'hunter2'"),

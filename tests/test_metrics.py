@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from airflow_resumable.core import Store
-from airflow_resumable.core.checkpoint import Checkpoint
+from airflow_resumable.core.model.checkpoint import Checkpoint
 
 DAY = datetime(2026, 3, 1, tzinfo=timezone.utc)
 

@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 
 from airflow_resumable.core import Attempt, Options
-from airflow_resumable.core.errors import SchemaVersionError
-from airflow_resumable.core.migrations import MIGRATIONS, SCHEMA_VERSION
+from airflow_resumable.core.model.errors import SchemaVersionError
+from airflow_resumable.core.model.tables import all_tables
 from airflow_resumable.core.stores import Store
-from airflow_resumable.core.tables import all_tables
+from airflow_resumable.core.stores.migrations import MIGRATIONS, SCHEMA_VERSION
 from fixtures import schema_v1
 
 

@@ -1,4 +1,4 @@
-"""The core's facts for lineage and tracing (core/observe.py): what an attempt says it read and
+"""The core's facts for lineage and tracing (core/model/observe.py): what an attempt says it read and
 wrote, how far it got, and the rules that keep them small and free of credentials. No Airflow."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from airflow_resumable.core import Attempt, Options
-from airflow_resumable.core.errors import ConfigurationError
-from airflow_resumable.core.observe import (
+from airflow_resumable.core.model.errors import ConfigurationError
+from airflow_resumable.core.model.observe import (
     MAX_OUTPUTS,
     REASON_LIMIT,
     AttemptFacts,

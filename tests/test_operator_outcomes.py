@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from airflow_resumable.core import control
+from airflow_resumable.core.control import requests as control
 from airflow_resumable.core.stores import Store
 from airflow_resumable.version_compat import needs, supports
 from support.request_worker import killed_holder
@@ -78,7 +78,7 @@ def test_a_chain_of_policies_is_asked_member_by_member_and_a_policy_that_raises_
     from airflow.providers.common.compat.sdk import ChainRetryPolicy
     from airflow.sdk import ExceptionRetryPolicy, RetryAction, RetryDecision, RetryPolicy, RetryRule
 
-    from airflow_resumable.core.errors import Cancelled, ConfigurationError
+    from airflow_resumable.core.model.errors import Cancelled, ConfigurationError
     from airflow_resumable.operators.outcome import (
         CombinedRetryPolicy,
         ResumableNotRetried,

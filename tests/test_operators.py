@@ -212,7 +212,7 @@ def test_bad_operator_arguments_fail_at_parse_time_naming_the_task(
     airflow_home: Path, kwargs: dict[str, Any], message: str
 ) -> None:
     from airflow_resumable import ResumableOperator
-    from airflow_resumable.core.errors import ConfigurationError
+    from airflow_resumable.core.model.errors import ConfigurationError
 
     with pytest.raises(ConfigurationError, match=message) as err:
         ResumableOperator(task_id="nightly_export", **kwargs)
@@ -221,11 +221,11 @@ def test_bad_operator_arguments_fail_at_parse_time_naming_the_task(
 
 def test_the_operator_takes_exactly_the_declared_arguments_keyword_only_with_their_defaults(airflow_home: Path) -> None:
     """The signature is written out for Airflow (default_args, .partial/.expand checks) and IDEs;
-    this keeps it equal to the declarations in core/options.py, so a missed place fails here."""
+    this keeps it equal to the declarations in core/model/options.py, so a missed place fails here."""
     import inspect
 
     from airflow_resumable import ResumableOperator
-    from airflow_resumable.core.options import ARGUMENTS
+    from airflow_resumable.core.model.options import ARGUMENTS
     from airflow_resumable.decorators.resumable import _ResumableDecoratedOperator
 
     params = {n: p for n, p in inspect.signature(ResumableOperator.__init__).parameters.items()
@@ -248,13 +248,13 @@ def test_the_operator_takes_exactly_the_declared_arguments_keyword_only_with_the
 def test_the_chunked_operator_and_loop_take_exactly_their_declared_arguments_keyword_only_with_their_defaults(
     airflow_home: Path,
 ) -> None:
-    """ChunkedOperator's own arguments and chunk_loop's are core/chunked.py's CHUNKED_OPTIONS: the
+    """ChunkedOperator's own arguments and chunk_loop's are core/work/chunk_loop.py's CHUNKED_OPTIONS: the
     signatures (written out for Airflow and IDEs), the docstring and the stored attributes."""
     import inspect
     from datetime import timedelta
 
     from airflow_resumable import ChunkedOperator
-    from airflow_resumable.core.chunked import CHUNKED_OPTIONS, chunk_loop
+    from airflow_resumable.core.work.chunk_loop import CHUNKED_OPTIONS, chunk_loop
 
     declared = {o.name: o for o in CHUNKED_OPTIONS}
     params = {n: p for n, p in inspect.signature(ChunkedOperator.__init__).parameters.items()
@@ -280,7 +280,7 @@ def test_every_declared_duration_is_stored_in_seconds_under_its_own_name(airflow
     from datetime import timedelta
 
     from airflow_resumable import ResumableOperator
-    from airflow_resumable.core.options import ARGUMENTS
+    from airflow_resumable.core.model.options import ARGUMENTS
 
     durations = [a.name for a in ARGUMENTS.values() if a.seconds]
     assert len(durations) == 12
@@ -294,7 +294,7 @@ def test_the_decorator_takes_every_declared_argument_and_stores_it_as_the_operat
 
     from airflow.sdk import DAG
 
-    from airflow_resumable.core.options import ARGUMENTS
+    from airflow_resumable.core.model.options import ARGUMENTS
     from airflow_resumable.decorators.resumable import resumable_task
 
     durations = [a.name for a in ARGUMENTS.values() if a.seconds]
@@ -311,7 +311,7 @@ def test_the_decorator_takes_every_declared_argument_and_stores_it_as_the_operat
 @pytest.mark.parametrize("chunk_size", [0, -1, 1.5, None])
 def test_a_chunk_size_that_is_not_a_positive_int_fails_at_parse_time(airflow_home: Path, chunk_size: Any) -> None:
     from airflow_resumable import ChunkedOperator
-    from airflow_resumable.core.errors import ConfigurationError
+    from airflow_resumable.core.model.errors import ConfigurationError
 
     with pytest.raises(ConfigurationError, match=r"task 'loans'.*chunk_size must be a positive integer"):
         ChunkedOperator(task_id="loans", read=lambda c, a, n: [], process=lambda c, b: None, chunk_size=chunk_size)
@@ -345,7 +345,7 @@ def test_on_kill_outside_a_run_is_a_no_op(airflow_home: Path) -> None:
 def test_a_connection_no_store_serves_is_a_clear_error_without_its_password(uri: str, message: str) -> None:
     from airflow.sdk import Connection
 
-    from airflow_resumable.core.errors import ConfigurationError
+    from airflow_resumable.core.model.errors import ConfigurationError
     from airflow_resumable.hooks.resumable import store_from_connection
 
     conn = Connection.from_uri(uri, conn_id="resumable_default")
@@ -357,7 +357,7 @@ def test_a_connection_no_store_serves_is_a_clear_error_without_its_password(uri:
 def test_an_unreachable_postgres_names_host_but_not_password(airflow_home: Path) -> None:
     from airflow.sdk import Connection
 
-    from airflow_resumable.core.errors import StoreUnavailable
+    from airflow_resumable.core.model.errors import StoreUnavailable
     from airflow_resumable.hooks.resumable import store_from_connection
 
     conn = Connection.from_uri("postgresql://someone:hunter2-secret@127.0.0.1:1/db", conn_id="resumable_default")
@@ -476,7 +476,7 @@ def test_a_duration_that_is_nan_infinite_or_huge_fails_at_parse_time_naming_the_
     airflow_home: Path, argument: str, value: float
 ) -> None:
     from airflow_resumable import ResumableOperator
-    from airflow_resumable.core.errors import ConfigurationError
+    from airflow_resumable.core.model.errors import ConfigurationError
 
     # When an operator is given the value
     with pytest.raises(ConfigurationError) as err:
@@ -491,7 +491,7 @@ def test_a_lease_longer_than_a_day_is_refused_also_as_a_timedelta(airflow_home: 
     from datetime import timedelta
 
     from airflow_resumable import ResumableOperator
-    from airflow_resumable.core.errors import ConfigurationError
+    from airflow_resumable.core.model.errors import ConfigurationError
 
     with pytest.raises(ConfigurationError, match=r"lease must be at least 0.3 seconds .* at most 86400 \(one day\)"):
         ResumableOperator(task_id="a", handler=_noop, lease=timedelta(days=2))
@@ -505,7 +505,7 @@ def test_a_chunked_checkpoint_interval_that_is_not_finite_fails_at_parse_time(
     airflow_home: Path, interval: float
 ) -> None:
     from airflow_resumable import ChunkedOperator
-    from airflow_resumable.core.errors import ConfigurationError
+    from airflow_resumable.core.model.errors import ConfigurationError
 
     with pytest.raises(ConfigurationError, match=r"task 'loans'.*checkpoint_interval must be a non-negative number"):
         ChunkedOperator(
@@ -516,7 +516,7 @@ def test_a_chunked_checkpoint_interval_that_is_not_finite_fails_at_parse_time(
 
 def test_every_bad_argument_is_reported_at_once(airflow_home: Path) -> None:
     from airflow_resumable import ChunkedOperator
-    from airflow_resumable.core.errors import ConfigurationError
+    from airflow_resumable.core.model.errors import ConfigurationError
 
     with pytest.raises(ConfigurationError) as err:
         ChunkedOperator(
@@ -545,7 +545,7 @@ def test_a_handler_that_cannot_take_its_call_fails_at_parse_time(
     airflow_home: Path, kwargs: dict[str, Any], message: str
 ) -> None:
     from airflow_resumable import ResumableOperator
-    from airflow_resumable.core.errors import ConfigurationError
+    from airflow_resumable.core.model.errors import ConfigurationError
 
     with pytest.raises(ConfigurationError, match=message) as err:
         ResumableOperator(task_id="export", **kwargs)
@@ -564,7 +564,7 @@ def test_read_or_process_that_cannot_take_its_call_fails_at_parse_time(
     airflow_home: Path, read: Any, process: Any, message: str
 ) -> None:
     from airflow_resumable import ChunkedOperator
-    from airflow_resumable.core.errors import ConfigurationError
+    from airflow_resumable.core.model.errors import ConfigurationError
 
     with pytest.raises(ConfigurationError, match=message):
         ChunkedOperator(task_id="loans", read=read, process=process, chunk_size=10)
@@ -572,7 +572,7 @@ def test_read_or_process_that_cannot_take_its_call_fails_at_parse_time(
 
 def test_only_calls_that_cannot_work_are_refused(airflow_home: Path) -> None:
     from airflow_resumable import ChunkedOperator, ResumableOperator
-    from airflow_resumable.core.errors import ConfigurationError
+    from airflow_resumable.core.model.errors import ConfigurationError
 
     with pytest.raises(ConfigurationError, match="unexpected keyword argument 'default'"):
         ResumableOperator(task_id="a", handler=_region, handler_kwargs={"region": "north", "default": 0})
@@ -596,7 +596,7 @@ def test_only_calls_that_cannot_work_are_refused(airflow_home: Path) -> None:
 )
 def test_a_job_name_the_database_cannot_store_fails_at_parse_time(airflow_home: Path, job: str, message: str) -> None:
     from airflow_resumable import ResumableOperator
-    from airflow_resumable.core.errors import ConfigurationError
+    from airflow_resumable.core.model.errors import ConfigurationError
 
     with pytest.raises(ConfigurationError, match=message) as err:
         ResumableOperator(task_id="export", handler=_noop, job=job)
@@ -719,7 +719,7 @@ def test_a_huge_state_reaches_xcom_as_a_preview_and_stays_whole_in_the_row(
 def test_a_relative_sqlite_path_is_refused_naming_the_four_slash_form() -> None:
     from airflow.sdk import Connection
 
-    from airflow_resumable.core.errors import ConfigurationError
+    from airflow_resumable.core.model.errors import ConfigurationError
     from airflow_resumable.hooks.resumable import store_from_connection
 
     # Given the three-slash URI, which Airflow parses to the relative path var/lib/x.db

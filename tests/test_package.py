@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def test_the_core_imports_no_airflow() -> None:
     code = (
-        "import sys, airflow_resumable, airflow_resumable.core, airflow_resumable.core.runner\n"
+        "import sys, airflow_resumable, airflow_resumable.core, airflow_resumable.core.attempt.runner\n"
         "from airflow_resumable import RunContext, Signal, Checkpoint\n"
         "leaked = sorted(m for m in sys.modules if m == 'airflow' or m.startswith('airflow.'))\n"
         "assert not leaked, leaked\n"
@@ -29,13 +29,13 @@ def test_no_core_module_mentions_airflow_imports() -> None:
 
 
 def test_the_core_imports_neither_openlineage_nor_opentelemetry() -> None:
-    """The core gives lineage and tracing plain data (core/observe.py); the Airflow layer turns it
+    """The core gives lineage and tracing plain data (core/model/observe.py); the Airflow layer turns it
     into facets and spans (airflow_resumable/lineage/, operators/tracing.py)."""
     imports = re.compile(r"^\s*(from|import)\s+(openlineage|opentelemetry)\b", re.M)
     leaks = [str(p.relative_to(ROOT)) for p in (ROOT / "airflow_resumable" / "core").rglob("*.py")
              if imports.search(p.read_text())]
     assert not leaks, leaks
-    code = ("import sys, airflow_resumable.core.runner, airflow_resumable.core.observe\n"
+    code = ("import sys, airflow_resumable.core.attempt.runner, airflow_resumable.core.model.observe\n"
             "leaked = sorted(m for m in sys.modules if m.split('.')[0] in ('openlineage', 'opentelemetry'))\n"
             "assert not leaked, leaked\n")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
@@ -210,16 +210,17 @@ def _circles(graph: dict[str, set[str]]) -> list[set[str]]:
 
 def test_no_import_circles_in_the_package_counting_type_only_imports() -> None:
     graph = _import_graph()
-    assert "airflow_resumable.core.runner" in graph["airflow_resumable.core"]  # the graph sees imports
+    assert "airflow_resumable.core.attempt.runner" in graph["airflow_resumable.core"]  # the graph sees imports
     new = [sorted(group) for group in _circles(graph) if group not in KNOWN_CIRCLES]
     assert not new, f"modules that import each other (type-only imports count): {new}"
 
 
 def test_the_attempt_s_public_names_are_one_object_under_both_import_paths() -> None:
-    """core/runner.py is split on its seams; ``airflow_resumable.core.runner.X`` and
+    """core/attempt/runner.py is split on its seams; ``airflow_resumable.core.attempt.runner.X`` and
     ``airflow_resumable.core.X`` stay the import paths."""
     from airflow_resumable import core
-    from airflow_resumable.core import finish, identity, runner
+    from airflow_resumable.core.attempt import finish, runner
+    from airflow_resumable.core.model import identity
 
     assert runner.Attempt is core.Attempt and runner.Outcome is core.Outcome is finish.Outcome
     assert runner.Identity is identity.Identity and runner.Hooks is identity.Hooks

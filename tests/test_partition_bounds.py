@@ -21,10 +21,10 @@ from typing import Any
 import pytest
 
 from airflow_resumable.core import Attempt, Options, chunk_loop
-from airflow_resumable.core.errors import ConfigurationError, ReaderChanged
-from airflow_resumable.core.partitions import Plan, load_plan, range_chunks, split
+from airflow_resumable.core.model.errors import ConfigurationError, ReaderChanged
 from airflow_resumable.core.readers import KeysetReader, SequenceReader
 from airflow_resumable.core.stores import Store
+from airflow_resumable.core.work.partitions import Plan, load_plan, range_chunks, split
 from support.sources import Source
 from support.xcoms import xcom
 
@@ -297,7 +297,7 @@ def test_a_partition_s_checkpoint_records_its_range_and_refuses_another(store: S
 def test_an_older_database_with_an_unfinished_slot_upgrades_and_the_slot_resumes_under_its_reader(
     store: Store, store_kind: str
 ) -> None:
-    from airflow_resumable.core.migrations import SCHEMA_VERSION
+    from airflow_resumable.core.stores.migrations import SCHEMA_VERSION
     from fixtures import schema_v1
 
     # Given the first release's tables with a slot stopped at item 12,000 of 30,000 (no reader recorded)
@@ -324,7 +324,7 @@ def test_an_older_database_with_an_unfinished_slot_upgrades_and_the_slot_resumes
 
 
 def test_the_plan_records_its_reader_and_refuses_a_hand_edited_plan(store: Store, source: Source) -> None:
-    from airflow_resumable.core.partitions import save_plan
+    from airflow_resumable.core.work.partitions import save_plan
 
     ids_table(source)
     reader = KeysetReader(connect=source.connect, table="pt_ids", key="id")
@@ -360,7 +360,7 @@ def test_a_range_planned_with_another_reader_is_refused_before_its_partition_rea
     failed before its first checkpoint has no progress for its row to protect, and the plan task is
     not run again by "Re-run failed partitions", so its range (planned with the old key) must not
     be read with a new one."""
-    from airflow_resumable.core.partitions import check_range_reader
+    from airflow_resumable.core.work.partitions import check_range_reader
 
     old = KeysetReader(connect=source.connect, table="pt_ids", key="id")
     new = KeysetReader(connect=source.connect, table="pt_ids", key="code")

@@ -13,9 +13,9 @@ from test_partitions import table
 
 from airflow_resumable import control
 from airflow_resumable.core import Attempt
-from airflow_resumable.core import control as core_control
-from airflow_resumable.core.partitions import load_plan
+from airflow_resumable.core.control import requests as core_control
 from airflow_resumable.core.stores import Store
+from airflow_resumable.core.work.partitions import load_plan
 from support.sources import Source
 from support.xcoms import xcom
 

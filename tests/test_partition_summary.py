@@ -17,10 +17,10 @@ import pytest
 from test_partitions import table
 
 from airflow_resumable import control
-from airflow_resumable.core.checkpoint import Checkpoint
-from airflow_resumable.core.job_summary import summarize
-from airflow_resumable.core.partitions import Plan
+from airflow_resumable.core.model.checkpoint import Checkpoint
 from airflow_resumable.core.stores import Store
+from airflow_resumable.core.work.partition_summary import summarize
+from airflow_resumable.core.work.partitions import Plan
 from support.sources import Source
 from support.xcoms import xcom
 
@@ -155,7 +155,7 @@ def test_total_on_partitioned_is_each_partition_s_and_is_now_called_partition_to
     for group in (old, new):
         mapped = group.children[f"{group.group_id}.partition"]
         assert mapped.partial_kwargs["total"] == 7
-    from airflow_resumable.core.errors import ConfigurationError
+    from airflow_resumable.core.model.errors import ConfigurationError
 
     with DAG("pt_totals_both", schedule=None, start_date=DAY), pytest.warns(DeprecationWarning), \
             pytest.raises(ConfigurationError, match="give partition_total= only"):

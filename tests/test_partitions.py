@@ -17,13 +17,13 @@ from typing import Any
 
 import pytest
 
-from airflow_resumable.core import partitions
-from airflow_resumable.core.checkpoint import Checkpoint
-from airflow_resumable.core.errors import ConfigurationError
-from airflow_resumable.core.job_summary import summarize
-from airflow_resumable.core.partitions import Plan, allowed_failures, load_plan, save_plan, split
+from airflow_resumable.core.model.checkpoint import Checkpoint
+from airflow_resumable.core.model.errors import ConfigurationError
 from airflow_resumable.core.readers import KeysetReader
 from airflow_resumable.core.stores import Store
+from airflow_resumable.core.work import partitions
+from airflow_resumable.core.work.partition_summary import summarize
+from airflow_resumable.core.work.partitions import Plan, allowed_failures, load_plan, save_plan, split
 from airflow_resumable.operators.task_instance import RESTART_CONF_KEY
 from support.sources import Source
 from support.xcoms import xcom

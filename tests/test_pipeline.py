@@ -21,8 +21,8 @@ import psycopg2
 import pytest
 
 from airflow_resumable.core import Attempt, Options
-from airflow_resumable.core.errors import Cancelled, ConfigurationError, LeaseLost
-from airflow_resumable.core.pipeline import THREAD_PREFIX
+from airflow_resumable.core.attempt.pipeline import THREAD_PREFIX
+from airflow_resumable.core.model.errors import Cancelled, ConfigurationError, LeaseLost
 from airflow_resumable.core.stores import PostgresStore, Store
 from support.stores import spec_of
 

@@ -11,7 +11,7 @@ import psycopg2.extensions
 import pytest
 
 from airflow_resumable.core import Attempt, Cancelled, Options, control
-from airflow_resumable.core.pipeline import NoWaitWriter
+from airflow_resumable.core.attempt.pipeline import NoWaitWriter
 from airflow_resumable.core.stores import PostgresStore
 
 JOB = "prepared"
@@ -123,7 +123,7 @@ def test_a_checkpoint_inside_the_handlers_transaction_is_sent_as_text(
 def test_a_stale_attempt_s_prepared_checkpoint_is_fenced_out_like_any_other(
     recorded: tuple[PostgresStore, list[Any]],
 ) -> None:
-    from airflow_resumable.core.errors import LeaseLost
+    from airflow_resumable.core.model.errors import LeaseLost
 
     store, _ = recorded
     # Given attempt 1 saved two checkpoints (the statement prepared), then attempt 2 took over

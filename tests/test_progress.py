@@ -1,4 +1,4 @@
-"""Rate and ETA: one computation (core/progress.py) for the log, XCom and the row as people see it."""
+"""Rate and ETA: one computation (core/attempt/reporter.py) for the log, XCom and the row as people see it."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from airflow_resumable.core.checkpoint import Checkpoint
-from airflow_resumable.core.progress import Progress, ProgressMeter, RateWindow
+from airflow_resumable.core.attempt.reporter import Progress, ProgressMeter, RateWindow
+from airflow_resumable.core.model.checkpoint import Checkpoint
 from airflow_resumable.core.stores import Store
 from airflow_resumable.core.view import row_view
 

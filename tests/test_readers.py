@@ -20,7 +20,7 @@ import psycopg2
 import pytest
 
 from airflow_resumable.core import Attempt, chunk_loop
-from airflow_resumable.core.errors import ConfigurationError
+from airflow_resumable.core.model.errors import ConfigurationError
 from airflow_resumable.core.readers import Batch, FileReader, KeysetReader, SequenceReader
 from airflow_resumable.core.stores import Store
 from support.sources import Source
@@ -858,7 +858,7 @@ def test_ctx_previous_read_inside_the_handlers_transaction_does_not_commit_its_p
 
 
 def test_ctx_previous_first_asked_after_the_handler_returned_says_the_attempt_ended(store: Store) -> None:
-    from airflow_resumable.core.errors import AttemptEnded
+    from airflow_resumable.core.model.errors import AttemptEnded
 
     kept: list[Any] = []
     _hourly(store, HOUR[0], 1, lambda ctx: kept.append(ctx))

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from test_readers import Crash
 
 from airflow_resumable.core import Attempt, chunk_loop
-from airflow_resumable.core.errors import ConfigurationError
+from airflow_resumable.core.model.errors import ConfigurationError
 from airflow_resumable.core.readers import KeysetReader
 from airflow_resumable.core.stores import Store
 from support.sources import Source

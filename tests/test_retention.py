@@ -14,7 +14,7 @@ import pytest
 
 from airflow_resumable.cli import duration
 from airflow_resumable.core import Attempt, Options
-from airflow_resumable.core.fence import Fence
+from airflow_resumable.core.model.fence import Fence
 from airflow_resumable.core.stores import Store
 
 DAY = 86400.0

@@ -22,9 +22,9 @@ from test_partitions import table
 
 from airflow_resumable import control
 from airflow_resumable.core import Attempt, chunk_loop
-from airflow_resumable.core.errors import RequestRefused
+from airflow_resumable.core.attempt.skip_policy import request_retry
+from airflow_resumable.core.model.errors import RequestRefused
 from airflow_resumable.core.readers import SequenceReader
-from airflow_resumable.core.skips import request_retry
 from airflow_resumable.core.stores import Store
 from support.sources import Source
 from support.xcoms import xcom
@@ -146,7 +146,7 @@ def test_a_run_that_finishes_the_slot_without_replaying_requested_items_puts_the
 
 
 def test_a_slot_started_over_forgets_items_whose_retry_was_requested_and_finds_them_again(store: Store) -> None:
-    from airflow_resumable.core import control as core_control
+    from airflow_resumable.core.control import requests as core_control
 
     # Given a done slot with two skipped items whose retry was requested, then a restart of the slot
     bad_items(store)
@@ -167,7 +167,7 @@ def test_a_slot_started_over_forgets_items_whose_retry_was_requested_and_finds_t
 
 
 def test_an_item_replayed_on_purpose_says_so_and_keeps_the_error_it_had(store: Store) -> None:
-    from airflow_resumable.core.skips import replay
+    from airflow_resumable.core.attempt.skip_policy import replay
 
     bad_items(store)
     assert replay(store, JOB, SLOT, lambda item: None).replayed == [7, 19]

@@ -1,4 +1,4 @@
-"""The control requests' rules (core/rules.py) agree with themselves: for every status, pending
+"""The control requests' rules (core/model/request_rules.py) agree with themselves: for every status, pending
 request and lease, the store's SQL (the conditional writes, the offers) does what the table's
 Python answer says, and a refused request gives the reason the table gives. On both stores.
 
@@ -16,9 +16,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from airflow_resumable.core import RequestRefused, Store, control, rules
-from airflow_resumable.core.fence import Fence
-from airflow_resumable.core.rules import Action, Lease, Pending, Rule, Slot
-from airflow_resumable.core.states import FINISHED, Request, Status
+from airflow_resumable.core.model.fence import Fence
+from airflow_resumable.core.model.request_rules import Action, Lease, Pending, Rule, Slot
+from airflow_resumable.core.model.states import FINISHED, Request, Status
 
 JOB, SLOT = "rules.export", "2026-02-01T00:00:00+00:00"
 REQUESTS: list[Request | None] = [None, *Request]
@@ -128,7 +128,7 @@ def test_every_request_in_every_state_says_what_it_would_do_now_or_why_not() -> 
     the rule that takes it (its own words, every placeholder filled) or the refusal's reason."""
     from datetime import timedelta
 
-    from airflow_resumable.core.checkpoint import Checkpoint
+    from airflow_resumable.core.model.checkpoint import Checkpoint
 
     now = datetime(2026, 2, 1, 12, tzinfo=timezone.utc)
     assert all(r.does for r in rules.RULES), [r for r in rules.RULES if not r.does]

@@ -23,7 +23,7 @@ from airflow_resumable.core import (
     Store,
     chunk_loop,
 )
-from airflow_resumable.core.checkpoint import MAX_DEPTH, short
+from airflow_resumable.core.model.checkpoint import MAX_DEPTH, short
 
 JOB, SLOT = "loans", "2026-01-01T00:00:00+00:00"
 #: Deeper than the product's nesting limit, and shallow enough for every supported Python's own
@@ -370,7 +370,7 @@ def test_the_deadline_fires_as_timeout() -> None:
 
 def test_the_checkpoint_is_durable_before_progress_is_reported(store: Store) -> None:
     """Write order: whoever hears of progress can already read it from another connection."""
-    from airflow_resumable.core.progress import Reporter
+    from airflow_resumable.core.attempt.reporter import Reporter
 
     observed: list[tuple[int, int]] = []
 
@@ -444,7 +444,7 @@ def test_a_total_learned_with_no_checkpoint_is_saved_with_the_final_status(store
 def test_checkpoint_interval_saves_less_often_but_before_stopping_and_at_the_end(store: Store) -> None:
     items = list(range(1, 101))
     saves: list[int] = []
-    from airflow_resumable.core.progress import Reporter
+    from airflow_resumable.core.attempt.reporter import Reporter
 
     class Count(Reporter):
         def due(self, processed, total) -> bool:
@@ -470,7 +470,7 @@ def test_checkpoint_interval_saves_less_often_but_before_stopping_and_at_the_end
 
 def test_progress_reports_carry_the_row_as_stored_with_its_heartbeat_moving_on(store: Store) -> None:
     # Given a reporter that keeps every row it is handed, and heartbeats every 0.2 s
-    from airflow_resumable.core.progress import Reporter
+    from airflow_resumable.core.attempt.reporter import Reporter
 
     class Keep(Reporter):
         rows: list[Any] = []
@@ -512,7 +512,7 @@ def test_the_transaction_takes_percent_s_placeholders_on_both_stores(store: Stor
 
 
 def test_a_status_edited_by_hand_is_refused_by_name_and_the_row_left_free(store: Store) -> None:
-    from airflow_resumable.core.errors import CorruptCheckpoint
+    from airflow_resumable.core.model.errors import CorruptCheckpoint
 
     with pytest.raises(RuntimeError):
         attempt(store, 1).run(Items(20, 5, fail=(1, 2)))
@@ -527,7 +527,7 @@ def test_a_status_edited_by_hand_is_refused_by_name_and_the_row_left_free(store:
 
 
 def test_a_classified_sigterm_leaves_signal_and_row_saying_the_same(store: Store) -> None:
-    from airflow_resumable.core.signal import Reason
+    from airflow_resumable.core.attempt.signal import Reason
 
     run = Attempt(store, job=JOB, slot=SLOT, attempt=1, owner="o", resolve_reason=lambda reason: "user")
 
@@ -554,7 +554,7 @@ def test_options_that_are_nan_infinite_or_huge_are_refused_naming_the_option(opt
 
 def test_a_lease_over_one_day_is_refused_and_one_day_is_stored_and_read_back(store: Store) -> None:
     """The bound keeps now + lease inside both databases' time arithmetic and Python's datetime."""
-    from airflow_resumable.core.runner import MAX_LEASE
+    from airflow_resumable.core.attempt.runner import MAX_LEASE
 
     with pytest.raises(ConfigurationError, match=r"lease must be .* at most 86400 \(one day\), got 86401"):
         Options(lease=MAX_LEASE + 1)
@@ -693,7 +693,7 @@ def test_the_quick_order_check_never_takes_a_batch_the_full_check_refuses(keys: 
     """The loop's quick pass (no list of positions) may only say "in order" where the full check
     agrees: a batch going down, cut inside a run of equal positions, or not after 'after' goes to
     the full check, which names the misplaced item."""
-    from airflow_resumable.core.chunked import _FIRST, _ID, _first_misplaced, _in_order
+    from airflow_resumable.core.work.chunk_loop import _FIRST, _ID, _first_misplaced, _in_order
 
     if after is not None and isinstance(keys[0], tuple):
         after = [after, ""]  # a composite position comes back from JSON as a list
@@ -731,7 +731,7 @@ def test_a_composite_position_resumed_from_json_is_still_checked_for_order(store
 
 
 def test_a_checkpoint_after_the_handler_returned_is_refused_and_writes_nothing(store: Store) -> None:
-    from airflow_resumable.core.errors import AttemptEnded
+    from airflow_resumable.core.model.errors import AttemptEnded
 
     kept: list[Any] = []
 
@@ -752,7 +752,7 @@ def test_a_checkpoint_after_the_handler_returned_is_refused_and_writes_nothing(s
 
 
 def test_a_thread_that_checkpoints_after_the_attempt_ended_is_refused(store: Store) -> None:
-    from airflow_resumable.core.errors import AttemptEnded
+    from airflow_resumable.core.model.errors import AttemptEnded
 
     ended = threading.Event()
     errors: list[BaseException] = []
@@ -848,7 +848,7 @@ def test_names_of_up_to_1024_bytes_are_stored_and_longer_ones_refused(store: Sto
 def test_a_stored_state_that_is_not_an_object_is_a_corrupt_row_and_the_lease_is_given_back(
     store: Store, stored: str
 ) -> None:
-    from airflow_resumable.core.errors import CorruptCheckpoint
+    from airflow_resumable.core.model.errors import CorruptCheckpoint
 
     # Given a failed attempt's row whose state someone edited by hand
     with pytest.raises(RuntimeError):
@@ -872,7 +872,7 @@ def test_a_stored_state_that_is_not_an_object_is_a_corrupt_row_and_the_lease_is_
 
 
 def test_a_stored_position_nested_too_deeply_to_read_is_a_corrupt_row_not_a_recursion_error(store: Store) -> None:
-    from airflow_resumable.core.errors import CorruptCheckpoint
+    from airflow_resumable.core.model.errors import CorruptCheckpoint
 
     # Given a failed attempt's row whose position someone replaced with lists nested deeper than
     # the product's limit (which every supported Python's own parser would still read)
@@ -895,9 +895,9 @@ def test_a_checkpoint_makes_one_call_into_the_attempt_and_the_tally_holds_the_pr
     """The context encodes and hands over; the attempt saves, records, reports and checks the
     signal in that one call (no re-entry into the context, no second or third call)."""
     from airflow_resumable.core import Checkpoint
-    from airflow_resumable.core.context import RunContext
-    from airflow_resumable.core.identity import Identity
-    from airflow_resumable.core.tally import Tally
+    from airflow_resumable.core.attempt.context import RunContext
+    from airflow_resumable.core.attempt.tally import Tally
+    from airflow_resumable.core.model.identity import Identity
 
     calls: list[tuple[str, tuple[Any, ...]]] = []
 
@@ -917,7 +917,7 @@ def test_a_checkpoint_makes_one_call_into_the_attempt_and_the_tally_holds_the_pr
 
 
 def test_an_attempt_takes_an_identity_and_hooks_or_their_fields_as_keywords_but_not_both(store: Store) -> None:
-    from airflow_resumable.core.identity import Hooks, Identity
+    from airflow_resumable.core.model.identity import Hooks, Identity
 
     identity = Identity(job=JOB, slot=SLOT, attempt=1, owner="owner-1")
     built = Attempt(store, identity, hooks=Hooks(rerun=lambda row: "asked"))
@@ -935,8 +935,8 @@ def test_an_attempt_takes_an_identity_and_hooks_or_their_fields_as_keywords_but_
 def test_the_nesting_limit_is_ours_the_same_on_every_python() -> None:
     """600 levels: within Python 3.11's recursion limit and 3.13's parser, refused on both (a value
     one worker stores, every worker must read back); 500 levels are kept."""
-    from airflow_resumable.core.checkpoint import decode, encode
-    from airflow_resumable.core.errors import CorruptCheckpoint
+    from airflow_resumable.core.model.checkpoint import decode, encode
+    from airflow_resumable.core.model.errors import CorruptCheckpoint
 
     with pytest.raises(InvalidCheckpoint, match=f"more than {MAX_DEPTH} levels"):
         encode(_nested(TOO_DEEP), what="position", job=JOB, slot=SLOT)

@@ -28,9 +28,9 @@ from typing import Any
 import psutil
 import pytest
 
-from airflow_resumable.core import control
-from airflow_resumable.core.checkpoint import Checkpoint
-from airflow_resumable.core.errors import RequestRefused
+from airflow_resumable.core.control import requests as control
+from airflow_resumable.core.model.checkpoint import Checkpoint
+from airflow_resumable.core.model.errors import RequestRefused
 from airflow_resumable.core.stores.base import StoreSession
 from devtools.postgres import Server
 from support.deployment import HEARTBEAT_TIMEOUT, databases

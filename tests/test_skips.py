@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 
 from airflow_resumable.core import Attempt, chunk_loop
-from airflow_resumable.core.errors import Cancelled, ConfigurationError, SkipLimitExceeded
+from airflow_resumable.core.attempt.skip_policy import replay
+from airflow_resumable.core.model.errors import Cancelled, ConfigurationError, SkipLimitExceeded
 from airflow_resumable.core.readers import SequenceReader
-from airflow_resumable.core.skips import replay
 from airflow_resumable.core.stores import Store
 
 JOB = "skips"
@@ -266,7 +266,7 @@ def test_a_failed_savepoint_block_takes_its_state_changes_back_with_its_writes(s
 
 
 def test_a_process_that_rolls_back_the_transaction_is_refused_naming_its_own_error(store: Store) -> None:
-    from airflow_resumable.core.errors import TransactionRefused
+    from airflow_resumable.core.model.errors import TransactionRefused
     from airflow_resumable.operators.outcome import to_airflow
     from airflow_resumable.version_compat import AirflowFailException
 
@@ -304,7 +304,7 @@ def test_a_process_that_rolls_back_the_transaction_is_refused_naming_its_own_err
 
 
 def test_a_checkpoint_inside_a_savepoint_that_then_raises_is_named_with_the_block_s_own_error(store: Store) -> None:
-    from airflow_resumable.core.errors import TransactionRefused
+    from airflow_resumable.core.model.errors import TransactionRefused
 
     # Given a handler that checkpoints inside its own savepoint (which commits the transaction the
     # savepoint belonged to) and then raises in that block
@@ -329,7 +329,7 @@ def test_a_checkpoint_inside_a_savepoint_that_then_raises_is_named_with_the_bloc
 
 
 def test_a_rollback_sent_as_sql_inside_a_savepoint_is_refused_before_it_undoes_anything(store: Store) -> None:
-    from airflow_resumable.core.errors import TransactionRefused
+    from airflow_resumable.core.model.errors import TransactionRefused
 
     # Given a process that tries to end the run's transaction with a ROLLBACK statement before raising
     def process(ctx: Any, batch: list[int]) -> None:
@@ -415,8 +415,8 @@ def test_the_chunked_operator_s_state_counts_the_good_items_of_a_chunk_with_a_ba
 
 
 def test_a_retry_request_marks_the_replayable_items_records_who_asked_and_is_refused_twice(store: Store) -> None:
-    from airflow_resumable.core.errors import RequestRefused
-    from airflow_resumable.core.skips import request_retry
+    from airflow_resumable.core.attempt.skip_policy import request_retry
+    from airflow_resumable.core.model.errors import RequestRefused
 
     with pytest.raises(Exception, match="no checkpoint row"):
         request_retry(store, JOB, SLOT, by="alice")
@@ -442,7 +442,7 @@ def test_the_next_attempt_of_a_done_slot_replays_the_requested_items_at_its_end_
     """Given a done slot with 7 and 19 skipped, a retry requested and 7 fixed: the next attempt
     resumes at the end (it does not start over), replays 7 (written, counted in the state, marked
     replayed) and 19 (fails again: skipped, with its new error), all committed with a checkpoint."""
-    from airflow_resumable.core.skips import request_retry
+    from airflow_resumable.core.attempt.skip_policy import request_retry
 
     def counting(sink: Sink) -> Any:
         def process(ctx: Any, batch: list[int]) -> None:

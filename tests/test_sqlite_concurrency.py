@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from airflow_resumable.core import control
-from airflow_resumable.core.defaults import LEASE
-from airflow_resumable.core.errors import RequestRefused
+from airflow_resumable.core.control import requests as control
+from airflow_resumable.core.model.defaults import LEASE
+from airflow_resumable.core.model.errors import RequestRefused
 from airflow_resumable.core.stores import SQLiteStore
 from support.stores import spec_of
 

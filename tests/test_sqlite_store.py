@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from airflow_resumable.core import Attempt, ConfigurationError, Options, Store
-from airflow_resumable.core.errors import StoreUnavailable, TransactionRefused
+from airflow_resumable.core.model.errors import StoreUnavailable, TransactionRefused
 
 JOB, SLOT = "sqlite.cte", "2026-01-01T00:00:00+00:00"
 ITEMS, CHUNK = 30, 10

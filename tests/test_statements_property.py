@@ -18,11 +18,11 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from airflow_resumable.core.errors import TransactionRefused
-from airflow_resumable.core.lent import Loan, SQLiteDriver, TransactionConnection
-from airflow_resumable.core.lent_postgres import Psycopg2Driver
+from airflow_resumable.core.model.errors import TransactionRefused
 from airflow_resumable.core.stores import SQLiteStore
 from airflow_resumable.core.stores.dialect import to_qmark
+from airflow_resumable.core.stores.transaction.handle import Loan, SQLiteDriver, TransactionConnection
+from airflow_resumable.core.stores.transaction.postgres_cursors import Psycopg2Driver
 
 #: What may hide a statement, in one grammar or the other: (what comes before, opener, closer).
 _HIDERS = [

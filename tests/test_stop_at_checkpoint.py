@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from airflow_resumable.core import Attempt, Cancelled, Options, Paused, Store, control
-from airflow_resumable.core.errors import Cancelled as CancelledError
+from airflow_resumable.core.model.errors import Cancelled as CancelledError
 
 JOB, SLOT = "stop_at_checkpoint", "2026-02-01T00:00:00+00:00"
 DAY = datetime(2026, 3, 2, tzinfo=timezone.utc)

@@ -8,11 +8,11 @@ import re
 
 import pytest
 
-from airflow_resumable.core.checkpoint import Status
-from airflow_resumable.core.errors import CorruptCheckpoint, LeaseLost, SchemaVersionError
-from airflow_resumable.core.fence import Fence
+from airflow_resumable.core.model.checkpoint import Status
+from airflow_resumable.core.model.errors import CorruptCheckpoint, LeaseLost, SchemaVersionError
+from airflow_resumable.core.model.fence import Fence
+from airflow_resumable.core.model.tables import CHECKPOINTS
 from airflow_resumable.core.stores import SCHEMA_VERSION, Store
-from airflow_resumable.core.tables import CHECKPOINTS
 
 JOB, SLOT = "export", "2026-01-01T12:00:00+00:00"
 
@@ -192,7 +192,7 @@ def test_an_unreadable_row_is_reported_with_job_and_slot_and_left_alone(store: S
 def test_rows_read_back_equal_the_dataclass_built_the_usual_way(store: Store) -> None:
     import dataclasses
 
-    from airflow_resumable.core.checkpoint import Checkpoint
+    from airflow_resumable.core.model.checkpoint import Checkpoint
 
     with store.open() as s:
         s.ensure_schema()
@@ -234,14 +234,14 @@ def test_the_delete_statement_of_a_corrupt_row_is_valid_sql_whatever_the_names_c
 
 
 def test_sql_literals_double_their_quotes() -> None:
-    from airflow_resumable.core.checkpoint import delete_statement, sql_literal
+    from airflow_resumable.core.model.checkpoint import delete_statement, sql_literal
 
     assert sql_literal("o'brien") == "'o''brien'"
     assert delete_statement("a'b", "s") == "DELETE FROM resumable_checkpoints WHERE job = 'a''b' AND slot = 's'"
 
 
 def test_a_sqlite_store_on_a_relative_path_is_refused(tmp_path) -> None:
-    from airflow_resumable.core.errors import ConfigurationError
+    from airflow_resumable.core.model.errors import ConfigurationError
     from airflow_resumable.core.stores import SQLiteStore
 
     with pytest.raises(ConfigurationError, match=r"'var/lib/x.db' is a relative path.*e.g. '/var/lib/x.db'"):

@@ -22,7 +22,7 @@ import psycopg2
 import pytest
 
 from airflow_resumable.core import Attempt
-from airflow_resumable.core.errors import ConfigurationError, StoreUnavailable
+from airflow_resumable.core.model.errors import ConfigurationError, StoreUnavailable
 from airflow_resumable.core.stores import PostgresStore, SQLiteStore, Store
 
 JOB, SLOT = "errors.store", "2026-03-01T00:00:00+00:00"

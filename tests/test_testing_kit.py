@@ -20,10 +20,10 @@ from uuid import UUID
 import pytest
 
 from airflow_resumable.core import Options
-from airflow_resumable.core.chunked import chunk_loop
-from airflow_resumable.core.runner import Attempt
-from airflow_resumable.core.skips import replay, request_retry
+from airflow_resumable.core.attempt.runner import Attempt
+from airflow_resumable.core.attempt.skip_policy import replay, request_retry
 from airflow_resumable.core.stores import PostgresStore, SQLiteStore, Store
+from airflow_resumable.core.work.chunk_loop import chunk_loop
 from airflow_resumable.testing import (
     ALL_INTERRUPTIONS,
     IN_PROCESS_INTERRUPTIONS,

@@ -178,8 +178,8 @@ def test_a_stop_reason_holding_a_dsn_reaches_the_span_without_its_password() -> 
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-    from airflow_resumable.core.checkpoint import Checkpoint
-    from airflow_resumable.core.observe import AttemptFacts
+    from airflow_resumable.core.model.checkpoint import Checkpoint
+    from airflow_resumable.core.model.observe import AttemptFacts
     from airflow_resumable.operators.tracing import AttemptTrace
 
     exporter = InMemorySpanExporter()

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from airflow_resumable.core import Attempt, Options
-from airflow_resumable.core.errors import AttemptEnded, TransactionRefused
+from airflow_resumable.core.model.errors import AttemptEnded, TransactionRefused
 from airflow_resumable.core.stores import PostgresStore, SQLiteStore, Store
 from support.escapes import ITEMS, handler, make_sink, sink
 from support.stores import psycopg3_store, spec_of
@@ -225,8 +225,13 @@ def _driver_objects() -> tuple[type, ...]:
 
 def _offered() -> set[str]:
     """Every name a handle or cursor offers through ``__getattr__`` (not in its ``dir()``)."""
-    from airflow_resumable.core.lent import SQLiteCursor, SQLiteDriver
-    from airflow_resumable.core.lent_postgres import Psycopg2Driver, Psycopg3Cursor, Psycopg3Driver, _Copy
+    from airflow_resumable.core.stores.transaction.handle import SQLiteCursor, SQLiteDriver
+    from airflow_resumable.core.stores.transaction.postgres_cursors import (
+        Psycopg2Driver,
+        Psycopg3Cursor,
+        Psycopg3Driver,
+        _Copy,
+    )
 
     return set().union(SQLiteDriver.readable, Psycopg2Driver.readable, Psycopg3Driver.readable,
                        SQLiteCursor._READABLE, Psycopg3Cursor._READABLE, _Copy._READABLE)

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from airflow_resumable.core import Attempt
-from airflow_resumable.core.errors import TransactionRefused
+from airflow_resumable.core.model.errors import TransactionRefused
 from airflow_resumable.core.stores import PostgresStore, SQLiteStore, Store
 from support.escapes import ITEMS, MISDEEDS, handler, make_sink, sink
 from support.stores import psycopg3_store
@@ -180,7 +180,7 @@ def test_a_row_deleted_while_the_handler_writes_through_the_transaction_is_still
     driver_store: Store,
 ) -> None:
     # Given a handler writing through ctx.transaction() whose checkpoint row is deleted by hand mid-run
-    from airflow_resumable.core.errors import CheckpointDeleted
+    from airflow_resumable.core.model.errors import CheckpointDeleted
 
     def run(ctx: Any) -> int:
         i = ctx.position or 0

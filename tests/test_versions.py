@@ -24,7 +24,7 @@ from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
-from airflow_resumable.core.errors import ConfigurationError
+from airflow_resumable.core.model.errors import ConfigurationError
 from airflow_resumable.version_compat import (
     AIRFLOW_VERSION,
     AIRFLOW_VERSION_STRING,

@@ -11,12 +11,12 @@ from collections.abc import Sequence
 from datetime import datetime, timezone
 from typing import Any
 
-from airflow_resumable.core.checkpoint import AttemptRecord, Checkpoint
-from airflow_resumable.core.observe import cut_value
-from airflow_resumable.core.partitions import PLAN_SUFFIX
-from airflow_resumable.core.progress import eta_of
-from airflow_resumable.core.rules import Lease, lease_of
-from airflow_resumable.core.states import FINISHED, Status
+from airflow_resumable.core.attempt.reporter import eta_of
+from airflow_resumable.core.model.checkpoint import AttemptRecord, Checkpoint
+from airflow_resumable.core.model.observe import cut_value
+from airflow_resumable.core.model.request_rules import Lease, lease_of
+from airflow_resumable.core.model.states import FINISHED, Status
+from airflow_resumable.core.work.partitions import PLAN_SUFFIX
 
 __all__ = ["ROW_LIMIT", "cap_row", "row_view"]
 
@@ -62,7 +62,7 @@ def row_view(cp: Checkpoint, *, history: Sequence[AttemptRecord] | None = None, 
     """The row as plain JSON, with:
 
     - ``percent``; ``rate`` (items/s) and ``eta_seconds`` of the attempt holding the lease,
-      as the holder measured it (:class:`~airflow_resumable.core.progress.RateWindow`) and wrote
+      as the holder measured it (:class:`~airflow_resumable.core.attempt.reporter.RateWindow`) and wrote
       it with its last checkpoint, the ETA counting down since (None until measured, and while
       the slot is not running): the numbers of the task's log and XCom;
     - ``stalled_since``: the last checkpoint's time (ISO 8601) when the ETA ran out more than
@@ -84,7 +84,7 @@ def row_view(cp: Checkpoint, *, history: Sequence[AttemptRecord] | None = None, 
     out["heartbeat_age_seconds"] = None if cp.heartbeat_at is None else round((now - cp.heartbeat_at).total_seconds(), 1)
     rate = eta = stalled = None
     if cp.status == Status.RUNNING and lease is Lease.LIVE and cp.updated_at is not None:
-        # The holder's own measure, written with its last checkpoint (core/progress.py)
+        # The holder's own measure, written with its last checkpoint (core/attempt/reporter.py)
         rate = cp.rate
         since = (now - cp.updated_at).total_seconds()
         left = eta_of(rate, cp.processed, cp.total)  # as of the last checkpoint

@@ -25,7 +25,7 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
-from airflow_resumable.core.errors import ConfigurationError
+from airflow_resumable.core.model.errors import ConfigurationError
 from airflow_resumable.version_compat import TaskGroup
 
 __all__ = ["partitioned_task"]

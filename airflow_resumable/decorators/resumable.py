@@ -18,9 +18,9 @@ import inspect
 from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
-from airflow_resumable.core.context import RunContext
-from airflow_resumable.core.errors import ConfigurationError
-from airflow_resumable.core.options import call_problem
+from airflow_resumable.core.attempt.context import RunContext
+from airflow_resumable.core.model.errors import ConfigurationError
+from airflow_resumable.core.model.options import call_problem
 from airflow_resumable.operators.outcome import to_airflow
 from airflow_resumable.operators.resumable import ResumableOperator
 from airflow_resumable.version_compat import (

@@ -33,8 +33,8 @@ from typing import Any
 
 from celery.signals import worker_init, worker_shutdown, worker_shutting_down
 
-from airflow_resumable.core.lease import add_stop_source
-from airflow_resumable.core.signal import Reason
+from airflow_resumable.core.attempt.lease import add_stop_source
+from airflow_resumable.core.attempt.signal import Reason
 from airflow_resumable.version_compat import DEFAULT_CELERY_CONFIG
 
 #: The environment variable that names this worker's drain flag file (inherited by its tasks).

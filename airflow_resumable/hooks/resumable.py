@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from airflow_resumable.core import defaults
-from airflow_resumable.core.errors import ConfigurationError
+from airflow_resumable.core.model import defaults
+from airflow_resumable.core.model.errors import ConfigurationError
 from airflow_resumable.core.stores import PostgresStore, SQLiteStore, Store
 from airflow_resumable.core.stores.sqlite_errors import URI_PARAMS
 from airflow_resumable.version_compat import AirflowNotFoundException, BaseHook

@@ -11,7 +11,7 @@ A resumable task answers with:
 * inputs named from its readers (:mod:`airflow_resumable.lineage.naming`) and ``ctx.input()``;
 * outputs from ``ctx.output()`` and the task's ``outlets``.
 
-The core knows none of this: it gives plain data (:mod:`airflow_resumable.core.observe`), which
+The core knows none of this: it gives plain data (:mod:`airflow_resumable.core.model.observe`), which
 :mod:`airflow_resumable.lineage.facets` turns into OpenLineage objects. Without the provider nothing
 here is imported and nothing changes. Building a facet never fails a task: a failure is logged,
 and the event goes without it.
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from airflow_resumable import __version__
+from airflow_resumable.version import __version__
 
 __all__ = ["FACET_NAME", "PRODUCER", "SCHEMA_FILE", "SCHEMA_URL", "SCHEMA_VERSION"]
 

@@ -1,4 +1,4 @@
-"""The core's plain facts (:mod:`airflow_resumable.core.observe`) as OpenLineage objects: the
+"""The core's plain facts (:mod:`airflow_resumable.core.model.observe`) as OpenLineage objects: the
 ``resumable`` run facet, datasets, and the ``OperatorLineage`` the provider's listener takes.
 Imported only when the OpenLineage provider calls a resumable task (it needs the provider)."""
 
@@ -13,7 +13,7 @@ from attrs import define
 from openlineage.client.event_v2 import Dataset
 from openlineage.client.facet_v2 import RunFacet, job_dependencies_run
 
-from airflow_resumable.core.observe import MAX_OUTPUTS, AttemptFacts, Source, cut_text, without_credentials_in
+from airflow_resumable.core.model.observe import MAX_OUTPUTS, AttemptFacts, Source, cut_text, without_credentials_in
 from airflow_resumable.lineage import FACET_NAME, PRODUCER, SCHEMA_URL
 from airflow_resumable.lineage.naming import dataset_names
 

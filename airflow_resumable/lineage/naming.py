@@ -12,9 +12,9 @@ dataset in it.
   ``/data/in/../x.csv`` is ``/data/x.csv``).
 
 Only the host and port of a connection are used, never its login, password or extras; a file's
-URL loses its credentials and query before it gets here (:class:`~airflow_resumable.core.observe.Source`).
+URL loses its credentials and query before it gets here (:class:`~airflow_resumable.core.model.observe.Source`).
 Whatever a connection's fields or a URL hold, no namespace or name carries a user, a password, a query
-string or a fragment, and none is longer than :data:`~airflow_resumable.core.observe.NAME_LIMIT`
+string or a fragment, and none is longer than :data:`~airflow_resumable.core.model.observe.NAME_LIMIT`
 characters (1,000; cut with ``...``).
 """
 
@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote
 
-from airflow_resumable.core.observe import NAME_LIMIT, Source, cut_text, without_credentials
+from airflow_resumable.core.model.observe import NAME_LIMIT, Source, cut_text, without_credentials
 
 __all__ = ["Datasource", "dataset_names", "datasource"]
 

@@ -1,8 +1,8 @@
 """The operators' argument checks: at DAG parse time, and again once ``execute()`` has the
 rendered (mapped, XCom) ``handler_kwargs``.
 
-The checks of each argument are its declaration's (:mod:`airflow_resumable.core.options`,
-:data:`airflow_resumable.core.chunked.CHUNKED_OPTIONS`); this module joins them into one error
+The checks of each argument are its declaration's (:mod:`airflow_resumable.core.model.options`,
+:data:`airflow_resumable.core.work.chunk_loop.CHUNKED_OPTIONS`); this module joins them into one error
 naming the task, and checks ``handler_kwargs`` against the functions that take them.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
-from airflow_resumable.core.errors import ConfigurationError
+from airflow_resumable.core.model.errors import ConfigurationError
 from airflow_resumable.version_compat import XComArg
 
 #: ``call_problems(keywords)``: why the task's functions cannot take their calls with these

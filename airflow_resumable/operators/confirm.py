@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from airflow_resumable.core.checkpoint import Origin
+from airflow_resumable.core.model.checkpoint import Origin
 from airflow_resumable.core.stores.base import StoreSession
 
 __all__ = ["KeptSession", "confirm_on_success"]

@@ -24,7 +24,7 @@ import importlib.util
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from airflow_resumable.core.observe import AttemptFacts, Part, Source
+from airflow_resumable.core.model.observe import AttemptFacts, Part, Source
 
 __all__ = ["OpenLineageMethods", "lineage_listening"]
 

@@ -18,7 +18,7 @@
 **With the task's** ``retry_policy=`` (Airflow 3.3, AIP-105). Airflow asks the policy about the
 exception ``execute()`` raised, except for ``AirflowFailException``, which it never retries. The
 operator therefore applies the policy itself, to the core's exception (what a rule names:
-``airflow_resumable.core.errors.Cancelled``, ``LeaseBusy``, ``ConfigurationError``, ...; the
+``airflow_resumable.core.model.errors.Cancelled``, ``LeaseBusy``, ``ConfigurationError``, ...; the
 Airflow exception is raised ``from`` it), and combines the answer with the table above:
 
 | our table says | the user's policy says | the task |
@@ -48,7 +48,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from airflow_resumable.core.errors import (
+from airflow_resumable.core.attempt.signal import Reason
+from airflow_resumable.core.model.errors import (
     Cancelled,
     CheckpointDeleted,
     ConfigurationError,
@@ -60,7 +61,6 @@ from airflow_resumable.core.errors import (
     SkipLimitExceeded,
     StoreUnavailable,
 )
-from airflow_resumable.core.signal import Reason
 from airflow_resumable.version_compat import (
     AirflowException,
     AirflowFailException,

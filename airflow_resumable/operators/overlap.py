@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from airflow_resumable.core.errors import Overlap
+from airflow_resumable.core.model.errors import Overlap
 
 #: XCom key of the overlap decision: ``{"policy", "yielded_to": {"run_id", "slot", "started_at"}, "message"}``.
 OVERLAP_XCOM_KEY = "overlap"

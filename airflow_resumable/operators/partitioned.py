@@ -7,7 +7,7 @@
 
 ``<task_id>.plan``
     splits the reader's key into ``partitions`` ranges when the run first starts, stores the plan
-    on the slot (``<job>#plan``, see :mod:`airflow_resumable.core.partitions`) and returns the
+    on the slot (``<job>#plan``, see :mod:`airflow_resumable.core.work.partitions`) and returns the
     ranges; on every later try or Clear it returns the stored ranges (refusing a reader other than
     the one the plan was split with). A restart requested on the plan row
     (``airflow resumable restart '<job>#plan' SLOT``) splits the job anew and asks every partition
@@ -18,7 +18,7 @@
     worker runs it.
 ``<task_id>.summary``
     runs when every partition has finished, whichever way (``trigger_rule="all_done"``); accounts
-    for every planned row (:mod:`airflow_resumable.core.job_summary`: processed, skipped, in
+    for every planned row (:mod:`airflow_resumable.core.work.partition_summary`: processed, skipped, in
     unfinished partitions, gone from the source, unexplained); fails when more partitions failed
     than ``tolerated_failure`` allows or more rows are unexplained than ``tolerated_shortfall``
     allows, and returns the job's figures, its headline first.
@@ -36,13 +36,16 @@ from datetime import datetime
 from typing import Any
 
 # TaskGroup: the task SDK's public name (no version difference to adapt to yet).
-from airflow_resumable.core import control as core_control
-from airflow_resumable.core import rules
-from airflow_resumable.core.checkpoint import Checkpoint
-from airflow_resumable.core.errors import ConfigurationError, RequestRefused
-from airflow_resumable.core.job_summary import Summary, summarize
-from airflow_resumable.core.observe import AttemptFacts, Part
-from airflow_resumable.core.partitions import (
+from airflow_resumable.core.control import requests as core_control
+from airflow_resumable.core.model import request_rules as rules
+from airflow_resumable.core.model.checkpoint import Checkpoint
+from airflow_resumable.core.model.errors import ConfigurationError, RequestRefused
+from airflow_resumable.core.model.observe import AttemptFacts, Part
+from airflow_resumable.core.model.states import Action, Request
+from airflow_resumable.core.readers import KeysetReader
+from airflow_resumable.core.stores import Store
+from airflow_resumable.core.work.partition_summary import Summary, summarize
+from airflow_resumable.core.work.partitions import (
     Plan,
     Range,
     check_plan_reader,
@@ -59,9 +62,6 @@ from airflow_resumable.core.partitions import (
     split,
     tolerated_problem,
 )
-from airflow_resumable.core.readers import KeysetReader
-from airflow_resumable.core.states import Action, Request
-from airflow_resumable.core.stores import Store
 from airflow_resumable.hooks.resumable import DEFAULT_CONN_ID, ResumableHook
 from airflow_resumable.operators import task_instance
 from airflow_resumable.operators.outcome import to_airflow
@@ -262,7 +262,7 @@ class PartitionSummaryOperator(BaseOperator):
     """The partitioned job as a whole: accounts for every planned row and fails when more
     partitions failed than tolerated (a cancelled partition counts as failed: its rows were not
     processed) or more planned rows are unexplained than tolerated (see
-    :mod:`airflow_resumable.core.job_summary`); returns ``{"summary": <headline>, "job", "slot",
+    :mod:`airflow_resumable.core.work.partition_summary`); returns ``{"summary": <headline>, "job", "slot",
     "partitions", "done", "failed", "cancelled", "tolerated", "planned", "processed", "skipped",
     "unfinished", "gone", "shortfall", "short", "tolerated_shortfall", "more", "total"}``.
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from airflow_resumable.core.checkpoint import Checkpoint
-from airflow_resumable.core.progress import Progress, Reporter
+from airflow_resumable.core.attempt.reporter import Progress, Reporter
+from airflow_resumable.core.model.checkpoint import Checkpoint
 from airflow_resumable.core.view import ROW_LIMIT, cap_row
 from airflow_resumable.metrics import Metrics
 from airflow_resumable.operators.state_store import StateStoreMirror
@@ -58,7 +58,7 @@ class AirflowReporter(Reporter):
         """The row as pushed to XCom: whole up to :data:`XCOM_ROW_LIMIT` bytes of JSON, else with
         each large position/state replaced by ``{"xcom_truncated": true, "bytes": n, "preview": ...}``
         and the cut columns listed under ``xcom_truncated``. With ``progress``: its ``rate`` and
-        ``eta_seconds`` too (the log line's figures, core/progress.py's one computation)."""
+        ``eta_seconds`` too (the log line's figures, core/attempt/reporter.py's one computation)."""
         row = cp.to_dict()
         if progress is not None:
             row["rate"] = None if progress.rate is None else round(progress.rate, 2)

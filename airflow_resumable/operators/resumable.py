@@ -2,7 +2,7 @@
 
 ``ResumableOperator`` runs a handler that owns its loop (``handler(ctx)``); ``ChunkedOperator``
 owns the loop and calls ``read``/``process``. Both run the core's single attempt loop
-(:class:`airflow_resumable.core.runner.Attempt`); this module only wires it to Airflow: the
+(:class:`airflow_resumable.core.attempt.runner.Attempt`); this module only wires it to Airflow: the
 task instance in the core's terms (:mod:`~airflow_resumable.operators.task_instance`), reporting
 (:mod:`~airflow_resumable.operators.reporting`), the argument checks
 (:mod:`~airflow_resumable.operators.checks`), pausing as deferral, and outcomes through
@@ -18,19 +18,26 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from datetime import datetime, timedelta, timezone
 from typing import Any, NoReturn
 
-from airflow_resumable.core import defaults
-from airflow_resumable.core.aio import SyncCalls
-from airflow_resumable.core.chunked import CHUNKED_OPTIONS, calls_problems, chunk_loop, chunked_problems
-from airflow_resumable.core.context import RunContext
-from airflow_resumable.core.errors import Cancelled, ConfigurationError, LeaseLost, OverlapSkip, OverlapWait, Paused
-from airflow_resumable.core.observe import Source
-from airflow_resumable.core.options import ARGUMENTS, ATTEMPT_OPTIONS, Option, Options, call_problem, params_doc
-from airflow_resumable.core.options import problems as option_problems
+from airflow_resumable.core.attempt.async_bridge import SyncCalls
+from airflow_resumable.core.attempt.context import RunContext
+from airflow_resumable.core.attempt.runner import Attempt, Hooks, Outcome
+from airflow_resumable.core.attempt.signal import Reason
+from airflow_resumable.core.attempt.skip_policy import shown
+from airflow_resumable.core.model import defaults
+from airflow_resumable.core.model.errors import (
+    Cancelled,
+    ConfigurationError,
+    LeaseLost,
+    OverlapSkip,
+    OverlapWait,
+    Paused,
+)
+from airflow_resumable.core.model.observe import Source
+from airflow_resumable.core.model.options import ARGUMENTS, ATTEMPT_OPTIONS, Option, Options, call_problem, params_doc
+from airflow_resumable.core.model.options import problems as option_problems
 from airflow_resumable.core.readers import Reader
-from airflow_resumable.core.runner import Attempt, Hooks, Outcome
-from airflow_resumable.core.signal import Reason
-from airflow_resumable.core.skips import shown
 from airflow_resumable.core.stores import Store
+from airflow_resumable.core.work.chunk_loop import CHUNKED_OPTIONS, calls_problems, chunk_loop, chunked_problems
 from airflow_resumable.hooks.resumable import DEFAULT_CONN_ID, ResumableHook
 from airflow_resumable.metrics import Metrics
 from airflow_resumable.operators import task_instance
@@ -70,11 +77,11 @@ class ResumableOperator(OpenLineageMethods, BaseOperator):
 
     The handler owns its loop: it reads ``ctx.position`` (None on a fresh start), does a chunk,
     calls ``ctx.checkpoint(position, ...)``, and repeats. ``checkpoint()`` saves durably, reports
-    progress, then raises :class:`~airflow_resumable.core.errors.Cancelled` if the run was asked
+    progress, then raises :class:`~airflow_resumable.core.model.errors.Cancelled` if the run was asked
     to stop. Returning means the work is done.
 
     Durations are seconds or a ``timedelta``. The parameters, from their declarations
-    (:data:`airflow_resumable.core.options.ARGUMENTS`):
+    (:data:`airflow_resumable.core.model.options.ARGUMENTS`):
 
     """
 
@@ -397,7 +404,7 @@ class ChunkedOperator(ResumableOperator):
     ``handler_kwargs`` (templated; ``.expand()`` them to map the task over partitions) are passed
     to both ``read`` and ``process``; a reader takes none. Every other argument is
     :class:`ResumableOperator`'s. Its own, from their declarations
-    (:data:`airflow_resumable.core.chunked.CHUNKED_OPTIONS`):
+    (:data:`airflow_resumable.core.work.chunk_loop.CHUNKED_OPTIONS`):
 
     """
 

@@ -23,7 +23,7 @@ import json
 from typing import Any
 from urllib.parse import quote
 
-from airflow_resumable.core.checkpoint import Checkpoint
+from airflow_resumable.core.model.checkpoint import Checkpoint
 
 #: The task state store's key of the summary.
 STATE_KEY = "resumable"

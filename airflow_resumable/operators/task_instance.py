@@ -1,6 +1,6 @@
 """What the Airflow context says about the task instance, in the core's terms.
 
-Its :class:`~airflow_resumable.core.identity.Identity` (job, slot, attempt, owner, origin), whether
+Its :class:`~airflow_resumable.core.model.identity.Identity` (job, slot, attempt, owner, origin), whether
 the run asks to start over, and the two hooks only Airflow can answer: whether a ``done`` slot runs
 again (a Clear after success) and who sent a SIGTERM.
 """
@@ -13,9 +13,9 @@ from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Any
 
-from airflow_resumable.core.checkpoint import Checkpoint, Origin
-from airflow_resumable.core.identity import Identity
-from airflow_resumable.core.signal import Reason
+from airflow_resumable.core.attempt.signal import Reason
+from airflow_resumable.core.model.checkpoint import Checkpoint, Origin
+from airflow_resumable.core.model.identity import Identity
 from airflow_resumable.version_compat import Context
 
 #: DAG-run conf key that discards unfinished checkpoints on purpose: ``true`` for every resumable

@@ -30,9 +30,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from airflow_resumable import __version__
-from airflow_resumable.core.checkpoint import Checkpoint
-from airflow_resumable.core.observe import (
+from airflow_resumable.core.attempt.reporter import Progress
+from airflow_resumable.core.model.checkpoint import Checkpoint
+from airflow_resumable.core.model.observe import (
     TEXT_LIMIT,
     AttemptFacts,
     cut_text,
@@ -40,7 +40,7 @@ from airflow_resumable.core.observe import (
     stop_reason_text,
     without_credentials_in,
 )
-from airflow_resumable.core.progress import Progress
+from airflow_resumable.version import __version__
 
 try:
     from opentelemetry import trace as _trace
@@ -175,7 +175,7 @@ class AttemptTrace:
 
     def _record_exception(self, exc: BaseException) -> None:
         """OpenTelemetry's ``exception`` event (its semantic conventions' attributes), with the message and
-        the traceback passed through :func:`~airflow_resumable.core.observe.without_credentials_in` and cut:
+        the traceback passed through :func:`~airflow_resumable.core.model.observe.without_credentials_in` and cut:
         an error's text may hold a DSN with its password (``span.record_exception`` would send it as it is)."""
         trace = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
         kind = type(exc).__qualname__

@@ -37,16 +37,16 @@ from fastapi.responses import FileResponse, JSONResponse, RedirectResponse
 from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from airflow_resumable import control
-from airflow_resumable.core.errors import (
+import airflow_resumable.control as control
+from airflow_resumable.core.model.errors import (
     ConfigurationError,
     RequestRefused,
     ResumableError,
     SlotNotFound,
     StoreUnavailable,
 )
-from airflow_resumable.core.rules import Action
-from airflow_resumable.core.states import Status
+from airflow_resumable.core.model.request_rules import Action
+from airflow_resumable.core.model.states import Status
 from airflow_resumable.core.view import ROW_LIMIT, cap_row, row_view
 from airflow_resumable.version_compat import GetUserDep
 

@@ -1,7 +1,7 @@
 """The interruptions the test kit strikes, and the attempts that strike them.
 
 An interruption is injected at the one step after a chunk (``ctx.checkpoint()``), where a real one
-is noticed, into the product's own :class:`~airflow_resumable.core.runner.Attempt`. Every kind but
+is noticed, into the product's own :class:`~airflow_resumable.core.attempt.runner.Attempt`. Every kind but
 :attr:`Interruption.PROCESS_DEATH` stops the attempt inside the test's process; that one ends the
 process itself (see :mod:`airflow_resumable.testing.fresh`).
 """
@@ -16,13 +16,13 @@ import signal
 from collections.abc import Callable
 from typing import Any, NoReturn
 
-from airflow_resumable.core import control
-from airflow_resumable.core.errors import Cancelled, LeaseLost, Paused
-from airflow_resumable.core.options import Options
-from airflow_resumable.core.runner import Attempt, Outcome
-from airflow_resumable.core.signal import Reason
+from airflow_resumable.core.attempt.runner import Attempt, Outcome
+from airflow_resumable.core.attempt.signal import Reason
+from airflow_resumable.core.control import requests as control
+from airflow_resumable.core.model.errors import Cancelled, LeaseLost, Paused
+from airflow_resumable.core.model.options import Options
+from airflow_resumable.core.model.tables import CHECKPOINTS
 from airflow_resumable.core.stores import Store
-from airflow_resumable.core.tables import CHECKPOINTS
 
 __all__ = [
     "ALL_INTERRUPTIONS", "IN_PROCESS_INTERRUPTIONS", "JOB", "SLOT", "Interruption", "NotResumable", "SimulatedCrash",

@@ -12,7 +12,7 @@ that ``ctx.checkpoint()`` and resumed by further attempts until the slot is ``do
 :class:`Report`; :meth:`Report.assert_ok` raises :class:`NotResumable` naming the first trial that
 differs: the interruption, the chunk, the position and the difference.
 
-The attempts are the product's own (:class:`~airflow_resumable.core.runner.Attempt`, the loop every
+The attempts are the product's own (:class:`~airflow_resumable.core.attempt.runner.Attempt`, the loop every
 operator runs); an interruption is injected at the one step after a chunk, where a real one is
 noticed. Every kind but ``process_death`` runs in the test's process; ``process_death`` kills a
 process of its own and resumes in a new one (:mod:`airflow_resumable.testing.fresh`). No Airflow
@@ -41,12 +41,12 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from airflow_resumable.core.chunked import chunk_loop
-from airflow_resumable.core.options import Options
-from airflow_resumable.core.partitions import Plan, range_chunks, split
+from airflow_resumable.core.model.options import Options
+from airflow_resumable.core.model.tables import ATTEMPTS, CHECKPOINTS, DEAD_LETTERS
 from airflow_resumable.core.readers import KeysetReader
 from airflow_resumable.core.stores import PostgresStore, SQLiteStore, Store
-from airflow_resumable.core.tables import ATTEMPTS, CHECKPOINTS, DEAD_LETTERS
+from airflow_resumable.core.work.chunk_loop import chunk_loop
+from airflow_resumable.core.work.partitions import Plan, range_chunks, split
 from airflow_resumable.testing.fresh import (
     FreshProcesses,
     NotImportable,

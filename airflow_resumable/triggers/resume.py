@@ -4,7 +4,7 @@ A paused resumable task holds no worker slot and spends no retry: it is *deferre
 :class:`SlotResumeTrigger`, which reads the slot's row every ``poll`` seconds (one primary-key
 lookup) and fires when the run should continue (a resume or restart request, the throttle's or
 time slice's time, or a Clear that ran the slot meanwhile) or end (a cancel, the row deleted).
-What counts is decided by :func:`airflow_resumable.core.control.wake`, on the row alone.
+What counts is decided by :func:`airflow_resumable.core.control.requests.wake`, on the row alone.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from collections.abc import AsyncIterator
 from datetime import datetime, timezone
 from typing import Any
 
-from airflow_resumable.core import defaults
-from airflow_resumable.core.checkpoint import Checkpoint
-from airflow_resumable.core.control import wake
+from airflow_resumable.core.control.requests import wake
+from airflow_resumable.core.model import defaults
+from airflow_resumable.core.model.checkpoint import Checkpoint
 from airflow_resumable.core.stores.base import Store, StoreSession
 from airflow_resumable.hooks.resumable import ResumableHook
 from airflow_resumable.version_compat import BaseTrigger, TriggerEvent

@@ -82,7 +82,7 @@ with DAG("ol_pause", schedule="@daily", start_date=START, catchup=False) as ol_p
 
 def cancel_with_a_dsn(ctx: RunContext, batch: list[Any]) -> None:
     """Stops the attempt with a reason of its own that holds a DSN (a careless handler's)."""
-    from airflow_resumable.core.errors import Cancelled
+    from airflow_resumable.core.model.errors import Cancelled
 
     ctx.output(file="/exports/token=tok-in-path-9/part.csv")
     if ctx.processed >= 10:

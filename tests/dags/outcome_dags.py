@@ -64,7 +64,7 @@ if supports("retry_policy="):
 
     with DAG("rp_cancelled_fails", schedule="@daily", start_date=START, catchup=False) as rp_cancelled_fails:
         ResumableOperator(task_id="work", handler=slow_first, timeout=0.5, **NO_WAIT, retry_policy=ExceptionRetryPolicy(
-            rules=[RetryRule(exception="airflow_resumable.core.errors.Cancelled", action=RetryAction.FAIL)]))
+            rules=[RetryRule(exception="airflow_resumable.core.model.errors.Cancelled", action=RetryAction.FAIL)]))
 
     with DAG("rp_catch_all_fail", schedule="@daily", start_date=START, catchup=False) as rp_catch_all_fail:
         ResumableOperator(task_id="work", handler=slow_first, timeout=0.5, **NO_WAIT, retry_policy=ExceptionRetryPolicy(
@@ -73,7 +73,7 @@ if supports("retry_policy="):
     with DAG("rp_configuration_retried", schedule="@daily", start_date=START, catchup=False) as rp_configuration_retried:
         ResumableOperator(task_id="work", handler=ten_items, throttle=junk_throttle_first, **NO_WAIT,
                           retry_policy=ExceptionRetryPolicy(rules=[RetryRule(
-                              exception="airflow_resumable.core.errors.ConfigurationError", action=RetryAction.RETRY)]))
+                              exception="airflow_resumable.core.model.errors.ConfigurationError", action=RetryAction.RETRY)]))
 
     with DAG("rp_catch_all_retry", schedule="@daily", start_date=START, catchup=False) as rp_catch_all_retry:
         ResumableOperator(task_id="work", handler=ten_items, throttle=junk_throttle_first, **NO_WAIT,

@@ -18,9 +18,9 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from airflow_resumable.core.errors import Cancelled  # noqa: E402
-from airflow_resumable.core.runner import Attempt, Options  # noqa: E402
-from airflow_resumable.core.signal import Reason  # noqa: E402
+from airflow_resumable.core.attempt.runner import Attempt, Options  # noqa: E402
+from airflow_resumable.core.attempt.signal import Reason  # noqa: E402
+from airflow_resumable.core.model.errors import Cancelled  # noqa: E402
 from support.stores import store_of  # noqa: E402
 
 CHUNK = 3

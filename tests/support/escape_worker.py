@@ -16,7 +16,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from airflow_resumable.core.runner import Attempt, Options  # noqa: E402
+from airflow_resumable.core.attempt.runner import Attempt, Options  # noqa: E402
 from support.escapes import handler  # noqa: E402
 from support.stores import store_of  # noqa: E402
 

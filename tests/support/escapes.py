@@ -15,7 +15,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from airflow_resumable.core.errors import TransactionRefused
+from airflow_resumable.core.model.errors import TransactionRefused
 
 ITEMS, CHUNK, BAD_CHUNK = 20, 5, 2
 #: The misdeeds done before the third chunk's first write (a driver refuses to switch to autocommit
@@ -89,7 +89,7 @@ def gc_connection(ctx: Any) -> Any:
     the handle (its slots), and the run's loan beside it."""
     import gc
 
-    from airflow_resumable.core.lent import Loan
+    from airflow_resumable.core.stores.transaction.handle import Loan
 
     found = gc.get_referents(ctx.transaction())
     raw = next(o for o in found if hasattr(o, "commit") and hasattr(o, "rollback"))

@@ -13,8 +13,8 @@ import signal
 import sys
 
 from airflow_resumable.core import Attempt
-from airflow_resumable.core.checkpoint import Origin
-from airflow_resumable.core.identity import Identity
+from airflow_resumable.core.model.checkpoint import Origin
+from airflow_resumable.core.model.identity import Identity
 from airflow_resumable.core.stores import SQLiteStore
 
 

@@ -20,7 +20,7 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from airflow_resumable.core.runner import Attempt, Options  # noqa: E402
+from airflow_resumable.core.attempt.runner import Attempt, Options  # noqa: E402
 from airflow_resumable.core.stores import Store  # noqa: E402
 from support.stores import spec_of, store_of  # noqa: E402
 

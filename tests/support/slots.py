@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from airflow_resumable.core import Attempt, Options, Store
-from airflow_resumable.core.checkpoint import Origin
+from airflow_resumable.core.model.checkpoint import Origin
 
 SLOT = "2026-02-01T00:00:00+00:00"
 

@@ -31,9 +31,9 @@ One module a part, each importing only those before it::
     sequence.py   SequenceReader
 """
 
+from airflow_resumable.core.model.keys import json_key
 from airflow_resumable.core.readers.base import Batch, Reader
 from airflow_resumable.core.readers.file import FORMATS, FileReader
-from airflow_resumable.core.readers.keys import json_key
 from airflow_resumable.core.readers.keyset import KeysetReader
 from airflow_resumable.core.readers.sequence import SequenceReader
 from airflow_resumable.core.readers.sql import placeholders

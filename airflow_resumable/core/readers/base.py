@@ -12,13 +12,13 @@ import json
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from airflow_resumable.core.checkpoint import short
-from airflow_resumable.core.errors import ConfigurationError
-from airflow_resumable.core.observe import Source, without_credentials_in
-from airflow_resumable.core.readers.keys import json_key
+from airflow_resumable.core.model.checkpoint import differences, short
+from airflow_resumable.core.model.errors import ConfigurationError
+from airflow_resumable.core.model.keys import json_key
+from airflow_resumable.core.model.observe import Source, without_credentials_in
 
 if TYPE_CHECKING:
-    from airflow_resumable.core.context import RunContext
+    from airflow_resumable.core.attempt.context import RunContext
 
 __all__ = ["Batch", "Reader", "check_arguments", "close_quietly", "differences", "identity_digest", "plain"]
 
@@ -91,7 +91,7 @@ class Reader(abc.ABC):
 
         A slot's checkpoint records the identity of the reader that drives it (the chunk loop and
         :meth:`chunks` ask :meth:`RunContext.use_reader`), and an attempt whose reader has another
-        identity refuses before it reads (:class:`~airflow_resumable.core.errors.ReaderChanged`):
+        identity refuses before it reads (:class:`~airflow_resumable.core.model.errors.ReaderChanged`):
         a position of one reader read by another would skip or repeat items silently.
 
         This one is the reader's class and :attr:`name`; each reader of the package adds what its
@@ -197,16 +197,6 @@ def identity_digest(identity: Any) -> str:
     partition's range carries instead of the whole identity."""
     text = json.dumps(identity, sort_keys=True, separators=(",", ":"), default=repr)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
-def differences(stored: Any, current: Any, limit: int = 160) -> str:
-    """How two identities differ, field by field (``key: ['id'] -> ['code']``), each value cut to
-    ``limit`` characters: what an error about a changed reader names."""
-    if not (isinstance(stored, dict) and isinstance(current, dict)):
-        return f"{short(stored, limit)} -> {short(current, limit)}"
-    changed = [f"{k}: {short(stored.get(k), limit)} -> {short(current.get(k), limit)}"
-               for k in sorted(set(stored) | set(current)) if stored.get(k) != current.get(k)]
-    return "; ".join(changed) or "(none: the same identity)"
 
 
 def close_quietly(resource: Any) -> None:

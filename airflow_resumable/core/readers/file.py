@@ -10,12 +10,12 @@ import json
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, BinaryIO
 
-from airflow_resumable.core.checkpoint import short
-from airflow_resumable.core.observe import Source
+from airflow_resumable.core.model.checkpoint import short
+from airflow_resumable.core.model.observe import Source
 from airflow_resumable.core.readers.base import Batch, Reader, check_arguments, close_quietly
 
 if TYPE_CHECKING:
-    from airflow_resumable.core.context import RunContext
+    from airflow_resumable.core.attempt.context import RunContext
 
 __all__ = ["FORMATS", "IF_CHANGED", "WINDOW", "FileReader", "fingerprint"]
 

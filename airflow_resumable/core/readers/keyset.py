@@ -8,15 +8,15 @@ import operator
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from airflow_resumable.core.checkpoint import short
-from airflow_resumable.core.errors import ConfigurationError, ResumableError
-from airflow_resumable.core.observe import Source
+from airflow_resumable.core.model.checkpoint import short
+from airflow_resumable.core.model.errors import ConfigurationError, ResumableError
+from airflow_resumable.core.model.keys import json_key, json_keys
+from airflow_resumable.core.model.observe import Source
 from airflow_resumable.core.readers.base import Batch, Reader, check_arguments, close_quietly, plain
-from airflow_resumable.core.readers.keys import json_key, json_keys
 from airflow_resumable.core.readers.sql import IDENTIFIER, MARKERS, paramstyle_of, placeholder_problems
 
 if TYPE_CHECKING:
-    from airflow_resumable.core.context import RunContext
+    from airflow_resumable.core.attempt.context import RunContext
 
 __all__ = ["KeysetReader"]
 

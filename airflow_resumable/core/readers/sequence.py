@@ -6,11 +6,11 @@ import itertools
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from airflow_resumable.core.errors import ConfigurationError
+from airflow_resumable.core.model.errors import ConfigurationError
 from airflow_resumable.core.readers.base import Batch, Reader
 
 if TYPE_CHECKING:
-    from airflow_resumable.core.context import RunContext
+    from airflow_resumable.core.attempt.context import RunContext
 
 __all__ = ["SequenceReader"]
 

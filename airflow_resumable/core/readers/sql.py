@@ -12,7 +12,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from airflow_resumable.core.checkpoint import short
+from airflow_resumable.core.model.checkpoint import short
 
 __all__ = ["IDENTIFIER", "MARKERS", "paramstyle_of", "placeholder_problems", "placeholders"]
 

@@ -17,7 +17,7 @@ The run holds two sessions: the main one (checkpoints, and the handler's writes 
 ``ctx.transaction()``) and the lease keeper's (heartbeats, on its own thread).
 
 Every write made on behalf of an attempt is *fenced*: it names the attempt's
-:class:`~airflow_resumable.core.fence.Fence` (job, slot, lease owner, lease token) and matches no
+:class:`~airflow_resumable.core.model.fence.Fence` (job, slot, lease owner, lease token) and matches no
 row once another attempt has taken the lease over.
 """
 
@@ -28,16 +28,16 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from airflow_resumable.core.migrations import SCHEMA_VERSION, migrate
-from airflow_resumable.core.stores.checkpoints import Checkpoints
+from airflow_resumable.core.model.tables import META, all_tables
+from airflow_resumable.core.stores.checkpoint_writes import Checkpoints
 from airflow_resumable.core.stores.connection import Connection, row_deleted, save_rejected
+from airflow_resumable.core.stores.dead_letters import Skips
 from airflow_resumable.core.stores.dialect import Dialect
 from airflow_resumable.core.stores.leases import Leases
 from airflow_resumable.core.stores.listings import Listings
-from airflow_resumable.core.stores.requests import Requests
+from airflow_resumable.core.stores.migrations import SCHEMA_VERSION, migrate
+from airflow_resumable.core.stores.request_writes import Requests
 from airflow_resumable.core.stores.retention import Cleaned, Retention
-from airflow_resumable.core.stores.skips import Skips
-from airflow_resumable.core.tables import META, all_tables
 
 __all__ = ["SCHEMA_VERSION", "Cleaned", "Dialect", "Store", "StoreSession", "row_deleted", "save_rejected"]
 
@@ -106,7 +106,7 @@ class StoreSession(Connection):
 
     def ensure_schema(self, *, apply: bool = True) -> int:
         """Create the tables on first use, or apply the migrations an older database lacks; refuse a
-        schema newer than this code. Returns the version. See :mod:`airflow_resumable.core.migrations`.
+        schema newer than this code. Returns the version. See :mod:`airflow_resumable.core.stores.migrations`.
 
         Raises:
             SchemaVersionError: the database's schema is newer than this code, or damaged.

@@ -17,20 +17,20 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, Protocol
 
-from airflow_resumable.core.checkpoint import Checkpoint, _depth_over, decode, error_text
-from airflow_resumable.core.errors import (
+from airflow_resumable.core.model.checkpoint import Checkpoint, _depth_over, decode, error_text
+from airflow_resumable.core.model.errors import (
     CheckpointDeleted,
     ConfigurationError,
     LeaseLost,
     StoreUnavailable,
     TransactionRefused,
 )
-from airflow_resumable.core.fence import Fence
-from airflow_resumable.core.lent import Loan, SQLiteDriver, TransactionConnection
-from airflow_resumable.core.lent_postgres import Psycopg2Driver, Psycopg3Driver
-from airflow_resumable.core.statements import WITNESS_TABLE, scrubbed
+from airflow_resumable.core.model.fence import Fence
+from airflow_resumable.core.model.tables import CHECKPOINTS
 from airflow_resumable.core.stores.dialect import Dialect, writes
-from airflow_resumable.core.tables import CHECKPOINTS
+from airflow_resumable.core.stores.transaction.handle import Loan, SQLiteDriver, TransactionConnection
+from airflow_resumable.core.stores.transaction.postgres_cursors import Psycopg2Driver, Psycopg3Driver
+from airflow_resumable.core.stores.transaction.statements import WITNESS_TABLE, scrubbed
 
 __all__ = ["Connection", "Params", "row_deleted", "save_rejected"]
 
@@ -389,7 +389,7 @@ class Connection:
 
     def lend(self, job: str | None, slot: str | None) -> TransactionConnection:
         """The connection as the handler gets it (``ctx.transaction()``): from now on statements join a
-        transaction that the run commits with each checkpoint (see :class:`~airflow_resumable.core.lent.
+        transaction that the run commits with each checkpoint (see :class:`~airflow_resumable.core.stores.transaction.handle.
         TransactionConnection`).
 
         Each chunk's transaction begins with a **witness** the run checks when it commits it, in the
@@ -404,14 +404,14 @@ class Connection:
           holds the token, ``COMMIT``, and the next chunk's ``BEGIN READ WRITE``, savepoint and witness:
           one round trip where a driver's ``BEGIN`` and ``COMMIT`` take two. A ``ROLLBACK TO`` that
           savepoint undoes the setting; a transaction's end forgets it.
-        * SQLite: a row of a TEMP table (:data:`~airflow_resumable.core.statements.WITNESS_TABLE`)
+        * SQLite: a row of a TEMP table (:data:`~airflow_resumable.core.stores.transaction.statements.WITNESS_TABLE`)
           inserted right after each chunk's ``BEGIN IMMEDIATE``, with a token new for each chunk (a
           parameter: not in the statement's text), which the commit deletes and must find. The
           engine's authorizer also refuses, while the handler runs, every transaction statement that is
           not the run's own, the witness table, and pragmas that would make the session read-only.
 
         The handler's statements cannot touch the witness (refused: see
-        :mod:`airflow_resumable.core.statements`); code that reads it through the driver's own
+        :mod:`airflow_resumable.core.stores.transaction.statements`); code that reads it through the driver's own
         connection and writes it back can forge it (see the guarantees page). Transactions are opened
         read-write whatever the session's default, so the run records its checkpoints and its end.
         """

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 
-from airflow_resumable.core.schema import Column
+from airflow_resumable.core.model.columns import Column
 
 __all__ = ["Dialect", "to_qmark", "writes"]
 

@@ -1,17 +1,18 @@
 """A session's leases: take a slot's lease (:meth:`Leases.acquire` makes the attempt's
-:class:`~airflow_resumable.core.fence.Fence`), renew it, give it back."""
+:class:`~airflow_resumable.core.model.fence.Fence`), renew it, give it back."""
 
 from __future__ import annotations
 
 import dataclasses
 import functools
 
-from airflow_resumable.core.checkpoint import AttemptRecord, Checkpoint
-from airflow_resumable.core.errors import CorruptCheckpoint
-from airflow_resumable.core.fence import WHERE, Fence
+from airflow_resumable.core.model.checkpoint import AttemptRecord, Checkpoint
+from airflow_resumable.core.model.errors import CorruptCheckpoint
+from airflow_resumable.core.model.fence import WHERE, Fence
+from airflow_resumable.core.model.tables import ATTEMPTS, CHECKPOINTS
 from airflow_resumable.core.stores.connection import Connection
 from airflow_resumable.core.stores.dialect import Dialect
-from airflow_resumable.core.stores.sql import (
+from airflow_resumable.core.stores.shared_sql import (
     HISTORY_COLUMNS,
     KEY,
     PENDING_STOP,
@@ -22,7 +23,6 @@ from airflow_resumable.core.stores.sql import (
     json_or_none,
     named,
 )
-from airflow_resumable.core.tables import ATTEMPTS, CHECKPOINTS
 
 _TOKEN = CHECKPOINTS.names.index("lease_token")
 

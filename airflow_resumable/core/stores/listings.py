@@ -5,10 +5,11 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import Any
 
-from airflow_resumable.core.checkpoint import AttemptRecord, Checkpoint
+from airflow_resumable.core.model.checkpoint import AttemptRecord, Checkpoint
+from airflow_resumable.core.model.identity import PLAN_SUFFIX
+from airflow_resumable.core.model.tables import ATTEMPTS
 from airflow_resumable.core.stores.connection import Connection
-from airflow_resumable.core.stores.sql import HISTORY, KEY, SELECT, TABLE
-from airflow_resumable.core.tables import ATTEMPTS
+from airflow_resumable.core.stores.shared_sql import HISTORY, KEY, SELECT, TABLE
 
 
 class Listings:
@@ -34,7 +35,7 @@ class Listings:
         """The job's most recently started slots (their current run), newest first.
 
         Ordered by ``started_at``, which only a run's start changes, so that an index can serve it
-        without keeping checkpoints from being in-place (HOT) updates (see ``core/tables.py``).
+        without keeping checkpoints from being in-place (HOT) updates (see ``core/model/tables.py``).
         """
         return self._rows(f"SELECT {SELECT} FROM {TABLE} WHERE job = %(job)s ORDER BY started_at DESC, slot DESC "
                           "LIMIT %(limit)s", {"job": job, "limit": int(limit)})
@@ -71,7 +72,6 @@ class Listings:
         (rows that name no DAG are then left out), only of ``status`` when given. A partitioned
         job's plan rows (``<job>#plan``: its split, not a slot of work) only with ``plans``."""
         # Imported here: the partitions module builds on the stores' SQL helpers.
-        from airflow_resumable.core.partitions import PLAN_SUFFIX
 
         where: list[str] = []
         params: dict[str, Any] = {"limit": int(limit), "status": status, "plan": f"%{PLAN_SUFFIX}"}

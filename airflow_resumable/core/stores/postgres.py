@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from airflow_resumable.core.errors import ConfigurationError, StoreUnavailable
+from airflow_resumable.core.model.errors import ConfigurationError, StoreUnavailable
 from airflow_resumable.core.stores.base import Store
 from airflow_resumable.core.stores.dialect import Dialect
 

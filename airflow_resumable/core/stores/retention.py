@@ -6,10 +6,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from airflow_resumable.core import defaults
-from airflow_resumable.core.states import FINISHED
+from airflow_resumable.core.model import defaults
+from airflow_resumable.core.model.states import FINISHED
 from airflow_resumable.core.stores.connection import Connection
-from airflow_resumable.core.stores.sql import HISTORY, KEY, SKIPPED, TABLE
+from airflow_resumable.core.stores.shared_sql import HISTORY, KEY, SKIPPED, TABLE
 
 
 @dataclasses.dataclass(frozen=True)

@@ -12,13 +12,13 @@ from collections.abc import Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
-from airflow_resumable.core.errors import ConfigurationError, StoreUnavailable
-from airflow_resumable.core.lent import Loan
-from airflow_resumable.core.statements import WITNESS_TABLE, Refusal, sqlite_denial
+from airflow_resumable.core.model.errors import ConfigurationError, StoreUnavailable
 from airflow_resumable.core.stores.base import Store
 from airflow_resumable.core.stores.connection import escaped
 from airflow_resumable.core.stores.dialect import Dialect
 from airflow_resumable.core.stores.sqlite_errors import Location, locked, parse_location, readonly, unwritable
+from airflow_resumable.core.stores.transaction.handle import Loan
+from airflow_resumable.core.stores.transaction.statements import WITNESS_TABLE, Refusal, sqlite_denial
 
 _NOW = "((julianday('now') - 2440587.5) * 86400.0)"
 

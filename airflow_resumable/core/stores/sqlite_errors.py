@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from contextlib import closing
 from urllib.parse import parse_qsl, quote, unquote, urlsplit
 
-from airflow_resumable.core.errors import ConfigurationError, StoreUnavailable
+from airflow_resumable.core.model.errors import ConfigurationError, StoreUnavailable
 
 __all__ = ["Location", "locked", "parse_location", "readonly", "unwritable"]
 

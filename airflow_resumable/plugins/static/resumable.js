@@ -1,6 +1,6 @@
 // The Checkpoint tab and the Resumable jobs page: plain JavaScript, no build step, no network but
 // this Airflow's own /resumable/api/v1 and /api/v2 (same origin: the UI's session cookie
-// authenticates). Every figure shown (percent, rate, ETA) is the server's (core/progress.py).
+// authenticates). Every figure shown (percent, rate, ETA) is the server's (core/attempt/reporter.py).
 //
 // Airflow shows these pages in a sandboxed iframe that may run scripts as the UI's own origin but
 // may not navigate the page around it: links into the UI navigate the host page's router through
@@ -37,7 +37,7 @@
     return h ? h + "h" + String(m).padStart(2, "0") + "m" : m ? m + "m" + String(r).padStart(2, "0") + "s" : r + "s";
   }
   function rate(r) { return r >= 100 ? num(Math.round(r)) : Number(r.toPrecision(2)).toLocaleString("en-US"); }
-  // "1,200/s · ETA 3m05s": the server's figures (core/progress.py), for a slot or a whole job.
+  // "1,200/s · ETA 3m05s": the server's figures (core/attempt/reporter.py), for a slot or a whole job.
   function pace(row) {
     return [row.rate != null ? rate(row.rate) + "/s" : null, row.eta_seconds != null ? "ETA " + duration(row.eta_seconds) : null,
       row.stalled_since ? "stalled since " + clock(new Date(row.stalled_since)) : null].filter(Boolean).join(" · ");
@@ -300,7 +300,7 @@
       return el("p", {id: "refreshed", "class": "muted", "data-at": String(Date.now()), "data-live": String(!!live()), text: text});
     }
     // A request's button: enabled where the rules table offers it now; its tooltip says what it
-    // would do to this slot now, or why it cannot (the server's words, core/rules.py). A disabled
+    // would do to this slot now, or why it cannot (the server's words, core/model/request_rules.py). A disabled
     // button gets no pointer events, so its wrapper carries the tooltip too.
     function actionButton(row, a) {
       var offered = !!(row.offers && row.offers[a]);

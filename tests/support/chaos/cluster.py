@@ -201,7 +201,7 @@ def _warm_up_control() -> None:
     """Import and use the control API once now: its first call imports Airflow (seconds on a loaded
     machine), which must not delay the first request fault past its moment."""
     from airflow_resumable import control
-    from airflow_resumable.core.errors import SlotNotFound
+    from airflow_resumable.core.model.errors import SlotNotFound
 
     try:
         control.get("chaos-warm-up", "none")

@@ -8,7 +8,7 @@ import time
 from contextlib import closing
 from typing import Any
 
-from airflow_resumable.core.errors import RequestRefused, SlotNotFound
+from airflow_resumable.core.model.errors import RequestRefused, SlotNotFound
 from support.chaos.moments import Victim, holds
 from support.chaos.workloads import Run
 

@@ -1,0 +1,128 @@
+"""The cancellation token every cancel source folds into.
+
+A :class:`Signal` is raised once, with a reason; the first reason wins. Handlers read it at chunk
+boundaries (``signal.cancelled``, ``signal.raise_if_cancelled()``) or sleep on it
+(``signal.wait(seconds)``).
+
+``cancel()`` is safe to call from a POSIX signal handler running on the main thread (Airflow calls
+``on_kill`` from its SIGTERM handler): on the main thread it only assigns attributes and takes no
+lock, so it cannot deadlock against the code it interrupted. From any other thread it also wakes
+``wait()``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+from airflow_resumable.core.model.errors import Cancelled, LeaseLost, Paused
+from airflow_resumable.core.model.states import Reason
+
+#: How often ``wait()`` re-reads the flag when woken by nothing (a cancel from the main thread,
+#: or a signal handler, does not wake the event).
+_POLL = 0.05
+
+
+class Signal:
+    """One cancellation token with a reason, and an optional deadline (the cooperative timeout)."""
+
+    def __init__(self, *, deadline: float | None = None, clock: Callable[[], float] = time.monotonic):
+        self._clock = clock
+        self._deadline = deadline
+        self._reason: str | None = None
+        self._message: str | None = None
+        self._event = threading.Event()
+
+    @property
+    def deadline(self) -> float | None:
+        """The monotonic time at which the signal fires with reason ``timeout``, if any."""
+        return self._deadline
+
+    def fire_after(self, seconds: float) -> None:
+        """Start the timeout: the signal fires with reason ``timeout`` ``seconds`` from now."""
+        self._deadline = self._clock() + seconds
+
+    def cancel(self, reason: str | Reason, message: str | None = None) -> bool:
+        """Raise the signal. Returns False if it had already been raised (the first reason wins)."""
+        if self._reason is not None:
+            return False
+        self._message = message
+        self._reason = str(reason)
+        if threading.current_thread() is not threading.main_thread():
+            self._event.set()
+        return True
+
+    def _check_deadline(self) -> None:
+        if self._reason is None and self._deadline is not None and self._clock() >= self._deadline:
+            self.cancel(Reason.TIMEOUT, "the run's timeout passed")
+
+    @property
+    def cancelled(self) -> bool:
+        """True once any source raised the signal (or the deadline passed)."""
+        self._check_deadline()
+        return self._reason is not None
+
+    @property
+    def reason(self) -> str | None:
+        """Why the signal was raised, or None while it was not."""
+        self._check_deadline()
+        return self._reason
+
+    @property
+    def message(self) -> str | None:
+        """A human-readable sentence about the cancel, if the source gave one."""
+        self._check_deadline()
+        return self._message
+
+    def raise_if_cancelled(self) -> None:
+        """Raise :class:`~airflow_resumable.core.model.errors.Cancelled` if the signal was raised.
+
+        Raises:
+            LeaseLost: the reason is ``lease_lost``: another attempt owns the slot (the one
+                representation of a lost lease that handlers see).
+            Paused: the reason is ``paused`` (a kind of Cancelled: handlers stop the same way).
+            Cancelled: carrying any other reason.
+        """
+        if self.cancelled:
+            if self._reason == Reason.LEASE_LOST:
+                raise LeaseLost(self._message or "another attempt took over this slot's lease")
+            if self._reason == Reason.PAUSED:
+                raise Paused(Reason.PAUSED.value, self._message)
+            raise Cancelled(self._reason or "", self._message)
+
+    def classify(self, reason: str, message: str | None = None) -> None:
+        """Replace a raised ``terminated`` with what it turned out to mean (``user`` or
+        ``shutdown``), so the signal and the row say the same."""
+        if self._reason == Reason.TERMINATED:
+            self._reason, self._message = str(reason), message
+
+    def wait(self, seconds: float) -> bool:
+        """Sleep up to ``seconds``, waking early when the signal is raised. Returns ``cancelled``."""
+        end = self._clock() + max(0.0, seconds)
+        while not self.cancelled:
+            remaining = end - self._clock()
+            if remaining <= 0:
+                return False
+            if self._deadline is not None:
+                remaining = min(remaining, max(0.0, self._deadline - self._clock()))
+            self._event.wait(min(remaining, _POLL))
+        return True
+
+    async def wait_async(self, seconds: float | None = None) -> bool:
+        """:meth:`wait` for async code, without blocking the event loop: ``await
+        ctx.signal.wait_async()`` returns once the signal is raised (or after ``seconds``, if
+        given). Returns ``cancelled``. Race it against I/O to abort the I/O when the run stops
+        (an async handler's pending await is cancelled on a stop anyway)."""
+        import asyncio
+
+        end = None if seconds is None else self._clock() + max(0.0, seconds)
+        while not self.cancelled:
+            remaining = _POLL if end is None else min(_POLL, end - self._clock())
+            if remaining <= 0:
+                return False
+            await asyncio.sleep(remaining)
+        return True
+
+    def __repr__(self) -> str:
+        return f"Signal(cancelled={self.cancelled}, reason={self._reason!r})"

@@ -1,0 +1,432 @@
+"""Requests a person (or a program) makes of a slot: pause, resume, cancel, restart, release.
+
+Each request is one transaction: a conditional write on the slot's row per rule of the request, tried in
+turn until one takes, and its record in the attempt history
+naming who asked (``by``) and when. The condition is part of the write, so a
+request never races the attempt running the slot: it applies to the row as it is at that moment,
+or changes nothing and raises :class:`~airflow_resumable.core.model.errors.RequestRefused` saying why.
+
+Which slot takes which request, what taking it writes and why a refused one is refused is one
+table, :data:`airflow_resumable.core.model.request_rules.RULES` (with a comment per rule), rendered to each
+write's SQL and evaluated here for the refusal's reason; ``airflow resumable pause --help`` (and
+each other request's) prints its rules in words, and the docs' table says the same for users.
+
+A request once taken is never dropped because its holder died: a pause or a cancel that the holder
+did not live to see is honoured by the slot's next attempt before its first chunk; a resume or a
+restart is what that next attempt does anyway; a release needs no holder.
+
+This module is the core's (no Airflow); ``airflow_resumable.control`` is the same API by
+connection id, and the CLI and the UI call that.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import getpass
+import os
+import re
+import socket
+from collections.abc import Collection
+from datetime import datetime, timezone
+from typing import Any
+
+from airflow_resumable.core.attempt.reporter import eta_of
+from airflow_resumable.core.model import request_rules as rules
+from airflow_resumable.core.model.checkpoint import Checkpoint
+from airflow_resumable.core.model.columns import to_datetime
+from airflow_resumable.core.model.errors import ConfigurationError, RequestRefused, SlotNotFound
+from airflow_resumable.core.model.options import key_problem
+from airflow_resumable.core.model.request_rules import ACTIONS, Action
+from airflow_resumable.core.model.states import AttemptEnd, Request, Status
+from airflow_resumable.core.model.tables import ATTEMPTS
+from airflow_resumable.core.stores.base import Store, StoreSession
+from airflow_resumable.core.stores.shared_sql import insert, json_or_none, named
+from airflow_resumable.core.work.partitions import PLAN_SUFFIX, load_plan, partition_job, plan_job
+
+__all__ = ["ACTIONS", "COUNTS", "PARTITION_KINDS", "base_job", "cancel", "default_by", "job_partitions", "jobs",
+           "pause", "record_rerun", "release", "restart", "resume", "stale", "wake"]
+
+#: The longest ``by`` kept.
+MAX_BY = 200
+
+
+def default_by() -> str:
+    """Who asks, when the caller does not say: ``user@host`` of this process."""
+    try:
+        user = getpass.getuser()
+    except Exception:  # no user name in this environment (a container without one)
+        user = "unknown"
+    return f"{user}@{socket.gethostname()}"
+
+
+def pause(store: Store, job: str, slot: str, *, by: str | None = None) -> Checkpoint:
+    """Ask the slot's run to pause at its next chunk boundary. See the module's table.
+
+    Raises:
+        SlotNotFound: no such slot.
+        RequestRefused: the slot is done or paused, or a pause or a restart is pending; nothing changed.
+    """
+    return _request(store, job, slot, Action.PAUSE, AttemptEnd.PAUSE_REQUESTED, by)
+
+
+def resume(store: Store, job: str, slot: str, *, by: str | None = None) -> Checkpoint:
+    """Let a paused slot continue from its checkpoint (or withdraw a pending pause).
+
+    Raises:
+        SlotNotFound: no such slot.
+        RequestRefused: the slot is not paused and no pause is pending; nothing changed.
+    """
+    return _request(store, job, slot, Action.RESUME, AttemptEnd.RESUME_REQUESTED, by)
+
+
+def cancel(store: Store, job: str, slot: str, *, by: str | None = None) -> Checkpoint:
+    """Stop the slot's run for good (reason ``requested``): its task fails without a retry. The
+    checkpoint is kept: a Clear of the task resumes from it.
+
+    Raises:
+        SlotNotFound: no such slot.
+        RequestRefused: the slot is done, failed or cancelled (nothing runs); nothing changed.
+    """
+    return _request(store, job, slot, Action.CANCEL, AttemptEnd.CANCEL_REQUESTED, by)
+
+
+def restart(store: Store, job: str, slot: str, *, by: str | None = None) -> Checkpoint:
+    """Make the slot's next attempt start from the beginning (its checkpoint is discarded then,
+    not now). A paused slot continues at once, from the beginning; for any other, Clear its task
+    in Airflow (or wait for its retry) to run it.
+
+    Raises:
+        SlotNotFound: no such slot.
+        RequestRefused: a live attempt runs the slot (pause or cancel it first), or a restart is
+            already pending; nothing changed.
+    """
+    return _request(store, job, slot, Action.RESTART, AttemptEnd.RESTART_REQUESTED, by)
+
+
+def release(store: Store, job: str, slot: str, *, by: str | None = None, force: bool = False) -> Checkpoint:
+    """Free the lease of a holder that died, so that the next attempt takes the slot at once
+    instead of waiting for the lease to lapse. With ``force``, also a live holder's: it is fenced
+    out (its next checkpoint or heartbeat fails as ``lease_lost``).
+
+    Raises:
+        SlotNotFound: no such slot.
+        RequestRefused: nobody holds the lease, or the holder is alive and ``force`` is not set;
+            nothing changed.
+    """
+    return _request(store, job, slot, Action.RELEASE, AttemptEnd.LEASE_RELEASED, by, force=force)
+
+
+def _request(store: Store, job: str, slot: str, action: Action, outcome: AttemptEnd, by: str | None, *,
+             force: bool = False) -> Checkpoint:
+    """Apply ``action``; raise saying why when the row does not take it."""
+    by = _by(by)
+    _check_keys(job, slot)
+    with store.open(autocommit=True) as session:
+        session.ensure_schema()
+        row = session.requests.apply(job, slot, action, by=by, outcome=outcome, force=force)
+        if row is None:
+            raise _refused(session, job, slot, action, force=force)
+        return row
+
+
+def not_found(job: str, slot: str) -> SlotNotFound:
+    """The error for a slot the checkpoint table does not have."""
+    return SlotNotFound(
+        "no checkpoint row for this slot", job=job, slot=slot,
+        hint="A slot's row appears when its task first runs; check the job (default <dag_id>.<task_id>, "
+        "plus [map_index] when mapped) and the slot (the run's data interval start, ISO 8601)",
+    )
+
+
+def wake(row: Checkpoint | None, *, until: datetime | None, now: datetime) -> dict[str, str] | None:
+    """What a paused run waits for, read off its row: None to go on waiting, else the event that
+    ends the wait (``{"event": "resumed" | "cancelled" | "missing", "why": ...}``).
+
+    The run continues when a resume or a restart is requested, when its time comes (a throttle's
+    or a time slice's ``until``), or when the slot is no longer paused (a Clear ran it meanwhile);
+    it ends when the slot is cancelled (or a cancel is pending) or its row is gone.
+    """
+    if row is None:
+        return {"event": "missing", "why": "the slot's checkpoint row was deleted while it was paused"}
+    by = row.requested_by or "?"
+    if row.status == Status.CANCELLED:
+        return {"event": "cancelled", "why": f"{row.last_error or 'cancelled'} while paused"}
+    if row.cancel_request:
+        return {"event": "cancelled", "why": f"cancelled ({row.cancel_request}) by {by} while paused"}
+    if row.status != Status.PAUSED:
+        return {"event": "resumed", "why": f"the slot is {row.status} now"}
+    if row.request in (Request.RESUME, Request.RESTART):
+        return {"event": "resumed", "why": f"{row.request} requested by {by}"}
+    if until is not None and now >= until:
+        return {"event": "resumed", "why": f"{row.stop_reason or 'pause'} over"}
+    return None
+
+
+def checked_by(by: str) -> str:
+    """``by`` as a request records it (stripped, at most :data:`MAX_BY` characters).
+
+    Raises:
+        ConfigurationError: it is not a non-empty string.
+    """
+    return _by(by)
+
+
+def _by(by: str | None) -> str:
+    if by is None:
+        return default_by()
+    if not isinstance(by, str) or not by.strip():
+        raise ConfigurationError(f"by must name who asks (a non-empty string), got {by!r}")
+    return by.strip()[:MAX_BY]
+
+
+def _check_keys(job: str, slot: str) -> None:
+    problems = [p for p in (key_problem("job", job), key_problem("slot", slot)) if p]
+    if problems:
+        raise ConfigurationError("; ".join(problems), hint="Name the slot as the checkpoint table does")
+
+
+def _refused(session: StoreSession, job: str, slot: str, action: Action, *, force: bool) -> Exception:
+    """Why the row did not take ``action``, read after the refused write (which changed nothing):
+    the refusal the rules give for the row as it is now."""
+    row = session.checkpoints.load(job, slot)
+    if row is None:
+        return not_found(job, slot)
+    found = rules.decide(action, rules.slot_of(row, _now(row)), force=force)
+    if isinstance(found, rules.Rule):  # the row changed since the write (its lease lapsed, a holder ended)
+        found = rules.OTHERWISE
+    message, hint = rules.refusal_text(found, action, row)
+    return RequestRefused(message, status=row.status, job=job, slot=slot, hint=hint)
+
+
+def stale(row: Checkpoint) -> bool:
+    """Whether the holder missed two heartbeats (it renews every lease/3): taken for dead."""
+    return rules.missed_heartbeats(row, _now(row))
+
+
+def now_of(row: Checkpoint) -> datetime:
+    """Now, in the time zone of ``row``'s lease times (what the rules compare them with)."""
+    return _now(row)
+
+
+def _now(row: Checkpoint) -> datetime:
+    expires = row.lease_expires_at
+    return datetime.now(tz=expires.tzinfo if expires is not None and expires.tzinfo else timezone.utc)
+
+
+# -- per-job summary ------------------------------------------------------------------------------
+
+#: How a partition's status counts in its job's summary: ``done``; ``failed`` (it ended without
+#: finishing: failed or cancelled, what a Clear resumes, and what ``tolerated_failure`` counts);
+#: ``running``; ``paused``. A partition of the plan that has no row yet counts as ``waiting``
+#: (its task instance has not started), anything else as ``other``.
+PARTITION_KINDS = {Status.DONE: "done", Status.FAILED: "failed", Status.CANCELLED: "failed",
+                   Status.RUNNING: "running", Status.PAUSED: "paused"}
+_STATUSES = frozenset(s.value for s in Status)
+#: The counts of a job's line, in the order they are shown.
+COUNTS = ("done", "running", "paused", "failed", "waiting", "other")
+
+_MAP_SUFFIX = re.compile(r"\[\d+\]$")
+
+
+def base_job(job: str, map_index: int | None) -> str:
+    """A mapped partition's job without its ``[map_index]``: the job a person names."""
+    return _MAP_SUFFIX.sub("", job) if map_index is not None and map_index >= 0 else job
+
+
+@dataclasses.dataclass
+class _Run:
+    """One run of one job, added up from the listing's groups (one group per status)."""
+
+    name: str
+    dag_id: str | None
+    task_id: str | None
+    run_id: str | None
+    slot: str
+    counts: dict[str, int] = dataclasses.field(default_factory=lambda: dict.fromkeys(COUNTS, 0))
+    updated: datetime | None = None
+    mapped: bool = False
+    last_index: int = -1
+    processed: int = 0
+    total: int = 0
+    totals: int = 0
+    rate: float = 0.0
+    planned: int | None = None
+    planned_rows: int | None = None
+    skipped: int = 0
+    #: A request pending on the plan row (a restart of the whole job), with who asked: carried out
+    #: by the planning task's next run, or refused there while a partition runs.
+    plan_request: dict[str, Any] | None = None
+
+    def add(self, status: str, count: int, updated: Any, map_index: int | None, processed: Any, total: Any,
+            totals: Any, rate: Any) -> None:
+        self.counts[PARTITION_KINDS.get(Status(status), "other") if status in _STATUSES else "other"] += int(count)
+        self.mapped = self.mapped or (map_index is not None and map_index >= 0)
+        self.last_index = max(self.last_index, -1 if map_index is None else int(map_index))
+        when = to_datetime(updated)
+        if when is not None and (self.updated is None or when > self.updated):
+            self.updated = when
+        self.processed += int(processed or 0)
+        self.total += int(total or 0)
+        self.totals += int(totals or 0)
+        self.rate += float(rate or 0.0)
+
+    @property
+    def seen(self) -> int:
+        return sum(self.counts.values())
+
+    def line(self) -> dict[str, Any]:
+        """The job's line: its partitions counted, and its progress as the sum of theirs."""
+        counts = dict(self.counts)
+        if self.planned is not None:
+            counts["waiting"] = max(0, self.planned - self.seen)
+        n = sum(counts.values())
+        # The sum of the partitions' totals once each has counted its range; before that, the
+        # rows the plan counted when it split the source (a partitioned job), else unknown.
+        total: int | None = self.total if self.totals == self.seen and not counts["waiting"] else self.planned_rows
+        if total is not None:
+            total = max(total, self.processed) if counts["done"] < n else total
+        rate = self.rate if counts["running"] and self.rate > 0 else None
+        eta = eta_of(rate, self.processed, total)
+        return {
+            "job": self.name, "dag_id": self.dag_id, "task_id": self.task_id, "run_id": self.run_id,
+            "slot": self.slot, "mapped": self.mapped, "partitioned": self.planned is not None,
+            "partitions": {**counts, "total": n},
+            # The plan's rows (a partitioned job), and the partitions' dead letters not replayed:
+            # processed counts them too (a skipped item is read), the summary task tells them apart.
+            "planned": self.planned_rows, "processed": self.processed, "skipped": self.skipped, "total": total,
+            "percent": None if not total else round(min(100.0, 100.0 * self.processed / total), 1),
+            "rate": None if rate is None else round(rate, 2), "eta_seconds": None if eta is None else round(eta, 1),
+            "updated_at": self.updated.isoformat() if self.updated else None,
+            "plan_request": self.plan_request,
+        }
+
+
+def _runs(session: StoreSession, groups: list[tuple[Any, ...]], *, dag_ids: Collection[str] | None = None,
+          job: str | None = None) -> list[_Run]:
+    """Each job's latest run (or, with ``job``, that job's runs only), most recently updated first;
+    a partitioned job's ``<job>#plan`` row folded into its job (the plan's partitions that have not
+    started count as ``waiting``), never a job of its own."""
+    plans: dict[tuple[str, str], bool] = {}
+    runs: dict[tuple[str, str], _Run] = {}
+    for dag_id, task_id, run_id, status, name, count, updated, map_index, slot, processed, total, totals, rate in groups:
+        if name.endswith(PLAN_SUFFIX):
+            plans[(name[:-len(PLAN_SUFFIX)], slot)] = True
+            continue
+        if dag_ids is not None and dag_id not in dag_ids:
+            continue
+        base = base_job(name, map_index)
+        if job is not None and base != job and name != job:
+            continue
+        run = runs.get((base, slot))
+        if run is None:
+            run = runs[(base, slot)] = _Run(base, dag_id, task_id, run_id, slot)
+        run.dag_id, run.task_id, run.run_id = run.dag_id or dag_id, run.task_id or task_id, run.run_id or run_id
+        run.add(status, count, updated, map_index, processed, total, totals, rate)
+    latest: dict[str, _Run] = {}
+    floor = datetime.min.replace(tzinfo=timezone.utc)
+    for run in runs.values():
+        held = latest.get(run.name)
+        if job is not None or held is None or (run.updated or floor) > (held.updated or floor):
+            latest[run.name if job is None else f"{run.name}\0{run.slot}"] = run
+    chosen = sorted(latest.values(), key=lambda r: r.updated or floor, reverse=True)
+    pending = session.skips.pending() if chosen else {}
+    for run in chosen:
+        if (run.name, run.slot) in plans:
+            plan = _readable_plan(session, run.name, run.slot)
+            if plan is not None:
+                run.planned, run.planned_rows = plan.partitions, plan.rows
+            run.plan_request = _plan_request(session, run.name, run.slot)
+        run.skipped = sum(n for (name, slot), n in pending.items()
+                          if slot == run.slot and (name == run.name or _MAP_SUFFIX.sub("", name) == run.name))
+    return chosen
+
+
+def _plan_request(session: StoreSession, job: str, slot: str) -> dict[str, Any] | None:
+    """The request pending on the job's plan row for ``slot`` (``request``, ``requested_by``), or None."""
+    row = session.checkpoints.load(plan_job(job), slot)
+    if row is None or row.request is None:
+        return None
+    return {"request": str(row.request), "requested_by": row.requested_by}
+
+
+def _readable_plan(session: StoreSession, job: str, slot: str) -> Any:
+    """The slot's plan, or None when there is none or its row does not hold one (changed by hand: the
+    planning task refuses it, saying so; a listing shows the job without it)."""
+    try:
+        return load_plan(session, job, slot)
+    except ConfigurationError:
+        return None
+
+
+def jobs(store: Store, *, dag_ids: Collection[str] | None = None) -> list[dict[str, Any]]:
+    """One line per job (per DAG and task): its latest run's partitions counted by how they stand
+    (:data:`PARTITION_KINDS`), and its progress as the sum of theirs (``processed``, ``total``,
+    ``percent``; ``rate``: the sum of the live partitions' rates, each as its attempt measured it;
+    ``eta_seconds`` from them, :func:`~airflow_resumable.core.attempt.reporter.eta_of`), most recently
+    updated first. An unmapped task is a job of one partition. Only the jobs of ``dag_ids`` when
+    given."""
+    with store.open(autocommit=True) as session:
+        session.ensure_schema()
+        return [run.line() for run in _runs(session, session.listings.partitions(), dag_ids=dag_ids)]
+
+
+def job_partitions(store: Store, job: str, run_id: str | None = None) -> tuple[dict[str, Any], list[tuple[int, Checkpoint | None]]]:
+    """One job's line (as :func:`jobs` gives it) for ``run_id`` (default: its latest run), and
+    each partition's row by map index (None: a partition of the plan that has not started; an
+    unmapped job has one, index -1).
+
+    Raises:
+        SlotNotFound: no partition of the job ran (in that run).
+    """
+    with store.open(autocommit=True) as session:
+        session.ensure_schema()
+        runs = _runs(session, session.listings.partitions(run_id=run_id), job=job)
+        if not runs:
+            raise SlotNotFound("no partition of this job ran" + (" in this DAG run" if run_id else ""), job=job,
+                               slot=run_id, hint="Name the job as `airflow resumable jobs` lists it (without "
+                               "[map_index]), with the run id it shows")
+        run = runs[0]
+        if run.mapped and run.planned is None:  # the plan row names no run: found by its slot
+            plan = _readable_plan(session, run.name, run.slot)
+            if plan is not None:
+                run.planned, run.planned_rows = plan.partitions, plan.rows
+        if not run.mapped:
+            return run.line(), [(-1, session.checkpoints.load(run.name, run.slot))]
+        count = max(run.last_index + 1, run.planned or 0)
+        return run.line(), [(i, session.checkpoints.load(partition_job(run.name, i), run.slot)) for i in range(count)]
+
+
+_RERUN_HISTORY = ("job", "slot", "attempt", "outcome", "requested_by", "host", "pid", "dag_id", "task_id", "run_id",
+                  "map_index", "position_start", "processed_start", "position_end", "processed_end", "error")
+
+
+def record_rerun(store: Store, job: str, run_id: str, map_indexes: Collection[int], *, by: str) -> int:
+    """Record in each partition's history (``map_indexes`` of ``job`` in ``run_id``; -1: the
+    unmapped job's slot) that a re-run of it was asked, by whom: one record each, as a request's
+    (outcome ``rerun_requested``). Returns how many slots it recorded on (a partition with no row
+    has no history)."""
+    by = _by(by)
+    with store.open(autocommit=True) as session:
+        session.ensure_schema()
+        slots = {slot for _d, _t, _r, _s, name, _c, _u, index, slot, *_ in session.listings.partitions(run_id=run_id)
+                 if base_job(name, index) == job or name == job}
+        d = session.d
+        sql = insert(ATTEMPTS, {**named(*_RERUN_HISTORY), "started_at": d.now(), "ended_at": d.now()})
+        n = 0
+        with session.transaction():
+            for slot in sorted(slots):
+                for index in map_indexes:
+                    row = session.checkpoints.load(job if index < 0 else partition_job(job, index), slot)
+                    if row is None:
+                        continue
+                    session.execute(sql, {
+                        "job": row.job, "slot": row.slot, "attempt": row.attempt,
+                        "outcome": AttemptEnd.RERUN_REQUESTED.value, "requested_by": by,
+                        "host": socket.gethostname(), "pid": os.getpid(), "dag_id": row.dag_id,
+                        "task_id": row.task_id, "run_id": row.run_id, "map_index": row.map_index,
+                        "position_start": json_or_none(row.position), "processed_start": row.processed,
+                        "position_end": json_or_none(row.position), "processed_end": row.processed,
+                        "error": f"re-run of the failed task instance requested (it was {row.status})",
+                    })
+                    n += 1
+    return n

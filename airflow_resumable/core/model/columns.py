@@ -1,0 +1,150 @@
+"""The tables, defined once: each column is a field of the value class that a row becomes.
+
+:class:`~airflow_resumable.core.model.checkpoint.Checkpoint` (one row per slot) and
+:class:`~airflow_resumable.core.model.checkpoint.AttemptRecord` (one row per attempt) declare their
+columns with :func:`column`; :class:`Table` reads them back, and everything else follows from it:
+the DDL of a fresh database, the SELECT list, the decoder from a DB-API row to the value, and the
+docs' column table (a test compares them). Migrations (:mod:`airflow_resumable.core.stores.migrations`)
+are the history of how a database got to this shape; a test checks that applying them all gives
+exactly these columns.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable, Sequence
+from datetime import datetime, timezone
+from typing import Any
+
+#: Column kinds. ``json`` is text holding a JSON value, decoded on read; ``timestamp`` is the
+#: dialect's timestamp type (TIMESTAMPTZ, or REAL epoch seconds on SQLite), an aware datetime on read.
+KINDS = ("text", "json", "int", "bigint", "float", "timestamp", "id")
+
+
+@dataclasses.dataclass(frozen=True)
+class Column:
+    name: str
+    kind: str
+    nullable: bool = True
+    #: SQL literal used as the column's DEFAULT (and for NOT NULL columns added by a migration).
+    default: str | None = None
+    doc: str = ""
+
+
+def column(kind: str, doc: str, *, nullable: bool = True, default: Any = dataclasses.MISSING,
+           sql_default: str | None = None, factory: Any = dataclasses.MISSING) -> Any:
+    """A dataclass field that is also a table column."""
+    assert kind in KINDS, kind
+    meta = {"column": (kind, nullable, sql_default, doc)}
+    if factory is not dataclasses.MISSING:
+        return dataclasses.field(default_factory=factory, metadata=meta)
+    return dataclasses.field(default=default, metadata=meta)
+
+
+def to_datetime(value: Any) -> datetime | None:
+    """Normalize a timestamp read from a store (datetime, or epoch seconds) to an aware datetime."""
+    if value is None:
+        return None
+    if type(value) is float:  # SQLite's REAL epoch seconds: the common case, first
+        return datetime.fromtimestamp(value, tz=timezone.utc)
+    if isinstance(value, datetime):
+        return value if value.tzinfo else value.replace(tzinfo=timezone.utc)
+    if isinstance(value, int | float):
+        return datetime.fromtimestamp(float(value), tz=timezone.utc)
+    raise TypeError(f"not a timestamp: {value!r}")
+
+
+_scan = json.JSONDecoder().scan_once  # type: ignore[attr-defined]  # set in __init__: the C scanner
+
+
+def _loads(text: str) -> Any:
+    """``json.loads`` for the texts the stores wrote (hot: a listing decodes hundreds of them).
+
+    The C scanner alone, without ``loads``' Python wrappers: three times faster on a short value.
+    Anything it does not take whole (whitespace around the value, text edited by hand) goes
+    through ``json.loads``, which decides, and raises ``ValueError`` where the text is not JSON.
+    """
+    try:
+        value, end = _scan(text, 0)
+    except (StopIteration, ValueError, TypeError):
+        return json.loads(text)
+    return value if end == len(text) else json.loads(text)
+
+
+class Table:
+    """A table whose rows are instances of ``cls`` (a frozen dataclass declared with :func:`column`)."""
+
+    def __init__(self, name: str, cls: type, *, key: Sequence[str], indexes: Sequence[tuple[str, str]] = (),
+                 unique: Sequence[tuple[str, str]] = (), fillfactor: int | None = None):
+        self.name = name
+        self.cls = cls
+        self.key = tuple(key)
+        #: (index name suffix, column list) pairs; ``unique`` ones are UNIQUE indexes.
+        self.indexes = tuple(indexes)
+        self.unique = tuple(unique)
+        #: Percent of each page filled by inserts (PostgreSQL), leaving room for in-page (HOT) updates.
+        self.fillfactor = fillfactor
+        self.columns: tuple[Column, ...] = tuple(
+            Column(f.name, *f.metadata["column"]) for f in dataclasses.fields(cls) if "column" in f.metadata
+        )
+        self.names: tuple[str, ...] = tuple(c.name for c in self.columns)
+        #: The SELECT list, in declaration order: what :meth:`decode` takes.
+        self.select = ", ".join(self.names)
+        self._json = tuple(i for i, c in enumerate(self.columns) if c.kind == "json")
+        self._times = tuple(i for i, c in enumerate(self.columns) if c.kind == "timestamp")
+
+    def ddl(self, type_of: Callable[[Column], str], storage: Callable[[int], str] | None = None) -> list[str]:
+        """CREATE statements for this table in its current shape (a fresh database).
+
+        ``storage(fillfactor)`` gives the dialect's table options (PostgreSQL's ``WITH (...)``).
+        """
+        cols = []
+        for c in self.columns:
+            text = f"{c.name} {type_of(c)}"
+            if not c.nullable and c.kind != "id":
+                text += " NOT NULL"
+            if c.default is not None:
+                text += f" DEFAULT {c.default}"
+            cols.append(text)
+        if self.key:
+            cols.append(f"PRIMARY KEY ({', '.join(self.key)})")
+        body = ",\n    ".join(cols)
+        options = storage(self.fillfactor) if storage is not None and self.fillfactor is not None else ""
+        out = [f"CREATE TABLE IF NOT EXISTS {self.name} (\n    {body}\n){options}"]
+        out += [f"CREATE INDEX IF NOT EXISTS {self.name}_{suffix} ON {self.name} ({cols_})"
+                for suffix, cols_ in self.indexes]
+        out += [f"CREATE UNIQUE INDEX IF NOT EXISTS {self.name}_{suffix} ON {self.name} ({cols_})"
+                for suffix, cols_ in self.unique]
+        return out
+
+    def decode(self, row: Sequence[Any], *, aware: bool = False) -> Any:
+        """A DB-API row of :attr:`select` as an instance of the class (hot: listings decode many).
+
+        ``aware``: the driver gives timestamps as timezone-aware datetimes already (PostgreSQL's
+        TIMESTAMPTZ), so they are taken as they are.
+
+        Raises:
+            ValueError / TypeError: a JSON column holds text that is not JSON (the caller names it).
+        """
+        values = list(row)
+        for i in self._json:
+            v = values[i]
+            if v is not None:
+                values[i] = _loads(v)
+        if not aware:
+            for i in self._times:
+                v = values[i]
+                if v is not None:
+                    values[i] = to_datetime(v)
+        # Filling __dict__ builds the same frozen value as __init__, in a fraction of the time.
+        obj: Any = object.__new__(self.cls)
+        obj.__dict__.update(zip(self.names, values, strict=True))
+        return obj
+
+    def markdown(self) -> str:
+        """The docs' column table."""
+        lines = ["| column | type | meaning |", "|---|---|---|"]
+        for c in self.columns:
+            lines.append(f"| `{c.name}` | {c.kind} | {c.doc} |")
+        return "\n".join(lines)

@@ -1,0 +1,111 @@
+"""What the embedding (the Airflow layer, a test) hands an attempt: who it is and its hooks.
+
+:class:`Identity` is frozen: the same for the whole attempt, and what the run context shows the
+handler (``ctx.job``, ``ctx.slot``, ``ctx.attempt``, ``ctx.scheduled_at``). :class:`Hooks` are the
+embedding's three answers to questions only it can answer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any, TypedDict
+
+from airflow_resumable.core.model.checkpoint import Checkpoint, Origin
+
+__all__ = ["Hooks", "Identity", "LegacyArgs", "split_legacy"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Identity:
+    """One attempt of one (job, slot).
+
+    Attributes:
+        job / slot: the checkpoint's key (see the docs' concepts, docs/index.md).
+        attempt: Airflow's try number.
+        owner: the lease owner id (unique per try: the task instance id, host and pid).
+        scheduled_at: the run's data interval start or logical date, if it has one (slots sort by it).
+        origin: the task instance this attempt runs for, recorded on the row and in the history.
+    """
+
+    job: str
+    slot: str
+    attempt: int
+    owner: str
+    scheduled_at: datetime | None = None
+    origin: Origin = dataclasses.field(default_factory=Origin)
+
+
+def _same(value: Any) -> Any:
+    return value
+
+
+@dataclasses.dataclass(frozen=True)
+class Hooks:
+    """The embedding's answers.
+
+    Attributes:
+        resolve_reason: turns a bare ``terminated`` into ``user`` or ``shutdown`` (or ``(reason,
+            message)``); None keeps the reason as it is.
+        rerun: asked when the slot is ``done``: a sentence saying why it runs again (someone asked for
+            it), or None to return the stored outcome without running the handler.
+        result_codec: ``(encode, decode)`` between the handler's return value and the JSON value kept
+            on the row (default: the value itself, which must then be plain JSON). ``encode`` raising
+            means the value cannot be kept: the attempt fails *before* the slot is marked done.
+    """
+
+    resolve_reason: Callable[[str], str | tuple[str, str]] | None = None
+    rerun: Callable[[Checkpoint], str | None] | None = None
+    result_codec: tuple[Callable[[Any], Any], Callable[[Any], Any]] = (_same, _same)
+
+
+class LegacyArgs(TypedDict, total=False):
+    """The keyword arguments ``Attempt(store, job=..., slot=..., ...)`` takes besides an
+    :class:`Identity`: its fields and the :class:`Hooks`' fields (``result_codec`` may be None)."""
+
+    job: str
+    slot: str
+    attempt: int
+    owner: str
+    scheduled_at: datetime | None
+    origin: Origin | None
+    resolve_reason: Callable[[str], str | tuple[str, str]] | None
+    rerun: Callable[[Checkpoint], str | None] | None
+    result_codec: tuple[Callable[[Any], Any], Callable[[Any], Any]] | None
+
+
+_IDENTITY = frozenset(f.name for f in dataclasses.fields(Identity))
+_HOOKS = frozenset(f.name for f in dataclasses.fields(Hooks))
+
+
+def split_legacy(identity: Identity | None, hooks: Hooks | None, legacy: LegacyArgs) -> tuple[Identity, Hooks]:
+    """The :class:`Identity` and :class:`Hooks` of an attempt, from the objects or from the
+    separate keyword arguments (derived from the two dataclasses' fields; None means the default).
+
+    Raises:
+        TypeError: an unknown keyword, a field given twice (in an object and as a keyword), or no
+            identity at all.
+    """
+    given: dict[str, Any] = {k: v for k, v in legacy.items() if v is not None}
+    unknown = set(legacy) - _IDENTITY - _HOOKS
+    if unknown:
+        raise TypeError(f"Attempt() got unexpected keyword argument(s): {', '.join(sorted(unknown))}")
+    ids = {k: v for k, v in given.items() if k in _IDENTITY}
+    hks = {k: v for k, v in given.items() if k in _HOOKS}
+    if identity is not None and ids:
+        raise TypeError(f"Attempt() got both an Identity and {', '.join(sorted(ids))}=")
+    if hooks is not None and hks:
+        raise TypeError(f"Attempt() got both Hooks and {', '.join(sorted(hks))}=")
+    if identity is None:
+        try:
+            identity = Identity(**ids)
+        except TypeError as exc:
+            raise TypeError(f"Attempt() needs an Identity, or job=, slot=, attempt= and owner=: {exc}") from None
+    if type(identity.attempt) is not int:  # e.g. a try number read as a string
+        identity = dataclasses.replace(identity, attempt=int(identity.attempt))
+    return identity, hooks if hooks is not None else Hooks(**hks)
+
+
+#: The planning job of a partitioned job: ``<job>#plan``, one row per slot whose state is the plan.
+PLAN_SUFFIX = "#plan"

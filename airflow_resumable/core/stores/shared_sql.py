@@ -1,0 +1,56 @@
+"""SQL pieces the parts of a session share: table names, INSERTs checked against the tables'
+definitions, and the attempt-history record as named parameters."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from airflow_resumable.core.model.checkpoint import ENCODER, AttemptRecord
+from airflow_resumable.core.model.columns import Table
+from airflow_resumable.core.model.tables import ATTEMPTS, CHECKPOINTS, DEAD_LETTERS
+
+TABLE = CHECKPOINTS.name
+HISTORY = ATTEMPTS.name
+SKIPPED = DEAD_LETTERS.name
+#: The checkpoint table's columns, in the order :meth:`Connection.row` decodes them.
+SELECT = CHECKPOINTS.select
+#: A slot's row: the condition, with the named parameters ``job`` and ``slot``.
+KEY = "job = %(job)s AND slot = %(slot)s"
+#: The stop request pending for the holder, as a fenced write of its (a heartbeat, a checkpoint)
+#: returns it: a cancel's reason (``requested``, ``superseded``...), else ``paused`` when a pause
+#: was asked, else NULL.
+PENDING_STOP = "COALESCE(cancel_request, CASE WHEN request = 'pause' THEN 'paused' END)"
+
+#: The columns of an attempt's history record that :func:`history_params` fills.
+HISTORY_COLUMNS = (
+    "job", "slot", "attempt", "owner", "host", "pid", "dag_id", "task_id", "run_id", "map_index", "lease_token",
+    "outcome", "resumed_from", "position_start", "processed_start",
+)
+
+
+def insert(table: Table, values: Mapping[str, str], returning: str | None = None) -> str:
+    """An INSERT of column -> SQL expression, columns checked against the table's definition."""
+    unknown = set(values) - set(table.names)
+    assert not unknown, f"not columns of {table.name}: {sorted(unknown)}"
+    text = f"INSERT INTO {table.name} ({', '.join(values)}) VALUES ({', '.join(values.values())})"
+    return text if returning is None else f"{text} RETURNING {returning}"
+
+
+def named(*columns: str) -> dict[str, str]:
+    """Each column as its own named placeholder (``{"job": "%(job)s"}``), for :func:`insert`."""
+    return {c: f"%({c})s" for c in columns}
+
+
+def history_params(record: AttemptRecord, **override: Any) -> dict[str, Any]:
+    """The :data:`HISTORY_COLUMNS` of ``record`` (``override`` replacing some), JSON encoded where
+    the column is JSON text."""
+    values = {name: getattr(record, name) for name in HISTORY_COLUMNS}
+    values.update(override)
+    for name in ("resumed_from", "position_start"):
+        values[name] = json_or_none(values[name])
+    return values
+
+
+def json_or_none(value: Any) -> str | None:
+    return None if value is None else ENCODER.encode(value)

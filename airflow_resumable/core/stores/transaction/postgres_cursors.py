@@ -1,0 +1,350 @@
+"""``ctx.transaction()`` on PostgreSQL: the cursors of psycopg2 and psycopg 3 as the handler gets
+them, each statement judged by PostgreSQL's own parser exactly as it is sent (see
+:mod:`airflow_resumable.core.stores.transaction.handle` for the handle, :mod:`airflow_resumable.core.stores.transaction.statements` for the
+verdict)."""
+
+from __future__ import annotations
+
+import codecs
+import functools
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+from airflow_resumable.core.model.errors import TransactionRefused
+from airflow_resumable.core.stores.transaction.handle import Loan, TransactionConnection, forwarded, from_driver
+from airflow_resumable.core.stores.transaction.statements import postgres_refusal, statement_refused
+
+# -- psycopg2 ------------------------------------------------------------------------------------
+
+
+class Psycopg2Driver:
+    """How ``ctx.transaction()`` lends a psycopg2 connection."""
+
+    readable = frozenset({
+        "autocommit", "closed", "deferrable", "dsn", "encoding", "get_backend_pid", "get_dsn_parameters",
+        "get_parameter_status", "get_transaction_status", "info", "isolation_level", "notices", "protocol_version",
+        "readonly", "server_version", "status",
+    })
+
+    def cursor(self, guard: TransactionConnection, name: str | None = None, cursor_factory: Any = None,
+               withhold: bool = False, scrollable: bool | None = None) -> Any:
+        conn = guard._conn
+        cur = conn.cursor(name, cursor_factory=_checked_class(cursor_factory or conn.cursor_factory),
+                          withhold=withhold, scrollable=scrollable)
+        object.__setattr__(cur, "_resumable_guard", guard)
+        return cur
+
+
+#: A connection's settings, refused on a cursor too (where psycopg2's own cursor class would refuse
+#: them as unknown, a Python subclass would keep them, doing nothing).
+_CONNECTION_SETTINGS = frozenset({"autocommit", "isolation_level", "readonly", "deferrable", "cursor_factory",
+                                  "encoding"})
+
+#: psycopg2 cursor class -> its checked subclass (made once per class).
+_CHECKED: dict[Any, Any] = {}
+
+
+def _checked_class(base: Any) -> Any:
+    """The checked subclass of a psycopg2 cursor class (see :class:`TransactionConnection`)."""
+    if base is None:
+        import psycopg2.extensions
+
+        base = psycopg2.extensions.cursor
+    checked = _CHECKED.get(base)
+    if checked is None:
+        checked = _CHECKED[base] = _make_checked(base)
+    return checked
+
+
+def _make_checked(base: Any) -> Any:
+    import psycopg2
+    from psycopg2 import sql as pgsql
+    from psycopg2.extensions import quote_ident
+
+    real_connection = base.connection  # the C attribute's descriptor
+    real_rowcount = base.rowcount
+
+    class CheckedCursor(base):
+        """A psycopg2 cursor whose every statement is judged by PostgreSQL's parser before it is
+        sent, exactly as it is sent (parameters merged); ``.connection`` is the handle."""
+
+        _resumable_guard: TransactionConnection | None = None
+        _resumable_many: int | None = None
+
+        @property
+        def connection(self) -> Any:
+            if from_driver():
+                return real_connection.__get__(self)
+            return self._resumable_guard
+
+        @property
+        def rowcount(self) -> int:
+            many = self._resumable_many
+            return real_rowcount.__get__(self) if many is None else many
+
+        def __setattr__(self, name: str, value: Any) -> None:
+            if name.startswith("_resumable"):
+                raise AttributeError(f"{name!r} cannot be set on a cursor of ctx.transaction()")
+            if name in _CONNECTION_SETTINGS:  # a cursor has none: set on it, they would change nothing, silently
+                guard = self._resumable_guard
+                assert guard is not None
+                raise guard._loan.refuse_set(name)
+            super().__setattr__(name, value)
+
+        def _resumable_text(self, query: Any, vars: Any = None) -> bytes:  # noqa: A002 - psycopg2's name
+            guard = self._resumable_guard
+            assert guard is not None
+            loan = guard._loan
+            loan.check()
+            conn = real_connection.__get__(self)
+            if isinstance(query, pgsql.Composable):
+                query = query.as_string(conn)
+            text = super().mogrify(query, vars)
+            judge(conn.get_parameter_status("standard_conforming_strings"), text.decode(_codec(conn.encoding)), loan)
+            return text
+
+        def execute(self, query: Any, vars: Any = None) -> Any:  # noqa: A002 - psycopg2's name
+            text = self._resumable_text(query, vars)
+            object.__setattr__(self, "_resumable_many", None)
+            return super().execute(text)
+
+        def executemany(self, query: Any, vars_list: Any) -> Any:
+            if self.name is not None:
+                raise psycopg2.ProgrammingError("can't call .executemany() on named cursors")
+            texts = [self._resumable_text(query, v) for v in vars_list]  # all judged before any runs
+            total = 0
+            for text in texts:
+                super().execute(text)
+                n = real_rowcount.__get__(self)
+                total = -1 if n < 0 or total < 0 else total + n
+            object.__setattr__(self, "_resumable_many", total)
+
+        def callproc(self, procname: str, parameters: Any = None) -> Any:
+            conn = real_connection.__get__(self)
+            if isinstance(parameters, Mapping):
+                args = ", ".join(f"{quote_ident(k, conn)}:=%s" for k in parameters)
+                values: Any = list(parameters.values())
+            else:
+                values = list(parameters or ())
+                args = ", ".join(["%s"] * len(values))
+            self.execute(f"SELECT * FROM {procname}({args})", values)
+            return parameters
+
+        def copy_expert(self, sql: Any, file: Any, size: int = 8192) -> Any:
+            guard = self._resumable_guard
+            assert guard is not None
+            guard._loan.check()
+            conn = real_connection.__get__(self)
+            if isinstance(sql, pgsql.Composable):
+                sql = sql.as_string(conn)
+            text = sql.decode(_codec(conn.encoding)) if isinstance(sql, bytes) else sql
+            judge(conn.get_parameter_status("standard_conforming_strings"), text, guard._loan)
+            object.__setattr__(self, "_resumable_many", None)
+            return super().copy_expert(sql, file, size)
+
+        def copy_from(self, file: Any, table: str, sep: str = "\t", null: str = "\\N", size: int = 8192,
+                      columns: Any = None) -> Any:
+            return self.copy_expert(pgsql.SQL("COPY {}{} FROM stdin WITH DELIMITER AS {} NULL AS {}").format(
+                pgsql.Identifier(table), _columns(columns), pgsql.Literal(sep), pgsql.Literal(null)), file, size)
+
+        def copy_to(self, file: Any, table: str, sep: str = "\t", null: str = "\\N", columns: Any = None) -> Any:
+            return self.copy_expert(pgsql.SQL("COPY {}{} TO stdout WITH DELIMITER AS {} NULL AS {}").format(
+                pgsql.Identifier(table), _columns(columns), pgsql.Literal(sep), pgsql.Literal(null)), file)
+
+    def _columns(columns: Any) -> Any:
+        if not columns:
+            return pgsql.SQL("")
+        return pgsql.SQL("({})").format(pgsql.SQL(",").join(pgsql.Identifier(c) for c in columns))
+
+    CheckedCursor.__name__ = CheckedCursor.__qualname__ = f"Checked{base.__name__}"
+    return CheckedCursor
+
+
+@functools.cache
+def _codec(encoding: str) -> str:
+    """Python's name of a PostgreSQL client encoding (its canonical one: ``bytes.decode`` takes
+    ``utf-8`` by a fast path, ``utf_8`` through the codec registry)."""
+    from psycopg2.extensions import encodings
+
+    return codecs.lookup(encodings.get(encoding, encoding)).name
+
+
+def judge(conforming: Any, text: str, loan: Loan) -> None:
+    """Refuse ``text`` if PostgreSQL's parser finds a statement in it that would end the chunk's
+    transaction, or if the session reads strings unlike that parser (``standard_conforming_strings``
+    off: ``'\\'`` would quote differently).
+
+    Raises:
+        TransactionRefused: nothing was sent.
+    """
+    if conforming not in ("on", b"on"):
+        raise TransactionRefused(
+            f"standard_conforming_strings is {conforming!r} on the checkpoint connection: its statements cannot be "
+            "checked for a COMMIT or ROLLBACK hidden in a string (PostgreSQL's parser reads strings only as with "
+            "it on); nothing was sent",
+            job=loan.job, slot=loan.slot,
+            hint="Leave standard_conforming_strings on (the default since PostgreSQL 9.1) for the checkpoint "
+            "database's role and database, and do not set it off through ctx.transaction()",
+        )
+    refusal = postgres_refusal(text)
+    if refusal is not None:
+        raise statement_refused(refusal, loan.job, loan.slot)
+
+
+# -- psycopg 3 -----------------------------------------------------------------------------------
+
+
+class Psycopg3Driver:
+    """How ``ctx.transaction()`` lends a psycopg 3 connection (the Postgres provider's hook)."""
+
+    readable = frozenset({"adapters", "autocommit", "broken", "closed", "prepare_threshold"})
+
+    def __init__(self) -> None:
+        self._mogrifier: Any = None
+
+    def cursor(self, guard: TransactionConnection, *args: Any, **kwargs: Any) -> Psycopg3Cursor:
+        return Psycopg3Cursor(guard._conn.cursor(*args, **kwargs), guard)
+
+    def merged(self, conn: Any, query: Any, params: Any) -> str:
+        """``query`` with ``params`` merged into it, as psycopg's client-side cursors send it."""
+        if self._mogrifier is None:
+            import psycopg
+
+            self._mogrifier = psycopg.ClientCursor(conn)
+        return self._mogrifier.mogrify(query, params)
+
+
+class Psycopg3Cursor:
+    """A psycopg 3 cursor, allow-listed: each statement is judged before it is sent, with its
+    parameters merged as a client-side cursor sends it (with server-side parameters the server
+    takes one statement only, so that judges conservatively)."""
+
+    __slots__ = ("_cur", "_guard", "_many")
+    _SETTABLE = frozenset({"arraysize", "row_factory"})
+    _READABLE = frozenset({
+        "adapters", "arraysize", "close", "closed", "description", "fetchall", "fetchmany", "fetchone", "format",
+        "name", "nextset", "row_factory", "rownumber", "scroll", "statusmessage",
+    })
+
+    def __init__(self, cur: Any, guard: TransactionConnection):
+        object.__setattr__(self, "_cur", cur)
+        object.__setattr__(self, "_guard", guard)
+        object.__setattr__(self, "_many", None)
+
+    @property
+    def connection(self) -> Any:
+        if from_driver():
+            return self._guard._conn
+        return self._guard
+
+    @property
+    def rowcount(self) -> int:
+        many = self._many
+        return self._cur.rowcount if many is None else many
+
+    def _sent(self, query: Any, params: Any) -> tuple[Any, Any]:
+        """What to send (query, params), once the text the server parses is judged.
+
+        Raises:
+            TransactionRefused: nothing was sent.
+        """
+        import psycopg
+
+        guard = self._guard
+        guard._loan.check()
+        conn = guard._conn
+        if isinstance(query, psycopg.sql.Composable):
+            query = query.as_string(conn)
+        text = query
+        if params is not None:
+            client = isinstance(self._cur, psycopg.ClientCursor)
+            # merged by the cursor itself where it merges (its own dumpers), else by one on the connection
+            text = self._cur.mogrify(query, params) if client else guard._driver.merged(conn, query, params)
+            if client or not params:
+                query, params = text, None  # the text is what goes (simple query protocol): send what was judged
+        if isinstance(text, bytes):
+            text = text.decode(conn.info.encoding)
+        judge(conn.info.parameter_status("standard_conforming_strings"), text, guard._loan)
+        object.__setattr__(self, "_many", None)
+        return query, params
+
+    def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Psycopg3Cursor:
+        query, params = self._sent(query, params)
+        self._cur.execute(query, params, **kwargs)
+        return self
+
+    def executemany(self, query: Any, params_seq: Any, **kwargs: Any) -> None:
+        import psycopg
+
+        params_seq = list(params_seq)
+        if params_seq and not isinstance(self._cur, psycopg.ClientCursor) and all(params_seq):
+            # Server-side parameters: one statement, the same text for every set (the server takes one
+            # statement with parameters, and none that ends a transaction has any), judged once; sent by
+            # psycopg's own executemany (pipelined)
+            self._sent(query, params_seq[0])
+            self._cur.executemany(query, params_seq, **kwargs)
+            return
+        sent = [self._sent(query, p) for p in params_seq]  # all judged before any runs
+        total = 0
+        for q, p in sent:
+            self._cur.execute(q, p)
+            total += max(self._cur.rowcount, 0)
+        object.__setattr__(self, "_many", total)
+
+    def stream(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
+        query, params = self._sent(query, params)
+        return self._cur.stream(query, params, **kwargs)
+
+    @contextmanager
+    def copy(self, statement: Any, params: Any = None, **kwargs: Any) -> Iterator[Any]:
+        import psycopg
+
+        guard = self._guard
+        if params is not None:  # psycopg merges COPY's parameters client-side
+            if isinstance(statement, psycopg.sql.Composable):
+                statement = statement.as_string(guard._conn)
+            statement = guard._driver.merged(guard._conn, statement, params)
+        statement, _ = self._sent(statement, None)
+        with self._cur.copy(statement, **kwargs) as copy:
+            yield _Copy(copy)
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._cur)
+
+    def __enter__(self) -> Psycopg3Cursor:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._cur.close()
+
+    def __getattr__(self, name: str) -> Any:
+        if name in self._READABLE:
+            return forwarded(getattr(self._cur, name))
+        raise AttributeError(f"a cursor of ctx.transaction() has no {name!r}")
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name not in self._SETTABLE:
+            raise AttributeError(f"{name!r} cannot be set on a cursor of ctx.transaction()")
+        setattr(self._cur, name, value)
+
+
+class _Copy:
+    """psycopg 3's ``Copy`` object, without its ``connection`` and ``cursor``."""
+
+    __slots__ = ("_copy",)
+    _READABLE = frozenset({"read", "read_row", "rows", "set_types", "write", "write_row"})
+
+    def __init__(self, copy: Any):
+        object.__setattr__(self, "_copy", copy)
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._copy)
+
+    def __getattr__(self, name: str) -> Any:
+        if name in self._READABLE:
+            return forwarded(getattr(self._copy, name))
+        raise AttributeError(f"a COPY of ctx.transaction() has no {name!r}")
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"{name!r} cannot be set on a COPY of ctx.transaction()")

@@ -1,0 +1,1 @@
+"""The work loops above one attempt: the chunk loop, and partitioned jobs."""

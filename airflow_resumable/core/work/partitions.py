@@ -1,0 +1,487 @@
+"""Partitioned jobs: one job's key split into ranges of about equal size, once per run, and stored.
+
+A partitioned job reads one source (a :class:`~airflow_resumable.core.readers.KeysetReader`) in
+``N`` partitions that run apart, each its own job (``<job>[i]``) with its own checkpoint, on
+whichever worker. Three things make it correct:
+
+* **The split is made once per slot and stored.** :func:`split` asks the source for ``N - 1``
+  boundaries, each a key of the source: the keys at rows ``n/N, 2n/N, ...`` of the key's order,
+  counted by the database (PostgreSQL: ``row_number()`` over the key in one pass; other
+  databases: one ``ORDER BY key LIMIT 1 OFFSET k`` per boundary, which an index on the key
+  answers). :func:`save_plan` stores the plan as the ``state`` of the ``<job>#plan`` job's
+  checkpoint row for the slot, *insert if absent*: the first plan of a slot stays its plan, so
+  every retry and every Clear (of a partition, or of the planning task) reads the same ranges,
+  whatever the source holds by then.
+* **No row in two partitions, none in none.** Partition ``i`` reads ``(b[i-1], b[i]]``: the first
+  from the start, the last to the end. Both ends are compared as the pages are (``>`` and ``<=``
+  on the key, a row value for a composite key), by the database, so ties on a key's first column,
+  collations and rows written after the split all fall in exactly one range. A boundary of
+  ``None`` stands before every key (a source with fewer rows than partitions): a range up to it
+  is empty. Empty partitions are fine; they finish at once.
+* **Within the reader's own bounds.** A partition reads its range *and* the reader's own
+  ``until``, ``where`` and ``params`` (:meth:`KeysetReader.within`): the first and the last range,
+  open at one end, still stop where the reader does.
+* **One reader for the whole job.** The plan records the identity of the reader it split
+  (:meth:`~airflow_resumable.core.readers.Reader.identity`), each range carries its digest, and
+  each partition's checkpoint records its reader with the range: a planning task, or a partition,
+  whose reader differs (another key, source, condition or bound) refuses before reading.
+* **The job as a whole** (:mod:`airflow_resumable.core.work.partition_summary`): which partitions finished,
+  whether more of them failed than ``tolerated_failure`` allows, and the plan's rows accounted for.
+
+No Airflow here; the operators (``airflow_resumable.operators.partitioned``) put it in a DAG.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from airflow_resumable.core.model.checkpoint import ENCODER, Status, short
+from airflow_resumable.core.model.errors import ConfigurationError, ReaderChanged
+from airflow_resumable.core.model.identity import PLAN_SUFFIX
+from airflow_resumable.core.model.keys import json_key, json_keys
+from airflow_resumable.core.model.tables import CHECKPOINTS
+from airflow_resumable.core.readers.base import close_quietly, differences, identity_digest
+from airflow_resumable.core.readers.keyset import KeysetReader
+from airflow_resumable.core.stores.connection import Connection
+from airflow_resumable.core.stores.shared_sql import insert
+
+__all__ = [
+    "PLAN_SUFFIX", "Plan", "Range", "allowed_failures", "allowed_shortfall", "check_plan_reader", "check_range_reader",
+    "load_plan", "orphan_partitions", "partition_job", "partitions_problem", "plan_job", "replace_plan", "save_plan",
+    "shortfall_problem", "split", "tolerated_problem",
+]
+
+#: The most partitions a job may have: each is a mapped task instance and a checkpoint row.
+MAX_PARTITIONS = 10_000
+
+TABLE_NAME = CHECKPOINTS.name
+
+_PERCENT = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*%\s*$")
+
+
+def plan_job(job: str) -> str:
+    """The job whose checkpoint row holds ``job``'s plan, per slot."""
+    return f"{job}{PLAN_SUFFIX}"
+
+
+def partition_job(job: str, index: int) -> str:
+    """Partition ``index``'s job: the mapped task instance's (``<job>[<map_index>]``)."""
+    return f"{job}[{index}]"
+
+
+# -- arguments -----------------------------------------------------------------------------------
+
+
+def partitions_problem(name: str, value: Any) -> str | None:
+    """What is wrong with a partition count, as a sentence, or None."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_PARTITIONS:
+        return f"{name} must be a whole number of partitions from 1 to {MAX_PARTITIONS}, got {value!r}"
+    return None
+
+
+def tolerated_problem(name: str, value: Any) -> str | None:
+    """What is wrong with a ``tolerated_failure`` (a count >= 0, or a percentage ``"0%"``..``"100%"``)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return None
+    if isinstance(value, str):
+        m = _PERCENT.match(value)
+        if m and float(m.group(1)) <= 100:
+            return None
+    return (f"{name} must be how many partitions may fail (an int >= 0) or a percentage of them (a string such "
+            f"as \"10%\"), got {value!r}")
+
+
+def shortfall_problem(name: str, value: Any) -> str | None:
+    """What is wrong with a ``tolerated_shortfall`` (rows >= 0, or a percentage of the planned rows)."""
+    if tolerated_problem(name, value) is None:
+        return None
+    return (f"{name} must be how many planned rows may go unexplained (an int >= 0) or a percentage of them (a "
+            f"string such as \"1%\"), got {value!r}")
+
+
+def allowed_shortfall(tolerated: int | str, planned: int) -> int:
+    """How many of ``planned`` rows may be short without failing the job (the count, or the
+    percentage's share rounded down)."""
+    return allowed_failures(tolerated, planned)
+
+
+def allowed_failures(tolerated: int | str, partitions: int) -> int:
+    """How many of ``partitions`` may fail before the job fails: the count, or the percentage's
+    share rounded down (``"10%"`` of 16 partitions: 1)."""
+    if isinstance(tolerated, str):
+        m = _PERCENT.match(tolerated)
+        assert m is not None, tolerated_problem("tolerated_failure", tolerated)
+        return math.floor(float(m.group(1)) * partitions / 100 + 1e-9)
+    return int(tolerated)
+
+
+# -- the plan ------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Range:
+    """One partition's rows: the keys after ``after`` (None: from the first) up to ``until``,
+    inclusive (None: to the last), within the reader's own bounds. ``empty``: the range holds no
+    key at all. ``reader``: the digest of the plan's reader's identity (None: a plan made before
+    readers were recorded)."""
+
+    index: int
+    after: Any
+    until: Any
+    empty: bool = False
+    #: The job's partitions (None: a range handed over by a release that did not say).
+    count: int | None = None
+    reader: str | None = None
+
+    def as_json(self) -> dict[str, Any]:
+        out = {"partition": self.index, "after": self.after, "until": self.until, "empty": self.empty,
+               "partitions": self.count}
+        if self.reader is not None:
+            out["reader"] = self.reader
+        return out
+
+    @classmethod
+    def from_json(cls, value: Any) -> Range:
+        """A range as :meth:`as_json` wrote it (what the planning task hands each partition).
+
+        Raises:
+            ConfigurationError: not such a dict.
+        """
+        if not isinstance(value, dict) or not {"partition", "after", "until"} <= set(value):
+            raise ConfigurationError(f"a partition's range must be a dict of partition, after and until, got "
+                                     f"{short(value)}", hint="Pass the planning task's output, as .partitioned() does")
+        count = value.get("partitions")
+        reader = value.get("reader")
+        return cls(int(value["partition"]), value["after"], value["until"], bool(value.get("empty", False)),
+                   count=count if isinstance(count, int) and not isinstance(count, bool) else None,
+                   reader=reader if isinstance(reader, str) else None)
+
+
+def range_chunks(reader: KeysetReader, rng: Range, *, total: Any = None) -> dict[str, Any]:
+    """The chunk loop's ``read``, ``start`` and ``total`` for one partition: ``reader`` over the
+    keys of ``rng`` only, within the reader's own bounds (nothing for an empty range), from the key
+    after which it starts, and, when ``total`` is None, the range's rows counted when the run
+    starts (its progress and its part of the job's total). What a partition task runs, and what
+    the test kit checks."""
+    read: Any = _nothing if rng.empty else reader.within(rng.until, after=rng.after)
+    if total is None:
+        total = 0 if rng.empty else RangeCount(read, rng.after)
+    return {"read": read, "start": rng.after, "total": total}
+
+
+def _nothing(ctx: Any, after: Any, limit: int) -> list[Any]:
+    """The read of an empty range."""
+    return []
+
+
+@dataclasses.dataclass(frozen=True)
+class RangeCount:
+    """A partition's ``total``: the rows of its range, counted once per run. A value that pickles
+    (not a closure): the test kit's ``process_death`` sends it to a new process by name."""
+
+    reader: KeysetReader
+    after: Any
+
+    def __call__(self, ctx: Any) -> int:
+        return int(self.reader.count(ctx, self.after))
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """A job's split for one slot: ``partitions`` ranges cut at ``boundaries`` (``partitions - 1``
+    keys in the key's order, as JSON positions; None: before every key), made when the source had
+    ``rows`` rows, by the reader whose identity is ``reader`` (None: a plan made before readers were
+    recorded)."""
+
+    partitions: int
+    boundaries: tuple[Any, ...]
+    rows: int
+    reader: dict[str, Any] | None = None
+
+    def ranges(self) -> list[Range]:
+        """Every partition's range, in order: together they hold every key once."""
+        out = []
+        digest = None if self.reader is None else identity_digest(self.reader)
+        for i in range(self.partitions):
+            lower = self.boundaries[i - 1] if i > 0 else None
+            if i == self.partitions - 1:
+                out.append(Range(i, lower, None, count=self.partitions, reader=digest))
+                continue
+            upper = self.boundaries[i]
+            # A range up to "before every key", or from a key up to itself, holds nothing.
+            out.append(Range(i, lower, upper, empty=upper is None or (lower is not None and lower == upper),
+                             count=self.partitions, reader=digest))
+        return out
+
+    def planned(self) -> list[int]:
+        """How many of :attr:`rows` each partition's range held when the plan was made: the split
+        cuts at rows ``n/N, 2n/N, ...`` of the key's order; a range the split left empty (a boundary
+        that stood in for a row deleted meanwhile) hands its rows to the next."""
+        ends = [(j * self.rows) // self.partitions for j in range(1, self.partitions)] + [self.rows]
+        counts = [end - start for start, end in zip([0, *ends[:-1]], ends, strict=True)]
+        for i, rng in enumerate(self.ranges()):
+            if rng.empty and i + 1 < self.partitions:
+                counts[i + 1] += counts[i]
+                counts[i] = 0
+        return counts
+
+    def state(self) -> dict[str, Any]:
+        """The plan as the plan row's state (JSON), sealed: ``seal`` is the digest of the rest, so
+        a plan changed by hand after it was stored is refused instead of read (its ranges could
+        overlap or leave a gap)."""
+        out: dict[str, Any] = {"partitions": self.partitions, "boundaries": list(self.boundaries), "rows": self.rows}
+        if self.reader is not None:
+            out["reader"] = self.reader
+        out["seal"] = identity_digest(out)
+        return out
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any], *, job: str, slot: str) -> Plan:
+        """The plan a plan row holds.
+
+        Raises:
+            ConfigurationError: the row's state is not a plan (written by hand, or by other code),
+                or its seal does not match (changed by hand after it was stored).
+        """
+        if isinstance(state, dict) and "seal" in state:
+            sealed = {k: v for k, v in state.items() if k != "seal"}
+            if identity_digest(sealed) != state["seal"]:
+                raise ConfigurationError(
+                    f"the plan row's state was changed after the plan was stored (its seal {short(state['seal'])} "
+                    f"does not match what it holds: {short(sealed, 200)}); ranges read from it could overlap or "
+                    "leave a gap, so none is handed out", job=job, slot=slot,
+                    hint=f"Put the plan back as it was stored, or split the job anew on purpose: `airflow resumable "
+                    f"restart '{job}' '{slot}'`, then Clear the job's tasks in that run (every partition starts over)",
+                )
+        try:
+            reader = state.get("reader")
+            if reader is not None and not isinstance(reader, dict):
+                raise ValueError(f"its reader is not an identity (a JSON object): {short(reader)}")
+            plan = cls(int(state["partitions"]), tuple(state["boundaries"]), int(state["rows"]), reader)
+            if len(plan.boundaries) != plan.partitions - 1:
+                raise ValueError(f"{len(plan.boundaries)} boundaries for {plan.partitions} partitions")
+            if plan.rows < 0:
+                raise ValueError(f"a negative row count, {plan.rows}")
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ConfigurationError(
+                f"the plan row's state is not a plan ({exc}): {short(state)}", job=job, slot=slot,
+                hint=f"Split the job anew on purpose: `airflow resumable restart '{job}' '{slot}'`, then Clear the job's "
+                "tasks in that run (every partition starts over). Deleting the row instead would split anew while "
+                "the partitions keep the progress they made in the old ranges",
+            ) from None
+        return plan
+
+
+def split(reader: KeysetReader, partitions: int, *, job: str | None = None, slot: str | None = None) -> Plan:
+    """Split ``reader``'s rows into ``partitions`` ranges of about equal size (within one row),
+    counted by the source's database now.
+
+    The boundaries are keys of the source, so the ranges hold every row once whatever is written
+    after (see the module's docstring). ``reader``'s ``where``/``query``/``until`` apply.
+
+    Raises:
+        ConfigurationError: a bad count, or a row with a NULL key (it would be in no range),
+            naming the job and the slot.
+    """
+    problem = partitions_problem("partitions", partitions)
+    if problem:
+        raise ConfigurationError(problem, job=job, slot=slot, hint="Give partitions= a whole number, e.g. 16")
+    conn = reader.connect()
+    try:
+        marker = reader._marker(conn)
+        keys = ", ".join(reader.keys)
+        nulls = " OR ".join(f"{k} IS NULL" for k in reader.keys)
+        sql, args = reader._rows([(f"({nulls})", ())], what=keys, marker=marker, bounded=False)
+        null = _one(conn, f"{sql} LIMIT 1", args)
+        if null is not None:
+            where = " AND ".join(f"{k} IS NOT NULL" for k in reader.keys)
+            raise ConfigurationError(
+                f"{reader.name}: a row has a NULL key ({', '.join(f'{k}={short(v, 40)}' for k, v in zip(reader.keys, null, strict=True))}): "
+                "a NULL is neither before nor after a boundary, so no partition would read that row. Nothing was "
+                "split or read", job=job, slot=slot,
+                hint=f"Filter them out (where='{where}') or partition on columns that are NOT NULL",
+            )
+        sql, args = reader._rows([], what=keys, marker=marker)
+        count = _one(conn, f"SELECT count(*) FROM ({sql}) AS keyset_count", args)
+        rows = int(count[0]) if count else 0
+        # Partition j (0-based) ends at row floor((j + 1) * n / N) of the key's order (1-based): sizes
+        # differ by one row at most. Row 0 stands before every key: the partitions up to it are empty.
+        at = [(j * rows) // partitions for j in range(1, partitions)]
+        found = _keys_at(conn, reader, sorted({r for r in at if r > 0}), marker, postgres=_is_postgres(conn))
+        convert = json_key if len(reader.keys) == 1 else json_keys
+        boundaries: list[Any] = []
+        for r in at:
+            if r in found:
+                boundaries.append(convert(found[r] if len(reader.keys) > 1 else found[r][0]))
+            else:  # row 0, or a row deleted while the split was made: the boundary before stands in
+                boundaries.append(boundaries[-1] if boundaries else None)
+    finally:
+        _end(conn)
+    return Plan(partitions, tuple(boundaries), rows, reader.identity())
+
+
+def _is_postgres(conn: Any) -> bool:
+    return type(conn).__module__.split(".")[0] in ("psycopg2", "psycopg")
+
+
+def _keys_at(conn: Any, reader: KeysetReader, at: list[int], marker: str, *, postgres: bool) -> dict[int, tuple[Any, ...]]:
+    """The key of each row number in ``at`` (1-based, in the key's order)."""
+    if not at:
+        return {}
+    keys = ", ".join(reader.keys)
+    if postgres:  # one pass over the key (an index scan in its order), whatever the number of boundaries
+        sql, args = reader._rows([], what=f"{keys}, row_number() OVER (ORDER BY {keys}) AS keyset_rn", marker=marker)
+        wanted = ", ".join(str(int(r)) for r in at)
+        cur = conn.cursor()
+        try:
+            cur.execute(f"SELECT * FROM ({sql}) AS keyset_plan WHERE keyset_rn IN ({wanted})", args)
+            return {int(row[-1]): tuple(row[:-1]) for row in cur.fetchall()}
+        finally:
+            cur.close()
+    out: dict[int, tuple[Any, ...]] = {}
+    sql, args = reader._rows([], what=keys, marker=marker)
+    statement = f"{sql} ORDER BY {keys} LIMIT 1 OFFSET {marker}"
+    for r in at:
+        row = _one(conn, statement, [*args, r - 1])
+        if row is None:  # rows deleted while the split was made
+            break
+        out[r] = row
+    return out
+
+
+def _one(conn: Any, sql: str, args: Sequence[Any]) -> tuple[Any, ...] | None:
+    cur = conn.cursor()
+    try:
+        cur.execute(sql, tuple(args))
+        row = cur.fetchone()
+        return None if row is None else tuple(row)
+    finally:
+        cur.close()
+
+
+def _end(conn: Any) -> None:
+    try:
+        conn.rollback()
+    except Exception:  # an autocommit connection, or one already broken
+        pass
+    close_quietly(conn)
+
+
+# -- where the plan is kept ------------------------------------------------------------------------
+
+
+def _insert_sql(c: Connection) -> str:
+    now = c.d.now()
+    return insert(CHECKPOINTS, {
+        "job": "%(job)s", "slot": "%(slot)s", "status": f"'{Status.DONE.value}'", "state": "%(state)s",
+        "processed": "%(rows)s", "total": "%(rows)s", "runs": "1", "attempts": "1", "started_at": now,
+        "updated_at": now, "finished_at": now,
+    }) + " ON CONFLICT (job, slot) DO NOTHING"
+
+
+def load_plan(session: Any, job: str, slot: str) -> Plan | None:
+    """The plan stored for ``job``'s ``slot`` (``session``: a store session), or None."""
+    row = session.checkpoints.load(plan_job(job), slot)
+    return None if row is None else Plan.from_state(row.state, job=plan_job(job), slot=slot)
+
+
+def orphan_partitions(session: Any, job: str, slot: str, partitions: int, *, limit: int = 10) -> list[str]:
+    """Up to ``limit`` of ``job``'s first ``partitions`` partitions that have a row for ``slot``
+    (progress made in a plan's ranges): none before the slot's first plan, unless its plan row was
+    deleted by hand. Looked up by key, 500 at a time."""
+    found: list[str] = []
+    for start in range(0, partitions, 500):
+        names = [partition_job(job, i) for i in range(start, min(partitions, start + 500))]
+        marks = ", ".join(f"%(j{n})s" for n in range(len(names)))
+        rows = session.execute(
+            f"SELECT job FROM {TABLE_NAME} WHERE slot = %(slot)s AND job IN ({marks})",
+            {"slot": slot, **{f"j{n}": name for n, name in enumerate(names)}}).fetchall()
+        found += sorted((str(r[0]) for r in rows), key=names.index)
+        if len(found) >= limit:
+            break
+    return found[:limit]
+
+
+def save_plan(session: Any, job: str, slot: str, plan: Plan) -> Plan:
+    """Store ``plan`` for ``job``'s ``slot`` unless one is stored already; return the slot's plan
+    (the one stored first: two planners racing agree on the winner's)."""
+    with session.transaction():
+        session.execute(_insert_sql(session), {
+            "job": plan_job(job), "slot": slot, "state": ENCODER.encode(plan.state()), "rows": plan.rows,
+        })
+    stored = load_plan(session, job, slot)
+    assert stored is not None, "the plan row was inserted or already there"
+    return stored
+
+
+def replace_plan(session: Any, job: str, slot: str, plan: Plan) -> bool:
+    """Replace the slot's plan with ``plan`` when a restart of it is pending (``airflow resumable
+    restart '<job>#plan' SLOT``), taking the request in the same write; False when none was pending
+    (another planner took it first). The row's ``runs`` counts the splits."""
+    now = session.d.now()
+    with session.transaction():
+        n = session.execute(
+            f"UPDATE {TABLE_NAME} SET state = %(state)s, processed = %(rows)s, total = %(rows)s, runs = runs + 1, "
+            f"request = NULL, started_at = {now}, updated_at = {now}, finished_at = {now} "
+            "WHERE job = %(job)s AND slot = %(slot)s AND request = 'restart'",
+            {"job": plan_job(job), "slot": slot, "state": ENCODER.encode(plan.state()), "rows": plan.rows},
+        ).rowcount
+    return bool(n == 1)
+
+
+# -- one reader for the whole job -------------------------------------------------------------------
+
+
+def _plain_json(identity: Any) -> Any:
+    return json.loads(ENCODER.encode(identity))
+
+
+def check_plan_reader(plan: Plan, reader: KeysetReader, *, job: str, slot: str) -> None:
+    """Refuse a planning task whose reader is not the one the stored plan was split with.
+
+    Raises:
+        ReaderChanged: naming both identities, how they differ, the job, the slot and the choices.
+    """
+    current = _plain_json(reader.identity())
+    if plan.reader is None or plan.reader == current:
+        return
+    raise ReaderChanged(
+        f"the slot's plan was split with another reader than this task's ({differences(plan.reader, current)}): "
+        f"split with {short(plan.reader, 300)}, while this task reads with {short(current, 300)}. Its boundaries "
+        "are keys of the first; ranges of them read with the second would skip or repeat rows, so no range was "
+        "handed out and nothing was read", job=job, slot=slot, stored=plan.reader, current=current,
+        hint=f"Put the reader back as it was, then Clear the task. Or split the job anew on purpose with this "
+        f"reader: `airflow resumable restart '{plan_job(job)}' '{slot}'`, then Clear the job's tasks in that run "
+        "(every partition starts over)",
+    )
+
+
+def check_range_reader(rng: Range, reader: KeysetReader, *, job: str, slot: str,
+                       planned_with: dict[str, Any] | None = None) -> None:
+    """Refuse a partition whose reader is not the one its range was planned with (the range
+    carries the digest of the plan's reader; ``planned_with``, the plan's whole identity when
+    known, is named in the error).
+
+    Raises:
+        ReaderChanged: naming both identities (or the digests), the job, the slot and the choices.
+    """
+    current = _plain_json(reader.identity())
+    if rng.reader is None or identity_digest(current) == rng.reader:
+        return
+    stored: Any = planned_with if planned_with is not None else f"a reader whose identity's digest is {rng.reader}"
+    base = job[:job.rindex("[")] if job.endswith("]") and "[" in job else job
+    raise ReaderChanged(
+        f"this partition's range was planned with another reader than this task's "
+        f"({differences(stored, current)}): planned with {short(stored, 300)}, while this task reads with "
+        f"{short(current, 300)}. Its bounds are keys of the first, so nothing was read", job=job, slot=slot,
+        stored=stored, current=current,
+        hint=f"Put the reader back as it was, then Clear the task. Or split the job anew on purpose with this "
+        f"reader: `airflow resumable restart '{plan_job(base)}' '{slot}'`, then Clear the job's tasks in that run "
+        "(every partition starts over)",
+    )
+
