@@ -93,10 +93,11 @@ def test_the_async_export_is_resumable_by_the_test_kit_under_every_interruption(
         sink.unlink(missing_ok=True)
 
     handler = functools.partial(module.export_customers, latency_ms=0, customers=150, sink=str(sink))
-    # When the kit interrupts it at its first and last checkpoints by every kind
-    report = check_resumable(handler, snapshot=snapshot, reset=reset, points=[1, 3], seed=1)
+    # When the kit interrupts it at its first and last checkpoints by every kind (the requests end in
+    # any order, so the mark is saved 2 or 3 times: the first and the last, whichever they are)
+    report = check_resumable(handler, snapshot=snapshot, reset=reset, samples=2, seed=1)
     # Then every interrupted run ended with the uninterrupted run's result and sink
     report.assert_ok()
     assert {t.interruption for t in report.trials} == set(ALL_INTERRUPTIONS)
-    assert all(t.struck for t in report.trials if t.point), [t for t in report.trials if not t.struck]
+    assert report.points == [1, report.checkpoints] and report.checkpoints >= 2
     assert len(report.snapshot) == 150 and report.result == {"exported": 150}
