@@ -25,6 +25,7 @@ import contextlib
 import json
 import os
 import sqlite3
+import sys
 import tempfile
 import threading
 import time
@@ -56,6 +57,8 @@ async def crm_service(sink: str, *, customers: int, latency_ms: float) -> AsyncI
     writing = threading.Lock()  # one connection for the service's threads, one write at a time
 
     class Endpoints(BaseHTTPRequestHandler):
+        timeout = 60  # a request whose client went silent ends: closing the service waits for every request
+
         def log_message(self, *args: Any) -> None:  # quiet: the task log is the export's
             pass
 
@@ -74,7 +77,11 @@ async def crm_service(sink: str, *, customers: int, latency_ms: float) -> AsyncI
             self._reply([{"id": i, "name": f"customer {i}"} for i in ids])
 
         def do_POST(self) -> None:  # noqa: N802
-            customer = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            length = int(self.headers["Content-Length"])
+            body = self.rfile.read(length)
+            if len(body) < length:  # the export cancelled the request before its body was sent: no write
+                return
+            customer = json.loads(body)
             time.sleep(latency_ms / 1000)  # the API's own work
             with writing:
                 db.execute("INSERT INTO exported (id, name, sent) VALUES (?, ?, 1) ON CONFLICT (id) DO UPDATE "
@@ -83,7 +90,19 @@ async def crm_service(sink: str, *, customers: int, latency_ms: float) -> AsyncI
 
     class Server(ThreadingHTTPServer):
         request_queue_size = 128  # 50 connections at once: more than the default backlog of 5
-        daemon_threads = True
+        # server_close() waits for the requests still running: a request the export cancelled goes on
+        # here until it has written, and the connection must not be closed under it.
+        daemon_threads = False
+        block_on_close = True
+
+        def handle_error(self, request: Any, client_address: Any) -> None:
+            if not isinstance(sys.exc_info()[1], ConnectionError):  # a request the export cancelled: no reply
+                super().handle_error(request, client_address)
+
+    def stop() -> None:
+        server.shutdown()
+        server.server_close()  # every request has ended: none uses the connection any more
+        db.close()
 
     server = Server(("127.0.0.1", 0), Endpoints)
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
@@ -91,9 +110,8 @@ async def crm_service(sink: str, *, customers: int, latency_ms: float) -> AsyncI
     try:
         yield f"http://127.0.0.1:{server.server_address[1]}"
     finally:
-        await asyncio.to_thread(server.shutdown)
-        server.server_close()
-        db.close()
+        # One call on a thread: it runs to its end even when this await is cancelled (a stop source).
+        await asyncio.to_thread(stop)
 
 
 # [START async_export_handler]

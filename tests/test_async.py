@@ -8,6 +8,7 @@ the loop for long, and ``ctx.map``'s contiguous low-water mark (a property test)
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import os
 import signal
@@ -25,11 +26,14 @@ from hypothesis import strategies as st
 
 from airflow_resumable.core import (
     Attempt,
+    AttemptEnded,
     Cancelled,
+    ConfigurationError,
     LeaseLost,
     Options,
     Paused,
     Reason,
+    Signal,
     SQLiteStore,
     Store,
     chunk_loop,
@@ -253,13 +257,13 @@ def test_map_checkpoints_the_contiguous_low_water_mark_never_past_an_unfinished_
     marks: list[tuple[int, set[int]]] = []
 
     async def handler(ctx: Any) -> list[Any]:
-        original = ctx.acheckpoint
+        original = ctx._asave_mark  # ctx.map's save
 
         async def spy(position: Any, **kw: Any) -> None:
             marks.append((position, set(finished)))
             await original(position, **kw)
 
-        ctx.acheckpoint = spy
+        ctx._asave_mark = spy
 
         async def work(item: int) -> int:
             await asyncio.sleep(0.002 * (10 - item % 10))
@@ -394,7 +398,22 @@ async def maps_its_items(ctx: Any) -> int:
     return sum(doubled.values())
 
 
-@pytest.mark.parametrize("handler", [sums_its_items, maps_its_items], ids=["acheckpoint", "map"])
+async def totals_its_items(ctx: Any) -> int:
+    """An async handler for the test kit: 20 items through ctx.map, finishing out of order, each
+    adding to a running total in ctx.state (a resumed run must count every item once)."""
+    ctx.state.setdefault("total", 0)
+
+    async def add(item: int) -> None:
+        await asyncio.sleep(0.001 * (item % 3))
+        ctx.state["total"] += item
+
+    start = 0 if ctx.position is None else ctx.position + 1
+    await ctx.map(range(start, 20), add, limit=4, every=2)
+    return int(ctx.state["total"])
+
+
+@pytest.mark.parametrize("handler", [sums_its_items, maps_its_items, totals_its_items],
+                         ids=["acheckpoint", "map", "map-total"])
 def test_the_test_kit_proves_an_async_handler_under_every_interruption_a_real_crash_included(handler: Any) -> None:
     from airflow_resumable.testing import check_resumable
 
@@ -471,3 +490,191 @@ def test_a_cpu_bound_second_inside_an_async_handler_does_not_cost_the_lease(stor
     # Then the lease keeper's thread heartbeat while the loop was blocked, and the run finished
     assert outcome.checkpoint.status == "done" and outcome.checkpoint.position == 2
     assert None not in beats and (beats[1] - beats[0]).total_seconds() >= 1.0, beats
+
+
+def test_a_running_total_in_ctx_state_under_map_counts_every_item_once_after_a_crash(store: Store) -> None:
+    # Given items that finish out of order, each adding to ctx.state["total"], and a crash on
+    # attempt 1 at item 4 (after the mark 3 was saved with items 5 to 7 finished and added)
+    seen: list[list[int]] = [[], []]
+
+    async def handler(ctx: Any) -> int:
+        ctx.state.setdefault("total", 0)
+
+        async def add(item: int) -> None:
+            # every 4th item is slow: the mark waits for it while the 3 after it finish; item 4 the slowest
+            await asyncio.sleep(0.001 if item % 4 else 0.08 if item == 4 else 0.02)
+            if ctx.attempt == 1 and item == 4:
+                raise RuntimeError("crash")
+            seen[ctx.attempt - 1].append(item)
+            ctx.state["total"] += item
+
+        start = 0 if ctx.position is None else ctx.position + 1
+        await ctx.map(range(start, 30), add, limit=8, every=2)
+        return int(ctx.state["total"])
+
+    with pytest.raises(RuntimeError, match="crash"):
+        attempt(store, 1).run(handler)
+    # When attempt 2 resumes
+    outcome = attempt(store, 2).run(handler)
+    # Then the total counts every item once: the items attempt 1 finished past the saved position
+    # (their effect saved with it) were not run again, and none was skipped
+    assert outcome.result == sum(range(30)) == outcome.checkpoint.state["total"]
+    assert set(seen[0]) | set(seen[1]) == set(range(30))
+    assert "resumable_map_done" not in outcome.checkpoint.state
+
+
+def test_a_checkpoint_from_a_sync_handler_s_own_thread_works_on_postgres_and_is_refused_clearly_on_sqlite(
+        store: Store) -> None:
+    # Given a sync handler that checkpoints from a worker thread of its own
+    def handler(ctx: Any) -> str:
+        with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="worker") as pool:
+            pool.submit(ctx.checkpoint, 1, processed=1).result()
+        return "ok"
+
+    # When it runs
+    if isinstance(store, SQLiteStore):
+        # Then on SQLite (a connection bound to the attempt's thread) it is refused before anything
+        # is written, naming the job, the slot and what to do
+        with pytest.raises(ConfigurationError) as refused:
+            attempt(store, 1).run(handler)
+        text = str(refused.value)
+        assert f"job={JOB!r}" in text and f"slot={SLOT!r}" in text and "worker" in text
+        assert "from the handler's own thread" in text and "async def" in text
+        assert row(store).position is None
+    else:
+        # Then on PostgreSQL it is written (the attempt serializes its saves)
+        outcome = attempt(store, 1).run(handler)
+        assert (outcome.result, outcome.checkpoint.position) == ("ok", 1)
+
+
+def test_checkpoints_from_an_async_handler_s_threads_are_written_by_the_attempt_s_thread(store: Store) -> None:
+    # Given an async handler that checkpoints from asyncio.to_thread and from a thread it starts
+    async def handler(ctx: Any) -> str:
+        await asyncio.to_thread(ctx.checkpoint, 1, processed=1)
+        failed: list[BaseException] = []
+
+        def work() -> None:
+            try:
+                ctx.checkpoint(2, processed=2)
+            except BaseException as exc:
+                failed.append(exc)
+
+        thread = threading.Thread(target=work, name="own")
+        thread.start()
+        await asyncio.to_thread(thread.join, 30)
+        assert not thread.is_alive() and not failed, failed
+        return "ok"
+
+    # When it runs, then both were saved (on SQLite too: run on the attempt's thread)
+    outcome = attempt(store, 1).run(handler)
+    assert (outcome.result, outcome.checkpoint.position, outcome.checkpoint.processed) == ("ok", 2, 2)
+
+
+def test_a_thread_left_running_by_an_async_handler_is_refused_after_it_returned_never_left_waiting(
+        store: Store) -> None:
+    # Given an async handler that leaves a thread behind, checkpointing once the handler returned
+    returned = threading.Event()
+    outcome_of_thread: list[BaseException | None] = []
+
+    def late(ctx: Any) -> None:
+        assert returned.wait(30)
+        try:
+            ctx.checkpoint(9, processed=9)
+            outcome_of_thread.append(None)
+        except BaseException as exc:
+            outcome_of_thread.append(exc)
+
+    async def handler(ctx: Any) -> str:
+        threading.Thread(target=late, args=(ctx,), daemon=True, name="late").start()
+        return "ok"
+
+    # When the handler returns
+    outcome = attempt(store, 1).run(handler)
+    returned.set()
+    deadline = time.monotonic() + 30
+    while not outcome_of_thread:
+        assert time.monotonic() < deadline, "the late thread's checkpoint never returned"
+        time.sleep(0.01)
+    # Then its checkpoint was refused (nothing written), not left waiting for a thread that serves no more
+    assert isinstance(outcome_of_thread[0], (AttemptEnded, ConfigurationError)), outcome_of_thread
+    assert outcome.checkpoint.position is None and row(store).status == "done"
+
+
+class CountedSignal(Signal):
+    """A signal that notes when the event loop's thread reads it (the watcher's wake-ups)."""
+
+    reads: list[float]
+
+    @property
+    def cancelled(self) -> bool:
+        if threading.current_thread().name.startswith("resumable-async-"):
+            self.reads.append(time.monotonic())
+        return super().cancelled
+
+
+def counted(run: Attempt) -> list[float]:
+    """The times the watcher of ``run``'s async handler reads its signal."""
+    run.signal.__class__ = CountedSignal
+    reads = run.signal.reads = []  # type: ignore[attr-defined]
+    return reads
+
+
+def test_the_watcher_sleeps_until_a_stop_and_the_stop_reaches_the_await_promptly(store: Store) -> None:
+    # Given an async handler awaiting 60 s, and the watcher's looks at the signal counted
+    awaiting, cut = threading.Event(), []
+
+    async def handler(ctx: Any) -> None:
+        awaiting.set()
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            cut.append(time.monotonic())
+            raise
+
+    run = attempt(store, 1)
+    wakes = counted(run)
+    errors: list[BaseException] = []
+
+    def go() -> None:
+        try:
+            run.run(handler)
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=go)
+    thread.start()
+    assert awaiting.wait(30), "the handler never reached its await"
+    quiet_from = time.monotonic()
+    # When nothing happens for a second, then the watcher did not wake (it waits on events)
+    thread.join(1.0)
+    assert thread.is_alive()
+    assert len([t for t in wakes if t >= quiet_from]) <= 2, len(wakes)
+    # When another thread raises the signal, then the await is cut promptly (no poll interval to wait out)
+    began = time.monotonic()
+    run.signal.cancel(Reason.SHUTDOWN, "the worker is shutting down")
+    thread.join(60)
+    assert not thread.is_alive() and isinstance(errors[0], Cancelled), errors
+    assert cut and cut[0] - began < 1.0, cut[0] - began
+
+
+def test_the_timeout_reaches_a_pending_await_at_its_deadline_without_polling(store: Store) -> None:
+    # Given an async handler awaiting 60 s under a 1.5 s timeout, the watcher's looks at the signal counted
+    cut: list[float] = []
+
+    async def handler(ctx: Any) -> None:
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            cut.append(time.monotonic())
+            raise
+
+    run = attempt(store, 1, timeout=1.5)
+    wakes = counted(run)
+    began = time.monotonic()
+    # When it runs
+    with pytest.raises(Cancelled) as stopped:
+        run.run(handler)
+    # Then the await was cut at the deadline, by a watcher that woke a few times, not 20 a second
+    assert stopped.value.reason == Reason.TIMEOUT
+    assert cut and 1.5 <= cut[0] - began < 1.5 + 1.0, cut[0] - began
+    assert len(wakes) <= 12, len(wakes)

@@ -7,10 +7,14 @@ The attempt calls a handler as it calls any; when the call gives back a coroutin
 - the **attempt's thread** (the one that opened the checkpoint database's connection, which a
   SQLite connection requires) waits for the handler and meanwhile runs the store calls the loop
   hands it: ``await ctx.acheckpoint(...)`` and ``await ctx.arun(fn)``. A checkpoint's write never
-  runs on the loop, so the loop is never blocked by it.
+  runs on the loop, so the loop is never blocked by it. The handler's own threads
+  (``asyncio.to_thread``, an executor) hand their ``ctx.checkpoint()`` to it the same way
+  (:func:`serving`).
 
-The watcher reads the run's signal every :data:`POLL` seconds. Once any stop source raised it
-(timeout, a cancel or pause request, SIGTERM, a lost lease), it cancels the handler's task: the
+The watcher sleeps until something happens: the signal raised (by any thread, or a POSIX signal
+handler: :meth:`~airflow_resumable.core.attempt.signal.Signal.on_cancel` wakes it), the timeout's deadline,
+a coroutine started after the signal fired, or a re-cancel due. Once any stop source raised the
+signal (timeout, a cancel or pause request, SIGTERM, a lost lease), it cancels the handler's task: the
 pending ``await`` raises ``asyncio.CancelledError`` at once, and the attempt ends as a sync handler
 stopped at a checkpoint does (:class:`~airflow_resumable.core.model.errors.Cancelled`, ``Paused`` or
 ``LeaseLost``, the reason on the row). A handler that catches the cancellation and goes on is
@@ -36,10 +40,12 @@ from typing import Any
 
 from airflow_resumable.core.attempt.reporter import Log
 from airflow_resumable.core.attempt.signal import Signal
-from airflow_resumable.core.model.errors import Cancelled, ConfigurationError, ResumableError
+from airflow_resumable.core.model.checkpoint import ENCODER
+from airflow_resumable.core.model.errors import AttemptEnded, Cancelled, ConfigurationError, ResumableError
 
-#: How often the watcher reads the signal: the bound on how long a stop takes to reach the await.
-POLL = 0.05
+#: The watcher's longest sleep while the run has a timeout: a signal with a clock of its own (a
+#: test's) is read at least this often. With the default clock it wakes at the deadline itself.
+DEADLINE_CHECK = 1.0
 #: How long a handler may ignore a cancellation before it is cancelled again (and the log says so).
 RECANCEL = 1.0
 
@@ -47,14 +53,43 @@ RECANCEL = 1.0
 _BRIDGE: contextvars.ContextVar[AsyncBridge | None] = contextvars.ContextVar("resumable_bridge", default=None)
 #: Tasks that caught a cancellation on purpose to finish a checkpoint in flight (not "ignored").
 _FINISHING: weakref.WeakSet[asyncio.Task[Any]] = weakref.WeakSet()
+#: The key of a checkpoint's state, saved by ``ctx.map``, naming the items past the saved position
+#: that had finished (never part of ``ctx.state`` itself; see :func:`map_items`).
+MAP_DONE = "resumable_map_done"
 #: What the attempt's thread takes off its queue to look at its future again.
 _WAKE = object()
+#: The bridge whose attempt thread (by its ident) is serving store calls now (waiting for async code).
+_SERVING: dict[int, AsyncBridge] = {}
 
 
 def current_bridge() -> AsyncBridge | None:
     """The bridge running the calling code, when it runs on a bridge's event loop."""
     bridge = _BRIDGE.get()
     return bridge if bridge is not None and bridge.on_loop() else None
+
+
+def serving(thread: int) -> AsyncBridge | None:
+    """The bridge whose attempt thread is ``thread``, while that thread waits for async code and
+    runs the store calls handed to it (from the loop, or from any other thread); else None."""
+    return _SERVING.get(thread)
+
+
+class _Call:
+    """A store call handed to the attempt's thread, and its outcome."""
+
+    __slots__ = ("args", "done", "fn", "kwargs")
+
+    def __init__(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]):
+        self.fn, self.args, self.kwargs = fn, args, kwargs
+        self.done: concurrent.futures.Future[Any] = concurrent.futures.Future()
+
+    def __call__(self) -> None:
+        if not self.done.set_running_or_notify_cancel():
+            return
+        try:
+            self.done.set_result(self.fn(*self.args, **self.kwargs))
+        except BaseException as exc:
+            self.done.set_exception(exc)
 
 
 @dataclass
@@ -75,17 +110,24 @@ class AsyncBridge:
         self._thread = threading.Thread(target=self._loop.run_forever, name=f"resumable-async-{job}", daemon=True)
         self._home = threading.get_ident()
         self._calls: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._guard = threading.Lock()  # calls are handed over only while the attempt's thread serves them
+        self._serving = 0
         self._running: dict[asyncio.Task[Any], _Run] = {}
         self._sent: dict[asyncio.Task[Any], float] = {}
         self._warned = False
         self._watcher: concurrent.futures.Future[None] | None = None
+        self._woken: asyncio.Event | None = None  # made on the loop, by the watcher
+        self._unlisten: Callable[[], None] | None = None
 
     def __enter__(self) -> AsyncBridge:
         self._thread.start()
         self._watcher = asyncio.run_coroutine_threadsafe(self._watch(), self._loop)
+        self._unlisten = self.signal.on_cancel(self._wake_threadsafe)
         return self
 
     def __exit__(self, *exc: object) -> None:
+        if self._unlisten is not None:
+            self._unlisten()
         if self._watcher is not None:
             self._watcher.cancel()
 
@@ -133,12 +175,18 @@ class AsyncBridge:
 
     def _wait(self, coro: Coroutine[Any, Any, Any]) -> Any:
         run = _Run()
-        future = asyncio.run_coroutine_threadsafe(self._guarded(coro, run), self._loop)
-        future.add_done_callback(lambda _: self._calls.put(_WAKE))
-        while not future.done():
-            item = self._calls.get()
-            if item is not _WAKE:
-                item()
+        with self._guard:
+            self._serving += 1
+            _SERVING[self._home] = self
+        try:
+            future = asyncio.run_coroutine_threadsafe(self._guarded(coro, run), self._loop)
+            future.add_done_callback(lambda _: self._calls.put(_WAKE))
+            while not future.done():
+                item = self._calls.get()
+                if item is not _WAKE:
+                    item()
+        finally:
+            self._stop_serving()
         try:
             result = future.result()
         except concurrent.futures.CancelledError:
@@ -152,6 +200,40 @@ class AsyncBridge:
             raise
         self._ignored(run)
         return result
+
+    def _stop_serving(self) -> None:
+        """No more calls are handed over; those handed over meanwhile (by a thread the handler left
+        running) are refused, never left waiting."""
+        with self._guard:
+            self._serving -= 1
+            if self._serving:
+                return
+            _SERVING.pop(self._home, None)
+            left = []
+            while not self._calls.empty():
+                left.append(self._calls.get_nowait())
+        for item in left:
+            if isinstance(item, _Call) and item.done.set_running_or_notify_cancel():
+                item.done.set_exception(self._ended(getattr(item.fn, "__name__", "a store call")))
+
+    def _ended(self, call: str) -> AttemptEnded:
+        return AttemptEnded(
+            f"{call} was handed to the attempt's thread after the async handler returned; nothing was written",
+            job=self.job, slot=self.slot,
+            hint="Await (or join) every task and thread that uses ctx before the handler returns")
+
+    def _hand(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> _Call:
+        """Queue ``fn(*args, **kwargs)`` for the attempt's thread.
+
+        Raises:
+            AttemptEnded: the attempt's thread no longer serves calls (the handler returned).
+        """
+        call = _Call(fn, args, kwargs)
+        with self._guard:
+            if not self._serving:
+                raise self._ended(getattr(fn, "__name__", "a store call"))
+            self._calls.put(call)
+        return call
 
     def _ignored(self, run: _Run) -> None:
         if run.cancel_sent and not run.finishing:
@@ -172,6 +254,8 @@ class AsyncBridge:
         assert task is not None
         _BRIDGE.set(self)
         self._running[task] = run
+        if self.signal.cancelled:  # started after the stop: the watcher cancels it too
+            self._wake()
         try:
             return await coro
         finally:
@@ -180,39 +264,54 @@ class AsyncBridge:
             run.finishing = task in _FINISHING
             self._sent.pop(task, None)
 
+    def _wake_threadsafe(self) -> None:
+        """Wake the watcher, from any thread or a POSIX signal handler (no lock taken)."""
+        try:
+            self._loop.call_soon_threadsafe(self._wake)
+        except RuntimeError:  # the loop is closed: nothing left to cancel
+            pass
+
+    def _wake(self) -> None:
+        if self._woken is not None:
+            self._woken.set()
+
+    def _next_wake(self) -> float | None:
+        """How long the watcher may sleep when nothing wakes it (None: until woken)."""
+        if self.signal.cancelled:
+            return RECANCEL if self._running else None
+        left = self.signal.time_left()
+        return None if left is None else min(max(0.0, left), DEADLINE_CHECK)
+
     async def _watch(self) -> None:
-        """Cancel every running coroutine once the signal fires; again if one ignored it."""
+        """Cancel every running coroutine once the signal fires; again if one ignored it. Between
+        two looks it sleeps until woken (see the module docstring), never polling."""
+        self._woken = woken = asyncio.Event()
         while True:
-            await asyncio.sleep(POLL)
-            if not self.signal.cancelled:
-                continue
-            now = time.monotonic()
-            for task in list(self._running):
-                sent = self._sent.get(task)
-                if sent is not None and task in _FINISHING:
-                    continue  # finishing a checkpoint, then it stops
-                if sent is None or now - sent >= RECANCEL:
-                    if sent is not None:
-                        self._warn_ignored()
-                    self._sent[task] = now
-                    task.cancel(f"the run was asked to stop ({self.signal.reason})")
+            if self.signal.cancelled:
+                self._cancel_running()
+            try:
+                await asyncio.wait_for(woken.wait(), self._next_wake())
+            except TimeoutError:
+                pass
+            woken.clear()
+
+    def _cancel_running(self) -> None:
+        now = time.monotonic()
+        for task in list(self._running):
+            sent = self._sent.get(task)
+            if sent is not None and task in _FINISHING:
+                continue  # finishing a checkpoint, then it stops
+            if sent is None or now - sent >= RECANCEL:
+                if sent is not None:
+                    self._warn_ignored()
+                self._sent[task] = now
+                task.cancel(f"the run was asked to stop ({self.signal.reason})")
 
     async def home(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """``fn(*args, **kwargs)`` on the attempt's thread, awaited on the loop without blocking it.
         Not cancellable once handed over: a cancellation that arrives meanwhile waits for it, then
         goes on (a checkpoint is written whole or not at all, never abandoned half way)."""
-        done: concurrent.futures.Future[Any] = concurrent.futures.Future()
-
-        def call() -> None:
-            if not done.set_running_or_notify_cancel():
-                return
-            try:
-                done.set_result(fn(*args, **kwargs))
-            except BaseException as exc:
-                done.set_exception(exc)
-
-        self._calls.put(call)
-        waiting = asyncio.wrap_future(done)
+        waiting = asyncio.wrap_future(self._hand(fn, args, kwargs).done)
         cancelled = False
         result = None
         while True:
@@ -233,18 +332,14 @@ class AsyncBridge:
         return result
 
     def blocking(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        """``fn(*args, **kwargs)`` on the attempt's thread, called from the loop: blocks the loop
-        until it returns (a sync ``ctx.checkpoint()`` in an async handler)."""
-        done: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        """``fn(*args, **kwargs)`` on the attempt's thread, called from the loop (which it blocks
+        until it returns: a sync ``ctx.checkpoint()`` in an async handler) or from another thread
+        of the handler's (one of :func:`serving`'s callers).
 
-        def call() -> None:
-            try:
-                done.set_result(fn(*args, **kwargs))
-            except BaseException as exc:
-                done.set_exception(exc)
-
-        self._calls.put(call)
-        return done.result()
+        Raises:
+            AttemptEnded: the attempt's thread no longer serves calls (the handler returned).
+        """
+        return self._hand(fn, args, kwargs).done.result()
 
 
 class SyncCalls:
@@ -320,7 +415,11 @@ async def map_items(ctx: Any, items: Iterable[Any], fn: Callable[[Any], Awaitabl
                     skip_on: tuple[type[Exception], ...] | None, skip_limit: int) -> list[Any]:
     """``ctx.map()`` (``ctx`` is the :class:`~airflow_resumable.core.attempt.context.RunContext`, which
     imports this module): run ``fn(item)`` for every item, at most ``limit`` at once, saving the
-    contiguous low-water mark (see :meth:`~airflow_resumable.core.attempt.context.RunContext.map`)."""
+    contiguous low-water mark (see :meth:`~airflow_resumable.core.attempt.context.RunContext.map`).
+
+    Each save also names the items past the mark that finished (:data:`MAP_DONE` in the saved
+    state): their effects on ``ctx.state`` are in the state saved with them, so the attempt that
+    resumes from it does not run them again (``ctx.state`` counts every item once)."""
     todo: Sequence[Any] = items if isinstance(items, Sequence) else list(items)
     count = len(todo)
     keys = [key(item) for item in todo]
@@ -328,25 +427,18 @@ async def map_items(ctx: Any, items: Iterable[Any], fn: Callable[[Any], Awaitabl
     results: list[Any] = [None] * count
     finished = [False] * count
     base = ctx.processed
+    done_before = ctx._take_map_done()  # finished past the mark by the attempt this one resumes
+    if done_before:
+        for i, k in enumerate(keys):
+            if ENCODER.encode(k) in done_before:
+                finished[i] = True
     mark = saved = started = 0  # todo[:mark] finished; todo[:saved] saved; todo[:started] started
     running: dict[asyncio.Future[Any], int] = {}
 
-    async def stop_running() -> None:
-        for task in running:
-            task.cancel()
-        if running:
-            await asyncio.wait(list(running))
-        running.clear()
-
-    try:
-        while mark < count:
-            # The window: no item starts more than `limit` items ahead of the mark, so a crash
-            # repeats at most the window (plus what finished since the last save).
-            while started < count and started < mark + limit:
-                running[asyncio.ensure_future(fn(todo[started]))] = started
-                started += 1
-            done, _ = await asyncio.wait(list(running), return_when=asyncio.FIRST_COMPLETED)
-            for task in done:
+    async def collect() -> None:
+        """Take in every item that ended: its result, its skip, or its error (raised)."""
+        while ended := [task for task in running if task.done()]:
+            for task in ended:
                 i = running.pop(task)
                 error = None if task.cancelled() else task.exception()
                 if task.cancelled():
@@ -359,23 +451,57 @@ async def map_items(ctx: Any, items: Iterable[Any], fn: Callable[[Any], Awaitabl
                 else:
                     raise error
                 finished[i] = True
-            while mark < count and finished[mark]:
-                mark += 1
+
+    def advance() -> None:
+        nonlocal mark
+        while mark < count and finished[mark]:
+            mark += 1
+
+    async def save() -> None:
+        """Save the mark, naming the items past it that finished (written as the state is, at the call)."""
+        nonlocal saved
+        beyond = [keys[i] for i in range(mark, min(started, count)) if finished[i]]
+        await ctx._asave_mark(keys[mark - 1], processed=base + mark, done=beyond)
+        saved = mark
+
+    async def stop_running() -> None:
+        for task in running:
+            task.cancel()
+        if running:
+            await asyncio.wait(list(running))
+        for task, i in list(running.items()):  # ended before the cancellation reached it: its effects stand
+            if not task.cancelled() and task.exception() is None:
+                results[i], finished[i] = task.result(), True
+        running.clear()
+
+    try:
+        advance()
+        while mark < count:
+            # The window: no item starts more than `limit` items ahead of the mark, so a crash
+            # repeats at most the window (plus what finished since the last save).
+            while started < count and started < mark + limit:
+                if not finished[started]:
+                    running[asyncio.ensure_future(fn(todo[started]))] = started
+                started += 1
+            if running:
+                await asyncio.wait(list(running), return_when=asyncio.FIRST_COMPLETED)
+                await collect()
+            advance()
             if mark - saved >= every:
-                await ctx.acheckpoint(keys[mark - 1], processed=base + mark)
-                saved = mark
+                await save()
     except asyncio.CancelledError:
         # A stop source: the items before the mark are done; keep them, then stop (the checkpoint raises).
         await stop_running()
+        advance()
         if mark > saved and ctx.signal.cancelled:
             current = asyncio.current_task()
             if current is not None:
                 _FINISHING.add(current)
-            await ctx.acheckpoint(keys[mark - 1], processed=base + mark)
+            await save()
         raise
     except BaseException:
         await stop_running()
         raise
     if mark > saved:
-        await ctx.acheckpoint(keys[mark - 1], processed=base + mark)
+        await save()
     return results

@@ -7,12 +7,13 @@ import copy
 import json
 import math
 import operator
+import threading
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from datetime import datetime
 from typing import Any, Protocol
 
-from airflow_resumable.core.attempt.async_bridge import current_bridge, map_items
+from airflow_resumable.core.attempt.async_bridge import MAP_DONE, current_bridge, map_items, serving
 from airflow_resumable.core.attempt.reporter import Log
 from airflow_resumable.core.attempt.signal import Signal
 from airflow_resumable.core.attempt.tally import Tally
@@ -72,6 +73,9 @@ class AttemptCalls(Protocol):
             AttemptEnded / LeaseLost: nothing was written.
         """
 
+    def thread_bound(self) -> bool:
+        """Whether the attempt's checkpoint connection may be used on the attempt's thread only (SQLite)."""
+
     def previous_run(self) -> Checkpoint | None:
         """The job's previous finished run (``ctx.previous``), read from the store.
 
@@ -114,6 +118,11 @@ class RunContext:
         #: The position this attempt started from (None on a fresh start).
         self.resumed_from: Any = tally.position if resumed else None
         self._previous: Checkpoint | None | object = _UNREAD
+        #: The attempt's thread: the one that opened the checkpoint database's connection.
+        self._home = threading.get_ident()
+        #: The items past the position that ctx.map had finished when it saved it (their JSON text).
+        done = tally.state.pop(MAP_DONE, None)
+        self._map_done: set[str] | None = {ENCODER.encode(k) for k in done} if isinstance(done, list) else None
 
     @property
     def previous(self) -> Checkpoint | None:
@@ -123,9 +132,7 @@ class RunContext:
             AttemptEnded: first asked after the handler returned.
         """
         if self._previous is _UNREAD:
-            bridge = current_bridge()  # async code: read on the attempt's thread (the loop waits)
-            self._previous = self._attempt.previous_run() if bridge is None else bridge.blocking(
-                self._attempt.previous_run)
+            self._previous = self._at_home("ctx.previous", self._attempt.previous_run)
         return self._previous  # type: ignore[return-value]
 
     @property
@@ -187,11 +194,7 @@ class RunContext:
                 wait, or ``max_runtime`` ran out (a kind of Cancelled: stop the same way).
         """
         saving = self._checkpoint_call(position, state, processed, total)
-        bridge = current_bridge()
-        if bridge is not None:  # an async handler's sync call: its event loop waits for the write
-            bridge.blocking(*saving)
-        else:
-            saving[0](*saving[1:])
+        self._at_home("ctx.checkpoint()", *saving)
 
     async def acheckpoint(
         self,
@@ -214,12 +217,26 @@ class RunContext:
             LeaseLost: another attempt holds the slot; nothing was written.
             Cancelled: after the save, when the signal has fired (Paused for a pause, as :meth:`checkpoint`).
         """
-        saving = self._checkpoint_call(position, state, processed, total)
+        await self._asave(self._checkpoint_call(position, state, processed, total))
+
+    async def _asave(self, saving: tuple[Any, ...]) -> None:
         bridge = current_bridge()
         if bridge is None:  # not on the attempt's event loop (a loop the caller runs): write inline
             saving[0](*saving[1:])
             return
         await bridge.home(*saving)
+
+    async def _asave_mark(self, position: Any, *, processed: int, done: list[Any]) -> None:
+        """``ctx.map``'s save: ``acheckpoint(position, processed=processed)``, the saved state also
+        naming the items past ``position`` that finished (``done``), which a resumed attempt's
+        ``ctx.map`` does not run again (their effects on :attr:`state` are saved already)."""
+        await self._asave(self._checkpoint_call(position, None, processed, None, map_done=done))
+
+    def _take_map_done(self) -> set[str]:
+        """The items (their positions' JSON text) the attempt this one resumes had finished past its
+        position in ``ctx.map``: for the first ``ctx.map`` call, once."""
+        done, self._map_done = self._map_done, None
+        return done or set()
 
     async def arun(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """``await ctx.arun(fn, *args, **kwargs)``: call the synchronous ``fn`` on the attempt's own
@@ -274,13 +291,14 @@ class RunContext:
                                skip_on=skippable, skip_limit=skip_limit)
 
     def _checkpoint_call(self, position: Any, state: dict[str, Any] | None, processed: int | None,
-                         total: int | None) -> tuple[Any, ...]:
-        """The attempt's call that saves this checkpoint, its arguments encoded and checked now."""
+                         total: int | None, *, map_done: list[Any] | None = None) -> tuple[Any, ...]:
+        """The attempt's call that saves this checkpoint, its arguments encoded and checked now
+        (``map_done``: written into the saved state only, see :meth:`_asave_mark`)."""
         tally = self._tally
         state = tally.state if state is None else state
         processed = tally.processed if processed is None else self._count("processed", processed)
         total = tally.total if total is None else self._count("total", total)
-        position_json, state_json = self._encode(position, state)
+        position_json, state_json = self._encode(position, {**state, MAP_DONE: map_done} if map_done else state)
         # One way: the attempt saves, records in the tally, reports, then stops or waits.
         return (self._attempt.after_chunk, position_json, state_json, state, processed, total)
 
@@ -288,6 +306,32 @@ class RunContext:
         """The checkpoint database's connection; writes on it commit with the next checkpoint."""
         self._on_attempt_thread("ctx.transaction()")
         return self._attempt.transaction()
+
+    def _at_home(self, call: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """``fn(*args, **kwargs)``, one of the attempt's store calls, run where the checkpoint
+        database's connection may be used: on the attempt's thread when called from an async
+        handler's event loop (which waits for it) or from a thread of the handler's while the
+        attempt's thread serves an async handler; in the calling thread otherwise.
+
+        Raises:
+            ConfigurationError: called from another thread than the attempt's while the attempt's
+                thread runs a synchronous handler, on a store whose connection is bound to its
+                thread (SQLite). Nothing was written.
+        """
+        bridge = current_bridge()
+        if bridge is None and threading.get_ident() != self._home:
+            bridge = serving(self._home)
+            if bridge is None and self._attempt.thread_bound():
+                raise ConfigurationError(
+                    f"{call} was called from thread {threading.current_thread().name!r}, not the attempt's own: "
+                    "the SQLite checkpoint connection belongs to the thread that runs the handler", job=self.job,
+                    slot=self.slot, hint=f"Call {call} from the handler's own thread (have the worker threads hand "
+                    "their results back, e.g. with concurrent.futures.as_completed, and checkpoint there), or make "
+                    "the handler async def (its threads' calls are then run on the attempt's thread), or keep the "
+                    "checkpoints in PostgreSQL")
+        if bridge is not None:  # run by the attempt's thread; the caller (the loop, or a thread) waits
+            return bridge.blocking(fn, *args, **kwargs)
+        return fn(*args, **kwargs)
 
     def _on_attempt_thread(self, call: str) -> None:
         """Refuse ``call`` on an async handler's event loop: the connection is the attempt's thread's.
@@ -314,10 +358,7 @@ class RunContext:
                 recorded); let it propagate: the attempt fails without a retry.
             InvalidCheckpoint: ``position`` is not plain JSON.
         """
-        bridge = current_bridge()  # async code: recorded on the attempt's thread (the loop waits)
-        if bridge is not None:
-            return int(bridge.blocking(self._attempt.skip, item, position=position, error=error, limit=limit))
-        return self._attempt.skip(item, position=position, error=error, limit=limit)
+        return int(self._at_home("ctx.skip()", self._attempt.skip, item, position=position, error=error, limit=limit))
 
     def input(self, *, table: str | None = None, file: str | None = None, connection: str | None = None) -> None:
         """Say what the handler reads, for lineage backends (OpenLineage), when no reader says it
@@ -381,11 +422,7 @@ class RunContext:
             ReaderChanged: the checkpoint holds positions of another reader; names both, the job,
                 the slot and the choices (put the reader back, or restart the slot on purpose).
         """
-        bridge = current_bridge()  # async code: recorded on the attempt's thread (the loop waits)
-        if bridge is not None:
-            bridge.blocking(self._attempt.use_reader, reader.identity())
-            return
-        self._attempt.use_reader(reader.identity())
+        self._at_home("ctx.use_reader()", self._attempt.use_reader, reader.identity())
 
     def replay_skipped(self, fn: Callable[[Any], Any] | None) -> Any:
         """Replay the slot's skipped items whose retry was requested (``airflow resumable skipped

@@ -119,6 +119,10 @@ class AttemptState:
     def origin(self) -> Origin:
         return self.identity.origin
 
+    def thread_bound(self) -> bool:
+        """Whether the attempt's checkpoint connection may be used on the attempt's thread only (SQLite)."""
+        return self.store.thread_bound
+
     def _ended_error(self, call: str) -> AttemptEnded:
         return AttemptEnded(
             f"{call} was called after attempt {self.attempt}'s handler returned; nothing was written",

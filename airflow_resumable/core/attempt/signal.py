@@ -7,7 +7,8 @@ boundaries (``signal.cancelled``, ``signal.raise_if_cancelled()``) or sleep on i
 ``cancel()`` is safe to call from a POSIX signal handler running on the main thread (Airflow calls
 ``on_kill`` from its SIGTERM handler): on the main thread it only assigns attributes and takes no
 lock, so it cannot deadlock against the code it interrupted. From any other thread it also wakes
-``wait()``.
+``wait()``. On every thread it calls the functions given to :meth:`Signal.on_cancel` (an async
+handler's watcher wakes so).
 """
 
 from __future__ import annotations
@@ -33,11 +34,17 @@ class Signal:
         self._reason: str | None = None
         self._message: str | None = None
         self._event = threading.Event()
+        #: Called once the signal is raised (replaced whole, never changed in place: no lock).
+        self._listeners: tuple[Callable[[], None], ...] = ()
 
     @property
     def deadline(self) -> float | None:
         """The monotonic time at which the signal fires with reason ``timeout``, if any."""
         return self._deadline
+
+    def time_left(self) -> float | None:
+        """Seconds until the deadline by the signal's clock (0 or less: passed), or None without one."""
+        return None if self._deadline is None else self._deadline - self._clock()
 
     def fire_after(self, seconds: float) -> None:
         """Start the timeout: the signal fires with reason ``timeout`` ``seconds`` from now."""
@@ -51,7 +58,27 @@ class Signal:
         self._reason = str(reason)
         if threading.current_thread() is not threading.main_thread():
             self._event.set()
+        for listener in self._listeners:
+            try:
+                listener()
+            except Exception:  # noqa: S110 - a listener only wakes someone who reads the signal anyway
+                pass
         return True
+
+    def on_cancel(self, listener: Callable[[], None]) -> Callable[[], None]:
+        """Call ``listener()`` when the signal is raised (at once when it is already), in the thread
+        that raises it: that may be a POSIX signal handler on the main thread, so the listener must
+        take no lock (``loop.call_soon_threadsafe(...)`` takes none). Returns the function that
+        removes it. The timeout's deadline raises the signal when someone reads it: a listener that
+        must know the moment sleeps until :attr:`deadline` itself."""
+        self._listeners = (*self._listeners, listener)
+
+        def remove() -> None:
+            self._listeners = tuple(f for f in self._listeners if f is not listener)
+
+        if self._reason is not None:
+            listener()
+        return remove
 
     def _check_deadline(self) -> None:
         if self._reason is None and self._deadline is not None and self._clock() >= self._deadline:

@@ -46,6 +46,8 @@ class Store(abc.ABC):
     """A checkpoint database. Subclasses open connections; the logic lives in the parts of :class:`StoreSession`."""
 
     dialect: Dialect
+    #: A connection may be used only by the thread that opened it (SQLite's driver refuses others).
+    thread_bound = False
 
     @abc.abstractmethod
     def connect(self, *, autocommit: bool = False) -> Any:

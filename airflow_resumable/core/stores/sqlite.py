@@ -346,6 +346,7 @@ class SQLiteStore(Store):
     """
 
     dialect = DIALECT
+    thread_bound = True
 
     def __init__(self, path: str | os.PathLike[str], *, busy_timeout: float = 30.0, synchronous: str = "FULL",
                  params: Mapping[str, str] | None = None):
