@@ -19,7 +19,9 @@ pending ``await`` raises ``asyncio.CancelledError`` at once, and the attempt end
 stopped at a checkpoint does (:class:`~airflow_resumable.core.model.errors.Cancelled`, ``Paused`` or
 ``LeaseLost``, the reason on the row). A handler that catches the cancellation and goes on is
 cancelled again every :data:`RECANCEL` seconds, the log says it ignored one, and its next
-checkpoint stops it.
+checkpoint stops it; after :data:`ABANDON_AFTER` ignored in a row the attempt stops without it.
+Async code that returns after a stop's cancellation ends with the stop (never ``done``), and code
+that returns while tasks it started still run fails (their work is cut, not done).
 
 The chunk loop (:func:`~airflow_resumable.core.work.chunk_loop.chunk_loop`) calls async ``read``/``process``
 through :meth:`AsyncBridge.call`: the loop itself stays the synchronous one, on the attempt's thread.
@@ -34,7 +36,7 @@ import queue
 import threading
 import time
 import weakref
-from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
+from collections.abc import AsyncIterable, Awaitable, Callable, Coroutine, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,11 +50,18 @@ from airflow_resumable.core.model.errors import AttemptEnded, Cancelled, Configu
 DEADLINE_CHECK = 1.0
 #: How long a handler may ignore a cancellation before it is cancelled again (and the log says so).
 RECANCEL = 1.0
+#: How many cancellations in a row a handler may ignore, one every :data:`RECANCEL` seconds, before
+#: the attempt stops without it: its coroutine is left on the loop, which stops with the attempt.
+ABANDON_AFTER = 10
 
 #: The bridge whose loop runs the current task (set in every task the bridge starts).
 _BRIDGE: contextvars.ContextVar[AsyncBridge | None] = contextvars.ContextVar("resumable_bridge", default=None)
-#: Tasks that caught a cancellation on purpose to finish a checkpoint in flight (not "ignored").
+#: Tasks finishing a checkpoint (or another call on the attempt's thread) in flight: not cancelled
+#: again until it is written. Each leaves the set once its call ended.
 _FINISHING: weakref.WeakSet[asyncio.Task[Any]] = weakref.WeakSet()
+#: Tasks whose cancellation was taken in by a call they finished (it raised the stop, or
+#: CancelledError, after the call): what they do next is not "ignoring" that cancellation.
+_CONSUMED: weakref.WeakSet[asyncio.Task[Any]] = weakref.WeakSet()
 #: The key of a checkpoint's state, saved by ``ctx.map``, naming the items past the saved position
 #: that had finished (never part of ``ctx.state`` itself; see :func:`map_items`).
 MAP_DONE = "resumable_map_done"
@@ -98,6 +107,12 @@ class _Run:
 
     cancel_sent: bool = False
     finishing: bool = False
+    #: The cancellations it was sent (the first one and those it ignored).
+    sent: int = 0
+    #: It ignored :data:`ABANDON_AFTER` of them: the attempt stopped without waiting for it any longer.
+    abandoned: bool = False
+    #: Tasks the coroutine started that were still pending when it returned (cancelled since).
+    left: tuple[str, ...] = ()
 
 
 class AsyncBridge:
@@ -117,6 +132,7 @@ class AsyncBridge:
         self._warned = False
         self._watcher: concurrent.futures.Future[None] | None = None
         self._woken: asyncio.Event | None = None  # made on the loop, by the watcher
+        self._watch_task: asyncio.Task[Any] | None = None
         self._unlisten: Callable[[], None] | None = None
 
     def __enter__(self) -> AsyncBridge:
@@ -181,12 +197,19 @@ class AsyncBridge:
         try:
             future = asyncio.run_coroutine_threadsafe(self._guarded(coro, run), self._loop)
             future.add_done_callback(lambda _: self._calls.put(_WAKE))
-            while not future.done():
+            while not future.done() and not run.abandoned:
                 item = self._calls.get()
                 if item is not _WAKE:
                     item()
         finally:
             self._stop_serving()
+        if run.abandoned and not future.done():
+            self.log.error(
+                "the async handler ignored %d cancellations in a row (reason: %s), %gs apart: the attempt stops "
+                "without waiting for it; what it was awaiting is left unfinished on a loop that stops with the "
+                "attempt. Let CancelledError propagate [job=%s slot=%s]", run.sent, self.signal.reason, RECANCEL,
+                self.job, self.slot)
+            self.signal.raise_if_cancelled()
         try:
             result = future.result()
         except concurrent.futures.CancelledError:
@@ -199,6 +222,18 @@ class AsyncBridge:
             self._ignored(run)
             raise
         self._ignored(run)
+        if run.cancel_sent:
+            # It caught the stop's CancelledError and returned: whatever the cut await was doing is
+            # not done, so the attempt does not end "done" (nor does the chunk loop save past the
+            # chunk); it stops as a checkpoint would, and the retry resumes from the last one.
+            self.signal.raise_if_cancelled()
+        if run.left:
+            raise ConfigurationError(
+                f"the async code returned while tasks it started were still running ({', '.join(run.left)}); "
+                "they were cancelled, so their work is not done and nothing after it was recorded as done",
+                job=self.job, slot=self.slot,
+                hint="Await every task you start before returning (await asyncio.gather(*tasks), or an "
+                "asyncio.TaskGroup); for many items at once use await ctx.map(items, fn, limit=...)")
         return result
 
     def _stop_serving(self) -> None:
@@ -254,15 +289,33 @@ class AsyncBridge:
         assert task is not None
         _BRIDGE.set(self)
         self._running[task] = run
+        before = asyncio.all_tasks()
         if self.signal.cancelled:  # started after the stop: the watcher cancels it too
             self._wake()
         try:
-            return await coro
+            result = await coro
+            await self._left_behind(before, run)
+            return result
         finally:
             del self._running[task]
             run.cancel_sent = task in self._sent
-            run.finishing = task in _FINISHING
+            run.finishing = task in _CONSUMED
             self._sent.pop(task, None)
+
+    async def _left_behind(self, before: set[asyncio.Task[Any]], run: _Run) -> None:
+        """Cancel the tasks the coroutine started and left running (their work would be counted
+        done with it), naming them in ``run.left``."""
+        if len(self._running) > 1:
+            return  # another coroutine runs at once (a nested call): their tasks are told apart at the outer's end
+        mine = asyncio.current_task()
+        left = [t for t in asyncio.all_tasks() - before
+                if t is not mine and t is not self._watch_task and t not in self._running and not t.done()]
+        if not left:
+            return
+        run.left = tuple(sorted({getattr(t.get_coro(), "__qualname__", t.get_name()) for t in left}))
+        for t in left:
+            t.cancel("the async code that started this task returned without awaiting it")
+        await asyncio.wait(left, timeout=RECANCEL)
 
     def _wake_threadsafe(self) -> None:
         """Wake the watcher, from any thread or a POSIX signal handler (no lock taken)."""
@@ -286,6 +339,7 @@ class AsyncBridge:
         """Cancel every running coroutine once the signal fires; again if one ignored it. Between
         two looks it sleeps until woken (see the module docstring), never polling."""
         self._woken = woken = asyncio.Event()
+        self._watch_task = asyncio.current_task()
         while True:
             if self.signal.cancelled:
                 self._cancel_running()
@@ -302,8 +356,15 @@ class AsyncBridge:
             if sent is not None and task in _FINISHING:
                 continue  # finishing a checkpoint, then it stops
             if sent is None or now - sent >= RECANCEL:
+                run = self._running[task]
                 if sent is not None:
                     self._warn_ignored()
+                    if run.sent >= ABANDON_AFTER:
+                        if not run.abandoned:
+                            run.abandoned = True  # the attempt's thread stops waiting for it
+                            self._calls.put(_WAKE)
+                        continue
+                run.sent += 1
                 self._sent[task] = now
                 task.cancel(f"the run was asked to stop ({self.signal.reason})")
 
@@ -314,22 +375,33 @@ class AsyncBridge:
         waiting = asyncio.wrap_future(self._hand(fn, args, kwargs).done)
         cancelled = False
         result = None
-        while True:
-            try:
-                result = await asyncio.shield(waiting)
-                break
-            except asyncio.CancelledError:
-                if not cancelled:  # finishing the call on purpose: not "ignored", not cancelled again
-                    cancelled = True
-                    task = asyncio.current_task()
-                    if task is not None:
-                        _FINISHING.add(task)
-                if waiting.done():
+        task = asyncio.current_task()
+        try:
+            while True:
+                try:
+                    result = await asyncio.shield(waiting)
                     break
+                except asyncio.CancelledError:
+                    if not cancelled and task is not None:  # finishing the call on purpose: not cancelled again
+                        _FINISHING.add(task)
+                        _CONSUMED.add(task)  # nor "ignored", when the error it raises then is let through
+                    cancelled = True
+                    if waiting.done():
+                        break
+        finally:
+            if cancelled and task is not None:
+                self.finished_call(task)
         if cancelled:
             waiting.result()  # the call's own error first (a checkpoint stopping the run: Cancelled, Paused)
             raise asyncio.CancelledError
         return result
+
+    def finished_call(self, task: asyncio.Task[Any]) -> None:
+        """``task`` finished the call it was finishing when cancelled: from now on, a cancellation it
+        ignores is sent again after :data:`RECANCEL` seconds, as to any task."""
+        _FINISHING.discard(task)
+        if task in self._sent:
+            self._sent[task] = time.monotonic()
 
     def blocking(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """``fn(*args, **kwargs)`` on the attempt's thread, called from the loop (which it blocks
@@ -410,8 +482,26 @@ def drive(coro: Coroutine[Any, Any, Any], signal: Signal, log: Log, *, job: str,
         return bridge.run(coro)
 
 
-async def map_items(ctx: Any, items: Iterable[Any], fn: Callable[[Any], Awaitable[Any]], *, limit: int,
-                    key: Callable[[Any], Any], every: int | None,
+def _out_of_order(keys: Sequence[Any]) -> int | None:
+    """The index of the first position that is not after the one before it (None: all in order).
+    Positions that do not compare (dicts) are only checked to be distinct."""
+    try:
+        for i in range(1, len(keys)):
+            if not keys[i - 1] < keys[i]:
+                return i
+        return None
+    except TypeError:
+        seen: set[str] = set()
+        for i, k in enumerate(keys):
+            text = ENCODER.encode(k)
+            if text in seen:
+                return i
+            seen.add(text)
+        return None
+
+
+async def map_items(ctx: Any, items: Iterable[Any] | AsyncIterable[Any], fn: Callable[[Any], Awaitable[Any]], *,
+                    limit: int, key: Callable[[Any], Any], every: int | None,
                     skip_on: tuple[type[Exception], ...] | None, skip_limit: int) -> list[Any]:
     """``ctx.map()`` (``ctx`` is the :class:`~airflow_resumable.core.attempt.context.RunContext`, which
     imports this module): run ``fn(item)`` for every item, at most ``limit`` at once, saving the
@@ -419,10 +509,26 @@ async def map_items(ctx: Any, items: Iterable[Any], fn: Callable[[Any], Awaitabl
 
     Each save also names the items past the mark that finished (:data:`MAP_DONE` in the saved
     state): their effects on ``ctx.state`` are in the state saved with them, so the attempt that
-    resumes from it does not run them again (``ctx.state`` counts every item once)."""
-    todo: Sequence[Any] = items if isinstance(items, Sequence) else list(items)
+    resumes from it does not run them again (``ctx.state`` counts every item once).
+
+    Raises:
+        ConfigurationError: two items' positions are not in increasing order (a mark saved past an
+            item later in the list would skip it after a crash).
+    """
+    if isinstance(items, AsyncIterable):
+        todo: Sequence[Any] = [item async for item in items]
+    else:
+        todo = items if isinstance(items, Sequence) else list(items)
     count = len(todo)
     keys = [key(item) for item in todo]
+    bad = _out_of_order(keys)
+    if bad is not None:
+        raise ConfigurationError(
+            f"ctx.map() takes items in position order, each after the one before, but the item at index {bad} "
+            f"has position {keys[bad]!r} after {keys[bad - 1]!r}: a saved mark past one of them would skip the "
+            "other after a crash", job=ctx.job, slot=ctx.slot,
+            hint="Sort the items by position and drop duplicates, or pass position=<function of an item> "
+            "giving each item a unique position that grows along the list")
     every = limit if every is None else every
     results: list[Any] = [None] * count
     finished = [False] * count
@@ -465,14 +571,23 @@ async def map_items(ctx: Any, items: Iterable[Any], fn: Callable[[Any], Awaitabl
         saved = mark
 
     async def stop_running() -> None:
-        for task in running:
-            task.cancel()
+        asked = {task for task in running if task.cancel()}
         if running:
             await asyncio.wait(list(running))
+        swallowed = []
         for task, i in list(running.items()):  # ended before the cancellation reached it: its effects stand
-            if not task.cancelled() and task.exception() is None:
-                results[i], finished[i] = task.result(), True
+            if task.cancelled() or task.exception() is not None:
+                continue
+            if task in asked:  # it caught the CancelledError and returned: its work was cut, not finished
+                swallowed.append(keys[i])
+                continue
+            results[i], finished[i] = task.result(), True
         running.clear()
+        if swallowed:
+            ctx.log.warning(
+                "ctx.map(): the items at positions %s caught the cancellation and returned; they count as not "
+                "finished (the retry runs them again). Let CancelledError propagate [job=%s slot=%s]",
+                swallowed[:10], ctx.job, ctx.slot)
 
     try:
         advance()
@@ -496,8 +611,16 @@ async def map_items(ctx: Any, items: Iterable[Any], fn: Callable[[Any], Awaitabl
         if mark > saved and ctx.signal.cancelled:
             current = asyncio.current_task()
             if current is not None:
-                _FINISHING.add(current)
-            await save()
+                _FINISHING.add(current)  # not cancelled again while it saves
+                _CONSUMED.add(current)  # the checkpoint's Cancelled is this cancellation's
+            try:
+                await save()
+            finally:
+                bridge = current_bridge()
+                if current is not None and bridge is not None:
+                    bridge.finished_call(current)
+                elif current is not None:
+                    _FINISHING.discard(current)
         raise
     except BaseException:
         await stop_running()

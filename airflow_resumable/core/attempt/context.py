@@ -120,9 +120,16 @@ class RunContext:
         self._previous: Checkpoint | None | object = _UNREAD
         #: The attempt's thread: the one that opened the checkpoint database's connection.
         self._home = threading.get_ident()
-        #: The items past the position that ctx.map had finished when it saved it (their JSON text).
-        done = tally.state.pop(MAP_DONE, None)
-        self._map_done: set[str] | None = {ENCODER.encode(k) for k in done} if isinstance(done, list) else None
+        #: The items past the position that ctx.map had finished when it saved it (their JSON text):
+        #: only when saved with this very position (a row whose position was moved by hand, or saved
+        #: since by another checkpoint, names none: its items are run again, never skipped).
+        saved = tally.state.pop(MAP_DONE, None)
+        self._map_done: set[str] | None = None
+        if (isinstance(saved, dict) and isinstance(saved.get("done"), list) and "after" in saved
+                and ENCODER.encode(saved["after"]) == ENCODER.encode(tally.position)):
+            self._map_done = {ENCODER.encode(k) for k in saved["done"]}
+        #: True while a ctx.map() runs: it alone saves the position then.
+        self._mapping = False
 
     @property
     def previous(self) -> Checkpoint | None:
@@ -221,8 +228,8 @@ class RunContext:
 
     async def _asave(self, saving: tuple[Any, ...]) -> None:
         bridge = current_bridge()
-        if bridge is None:  # not on the attempt's event loop (a loop the caller runs): write inline
-            saving[0](*saving[1:])
+        if bridge is None:  # not on the attempt's event loop (a loop the caller runs): where a sync call would run
+            self._at_home("ctx.acheckpoint()", *saving)
             return
         await bridge.home(*saving)
 
@@ -230,7 +237,7 @@ class RunContext:
         """``ctx.map``'s save: ``acheckpoint(position, processed=processed)``, the saved state also
         naming the items past ``position`` that finished (``done``), which a resumed attempt's
         ``ctx.map`` does not run again (their effects on :attr:`state` are saved already)."""
-        await self._asave(self._checkpoint_call(position, None, processed, None, map_done=done))
+        await self._asave(self._checkpoint_call(position, None, processed, None, map_done=done, mapping=True))
 
     def _take_map_done(self) -> set[str]:
         """The items (their positions' JSON text) the attempt this one resumes had finished past its
@@ -247,8 +254,8 @@ class RunContext:
         (writes that commit with the next checkpoint, exactly once). The calls run one at a time.
         """
         bridge = current_bridge()
-        if bridge is None:
-            return fn(*args, **kwargs)
+        if bridge is None:  # a loop the caller runs: where a sync call would run (handed over from another thread)
+            return self._at_home("ctx.arun()", fn, *args, **kwargs)
         return await bridge.home(fn, *args, **kwargs)
 
     async def map(
@@ -277,7 +284,9 @@ class RunContext:
         skipped item).
 
         Raises:
-            ConfigurationError: ``limit`` or ``every`` is not a positive whole number.
+            ConfigurationError: ``limit`` or ``every`` is not a positive whole number; the items'
+                positions do not grow along the list; another ctx.map() of the run is under way.
+                (While it runs, a checkpoint from elsewhere is refused with it too.)
             Exception: the first error of an item (not skipped); the items in flight are cancelled
                 and the checkpoint stays at the last saved mark.
             Cancelled / Paused / LeaseLost: as :meth:`checkpoint`.
@@ -287,18 +296,50 @@ class RunContext:
                 raise ConfigurationError(f"ctx.map() {name} must be a positive whole number, got {value!r}",
                                          job=self.job, slot=self.slot, hint=f"Pass {name}=50, say")
         skippable = None if skip_on is None else tuple(skip_on) if isinstance(skip_on, (tuple, list)) else (skip_on,)
-        return await map_items(self, items, fn, limit=limit, key=position or default_key, every=every,
-                               skip_on=skippable, skip_limit=skip_limit)
+        if self._mapping:
+            raise ConfigurationError(
+                "ctx.map() was called while another ctx.map() of this run is under way (nested, or at once): both "
+                "would save the slot's one position, each past items the other has not finished",
+                job=self.job, slot=self.slot,
+                hint="Use one ctx.map() at a time: flatten the items into one list, or run an item's own parts "
+                "with asyncio.gather inside its function")
+        self._mapping = True
+        try:
+            return await map_items(self, items, fn, limit=limit, key=position or default_key, every=every,
+                                   skip_on=skippable, skip_limit=skip_limit)
+        finally:
+            self._mapping = False
 
     def _checkpoint_call(self, position: Any, state: dict[str, Any] | None, processed: int | None,
-                         total: int | None, *, map_done: list[Any] | None = None) -> tuple[Any, ...]:
+                         total: int | None, *, map_done: list[Any] | None = None,
+                         mapping: bool = False) -> tuple[Any, ...]:
         """The attempt's call that saves this checkpoint, its arguments encoded and checked now
-        (``map_done``: written into the saved state only, see :meth:`_asave_mark`)."""
+        (``map_done``: written into the saved state only, see :meth:`_asave_mark`; ``mapping``:
+        ctx.map's own save).
+
+        Raises:
+            ConfigurationError: a checkpoint other than ctx.map's own while a ctx.map() runs.
+            InvalidCheckpoint: not JSON, or the state uses ctx.map's key.
+        """
+        if self._mapping and not mapping:
+            raise ConfigurationError(
+                "a checkpoint was saved while ctx.map() runs (from one of its items, or another task): ctx.map "
+                "saves the position itself, the last one before which every item finished; this one could pass "
+                "items still running, which a crash would then skip. Nothing was written",
+                job=self.job, slot=self.slot,
+                hint="Let ctx.map() save the position (change ctx.state in the item: it is saved with the mark); "
+                "checkpoint after ctx.map() returns")
         tally = self._tally
         state = tally.state if state is None else state
+        if isinstance(state, dict) and MAP_DONE in state:
+            raise InvalidCheckpoint(
+                f"the state's key {MAP_DONE!r} is ctx.map()'s own (it names the items past the position that "
+                "finished); nothing was written", job=self.job, slot=self.slot,
+                hint=f"Rename your key {MAP_DONE!r} in ctx.state")
         processed = tally.processed if processed is None else self._count("processed", processed)
         total = tally.total if total is None else self._count("total", total)
-        position_json, state_json = self._encode(position, {**state, MAP_DONE: map_done} if map_done else state)
+        saved = {**state, MAP_DONE: {"after": position, "done": map_done}} if map_done else state
+        position_json, state_json = self._encode(position, saved)
         # One way: the attempt saves, records in the tally, reports, then stops or waits.
         return (self._attempt.after_chunk, position_json, state_json, state, processed, total)
 
