@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import logging
 import os
 import signal
@@ -245,6 +246,8 @@ def test_acheckpoint_leaves_the_event_loop_free_while_the_checkpoint_is_written(
             holder.close()
         await write
         tick.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await tick
 
     attempt(store, 1).run(measured)
     # Then the ticker ran 50 times while the write waited on the database, and the write completed after

@@ -13,7 +13,8 @@ from contextlib import AbstractContextManager, contextmanager
 from datetime import datetime
 from typing import Any, Protocol
 
-from airflow_resumable.core.attempt.async_bridge import MAP_DONE, current_bridge, map_items, serving
+from airflow_resumable.core.attempt.async_bridge import current_bridge, serving
+from airflow_resumable.core.attempt.async_map import MAP_DONE, map_items
 from airflow_resumable.core.attempt.reporter import Log
 from airflow_resumable.core.attempt.signal import Signal
 from airflow_resumable.core.attempt.tally import Tally
