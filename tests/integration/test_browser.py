@@ -44,11 +44,11 @@ import pytest
 
 from airflow_resumable.core import SQLiteStore
 from devtools.postgres import Server, dsn
+from support.paths import ROOT
 from support.standalone import Standalone, wait_for
 
 pytestmark = [pytest.mark.scheduler, pytest.mark.browser]
 
-ROOT = Path(__file__).resolve().parent.parent
 DAG_FILE = ROOT / "tests" / "dags" / "browser_dags.py"
 #: The UI tour's own DAG (docs/how-to/ui.md): its skipped items and their retry.
 TOUR_DAG_FILE = ROOT / "dags" / "readings_import.py"
@@ -836,13 +836,13 @@ def test_every_request_button_is_enabled_exactly_where_the_rules_offer_it_and_sa
     request, and each button's tooltip is the table's sentence for this slot now (what it does, or
     why not). A requester's name with markup in it stays text in the tooltips."""
     from selenium.webdriver.common.by import By
-    from test_rules import JOB as RULES_JOB
-    from test_rules import REQUESTS, seed, set_row
 
     from airflow_resumable.core.control.requests import now_of
     from airflow_resumable.core.model import request_rules as rules
     from airflow_resumable.core.model.request_rules import Action, Lease, Slot
     from airflow_resumable.core.model.states import Status
+    from tests.unit.core.model.test_request_rules import JOB as RULES_JOB
+    from tests.unit.core.model.test_request_rules import REQUESTS, seed, set_row
 
     driver = browser
     login(driver, env)

@@ -17,22 +17,21 @@ import signal
 import time
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
-from test_scheduler import Env, assert_exactly_once
 
 from airflow_resumable.core.attempt.lease import STOP_POLL
 from airflow_resumable.core.model.checkpoint import Checkpoint
 from devtools.postgres import Server
 from support.celery_cluster import CeleryDeployment, Component, redis_client
 from support.deployment import HEARTBEAT_TIMEOUT, databases
+from support.paths import ROOT
 from support.standalone import wait_for
+from tests.integration.test_scheduler import Env, assert_exactly_once
 
 pytestmark = [pytest.mark.celery, pytest.mark.scheduler]
 
-ROOT = Path(__file__).resolve().parent.parent
 DAG_FILES = [ROOT / "tests" / "dags" / "celery_dags.py", ROOT / "tests" / "dags" / "scheduler_dags.py"]
 SLOW = "celery_slow"
 MAPPED = "celery_mapped"

@@ -42,8 +42,8 @@ import pytest
 
 import airflow_resumable
 from devtools import airflow_env
+from support.paths import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.dist
 
 #: The MD5 of the Apache License 2.0 as the ASF publishes it (www.apache.org/licenses/LICENSE-2.0.txt).

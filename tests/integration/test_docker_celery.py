@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_docker import (  # noqa: F401 - _empty_home is an autouse fixture, used by compose()
+
+from tests.integration.test_docker import (  # noqa: F401 - _empty_home is an autouse fixture, used by compose()
     API_SERVER,
     COMPOSE_FILE,
     DAG_PROCESSOR,

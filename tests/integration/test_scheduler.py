@@ -22,7 +22,6 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
-from pathlib import Path
 from typing import Any
 
 import psutil
@@ -34,11 +33,11 @@ from airflow_resumable.core.model.errors import RequestRefused
 from airflow_resumable.core.stores.base import StoreSession
 from devtools.postgres import Server
 from support.deployment import HEARTBEAT_TIMEOUT, databases
+from support.paths import ROOT
 from support.standalone import Standalone, wait_for
 
 pytestmark = pytest.mark.scheduler
 
-ROOT = Path(__file__).resolve().parent.parent
 DAG_FILE = ROOT / "tests" / "dags" / "scheduler_dags.py"
 DAG_ID = "sched_slow"
 TASK_ID = "work"

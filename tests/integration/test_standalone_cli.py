@@ -31,11 +31,11 @@ import psutil
 import pytest
 
 from devtools import standalone as script
+from support.paths import ROOT
 from support.standalone import PASSWORD_FILE, free_port, kill, wait_for
 
 pytestmark = pytest.mark.scheduler
 
-ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 
 

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from support.paths import ROOT
+
 DOCS = ROOT / "docs"
 README = (ROOT / "README.md").read_text()
 PAGES = {path: path.read_text() for path in [ROOT / "README.md", *sorted(DOCS.rglob("*.md"))]}

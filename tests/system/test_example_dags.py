@@ -25,9 +25,9 @@ import psycopg2
 import pytest
 
 from devtools.postgres import Server, dsn
+from support.paths import ROOT
 from support.xcoms import xcom as support_xcom
 
-ROOT = Path(__file__).resolve().parent.parent
 DAGS_DIR = ROOT / "dags"
 DAG_FILES = sorted(DAGS_DIR.glob("*.py"))
 EXAMPLE_DAG_IDS = [
@@ -610,7 +610,7 @@ def test_readings_import_with_its_skip_policy_is_resumable_by_the_test_kit(airfl
 
     # Imported by its name from dags/ (not loaded as a DAG file under a private name): the kit's
     # process_death resumes in a new process that imports the handler again by its module path.
-    dags = str(Path(__file__).resolve().parent.parent / "dags")
+    dags = str(ROOT / "dags")
     if dags not in sys.path:
         sys.path.append(dags)
     sys.modules.pop("readings_import", None)

@@ -5,13 +5,11 @@ from __future__ import annotations
 
 import re
 import warnings
-from pathlib import Path
 
 import pytest
 
 from devtools import layout
-
-ROOT = Path(__file__).resolve().parent.parent
+from support.paths import ROOT
 
 
 def test_no_two_rooms_import_each_other_and_the_package_stands_on_at_most_ten_floors() -> None:

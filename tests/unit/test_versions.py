@@ -32,8 +32,8 @@ from airflow_resumable.version_compat import (
     needs,
     supports,
 )
+from support.paths import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 CONSTRAINTS = ROOT / "constraints"
 #: The supported pairs: every Airflow minor on Python 3.11, and the newest Airflow on every Python.
 AIRFLOW_MINORS = ("3.1", "3.2", "3.3")

@@ -22,8 +22,8 @@ from typing import Any
 import pytest
 
 from airflow_resumable.core.stores import Store
+from support.paths import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 DAY = "2026-02-01T00:00:00+00:00"
 
 # The provider runs on every supported Airflow (3.1 to 3.3) and comes with the test extra: a

@@ -12,9 +12,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
-from test_lease import Worker
 
 from airflow_resumable.core.stores import Store
+from support.paths import ROOT
+from tests.unit.core.attempt.test_lease import Worker
 
 JOB = "shared-job"
 NEW = datetime(2026, 6, 2, tzinfo=timezone.utc)
@@ -180,7 +181,7 @@ def test_skip_names_the_run_that_began_first_its_slot_and_start_in_the_log_and_f
     from airflow_resumable.plugins.api import overlap_of
     from support.standalone import wait_for
 
-    root = Path(__file__).resolve().parent.parent
+    root = ROOT
     code = ("import os, sys; from pathlib import Path; sys.path[:0] = [sys.argv[1], sys.argv[1] + '/tests']\n"
             "from devtools.dags import DagFolder\n"
             "dag = DagFolder(Path(os.environ['AIRFLOW__CORE__DAGS_FOLDER']), '_older_').load('rt_overlap_allow')\n"

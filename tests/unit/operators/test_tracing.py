@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 
 from airflow_resumable.core.stores import Store
+from support.paths import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 DAY = "2026-02-01T00:00:00+00:00"
 
 # OpenTelemetry's API comes with Airflow (its task SDK imports it from 3.2 on; Airflow 3.1 depends on it

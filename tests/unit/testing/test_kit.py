@@ -33,8 +33,7 @@ from airflow_resumable.testing import (
     check_partitioned,
     check_resumable,
 )
-
-ROOT = Path(__file__).resolve().parent.parent
+from support.paths import ROOT
 
 
 def example(name: str) -> Any:

@@ -16,7 +16,6 @@ import sys
 import tempfile
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -35,12 +34,13 @@ from airflow_resumable.core import (
     chunk_loop,
     control,
 )
+from support.paths import SUPPORT
 from support.stores import spec_of
 
 JOB, SLOT = "async_export", "2026-04-01T00:00:00+00:00"
 #: The bound on how long a stop takes to reach a pending await (the watcher polls every 50 ms).
 PROMPT = 5.0
-WORKER = Path(__file__).parent / "support" / "async_kill_worker.py"
+WORKER = SUPPORT / "async_kill_worker.py"
 
 
 def attempt(store: Store, n: int = 1, **options: Any) -> Attempt:

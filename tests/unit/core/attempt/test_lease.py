@@ -16,9 +16,10 @@ from typing import Any
 import pytest
 
 from airflow_resumable.core import Attempt, LeaseBusy, Options, Store
+from support.paths import SUPPORT
 from support.stores import spec_of
 
-WORKER = Path(__file__).parent / "support" / "lease_worker.py"
+WORKER = SUPPORT / "lease_worker.py"
 JOB, SLOT = "zombie", "2026-05-01T00:00:00+00:00"
 
 

@@ -14,7 +14,6 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
 import psycopg2
@@ -24,9 +23,10 @@ from airflow_resumable.core import Attempt, Options
 from airflow_resumable.core.attempt.pipeline import THREAD_PREFIX
 from airflow_resumable.core.model.errors import Cancelled, ConfigurationError, LeaseLost
 from airflow_resumable.core.stores import PostgresStore, Store
+from support.paths import SUPPORT
 from support.stores import spec_of
 
-WORKER = Path(__file__).parent / "support" / "pipeline_worker.py"
+WORKER = SUPPORT / "pipeline_worker.py"
 JOB, SLOT = "pipelined", "2026-01-01T00:00:00+00:00"
 
 

@@ -18,7 +18,6 @@ from datetime import datetime, timezone
 from typing import Any
 
 import pytest
-from test_partitions import table
 
 from airflow_resumable import control
 from airflow_resumable.core import Attempt, chunk_loop
@@ -28,6 +27,7 @@ from airflow_resumable.core.readers import SequenceReader
 from airflow_resumable.core.stores import Store
 from support.sources import Source
 from support.xcoms import xcom
+from tests.unit.core.work.test_partitions import table
 
 DAY = datetime(2026, 3, 1, tzinfo=timezone.utc)
 SLOT = DAY.isoformat()
@@ -49,7 +49,7 @@ def written(source: Source, ident: int) -> int:
 def test_retry_of_a_partition_s_skipped_items_through_the_cli_is_replayed_by_its_next_run(
     checkpoints: Store, source: Source, run_dag: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from test_jobs import cli
+    from tests.unit.test_jobs import cli
 
     # Given a partitioned run that skipped row 13 (partition 1) and row 27 (partition 2)
     table(source, ROWS)
@@ -86,7 +86,7 @@ def test_retry_of_a_partition_s_skipped_items_through_the_cli_is_replayed_by_its
 def test_retry_of_a_decorated_partition_s_skipped_items_through_python_m_is_replayed_by_its_next_run(
     checkpoints: Store, source: Source, run_dag: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from test_commands import module_cli
+    from tests.unit.test_commands import module_cli
 
     table(source, ROWS)
     assert str(run_dag("pt_skips_decorated", conf={"bad": [27]}, logical_date=DAY).state) == "success"

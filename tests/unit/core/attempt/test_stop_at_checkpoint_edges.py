@@ -16,7 +16,17 @@ import pytest
 
 from airflow_resumable.core import Attempt, Cancelled, LeaseLost, Options, Paused, Store, control
 from airflow_resumable.core.stores import listings
-from tests.test_stop_at_checkpoint import ASK_AT, DAY, JOB, LEASE, SLOT, FastItems, attempt, row, wait_until
+from tests.unit.core.attempt.test_stop_at_checkpoint import (
+    ASK_AT,
+    DAY,
+    JOB,
+    LEASE,
+    SLOT,
+    FastItems,
+    attempt,
+    row,
+    wait_until,
+)
 
 N = 20
 

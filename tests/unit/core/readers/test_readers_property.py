@@ -15,13 +15,13 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_readers import Crash
 
 from airflow_resumable.core import Attempt, chunk_loop
 from airflow_resumable.core.model.errors import ConfigurationError
 from airflow_resumable.core.readers import KeysetReader
 from airflow_resumable.core.stores import Store
 from support.sources import Source
+from tests.unit.core.readers.test_readers import Crash
 
 _names = itertools.count()
 

@@ -23,9 +23,10 @@ from airflow_resumable.core.control import requests as control
 from airflow_resumable.core.model.defaults import LEASE
 from airflow_resumable.core.model.errors import RequestRefused
 from airflow_resumable.core.stores import SQLiteStore
+from support.paths import SUPPORT
 from support.stores import spec_of
 
-WORKER = Path(__file__).parent / "support" / "sqlite_load_worker.py"
+WORKER = SUPPORT / "sqlite_load_worker.py"
 
 
 def _prepare(store: SQLiteStore) -> None:

@@ -24,6 +24,7 @@ import pytest
 from airflow_resumable.core import Attempt
 from airflow_resumable.core.model.errors import ConfigurationError, StoreUnavailable
 from airflow_resumable.core.stores import PostgresStore, SQLiteStore, Store
+from support.paths import SUPPORT
 
 JOB, SLOT = "errors.store", "2026-03-01T00:00:00+00:00"
 ITEMS, CHUNK = 20, 5
@@ -358,7 +359,7 @@ def test_a_sqlite_file_uri_the_store_cannot_honour_is_refused_saying_exactly_why
 
 def _frozen_holder(path: Path, job: str, slot: str) -> subprocess.Popen[str]:
     """A real attempt of ``job``/``slot`` in another process, frozen (SIGSTOP) holding the write lock."""
-    worker = Path(__file__).parent / "support" / "frozen_writer.py"
+    worker = SUPPORT / "frozen_writer.py"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     proc = subprocess.Popen([sys.executable, str(worker), str(path), job, slot], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=env)

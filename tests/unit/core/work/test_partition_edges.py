@@ -9,7 +9,6 @@ from datetime import datetime, timezone
 from typing import Any
 
 import pytest
-from test_partitions import table
 
 from airflow_resumable import control
 from airflow_resumable.core import Attempt
@@ -18,6 +17,7 @@ from airflow_resumable.core.stores import Store
 from airflow_resumable.core.work.partitions import load_plan
 from support.sources import Source
 from support.xcoms import xcom
+from tests.unit.core.work.test_partitions import table
 
 DAY = datetime(2026, 3, 1, tzinfo=timezone.utc)
 SLOT = DAY.isoformat()

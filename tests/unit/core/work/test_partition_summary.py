@@ -14,7 +14,6 @@ from datetime import datetime, timezone
 from typing import Any
 
 import pytest
-from test_partitions import table
 
 from airflow_resumable import control
 from airflow_resumable.core.model.checkpoint import Checkpoint
@@ -23,6 +22,7 @@ from airflow_resumable.core.work.partition_summary import summarize
 from airflow_resumable.core.work.partitions import Plan
 from support.sources import Source
 from support.xcoms import xcom
+from tests.unit.core.work.test_partitions import table
 
 DAY = datetime(2026, 3, 1, tzinfo=timezone.utc)
 SLOT = DAY.isoformat()
@@ -90,7 +90,7 @@ def test_the_summary_of_a_run_with_skipped_rows_names_them_beside_the_processed_
 def test_the_jobs_command_shows_the_planned_and_the_skipped_rows(
     checkpoints: Store, source: Source, run_dag: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from test_jobs import cli
+    from tests.unit.test_jobs import cli
 
     table(source, ROWS)
     run_dag("pt_skips", conf={"bad": [13, 27]}, logical_date=DAY)

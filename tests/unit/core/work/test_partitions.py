@@ -25,6 +25,7 @@ from airflow_resumable.core.work import partitions
 from airflow_resumable.core.work.partition_summary import summarize
 from airflow_resumable.core.work.partitions import Plan, allowed_failures, load_plan, save_plan, split
 from airflow_resumable.operators.task_instance import RESTART_CONF_KEY
+from support.paths import TESTS
 from support.sources import Source
 from support.xcoms import xcom
 
@@ -356,7 +357,6 @@ def test_tolerated_failure_lets_the_job_succeed_with_that_many_failed_partitions
 def test_with_a_real_scheduler_a_failed_partition_is_cleared_alone_and_resumes_from_its_own_checkpoint(
     pg_server: Any,
 ) -> None:
-    from pathlib import Path
 
     from support.deployment import databases
     from support.standalone import Standalone, wait_for
@@ -369,7 +369,7 @@ def test_with_a_real_scheduler_a_failed_partition_is_cleared_alone_and_resumes_f
                         "FROM generate_series(0, 39) i")
             # Made here: partitions starting at once would race PostgreSQL's CREATE TABLE IF NOT EXISTS
             cur.execute("CREATE TABLE pt_sink (grp TEXT, id INTEGER, part INTEGER, attempt INTEGER)")
-        airflow = Standalone(metadata_uri=db.metadata_uri, dag_files=[Path(__file__).parent / "dags" /
+        airflow = Standalone(metadata_uri=db.metadata_uri, dag_files=[TESTS / "dags" /
                                                                        "partition_dags.py"], env=db.env)
         try:
             airflow.start()
@@ -496,7 +496,6 @@ def test_on_celery_a_million_rows_in_16_partitions_are_each_written_once_though_
     pg_server: Any,
 ) -> None:
     import time
-    from pathlib import Path
 
     from support.celery_cluster import CeleryDeployment, redis_client
     from support.deployment import HEARTBEAT_TIMEOUT, databases
@@ -513,7 +512,7 @@ def test_on_celery_a_million_rows_in_16_partitions_are_each_written_once_though_
         with db.store.open(autocommit=True) as s:
             s.ensure_schema()  # here: 16 partitions starting at once would all create it
         cluster = CeleryDeployment(metadata_uri=db.metadata_uri, env=db.env, triggerer=False,
-                                   dag_files=[Path(__file__).parent / "dags" / "partition_dags.py"])
+                                   dag_files=[TESTS / "dags" / "partition_dags.py"])
         try:
             cluster.start()
             cluster.serve((dag_id,))

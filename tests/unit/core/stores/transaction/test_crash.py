@@ -13,12 +13,12 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 from airflow_resumable.core.stores import Store
+from support.paths import SUPPORT
 from support.stores import spec_of
 
-WORKER = Path(__file__).parent / "support" / "kill_worker.py"
+WORKER = SUPPORT / "kill_worker.py"
 ITEMS, CHUNK, TRIALS = 400, 9, 12
 LEASE = 0.6  # a killed holder's lease lapses quickly, so the next attempt takes over
 

@@ -25,9 +25,10 @@ from airflow_resumable.core import Attempt, Options
 from airflow_resumable.core.model.errors import AttemptEnded, TransactionRefused
 from airflow_resumable.core.stores import PostgresStore, SQLiteStore, Store
 from support.escapes import ITEMS, handler, make_sink, sink
+from support.paths import SUPPORT
 from support.stores import psycopg3_store, spec_of
 
-WORKER = Path(__file__).parent / "support" / "escape_worker.py"
+WORKER = SUPPORT / "escape_worker.py"
 JOB, SLOT = "guard", "2026-01-01T00:00:00+00:00"
 PG = pytest.mark.postgres
 ALL = ("sqlite", "psycopg2", "psycopg3")
