@@ -20,8 +20,8 @@ from airflow_resumable.core import Attempt, chunk_loop
 from airflow_resumable.core.model.errors import ConfigurationError
 from airflow_resumable.core.readers import KeysetReader
 from airflow_resumable.core.stores import Store
+from support.readers import Crash
 from support.sources import Source
-from tests.unit.core.readers.test_readers import Crash
 
 _names = itertools.count()
 
