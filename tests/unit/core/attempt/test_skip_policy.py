@@ -362,7 +362,7 @@ DAY = datetime(2026, 3, 1, tzinfo=timezone.utc)
 
 
 def test_the_chunked_operator_s_summary_counts_and_shows_the_skipped_items(checkpoints: Store, run_dag: Any) -> None:
-    from tests.unit.operators.test_operators import xcom
+    from support.xcoms import xcom
 
     run = run_dag("rt_chunked_skips", conf={"bad": [3, 17]}, logical_date=DAY)
     assert str(run.state) == "success"
@@ -399,7 +399,7 @@ def test_the_control_api_lists_and_replays_skipped_items_by_connection(store: St
 def test_the_chunked_operator_s_state_counts_the_good_items_of_a_chunk_with_a_bad_one_once(
     checkpoints: Store, run_dag: Any
 ) -> None:
-    from tests.unit.operators.test_operators import xcom
+    from support.xcoms import xcom
 
     # Given 1..30 in chunks of 5, 13 bad, a process adding each number to ctx.state before writing it
     run = run_dag("rt_chunked_skips_state", conf={"bad": [13]}, logical_date=DAY)
@@ -482,7 +482,7 @@ def test_the_chunked_operator_replays_requested_items_through_its_process_after_
     """A real DAG: 13 and 22 skipped, a retry asked by alice through control (which clears the
     finished task instance), 13 fixed: the next run of the slot replays both through ``process``."""
     from airflow_resumable import control
-    from tests.unit.operators.test_operators import xcom
+    from support.xcoms import xcom
 
     run = run_dag("rt_chunked_skips_state", conf={"bad": [13, 22]}, logical_date=DAY)
     assert str(run.state) == "success"
