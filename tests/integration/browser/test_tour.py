@@ -9,13 +9,13 @@ same try, to done, with an ETA that holds); finds the slot on the jobs page and 
 its task instance; marks a running task instance failed and clears it, and the open tab follows
 both without a reload.
 
-The screens never mislead: every request's button is enabled exactly where the rules table offers
-it, in every status, pending request and lease, with a tooltip saying what it would do now or why
-not; primary actions stay visible at 1280 px; the skipped items' counts count what the table
-lists, and a note of a retry goes once the retry ran; who pressed Cancel is named (a name with
-markup stays text); the jobs page's filters live in its address (odd values included); a failed
-partition's error is in the partitions list; the Storage tab's link opens the tab inside the
-Airflow UI; a job of one slot is not described in partitions.
+The screens never mislead: primary actions stay visible at 1280 px; the skipped items' counts
+count what the table lists, and a note of a retry goes once the retry ran; a failed partition's
+error is in the partitions list; a job of one slot is not described in partitions (the buttons the
+rules table offers, who pressed Cancel and the jobs page's filters: test_truthful_screens.py).
+
+The deployment and the browser are the folder's (conftest.py): one ``airflow standalone`` for both
+modules, as for one.
 
 Screenshots go to ``$RESUMABLE_SCREENSHOTS`` (``make screenshots`` sets ``docs/screenshots``),
 else to a temporary folder. The refresh latency (from a checkpoint's commit to the tab showing
@@ -27,249 +27,37 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 import re
-import shutil
 import statistics
-import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterator
 from datetime import datetime
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 from zoneinfo import ZoneInfo
 
 import pytest
 
-from airflow_resumable.core import SQLiteStore
-from devtools.postgres import Server, dsn
-from support.paths import ROOT
-from support.standalone import Standalone, wait_for
+from support.browser import (
+    DAG_ID,
+    JOB,
+    MEASURED,
+    REFRESH,
+    TASK_ID,
+    Env,
+    assert_buttons_visible,
+    attr,
+    frame_text,
+    login,
+    open_tab,
+    press,
+    record,
+    shown,
+    until,
+)
+from support.standalone import wait_for
 
 pytestmark = [pytest.mark.scheduler, pytest.mark.browser]
-
-DAG_FILE = ROOT / "tests" / "dags" / "browser_dags.py"
-#: The UI tour's own DAG (docs/how-to/ui.md): its skipped items and their retry.
-TOUR_DAG_FILE = ROOT / "dags" / "readings_import.py"
-#: A user whose name holds markup (the simple auth manager takes any name without ':' or ',').
-MARKUP_USER = "<i>eve</i>"
-DAG_ID, TASK_ID = "ui_export", "export"
-JOB = f"{DAG_ID}.{TASK_ID}"
-CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
-CHROMIUM_ARGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 "--disable-dev-shm-usage", "--window-size=1440,1000")
-#: The tab's refresh period while the slot is live (resumable.js REFRESH_MS); the issue asks <= 5 s.
-REFRESH = 2.0
-
-T = TypeVar("T")
-
-
-class Env:
-    def __init__(self, airflow: Standalone, store: SQLiteStore):
-        self.airflow, self.store = airflow, store
-
-    @property
-    def api(self) -> Any:
-        assert self.airflow.api is not None
-        return self.airflow.api
-
-    def row(self, run_id: str, *, job: str = JOB) -> Any:
-        with self.store.open() as s:
-            return s.checkpoints.load(job, run_id)
-
-
-@pytest.fixture(scope="module")
-def env(pg_server: Server, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
-    for path in (CHROMIUM, CHROMEDRIVER):
-        if not os.access(path, os.X_OK):
-            pytest.fail(f"{path} is missing: apt-get install -y chromium chromium-driver (make browser-deps)",
-                        pytrace=False)
-    metadata = pg_server.create_database("resumable_browser_meta")
-    store = SQLiteStore(tmp_path_factory.mktemp("browser") / "checkpoints.db")
-    with store.open() as session:
-        session.ensure_schema()  # the test reads the table before the first attempt creates it
-    airflow = Standalone(
-        metadata_uri=dsn(metadata).replace("postgresql://", "postgresql+psycopg2://", 1),
-        dag_files=[DAG_FILE, TOUR_DAG_FILE],
-        env={"AIRFLOW_CONN_RESUMABLE_DEFAULT": f"sqlite:///{store.path}",
-             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": f"admin:admin,viewer:viewer,{MARKUP_USER}:admin"},
-    )
-    try:
-        airflow.start()
-        airflow.serve([DAG_ID, "readings_import", "ui_parts", "ui_overlap", "ui_partitioned"])
-        warm_up(airflow)
-        yield Env(airflow, store)
-    finally:
-        airflow.close()
-
-
-def warm_up(airflow: Standalone) -> None:
-    """One short run to its end before the tests. A fresh api-server on a busy machine has been
-    seen to answer its first task's Execution API calls too late (the supervisor then kills the
-    task): that is the machine, not the page, and must not read as the first test's failure. A
-    second and third run are tried; a third failure fails the module, saying so."""
-    assert airflow.api is not None
-    api = airflow.api
-    states = []
-    for n in range(3):
-        run_id = f"warm_up_{n}_{uuid.uuid4().hex[:6]}"
-        api.trigger(DAG_ID, run_id=run_id, conf={"items": 1, "delay": 0})
-        state = wait_for(lambda run_id=run_id: (s := api.dag_run(DAG_ID, run_id)["state"]) in ("success", "failed")
-                         and s, timeout=300, interval=1.0, what="a warm-up run to end", on_timeout=airflow.tail)
-        states.append(state)
-        if state == "success":
-            return
-    pytest.fail(f"three warm-up runs of {DAG_ID} failed ({states}): the standalone cannot run a task\n"
-                f"{airflow.tail()}", pytrace=False)
-
-
-@pytest.fixture(scope="module")
-def browser(env: Env) -> Iterator[Any]:
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    os.environ.setdefault("SE_OFFLINE", "true")  # Selenium Manager: never look for a driver online
-    profile = tempfile.mkdtemp(prefix="resumable-chromium-")
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for arg in (*CHROMIUM_ARGS, f"--user-data-dir={profile}"):
-        options.add_argument(arg)
-    driver = webdriver.Chrome(options=options, service=Service(executable_path=CHROMEDRIVER))
-    driver.set_page_load_timeout(60)
-    try:
-        yield driver
-    finally:
-        driver.quit()
-        shutil.rmtree(profile, ignore_errors=True)
-
-
-@pytest.fixture(scope="module")
-def shots() -> Path:
-    folder = Path(os.environ.get("RESUMABLE_SCREENSHOTS") or tempfile.mkdtemp(prefix="resumable-shots-"))
-    folder.mkdir(parents=True, exist_ok=True)
-    return folder
-
-
-def until(condition: Callable[[], T | None], *, timeout: float, what: str,
-          on_timeout: Callable[[], str] | None = None) -> T:
-    """``wait_for`` that also rides over a page that is being re-rendered (stale or missing elements)."""
-    from selenium.common.exceptions import WebDriverException
-
-    def attempt() -> T | None:
-        try:
-            return condition()
-        except WebDriverException:
-            return None
-
-    return wait_for(attempt, timeout=timeout, interval=0.05, what=what, on_timeout=on_timeout)
-
-
-def login(driver: Any, env: Env) -> None:
-    from selenium.webdriver.common.by import By
-
-    if driver.current_url.startswith(env.airflow.base_url) and driver.get_cookie("_token"):
-        return  # signed in by an earlier test of the module
-    driver.get(env.airflow.base_url + "/")
-    until(lambda: driver.find_element(By.CSS_SELECTOR, "input[name=username]"), timeout=60, what="the login form")
-    driver.find_element(By.CSS_SELECTOR, "input[name=username]").send_keys("admin")
-    driver.find_element(By.CSS_SELECTOR, "input[name=password]").send_keys(env.airflow.admin_password())
-    driver.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
-    until(lambda: driver.get_cookie("_token"), timeout=60, what="the session cookie after signing in")
-
-
-def press(driver: Any, element_id: str, *, what: str, timeout: float = 10) -> None:
-    """Click the tab's button ``element_id`` once it is there and enabled. Found and clicked in one
-    script: the tab re-renders itself every refresh, and an element found before a refresh is gone
-    after it (a busy machine stretches the gap between a find and a click past one)."""
-    until(lambda: driver.execute_script(
-        "var e = document.getElementById(arguments[0]); if (!e || e.disabled) return false; e.click(); return true;",
-        element_id) or None, timeout=timeout, what=what)
-
-
-def frame_text(driver: Any, css: str) -> str:
-    """The element's text; read again when a refresh re-rendered it between the find and the read."""
-    from selenium.common.exceptions import StaleElementReferenceException
-    from selenium.webdriver.common.by import By
-
-    for _ in range(4):
-        try:
-            return str(driver.find_element(By.CSS_SELECTOR, css).text)
-        except StaleElementReferenceException:
-            continue
-    return str(driver.find_element(By.CSS_SELECTOR, css).text)
-
-
-#: What the tests measured, written to measurements.json beside the screenshots as they go.
-MEASURED: dict[str, Any] = {}
-
-
-def record(shots: Path, **values: Any) -> None:
-    MEASURED.update(values)
-    (shots / "measurements.json").write_text(json.dumps(MEASURED, indent=2) + "\n")
-
-
-def open_tab(driver: Any, env: Env, dag_id: str, run_id: str, task_id: str) -> tuple[Any, float]:
-    """Open the task instance's page, click its Checkpoint tab, switch into the tab's frame; how
-    long from the click to the tab showing the slot (or saying why not)."""
-    from selenium.webdriver.common.by import By
-
-    driver.switch_to.default_content()
-    driver.get(f"{env.airflow.base_url}/dags/{dag_id}/runs/{run_id}/tasks/{task_id}")
-    tab = until(lambda: driver.find_element(
-        By.XPATH, "//*[self::a or self::button][.//text()[normalize-space()='Checkpoint']]"),
-        timeout=60, what="the Checkpoint tab on the task instance page")
-    tab.click()
-    clicked = time.monotonic()
-    frame = until(lambda: driver.find_element(By.CSS_SELECTOR, "iframe[title='Checkpoint']"), timeout=30,
-                  what="the tab's frame")
-    driver.switch_to.frame(frame)
-    until(lambda: driver.find_elements(By.ID, "figures") or driver.find_elements(By.ID, "not-resumable")
-          or driver.find_elements(By.ID, "overlap") or None, timeout=30, what="the tab's content")
-    return frame, time.monotonic() - clicked
-
-
-def shown(driver: Any, what: str) -> str:
-    from selenium.webdriver.common.by import By
-
-    found = driver.find_elements(By.CSS_SELECTOR, what)
-    return found[0].text if found else ""
-
-
-def attr(driver: Any, css: str, name: str) -> str | None:
-    from selenium.webdriver.common.by import By
-
-    found = driver.find_elements(By.CSS_SELECTOR, css)
-    return found[0].get_attribute(name) if found else None
-
-
-def problem_showing(driver: Any, element: Any) -> str | None:
-    """None when ``element`` is wholly inside its frame's viewport, its text not cut; else what is wrong."""
-    return driver.execute_script(
-        "var e = arguments[0], r = e.getBoundingClientRect(), w = document.documentElement.clientWidth;"
-        "if (r.width === 0) return 'not shown';"
-        "if (r.left < 0 || r.right > w + 0.5) return 'outside the frame (' + Math.round(r.left) + '..' + "
-        "  Math.round(r.right) + ' of ' + w + ')';"
-        "if (e.scrollWidth > e.clientWidth + 1) return 'its text is cut';"
-        "return null;", element)
-
-
-def assert_buttons_visible(driver: Any, frame: Any, css: str) -> list[str]:
-    """Every button ``css`` selects in ``frame`` is wholly visible without scrolling sideways, and
-    the frame is inside the window. Returns the buttons' texts."""
-    from selenium.webdriver.common.by import By
-
-    driver.switch_to.default_content()
-    outside = driver.execute_script("var r = arguments[0].getBoundingClientRect(); return r.right > "
-                                    "document.documentElement.clientWidth + 0.5;", frame)
-    assert not outside, "the frame reaches past the window"
-    driver.switch_to.frame(frame)
-    buttons = driver.find_elements(By.CSS_SELECTOR, css)
-    assert buttons, css
-    problems = {b.text: problem_showing(driver, b) for b in buttons}
-    assert not any(problems.values()), problems
-    return [b.text for b in buttons]
 
 
 def test_the_readme_tour_the_tab_follows_a_run_live_pauses_resumes_and_the_jobs_page_opens_it(
@@ -694,9 +482,6 @@ def test_the_rest_api_of_a_real_api_server_applies_airflow_auth(env: Env) -> Non
         assert done.status_code == 200 and done.json()["history"][-1]["requested_by"] == "admin"
 
 
-#: The jobs summary and its re-run ("redo only what failed"), and the overlap skip's answer.
-
-
 def test_the_jobs_page_counts_a_mapped_jobs_partitions_and_re_runs_the_failed_ones(
     env: Env, browser: Any, shots: Path
 ) -> None:
@@ -819,168 +604,3 @@ def test_the_tab_of_a_run_the_overlap_policy_skipped_names_the_run_it_yielded_to
     until(lambda: driver.execute_script("return location.pathname")
           == f"/dags/ui_overlap/runs/{first}/tasks/export/plugin/checkpoint" or None, timeout=30,
           what="the run it yielded to, opened in the Airflow UI")
-
-
-# -- screens that never mislead ---------------------------------------------------------------------
-
-RULES_DAG, RULES_RUN, RULES_TASK = "ui_rules", "rules_run", "export"
-#: A name with markup in it, as a request's author on the row: it must stay text.
-MARKUP_NAME = '<img src=x onerror="window.__pwned=1">'
-
-
-def test_every_request_button_is_enabled_exactly_where_the_rules_offer_it_and_says_what_it_would_do(
-    env: Env, browser: Any
-) -> None:
-    """A slot in every status, with every pending request and every kind of lease (its row written by
-    hand): the tab enables each button exactly where the rules table (core/model/request_rules.py) offers that
-    request, and each button's tooltip is the table's sentence for this slot now (what it does, or
-    why not). A requester's name with markup in it stays text in the tooltips."""
-    from selenium.webdriver.common.by import By
-
-    from airflow_resumable.core.control.requests import now_of
-    from airflow_resumable.core.model import request_rules as rules
-    from airflow_resumable.core.model.request_rules import Action, Lease, Slot
-    from airflow_resumable.core.model.states import Status
-    from tests.unit.core.model.test_request_rules import JOB as RULES_JOB
-    from tests.unit.core.model.test_request_rules import REQUESTS, seed, set_row
-
-    driver = browser
-    login(driver, env)
-    seed(env.store)
-    with env.store.open() as s:
-        s.execute("UPDATE resumable_checkpoints SET dag_id = %s, task_id = %s, run_id = %s, map_index = -1, "
-                  "requested_by = %s WHERE job = %s", (RULES_DAG, RULES_TASK, RULES_RUN, MARKUP_NAME, RULES_JOB))
-        s.commit()
-    url = (f"{env.airflow.base_url}/resumable/ui/checkpoint?dag_id={RULES_DAG}&run_id={RULES_RUN}"
-           f"&task_id={RULES_TASK}&map_index=-1")
-    checked = 0
-    for status, request, lease in itertools.product(Status, REQUESTS, Lease):
-        row = set_row(env.store, Slot(status, request, lease), None)
-        now = now_of(row)
-        expected = rules.offers(rules.slot_of(row, now))
-        driver.get(url)
-        until(lambda status=status: frame_text(driver, "#status").startswith(status.value) and
-              driver.find_elements(By.CSS_SELECTOR, "#actions button") or None, timeout=30,
-              what=f"the tab of a {status} slot", on_timeout=lambda: shown(driver, "body"))
-        # every button's state and tooltip in one script (a refresh between two reads re-renders them)
-        states = driver.execute_script(
-            "return arguments[0].map(function (a) { var b = document.getElementById('action-' + a);"
-            " return b ? [!b.disabled, b.title] : null; });", [a.value for a in Action])
-        for action, (enabled, title) in zip(Action, states, strict=True):
-            where = f"{action.value} of {status}/{request}/{lease}"
-            assert enabled == expected[action.value], where
-            assert title == rules.explain(action, row, now), where
-        checked += 1
-        # the name with markup stayed text: no element made of it, no script run
-        assert not driver.find_elements(By.CSS_SELECTOR, "#root img")
-        assert driver.execute_script("return window.__pwned === undefined")
-    assert checked == len(Status) * len(REQUESTS) * len(Lease)
-    # The table's own example: Pause on a failed slot is offered, and says when it takes effect
-    set_row(env.store, Slot(Status.FAILED, None, Lease.NONE), None)
-    driver.get(url)
-    until(lambda: frame_text(driver, "#status").startswith("failed") or None, timeout=30, what="the failed slot")
-    assert driver.find_element(By.ID, "action-pause").is_enabled()
-    assert "its next attempt (a retry or a Clear) pauses before its first chunk" in attr(driver, "#action-pause", "title")
-    assert attr(driver, "#action-cancel", "title").startswith("Not now: the slot is failed: no attempt runs it")
-
-
-def test_a_cancel_pressed_in_the_tab_names_the_person_and_the_storage_link_opens_the_tab_in_the_ui(
-    env: Env, browser: Any, shots: Path
-) -> None:
-    """The UI's user who pressed Cancel is named in the row's last error and its history (not "the
-    control API"); a user whose name holds markup, cancelling through REST, is shown as text. The
-    summary in Airflow's task state store (the Storage tab) links to the tab inside the Airflow UI."""
-    import httpx
-    from selenium.webdriver.common.by import By
-
-    driver = browser
-    login(driver, env)
-    pressed, by_rest = f"ui_{uuid.uuid4().hex[:6]}", f"ui_{uuid.uuid4().hex[:6]}"
-    for run in (pressed, by_rest):
-        env.api.trigger(DAG_ID, run_id=run, conf={"items": 200, "delay": 0.25})
-    for run in (pressed, by_rest):
-        wait_for(lambda run=run: (r := env.row(run)) is not None and r.status == "running" and r.processed >= 2,
-                 timeout=180, interval=0.2, what="the export to make progress")
-
-    # When the admin presses Cancel in the tab and confirms
-    frame, _ = open_tab(driver, env, DAG_ID, pressed, TASK_ID)
-    until(lambda: driver.find_element(By.ID, "action-cancel").is_enabled() or None, timeout=30, what="Cancel enabled")
-    assert "stops at its next chunk boundary" in attr(driver, "#action-cancel", "title")
-    press(driver, "action-cancel", what="Cancel enabled")
-    asked = until(lambda: frame_text(driver, "#confirmation") or None, timeout=10, what="the confirmation")
-    assert "Cancel this slot's run? The run stops at its next chunk boundary" in asked, asked
-    press(driver, "confirm", what="the confirmation")
-    clicked = time.monotonic()
-    # Then the run stops as cancelled, and its last error and history name the admin
-    until(lambda: frame_text(driver, "#status").startswith("cancelled") or None, timeout=60,
-          what="the tab to say cancelled", on_timeout=lambda: shown(driver, "body"))
-    cancelled_after = time.monotonic() - clicked
-    assert frame_text(driver, "#last-error") == "cancel requested by admin"
-    history = frame_text(driver, "#history")
-    assert "cancel_requested admin" in history and "requested: cancel requested by admin" in history, history
-    assert env.row(pressed).last_error == "cancel requested by admin"
-    driver.switch_to.default_content()
-    driver.save_screenshot(str(shots / "checkpoint-tab-cancelled.png"))
-
-    # When a user whose name holds markup cancels the other run through REST
-    passwords = json.loads((env.airflow.home / "simple_auth_manager_passwords.json.generated").read_text())
-    with httpx.Client(base_url=env.airflow.base_url, timeout=30) as http:
-        token = http.post("/auth/token", json={"username": MARKUP_USER, "password": passwords[MARKUP_USER]})
-        token.raise_for_status()
-        done = http.post("/resumable/api/v1/checkpoint/cancel", params={"job": JOB, "slot": by_rest},
-                         headers={"Authorization": f"Bearer {token.json()['access_token']}"})
-    assert done.status_code == 200, done.text
-    # Then the admin's tab shows the name as text, in the last error and the history
-    frame, _ = open_tab(driver, env, DAG_ID, by_rest, TASK_ID)
-    until(lambda: frame_text(driver, "#status").startswith("cancelled") or None, timeout=60,
-          what="the other run cancelled", on_timeout=lambda: shown(driver, "body"))
-    assert frame_text(driver, "#last-error") == f"cancel requested by {MARKUP_USER}"
-    assert MARKUP_USER in frame_text(driver, "#history")
-    assert not driver.find_elements(By.CSS_SELECTOR, "#root i")
-
-    # And the Storage tab's summary links to the tab on the Airflow UI's own route
-    summary = wait_for(lambda: (env.api.request(
-        "GET", f"/dags/{DAG_ID}/dagRuns/{pressed}/taskInstances/{TASK_ID}/state-store/resumable",
-        expect=(200, 404)) or {}).get("value"), timeout=60, interval=0.5, what="the task state store's summary")
-    link = summary["checkpoint_tab"]
-    assert link == f"{env.airflow.base_url}/dags/{DAG_ID}/runs/{pressed}/tasks/{TASK_ID}/plugin/checkpoint", link
-    driver.switch_to.default_content()
-    driver.get(link)
-    opened = time.monotonic()
-    frame = until(lambda: driver.find_element(By.CSS_SELECTOR, "iframe[title='Checkpoint']"), timeout=60,
-                  what="the Checkpoint tab inside the Airflow UI", on_timeout=lambda: driver.current_url)
-    driver.switch_to.frame(frame)
-    until(lambda: frame_text(driver, "#status").startswith("cancelled") or None, timeout=30, what="the linked tab")
-    link_seconds = time.monotonic() - opened
-    driver.switch_to.default_content()
-    assert driver.find_element(By.TAG_NAME, "nav")  # Airflow's own page around it, not the bare plugin page
-    record(shots, cancel_seconds={"cancel_to_tab_cancelled": round(cancelled_after, 2),
-                                  "storage_link_to_tab": round(link_seconds, 2)})
-
-
-def test_the_jobs_page_takes_odd_filter_values_from_its_address_as_text(env: Env, browser: Any) -> None:
-    """A shared address whose filters hold markup, a control character, a status that does not
-    exist and an over-long DAG id: the page shows them as text, ignores the unknown status saying
-    so, sends the API only what it accepts, and keeps working."""
-    from urllib.parse import quote
-
-    from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import Select
-
-    driver = browser
-    login(driver, env)
-    odd = '<script>window.__pwned=1</script>"\x00x' + "y" * 300
-    for path in ("/plugin/resumable-jobs/resumable/ui/jobs", "/plugin/resumable-jobs"):
-        driver.switch_to.default_content()
-        driver.get(f"{env.airflow.base_url}{path}?dag_id={quote(odd)}&status={quote('bogus<b>')}")
-        jobs = until(lambda: driver.find_element(By.CSS_SELECTOR, "iframe[title='Resumable jobs']"), timeout=60,
-                     what="the jobs page's frame")
-        driver.switch_to.frame(jobs)
-        until(lambda: "updated" in frame_text(driver, "#refreshed") or None, timeout=30, what="the page's answer",
-              on_timeout=lambda: shown(driver, "body"))
-        typed = driver.find_element(By.NAME, "dag_id").get_attribute("value")
-        assert typed == ('<script>window.__pwned=1</script>"x' + "y" * 300)[:250], (path, typed)
-        assert Select(driver.find_element(By.NAME, "status")).first_selected_option.text == "any"
-        assert "Status “bogus<b>” is not one of" in frame_text(driver, "#filter-note"), path
-        assert frame_text(driver, "#message") == "No slots match.", (path, frame_text(driver, "#message"))
-        assert driver.execute_script("return window.__pwned === undefined && !document.querySelector('#root b')")
