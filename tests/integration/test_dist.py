@@ -16,7 +16,7 @@ the repository for this Python: on 3.11, each supported Airflow minor (3.1, 3.2,
 each, oldest first; ``newest`` is the newest of them only. The fresh venv's Python is the one
 running the tests, so a matrix cell's interpreter is the cell's Python:
 
-    RESUMABLE_DIST_AIRFLOW="3.2.2 3.3.2" python -m pytest -m dist tests/test_dist.py
+    RESUMABLE_DIST_AIRFLOW="3.2.2 3.3.2" python -m pytest -m dist tests/integration/test_dist.py
 
 The sdist ships the package and its documents, no tests (MANIFEST.in says why); a test holds it
 to that.
@@ -117,7 +117,7 @@ def test_the_airflow_list_defaults_to_every_pinned_airflow_and_takes_versions_or
     cells = airflow_cells("")
     assert {cell.constraints for cell in cells} == set(constraints_files()) and not [c for c in cells if c.problem]
     assert [_version_key(c.airflow) for c in cells] == sorted(_version_key(c.airflow) for c in cells)
-    if PYTHON == "3.11":  # every supported Airflow minor has a file for 3.11 (tests/test_versions.py)
+    if PYTHON == "3.11":  # every supported Airflow minor has a file for 3.11 (tests/unit/test_versions.py)
         assert [".".join(c.airflow.split(".")[:2]) for c in cells] == ["3.1", "3.2", "3.3"]
     (default,) = airflow_cells("newest")
     assert default == cells[-1] and default.airflow == pinned_airflow(default.constraints)  # type: ignore[arg-type]
@@ -270,7 +270,7 @@ def test_the_version_is_declared_once_and_every_place_reads_it(artifacts: Artifa
 
 def test_the_docker_image_builds_the_package_with_the_license_files_its_metadata_names() -> None:
     """docker/Dockerfile installs from the package's source: the files setup.cfg's license_files
-    names travel beside setup.cfg (tests/test_docker.py checks the build context lets them in)."""
+    names travel beside setup.cfg (tests/integration/test_docker.py checks the build context lets them in)."""
     import configparser
 
     config = configparser.ConfigParser()

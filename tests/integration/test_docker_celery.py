@@ -1,5 +1,5 @@
 """The Celery variant of the Docker deployment (``docker/docker-compose.celery.yml``), checked as
-tests/test_docker.py checks the LocalExecutor one: Docker Compose's own ``config`` validates and
+tests/integration/test_docker.py checks the LocalExecutor one: Docker Compose's own ``config`` validates and
 resolves it, and the assertions read the resolved model. Nothing is built or started here."""
 
 from __future__ import annotations

@@ -81,7 +81,7 @@ def test_the_column_tables_are_the_tables_definitions() -> None:
 def test_the_argument_table_is_the_operators_declarations(airflow_home: Path) -> None:
     """Every argument's row (name, default, meaning) comes from its declaration, which reads its
     default from ``core/model/defaults.py``; the operator's signature is checked against the same
-    declarations in tests/test_operators.py."""
+    declarations in tests/unit/operators/test_resumable.py."""
     from airflow_resumable.core.model.options import markdown
     from airflow_resumable.operators.resumable import OPERATOR_ARGUMENTS
 
@@ -94,7 +94,7 @@ def test_the_argument_table_is_the_operators_declarations(airflow_home: Path) ->
 def test_the_chunked_operator_table_states_the_defaults_of_its_signature(airflow_home: Path) -> None:
     """The table and the heading's signature come from ChunkedOperator's declarations
     (core/work/chunk_loop.py's CHUNKED_OPTIONS); its signature is checked against the same declarations in
-    tests/test_operators.py."""
+    tests/unit/operators/test_resumable.py."""
     import inspect
 
     from airflow_resumable import ChunkedOperator
@@ -167,7 +167,7 @@ def test_every_relative_link_resolves_to_a_file() -> None:
 
 def test_every_image_of_the_readme_is_in_the_docs_too() -> None:
     """The README's images are files the docs site publishes (docs/), so the same file shows on
-    GitHub and on the site (the README names them by absolute URL, for PyPI: tests/test_package.py)."""
+    GitHub and on the site (the README names them by absolute URL, for PyPI: tests/unit/test_package.py)."""
     raw = "https://raw.githubusercontent.com/airflow-resumable/airflow-resumable/main/"
     images = [image.removeprefix(raw) for image in re.findall(r"!\[[^\]]*\]\(([^)]+)\)", README)]
     assert images

@@ -1,5 +1,5 @@
 """Draining on a worker's shutdown, without a deployment: the keeper's stop sources and the Celery
-hooks that feed one (tests/test_celery.py drives the same path on real Celery workers)."""
+hooks that feed one (tests/integration/test_celery.py drives the same path on real Celery workers)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Pause, throttle and time slices in real DAG runs through dag.test(), which runs the trigger in
 line: the task defers, and continues in the same try. (The real triggerer, with a pool of one, is
-in test_scheduler_pause.py.)"""
+in tests/integration/test_scheduler.py.)"""
 
 from __future__ import annotations
 

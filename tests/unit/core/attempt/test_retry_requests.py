@@ -2,7 +2,7 @@
 not done; never left pending for good.
 
 "Retry skipped items" on a partition, through each entry point: Airflow's CLI (the operator's
-form), ``python -m airflow_resumable`` (the decorator's form) and the REST API (tests/test_api.py);
+form), ``python -m airflow_resumable`` (the decorator's form) and the REST API (tests/unit/plugins/test_api.py);
 the next run of the partition replays them through its own ``process``, and a replayed item says
 so, keeping the error it had failed with. Around it: a run that finishes the slot without carrying
 a request out puts the items back saying so; a request is refused in the same write while an

@@ -39,7 +39,7 @@ def test_progress_lines_carry_percent_and_counts(store: Store, caplog: pytest.Lo
     # The first line has nothing measured yet: no rate, no ETA; it alone names the job and slot
     assert lines[0] == f"progress 25% processed=5/20 [job={JOB} slot={SLOT}]"
     # Four chunks in well under a second measure no rate yet (two chunk cycles over 1 s are needed:
-    # tests/test_progress.py measures the rate and the ETA)
+    # tests/unit/core/attempt/test_reporter.py measures the rate and the ETA)
     assert lines[1] == "progress 50% processed=10/20" and "rate=" not in lines[3]
     assert "job=" not in lines[1] and "slot=" not in lines[3]
     # And a last line says the run is done

@@ -1,5 +1,5 @@
 """Pause, resume, cancel, restart and release through the core's control API, with the attempt loop;
-throttling and time slices. No Airflow: the deferral itself is tested in test_deferral.py.
+throttling and time slices. No Airflow: the deferral itself is tested in tests/unit/operators/test_deferral.py.
 
 Given / When / Then, against both stores.
 """

@@ -4,11 +4,11 @@ Guarantee 3 whatever SQL the handler sends through ``ctx.transaction()`` (a ``WI
 not DML to Python's sqlite3, which would run it in autocommit), ``executescript`` refused, and a
 connection URI with a bad ``synchronous`` refused by name. The concurrency cases (heartbeats and
 control requests while a transactional handler runs, two workers on one file) are in
-``tests/test_sqlite_concurrency.py``.
+``tests/unit/core/stores/test_sqlite_concurrency.py``.
 
 One test runs on SQLite only (``one_store``): statements only SQLite's grammar has (``BEGIN
 IMMEDIATE``, a comment that does not nest), refused by SQLite's own authorizer; PostgreSQL's own
-cases are in ``tests/test_transaction_guard.py``.
+cases are in ``tests/unit/core/stores/transaction/test_postgres_cursors.py``.
 """
 
 from __future__ import annotations
@@ -178,7 +178,7 @@ def test_a_statement_that_would_end_the_chunks_transaction_is_refused_before_it_
     _refused_before_it_runs(store, statement)
 
 
-@pytest.mark.one_store("SQLite's own grammar (PostgreSQL's cases are in tests/test_transaction_guard.py)")
+@pytest.mark.one_store("SQLite's own grammar (PostgreSQL's cases are in tests/unit/core/stores/transaction/test_postgres_cursors.py)")
 @pytest.mark.parametrize("statement", ["BEGIN IMMEDIATE", "/* /* */ COMMIT --*/", "end transaction"])
 def test_sqlite_judges_its_own_grammar_before_the_statement_runs(store: Store, statement: str) -> None:
     # (a nested comment does not nest in SQLite: the COMMIT after the first */ is a statement)
