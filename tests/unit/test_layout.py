@@ -1,10 +1,15 @@
 """The package's layout holds its rules: rooms that never import each other, at most 10 floors, no module
-over 600 lines, no two core modules named alike, and the contributor guide's map as the code stands."""
+over 600 lines, no two core modules named alike, and the contributor guide's map as the code stands.
+The tests' layout holds its own: tests/unit/ follows the package's folders, every test module is in
+unit/, integration/ or system/, and none is over 700 lines.
+
+No Airflow here (``make lint`` runs this module)."""
 
 from __future__ import annotations
 
 import re
 import warnings
+from pathlib import Path
 
 import pytest
 
@@ -105,3 +110,41 @@ def test_a_module_s_path_before_0_5_0_still_imports_with_a_deprecation_warning()
         assert importlib.import_module("airflow_resumable.core.attempt.runner") is runner  # the new path: no warning
     for new in _moved.MOVED.values():
         importlib.import_module("airflow_resumable.core." + new)  # every target exists
+
+
+# -- the tests' layout ------------------------------------------------------------------------------
+
+TESTS = ROOT / "tests"
+PACKAGE = ROOT / "airflow_resumable"
+#: The folders a test module lives in, each its own marker (tests/conftest.py).
+TEST_FOLDERS = ("unit", "integration", "system")
+#: The most lines a test module (or a folder's conftest.py) may have: split one on its seams past it.
+TEST_MODULE_LINES = 700
+
+
+def _folders(top: Path) -> list[Path]:
+    return sorted(p for p in top.rglob("*") if p.is_dir() and p.name != "__pycache__")
+
+
+def test_every_unit_test_folder_is_a_package_folder_of_the_same_path() -> None:
+    """tests/unit/core/attempt/ holds the tests of airflow_resumable/core/attempt/, and so on: where a
+    module's tests are follows from where the module is. Each folder is a package, so a test module
+    may carry the name of the module it covers even where two folders hold modules of that name."""
+    strays = [str(f.relative_to(TESTS)) for f in _folders(TESTS / "unit") if not (PACKAGE / f.relative_to(TESTS / "unit")).is_dir()]
+    assert not strays, f"test folders with no package folder of the same path: {strays}"
+    not_packages = [str(f.relative_to(TESTS)) for f in [TESTS, *(TESTS / t for t in TEST_FOLDERS), *_folders(TESTS / "unit")]
+                    if not (f / "__init__.py").is_file()]
+    assert not not_packages, f"test folders without an __init__.py: {not_packages}"
+
+
+def test_every_test_module_is_in_unit_integration_or_system() -> None:
+    strays = sorted(str(p.relative_to(TESTS)) for p in TESTS.rglob("test_*.py")
+                    if p.relative_to(TESTS).parts[0] not in TEST_FOLDERS)
+    assert not strays, f"test modules outside tests/unit, tests/integration and tests/system: {strays}"
+
+
+def test_no_test_module_is_over_700_lines() -> None:
+    modules = [*TESTS.rglob("test_*.py"), *TESTS.rglob("conftest.py")]
+    assert len(modules) > 50  # the walk sees the suite
+    big = {str(p.relative_to(TESTS)): n for p in modules if (n := len(p.read_text().splitlines())) > TEST_MODULE_LINES}
+    assert not big, f"test modules over {TEST_MODULE_LINES} lines (split each on its seams): {big}"
