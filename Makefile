@@ -58,16 +58,19 @@ chaos-deps:
 
 ## The README's screenshots (docs/screenshots/): the browser test against a real airflow standalone.
 screenshots: venv browser-deps
-	RESUMABLE_SCREENSHOTS=$(CURDIR)/docs/screenshots $(PY) -m pytest -p no:cacheprovider -ra -s tests/test_browser.py
+	RESUMABLE_SCREENSHOTS=$(CURDIR)/docs/screenshots $(PY) -m pytest -p no:cacheprovider -ra -s tests/integration/browser/
 
 ## The release artifacts: wheel and sdist in dist/, checked by twine check --strict (scripts/dist.sh).
 dist: venv
 	PY=$(PY) CONSTRAINTS=$(CONSTRAINTS) bash scripts/dist.sh
 
-## Lint and type check: ruff over everything, mypy over the package.
+## Lint and type check: ruff over everything, mypy over the package; the layout's rules (the package's
+## and the tests') and the no-circle test, with pytest (no Airflow imported: seconds).
 lint: venv
 	$(PY) -m ruff check airflow_resumable devtools tests bench dags scripts
 	$(PY) -m mypy
+	$(PY) -m pytest -p no:cacheprovider -q tests/unit/test_layout.py \
+		tests/unit/test_package.py::test_no_import_circles_in_the_package_counting_type_only_imports
 
 ## The docs site (docs/, mkdocs.yml) into build/site; strict: a warning (a broken link, a page
 ## missing from the navigation, a reference to code that does not exist) fails the build.

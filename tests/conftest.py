@@ -170,11 +170,20 @@ def run_dag(airflow_home: Path):
 # -- markers --------------------------------------------------------------------------------------
 
 
+#: The folders under tests/ and the marker each gives its tests (``-m unit``, ``-m "not integration"``).
+FOLDER_MARKERS = ("unit", "integration", "system")
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark every test that needs PostgreSQL ``postgres``, so ``-m "not postgres"`` runs the rest
-    without a server: those that use the server's fixtures, and the PostgreSQL half of the tests
-    parametrized over both stores."""
+    """Mark every test with its folder (``unit``, ``integration``, ``system``), and every test that
+    needs PostgreSQL ``postgres``, so ``-m "not postgres"`` runs the rest without a server: those
+    that use the server's fixtures, and the PostgreSQL half of the tests parametrized over both
+    stores."""
+    tests = ROOT / "tests"
     for item in items:
+        path = Path(item.path)
+        if path.is_relative_to(tests) and path.relative_to(tests).parts[0] in FOLDER_MARKERS:
+            item.add_marker(path.relative_to(tests).parts[0])
         callspec = getattr(item, "callspec", None)
         on_postgres = callspec is not None and callspec.params.get("store_kind") == "postgres"
         if on_postgres or "pg_server" in getattr(item, "fixturenames", ()):

@@ -14,7 +14,7 @@ Clear of a task instance discards its task state store entries unless ``keep_tas
 (apache/airflow newsfragment 72100), changes nothing in what a resumable task does: the summary is
 gone until the next attempt writes it again, and a Clear of a failed task still resumes from the
 checkpoint, a Clear of a succeeded task still starts the slot over on purpose (both with or without
-``keep_task_state``; see docs/explanation/airflow.md). A test pins it (tests/test_state_store.py).
+``keep_task_state``; see docs/explanation/airflow.md). A test pins it (tests/unit/operators/test_state_store.py).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The DAGs the browser test (tests/test_browser.py) watches in the UI: one slow resumable export, a
+"""The DAGs the browser test (tests/integration/browser/) watches in the UI: one slow resumable export, a
 mapped one whose partition 1 fails (the jobs page's partitions and "Re-run failed partitions"), and
 one whose runs share a job with overlap="skip" (the tab of the run that yielded), and a partitioned
 job with a skip policy (a partition's "Retry skipped items"). The tab's skipped items and "Retry

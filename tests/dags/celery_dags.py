@@ -1,4 +1,4 @@
-"""DAGs driven by a real CeleryExecutor deployment in tests/test_celery.py (two workers).
+"""DAGs driven by a real CeleryExecutor deployment in tests/integration/test_celery.py (two workers).
 
 The handler is ``sched_slow``'s (tests/dags/scheduler_dags.py, in the same dags folder): numbered
 items, ``chunk`` at a time, ``delay`` seconds each, every item committed through

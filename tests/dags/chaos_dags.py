@@ -1,4 +1,4 @@
-"""The chaos suite's workloads (tests/test_chaos.py, ``make chaos``), on a CeleryExecutor deployment
+"""The chaos suite's workloads (tests/integration/test_chaos.py, ``make chaos``), on a CeleryExecutor deployment
 whose workers and checkpoint database are hosts of their own.
 
 Every write to a sink carries the lease token of the attempt that made it, read once when the
@@ -196,7 +196,7 @@ def pod_items(ctx: RunContext, *, items: Any, chunk: Any, delay: Any) -> dict[st
     return {"items": items, "attempt": ctx.attempt}
 
 
-# tests/test_kubernetes_eviction.py: the queue ``pod`` has no worker; the test takes each of its
+# tests/integration/test_kubernetes_eviction.py: the queue ``pod`` has no worker; the test takes each of its
 # task messages and runs it as the KubernetesExecutor's pod would, on a host of its own. The queue
 # ``podworker`` is a Celery worker started under dumb-init on such a host.
 for _queue in ("pod", "podworker"):

@@ -1,5 +1,5 @@
 """A DAG whose handler misbehaves in its third chunk (``tests/support/escapes.py``), for
-``tests/test_transaction_guard.py`` through dag.test(). conf: ``misdeed`` (a name of
+``tests/unit/core/stores/transaction/test_transaction_guard.py`` through dag.test(). conf: ``misdeed`` (a name of
 ``escapes.MISDEEDS``, or none). Its writes go to ``sink`` in the checkpoint database."""
 
 from __future__ import annotations

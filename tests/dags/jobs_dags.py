@@ -1,5 +1,5 @@
 """A mapped DAG whose partitions named in the run's conf (``fail_parts``) fail without a retry:
-the per-job summary and the re-run of the failed partitions only (tests/test_jobs.py)."""
+the per-job summary and the re-run of the failed partitions only (tests/unit/test_jobs.py)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""DAGs for tests/test_operator_outcomes.py: how a resumable task ends in Airflow when a request
+"""DAGs for tests/unit/operators/test_outcome.py: how a resumable task ends in Airflow when a request
 outlived its holder, and with the task's ``retry_policy=``.
 
 conf keys: ``seen`` (a file each chunk's first item is appended to, outside the checkpoint).

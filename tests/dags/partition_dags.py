@@ -1,4 +1,4 @@
-"""Partitioned jobs the test-suite drives through dag.test() (tests/test_partitions.py).
+"""Partitioned jobs the test-suite drives through dag.test() (tests/unit/core/work/test_partitions.py).
 
 Each reads ``pt_source (grp, id)`` on a composite key from the checkpoint store's own database
 (the ``resumable_default`` connection) and writes every row it processes to ``pt_sink`` through
@@ -105,7 +105,7 @@ def copy_rows(ctx: RunContext, batch: list[Any]) -> None:
 
 
 with DAG("pt_celery", schedule=None, start_date=START, catchup=False, max_active_tasks=16) as pt_celery:
-    # Run on the Celery deployment (tests/test_partitions.py): 1,000,000 rows of ``pt_big`` in 16
+    # Run on the Celery deployment (tests/unit/core/work/test_partitions.py): 1,000,000 rows of ``pt_big`` in 16
     # partitions; a short lease, so a retry takes a killed worker's partition over at once.
     partitioned(task_id="copy", read=sql_reader("resumable_default", table="pt_big", key="id"), process=copy_rows,
                 partitions=16, chunk_size=10_000, lease=4, retries=3, retry_delay=timedelta(seconds=2))
@@ -139,7 +139,7 @@ with DAG("pt_skips_decorated", schedule="@daily", start_date=START, catchup=Fals
 
 
 with DAG("pt_skips_fresh", schedule="@daily", start_date=START, catchup=False) as pt_skips_fresh:
-    # pt_skips on the store the REST tests serve besides the default (tests/test_api.py: resumable_fresh).
+    # pt_skips on the store the REST tests serve besides the default (tests/unit/plugins/test_api.py: resumable_fresh).
     partitioned(task_id="export", read=source("resumable_fresh"), process=write_rows_or_refuse, partitions=4,
                 chunk_size=3, skip_on=ValueError, skip_limit=5, retries=0, conn_id="resumable_fresh")
 

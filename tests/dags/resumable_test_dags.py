@@ -195,7 +195,7 @@ with DAG("rt_mapped_shared_job", schedule="@daily", start_date=START, catchup=Fa
     )
 
 
-# -- Two DAGs sharing one job on the same schedule, run at once by two processes (tests/test_race.py) ------
+# -- Two DAGs sharing one job on the same schedule, run at once by two processes (tests/integration/test_race.py) ------
 
 
 def gated_items(ctx: RunContext) -> dict[str, Any]:

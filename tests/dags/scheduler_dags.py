@@ -1,4 +1,4 @@
-"""DAGs driven by a real scheduler in tests/test_scheduler.py (``airflow standalone``).
+"""DAGs driven by a real scheduler in tests/integration/test_scheduler.py (``airflow standalone``).
 
 ``sched_slow`` runs one ResumableOperator whose handler works through ``items`` numbered items,
 ``chunk`` at a time, slowly (``delay`` seconds per item, waiting on the run's signal), so that the

@@ -1,4 +1,4 @@
-"""DAGs for tests/test_store_errors.py and tests/test_file_positions.py: errors that say what
+"""DAGs for tests/unit/core/stores/test_store_errors.py and tests/unit/core/readers/test_file_positions.py: errors that say what
 happened, as Airflow shows them.
 
 conf keys: ``admin_dsn`` (a libpq DSN the handler terminates its own backend through, from another

@@ -1,5 +1,5 @@
 """An attempt in its own process whose handler misbehaves in its third chunk, for
-``tests/test_transaction_guard.py`` (see ``escapes.py``).
+``tests/unit/core/stores/transaction/test_transaction_guard.py`` (see ``escapes.py``).
 
     python escape_worker.py STORE_SPEC JOB SLOT MISDEED THEN ATTEMPT
 

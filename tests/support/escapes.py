@@ -1,5 +1,5 @@
 """What a careless or hostile handler does to the chunk's transaction (issue 31's table), shared by
-``tests/test_transaction_guard.py``, its worker process (``escape_worker.py``) and the DAG of
+``tests/unit/core/stores/transaction/test_transaction_guard.py``, its worker process (``escape_worker.py``) and the DAG of
 ``tests/dags/guard_dags.py``.
 
 Each misdeed takes the run context and a cursor of ``ctx.transaction()``. The handler of

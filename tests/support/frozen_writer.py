@@ -1,4 +1,4 @@
-"""A real attempt that takes SQLite's write lock and freezes holding it (tests/test_store_errors.py).
+"""A real attempt that takes SQLite's write lock and freezes holding it (tests/unit/core/stores/test_store_errors.py).
 
 Usage: frozen_writer.py DB_PATH JOB SLOT. The handler writes through ``ctx.transaction()`` (the
 chunk's transaction takes the write lock), prints ``holding`` and stops its own process with

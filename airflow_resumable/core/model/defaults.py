@@ -1,5 +1,5 @@
 """Every default, in one place: the core's options, the operators' arguments and the docs' API
-table (``tests/test_readme.py`` checks the table) all read them from here."""
+table (``tests/system/test_docs.py`` checks the table) all read them from here."""
 
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ database to :data:`SCHEMA_VERSION`:
 * a newer one is refused: the code would misread it.
 
 The steps below are history: once released, a step never changes. A change of the tables is a new
-step at the end *and* the matching change of the dataclass; ``tests/test_migrations.py`` checks
+step at the end *and* the matching change of the dataclass; ``tests/unit/core/stores/test_migrations.py`` checks
 that a database migrated from version 1 has exactly the columns a fresh one has.
 """
 

@@ -1,7 +1,7 @@
 """Trials: one DAG run of every workload and one to three faults, each waiting for a condition of
 the slot it targets (:mod:`.moments`), then, once every run finished, the checker and each fault's
 verdict from the history (:mod:`.verdicts`). ``python -m support.chaos`` (``make chaos``) runs many
-and prints the report (:mod:`.report`); tests/test_chaos.py runs a few inside ``make test``."""
+and prints the report (:mod:`.report`); tests/integration/test_chaos.py runs a few inside ``make test``."""
 
 from __future__ import annotations
 

@@ -1,0 +1,189 @@
+"""Statements through ``ctx.transaction()`` on PostgreSQL (stores/transaction/postgres_cursors.py):
+PostgreSQL's own parser refuses exactly the statements that would end the transaction, a text it
+cannot read is not sent, nothing is sent with ``standard_conforming_strings`` off, every psycopg2
+cursor method that sends SQL is judged, and a transactional checkpoint costs no extra round trip.
+"""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+import pytest
+
+from airflow_resumable.core import Attempt, Options
+from airflow_resumable.core.model.errors import TransactionRefused
+from airflow_resumable.core.stores import PostgresStore, Store
+from support.escapes import make_sink, sink
+from support.guard import JOB, SLOT, _drivers
+
+PG_REFUSED = [
+    "COMMIT", "commit work", "END", "ROLLBACK", "rollback transaction", "ABORT", "BEGIN", "START TRANSACTION",
+    "PREPARE TRANSACTION 'x'", "INSERT INTO sink (item, attempt) VALUES (99, 1); COMMIT", "COMMIT AND CHAIN",
+    "SELECT name'\\'; COMMIT; --'", "SELECT ARRAY[']']; COMMIT; --'", "SELECT $é$'$é$; COMMIT; --'",
+    "SELECT $q$ ; end $q$; commit", "select 1;\n  begin", "ROLLBACK TO SAVEPOINT resumable_item",
+    'RELEASE "resumable_chunk_1"', "SAVEPOINT resumable_mine",
+    # read-only sessions (the run could record neither its checkpoint nor its failure) and the run's witness
+    "SET default_transaction_read_only = on", "SET SESSION default_transaction_read_only TO on",
+    "SET LOCAL transaction_read_only = on", "SET transaction_read_only TO on", "SET TRANSACTION READ ONLY",
+    "SET SESSION CHARACTERISTICS AS TRANSACTION READ ONLY", "RESET ALL", 'SET "DEFAULT_TRANSACTION_READ_ONLY" = on',
+    "SELECT set_config('default_transaction_read_only', 'on', false)", "SELECT set_config('resumable.chunk', 'x', true)",
+    "SELECT pg_catalog.set_config('resumable.chunk', 'x', true)", "SET LOCAL resumable.chunk = 'x'",
+    "RESET resumable.chunk", "SELECT current_setting('resumable.chunk', true)",
+    "SELECT set_config(lower('RESUMABLE.CHUNK'), 'x', true)",
+    r'SELECT U&"set\005fconfig"(' + "'resumable.chunk', 'x', true)",
+]
+
+PG_ALLOWED = [
+    "SELECT 1 /* ; commit /* nested */ ; */", "SELECT E'\\'; commit'", "SELECT 'x; commit'", 'SELECT 1 AS "commit"',
+    "SELECT $$; commit$$", "DO $$ BEGIN PERFORM 1; END $$", "SAVEPOINT mine", "ROLLBACK TO SAVEPOINT mine",
+    "RELEASE SAVEPOINT mine", "PREPARE p AS SELECT 1", "DEALLOCATE p", "SELECT 1 /* /* */ COMMIT --*/",
+    "UPDATE sink SET item = CASE WHEN item = 1 THEN 1 END WHERE false",
+    "SET LOCAL statement_timeout = '5s'", "SELECT current_setting('TimeZone')", "SET LOCAL work_mem = '8MB'",
+    "SELECT set_config('application_name', 'mine', true)", "SELECT 'set_config(''resumable.chunk'')'",
+]
+
+
+@pytest.mark.parametrize("driver_store", _drivers("psycopg2", "psycopg3"), indirect=True)
+def test_postgresql_s_own_parser_refuses_exactly_the_statements_that_would_end_the_transaction(
+    driver_store: Store,
+) -> None:
+    results: dict[str, str] = {}
+
+    def send_all(ctx: Any) -> None:
+        cur = ctx.transaction().cursor()
+        cur.execute("INSERT INTO sink (item, attempt) VALUES (%s, %s)", (1, ctx.attempt))
+        for sql in PG_REFUSED + PG_ALLOWED:
+            try:
+                cur.execute(sql)
+            except TransactionRefused:
+                results[sql] = "refused"
+            else:
+                results[sql] = "ran"
+        cur.execute("SAVEPOINT last")
+        ctx.checkpoint(1, processed=1)
+
+    # When a handler sends each through its cursor, then those that would end the transaction (or
+    # touch a savepoint of the run's) are refused before they are sent, and the rest run inside it
+    Attempt(driver_store, job=JOB, slot=SLOT, attempt=1, owner="a").run(send_all)
+    assert results == {**dict.fromkeys(PG_REFUSED, "refused"), **dict.fromkeys(PG_ALLOWED, "ran")}
+    assert sink(driver_store) == [1]
+
+
+@pytest.mark.parametrize("driver_store", _drivers("psycopg2", "psycopg3"), indirect=True)
+def test_a_text_postgresql_s_parser_cannot_read_is_not_sent(driver_store: Store) -> None:
+    def garbled(ctx: Any) -> None:
+        cur = ctx.transaction().cursor()
+        cur.execute("INSERT INTO sink (item, attempt) VALUES (%s, %s)", (1, ctx.attempt))
+        with pytest.raises(TransactionRefused, match="cannot read") as caught:
+            cur.execute("SELEC 1; COMMIT")  # would the server run the COMMIT? it is never asked
+        assert "pglast" in str(caught.value) and JOB in str(caught.value)
+        cur.execute("INSERT INTO sink (item, attempt) VALUES (%s, %s)", (2, ctx.attempt))  # the transaction is intact
+        ctx.checkpoint(2, processed=2)
+
+    Attempt(driver_store, job=JOB, slot=SLOT, attempt=1, owner="a").run(garbled)
+    assert sink(driver_store) == [1, 2]
+
+
+@pytest.mark.parametrize("driver_store", _drivers("psycopg2", "psycopg3"), indirect=True)
+def test_with_standard_conforming_strings_off_no_statement_is_sent(driver_store: Store) -> None:
+    # Given a handler that turns standard_conforming_strings off: '\'' then ends a string early, so
+    # the COMMIT after it would run, where PostgreSQL's parser (with it on) reads one string
+    def off(ctx: Any) -> None:
+        cur = ctx.transaction().cursor()
+        cur.execute("INSERT INTO sink (item, attempt) VALUES (%s, %s)", (1, ctx.attempt))
+        cur.execute("SET LOCAL standard_conforming_strings = off")
+        with pytest.raises(TransactionRefused, match="standard_conforming_strings"):
+            cur.execute("SELECT '\\''; COMMIT; --'")
+        ctx.checkpoint(1, processed=1)
+
+    # Then the statement is refused; the chunk commits once with its checkpoint
+    Attempt(driver_store, job=JOB, slot=SLOT, attempt=1, owner="a").run(off)
+    assert sink(driver_store) == [1]
+
+
+@pytest.mark.parametrize("driver_store", _drivers("psycopg2"), indirect=True)
+def test_every_psycopg2_cursor_method_that_sends_sql_is_judged_and_its_helpers_still_work(driver_store: Store) -> None:
+    import psycopg2.extras
+    from psycopg2 import sql
+
+    def helpers(ctx: Any) -> None:
+        tx = ctx.transaction()
+        cur = tx.cursor()
+        # the helpers of psycopg2.extras and psycopg2.sql, given the handle's cursor
+        psycopg2.extras.execute_values(cur, "INSERT INTO sink (item, attempt) VALUES %s", [(1, 1), (2, 1)])
+        psycopg2.extras.execute_values(cur, sql.SQL(  # rendered by psycopg2.sql with the cursor: a Literal needs the
+            # real connection, which psycopg2's own modules get from the cursor's .connection
+            "INSERT INTO {} (item, attempt) SELECT v.i, v.a FROM (VALUES %s) AS v(i, a) WHERE v.a = {}").format(
+            sql.Identifier("sink"), sql.Literal(1)), [(3, 1)])
+        assert sql.SQL("{}").format(sql.Literal("it's")).as_string(cur) == "'it''s'"
+        psycopg2.extras.execute_batch(cur, "INSERT INTO sink (item, attempt) VALUES (%s, %s)", [(4, 1), (5, 1)])
+        cur.execute(sql.SQL("INSERT INTO {} VALUES ({}, {})").format(sql.Identifier("sink"), sql.Literal(6),
+                                                                    sql.Literal(1)))
+        cur.copy_from(io.StringIO("7\t1\n"), "sink")
+        cur.copy_expert("COPY sink FROM STDIN", io.StringIO("8\t1\n"))
+        out = io.StringIO()
+        cur.copy_to(out, "sink", columns=("item",))
+        assert len(out.getvalue().split()) == 8
+        cur.callproc("pg_sleep", (0,))
+        named = tx.cursor(name="reader")
+        named.execute("SELECT item FROM sink ORDER BY item")
+        assert [r[0] for r in named.fetchall()] == list(range(1, 9))
+        # and each of them refuses a text that would end the transaction
+        for send in (
+            lambda: psycopg2.extras.execute_values(cur, "INSERT INTO sink VALUES %s; COMMIT", [(9, 1)]),
+            lambda: psycopg2.extras.execute_batch(cur, "INSERT INTO sink VALUES (%s, %s); COMMIT", [(9, 1)]),
+            lambda: cur.execute(sql.SQL("COMMIT")),
+            lambda: cur.executemany("INSERT INTO sink VALUES (%s, %s); COMMIT", [(9, 1)]),
+            lambda: cur.copy_expert("COPY sink FROM STDIN; COMMIT", io.StringIO("")),
+            lambda: cur.callproc("pg_sleep(0); COMMIT; SELECT * FROM pg_sleep", (0,)),
+            lambda: tx.cursor(name="evil").execute("SELECT 1; COMMIT"),
+            lambda: cur.execute("SELECT %s", ("'; COMMIT; --",)) or cur.execute("SELECT '%s'", ("; COMMIT; --",)),
+        ):
+            with pytest.raises(TransactionRefused):
+                send()
+        ctx.checkpoint(8, processed=8)
+
+    Attempt(driver_store, job=JOB, slot=SLOT, attempt=1, owner="a").run(helpers)
+    assert sink(driver_store) == list(range(1, 9))
+
+
+def test_a_transactional_checkpoint_on_postgresql_costs_no_extra_round_trip(pg_params: dict[str, Any]) -> None:
+    import psycopg2
+    import psycopg2.extensions as ext
+
+    count = dict.fromkeys(("statements", "begins", "commits"), 0)
+
+    class Cursor(ext.cursor):  # the driver's cursor class: the handle's cursors derive from it too
+        def execute(self, sql: Any, args: Any = None) -> Any:
+            count["statements"] += 1
+            conn = ext.cursor.connection.__get__(self)
+            if not conn.autocommit and conn.info.transaction_status == ext.TRANSACTION_STATUS_IDLE:
+                count["begins"] += 1  # psycopg2 sends BEGIN first, in its own round trip
+            return super().execute(sql, args)
+
+    class Counted(ext.connection):
+        def commit(self) -> None:
+            if self.info.transaction_status != ext.TRANSACTION_STATUS_IDLE:
+                count["commits"] += 1
+            super().commit()
+
+    store = PostgresStore.from_connect(lambda: psycopg2.connect(**pg_params, connection_factory=Counted,
+                                                                 cursor_factory=Cursor), host="h", dbname="d")
+    make_sink(store)
+    per_chunk: list[dict[str, int]] = []
+
+    def write(ctx: Any) -> None:
+        for i in range(1, 8):
+            before = dict(count)
+            ctx.transaction().execute("INSERT INTO sink (item, attempt) VALUES (%s, %s)", (i, ctx.attempt))
+            ctx.checkpoint(i, processed=i)
+            per_chunk.append({k: count[k] - before[k] for k in count})
+
+    # When a handler writes one row through ctx.transaction() and checkpoints, chunk after chunk
+    Attempt(store, job=JOB, slot=SLOT, attempt=1, owner="a", options=Options(progress_interval=3600)).run(write)
+    assert sink(store) == list(range(1, 8))
+    # Then from the second chunk on each costs its own INSERT, the checkpoint's UPDATE, and one round trip
+    # that checks the chunk's savepoint, commits, and opens the next chunk's transaction and savepoint:
+    # no BEGIN and no COMMIT of the driver's (which would take 3 round trips besides the INSERT)
+    assert per_chunk[1:] == [{"statements": 3, "begins": 0, "commits": 0}] * 6

@@ -1,0 +1,587 @@
+"""The plugin's REST API (``/resumable/api/v1``) inside Airflow's own api-server app, with
+Airflow's auth: every route and status code, per user.
+
+FastAPI's TestClient drives the real app (``airflow.api_fastapi.app.create_app``: the plugin is
+found through its entry point and mounted at ``/resumable``), with real JWTs signed by the auth
+manager. Users: ``admin`` (admin), ``viewer`` (viewer: reads every DAG, may not act), ``alice``
+(user role, limited to ``dag_a`` by :mod:`support.per_dag_auth`, the simple auth manager plus a
+per-DAG rule: the simple one's roles are global) and ``op`` (op role, every DAG).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import secrets
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from airflow_resumable.core import Attempt, Options, PostgresStore, SQLiteStore, Store
+from airflow_resumable.core.model.checkpoint import Origin
+from airflow_resumable.plugins.api import EXAMPLE
+from devtools.postgres import dsn
+from support import plugins
+from support.slots import SLOT, run_slot
+from support.stores import empty_store
+
+BASE = "/resumable/api/v1"
+A, B = "dag_a.export", "dag_b.export"
+#: A second store the API serves ([resumable] api_conn_ids), empty for each test, of each kind.
+FRESH = "resumable_fresh"
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> Store:
+    s = SQLiteStore(tmp_path_factory.mktemp("api") / "checkpoints.db")
+    run_slot(s, A, "dag_a", fail_at=10)  # failed at 10/30: takes pause and restart, not resume or cancel
+    run_slot(s, B, "dag_b")  # done
+    for part in (0, 1):  # a mapped task: one slot per partition
+        run_slot(s, f"dag_a.parts[{part}]", "dag_a", task_id="parts", map_index=part, fail_at=5 * (part + 1))
+    return s
+
+
+@pytest.fixture(scope="module")
+def app(airflow_home: Path, store: Store) -> Iterator[Any]:
+    """Airflow's api-server app with the plugin mounted, and the test users."""
+    mp = pytest.MonkeyPatch()
+    mp.setenv("AIRFLOW_CONN_RESUMABLE_DEFAULT", f"sqlite:///{store.path}")  # type: ignore[attr-defined]
+    mp.setenv("AIRFLOW__API_AUTH__JWT_SECRET", secrets.token_urlsafe(32))
+    mp.setenv("RESUMABLE_PLUGIN_API", "1")  # build the FastAPI app in this process (not an api-server)
+    mp.setenv("AIRFLOW__CORE__AUTH_MANAGER", "support.per_dag_auth.PerDagAuthManager")
+    mp.setenv("AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS", "admin:admin,viewer:viewer,alice:user,op:op")
+    mp.setenv("AIRFLOW__RESUMABLE_TEST__DAG_ACCESS", "alice=dag_a")
+    mp.setenv("AIRFLOW__RESUMABLE__API_CONN_IDS", FRESH)
+    mp.setenv("AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE", str(airflow_home / "api-test-passwords.json"))
+    from airflow.api_fastapi import app as api_app
+
+    import airflow_resumable.plugins
+
+    importlib.reload(airflow_resumable.plugins)  # its FastAPI app is built at import, now that the env says so
+    plugins.forget()
+    api_app.purge_cached_app()
+    yield api_app.create_app()
+    api_app.purge_cached_app()
+    plugins.forget()
+    mp.undo()
+    importlib.reload(airflow_resumable.plugins)
+
+
+@pytest.fixture(scope="module")
+def client(app: Any) -> Iterator[TestClient]:
+    with TestClient(app) as c:
+        yield c
+
+
+def token(name: str, role: str) -> str:
+    from airflow.api_fastapi.app import get_auth_manager
+    from airflow.api_fastapi.auth.managers.simple.user import SimpleAuthManagerUser
+
+    return get_auth_manager().generate_jwt(SimpleAuthManagerUser(username=name, role=role))
+
+
+@pytest.fixture(scope="module")
+def as_user(client: TestClient) -> Any:
+    roles = {"admin": "admin", "viewer": "viewer", "alice": "user", "op": "op"}
+    tokens: dict[str, str] = {}
+
+    def call(user: str | None, method: str, path: str, **kwargs: Any) -> Any:
+        headers = dict(kwargs.pop("headers", {}))
+        if user is not None:
+            tokens.setdefault(user, token(user, roles[user]))
+            headers["Authorization"] = f"Bearer {tokens[user]}"
+        return client.request(method, path, headers=headers, **kwargs)
+
+    return call
+
+
+def q(job: str) -> dict[str, str]:
+    return {"job": job, "slot": SLOT}
+
+
+@pytest.fixture
+def fresh(store_kind: str, tmp_path: Path, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Store:
+    """An empty store of each kind behind the connection ``resumable_fresh``."""
+    s, uri = empty_store(store_kind, tmp_path, request, "fresh.db")
+    monkeypatch.setenv(f"AIRFLOW_CONN_{FRESH.upper()}", uri)
+    return s
+
+
+def big_slot(store: Store, job: str, *, kib: int) -> dict[str, Any]:
+    """A done slot of ``dag_big`` whose state holds ``kib`` KiB; returns that state."""
+    state = {"blob": "x" * 1024 * kib, "n": 1}
+
+    def handler(ctx: Any) -> None:
+        ctx.checkpoint(1, state=state, processed=1)
+
+    Attempt(store, job=job, slot=SLOT, attempt=1, owner="owner-1", options=Options(lease=3.0), heartbeat=0.05,
+            origin=Origin(dag_id="dag_big", task_id="export", run_id="run_1", map_index=-1)).run(handler)
+    return state
+
+
+# -- list ------------------------------------------------------------------------------------------
+
+
+def test_the_list_needs_credentials(as_user: Any) -> None:
+    r = as_user(None, "GET", f"{BASE}/checkpoints")
+    assert r.status_code == 401 and r.json()["message"]
+
+
+def test_the_list_shows_every_slot_to_a_viewer_with_progress(as_user: Any) -> None:
+    r = as_user("viewer", "GET", f"{BASE}/checkpoints")
+    assert r.status_code == 200
+    rows = {row["job"]: row for row in r.json()["checkpoints"]}
+    assert set(rows) == {A, B, "dag_a.parts[0]", "dag_a.parts[1]"}
+    assert (rows[A]["status"], rows[A]["processed"], rows[A]["total"], rows[A]["percent"]) == ("failed", 10, 30, 33.33)
+    assert (rows[B]["status"], rows[B]["percent"], rows[B]["ended"]) == ("done", 100.0, True)
+
+
+def test_the_list_leaves_out_the_dags_a_user_may_not_see(as_user: Any) -> None:
+    r = as_user("alice", "GET", f"{BASE}/checkpoints")
+    assert r.status_code == 200 and {row["dag_id"] for row in r.json()["checkpoints"]} == {"dag_a"}
+    assert B not in [row["job"] for row in r.json()["checkpoints"]]
+
+
+def test_the_list_filters_by_dag_and_status(as_user: Any) -> None:
+    by_dag = as_user("admin", "GET", f"{BASE}/checkpoints", params={"dag_id": "dag_b"}).json()["checkpoints"]
+    by_status = as_user("admin", "GET", f"{BASE}/checkpoints", params={"status": "failed"}).json()["checkpoints"]
+    assert [r["job"] for r in by_dag] == [B] and [r["job"] for r in by_status] == ["dag_a.parts[1]", "dag_a.parts[0]", A]
+
+
+def test_the_list_finds_dags_by_part_of_their_id_in_any_case(as_user: Any) -> None:
+    def jobs(user: str, pattern: str) -> list[str]:
+        r = as_user(user, "GET", f"{BASE}/checkpoints", params={"dag_id_pattern": pattern})
+        assert r.status_code == 200
+        return sorted(row["job"] for row in r.json()["checkpoints"])
+
+    assert jobs("admin", "G_B") == [B]
+    assert jobs("admin", "Dag") == sorted([A, B, "dag_a.parts[0]", "dag_a.parts[1]"])
+    assert jobs("alice", "_b") == [] and jobs("admin", "nothing") == []
+
+
+def test_an_unmapped_task_instances_tab_addresses_map_index_minus_one(client: TestClient) -> None:
+    # Airflow leaves the {MAP_INDEX} placeholder as it is outside a mapped task instance's page
+    r = client.get("/resumable/ui/checkpoint", params={"dag_id": "d", "run_id": "r", "task_id": "t",
+                                                      "map_index": "{MAP_INDEX}"}, follow_redirects=False)
+    assert r.status_code == 302
+    assert r.headers["location"] == "checkpoint?dag_id=d&run_id=r&task_id=t&map_index=-1"
+    assert client.get("/resumable/ui/checkpoint", params={"map_index": "3"}).status_code == 200
+
+
+def test_the_list_of_a_dag_the_user_may_not_see_is_forbidden(as_user: Any) -> None:
+    r = as_user("alice", "GET", f"{BASE}/checkpoints", params={"dag_id": "dag_b"})
+    assert r.status_code == 403 and "dag_b" in r.json()["message"]
+
+
+# -- one slot --------------------------------------------------------------------------------------
+
+
+def test_a_slot_needs_credentials(as_user: Any) -> None:
+    assert as_user(None, "GET", f"{BASE}/checkpoint", params=q(A)).status_code == 401
+
+
+def test_a_slot_shows_its_row_history_and_what_it_would_take(as_user: Any) -> None:
+    r = as_user("alice", "GET", f"{BASE}/checkpoint", params=q(A))
+    assert r.status_code == 200
+    body = r.json()
+    assert (body["job"], body["slot"], body["status"], body["position"], body["dag_id"]) == (A, SLOT, "failed", 10, "dag_a")
+    assert [h["outcome"] for h in body["history"]] == ["failed"]
+    assert body["offers"] == {"pause": True, "resume": False, "cancel": False, "restart": True, "release": False,
+                              "retry_skipped": False}
+    assert body["lease"] == "none" and body["rate"] is None and body["eta_seconds"] is None
+    assert (body["skipped_items"], body["skipped_total"]) == ([], 0)
+
+
+def test_a_slot_of_a_dag_the_user_may_not_see_is_forbidden(as_user: Any) -> None:
+    assert as_user("alice", "GET", f"{BASE}/checkpoint", params=q(B)).status_code == 403
+
+
+def test_an_unknown_slot_is_not_found_with_a_message_naming_it(as_user: Any) -> None:
+    r = as_user("admin", "GET", f"{BASE}/checkpoint", params={"job": "nope", "slot": SLOT})
+    assert r.status_code == 404
+    assert r.json()["job"] == "nope" and r.json()["slot"] == SLOT and "no checkpoint row" in r.json()["message"]
+
+
+def test_the_ui_session_cookie_authenticates_like_a_bearer_token(client: TestClient) -> None:
+    client.cookies.set("_token", token("viewer", "viewer"))
+    try:
+        assert client.get(f"{BASE}/checkpoint", params=q(A)).status_code == 200
+    finally:
+        client.cookies.clear()
+
+
+# -- a task instance's slot (the Checkpoint tab) -----------------------------------------------------
+
+
+def test_a_task_instance_shows_the_slot_it_ran(as_user: Any) -> None:
+    ti = {"dag_id": "dag_a", "run_id": "run_1", "task_id": "export", "map_index": -1}
+    body = as_user("alice", "GET", f"{BASE}/task-instance", params=ti).json()
+    assert body["resumable"] is True and body["job"] == A and body["history"]
+
+
+def test_a_mapped_task_instance_shows_its_own_partition(as_user: Any) -> None:
+    ti = {"dag_id": "dag_a", "run_id": "run_1", "task_id": "parts", "map_index": 1}
+    body = as_user("alice", "GET", f"{BASE}/task-instance", params=ti).json()
+    assert (body["job"], body["map_index"], body["processed"]) == ("dag_a.parts[1]", 1, 10)
+
+
+def test_a_task_instance_that_is_not_resumable_gets_a_one_line_explanation(as_user: Any) -> None:
+    ti = {"dag_id": "dag_a", "run_id": "run_1", "task_id": "other", "map_index": -1}
+    r = as_user("alice", "GET", f"{BASE}/task-instance", params=ti)
+    assert r.status_code == 200 and r.json()["resumable"] is False and "not a resumable task" in r.json()["message"]
+
+
+def test_a_task_instance_of_a_dag_the_user_may_not_see_is_forbidden(as_user: Any) -> None:
+    ti = {"dag_id": "dag_b", "run_id": "run_1", "task_id": "export"}
+    assert as_user("alice", "GET", f"{BASE}/task-instance", params=ti).status_code == 403
+    assert as_user(None, "GET", f"{BASE}/task-instance", params=ti).status_code == 401
+
+
+# -- requests --------------------------------------------------------------------------------------
+
+
+def test_a_request_needs_credentials(as_user: Any) -> None:
+    assert as_user(None, "POST", f"{BASE}/checkpoint/pause", params=q(A)).status_code == 401
+
+
+def test_a_viewer_may_read_but_not_act(as_user: Any) -> None:
+    r = as_user("viewer", "POST", f"{BASE}/checkpoint/pause", params=q(A))
+    assert r.status_code == 403 and "viewer may not change" in r.json()["message"]
+
+
+def test_a_user_may_not_act_on_a_dag_they_may_not_see(as_user: Any) -> None:
+    assert as_user("alice", "POST", f"{BASE}/checkpoint/restart", params=q(B)).status_code == 403
+
+
+def test_a_request_on_an_unknown_slot_is_not_found(as_user: Any) -> None:
+    assert as_user("admin", "POST", f"{BASE}/checkpoint/pause", params={"job": "nope", "slot": SLOT}).status_code == 404
+
+
+def test_a_request_the_slot_cannot_take_is_a_conflict_saying_why(as_user: Any) -> None:
+    r = as_user("op", "POST", f"{BASE}/checkpoint/cancel", params=q(B))
+    assert r.status_code == 409
+    assert r.json()["message"] == "the slot finished (done): there is nothing to cancel"
+    assert r.json()["hint"] == "Use restart to run it again" and r.json()["status"] == "done"
+
+
+def test_a_connection_that_is_not_a_listed_checkpoint_store_is_refused(as_user: Any) -> None:
+    r = as_user("admin", "GET", f"{BASE}/checkpoints", params={"conn_id": "some_other_database"})
+    assert r.status_code == 400 and "api_conn_ids" in r.json()["message"]
+
+
+def test_an_unknown_action_is_refused(as_user: Any) -> None:
+    assert as_user("admin", "POST", f"{BASE}/checkpoint/explode", params=q(A)).status_code == 422
+
+
+#: Every parameter that reaches a query, where it goes, and the others a request to it needs.
+_TEXT_PARAMETERS = [
+    ("GET", "checkpoint", "job", q(A)),
+    ("GET", "checkpoint", "slot", q(A)),
+    ("POST", "checkpoint/pause", "job", q(A)),
+    ("POST", "checkpoint/release", "slot", q(A)),
+    ("GET", "checkpoints", "dag_id", {}),
+    ("GET", "checkpoints", "status", {}),
+    *(("GET", "task-instance", name, {"dag_id": "dag_a", "run_id": "run_1", "task_id": "export"})
+      for name in ("dag_id", "run_id", "task_id")),
+]
+
+
+def test_a_nul_character_in_any_parameter_is_refused_with_a_422_naming_it(as_user: Any, fresh: Store) -> None:
+    # Given both stores (PostgreSQL's text cannot hold a NUL: psycopg2 refused it with a 500)
+    for method, route, name, others in _TEXT_PARAMETERS:
+        # When the parameter holds a NUL, or nothing
+        for value, problem in (("a\x00b", "must not contain a NUL character"), ("", "at least 1 character")):
+            r = as_user("admin", method, f"{BASE}/{route}", params={**others, "conn_id": FRESH, name: value})
+            # Then the API refuses it, naming the parameter and what it must be, and changes nothing
+            assert r.status_code == 422, (method, route, name, value, r.status_code, r.text)
+            body = r.json()
+            if name == "status":
+                assert body["message"].startswith("query parameter 'status': Input should be 'running'"), body
+            else:
+                assert body["message"].startswith(f"query parameter {name!r}: ") and problem in body["message"], body
+            assert body["detail"][0]["loc"] == ["query", name] and "openapi.json" in body["hint"]
+
+
+def test_a_request_whose_body_is_not_json_is_a_400_in_the_apis_own_shape(as_user: Any) -> None:
+    # Found by the fuzzer: FastAPI's own 400 came as {"detail": ...}, without the documented message
+    r = as_user("admin", "POST", f"{BASE}/checkpoint/cancel", params=q(A), content=b"\xff{",
+                headers={"Content-Type": "application/json"})
+    assert r.status_code == 400 and r.json()["message"] == "There was an error parsing the body"
+
+
+def test_a_map_index_out_of_airflows_range_is_refused_with_a_422(as_user: Any, fresh: Store) -> None:
+    ti = {"dag_id": "dag_a", "run_id": "run_1", "task_id": "export", "conn_id": FRESH}
+    for value, problem in ((2**63, "less than or equal to 2147483647"), (-2, "greater than or equal to -1")):
+        r = as_user("admin", "GET", f"{BASE}/task-instance", params={**ti, "map_index": value})
+        assert r.status_code == 422 and r.json()["message"] == f"query parameter 'map_index': Input should be {problem}"
+    assert as_user("admin", "GET", f"{BASE}/task-instance", params={**ti, "map_index": 2**31 - 1}).status_code == 200
+
+
+def test_the_listing_cuts_a_large_state_to_a_preview_and_one_slot_gives_it_whole(as_user: Any, fresh: Store) -> None:
+    from airflow_resumable.operators.resumable import XCOM_ROW_LIMIT
+
+    # Given a slot whose state is 200 KiB and one whose state is small, on each store
+    big = big_slot(fresh, "dag_big.export", kib=200)
+    small = big_slot(fresh, "dag_big.small", kib=1)
+    # When the listing is asked for
+    r = as_user("admin", "GET", f"{BASE}/checkpoints", params={"conn_id": FRESH})
+    assert r.status_code == 200
+    rows = {row["job"]: row for row in r.json()["checkpoints"]}
+    # Then the large row comes within the cap, its state a preview marked truncated, with its size
+    cut = rows["dag_big.export"]
+    assert len(r.content) < 2 * XCOM_ROW_LIMIT and cut["truncated"] == ["state"]
+    assert cut["state"]["truncated"] is True and cut["state"]["bytes"] > 200 * 1024
+    assert cut["state"]["preview"].startswith('{"blob": "xxx') and (cut["position"], cut["processed"]) == (1, 1)
+    # And the small one comes whole, unmarked
+    assert rows["dag_big.small"]["state"] == small and "truncated" not in rows["dag_big.small"]
+    # And the single-slot endpoint gives the whole state
+    whole = as_user("admin", "GET", f"{BASE}/checkpoint", params={**q("dag_big.export"), "conn_id": FRESH})
+    assert whole.status_code == 200 and whole.json()["state"] == big and "truncated" not in whole.json()
+
+
+def test_the_listing_leaves_a_partitioned_jobs_plan_row_out_unless_asked_and_marks_it(as_user: Any,
+                                                                                       fresh: Store) -> None:
+    from airflow_resumable.core.work.partitions import Plan, save_plan
+
+    # Given a slot and a partitioned job's plan row (<job>#plan), on each store
+    big_slot(fresh, "dag_big.small", kib=1)
+    with fresh.open(autocommit=True) as s:
+        save_plan(s, "dag_big.parts", SLOT, Plan(2, (10,), 20))
+    # When the listing is asked for: only the slot, marked as one
+    body = as_user("admin", "GET", f"{BASE}/checkpoints", params={"conn_id": FRESH}).json()
+    assert [(r["job"], r["kind"]) for r in body["checkpoints"]] == [("dag_big.small", "slot")]
+    assert body["total_entries"] == 1
+    # When it is asked for with include_plans: the plan row too, marked as a plan
+    body = as_user("admin", "GET", f"{BASE}/checkpoints", params={"conn_id": FRESH, "include_plans": "true"}).json()
+    assert sorted((r["job"], r["kind"]) for r in body["checkpoints"]) == [
+        ("dag_big.parts#plan", "plan"), ("dag_big.small", "slot")]
+    assert body["total_entries"] == 2
+
+
+def test_requests_go_through_with_the_airflow_user_in_the_history(as_user: Any) -> None:
+    paused = as_user("alice", "POST", f"{BASE}/checkpoint/pause", params=q(A))
+    assert paused.status_code == 200 and paused.json()["request"] == "pause"
+    assert paused.json()["offers"]["resume"] is True and paused.json()["offers"]["pause"] is False
+    resumed = as_user("op", "POST", f"{BASE}/checkpoint/resume", params=q(A), json={})
+    assert resumed.status_code == 200
+    history = [(h["outcome"], h["requested_by"]) for h in resumed.json()["history"]]
+    assert history == [("failed", None), ("pause_requested", "alice"), ("resume_requested", "op")]
+
+
+def test_a_release_with_nobody_holding_the_lease_is_a_conflict(as_user: Any) -> None:
+    r = as_user("admin", "POST", f"{BASE}/checkpoint/release", params=q(A), json={"force": True})
+    assert r.status_code == 409 and r.json()["message"] == "nobody holds the slot's lease"
+
+
+# -- the app itself ----------------------------------------------------------------------------------
+
+
+def test_the_api_is_described_by_openapi(client: TestClient) -> None:
+    paths = client.get("/resumable/openapi.json").json()["paths"]
+    assert {"/api/v1/checkpoints", "/api/v1/checkpoint", "/api/v1/checkpoint/{action}",
+            "/api/v1/task-instance"} <= set(paths)
+
+
+def test_the_request_choices_the_schema_publishes_are_the_rules_tables(client: TestClient) -> None:
+    from airflow_resumable.core.model.request_rules import ACTIONS
+
+    schema = client.get("/resumable/openapi.json").json()
+    action = next(p for p in schema["paths"]["/api/v1/checkpoint/{action}"]["post"]["parameters"]
+                  if p["name"] == "action")["schema"]
+    if "$ref" in action:
+        action = schema["components"]["schemas"][action["$ref"].rsplit("/", 1)[-1]]
+    assert tuple(action["enum"]) == ACTIONS
+
+
+def test_the_plugin_adds_a_checkpoint_tab_and_a_jobs_page_once(as_user: Any) -> None:
+    plugins = as_user("admin", "GET", "/api/v2/plugins").json()["plugins"]
+    ours = [p for p in plugins if p["name"] == "resumable"]
+    assert len(ours) == 1
+    views = {v["name"]: v for v in ours[0]["external_views"]}
+    assert views["Checkpoint"]["destination"] == "task_instance" and "{TASK_ID}" in views["Checkpoint"]["href"]
+    assert views["Resumable jobs"]["destination"] == "nav"
+
+
+def test_the_pages_and_their_script_are_served_offline(client: TestClient) -> None:
+    for path in ("/resumable/ui/checkpoint", "/resumable/ui/jobs", "/resumable/ui/resumable.js", "/resumable/ui/jobs.js"):
+        r = client.get(path)
+        assert r.status_code == 200 and "http://" not in r.text and "https://" not in r.text, path
+
+
+# -- registration ------------------------------------------------------------------------------------
+
+def _python(code: str, **env: str) -> str:
+    import os
+    import subprocess
+    import sys
+
+    clean = {k: v for k, v in os.environ.items() if k != "RESUMABLE_PLUGIN_API"}
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={**clean, **env},
+                            timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout.strip().splitlines()[-1]
+
+
+_REGISTERED = (
+    "from airflow import plugins_manager\n"
+    "if hasattr(plugins_manager, '_get_plugins'):  # Airflow 3.2 and later\n"
+    "    plugins, errors = plugins_manager._get_plugins()\n"
+    "else:  # 3.1\n"
+    "    plugins_manager.ensure_plugins_loaded()\n"
+    "    plugins, errors = plugins_manager.plugins, plugins_manager.import_errors\n"
+    "ours = [p for p in plugins if p.name == 'resumable']\n"
+    # Only our plugin's errors: another provider's (OpenLineage's plugin is declared twice, as provider
+    # info and as an entry point) is not ours to judge.
+    "print(len(ours), len(ours[0].fastapi_apps), sorted(e for e in errors if 'resumable' in str(e).lower()))\n"
+)
+
+
+@pytest.mark.parametrize("lazy", ["True", "False"])
+def test_the_plugin_is_registered_once_whether_or_not_providers_are_discovered_eagerly(
+    airflow_home: Path, lazy: str
+) -> None:
+    # Outside the api-server (this is a worker's view): registered once, no FastAPI app built
+    assert _python(_REGISTERED, AIRFLOW__CORE__LAZY_DISCOVER_PROVIDERS=lazy) == "1 0 []"
+
+
+def test_the_api_server_gets_the_fastapi_app(airflow_home: Path) -> None:
+    code = "import sys; sys.argv = ['airflow', 'api-server']\n" + _REGISTERED
+    assert _python(code) == "1 1 []"
+
+
+# -- the contract, fuzzed against a real api-server ---------------------------------------------------
+
+#: Test cases per operation and phase (about 700 in all, 10 s here), and the seed: the same cases
+#: on every run. ``RESUMABLE_FUZZ_SEED`` / ``RESUMABLE_FUZZ_EXAMPLES`` ask for others, or more.
+FUZZ_EXAMPLES = int(os.environ.get("RESUMABLE_FUZZ_EXAMPLES", "100"))
+FUZZ_SEED = os.environ.get("RESUMABLE_FUZZ_SEED", "19")
+
+
+@pytest.fixture(scope="module")
+def live(pg_server: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """One real ``airflow api-server`` (PostgreSQL metadata database), serving two seeded checkpoint
+    stores: SQLite (the default) and PostgreSQL (``resumable_pg``, listed in ``api_conn_ids``)."""
+    from support.standalone import ApiServer
+
+    sqlite = SQLiteStore(tmp_path_factory.mktemp("live") / "checkpoints.db")
+    pg_params = pg_server.create_database()
+    for s in (sqlite, PostgresStore(**pg_params)):
+        run_slot(s, A, "dag_a", fail_at=10)
+        run_slot(s, B, "dag_b")
+        big_slot(s, "dag_big.export", kib=200)
+        # The schema's example slot, so that the fuzzer's examples phase reaches a real row
+        run_slot(s, EXAMPLE["job"], EXAMPLE["dag_id"], fail_at=10, slot=EXAMPLE["slot"], run_id=EXAMPLE["run_id"],
+                 task_id=EXAMPLE["task_id"])
+    metadata = pg_server.create_database()
+    server = ApiServer(
+        metadata_uri=dsn(metadata).replace("postgresql://", "postgresql+psycopg2://", 1), dag_files=[],
+        env={"AIRFLOW_CONN_RESUMABLE_DEFAULT": f"sqlite:///{sqlite.path}", "AIRFLOW_CONN_RESUMABLE_PG": dsn(pg_params),
+             "AIRFLOW__RESUMABLE__API_CONN_IDS": "resumable_pg", "RESUMABLE_PLUGIN_API": "0",
+             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "admin:admin"},
+    )
+    try:
+        server.start()
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.mark.scheduler
+def test_a_fuzzer_finds_the_api_keeps_its_openapi_contract_on_a_real_api_server(live: Any, tmp_path: Path) -> None:
+    import json
+    import subprocess
+    import sys
+
+    import httpx
+
+    # Given the schema the server publishes, naming both stores as the conn_id's choices
+    schema = httpx.get(f"{live.base_url}/resumable/openapi.json", timeout=30).json()
+    conn = next(p for p in schema["paths"]["/api/v1/checkpoint"]["get"]["parameters"] if p["name"] == "conn_id")
+    assert conn["schema"]["enum"] == ["resumable_default", "resumable_pg"]
+    # When schemathesis runs every check on every operation, authenticated as the UI's users are
+    # (a JWT of the simple auth manager, from POST /auth/token)
+    live.api.login()
+    report = tmp_path / "fuzz.json"
+    result = subprocess.run(
+        [str(Path(sys.executable).parent / "schemathesis"), "run", f"{live.base_url}/resumable/openapi.json",
+         "--url", f"{live.base_url}/resumable", "--checks", "all", "--max-examples", str(FUZZ_EXAMPLES),
+         "--workers", "1", "--seed", FUZZ_SEED, "--request-timeout", "30", "--continue-on-failure",
+         "--header", f"Authorization: Bearer {live.api._token}",
+         "--report", "json", "--report-json-path", str(report)],
+        capture_output=True, text=True, timeout=600, cwd=tmp_path, env={**os.environ, "NO_COLOR": "1"},
+    )
+    # Then no case fails: no 5xx, every status documented, what the schema allows is accepted and
+    # what it refuses is refused
+    assert result.returncode == 0, f"{result.stdout[-12000:]}\n{result.stderr[-3000:]}\n{live.tail(40)}"
+    print(result.stdout[-1500:])
+    assert report.exists() and json.loads(report.read_text()), "schemathesis wrote no report"
+
+
+# -- jobs ------------------------------------------------------------------------------------------
+
+
+def test_jobs_gives_one_line_per_job_with_its_partitions_only_of_readable_dags(as_user: Any) -> None:
+    body = as_user("admin", "GET", f"{BASE}/jobs").json()
+    parts = next(j for j in body["jobs"] if j["job"] == "dag_a.parts")
+    assert (parts["dag_id"], parts["task_id"], parts["run_id"], parts["mapped"]) == ("dag_a", "parts", "run_1", True)
+    assert parts["partitions"] == {"done": 0, "running": 0, "paused": 0, "failed": 2, "waiting": 0, "other": 0,
+                                   "total": 2}
+    assert (parts["processed"], parts["total"], parts["percent"]) == (5 + 10, 60, 25.0)
+    detail = as_user("alice", "GET", f"{BASE}/jobs/partitions", params={"job": "dag_a.parts"}).json()
+    assert [(r["map_index"], r["status"], r["processed"]) for r in detail["partition_rows"]] == [
+        (0, "failed", 5), (1, "failed", 10)]
+    assert as_user("alice", "GET", f"{BASE}/jobs/partitions", params={"job": B}).status_code == 403
+    assert as_user("admin", "GET", f"{BASE}/jobs/partitions", params={"job": "no.such"}).status_code == 404
+    assert {j["job"] for j in as_user("alice", "GET", f"{BASE}/jobs").json()["jobs"]} == {A, "dag_a.parts"}
+    assert as_user(None, "GET", f"{BASE}/jobs").status_code == 401
+
+
+def test_rerun_failed_is_refused_without_a_failed_task_instance_and_404_for_an_unknown_job(as_user: Any) -> None:
+    """The rows say the partitions failed, but Airflow has no failed task instance of that run:
+    nothing to clear (409, saying so); edit access to the DAG is needed first."""
+    r = as_user("admin", "POST", f"{BASE}/jobs/rerun_failed", params={"job": "dag_a.parts", "run_id": "run_1"})
+    assert r.status_code == 409 and "no task instance of DAG 'dag_a' task 'parts' failed" in r.json()["message"]
+    assert as_user("viewer", "POST", f"{BASE}/jobs/rerun_failed",
+                   params={"job": "dag_a.parts", "run_id": "run_1"}).status_code == 403
+    r = as_user("admin", "POST", f"{BASE}/jobs/rerun_failed", params={"job": "dag_a.parts", "run_id": "run_x"})
+    assert r.status_code == 404 and r.json()["hint"].startswith("Name the job as `airflow resumable jobs` lists it")
+
+
+def test_retry_skipped_of_a_slot_without_skipped_items_is_refused_saying_why(as_user: Any) -> None:
+    r = as_user("admin", "POST", f"{BASE}/checkpoint/retry_skipped", params=q(A))
+    assert r.status_code == 409 and "no skipped item that can be replayed" in r.json()["message"]
+    assert as_user("viewer", "POST", f"{BASE}/checkpoint/retry_skipped", params=q(A)).status_code == 403
+    assert as_user("admin", "POST", f"{BASE}/checkpoint/retry_skipped", params=q("no.such")).status_code == 404
+
+
+def test_retry_skipped_of_a_partition_through_rest_clears_it_and_its_next_run_replays_them(
+    as_user: Any, fresh: Store, store_kind: str, run_dag: Any, request: pytest.FixtureRequest
+) -> None:
+    """What the Checkpoint tab's "Retry skipped items" button sends, for one partition of a
+    partitioned job (tests/dags/partition_dags.py: pt_skips_fresh, on the store ``resumable_fresh``)."""
+    from datetime import datetime, timezone
+
+    from support.sources import source_of
+    from tests.unit.core.work.test_partitions import table
+
+    day = datetime(2026, 3, 1, tzinfo=timezone.utc)
+    source = source_of(store_kind, path=getattr(fresh, "path", None),
+                       pg_params=request.getfixturevalue("pg_params") if store_kind == "postgres" else None)
+    table(source, [("a" if i < 30 else "b", i) for i in range(40)])
+    assert str(run_dag("pt_skips_fresh", conf={"bad": [13]}, logical_date=day).state) == "success"
+    slot = {"job": "pt_skips_fresh.export[1]", "slot": day.isoformat(), "conn_id": FRESH}
+
+    r = as_user("admin", "POST", f"{BASE}/checkpoint/retry_skipped", params=slot)
+
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["retry"]["items"] == 1 and body["retry"]["cleared"] is True and "was cleared" in body["retry"]["next_run"]
+    assert [i["state"] for i in body["skipped_items"]] == ["retry_requested"]
+    assert body["history"][-1]["requested_by"] == "admin"
+    assert str(run_dag("pt_skips_fresh", conf={"bad": []}, logical_date=day).state) == "success"
+    after = as_user("admin", "GET", f"{BASE}/checkpoint", params=slot).json()
+    assert [i["state"] for i in after["skipped_items"]] == ["replayed"]
+    assert "it had failed with: ValueError: bad row a/13" in after["skipped_items"][0]["error"]
