@@ -148,8 +148,8 @@ def test_a_handler_that_ignores_every_cancellation_is_left_behind_and_the_attemp
         store: Store, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     # Given an async handler that catches every CancelledError and awaits again, and never checkpoints
     # (re-cancelled every 0.1 s, given up on after 3 ignored: the defaults are 1 s and 10)
-    monkeypatch.setattr(aio, "RECANCEL", 0.1)
-    monkeypatch.setattr(aio, "ABANDON_AFTER", 3)
+    monkeypatch.setattr(async_bridge, "RECANCEL", 0.1)
+    monkeypatch.setattr(async_bridge, "ABANDON_AFTER", 3)
     run = attempt(store, 1)
     awaiting = threading.Event()
 
