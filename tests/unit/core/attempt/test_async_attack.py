@@ -25,6 +25,7 @@ from airflow_resumable.core import (
     Store,
     chunk_loop,
 )
+from airflow_resumable.core.attempt import async_bridge
 
 JOB, SLOT = "async_attack", "2026-04-01T00:00:00+00:00"
 #: A bound on how long a stop takes to end the attempt (a shared test machine; never a timing claim).
