@@ -142,6 +142,9 @@ def test_every_shape_of_a_row_whose_total_was_edited_below_its_count_shows_100_p
     assert shown == [100.0] * 5
     assert Progress(processed=150, total=100, rate=None, eta=None).format().startswith("100% ")
     assert view.percent_of(1, 3) == 33.33 and view.percent_of(5, 0) is None and view.percent_of(5, None) is None
+    assert "percent" not in row.to_dict()  # the row's columns only; its shapes add the percent
+    with pytest.warns(DeprecationWarning, match="Checkpoint.percent is deprecated"):
+        assert row.percent == 100.0
 
 
 def test_a_value_over_its_channels_limit_is_cut_by_one_rule_whatever_the_channel() -> None:
