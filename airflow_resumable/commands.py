@@ -347,10 +347,8 @@ def _module_cli(argv: list[str]) -> None:
 
 def _detail(job: str, slot: str, conn_id: str) -> dict[str, Any]:
     import airflow_resumable.control as control
-    from airflow_resumable.core.view import row_view
 
-    return row_view(control.get(job, slot, conn_id=conn_id), offers=control.offers(job, slot, conn_id=conn_id),
-                    history=control.history(job, slot, conn_id=conn_id))
+    return control.detail(job, slot, conn_id=conn_id, explained=False)
 
 
 def server_context() -> None:

@@ -27,6 +27,7 @@ from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from airflow_resumable.core import view as _view
 from airflow_resumable.core.attempt import skip_policy as _skips
 from airflow_resumable.core.control import requests as _core
 from airflow_resumable.core.model import request_rules as _rules
@@ -37,13 +38,17 @@ from airflow_resumable.core.stores.base import Store, StoreSession
 from airflow_resumable.hooks.resumable import DEFAULT_CONN_ID, ResumableHook
 
 __all__ = [
-    "ACTIONS", "RequestRefused", "RetryRequested", "SlotNotFound", "cancel", "dag_ids", "dead_letters", "explained_offers", "find", "get",
+    "ACTIONS", "RequestRefused", "RetryRequested", "SlotNotFound", "cancel", "dag_ids", "dead_letters", "detail", "explained_offers", "find",
+    "find_detail", "get",
     "history",
     "job_partitions", "jobs", "offers", "pause", "recent", "release", "replay", "rerun_failed", "restart", "resume", "request_retry_skipped", "retry_skipped",
     "skipped_view",
 ]
 
 ACTIONS = _core.ACTIONS
+
+#: How many of a slot's skipped items its detail lists (oldest first); the counts cover all of them.
+SKIPPED_LISTED = 100
 
 
 def _store(conn_id: str, job: str | None = None, slot: str | None = None) -> Store:
@@ -130,17 +135,54 @@ def explained_offers(job: str, slot: str, *,
         SlotNotFound: no such slot.
     """
     with _session(conn_id, job, slot) as session:
-        found = session.requests.offers(job, slot)
-        row = session.checkpoints.load(job, slot) if found is not None else None
-        if found is None or row is None:
-            raise _core.not_found(job, slot)
-        replayable = sum(1 for d in session.skips.items(job, slot, status="skipped") if d.item_format == "json")
-        pending = session.skips.count(job, slot, status="retry_requested")
+        _row, found, notes = _explained(session, job, slot)
+    return found, notes
+
+
+def _explained(session: StoreSession, job: str, slot: str) -> tuple[Checkpoint, dict[str, bool], dict[str, str]]:
+    """The slot's row, its offers and their notes (see :func:`explained_offers`), read in ``session``."""
+    found = session.requests.offers(job, slot)
+    row = session.checkpoints.load(job, slot) if found is not None else None
+    if found is None or row is None:
+        raise _core.not_found(job, slot)
+    replayable = sum(1 for d in session.skips.items(job, slot, status="skipped") if d.item_format == "json")
+    pending = session.skips.count(job, slot, status="retry_requested")
     now = _core.now_of(row)
     notes = {a.value: _rules.explain(a, row, now, taken=found[a.value]) for a in _rules.Action}
     found["retry_skipped"] = _skips.retry_offered(row, replayable)
     notes["retry_skipped"] = _skips.retry_note(row, replayable, pending)
-    return found, notes
+    return row, found, notes
+
+
+def detail(job: str, slot: str, *, conn_id: str = DEFAULT_CONN_ID, explained: bool = True) -> dict[str, Any]:
+    """One slot whole, read on one connection (one schema check): its row with the figures of
+    :func:`airflow_resumable.core.view.row_view`, ``history`` and ``offers``; with ``explained`` (the
+    REST API, the Checkpoint tab), also ``offer_notes`` and its skipped items (:func:`skipped_view`'s
+    fields). See :func:`airflow_resumable.core.view.slot_detail`.
+
+    Raises:
+        SlotNotFound: no such slot.
+    """
+    with _session(conn_id, job, slot) as session:
+        return _detail(session, job, slot, explained=explained)
+
+
+def find_detail(dag_id: str, task_id: str, run_id: str, map_index: int = -1, *,
+                conn_id: str = DEFAULT_CONN_ID) -> dict[str, Any] | None:
+    """The slot a task instance ran last (see :func:`find`) as :func:`detail` gives it, read on one
+    connection; None: the task instance never ran a resumable job in this store."""
+    with _session(conn_id) as session:
+        row = session.listings.find(dag_id, task_id, run_id, map_index)
+        return None if row is None else _detail(session, row.job, row.slot, explained=True)
+
+
+def _detail(session: StoreSession, job: str, slot: str, *, explained: bool) -> dict[str, Any]:
+    row, found, notes = _explained(session, job, slot)
+    history = session.listings.history(job, slot)
+    if not explained:
+        return _view.slot_detail(row, history=history, offers=found)
+    return _view.slot_detail(row, history=history, offers=found, notes=notes,
+                             skipped=_skipped(session, job, slot, limit=SKIPPED_LISTED))
 
 
 def find(dag_id: str, task_id: str, run_id: str, map_index: int = -1, *,
@@ -201,8 +243,6 @@ def job_partitions(job: str, run_id: str | None = None, *, conn_id: str = DEFAUL
     Raises:
         SlotNotFound: no partition of the job ran (in that run).
     """
-    from airflow_resumable.core.view import cap_row, row_view
-
     line, rows = _core.job_partitions(_store(conn_id), job, run_id)
     views = []
     for index, row in rows:
@@ -210,9 +250,7 @@ def job_partitions(job: str, run_id: str | None = None, *, conn_id: str = DEFAUL
             views.append({"map_index": index, "job": job if index < 0 else f"{job}[{index}]", "status": "waiting",
                           "kind": "slot", "dag_id": line["dag_id"], "task_id": line["task_id"], "run_id": line["run_id"]})
             continue
-        view = row_view(row)
-        cap_row(view, marker="truncated")
-        views.append(view)
+        views.append(_view.listed_row(row))
     return {**line, "partition_rows": views}
 
 
@@ -283,7 +321,7 @@ def _after(session: Any, dag_id: str, run_id: str, task_id: str) -> list[Any]:
         or_(*wanted))).all())
 
 
-def skipped_view(job: str, slot: str, *, conn_id: str = DEFAULT_CONN_ID, limit: int = 100) -> dict[str, Any]:
+def skipped_view(job: str, slot: str, *, conn_id: str = DEFAULT_CONN_ID, limit: int = SKIPPED_LISTED) -> dict[str, Any]:
     """The slot's skipped items as the Checkpoint tab and the CLI show them: ``skipped_items``
     (``position``, ``error``, ``attempt``, ``skipped_at``, ``state``: ``skipped``, ``replayed`` or
     ``retry_requested``; oldest first, at most ``limit``), ``skipped_counts`` (how many items are in
@@ -291,15 +329,15 @@ def skipped_view(job: str, slot: str, *, conn_id: str = DEFAULT_CONN_ID, limit: 
     skipped or waiting for their retry) and ``retry_requested_by`` (who asked for the retry still
     pending, else None)."""
     with _session(conn_id, job, slot) as session:
-        letters = session.skips.items(job, slot, status=None, limit=limit)
-        counts = session.skips.counts(job, slot)
-        asked = (session.listings.requested_by(job, slot, AttemptEnd.RETRY_SKIPPED_REQUESTED)
-                 if counts["retry_requested"] else None)
-    return {"skipped_items": [{"position": d.position, "error": d.error, "attempt": d.attempt,
-                               "skipped_at": d.recorded_at.isoformat() if d.recorded_at else None, "state": d.status}
-                              for d in letters],
-            "skipped_counts": counts, "skipped_total": counts["skipped"] + counts["retry_requested"],
-            "retry_requested_by": asked}
+        return _skipped(session, job, slot, limit=limit)
+
+
+def _skipped(session: StoreSession, job: str, slot: str, *, limit: int) -> dict[str, Any]:
+    letters = session.skips.items(job, slot, status=None, limit=limit)
+    counts = session.skips.counts(job, slot)
+    asked = (session.listings.requested_by(job, slot, AttemptEnd.RETRY_SKIPPED_REQUESTED)
+             if counts["retry_requested"] else None)
+    return _view.skipped_view(letters, counts, asked)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -7,7 +7,7 @@
 * ``readers/``: where the chunk loop's items come from (keyset, file, sequence);
 * ``work/``: the loops above one attempt (the chunk loop, partitioned jobs);
 * ``control/``: the requests people make of a slot;
-* ``view.py``: a row as it leaves the core (XCom, the UI, REST, the CLI).
+* ``view.py``: a row as it leaves the core (XCom, the task's return value, the task state store, the UI, REST, the CLI).
 """
 
 

@@ -1,24 +1,40 @@
-"""A slot as people look at it: the row plus the figures the UI, the REST API and the CLI show.
+"""A row as it leaves the core: every shape it takes outside, and the figures and cuts they share.
 
-One place computes them (percent, rate, ETA, lease liveness), so the Checkpoint tab, the jobs
-page, ``GET /resumable/api/v1/checkpoint`` and ``airflow resumable show`` agree.
+One module makes them all: the XCom copy (:func:`xcom_row`), the task's return value
+(:func:`task_summary`), the summary in Airflow's task state store (:func:`state_store_summary`), the
+row as the Checkpoint tab, the jobs page, the REST API and the CLI show it (:func:`row_view`,
+:func:`listed_row`, :func:`slot_detail`), and an attempt as lineage and tracing carry it
+(:func:`facts_json`). Each figure is computed here once: the percent (:func:`percent_of`, capped at
+100), the ETA (:func:`eta_of`) and the lease's liveness; and one rule cuts a value too large for where
+it goes (:func:`cut_value`), so every channel agrees on what a slot shows.
+
+The Airflow layer only calls these; nothing here does I/O (the reads are ``airflow_resumable.control``'s).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
 from typing import Any
 
-from airflow_resumable.core.attempt.reporter import eta_of
-from airflow_resumable.core.model.checkpoint import AttemptRecord, Checkpoint
-from airflow_resumable.core.model.observe import cut_value
+from airflow_resumable.core.model.checkpoint import AttemptRecord, Checkpoint, DeadLetter
+from airflow_resumable.core.model.identity import PLAN_SUFFIX
+from airflow_resumable.core.model.observe import (
+    ELLIPSIS,
+    VALUE_LIMIT,
+    AttemptFacts,
+    cut_text,
+    stop_reason_text,
+)
 from airflow_resumable.core.model.request_rules import Lease, lease_of
 from airflow_resumable.core.model.states import FINISHED, Status
-from airflow_resumable.core.work.partitions import PLAN_SUFFIX
 
-__all__ = ["ROW_LIMIT", "cap_row", "row_view"]
+__all__ = [
+    "CUT_MARKER", "ROW_LIMIT", "STATE_STORE_POSITION_LIMIT", "XCOM_MARKER", "cap_row", "cut_value", "eta_of",
+    "facts_json", "listed_row", "percent_of", "row_json", "row_view", "skipped_view", "slot_detail",
+    "state_store_summary", "task_summary", "xcom_row",
+]
 
 #: The largest row given whole where rows go out in bulk or to a report channel (the XCom copy,
 #: the REST listing), in bytes of JSON; a larger one goes with its large columns cut to a preview.
@@ -29,17 +45,66 @@ ROW_LIMIT = 64 * 1024
 #: The columns that can grow without bound, and how much of a cut one's JSON the preview keeps.
 CUT_FIELDS, PREVIEW = ("position", "state", "resumed_from"), 200
 
+#: What marks a cut value, and lists a row's cut columns: ``xcom_truncated`` in the XCom copy (its
+#: documented key since the first release), ``truncated`` everywhere else (REST, the task state
+#: store, lineage and tracing).
+XCOM_MARKER, CUT_MARKER = "xcom_truncated", "truncated"
+
+#: The longest position the task state store's summary carries whole, in characters of JSON.
+STATE_STORE_POSITION_LIMIT = 512
+
+#: How much of a skipped item's error the task's return value keeps, in characters.
+SUMMARY_ERROR_LIMIT = 200
+
 #: Seconds past its ETA, with no checkpoint, after which a running slot is shown as stalled: the
 #: rate said the rest would be done by then (the last chunk's jitter is not a stall).
 STALL_GRACE = 2.0
 
 
-def cap_row(row: dict[str, Any], *, marker: str, limit: int = ROW_LIMIT) -> tuple[int, dict[str, int]]:
+# -- the figures ------------------------------------------------------------------------------------
+
+def percent_of(processed: int, total: int | None) -> float | None:
+    """Progress in percent, to two decimals, never over 100 (a total edited by hand below what was
+    processed shows 100); None while the total is unknown or 0."""
+    if not total:
+        return None
+    return round(min(100.0, 100.0 * processed / total), 2)
+
+
+def eta_of(rate: float | None, processed: int, total: int | None, *, since: float = 0.0) -> float | None:
+    """Seconds left at ``rate`` for ``total - processed`` items, ``since`` seconds after they were
+    counted (a look between two checkpoints sees the ETA count down); None when not measured."""
+    if rate is None or rate <= 0 or total is None or total < processed:
+        return None
+    return max(0.0, (total - processed) / rate - max(0.0, since))
+
+
+def _rounded(rate: float | None, eta: float | None) -> dict[str, float | None]:
+    return {"rate": None if rate is None else round(rate, 2), "eta_seconds": None if eta is None else round(eta, 1)}
+
+
+# -- the one cut rule -------------------------------------------------------------------------------
+
+def cut_value(value: Any, *, marker: str = CUT_MARKER, limit: int = PREVIEW) -> tuple[Any, int | None]:
+    """``value`` as it goes out: itself when its JSON is at most ``limit`` characters, else
+    ``{marker: true, "bytes": n, "preview": "<its first limit characters>..."}`` (the preview at most
+    ``limit + 3`` characters). Every channel cuts a value by this rule, each with its own limit.
+
+    Returns:
+        the value to send, and the size of the cut value's JSON (None: nothing was cut).
+    """
+    text = json.dumps(value, default=str)  # ASCII (ensure_ascii): characters are bytes
+    if len(text) <= limit:
+        return value, None
+    return {marker: True, "bytes": len(text), "preview": cut_text(text, limit + len(ELLIPSIS))}, len(text)
+
+
+def cap_row(row: dict[str, Any], *, marker: str = CUT_MARKER, limit: int = ROW_LIMIT) -> tuple[int, dict[str, int]]:
     """Cut ``row`` (a row as plain JSON) in place when its JSON is over ``limit`` bytes.
 
-    Each of :data:`CUT_FIELDS` whose JSON is over :data:`PREVIEW` characters becomes
-    ``{marker: true, "bytes": n, "preview": "<its first 200 characters>..."}``, and ``row[marker]``
-    lists the cut columns. A row within the limit is left as it is, without ``marker``.
+    Each of :data:`CUT_FIELDS` whose JSON is over :data:`PREVIEW` characters is cut
+    (:func:`cut_value`), and ``row[marker]`` lists the cut columns. A row within the limit is left
+    as it is, without ``marker``.
 
     Returns:
         the row's size in bytes of JSON before any cut, and the cut columns with the size of each
@@ -57,9 +122,64 @@ def cap_row(row: dict[str, Any], *, marker: str, limit: int = ROW_LIMIT) -> tupl
     return size, cut
 
 
+# -- the shapes -------------------------------------------------------------------------------------
+
+def row_json(cp: Checkpoint) -> dict[str, Any]:
+    """The row as plain JSON (timestamps as ISO 8601, the deprecated names too) with its ``percent``:
+    what every other shape of a whole row starts from."""
+    out = cp.to_dict()
+    out["percent"] = percent_of(cp.processed, cp.total)
+    return out
+
+
+def xcom_row(cp: Checkpoint, *, rate: float | None = None, eta: float | None = None,
+             measured: bool = False) -> tuple[dict[str, Any], int, dict[str, int]]:
+    """The row as pushed to XCom (key ``checkpoint``): whole up to :data:`ROW_LIMIT` bytes of JSON,
+    else with each large position/state replaced by ``{"xcom_truncated": true, "bytes": n,
+    "preview": ...}`` and the cut columns listed under ``xcom_truncated``. With ``measured`` (a
+    checkpoint's push), the attempt's ``rate`` and ``eta_seconds`` too: the log line's figures.
+
+    Returns:
+        the row, its size in bytes of JSON before any cut, and the cut columns (see :func:`cap_row`).
+    """
+    row = row_json(cp)
+    if measured:
+        row.update(_rounded(rate, eta))
+    size, cut = cap_row(row, marker=XCOM_MARKER, limit=ROW_LIMIT)
+    return row, size, cut
+
+
+def task_summary(cp: Checkpoint, *, skipped: int | None = None,
+                 skipped_items: Sequence[DeadLetter] | None = None) -> dict[str, Any]:
+    """The task's return value when the handler returns None: the row's figures (``job``, ``slot``,
+    ``position``, ``processed``, ``total``, ``status``, ``attempts``, ``resumed_from``), given whole.
+    Built from the stored row only, so an attempt that finds the slot already done returns the same.
+    With a skip policy, also ``skipped`` (how many) and ``skipped_items`` (the first few:
+    ``position``, ``error`` cut to 200 characters, ``attempt``)."""
+    out = {"job": cp.job, "slot": cp.slot, "position": cp.position, "processed": cp.processed, "total": cp.total,
+           "status": cp.status, "attempts": cp.attempts, "resumed_from": cp.resumed_from}
+    if skipped is not None:
+        out["skipped"] = skipped
+    if skipped_items is not None:
+        out["skipped_items"] = [{"position": d.position, "error": cut_text(d.error or "", SUMMARY_ERROR_LIMIT),
+                                 "attempt": d.attempt} for d in skipped_items]
+    return out
+
+
+def state_store_summary(cp: Checkpoint, *, link: str) -> dict[str, Any]:
+    """The summary in Airflow's task state store (key ``resumable``): ``job``, ``slot``, ``status``,
+    ``position`` (cut over :data:`STATE_STORE_POSITION_LIMIT` characters of JSON, marked
+    ``truncated``), ``processed``, ``total``, ``percent``, ``updated_at`` and ``checkpoint_tab``
+    (``link``: the task instance's Checkpoint tab)."""
+    position, _ = cut_value(cp.position, marker=CUT_MARKER, limit=STATE_STORE_POSITION_LIMIT)
+    return {"job": cp.job, "slot": cp.slot, "status": cp.status, "position": position, "processed": cp.processed,
+            "total": cp.total, "percent": percent_of(cp.processed, cp.total),
+            "updated_at": cp.updated_at.isoformat() if cp.updated_at else None, "checkpoint_tab": link}
+
+
 def row_view(cp: Checkpoint, *, history: Sequence[AttemptRecord] | None = None, offers: dict[str, bool] | None = None,
              now: datetime | None = None) -> dict[str, Any]:
-    """The row as plain JSON, with:
+    """The row as plain JSON, as the Checkpoint tab, the jobs page, REST and the CLI show it, with:
 
     - ``percent``; ``rate`` (items/s) and ``eta_seconds`` of the attempt holding the lease,
       as the holder measured it (:class:`~airflow_resumable.core.attempt.reporter.RateWindow`) and wrote
@@ -77,7 +197,7 @@ def row_view(cp: Checkpoint, *, history: Sequence[AttemptRecord] | None = None, 
       once per slot, not work), ``slot`` for every other row.
     """
     now = now or datetime.now(tz=timezone.utc)
-    out = cp.to_dict()
+    out = row_json(cp)
     out["kind"] = "plan" if cp.job.endswith(PLAN_SUFFIX) else "slot"
     lease = lease_of(cp, now)
     out["lease"] = lease.value
@@ -92,8 +212,7 @@ def row_view(cp: Checkpoint, *, history: Sequence[AttemptRecord] | None = None, 
             stalled = cp.updated_at
         else:
             eta = eta_of(rate, cp.processed, cp.total, since=since)
-    out["rate"] = None if rate is None else round(rate, 2)
-    out["eta_seconds"] = None if eta is None else round(eta, 1)
+    out.update(_rounded(rate, eta))
     out["stalled_since"] = None if stalled is None else stalled.isoformat()
     out["live"] = cp.status == Status.PAUSED or lease in (Lease.LIVE, Lease.STALE)
     # Nothing more to watch (the UI stops refreshing): a finished status nobody runs any more.
@@ -103,3 +222,62 @@ def row_view(cp: Checkpoint, *, history: Sequence[AttemptRecord] | None = None, 
     if offers is not None:
         out["offers"] = offers
     return out
+
+
+def listed_row(cp: Checkpoint, *, now: datetime | None = None) -> dict[str, Any]:
+    """A row among many (the REST listing, a job's partitions): :func:`row_view`, cut to
+    :data:`ROW_LIMIT` (a listing must not grow with the states: five 10 MB states were a 52 MB
+    answer), the cut columns listed under ``truncated``."""
+    view = row_view(cp, now=now)
+    cap_row(view, marker=CUT_MARKER, limit=ROW_LIMIT)
+    return view
+
+
+def skipped_view(letters: Sequence[DeadLetter], counts: Mapping[str, int], asked: str | None) -> dict[str, Any]:
+    """A slot's skipped items as the Checkpoint tab and the CLI show them: ``skipped_items``
+    (``position``, ``error``, ``attempt``, ``skipped_at``, ``state``: ``skipped``, ``replayed`` or
+    ``retry_requested``), ``skipped_counts`` (how many items are in each state, all of them, not
+    only those listed), ``skipped_total`` (those still skipped or waiting for their retry) and
+    ``retry_requested_by`` (``asked``: who asked for the retry still pending, else None)."""
+    return {"skipped_items": [{"position": d.position, "error": d.error, "attempt": d.attempt,
+                               "skipped_at": d.recorded_at.isoformat() if d.recorded_at else None, "state": d.status}
+                              for d in letters],
+            "skipped_counts": dict(counts), "skipped_total": counts["skipped"] + counts["retry_requested"],
+            "retry_requested_by": asked}
+
+
+def slot_detail(cp: Checkpoint, *, history: Sequence[AttemptRecord], offers: dict[str, bool],
+                notes: dict[str, str] | None = None, skipped: dict[str, Any] | None = None,
+                now: datetime | None = None) -> dict[str, Any]:
+    """One slot whole (``GET .../checkpoint``, the Checkpoint tab, ``airflow resumable show``):
+    :func:`row_view` with its ``history`` and ``offers``; with ``notes``, ``offer_notes`` (what each
+    request would do to the slot now, or why not: the buttons' tooltips); with ``skipped``, the
+    slot's :func:`skipped_view`."""
+    view = row_view(cp, history=history, offers=offers, now=now)
+    if notes is not None:
+        view["offer_notes"] = notes
+    if skipped is not None:
+        view.update(skipped)
+    return view
+
+
+def facts_json(facts: AttemptFacts) -> dict[str, Any]:
+    """An attempt as lineage events and spans carry it, small: positions and bounds over
+    :data:`~airflow_resumable.core.model.observe.VALUE_LIMIT` characters of JSON are cut
+    (:func:`cut_value`, marked ``truncated``), the stop reason (a handler's own may hold a DSN)
+    loses its credentials and is cut to :data:`~airflow_resumable.core.model.observe.REASON_LIMIT`
+    characters, names to ``TEXT_LIMIT`` (``cut_text``); None values are left out."""
+    out: dict[str, Any] = {"job": cut_text(facts.job), "slot": None if facts.slot is None else cut_text(facts.slot),
+                           "attempt": facts.attempt, "status": facts.status, "resumed": facts.resumed,
+                           "processed": facts.processed, "total": facts.total, "skipped": facts.skipped,
+                           "stop_reason": None if facts.stop_reason is None else stop_reason_text(facts.stop_reason),
+                           "checkpoints": facts.checkpoints}
+    for name in ("resumed_from", "position"):
+        if getattr(facts, name) is not None:
+            out[name] = cut_value(getattr(facts, name), marker=CUT_MARKER, limit=VALUE_LIMIT)[0]
+    if facts.partition is not None:
+        p = facts.partition
+        out["partition"] = {"job": cut_text(p.job), "index": p.index, "count": p.count,
+                            "after": cut_value(p.after, marker=CUT_MARKER, limit=VALUE_LIMIT)[0],
+                            "until": cut_value(p.until, marker=CUT_MARKER, limit=VALUE_LIMIT)[0]}
+    return {k: v for k, v in out.items() if v is not None}

@@ -14,6 +14,7 @@ from openlineage.client.event_v2 import Dataset
 from openlineage.client.facet_v2 import RunFacet, job_dependencies_run
 
 from airflow_resumable.core.model.observe import MAX_OUTPUTS, AttemptFacts, Source, cut_text, without_credentials_in
+from airflow_resumable.core.view import facts_json
 from airflow_resumable.lineage import FACET_NAME, PRODUCER, SCHEMA_URL
 from airflow_resumable.lineage.naming import dataset_names
 
@@ -51,8 +52,8 @@ class ResumableRunFacet(RunFacet):
 
 
 def run_facet(facts: AttemptFacts, *, partitions: dict[str, Any] | None = None) -> ResumableRunFacet:
-    """The facet of ``facts`` (small: long values cut, see :meth:`AttemptFacts.as_json`)."""
-    j = facts.as_json()
+    """The facet of ``facts`` (small: long values cut, see :func:`~airflow_resumable.core.view.facts_json`)."""
+    j = facts_json(facts)
     return ResumableRunFacet(
         producer=PRODUCER, job=j["job"], status=j["status"], slot=j.get("slot"), attempt=j.get("attempt"),
         resumed=j.get("resumed"), resumedFrom=j.get("resumed_from"), position=j.get("position"),

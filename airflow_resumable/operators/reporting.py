@@ -7,7 +7,7 @@ from typing import Any
 
 from airflow_resumable.core.attempt.reporter import Progress, Reporter
 from airflow_resumable.core.model.checkpoint import Checkpoint
-from airflow_resumable.core.view import ROW_LIMIT, cap_row
+from airflow_resumable.core.view import ROW_LIMIT, xcom_row
 from airflow_resumable.metrics import Metrics
 from airflow_resumable.operators.state_store import StateStoreMirror
 from airflow_resumable.operators.tracing import AttemptTrace
@@ -55,15 +55,12 @@ class AirflowReporter(Reporter):
             self.mirror.write(cp)
 
     def xcom_row(self, cp: Checkpoint, progress: Progress | None = None) -> dict[str, Any]:
-        """The row as pushed to XCom: whole up to :data:`XCOM_ROW_LIMIT` bytes of JSON, else with
-        each large position/state replaced by ``{"xcom_truncated": true, "bytes": n, "preview": ...}``
-        and the cut columns listed under ``xcom_truncated``. With ``progress``: its ``rate`` and
-        ``eta_seconds`` too (the log line's figures, core/attempt/reporter.py's one computation)."""
-        row = cp.to_dict()
-        if progress is not None:
-            row["rate"] = None if progress.rate is None else round(progress.rate, 2)
-            row["eta_seconds"] = None if progress.eta is None else round(progress.eta, 1)
-        size, cut = cap_row(row, marker="xcom_truncated", limit=XCOM_ROW_LIMIT)
+        """The row as pushed to XCom (:func:`airflow_resumable.core.view.xcom_row`: whole up to
+        :data:`XCOM_ROW_LIMIT` bytes of JSON, else its large position/state cut to a preview marked
+        ``xcom_truncated``); with ``progress``, its ``rate`` and ``eta_seconds`` too. The first cut of an
+        attempt is logged, saying where the whole row is."""
+        row, size, cut = xcom_row(cp, rate=None if progress is None else progress.rate,
+                                  eta=None if progress is None else progress.eta, measured=progress is not None)
         if cut and not self._cut_logged:
             self._cut_logged = True
             self.log.warning(

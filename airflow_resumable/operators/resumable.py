@@ -22,7 +22,6 @@ from airflow_resumable.core.attempt.async_bridge import SyncCalls
 from airflow_resumable.core.attempt.context import RunContext
 from airflow_resumable.core.attempt.runner import Attempt, Hooks, Outcome
 from airflow_resumable.core.attempt.signal import Reason
-from airflow_resumable.core.attempt.skip_policy import shown
 from airflow_resumable.core.model import defaults
 from airflow_resumable.core.model.errors import (
     Cancelled,
@@ -37,6 +36,7 @@ from airflow_resumable.core.model.options import ARGUMENTS, ATTEMPT_OPTIONS, Opt
 from airflow_resumable.core.model.options import problems as option_problems
 from airflow_resumable.core.readers import Reader
 from airflow_resumable.core.stores import Store
+from airflow_resumable.core.view import task_summary
 from airflow_resumable.core.work.chunk_loop import CHUNKED_OPTIONS, calls_problems, chunk_loop, chunked_problems
 from airflow_resumable.hooks.resumable import DEFAULT_CONN_ID, ResumableHook
 from airflow_resumable.metrics import Metrics
@@ -487,15 +487,13 @@ class ChunkedOperator(ResumableOperator):
         return handler
 
     def _summary(self, outcome: Outcome, store: Store, job: str, slot: str) -> dict[str, Any]:
-        """With a skip policy, the summary also counts the slot's skipped items and shows the first
-        few (from the store, so an attempt that finds the slot done returns the same)."""
-        summary = super()._summary(outcome, store, job, slot)
-        if self.skip_on is not None:
-            with store.open(autocommit=True) as session:
-                summary["skipped"] = session.skips.count(job, slot)
-                summary["skipped_items"] = shown(
-                    session.skips.items(job, slot, status="skipped", limit=defaults.SKIPPED_SHOWN))
-        return summary
+        """With a skip policy, also the slot's skipped items, counted and the first few (from the store)."""
+        if self.skip_on is None:
+            return super()._summary(outcome, store, job, slot)
+        with store.open(autocommit=True) as session:
+            count, letters = session.skips.count(job, slot), session.skips.items(
+                job, slot, status="skipped", limit=defaults.SKIPPED_SHOWN)
+        return task_summary(outcome.checkpoint, skipped=count, skipped_items=letters)
 
 
 ChunkedOperator.__doc__ = f"{(ChunkedOperator.__doc__ or '').rstrip()}\n\n{params_doc(CHUNKED_OPTIONS)}\n"

@@ -2,7 +2,8 @@
 sub-tab of a task instance's **Storage** tab: where a person looks first.
 
 Key ``resumable``: ``{"job", "slot", "status", "position", "processed", "total", "percent",
-"updated_at", "checkpoint_tab"}``, the last a link to the task instance's Checkpoint tab in the
+"updated_at", "checkpoint_tab"}`` (made by ``airflow_resumable.core.view.state_store_summary``: a position over
+512 characters of JSON as a preview marked ``truncated``), the last a link to the task instance's Checkpoint tab in the
 Airflow UI (the whole row, live). Written at the pace of the XCom push (``xcom_interval``), never per checkpoint: one
 write goes through the supervisor and the Execution API (about 17 ms here). Where the running
 Airflow has no task state store, or a write fails, it says so once in the log and stops trying;
@@ -19,16 +20,16 @@ checkpoint, a Clear of a succeeded task still starts the slot over on purpose (b
 
 from __future__ import annotations
 
-import json
 from typing import Any
 from urllib.parse import quote
 
 from airflow_resumable.core.model.checkpoint import Checkpoint
+from airflow_resumable.core.view import STATE_STORE_POSITION_LIMIT, state_store_summary
 
 #: The task state store's key of the summary.
 STATE_KEY = "resumable"
 #: A position longer than this, as JSON, is shown cut (the whole one is in the checkpoint row).
-POSITION_LIMIT = 512
+POSITION_LIMIT = STATE_STORE_POSITION_LIMIT
 
 
 def checkpoint_tab(ti: Any) -> str:
@@ -66,11 +67,5 @@ class StateStoreMirror:
             self.store = None
 
     def summary(self, cp: Checkpoint) -> dict[str, Any]:
-        position: Any = cp.position
-        text = json.dumps(position, default=str)
-        if len(text) > POSITION_LIMIT:
-            position = {"truncated": True, "bytes": len(text), "preview": text[:POSITION_LIMIT]}
-        percent = None if not cp.total else round(100.0 * cp.processed / cp.total, 2)
-        return {"job": cp.job, "slot": cp.slot, "status": cp.status, "position": position, "processed": cp.processed,
-                "total": cp.total, "percent": percent,
-                "updated_at": cp.updated_at.isoformat() if cp.updated_at else None, "checkpoint_tab": self.link}
+        """The summary written (:func:`airflow_resumable.core.view.state_store_summary`)."""
+        return state_store_summary(cp, link=self.link)

@@ -36,10 +36,10 @@ from airflow_resumable.core.model.observe import (
     TEXT_LIMIT,
     AttemptFacts,
     cut_text,
-    cut_value,
     stop_reason_text,
     without_credentials_in,
 )
+from airflow_resumable.core.view import CUT_MARKER, cut_value
 from airflow_resumable.version import __version__
 
 try:
@@ -62,7 +62,7 @@ STACK_LIMIT = 20_000
 
 def _json(value: Any) -> str:
     """A JSON value as a span attribute: its JSON text, cut to a preview when long."""
-    shown, _ = cut_value(value, marker="truncated", limit=VALUE_LIMIT)
+    shown, _ = cut_value(value, marker=CUT_MARKER, limit=VALUE_LIMIT)
     return json.dumps(shown, default=str)
 
 

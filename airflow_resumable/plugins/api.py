@@ -47,7 +47,7 @@ from airflow_resumable.core.model.errors import (
 )
 from airflow_resumable.core.model.request_rules import Action
 from airflow_resumable.core.model.states import Status
-from airflow_resumable.core.view import ROW_LIMIT, cap_row, row_view
+from airflow_resumable.core.view import ROW_LIMIT, listed_row
 from airflow_resumable.version_compat import GetUserDep
 
 STATIC = Path(__file__).parent / "static"
@@ -244,18 +244,14 @@ def create_app() -> FastAPI:
             if not readable:
                 return {"checkpoints": [], "total_entries": 0}
         rows = control.recent(conn_id=conn, dag_ids=readable, status=status_, limit=limit, plans=include_plans)
-        views = [row_view(r) for r in rows]
-        for view in views:  # a listing must not grow with the states: five 10 MB states were a 52 MB answer
-            cap_row(view, marker="truncated")
-        return {"checkpoints": views, "total_entries": len(rows)}
+        return {"checkpoints": [listed_row(r) for r in rows], "total_entries": len(rows)}
 
     @app.get("/api/v1/checkpoint", responses=_responses(400, 401, 403, 404, 422, 500, 503),
              summary="One slot: its row (whole), figures, history and what it would take now")
     def get_checkpoint(user: GetUserDep, job: Job, slot: Slot, conn_id: str = conn_query()) -> dict[str, Any]:
-        conn = _conn(conn_id)
-        row = control.get(job, slot, conn_id=conn)
-        _authorize(user, row.dag_id, "GET")
-        return _detail(row, conn)
+        view = control.detail(job, slot, conn_id=_conn(conn_id))  # one connection, one schema check
+        _authorize(user, view["dag_id"], "GET")
+        return view
 
     @app.get("/api/v1/task-instance", responses=_responses(400, 401, 403, 422, 500, 503),
              summary="The slot a task instance ran (the Checkpoint tab)")
@@ -265,15 +261,15 @@ def create_app() -> FastAPI:
     ) -> dict[str, Any]:
         _authorize(user, dag_id, "GET")
         conn = _conn(conn_id)
-        row = control.find(dag_id, task_id, run_id, map_index, conn_id=conn)
-        if row is None:
+        view = control.find_detail(dag_id, task_id, run_id, map_index, conn_id=conn)
+        if view is None:
             overlap = overlap_of(dag_id, run_id, task_id, map_index)
             if overlap is not None:
                 return {"resumable": False, "overlap": overlap, "message": overlap["message"]}
             return {"resumable": False, "message": "This task instance has no checkpoint: it is not a resumable "
                     "task (ResumableOperator, ChunkedOperator, @task.resumable), it has not started yet, or "
                     f"its checkpoints live in another store than the connection {conn!r}."}
-        return {"resumable": True, **_detail(row, conn)}
+        return {"resumable": True, **view}
 
     # Before the route of the other requests, which would take "retry_skipped" for an action.
     @app.post("/api/v1/checkpoint/retry_skipped", responses=_responses(400, 401, 403, 404, 409, 422, 500, 503),
@@ -288,7 +284,7 @@ def create_app() -> FastAPI:
         row = control.get(job, slot, conn_id=conn)
         _authorize(user, row.dag_id, "PUT")
         asked = control.request_retry_skipped(job, slot, conn_id=conn, by=user.get_name())
-        return {**_detail(asked.row, conn), "retry": asked.as_json()}
+        return {**control.detail(job, slot, conn_id=conn), "retry": asked.as_json()}
 
     @app.post("/api/v1/checkpoint/{action}", responses=_responses(400, 401, 403, 404, 409, 422, 500, 503),
               summary="Ask the slot to pause, resume, cancel, restart or release its lease")
@@ -301,10 +297,10 @@ def create_app() -> FastAPI:
         _authorize(user, row.dag_id, "PUT")
         by = user.get_name()
         if action is Action.RELEASE:
-            row = control.release(job, slot, conn_id=conn, by=by, force=bool(body and body.force))
+            control.release(job, slot, conn_id=conn, by=by, force=bool(body and body.force))
         else:
-            row = getattr(control, action.value)(job, slot, conn_id=conn, by=by)
-        return _detail(row, conn)
+            getattr(control, action.value)(job, slot, conn_id=conn, by=by)
+        return control.detail(job, slot, conn_id=conn)
 
     @app.get("/api/v1/jobs", responses=_responses(400, 401, 403, 422, 500, 503),
              summary="One line per job: its latest run's partitions (done, running, paused, failed, waiting, "
@@ -375,14 +371,6 @@ def create_app() -> FastAPI:
         return FileResponse(STATIC / "jobs.js", media_type="text/javascript", headers={"Cache-Control": "no-cache"})
 
     return app
-
-
-def _detail(row: Any, conn_id: str) -> dict[str, Any]:
-    offers, notes = control.explained_offers(row.job, row.slot, conn_id=conn_id)
-    view = row_view(row, history=control.history(row.job, row.slot, conn_id=conn_id), offers=offers)
-    view["offer_notes"] = notes  # what each request would do now, or why not: the buttons' tooltips
-    view.update(control.skipped_view(row.job, row.slot, conn_id=conn_id))
-    return view
 
 
 def overlap_of(dag_id: str, run_id: str, task_id: str, map_index: int = -1) -> dict[str, Any] | None:

@@ -80,11 +80,18 @@ def test_list_filters_by_dag_and_status_and_prints_a_table(store: Store, parser:
     assert json.loads(out) == []
 
 
-def test_show_prints_the_row_its_figures_and_what_it_would_take(store: Store, parser: Any, capsys: Any) -> None:
+def test_show_prints_the_row_its_figures_and_what_it_would_take(store: Store, parser: Any, capsys: Any,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    connections: list[int] = []
+    connect = SQLiteStore.connect
+    monkeypatch.setattr(SQLiteStore, "connect", lambda self, **kw: connections.append(1) or connect(self, **kw))
     code, out, _ = cli(parser, capsys, "resumable", "show", A, SLOT, "--output", "json")
     view = json.loads(out)
     assert code == 0 and (view["status"], view["position"], view["lease"]) == ("failed", 10, "none")
     assert view["offers"]["pause"] and not view["offers"]["cancel"]
+    # read on one connection, with the fields show has always printed (the REST detail's extras left out)
+    assert len(connections) == 1 and [h["outcome"] for h in view["history"]] == ["failed"]
+    assert "offer_notes" not in view and "skipped_items" not in view
     code, out, _ = cli(parser, capsys, "resumable", "show", A, SLOT)
     assert code == 0 and "pause, restart" in out
 

@@ -13,6 +13,7 @@ from airflow_resumable.core.model.checkpoint import error_text as _error_text
 from airflow_resumable.core.model.errors import Cancelled, CheckpointDeleted, InvalidCheckpoint, LeaseLost, Paused
 from airflow_resumable.core.model.observe import AttemptFacts
 from airflow_resumable.core.stores.base import StoreSession
+from airflow_resumable.core.view import task_summary
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,19 +28,9 @@ class Outcome:
     already_done: bool = False
 
     def summary(self) -> dict[str, Any]:
-        """The row's figures, as the task's return value when the handler returns None. Built from
-        the stored row only, so an attempt that finds the slot already done returns the same."""
-        cp = self.checkpoint
-        return {
-            "job": cp.job,
-            "slot": cp.slot,
-            "position": cp.position,
-            "processed": cp.processed,
-            "total": cp.total,
-            "status": cp.status,
-            "attempts": cp.attempts,
-            "resumed_from": cp.resumed_from,
-        }
+        """The row's figures, as the task's return value when the handler returns None
+        (:func:`~airflow_resumable.core.view.task_summary`)."""
+        return task_summary(self.checkpoint)
 
 
 class Finishing(AttemptState):

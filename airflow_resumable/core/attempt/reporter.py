@@ -11,6 +11,7 @@ from typing import Any, Protocol
 
 from airflow_resumable.core.model import defaults
 from airflow_resumable.core.model.checkpoint import Checkpoint, Status
+from airflow_resumable.core.view import eta_of, percent_of
 
 
 class Log(Protocol):
@@ -36,7 +37,7 @@ class RateWindow:
     The attempt feeds it at every checkpoint (:class:`ProgressMeter`) and writes its rate on the
     row with the checkpoint (column ``rate``): the task's log and XCom, and every reader of the
     row (``core/view.py``: the tab, the jobs page, REST, the CLI) show that one number, and the
-    ETA from it (:func:`eta_of`). A sample is a checkpoint: when it was
+    ETA from it (:func:`~airflow_resumable.core.view.eta_of`). A sample is a checkpoint: when it was
     durable and how many items were processed then. The rate spans whole chunk cycles, the
     handler's waits between chunks included, so the ETA counts them too; it starts at the first
     checkpoint seen, not at the attempt's start (the first chunk has no wait before it). A window
@@ -84,14 +85,6 @@ class RateWindow:
         return rate, eta_of(rate, processed, total, since=0.0 if now is None else now - at)
 
 
-def eta_of(rate: float | None, processed: int, total: int | None, *, since: float = 0.0) -> float | None:
-    """Seconds left at ``rate`` for ``total - processed`` items, ``since`` seconds after they were
-    counted (a look between two checkpoints sees the ETA count down); None when not measured."""
-    if rate is None or rate <= 0 or total is None or total < processed:
-        return None
-    return max(0.0, (total - processed) / rate - max(0.0, since))
-
-
 @dataclasses.dataclass(frozen=True)
 class Progress:
     processed: int
@@ -105,9 +98,7 @@ class Progress:
 
     @property
     def percent(self) -> float | None:
-        if not self.total:
-            return None
-        return min(100.0, 100.0 * self.processed / self.total)
+        return percent_of(self.processed, self.total)
 
     def format(self) -> str:
         parts = []

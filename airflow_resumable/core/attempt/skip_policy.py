@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import Any
 
@@ -185,11 +185,6 @@ def replay(store: Store, job: str, slot: str, fn: Callable[[Any], Any], *, limit
 
 def _now() -> datetime:
     return datetime.now(tz=timezone.utc)
-
-
-def shown(letters: Sequence[DeadLetter]) -> list[dict[str, Any]]:
-    """A few skipped items as the task's summary lists them: position, error (cut), attempt."""
-    return [{"position": d.position, "error": (d.error or "")[:200], "attempt": d.attempt} for d in letters]
 
 
 def _live(row: Checkpoint) -> bool:

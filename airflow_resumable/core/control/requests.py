@@ -30,7 +30,6 @@ from collections.abc import Collection
 from datetime import datetime, timezone
 from typing import Any
 
-from airflow_resumable.core.attempt.reporter import eta_of
 from airflow_resumable.core.model import request_rules as rules
 from airflow_resumable.core.model.checkpoint import Checkpoint
 from airflow_resumable.core.model.columns import to_datetime
@@ -41,6 +40,7 @@ from airflow_resumable.core.model.states import AttemptEnd, Request, Status
 from airflow_resumable.core.model.tables import ATTEMPTS
 from airflow_resumable.core.stores.base import Store, StoreSession
 from airflow_resumable.core.stores.shared_sql import insert, json_or_none, named
+from airflow_resumable.core.view import eta_of, percent_of
 from airflow_resumable.core.work.partitions import PLAN_SUFFIX, load_plan, partition_job, plan_job
 
 __all__ = ["ACTIONS", "COUNTS", "PARTITION_KINDS", "base_job", "cancel", "default_by", "job_partitions", "jobs",
@@ -294,7 +294,7 @@ class _Run:
             # The plan's rows (a partitioned job), and the partitions' dead letters not replayed:
             # processed counts them too (a skipped item is read), the summary task tells them apart.
             "planned": self.planned_rows, "processed": self.processed, "skipped": self.skipped, "total": total,
-            "percent": None if not total else round(min(100.0, 100.0 * self.processed / total), 1),
+            "percent": percent_of(self.processed, total),
             "rate": None if rate is None else round(rate, 2), "eta_seconds": None if eta is None else round(eta, 1),
             "updated_at": self.updated.isoformat() if self.updated else None,
             "plan_request": self.plan_request,
@@ -362,7 +362,7 @@ def jobs(store: Store, *, dag_ids: Collection[str] | None = None) -> list[dict[s
     """One line per job (per DAG and task): its latest run's partitions counted by how they stand
     (:data:`PARTITION_KINDS`), and its progress as the sum of theirs (``processed``, ``total``,
     ``percent``; ``rate``: the sum of the live partitions' rates, each as its attempt measured it;
-    ``eta_seconds`` from them, :func:`~airflow_resumable.core.attempt.reporter.eta_of`), most recently
+    ``eta_seconds`` from them, :func:`~airflow_resumable.core.view.eta_of`), most recently
     updated first. An unmapped task is a job of one partition. Only the jobs of ``dag_ids`` when
     given."""
     with store.open(autocommit=True) as session:

@@ -118,16 +118,17 @@ class Checkpoint:
 
     @property
     def percent(self) -> float | None:
-        """Progress in percent, when the total is known."""
-        if not self.total:
-            return None
-        return min(100.0, 100.0 * self.processed / self.total)
+        """Deprecated, until the next release: progress in percent, unrounded. Every shape of the
+        row takes its percent from ``airflow_resumable.core.view.percent_of``."""
+        warnings.warn("Checkpoint.percent is deprecated; read the row's percent from airflow_resumable.core.view "
+                      "(percent_of(cp.processed, cp.total), or row_view(cp)['percent'])", DeprecationWarning,
+                      stacklevel=2)
+        return None if not self.total else min(100.0, 100.0 * self.processed / self.total)
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain JSON (timestamps as ISO-8601 strings): what goes to XCom and to logs."""
-        out = _plain(self)
-        out["percent"] = None if self.percent is None else round(self.percent, 2)
-        return out
+        """The row's columns as plain JSON (timestamps as ISO-8601 strings, the deprecated names too).
+        The shapes the row takes outside the core, with their figures, are ``airflow_resumable.core.view``'s."""
+        return _plain(self)
 
 
 def _plain(value: Any) -> dict[str, Any]:

@@ -6,21 +6,20 @@ no OpenTelemetry here (the Airflow layer turns it into facets and spans: ``airfl
   says it writes (``ctx.output(...)``), with the Airflow connection it goes through, if known.
 * :class:`Part` is a partition's place in its partitioned job.
 * :class:`AttemptFacts` is one attempt as a lineage event carries it: the job, the slot, the try,
-  where it resumed from, how far it got and why it stopped. :meth:`AttemptFacts.as_json` gives it
-  small whatever the checkpoint holds: a position over :data:`VALUE_LIMIT` characters of JSON goes
-  as a preview (:func:`cut_value`: the one cut rule, which the XCom copy and the REST listing use too).
+  where it resumed from, how far it got and why it stopped. Its JSON, small whatever the checkpoint
+  holds, is ``airflow_resumable.core.view.facts_json`` (a position over :data:`VALUE_LIMIT` characters
+  of JSON goes as a preview, by the view's one cut rule).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import re
 from typing import Any, Literal
 
 __all__ = [
     "MAX_OUTPUTS", "NAME_LIMIT", "REASON_LIMIT", "TEXT_LIMIT", "VALUE_LIMIT", "AttemptFacts", "Part", "Source",
-    "cut_text", "cut_value", "stop_reason_text", "without_credentials", "without_credentials_in",
+    "cut_text", "stop_reason_text", "without_credentials", "without_credentials_in",
 ]
 
 #: The longest position (and partition bound) an event carries whole, in characters of JSON.
@@ -39,19 +38,6 @@ ELLIPSIS = "..."
 
 Kind = Literal["table", "query", "file"]
 KINDS: tuple[str, ...] = ("table", "query", "file")
-
-
-def cut_value(value: Any, *, marker: str, limit: int = 200) -> tuple[Any, int | None]:
-    """``value`` as it goes out: itself when its JSON is at most ``limit`` characters, else
-    ``{marker: true, "bytes": n, "preview": "<its first limit characters>..."}``.
-
-    Returns:
-        the value to send, and the size of the cut value's JSON (None: nothing was cut).
-    """
-    text = json.dumps(value, default=str)  # ASCII (ensure_ascii): characters are bytes
-    if len(text) <= limit:
-        return value, None
-    return {marker: True, "bytes": len(text), "preview": cut_text(text, limit + len(ELLIPSIS))}, len(text)
 
 
 def cut_text(text: str, limit: int = TEXT_LIMIT) -> str:
@@ -211,24 +197,3 @@ class AttemptFacts:
     inputs: tuple[Source, ...] = ()
     outputs: tuple[Source, ...] = ()
     partition: Part | None = None
-
-    def as_json(self) -> dict[str, Any]:
-        """The facts as plain JSON, small: positions and bounds over :data:`VALUE_LIMIT` characters of
-        JSON become ``{"truncated": true, "bytes": n, "preview": ...}``, the stop reason (a handler's
-        own may hold a DSN) loses its credentials (:func:`without_credentials_in`) and is cut to
-        :data:`REASON_LIMIT` characters and names to :data:`TEXT_LIMIT` (:func:`cut_text`); None
-        values are left out."""
-        out: dict[str, Any] = {"job": cut_text(self.job), "slot": None if self.slot is None else cut_text(self.slot),
-                               "attempt": self.attempt, "status": self.status, "resumed": self.resumed,
-                               "processed": self.processed, "total": self.total, "skipped": self.skipped,
-                               "stop_reason": None if self.stop_reason is None else stop_reason_text(self.stop_reason),
-                               "checkpoints": self.checkpoints}
-        for name in ("resumed_from", "position"):
-            if getattr(self, name) is not None:
-                out[name] = cut_value(getattr(self, name), marker="truncated", limit=VALUE_LIMIT)[0]
-        if self.partition is not None:
-            p = self.partition
-            out["partition"] = {"job": cut_text(p.job), "index": p.index, "count": p.count,
-                                "after": cut_value(p.after, marker="truncated", limit=VALUE_LIMIT)[0],
-                                "until": cut_value(p.until, marker="truncated", limit=VALUE_LIMIT)[0]}
-        return {k: v for k, v in out.items() if v is not None}

@@ -101,3 +101,29 @@ def test_a_clear_that_discards_the_task_state_store_still_resumes_from_the_check
         row = session.checkpoints.load("rt_no_retry.work", summary["slot"])
     assert row is not None and (row.resumed_from, row.attempts) == (10, 2)
     assert reads == [], "the mirror never reads the task state store: its discard cannot change what runs"
+
+
+def test_the_summary_cuts_a_long_position_as_every_channel_does_and_never_shows_over_100_percent() -> None:
+    """Given a row whose position is longer than the summary's 512 characters of JSON and whose total
+    was edited by hand below what it processed, When the mirror makes its summary, Then the position
+    is the view's preview (its first 512 characters and ``...``, marked ``truncated``, with its size:
+    the summary's own cut kept no ``...``) and the percent is 100 (it was 150)."""
+    import logging
+    from types import SimpleNamespace
+
+    from airflow_resumable.core.model.checkpoint import Checkpoint
+    from airflow_resumable.operators.state_store import POSITION_LIMIT, STATE_KEY, StateStoreMirror
+
+    written: dict[str, Any] = {}
+    ti = SimpleNamespace(dag_id="d", run_id="r", task_id="t", map_index=-1)
+    mirror = StateStoreMirror(logging.getLogger("airflow_resumable"), ti,
+                              SimpleNamespace(set=lambda key, value: written.update({key: value})))
+    position = ["p" * 600]
+    text = json.dumps(position)
+    mirror.write(Checkpoint(job="j", slot="s", position=position, processed=150, total=100,
+                            updated_at=datetime(2026, 3, 1, tzinfo=timezone.utc)))
+    summary = written[STATE_KEY]
+    assert summary["position"] == {"truncated": True, "bytes": len(text), "preview": text[:POSITION_LIMIT] + "..."}
+    assert (summary["processed"], summary["total"], summary["percent"]) == (150, 100, 100.0)
+    assert set(summary) == {"job", "slot", "status", "position", "processed", "total", "percent", "updated_at",
+                            "checkpoint_tab"}

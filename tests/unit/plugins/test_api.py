@@ -195,6 +195,24 @@ def test_a_slot_shows_its_row_history_and_what_it_would_take(as_user: Any) -> No
     assert (body["skipped_items"], body["skipped_total"]) == ([], 0)
 
 
+def test_one_slot_is_read_on_one_connection_with_one_schema_check(as_user: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Given a slot with history and offers, When its detail is asked for (the slot's route, the
+    task instance's tab), Then the answer was read on one connection, the schema checked once."""
+    from airflow_resumable.core.stores.base import StoreSession
+
+    connections, checks = [], []
+    connect, ensure = SQLiteStore.connect, StoreSession.ensure_schema
+    monkeypatch.setattr(SQLiteStore, "connect", lambda self, **kw: connections.append(1) or connect(self, **kw))
+    monkeypatch.setattr(StoreSession, "ensure_schema", lambda self, **kw: checks.append(1) or ensure(self, **kw))
+    ti = {"dag_id": "dag_a", "run_id": "run_1", "task_id": "export", "map_index": -1}
+    for path, params in ((f"{BASE}/checkpoint", q(A)), (f"{BASE}/task-instance", ti)):
+        connections.clear()
+        checks.clear()
+        r = as_user("admin", "GET", path, params=params)
+        assert r.status_code == 200 and r.json()["job"] == A and r.json()["history"] and "offer_notes" in r.json()
+        assert (len(connections), len(checks)) == (1, 1), path
+
+
 def test_a_slot_of_a_dag_the_user_may_not_see_is_forbidden(as_user: Any) -> None:
     assert as_user("alice", "GET", f"{BASE}/checkpoint", params=q(B)).status_code == 403
 

@@ -1,4 +1,5 @@
-"""Rate and ETA: one computation (core/attempt/reporter.py) for the log, XCom and the row as people see it."""
+"""Rate, ETA and percent: one computation each (the rate in core/attempt/reporter.py, the ETA and the percent in
+core/view.py) for the log, XCom, the task state store, the task's return value and the row as people see it."""
 
 from __future__ import annotations
 
@@ -126,6 +127,50 @@ def test_the_xcom_copy_carries_the_log_lines_rate_and_eta() -> None:
     row = reporter.xcom_row(Checkpoint(job="j.xcom", slot="s", processed=600, total=1000), progress)
     assert (row["rate"], row["eta_seconds"]) == (20.0, 20.0)
     assert "rate=20/s eta=20s" in progress.format()
+
+
+def test_every_shape_of_a_row_whose_total_was_edited_below_its_count_shows_100_percent() -> None:
+    """Given a row that processed 150 items of a total edited by hand to 100, When it goes out in
+    each shape, Then each shows 100 %, as the log line does: one percent, capped (the task state
+    store's summary showed 150 % before it took the view's)."""
+    from airflow_resumable.core import view
+
+    row = Checkpoint(job="j.over", slot="s", processed=150, total=100, status="running", updated_at=T0)
+    xcom, _, _ = view.xcom_row(row)
+    shown = [xcom["percent"], view.row_view(row, now=T0)["percent"], view.listed_row(row, now=T0)["percent"],
+             view.state_store_summary(row, link="tab")["percent"], view.percent_of(row.processed, row.total)]
+    assert shown == [100.0] * 5
+    assert Progress(processed=150, total=100, rate=None, eta=None).format().startswith("100% ")
+    assert view.percent_of(1, 3) == 33.33 and view.percent_of(5, 0) is None and view.percent_of(5, None) is None
+    assert "percent" not in row.to_dict()  # the row's columns only; its shapes add the percent
+    with pytest.warns(DeprecationWarning, match="Checkpoint.percent is deprecated"):
+        assert row.percent == 100.0
+
+
+def test_a_value_over_its_channels_limit_is_cut_by_one_rule_whatever_the_channel() -> None:
+    """Given a position whose JSON is longer than every channel's limit, When a row holding it goes
+    to XCom, to the REST listing and to the task state store, Then each gives
+    ``{marker: true, "bytes": n, "preview": <the first limit characters>...}``, only the marker
+    (``xcom_truncated`` in XCom, as documented; ``truncated`` elsewhere) and the limit differing;
+    the task's return value gives it whole."""
+    from airflow_resumable.core import view
+
+    position = {"key": "k" * 70_000}
+    text = __import__("json").dumps(position)
+    row = Checkpoint(job="j.cut", slot="s", position=position, processed=1, total=2, updated_at=T0)
+    xcom, size, cut = view.xcom_row(row)
+    listed = view.listed_row(row, now=T0)
+    stored = view.state_store_summary(row, link="tab")["position"]
+    assert size > view.ROW_LIMIT and cut == {"position": len(text)} and xcom["xcom_truncated"] == ["position"]
+    assert xcom["position"] == {"xcom_truncated": True, "bytes": len(text), "preview": text[:200] + "..."}
+    assert listed["position"] == {"truncated": True, "bytes": len(text), "preview": text[:200] + "..."}
+    assert listed["truncated"] == ["position"]
+    limit = view.STATE_STORE_POSITION_LIMIT
+    assert stored == {"truncated": True, "bytes": len(text), "preview": text[:limit] + "..."}
+    assert view.task_summary(row)["position"] == position
+    # A value exactly at a channel's limit goes whole
+    at_limit = "x" * (limit - 2)  # its JSON: the quotes make it limit characters
+    assert view.state_store_summary(Checkpoint(job="j", slot="s", position=at_limit), link="")["position"] == at_limit
 
 
 def test_the_row_reaches_xcom_every_xcom_interval_and_at_the_end_but_not_at_the_start(store: Store) -> None:

@@ -23,6 +23,7 @@ from airflow_resumable.core.model.observe import (
 )
 from airflow_resumable.core.readers import KeysetReader, SequenceReader
 from airflow_resumable.core.stores import Store
+from airflow_resumable.core.view import facts_json
 
 pytestmark = pytest.mark.one_store("the facts are the attempt's memory, not the store's", kind="sqlite")
 
@@ -150,7 +151,7 @@ def test_a_cut_text_is_never_longer_than_its_limit(limit: int) -> None:
 
 def test_a_stop_reason_goes_cut_to_the_schema_s_200_characters() -> None:
     facts = AttemptFacts(job="j", slot="s", attempt=1, status="cancelled", stop_reason="r" * 10_000)
-    assert len(facts.as_json()["stop_reason"]) == REASON_LIMIT == 200
+    assert len(facts_json(facts)["stop_reason"]) == REASON_LIMIT == 200
 
 
 @pytest.mark.parametrize("text, scrubbed", [
@@ -179,7 +180,7 @@ def test_huge_positions_and_names_go_as_short_previews() -> None:
     huge = ["x" * 10_000, list(range(5000))]
     facts = AttemptFacts(job="j" * 1024, slot="s", attempt=1, status="done", resumed_from=huge, position=huge,
                          partition=Part(job="p", index=0, count=2, after=huge, until=None))
-    out = facts.as_json()
+    out = facts_json(facts)
     assert len(json.dumps(out)) < 2_500
     assert out["position"]["truncated"] is True and out["position"]["bytes"] == len(json.dumps(huge))
     assert out["partition"]["after"]["truncated"] is True and out["job"].endswith("...") and len(out["job"]) == 1000
@@ -233,6 +234,6 @@ def test_a_stop_reason_s_dsn_loses_its_password_even_when_the_cut_falls_before_i
     character and whose ``@`` comes after it, When the facts go out, Then the reason is 200 characters and
     holds neither the user nor the password."""
     reason = "x" * 150 + " postgresql://bob:" + "p" * 100 + "@db.internal/x"
-    shown = AttemptFacts(job="j", slot="s", attempt=1, status="cancelled", stop_reason=reason).as_json()["stop_reason"]
+    shown = facts_json(AttemptFacts(job="j", slot="s", attempt=1, status="cancelled", stop_reason=reason))["stop_reason"]
     assert shown.startswith("x" * 150 + " postgresql://db.internal/x")
     assert "bob" not in shown and "ppp" not in shown and len(shown) <= REASON_LIMIT
