@@ -40,9 +40,11 @@ def newer_row(store: Store):
 
 
 def test_skip_ends_the_newer_run_as_skipped_and_names_the_other_slot(
-    checkpoints: Store, run_dag, capfd: pytest.CaptureFixture[str]
+    checkpoints: Store, run_dag, capfd: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    older = older_run(checkpoints, items=400, chunk_s=0.05)
+    # The older run holds after its first checkpoint (a gate never opened) for as long as the newer
+    # run takes to start, however loaded the machine
+    older = older_run(checkpoints, items=400, chunk_s=0.05, gate=tmp_path / "never")
     try:
         run = run_dag("rt_overlap_skip", conf={"items": 5}, logical_date=NEW)
     finally:
@@ -54,8 +56,8 @@ def test_skip_ends_the_newer_run_as_skipped_and_names_the_other_slot(
     assert newer_row(checkpoints) is None, "a skipped run leaves no checkpoint behind"
 
 
-def test_allow_runs_both_slots_at_once(checkpoints: Store, run_dag) -> None:
-    older = older_run(checkpoints, items=400, chunk_s=0.05)
+def test_allow_runs_both_slots_at_once(checkpoints: Store, run_dag, tmp_path: Path) -> None:
+    older = older_run(checkpoints, items=400, chunk_s=0.05, gate=tmp_path / "never")
     try:
         run = run_dag("rt_overlap_allow", conf={"items": 5}, logical_date=NEW)
         assert older.proc.poll() is None, "the older run was still going"
@@ -195,7 +197,7 @@ def test_skip_names_the_run_that_began_first_its_slot_and_start_in_the_log_and_f
                 rows = [r for r in s.listings.live_others(JOB, NEW.isoformat()) if r.processed]
             return rows[0] if rows else None
 
-        first = wait_for(older_live, timeout=120, what="the manual run's first checkpoint")
+        first = wait_for(older_live, timeout=300, what="the manual run's first checkpoint")
         run = run_dag("rt_overlap_skip", conf={"items": 5}, logical_date=NEW)
     finally:
         older.kill()
