@@ -53,13 +53,18 @@ def _bare(rows: list[tuple[int, int]], check: bool = False) -> int:
 
 
 def _ours(rows: list[tuple[int, int]], path: str, saves: bool) -> int:
+    from airflow_resumable.core.attempt.after_chunk import Running
     from airflow_resumable.core.attempt.runner import Attempt
+    from airflow_resumable.core.model.checkpoint import Write
     from airflow_resumable.core.stores import SQLiteStore
     from airflow_resumable.core.work.chunk_loop import chunk_loop
 
-    class Unsaved(Attempt):
-        def _save(self, position: str, state: str, processed: int, total: int | None, rate: float | None = None) -> None:
+    class UnsavedRunning(Running):
+        def _save(self, write: Write) -> None:
             return None
+
+    class Unsaved(Attempt):
+        running_type = UnsavedRunning
 
     def read(ctx: Any, after: Any, limit: int) -> list[tuple[int, int]]:
         start = 0 if after is None else after  # row i sits at index i - 1

@@ -31,7 +31,9 @@ import operator
 import time
 from typing import Any
 
+from airflow_resumable.core.attempt.after_chunk import Running
 from airflow_resumable.core.attempt.runner import Attempt, Options
+from airflow_resumable.core.model.checkpoint import Write
 from airflow_resumable.core.stores import PostgresStore
 from airflow_resumable.core.work.chunk_loop import chunk_loop
 from bench.common import (
@@ -307,11 +309,15 @@ def context_row(key: str, what: str, times: dict[str, list[float]], side: str, b
                   None, notes=notes or [], spread=spread_)
 
 
+class _UnsavedRunning(Running):
+    def _save(self, write: Write) -> None:
+        return None
+
+
 class _Unsaved(Attempt):
     """Our attempt with its checkpoint writes left out: the floor of the chunk loop's own cost."""
 
-    def _save(self, position: str, state: str, processed: int, total: int | None, rate: float | None = None) -> None:
-        return None
+    running_type = _UnsavedRunning
 
 
 # -- the row ----------------------------------------------------------------------------------------

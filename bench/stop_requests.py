@@ -34,6 +34,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from airflow_resumable.core.attempt.after_chunk import Running
 from airflow_resumable.core.attempt.runner import Attempt, Options
 from airflow_resumable.core.attempt.signal import Reason
 from airflow_resumable.core.model.errors import Cancelled, RequestRefused
@@ -55,10 +56,9 @@ class _Timed(Attempt):
 
     ended: float | None = None
 
-    def _end(self, *args: Any, **kwargs: Any) -> Any:
-        row = super()._end(*args, **kwargs)
+    def _stopped(self, run: Running, exc: BaseException) -> None:
+        super()._stopped(run, exc)  # writes the end: paused or cancelled
         self.ended = time.perf_counter()
-        return row
 
 
 class _Run:

@@ -5,6 +5,7 @@ Given / When / Then, against both stores.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 from typing import Any
@@ -897,6 +898,7 @@ def test_a_checkpoint_makes_one_call_into_the_attempt_and_the_tally_holds_the_pr
     from airflow_resumable.core import Checkpoint
     from airflow_resumable.core.attempt.context import RunContext
     from airflow_resumable.core.attempt.tally import Tally
+    from airflow_resumable.core.model.checkpoint import Write
     from airflow_resumable.core.model.identity import Identity
 
     calls: list[tuple[str, tuple[Any, ...]]] = []
@@ -910,26 +912,33 @@ def test_a_checkpoint_makes_one_call_into_the_attempt_and_the_tally_holds_the_pr
                      log=logging.getLogger("test"), resumed=True)
     assert (ctx.job, ctx.slot, ctx.attempt, ctx.position, ctx.processed, ctx.state) == (JOB, SLOT, 2, 3, 3, {"sum": 1})
     ctx.checkpoint([4, "x"], state={"sum": 2}, processed=4, total=9)
-    assert calls == [("after_chunk", ('[4,"x"]', '{"sum":2}', {"sum": 2}, 4, 9))]
+    [(name, (write, state))] = calls
+    # One value, encoded once: what the store writes, and the dict ctx.state stays
+    assert name == "after_chunk" and state == {"sum": 2}
+    assert write == Write(position='[4,"x"]', state='{"sum":2}', processed=4, total=9, rate=None)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        write.processed = 5  # type: ignore[misc]
     assert tally.processed == 3  # the context kept nothing: recording is the attempt's step
-    tally.saved('[4,"x"]', {"sum": 2}, 4, 9)
+    tally.saved(write, state)
     assert (ctx.position, ctx.processed, ctx.total, ctx.state, ctx.row.position) == ([4, "x"], 4, 9, {"sum": 2}, [4, "x"])
 
 
-def test_an_attempt_takes_an_identity_and_hooks_or_their_fields_as_keywords_but_not_both(store: Store) -> None:
+def test_an_attempt_has_one_constructor_an_identity_and_its_hooks(store: Store) -> None:
     from airflow_resumable.core.model.identity import Hooks, Identity
 
-    identity = Identity(job=JOB, slot=SLOT, attempt=1, owner="owner-1")
+    identity = Identity(job=JOB, slot=SLOT, attempt="1", owner="owner-1")  # type: ignore[arg-type]
     built = Attempt(store, identity, hooks=Hooks(rerun=lambda row: "asked"))
-    legacy = Attempt(store, job=JOB, slot=SLOT, attempt="1", owner="owner-1")  # type: ignore[arg-type]
-    assert built.identity == legacy.identity == identity and built.attempt == legacy.attempt == 1
-    assert built.run(lambda ctx: ctx.checkpoint(1)).checkpoint.status == "done"
-    with pytest.raises(TypeError, match="both an Identity and job="):
-        Attempt(store, identity, job=JOB)
-    with pytest.raises(TypeError, match="unexpected keyword argument.*jobs"):
-        Attempt(store, identity, jobs=JOB)  # type: ignore[call-arg]
-    with pytest.raises(TypeError, match="needs an Identity"):
-        Attempt(store, job=JOB)
+    assert built.attempt == built.identity.attempt == 1  # a try number read as a string
+    assert built.running is None and built.keeper is None  # nothing held before the lease
+    outcome = built.run(lambda ctx: ctx.checkpoint(1))
+    assert outcome.checkpoint.status == "done" and built.running is not None and built.running.final == outcome.checkpoint
+    with pytest.raises(TypeError):
+        Attempt(store, identity, job=JOB)  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match="takes an Identity"):
+        Attempt(store, JOB)  # type: ignore[arg-type]
+    fields: dict[str, Any] = {"job": JOB, "slot": SLOT, "attempt": 1, "owner": "o"}
+    with pytest.raises(TypeError):
+        Attempt(store, **fields)  # the identity's fields as keywords: not a second way in
 
 
 def test_the_nesting_limit_is_ours_the_same_on_every_python() -> None:
