@@ -28,6 +28,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from airflow_resumable.core.model.identity import Identity
+
 CHUNK = 3_000
 COUNTS = (60_000, 240_000)
 SIDES = ("bare", "bare+check", "unsaved", "saved")
@@ -73,8 +75,9 @@ def _ours(rows: list[tuple[int, int]], path: str, saves: bool) -> int:
     def process(ctx: Any, batch: list[tuple[int, int]]) -> None:
         ctx.state["total"] = ctx.state.get("total", 0) + sum(days for _, days in batch)
 
-    attempt = (Attempt if saves else Unsaved)(SQLiteStore(path), job="items", slot=f"n{len(rows)}", attempt=1,
-                                              owner="bench")
+    attempt = (Attempt if saves else Unsaved)(
+        SQLiteStore(path), Identity(job="items", slot=f"n{len(rows)}", attempt=1, owner="bench"),
+    )
     attempt.run(chunk_loop(read, process, chunk_size=CHUNK, total=len(rows)))
     return 0
 

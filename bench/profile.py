@@ -19,6 +19,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from airflow_resumable.core.model.identity import Identity
+
 #: The parts of an attempt, in the order they happen, and the functions each is made of.
 COMPONENTS: dict[str, tuple[str, ...]] = {
     "connect": ("airflow_resumable.core.stores.postgres:PostgresStore.connect",
@@ -163,7 +165,7 @@ def round_trips(params: dict[str, Any], checkpoints: int = 10) -> dict[str, int]
 
     for key in count:
         count[key] = 0
-    Attempt(store, job="bench.round_trips", slot=f"s{time.time_ns()}", attempt=1, owner="bench").run(handler)
+    Attempt(store, Identity(job="bench.round_trips", slot=f"s{time.time_ns()}", attempt=1, owner="bench")).run(handler)
     count["round trips"] = sum(count.values())
     count["besides the checkpoints"] = count["round trips"] - checkpoints
     return count
@@ -189,8 +191,10 @@ def main() -> None:  # pragma: no cover - a tool
         runs = iter(range(10**6))
 
         def once() -> None:
-            Attempt(store, job="profile", slot=f"run-{next(runs)}", attempt=1, owner="bench",
-                    options=Options(lease=30)).run(report_handler(reader))
+            Attempt(
+                store, Identity(job="profile", slot=f"run-{next(runs)}", attempt=1, owner="bench"),
+                options=Options(lease=30),
+            ).run(report_handler(reader))
 
         once()
         breakdown = Breakdown()

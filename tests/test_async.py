@@ -35,6 +35,7 @@ from airflow_resumable.core import (
     chunk_loop,
     control,
 )
+from airflow_resumable.core.model.identity import Identity
 from support.stores import spec_of
 
 JOB, SLOT = "async_export", "2026-04-01T00:00:00+00:00"
@@ -44,7 +45,7 @@ WORKER = Path(__file__).parent / "support" / "async_kill_worker.py"
 
 
 def attempt(store: Store, n: int = 1, **options: Any) -> Attempt:
-    return Attempt(store, job=JOB, slot=SLOT, attempt=n, owner=f"owner-{n}", options=Options(**options))
+    return Attempt(store, Identity(job=JOB, slot=SLOT, attempt=n, owner=f"owner-{n}"), options=Options(**options))
 
 
 def row(store: Store, job: str = JOB) -> Any:

@@ -21,6 +21,7 @@ import pytest
 
 from airflow_resumable.core import Attempt, chunk_loop
 from airflow_resumable.core.model.errors import ConfigurationError
+from airflow_resumable.core.model.identity import Identity
 from airflow_resumable.core.readers import Batch, FileReader, KeysetReader, SequenceReader
 from airflow_resumable.core.stores import Store
 from support.sources import Source
@@ -40,7 +41,7 @@ def events_table(source: Source, rows: list[tuple[int, str]]) -> None:
 
 
 def attempt(store: Store, n: int, slot: str = SLOT, **kwargs: Any) -> Attempt:
-    return Attempt(store, job=JOB, slot=slot, attempt=n, owner=f"owner-{n}", **kwargs)
+    return Attempt(store, Identity(job=JOB, slot=slot, attempt=n, owner=f"owner-{n}"), **kwargs)
 
 
 class Crash(Exception):
@@ -762,7 +763,7 @@ HOUR = [f"2026-01-01T{h:02d}:00:00+00:00" for h in range(6)]
 
 def _hourly(store: Store, slot: str, n: int, handler: Callable[[Any], Any], *, scheduled: bool = True) -> Any:
     when = datetime.fromisoformat(slot) if scheduled else None
-    return Attempt(store, job=JOB, slot=slot, attempt=n, owner=f"{slot}-{n}", scheduled_at=when).run(handler)
+    return Attempt(store, Identity(job=JOB, slot=slot, attempt=n, owner=f"{slot}-{n}", scheduled_at=when)).run(handler)
 
 
 def test_ctx_previous_is_the_last_done_slot_before_this_one_so_a_backfill_continues_from_its_own_past(

@@ -25,6 +25,7 @@ from airflow_resumable.core import (
     chunk_loop,
 )
 from airflow_resumable.core.model.checkpoint import MAX_DEPTH, short
+from airflow_resumable.core.model.identity import Hooks, Identity
 
 JOB, SLOT = "loans", "2026-01-01T00:00:00+00:00"
 #: Deeper than the product's nesting limit, and shallow enough for every supported Python's own
@@ -33,7 +34,7 @@ TOO_DEEP = MAX_DEPTH + 100
 
 
 def attempt(store: Store, n: int, **options: Any) -> Attempt:
-    return Attempt(store, job=JOB, slot=SLOT, attempt=n, owner=f"owner-{n}", options=Options(**options))
+    return Attempt(store, Identity(job=JOB, slot=SLOT, attempt=n, owner=f"owner-{n}"), options=Options(**options))
 
 
 class Items:
@@ -140,10 +141,12 @@ def test_a_done_slot_runs_again_when_restart_is_asked_or_the_embedding_says_so(
     assert restarted.seen == list(range(10)) and not outcome.already_done and outcome.checkpoint.runs == 2
     assert "running it again from the start because restart requested" in caplog.text
     asked = Items(10, 5)
-    run = Attempt(store, job=JOB, slot=SLOT, attempt=3, owner="o3", rerun=lambda row: "a person asked")
+    run = Attempt(
+        store, Identity(job=JOB, slot=SLOT, attempt=3, owner="o3"), hooks=Hooks(rerun=lambda row: "a person asked"),
+    )
     assert run.run(asked).checkpoint.runs == 3 and asked.seen == list(range(10))
     declined = Items(10, 5)
-    run = Attempt(store, job=JOB, slot=SLOT, attempt=4, owner="o4", rerun=lambda row: None)
+    run = Attempt(store, Identity(job=JOB, slot=SLOT, attempt=4, owner="o4"), hooks=Hooks(rerun=lambda row: None))
     assert run.run(declined).already_done and declined.seen == []
 
 
@@ -380,7 +383,7 @@ def test_the_checkpoint_is_durable_before_progress_is_reported(store: Store) -> 
             with store.open() as other:
                 observed.append((progress.processed, other.checkpoints.load(JOB, SLOT).processed))
 
-    Attempt(store, job=JOB, slot=SLOT, attempt=1, owner="w", reporter=Witness()).run(Items(20, 5))
+    Attempt(store, Identity(job=JOB, slot=SLOT, attempt=1, owner="w"), reporter=Witness()).run(Items(20, 5))
     assert observed == [(5, 5), (10, 10), (15, 15), (20, 20)]
 
 
@@ -461,10 +464,10 @@ def test_checkpoint_interval_saves_less_often_but_before_stopping_and_at_the_end
         checkpoint_interval=3600,
     )
     with pytest.raises(Cancelled):
-        Attempt(store, job=JOB, slot=SLOT, attempt=1, owner="a", reporter=Count()).run(handler)
+        Attempt(store, Identity(job=JOB, slot=SLOT, attempt=1, owner="a"), reporter=Count()).run(handler)
     assert saves == [60], "no save within the interval, but the pending position before stopping"
     saves.clear()
-    outcome = Attempt(store, job=JOB, slot=SLOT, attempt=2, owner="b", reporter=Count()).run(handler)
+    outcome = Attempt(store, Identity(job=JOB, slot=SLOT, attempt=2, owner="b"), reporter=Count()).run(handler)
     assert outcome.resumed_from == 60 and saves == [100]
     assert (outcome.checkpoint.position, outcome.checkpoint.processed) == (100, 100)
 
@@ -488,7 +491,9 @@ def test_progress_reports_carry_the_row_as_stored_with_its_heartbeat_moving_on(s
             ctx.checkpoint(i + 1, processed=i + 1)
 
     reporter = Keep()
-    Attempt(store, job=JOB, slot=SLOT, attempt=1, owner="o", options=Options(lease=0.6), reporter=reporter).run(handler)
+    Attempt(
+        store, Identity(job=JOB, slot=SLOT, attempt=1, owner="o"), options=Options(lease=0.6), reporter=reporter,
+    ).run(handler)
     # Then each report is the stored row: the heartbeat and the lease expiry move forward
     beats = [r.heartbeat_at for r in reporter.rows]
     assert beats == sorted(beats) and len(set(beats)) == 3, beats
@@ -530,7 +535,9 @@ def test_a_status_edited_by_hand_is_refused_by_name_and_the_row_left_free(store:
 def test_a_classified_sigterm_leaves_signal_and_row_saying_the_same(store: Store) -> None:
     from airflow_resumable.core.attempt.signal import Reason
 
-    run = Attempt(store, job=JOB, slot=SLOT, attempt=1, owner="o", resolve_reason=lambda reason: "user")
+    run = Attempt(
+        store, Identity(job=JOB, slot=SLOT, attempt=1, owner="o"), hooks=Hooks(resolve_reason=lambda reason: "user"),
+    )
 
     def handler(ctx) -> None:
         ctx.signal.cancel(Reason.TERMINATED, "SIGTERM")
@@ -832,7 +839,7 @@ def test_a_job_or_slot_the_database_cannot_store_is_refused_before_the_store_is_
             return "unopened"
 
     with pytest.raises(ConfigurationError) as err:
-        Attempt(Unopened(), job=job, slot=slot, attempt=1, owner="o").run(lambda ctx: None)
+        Attempt(Unopened(), Identity(job=job, slot=slot, attempt=1, owner="o")).run(lambda ctx: None)
     assert message in str(err.value)
 
 
@@ -840,8 +847,8 @@ def test_names_of_up_to_1024_bytes_are_stored_and_longer_ones_refused(store: Sto
     """1024 bytes each, even in 4-byte characters, fit PostgreSQL's primary key index."""
     job, slot = "\U0001f600" * 256, "\U0001f4a5" * 256
     with pytest.raises(ConfigurationError, match="job is 1028 bytes long"):
-        Attempt(store, job=job + "x" * 4, slot=slot, attempt=1, owner="o")
-    outcome = Attempt(store, job=job, slot=slot, attempt=1, owner="o").run(lambda ctx: ctx.checkpoint(1))
+        Attempt(store, Identity(job=job + "x" * 4, slot=slot, attempt=1, owner="o"))
+    outcome = Attempt(store, Identity(job=job, slot=slot, attempt=1, owner="o")).run(lambda ctx: ctx.checkpoint(1))
     assert (outcome.checkpoint.job, outcome.checkpoint.slot, outcome.checkpoint.position) == (job, slot, 1)
 
 

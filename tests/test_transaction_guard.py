@@ -23,6 +23,7 @@ import pytest
 
 from airflow_resumable.core import Attempt, Options
 from airflow_resumable.core.model.errors import AttemptEnded, TransactionRefused
+from airflow_resumable.core.model.identity import Identity
 from airflow_resumable.core.stores import PostgresStore, SQLiteStore, Store
 from support.escapes import ITEMS, handler, make_sink, sink
 from support.stores import psycopg3_store, spec_of
@@ -64,7 +65,7 @@ def _attempt(store: Store, misdeed: str, then: str) -> subprocess.CompletedProce
 
 def _resume(store: Store) -> Any:
     """Attempt 2, here, with a handler that behaves."""
-    return Attempt(store, job=JOB, slot=SLOT, attempt=2, owner="a2").run(handler(None, report=lambda _: None))
+    return Attempt(store, Identity(job=JOB, slot=SLOT, attempt=2, owner="a2")).run(handler(None, report=lambda _: None))
 
 
 # The issue's table: (misdeed, drivers, what follows it). A commit's harm shows when the process dies
@@ -207,7 +208,7 @@ def test_no_handle_reachable_from_the_transaction_can_end_or_reconfigure_it(driv
 
     # When a handler tries them all in its chunk, then each is refused with the job, the slot and
     # what to do instead, and the chunk's write commits once with its checkpoint
-    outcome = Attempt(driver_store, job=JOB, slot=SLOT, attempt=1, owner="a").run(check)
+    outcome = Attempt(driver_store, Identity(job=JOB, slot=SLOT, attempt=1, owner="a")).run(check)
     assert outcome.checkpoint.status == "done" and sink(driver_store) == [1]
     assert refused and all(f"job={JOB!r}" in r and f"slot={SLOT!r}" in r and "ctx.checkpoint()" in r for r in refused)
 
@@ -280,7 +281,7 @@ def test_nothing_reachable_from_the_handle_s_public_attributes_is_the_drivers_co
             roots.append(copy)
         leaks.extend(path for path, obj in _reachable(roots) if isinstance(obj, _driver_objects()))
 
-    Attempt(driver_store, job=JOB, slot=SLOT, attempt=1, owner="a").run(look)
+    Attempt(driver_store, Identity(job=JOB, slot=SLOT, attempt=1, owner="a")).run(look)
     assert leaks == []
 
 
@@ -290,7 +291,7 @@ def test_a_text_with_a_nul_character_is_not_sent(driver_store: Store) -> None:
         with pytest.raises(TransactionRefused, match="NUL"):
             ctx.transaction().execute("SELECT 1\x00; COMMIT")
 
-    Attempt(driver_store, job=JOB, slot=SLOT, attempt=1, owner="a").run(nul)
+    Attempt(driver_store, Identity(job=JOB, slot=SLOT, attempt=1, owner="a")).run(nul)
 
 
 @pytest.mark.parametrize("driver_store", _drivers(*ALL), indirect=True)
@@ -303,7 +304,7 @@ def test_a_handle_kept_after_the_handler_returned_runs_nothing(driver_store: Sto
         kept.append(cur)
         ctx.checkpoint(1, processed=1)
 
-    Attempt(driver_store, job=JOB, slot=SLOT, attempt=1, owner="a").run(keep)
+    Attempt(driver_store, Identity(job=JOB, slot=SLOT, attempt=1, owner="a")).run(keep)
     # When a cursor kept from the run is used afterwards, then it refuses and nothing is written
     with pytest.raises(AttemptEnded, match="after the attempt's handler returned"):
         kept[0].execute("INSERT INTO sink (item, attempt) VALUES (%s, %s)", (2, 9))
@@ -357,7 +358,7 @@ def test_postgresql_s_own_parser_refuses_exactly_the_statements_that_would_end_t
 
     # When a handler sends each through its cursor, then those that would end the transaction (or
     # touch a savepoint of the run's) are refused before they are sent, and the rest run inside it
-    Attempt(driver_store, job=JOB, slot=SLOT, attempt=1, owner="a").run(send_all)
+    Attempt(driver_store, Identity(job=JOB, slot=SLOT, attempt=1, owner="a")).run(send_all)
     assert results == {**dict.fromkeys(PG_REFUSED, "refused"), **dict.fromkeys(PG_ALLOWED, "ran")}
     assert sink(driver_store) == [1]
 
@@ -373,7 +374,7 @@ def test_a_text_postgresql_s_parser_cannot_read_is_not_sent(driver_store: Store)
         cur.execute("INSERT INTO sink (item, attempt) VALUES (%s, %s)", (2, ctx.attempt))  # the transaction is intact
         ctx.checkpoint(2, processed=2)
 
-    Attempt(driver_store, job=JOB, slot=SLOT, attempt=1, owner="a").run(garbled)
+    Attempt(driver_store, Identity(job=JOB, slot=SLOT, attempt=1, owner="a")).run(garbled)
     assert sink(driver_store) == [1, 2]
 
 
@@ -390,7 +391,7 @@ def test_with_standard_conforming_strings_off_no_statement_is_sent(driver_store:
         ctx.checkpoint(1, processed=1)
 
     # Then the statement is refused; the chunk commits once with its checkpoint
-    Attempt(driver_store, job=JOB, slot=SLOT, attempt=1, owner="a").run(off)
+    Attempt(driver_store, Identity(job=JOB, slot=SLOT, attempt=1, owner="a")).run(off)
     assert sink(driver_store) == [1]
 
 
@@ -436,7 +437,7 @@ def test_every_psycopg2_cursor_method_that_sends_sql_is_judged_and_its_helpers_s
                 send()
         ctx.checkpoint(8, processed=8)
 
-    Attempt(driver_store, job=JOB, slot=SLOT, attempt=1, owner="a").run(helpers)
+    Attempt(driver_store, Identity(job=JOB, slot=SLOT, attempt=1, owner="a")).run(helpers)
     assert sink(driver_store) == list(range(1, 9))
 
 
@@ -473,7 +474,9 @@ def test_a_transactional_checkpoint_on_postgresql_costs_no_extra_round_trip(pg_p
             per_chunk.append({k: count[k] - before[k] for k in count})
 
     # When a handler writes one row through ctx.transaction() and checkpoints, chunk after chunk
-    Attempt(store, job=JOB, slot=SLOT, attempt=1, owner="a", options=Options(progress_interval=3600)).run(write)
+    Attempt(
+        store, Identity(job=JOB, slot=SLOT, attempt=1, owner="a"), options=Options(progress_interval=3600),
+    ).run(write)
     assert sink(store) == list(range(1, 8))
     # Then from the second chunk on each costs its own INSERT, the checkpoint's UPDATE, and one round trip
     # that checks the chunk's savepoint, commits, and opens the next chunk's transaction and savepoint:
@@ -539,8 +542,8 @@ def test_a_library_s_statements_sent_through_the_cursor_commit_once_with_the_che
 
     # When the second chunk fails after its writes and a second attempt resumes
     with pytest.raises(RuntimeError):
-        Attempt(driver_store, job=JOB, slot=SLOT, attempt=1, owner="a").run(library)
-    Attempt(driver_store, job=JOB, slot=SLOT, attempt=2, owner="b").run(library)
+        Attempt(driver_store, Identity(job=JOB, slot=SLOT, attempt=1, owner="a")).run(library)
+    Attempt(driver_store, Identity(job=JOB, slot=SLOT, attempt=2, owner="b")).run(library)
     # Then each row is there once: the failed chunk's rows were rolled back with it
     assert sink(driver_store) == list(range(10))
 
@@ -631,7 +634,7 @@ def test_a_refusal_never_names_the_run_s_savepoints(driver_store: Store) -> None
             messages.append(str(caught.value))
 
     # When a handler names the run's savepoints in statements (it read their names somewhere)
-    Attempt(driver_store, job=JOB, slot=SLOT, attempt=1, owner="a").run(guess)
+    Attempt(driver_store, Identity(job=JOB, slot=SLOT, attempt=1, owner="a")).run(guess)
     # Then each is refused, and no message repeats the name
     assert len(messages) == 3 and all("savepoint of the run's own" in m for m in messages)
     _no_run_names(*messages)
@@ -649,7 +652,7 @@ def test_code_that_calls_itself_a_driver_module_still_gets_the_handle(driver_sto
             exec(compile("conn = cur.connection", "handler_module.py", "exec"), scope)  # noqa: S102 - the test
             got.append(scope["conn"])
 
-    Attempt(driver_store, job=JOB, slot=SLOT, attempt=1, owner="a").run(pretend)
+    Attempt(driver_store, Identity(job=JOB, slot=SLOT, attempt=1, owner="a")).run(pretend)
     assert got and all(type(c).__name__ == "TransactionConnection" for c in got)
 
 
@@ -708,6 +711,6 @@ def test_sqlite_s_engine_refuses_read_only_pragmas_and_the_run_s_witness(driver_
                 results[sql] = "ran"
         ctx.checkpoint(1, processed=1)
 
-    Attempt(driver_store, job=JOB, slot=SLOT, attempt=1, owner="a").run(send_all)
+    Attempt(driver_store, Identity(job=JOB, slot=SLOT, attempt=1, owner="a")).run(send_all)
     assert results == {**dict.fromkeys(SQLITE_REFUSED, "refused"), **dict.fromkeys(SQLITE_ALLOWED, "ran")}
     assert sink(driver_store) == [1]
