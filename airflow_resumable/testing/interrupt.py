@@ -126,7 +126,7 @@ def die() -> NoReturn:
 def interrupted_attempt(plan: _Plan, base: type[Attempt] = Attempt) -> type[Attempt]:
     """An :class:`Attempt` class that strikes ``plan``'s interruption at its point."""
 
-    class InterruptedRunning(base.running_type):  # type: ignore[name-defined, misc]
+    class InterruptedRunning(base.running_type):  # type: ignore[name-defined]
         def after_chunk(self, write: Write, state: dict[str, Any]) -> None:
             if plan.crash_next:  # the checkpoint dropped in flight is followed by the worker's death
                 plan.crash_next = False

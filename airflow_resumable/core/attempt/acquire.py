@@ -162,9 +162,9 @@ def overlap(setup: Setup, held: Held) -> None:
     raise error(f"{why}; overlap policy is {policy!r}", others=slots, yielded_to=yielded_to, job=job, slot=slot)
 
 
-def release(held: Held, *, created: bool) -> None:
-    """Give the lease back without touching the row's progress (``created``: delete the row it made)."""
-    held.session.leases.release(held.fence, delete=created)
+def release(held: Held) -> None:
+    """Give the lease back without touching the row (nothing started: do not hold the slot)."""
+    held.session.leases.release(held.fence, delete=False)
 
 
 def why_run_again(setup: Setup, held: Held) -> str | None:

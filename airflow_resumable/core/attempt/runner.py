@@ -146,7 +146,7 @@ class Attempt(Setup):
             status = status_of(held.row.status, job=self.job, slot=self.slot)
             check(status, Status.RUNNING, job=self.job, slot=self.slot)
         except CorruptCheckpoint:
-            release(held, created=False)  # leave the hand-edited row as it was
+            release(held)  # leave the hand-edited row as it was
             raise
         rerun_because = why_run_again(self, held) if status is Status.DONE else None
         if status is Status.DONE and rerun_because is None:
@@ -157,7 +157,7 @@ class Attempt(Setup):
         try:
             begun = begin(self, held, rerun_because)
         except BaseException:
-            release(held, created=False)  # nothing started: do not hold the slot
+            release(held)  # nothing started: do not hold the slot
             raise
         run = self.running = self.running_type(self, held, begun)
         self.reporter.on_start(begun.row, resumed=begun.resumed)
