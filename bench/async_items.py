@@ -14,6 +14,7 @@ import time
 from typing import Any
 
 from airflow_resumable.core.attempt.runner import Attempt, Options
+from airflow_resumable.core.model.identity import Identity
 from airflow_resumable.core.stores import PostgresStore
 from bench.common import Database, Result, say
 
@@ -41,7 +42,7 @@ def _ours(store: PostgresStore, n: int, stalls: list[float]) -> float:
         await tick
 
     began = time.perf_counter()
-    Attempt(store, job="async_items", slot=f"ours-{n}", attempt=1, owner="bench").run(handler)
+    Attempt(store, Identity(job="async_items", slot=f"ours-{n}", attempt=1, owner="bench")).run(handler)
     return time.perf_counter() - began
 
 
@@ -73,7 +74,7 @@ def _sync(store: PostgresStore) -> float:
                 ctx.checkpoint(i, processed=i + 1)
 
     began = time.perf_counter()
-    Attempt(store, job="async_items", slot="sync", attempt=1, owner="bench", options=Options()).run(handler)
+    Attempt(store, Identity(job="async_items", slot="sync", attempt=1, owner="bench"), options=Options()).run(handler)
     return (time.perf_counter() - began) * ITEMS / SYNC_SAMPLE
 
 

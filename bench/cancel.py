@@ -25,6 +25,7 @@ from typing import Any
 from airflow_resumable.core.attempt.runner import Attempt, Options
 from airflow_resumable.core.attempt.signal import Reason
 from airflow_resumable.core.model.errors import Cancelled
+from airflow_resumable.core.model.identity import Identity
 from airflow_resumable.core.stores import PostgresStore
 from bench.common import Database, Result, median, percentile, say
 from bench.loans import CHUNK, create_loans
@@ -102,7 +103,7 @@ def _trials(
     try:
         for n in range(TRIALS):
             attempt = Attempt(
-                store, job=f"bench.cancel.{label}", slot=f"trial-{n}", attempt=1, owner="bench",
+                store, Identity(job=f"bench.cancel.{label}", slot=f"trial-{n}", attempt=1, owner="bench"),
                 options=Options(lease=30),
             )
             current["attempt"] = attempt

@@ -19,7 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from airflow_resumable.core.attempt.runner import Attempt, Options
+from airflow_resumable.core.model.checkpoint import Write
 from airflow_resumable.core.model.fence import Fence
+from airflow_resumable.core.model.identity import Identity
 from airflow_resumable.core.stores import PostgresStore, SQLiteStore, Store
 from bench.common import Database, Result, at_most, interleave, median, ms, say
 
@@ -91,8 +93,7 @@ def _measure(
             i = next(counter)
             state["total"] += i
             session.checkpoints.save(
-                fence,
-                position=json.dumps(i), state=json.dumps(state), processed=i, total=ROUNDS,
+                fence, Write(position=json.dumps(i), state=json.dumps(state), processed=i, total=ROUNDS),
             )
 
         bare_counter = iter(range(10**9))
@@ -120,7 +121,8 @@ def _measure(
         timings.update(interleave(sides, rounds=ROUNDS, warmup=50))
 
     Attempt(
-        store, job=JOB + ".ctx", slot=SLOT, attempt=1, owner=OWNER, options=Options(lease=30, progress_interval=3600)
+        store, Identity(job=JOB + ".ctx", slot=SLOT, attempt=1, owner=OWNER),
+        options=Options(lease=30, progress_interval=3600),
     ).run(handler)
     return raw, timings
 

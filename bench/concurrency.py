@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from airflow_resumable.core.attempt.runner import Attempt, Options
+from airflow_resumable.core.model.identity import Identity
 from airflow_resumable.core.stores import PostgresStore
 from bench.common import Database, Result, at_least, interleave, median, say
 
@@ -90,8 +91,10 @@ def run(db: Database) -> list[Result]:
                 ctx.checkpoint(i, processed=i, total=10**9)
             done[0] = i
 
-        Attempt(store, job=JOB, slot=f"ours-{next(runs)}", attempt=1, owner="bench",
-                options=Options(overlap="allow", progress_interval=3600)).run(handler)
+        Attempt(
+            store, Identity(job=JOB, slot=f"ours-{next(runs)}", attempt=1, owner="bench"),
+            options=Options(overlap="allow", progress_interval=3600),
+        ).run(handler)
         return done[0]
 
     def bare_client(ready: threading.Barrier, stop: threading.Event) -> int:

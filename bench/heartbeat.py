@@ -19,6 +19,7 @@ import time
 from typing import Any
 
 from airflow_resumable.core.attempt.runner import Attempt, Options
+from airflow_resumable.core.model.identity import Identity
 from airflow_resumable.core.stores import PostgresStore
 from bench.common import Database, Result, say
 
@@ -55,7 +56,7 @@ def run(db: Database) -> list[Result]:
         )
     conn.commit()
 
-    attempt = Attempt(store, job=JOB, slot=SLOT, attempt=1, owner="bench", options=Options(lease=LEASE))
+    attempt = Attempt(store, Identity(job=JOB, slot=SLOT, attempt=1, owner="bench"), options=Options(lease=LEASE))
 
     def handler(ctx: Any) -> int:
         acc = _cpu(WORK)

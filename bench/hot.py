@@ -32,6 +32,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from airflow_resumable.core.model.checkpoint import Write
 from airflow_resumable.core.model.fence import Fence
 from airflow_resumable.core.stores import PostgresStore, SQLiteStore, Store, StoreSession
 from airflow_resumable.core.stores.migrations import MIGRATIONS
@@ -75,8 +76,10 @@ def _running(session: StoreSession) -> Callable[[int], None]:
     session.checkpoints.start(fence, 1, reset=True, resumed_from=None)
 
     def save(i: int) -> None:
-        session.checkpoints.save(fence, position=json.dumps(i * 3000), state=json.dumps({"total": i * 43500}),
-                                 processed=i * 3000, total=3_000_000)
+        session.checkpoints.save(
+            fence,
+            Write(position=json.dumps(i * 3000), state=json.dumps({"total": i * 43500}), processed=i * 3000, total=3_000_000),
+        )
 
     return save
 

@@ -28,6 +28,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from airflow_resumable.core.model.identity import Identity
+
 CHUNK = 3_000
 COUNTS = (60_000, 240_000)
 SIDES = ("bare", "bare+check", "unsaved", "saved")
@@ -53,13 +55,18 @@ def _bare(rows: list[tuple[int, int]], check: bool = False) -> int:
 
 
 def _ours(rows: list[tuple[int, int]], path: str, saves: bool) -> int:
+    from airflow_resumable.core.attempt.after_chunk import Running
     from airflow_resumable.core.attempt.runner import Attempt
+    from airflow_resumable.core.model.checkpoint import Write
     from airflow_resumable.core.stores import SQLiteStore
     from airflow_resumable.core.work.chunk_loop import chunk_loop
 
-    class Unsaved(Attempt):
-        def _save(self, position: str, state: str, processed: int, total: int | None, rate: float | None = None) -> None:
+    class UnsavedRunning(Running):
+        def _save(self, write: Write) -> None:
             return None
+
+    class Unsaved(Attempt):
+        running_type = UnsavedRunning
 
     def read(ctx: Any, after: Any, limit: int) -> list[tuple[int, int]]:
         start = 0 if after is None else after  # row i sits at index i - 1
@@ -68,8 +75,9 @@ def _ours(rows: list[tuple[int, int]], path: str, saves: bool) -> int:
     def process(ctx: Any, batch: list[tuple[int, int]]) -> None:
         ctx.state["total"] = ctx.state.get("total", 0) + sum(days for _, days in batch)
 
-    attempt = (Attempt if saves else Unsaved)(SQLiteStore(path), job="items", slot=f"n{len(rows)}", attempt=1,
-                                              owner="bench")
+    attempt = (Attempt if saves else Unsaved)(
+        SQLiteStore(path), Identity(job="items", slot=f"n{len(rows)}", attempt=1, owner="bench"),
+    )
     attempt.run(chunk_loop(read, process, chunk_size=CHUNK, total=len(rows)))
     return 0
 

@@ -31,7 +31,10 @@ import operator
 import time
 from typing import Any
 
+from airflow_resumable.core.attempt.after_chunk import Running
 from airflow_resumable.core.attempt.runner import Attempt, Options
+from airflow_resumable.core.model.checkpoint import Write
+from airflow_resumable.core.model.identity import Identity
 from airflow_resumable.core.stores import PostgresStore
 from airflow_resumable.core.work.chunk_loop import chunk_loop
 from bench.common import (
@@ -307,11 +310,15 @@ def context_row(key: str, what: str, times: dict[str, list[float]], side: str, b
                   None, notes=notes or [], spread=spread_)
 
 
+class _UnsavedRunning(Running):
+    def _save(self, write: Write) -> None:
+        return None
+
+
 class _Unsaved(Attempt):
     """Our attempt with its checkpoint writes left out: the floor of the chunk loop's own cost."""
 
-    def _save(self, position: str, state: str, processed: int, total: int | None, rate: float | None = None) -> None:
-        return None
+    running_type = _UnsavedRunning
 
 
 # -- the row ----------------------------------------------------------------------------------------
@@ -351,7 +358,7 @@ def run(db: Database) -> list[Result]:
     def ours(which: Any, name: str, chunk: int = CHUNK, pipelined: bool = False, saves: bool = True,
              wrap: Any = None) -> None:
         attempt = (Attempt if saves else _Unsaved)(
-            which, job="bench.loan_report", slot=f"run-{next(runs)}", attempt=1, owner="bench",
+            which, Identity(job="bench.loan_report", slot=f"run-{next(runs)}", attempt=1, owner="bench"),
             options=Options(lease=30, pipeline_checkpoints=pipelined),
         )
         outcome = attempt.run(report_handler(reader, chunk, gaps.setdefault((name, chunk), []), wrap=wrap))
@@ -371,14 +378,16 @@ def run(db: Database) -> list[Result]:
 
     def timed() -> None:
         attempt = Attempt(
-            store, job="bench.loan_report", slot=f"run-{next(runs)}", attempt=1, owner="bench",
+            store, Identity(job="bench.loan_report", slot=f"run-{next(runs)}", attempt=1, owner="bench"),
             options=Options(lease=30),
         )
         outcome = attempt.run(timed_report_handler(reader, TIMED_EVERY))
         totals["ours-timed"] = outcome.checkpoint.state["total"]
 
     def empty() -> None:
-        Attempt(store, job="bench.empty", slot=f"run-{next(runs)}", attempt=1, owner="bench").run(lambda ctx: None)
+        Attempt(
+            store, Identity(job="bench.empty", slot=f"run-{next(runs)}", attempt=1, owner="bench"),
+        ).run(lambda ctx: None)
 
     # Three groups, each with its own keyset loop to compare with, in the same rounds: the loops that
     # commit a checkpoint per chunk and wait for it (their WAL flushes keep the server busy for a

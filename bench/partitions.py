@@ -25,6 +25,7 @@ from typing import Any
 import psycopg2
 
 from airflow_resumable.core import Attempt, chunk_loop
+from airflow_resumable.core.model.identity import Identity
 from airflow_resumable.core.readers import KeysetReader
 from airflow_resumable.core.stores import PostgresStore
 from airflow_resumable.core.work import partitions as parts
@@ -90,8 +91,9 @@ def _work(params: dict[str, Any], store_params: dict[str, Any], ranges: list[dic
     for value in ranges:
         rng = parts.Range.from_json(value)
         read = reader.within(rng.until)
-        attempt = Attempt(store, job=parts.partition_job("bench", rng.index), slot="s", attempt=1,
-                          owner=f"w{os.getpid()}")
+        attempt = Attempt(
+            store, Identity(job=parts.partition_job("bench", rng.index), slot="s", attempt=1, owner=f"w{os.getpid()}"),
+        )
         attempt.run(chunk_loop(read, lambda ctx, batch: ctx.signal.wait(WAIT), chunk_size=CHUNK, start=rng.after))
 
 

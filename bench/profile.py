@@ -19,17 +19,19 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from airflow_resumable.core.model.identity import Identity
+
 #: The parts of an attempt, in the order they happen, and the functions each is made of.
 COMPONENTS: dict[str, tuple[str, ...]] = {
     "connect": ("airflow_resumable.core.stores.postgres:PostgresStore.connect",
                 "airflow_resumable.core.stores.sqlite:SQLiteStore.connect"),
     "schema probe": ("airflow_resumable.core.stores.base:StoreSession.ensure_schema",),
-    "lease": ("airflow_resumable.core.attempt.acquire:Acquiring._acquire", "airflow_resumable.core.attempt.acquire:Acquiring._overlap"),
+    "lease": ("airflow_resumable.core.attempt.runner:take_lease", "airflow_resumable.core.attempt.runner:overlap"),
     "previous run": ("airflow_resumable.core.stores.listings:Listings.previous",),
     "start+history": ("airflow_resumable.core.stores.checkpoint_writes:Checkpoints.start",),
     "keeper start/stop": ("airflow_resumable.core.attempt.lease:LeaseKeeper.start", "airflow_resumable.core.attempt.lease:LeaseKeeper.stop"),
-    "checkpoint save": ("airflow_resumable.core.attempt.after_chunk:Chunks._save",),
-    "checkpoint report": ("airflow_resumable.core.attempt.after_chunk:Chunks._report",),
+    "checkpoint save": ("airflow_resumable.core.attempt.after_chunk:Running._save",),
+    "checkpoint report": ("airflow_resumable.core.attempt.after_chunk:Running._report",),
     "encoding": ("airflow_resumable.core.attempt.context:RunContext._encode",),
     "order check": ("airflow_resumable.core.work.chunk_loop:_in_order", "airflow_resumable.core.work.chunk_loop:_keys",
                     "airflow_resumable.core.work.chunk_loop:_check_order"),
@@ -163,7 +165,7 @@ def round_trips(params: dict[str, Any], checkpoints: int = 10) -> dict[str, int]
 
     for key in count:
         count[key] = 0
-    Attempt(store, job="bench.round_trips", slot=f"s{time.time_ns()}", attempt=1, owner="bench").run(handler)
+    Attempt(store, Identity(job="bench.round_trips", slot=f"s{time.time_ns()}", attempt=1, owner="bench")).run(handler)
     count["round trips"] = sum(count.values())
     count["besides the checkpoints"] = count["round trips"] - checkpoints
     return count
@@ -189,8 +191,10 @@ def main() -> None:  # pragma: no cover - a tool
         runs = iter(range(10**6))
 
         def once() -> None:
-            Attempt(store, job="profile", slot=f"run-{next(runs)}", attempt=1, owner="bench",
-                    options=Options(lease=30)).run(report_handler(reader))
+            Attempt(
+                store, Identity(job="profile", slot=f"run-{next(runs)}", attempt=1, owner="bench"),
+                options=Options(lease=30),
+            ).run(report_handler(reader))
 
         once()
         breakdown = Breakdown()

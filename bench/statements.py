@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from airflow_resumable.core.attempt.runner import Attempt, Options
+from airflow_resumable.core.model.identity import Identity
 from airflow_resumable.core.stores import PostgresStore, SQLiteStore
 from airflow_resumable.core.stores.transaction.handle import Loan, TransactionConnection
 from bench.common import Database, Result, interleave, median, paired_ratio, say
@@ -135,8 +136,10 @@ def _checkpoint_loop(params: dict[str, Any]) -> dict[str, list[float]]:
         times.update(interleave({"ours": ours, "hand-written": hand}, rounds=CHUNKS, warmup=30))
 
     try:
-        Attempt(store, job="bench.statements", slot=f"s{time.time_ns()}", attempt=1, owner="bench",
-                options=Options(lease=60, progress_interval=3600)).run(handler)
+        Attempt(
+            store, Identity(job="bench.statements", slot=f"s{time.time_ns()}", attempt=1, owner="bench"),
+            options=Options(lease=60, progress_interval=3600),
+        ).run(handler)
     finally:
         bare.close()
     return times

@@ -34,9 +34,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from airflow_resumable.core.attempt.after_chunk import Running
 from airflow_resumable.core.attempt.runner import Attempt, Options
 from airflow_resumable.core.attempt.signal import Reason
 from airflow_resumable.core.model.errors import Cancelled, RequestRefused
+from airflow_resumable.core.model.identity import Identity
 from airflow_resumable.core.stores import PostgresStore, SQLiteStore, Store
 from bench.common import Database, Result, median, percentile, say
 
@@ -55,10 +57,9 @@ class _Timed(Attempt):
 
     ended: float | None = None
 
-    def _end(self, *args: Any, **kwargs: Any) -> Any:
-        row = super()._end(*args, **kwargs)
+    def _stopped(self, run: Running, exc: BaseException) -> None:
+        super()._stopped(run, exc)  # writes the end: paused or cancelled
         self.ended = time.perf_counter()
-        return row
 
 
 class _Run:
@@ -66,7 +67,9 @@ class _Run:
     checkpoints begun (``begun``) and times each chunk."""
 
     def __init__(self, store: Store, job: str, slot: str, chunks: list[float]):
-        self.attempt = _Timed(store, job=job, slot=slot, attempt=1, owner="bench", options=Options(lease=LEASE))
+        self.attempt = _Timed(
+            store, Identity(job=job, slot=slot, attempt=1, owner="bench"), options=Options(lease=LEASE),
+        )
         self.begun = 0
         self.chunks = chunks
         self.started = threading.Event()

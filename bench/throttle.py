@@ -12,6 +12,7 @@ import tempfile
 from pathlib import Path
 
 from airflow_resumable.core import Attempt, Options
+from airflow_resumable.core.model.identity import Identity
 from airflow_resumable.core.stores import SQLiteStore
 from bench.common import Result, interleave, median, say
 
@@ -32,7 +33,9 @@ def run(db: object) -> list[Result]:
 
         def side(options: Options):  # noqa: ANN202 - a timed call
             def once() -> None:
-                Attempt(store, job="bench", slot=f"s{next(slots)}", attempt=1, owner="bench", options=options).run(loop)
+                Attempt(
+                    store, Identity(job="bench", slot=f"s{next(slots)}", attempt=1, owner="bench"), options=options,
+                ).run(loop)
             return once
 
         times = interleave(

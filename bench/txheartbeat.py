@@ -27,6 +27,7 @@ import time
 from typing import Any
 
 from airflow_resumable.core.attempt.runner import Attempt, Options
+from airflow_resumable.core.model.identity import Identity
 from airflow_resumable.core.stores import PostgresStore, SQLiteStore, Store
 from bench.common import ROOT, Database, Result, say
 
@@ -55,8 +56,10 @@ def worker(spec_json: str, slot: str) -> int:
             ctx.checkpoint(i, processed=i)
         return i
 
-    run = Attempt(store, job=f"bench.txheartbeat.{slot}", slot=slot, attempt=1, owner=f"{slot}-{os.getpid()}",
-                  options=Options(lease=LEASE))
+    run = Attempt(
+        store, Identity(job=f"bench.txheartbeat.{slot}", slot=slot, attempt=1, owner=f"{slot}-{os.getpid()}"),
+        options=Options(lease=LEASE),
+    )
     try:
         outcome = run.run(handler)
         print(json.dumps({"status": outcome.checkpoint.status, "error": None}), flush=True)

@@ -16,9 +16,11 @@ import signal
 from collections.abc import Callable
 from typing import Any, NoReturn
 
-from airflow_resumable.core.attempt.runner import Attempt, Outcome
+from airflow_resumable.core.attempt.after_chunk import Running
+from airflow_resumable.core.attempt.runner import Attempt, Identity, Outcome
 from airflow_resumable.core.attempt.signal import Reason
 from airflow_resumable.core.control import requests as control
+from airflow_resumable.core.model.checkpoint import Write
 from airflow_resumable.core.model.errors import Cancelled, LeaseLost, Paused
 from airflow_resumable.core.model.options import Options
 from airflow_resumable.core.model.tables import CHECKPOINTS
@@ -124,17 +126,16 @@ def die() -> NoReturn:
 def interrupted_attempt(plan: _Plan, base: type[Attempt] = Attempt) -> type[Attempt]:
     """An :class:`Attempt` class that strikes ``plan``'s interruption at its point."""
 
-    class InterruptedAttempt(base):  # type: ignore[misc, valid-type]
-        def after_chunk(self, position: str, state_json: str, state: dict[str, Any], processed: int,
-                        total: int | None) -> None:
+    class InterruptedRunning(base.running_type):  # type: ignore[name-defined]
+        def after_chunk(self, write: Write, state: dict[str, Any]) -> None:
             if plan.crash_next:  # the checkpoint dropped in flight is followed by the worker's death
                 plan.crash_next = False
                 raise SimulatedCrash(f"the worker died during the chunk after checkpoint {plan.point}")
             plan.calls += 1
-            plan.positions.append(json.loads(position))
+            plan.positions.append(json.loads(write.position))
             if plan.kind is None or plan.calls != plan.point or plan.struck:
-                return super().after_chunk(position, state_json, state, processed, total)
-            plan.struck, plan.struck_at = True, json.loads(position)
+                return super().after_chunk(write, state)
+            plan.struck, plan.struck_at = True, json.loads(write.position)
             kind = plan.kind
             if kind is Interruption.CRASH_BEFORE_CHECKPOINT:
                 raise SimulatedCrash(f"the worker died before checkpoint {plan.point}")
@@ -148,33 +149,36 @@ def interrupted_attempt(plan: _Plan, base: type[Attempt] = Attempt) -> type[Atte
             elif kind is Interruption.TIMEOUT:
                 self.signal.cancel(Reason.TIMEOUT, "the test kit's timeout ran out")
             elif kind is Interruption.LEASE_LOST:
-                self._flush()  # a pipelined checkpoint in flight lands first, as it would
-                _take_over(self._session)
+                self.flush()  # a pipelined checkpoint in flight lands first, as it would
+                _take_over(self.session)
             elif kind is Interruption.PAUSE_RESUME:  # as the lease keeper does when it finds a pause request
                 self.signal.cancel(Reason.PAUSED, "paused by the test kit")
-            super().after_chunk(position, state_json, state, processed, total)
+            super().after_chunk(write, state)
             if kind in (Interruption.CRASH_AFTER_CHECKPOINT, Interruption.PROCESS_DEATH):
-                self._flush()  # the checkpoint is durable, then the worker dies
+                self.flush()  # the checkpoint is durable, then the worker dies
             if kind is Interruption.PROCESS_DEATH:
                 die()
             if kind is Interruption.CRASH_AFTER_CHECKPOINT:
                 raise SimulatedCrash(f"the worker died after checkpoint {plan.point}")
             return None
 
-        def _call(self, handler: Callable[..., Any], ctx: Any) -> Any:
-            result = super()._call(handler, ctx)
+        def call(self, handler: Callable[..., Any]) -> Any:
+            result = super().call(handler)
             if plan.crash_next:  # the last checkpoint was the one dropped in flight
                 plan.crash_next = False
                 raise SimulatedCrash(f"the worker died before the run's end, checkpoint {plan.point} in flight")
             return result
 
-        def _stopped(self, session: Any, exc: BaseException) -> None:
+    class InterruptedAttempt(base):  # type: ignore[misc, valid-type]
+        running_type = InterruptedRunning
+
+        def _stopped(self, run: Running, exc: BaseException) -> None:
             if isinstance(exc, SimulatedCrash):
                 # A dead worker records nothing: the row stays `running` under its lease, which lapses.
-                session.rollback()
+                run.session.rollback()
                 expire_lease(self.store, self.job, self.slot)
                 return
-            super()._stopped(session, exc)
+            super()._stopped(run, exc)
 
     InterruptedAttempt.__qualname__ = InterruptedAttempt.__name__ = f"Interrupted{base.__name__}"
     return InterruptedAttempt
@@ -195,8 +199,8 @@ def run_to_the_end(handler: Callable[..., Any], store: Store, plan: _Plan, optio
     attempt = first_attempt
     for n in range(1, max_attempts + 1):
         try:
-            outcome = cls(store, job=JOB, slot=SLOT, attempt=attempt, owner=f"test-kit/try{attempt}/{n}",
-                          options=options).run(handler)
+            identity = Identity(job=JOB, slot=SLOT, attempt=attempt, owner=f"test-kit/try{attempt}/{n}")
+            outcome = cls(store, identity, options=options).run(handler)
             return outcome, n
         except SimulatedCrash:
             attempt += 1  # Airflow's next try, once the dead one was noticed

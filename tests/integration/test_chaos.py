@@ -31,6 +31,7 @@ import psycopg2
 import pytest
 
 from airflow_resumable.core.attempt.runner import Attempt, Options
+from airflow_resumable.core.model.identity import Identity
 from airflow_resumable.core.stores import PostgresStore
 from devtools.postgres import Server
 from support.chaos import hosts, soak
@@ -194,8 +195,10 @@ def _attempt(store: PostgresStore, conn: Any, workload: Any, slot: str, attempt:
             ctx.checkpoint(i, processed=i, total=workload.items)
 
     try:
-        Attempt(store, job=workload.jobs()[0], slot=slot, attempt=attempt, owner=owner or f"checker/try{attempt}",
-                options=Options(lease=30, overlap="allow")).run(handler)
+        Attempt(
+            store, Identity(job=workload.jobs()[0], slot=slot, attempt=attempt, owner=owner or f"checker/try{attempt}"),
+            options=Options(lease=30, overlap="allow"),
+        ).run(handler)
     except Crash:
         pass
 

@@ -21,6 +21,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from airflow_resumable.core.attempt.runner import Attempt, Options  # noqa: E402
 from airflow_resumable.core.attempt.signal import Reason  # noqa: E402
 from airflow_resumable.core.model.errors import Cancelled  # noqa: E402
+from airflow_resumable.core.model.identity import Identity
 from support.stores import store_of  # noqa: E402
 
 CHUNK = 3
@@ -45,8 +46,11 @@ def main() -> None:
                 await asyncio.sleep(60)
         return i
 
-    run = Attempt(store_of(spec), job="crash_async", slot="2026-04-01T00:00:00+00:00", attempt=int(attempt),
-                  owner=f"pid{os.getpid()}", options=Options(lease=0.6))
+    run = Attempt(
+        store_of(spec),
+        Identity(job="crash_async", slot="2026-04-01T00:00:00+00:00", attempt=int(attempt), owner=f"pid{os.getpid()}"),
+        options=Options(lease=0.6),
+    )
     # As the operator's on_kill, called from Airflow's SIGTERM handler: only raise the signal.
     signal.signal(signal.SIGTERM, lambda *_: run.signal.cancel(Reason.SHUTDOWN, "the worker is shutting down"))
     try:

@@ -8,6 +8,7 @@ from typing import Any
 
 from airflow_resumable.core import Attempt, Options, Store
 from airflow_resumable.core.model.checkpoint import MAX_DEPTH
+from airflow_resumable.core.model.identity import Identity
 
 JOB, SLOT = "loans", "2026-01-01T00:00:00+00:00"
 
@@ -18,7 +19,7 @@ TOO_DEEP = MAX_DEPTH + 100
 
 
 def attempt(store: Store, n: int, **options: Any) -> Attempt:
-    return Attempt(store, job=JOB, slot=SLOT, attempt=n, owner=f"owner-{n}", options=Options(**options))
+    return Attempt(store, Identity(job=JOB, slot=SLOT, attempt=n, owner=f"owner-{n}"), options=Options(**options))
 
 
 class Items:

@@ -17,6 +17,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from airflow_resumable.core.attempt.runner import Attempt, Options  # noqa: E402
+from airflow_resumable.core.model.identity import Identity
 from support.escapes import handler  # noqa: E402
 from support.stores import store_of  # noqa: E402
 
@@ -25,8 +26,10 @@ def main() -> None:
     spec, job, slot, misdeed, then, attempt = sys.argv[1:7]
     store = store_of(spec)
     try:
-        Attempt(store, job=job, slot=slot, attempt=int(attempt), owner=f"pid{os.getpid()}",
-                options=Options(lease=0.6)).run(handler(misdeed, then=then))
+        Attempt(
+            store, Identity(job=job, slot=slot, attempt=int(attempt), owner=f"pid{os.getpid()}"),
+            options=Options(lease=0.6),
+        ).run(handler(misdeed, then=then))
     except Exception as exc:
         print(f"error: {type(exc).__name__}: {exc}", flush=True)
         os._exit(4)

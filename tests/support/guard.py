@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from airflow_resumable.core import Attempt
+from airflow_resumable.core.model.identity import Identity
 from airflow_resumable.core.stores import Store
 from support.escapes import handler
 from support.paths import SUPPORT
@@ -40,4 +41,4 @@ def _attempt(store: Store, misdeed: str, then: str) -> subprocess.CompletedProce
 
 def _resume(store: Store) -> Any:
     """Attempt 2, here, with a handler that behaves."""
-    return Attempt(store, job=JOB, slot=SLOT, attempt=2, owner="a2").run(handler(None, report=lambda _: None))
+    return Attempt(store, Identity(job=JOB, slot=SLOT, attempt=2, owner="a2")).run(handler(None, report=lambda _: None))

@@ -14,6 +14,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from airflow_resumable.core.attempt.runner import Attempt, Options  # noqa: E402
+from airflow_resumable.core.model.identity import Identity
 from support.stores import store_of  # noqa: E402
 
 
@@ -35,7 +36,7 @@ def main() -> None:
         return i
 
     Attempt(
-        store, job=job, slot=slot, attempt=int(attempt), owner=f"pid{os.getpid()}",
+        store, Identity(job=job, slot=slot, attempt=int(attempt), owner=f"pid{os.getpid()}"),
         options=Options(lease=float(lease)),
     ).run(handler)
 

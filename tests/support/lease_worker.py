@@ -18,6 +18,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from airflow_resumable.core.attempt.runner import Attempt, Options  # noqa: E402
+from airflow_resumable.core.model.identity import Identity
 from support.stores import store_of  # noqa: E402
 
 
@@ -50,7 +51,10 @@ def main() -> None:
                     ctx.signal.wait(0.02)
         return i
 
-    run = Attempt(store_of(spec), job=job, slot=slot, attempt=int(attempt), owner=owner, options=Options(lease=float(lease)))
+    run = Attempt(
+        store_of(spec), Identity(job=job, slot=slot, attempt=int(attempt), owner=owner),
+        options=Options(lease=float(lease)),
+    )
     try:
         run.run(handler)
     except BaseException as exc:  # report how it stopped

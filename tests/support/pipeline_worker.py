@@ -14,6 +14,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from airflow_resumable.core.attempt.runner import Attempt, Options  # noqa: E402
+from airflow_resumable.core.model.identity import Identity
 from support.stores import store_of  # noqa: E402
 
 
@@ -27,7 +28,7 @@ def main() -> None:
             ctx.checkpoint(k, processed=k)
 
     Attempt(
-        store_of(spec), job=job, slot=slot, attempt=1, owner=f"pid{os.getpid()}",
+        store_of(spec), Identity(job=job, slot=slot, attempt=1, owner=f"pid{os.getpid()}"),
         options=Options(lease=0.6, pipeline_checkpoints=True),
     ).run(handler)
 

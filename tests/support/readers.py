@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from airflow_resumable.core import Attempt
+from airflow_resumable.core.model.identity import Identity
 from airflow_resumable.core.stores import Store
 from support.sources import Source
 
@@ -24,7 +25,7 @@ def events_table(source: Source, rows: list[tuple[int, str]]) -> None:
 
 
 def attempt(store: Store, n: int, slot: str = SLOT, **kwargs: Any) -> Attempt:
-    return Attempt(store, job=JOB, slot=slot, attempt=n, owner=f"owner-{n}", **kwargs)
+    return Attempt(store, Identity(job=JOB, slot=slot, attempt=n, owner=f"owner-{n}"), **kwargs)
 
 
 class Crash(Exception):

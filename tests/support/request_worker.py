@@ -21,6 +21,7 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from airflow_resumable.core.attempt.runner import Attempt, Options  # noqa: E402
+from airflow_resumable.core.model.identity import Identity
 from airflow_resumable.core.stores import Store  # noqa: E402
 from support.stores import spec_of, store_of  # noqa: E402
 
@@ -62,8 +63,10 @@ def main() -> None:
         while not os.path.exists("/nonexistent/gate"):
             time.sleep(0.01)
 
-    Attempt(store_of(spec), job=job, slot=slot, attempt=1, owner=f"attempt1-pid{os.getpid()}",
-            options=Options(lease=float(lease))).run(handler)
+    Attempt(
+        store_of(spec), Identity(job=job, slot=slot, attempt=1, owner=f"attempt1-pid{os.getpid()}"),
+        options=Options(lease=float(lease)),
+    ).run(handler)
 
 
 if __name__ == "__main__":

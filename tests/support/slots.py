@@ -7,6 +7,7 @@ from typing import Any
 
 from airflow_resumable.core import Attempt, Options, Store
 from airflow_resumable.core.model.checkpoint import Origin
+from airflow_resumable.core.model.identity import Identity
 
 SLOT = "2026-02-01T00:00:00+00:00"
 
@@ -24,8 +25,11 @@ def run_slot(store: Store, job: str, dag_id: str, *, fail_at: int | None = None,
             i += 5
             ctx.checkpoint(i, processed=i)
 
-    attempt = Attempt(store, job=job, slot=slot, attempt=1, owner="owner-1", options=Options(lease=3.0),
-                      heartbeat=0.05, origin=Origin(dag_id=dag_id, task_id=task_id, run_id=run_id, map_index=map_index))
+    attempt = Attempt(
+        store,
+        Identity(job=job, slot=slot, attempt=1, owner="owner-1", origin=Origin(dag_id=dag_id, task_id=task_id, run_id=run_id, map_index=map_index)),
+        options=Options(lease=3.0), heartbeat=0.05,
+    )
     try:
         attempt.run(handler)
     except RuntimeError:

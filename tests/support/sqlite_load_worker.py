@@ -20,6 +20,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from airflow_resumable.core.attempt.runner import Attempt, Options  # noqa: E402
+from airflow_resumable.core.model.identity import Identity
 from support.stores import store_of  # noqa: E402
 
 
@@ -45,8 +46,10 @@ def main() -> None:
                 say(event="checkpoint", position=i)
         return i
 
-    run = Attempt(store_of(spec), job=job, slot=slot, attempt=int(attempt), owner=f"{slot}-{attempt}-{os.getpid()}",
-                  options=options)
+    run = Attempt(
+        store_of(spec), Identity(job=job, slot=slot, attempt=int(attempt), owner=f"{slot}-{attempt}-{os.getpid()}"),
+        options=options,
+    )
     beats = lambda: run.keeper.beats if run.keeper else 0  # noqa: E731
     try:
         outcome = run.run(handler)

@@ -1,36 +1,142 @@
-"""Between an attempt's chunks: the one step after each ``ctx.checkpoint()`` (save, record in the
-tally, report, stop or wait), and the tools the handler borrows (transaction, skip, savepoint)."""
+"""An attempt while its handler runs: :class:`Running`, made once the lease is taken and the run
+begun, with the one step after each ``ctx.checkpoint()`` (save, record in the tally, report, stop or
+wait) and the tools the handler borrows (transaction, skip, savepoint)."""
 
 from __future__ import annotations
 
+import inspect
 import json
 import re
+import threading
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from datetime import timedelta
 from typing import Any
 
-from airflow_resumable.core.attempt.lease import raise_request
-from airflow_resumable.core.attempt.running import AttemptState, utcnow
+from airflow_resumable.core.attempt.acquire import Begun, Held
+from airflow_resumable.core.attempt.async_bridge import drive
+from airflow_resumable.core.attempt.context import RunContext
+from airflow_resumable.core.attempt.lease import LeaseKeeper
+from airflow_resumable.core.attempt.pipeline import CheckpointWriter, InlineWriter, checkpoint_writer
+from airflow_resumable.core.attempt.setup import Setup, utcnow
 from airflow_resumable.core.attempt.signal import Reason
 from airflow_resumable.core.attempt.skip_policy import ReplayReport, replay_requested, skip_item
 from airflow_resumable.core.attempt.tally import Tally
-from airflow_resumable.core.model.checkpoint import differences, encode, short
-from airflow_resumable.core.model.errors import ConfigurationError, LeaseLost, Paused, ReaderChanged
+from airflow_resumable.core.model.checkpoint import Checkpoint, Write, differences, encode, short
+from airflow_resumable.core.model.errors import ConfigurationError, LeaseLost, Paused, ReaderChanged, StoreUnavailable
 from airflow_resumable.core.model.observe import MAX_OUTPUTS, Source, without_credentials_in
 from airflow_resumable.core.model.options import wait_seconds
 from airflow_resumable.core.stores.transaction.handle import TransactionConnection
 
 
-class Chunks(AttemptState):
-    """What the run context calls (:class:`~airflow_resumable.core.attempt.context.AttemptCalls`)."""
+class Running:
+    """An attempt that holds the slot's lease and has begun its run: one object, made at that moment
+    (:meth:`~airflow_resumable.core.attempt.runner.Attempt.run`), none of its parts None. It is what
+    the run context calls (:class:`~airflow_resumable.core.attempt.context.AttemptCalls`).
 
-    def after_chunk(self, position: str, state_json: str, state: dict[str, Any], processed: int,
-                    total: int | None) -> None:
-        """The one step after a chunk (``ctx.checkpoint()``): save the checkpoint (JSON text,
-        encoded by the context), record it in the tally, report progress when due (write before
-        report), then stop at this boundary if the signal fired, or end the slice or wait as asked.
+    Attributes:
+        setup: what the attempt was given (identity, options, hooks, log, reporter, signal, store).
+        session: the attempt's connection to the checkpoint database.
+        fence: the lease: every write names it.
+        tally: the attempt's progress, one owner (see core/attempt/tally.py).
+        ctx: the run context the handler gets.
+        keeper: renews the lease from its own thread (started by the attempt).
+        writer: writes the checkpoints: inline, or pipelined (see core/attempt/pipeline.py).
+        resumed / resumed_from: whether the attempt continues a checkpoint, and from where.
+        record_id: the attempt's history record.
+        inputs / outputs: what the attempt read (its readers, ``ctx.input()``) and wrote
+            (``ctx.output()``), for lineage.
+        gone: set when the attempt's connection was lost: what it ends with.
+        final: the row as the attempt's end left it, once written.
+    """
+
+    def __init__(self, setup: Setup, held: Held, begun: Begun):
+        self.setup = setup
+        # Read on every checkpoint: plain attributes.
+        self.job, self.slot, self.attempt = setup.job, setup.slot, setup.attempt
+        self.store, self.options, self.signal, self.log, self.reporter = (
+            setup.store, setup.options, setup.signal, setup.log, setup.reporter)
+        self.session = held.session
+        self.fence = held.fence
+        self.record_id = begun.record_id
+        self.resumed, self.resumed_from = begun.resumed, begun.resumed_from
+        self.tally = Tally(begun.row)
+        self.ctx = RunContext(self, setup.identity, self.tally, signal=setup.signal, log=setup.log,
+                              resumed=begun.resumed)
+        self.keeper = LeaseKeeper(setup.store, held.fence, lease_seconds=setup.options.lease, signal=setup.signal,
+                                  interval=setup.heartbeat)
+        self.writer: CheckpointWriter = InlineWriter(setup.store, held.session, held.fence, signal=setup.signal,
+                                                     tally=self.tally)
+        self.inputs: list[Source] = []
+        self.outputs: list[Source] = []
+        self.gone: StoreUnavailable | None = None
+        self.final: Checkpoint | None = None
+        #: When the handler began (``max_runtime`` counts from it).
+        self.started = time.monotonic()
+        # Set (under the lock) once the handler has returned or raised: the run context then
+        # refuses to write, whichever thread still holds it.
+        self._ended = False
+        self._lock = threading.Lock()
+        #: The identity of the reader this attempt recorded or found on the row (see ``use_reader``).
+        self._reader: dict[str, Any] | None = None
+        #: The directions ("input", "output") past MAX_OUTPUTS in this attempt (warned of once each).
+        self._declared_over: set[str] = set()
+
+    # -- the attempt's own steps ----------------------------------------------------------------
+
+    def pipeline(self) -> None:
+        """With ``pipeline_checkpoints``, write the checkpoints on a second connection, which
+        connects while the first chunk runs.
+
+        Raises:
+            StoreUnavailable: that connection could not be started.
+        """
+        if self.options.pipeline_checkpoints:
+            self.writer = checkpoint_writer(self.store, self.session, self.fence, signal=self.signal, tally=self.tally)
+
+    def call(self, handler: Callable[[RunContext], Any]) -> Any:
+        """Run the handler; once it returns or raises, its context can no longer write."""
+        self.started = time.monotonic()
+        try:
+            result = handler(self.ctx)
+            if inspect.iscoroutine(result):  # an async def handler: the same attempt, on a loop of its own
+                result = drive(result, self.signal, self.log, job=self.job, slot=self.slot)
+            return result
+        finally:
+            with self._lock:  # waits for a save another thread has under way
+                self._ended = True
+                self.session.end_loan()  # the handles of ctx.transaction() refuse from now on
+
+    def flush(self, *, close: bool = False) -> None:
+        """Wait for the pipelined checkpoint in flight, if any (raising its failure unless ``close``,
+        which also closes the writer's connection)."""
+        if close:
+            self.writer.close()
+        else:
+            self.writer.flush()
+
+    def quiesce(self) -> None:
+        """Let a pipelined checkpoint in flight finish (a cancel keeps the last chunk; its lost
+        lease shows on the signal), stop heartbeats and roll back the unfinished chunk. The keeper
+        is asked to stop before the rollback and joined after it: on SQLite its connection may be
+        waiting for the write lock this session holds."""
+        self.flush(close=True)
+        self.keeper.stop(join=False)
+        try:
+            self.session.rollback()  # a no-op on a lost connection (the server rolled it back)
+        except Exception:  # never in place of the error that stopped the attempt
+            self.log.warning("could not roll back the unfinished chunk [job=%s slot=%s attempt=%s]", self.job,
+                             self.slot, self.attempt, exc_info=True)
+        self.keeper.stop()
+
+    # -- what the run context calls -------------------------------------------------------------
+
+    def after_chunk(self, write: Write, state: dict[str, Any]) -> None:
+        """The one step after a chunk (``ctx.checkpoint()``): save the checkpoint ``write`` (encoded
+        by the context from the handler's ``state`` dict), record it in the tally, report progress
+        when due (write before report), then stop at this boundary if the signal fired, or end the
+        slice or wait as asked.
 
         The checkpoint's statement returns the stop request pending on the row (a pause, a cancel):
         one asked while the chunk ran stops the run here, at the first checkpoint written after it
@@ -42,15 +148,13 @@ class Chunks(AttemptState):
             Cancelled: after the save, when the signal has fired.
             Paused / ConfigurationError: as :meth:`_between_chunks`.
         """
-        tally = self._tally
-        assert tally is not None and self._meter is not None
-        self._save(position, state_json, processed, total, self._meter.observe(processed))
-        tally.saved(position, state, processed, total)
-        self._report(tally)
+        self._save(write)
+        self.tally.saved(write, state)
+        self._report()
         self.signal.raise_if_cancelled()
         self._between_chunks()
 
-    def _save(self, position: str, state: str, processed: int, total: int | None, rate: float | None = None) -> None:
+    def _save(self, write: Write) -> None:
         """Write a checkpoint, fenced by the lease, and commit it with the handler's pending writes
         (or hand it to the pipelined writer). Serialized with the attempt's end: refused once the
         handler has returned (a kept ``ctx``, a thread).
@@ -59,56 +163,31 @@ class Chunks(AttemptState):
             AttemptEnded: the handler already returned; nothing was written.
             LeaseLost: another attempt holds the slot; nothing was committed.
         """
-        assert self._session is not None and self._fence is not None and self._tally is not None
         with self._lock:
             if self._ended:
-                raise self._ended_error("ctx.checkpoint()")
+                raise self.setup.ended_error("ctx.checkpoint()")
             if self.signal.reason == Reason.LEASE_LOST:
-                self._session.rollback()
+                self.session.rollback()
                 raise LeaseLost(
                     "this attempt lost its lease; the checkpoint was not written", job=self.job, slot=self.slot
                 )
-            if self._writer is not None:  # returns at once; raises the previous write's failure
-                self._writer.submit(position=position, state=state, processed=processed, total=total, rate=rate)
-                return
-            began = time.perf_counter()
-            request = self._session.checkpoints.save(self._fence, position=position, state=state,
-                                                     processed=processed, total=total, rate=rate)
-            self._tally.save_seconds = time.perf_counter() - began
-            self._tally.durable = (processed, total)
-            if request:
-                self._stop_asked(request)
+            self.writer.submit(write)  # pipelined: returns at once; raises the previous write's failure
 
-    def _stop_asked(self, request: str) -> None:
-        """A stop request came back with the checkpoint: raise the signal as the lease keeper does,
-        naming who asked (one read, now only). The attempt's connection reads it unless it is lent
-        to the handler (its next chunk's transaction is open there): then a connection of its own."""
-        assert self._session is not None and self._fence is not None
-        if self.signal.cancelled:
-            return
-        if self._session.autocommit:
-            raise_request(self.signal, self._session, self._fence, request)
-            return
-        try:
-            with self.store.open(autocommit=True) as session:
-                raise_request(self.signal, session, self._fence, request)
-        except Exception:  # who asked is a courtesy: the stop itself must not wait on it
-            raise_request(self.signal, None, self._fence, request)
-
-    def _report(self, tally: Tally) -> None:
+    def _report(self) -> None:
         """Report the last durable checkpoint (pipelined: what is committed, not what is in flight),
         when a report is due.
 
         The row reported is the row as stored (heartbeat and lease expiry move on the keeper's
         thread), read only then: most checkpoints of a fast loop report nothing.
         """
-        assert self._session is not None and self._meter is not None
-        if tally.durable is None:
+        tally = self.tally
+        durable = tally.durable
+        if durable is None:  # pipelined: the first checkpoint is still in flight
             return
-        processed, total = tally.durable
+        processed, total = durable.processed, durable.total
         if self.reporter.due(processed, total):
-            stored = self._session.checkpoints.load(self.job, self.slot) or tally.row
-            self.reporter.on_checkpoint(stored, self._meter.measure(processed, total, save_seconds=tally.save_seconds))
+            stored = self.session.checkpoints.load(self.job, self.slot) or tally.row
+            self.reporter.on_checkpoint(stored, tally.meter.measure(processed, total, save_seconds=tally.save_seconds))
 
     def _between_chunks(self) -> None:
         """After a durable checkpoint: end the time slice, or wait as the throttle asks.
@@ -120,17 +199,16 @@ class Chunks(AttemptState):
             ConfigurationError: the throttle answered something that is not a wait.
         """
         options = self.options
-        if options.max_runtime is not None and time.monotonic() - self._started >= options.max_runtime:
+        if options.max_runtime is not None and time.monotonic() - self.started >= options.max_runtime:
             raise Paused(
                 Reason.TIME_SLICE.value,
-                f"ran {time.monotonic() - self._started:.3g}s in one go (max_runtime={options.max_runtime:g}s): "
+                f"ran {time.monotonic() - self.started:.3g}s in one go (max_runtime={options.max_runtime:g}s): "
                 "giving the worker back for a moment",
                 until=utcnow(),
             )
         if options.throttle is None:
             return
-        assert self._ctx is not None
-        answer = options.throttle(self._ctx)
+        answer = options.throttle(self.ctx)
         try:
             wait = wait_seconds(answer)
         except ValueError as exc:
@@ -156,9 +234,8 @@ class Chunks(AttemptState):
             ConfigurationError: the attempt pipelines its checkpoints, which commit on another
                 connection than the handler's writes.
         """
-        assert self._session is not None
         if self._ended:
-            raise self._ended_error("ctx.transaction()")
+            raise self.setup.ended_error("ctx.transaction()")
         if self.options.pipeline_checkpoints:
             raise ConfigurationError(
                 "ctx.transaction() cannot be used with pipeline_checkpoints=True: its writes commit with the "
@@ -169,17 +246,15 @@ class Chunks(AttemptState):
                 hint="Set pipeline_checkpoints=False to keep writes to the checkpoint database exactly once, or "
                 "write to the sink on your own connection, idempotently, and commit before ctx.checkpoint()",
             )
-        return self._session.lend(self.job, self.slot)
+        return self.session.lend(self.job, self.slot)
 
     def skip(self, item: Any, *, position: Any, error: BaseException, limit: int) -> int:
         """Record a skipped item (see :func:`airflow_resumable.core.attempt.skip_policy.skip_item`)."""
-        assert self._session is not None
         if self._ended:
-            raise self._ended_error("ctx.skip()")
-        count = skip_item(self._session, job=self.job, slot=self.slot, attempt=self.attempt, item=item,
+            raise self.setup.ended_error("ctx.skip()")
+        count = skip_item(self.session, job=self.job, slot=self.slot, attempt=self.attempt, item=item,
                           position=position, error=error, limit=limit, log=self.log)
-        if self._tally is not None:
-            self._tally.skipped = count
+        self.tally.skipped = count
         return count
 
     def declare(self, direction: str, source: Source) -> None:
@@ -202,17 +277,34 @@ class Chunks(AttemptState):
         declared.append(source)
 
     def savepoint(self) -> AbstractContextManager[None]:
-        assert self._session is not None
-        return self._session.savepoint(job=self.job, slot=self.slot)
+        return self.session.savepoint(job=self.job, slot=self.slot)
 
     def replay_requested(self, fn: Callable[[Any], Any] | None,
                          savepoint: Callable[[], AbstractContextManager[None]]) -> ReplayReport | None:
         """Replay the items whose retry was requested (see :func:`airflow_resumable.core.attempt.skip_policy.replay_requested`)."""
-        assert self._session is not None
         if self._ended:
-            raise self._ended_error("ctx.replay_skipped()")
-        return replay_requested(self._session, job=self.job, slot=self.slot, fn=fn, savepoint=savepoint, log=self.log,
+            raise self.setup.ended_error("ctx.replay_skipped()")
+        return replay_requested(self.session, job=self.job, slot=self.slot, fn=fn, savepoint=savepoint, log=self.log,
                                 attempt=self.attempt)
+
+    def thread_bound(self) -> bool:
+        """Whether the attempt's checkpoint connection may be used on the attempt's thread only (SQLite)."""
+        return self.store.thread_bound
+
+    def previous_run(self) -> Checkpoint | None:
+        """``ctx.previous``, read when the handler first asks: most handlers never do, and then
+        the attempt sends no statement for it. Inside the handler's open transaction it is read in
+        that transaction (a commit here would commit the handler's pending writes).
+
+        Raises:
+            AttemptEnded: the handler already returned.
+        """
+        with self._lock:  # the session is the checkpoints' too (a handler's other thread)
+            if self._ended:
+                raise self.setup.ended_error("ctx.previous")
+            session = self.session
+            return session.listings.previous(self.job, self.slot, by_time=self.setup.scheduled_at is not None,
+                                             commit=session.autocommit)
 
     def use_reader(self, identity: dict[str, Any]) -> None:
         """Record the reader whose positions the slot's checkpoint holds (once per attempt, one
@@ -225,12 +317,11 @@ class Chunks(AttemptState):
             InvalidCheckpoint: the identity is not plain JSON.
             AttemptEnded / LeaseLost: nothing was written.
         """
-        assert self._session is not None and self._tally is not None
         text = encode(identity, what="reader identity", job=self.job, slot=self.slot)
         current = json.loads(text)
         with self._lock:
             if self._ended:
-                raise self._ended_error("ctx.use_reader()")
+                raise self.setup.ended_error("ctx.use_reader()")
             if self._reader is not None:
                 if self._reader == current:
                     return
@@ -240,7 +331,7 @@ class Chunks(AttemptState):
                     stored=self._reader, current=current,
                     hint="Read the second source from a position of your own (reader.chunks(ctx, n, after=...)), or in "
                     "a task of its own", )
-            row = self._tally.row
+            row = self.tally.row
             stored = row.reader
             if stored == current:
                 self._reader = current
@@ -248,8 +339,8 @@ class Chunks(AttemptState):
             progress = row.position is not None or row.processed > 0
             if stored is not None and progress:
                 raise reader_changed(self.job, self.slot, row.position, row.processed, stored, current)
-            self._session.checkpoints.set_reader(self.fence, text)
-            self._tally.reader_recorded(current)
+            self.session.checkpoints.set_reader(self.fence, text)
+            self.tally.reader_recorded(current)
             self._reader = current
         if stored is not None:
             self.log.warning("the slot's row named another reader (%s) but holds no progress: it now names this task's "

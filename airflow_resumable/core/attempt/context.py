@@ -19,7 +19,7 @@ from airflow_resumable.core.attempt.reporter import Log
 from airflow_resumable.core.attempt.signal import Signal
 from airflow_resumable.core.attempt.tally import Tally
 from airflow_resumable.core.model import defaults
-from airflow_resumable.core.model.checkpoint import ENCODER, Checkpoint, encode
+from airflow_resumable.core.model.checkpoint import ENCODER, Checkpoint, Write, encode
 from airflow_resumable.core.model.errors import ConfigurationError, InvalidCheckpoint
 from airflow_resumable.core.model.identity import Identity
 from airflow_resumable.core.model.observe import Source, without_credentials
@@ -35,14 +35,14 @@ _UNREAD = object()
 
 
 class AttemptCalls(Protocol):
-    """What the run context asks of its attempt (:class:`~airflow_resumable.core.attempt.runner.Attempt`):
+    """What the run context asks of its attempt (:class:`~airflow_resumable.core.attempt.after_chunk.Running`):
     one call per checkpoint, and the handler's tools. Identity and progress are not calls: the
     context holds the attempt's frozen :class:`~airflow_resumable.core.model.identity.Identity` and reads
     its :class:`~airflow_resumable.core.attempt.tally.Tally`."""
 
-    def after_chunk(self, position: str, state_json: str, state: dict[str, Any], processed: int,
-                    total: int | None) -> None:
-        """Save the encoded checkpoint (fenced), record it, report it, then stop or wait as asked.
+    def after_chunk(self, write: Write, state: dict[str, Any]) -> None:
+        """Save the encoded checkpoint ``write`` (fenced), record it with the handler's ``state``
+        dict it was encoded from, report it, then stop or wait as asked.
 
         Raises:
             AttemptEnded / LeaseLost: nothing was written.
@@ -314,7 +314,8 @@ class RunContext:
     def _checkpoint_call(self, position: Any, state: dict[str, Any] | None, processed: int | None,
                          total: int | None, *, map_done: list[Any] | None = None,
                          mapping: bool = False) -> tuple[Any, ...]:
-        """The attempt's call that saves this checkpoint, its arguments encoded and checked now
+        """The attempt's call that saves this checkpoint: its :class:`Write`, encoded and checked
+        now (once: every step after this one hands it on), and the state dict it was encoded from
         (``map_done``: written into the saved state only, see :meth:`_asave_mark`; ``mapping``:
         ctx.map's own save).
 
@@ -341,8 +342,9 @@ class RunContext:
         total = tally.total if total is None else self._count("total", total)
         saved = {**state, MAP_DONE: {"after": position, "done": map_done}} if map_done else state
         position_json, state_json = self._encode(position, saved)
+        write = Write(position_json, state_json, processed, total, tally.meter.observe(processed))
         # One way: the attempt saves, records in the tally, reports, then stops or waits.
-        return (self._attempt.after_chunk, position_json, state_json, state, processed, total)
+        return (self._attempt.after_chunk, write, state)
 
     def transaction(self) -> TransactionConnection:
         """The checkpoint database's connection; writes on it commit with the next checkpoint."""

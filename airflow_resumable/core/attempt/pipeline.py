@@ -19,7 +19,8 @@ that changes, and what it keeps:
 * **the end waits**: the attempt's final status (``done``, ``cancelled``, ``failed``) is written
   after the write in flight finished, so ``done`` always follows the last checkpoint.
 
-Two writers do it:
+Without pipelining, :class:`InlineWriter` writes each checkpoint at once on the attempt's own
+connection (with the writes the handler made through ``ctx.transaction()``). With it, two writers do it:
 
 * on PostgreSQL with psycopg2, :class:`NoWaitWriter`: the connection is in psycopg2's asynchronous
   mode, so sending the UPDATE returns at once, on the handler's own thread, and the next checkpoint
@@ -37,6 +38,7 @@ checkpoint, on the attempt's own connection, and a pipelined checkpoint commits 
 from __future__ import annotations
 
 import abc
+import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -44,6 +46,7 @@ from typing import Any
 from airflow_resumable.core.attempt.lease import raise_request
 from airflow_resumable.core.attempt.signal import Reason, Signal
 from airflow_resumable.core.attempt.tally import Tally
+from airflow_resumable.core.model.checkpoint import Write
 from airflow_resumable.core.model.errors import LeaseLost
 from airflow_resumable.core.model.fence import Fence
 from airflow_resumable.core.stores.base import Store, StoreSession
@@ -62,7 +65,11 @@ def checkpoint_writer(
 ) -> CheckpointWriter:
     """The writer for one attempt's pipelined checkpoints: :class:`NoWaitWriter` where the store's
     driver can send without waiting, else :class:`ThreadWriter`. Its connection opens now and
-    connects while the first chunk runs."""
+    connects while the first chunk runs.
+
+    Raises:
+        StoreUnavailable: the connection could not be started.
+    """
     conn = store.connect_nowait(like=session.conn)
     if conn is None:
         return ThreadWriter(store, fence, signal=signal, tally=tally)
@@ -81,13 +88,14 @@ class CheckpointWriter(abc.ABC):
         self.tally = tally
 
     @abc.abstractmethod
-    def submit(self, *, position: str, state: str, processed: int, total: int | None,
-               rate: float | None = None) -> None:
-        """Hand over a checkpoint after the previous one is committed; return without waiting for it.
+    def submit(self, write: Write) -> None:
+        """Write a checkpoint: at once (:class:`InlineWriter`), or handed over after the previous one
+        is committed, returning without waiting for it (the pipelined writers).
 
         Raises:
-            LeaseLost: the previous checkpoint found the lease taken over; nothing more is written.
-            Exception: whatever else made the previous checkpoint fail (e.g. the database is down).
+            LeaseLost: this checkpoint (inline) or the previous one (pipelined) found the lease taken
+                over; nothing more is written.
+            Exception: whatever else made that checkpoint fail (e.g. the database is down).
         """
 
     @abc.abstractmethod
@@ -109,6 +117,45 @@ class CheckpointWriter(abc.ABC):
         return save_rejected(self.fence.job, self.fence.slot)
 
 
+class InlineWriter(CheckpointWriter):
+    """Writes each checkpoint at once on the attempt's own connection, committing with it whatever
+    the handler wrote there (``ctx.transaction()``): nothing is ever in flight."""
+
+    def __init__(self, store: Store, session: StoreSession, fence: Fence, *, signal: Signal, tally: Tally):
+        super().__init__(store, fence, signal=signal, tally=tally)
+        self._session = session
+
+    def submit(self, write: Write) -> None:
+        began = time.perf_counter()
+        request = self._session.checkpoints.save(self.fence, write)
+        tally = self.tally
+        tally.save_seconds = time.perf_counter() - began
+        tally.durable = write
+        if request:
+            self._stop_asked(request)
+
+    def flush(self) -> None:
+        return None
+
+    def close(self) -> None:
+        return None
+
+    def _stop_asked(self, request: str) -> None:
+        """A stop request came back with the checkpoint: raise the signal as the lease keeper does,
+        naming who asked (one read, now only). The attempt's connection reads it unless it is lent
+        to the handler (its next chunk's transaction is open there): then a connection of its own."""
+        if self.signal.cancelled:
+            return
+        if self._session.autocommit:
+            raise_request(self.signal, self._session, self.fence, request)
+            return
+        try:
+            with self.store.open(autocommit=True) as session:
+                raise_request(self.signal, session, self.fence, request)
+        except Exception:  # who asked is a courtesy: the stop itself must not wait on it
+            raise_request(self.signal, None, self.fence, request)
+
+
 class NoWaitWriter(CheckpointWriter):
     """Sends each checkpoint on a connection that does not wait for the answer, and collects the
     answer when the next checkpoint (or the attempt's end) comes: all on the handler's thread."""
@@ -123,15 +170,13 @@ class NoWaitWriter(CheckpointWriter):
         self._conn: Any = conn
         self._connected = False
         self._prepared: PreparedStatement | None = None  # made with the first statement (its text)
-        #: the write in flight: its cursor, the ``(processed, total)`` it saves, what was sent and
-        #: its parameters (sent again as text when the server process lost the prepared statement)
-        self._pending: tuple[Any, tuple[int, int | None], str, dict[str, Any]] | None = None
+        #: the write in flight: its cursor, the checkpoint it saves, what was sent and its
+        #: parameters (sent again as text when the server process lost the prepared statement)
+        self._pending: tuple[Any, Write, str, dict[str, Any]] | None = None
 
-    def submit(self, *, position: str, state: str, processed: int, total: int | None,
-               rate: float | None = None) -> None:
+    def submit(self, write: Write) -> None:
         self.flush()
-        sql, params = self._statement(self.fence, position=position, state=state, processed=processed, total=total,
-                                      rate=rate)
+        sql, params = self._statement(self.fence, write)
         try:
             if self._conn is None:  # the last one broke: start another
                 self._conn = self.store.connect_nowait(like=self._like)
@@ -146,7 +191,7 @@ class NoWaitWriter(CheckpointWriter):
         except Exception:
             self._discard()
             raise
-        self._pending = (cur, (processed, total), text, params)
+        self._pending = (cur, write, text, params)
 
     def flush(self) -> None:
         pending, self._pending = self._pending, None
@@ -203,11 +248,11 @@ class ThreadWriter(CheckpointWriter):
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=THREAD_PREFIX)
         self._session: StoreSession | None = None
         self._pending: Future[None] | None = None
+        self._closed = False
 
-    def submit(self, *, position: str, state: str, processed: int, total: int | None,
-               rate: float | None = None) -> None:
+    def submit(self, write: Write) -> None:
         self.flush()
-        self._pending = self._executor.submit(self._write, position, state, processed, total, rate)
+        self._pending = self._executor.submit(self._write, write)
 
     def flush(self) -> None:
         pending, self._pending = self._pending, None
@@ -215,6 +260,9 @@ class ThreadWriter(CheckpointWriter):
             pending.result()
 
     def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
         try:
             self.flush()
         except Exception:  # a lost lease is on the signal; anything else the attempt's ending reports
@@ -224,19 +272,18 @@ class ThreadWriter(CheckpointWriter):
 
     # -- on the writer thread --------------------------------------------------------------------
 
-    def _write(self, position: str, state: str, processed: int, total: int | None, rate: float | None) -> None:
+    def _write(self, write: Write) -> None:
         if self._session is None:
             self._session = self.store.session(autocommit=True)
         try:
-            request = self._session.checkpoints.save(self.fence, position=position, state=state,
-                                                     processed=processed, total=total, rate=rate)
+            request = self._session.checkpoints.save(self.fence, write)
         except LeaseLost:
             self.signal.cancel(Reason.LEASE_LOST, _LOST)
             raise
         except Exception:
             self._close()  # a broken connection: the next write opens a new one
             raise
-        self.tally.durable = (processed, total)
+        self.tally.durable = write
         if request:  # read on this thread's own session
             raise_request(self.signal, self._session, self.fence, request)
 

@@ -1,12 +1,15 @@
 """One attempt of one slot: the loop every entry point runs.
 
-:class:`Attempt` is the whole life of an attempt, in order:
+:class:`Attempt` is the whole life of an attempt, in order (:meth:`Attempt.run`, top to bottom):
 
 1. open the checkpoint database and check its schema;
-2. take the slot's lease (waiting, bounded, for a live holder's lease to expire);
+2. take the slot's lease (waiting, bounded, for a live holder's lease to expire): what the attempt
+   then holds is one value, :class:`~airflow_resumable.core.attempt.acquire.Held` (session, fence, row);
 3. apply the overlap policy against the job's other live slots;
 4. decide between resume, start over (the slot was ``done``) and restart (asked for on purpose);
-5. run the handler with a :class:`~airflow_resumable.core.attempt.context.RunContext`, the lease renewed
+5. make the running part, one object none of whose parts is None
+   (:class:`~airflow_resumable.core.attempt.after_chunk.Running`: tally, context, lease keeper, writer), and
+   run the handler with its :class:`~airflow_resumable.core.attempt.context.RunContext`, the lease renewed
    by a :class:`~airflow_resumable.core.attempt.lease.LeaseKeeper` thread; each ``ctx.checkpoint()`` is
    one call, ``after_chunk``: save (fenced by the lease), *then* report progress, *then* check
    the signal (core/attempt/after_chunk.py); progress is kept in one place (core/attempt/tally.py);
@@ -18,21 +21,16 @@ The class operator, the chunked operator and ``@task.resumable`` all run this; t
 
 from __future__ import annotations
 
-import inspect
-import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
-from airflow_resumable.core.attempt.acquire import Acquiring
-from airflow_resumable.core.attempt.after_chunk import Chunks
-from airflow_resumable.core.attempt.async_bridge import drive
+from airflow_resumable.core.attempt.acquire import begin, overlap, pending_cancel, release, take_lease, why_run_again
+from airflow_resumable.core.attempt.after_chunk import Running
 from airflow_resumable.core.attempt.context import RunContext
-from airflow_resumable.core.attempt.finish import Finishing, Outcome
+from airflow_resumable.core.attempt.finish import Outcome, already_done, end, result_text, stopped
 from airflow_resumable.core.attempt.lease import LeaseKeeper
-from airflow_resumable.core.attempt.pipeline import checkpoint_writer
-from airflow_resumable.core.attempt.reporter import ProgressMeter
+from airflow_resumable.core.attempt.setup import Setup
 from airflow_resumable.core.attempt.signal import Reason
-from airflow_resumable.core.attempt.tally import Tally
 from airflow_resumable.core.model.checkpoint import Checkpoint, Status
 from airflow_resumable.core.model.errors import (
     Cancelled,
@@ -45,6 +43,7 @@ from airflow_resumable.core.model.errors import (
     StoreUnavailable,
 )
 from airflow_resumable.core.model.identity import Hooks, Identity
+from airflow_resumable.core.model.observe import AttemptFacts
 from airflow_resumable.core.model.options import (  # re-exported: the core's public names
     MAX_KEY_BYTES,
     MAX_LEASE,
@@ -67,14 +66,15 @@ __all__ = [
 ]
 
 
-class Attempt(Chunks, Finishing, Acquiring):
-    """One attempt of one (job, slot). Create it, then call :meth:`run` once.
+class Attempt(Setup):
+    """One attempt of one (job, slot): ``Attempt(store, Identity(...), hooks=..., options=...)``, then
+    :meth:`run` once.
 
-    The life in order is here; the steps live on their seams, each a small base class over the
-    shared :class:`~airflow_resumable.core.attempt.running.AttemptState` (identity, hooks, session,
-    tally): the start (:mod:`~airflow_resumable.core.attempt.acquire`: lease, overlap, resume or start
-    over), the one step after each chunk (:mod:`~airflow_resumable.core.attempt.after_chunk`) and the end
-    (:mod:`~airflow_resumable.core.attempt.finish`).
+    What it is given (:class:`~airflow_resumable.core.attempt.setup.Setup`) is all it has until it
+    takes the lease; then :class:`~airflow_resumable.core.attempt.acquire.Held`, and once the handler
+    begins, :attr:`running`. The steps are functions of those values: the start
+    (:mod:`~airflow_resumable.core.attempt.acquire`), the one step after each chunk
+    (:mod:`~airflow_resumable.core.attempt.after_chunk`) and the end (:mod:`~airflow_resumable.core.attempt.finish`).
     """
 
     #: Set by the embedding before :meth:`run`: keep the attempt's connection open after a
@@ -83,6 +83,12 @@ class Attempt(Chunks, Finishing, Acquiring):
     keep_session: bool = False
     #: The attempt's open session after a successful :meth:`run` with :attr:`keep_session`; else None.
     kept_session: StoreSession | None = None
+    #: The attempt once its handler began (None before, and for a slot already done).
+    running: Running | None = None
+    #: What runs the handler (the test kit's interruptions strike from a subclass).
+    running_type: ClassVar[type[Running]] = Running
+    #: The row of a slot found already done (the handler did not run).
+    _done: Checkpoint | None = None
 
     def run(self, handler: Callable[[RunContext], Any]) -> Outcome:
         """Run ``handler(ctx)`` from the slot's last checkpoint.
@@ -120,7 +126,8 @@ class Attempt(Chunks, Finishing, Acquiring):
         except BaseException as exc:
             if isinstance(exc, StoreUnavailable):  # raised deep in the store: name the attempt
                 exc.naming(self.job, self.slot)
-            gone = self._gone or (self._connection_lost(exc) if session.lost else None)
+            gone = (self.running.gone if self.running is not None else None) or (
+                self.connection_lost(exc) if session.lost else None)
             session.close()
             if gone is not None and gone is not exc and not isinstance(exc, ResumableError | Cancelled):
                 raise gone from exc  # lost before the handler ran (or its end was recorded anew)
@@ -132,141 +139,103 @@ class Attempt(Chunks, Finishing, Acquiring):
         return outcome
 
     def _run_on(self, session: StoreSession, handler: Callable[[RunContext], Any]) -> Outcome:
-        """:meth:`run` on the attempt's open session."""
-        self._session = session
+        """:meth:`run` on the attempt's open session: the steps of the module docstring, in order."""
         session.ensure_schema()
-        row, created = self._acquire(session)
+        held = take_lease(self, session)
         try:
-            status = status_of(row.status, job=self.job, slot=self.slot)
+            status = status_of(held.row.status, job=self.job, slot=self.slot)
             check(status, Status.RUNNING, job=self.job, slot=self.slot)
         except CorruptCheckpoint:
-            self._release(session, created=False)  # leave the hand-edited row as it was
+            release(held)  # leave the hand-edited row as it was
             raise
-        rerun_because = self._why_run_again(row) if status is Status.DONE else None
+        rerun_because = why_run_again(self, held) if status is Status.DONE else None
         if status is Status.DONE and rerun_because is None:
-            return self._already_done(session, row)
-        self._overlap(session, row, created)
+            outcome = already_done(self, held)
+            self._done = outcome.checkpoint
+            return outcome
+        overlap(self, held)
         try:
-            row, resumed, resumed_from = self._begin(session, row, created, rerun_because)
+            begun = begin(self, held, rerun_because)
         except BaseException:
-            self._release(session, created=False)  # nothing started: do not hold the slot
+            release(held)  # nothing started: do not hold the slot
             raise
-        self._resumed, self._resumed_from = resumed, resumed_from
-        tally = self._tally = Tally(row)
-        ctx = self._ctx = RunContext(self, self.identity, tally, signal=self.signal, log=self.log,
-                                     resumed=resumed)
-        self._meter = ProgressMeter(row.processed)
-        self.reporter.on_start(row, resumed=resumed)
-        self.keeper = LeaseKeeper(
-            self.store,
-            self.fence,
-            lease_seconds=self.options.lease,
-            signal=self.signal,
-            interval=self._heartbeat,
-        ).start()
-        keeper = self.keeper
+        run = self.running = self.running_type(self, held, begun)
+        self.reporter.on_start(begun.row, resumed=begun.resumed)
+        run.keeper.start()
         try:
-            if self.options.pipeline_checkpoints:  # connects while the first chunk runs
-                self._writer = checkpoint_writer(self.store, session, self.fence, signal=self.signal,
-                                                 tally=tally)
-            if row.cancel_request:  # accepted, but the attempt it was meant for died first
-                raise self._pending_cancel(session, row)
-            if row.request == Request.PAUSE:  # asked before this attempt started: pause before any work
-                raise Paused(Reason.PAUSED.value, f"pause requested by {row.requested_by or '?'}")
-            self._started = time.monotonic()
-            result = self._call(handler, ctx)
+            run.pipeline()  # with pipeline_checkpoints: connects while the first chunk runs
+            if begun.row.cancel_request:  # accepted, but the attempt it was meant for died first
+                raise pending_cancel(session, begun.row)
+            if begun.row.request == Request.PAUSE:  # asked before this attempt started: pause before any work
+                raise Paused(Reason.PAUSED.value, f"pause requested by {begun.row.requested_by or '?'}")
+            result = run.call(handler)
             # Never "done" over writes since the last checkpoint that were lost (an error the handler
             # caught and went on from) or a transaction that is not the chunk's: fail, the retry redoes them.
             session.check_loan()
             # Fails here, before "done", when the value could not be kept (nor given back later).
-            result_text = self._result_text(result)
-            self._flush()  # "done" follows the last checkpoint: wait for a pipelined one in flight
+            text = result_text(self, result)
+            run.flush()  # "done" follows the last checkpoint: wait for a pipelined one in flight
         except BaseException as exc:
-            self._quiesce(session, keeper)  # the unfinished chunk's writes go with it
+            run.quiesce()  # the unfinished chunk's writes go with it
             if session.lost and isinstance(exc, Exception) and not isinstance(exc, ResumableError | Cancelled):
                 # The driver's error (or the handler's, over it) says less than what happened: the
                 # connection is gone, and every write since the last checkpoint with it.
-                self._gone = self._connection_lost(exc)
-            stop = self._gone or exc
-            deleted = self._deleted(session, stop)
-            self._stopped(session, deleted or stop)  # through a new connection when this one is lost
+                run.gone = self.connection_lost(exc)
+            stop = run.gone or exc
+            deleted = _deleted(run, stop)
+            self._stopped(run, deleted or stop)  # through a new connection when this one is lost
             if deleted is not None:
                 raise deleted from exc
             if stop is not exc:
                 raise stop from exc
             raise
         if self.signal.reason == Reason.LEASE_LOST:  # lost after the handler's last checkpoint
-            self._quiesce(session, keeper)
+            run.quiesce()
             lost = LeaseLost("the lease was lost while the handler ran", job=self.job, slot=self.slot)
-            lost = self._deleted(session, lost) or lost
-            self._stopped(session, lost)
+            lost = _deleted(run, lost) or lost
+            self._stopped(run, lost)
             raise lost
-        self._flush(close=True)
+        run.flush(close=True)
         # Writes made through ctx.transaction() after the last checkpoint commit with "done".
-        keeper.stop(join=False)
+        run.keeper.stop(join=False)
         try:
-            final = self._end(session, Status.DONE, result=result_text)
+            final = end(run, Status.DONE, result=text)
         finally:
-            keeper.stop()
-        return Outcome(result=result, checkpoint=final, resumed_from=resumed_from)
+            run.keeper.stop()
+        return Outcome(result=result, checkpoint=final, resumed_from=begun.resumed_from)
 
-    def _call(self, handler: Callable[[RunContext], Any], ctx: RunContext) -> Any:
-        """Run the handler; once it returns or raises, its context can no longer write."""
-        try:
-            result = handler(ctx)
-            if inspect.iscoroutine(result):  # an async def handler: the same attempt, on a loop of its own
-                result = drive(result, self.signal, self.log, job=self.job, slot=self.slot)
-            return result
-        finally:
-            with self._lock:  # waits for a save another thread has under way
-                self._ended = True
-                if self._session is not None:
-                    self._session.end_loan()  # the handles of ctx.transaction() refuse from now on
+    def _stopped(self, run: Running, exc: BaseException) -> None:
+        """Record how the handler stopped (see :func:`~airflow_resumable.core.attempt.finish.stopped`)."""
+        stopped(run, exc)
 
-    def previous_run(self) -> Checkpoint | None:
-        """``ctx.previous``, read when the handler first asks: most handlers never do, and then
-        the attempt sends no statement for it. Inside the handler's open transaction it is read in
-        that transaction (a commit here would commit the handler's pending writes).
+    @property
+    def keeper(self) -> LeaseKeeper | None:
+        """The lease keeper of the running attempt (None before its handler began)."""
+        return None if self.running is None else self.running.keeper
 
-        Raises:
-            AttemptEnded: the handler already returned.
-        """
-        assert self._session is not None
-        with self._lock:  # the session is the checkpoints' too (a handler's other thread)
-            if self._ended:
-                raise self._ended_error("ctx.previous")
-            session = self._session
-            return session.listings.previous(self.job, self.slot, by_time=self.scheduled_at is not None,
-                                             commit=session.autocommit)
+    def facts(self) -> AttemptFacts:
+        """This attempt as lineage and tracing report it (plain data, read from memory: no I/O).
+        Before the lease is taken it knows its identity only; after its end, the final row's figures."""
+        run = self.running
+        row = self._done if run is None else (run.final or run.tally.row)
+        lost = self.signal.reason == Reason.LEASE_LOST.value
+        return AttemptFacts(
+            job=self.job, slot=self.slot, attempt=self.attempt,
+            status="lease_lost" if lost else (row.status if row is not None else "starting"),
+            resumed=None if run is None else run.resumed, resumed_from=None if run is None else run.resumed_from,
+            position=row.position if row is not None else None,
+            processed=row.processed if row is not None else None, total=row.total if row is not None else None,
+            skipped=None if run is None else run.tally.skipped,
+            stop_reason=(Reason.LEASE_LOST.value if lost else row.stop_reason) if row is not None else None,
+            checkpoints=None if run is None else run.tally.checkpoints,
+            inputs=() if run is None else tuple(run.inputs), outputs=() if run is None else tuple(run.outputs),
+        )
 
-    def _deleted(self, session: StoreSession, exc: BaseException) -> CheckpointDeleted | None:
-        """When ``exc`` is a lost lease the keeper or the signal noticed (they say "lost", not why),
-        the error saying the row was deleted, if a second look finds it gone; else None."""
-        if not isinstance(exc, LeaseLost) or isinstance(exc, CheckpointDeleted):
-            return None
-        why = session.fenced_out(self.fence, exc.message)
-        return why if isinstance(why, CheckpointDeleted) else None
 
-    def _quiesce(self, session: StoreSession, keeper: LeaseKeeper) -> None:
-        """Let a pipelined checkpoint in flight finish (a cancel keeps the last chunk; its lost
-        lease shows on the signal), stop heartbeats and roll back the unfinished chunk. The keeper
-        is asked to stop before the rollback and joined after it: on SQLite its connection may be
-        waiting for the write lock this session holds."""
-        self._flush(close=True)
-        keeper.stop(join=False)
-        try:
-            session.rollback()  # a no-op on a lost connection (the server rolled it back)
-        except Exception:  # never in place of the error that stopped the attempt
-            self.log.warning("could not roll back the unfinished chunk [job=%s slot=%s attempt=%s]", self.job,
-                             self.slot, self.attempt, exc_info=True)
-        keeper.stop()
-
-    def _flush(self, *, close: bool = False) -> None:
-        """Wait for the pipelined checkpoint in flight, if any (raising its failure unless ``close``)."""
-        if self._writer is None:
-            return
-        if close:
-            self._writer.close()
-            self._writer = None
-        else:
-            self._writer.flush()
+def _deleted(run: Running, exc: BaseException) -> CheckpointDeleted | None:
+    """When ``exc`` is a lost lease the keeper or the signal noticed (they say "lost", not why),
+    the error saying the row was deleted, if a second look finds it gone; else None."""
+    if not isinstance(exc, LeaseLost) or isinstance(exc, CheckpointDeleted):
+        return None
+    why = run.session.fenced_out(run.fence, exc.message)
+    return why if isinstance(why, CheckpointDeleted) else None

@@ -1,8 +1,9 @@
 """One attempt's progress, kept in one place.
 
-A checkpoint travels one way: the run context encodes it and hands it to the attempt
-(``after_chunk``), the attempt saves it, then records it here; the context, the reporter, the
-pipelined writer and the attempt's end all read it from here. Nothing else keeps a copy.
+A checkpoint travels one way: the run context encodes it, once, into a
+:class:`~airflow_resumable.core.model.checkpoint.Write` and hands it to the attempt (``after_chunk``),
+the attempt saves it, then records it here; the context, the reporter, the pipelined writer and the
+attempt's end all read it from here. Nothing else keeps a copy.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ import time
 from datetime import datetime, timezone
 from typing import Any
 
-from airflow_resumable.core.model.checkpoint import Checkpoint
+from airflow_resumable.core.attempt.reporter import ProgressMeter
+from airflow_resumable.core.model.checkpoint import Checkpoint, Write
 
 __all__ = ["Tally"]
 
@@ -25,16 +27,16 @@ class Tally:
         state: the JSON dict carried with the position (the handler mutates it, then checkpoints).
         processed: the count saved with the last checkpoint.
         total: the expected count (set by the handler; saved with the next checkpoint).
-        durable: ``(processed, total)`` of the last checkpoint known to be committed, None before
-            the first: progress is reported from it (write before report). Set by the attempt after
-            a direct save, by the pipelined writer once its write is committed.
+        durable: the last checkpoint known to be committed, None before the first: progress is
+            reported from it (write before report). Set by the writer once its write is committed.
         save_seconds: how long the last direct save took (reported with progress), None when pipelined.
         checkpoints: how many checkpoints this attempt saved (lineage and tracing report it).
         skipped: the slot's skipped items after this attempt's last skip, None before its first.
+        meter: the rate and ETA of this attempt's checkpoints (written with each, reported with progress).
     """
 
     __slots__ = ("_base", "_row", "_position", "_position_json", "state", "processed", "total", "saved_at",
-                 "durable", "save_seconds", "checkpoints", "skipped")
+                 "durable", "save_seconds", "checkpoints", "skipped", "meter")
 
     def __init__(self, row: Checkpoint):
         self._base = row
@@ -45,10 +47,11 @@ class Tally:
         self.processed: int = row.processed
         self.total: int | None = row.total
         self.saved_at: float | None = None
-        self.durable: tuple[int, int | None] | None = None
+        self.durable: Write | None = None
         self.save_seconds: float | None = None
         self.checkpoints = 0
         self.skipped: int | None = None
+        self.meter = ProgressMeter(row.processed)
 
     @property
     def position(self) -> Any:
@@ -78,13 +81,14 @@ class Tally:
         if self._row is not None:
             self._row = dataclasses.replace(self._row, reader=identity)
 
-    def saved(self, position_json: str, state: dict[str, Any], processed: int, total: int | None) -> None:
-        """Record a checkpoint the store accepted (cheaply: the position is decoded, the row rebuilt,
-        only when read). ``durable`` is left to whoever knows the write committed."""
-        self._position_json = position_json
+    def saved(self, write: Write, state: dict[str, Any]) -> None:
+        """Record a checkpoint the store accepted: ``write``, encoded from the handler's ``state``
+        dict (kept as it is: the handler goes on mutating it). Cheaply: the position is decoded, the
+        row rebuilt, only when read. ``durable`` is left to whoever knows the write committed."""
+        self._position_json = write.position
         self.state = state
-        self.processed = processed
-        self.total = total
+        self.processed = write.processed
+        self.total = write.total
         self.saved_at = time.time()
         self.checkpoints += 1
         self._row = None

@@ -1,4 +1,8 @@
-"""The checkpoint row of one (job, slot), as a frozen value, and its JSON codec."""
+"""The checkpoint row of one (job, slot), as a frozen value, and its JSON codec.
+
+A :class:`Write` is one checkpoint on its way to the row: encoded once, by ``ctx.checkpoint()``, and
+handed as one value from there to the store's statement.
+"""
 
 from __future__ import annotations
 
@@ -14,7 +18,8 @@ from airflow_resumable.core.model.errors import CorruptCheckpoint, InvalidCheckp
 from airflow_resumable.core.model.states import AttemptEnd, Status
 
 __all__ = [
-    "DEPRECATED_KEYS", "ENCODER", "AttemptEnd", "AttemptRecord", "Checkpoint", "DeadLetter", "Origin", "Status", "decode", "encode",
+    "DEPRECATED_KEYS", "ENCODER", "AttemptEnd", "AttemptRecord", "Checkpoint", "DeadLetter", "Origin", "Status", "Write",
+    "decode", "encode",
     "differences", "error_text", "short",
 ]
 
@@ -129,6 +134,27 @@ class Checkpoint:
         """The row's columns as plain JSON (timestamps as ISO-8601 strings, the deprecated names too).
         The shapes the row takes outside the core, with their figures, are ``airflow_resumable.core.view``'s."""
         return _plain(self)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Write:
+    """One checkpoint as the row takes it: what ``ctx.checkpoint()`` encoded, once, and every step
+    after it hands on unchanged (the attempt, the pipelined writer, the store's fenced UPDATE).
+
+    Attributes:
+        position: where the next attempt continues, as JSON text.
+        state: the handler's state dict, as JSON text.
+        processed: items processed so far.
+        total: items expected, when known.
+        rate: items per second over the attempt's recent chunks (None until measured), written with
+            the checkpoint.
+    """
+
+    position: str
+    state: str
+    processed: int
+    total: int | None
+    rate: float | None = None
 
 
 def _plain(value: Any) -> dict[str, Any]:

@@ -10,11 +10,11 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from datetime import datetime
-from typing import Any, TypedDict
+from typing import Any
 
 from airflow_resumable.core.model.checkpoint import Checkpoint, Origin
 
-__all__ = ["Hooks", "Identity", "LegacyArgs", "split_legacy"]
+__all__ = ["Hooks", "Identity"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,53 +58,6 @@ class Hooks:
     resolve_reason: Callable[[str], str | tuple[str, str]] | None = None
     rerun: Callable[[Checkpoint], str | None] | None = None
     result_codec: tuple[Callable[[Any], Any], Callable[[Any], Any]] = (_same, _same)
-
-
-class LegacyArgs(TypedDict, total=False):
-    """The keyword arguments ``Attempt(store, job=..., slot=..., ...)`` takes besides an
-    :class:`Identity`: its fields and the :class:`Hooks`' fields (``result_codec`` may be None)."""
-
-    job: str
-    slot: str
-    attempt: int
-    owner: str
-    scheduled_at: datetime | None
-    origin: Origin | None
-    resolve_reason: Callable[[str], str | tuple[str, str]] | None
-    rerun: Callable[[Checkpoint], str | None] | None
-    result_codec: tuple[Callable[[Any], Any], Callable[[Any], Any]] | None
-
-
-_IDENTITY = frozenset(f.name for f in dataclasses.fields(Identity))
-_HOOKS = frozenset(f.name for f in dataclasses.fields(Hooks))
-
-
-def split_legacy(identity: Identity | None, hooks: Hooks | None, legacy: LegacyArgs) -> tuple[Identity, Hooks]:
-    """The :class:`Identity` and :class:`Hooks` of an attempt, from the objects or from the
-    separate keyword arguments (derived from the two dataclasses' fields; None means the default).
-
-    Raises:
-        TypeError: an unknown keyword, a field given twice (in an object and as a keyword), or no
-            identity at all.
-    """
-    given: dict[str, Any] = {k: v for k, v in legacy.items() if v is not None}
-    unknown = set(legacy) - _IDENTITY - _HOOKS
-    if unknown:
-        raise TypeError(f"Attempt() got unexpected keyword argument(s): {', '.join(sorted(unknown))}")
-    ids = {k: v for k, v in given.items() if k in _IDENTITY}
-    hks = {k: v for k, v in given.items() if k in _HOOKS}
-    if identity is not None and ids:
-        raise TypeError(f"Attempt() got both an Identity and {', '.join(sorted(ids))}=")
-    if hooks is not None and hks:
-        raise TypeError(f"Attempt() got both Hooks and {', '.join(sorted(hks))}=")
-    if identity is None:
-        try:
-            identity = Identity(**ids)
-        except TypeError as exc:
-            raise TypeError(f"Attempt() needs an Identity, or job=, slot=, attempt= and owner=: {exc}") from None
-    if type(identity.attempt) is not int:  # e.g. a try number read as a string
-        identity = dataclasses.replace(identity, attempt=int(identity.attempt))
-    return identity, hooks if hooks is not None else Hooks(**hks)
 
 
 #: The planning job of a partitioned job: ``<job>#plan``, one row per slot whose state is the plan.

@@ -8,7 +8,7 @@ import functools
 from typing import Any
 
 from airflow_resumable.core.model import request_rules as rules
-from airflow_resumable.core.model.checkpoint import AttemptEnd, AttemptRecord, Checkpoint, Origin, Status
+from airflow_resumable.core.model.checkpoint import AttemptEnd, AttemptRecord, Checkpoint, Origin, Status, Write
 from airflow_resumable.core.model.fence import WHERE, Fence
 from airflow_resumable.core.model.tables import ATTEMPTS
 from airflow_resumable.core.stores.connection import Connection, save_rejected
@@ -213,8 +213,7 @@ class Checkpoints:
         if c.execute(_sql(c.d).set_reader, {**fence.params(), "reader": reader}).rowcount != 1:
             raise c.fenced_out(fence, "the reader could not be recorded: the lease was taken over")
 
-    def save(self, fence: Fence, *, position: str, state: str, processed: int, total: int | None,
-             rate: float | None = None) -> str | None:
+    def save(self, fence: Fence, write: Write) -> str | None:
         """Write a checkpoint and commit it, together with whatever else this connection wrote.
 
         Returns the stop request pending on the row, read by the checkpoint's own statement (see
@@ -230,8 +229,7 @@ class Checkpoints:
         cur = self._save_cursor
         if cur is None:  # one cursor for every checkpoint of the session
             cur = self._save_cursor = c.conn.cursor()
-        sql, params = self.save_statement(fence, position=position, state=state, processed=processed, total=total,
-                                          rate=rate)
+        sql, params = self.save_statement(fence, write)
         if c.d.one_writer:
             with c.conn.own(), c.conn.writing():
                 cur.execute(sql, params)
@@ -256,15 +254,14 @@ class Checkpoints:
         c.commit()
         return pending_stop(rows)
 
-    def save_statement(
-        self, fence: Fence, *, position: str, state: str, processed: int, total: int | None, rate: float | None = None,
-    ) -> tuple[str, dict[str, Any]]:
+    def save_statement(self, fence: Fence, write: Write) -> tuple[str, dict[str, Any]]:
         """The checkpoint's fenced UPDATE, in this driver's placeholders, and its parameters: it
         changes one row, or none once another attempt holds the lease, and returns the row's
         pending stop request (:func:`pending_stop` reads it). Sent by :meth:`save`, or without
         waiting by a pipelined writer (core/attempt/pipeline.py)."""
         return _sql(self._c.d).save, {
-            "position": position, "state": state, "processed": processed, "total": total, "rate": rate,
+            "position": write.position, "state": write.state, "processed": write.processed, "total": write.total,
+            "rate": write.rate,
             "job": fence.job, "slot": fence.slot, "owner": fence.owner, "token": fence.token,
         }
 

@@ -14,6 +14,7 @@ import pytest
 
 from airflow_resumable.core import Attempt, Cancelled, Options
 from airflow_resumable.core.attempt.lease import STOP_POLL, add_stop_source, remove_stop_source
+from airflow_resumable.core.model.identity import Identity
 from airflow_resumable.core.stores import SQLiteStore, Store
 
 
@@ -36,7 +37,9 @@ def test_a_stop_source_stops_the_run_at_its_next_chunk_boundary_with_its_reason(
     add_stop_source(source)
     try:
         with pytest.raises(Cancelled) as raised:
-            Attempt(store, job="drain", slot="s1", attempt=1, owner="a1", options=Options(lease=60)).run(handler)
+            Attempt(
+                store, Identity(job="drain", slot="s1", attempt=1, owner="a1"), options=Options(lease=60),
+            ).run(handler)
     finally:
         remove_stop_source(source)
     took = time.monotonic() - asked.at  # type: ignore[attr-defined]
@@ -57,8 +60,9 @@ def test_a_failing_stop_source_does_not_stop_the_heartbeats(tmp_path: Path) -> N
 
     add_stop_source(broken)  # type: ignore[arg-type]
     try:
-        outcome = Attempt(store, job="drain", slot="s2", attempt=1, owner="a1",
-                          options=Options(lease=0.6)).run(lambda ctx: ctx.signal.wait(1.5) or "done")
+        outcome = Attempt(
+            store, Identity(job="drain", slot="s2", attempt=1, owner="a1"), options=Options(lease=0.6),
+        ).run(lambda ctx: ctx.signal.wait(1.5) or "done")
     finally:
         remove_stop_source(broken)  # type: ignore[arg-type]
     assert outcome.result == "done"
@@ -113,7 +117,7 @@ def test_a_drain_raised_while_waiting_for_another_holders_lease_stops_the_wait_a
     lines: list[str] = []
     log = logging.getLogger("test_drain.waiting")
     log.addHandler(_Lines(lines))
-    waiter = Attempt(store, job="drain", slot="s3", attempt=2, owner="a2", options=Options(lease=60), log=log)
+    waiter = Attempt(store, Identity(job="drain", slot="s3", attempt=2, owner="a2"), options=Options(lease=60), log=log)
     outcome: list[BaseException | None] = []
 
     def run() -> None:

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from airflow_resumable import control
+from airflow_resumable.core.model.identity import Identity
 from airflow_resumable.core.stores import Store
 from support.xcoms import xcom
 
@@ -159,7 +160,7 @@ def test_the_resume_trigger_waits_for_airflow_to_settle_then_fires_with_the_late
         raise Paused("paused", "by the test")
 
     with pytest.raises(Paused):
-        Attempt(checkpoints, job=job, slot=SLOT, attempt=1, owner="o", options=Options()).run(pause_at_once)
+        Attempt(checkpoints, Identity(job=job, slot=SLOT, attempt=1, owner="o"), options=Options()).run(pause_at_once)
     control.resume(job, SLOT, by="early")  # due at once, but within the settle time
 
     async def first_event(settle: float) -> tuple[dict[str, Any], float]:

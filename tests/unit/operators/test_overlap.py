@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from airflow_resumable.core.model.identity import Identity
 from airflow_resumable.core.stores import Store
 from support.paths import ROOT
 from tests.unit.core.attempt.test_lease import Worker
@@ -156,14 +157,18 @@ def test_an_older_run_retrying_is_not_skipped_by_a_run_that_started_in_its_retry
         s._execute("CREATE TABLE IF NOT EXISTS sink (item INTEGER NOT NULL, owner TEXT NOT NULL)")
         s.commit()
     with pytest.raises(RuntimeError):
-        Attempt(checkpoints, job=JOB, slot=old_slot, attempt=1, owner="old-1",
-                options=Options(overlap="skip", lease=1.5)).run(fail_after_one_chunk)
+        Attempt(
+            checkpoints, Identity(job=JOB, slot=old_slot, attempt=1, owner="old-1"),
+            options=Options(overlap="skip", lease=1.5),
+        ).run(fail_after_one_chunk)
     # meanwhile today's run starts (nothing was live) and is still running
     newer = Worker(checkpoints, attempt=1, items=400, chunk=1, chunk_s=0.05, lease=1.5, job=JOB, slot=NEW.isoformat())
     try:
         newer.wait_checkpoints(1)
-        outcome = Attempt(checkpoints, job=JOB, slot=old_slot, attempt=2, owner="old-2",
-                          options=Options(overlap="skip", lease=1.5)).run(lambda ctx: ctx.checkpoint(2, processed=2))
+        outcome = Attempt(
+            checkpoints, Identity(job=JOB, slot=old_slot, attempt=2, owner="old-2"),
+            options=Options(overlap="skip", lease=1.5),
+        ).run(lambda ctx: ctx.checkpoint(2, processed=2))
     finally:
         newer.proc.kill()
     assert outcome.checkpoint.status == "done" and outcome.resumed_from == 1

@@ -22,6 +22,7 @@ from fastapi.testclient import TestClient
 
 from airflow_resumable.core import Attempt, Options, PostgresStore, SQLiteStore, Store
 from airflow_resumable.core.model.checkpoint import Origin
+from airflow_resumable.core.model.identity import Identity
 from airflow_resumable.plugins.api import EXAMPLE
 from devtools.postgres import dsn
 from support import plugins
@@ -117,8 +118,11 @@ def big_slot(store: Store, job: str, *, kib: int) -> dict[str, Any]:
     def handler(ctx: Any) -> None:
         ctx.checkpoint(1, state=state, processed=1)
 
-    Attempt(store, job=job, slot=SLOT, attempt=1, owner="owner-1", options=Options(lease=3.0), heartbeat=0.05,
-            origin=Origin(dag_id="dag_big", task_id="export", run_id="run_1", map_index=-1)).run(handler)
+    Attempt(
+        store,
+        Identity(job=job, slot=SLOT, attempt=1, owner="owner-1", origin=Origin(dag_id="dag_big", task_id="export", run_id="run_1", map_index=-1)),
+        options=Options(lease=3.0), heartbeat=0.05,
+    ).run(handler)
     return state
 
 

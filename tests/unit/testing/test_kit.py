@@ -22,6 +22,7 @@ import pytest
 from airflow_resumable.core import Options
 from airflow_resumable.core.attempt.runner import Attempt
 from airflow_resumable.core.attempt.skip_policy import replay, request_retry
+from airflow_resumable.core.model.identity import Identity
 from airflow_resumable.core.stores import PostgresStore, SQLiteStore, Store
 from airflow_resumable.core.work.chunk_loop import chunk_loop
 from airflow_resumable.testing import (
@@ -544,14 +545,14 @@ def test_a_replayed_item_comes_back_exactly_as_the_skip_policy_guide_shows(tmp_p
         raise ValueError("bad item")
 
     loop = chunk_loop(read, refuse, chunk_size=10, skip_on=ValueError)
-    Attempt(store, job="kit.replay", slot="s", attempt=1, owner="o1").run(loop)
+    Attempt(store, Identity(job="kit.replay", slot="s", attempt=1, owner="o1")).run(loop)
     by_hand: list[Any] = []
     assert replay(store, "kit.replay", "s", by_hand.append).failed == []
     request_letters = SQLiteStore(tmp_path / "again.db")
-    Attempt(request_letters, job="kit.replay", slot="s", attempt=1, owner="o1").run(loop)
+    Attempt(request_letters, Identity(job="kit.replay", slot="s", attempt=1, owner="o1")).run(loop)
     request_retry(request_letters, "kit.replay", "s", by="test")
     by_the_task: list[Any] = []
-    Attempt(request_letters, job="kit.replay", slot="s", attempt=2, owner="o2").run(
+    Attempt(request_letters, Identity(job="kit.replay", slot="s", attempt=2, owner="o2")).run(
         lambda ctx: ctx.replay_skipped(by_the_task.append) and None)
     # Then both give exactly what the guide says
     assert by_hand == [documented] and by_the_task == [documented]

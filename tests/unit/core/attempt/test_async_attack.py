@@ -26,6 +26,7 @@ from airflow_resumable.core import (
     chunk_loop,
 )
 from airflow_resumable.core.attempt import async_bridge
+from airflow_resumable.core.model.identity import Identity
 
 JOB, SLOT = "async_attack", "2026-04-01T00:00:00+00:00"
 #: A bound on how long a stop takes to end the attempt (a shared test machine; never a timing claim).
@@ -33,7 +34,7 @@ PROMPT = 10.0
 
 
 def attempt(store: Store, n: int = 1, **options: Any) -> Attempt:
-    return Attempt(store, job=JOB, slot=SLOT, attempt=n, owner=f"owner-{n}", options=Options(**options))
+    return Attempt(store, Identity(job=JOB, slot=SLOT, attempt=n, owner=f"owner-{n}"), options=Options(**options))
 
 
 def row(store: Store) -> Any:

@@ -36,6 +36,7 @@ from airflow_resumable.core import (
     chunk_loop,
     control,
 )
+from airflow_resumable.core.model.identity import Identity
 from support.paths import SUPPORT
 from support.stores import spec_of
 
@@ -46,7 +47,7 @@ WORKER = SUPPORT / "async_kill_worker.py"
 
 
 def attempt(store: Store, n: int = 1, **options: Any) -> Attempt:
-    return Attempt(store, job=JOB, slot=SLOT, attempt=n, owner=f"owner-{n}", options=Options(**options))
+    return Attempt(store, Identity(job=JOB, slot=SLOT, attempt=n, owner=f"owner-{n}"), options=Options(**options))
 
 
 def row(store: Store, job: str = JOB) -> Any:

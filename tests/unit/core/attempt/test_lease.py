@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from airflow_resumable.core import Attempt, LeaseBusy, Options, Store
+from airflow_resumable.core.model.identity import Identity
 from support.paths import SUPPORT
 from support.stores import spec_of
 
@@ -137,7 +138,7 @@ def test_heartbeats_go_on_while_the_handler_burns_cpu_for_ten_leases(store: Stor
             intruder.append(other.leases.acquire(JOB, SLOT, "intruder", lease))
         ctx.checkpoint(1, processed=1)  # fenced: fails if the lease had been lost
 
-    run = Attempt(store, job=JOB, slot=SLOT, attempt=1, owner="cpu", options=Options(lease=lease))
+    run = Attempt(store, Identity(job=JOB, slot=SLOT, attempt=1, owner="cpu"), options=Options(lease=lease))
     outcome = run.run(handler)
     assert outcome.checkpoint.status == "done"
     assert intruder == [None], "the lease stayed live: nobody else could take the slot"
@@ -190,7 +191,9 @@ def test_an_attempt_waits_bounded_for_a_live_holder_then_gives_up_naming_it(stor
     with store.open() as s:
         s.ensure_schema()
         assert s.leases.acquire(JOB, SLOT, "holder", 30) is not None
-    run = Attempt(store, job=JOB, slot=SLOT, attempt=2, owner="late", options=Options(lease=30, lease_wait=0.3))
+    run = Attempt(
+        store, Identity(job=JOB, slot=SLOT, attempt=2, owner="late"), options=Options(lease=30, lease_wait=0.3),
+    )
     with pytest.raises(LeaseBusy, match=r"another attempt \(holder\) still holds this slot's lease") as err:
         run.run(lambda ctx: None)
     assert err.value.holder == "holder" and JOB in str(err.value)
@@ -201,7 +204,7 @@ def test_an_attempt_takes_over_once_a_dead_holder_s_lease_lapses(store: Store) -
         s.ensure_schema()
         assert s.leases.acquire(JOB, SLOT, "dead", 0.5) is not None
     started = time.monotonic()
-    outcome = Attempt(store, job=JOB, slot=SLOT, attempt=2, owner="next", options=Options(lease=0.5)).run(
+    outcome = Attempt(store, Identity(job=JOB, slot=SLOT, attempt=2, owner="next"), options=Options(lease=0.5)).run(
         lambda ctx: ctx.checkpoint(1)
     )
     assert outcome.checkpoint.status == "done" and time.monotonic() - started < 5
@@ -246,7 +249,7 @@ def test_a_row_deleted_while_the_attempt_runs_is_reported_as_deleted_and_not_ret
 
     options = Options(pipeline_checkpoints=mode == "pipelined")
     with pytest.raises(CheckpointDeleted) as err:
-        Attempt(store, job=JOB, slot=SLOT, attempt=1, owner="o1", options=options).run(handler)
+        Attempt(store, Identity(job=JOB, slot=SLOT, attempt=1, owner="o1"), options=options).run(handler)
     # Then the error says the row is gone (not that another attempt took it over) and what to do
     text = str(err.value)
     assert "checkpoint row was deleted" in text and "no other attempt took it over" in text, text
@@ -274,7 +277,7 @@ def test_a_row_deleted_that_the_lease_keeper_notices_first_is_reported_as_delete
 
     # Then the attempt ends with the same named error
     with pytest.raises(CheckpointDeleted, match="checkpoint row was deleted"):
-        Attempt(store, job=JOB, slot=SLOT, attempt=1, owner="o1", heartbeat=0.05).run(handler)
+        Attempt(store, Identity(job=JOB, slot=SLOT, attempt=1, owner="o1"), heartbeat=0.05).run(handler)
 
 
 def test_a_takeover_is_still_reported_as_one_and_retried(store: Store) -> None:
@@ -288,7 +291,7 @@ def test_a_takeover_is_still_reported_as_one_and_retried(store: Store) -> None:
         ctx.checkpoint(2, processed=2)
 
     with pytest.raises(LeaseLost, match="taken over by another attempt") as err:
-        Attempt(store, job=JOB, slot=SLOT, attempt=1, owner="o1").run(handler)
+        Attempt(store, Identity(job=JOB, slot=SLOT, attempt=1, owner="o1")).run(handler)
     assert not isinstance(err.value, CheckpointDeleted)
     airflow = to_airflow(err.value, job=JOB, slot=SLOT)
     assert isinstance(airflow, AirflowException) and not isinstance(airflow, AirflowFailException)

@@ -22,6 +22,7 @@ import pytest
 from airflow_resumable.core import Attempt, Options
 from airflow_resumable.core.attempt.pipeline import THREAD_PREFIX
 from airflow_resumable.core.model.errors import Cancelled, ConfigurationError, LeaseLost
+from airflow_resumable.core.model.identity import Identity
 from airflow_resumable.core.stores import PostgresStore, Store
 from support.paths import SUPPORT
 from support.stores import spec_of
@@ -31,8 +32,10 @@ JOB, SLOT = "pipelined", "2026-01-01T00:00:00+00:00"
 
 
 def attempt(store: Store, n: int = 1, owner: str = "a", **options: Any) -> Attempt:
-    return Attempt(store, job=JOB, slot=SLOT, attempt=n, owner=owner,
-                   options=Options(pipeline_checkpoints=True, **options))
+    return Attempt(
+        store, Identity(job=JOB, slot=SLOT, attempt=n, owner=owner),
+        options=Options(pipeline_checkpoints=True, **options),
+    )
 
 
 def stored(store: Store) -> Any:
@@ -100,7 +103,9 @@ def test_a_crash_with_a_checkpoint_in_flight_repeats_at_most_two_chunks(store: S
             seen.append(k)
             ctx.checkpoint(k, processed=k)
 
-    outcome = Attempt(store, job=JOB, slot=SLOT, attempt=2, owner="b", options=Options(lease=0.6)).run(handler)
+    outcome = Attempt(
+        store, Identity(job=JOB, slot=SLOT, attempt=2, owner="b"), options=Options(lease=0.6),
+    ).run(handler)
     assert outcome.resumed_from == 2 and seen == [3, 4, 5, 6] and outcome.checkpoint.position == 6
     repeated = [k for k in seen if k <= 4]  # chunks the dead attempt had worked on
     assert repeated == [3, 4]
@@ -123,7 +128,7 @@ def test_a_lease_taken_over_is_detected_at_the_next_checkpoint_and_nothing_more_
     # Given a pipelined attempt whose slot another attempt takes over after its first checkpoint
     def handler(ctx: Any) -> None:
         ctx.checkpoint(1, processed=1)
-        ctx._attempt._flush()  # checkpoint 1 committed: the takeover comes after it
+        ctx._attempt.flush()  # checkpoint 1 committed: the takeover comes after it
         with store.open() as s:
             s.execute(f"UPDATE resumable_checkpoints SET lease_expires_at = {s.d.now()} WHERE job = %s", (JOB,))
             s.commit()
@@ -205,7 +210,7 @@ def test_a_checkpoint_returns_while_its_write_waits_for_the_database(store: Stor
 
     def handler(ctx: Any) -> None:
         ctx.checkpoint(1, processed=1)
-        ctx._attempt._flush()
+        ctx._attempt.flush()
         if store_kind == "sqlite":
             blocker.execute("BEGIN IMMEDIATE")  # the database's write lock
         else:
@@ -240,8 +245,8 @@ def test_a_connection_lost_with_a_write_in_flight_fails_the_attempt_and_a_retry_
 
     def handler(ctx: Any) -> None:
         ctx.checkpoint(1, processed=1)
-        ctx._attempt._flush()
-        writer = ctx._attempt._writer._conn
+        ctx._attempt.flush()
+        writer = ctx._attempt.writer._conn
         with store.open(autocommit=True) as admin:
             admin.execute("SELECT pg_terminate_backend(%s)", (writer.get_backend_pid(),))
         ctx.checkpoint(2, processed=2)  # sent on a dead connection, or collected from one
@@ -278,7 +283,7 @@ def test_a_store_on_a_connect_function_pipelines_with_that_connection_s_paramete
     def handler(ctx: Any) -> None:
         for k in range(1, 4):
             ctx.checkpoint(k, processed=k)
-        writer = ctx._attempt._writer
+        writer = ctx._attempt.writer
         # Then the writer connects to the same database with the same parameters, without a thread
         assert writer._conn.info.dbname == pg_params["dbname"] and _writer_threads() == []
 

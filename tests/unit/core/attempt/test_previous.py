@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from airflow_resumable.core import Attempt, chunk_loop
+from airflow_resumable.core.model.identity import Identity
 from airflow_resumable.core.readers import SequenceReader
 from airflow_resumable.core.stores import Store
 from support.readers import JOB, Crash
@@ -21,7 +22,7 @@ HOUR = [f"2026-01-01T{h:02d}:00:00+00:00" for h in range(6)]
 
 def _hourly(store: Store, slot: str, n: int, handler: Callable[[Any], Any], *, scheduled: bool = True) -> Any:
     when = datetime.fromisoformat(slot) if scheduled else None
-    return Attempt(store, job=JOB, slot=slot, attempt=n, owner=f"{slot}-{n}", scheduled_at=when).run(handler)
+    return Attempt(store, Identity(job=JOB, slot=slot, attempt=n, owner=f"{slot}-{n}", scheduled_at=when)).run(handler)
 
 
 def test_ctx_previous_is_the_last_done_slot_before_this_one_so_a_backfill_continues_from_its_own_past(

@@ -11,6 +11,7 @@ import pytest
 
 from airflow_resumable.core.attempt.reporter import Progress, ProgressMeter, RateWindow
 from airflow_resumable.core.model.checkpoint import Checkpoint
+from airflow_resumable.core.model.identity import Identity
 from airflow_resumable.core.stores import Store
 from airflow_resumable.core.view import row_view
 
@@ -109,11 +110,11 @@ def test_a_new_attempt_starts_with_no_rate_so_paused_time_is_not_counted(store: 
                 raise Paused("paused", "by the test")
 
     with pytest.raises(Paused):
-        Attempt(store, job="j.rate", slot="s", attempt=1, owner="a", options=Options()).run(work)
+        Attempt(store, Identity(job="j.rate", slot="s", attempt=1, owner="a"), options=Options()).run(work)
     with store.open() as s:
         assert s.checkpoints.load("j.rate", "s").rate is not None  # the paused row keeps what was measured
     first = len(seen)
-    Attempt(store, job="j.rate", slot="s", attempt=1, owner="b", options=Options()).run(work)
+    Attempt(store, Identity(job="j.rate", slot="s", attempt=1, owner="b"), options=Options()).run(work)
     # 0.4 s chunks: measured from the fourth checkpoint on (two cycles spanning over a second)
     assert first == 4 and seen[:3] == [None, None, None] and (seen[3] or 0) > 0
     assert seen[first] is None, "the resumed attempt's first checkpoint shows no rate of its own yet"
@@ -198,7 +199,9 @@ def test_the_row_reaches_xcom_every_xcom_interval_and_at_the_end_but_not_at_the_
         ctx.checkpoint(2, processed=2)
         assert pushes == [(XCOM_KEY, "running", 2)]
 
-    Attempt(store, job="j.xcom-pace", slot="s", attempt=1, owner="a", options=Options(), reporter=reporter).run(work)
+    Attempt(
+        store, Identity(job="j.xcom-pace", slot="s", attempt=1, owner="a"), options=Options(), reporter=reporter,
+    ).run(work)
     # Then the end is pushed too: the row XCom keeps for the try is the final one
     assert pushes == [(XCOM_KEY, "running", 2), (XCOM_KEY, "done", 2)]
 
@@ -248,8 +251,9 @@ def test_a_frozen_chunk_with_a_live_lease_shows_stalled_since_in_the_command_lin
             i += 10
             ctx.checkpoint(i, processed=i, total=100)
 
-    runner = threading.Thread(target=lambda: Attempt(checkpoints, job="j.stall", slot="s", attempt=1, owner="w",
-                                                     options=Options(lease=3.0)).run(work))
+    runner = threading.Thread(target=lambda: Attempt(
+        checkpoints, Identity(job="j.stall", slot="s", attempt=1, owner="w"), options=Options(lease=3.0),
+    ).run(work))
     runner.start()
     try:
         assert frozen.wait(60)

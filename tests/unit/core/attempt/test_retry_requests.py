@@ -23,6 +23,7 @@ from airflow_resumable import control
 from airflow_resumable.core import Attempt, chunk_loop
 from airflow_resumable.core.attempt.skip_policy import request_retry
 from airflow_resumable.core.model.errors import RequestRefused
+from airflow_resumable.core.model.identity import Identity
 from airflow_resumable.core.readers import SequenceReader
 from airflow_resumable.core.stores import Store
 from support.sources import Source
@@ -123,7 +124,7 @@ def bad_items(store: Store, *, attempt: int = 1, crash_after: int | None = None,
                 raise RuntimeError("the worker died")
 
     handler = chunk_loop(SequenceReader(list(range(30))), process, chunk_size=5, skip_on=ValueError, skip_limit=5)
-    return Attempt(store, job=JOB, slot=SLOT, attempt=attempt, owner=f"o{attempt}").run(handler)
+    return Attempt(store, Identity(job=JOB, slot=SLOT, attempt=attempt, owner=f"o{attempt}")).run(handler)
 
 
 def test_a_run_that_finishes_the_slot_without_replaying_requested_items_puts_them_back_saying_so(store: Store) -> None:

@@ -13,6 +13,7 @@ import pytest
 
 from airflow_resumable.core import Attempt, Cancelled, ConfigurationError, InvalidCheckpoint, Options, Store, chunk_loop
 from airflow_resumable.core.model.checkpoint import MAX_DEPTH
+from airflow_resumable.core.model.identity import Hooks, Identity
 from support.attempts import JOB, SLOT, TOO_DEEP, Items, attempt
 
 
@@ -98,10 +99,12 @@ def test_a_done_slot_runs_again_when_restart_is_asked_or_the_embedding_says_so(
     assert restarted.seen == list(range(10)) and not outcome.already_done and outcome.checkpoint.runs == 2
     assert "running it again from the start because restart requested" in caplog.text
     asked = Items(10, 5)
-    run = Attempt(store, job=JOB, slot=SLOT, attempt=3, owner="o3", rerun=lambda row: "a person asked")
+    run = Attempt(
+        store, Identity(job=JOB, slot=SLOT, attempt=3, owner="o3"), hooks=Hooks(rerun=lambda row: "a person asked"),
+    )
     assert run.run(asked).checkpoint.runs == 3 and asked.seen == list(range(10))
     declined = Items(10, 5)
-    run = Attempt(store, job=JOB, slot=SLOT, attempt=4, owner="o4", rerun=lambda row: None)
+    run = Attempt(store, Identity(job=JOB, slot=SLOT, attempt=4, owner="o4"), hooks=Hooks(rerun=lambda row: None))
     assert run.run(declined).already_done and declined.seen == []
 
 
@@ -254,7 +257,9 @@ def test_a_status_edited_by_hand_is_refused_by_name_and_the_row_left_free(store:
 def test_a_classified_sigterm_leaves_signal_and_row_saying_the_same(store: Store) -> None:
     from airflow_resumable.core.attempt.signal import Reason
 
-    run = Attempt(store, job=JOB, slot=SLOT, attempt=1, owner="o", resolve_reason=lambda reason: "user")
+    run = Attempt(
+        store, Identity(job=JOB, slot=SLOT, attempt=1, owner="o"), hooks=Hooks(resolve_reason=lambda reason: "user"),
+    )
 
     def handler(ctx) -> None:
         ctx.signal.cancel(Reason.TERMINATED, "SIGTERM")
@@ -322,7 +327,7 @@ def test_a_job_or_slot_the_database_cannot_store_is_refused_before_the_store_is_
             return "unopened"
 
     with pytest.raises(ConfigurationError) as err:
-        Attempt(Unopened(), job=job, slot=slot, attempt=1, owner="o").run(lambda ctx: None)
+        Attempt(Unopened(), Identity(job=job, slot=slot, attempt=1, owner="o")).run(lambda ctx: None)
     assert message in str(err.value)
 
 
@@ -330,8 +335,8 @@ def test_names_of_up_to_1024_bytes_are_stored_and_longer_ones_refused(store: Sto
     """1024 bytes each, even in 4-byte characters, fit PostgreSQL's primary key index."""
     job, slot = "\U0001f600" * 256, "\U0001f4a5" * 256
     with pytest.raises(ConfigurationError, match="job is 1028 bytes long"):
-        Attempt(store, job=job + "x" * 4, slot=slot, attempt=1, owner="o")
-    outcome = Attempt(store, job=job, slot=slot, attempt=1, owner="o").run(lambda ctx: ctx.checkpoint(1))
+        Attempt(store, Identity(job=job + "x" * 4, slot=slot, attempt=1, owner="o"))
+    outcome = Attempt(store, Identity(job=job, slot=slot, attempt=1, owner="o")).run(lambda ctx: ctx.checkpoint(1))
     assert (outcome.checkpoint.job, outcome.checkpoint.slot, outcome.checkpoint.position) == (job, slot, 1)
 
 
@@ -382,17 +387,19 @@ def test_a_stored_position_nested_too_deeply_to_read_is_a_corrupt_row_not_a_recu
     assert work.seen == []
 
 
-def test_an_attempt_takes_an_identity_and_hooks_or_their_fields_as_keywords_but_not_both(store: Store) -> None:
+def test_an_attempt_has_one_constructor_an_identity_and_its_hooks(store: Store) -> None:
     from airflow_resumable.core.model.identity import Hooks, Identity
 
-    identity = Identity(job=JOB, slot=SLOT, attempt=1, owner="owner-1")
+    identity = Identity(job=JOB, slot=SLOT, attempt="1", owner="owner-1")  # type: ignore[arg-type]
     built = Attempt(store, identity, hooks=Hooks(rerun=lambda row: "asked"))
-    legacy = Attempt(store, job=JOB, slot=SLOT, attempt="1", owner="owner-1")  # type: ignore[arg-type]
-    assert built.identity == legacy.identity == identity and built.attempt == legacy.attempt == 1
-    assert built.run(lambda ctx: ctx.checkpoint(1)).checkpoint.status == "done"
-    with pytest.raises(TypeError, match="both an Identity and job="):
-        Attempt(store, identity, job=JOB)
-    with pytest.raises(TypeError, match="unexpected keyword argument.*jobs"):
-        Attempt(store, identity, jobs=JOB)  # type: ignore[call-arg]
-    with pytest.raises(TypeError, match="needs an Identity"):
-        Attempt(store, job=JOB)
+    assert built.attempt == built.identity.attempt == 1  # a try number read as a string
+    assert built.running is None and built.keeper is None  # nothing held before the lease
+    outcome = built.run(lambda ctx: ctx.checkpoint(1))
+    assert outcome.checkpoint.status == "done" and built.running is not None and built.running.final == outcome.checkpoint
+    with pytest.raises(TypeError):
+        Attempt(store, identity, job=JOB)  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match="takes an Identity"):
+        Attempt(store, JOB)  # type: ignore[arg-type]
+    fields: dict[str, Any] = {"job": JOB, "slot": SLOT, "attempt": 1, "owner": "o"}
+    with pytest.raises(TypeError):
+        Attempt(store, **fields)  # the identity's fields as keywords: not a second way in

@@ -14,6 +14,7 @@ import pytest
 from airflow_resumable.core import Attempt, chunk_loop
 from airflow_resumable.core.attempt.skip_policy import replay
 from airflow_resumable.core.model.errors import Cancelled, ConfigurationError, SkipLimitExceeded
+from airflow_resumable.core.model.identity import Identity
 from airflow_resumable.core.readers import SequenceReader
 from airflow_resumable.core.stores import Store
 
@@ -57,7 +58,7 @@ class Sink:
 
 def run(store: Store, sink: Sink, attempt: int = 1, *, limit: int = 3, skip_on: Any = ValueError) -> Any:
     handler = chunk_loop(SequenceReader(ITEMS), sink, chunk_size=5, skip_on=skip_on, skip_limit=limit)
-    return Attempt(store, job=JOB, slot=SLOT, attempt=attempt, owner=f"o{attempt}").run(handler)
+    return Attempt(store, Identity(job=JOB, slot=SLOT, attempt=attempt, owner=f"o{attempt}")).run(handler)
 
 
 def letters(store: Store, **kwargs: Any) -> list[Any]:
@@ -153,7 +154,7 @@ def test_an_item_without_a_json_form_is_kept_as_its_repr_and_not_replayed(store:
         raise ValueError("odd")
 
     handler = chunk_loop(SequenceReader([Odd()]), process, chunk_size=1, skip_on=ValueError, skip_limit=1)
-    Attempt(store, job=JOB, slot=SLOT, attempt=1, owner="o").run(handler)
+    Attempt(store, Identity(job=JOB, slot=SLOT, attempt=1, owner="o")).run(handler)
     [letter] = letters(store)
     assert (letter.item, letter.item_format) == ("Odd(42)", "repr")
     assert replay(store, JOB, SLOT, lambda item: None).not_replayable == [0]
@@ -167,14 +168,14 @@ def test_a_cancel_is_never_skipped_even_when_every_exception_is(store: Store) ->
 
     handler = chunk_loop(SequenceReader(ITEMS), process, chunk_size=5, skip_on=Exception, skip_limit=100)
     with pytest.raises(Cancelled):
-        Attempt(store, job=JOB, slot=SLOT, attempt=1, owner="o").run(handler)
+        Attempt(store, Identity(job=JOB, slot=SLOT, attempt=1, owner="o")).run(handler)
     assert letters(store) == []
 
 
 def test_a_slot_started_over_forgets_its_skipped_items(store: Store) -> None:
     run(store, Sink({7}, transactional=False), limit=3)
     handler = chunk_loop(SequenceReader(ITEMS), Sink(set(), transactional=False), chunk_size=5, skip_on=ValueError)
-    Attempt(store, job=JOB, slot=SLOT, attempt=2, owner="o2", options=_restart()).run(handler)
+    Attempt(store, Identity(job=JOB, slot=SLOT, attempt=2, owner="o2"), options=_restart()).run(handler)
     assert letters(store) == []
 
 
@@ -199,7 +200,7 @@ def test_a_handler_that_owns_its_loop_skips_with_ctx_skip_and_undoes_one_item_wi
             ctx.checkpoint(i, processed=i + 1)
         return 0
 
-    Attempt(store, job=JOB, slot=SLOT, attempt=1, owner="o").run(handler)
+    Attempt(store, Identity(job=JOB, slot=SLOT, attempt=1, owner="o")).run(handler)
     with store.open() as s:
         assert sorted(r[0] for r in s.execute("SELECT item FROM sink").fetchall()) == [0, 1, 2, 4, 5, 7, 8, 9]
     assert [(d.position, d.item) for d in letters(store)] == [(3, {"n": 3}), (6, {"n": 6})]
@@ -236,7 +237,7 @@ def test_the_state_counts_each_good_item_once_when_a_chunk_is_processed_again_it
     handler = chunk_loop(SequenceReader(range(1, 31)), counting({13}, transactional=transactional), chunk_size=5,
                          skip_on=ValueError, skip_limit=1)
     # When the skip policy processes that chunk again item by item
-    outcome = Attempt(store, job=JOB, slot=SLOT, attempt=1, owner="o").run(handler)
+    outcome = Attempt(store, Identity(job=JOB, slot=SLOT, attempt=1, owner="o")).run(handler)
     # Then the state is undone with the failed chunk's writes: 11 and 12 are counted once
     assert outcome.checkpoint.state == {"sum": sum(range(1, 31)) - 13, "count": 29}  # 452, not 475 / 31
     assert [(d.position, d.item) for d in letters(store)] == [(12, 13)]  # a sequence's positions are indexes
@@ -260,7 +261,7 @@ def test_a_failed_savepoint_block_takes_its_state_changes_back_with_its_writes(s
         return kept
 
     # When two of the blocks raise
-    outcome = Attempt(store, job=JOB, slot=SLOT, attempt=1, owner="o").run(handler)
+    outcome = Attempt(store, Identity(job=JOB, slot=SLOT, attempt=1, owner="o")).run(handler)
     # Then their items are not in the state, saved or held
     assert outcome.checkpoint.state == {"seen": [0, 1, 2, 4, 5, 7, 8, 9]} == outcome.result
 
@@ -286,7 +287,7 @@ def test_a_process_that_rolls_back_the_transaction_is_refused_naming_its_own_err
     handler = chunk_loop(SequenceReader(ITEMS), process, chunk_size=5, skip_on=ValueError, skip_limit=3)
     # When it meets the bad item
     with pytest.raises(TransactionRefused) as err:
-        Attempt(store, job=JOB, slot=SLOT, attempt=1, owner="o").run(handler)
+        Attempt(store, Identity(job=JOB, slot=SLOT, attempt=1, owner="o")).run(handler)
     # Then the rollback is refused by name, naming the item's own error (also chained as the cause),
     # the job, the slot and what to do instead; no driver error about a savepoint stands in for it
     text = str(err.value)
@@ -317,7 +318,7 @@ def test_a_checkpoint_inside_a_savepoint_that_then_raises_is_named_with_the_bloc
             raise ValueError("bad item 1")
 
     with pytest.raises(TransactionRefused) as err:
-        Attempt(store, job=JOB, slot=SLOT, attempt=1, owner="o").run(handler)
+        Attempt(store, Identity(job=JOB, slot=SLOT, attempt=1, owner="o")).run(handler)
     # Then the error names the block's own error and that the transaction was ended inside the
     # block, and chains the block's error as its cause
     text = str(err.value)
@@ -343,7 +344,7 @@ def test_a_rollback_sent_as_sql_inside_a_savepoint_is_refused_before_it_undoes_a
 
     handler = chunk_loop(SequenceReader(ITEMS), process, chunk_size=5, skip_on=ValueError, skip_limit=3)
     with pytest.raises(TransactionRefused) as err:
-        Attempt(store, job=JOB, slot=SLOT, attempt=1, owner="o").run(handler)
+        Attempt(store, Identity(job=JOB, slot=SLOT, attempt=1, owner="o")).run(handler)
     # Then the statement is refused before it is sent (it is not a skippable item error), naming
     # the job and the statement; the chunk's writes are undone with it, the first chunk's kept
     text = str(err.value)
@@ -426,7 +427,7 @@ def test_a_retry_request_marks_the_replayable_items_records_who_asked_and_is_ref
     store2_slot = "2026-01-02T00:00:00+00:00"
     handler = chunk_loop(SequenceReader(ITEMS), Sink({7, 19}, transactional=False), chunk_size=5, skip_on=ValueError,
                          skip_limit=3)
-    Attempt(store, job=JOB, slot=store2_slot, attempt=1, owner="o1").run(handler)
+    Attempt(store, Identity(job=JOB, slot=store2_slot, attempt=1, owner="o1")).run(handler)
     assert request_retry(store, JOB, store2_slot, by="alice") == 2
     with store.open() as s:
         assert [d.status for d in s.skips.items(JOB, store2_slot)] == ["retry_requested", "retry_requested"]
@@ -452,7 +453,9 @@ def test_the_next_attempt_of_a_done_slot_replays_the_requested_items_at_its_end_
 
     first = Sink({7, 19}, transactional=True)
     handler = chunk_loop(SequenceReader(ITEMS), counting(first), chunk_size=5, skip_on=ValueError, skip_limit=3)
-    assert Attempt(store, job=JOB, slot=SLOT, attempt=1, owner="o1").run(handler).checkpoint.state == {"n": 28}
+    assert Attempt(
+        store, Identity(job=JOB, slot=SLOT, attempt=1, owner="o1"),
+    ).run(handler).checkpoint.state == {"n": 28}
     request_retry(store, JOB, SLOT, by="alice")
 
     fixed = Sink({19}, transactional=True)
@@ -466,7 +469,7 @@ def test_the_next_attempt_of_a_done_slot_replays_the_requested_items_at_its_end_
         assert (report.replayed, report.failed) == ([7], [19])
         return loop(ctx)
 
-    outcome = Attempt(store, job=JOB, slot=SLOT, attempt=2, owner="o2").run(again)
+    outcome = Attempt(store, Identity(job=JOB, slot=SLOT, attempt=2, owner="o2")).run(again)
     assert seen == [29], "it resumed at the end: the run is not done again"
     assert outcome.checkpoint.status == "done" and outcome.checkpoint.state == {"n": 29}
     assert fixed.written(store) == [i for i in ITEMS if i != 19]

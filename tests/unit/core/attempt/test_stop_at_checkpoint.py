@@ -18,6 +18,7 @@ import pytest
 
 from airflow_resumable.core import Attempt, Cancelled, Options, Paused, Store, control
 from airflow_resumable.core.model.errors import Cancelled as CancelledError
+from airflow_resumable.core.model.identity import Identity
 
 JOB, SLOT = "stop_at_checkpoint", "2026-02-01T00:00:00+00:00"
 DAY = datetime(2026, 3, 2, tzinfo=timezone.utc)
@@ -30,7 +31,9 @@ ASK = {"pause": (control.pause, Paused, "paused"), "cancel": (control.cancel, Ca
 
 
 def attempt(store: Store, **options: Any) -> Attempt:
-    return Attempt(store, job=JOB, slot=SLOT, attempt=1, owner="owner-1", options=Options(lease=LEASE, **options))
+    return Attempt(
+        store, Identity(job=JOB, slot=SLOT, attempt=1, owner="owner-1"), options=Options(lease=LEASE, **options),
+    )
 
 
 def row(store: Store) -> Any:
@@ -167,7 +170,9 @@ def test_a_cancel_from_a_newer_run_reaches_the_holder_at_its_next_checkpoint(sto
 
 def test_a_long_chunk_still_learns_of_a_request_from_its_lease_s_heartbeat(store: Store) -> None:
     # Given a run whose heartbeat comes every 50 ms, and a chunk that waits on its signal for up to 30 s
-    a = Attempt(store, job=JOB, slot=SLOT, attempt=1, owner="owner-1", options=Options(lease=3.0), heartbeat=0.05)
+    a = Attempt(
+        store, Identity(job=JOB, slot=SLOT, attempt=1, owner="owner-1"), options=Options(lease=3.0), heartbeat=0.05,
+    )
     woke: list[bool] = []
 
     def handler(ctx: Any) -> None:

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from airflow_resumable.core import Attempt, Cancelled, LeaseLost, Options, Paused, Store, control
+from airflow_resumable.core.model.identity import Identity
 from airflow_resumable.core.stores import listings
 from tests.unit.core.attempt.test_stop_at_checkpoint import (
     ASK_AT,
@@ -155,7 +156,7 @@ def test_a_pause_in_a_transactional_chunk_keeps_each_write_once_across_a_resume_
     assert sink(store) == list(range(ASK_AT + 1))
     # and once resumed, a new attempt finishes with every item written exactly once
     control.resume(store, JOB, SLOT, by="erin")
-    Attempt(store, job=JOB, slot=SLOT, attempt=1, owner="owner-2", options=Options(lease=LEASE)).run(
+    Attempt(store, Identity(job=JOB, slot=SLOT, attempt=1, owner="owner-2"), options=Options(lease=LEASE)).run(
         FastItems(N, lambda ctx, i: None, transactional=True))
     assert (row(store).status, sink(store)) == ("done", list(range(N)))
 

@@ -6,12 +6,14 @@ Given / When / Then, against both stores.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import Any
 
 import pytest
 
 from airflow_resumable.core import Attempt, Cancelled, Options, Signal, Store, chunk_loop
+from airflow_resumable.core.model.identity import Identity
 from support.attempts import JOB, SLOT, Items, attempt
 
 
@@ -26,7 +28,7 @@ def test_the_checkpoint_is_durable_before_progress_is_reported(store: Store) -> 
             with store.open() as other:
                 observed.append((progress.processed, other.checkpoints.load(JOB, SLOT).processed))
 
-    Attempt(store, job=JOB, slot=SLOT, attempt=1, owner="w", reporter=Witness()).run(Items(20, 5))
+    Attempt(store, Identity(job=JOB, slot=SLOT, attempt=1, owner="w"), reporter=Witness()).run(Items(20, 5))
     assert observed == [(5, 5), (10, 10), (15, 15), (20, 20)]
 
 
@@ -75,10 +77,10 @@ def test_checkpoint_interval_saves_less_often_but_before_stopping_and_at_the_end
         checkpoint_interval=3600,
     )
     with pytest.raises(Cancelled):
-        Attempt(store, job=JOB, slot=SLOT, attempt=1, owner="a", reporter=Count()).run(handler)
+        Attempt(store, Identity(job=JOB, slot=SLOT, attempt=1, owner="a"), reporter=Count()).run(handler)
     assert saves == [60], "no save within the interval, but the pending position before stopping"
     saves.clear()
-    outcome = Attempt(store, job=JOB, slot=SLOT, attempt=2, owner="b", reporter=Count()).run(handler)
+    outcome = Attempt(store, Identity(job=JOB, slot=SLOT, attempt=2, owner="b"), reporter=Count()).run(handler)
     assert outcome.resumed_from == 60 and saves == [100]
     assert (outcome.checkpoint.position, outcome.checkpoint.processed) == (100, 100)
 
@@ -102,7 +104,9 @@ def test_progress_reports_carry_the_row_as_stored_with_its_heartbeat_moving_on(s
             ctx.checkpoint(i + 1, processed=i + 1)
 
     reporter = Keep()
-    Attempt(store, job=JOB, slot=SLOT, attempt=1, owner="o", options=Options(lease=0.6), reporter=reporter).run(handler)
+    Attempt(
+        store, Identity(job=JOB, slot=SLOT, attempt=1, owner="o"), options=Options(lease=0.6), reporter=reporter,
+    ).run(handler)
     # Then each report is the stored row: the heartbeat and the lease expiry move forward
     beats = [r.heartbeat_at for r in reporter.rows]
     assert beats == sorted(beats) and len(set(beats)) == 3, beats
@@ -116,6 +120,7 @@ def test_a_checkpoint_makes_one_call_into_the_attempt_and_the_tally_holds_the_pr
     from airflow_resumable.core import Checkpoint
     from airflow_resumable.core.attempt.context import RunContext
     from airflow_resumable.core.attempt.tally import Tally
+    from airflow_resumable.core.model.checkpoint import Write
     from airflow_resumable.core.model.identity import Identity
 
     calls: list[tuple[str, tuple[Any, ...]]] = []
@@ -129,7 +134,12 @@ def test_a_checkpoint_makes_one_call_into_the_attempt_and_the_tally_holds_the_pr
                      log=logging.getLogger("test"), resumed=True)
     assert (ctx.job, ctx.slot, ctx.attempt, ctx.position, ctx.processed, ctx.state) == (JOB, SLOT, 2, 3, 3, {"sum": 1})
     ctx.checkpoint([4, "x"], state={"sum": 2}, processed=4, total=9)
-    assert calls == [("after_chunk", ('[4,"x"]', '{"sum":2}', {"sum": 2}, 4, 9))]
+    [(name, (write, state))] = calls
+    # One value, encoded once: what the store writes, and the dict ctx.state stays
+    assert name == "after_chunk" and state == {"sum": 2}
+    assert write == Write(position='[4,"x"]', state='{"sum":2}', processed=4, total=9, rate=None)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        write.processed = 5  # type: ignore[misc]
     assert tally.processed == 3  # the context kept nothing: recording is the attempt's step
-    tally.saved('[4,"x"]', {"sum": 2}, 4, 9)
+    tally.saved(write, state)
     assert (ctx.position, ctx.processed, ctx.total, ctx.state, ctx.row.position) == ([4, "x"], 4, 9, {"sum": 2}, [4, "x"])

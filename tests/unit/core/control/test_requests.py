@@ -29,6 +29,7 @@ from airflow_resumable.core import (
     Store,
     control,
 )
+from airflow_resumable.core.model.identity import Identity
 from support import request_worker
 
 JOB, SLOT = "export", "2026-02-01T00:00:00+00:00"
@@ -36,7 +37,9 @@ JOB, SLOT = "export", "2026-02-01T00:00:00+00:00"
 
 def attempt(store: Store, n: int, *, slot: str = SLOT, **options: Any) -> Attempt:
     options.setdefault("lease", 3.0)
-    return Attempt(store, job=JOB, slot=slot, attempt=n, owner=f"owner-{n}", options=Options(**options), heartbeat=0.05)
+    return Attempt(
+        store, Identity(job=JOB, slot=slot, attempt=n, owner=f"owner-{n}"), options=Options(**options), heartbeat=0.05,
+    )
 
 
 class Items:
@@ -141,7 +144,7 @@ def test_a_pause_withdrawn_by_resume_before_the_holder_saw_it_does_not_pause(sto
 
     work = Items(30, 5, pause_and_withdraw)
     opts = Options(lease=60.0)  # heartbeats every 20 s: the keeper never sees the pause
-    outcome = Attempt(store, job=JOB, slot=SLOT, attempt=1, owner="o", options=opts).run(work)
+    outcome = Attempt(store, Identity(job=JOB, slot=SLOT, attempt=1, owner="o"), options=opts).run(work)
     assert outcome.checkpoint.status == "done" and outcome.checkpoint.request is None
 
 

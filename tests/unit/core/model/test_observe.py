@@ -11,6 +11,7 @@ import pytest
 
 from airflow_resumable.core import Attempt, Options
 from airflow_resumable.core.model.errors import ConfigurationError
+from airflow_resumable.core.model.identity import Identity
 from airflow_resumable.core.model.observe import (
     MAX_OUTPUTS,
     REASON_LIMIT,
@@ -29,7 +30,9 @@ pytestmark = pytest.mark.one_store("the facts are the attempt's memory, not the 
 
 
 def attempt(store: Store, n: int = 1) -> Attempt:
-    return Attempt(store, job="observe.job", slot="2026-01-01", attempt=n, owner=f"owner-{n}", options=Options())
+    return Attempt(
+        store, Identity(job="observe.job", slot="2026-01-01", attempt=n, owner=f"owner-{n}"), options=Options(),
+    )
 
 
 def test_an_attempt_s_facts_say_where_it_resumed_how_far_it_got_and_what_it_read_and_wrote(store: Store) -> None:

@@ -21,6 +21,7 @@ import pytest
 
 from airflow_resumable.core import Attempt, chunk_loop
 from airflow_resumable.core.model.errors import ConfigurationError
+from airflow_resumable.core.model.identity import Identity
 from airflow_resumable.core.readers import FileReader
 from airflow_resumable.core.stores import Store
 
@@ -55,7 +56,7 @@ def run(store: Store, attempt: int, reader: FileReader, seen: list[Any], *, cras
             raise Crash(f"died after {ctx.processed} records")
         seen.extend(batch)
 
-    return Attempt(store, job=JOB, slot=SLOT, attempt=attempt, owner=f"owner-{attempt}").run(
+    return Attempt(store, Identity(job=JOB, slot=SLOT, attempt=attempt, owner=f"owner-{attempt}")).run(
         chunk_loop(reader, process, chunk_size=CHUNK))
 
 
@@ -169,7 +170,7 @@ def test_a_checkpoint_in_an_emptied_file_is_refused_and_an_empty_file_from_the_s
     assert "it is now 0 bytes, shorter than that" in refused(store, reader, seen)
     # and a fresh slot of an empty file ends done, having read nothing, its position at the start
     empty = FileReader(open=lambda: path.open("rb"))
-    out = Attempt(store, job=JOB, slot="empty", attempt=1, owner="o").run(
+    out = Attempt(store, Identity(job=JOB, slot="empty", attempt=1, owner="o")).run(
         chunk_loop(empty, lambda c, b: seen.extend(b), chunk_size=CHUNK))
     assert out.checkpoint.status == "done" and out.checkpoint.position is None and out.checkpoint.processed == 0
 
@@ -181,7 +182,7 @@ def test_a_last_line_read_as_complete_that_goes_on_later_is_refused_not_read_cut
     path.write_bytes(lines(0, 9) + b"line 9")
     reader = FileReader(open=lambda: path.open("rb"), complete=True)
     seen: list[Any] = []
-    first = Attempt(store, job=JOB, slot="run-1", attempt=1, owner="o").run(
+    first = Attempt(store, Identity(job=JOB, slot="run-1", attempt=1, owner="o")).run(
         chunk_loop(reader, lambda c, b: seen.extend(b), chunk_size=CHUNK))
     assert seen[-1] == "line 9" and first.checkpoint.position["offset"] == 96
     # When the line goes on after all (the file was not complete) and the next run starts where that
@@ -190,7 +191,7 @@ def test_a_last_line_read_as_complete_that_goes_on_later_is_refused_not_read_cut
         f.write(b"99 and more\n")
     with pytest.raises(ConfigurationError, match="the line before it, read as the file's last record .complete=True., "
                                                  "goes on now"):
-        Attempt(store, job=JOB, slot="run-2", attempt=1, owner="o").run(
+        Attempt(store, Identity(job=JOB, slot="run-2", attempt=1, owner="o")).run(
             chunk_loop(reader, lambda c, b: seen.extend(b), chunk_size=CHUNK, start=first.checkpoint.position))
     assert "99 and more" not in seen and len(seen) == 10
 
@@ -305,11 +306,11 @@ def test_if_changed_keep_offset_continues_at_a_line_end_and_never_reads_a_cut_li
     slot_reader = FileReader(open=lambda: path.open("rb"), if_changed="keep_offset")
     path.write_bytes(lines(0, 30))
     with pytest.raises(Crash):
-        Attempt(store, job=JOB, slot="cut", attempt=1, owner="o").run(chunk_loop(
+        Attempt(store, Identity(job=JOB, slot="cut", attempt=1, owner="o")).run(chunk_loop(
             slot_reader, _dies_after(10, seen), chunk_size=CHUNK))
     path.write_bytes(b"xyz" + lines(0, 30))
     with pytest.raises(ConfigurationError) as caught:
-        Attempt(store, job=JOB, slot="cut", attempt=2, owner="o2").run(chunk_loop(
+        Attempt(store, Identity(job=JOB, slot="cut", attempt=2, owner="o2")).run(chunk_loop(
             slot_reader, _dies_after(None, seen), chunk_size=CHUNK))
     assert "if_changed='keep_offset' cannot continue there" in str(caught.value)
     assert len(seen) == 10

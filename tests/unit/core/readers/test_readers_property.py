@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from airflow_resumable.core import Attempt, chunk_loop
 from airflow_resumable.core.model.errors import ConfigurationError
+from airflow_resumable.core.model.identity import Identity
 from airflow_resumable.core.readers import KeysetReader
 from airflow_resumable.core.stores import Store
 from support.readers import Crash
@@ -63,7 +64,7 @@ def run_attempts(store: Store, run: Run, *, chunk: int, crashes: list[int], tran
 
         handler = chunk_loop(run.reader, process, chunk_size=chunk)
         try:
-            Attempt(store, job="prop", slot=run.slot, attempt=attempt, owner=f"o{attempt}").run(handler)
+            Attempt(store, Identity(job="prop", slot=run.slot, attempt=attempt, owner=f"o{attempt}")).run(handler)
             return chunks_seen
         except Crash:
             continue
@@ -150,7 +151,7 @@ def test_a_keyset_run_reads_every_row_once_or_refuses_and_is_never_done_with_a_r
     seen: list[int] = []
     slot = f"names-{table}"
     try:
-        Attempt(store, job="prop", slot=slot, attempt=1, owner="o1").run(
+        Attempt(store, Identity(job="prop", slot=slot, attempt=1, owner="o1")).run(
             chunk_loop(reader, lambda ctx, batch: seen.extend(r[0] for r in batch), chunk_size=chunk))
     except ConfigurationError:
         # refused: no row twice, the slot not done, and never when the key was fine for the database

@@ -9,6 +9,7 @@ import json
 import time
 from typing import Any
 
+from airflow_resumable.core.model.checkpoint import Write
 from airflow_resumable.core.model.fence import Fence
 from airflow_resumable.core.stores import PostgresStore
 
@@ -40,7 +41,9 @@ def test_checkpoints_and_heartbeats_are_in_place_updates(pg_database: dict[str, 
         s.checkpoints.start(fence, 1, reset=True, resumed_from=None)
         # When it saves 500 checkpoints and renews its lease in between
         for i in range(500):
-            s.checkpoints.save(fence, position=json.dumps(i), state=json.dumps({"sum": i * i}), processed=i, total=500)
+            s.checkpoints.save(
+                fence, Write(position=json.dumps(i), state=json.dumps({"sum": i * i}), processed=i, total=500),
+            )
             if i % 50 == 0:
                 s.leases.heartbeat(fence, 30)
         s.execute("SELECT pg_stat_force_next_flush()").fetchall()

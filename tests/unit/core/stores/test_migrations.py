@@ -17,6 +17,7 @@ import pytest
 
 from airflow_resumable.core import Attempt, Options
 from airflow_resumable.core.model.errors import SchemaVersionError
+from airflow_resumable.core.model.identity import Identity
 from airflow_resumable.core.model.tables import all_tables
 from airflow_resumable.core.stores import Store
 from airflow_resumable.core.stores.migrations import MIGRATIONS, SCHEMA_VERSION
@@ -85,7 +86,7 @@ def test_a_first_release_database_upgrades_in_place_and_its_half_done_slot_resum
         return {"total": ctx.state["total"]}
 
     # When the new release runs the next attempt of that slot
-    run = Attempt(store, job=schema_v1.JOB, slot=schema_v1.SLOT, attempt=2, owner="new-release")
+    run = Attempt(store, Identity(job=schema_v1.JOB, slot=schema_v1.SLOT, attempt=2, owner="new-release"))
     outcome = run.run(report)
     # Then the database was migrated, and the slot resumed from its position with its state
     assert meta(store)["schema_version"] == str(SCHEMA_VERSION)
@@ -97,7 +98,9 @@ def test_a_first_release_database_upgrades_in_place_and_its_half_done_slot_resum
     assert [(h.attempt, h.outcome, h.resumed_from, h.processed_start) for h in history] == [(2, "done", 12000, 12000)]
     # and the slot that had finished stays finished (no rerun, no stored result from schema 1)
     assert (finished.status, finished.state, finished.result) == ("done", {"total": 435000}, None)
-    again = Attempt(store, job=schema_v1.JOB, slot=schema_v1.DONE_SLOT, attempt=2, owner="new-release").run(report)
+    again = Attempt(
+        store, Identity(job=schema_v1.JOB, slot=schema_v1.DONE_SLOT, attempt=2, owner="new-release"),
+    ).run(report)
     assert again.already_done and again.result is None
 
 
@@ -201,14 +204,14 @@ def test_a_dropped_checkpoint_table_is_a_clear_error_with_the_way_out(store: Sto
         s.ensure_schema()
         s.execute("DROP TABLE resumable_checkpoints")
         s.commit()
-    attempt = Attempt(store, job="j", slot="s", attempt=1, owner="o", options=Options())
+    attempt = Attempt(store, Identity(job="j", slot="s", attempt=1, owner="o"), options=Options())
     with pytest.raises(SchemaVersionError, match="resumable_checkpoints is missing") as err:
         attempt.run(lambda ctx: None)
     assert "DELETE FROM resumable_meta WHERE key = 'schema_version'" in str(err.value)
     with store.open() as s:  # following the instruction recreates the tables
         s.execute("DELETE FROM resumable_meta WHERE key = 'schema_version'")
         s.commit()
-    assert Attempt(store, job="j", slot="s", attempt=1, owner="o").run(lambda ctx: 7).result == 7
+    assert Attempt(store, Identity(job="j", slot="s", attempt=1, owner="o")).run(lambda ctx: 7).result == 7
 
 
 def test_a_column_renamed_by_hand_is_named_with_the_recorded_version_and_the_way_back(store: Store) -> None:
@@ -221,13 +224,13 @@ def test_a_column_renamed_by_hand_is_named_with_the_recorded_version_and_the_way
         raise RuntimeError("the worker died")
 
     with pytest.raises(RuntimeError):
-        Attempt(store, job="j", slot="s", attempt=1, owner="o1").run(handler)
+        Attempt(store, Identity(job="j", slot="s", attempt=1, owner="o1")).run(handler)
     with store.open() as s:
         s.execute("ALTER TABLE resumable_checkpoints RENAME COLUMN position TO pos")
         s.commit()
     # When the next attempt starts
     with pytest.raises(SchemaVersionError) as err:
-        Attempt(store, job="j", slot="s", attempt=2, owner="o2").run(lambda ctx: None)
+        Attempt(store, Identity(job="j", slot="s", attempt=2, owner="o2")).run(lambda ctx: None)
     # Then it is refused by name: the table, the recorded version, the column, what is there instead, the fix
     text = str(err.value)
     assert f"resumable_checkpoints in {store.describe()} does not match schema version {SCHEMA_VERSION}" in text
@@ -238,7 +241,7 @@ def test_a_column_renamed_by_hand_is_named_with_the_recorded_version_and_the_way
     with store.open() as s:
         s.execute("ALTER TABLE resumable_checkpoints RENAME COLUMN pos TO position")
         s.commit()
-    outcome = Attempt(store, job="j", slot="s", attempt=3, owner="o3").run(lambda ctx: ctx.position)
+    outcome = Attempt(store, Identity(job="j", slot="s", attempt=3, owner="o3")).run(lambda ctx: ctx.position)
     assert outcome.result == 3
 
 

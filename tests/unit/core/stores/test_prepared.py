@@ -12,6 +12,7 @@ import pytest
 
 from airflow_resumable.core import Attempt, Cancelled, Options, control
 from airflow_resumable.core.attempt.pipeline import NoWaitWriter
+from airflow_resumable.core.model.identity import Identity
 from airflow_resumable.core.stores import PostgresStore
 
 JOB = "prepared"
@@ -72,7 +73,7 @@ def test_a_run_s_checkpoints_are_prepared_once_and_then_sent_by_name(
         for i in range(1, 6):
             ctx.checkpoint(i, processed=i)
 
-    Attempt(store, job=JOB, slot="s1", attempt=1, owner="a").run(handler)
+    Attempt(store, Identity(job=JOB, slot="s1", attempt=1, owner="a")).run(handler)
     # Then the first prepares the statement in its own round trip, the others name it
     assert _saves() == ["prepare+execute"] + ["execute"] * 4
     row = _row(store, "s1")
@@ -93,7 +94,7 @@ def test_a_checkpoint_whose_prepared_statement_the_server_lost_is_sent_as_text_a
                 with opened[-1].cursor() as cur:
                     cur.execute("DEALLOCATE ALL")
 
-    outcome = Attempt(store, job=JOB, slot="s1", attempt=1, owner="a").run(handler)
+    outcome = Attempt(store, Identity(job=JOB, slot="s1", attempt=1, owner="a")).run(handler)
     # Then checkpoint 3's EXECUTE failed, it was sent again as text, and so were the rest
     assert _saves() == ["prepare+execute", "execute", "execute", "text", "text", "text"]
     # and every checkpoint is there, once
@@ -114,7 +115,7 @@ def test_a_checkpoint_inside_the_handlers_transaction_is_sent_as_text(
                 ctx.transaction().cursor().execute("SELECT 1")
             ctx.checkpoint(i, processed=i)
 
-    Attempt(store, job=JOB, slot="s1", attempt=1, owner="a").run(handler)
+    Attempt(store, Identity(job=JOB, slot="s1", attempt=1, owner="a")).run(handler)
     # Then those checkpoints go as text: a failed EXECUTE there would undo the handler's writes
     assert _saves() == ["prepare+execute", "execute", "text", "text"]
     assert _row(store, "s1").position == 4
@@ -139,7 +140,7 @@ def test_a_stale_attempt_s_prepared_checkpoint_is_fenced_out_like_any_other(
         ctx.checkpoint(3, processed=3)  # sent by name, matches no row
 
     with pytest.raises(LeaseLost):
-        Attempt(store, job=JOB, slot="s1", attempt=1, owner="a", options=Options(lease=30)).run(stale)
+        Attempt(store, Identity(job=JOB, slot="s1", attempt=1, owner="a"), options=Options(lease=30)).run(stale)
     # Then the stale checkpoint changed nothing
     assert taken and _saves()[:3] == ["prepare+execute", "execute", "execute"]
     row = _row(store, "s1")
@@ -179,8 +180,9 @@ def test_a_pipelined_checkpoint_whose_prepared_statement_the_server_lost_is_sent
         for i in range(1, 7):
             ctx.checkpoint(i, processed=i)
 
-    outcome = Attempt(store, job=JOB, slot="s1", attempt=1, owner="a",
-                      options=Options(pipeline_checkpoints=True)).run(handler)
+    outcome = Attempt(
+        store, Identity(job=JOB, slot="s1", attempt=1, owner="a"), options=Options(pipeline_checkpoints=True),
+    ).run(handler)
     # Then checkpoint 2's EXECUTE (in flight when its server process forgot) failed, was sent again
     # as text when collected, the later ones went as text, and every checkpoint is durable
     assert written[:2] == ["PREPARE", "EXECUTE"] and set(written[2:]) == {"UPDATE"} and len(written) == 6
@@ -204,8 +206,10 @@ def test_a_prepared_checkpoint_brings_back_a_cancel_asked_since_the_last_one(
 
     # When the run goes on
     with pytest.raises(Cancelled) as stopped:
-        Attempt(store, job=JOB, slot="s1", attempt=1, owner="a",
-                options=Options(lease=600, pipeline_checkpoints=pipelined)).run(handler)
+        Attempt(
+            store, Identity(job=JOB, slot="s1", attempt=1, owner="a"),
+            options=Options(lease=600, pipeline_checkpoints=pipelined),
+        ).run(handler)
     # Then the EXECUTE of checkpoint 5 returned it (no heartbeat in a 600 s lease's first 200 s) and
     # the run stopped there; pipelined, once that result was collected, at checkpoint 6 (or 5, when
     # checkpoint 4's EXECUTE, sent without waiting, ran on the server after the cancel)

@@ -15,6 +15,7 @@ import pytest
 from airflow_resumable.cli import duration
 from airflow_resumable.core import Attempt, Options
 from airflow_resumable.core.model.fence import Fence
+from airflow_resumable.core.model.identity import Identity
 from airflow_resumable.core.stores import Store
 
 DAY = 86400.0
@@ -32,7 +33,7 @@ def finish(store: Store, slot: str, how: str) -> None:
             ctx.checkpoint(2, processed=2)
 
     try:
-        Attempt(store, job=JOB, slot=slot, attempt=1, owner="o", options=Options()).run(handler)
+        Attempt(store, Identity(job=JOB, slot=slot, attempt=1, owner="o"), options=Options()).run(handler)
     except Exception:
         pass
 

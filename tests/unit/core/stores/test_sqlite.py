@@ -19,6 +19,7 @@ import pytest
 
 from airflow_resumable.core import Attempt, ConfigurationError, Options, Store
 from airflow_resumable.core.model.errors import StoreUnavailable, TransactionRefused
+from airflow_resumable.core.model.identity import Identity
 
 JOB, SLOT = "sqlite.cte", "2026-01-01T00:00:00+00:00"
 ITEMS, CHUNK = 30, 10
@@ -63,11 +64,11 @@ def test_cte_inserts_through_the_transaction_commit_with_their_checkpoint_exactl
     # the end of chunk 2's writes on attempt 1
     _make_sink(store)
     with pytest.raises(RuntimeError, match="injected"):
-        Attempt(store, job=JOB, slot=SLOT, attempt=1, owner="a1").run(_cte_handler(fail_in_chunk=1))
+        Attempt(store, Identity(job=JOB, slot=SLOT, attempt=1, owner="a1")).run(_cte_handler(fail_in_chunk=1))
     # Then the failed chunk's writes rolled back with it: only chunk 1 is in the sink
     assert _sink(store) == (CHUNK, CHUNK)
     # When the retry resumes and finishes
-    Attempt(store, job=JOB, slot=SLOT, attempt=2, owner="a2").run(_cte_handler(fail_in_chunk=None))
+    Attempt(store, Identity(job=JOB, slot=SLOT, attempt=2, owner="a2")).run(_cte_handler(fail_in_chunk=None))
     # Then every item is in the sink exactly once, on SQLite as on PostgreSQL
     assert _sink(store) == (ITEMS, ITEMS)
 
@@ -87,7 +88,7 @@ def test_executescript_through_the_transaction_is_refused_and_writes_nothing(tmp
     # When it runs, then the script is refused with an error naming the job, the slot and the fix,
     # and neither it nor the chunk's earlier write reached the sink
     with pytest.raises(ConfigurationError, match="executescript") as caught:
-        Attempt(store, job=JOB, slot=SLOT, attempt=1, owner="a1").run(handler)
+        Attempt(store, Identity(job=JOB, slot=SLOT, attempt=1, owner="a1")).run(handler)
     text = str(caught.value)
     assert JOB in text and SLOT in text and "execute" in text
     assert _sink(store) == (0, 0)
@@ -105,7 +106,7 @@ def test_executescript_on_a_cursor_of_the_transaction_is_refused_too(tmp_path) -
         ctx.transaction().cursor().executescript("INSERT INTO sink (item, attempt) VALUES (2, 1);")
 
     with pytest.raises(ConfigurationError, match="executescript"):
-        Attempt(store, job=JOB, slot=SLOT, attempt=1, owner="a1", options=Options()).run(handler)
+        Attempt(store, Identity(job=JOB, slot=SLOT, attempt=1, owner="a1"), options=Options()).run(handler)
     assert _sink(store) == (0, 0)
 
 
@@ -146,7 +147,7 @@ def test_a_final_status_the_locked_file_refuses_is_logged_with_the_error_and_wha
     # which status and error were not recorded, and what happens to the row
     try:
         with caplog.at_level("ERROR", logger="airflow_resumable"), pytest.raises(StoreUnavailable, match="locked"):
-            Attempt(store, job=JOB, slot=SLOT, attempt=1, owner="a1").run(handler)
+            Attempt(store, Identity(job=JOB, slot=SLOT, attempt=1, owner="a1")).run(handler)
     finally:
         other.rollback()
         other.close()
@@ -199,7 +200,7 @@ def _refused_before_it_runs(store: Store, statement: str) -> None:
     # When it runs, then SQLite's own authorizer refuses to compile it, naming job, slot and the
     # fix, and retrying cannot help (a ConfigurationError: Airflow fails the task without a retry)
     with pytest.raises(TransactionRefused, match="ctx.transaction") as caught:
-        Attempt(store, job=JOB, slot=SLOT, attempt=1, owner="a1").run(handler)
+        Attempt(store, Identity(job=JOB, slot=SLOT, attempt=1, owner="a1")).run(handler)
     text = str(caught.value)
     assert JOB in text and SLOT in text and "SAVEPOINT" in text
     assert isinstance(caught.value, ConfigurationError)
@@ -227,7 +228,7 @@ def test_the_handlers_own_savepoints_and_statements_that_only_mention_the_words_
         return 2
 
     # When it runs, then it finishes and exactly its kept write is in the sink
-    assert Attempt(store, job=JOB, slot=SLOT, attempt=1, owner="a1").run(handler).checkpoint.status == "done"
+    assert Attempt(store, Identity(job=JOB, slot=SLOT, attempt=1, owner="a1")).run(handler).checkpoint.status == "done"
     assert _sink(store) == (1, 1)
 
 

@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from airflow_resumable.core.model.checkpoint import Status
+from airflow_resumable.core.model.checkpoint import Status, Write
 from airflow_resumable.core.model.errors import CorruptCheckpoint, LeaseLost, SchemaVersionError
 from airflow_resumable.core.model.fence import Fence
 from airflow_resumable.core.model.tables import CHECKPOINTS
@@ -51,7 +51,10 @@ def test_first_acquire_creates_the_row_and_a_save_round_trips_json(store: Store)
         row, created = acquire(s)
         assert created and row.lease_owner == "a" and row.lease_token == 1 and row.status == "running"
         position = [42, "2026-01-01", {"k": [1, 2.5, None, True]}]
-        s.checkpoints.save(Fence(JOB, SLOT, "a", 1), position=json.dumps(position), state=json.dumps({"total": 7}), processed=10, total=30)
+        s.checkpoints.save(
+            Fence(JOB, SLOT, "a", 1),
+            Write(position=json.dumps(position), state=json.dumps({"total": 7}), processed=10, total=30),
+        )
         got = s.checkpoints.load(JOB, SLOT)
         assert got.position == position and got.state == {"total": 7}
         assert (got.processed, got.total) == (10, 30)
@@ -74,13 +77,13 @@ def test_fencing_rejects_the_stale_holder_and_keeps_the_new_one(store: Store) ->
     with store.open() as s:
         s.ensure_schema()
         acquire(s, owner="a")
-        s.checkpoints.save(Fence(JOB, SLOT, "a", 1), position="5", state="{}", processed=5, total=None)
+        s.checkpoints.save(Fence(JOB, SLOT, "a", 1), Write(position="5", state="{}", processed=5, total=None))
         s.execute(f"UPDATE resumable_checkpoints SET lease_expires_at = {s.d.now()} WHERE job = %s", (JOB,))
         s.commit()
         acquire(s, owner="b")
-        s.checkpoints.save(Fence(JOB, SLOT, "b", 2), position="8", state="{}", processed=8, total=None)
+        s.checkpoints.save(Fence(JOB, SLOT, "b", 2), Write(position="8", state="{}", processed=8, total=None))
         with pytest.raises(LeaseLost):
-            s.checkpoints.save(Fence(JOB, SLOT, "a", 1), position="6", state="{}", processed=6, total=None)
+            s.checkpoints.save(Fence(JOB, SLOT, "a", 1), Write(position="6", state="{}", processed=6, total=None))
         with pytest.raises(LeaseLost):
             s.leases.heartbeat(Fence(JOB, SLOT, "a", 1), 30)
         with pytest.raises(LeaseLost):
@@ -99,7 +102,7 @@ def test_a_rejected_save_rolls_back_the_chunk_writes_made_beside_it(store: Store
         s.commit()
         s._execute("INSERT INTO sink (item) VALUES (1)")
         with pytest.raises(LeaseLost):
-            s.checkpoints.save(Fence(JOB, SLOT, "a", 1), position="1", state="{}", processed=1, total=None)
+            s.checkpoints.save(Fence(JOB, SLOT, "a", 1), Write(position="1", state="{}", processed=1, total=None))
         cur = s.conn.cursor()
         cur.execute("SELECT count(*) FROM sink")
         assert cur.fetchone()[0] == 0
@@ -134,7 +137,7 @@ def test_start_resumes_or_resets(store: Store) -> None:
         s.ensure_schema()
         acquire(s)
         s.checkpoints.start(Fence(JOB, SLOT, "a", 1), 1, reset=True, resumed_from=None)
-        s.checkpoints.save(Fence(JOB, SLOT, "a", 1), position="3", state='{"t": 1}', processed=3, total=9)
+        s.checkpoints.save(Fence(JOB, SLOT, "a", 1), Write(position="3", state='{"t": 1}', processed=3, total=9))
         s.checkpoints.finish(Fence(JOB, SLOT, "a", 1), status=Status.FAILED, last_error="boom")
         acquire(s, owner="b")
         resumed, _ = s.checkpoints.start(Fence(JOB, SLOT, "b", 2), 2, reset=False, resumed_from="3")
@@ -161,10 +164,12 @@ def test_list_slots_is_newest_run_first_whichever_checkpointed_last(store: Store
         s.ensure_schema()
         for i in range(3):
             acquire(s, owner=f"o{i}", slot=f"s{i}")
-            s.checkpoints.save(Fence(JOB, f"s{i}", f"o{i}", 1), position=str(i), state="{}", processed=i, total=None)
+            s.checkpoints.save(
+                Fence(JOB, f"s{i}", f"o{i}", 1), Write(position=str(i), state="{}", processed=i, total=None),
+            )
         # the oldest run checkpoints last: the listing's order (by the run's start) does not change,
         # which is what lets checkpoints be in-place updates (no index covers updated_at)
-        s.checkpoints.save(Fence(JOB, "s0", "o0", 1), position="9", state="{}", processed=9, total=None)
+        s.checkpoints.save(Fence(JOB, "s0", "o0", 1), Write(position="9", state="{}", processed=9, total=None))
         assert [r.slot for r in s.listings.list_slots(JOB, limit=2)] == ["s2", "s1"]
 
 
@@ -291,8 +296,8 @@ def test_a_fence_is_made_from_the_acquired_row_and_only_from_a_leased_one(store:
 def test_the_checkpoint_statement_is_built_once_per_dialect_not_per_call(store: Store) -> None:
     fence = Fence(JOB, SLOT, "a", 1)
     with store.open() as one, store.open() as two:
-        first, params = one.checkpoints.save_statement(fence, position="1", state="{}", processed=1, total=None)
-        again, _ = two.checkpoints.save_statement(fence, position="2", state="{}", processed=2, total=None)
+        first, params = one.checkpoints.save_statement(fence, Write(position="1", state="{}", processed=1, total=None))
+        again, _ = two.checkpoints.save_statement(fence, Write(position="2", state="{}", processed=2, total=None))
         assert again is first, "the hot path's SQL text is one object for the dialect"
         assert "%(" not in first if store.dialect.marker == "?" else ":job" not in first
         assert params == {"position": "1", "state": "{}", "processed": 1, "total": None, "rate": None, **fence.params()}

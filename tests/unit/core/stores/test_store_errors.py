@@ -23,6 +23,7 @@ import pytest
 
 from airflow_resumable.core import Attempt
 from airflow_resumable.core.model.errors import ConfigurationError, StoreUnavailable
+from airflow_resumable.core.model.identity import Identity
 from airflow_resumable.core.stores import PostgresStore, SQLiteStore, Store
 from support.paths import SUPPORT
 
@@ -121,7 +122,7 @@ def test_a_backend_terminated_mid_chunk_fails_the_attempt_naming_the_loss_and_re
     terminate = _terminator(pg_params)
     try:
         with pytest.raises(StoreUnavailable) as caught:
-            Attempt(store, job=JOB, slot=SLOT, attempt=1, owner="a1").run(_writer(terminate, kill_in_chunk=2))
+            Attempt(store, Identity(job=JOB, slot=SLOT, attempt=1, owner="a1")).run(_writer(terminate, kill_in_chunk=2))
     finally:
         terminate.close()
     # Then the attempt fails with StoreUnavailable naming the lost connection, the job and the slot,
@@ -140,7 +141,7 @@ def test_a_backend_terminated_mid_chunk_fails_the_attempt_naming_the_loss_and_re
     assert _history(store)[-1].outcome == "failed" and "lost the connection" in _history(store)[-1].error
     assert _sink(store) == list(range(10))  # chunk 3's writes went with the connection
     # When the retry runs, then it resumes from that checkpoint and writes every item once
-    out = Attempt(store, job=JOB, slot=SLOT, attempt=2, owner="a2").run(_writer(terminate))
+    out = Attempt(store, Identity(job=JOB, slot=SLOT, attempt=2, owner="a2")).run(_writer(terminate))
     assert out.resumed_from == 10 and out.checkpoint.status == "done"
     assert _sink(store) == list(range(ITEMS))
 
@@ -176,7 +177,7 @@ def test_a_backend_terminated_before_the_end_is_recorded_records_done_through_a_
         return i
 
     try:
-        out = Attempt(store, job=JOB, slot=SLOT, attempt=1, owner="a1").run(handler)
+        out = Attempt(store, Identity(job=JOB, slot=SLOT, attempt=1, owner="a1")).run(handler)
     finally:
         terminate.close()
     # Then nothing can have been pending on the lost connection: "done" is recorded through a new one
@@ -196,7 +197,7 @@ def test_a_backend_terminated_with_writes_pending_for_the_end_never_records_done
     terminate = _terminator(pg_params)
     try:
         with pytest.raises(StoreUnavailable, match="lost the connection") as caught:
-            Attempt(store, job=JOB, slot=SLOT, attempt=1, owner="a1").run(
+            Attempt(store, Identity(job=JOB, slot=SLOT, attempt=1, owner="a1")).run(
                 _writer(terminate, kill_after_last=True, write_after_last=True))
     finally:
         terminate.close()
@@ -207,7 +208,9 @@ def test_a_backend_terminated_with_writes_pending_for_the_end_never_records_done
     assert "lost the connection" in row.last_error
     assert _sink(store) == list(range(ITEMS))
     # and the retry resumes at the last checkpoint, redoes the write after it, and ends done
-    out = Attempt(store, job=JOB, slot=SLOT, attempt=2, owner="a2").run(_writer(terminate, write_after_last=True))
+    out = Attempt(
+        store, Identity(job=JOB, slot=SLOT, attempt=2, owner="a2"),
+    ).run(_writer(terminate, write_after_last=True))
     assert out.checkpoint.status == "done"
     assert _sink(store) == list(range(ITEMS + 1))
 
@@ -265,7 +268,7 @@ def test_a_read_only_sqlite_file_or_folder_is_a_store_error_naming_the_path_and_
     try:
         # When a worker runs an attempt on it
         with pytest.raises(StoreUnavailable) as caught:
-            Attempt(SQLiteStore(path), job=JOB, slot=SLOT, attempt=1, owner="a1").run(
+            Attempt(SQLiteStore(path), Identity(job=JOB, slot=SLOT, attempt=1, owner="a1")).run(
                 lambda ctx: ctx.checkpoint(1, processed=1))
     finally:
         undo()
@@ -311,7 +314,7 @@ def test_a_sqlite_file_uri_names_the_checkpoint_file(tmp_path: Path, form: str) 
     path = tmp_path / "my checkpoints.db"
     store = SQLiteStore(form.format(path=str(path).replace(" ", "%20")))
     # When an attempt runs on it, then the checkpoints are in that file
-    Attempt(store, job=JOB, slot=SLOT, attempt=1, owner="a1").run(lambda ctx: ctx.checkpoint(7, processed=7))
+    Attempt(store, Identity(job=JOB, slot=SLOT, attempt=1, owner="a1")).run(lambda ctx: ctx.checkpoint(7, processed=7))
     assert store.path == str(path) and path.exists()
     assert _row(SQLiteStore(path)).position == 7
 
@@ -325,13 +328,13 @@ def test_a_sqlite_file_uri_in_an_airflow_connection_works_and_its_mode_is_honour
     # Given connections naming the file as a SQLite URI (its ?mode= lands in the connection's extras)
     path = tmp_path / "checkpoints.db"
     rwc = store_from_connection(Connection(conn_id="resumable_default", uri=f"sqlite:///file:{path}?mode=rwc"))
-    Attempt(rwc, job=JOB, slot=SLOT, attempt=1, owner="a1").run(lambda ctx: ctx.checkpoint(3, processed=3))
+    Attempt(rwc, Identity(job=JOB, slot=SLOT, attempt=1, owner="a1")).run(lambda ctx: ctx.checkpoint(3, processed=3))
     assert rwc.path == str(path) and _row(rwc).position == 3
     # and mode=rw, which does not create a missing file: a store error saying so
     missing = store_from_connection(Connection(conn_id="resumable_default",
                                                uri=f"sqlite:///file:{tmp_path / 'nope.db'}?mode=rw"))
     with pytest.raises(StoreUnavailable, match="does not exist, and mode=rw does not create it"):
-        Attempt(missing, job=JOB, slot=SLOT, attempt=1, owner="a1").run(lambda ctx: None)
+        Attempt(missing, Identity(job=JOB, slot=SLOT, attempt=1, owner="a1")).run(lambda ctx: None)
     assert not (tmp_path / "nope.db").exists()
 
 
@@ -388,7 +391,9 @@ def test_a_writer_waiting_past_the_busy_timeout_names_the_frozen_holder_and_how_
         store = SQLiteStore(path, busy_timeout=1.0)
         began = time.monotonic()
         with pytest.raises(StoreUnavailable) as caught:
-            Attempt(store, job=JOB, slot=SLOT, attempt=1, owner="a1").run(lambda ctx: ctx.checkpoint(1, processed=1))
+            Attempt(
+                store, Identity(job=JOB, slot=SLOT, attempt=1, owner="a1"),
+            ).run(lambda ctx: ctx.checkpoint(1, processed=1))
         waited = time.monotonic() - began
     finally:
         holder.send_signal(signal.SIGKILL)
@@ -418,7 +423,7 @@ def test_a_writer_of_this_very_process_holding_the_lock_is_named_as_such(tmp_pat
     other.execute("BEGIN IMMEDIATE")
     try:
         with pytest.raises(StoreUnavailable, match="held .the write lock. by this very process"):
-            Attempt(store, job=JOB, slot=SLOT, attempt=1, owner="a1").run(lambda ctx: None)
+            Attempt(store, Identity(job=JOB, slot=SLOT, attempt=1, owner="a1")).run(lambda ctx: None)
     finally:
         other.rollback()
         other.close()
@@ -439,7 +444,7 @@ def test_a_writer_stuck_in_its_turn_at_the_lock_is_named_by_the_turnstiles_lock(
         assert holder.stdout is not None and holder.stdout.readline().strip() == "holding"
         # When a writer waits for its turn past the busy timeout
         with pytest.raises(StoreUnavailable) as caught:
-            Attempt(store, job=JOB, slot=SLOT, attempt=1, owner="a1").run(lambda ctx: None)
+            Attempt(store, Identity(job=JOB, slot=SLOT, attempt=1, owner="a1")).run(lambda ctx: None)
     finally:
         holder.kill()
         holder.wait(timeout=30)

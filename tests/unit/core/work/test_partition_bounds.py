@@ -22,6 +22,7 @@ import pytest
 
 from airflow_resumable.core import Attempt, Options, chunk_loop
 from airflow_resumable.core.model.errors import ConfigurationError, ReaderChanged
+from airflow_resumable.core.model.identity import Identity
 from airflow_resumable.core.readers import KeysetReader, SequenceReader
 from airflow_resumable.core.stores import Store
 from airflow_resumable.core.work.partitions import Plan, load_plan, range_chunks, split
@@ -41,7 +42,7 @@ def read_all(store: Store, job: str, read: Any, **loop: Any) -> list[int]:
     """Every id the chunk loop hands ``process`` in one attempt of ``job`` (a fresh slot)."""
     seen: list[int] = []
     handler = chunk_loop(read, lambda ctx, batch: seen.extend(r[0] for r in batch), chunk_size=7, **loop)
-    Attempt(store, job=job, slot=SLOT, attempt=1, owner=f"{job}-1").run(handler)
+    Attempt(store, Identity(job=job, slot=SLOT, attempt=1, owner=f"{job}-1")).run(handler)
     return seen
 
 
@@ -166,8 +167,9 @@ def failing_run(store: Store, reader: Any, seen: list[int], *, fail_after: int |
             raise Fail("the worker died")
 
     handler = chunk_loop(reader, process, chunk_size=5)
-    return Attempt(store, job="keyed", slot=SLOT, attempt=attempt, owner=f"o{attempt}",
-                   options=Options(restart=restart)).run(handler)
+    return Attempt(
+        store, Identity(job="keyed", slot=SLOT, attempt=attempt, owner=f"o{attempt}"), options=Options(restart=restart),
+    ).run(handler)
 
 
 CHANGES = {
@@ -262,10 +264,12 @@ def test_a_handler_that_owns_its_loop_is_held_to_its_reader_through_chunks(store
         return handler
 
     with pytest.raises(Fail):
-        Attempt(store, job="own", slot=SLOT, attempt=1, owner="o1").run(handler_of("orders"))
+        Attempt(store, Identity(job="own", slot=SLOT, attempt=1, owner="o1")).run(handler_of("orders"))
     with pytest.raises(ReaderChanged, match="name: 'orders' -> 'invoices'"):
-        Attempt(store, job="own", slot=SLOT, attempt=2, owner="o2").run(handler_of("invoices"))
-    assert Attempt(store, job="own", slot=SLOT, attempt=3, owner="o3").run(handler_of("orders")).checkpoint.processed == 20
+        Attempt(store, Identity(job="own", slot=SLOT, attempt=2, owner="o2")).run(handler_of("invoices"))
+    assert Attempt(
+        store, Identity(job="own", slot=SLOT, attempt=3, owner="o3"),
+    ).run(handler_of("orders")).checkpoint.processed == 20
 
 
 def test_a_partition_s_checkpoint_records_its_range_and_refuses_another(store: Store, source: Source) -> None:
@@ -281,7 +285,7 @@ def test_a_partition_s_checkpoint_records_its_range_and_refuses_another(store: S
             raise Fail("stop")
 
     def run(rng: Any, attempt: int) -> Any:
-        return Attempt(store, job="pt[1]", slot=SLOT, attempt=attempt, owner=f"o{attempt}").run(
+        return Attempt(store, Identity(job="pt[1]", slot=SLOT, attempt=attempt, owner=f"o{attempt}")).run(
             chunk_loop(process=process, chunk_size=5, **range_chunks(reader, rng)))
 
     ranges = split(reader, 4, job="pt", slot=SLOT).ranges()
@@ -310,7 +314,9 @@ def test_an_older_database_with_an_unfinished_slot_upgrades_and_the_slot_resumes
                           chunk_size=3000)
 
     # When this release runs the slot's next attempt with a reader
-    outcome = Attempt(store, job=schema_v1.JOB, slot=schema_v1.SLOT, attempt=2, owner="new").run(handler_with("loans"))
+    outcome = Attempt(
+        store, Identity(job=schema_v1.JOB, slot=schema_v1.SLOT, attempt=2, owner="new"),
+    ).run(handler_with("loans"))
 
     # Then the database was migrated, the slot resumed after its position, and its row names the reader
     with store.open() as s:

@@ -13,6 +13,7 @@ import pytest
 from airflow_resumable import control
 from airflow_resumable.core import Attempt
 from airflow_resumable.core.control import requests as core_control
+from airflow_resumable.core.model.identity import Identity
 from airflow_resumable.core.stores import Store
 from airflow_resumable.core.work.partitions import load_plan
 from support.sources import Source
@@ -47,8 +48,9 @@ def test_a_restart_of_the_plan_while_a_partition_runs_is_refused_whole_and_carri
         holding.set()
         release.wait(60)
 
-    holder = threading.Thread(target=lambda: Attempt(checkpoints, job=f"{JOB}[1]", slot=SLOT, attempt=7,
-                                                     owner="worker-7").run(hold), daemon=True)
+    holder = threading.Thread(target=lambda: Attempt(
+        checkpoints, Identity(job=f"{JOB}[1]", slot=SLOT, attempt=7, owner="worker-7"),
+    ).run(hold), daemon=True)
     holder.start()
     assert holding.wait(30)
     try:

@@ -12,6 +12,7 @@ import pytest
 
 from airflow_resumable.core import Attempt
 from airflow_resumable.core.model.errors import AttemptEnded, TransactionRefused
+from airflow_resumable.core.model.identity import Identity
 from airflow_resumable.core.stores import SQLiteStore, Store
 from support.escapes import sink
 from support.guard import ALL, JOB, SLOT, _drivers
@@ -71,7 +72,7 @@ def test_no_handle_reachable_from_the_transaction_can_end_or_reconfigure_it(driv
 
     # When a handler tries them all in its chunk, then each is refused with the job, the slot and
     # what to do instead, and the chunk's write commits once with its checkpoint
-    outcome = Attempt(driver_store, job=JOB, slot=SLOT, attempt=1, owner="a").run(check)
+    outcome = Attempt(driver_store, Identity(job=JOB, slot=SLOT, attempt=1, owner="a")).run(check)
     assert outcome.checkpoint.status == "done" and sink(driver_store) == [1]
     assert refused and all(f"job={JOB!r}" in r and f"slot={SLOT!r}" in r and "ctx.checkpoint()" in r for r in refused)
 
@@ -143,7 +144,7 @@ def test_nothing_reachable_from_the_handle_s_public_attributes_is_the_drivers_co
             roots.append(copy)
         leaks.extend(path for path, obj in _reachable(roots) if isinstance(obj, _driver_objects()))
 
-    Attempt(driver_store, job=JOB, slot=SLOT, attempt=1, owner="a").run(look)
+    Attempt(driver_store, Identity(job=JOB, slot=SLOT, attempt=1, owner="a")).run(look)
     assert leaks == []
 
 
@@ -153,7 +154,7 @@ def test_a_text_with_a_nul_character_is_not_sent(driver_store: Store) -> None:
         with pytest.raises(TransactionRefused, match="NUL"):
             ctx.transaction().execute("SELECT 1\x00; COMMIT")
 
-    Attempt(driver_store, job=JOB, slot=SLOT, attempt=1, owner="a").run(nul)
+    Attempt(driver_store, Identity(job=JOB, slot=SLOT, attempt=1, owner="a")).run(nul)
 
 
 @pytest.mark.parametrize("driver_store", _drivers(*ALL), indirect=True)
@@ -166,7 +167,7 @@ def test_a_handle_kept_after_the_handler_returned_runs_nothing(driver_store: Sto
         kept.append(cur)
         ctx.checkpoint(1, processed=1)
 
-    Attempt(driver_store, job=JOB, slot=SLOT, attempt=1, owner="a").run(keep)
+    Attempt(driver_store, Identity(job=JOB, slot=SLOT, attempt=1, owner="a")).run(keep)
     # When a cursor kept from the run is used afterwards, then it refuses and nothing is written
     with pytest.raises(AttemptEnded, match="after the attempt's handler returned"):
         kept[0].execute("INSERT INTO sink (item, attempt) VALUES (%s, %s)", (2, 9))
@@ -185,5 +186,5 @@ def test_code_that_calls_itself_a_driver_module_still_gets_the_handle(driver_sto
             exec(compile("conn = cur.connection", "handler_module.py", "exec"), scope)  # noqa: S102 - the test
             got.append(scope["conn"])
 
-    Attempt(driver_store, job=JOB, slot=SLOT, attempt=1, owner="a").run(pretend)
+    Attempt(driver_store, Identity(job=JOB, slot=SLOT, attempt=1, owner="a")).run(pretend)
     assert got and all(type(c).__name__ == "TransactionConnection" for c in got)

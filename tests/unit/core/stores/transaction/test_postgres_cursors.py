@@ -13,6 +13,7 @@ import pytest
 
 from airflow_resumable.core import Attempt, Options
 from airflow_resumable.core.model.errors import TransactionRefused
+from airflow_resumable.core.model.identity import Identity
 from airflow_resumable.core.stores import PostgresStore, Store
 from support.escapes import make_sink, sink
 from support.guard import JOB, SLOT, _drivers
@@ -65,7 +66,7 @@ def test_postgresql_s_own_parser_refuses_exactly_the_statements_that_would_end_t
 
     # When a handler sends each through its cursor, then those that would end the transaction (or
     # touch a savepoint of the run's) are refused before they are sent, and the rest run inside it
-    Attempt(driver_store, job=JOB, slot=SLOT, attempt=1, owner="a").run(send_all)
+    Attempt(driver_store, Identity(job=JOB, slot=SLOT, attempt=1, owner="a")).run(send_all)
     assert results == {**dict.fromkeys(PG_REFUSED, "refused"), **dict.fromkeys(PG_ALLOWED, "ran")}
     assert sink(driver_store) == [1]
 
@@ -81,7 +82,7 @@ def test_a_text_postgresql_s_parser_cannot_read_is_not_sent(driver_store: Store)
         cur.execute("INSERT INTO sink (item, attempt) VALUES (%s, %s)", (2, ctx.attempt))  # the transaction is intact
         ctx.checkpoint(2, processed=2)
 
-    Attempt(driver_store, job=JOB, slot=SLOT, attempt=1, owner="a").run(garbled)
+    Attempt(driver_store, Identity(job=JOB, slot=SLOT, attempt=1, owner="a")).run(garbled)
     assert sink(driver_store) == [1, 2]
 
 
@@ -98,7 +99,7 @@ def test_with_standard_conforming_strings_off_no_statement_is_sent(driver_store:
         ctx.checkpoint(1, processed=1)
 
     # Then the statement is refused; the chunk commits once with its checkpoint
-    Attempt(driver_store, job=JOB, slot=SLOT, attempt=1, owner="a").run(off)
+    Attempt(driver_store, Identity(job=JOB, slot=SLOT, attempt=1, owner="a")).run(off)
     assert sink(driver_store) == [1]
 
 
@@ -144,7 +145,7 @@ def test_every_psycopg2_cursor_method_that_sends_sql_is_judged_and_its_helpers_s
                 send()
         ctx.checkpoint(8, processed=8)
 
-    Attempt(driver_store, job=JOB, slot=SLOT, attempt=1, owner="a").run(helpers)
+    Attempt(driver_store, Identity(job=JOB, slot=SLOT, attempt=1, owner="a")).run(helpers)
     assert sink(driver_store) == list(range(1, 9))
 
 
@@ -181,7 +182,9 @@ def test_a_transactional_checkpoint_on_postgresql_costs_no_extra_round_trip(pg_p
             per_chunk.append({k: count[k] - before[k] for k in count})
 
     # When a handler writes one row through ctx.transaction() and checkpoints, chunk after chunk
-    Attempt(store, job=JOB, slot=SLOT, attempt=1, owner="a", options=Options(progress_interval=3600)).run(write)
+    Attempt(
+        store, Identity(job=JOB, slot=SLOT, attempt=1, owner="a"), options=Options(progress_interval=3600),
+    ).run(write)
     assert sink(store) == list(range(1, 8))
     # Then from the second chunk on each costs its own INSERT, the checkpoint's UPDATE, and one round trip
     # that checks the chunk's savepoint, commits, and opens the next chunk's transaction and savepoint:

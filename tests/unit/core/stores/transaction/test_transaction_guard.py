@@ -19,6 +19,7 @@ import pytest
 
 from airflow_resumable.core import Attempt
 from airflow_resumable.core.model.errors import TransactionRefused
+from airflow_resumable.core.model.identity import Identity
 from airflow_resumable.core.stores import SQLiteStore, Store
 from support.escapes import ITEMS, make_sink, sink
 from support.guard import ALL, JOB, PG, SLOT, _attempt, _drivers, _resume, _row
@@ -167,8 +168,8 @@ def test_a_library_s_statements_sent_through_the_cursor_commit_once_with_the_che
 
     # When the second chunk fails after its writes and a second attempt resumes
     with pytest.raises(RuntimeError):
-        Attempt(driver_store, job=JOB, slot=SLOT, attempt=1, owner="a").run(library)
-    Attempt(driver_store, job=JOB, slot=SLOT, attempt=2, owner="b").run(library)
+        Attempt(driver_store, Identity(job=JOB, slot=SLOT, attempt=1, owner="a")).run(library)
+    Attempt(driver_store, Identity(job=JOB, slot=SLOT, attempt=2, owner="b")).run(library)
     # Then each row is there once: the failed chunk's rows were rolled back with it
     assert sink(driver_store) == list(range(10))
 
@@ -258,7 +259,7 @@ def test_a_refusal_never_names_the_run_s_savepoints(driver_store: Store) -> None
             messages.append(str(caught.value))
 
     # When a handler names the run's savepoints in statements (it read their names somewhere)
-    Attempt(driver_store, job=JOB, slot=SLOT, attempt=1, owner="a").run(guess)
+    Attempt(driver_store, Identity(job=JOB, slot=SLOT, attempt=1, owner="a")).run(guess)
     # Then each is refused, and no message repeats the name
     assert len(messages) == 3 and all("savepoint of the run's own" in m for m in messages)
     _no_run_names(*messages)
@@ -319,6 +320,6 @@ def test_sqlite_s_engine_refuses_read_only_pragmas_and_the_run_s_witness(driver_
                 results[sql] = "ran"
         ctx.checkpoint(1, processed=1)
 
-    Attempt(driver_store, job=JOB, slot=SLOT, attempt=1, owner="a").run(send_all)
+    Attempt(driver_store, Identity(job=JOB, slot=SLOT, attempt=1, owner="a")).run(send_all)
     assert results == {**dict.fromkeys(SQLITE_REFUSED, "refused"), **dict.fromkeys(SQLITE_ALLOWED, "ran")}
     assert sink(driver_store) == [1]

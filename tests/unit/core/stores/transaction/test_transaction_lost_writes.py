@@ -20,6 +20,7 @@ import pytest
 
 from airflow_resumable.core import Attempt
 from airflow_resumable.core.model.errors import TransactionRefused
+from airflow_resumable.core.model.identity import Identity
 from airflow_resumable.core.stores import PostgresStore, SQLiteStore, Store
 from support.escapes import ITEMS, MISDEEDS, handler, make_sink, sink
 from support.stores import psycopg3_store
@@ -96,7 +97,7 @@ def _conflict(ctx: Any, cur: Any) -> None:
 
 def _then_resumed(store: Store) -> None:
     """A second attempt that behaves resumes; every item is then in the sink once, the slot done."""
-    Attempt(store, job=JOB, slot=SLOT, attempt=2, owner="a2").run(handler(None, report=lambda _: None))
+    Attempt(store, Identity(job=JOB, slot=SLOT, attempt=2, owner="a2")).run(handler(None, report=lambda _: None))
     assert sink(store) == list(range(ITEMS))
     row = _row(store)
     assert (row.status, row.processed, row.position) == ("done", ITEMS, ITEMS)
@@ -111,7 +112,7 @@ def test_a_chunk_whose_writes_were_lost_is_never_checkpointed_past_even_when_the
     run = _forgiving(_conflict)
     # When it runs
     with pytest.raises(TransactionRefused) as failed:
-        Attempt(driver_store, job=JOB, slot=SLOT, attempt=1, owner="a1").run(run)
+        Attempt(driver_store, Identity(job=JOB, slot=SLOT, attempt=1, owner="a1")).run(run)
     # Then the attempt fails saying the chunk's writes were lost: it neither checkpointed past them
     # nor ended done, and nothing it wrote after them was committed
     assert "uncommitted writes were lost" in str(failed.value) and "NOT written" in str(failed.value)
@@ -132,7 +133,7 @@ def test_a_refused_checkpoint_caught_by_the_handler_refuses_every_later_checkpoi
     run = _forgiving(MISDEEDS["raw rollback"])
     # When it runs
     with pytest.raises(TransactionRefused):
-        Attempt(driver_store, job=JOB, slot=SLOT, attempt=1, owner="a1").run(run)
+        Attempt(driver_store, Identity(job=JOB, slot=SLOT, attempt=1, owner="a1")).run(run)
     # Then the refusal it caught was not the last word: later checkpoints and the end were refused too
     refusals = [c for c in run.caught if c.startswith("checkpoint: ")]  # type: ignore[attr-defined]
     assert refusals and "not the one this chunk opened" in refusals[0]
@@ -163,7 +164,7 @@ def test_a_session_changed_under_the_run_after_the_last_checkpoint_fails_the_slo
 
     # When it returns, and "done" cannot be recorded under that search_path
     with pytest.raises(Exception, match="resumable_checkpoints"):
-        Attempt(driver_store, job=JOB, slot=SLOT, attempt=1, owner="a1").run(run)
+        Attempt(driver_store, Identity(job=JOB, slot=SLOT, attempt=1, owner="a1")).run(run)
     # Then the row is not left running until its lease expires: it is failed, saying why, and the
     # write made after the last checkpoint was rolled back with the setting
     row = _row(driver_store)
@@ -171,7 +172,7 @@ def test_a_session_changed_under_the_run_after_the_last_checkpoint_fails_the_slo
     assert "resumable_checkpoints" in row.last_error
     assert sink(driver_store) == list(range(ITEMS))
     # And a retry at once finds the slot free and finishes it
-    Attempt(driver_store, job=JOB, slot=SLOT, attempt=2, owner="a2").run(run)
+    Attempt(driver_store, Identity(job=JOB, slot=SLOT, attempt=2, owner="a2")).run(run)
     assert _row(driver_store).status == "done" and sink(driver_store) == list(range(ITEMS))
 
 
@@ -198,7 +199,7 @@ def test_a_row_deleted_while_the_handler_writes_through_the_transaction_is_still
     # Then the attempt says the row was deleted (not that another attempt took the lease over), and
     # the chunk's writes were rolled back
     with pytest.raises(CheckpointDeleted):
-        Attempt(driver_store, job=JOB, slot=SLOT, attempt=1, owner="a1").run(run)
+        Attempt(driver_store, Identity(job=JOB, slot=SLOT, attempt=1, owner="a1")).run(run)
     assert sink(driver_store) == list(range(10))
 
 
@@ -222,7 +223,7 @@ def test_a_temp_table_copying_the_checkpoint_table_does_not_take_the_run_s_check
 
     # When it runs to the end
     try:
-        Attempt(driver_store, job=JOB, slot=SLOT, attempt=1, owner="a1").run(run)
+        Attempt(driver_store, Identity(job=JOB, slot=SLOT, attempt=1, owner="a1")).run(run)
     except Exception:
         pass
     # Then the slot's row says what was committed: done over all 20 items, or not done and the sink
@@ -252,7 +253,7 @@ def test_a_statement_error_caught_without_a_savepoint_fails_the_checkpoint_sayin
 
     # When it runs
     with pytest.raises(TransactionRefused) as refused:
-        Attempt(driver_store, job=JOB, slot=SLOT, attempt=1, owner="a1").run(run)
+        Attempt(driver_store, Identity(job=JOB, slot=SLOT, attempt=1, owner="a1")).run(run)
     # Then the checkpoint says what happened and how to write it (not a bare "transaction is aborted")
     assert "failed earlier in this chunk and its error was caught" in str(refused.value)
     assert "ctx.savepoint()" in str(refused.value)
@@ -270,7 +271,7 @@ def test_a_handler_that_catches_every_error_after_a_failed_statement_never_leave
     run = _forgiving(lambda ctx, cur: cur.execute("SELECT 1/0"))
     # When it runs to its end
     with pytest.raises(TransactionRefused):
-        Attempt(driver_store, job=JOB, slot=SLOT, attempt=1, owner="a1").run(run)
+        Attempt(driver_store, Identity(job=JOB, slot=SLOT, attempt=1, owner="a1")).run(run)
     # Then the row is failed at the last good checkpoint (not running until its lease expires, not done)
     row = _row(driver_store)
     assert (row.status, row.position, row.lease_owner) == ("failed", 10, None)
@@ -289,7 +290,7 @@ def test_a_chunk_rolled_back_by_a_sqlite_trigger_is_refused_naming_sqlite_s_own_
 
     # When it runs
     with pytest.raises(TransactionRefused) as refused:
-        Attempt(driver_store, job=JOB, slot=SLOT, attempt=1, owner="a1").run(_forgiving(bad))
+        Attempt(driver_store, Identity(job=JOB, slot=SLOT, attempt=1, owner="a1")).run(_forgiving(bad))
     # Then the refusal names what can have done it, SQLite's own rollback included
     assert "RAISE(ROLLBACK)" in str(refused.value) or "RAISE(ROLLBACK)" in _row(driver_store).last_error
     assert sink(driver_store) == list(range(10))
@@ -324,7 +325,7 @@ def test_an_outer_savepoint_block_that_raises_undoes_its_own_writes_too_when_an_
         return 2
 
     # When it runs
-    Attempt(driver_store, job=JOB, slot=SLOT, attempt=1, owner="a1").run(run)
+    Attempt(driver_store, Identity(job=JOB, slot=SLOT, attempt=1, owner="a1")).run(run)
     # Then none of the outer block's writes (its own, and its inner blocks') is committed
     assert sink(driver_store) == [0, 1]
 
@@ -351,9 +352,9 @@ def test_a_savepoint_block_whose_writes_could_not_be_undone_never_commits_them(d
 
     # When it runs
     with pytest.raises(TransactionRefused):
-        Attempt(driver_store, job=JOB, slot=SLOT, attempt=1, owner="a1").run(run)
+        Attempt(driver_store, Identity(job=JOB, slot=SLOT, attempt=1, owner="a1")).run(run)
     # Then the block's write, which could not be undone, was not committed, nor anything after it
     assert sink(driver_store) == []
     assert _row(driver_store).status == "failed"
-    Attempt(driver_store, job=JOB, slot=SLOT, attempt=2, owner="a2").run(run)
+    Attempt(driver_store, Identity(job=JOB, slot=SLOT, attempt=2, owner="a2")).run(run)
     assert sink(driver_store) == [0, 1]
