@@ -291,6 +291,10 @@ class Running:
         """Whether the attempt's checkpoint connection may be used on the attempt's thread only (SQLite)."""
         return self.store.thread_bound
 
+    def ended(self) -> bool:
+        """Whether the handler returned (every later call is refused with AttemptEnded)."""
+        return self._ended
+
     def previous_run(self) -> Checkpoint | None:
         """``ctx.previous``, read when the handler first asks: most handlers never do, and then
         the attempt sends no statement for it. Inside the handler's open transaction it is read in

@@ -77,6 +77,9 @@ class AttemptCalls(Protocol):
     def thread_bound(self) -> bool:
         """Whether the attempt's checkpoint connection may be used on the attempt's thread only (SQLite)."""
 
+    def ended(self) -> bool:
+        """Whether the handler returned (every later call is refused with AttemptEnded)."""
+
     def previous_run(self) -> Checkpoint | None:
         """The job's previous finished run (``ctx.previous``), read from the store.
 
@@ -365,7 +368,7 @@ class RunContext:
         bridge = current_bridge()
         if bridge is None and threading.get_ident() != self._home:
             bridge = serving(self._home)
-            if bridge is None and self._attempt.thread_bound():
+            if bridge is None and self._attempt.thread_bound() and not self._attempt.ended():
                 raise ConfigurationError(
                     f"{call} was called from thread {threading.current_thread().name!r}, not the attempt's own: "
                     "the SQLite checkpoint connection belongs to the thread that runs the handler", job=self.job,

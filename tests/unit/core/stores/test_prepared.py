@@ -168,8 +168,8 @@ def test_a_pipelined_checkpoint_whose_prepared_statement_the_server_lost_is_sent
     written: list[str] = []
     send = NoWaitWriter.submit
 
-    def recording(self: NoWaitWriter, **kwargs: Any) -> None:
-        send(self, **kwargs)
+    def recording(self: NoWaitWriter, write: Any) -> None:
+        send(self, write)
         assert self._pending is not None
         written.append(self._pending[2].split(" ", 1)[0])
 

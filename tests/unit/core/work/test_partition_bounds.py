@@ -350,7 +350,8 @@ def test_the_plan_records_its_reader_and_refuses_a_hand_edited_plan(store: Store
 def _fresh_dag(dag_id: str, key: str | None, monkeypatch: pytest.MonkeyPatch, tag: str) -> Any:
     """The DAG ``dag_id`` as its file reads with ``PT_TEST_KEY`` = ``key`` (None: unset): the file
     parsed anew, as a worker does after someone changed it."""
-    import conftest
+    import os
+    from pathlib import Path
 
     from devtools.dags import DagFolder
 
@@ -358,7 +359,7 @@ def _fresh_dag(dag_id: str, key: str | None, monkeypatch: pytest.MonkeyPatch, ta
         monkeypatch.delenv("PT_TEST_KEY", raising=False)
     else:
         monkeypatch.setenv("PT_TEST_KEY", key)
-    return DagFolder(conftest._DAGS, f"_pt_bounds_{tag}_").load(dag_id)
+    return DagFolder(Path(os.environ["AIRFLOW__CORE__DAGS_FOLDER"]), f"_pt_bounds_{tag}_").load(dag_id)
 
 
 def test_a_range_planned_with_another_reader_is_refused_before_its_partition_reads(source: Source) -> None:
