@@ -1,5 +1,8 @@
 """Row 5: heartbeats under load: 10 lease durations of pure-Python CPU work in one chunk.
 
+Row 5b: the same second of careless work inside an ``async def`` handler, on its event loop (a
+synchronous call that blocks the loop for 10 leases), then ``await ctx.acheckpoint(...)``.
+
 The seed's warning is that a handler blocking its thread stops its own heartbeats and loses the
 run. Ours renews from its own thread, and CPython hands the GIL over every few milliseconds even in
 pure-Python loops, so renewals go on. This row runs a handler that computes in a tight Python loop
@@ -38,12 +41,12 @@ def _cpu(seconds: float) -> int:
     return acc
 
 
-def run(db: Database) -> list[Result]:
-    say(f"row 5: {WORK:.0f} s of pure-Python CPU work on a {LEASE:.0f} s lease")
-    store = PostgresStore(**db.schema_params("heartbeat"))
+def _measure(db: Database, schema: str, handler: Any) -> tuple[Any, Any, float, list[float], list[float]]:
+    """Run ``handler`` on a fresh schema whose checkpoint table logs every renewal (a trigger)."""
+    store = PostgresStore(**db.schema_params(schema))
     with store.open() as s:
         s.ensure_schema()
-    conn = db.connect("heartbeat")
+    conn = db.connect(schema)
     with conn.cursor() as cur:
         cur.execute("CREATE TABLE renewals (at TIMESTAMPTZ NOT NULL, previous_expiry TIMESTAMPTZ)")
         cur.execute(
@@ -55,43 +58,57 @@ def run(db: Database) -> list[Result]:
             "WHEN (NEW.heartbeat_at IS DISTINCT FROM OLD.heartbeat_at) EXECUTE FUNCTION log_renewal()"
         )
     conn.commit()
-
     attempt = Attempt(store, Identity(job=JOB, slot=SLOT, attempt=1, owner="bench"), options=Options(lease=LEASE))
+    started = time.perf_counter()
+    outcome = attempt.run(handler)
+    elapsed = time.perf_counter() - started
+    keeper = attempt.keeper
+    assert keeper is not None
+    with conn.cursor() as cur:
+        # Renewals only: the first row is the acquisition (no previous expiry to compare).
+        cur.execute("SELECT at, previous_expiry FROM renewals WHERE previous_expiry IS NOT NULL ORDER BY at")
+        rows = cur.fetchall()
+    conn.close()
+    gaps = [(b[0] - a[0]).total_seconds() for a, b in zip(rows, rows[1:], strict=False)]
+    margins = [(exp - at).total_seconds() for at, exp in rows]
+    return outcome, keeper, elapsed, gaps, margins
+
+
+def _result(key: str, what: str, outcome: Any, keeper: Any, elapsed: float, gaps: list[float],
+            margins: list[float]) -> Result:
+    max_gap = max(gaps) if gaps else float("inf")
+    min_margin = min(margins) if margins else float("-inf")
+    expected = int(WORK / (LEASE / 3))
+    ratio = max_gap / LEASE
+    ok = outcome.checkpoint.status == "done" and not keeper.lost and min_margin > 0 and ratio < 1.0
+    return Result(
+        key, what,
+        f"{keeper.beats} renewals (~{expected} due), longest gap {max_gap * 1000:.0f} ms, "
+        f"min lease left {min_margin * 1000:.0f} ms, lost: {'yes' if keeper.lost else 'no'}",
+        ratio, "gap < lease (< 1.00x), never lost", ok,
+        notes=[
+            f"heartbeats ({key}): attempt ran {elapsed:.1f} s and ended {outcome.checkpoint.status}; ratio = longest "
+            f"gap between renewals / lease; renewals recorded by a trigger in the database",
+        ],
+    )
+
+
+def run(db: Database) -> list[Result]:
+    say(f"row 5: {WORK:.0f} s of pure-Python CPU work on a {LEASE:.0f} s lease (sync, then async)")
 
     def handler(ctx: Any) -> int:
         acc = _cpu(WORK)
         ctx.checkpoint(1, state={"acc": acc}, processed=1)  # fenced: raises LeaseLost had it been lost
         return acc
 
-    started = time.perf_counter()
-    outcome = attempt.run(handler)
-    elapsed = time.perf_counter() - started
-    keeper = attempt.keeper
-    assert keeper is not None
+    async def async_handler(ctx: Any) -> int:
+        acc = _cpu(WORK)  # a careless synchronous call: the event loop is blocked for 10 leases
+        await ctx.acheckpoint(1, state={"acc": acc}, processed=1)  # fenced, as above
+        return acc
 
-    with conn.cursor() as cur:
-        # Renewals only: the first row is the acquisition (no previous expiry to compare).
-        cur.execute(
-            "SELECT at, previous_expiry FROM renewals WHERE previous_expiry IS NOT NULL ORDER BY at"
-        )
-        rows = cur.fetchall()
-    conn.close()
-    gaps = [(b[0] - a[0]).total_seconds() for a, b in zip(rows, rows[1:], strict=False)]
-    margins = [(exp - at).total_seconds() for at, exp in rows]
-    max_gap = max(gaps) if gaps else float("inf")
-    min_margin = min(margins) if margins else float("-inf")
-    expected = int(WORK / (LEASE / 3))
-    ratio = max_gap / LEASE
-    ok = outcome.checkpoint.status == "done" and not keeper.lost and min_margin > 0 and ratio < 1.0
     return [
-        Result(
-            "5", f"heartbeats: {WORK:.0f} s pure-Python CPU, lease {LEASE:.0f} s",
-            f"{keeper.beats} renewals (~{expected} due), longest gap {max_gap * 1000:.0f} ms, "
-            f"min lease left {min_margin * 1000:.0f} ms, lost: {'yes' if keeper.lost else 'no'}",
-            ratio, "gap < lease (< 1.00x), never lost", ok,
-            notes=[
-                f"heartbeats: attempt ran {elapsed:.1f} s and ended {outcome.checkpoint.status}; ratio = longest "
-                f"gap between renewals / lease; renewals recorded by a trigger in the database",
-            ],
-        )
+        _result("5", f"heartbeats: {WORK:.0f} s pure-Python CPU, lease {LEASE:.0f} s",
+                *_measure(db, "heartbeat", handler)),
+        _result("5b", f"heartbeats: {WORK:.0f} s pure-Python CPU blocking an async handler's event loop, "
+                f"lease {LEASE:.0f} s", *_measure(db, "heartbeat_async", async_handler)),
     ]
