@@ -24,7 +24,14 @@ from airflow_resumable.core.attempt.signal import Reason
 from airflow_resumable.core.attempt.skip_policy import ReplayReport, replay_requested, skip_item
 from airflow_resumable.core.attempt.tally import Tally
 from airflow_resumable.core.model.checkpoint import Checkpoint, Write, differences, encode, short
-from airflow_resumable.core.model.errors import ConfigurationError, LeaseLost, Paused, ReaderChanged, StoreUnavailable
+from airflow_resumable.core.model.errors import (
+    Cancelled,
+    ConfigurationError,
+    LeaseLost,
+    Paused,
+    ReaderChanged,
+    StoreUnavailable,
+)
 from airflow_resumable.core.model.observe import MAX_OUTPUTS, Source, without_credentials_in
 from airflow_resumable.core.model.options import wait_seconds
 from airflow_resumable.core.stores.transaction.handle import TransactionConnection
@@ -71,6 +78,9 @@ class Running:
         self.inputs: list[Source] = []
         self.outputs: list[Source] = []
         self.gone: StoreUnavailable | None = None
+        #: The stop a checkpoint raised to the handler (a cancel, a pause, a lost lease): a handler that
+        #: catches it and returns has not done the rest of its work, so the attempt ends with it.
+        self.stop_delivered: Cancelled | LeaseLost | None = None
         self.final: Checkpoint | None = None
         #: When the handler began (``max_runtime`` counts from it).
         self.started = time.monotonic()
@@ -151,8 +161,12 @@ class Running:
         self._save(write)
         self.tally.saved(write, state)
         self._report()
-        self.signal.raise_if_cancelled()
-        self._between_chunks()
+        try:
+            self.signal.raise_if_cancelled()
+            self._between_chunks()
+        except (Cancelled, LeaseLost) as stop:  # Paused is a Cancelled
+            self.stop_delivered = stop
+            raise
 
     def _save(self, write: Write) -> None:
         """Write a checkpoint, fenced by the lease, and commit it with the handler's pending writes

@@ -169,6 +169,12 @@ class Attempt(Setup):
             if begun.row.request == Request.PAUSE:  # asked before this attempt started: pause before any work
                 raise Paused(Reason.PAUSED.value, f"pause requested by {begun.row.requested_by or '?'}")
             result = run.call(handler)
+            if run.stop_delivered is not None:  # caught by the handler, which returned: its work is not done
+                self.log.warning(
+                    "the handler caught the stop its checkpoint raised (%s: %s) and returned: the attempt ends "
+                    "stopped, not done, and the retry resumes from the last checkpoint; let Cancelled propagate "
+                    "[job=%s slot=%s]", type(run.stop_delivered).__name__, run.stop_delivered, self.job, self.slot)
+                raise run.stop_delivered
             # Never "done" over writes since the last checkpoint that were lost (an error the handler
             # caught and went on from) or a transaction that is not the chunk's: fail, the retry redoes them.
             session.check_loan()

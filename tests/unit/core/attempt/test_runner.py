@@ -403,3 +403,38 @@ def test_an_attempt_has_one_constructor_an_identity_and_its_hooks(store: Store) 
     fields: dict[str, Any] = {"job": JOB, "slot": SLOT, "attempt": 1, "owner": "o"}
     with pytest.raises(TypeError):
         Attempt(store, **fields)  # the identity's fields as keywords: not a second way in
+
+
+@pytest.mark.parametrize("stop", ["cancel", "pause"])
+def test_a_handler_that_catches_the_stop_and_returns_ends_stopped_not_done(
+        store: Store, stop: str, caplog: pytest.LogCaptureFixture) -> None:
+    from airflow_resumable.core import Paused, control
+
+    # Given a handler that swallows what its checkpoint raises and returns, on attempt 1 a person's
+    # request arriving after item 2
+    seen: list[int] = []
+
+    def handler(ctx: Any) -> str:
+        try:
+            for i in range(ctx.position or 0, 10):
+                seen.append(i)
+                if i == 2 and ctx.attempt == 1:
+                    getattr(control, stop)(store, JOB, SLOT, by="carol")
+                ctx.checkpoint(i + 1, processed=i + 1)
+        except Cancelled:
+            return "caught"
+        return "finished"
+
+    # When attempt 1 runs: it ends with the stop, not done over the items it never processed
+    with pytest.raises(Paused if stop == "pause" else Cancelled):
+        attempt(store, 1).run(handler)
+    with store.open() as s:
+        row = s.checkpoints.load(JOB, SLOT)
+    assert row.status == ("paused" if stop == "pause" else "cancelled") and row.position == 3
+    assert "caught the stop its checkpoint raised" in caplog.text
+    # Then the next attempt resumes from the checkpoint and does the rest
+    if stop == "pause":
+        control.resume(store, JOB, SLOT, by="carol")
+    outcome = attempt(store, 2).run(handler)
+    assert outcome.result == "finished" and outcome.checkpoint.status == "done"
+    assert seen == list(range(10))
