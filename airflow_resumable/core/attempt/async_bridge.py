@@ -379,8 +379,7 @@ class AsyncBridge:
                     break
                 except asyncio.CancelledError:
                     if not cancelled and task is not None:  # finishing the call on purpose: not cancelled again
-                        _FINISHING.add(task)
-                        _CONSUMED.add(task)  # nor "ignored", when the error it raises then is let through
+                        hold_cancels(task)  # nor "ignored", when the error it raises then is let through
                     cancelled = True
                     if waiting.done():
                         break
