@@ -10,11 +10,16 @@ import os
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+if __name__ == "conftest" and "tests.conftest" in sys.modules:
+    # pytest imported this file as tests.conftest; a second copy would make a second Airflow home
+    # (with an empty dags folder) under the running session. Take its fixtures instead.
+    raise ImportError("tests/conftest.py is pytest's: take its fixtures (load_dag, run_dag, ...) rather than importing it")
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
@@ -142,7 +147,13 @@ def airflow_home() -> Path:
 
 
 #: The DAG object with an id, from the dags folder.
-load_dag = DagFolder(_DAGS, "_resumable_dags_").load
+_load_dag = DagFolder(_DAGS, "_resumable_dags_").load
+
+
+@pytest.fixture
+def load_dag(airflow_home: Path) -> Callable[[str], Any]:
+    """The DAG object with an id, from the session's dags folder (its module imported once)."""
+    return _load_dag
 
 
 @pytest.fixture
@@ -158,7 +169,7 @@ def run_dag(airflow_home: Path):
 
     def run(dag_id: str, *, conf: dict[str, Any] | None = None, logical_date: Any = "default") -> Any:
         """``logical_date=None`` makes a run without one (as manual runs may be in Airflow 3)."""
-        dag = load_dag(dag_id)
+        dag = _load_dag(dag_id)
         kwargs: dict[str, Any] = {"run_conf": conf or {}}
         if logical_date != "default":
             kwargs["logical_date"] = logical_date

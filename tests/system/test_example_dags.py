@@ -259,12 +259,11 @@ def test_mapped_partitions_keeps_one_checkpoint_per_partition(
 
 
 def test_mapped_partitions_retry_resumes_only_the_failed_partition(
-    run_dag: Callable[..., Any], pg_checkpoints: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+    run_dag: Callable[..., Any], pg_checkpoints: dict[str, Any], monkeypatch: pytest.MonkeyPatch,
+    load_dag: Callable[[str], Any],
 ) -> None:
     """Partition 1 (south) fails once after its second checkpoint (order 500): only that mapped
     instance is retried, and it resumes after order 500 with the sum so far."""
-    from conftest import load_dag
-
     module_globals = load_dag("mapped_partitions").get_task("list_partitions").python_callable.__globals__
     real = module_globals["order_amount"]
     failed: list[int] = []
@@ -374,10 +373,9 @@ def separate_source(
 
 
 @pytest.fixture
-def export_batch_hook(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[Callable[..., None]], None]]:
+def export_batch_hook(monkeypatch: pytest.MonkeyPatch,
+                      load_dag: Callable[[str], Any]) -> Iterator[Callable[[Callable[..., None]], None]]:
     """Replace ``export_batch`` in the DAG file's module with ``wrap(real)``, for this test only."""
-    from conftest import load_dag
-
     handler = load_dag("customer_export").get_task("export_customers").handler
     module_globals = handler.__globals__
 
@@ -527,13 +525,11 @@ def first_tour_dag() -> str:
 
 
 def test_the_ui_pages_first_dag_succeeds_with_only_the_embedded_default_configured(
-    run_dag: Callable[..., Any], embedded_default: Path
+    run_dag: Callable[..., Any], embedded_default: Path, load_dag: Callable[[str], Any]
 ) -> None:
     """Given no PostgreSQL and no connection but the embedded default, when the UI tour's first DAG
     runs (fast pace), then it succeeds: every good reading imported once, the four readings in °F
     in the dead letters with their error, not the task's failure; and its default pace lasts minutes."""
-    from conftest import load_dag
-
     dag_id = first_tour_dag()
     assert dag_id == "readings_import"
     dag = load_dag(dag_id)

@@ -340,7 +340,10 @@ class AsyncBridge:
             if self.signal.cancelled:
                 self._cancel_running()
             try:
-                await asyncio.wait_for(woken.wait(), self._next_wake())
+                # asyncio.timeout, not wait_for: on Python 3.11 wait_for wraps the wait in a task of
+                # its own, which the handler's left-behind check would then see as the handler's.
+                async with asyncio.timeout(self._next_wake()):
+                    await woken.wait()
             except TimeoutError:
                 pass
             woken.clear()

@@ -11,6 +11,7 @@ import re
 import subprocess
 import sys
 import textwrap
+from collections.abc import Callable
 from datetime import date, datetime, timezone
 from decimal import Decimal
 from pathlib import Path
@@ -393,10 +394,8 @@ def test_a_store_url_of_another_kind_is_refused_saying_what_is_taken() -> None:
 
 
 def test_a_dag_run_interrupted_by_a_crash_after_its_third_checkpoint_ends_as_an_uninterrupted_one(
-    checkpoints: Store, run_dag, resumable_dag_test, airflow_home: Path
+    checkpoints: Store, run_dag, resumable_dag_test, airflow_home: Path, load_dag: Callable[[str], Any]
 ) -> None:
-    from conftest import load_dag
-
     dag = load_dag("chunked_example")
     run = resumable_dag_test(dag, "total_revenue", Interruption.CRASH_AFTER_CHECKPOINT, at=3,
                              logical_date=datetime(2026, 2, 1, tzinfo=timezone.utc))
