@@ -32,13 +32,13 @@ from airflow_resumable.core.attempt import skip_policy as _skips
 from airflow_resumable.core.control import requests as _core
 from airflow_resumable.core.model import request_rules as _rules
 from airflow_resumable.core.model.checkpoint import AttemptRecord, Checkpoint
-from airflow_resumable.core.model.errors import RequestRefused, SlotNotFound
+from airflow_resumable.core.model.errors import ConfigurationError, RequestRefused, SlotNotFound
 from airflow_resumable.core.model.states import AttemptEnd
 from airflow_resumable.core.stores.base import Store, StoreSession
 from airflow_resumable.hooks.resumable import DEFAULT_CONN_ID, ResumableHook
 
 __all__ = [
-    "ACTIONS", "RequestRefused", "RetryRequested", "SlotNotFound", "cancel", "dag_ids", "dead_letters", "detail", "explained_offers", "find",
+    "ACTIONS", "RETRY_SKIPPED", "RequestRefused", "RetryRequested", "SlotNotFound", "act", "cancel", "dag_ids", "dead_letters", "detail", "explained_offers", "find",
     "find_detail", "get",
     "history",
     "job_partitions", "jobs", "offers", "pause", "recent", "release", "replay", "rerun_failed", "restart", "resume", "request_retry_skipped", "retry_skipped",
@@ -94,6 +94,46 @@ def release(
     """Free the lease of a holder that died (it missed two heartbeats), so the next attempt takes
     the slot at once. ``force`` also frees a live holder's lease, fencing it out."""
     return _core.release(_store(conn_id, job, slot), job, slot, by=by, force=force)
+
+
+#: The requests :func:`act` takes: the five of :data:`ACTIONS` and a retry of the skipped items.
+RETRY_SKIPPED = "retry_skipped"
+
+
+def act(job: str, slot: str, action: _rules.Action | str, *, conn_id: str = DEFAULT_CONN_ID, by: str | None = None,
+        force: bool = False, check: Callable[[Checkpoint], None] | None = None) -> dict[str, Any]:
+    """One request and the slot as it stands after it, on one connection (one schema check): the
+    slot's row is read, ``check(row)`` may refuse the caller (the REST API's per-DAG permission:
+    whatever it raises goes up, nothing changed), the request is applied (``action``: pause,
+    resume, cancel, restart, release with ``force``, or ``retry_skipped``), and the slot's
+    :func:`detail` is read after it; a retry's answer also has ``retry``
+    (:meth:`RetryRequested.as_json`).
+
+    Raises:
+        SlotNotFound: no such slot.
+        RequestRefused: the slot does not take the request; nothing changed.
+        ConfigurationError: ``action`` is none of these, or the job, slot or ``by`` is not a valid one.
+    """
+    retry = action == RETRY_SKIPPED
+    if not retry:
+        try:
+            action = _rules.Action(action)
+        except ValueError:
+            raise ConfigurationError(f"no request {action!r}: one of {', '.join(ACTIONS)} or {RETRY_SKIPPED}",
+                                     job=job, slot=slot) from None
+    by = _core.default_by() if by is None else _core.checked_by(by)
+    with _session(conn_id, job, slot) as session:
+        row = session.checkpoints.load(job, slot)
+        if row is None:
+            raise _core.not_found(job, slot)
+        if check is not None:
+            check(row)
+        if retry:
+            asked = _retry_carried(*_skips.request_retry_in(session, job, slot, by=by), clear=True, wait=FINISHING_WAIT)
+            return {**_detail(session, job, slot, explained=True), "retry": asked.as_json()}
+        assert isinstance(action, _rules.Action)
+        _core.apply(session, job, slot, action, by=by, force=force)
+        return _detail(session, job, slot, explained=True)
 
 
 def get(job: str, slot: str, *, conn_id: str = DEFAULT_CONN_ID) -> Checkpoint:
@@ -379,9 +419,15 @@ def request_retry_skipped(job: str, slot: str, *, conn_id: str = DEFAULT_CONN_ID
         SlotNotFound: no such slot.
         RequestRefused: the slot runs now, or has no skipped item that can be replayed; nothing changed.
     """
-    store = _store(conn_id, job, slot)
-    items = _skips.request_retry(store, job, slot, by=_core.default_by() if by is None else _core.checked_by(by))
-    row = get(job, slot, conn_id=conn_id)
+    by = _core.default_by() if by is None else _core.checked_by(by)
+    with _session(conn_id, job, slot) as session:
+        row, items = _skips.request_retry_in(session, job, slot, by=by)
+    return _retry_carried(row, items, clear=clear, wait=wait)
+
+
+def _retry_carried(row: Checkpoint, items: int, *, clear: bool, wait: float) -> RetryRequested:
+    """The retry just requested on ``row``'s slot: its task instance cleared when ``clear`` and
+    finished, and the sentence saying which run carries it out."""
     if not (row.dag_id and row.task_id and row.run_id):
         return RetryRequested(row, items, False, "the slot names no Airflow task instance (it was run outside "
                               "Airflow): its next attempt replays them first")

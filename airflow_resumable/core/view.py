@@ -4,7 +4,8 @@ One module makes them all: the XCom copy (:func:`xcom_row`), the task's return v
 (:func:`task_summary`), the summary in Airflow's task state store (:func:`state_store_summary`), the
 row as the Checkpoint tab, the jobs page, the REST API and the CLI show it (:func:`row_view`,
 :func:`listed_row`, :func:`slot_detail`), and an attempt as lineage and tracing carry it
-(:func:`facts_json`). Each figure is computed here once: the percent (:func:`percent_of`, capped at
+(:func:`facts_json`), and a job's line on the jobs page, its REST listing and ``airflow resumable jobs``
+(:func:`job_line`). Each figure is computed here once: the percent (:func:`percent_of`, capped at
 100), the ETA (:func:`eta_of`) and the lease's liveness; and one rule cuts a value too large for where
 it goes (:func:`cut_value`), so every channel agrees on what a slot shows.
 
@@ -32,7 +33,7 @@ from airflow_resumable.core.model.states import FINISHED, Status
 
 __all__ = [
     "CUT_MARKER", "ROW_LIMIT", "STATE_STORE_POSITION_LIMIT", "XCOM_MARKER", "cap_row", "cut_value", "eta_of",
-    "facts_json", "listed_row", "percent_of", "row_json", "row_view", "skipped_view", "slot_detail",
+    "facts_json", "job_line", "listed_row", "percent_of", "row_json", "row_view", "skipped_view", "slot_detail",
     "state_store_summary", "task_summary", "xcom_row",
 ]
 
@@ -259,6 +260,35 @@ def slot_detail(cp: Checkpoint, *, history: Sequence[AttemptRecord], offers: dic
     if skipped is not None:
         view.update(skipped)
     return view
+
+
+def job_line(*, job: str, dag_id: str | None, task_id: str | None, run_id: str | None, slot: str, mapped: bool,
+             partitioned: bool, counts: Mapping[str, int], processed: int, totals_known: bool, total: int,
+             planned_rows: int | None, skipped: int, rate: float, updated: datetime | None,
+             plan_request: dict[str, Any] | None) -> dict[str, Any]:
+    """A job's line (the jobs page, its REST listing, ``airflow resumable jobs``): its partitions
+    counted by how they stand (``counts``, ``waiting`` included), and its progress as the sum of
+    theirs. ``total`` is the partitions' totals added up, shown once each has counted its range
+    (``totals_known``) and none waits; before that, the rows the plan counted when it split the
+    source (``planned_rows``), else unknown. ``rate``, the running partitions' rates added up, is
+    shown only while one runs."""
+    n = sum(counts.values())
+    shown: int | None = total if totals_known and not counts.get("waiting") else planned_rows
+    if shown is not None:
+        shown = max(shown, processed) if counts.get("done", 0) < n else shown
+    live = rate if counts.get("running") and rate > 0 else None
+    return {
+        "job": job, "dag_id": dag_id, "task_id": task_id, "run_id": run_id,
+        "slot": slot, "mapped": mapped, "partitioned": partitioned,
+        "partitions": {**counts, "total": n},
+        # The plan's rows (a partitioned job), and the partitions' dead letters not replayed:
+        # processed counts them too (a skipped item is read), the summary task tells them apart.
+        "planned": planned_rows, "processed": processed, "skipped": skipped, "total": shown,
+        "percent": percent_of(processed, shown),
+        **_rounded(live, eta_of(live, processed, shown)),
+        "updated_at": updated.isoformat() if updated else None,
+        "plan_request": plan_request,
+    }
 
 
 def facts_json(facts: AttemptFacts) -> dict[str, Any]:

@@ -280,11 +280,8 @@ def create_app() -> FastAPI:
               "(`cleared`) and which run carries the retry out, or why none will until it is cleared (`next_run`). "
               "409 while the slot runs or when it has no skipped item that can be replayed.")
     def retry_skipped(user: GetUserDep, job: Job, slot: Slot, conn_id: str = conn_query()) -> dict[str, Any]:
-        conn = _conn(conn_id)
-        row = control.get(job, slot, conn_id=conn)
-        _authorize(user, row.dag_id, "PUT")
-        asked = control.request_retry_skipped(job, slot, conn_id=conn, by=user.get_name())
-        return {**control.detail(job, slot, conn_id=conn), "retry": asked.as_json()}
+        return control.act(job, slot, control.RETRY_SKIPPED, conn_id=_conn(conn_id), by=user.get_name(),
+                           check=lambda row: _authorize(user, row.dag_id, "PUT"))
 
     @app.post("/api/v1/checkpoint/{action}", responses=_responses(400, 401, 403, 404, 409, 422, 500, 503),
               summary="Ask the slot to pause, resume, cancel, restart or release its lease")
@@ -292,15 +289,9 @@ def create_app() -> FastAPI:
         user: GetUserDep, action: Action, job: Job, slot: Slot, conn_id: str = conn_query(),
         body: Annotated[ActionBody | None, Body()] = None,
     ) -> dict[str, Any]:
-        conn = _conn(conn_id)
-        row = control.get(job, slot, conn_id=conn)
-        _authorize(user, row.dag_id, "PUT")
-        by = user.get_name()
-        if action is Action.RELEASE:
-            control.release(job, slot, conn_id=conn, by=by, force=bool(body and body.force))
-        else:
-            getattr(control, action.value)(job, slot, conn_id=conn, by=by)
-        return control.detail(job, slot, conn_id=conn)
+        return control.act(job, slot, action.value, conn_id=_conn(conn_id), by=user.get_name(),
+                           force=action is Action.RELEASE and bool(body and body.force),
+                           check=lambda row: _authorize(user, row.dag_id, "PUT"))
 
     @app.get("/api/v1/jobs", responses=_responses(400, 401, 403, 422, 500, 503),
              summary="One line per job: its latest run's partitions (done, running, paused, failed, waiting, "

@@ -224,23 +224,33 @@ def request_retry(store: Store, job: str, slot: str, *, by: str) -> int:
     """
     with store.open(autocommit=True) as session:
         session.ensure_schema()
-        row = session.checkpoints.load(job, slot)
-        if row is None:
-            raise SlotNotFound("no checkpoint row for this slot", job=job, slot=slot,
-                               hint="Check the job and the slot, as `airflow resumable list` shows them")
-        if _live(row):
-            raise RequestRefused(
-                f"the slot is running now (held by {row.lease_owner}): its skipped items can be retried once "
-                "the run has ended", status=row.status, job=job, slot=slot,
-                hint="Wait for the run to end (or pause or cancel it), then ask again")
-        n = session.skips.request_retry(row, by=by)
-        if not n:
-            pending = session.skips.count(job, slot, status="retry_requested")
-            why = (f"a retry of its {pending} skipped item(s) is already requested" if pending else
-                   "the slot has no skipped item that can be replayed (none, or only items kept as repr)")
-            raise RequestRefused(why, status=row.status, job=job, slot=slot,
-                                 hint="See its items with `airflow resumable skipped list JOB SLOT`")
-        return n
+        return request_retry_in(session, job, slot, by=by)[1]
+
+
+def request_retry_in(session: StoreSession, job: str, slot: str, *, by: str) -> tuple[Checkpoint, int]:
+    """:func:`request_retry` in ``session`` (its schema checked by the caller): the slot's row as
+    read for the request, and how many items are now ``retry_requested``.
+
+    Raises:
+        SlotNotFound / RequestRefused: as :func:`request_retry`; nothing changed.
+    """
+    row = session.checkpoints.load(job, slot)
+    if row is None:
+        raise SlotNotFound("no checkpoint row for this slot", job=job, slot=slot,
+                           hint="Check the job and the slot, as `airflow resumable list` shows them")
+    if _live(row):
+        raise RequestRefused(
+            f"the slot is running now (held by {row.lease_owner}): its skipped items can be retried once "
+            "the run has ended", status=row.status, job=job, slot=slot,
+            hint="Wait for the run to end (or pause or cancel it), then ask again")
+    n = session.skips.request_retry(row, by=by)
+    if not n:
+        pending = session.skips.count(job, slot, status="retry_requested")
+        why = (f"a retry of its {pending} skipped item(s) is already requested" if pending else
+               "the slot has no skipped item that can be replayed (none, or only items kept as repr)")
+        raise RequestRefused(why, status=row.status, job=job, slot=slot,
+                             hint="See its items with `airflow resumable skipped list JOB SLOT`")
+    return row, n
 
 
 def replay_requested(session: StoreSession, *, job: str, slot: str, fn: Callable[[Any], Any] | None,

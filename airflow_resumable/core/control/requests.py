@@ -40,10 +40,10 @@ from airflow_resumable.core.model.states import AttemptEnd, Request, Status
 from airflow_resumable.core.model.tables import ATTEMPTS
 from airflow_resumable.core.stores.base import Store, StoreSession
 from airflow_resumable.core.stores.shared_sql import insert, json_or_none, named
-from airflow_resumable.core.view import eta_of, percent_of
+from airflow_resumable.core.view import job_line
 from airflow_resumable.core.work.partitions import PLAN_SUFFIX, load_plan, partition_job, plan_job
 
-__all__ = ["ACTIONS", "COUNTS", "PARTITION_KINDS", "base_job", "cancel", "default_by", "job_partitions", "jobs",
+__all__ = ["ACTIONS", "COUNTS", "OUTCOMES", "PARTITION_KINDS", "apply", "base_job", "cancel", "default_by", "job_partitions", "jobs",
            "pause", "record_rerun", "release", "restart", "resume", "stale", "wake"]
 
 #: The longest ``by`` kept.
@@ -116,17 +116,35 @@ def release(store: Store, job: str, slot: str, *, by: str | None = None, force: 
     return _request(store, job, slot, Action.RELEASE, AttemptEnd.LEASE_RELEASED, by, force=force)
 
 
+#: What each request records in the slot's history.
+OUTCOMES = {Action.PAUSE: AttemptEnd.PAUSE_REQUESTED, Action.RESUME: AttemptEnd.RESUME_REQUESTED,
+            Action.CANCEL: AttemptEnd.CANCEL_REQUESTED, Action.RESTART: AttemptEnd.RESTART_REQUESTED,
+            Action.RELEASE: AttemptEnd.LEASE_RELEASED}
+
+
 def _request(store: Store, job: str, slot: str, action: Action, outcome: AttemptEnd, by: str | None, *,
              force: bool = False) -> Checkpoint:
     """Apply ``action``; raise saying why when the row does not take it."""
-    by = _by(by)
-    _check_keys(job, slot)
     with store.open(autocommit=True) as session:
         session.ensure_schema()
-        row = session.requests.apply(job, slot, action, by=by, outcome=outcome, force=force)
-        if row is None:
-            raise _refused(session, job, slot, action, force=force)
-        return row
+        return apply(session, job, slot, action, by=by, force=force)
+
+
+def apply(session: StoreSession, job: str, slot: str, action: Action, *, by: str | None = None,
+          force: bool = False) -> Checkpoint:
+    """Apply ``action`` to the slot in ``session`` (its schema checked by the caller): one
+    conditional write and its history record, in one transaction. Returns the row after it.
+
+    Raises:
+        ConfigurationError: the job, the slot or ``by`` is not a valid one.
+        SlotNotFound / RequestRefused: as each request says; nothing changed.
+    """
+    by = _by(by)
+    _check_keys(job, slot)
+    row = session.requests.apply(job, slot, action, by=by, outcome=OUTCOMES[action], force=force)
+    if row is None:
+        raise _refused(session, job, slot, action, force=force)
+    return row
 
 
 def not_found(job: str, slot: str) -> SlotNotFound:
@@ -275,30 +293,16 @@ class _Run:
         return sum(self.counts.values())
 
     def line(self) -> dict[str, Any]:
-        """The job's line: its partitions counted, and its progress as the sum of theirs."""
+        """The job's line: its partitions counted, and its progress as the sum of theirs
+        (:func:`~airflow_resumable.core.view.job_line` shapes it)."""
         counts = dict(self.counts)
         if self.planned is not None:
             counts["waiting"] = max(0, self.planned - self.seen)
-        n = sum(counts.values())
-        # The sum of the partitions' totals once each has counted its range; before that, the
-        # rows the plan counted when it split the source (a partitioned job), else unknown.
-        total: int | None = self.total if self.totals == self.seen and not counts["waiting"] else self.planned_rows
-        if total is not None:
-            total = max(total, self.processed) if counts["done"] < n else total
-        rate = self.rate if counts["running"] and self.rate > 0 else None
-        eta = eta_of(rate, self.processed, total)
-        return {
-            "job": self.name, "dag_id": self.dag_id, "task_id": self.task_id, "run_id": self.run_id,
-            "slot": self.slot, "mapped": self.mapped, "partitioned": self.planned is not None,
-            "partitions": {**counts, "total": n},
-            # The plan's rows (a partitioned job), and the partitions' dead letters not replayed:
-            # processed counts them too (a skipped item is read), the summary task tells them apart.
-            "planned": self.planned_rows, "processed": self.processed, "skipped": self.skipped, "total": total,
-            "percent": percent_of(self.processed, total),
-            "rate": None if rate is None else round(rate, 2), "eta_seconds": None if eta is None else round(eta, 1),
-            "updated_at": self.updated.isoformat() if self.updated else None,
-            "plan_request": self.plan_request,
-        }
+        return job_line(job=self.name, dag_id=self.dag_id, task_id=self.task_id, run_id=self.run_id, slot=self.slot,
+                        mapped=self.mapped, partitioned=self.planned is not None, counts=counts,
+                        processed=self.processed, totals_known=self.totals == self.seen, total=self.total,
+                        planned_rows=self.planned_rows, skipped=self.skipped, rate=self.rate, updated=self.updated,
+                        plan_request=self.plan_request)
 
 
 def _runs(session: StoreSession, groups: list[tuple[Any, ...]], *, dag_ids: Collection[str] | None = None,

@@ -217,6 +217,36 @@ def test_one_slot_is_read_on_one_connection_with_one_schema_check(as_user: Any, 
         assert (len(connections), len(checks)) == (1, 1), path
 
 
+@pytest.mark.one_store("counts the SQLite store's connections; the request's SQL is the store contract's", kind="sqlite")
+def test_a_request_is_checked_applied_and_answered_on_one_connection(
+        as_user: Any, fresh: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Given a failed slot of dag_a, When a user who may act asks to pause it, then to resume it,
+    Then each answer (the slot after the request) was read, authorized, written and read again on
+    one connection, with one schema check; and a user who may not act on dag_b's slot is refused
+    before anything is written."""
+    from airflow_resumable.core.stores.base import StoreSession
+
+    run_slot(fresh, A, "dag_a", fail_at=10)
+    run_slot(fresh, B, "dag_b", fail_at=10)
+    connections, checks = [], []
+    connect, ensure = SQLiteStore.connect, StoreSession.ensure_schema
+    monkeypatch.setattr(SQLiteStore, "connect", lambda self, **kw: connections.append(1) or connect(self, **kw))
+    monkeypatch.setattr(StoreSession, "ensure_schema", lambda self, **kw: checks.append(1) or ensure(self, **kw))
+    for action, recorded in (("pause", "pause_requested"), ("resume", "resume_requested")):
+        connections.clear()
+        checks.clear()
+        r = as_user("op", "POST", f"{BASE}/checkpoint/{action}", params={**q(A), "conn_id": FRESH})
+        assert r.status_code == 200, r.text
+        last = r.json()["history"][-1]
+        assert (last["outcome"], last["requested_by"]) == (recorded, "op")
+        assert (len(connections), len(checks)) == (1, 1), action
+    refused = as_user("alice", "POST", f"{BASE}/checkpoint/pause", params={**q(B), "conn_id": FRESH})
+    assert refused.status_code == 403
+    with fresh.open() as s:
+        assert s.checkpoints.load(B, SLOT).request is None
+        assert [h.outcome for h in s.listings.history(B, SLOT)] == ["failed"]
+
+
 def test_a_slot_of_a_dag_the_user_may_not_see_is_forbidden(as_user: Any) -> None:
     assert as_user("alice", "GET", f"{BASE}/checkpoint", params=q(B)).status_code == 403
 
