@@ -47,7 +47,7 @@ MOVED: dict[str, str] = {
     "acquire": "attempt.acquire",
     "chunks": "attempt.after_chunk",
     "finish": "attempt.finish",
-    "attempt_state": "attempt.setup",
+    "attempt_state": "attempt.given",
     "tally": "attempt.tally",
     "lease": "attempt.lease",
     "signal": "attempt.signal",

@@ -1,7 +1,7 @@
 """An attempt's start: take the slot's lease (waiting, bounded, for a live holder), apply the
 overlap policy against the job's other live slots, and decide between resume, start over and restart.
 
-Each step is a function of the attempt's :class:`~airflow_resumable.core.attempt.setup.Setup` and of
+Each step is a function of the attempt's :class:`~airflow_resumable.core.attempt.given.Given` and of
 what taking the lease gave it, :class:`Held`: the session, the lease's fence and the row.
 """
 
@@ -12,8 +12,8 @@ import time
 from datetime import datetime
 from typing import Any
 
+from airflow_resumable.core.attempt.given import Given
 from airflow_resumable.core.attempt.lease import STOP_POLL, stop_requested
-from airflow_resumable.core.attempt.setup import Setup
 from airflow_resumable.core.attempt.signal import Reason
 from airflow_resumable.core.model.checkpoint import AttemptEnd, Checkpoint, Status, encode
 from airflow_resumable.core.model.errors import Cancelled, LeaseBusy, OverlapSkip, OverlapWait
@@ -57,39 +57,39 @@ class Begun:
     record_id: int | None
 
 
-def take_lease(setup: Setup, session: StoreSession) -> Held:
+def take_lease(given: Given, session: StoreSession) -> Held:
     """Take the slot's lease, waiting (bounded by ``lease_wait``) for a live holder's to end or expire.
 
     Raises:
         LeaseBusy: another live attempt kept the lease past ``lease_wait``.
         Cancelled: the signal fired while waiting (nothing written).
     """
-    options, signal = setup.options, setup.signal
+    options, signal = given.options, given.signal
     deadline = time.monotonic() + options.effective_lease_wait
     announced = False
     while True:
-        got = session.leases.acquire(setup.job, setup.slot, setup.owner, options.lease)
+        got = session.leases.acquire(given.job, given.slot, given.owner, options.lease)
         if got is not None:
             row, created = got
             return Held(session, Fence.of(row), row, created)
-        holder = session.checkpoints.load(setup.job, setup.slot)
+        holder = session.checkpoints.load(given.job, given.slot)
         if time.monotonic() >= deadline:
             raise LeaseBusy(
                 f"another attempt ({holder.lease_owner if holder else '?'}) still holds this slot's "
                 f"lease after waiting {options.effective_lease_wait:g}s",
                 holder=holder.lease_owner if holder else None,
-                job=setup.job,
-                slot=setup.slot,
+                job=given.job,
+                slot=given.slot,
                 hint="If that attempt is alive it keeps the slot; otherwise its lease expires "
                 f"within {options.lease:g}s and a retry takes over",
             )
         if not announced:
-            setup.log.warning(
+            given.log.warning(
                 "slot is held by %s (lease until %s); waiting up to %.0fs for it to end or expire "
                 "[job=%s slot=%s]",
                 holder.lease_owner if holder else "?",
                 holder.lease_expires_at.isoformat() if holder and holder.lease_expires_at else "?",
-                options.effective_lease_wait, setup.job, setup.slot,
+                options.effective_lease_wait, given.job, given.slot,
             )
             announced = True
         # No lease keeper runs yet to ask the stop sources (a worker's drain): ask them here,
@@ -98,38 +98,38 @@ def take_lease(setup: Setup, session: StoreSession) -> Held:
             signal.cancel(*stop)
         pause = min(max(options.lease / 10.0, 0.05), STOP_POLL, max(0.0, deadline - time.monotonic()))
         if signal.cancelled or signal.wait(pause):
-            _stop_waiting(setup, holder)
+            _stop_waiting(given, holder)
 
 
-def _stop_waiting(setup: Setup, holder: Checkpoint | None) -> None:
+def _stop_waiting(given: Given, holder: Checkpoint | None) -> None:
     """The signal fired while this attempt waited for another holder's lease: stop waiting.
     Nothing is written (the row is the holder's); the reason goes to the log.
 
     Raises:
         Cancelled: with the signal's reason (``shutdown`` for a drain, ``timeout``, ``user``).
     """
-    signal = setup.signal
-    reason, message = setup.resolve(signal.reason, signal.message)
+    signal = given.signal
+    reason, message = given.resolve(signal.reason, signal.message)
     signal.classify(reason, message)
-    setup.log.warning(
+    given.log.warning(
         "stopped waiting for this slot's lease (held by %s): cancelled (%s): %s; nothing was written, "
         "the row stays as its holder keeps it, and a retry waits again [job=%s slot=%s attempt=%s]",
-        holder.lease_owner if holder else "?", reason, message, setup.job, setup.slot, setup.attempt,
+        holder.lease_owner if holder else "?", reason, message, given.job, given.slot, given.attempt,
     )
     signal.raise_if_cancelled()
 
 
-def overlap(setup: Setup, held: Held) -> None:
+def overlap(given: Given, held: Held) -> None:
     """Apply the overlap policy against the job's other live slots.
 
     Raises:
         OverlapSkip / OverlapWait: an earlier run of the job is live (policy ``skip`` / ``wait``);
             the lease was given back.
     """
-    policy = setup.options.overlap
+    policy = given.options.overlap
     if policy == "allow":
         return
-    session, row, job, slot = held.session, held.row, setup.job, setup.slot
+    session, row, job, slot = held.session, held.row, given.job, given.slot
     mine = (_run_started(row), row.slot)
     others = [
         o for o in session.listings.live_others(job, slot)
@@ -146,7 +146,7 @@ def overlap(setup: Setup, held: Held) -> None:
                                        note="superseded by a newer run")
             else:
                 session.requests.cancel(job, other.slot, Reason.SUPERSEDED.value)
-        setup.log.warning(
+        given.log.warning(
             "asked the live run(s) of slot(s) %s to stop at their next chunk boundary (superseded) "
             "[job=%s slot=%s]", ", ".join(slots), job, slot,
         )
@@ -156,7 +156,7 @@ def overlap(setup: Setup, held: Held) -> None:
                   "started_at": _run_started(first).isoformat(timespec="seconds")}
     why = yielded(yielded_to, more=len(others) - 1)
     # A skip is history; a wait re-checks every overlap_poke and would flood it.
-    skipped = setup.unstarted(held.fence, AttemptEnd.SKIPPED, row, error=f"overlap {policy}: {why}")
+    skipped = given.unstarted(held.fence, AttemptEnd.SKIPPED, row, error=f"overlap {policy}: {why}")
     session.leases.release(held.fence, delete=held.created, record=None if policy == "wait" else skipped)
     error = OverlapSkip if policy == "skip" else OverlapWait
     raise error(f"{why}; overlap policy is {policy!r}", others=slots, yielded_to=yielded_to, job=job, slot=slot)
@@ -167,28 +167,28 @@ def release(held: Held) -> None:
     held.session.leases.release(held.fence, delete=False)
 
 
-def why_run_again(setup: Setup, held: Held) -> str | None:
+def why_run_again(given: Given, held: Held) -> str | None:
     """Why a ``done`` slot runs again: someone asked (restart, or the embedding says so), else None."""
-    restart = _restart_reason(setup, held.row)
+    restart = _restart_reason(given, held.row)
     if restart:
         return restart
-    retry = _retry_pending(setup, held.session)
+    retry = _retry_pending(given, held.session)
     if retry:
         return retry
-    if setup.hooks.rerun is None:
+    if given.hooks.rerun is None:
         return None
-    return setup.hooks.rerun(held.row)
+    return given.hooks.rerun(held.row)
 
 
-def _retry_pending(setup: Setup, session: StoreSession) -> str | None:
+def _retry_pending(given: Given, session: StoreSession) -> str | None:
     """Why a ``done`` slot resumes at its end: a retry of its skipped items was requested."""
-    n = session.skips.count(setup.job, setup.slot, status="retry_requested")
+    n = session.skips.count(given.job, given.slot, status="retry_requested")
     return f"a retry of {n} skipped item(s) was requested" if n else None
 
 
-def _restart_reason(setup: Setup, row: Checkpoint) -> str | None:
+def _restart_reason(given: Given, row: Checkpoint) -> str | None:
     """Why this attempt starts over on purpose (the option, or a restart request on the row)."""
-    if setup.options.restart:
+    if given.options.restart:
         return "restart requested"
     if row.request == Request.RESTART:
         return f"restart requested by {row.requested_by or '?'}"
@@ -212,19 +212,19 @@ def pending_cancel(session: StoreSession, row: Checkpoint) -> Cancelled:
                      "request: this attempt stopped before any work")
 
 
-def begin(setup: Setup, held: Held, rerun_because: str | None) -> Begun:
+def begin(given: Given, held: Held, rerun_because: str | None) -> Begun:
     """Resume the slot's checkpoint, or start it over (fresh, a done slot asked to run again
     ``rerun_because``, or restart asked).
 
     Raises:
         LeaseLost: another attempt took the lease over first (nothing started).
     """
-    session, row, log = held.session, held.row, setup.log
+    session, row, log = held.session, held.row, given.log
     has_progress = row.position is not None or row.processed > 0 or bool(row.state)
-    where = f"[job={setup.job} slot={setup.slot} attempt={setup.attempt}]"
-    restart = _restart_reason(setup, row)
+    where = f"[job={given.job} slot={given.slot} attempt={given.attempt}]"
+    restart = _restart_reason(given, row)
     # A done slot asked to retry its skipped items resumes at its end: they are replayed, not the run.
-    replaying = row.status == Status.DONE.value and not restart and _retry_pending(setup, session)
+    replaying = row.status == Status.DONE.value and not restart and _retry_pending(given, session)
     if held.created or (not has_progress and row.status != Status.DONE.value):
         log.info("starting from the beginning %s", where)
     elif row.status == Status.DONE.value and not replaying:
@@ -247,17 +247,17 @@ def begin(setup: Setup, held: Held, rerun_because: str | None) -> Begun:
         else:
             log.warning(
                 "attempt %s: resuming from position=%r processed=%s%s (last status %s%s) [job=%s slot=%s]",
-                setup.attempt, row.position, row.processed, f"/{row.total}" if row.total is not None else "",
-                row.status, f", {row.stop_reason}" if row.stop_reason else "", setup.job, setup.slot,
+                given.attempt, row.position, row.processed, f"/{row.total}" if row.total is not None else "",
+                row.status, f", {row.stop_reason}" if row.stop_reason else "", given.job, given.slot,
             )
-        resumed_from = encode(row.position, what="position", job=setup.job, slot=setup.slot)
+        resumed_from = encode(row.position, what="position", job=given.job, slot=given.slot)
         resumed, record_id = session.checkpoints.start(
-            held.fence, setup.attempt, reset=False, resumed_from=resumed_from,
-            record=setup.record(held.fence, resumed_from=row.position),
+            held.fence, given.attempt, reset=False, resumed_from=resumed_from,
+            record=given.record(held.fence, resumed_from=row.position),
         )
         return Begun(resumed, True, row.position, record_id)
     fresh, record_id = session.checkpoints.start(
-        held.fence, setup.attempt, reset=True, resumed_from=None, record=setup.record(held.fence),
+        held.fence, given.attempt, reset=True, resumed_from=None, record=given.record(held.fence),
     )
     return Begun(fresh, False, None, record_id)
 

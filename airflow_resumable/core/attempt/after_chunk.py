@@ -17,9 +17,9 @@ from typing import Any
 from airflow_resumable.core.attempt.acquire import Begun, Held
 from airflow_resumable.core.attempt.async_bridge import drive
 from airflow_resumable.core.attempt.context import RunContext
+from airflow_resumable.core.attempt.given import Given, utcnow
 from airflow_resumable.core.attempt.lease import LeaseKeeper
 from airflow_resumable.core.attempt.pipeline import CheckpointWriter, InlineWriter, checkpoint_writer
-from airflow_resumable.core.attempt.setup import Setup, utcnow
 from airflow_resumable.core.attempt.signal import Reason
 from airflow_resumable.core.attempt.skip_policy import ReplayReport, replay_requested, skip_item
 from airflow_resumable.core.attempt.tally import Tally
@@ -43,7 +43,7 @@ class Running:
     the run context calls (:class:`~airflow_resumable.core.attempt.context.AttemptCalls`).
 
     Attributes:
-        setup: what the attempt was given (identity, options, hooks, log, reporter, signal, store).
+        given: what the attempt was given (identity, options, hooks, log, reporter, signal, store).
         session: the attempt's connection to the checkpoint database.
         fence: the lease: every write names it.
         tally: the attempt's progress, one owner (see core/attempt/tally.py).
@@ -58,22 +58,22 @@ class Running:
         final: the row as the attempt's end left it, once written.
     """
 
-    def __init__(self, setup: Setup, held: Held, begun: Begun):
-        self.setup = setup
+    def __init__(self, given: Given, held: Held, begun: Begun):
+        self.given = given
         # Read on every checkpoint: plain attributes.
-        self.job, self.slot, self.attempt = setup.job, setup.slot, setup.attempt
+        self.job, self.slot, self.attempt = given.job, given.slot, given.attempt
         self.store, self.options, self.signal, self.log, self.reporter = (
-            setup.store, setup.options, setup.signal, setup.log, setup.reporter)
+            given.store, given.options, given.signal, given.log, given.reporter)
         self.session = held.session
         self.fence = held.fence
         self.record_id = begun.record_id
         self.resumed, self.resumed_from = begun.resumed, begun.resumed_from
         self.tally = Tally(begun.row)
-        self.ctx = RunContext(self, setup.identity, self.tally, signal=setup.signal, log=setup.log,
+        self.ctx = RunContext(self, given.identity, self.tally, signal=given.signal, log=given.log,
                               resumed=begun.resumed)
-        self.keeper = LeaseKeeper(setup.store, held.fence, lease_seconds=setup.options.lease, signal=setup.signal,
-                                  interval=setup.heartbeat)
-        self.writer: CheckpointWriter = InlineWriter(setup.store, held.session, held.fence, signal=setup.signal,
+        self.keeper = LeaseKeeper(given.store, held.fence, lease_seconds=given.options.lease, signal=given.signal,
+                                  interval=given.heartbeat)
+        self.writer: CheckpointWriter = InlineWriter(given.store, held.session, held.fence, signal=given.signal,
                                                      tally=self.tally)
         self.inputs: list[Source] = []
         self.outputs: list[Source] = []
@@ -179,7 +179,7 @@ class Running:
         """
         with self._lock:
             if self._ended:
-                raise self.setup.ended_error("ctx.checkpoint()")
+                raise self.given.ended_error("ctx.checkpoint()")
             if self.signal.reason == Reason.LEASE_LOST:
                 self.session.rollback()
                 raise LeaseLost(
@@ -249,7 +249,7 @@ class Running:
                 connection than the handler's writes.
         """
         if self._ended:
-            raise self.setup.ended_error("ctx.transaction()")
+            raise self.given.ended_error("ctx.transaction()")
         if self.options.pipeline_checkpoints:
             raise ConfigurationError(
                 "ctx.transaction() cannot be used with pipeline_checkpoints=True: its writes commit with the "
@@ -265,7 +265,7 @@ class Running:
     def skip(self, item: Any, *, position: Any, error: BaseException, limit: int) -> int:
         """Record a skipped item (see :func:`airflow_resumable.core.attempt.skip_policy.skip_item`)."""
         if self._ended:
-            raise self.setup.ended_error("ctx.skip()")
+            raise self.given.ended_error("ctx.skip()")
         count = skip_item(self.session, job=self.job, slot=self.slot, attempt=self.attempt, item=item,
                           position=position, error=error, limit=limit, log=self.log)
         self.tally.skipped = count
@@ -297,7 +297,7 @@ class Running:
                          savepoint: Callable[[], AbstractContextManager[None]]) -> ReplayReport | None:
         """Replay the items whose retry was requested (see :func:`airflow_resumable.core.attempt.skip_policy.replay_requested`)."""
         if self._ended:
-            raise self.setup.ended_error("ctx.replay_skipped()")
+            raise self.given.ended_error("ctx.replay_skipped()")
         return replay_requested(self.session, job=self.job, slot=self.slot, fn=fn, savepoint=savepoint, log=self.log,
                                 attempt=self.attempt)
 
@@ -319,9 +319,9 @@ class Running:
         """
         with self._lock:  # the session is the checkpoints' too (a handler's other thread)
             if self._ended:
-                raise self.setup.ended_error("ctx.previous")
+                raise self.given.ended_error("ctx.previous")
             session = self.session
-            return session.listings.previous(self.job, self.slot, by_time=self.setup.scheduled_at is not None,
+            return session.listings.previous(self.job, self.slot, by_time=self.given.scheduled_at is not None,
                                              commit=session.autocommit)
 
     def use_reader(self, identity: dict[str, Any]) -> None:
@@ -339,7 +339,7 @@ class Running:
         current = json.loads(text)
         with self._lock:
             if self._ended:
-                raise self.setup.ended_error("ctx.use_reader()")
+                raise self.given.ended_error("ctx.use_reader()")
             if self._reader is not None:
                 if self._reader == current:
                     return

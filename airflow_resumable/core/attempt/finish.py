@@ -13,7 +13,7 @@ from typing import Any
 
 from airflow_resumable.core.attempt.acquire import Held
 from airflow_resumable.core.attempt.after_chunk import Running
-from airflow_resumable.core.attempt.setup import Setup, utcnow
+from airflow_resumable.core.attempt.given import Given, utcnow
 from airflow_resumable.core.attempt.signal import Reason
 from airflow_resumable.core.model.checkpoint import ENCODER, AttemptEnd, Checkpoint, Status, short
 from airflow_resumable.core.model.checkpoint import error_text as _error_text
@@ -38,13 +38,13 @@ class Outcome:
         return task_summary(self.checkpoint)
 
 
-def already_done(setup: Setup, held: Held) -> Outcome:
+def already_done(given: Given, held: Held) -> Outcome:
     """The slot finished before: give the lease back and return what it stored, without
     running the handler (an automatic retry after the end-of-run window, a duplicate attempt,
     another DAG sharing the job)."""
-    row, log = held.row, setup.log
+    row, log = held.row, given.log
     try:
-        result = None if row.result is None else setup.hooks.result_codec[1](row.result)
+        result = None if row.result is None else given.hooks.result_codec[1](row.result)
     except Exception as exc:  # the row is done; its copy of the result cannot be read back
         log.warning("could not read back the stored result of this slot (%s); returning None", exc)
         result = None
@@ -53,11 +53,11 @@ def already_done(setup: Setup, held: Held) -> Outcome:
         "stored outcome. To run it again on purpose, Clear the task instance after it succeeded, or "
         "trigger with conf {\"resumable_restart\": true}, or set restart=True [job=%s slot=%s attempt=%s]",
         row.finished_at.isoformat() if row.finished_at else "?", row.run_id or "?", row.attempt,
-        f", {row.dag_id}.{row.task_id}" if row.dag_id else "", setup.job, setup.slot, setup.attempt,
+        f", {row.dag_id}.{row.task_id}" if row.dag_id else "", given.job, given.slot, given.attempt,
     )
-    held.session.leases.release(held.fence, record=setup.unstarted(held.fence, AttemptEnd.ALREADY_DONE, row))
+    held.session.leases.release(held.fence, record=given.unstarted(held.fence, AttemptEnd.ALREADY_DONE, row))
     released = dataclasses.replace(row, lease_owner=None, lease_expires_at=None)
-    setup.reporter.on_finish(released)
+    given.reporter.on_finish(released)
     return Outcome(result=result, checkpoint=released, resumed_from=None, already_done=True)
 
 
@@ -139,7 +139,7 @@ def _end_anew(run: Running, values: dict[str, Any], exc: Exception, *, pending: 
     """
     tried: Status = values["status"]
     log, fence = run.log, run.fence
-    gone = run.gone or run.setup.connection_lost(exc)
+    gone = run.gone or run.given.connection_lost(exc)
     if tried is Status.DONE and pending:
         values = {**values, "status": Status.FAILED, "last_error": _error_text(gone), "result": None}
     try:
@@ -174,7 +174,7 @@ def _end_anew(run: Running, values: dict[str, Any], exc: Exception, *, pending: 
 
 def stopped(run: Running, exc: BaseException) -> None:
     """Record how the handler stopped: lease lost, paused, cancelled, or failed (see core/model/states.py)."""
-    tally, signal, log, setup = run.tally, run.signal, run.log, run.setup
+    tally, signal, log, given = run.tally, run.signal, run.log, run.given
     if isinstance(exc, LeaseLost) or signal.reason == Reason.LEASE_LOST:
         _lost(run, exc)
     elif isinstance(exc, Paused):
@@ -186,7 +186,7 @@ def stopped(run: Running, exc: BaseException) -> None:
         )
         end(run, Status.PAUSED, stop_reason=exc.reason, resume_in=resume_in)
     elif isinstance(exc, Cancelled):
-        reason, message = setup.resolve(exc.reason, exc.message)
+        reason, message = given.resolve(exc.reason, exc.message)
         signal.classify(reason, message)
         exc.reason, exc.message = reason, message
         exc.args = (message,)
@@ -199,7 +199,7 @@ def stopped(run: Running, exc: BaseException) -> None:
     else:
         stop_reason = None
         if signal.cancelled:
-            stop_reason = setup.resolve(signal.reason, None)[0]
+            stop_reason = given.resolve(signal.reason, None)[0]
             signal.classify(stop_reason)
         end(run, Status.FAILED, error=_error_text(exc), stop_reason=stop_reason)
 
@@ -223,7 +223,7 @@ def _lost(run: Running, exc: BaseException) -> None:
         run.log.warning("could not record the lost lease in the attempt history", exc_info=True)
 
 
-def result_text(setup: Setup, result: Any) -> str | None:
+def result_text(given: Given, result: Any) -> str | None:
     """The handler's return value as the row keeps it (JSON text), or None.
 
     Raises:
@@ -232,13 +232,13 @@ def result_text(setup: Setup, result: Any) -> str | None:
     if result is None:
         return None
     try:
-        return ENCODER.encode(setup.hooks.result_codec[0](result))
+        return ENCODER.encode(given.hooks.result_codec[0](result))
     except Exception as exc:
         raise InvalidCheckpoint(
             f"the handler's return value {short(result)} cannot be stored ({type(exc).__name__}: {exc}); "
             "the slot was not marked done",
-            job=setup.job,
-            slot=setup.slot,
+            job=given.job,
+            slot=given.slot,
             hint="Return JSON values (numbers, strings, lists, dicts), or None; the checkpoint is kept and "
             "a retry resumes from it once the handler returns something storable",
         ) from exc

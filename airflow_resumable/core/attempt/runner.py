@@ -28,8 +28,8 @@ from airflow_resumable.core.attempt.acquire import begin, overlap, pending_cance
 from airflow_resumable.core.attempt.after_chunk import Running
 from airflow_resumable.core.attempt.context import RunContext
 from airflow_resumable.core.attempt.finish import Outcome, already_done, end, result_text, stopped
+from airflow_resumable.core.attempt.given import Given
 from airflow_resumable.core.attempt.lease import LeaseKeeper
-from airflow_resumable.core.attempt.setup import Setup
 from airflow_resumable.core.attempt.signal import Reason
 from airflow_resumable.core.model.checkpoint import Checkpoint, Status
 from airflow_resumable.core.model.errors import (
@@ -66,11 +66,11 @@ __all__ = [
 ]
 
 
-class Attempt(Setup):
+class Attempt(Given):
     """One attempt of one (job, slot): ``Attempt(store, Identity(...), hooks=..., options=...)``, then
     :meth:`run` once.
 
-    What it is given (:class:`~airflow_resumable.core.attempt.setup.Setup`) is all it has until it
+    What it is given (:class:`~airflow_resumable.core.attempt.given.Given`) is all it has until it
     takes the lease; then :class:`~airflow_resumable.core.attempt.acquire.Held`, and once the handler
     begins, :attr:`running`. The steps are functions of those values: the start
     (:mod:`~airflow_resumable.core.attempt.acquire`), the one step after each chunk

@@ -25,7 +25,7 @@ from airflow_resumable.core.model.options import MAX_KEY_BYTES, Options, key_pro
 from airflow_resumable.core.stores.base import Store
 
 
-class Setup:
+class Given:
     """What one attempt of one (job, slot) is given, none of it optional, and the helpers every
     step uses. :class:`~airflow_resumable.core.attempt.runner.Attempt` is one."""
 
