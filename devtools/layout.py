@@ -52,7 +52,11 @@ def modules() -> dict[str, Module]:
 
 
 def imports(module: Module, known: dict[str, Module]) -> Iterator[tuple[str, int]]:
-    """The package's modules that ``module`` imports (anywhere in it, type-only too), with the line."""
+    """The package's modules that importing ``module`` runs directly (anywhere in it, type-only
+    too), each with its line: every module it names, and for ``from x import y`` the module ``x``
+    itself (a package's ``__init__`` runs before ``y``). The module's own packages are left out:
+    they run before it anyway. The one reading of imports: the layout's rooms and the no-circle
+    test (:func:`module_graph`) both take it."""
     package = module.name if module.path.name == "__init__.py" else module.name.rpartition(".")[0]
     for node in ast.walk(ast.parse(module.path.read_text())):
         if isinstance(node, ast.Import):
@@ -62,14 +66,52 @@ def imports(module: Module, known: dict[str, Module]) -> Iterator[tuple[str, int
             if node.level:
                 up = package.split(".")[: len(package.split(".")) - node.level + 1]
                 base = ".".join([*up, base] if base else up)
-            targets = [f"{base}.{alias.name}" for alias in node.names] or [base]
+            targets = [base, *(f"{base}.{alias.name}" for alias in node.names)]
         else:
             continue
-        for target in targets:
+        for target in dict.fromkeys(targets):
             while target and target not in known:  # a name imported from a module: the module
                 target = target.rpartition(".")[0]
-            if target and target != module.name:
+            if target and target != module.name and not module.name.startswith(target + "."):
                 yield target, node.lineno
+
+
+def module_graph() -> dict[str, set[str]]:
+    """Module -> the package's modules it imports (:func:`imports`), type-only imports included."""
+    known = modules()
+    return {name: {target for target, _ in imports(module, known)} for name, module in known.items()}
+
+
+def circles(graph: dict[str, set[str]]) -> list[set[str]]:
+    """The groups of nodes that import each other, directly or around a loop (Tarjan's components)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[set[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for other in graph.get(node, ()):
+            if other not in index:
+                visit(other)
+                low[node] = min(low[node], low[other])
+            elif other in stack:
+                low[node] = min(low[node], index[other])
+        if low[node] == index[node]:
+            group = set()
+            while True:
+                member = stack.pop()
+                group.add(member)
+                if member == node:
+                    break
+            if len(group) > 1 or node in graph.get(node, ()):
+                found.append(group)
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
 
 
 def room_graph() -> tuple[dict[str, set[str]], list[tuple[str, str, str, int]]]:

@@ -145,73 +145,12 @@ def test_make_demo_prints_the_lesson_s_figures_and_at_info_the_log_lines_the_tut
 KNOWN_CIRCLES: list[set[str]] = []
 
 
-def _import_graph() -> dict[str, set[str]]:
-    """Module -> the airflow_resumable modules it imports, type-only (``if TYPE_CHECKING:``) imports included."""
-    import ast
-
-    files = {}
-    for path in (ROOT / "airflow_resumable").rglob("*.py"):
-        parts = path.relative_to(ROOT).with_suffix("").parts
-        files[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
-    graph: dict[str, set[str]] = {name: set() for name in files}
-    for name, path in files.items():
-        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Import):
-                targets = [alias.name for alias in node.names]
-            elif isinstance(node, ast.ImportFrom):
-                base = node.module or ""
-                if node.level:
-                    up = package.split(".")[: len(package.split(".")) - node.level + 1]
-                    base = ".".join([*up, base] if base else up)
-                targets = [base, *(f"{base}.{alias.name}" for alias in node.names)]
-            else:
-                continue
-            for target in targets:
-                while target and target not in files:  # a name imported from a module: the module
-                    target = target.rpartition(".")[0]
-                # A module's own packages are imported before it anyway: not an edge of a circle.
-                if target and target != name and not name.startswith(target + "."):
-                    graph[name].add(target)
-    return graph
-
-
-def _circles(graph: dict[str, set[str]]) -> list[set[str]]:
-    """The groups of modules that import each other, directly or around a loop (Tarjan's components)."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    found: list[set[str]] = []
-
-    def visit(node: str) -> None:
-        index[node] = low[node] = len(index)
-        stack.append(node)
-        for nxt in graph[node]:
-            if nxt not in index:
-                visit(nxt)
-                low[node] = min(low[node], low[nxt])
-            elif nxt in stack:
-                low[node] = min(low[node], index[nxt])
-        if low[node] == index[node]:
-            group = set()
-            while True:
-                member = stack.pop()
-                group.add(member)
-                if member == node:
-                    break
-            if len(group) > 1:
-                found.append(group)
-
-    for node in sorted(graph):
-        if node not in index:
-            visit(node)
-    return found
-
-
 def test_no_import_circles_in_the_package_counting_type_only_imports() -> None:
-    graph = _import_graph()
+    from devtools import layout  # the one reading of imports, the layout test's too
+
+    graph = layout.module_graph()
     assert "airflow_resumable.core.attempt.runner" in graph["airflow_resumable.core"]  # the graph sees imports
-    new = [sorted(group) for group in _circles(graph) if group not in KNOWN_CIRCLES]
+    new = [sorted(group) for group in layout.circles(graph) if group not in KNOWN_CIRCLES]
     assert not new, f"modules that import each other (type-only imports count): {new}"
 
 
