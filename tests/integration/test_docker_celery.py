@@ -12,19 +12,19 @@ from typing import Any
 
 import pytest
 
-from tests.integration.test_docker import (  # noqa: F401 - _empty_home is an autouse fixture, used by compose()
+from support.compose import (  # noqa: F401 - empty_compose_home is an autouse fixture, used by compose()
     API_SERVER,
     COMPOSE_FILE,
     DAG_PROCESSOR,
     DOCKER,
     INIT,
     POSTGRES,
-    ROOT,
     SCHEDULER,
     TRIGGERER,
-    _empty_home,
     compose,
+    empty_compose_home,
 )
+from support.paths import ROOT
 
 CELERY_FILE = DOCKER / "docker-compose.celery.yml"
 REDIS = "redis"

@@ -20,9 +20,7 @@ import signal
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
 
 import psutil
 import pytest
@@ -30,27 +28,30 @@ import pytest
 from airflow_resumable.core.control import requests as control
 from airflow_resumable.core.model.checkpoint import Checkpoint
 from airflow_resumable.core.model.errors import RequestRefused
-from airflow_resumable.core.stores.base import StoreSession
 from devtools.postgres import Server
-from support.deployment import HEARTBEAT_TIMEOUT, databases
+from support.deployment import (
+    CHUNK,
+    DAG_ID,
+    HEARTBEAT_TIMEOUT,
+    ITEMS,
+    JOB,
+    TASK_ID,
+    Env,
+    assert_exactly_once,
+    databases,
+)
 from support.paths import ROOT
 from support.standalone import Standalone, wait_for
 
 pytestmark = pytest.mark.scheduler
 
 DAG_FILE = ROOT / "tests" / "dags" / "scheduler_dags.py"
-DAG_ID = "sched_slow"
-TASK_ID = "work"
-JOB = f"{DAG_ID}.{TASK_ID}"
 MAPPED_DAG_ID = "sched_mapped"
 END_DAG_ID = "sched_end"
 PAUSE_DAG_ID, POOL_DAG_ID, THROTTLE_DAG_ID, SLICES_DAG_ID = "sched_pause", "sched_pool_other", "sched_throttle", "sched_slices"
 POOL = "resumable_pool_one"
 #: sched_pause heartbeats every second (lease 3) and a chunk takes 2 x 0.2 s.
 PAUSE_HEARTBEAT, PAUSE_CHUNK = 1.0, 0.4
-ITEMS = 80
-CHUNK = 2
-DELAY = 0.2  # seconds per item: a chunk takes CHUNK * DELAY
 #: Airflow's supervisor heartbeats at most every [workers] min_heartbeat_interval (5 s), and
 #: escalates SIGTERM to SIGKILL after 5 s (hard-coded in the task SDK's supervisor).
 SUPERVISOR_HEARTBEAT = 5.0
@@ -74,119 +75,6 @@ def log_time(log: str, needle: str) -> datetime:
         if needle in str(event.get("event", "")):
             return datetime.fromisoformat(event["timestamp"].replace("Z", "+00:00"))
     raise AssertionError(f"no log line with {needle!r}:\n{log[-3000:]}")
-
-
-@dataclass
-class Env:
-    airflow: Standalone
-    session: StoreSession
-    sink: Any  # autocommit psycopg2 connection on the checkpoint database
-
-    @property
-    def api(self) -> Any:
-        assert self.airflow.api is not None
-        return self.airflow.api
-
-    # -- the checkpoint database -----------------------------------------------------------------
-
-    def row(self, slot: str, job: str = JOB) -> Checkpoint | None:
-        return self.session.checkpoints.load(job, slot)
-
-    def committed(self, slot: str, job: str = JOB) -> dict[int, int]:
-        """item -> how many times its write was committed (through ctx.transaction())."""
-        with self.sink.cursor() as cur:
-            cur.execute("SELECT item, writes FROM sched_items WHERE job = %s AND slot = %s", (job, slot))
-            return dict(cur.fetchall())
-
-    def seen(self, slot: str, job: str = JOB) -> list[tuple[int, int]]:
-        """(item, attempt) for every item an attempt started, in order."""
-        with self.sink.cursor() as cur:
-            cur.execute(
-                "SELECT item, attempt FROM sched_seen WHERE job = %s AND slot = %s ORDER BY seen_at", (job, slot)
-            )
-            return [tuple(r) for r in cur.fetchall()]
-
-    # -- Airflow ---------------------------------------------------------------------------------
-
-    def trigger(self, prefix: str) -> str:
-        run_id = f"{prefix}_{uuid.uuid4().hex[:8]}"
-        self.api.trigger(DAG_ID, run_id=run_id, conf={"items": ITEMS, "chunk": CHUNK, "delay": DELAY})
-        return run_id
-
-    def ti(self, run_id: str) -> dict[str, Any]:
-        return self.api.task_instance(DAG_ID, run_id, TASK_ID)
-
-    def running_with_progress(
-        self, run_id: str, at_least: int = 3 * CHUNK, attempt: int = 1, job: str = JOB
-    ) -> Checkpoint:
-        """Wait until the task runs try ``attempt`` and has committed ``at_least`` items."""
-
-        def ready() -> Checkpoint | None:
-            row = self.row(run_id, job)
-            if row and row.status == "running" and row.attempt == attempt and row.processed >= at_least:
-                return row
-            return None
-
-        return wait_for(ready, timeout=180, interval=0.1, what=f"{run_id} try {attempt} to make progress",
-                        on_timeout=lambda: self.explain(run_id))
-
-    def run_state(self, run_id: str, states: tuple[str, ...], timeout: float = 180, dag_id: str = DAG_ID) -> str:
-        return wait_for(
-            lambda: (s := self.api.dag_run(dag_id, run_id)["state"]) in states and s,
-            timeout=timeout, interval=0.5, what=f"DAG run {run_id} to reach {states}",
-            on_timeout=lambda: self.explain(run_id),
-        )
-
-    def explain(self, run_id: str) -> str:
-        """What to look at when a wait fails: the row, the task instance, the logs."""
-        parts = [f"row: {self.row(run_id)}"]
-        try:
-            ti = self.ti(run_id)
-            parts.append(f"task instance: state={ti['state']} try={ti['try_number']} pid={ti['pid']}")
-            for n in range(1, ti["try_number"] + 1):
-                parts.append(f"--- task log, try {n} ---\n{self.airflow.task_log(DAG_ID, run_id, TASK_ID, n)[-4000:]}")
-        except Exception as exc:  # noqa: BLE001 - diagnostics only
-            parts.append(f"(task instance unavailable: {exc!r})")
-        parts.append(self.airflow.tail(40))
-        return "\n".join(parts)
-
-    def states_of_try(self, run_id: str, try_number: int) -> list[str]:
-        """Poll the task instance until its next try starts; the states try ``try_number`` went through.
-
-        (Airflow's try history records a retried try as ``failed``; only the live task instance
-        shows ``up_for_retry``.)
-        """
-        states: list[str] = []
-
-        def next_try() -> bool:
-            ti = self.ti(run_id)
-            if ti["try_number"] == try_number and (not states or states[-1] != ti["state"]):
-                states.append(ti["state"])
-            return ti["try_number"] > try_number
-
-        wait_for(next_try, timeout=120, interval=0.05, what=f"try {try_number + 1} of {run_id} to start",
-                 on_timeout=lambda: f"states of try {try_number}: {states}\n{self.explain(run_id)}")
-        return states
-
-    def stopped(self, run_id: str, *, attempt: int, job: str = JOB) -> Checkpoint:
-        """Poll until try ``attempt`` no longer runs on the row; the row as that try left it."""
-
-        def ended() -> Checkpoint | None:
-            row = self.row(run_id, job)
-            return row if row and (row.attempt != attempt or row.status != "running") else None
-
-        row = wait_for(ended, timeout=60, interval=0.05, what=f"try {attempt} of {run_id} to stop",
-                       on_timeout=lambda: self.explain(run_id))
-        assert row.attempt == attempt, f"a new try started before try {attempt} was seen to stop: {row}"
-        return row
-
-
-def assert_exactly_once(env: Env, slot: str, upto: int, job: str = JOB) -> None:
-    """Items ``0 .. upto-1`` were committed, each exactly once."""
-    committed = env.committed(slot, job)
-    assert sorted(committed) == list(range(upto)), f"committed items {sorted(committed)} != 0..{upto - 1}"
-    repeated = {item: n for item, n in committed.items() if n != 1}
-    assert not repeated, f"items committed more than once: {repeated}"
 
 
 def assert_no_repeats_before(env: Env, slot: str, position: int, attempt: int) -> None:

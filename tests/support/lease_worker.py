@@ -1,4 +1,6 @@
-"""An attempt in its own process that reports each checkpoint on stdout, for lease tests.
+"""An attempt in its own process that reports each checkpoint on stdout, for lease tests
+(tests/unit/core/attempt/test_lease.py) and overlap tests (tests/unit/operators/test_overlap.py),
+which start and read it through :class:`Worker`.
 
     python lease_worker.py STORE_SPEC JOB SLOT ITEMS CHUNK CHUNK_SECONDS ATTEMPT LEASE
 
@@ -12,14 +14,67 @@ from __future__ import annotations
 
 import json
 import os
+import queue
+import subprocess
 import sys
+import threading
 import time
+from pathlib import Path
+from typing import Any
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if _TESTS not in sys.path:  # run as a script (imported by a test, tests/ is on the path already)
+    sys.path.insert(0, _TESTS)
 
 from airflow_resumable.core.attempt.runner import Attempt, Options  # noqa: E402
-from airflow_resumable.core.model.identity import Identity
-from support.stores import store_of  # noqa: E402
+from airflow_resumable.core.model.identity import Identity  # noqa: E402
+from airflow_resumable.core.stores import Store  # noqa: E402
+from support.stores import spec_of, store_of  # noqa: E402
+
+#: The slot a :class:`Worker` runs unless told otherwise.
+JOB, SLOT = "zombie", "2026-05-01T00:00:00+00:00"
+
+
+class Worker:
+    """A lease_worker subprocess whose JSON events are read on a thread."""
+
+    def __init__(
+        self, store: Store, *, attempt: int, items: int, chunk: int, chunk_s: float, lease: float,
+        job: str = JOB, slot: str = SLOT, gate: Path | None = None,
+    ):
+        env = {**os.environ, **({"LEASE_WORKER_GATE": str(gate)} if gate else {})}
+        self.proc = subprocess.Popen(
+            [sys.executable, os.path.abspath(__file__), spec_of(store), job, slot, str(items), str(chunk),
+             str(chunk_s), str(attempt), str(lease)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        )
+        self.events: queue.Queue[dict[str, Any]] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout
+        for line in self.proc.stdout:
+            self.events.put(json.loads(line))
+
+    def next_event(self, timeout: float = 60) -> dict[str, Any]:
+        return self.events.get(timeout=timeout)
+
+    def wait_checkpoints(self, count: int, timeout: float = 60) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        seen = 0
+        while True:
+            event = self.next_event(max(0.01, deadline - time.monotonic()))
+            assert event["event"] == "checkpoint", event
+            seen += 1
+            if seen >= count:
+                return event
+
+    def stopped(self, timeout: float = 60) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while True:
+            event = self.next_event(max(0.01, deadline - time.monotonic()))
+            if event["event"] == "stopped":
+                return event
 
 
 def say(**event) -> None:

@@ -18,6 +18,7 @@ import pytest
 from airflow_resumable.core import SQLiteStore, Store
 from airflow_resumable.core.work.partitions import Plan, save_plan
 from airflow_resumable.version_compat import needs, supports
+from support.module_cli import module_cli
 from support.slots import SLOT, run_slot
 from support.stores import empty_store
 
@@ -284,15 +285,6 @@ def test_a_connection_kept_in_the_metadata_database_is_found(
 
 
 # -- python -m airflow_resumable: the same commands, on every supported Airflow ---------------------
-
-
-def module_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    """Run ``python -m airflow_resumable <argv>`` in this process: (exit status, stdout, stderr)."""
-    from support.module_cli import run_module_cli
-
-    code = run_module_cli(argv)
-    out = capsys.readouterr()
-    return code, out.out, out.err
 
 
 def test_python_m_airflow_resumable_lists_shows_and_steers_slots_as_airflow_resumable_does(

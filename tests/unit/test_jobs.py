@@ -15,6 +15,7 @@ from airflow_resumable.core.control import requests as core_control
 from airflow_resumable.core.model.errors import RequestRefused, SlotNotFound
 from airflow_resumable.core.stores import Store
 from airflow_resumable.core.work.partitions import Plan, save_plan
+from support.module_cli import resumable_cli
 from support.slots import SLOT, run_slot
 
 JOB = "rt_jobs_mapped.part"
@@ -31,29 +32,6 @@ def ti_states(run_id: str) -> dict[int, tuple[str | None, int]]:
         return {ti.map_index: (None if ti.state is None else str(ti.state), ti.try_number) for ti in tis}
 
 
-def cli(*argv: str, capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    """``airflow resumable <argv>``, or ``python -m airflow_resumable <argv>`` on an Airflow that reads
-    no provider commands (the same definitions)."""
-    from airflow_resumable.version_compat import supports
-
-    capsys.readouterr()  # what ran before
-    try:
-        if supports("airflow resumable ... (provider CLI commands)"):
-            from airflow.cli import cli_parser
-
-            args = cli_parser.get_parser().parse_args(["resumable", *argv])
-            args.func(args)
-            code = 0
-        else:
-            from support.module_cli import run_module_cli
-
-            code = run_module_cli(argv)
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
-    out = capsys.readouterr()
-    return code, out.out, out.err
-
-
 def test_the_summary_counts_a_mapped_job_s_partitions_and_rerun_failed_clears_only_the_failed_ones(
     checkpoints: Store, run_dag: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -67,12 +45,12 @@ def test_the_summary_counts_a_mapped_job_s_partitions_and_rerun_failed_clears_on
     assert line["partitions"] == {"done": 2, "running": 0, "paused": 0, "failed": 1, "waiting": 0, "other": 0,
                                   "total": 3}
     assert (line["processed"], line["total"], line["partitioned"]) == (4 + 2 + 4, 12, False)
-    code, out, _ = cli("jobs", "--output", "json", capsys=capsys)
+    code, out, _ = resumable_cli("jobs", "--output", "json", capsys=capsys)
     assert code == 0 and next(j for j in json.loads(out) if j["job"] == JOB)["partitions"]["failed"] == 1
-    code, out, _ = cli("jobs", "--dag-id", "rt_jobs_mapped", capsys=capsys)
+    code, out, _ = resumable_cli("jobs", "--dag-id", "rt_jobs_mapped", capsys=capsys)
     assert code == 0 and len([ln for ln in out.splitlines() if JOB in ln]) == 1, out  # one line per job
 
-    code, out, err = cli("rerun-failed", JOB, run.run_id, "--by", "alice", "--output", "json", capsys=capsys)
+    code, out, err = resumable_cli("rerun-failed", JOB, run.run_id, "--by", "alice", "--output", "json", capsys=capsys)
     assert code == 0, err
     assert json.loads(out)["cleared"] == [1]
     asked = [h for h in control.history(f"{JOB}[1]", line["slot"]) if h.outcome == "rerun_requested"]
@@ -83,7 +61,7 @@ def test_the_summary_counts_a_mapped_job_s_partitions_and_rerun_failed_clears_on
 
     with pytest.raises(RequestRefused, match="no task instance of DAG 'rt_jobs_mapped' task 'part' failed"):
         control.rerun_failed(JOB, run.run_id)
-    code, _, err = cli("rerun-failed", JOB, "no_such_run", capsys=capsys)
+    code, _, err = resumable_cli("rerun-failed", JOB, "no_such_run", capsys=capsys)
     assert code == 1 and "no partition of this job ran in this DAG run" in err
     with pytest.raises(SlotNotFound):
         control.rerun_failed("no_such.job", run.run_id)
@@ -162,12 +140,12 @@ def test_a_partitioned_run_s_summary_and_rerun_failed_clear_the_failed_partition
     line = next(j for j in control.jobs() if j["job"].startswith("pt_tolerant"))
     assert line["job"] == job and line["partitioned"] and line["partitions"]["failed"] == 2
     assert (line["processed"], line["total"]) == (20 + 3 + 3, 40)
-    code, out, err = cli("jobs", "--job", job, "--output", "json", capsys=capsys)
+    code, out, err = resumable_cli("jobs", "--job", job, "--output", "json", capsys=capsys)
     assert code == 0, err
     detail = json.loads(out)
     assert [(r["map_index"], r["status"]) for r in detail["partition_rows"]] == [
         (0, "done"), (1, "failed"), (2, "failed"), (3, "done")]
-    code, out, err = cli("jobs", "--job", job, capsys=capsys)
+    code, out, err = resumable_cli("jobs", "--job", job, capsys=capsys)
     assert code == 0 and "pt_tolerant.export[2]" in out and "failed" in out, err
 
     # When the failed partitions are re-run as one action

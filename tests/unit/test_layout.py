@@ -1,12 +1,14 @@
 """The package's layout holds its rules: rooms that never import each other, at most 10 floors, no module
 over 600 lines, no two core modules named alike, and the contributor guide's map as the code stands.
 The tests' layout holds its own: tests/unit/ follows the package's folders, every test module is in
-unit/, integration/ or system/, and none is over 700 lines.
+unit/, integration/ or system/, none is over 700 lines, and none imports from another test module
+(what two share is in tests/support/).
 
 No Airflow here (``make lint`` runs this module)."""
 
 from __future__ import annotations
 
+import ast
 import re
 import warnings
 from pathlib import Path
@@ -148,3 +150,69 @@ def test_no_test_module_is_over_700_lines() -> None:
     assert len(modules) > 50  # the walk sees the suite
     big = {str(p.relative_to(TESTS)): n for p in modules if (n := len(p.read_text().splitlines())) > TEST_MODULE_LINES}
     assert not big, f"test modules over {TEST_MODULE_LINES} lines (split each on its seams): {big}"
+
+
+def _is_test_module(dotted: str) -> bool:
+    """``tests.unit.core.test_lease``, ``test_lease``, ``tests.conftest``: a test module or a conftest."""
+    return any(part.startswith("test_") or part == "conftest" for part in dotted.split("."))
+
+
+def _test_modules_imported(path: Path, root: Path = ROOT) -> list[tuple[int, str]]:
+    """(line, dotted name) of every test module ``path`` imports from, however spelt: ``import a.test_b``,
+    ``from a.test_b import c``, ``from a import test_b``, ``from test_b import c``, and relative imports
+    resolved against the folder of ``path`` (``from .test_b import c``, ``from . import test_b``)."""
+    package = path.parent.relative_to(root).parts
+    own = ".".join(path.relative_to(root).with_suffix("").parts)
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names if _is_test_module(alias.name)]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                up = package[: len(package) - node.level + 1]
+                base = ".".join([*up, base] if base else up)
+            if _is_test_module(base):
+                found.append((node.lineno, base))
+            else:  # from a package: a name may be a module of it
+                found += [(node.lineno, dotted) for alias in node.names
+                          if _is_test_module(dotted := f"{base}.{alias.name}" if base else alias.name)]
+    return sorted((line, dotted) for line, dotted in found if dotted != own)
+
+
+def test_the_test_module_import_rule_sees_every_spelling(tmp_path: Path) -> None:
+    """The rule below reads imports as Python does: absolute, bare, relative, nested in a function."""
+    folder = tmp_path / "tests" / "unit"
+    folder.mkdir(parents=True)
+    module = folder / "test_a.py"
+    module.write_text("\n".join([
+        "from tests.unit.test_b import x",  # 1
+        "import tests.unit.test_b",  # 2
+        "from tests.unit import test_b",  # 3
+        "from test_b import x",  # 4
+        "from .test_b import x",  # 5
+        "from . import test_b",  # 6
+        "from ..conftest import fixture",  # 7
+        "import conftest",  # 8
+        "def f():\n    from tests.unit.test_b import x",  # 9-10: inside a function too
+        "from support.paths import ROOT",  # 11: not a test module
+        "from . import support_b, test_a",  # 12: itself (test_a) is no offence
+        "import pytest, tests.unit.test_c as c",  # 13
+    ]))
+    assert _test_modules_imported(module, tmp_path) == [
+        (1, "tests.unit.test_b"), (2, "tests.unit.test_b"), (3, "tests.unit.test_b"), (4, "test_b"),
+        (5, "tests.unit.test_b"), (6, "tests.unit.test_b"), (7, "tests.conftest"), (8, "conftest"),
+        (10, "tests.unit.test_b"), (13, "tests.unit.test_c"),
+    ]
+
+
+def test_no_test_module_imports_from_another_test_module() -> None:
+    """A test module (or a conftest.py) takes what it shares with others from tests/support/, never
+    from another test module: importing one runs its module-level code, may carry its fixtures along,
+    and ties two modules' tests together. Every spelling counts (see the test above)."""
+    modules = sorted([*TESTS.rglob("test_*.py"), *TESTS.rglob("conftest.py")])
+    assert len(modules) > 50  # the walk sees the suite
+    offenders = [f"{path.relative_to(TESTS)}:{line} imports from {dotted}"
+                 for path in modules for line, dotted in sorted(set(_test_modules_imported(path)))]
+    assert not offenders, ("test modules importing from other test modules (move what they share to tests/support/):\n  "
+                           + "\n  ".join(offenders))

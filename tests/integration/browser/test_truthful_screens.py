@@ -58,8 +58,8 @@ def test_every_request_button_is_enabled_exactly_where_the_rules_offer_it_and_sa
     from airflow_resumable.core.model import request_rules as rules
     from airflow_resumable.core.model.request_rules import Action, Lease, Slot
     from airflow_resumable.core.model.states import Status
-    from tests.unit.core.model.test_request_rules import JOB as RULES_JOB
-    from tests.unit.core.model.test_request_rules import REQUESTS, seed, set_row
+    from support.rule_rows import JOB as RULES_JOB
+    from support.rule_rows import REQUESTS, seed, set_row
 
     driver = browser
     login(driver, env)

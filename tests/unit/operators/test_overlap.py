@@ -15,8 +15,8 @@ import pytest
 
 from airflow_resumable.core.model.identity import Identity
 from airflow_resumable.core.stores import Store
+from support.lease_worker import Worker
 from support.paths import ROOT
-from tests.unit.core.attempt.test_lease import Worker
 
 JOB = "shared-job"
 NEW = datetime(2026, 6, 2, tzinfo=timezone.utc)

@@ -616,8 +616,8 @@ def test_retry_skipped_of_a_partition_through_rest_clears_it_and_its_next_run_re
     partitioned job (tests/dags/partition_dags.py: pt_skips_fresh, on the store ``resumable_fresh``)."""
     from datetime import datetime, timezone
 
+    from support.partition_source import table
     from support.sources import source_of
-    from tests.unit.core.work.test_partitions import table
 
     day = datetime(2026, 3, 1, tzinfo=timezone.utc)
     source = source_of(store_kind, path=getattr(fresh, "path", None),

@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from airflow_resumable.core import SQLiteStore, Store
-from tests.unit.core.attempt.test_async_bridge import JOB, SLOT, attempt
+from support.attempts import JOB, SLOT, attempt
 
 
 def test_map_checkpoints_the_contiguous_low_water_mark_never_past_an_unfinished_item(store: Store) -> None:

@@ -2,68 +2,17 @@
 
 from __future__ import annotations
 
-import json
 import os
-import queue
 import signal
-import subprocess
-import sys
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from airflow_resumable.core import Attempt, LeaseBusy, Options, Store
 from airflow_resumable.core.model.identity import Identity
-from support.paths import SUPPORT
-from support.stores import spec_of
-
-WORKER = SUPPORT / "lease_worker.py"
-JOB, SLOT = "zombie", "2026-05-01T00:00:00+00:00"
-
-
-class Worker:
-    """A lease_worker subprocess whose JSON events are read on a thread."""
-
-    def __init__(
-        self, store: Store, *, attempt: int, items: int, chunk: int, chunk_s: float, lease: float,
-        job: str = JOB, slot: str = SLOT, gate: Path | None = None,
-    ):
-        env = {**os.environ, **({"LEASE_WORKER_GATE": str(gate)} if gate else {})}
-        self.proc = subprocess.Popen(
-            [sys.executable, str(WORKER), spec_of(store), job, slot, str(items), str(chunk), str(chunk_s),
-             str(attempt), str(lease)],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-        )
-        self.events: queue.Queue[dict[str, Any]] = queue.Queue()
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout
-        for line in self.proc.stdout:
-            self.events.put(json.loads(line))
-
-    def next_event(self, timeout: float = 60) -> dict[str, Any]:
-        return self.events.get(timeout=timeout)
-
-    def wait_checkpoints(self, count: int, timeout: float = 60) -> dict[str, Any]:
-        deadline = time.monotonic() + timeout
-        seen = 0
-        while True:
-            event = self.next_event(max(0.01, deadline - time.monotonic()))
-            assert event["event"] == "checkpoint", event
-            seen += 1
-            if seen >= count:
-                return event
-
-    def stopped(self, timeout: float = 60) -> dict[str, Any]:
-        deadline = time.monotonic() + timeout
-        while True:
-            event = self.next_event(max(0.01, deadline - time.monotonic()))
-            if event["event"] == "stopped":
-                return event
+from support.lease_worker import JOB, SLOT, Worker
 
 
 def wait_until(predicate, timeout: float = 30, what: str = "condition") -> None:

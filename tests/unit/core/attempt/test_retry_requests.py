@@ -26,9 +26,10 @@ from airflow_resumable.core.model.errors import RequestRefused
 from airflow_resumable.core.model.identity import Identity
 from airflow_resumable.core.readers import SequenceReader
 from airflow_resumable.core.stores import Store
+from support.module_cli import module_cli, resumable_cli
+from support.partition_source import table
 from support.sources import Source
 from support.xcoms import xcom
-from tests.unit.core.work.test_partitions import table
 
 DAY = datetime(2026, 3, 1, tzinfo=timezone.utc)
 SLOT = DAY.isoformat()
@@ -50,8 +51,6 @@ def written(source: Source, ident: int) -> int:
 def test_retry_of_a_partition_s_skipped_items_through_the_cli_is_replayed_by_its_next_run(
     checkpoints: Store, source: Source, run_dag: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from tests.unit.test_jobs import cli
-
     # Given a partitioned run that skipped row 13 (partition 1) and row 27 (partition 2)
     table(source, ROWS)
     first = run_dag("pt_skips", conf={"bad": [13, 27]}, logical_date=DAY)
@@ -59,7 +58,7 @@ def test_retry_of_a_partition_s_skipped_items_through_the_cli_is_replayed_by_its
     job = "pt_skips.export[1]"
 
     # When someone asks for partition 1's skipped items to be retried, with Airflow's own CLI
-    code, out, err = cli("skipped", "retry", job, SLOT, capsys=capsys)
+    code, out, err = resumable_cli("skipped", "retry", job, SLOT, capsys=capsys)
 
     # Then it is accepted, says that the partition's task instance was cleared for it, and the item waits
     assert code == 0, err
@@ -80,15 +79,13 @@ def test_retry_of_a_partition_s_skipped_items_through_the_cli_is_replayed_by_its
     summary = xcom(again, "export.summary", required=True)
     assert (summary["processed"], summary["skipped"]) == (39, 1)
     # and a second request finds nothing left to retry there
-    code, _, err = cli("skipped", "retry", job, SLOT, capsys=capsys)
+    code, _, err = resumable_cli("skipped", "retry", job, SLOT, capsys=capsys)
     assert code == 1 and "no skipped item that can be replayed" in err
 
 
 def test_retry_of_a_decorated_partition_s_skipped_items_through_python_m_is_replayed_by_its_next_run(
     checkpoints: Store, source: Source, run_dag: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from tests.unit.test_commands import module_cli
-
     table(source, ROWS)
     assert str(run_dag("pt_skips_decorated", conf={"bad": [27]}, logical_date=DAY).state) == "success"
     job = "pt_skips_decorated.export[2]"

@@ -17,7 +17,7 @@ import pytest
 from airflow_resumable.core import Attempt, Cancelled, LeaseLost, Options, Paused, Store, control
 from airflow_resumable.core.model.identity import Identity
 from airflow_resumable.core.stores import listings
-from tests.unit.core.attempt.test_stop_at_checkpoint import (
+from support.checkpoint_stops import (
     ASK_AT,
     DAY,
     JOB,

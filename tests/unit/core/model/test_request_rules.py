@@ -2,7 +2,7 @@
 request and lease, the store's SQL (the conditional writes, the offers) does what the table's
 Python answer says, and a refused request gives the reason the table gives. On both stores.
 
-Rows are set to each state by hand, then every request goes through the control API.
+Rows are set to each state by hand (support/rule_rows.py), then every request goes through the control API.
 """
 
 from __future__ import annotations
@@ -16,45 +16,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from airflow_resumable.core import RequestRefused, Store, control, rules
-from airflow_resumable.core.model.fence import Fence
 from airflow_resumable.core.model.request_rules import Action, Lease, Pending, Rule, Slot
 from airflow_resumable.core.model.states import FINISHED, Request, Status
+from support.rule_rows import AGE, JOB, LENGTH, REQUESTS, SLOT, seed, set_row
 
-JOB, SLOT = "rules.export", "2026-02-01T00:00:00+00:00"
-REQUESTS: list[Request | None] = [None, *Request]
 #: Every request the faces can send: the five, and release with force.
 ASKS = [*((a, False) for a in Action), (Action.RELEASE, True)]
-#: A lease's length, and how long ago its holder last heartbeat, for each lease (well inside each range).
-LENGTH, AGE = 3600.0, {Lease.LIVE: 0.0, Lease.STALE: 3000.0, Lease.EXPIRED: 4000.0}
-
-
-def seed(store: Store) -> None:
-    with store.open() as s:
-        s.ensure_schema()
-        got = s.leases.acquire(JOB, SLOT, "seed", 60)
-        if got is not None:  # else another owner holds it, and a release by "seed" would match nothing
-            s.leases.release(Fence.of(got[0]))
-
-
-def set_row(store: Store, slot: Slot, cancel_request: str | None, *, length: float = LENGTH,
-            age: float | None = None) -> Any:
-    """Write ``slot``'s facts on the row by hand (a holder ``age`` seconds past its last heartbeat
-    of a ``length``-second lease); returns the row."""
-    with store.open() as s:
-        if slot.lease is Lease.NONE:
-            lease, params = "lease_owner = NULL, lease_expires_at = NULL", ()
-        else:
-            age = AGE[slot.lease] if age is None else age
-            lease = (f"lease_owner = 'holder', heartbeat_at = {s.d.now_plus('%s')}, "
-                     f"lease_expires_at = {s.d.now_plus('%s')}")
-            params = (-age, length - age)
-        s.execute(
-            f"UPDATE resumable_checkpoints SET status = %s, request = %s, cancel_request = %s, stop_reason = NULL, "
-            f"last_error = NULL, {lease} WHERE job = %s AND slot = %s",
-            (slot.status.value, None if slot.request is None else slot.request.value, cancel_request, *params, JOB, SLOT),
-        )
-        s.commit()
-        return s.checkpoints.load(JOB, SLOT)
 
 
 def ask(store: Store, action: Action, force: bool) -> Any:

@@ -386,7 +386,7 @@ def test_a_changed_key_refuses_the_plan_and_the_partition_and_a_restart_of_the_p
     checkpoints: Store, source: Source, airflow_home: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from airflow_resumable import control
-    from tests.unit.core.work.test_partitions import table
+    from support.partition_source import table
 
     # Given 40 rows on (grp, id), and a run whose partition 2 failed in its second chunk (one tolerated)
     table(source, [("a" if i < 30 else "b", i) for i in range(40)])

@@ -16,9 +16,9 @@ from airflow_resumable.core.control import requests as core_control
 from airflow_resumable.core.model.identity import Identity
 from airflow_resumable.core.stores import Store
 from airflow_resumable.core.work.partitions import load_plan
+from support.partition_source import table
 from support.sources import Source
 from support.xcoms import xcom
-from tests.unit.core.work.test_partitions import table
 
 DAY = datetime(2026, 3, 1, tzinfo=timezone.utc)
 SLOT = DAY.isoformat()

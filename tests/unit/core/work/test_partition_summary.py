@@ -20,9 +20,10 @@ from airflow_resumable.core.model.checkpoint import Checkpoint
 from airflow_resumable.core.stores import Store
 from airflow_resumable.core.work.partition_summary import summarize
 from airflow_resumable.core.work.partitions import Plan
+from support.module_cli import resumable_cli
+from support.partition_source import table
 from support.sources import Source
 from support.xcoms import xcom
-from tests.unit.core.work.test_partitions import table
 
 DAY = datetime(2026, 3, 1, tzinfo=timezone.utc)
 SLOT = DAY.isoformat()
@@ -90,15 +91,13 @@ def test_the_summary_of_a_run_with_skipped_rows_names_them_beside_the_processed_
 def test_the_jobs_command_shows_the_planned_and_the_skipped_rows(
     checkpoints: Store, source: Source, run_dag: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from tests.unit.test_jobs import cli
-
     table(source, ROWS)
     run_dag("pt_skips", conf={"bad": [13, 27]}, logical_date=DAY)
-    code, out, err = cli("jobs", "--output", "json", capsys=capsys)
+    code, out, err = resumable_cli("jobs", "--output", "json", capsys=capsys)
     assert code == 0, err
     line = next(j for j in json.loads(out) if j["job"] == "pt_skips.export")
     assert (line["planned"], line["skipped"]) == (40, 2)
-    code, out, err = cli("jobs", capsys=capsys)
+    code, out, err = resumable_cli("jobs", capsys=capsys)
     assert code == 0 and "planned" in out and "skipped" in out, err
 
 

@@ -25,6 +25,7 @@ from airflow_resumable.core.work import partitions
 from airflow_resumable.core.work.partition_summary import summarize
 from airflow_resumable.core.work.partitions import Plan, allowed_failures, load_plan, save_plan, split
 from airflow_resumable.operators.task_instance import RESTART_CONF_KEY
+from support.partition_source import table
 from support.paths import TESTS
 from support.sources import Source
 from support.xcoms import xcom
@@ -34,13 +35,6 @@ SLOT = DAY.isoformat()
 
 
 # -- helpers --------------------------------------------------------------------------------------
-
-
-def table(source: Source, rows: list[tuple[str, int]], name: str = "pt_source") -> None:
-    """``name (grp, id)``, keyed on both columns: many rows share a ``grp`` (ties on the first column)."""
-    source.run(f"CREATE TABLE {name} (grp TEXT NOT NULL, id INTEGER NOT NULL, PRIMARY KEY (grp, id))")
-    if rows:
-        source.run(f"INSERT INTO {name} (grp, id) VALUES (%s, %s)", rows)
 
 
 def reader_of(source: Source, key: Any = ("grp", "id"), name: str = "pt_source") -> KeysetReader:
