@@ -140,16 +140,36 @@ class Signal:
         """:meth:`wait` for async code, without blocking the event loop: ``await
         ctx.signal.wait_async()`` returns once the signal is raised (or after ``seconds``, if
         given). Returns ``cancelled``. Race it against I/O to abort the I/O when the run stops
-        (an async handler's pending await is cancelled on a stop anyway)."""
+        (an async handler's pending await is cancelled on a stop anyway). It sleeps until the
+        signal wakes it, its own time is up or the run's deadline comes: no polling."""
         import asyncio
 
-        end = None if seconds is None else self._clock() + max(0.0, seconds)
-        while not self.cancelled:
-            remaining = _POLL if end is None else min(_POLL, end - self._clock())
-            if remaining <= 0:
-                return False
-            await asyncio.sleep(remaining)
-        return True
+        loop = asyncio.get_running_loop()
+        woken = asyncio.Event()
+
+        def wake() -> None:  # from any thread, or a POSIX signal handler: takes no lock
+            try:
+                loop.call_soon_threadsafe(woken.set)
+            except RuntimeError:  # the loop is closed: nobody waits any more
+                pass
+
+        remove = self.on_cancel(wake)
+        try:
+            end = None if seconds is None else self._clock() + max(0.0, seconds)
+            while not self.cancelled:
+                left = None if end is None else end - self._clock()
+                if left is not None and left <= 0:
+                    return False
+                until_deadline = self.time_left()
+                sleep = min((t for t in (left, until_deadline) if t is not None), default=None)
+                try:
+                    async with asyncio.timeout(None if sleep is None else max(0.0, sleep)):
+                        await woken.wait()
+                except TimeoutError:
+                    pass
+            return True
+        finally:
+            remove()
 
     def __repr__(self) -> str:
         return f"Signal(cancelled={self.cancelled}, reason={self._reason!r})"

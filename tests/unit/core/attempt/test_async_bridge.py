@@ -42,7 +42,7 @@ from support.paths import SUPPORT
 from support.stores import spec_of
 
 JOB, SLOT = "async_export", "2026-04-01T00:00:00+00:00"
-#: The bound on how long a stop takes to reach a pending await (the watcher polls every 50 ms).
+#: The bound on how long a stop takes to reach a pending await (the watcher is woken by the signal).
 PROMPT = 5.0
 WORKER = SUPPORT / "async_kill_worker.py"
 
