@@ -5,7 +5,6 @@ a test, fast items that checkpoint each one and call back after it, the slot's r
 
 from __future__ import annotations
 
-import time
 from datetime import datetime, timezone
 from typing import Any
 
@@ -29,13 +28,6 @@ def attempt(store: Store, **options: Any) -> Attempt:
 def row(store: Store) -> Any:
     with store.open() as s:
         return s.checkpoints.load(JOB, SLOT)
-
-
-def wait_until(condition: Any, what: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.01)
 
 
 class FastItems:

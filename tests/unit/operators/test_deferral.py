@@ -15,6 +15,7 @@ import pytest
 from airflow_resumable import control
 from airflow_resumable.core.model.identity import Identity
 from airflow_resumable.core.stores import Store
+from support.waits import wait_until
 from support.xcoms import xcom
 
 DAY = datetime(2026, 3, 2, tzinfo=timezone.utc)
@@ -39,25 +40,15 @@ def seen(path: Path) -> list[int]:
         return [i for (i,) in db.execute("SELECT item FROM seen ORDER BY rowid")]
 
 
-def wait_for(condition: Any, what: str, timeout: float = 60.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
-
-
 def test_a_paused_task_defers_and_resume_continues_it_in_the_same_try(checkpoints: Store, run_dag, tmp_path: Path) -> None:
     job, log = "rt_pause.work", tmp_path / "seen.db"
     steps: dict[str, Any] = {}
 
     def person() -> None:  # pauses the run once it made progress, then resumes it
         try:
-            wait_for(lambda: (r := row_of(checkpoints, job)) is not None and r.processed >= 10, "progress")
+            wait_until(lambda: (r := row_of(checkpoints, job)) is not None and r.processed >= 10, "progress", timeout=60)
             control.pause(job, SLOT, by="alice")
-            steps["paused"] = wait_for(lambda: (r := row_of(checkpoints, job)).status == "paused" and r, "the pause")
+            steps["paused"] = wait_until(lambda: (r := row_of(checkpoints, job)).status == "paused" and r, "the pause", timeout=60)
             control.resume(job, SLOT, by="bob")
         except BaseException as exc:  # surfaced by the assertions below
             steps["error"] = exc
@@ -86,9 +77,9 @@ def test_a_task_cancelled_while_paused_fails_without_a_retry_and_keeps_its_check
     job = "rt_pause.work"
 
     def person() -> None:
-        wait_for(lambda: (r := row_of(checkpoints, job)) is not None and r.processed >= 10, "progress")
+        wait_until(lambda: (r := row_of(checkpoints, job)) is not None and r.processed >= 10, "progress", timeout=60)
         control.pause(job, SLOT, by="alice")
-        wait_for(lambda: row_of(checkpoints, job).status == "paused", "the pause")
+        wait_until(lambda: row_of(checkpoints, job).status == "paused", "the pause", timeout=60)
         control.cancel(job, SLOT, by="carol")
 
     helper = threading.Thread(target=person)

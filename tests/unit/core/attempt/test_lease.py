@@ -13,14 +13,7 @@ import pytest
 from airflow_resumable.core import Attempt, LeaseBusy, Options, Store
 from airflow_resumable.core.model.identity import Identity
 from support.lease_worker import JOB, SLOT, Worker
-
-
-def wait_until(predicate, timeout: float = 30, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
+from support.waits import wait_until
 
 
 def lease_expired(store: Store) -> bool:

@@ -13,7 +13,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from typing import Any
 
 import psycopg2
@@ -26,6 +25,7 @@ from airflow_resumable.core.model.identity import Identity
 from airflow_resumable.core.stores import PostgresStore, Store
 from support.paths import SUPPORT
 from support.stores import spec_of
+from support.waits import wait_until
 
 WORKER = SUPPORT / "pipeline_worker.py"
 JOB, SLOT = "pipelined", "2026-01-01T00:00:00+00:00"
@@ -41,13 +41,6 @@ def attempt(store: Store, n: int = 1, owner: str = "a", **options: Any) -> Attem
 def stored(store: Store) -> Any:
     with store.open() as s:
         return s.checkpoints.load(JOB, SLOT)
-
-
-def _wait_for(condition: Any, what: str, seconds: float = 30) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.01)
 
 
 def test_a_crash_with_a_checkpoint_in_flight_repeats_at_most_two_chunks(store: Store, store_kind: str) -> None:
@@ -74,7 +67,7 @@ def test_a_crash_with_a_checkpoint_in_flight_repeats_at_most_two_chunks(store: S
             step(k)
             go()
         step(3)
-        _wait_for(lambda: (stored(store).position or 0) == 2, "checkpoint 2")
+        wait_until(lambda: (stored(store).position or 0) == 2, "checkpoint 2")
         # When the database holds back chunk 3's checkpoint (a lock on the row) while chunk 4 runs
         if store_kind == "sqlite":
             blocker.execute("BEGIN IMMEDIATE")

@@ -17,7 +17,8 @@ import pytest
 from airflow_resumable.core import Attempt, Cancelled, Options, Paused, Store, control
 from airflow_resumable.core.model.errors import Cancelled as CancelledError
 from airflow_resumable.core.model.identity import Identity
-from support.checkpoint_stops import ASK_AT, DAY, JOB, SLOT, FastItems, attempt, row, wait_until
+from support.checkpoint_stops import ASK_AT, DAY, JOB, SLOT, FastItems, attempt, row
+from support.waits import wait_until
 
 ASK = {"pause": (control.pause, Paused, "paused"), "cancel": (control.cancel, Cancelled, "cancelled")}
 

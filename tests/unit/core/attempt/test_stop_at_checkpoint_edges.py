@@ -26,8 +26,8 @@ from support.checkpoint_stops import (
     FastItems,
     attempt,
     row,
-    wait_until,
 )
+from support.waits import wait_until
 
 N = 20
 

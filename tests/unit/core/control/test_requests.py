@@ -31,6 +31,7 @@ from airflow_resumable.core import (
 )
 from airflow_resumable.core.model.identity import Identity
 from support import request_worker
+from support.waits import wait_until
 
 JOB, SLOT = "export", "2026-02-01T00:00:00+00:00"
 
@@ -74,13 +75,6 @@ def history(store: Store, slot: str = SLOT) -> list[tuple[str, str | None]]:
         return [(r.outcome, r.requested_by) for r in s.listings.history(JOB, slot)]
 
 
-def wait_until(condition: Any, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.01)
-
-
 def failed_slot(store: Store, at: int = 10) -> None:
     """A slot whose attempt 1 failed after ``at`` items (a checkpoint to resume)."""
 
@@ -100,7 +94,7 @@ def test_a_pause_stops_the_run_at_the_next_chunk_boundary_and_resume_continues_i
     def pause_once(ctx: Any, i: int) -> None:
         if i == 10:
             control.pause(store, JOB, SLOT, by="alice")
-            wait_until(lambda: ctx.signal.cancelled)  # the lease keeper reads the request (one heartbeat)
+            wait_until(lambda: ctx.signal.cancelled, "the request to reach the run", timeout=10)  # the lease keeper reads the request (one heartbeat)
 
     work = Items(30, 5, pause_once)
     # When the run reaches its next checkpoint
@@ -153,7 +147,7 @@ def test_a_resume_that_races_the_pause_leaves_the_paused_slot_asking_to_continue
     def pause_then_resume(ctx: Any, i: int) -> None:
         if i == 10:
             control.pause(store, JOB, SLOT, by="a")
-            wait_until(lambda: ctx.signal.cancelled)
+            wait_until(lambda: ctx.signal.cancelled, "the request to reach the run", timeout=10)
             control.resume(store, JOB, SLOT, by="b")
 
     with pytest.raises(Paused):
@@ -256,7 +250,7 @@ def test_cancel_of_a_running_slot_stops_it_as_requested_and_of_a_paused_one_at_o
     def cancel_once(ctx: Any, i: int) -> None:
         if i == 10:
             assert control.cancel(store, JOB, SLOT, by="carol").cancel_request == "requested"
-            wait_until(lambda: ctx.signal.cancelled)
+            wait_until(lambda: ctx.signal.cancelled, "the request to reach the run", timeout=10)
 
     with pytest.raises(Cancelled) as stopped:
         attempt(store, 1).run(Items(30, 5, cancel_once))
@@ -280,7 +274,7 @@ def test_a_run_cancelled_on_request_names_who_asked_in_its_last_error_and_histor
     def cancel_once(ctx: Any, i: int) -> None:
         if i == 10:
             control.cancel(store, JOB, SLOT, by=who)
-            wait_until(lambda: ctx.signal.cancelled)
+            wait_until(lambda: ctx.signal.cancelled, "the request to reach the run", timeout=10)
 
     # When the holder reads the request and stops
     with pytest.raises(Cancelled) as stopped:

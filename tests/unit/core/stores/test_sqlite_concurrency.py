@@ -25,6 +25,7 @@ from airflow_resumable.core.model.errors import RequestRefused
 from airflow_resumable.core.stores import SQLiteStore
 from support.paths import SUPPORT
 from support.stores import spec_of
+from support.waits import wait_until
 
 WORKER = SUPPORT / "sqlite_load_worker.py"
 
@@ -77,13 +78,6 @@ def _sink(store: SQLiteStore) -> dict[str, tuple[int, int]]:
     return {slot: (int(n), int(distinct)) for slot, n, distinct in rows}
 
 
-def _wait_for(predicate, deadline_s: float, what: str) -> None:
-    deadline = time.monotonic() + deadline_s
-    while not predicate():
-        assert time.monotonic() < deadline, f"gave up after {deadline_s:g}s waiting for {what}"
-        time.sleep(0.05)
-
-
 def _processed(store: SQLiteStore, job: str, slot: str) -> int:
     with store.open() as s:
         row = s.checkpoints.load(job, slot)
@@ -112,7 +106,7 @@ def test_two_workers_on_one_file_both_finish_with_every_item_once_and_their_leas
     procs = {slot: _start(sqlite_store, f"load.{slot}", slot, items, chunk, hold) for slot in ("a", "b")}
     # When both run to the end, while a third writer (a release request, refused: the holder is
     # alive) asks every 0.2 s
-    _wait_for(lambda: _processed(sqlite_store, "load.a", "a") >= chunk, 30, "worker a's first checkpoint")
+    wait_until(lambda: _processed(sqlite_store, "load.a", "a") >= chunk, "worker a's first checkpoint")
     slowest, asked = 0.0, 0
     while all(proc.poll() is None for proc in procs.values()) and asked < 50:
         began = time.monotonic()
@@ -142,7 +136,7 @@ def test_a_pause_gets_through_while_a_transactional_run_holds_the_lock_and_the_r
     # Given a run in its own process, default settings, whose 100 ms chunks hold the write lock
     job, slot, items, chunk, hold = "load.pause", "p", 1500, 10, 0.1
     proc = _start(sqlite_store, job, slot, items, chunk, hold)
-    _wait_for(lambda: _processed(sqlite_store, job, slot) >= 5 * chunk, 30, "the run's first checkpoints")
+    wait_until(lambda: _processed(sqlite_store, job, slot) >= 5 * chunk, "the run's first checkpoints")
     # When a pause is requested from another process's connection
     began = time.monotonic()
     control.pause(sqlite_store, job, slot, by="test")
@@ -165,7 +159,7 @@ def test_a_live_transactional_runs_lease_keeps_a_non_forced_release_refused(sqli
     # Given a run with a 3 s lease (renewed every second) whose 20 ms chunks hold the write lock
     job, slot, items, chunk, hold, lease = "load.release", "r", 3000, 10, 0.02, 3.0
     proc = _start(sqlite_store, job, slot, items, chunk, hold, lease=lease)
-    _wait_for(lambda: _processed(sqlite_store, job, slot) >= chunk, 30, "the run's first checkpoint")
+    wait_until(lambda: _processed(sqlite_store, job, slot) >= chunk, "the run's first checkpoint")
     # When someone asks, again and again while it runs, to release the slot of a dead holder
     accepted, asked, slowest = [], 0, 0.0
     while proc.poll() is None and _processed(sqlite_store, job, slot) < items - 20 * chunk:
