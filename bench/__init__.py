@@ -21,7 +21,7 @@ Rows (one module each):
 16. :mod:`bench.items` -- the chunk loop's own instructions per item (2j, cachegrind).
 
 :mod:`bench.profile` times an attempt's parts (connect, schema probe, lease, start, checkpoints,
-order check, finish, XCom...) for the notes of rows 2 and 7; ``python -m bench.profile`` adds a
+order check, finish, XCom...) for the notes of rows 2 and 7; ``python -m bench.cprofile_report`` adds a
 cProfile listing.
 
 Only this package (and its ``dags/`` folder) is benchmark code; nothing here is imported by the
