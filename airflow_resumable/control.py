@@ -22,6 +22,7 @@ The table of what each request does to a slot in each state is in
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
@@ -32,7 +33,14 @@ from airflow_resumable.core.attempt import skip_policy as _skips
 from airflow_resumable.core.control import requests as _core
 from airflow_resumable.core.model import request_rules as _rules
 from airflow_resumable.core.model.checkpoint import AttemptRecord, Checkpoint
-from airflow_resumable.core.model.errors import ConfigurationError, RequestRefused, SlotNotFound
+from airflow_resumable.core.model.errors import (
+    ConfigurationError,
+    OwnerChanged,
+    ReadBackFailed,
+    RequestRefused,
+    ResumableError,
+    SlotNotFound,
+)
 from airflow_resumable.core.model.states import AttemptEnd
 from airflow_resumable.core.stores.base import Store, StoreSession
 from airflow_resumable.hooks.resumable import DEFAULT_CONN_ID, ResumableHook
@@ -46,6 +54,8 @@ __all__ = [
 ]
 
 ACTIONS = _core.ACTIONS
+
+_log = logging.getLogger(__name__)
 
 #: How many of a slot's skipped items its detail lists (oldest first); the counts cover all of them.
 SKIPPED_LISTED = 100
@@ -109,31 +119,79 @@ def act(job: str, slot: str, action: _rules.Action | str, *, conn_id: str = DEFA
     :func:`detail` is read after it; a retry's answer also has ``retry``
     (:meth:`RetryRequested.as_json`).
 
+    The write takes the slot only while its row names the owning DAG ``check`` was given: should
+    another DAG's task take the slot over in between, the new row is read and checked again (up to
+    :data:`OWNER_TRIES` times), never written on the first one's permission.
+
     Raises:
         SlotNotFound: no such slot.
         RequestRefused: the slot does not take the request; nothing changed.
-        ConfigurationError: ``action`` is none of these, or the job, slot or ``by`` is not a valid one.
+        ConfigurationError: ``action`` is none of these, ``force`` is given with a request that has no
+            forced form, or the job, slot or ``by`` is not a valid one; nothing was read.
+        CorruptCheckpoint: the row holds a status or a request no release writes (edited by hand);
+            nothing changed.
+        ReadBackFailed: the request was applied and recorded, but the slot could not be read back.
     """
-    retry = action == RETRY_SKIPPED
-    if not retry:
+    wanted: _rules.Action | None = None  # None: the retry of the skipped items
+    if action != RETRY_SKIPPED:
         try:
-            action = _rules.Action(action)
+            wanted = _rules.Action(action)
         except ValueError:
             raise ConfigurationError(f"no request {action!r}: one of {', '.join(ACTIONS)} or {RETRY_SKIPPED}",
                                      job=job, slot=slot) from None
+    name = RETRY_SKIPPED if wanted is None else wanted.value
+    if force and (wanted is None or not _rules.forceable(wanted)):
+        raise ConfigurationError(f"force applies to {', '.join(a.value for a in _rules.Action if _rules.forceable(a))} "
+                                 f"only, not to {name}", job=job, slot=slot)
+    _core.check_keys(job, slot, size=False)  # one too long to be stored is not found, as by GET
     by = _core.default_by() if by is None else _core.checked_by(by)
+    items = 0
     with _session(conn_id, job, slot) as session:
-        row = session.checkpoints.load(job, slot)
-        if row is None:
-            raise _core.not_found(job, slot)
-        if check is not None:
-            check(row)
-        if retry:
-            asked = _retry_carried(*_skips.request_retry_in(session, job, slot, by=by), clear=True, wait=FINISHING_WAIT)
-            return {**_detail(session, job, slot, explained=True), "retry": asked.as_json()}
-        assert isinstance(action, _rules.Action)
-        _core.apply(session, job, slot, action, by=by, force=force)
-        return _detail(session, job, slot, explained=True)
+        for _ in range(OWNER_TRIES):
+            row = session.checkpoints.load(job, slot)
+            if row is None:
+                raise _core.not_found(job, slot)
+            if check is not None:
+                check(row)
+            try:
+                if wanted is None:
+                    row, items = _skips.request_retry_in(session, job, slot, by=by, checked=row)
+                else:
+                    _core.apply(session, job, slot, wanted, by=by, force=force, dag_id=row.dag_id)
+            except OwnerChanged:
+                continue  # another DAG's task took the slot over since the check: check its new row
+            break
+        else:
+            raise OwnerChanged(job=job, slot=slot)
+        asked: RetryRequested | None = None
+        try:
+            if wanted is None:
+                asked = _retry_carried(row, items, clear=True, wait=FINISHING_WAIT)
+            view = _detail(session, job, slot, explained=True)
+        except Exception as exc:  # the request stands: say so, not only what failed
+            raise _read_back_failed(exc, name, by, asked, job=job, slot=slot) from exc
+    return view if asked is None else {**view, "retry": asked.as_json()}
+
+
+#: How many times :func:`act` checks a slot whose owning DAG changes under it before it gives up.
+OWNER_TRIES = 3
+
+
+def _read_back_failed(exc: BaseException, name: str, by: str, asked: RetryRequested | None, *, job: str,
+                      slot: str) -> ReadBackFailed:
+    """The error of a request applied and recorded whose answer could not be read (``exc``). A
+    ResumableError says what it is; another error is named by its type only (its text may say more
+    than a caller should see) and logged whole."""
+    if isinstance(exc, ResumableError):
+        why = exc.message if exc.hint is None else f"{exc.message}. {exc.hint}"
+    else:
+        _log.exception("the slot job=%r slot=%r could not be read back after a %s request", job, slot, name)
+        why = f"{type(exc).__name__}; the log of this process has its traceback"
+    done = "" if asked is None else f" ({asked.items} item(s): {asked.next_run})"
+    return ReadBackFailed(
+        f"{name} requested by {by}: applied and recorded in the slot's history{done}, but the slot could not be "
+        f"read back for the answer: {why}", cause=exc, job=job, slot=slot,
+        hint="The request stands: do not ask again. Look at the slot once what kept it from being read is fixed")
 
 
 def get(job: str, slot: str, *, conn_id: str = DEFAULT_CONN_ID) -> Checkpoint:

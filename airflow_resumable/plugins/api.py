@@ -40,6 +40,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 import airflow_resumable.control as control
 from airflow_resumable.core.model.errors import (
     ConfigurationError,
+    ReadBackFailed,
     RequestRefused,
     ResumableError,
     SlotNotFound,
@@ -148,8 +149,9 @@ _STATUSES = {
     404: "no such slot",
     409: "the slot cannot take this request now (the message says why)",
     422: "a parameter is missing or not what the schema allows (the message names it)",
-    500: "the store holds what this release cannot read (a corrupt row, a newer schema; the message says which)",
-    503: "the checkpoint store cannot be reached; try again",
+    500: "the store holds what this release cannot read (a corrupt row, a newer schema; the message says which); "
+         "for a request, the message says whether it was applied all the same (the slot could not be read back)",
+    503: "the checkpoint store cannot be reached; try again (a request's message says if it was applied already)",
 }
 
 
@@ -381,6 +383,8 @@ def overlap_of(dag_id: str, run_id: str, task_id: str, map_index: int = -1) -> d
 
 
 def _status_of(exc: ResumableError) -> int:
+    if isinstance(exc, ReadBackFailed):  # applied, then the read of the answer failed: that failure's status
+        return _status_of(exc.cause) if isinstance(exc.cause, ResumableError) else status.HTTP_500_INTERNAL_SERVER_ERROR
     if isinstance(exc, SlotNotFound):
         return status.HTTP_404_NOT_FOUND
     if isinstance(exc, RequestRefused):

@@ -41,12 +41,14 @@ from airflow_resumable.core.model.checkpoint import Checkpoint, DeadLetter, enco
 from airflow_resumable.core.model.errors import (
     Cancelled,
     ConfigurationError,
+    OwnerChanged,
     RequestRefused,
     ResumableError,
     SkipLimitExceeded,
     SlotNotFound,
 )
 from airflow_resumable.core.model.keys import json_key
+from airflow_resumable.core.model.request_rules import slot_of
 from airflow_resumable.core.stores.base import Store, StoreSession
 
 __all__ = ["ReplayReport", "never_skipped", "replay", "replay_requested", "request_retry", "retry_note", "retry_offered",
@@ -227,24 +229,37 @@ def request_retry(store: Store, job: str, slot: str, *, by: str) -> int:
         return request_retry_in(session, job, slot, by=by)[1]
 
 
-def request_retry_in(session: StoreSession, job: str, slot: str, *, by: str) -> tuple[Checkpoint, int]:
+def request_retry_in(session: StoreSession, job: str, slot: str, *, by: str,
+                     checked: Checkpoint | None = None) -> tuple[Checkpoint, int]:
     """:func:`request_retry` in ``session`` (its schema checked by the caller): the slot's row as
-    read for the request, and how many items are now ``retry_requested``.
+    read for the request, and how many items are now ``retry_requested``. ``checked``: the row the
+    caller read and authorized the request on (the REST API's per-DAG permission): the write then
+    takes the slot only while it still names that row's owning DAG.
 
     Raises:
         SlotNotFound / RequestRefused: as :func:`request_retry`; nothing changed.
+        OwnerChanged: another DAG's task took the slot over since ``checked`` was read; nothing changed.
     """
-    row = session.checkpoints.load(job, slot)
+    row = session.checkpoints.load(job, slot) if checked is None else checked
     if row is None:
         raise SlotNotFound("no checkpoint row for this slot", job=job, slot=slot,
                            hint="Check the job and the slot, as `airflow resumable list` shows them")
+    slot_of(row, _now())  # a status or a request edited by hand: CorruptCheckpoint, nothing written
     if _live(row):
         raise RequestRefused(
             f"the slot is running now (held by {row.lease_owner}): its skipped items can be retried once "
             "the run has ended", status=row.status, job=job, slot=slot,
             hint="Wait for the run to end (or pause or cancel it), then ask again")
-    n = session.skips.request_retry(row, by=by)
+    n = (session.skips.request_retry(row, by=by) if checked is None else
+         session.skips.request_retry(row, by=by, owned_by=checked.dag_id))
     if not n:
+        if checked is not None:
+            now = session.checkpoints.load(job, slot)
+            if now is None:
+                raise SlotNotFound("no checkpoint row for this slot", job=job, slot=slot,
+                                   hint="It was deleted while the request was made")
+            if now.dag_id != checked.dag_id:
+                raise OwnerChanged(job=job, slot=slot)
         pending = session.skips.count(job, slot, status="retry_requested")
         why = (f"a retry of its {pending} skipped item(s) is already requested" if pending else
                "the slot has no skipped item that can be replayed (none, or only items kept as repr)")

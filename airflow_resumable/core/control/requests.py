@@ -33,17 +33,17 @@ from typing import Any
 from airflow_resumable.core.model import request_rules as rules
 from airflow_resumable.core.model.checkpoint import Checkpoint
 from airflow_resumable.core.model.columns import to_datetime
-from airflow_resumable.core.model.errors import ConfigurationError, RequestRefused, SlotNotFound
+from airflow_resumable.core.model.errors import ConfigurationError, OwnerChanged, RequestRefused, SlotNotFound
 from airflow_resumable.core.model.options import key_problem
 from airflow_resumable.core.model.request_rules import ACTIONS, Action
 from airflow_resumable.core.model.states import AttemptEnd, Request, Status
 from airflow_resumable.core.model.tables import ATTEMPTS
 from airflow_resumable.core.stores.base import Store, StoreSession
-from airflow_resumable.core.stores.shared_sql import insert, json_or_none, named
+from airflow_resumable.core.stores.shared_sql import ANY_OWNER, insert, json_or_none, named
 from airflow_resumable.core.view import job_line
 from airflow_resumable.core.work.partitions import PLAN_SUFFIX, load_plan, partition_job, plan_job
 
-__all__ = ["ACTIONS", "COUNTS", "OUTCOMES", "PARTITION_KINDS", "apply", "base_job", "cancel", "default_by", "job_partitions", "jobs",
+__all__ = ["ACTIONS", "COUNTS", "OUTCOMES", "PARTITION_KINDS", "apply", "base_job", "cancel", "check_keys", "default_by", "job_partitions", "jobs",
            "pause", "record_rerun", "release", "restart", "resume", "stale", "wake"]
 
 #: The longest ``by`` kept.
@@ -131,19 +131,22 @@ def _request(store: Store, job: str, slot: str, action: Action, outcome: Attempt
 
 
 def apply(session: StoreSession, job: str, slot: str, action: Action, *, by: str | None = None,
-          force: bool = False) -> Checkpoint:
+          force: bool = False, dag_id: Any = ANY_OWNER) -> Checkpoint:
     """Apply ``action`` to the slot in ``session`` (its schema checked by the caller): one
     conditional write and its history record, in one transaction. Returns the row after it.
+    ``dag_id``, when given (None: a row that names no DAG), is the owning DAG the caller was
+    authorized for: the write takes the slot only while its row still names it.
 
     Raises:
         ConfigurationError: the job, the slot or ``by`` is not a valid one.
         SlotNotFound / RequestRefused: as each request says; nothing changed.
+        OwnerChanged: the row names another DAG than ``dag_id`` now; nothing changed.
     """
     by = _by(by)
-    _check_keys(job, slot)
-    row = session.requests.apply(job, slot, action, by=by, outcome=OUTCOMES[action], force=force)
+    check_keys(job, slot)
+    row = session.requests.apply(job, slot, action, by=by, outcome=OUTCOMES[action], force=force, dag_id=dag_id)
     if row is None:
-        raise _refused(session, job, slot, action, force=force)
+        raise _refused(session, job, slot, action, force=force, dag_id=dag_id)
     return row
 
 
@@ -184,7 +187,8 @@ def checked_by(by: str) -> str:
     """``by`` as a request records it (stripped, at most :data:`MAX_BY` characters).
 
     Raises:
-        ConfigurationError: it is not a non-empty string.
+        ConfigurationError: it is not a non-empty string, or holds what the history cannot (a NUL
+            character, text that is not UTF-8).
     """
     return _by(by)
 
@@ -194,21 +198,37 @@ def _by(by: str | None) -> str:
         return default_by()
     if not isinstance(by, str) or not by.strip():
         raise ConfigurationError(f"by must name who asks (a non-empty string), got {by!r}")
-    return by.strip()[:MAX_BY]
+    by = by.strip()[:MAX_BY]
+    # What the history's text column cannot hold (PostgreSQL refused a NUL with its own error);
+    # the length is not a problem: it is cut.
+    problem = key_problem("by", by)
+    if problem is not None:
+        raise ConfigurationError(problem, hint="Name who asks in plain text")
+    return by
 
 
-def _check_keys(job: str, slot: str) -> None:
-    problems = [p for p in (key_problem("job", job), key_problem("slot", slot)) if p]
+def check_keys(job: str, slot: str, *, size: bool = True) -> None:
+    """Refuse a job or a slot the checkpoint table cannot hold, before any query; without ``size``,
+    only one no query can carry (a lookup of a name too long to be stored finds no slot).
+
+    Raises:
+        ConfigurationError: saying what is wrong with it (a NUL, not UTF-8, empty; too long).
+    """
+    problems = [p for p in (key_problem("job", job, size=size), key_problem("slot", slot, size=size)) if p]
     if problems:
         raise ConfigurationError("; ".join(problems), hint="Name the slot as the checkpoint table does")
 
 
-def _refused(session: StoreSession, job: str, slot: str, action: Action, *, force: bool) -> Exception:
+def _refused(session: StoreSession, job: str, slot: str, action: Action, *, force: bool,
+             dag_id: Any = ANY_OWNER) -> Exception:
     """Why the row did not take ``action``, read after the refused write (which changed nothing):
-    the refusal the rules give for the row as it is now."""
+    the refusal the rules give for the row as it is now, or that it names another owning DAG than
+    the caller's ``dag_id``."""
     row = session.checkpoints.load(job, slot)
     if row is None:
         return not_found(job, slot)
+    if dag_id is not ANY_OWNER and row.dag_id != dag_id:
+        return OwnerChanged(job=job, slot=slot)
     found = rules.decide(action, rules.slot_of(row, _now(row)), force=force)
     if isinstance(found, rules.Rule):  # the row changed since the write (its lease lapsed, a holder ended)
         found = rules.OTHERWISE

@@ -10,17 +10,18 @@ import dataclasses
 import json
 import sys
 import warnings
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from airflow_resumable.core.model.columns import column
+from airflow_resumable.core.model.columns import column, to_datetime
 from airflow_resumable.core.model.errors import CorruptCheckpoint, InvalidCheckpoint
 from airflow_resumable.core.model.states import AttemptEnd, Status
 
 __all__ = [
     "DEPRECATED_KEYS", "ENCODER", "AttemptEnd", "AttemptRecord", "Checkpoint", "DeadLetter", "Origin", "Status", "Write",
     "decode", "encode",
-    "differences", "error_text", "short",
+    "differences", "error_text", "read_record", "short", "unreadable",
 ]
 
 
@@ -346,6 +347,59 @@ def decode(text: str | None, *, what: str, job: str, slot: str, mapping: bool = 
             "what the run carried), or delete the row to start the slot over: " + delete_statement(job, slot),
         )
     return value
+
+
+def read_record(table: Any, row: Sequence[Any]) -> Any:
+    """A stored row of ``table`` (a history record, a dead letter) as its class.
+
+    Raises:
+        CorruptCheckpoint: a column was edited by hand into what cannot be read (see :func:`unreadable`).
+    """
+    try:
+        return table.decode(row)
+    except (TypeError, ValueError, RecursionError):
+        found = unreadable(table, row)
+        if found is None:
+            raise
+        raise found from None
+
+
+def unreadable(table: Any, row: Sequence[Any]) -> CorruptCheckpoint | None:
+    """Why a stored row of ``table`` (a :class:`~airflow_resumable.core.model.columns.Table`) that
+    failed to decode cannot be read: the first column edited by hand into what this release does not
+    read (JSON text that is not JSON, a timestamp that is not one), as an error naming the column, the
+    job and the slot; None when each column reads on its own."""
+    names = table.names
+    job, slot = row[names.index("job")], row[names.index("slot")]
+    slot_row = table.cls is Checkpoint
+    for value, col in zip(row, table.columns, strict=True):
+        if value is None or col.kind not in ("json", "timestamp"):
+            continue
+        if col.kind == "json":
+            if slot_row:
+                decode(value, what=col.name, job=job, slot=slot)  # raises, saying how to fix the row
+                continue
+            try:
+                json.loads(value)
+                continue
+            except (TypeError, ValueError, RecursionError) as exc:
+                problem = f"is not valid JSON ({exc})"
+        else:
+            try:
+                to_datetime(value)
+                continue
+            except (TypeError, ValueError, OverflowError, OSError):
+                problem = "is not a timestamp"
+        if slot_row:
+            return CorruptCheckpoint(
+                f"the stored {col.name} {short(value)} {problem}", job=job, slot=slot,
+                hint=f"The row was left as it is. Set {col.name} to NULL or to a time, or delete the row to start the "
+                "slot over: " + delete_statement(job, slot))
+        return CorruptCheckpoint(
+            f"the stored {col.name} {short(value)} of a record in {table.name} {problem}", job=job, slot=slot,
+            hint="The record was left as it is. Correct the column (or delete the record: the slot's row is not "
+            "affected)")
+    return None
 
 
 def delete_statement(job: str, slot: str) -> str:

@@ -181,3 +181,24 @@ class RequestRefused(ResumableError):
     def __init__(self, message: str, *, status: str | None = None, **kwargs: Any):
         self.status = status
         super().__init__(message, **kwargs)
+
+
+class OwnerChanged(RequestRefused):
+    """A control request made for the slot's owning DAG (the one the caller was authorized for)
+    found, at its write, that another DAG's task had taken the slot over meanwhile. Nothing was
+    changed: the caller is checked again against the new owner (the REST API) or asks again."""
+
+    def __init__(self, *, job: str, slot: str):
+        # The new owner is not named: the caller may not be allowed to see it.
+        super().__init__("another DAG's task took the slot over while the request was checked; nothing changed",
+                         job=job, slot=slot, hint="Look at the slot again, then ask again if it still applies")
+
+
+class ReadBackFailed(ResumableError):
+    """A control request was applied and recorded in the slot's history, but the slot could not be
+    read back for the answer (``cause``: the error of that read). The request stands: asking again
+    would be refused as already pending, or apply it twice."""
+
+    def __init__(self, message: str, *, cause: BaseException, **kwargs: Any):
+        self.cause = cause
+        super().__init__(message, **kwargs)

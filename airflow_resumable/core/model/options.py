@@ -374,18 +374,19 @@ def duration_problem(
     return f"{name} must be {what}, got {value!r}"
 
 
-def key_problem(name: str, value: Any) -> str | None:
-    """What keeps a job or slot name out of the checkpoint table, as a sentence, or None."""
+def key_problem(name: str, value: Any, *, size: bool = True) -> str | None:
+    """What keeps a job or slot name out of the checkpoint table, as a sentence, or None. Without
+    ``size``, only what no query can carry (a lookup of a name too long to be stored finds nothing)."""
     if not value or not isinstance(value, str):
         return f"{name} must be a non-empty string, got {value!r}"
     if "\x00" in value:
         return f"{name} {short(value, 60)} contains a NUL character, which the database cannot store"
     try:
-        size = len(value.encode("utf-8"))
+        n = len(value.encode("utf-8"))
     except UnicodeEncodeError as exc:
         return f"{name} {short(value, 60)} cannot be stored as UTF-8 ({exc.reason})"
-    if size > MAX_KEY_BYTES:
-        return f"{name} is {size} bytes long in UTF-8, over the {MAX_KEY_BYTES} the checkpoint table's key allows"
+    if size and n > MAX_KEY_BYTES:
+        return f"{name} is {n} bytes long in UTF-8, over the {MAX_KEY_BYTES} the checkpoint table's key allows"
     return None
 
 

@@ -371,18 +371,17 @@ def _sql_in(column: str, values: Iterable[enum.StrEnum]) -> str:
 
 
 def sql_when(w: When, now: str) -> str:
-    """SQL for "the row is one of the slots ``w`` covers" (``now``: the database's time)."""
-    parts = []
-    if w.status != ANY_STATUS:
-        parts.append(_sql_in("status", w.status))
-    if w.request != ANY_REQUEST:
-        named = [r for r in w.request if r is not None]
-        terms = (["request IS NULL"] if None in w.request else []) + ([_sql_in("request", named)] if named else [])
-        parts.append(terms[0] if len(terms) == 1 else f"({' OR '.join(terms)})")
+    """SQL for "the row is one of the slots ``w`` covers" (``now``: the database's time). Any status
+    (or request) still means one of :class:`Status` (of :class:`Request`): a row edited by hand into
+    another is none of the slots, takes no request and offers none, as :func:`slot_of` refuses it."""
+    parts = [_sql_in("status", w.status)]
+    named = [r for r in w.request if r is not None]
+    terms = (["request IS NULL"] if None in w.request else []) + ([_sql_in("request", named)] if named else [])
+    parts.append(terms[0] if len(terms) == 1 else f"({' OR '.join(terms)})")
     lease = _sql_lease(w.lease, now)
     if lease is not None:
         parts.append(lease or "1 = 0")
-    return " AND ".join(parts) or "1 = 1"
+    return " AND ".join(parts)
 
 
 def sql_where(action: Action, now: str, *, force: bool = False) -> str:

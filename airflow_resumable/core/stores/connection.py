@@ -17,7 +17,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, Protocol
 
-from airflow_resumable.core.model.checkpoint import Checkpoint, _depth_over, decode, error_text
+from airflow_resumable.core.model.checkpoint import Checkpoint, _depth_over, decode, error_text, unreadable
 from airflow_resumable.core.model.errors import (
     CheckpointDeleted,
     ConfigurationError,
@@ -563,10 +563,9 @@ class Connection:
             if any(row[i] is not None and _depth_over(cp.__dict__[name], row[i]) for i, name in _JSON):
                 raise RecursionError
         except (TypeError, ValueError, RecursionError):
-            job, slot = row[0], row[1]
-            for i, c in enumerate(CHECKPOINTS.columns):
-                if c.kind == "json":
-                    decode(row[i], what=c.name, job=job, slot=slot)  # raises CorruptCheckpoint naming the column
+            found = unreadable(CHECKPOINTS, row)  # (a JSON column raises itself) naming the column
+            if found is not None:
+                raise found from None
             raise
         if type(cp.state) is not dict:
             if cp.state is not None:  # e.g. '[1,2]' written by hand

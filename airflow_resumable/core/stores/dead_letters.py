@@ -14,12 +14,22 @@ import socket
 from datetime import datetime, timezone
 from typing import Any
 
-from airflow_resumable.core.model.checkpoint import ENCODER, Checkpoint, DeadLetter
+from airflow_resumable.core.model.checkpoint import ENCODER, Checkpoint, DeadLetter, read_record
 from airflow_resumable.core.model.states import AttemptEnd
 from airflow_resumable.core.model.tables import ATTEMPTS, DEAD_LETTERS
 from airflow_resumable.core.stores.connection import Connection
 from airflow_resumable.core.stores.dialect import Dialect
-from airflow_resumable.core.stores.shared_sql import KEY, SKIPPED, TABLE, insert, json_or_none, named
+from airflow_resumable.core.stores.shared_sql import (
+    ANY_OWNER,
+    KEY,
+    SKIPPED,
+    TABLE,
+    insert,
+    json_or_none,
+    named,
+    owned,
+    owned_sql,
+)
 
 _HISTORY = ("job", "slot", "attempt", "outcome", "requested_by", "host", "pid", "dag_id", "task_id", "run_id",
             "map_index", "position_start", "processed_start", "position_end", "processed_end", "error")
@@ -109,7 +119,7 @@ class Skips:
             f"SELECT {DEAD_LETTERS.select} FROM {SKIPPED} WHERE {where} ORDER BY id LIMIT %(limit)s", params,
         ).fetchall()
         c.commit()
-        return [DEAD_LETTERS.decode(r) for r in rows]
+        return [read_record(DEAD_LETTERS, r) for r in rows]
 
     def count(self, job: str, slot: str, *, status: str = "skipped") -> int:
         """How many of the slot's items have ``status``."""
@@ -151,18 +161,23 @@ class Skips:
             c.execute(f"UPDATE {SKIPPED} SET error = %(error)s WHERE id = %(id)s", {"id": record_id, "error": error})
         c.commit()
 
-    def request_retry(self, row: Checkpoint, *, by: str) -> int:
+    def request_retry(self, row: Checkpoint, *, by: str, owned_by: Any = ANY_OWNER) -> int:
         """Mark the slot's replayable skipped items (kept as JSON) ``retry_requested`` and record
         the request, with who asked, in the slot's history: one transaction. Returns how many
-        (none while an attempt holds a live lease on the slot: it would not see them; the
-        condition is part of the write)."""
+        (none while an attempt holds a live lease on the slot: it would not see them; nor, with
+        ``owned_by``, once the row names another owning DAG than that one, the DAG the caller was
+        authorized for: see :func:`~airflow_resumable.core.stores.shared_sql.owned`; the conditions
+        are part of the write)."""
         c = self._c
+        owner, owner_params = owned(owned_by)
         key = {"job": row.job, "slot": row.slot}
         live = (f"SELECT 1 FROM {TABLE} AS held WHERE held.job = %(job)s AND held.slot = %(slot)s "
                 f"AND held.lease_owner IS NOT NULL AND held.lease_expires_at > {c.d.now()}")
+        mine = ("" if owner == "any" else f" AND EXISTS (SELECT 1 FROM {TABLE} AS mine WHERE mine.job = %(job)s "
+                f"AND mine.slot = %(slot)s{owned_sql(owner, 'mine')})")
         with c.transaction():
             n = c.execute(f"UPDATE {SKIPPED} SET status = 'retry_requested' WHERE {KEY} AND status = 'skipped' "
-                          f"AND item_format = 'json' AND NOT EXISTS ({live})", key).rowcount
+                          f"AND item_format = 'json' AND NOT EXISTS ({live}){mine}", {**key, **owner_params}).rowcount
             if n:
                 c.execute(_history_sql(c.d), {
                     **key, "attempt": row.attempt, "outcome": AttemptEnd.RETRY_SKIPPED_REQUESTED.value,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import Any
 
-from airflow_resumable.core.model.checkpoint import AttemptRecord, Checkpoint
+from airflow_resumable.core.model.checkpoint import AttemptRecord, Checkpoint, read_record
 from airflow_resumable.core.model.identity import PLAN_SUFFIX
 from airflow_resumable.core.model.tables import ATTEMPTS
 from airflow_resumable.core.stores.connection import Connection
@@ -137,4 +137,4 @@ class Listings:
         rows = c.execute(f"SELECT {ATTEMPTS.select} FROM {HISTORY} WHERE {KEY} ORDER BY id",
                          {"job": job, "slot": slot}).fetchall()
         c.commit()
-        return [ATTEMPTS.decode(r) for r in rows]
+        return [read_record(ATTEMPTS, r) for r in rows]

@@ -14,7 +14,17 @@ from airflow_resumable.core.model.states import Reason
 from airflow_resumable.core.model.tables import ATTEMPTS
 from airflow_resumable.core.stores.connection import Connection
 from airflow_resumable.core.stores.dialect import Dialect
-from airflow_resumable.core.stores.shared_sql import KEY, SELECT, TABLE, insert, json_or_none, named
+from airflow_resumable.core.stores.shared_sql import (
+    ANY_OWNER,
+    KEY,
+    SELECT,
+    TABLE,
+    insert,
+    json_or_none,
+    named,
+    owned,
+    owned_sql,
+)
 
 #: The history record of a request: who asked, and the row as the request left it.
 _HISTORY = ("job", "slot", "attempt", "outcome", "requested_by", "host", "pid", "dag_id", "task_id", "run_id",
@@ -23,12 +33,14 @@ _HISTORY = ("job", "slot", "attempt", "outcome", "requested_by", "host", "pid", 
 
 
 @functools.cache
-def _rule_sql(d: Dialect, rule: rules.Rule) -> str:
+def _rule_sql(d: Dialect, rule: rules.Rule, owner: str = "any") -> str:
     """A control request's rule as an UPDATE, built once per dialect. The rule's condition is
     checked in the UPDATE itself, so a request races nothing: it applies to the row as it is, or
-    changes nothing."""
+    changes nothing; so is the owning DAG the caller was authorized for (``owner``: see
+    :func:`~airflow_resumable.core.stores.shared_sql.owned`): a slot another DAG's task took over
+    since is not written."""
     return (f"UPDATE {TABLE} SET {rules.sql_sets(rule, d.now())}, requested_by = %(by)s, requested_at = {d.now()} "
-            f"WHERE {KEY} AND {rules.sql_when(rule.when, d.now())} RETURNING {SELECT}")
+            f"WHERE {KEY} AND {rules.sql_when(rule.when, d.now())}{owned_sql(owner)} RETURNING {SELECT}")
 
 
 @functools.cache
@@ -49,19 +61,22 @@ class Requests:
         self._c = connection
 
     def apply(self, job: str, slot: str, action: Action, *, by: str, outcome: AttemptEnd, force: bool = False,
-              reason: Reason = Reason.REQUESTED, note: str | None = None) -> Checkpoint | None:
+              reason: Reason = Reason.REQUESTED, note: str | None = None, dag_id: object = ANY_OWNER) -> Checkpoint | None:
         """Apply a control request and record it in the history with who asked (``by``): one
         transaction. Its rules (:data:`airflow_resumable.core.model.request_rules.RULES`) are tried in turn, each
         one conditional write, until one takes. ``reason`` is the stop request's reason and
         ``note`` the error of a slot cancelled at once (default ``cancelled by <by>``). Returns the
         row after it, or None when the row is missing or cannot take the request, and then nothing
-        was changed."""
+        was changed. ``dag_id`` (None: the row names no DAG), when given, is the owning DAG the
+        caller was authorized for: a row that another DAG owns by the time of the write is not
+        written either (None is returned)."""
         c = self._c
+        owner, owner_params = owned(dag_id)
         params = {"job": job, "slot": slot, "by": by, "reason": reason.value,
-                  "note": f"cancelled by {by}" if note is None else note}
+                  "note": f"cancelled by {by}" if note is None else note, **owner_params}
         with c.transaction():
             for rule in rules.rules_of(action, force=force):
-                row = c.execute(_rule_sql(c.d, rule), params).fetchone()
+                row = c.execute(_rule_sql(c.d, rule, owner), params).fetchone()
                 if row is not None:
                     break
             else:

@@ -22,6 +22,28 @@ KEY = "job = %(job)s AND slot = %(slot)s"
 #: was asked, else NULL.
 PENDING_STOP = "COALESCE(cancel_request, CASE WHEN request = 'pause' THEN 'paused' END)"
 
+#: A control request's expected owning DAG when none is given: it takes the slot whichever DAG owns
+#: it (the CLI, the Python API; the REST API gives the DAG it authorized the user for).
+ANY_OWNER: Any = object()
+
+
+def owned(dag_id: Any) -> tuple[str, dict[str, Any]]:
+    """How a write is conditioned on the slot's owning DAG ``dag_id`` (:data:`ANY_OWNER`; None: the
+    row names no DAG; else the DAG's id): a kind for :func:`owned_sql`, and its parameters."""
+    if dag_id is ANY_OWNER:
+        return "any", {}
+    if dag_id is None:
+        return "none", {}
+    return "dag", {"owner_dag_id": dag_id}
+
+
+def owned_sql(kind: str, alias: str = "") -> str:
+    """The condition (`` AND ...``, or nothing) of :func:`owned`'s ``kind`` on the checkpoint row
+    (``alias``: its alias in the statement)."""
+    column = f"{alias}.dag_id" if alias else "dag_id"
+    return {"any": "", "none": f" AND {column} IS NULL", "dag": f" AND {column} = %(owner_dag_id)s"}[kind]
+
+
 #: The columns of an attempt's history record that :func:`history_params` fills.
 HISTORY_COLUMNS = (
     "job", "slot", "attempt", "owner", "host", "pid", "dag_id", "task_id", "run_id", "map_index", "lease_token",

@@ -265,7 +265,9 @@
           say(LABEL[action] + ": sent.");
         }
       }).catch(function (err) {
-        say(LABEL[action] + " refused: " + err.message, true);
+        // 409/403/404: the slot (or Airflow) refused it; 500 and above: it failed on the way, and
+        // the message says whether it was applied anyway (a ReadBackFailed: applied and recorded).
+        say(LABEL[action] + (err.status >= 500 ? " failed: " : " refused: ") + err.message, true);
       }).then(function () { busy = false; load(); });
     }
     function tiLine() {

@@ -247,6 +247,64 @@ def test_a_request_is_checked_applied_and_answered_on_one_connection(
         assert [h.outcome for h in s.listings.history(B, SLOT)] == ["failed"]
 
 
+@pytest.mark.parametrize("action", ["pause", "retry_skipped"])
+def test_a_slot_another_dag_takes_over_after_the_check_is_checked_again_before_the_write(
+        as_user: Any, fresh: Store, action: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Given dag_a's slot (one skipped item) and alice, who may change dag_a only, When dag_b's task
+    takes the slot over (the same job name) right after alice's check, Then her request is checked
+    again on the new row, refused, and nothing is written (before: applied to dag_b's slot)."""
+    from airflow_resumable.core.model.checkpoint import DeadLetter
+    from airflow_resumable.plugins import api
+
+    run_slot(fresh, "shared.export", "dag_a", fail_at=10)
+    with fresh.open(autocommit=True) as s:
+        s.skips.record(DeadLetter(job="shared.export", slot=SLOT, position=3, item=3, error="E", attempt=1))
+        s.commit()
+    authorize, asked = api._authorize, []
+
+    def then_taken_over(user: Any, dag_id: str | None, method: str) -> None:
+        asked.append(dag_id)
+        authorize(user, dag_id, method)  # type: ignore[arg-type]
+        with fresh.open(autocommit=True) as s:
+            s.execute("UPDATE resumable_checkpoints SET dag_id = 'dag_b'")
+            s.commit()
+
+    monkeypatch.setattr(api, "_authorize", then_taken_over)
+    r = as_user("alice", "POST", f"{BASE}/checkpoint/{action}", params={**q("shared.export"), "conn_id": FRESH})
+    assert r.status_code == 403 and "dag_b" in r.json()["message"] and asked == ["dag_a", "dag_b"]
+    with fresh.open() as s:
+        assert [h.outcome for h in s.listings.history("shared.export", SLOT)] == ["failed"]
+        assert [d.status for d in s.skips.items("shared.export", SLOT)] == ["skipped"]
+
+
+def test_a_hand_edited_slot_is_refused_naming_it_and_an_answer_read_after_the_write_says_it_was_applied(
+        as_user: Any, fresh: Store) -> None:
+    run_slot(fresh, A, "dag_a", fail_at=10)
+    run_slot(fresh, B, "dag_b", fail_at=10)
+    with fresh.open(autocommit=True) as s:  # A: a status no release writes; B: a history record that is not JSON
+        s.execute(f"UPDATE resumable_checkpoints SET status = 'bogus', lease_owner = 'x', lease_expires_at = NULL "
+                  f"WHERE job = '{A}'")
+        s.execute(f"UPDATE resumable_attempts SET position_start = '{{bad' WHERE job = '{B}'")
+        s.commit()
+    params = {"slot": SLOT, "conn_id": FRESH}
+    # A user who may not change the slot learns nothing of it
+    assert as_user("viewer", "POST", f"{BASE}/checkpoint/release", params={**params, "job": A}).status_code == 403
+    # The release is refused before its write (before: the lease was freed, then a 500 said "left as it is")
+    r = as_user("admin", "POST", f"{BASE}/checkpoint/release", params={**params, "job": A})
+    assert r.status_code == 500 and (r.json()["job"], r.json()["slot"]) == (A, SLOT)
+    assert "'bogus' is not one of" in r.json()["message"] and r.json()["hint"].startswith("The row was left as it is")
+    with fresh.open() as s:
+        assert s.checkpoints.load(A, SLOT).lease_owner == "x" and len(s.listings.history(A, SLOT)) == 1
+    # The pause is taken, and the answer that cannot be read says so (before: a bare 500)
+    r = as_user("admin", "POST", f"{BASE}/checkpoint/pause", params={**params, "job": B})
+    assert r.status_code == 500 and r.json()["job"] == B
+    assert r.json()["message"].startswith("pause requested by admin: applied and recorded in the slot's history")
+    assert "of a record in resumable_attempts is not valid JSON" in r.json()["message"]
+    assert "do not ask again" in r.json()["hint"]
+    with fresh.open() as s:
+        assert s.checkpoints.load(B, SLOT).request == "pause"
+
+
 def test_a_slot_of_a_dag_the_user_may_not_see_is_forbidden(as_user: Any) -> None:
     assert as_user("alice", "GET", f"{BASE}/checkpoint", params=q(B)).status_code == 403
 

@@ -6,9 +6,10 @@ connection URI with a bad ``synchronous`` refused by name. The concurrency cases
 control requests while a transactional handler runs, two workers on one file) are in
 ``tests/unit/core/stores/test_sqlite_concurrency.py``.
 
-One test runs on SQLite only (``one_store``): statements only SQLite's grammar has (``BEGIN
+Two tests run on SQLite only (``one_store``): statements only SQLite's grammar has (``BEGIN
 IMMEDIATE``, a comment that does not nest), refused by SQLite's own authorizer; PostgreSQL's own
-cases are in ``tests/unit/core/stores/transaction/test_postgres_cursors.py``.
+cases are in ``tests/unit/core/stores/transaction/test_postgres_cursors.py``. And a timestamp
+edited by hand into text, which only SQLite's loose typing stores (PostgreSQL refuses the edit).
 """
 
 from __future__ import annotations
@@ -245,3 +246,30 @@ def test_named_and_positional_placeholders_are_translated_for_sqlite() -> None:
     from airflow_resumable.core.stores.dialect import to_qmark
 
     assert to_qmark("job = %(job)s AND slot = %s AND note LIKE '5%%'") == "job = :job AND slot = ? AND note LIKE '5%'"
+
+
+@pytest.mark.one_store("only SQLite stores text in a timestamp column (PostgreSQL refuses the edit itself)")
+def test_a_timestamp_edited_by_hand_into_text_is_reported_naming_the_column_job_and_slot(store: Store) -> None:
+    """Before: ``TypeError: not a timestamp`` from the decoder, naming nothing (a bare 500 on the REST API)."""
+    from airflow_resumable.core.model.checkpoint import DeadLetter
+    from airflow_resumable.core.model.errors import CorruptCheckpoint
+    from airflow_resumable.core.model.request_rules import Action
+    from airflow_resumable.core.model.states import AttemptEnd
+
+    with store.open(autocommit=True) as s:
+        s.ensure_schema()
+        assert s.leases.acquire(JOB, SLOT, "a", 30) is not None
+        assert s.requests.apply(JOB, SLOT, Action.PAUSE, by="op", outcome=AttemptEnd.PAUSE_REQUESTED) is not None
+        s.skips.record(DeadLetter(job=JOB, slot=SLOT, position=1, item={"i": 1}, error="E", attempt=1))
+        s.commit()
+        for table, column, read, says in (
+            ("resumable_checkpoints", "heartbeat_at", lambda: s.checkpoints.load(JOB, SLOT), "DELETE FROM"),
+            ("resumable_attempts", "started_at", lambda: s.listings.history(JOB, SLOT), "The record was left"),
+            ("resumable_dead_letters", "recorded_at", lambda: s.skips.items(JOB, SLOT), "The record was left"),
+        ):
+            s.execute(f"UPDATE {table} SET {column} = 'yesterday' WHERE job = %(job)s", {"job": JOB})
+            s.commit()
+            with pytest.raises(CorruptCheckpoint) as err:
+                read()
+            assert (err.value.job, err.value.slot) == (JOB, SLOT) and says in str(err.value)
+            assert err.value.message.startswith(f"the stored {column} 'yesterday' ") and "is not a timestamp" in err.value.message

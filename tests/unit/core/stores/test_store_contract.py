@@ -194,6 +194,29 @@ def test_an_unreadable_row_is_reported_with_job_and_slot_and_left_alone(store: S
         assert cur.fetchone()[0] == "{not json"
 
 
+def test_a_history_record_or_skipped_item_edited_into_text_that_is_not_json_is_reported_naming_it(store: Store) -> None:
+    """Before: json's own JSONDecodeError, naming nothing (the REST API's answer was a bare 500)."""
+    from airflow_resumable.core.model.checkpoint import DeadLetter
+    from airflow_resumable.core.model.request_rules import Action
+    from airflow_resumable.core.model.states import AttemptEnd
+
+    with store.open(autocommit=True) as s:
+        s.ensure_schema()
+        acquire(s)
+        assert s.requests.apply(JOB, SLOT, Action.PAUSE, by="op", outcome=AttemptEnd.PAUSE_REQUESTED) is not None
+        s.skips.record(DeadLetter(job=JOB, slot=SLOT, position=1, item={"i": 1}, error="E", attempt=1))
+        s.commit()
+        for table, column, read in (("resumable_attempts", "position_start", lambda: s.listings.history(JOB, SLOT)),
+                                    ("resumable_dead_letters", "item", lambda: s.skips.items(JOB, SLOT))):
+            s.execute(f"UPDATE {table} SET {column} = '{{bad' WHERE job = %(job)s", {"job": JOB})
+            s.commit()
+            with pytest.raises(CorruptCheckpoint) as err:
+                read()
+            assert (err.value.job, err.value.slot) == (JOB, SLOT)
+            assert err.value.message.startswith(f"the stored {column} '{{bad' of a record in {table} is not valid JSON")
+            assert "The record was left as it is" in str(err.value)
+
+
 def test_rows_read_back_equal_the_dataclass_built_the_usual_way(store: Store) -> None:
     import dataclasses
 
