@@ -50,6 +50,7 @@ from airflow_resumable.core.model.errors import (
 from airflow_resumable.core.model.keys import json_key
 from airflow_resumable.core.model.request_rules import slot_of
 from airflow_resumable.core.stores.base import Store, StoreSession
+from airflow_resumable.core.stores.shared_sql import ANY_OWNER
 
 __all__ = ["ReplayReport", "never_skipped", "replay", "replay_requested", "request_retry", "retry_note", "retry_offered",
            "skip_item", "skip_limit_check", "skip_on_check", "skip_on_problem"]
@@ -250,8 +251,7 @@ def request_retry_in(session: StoreSession, job: str, slot: str, *, by: str,
             f"the slot is running now (held by {row.lease_owner}): its skipped items can be retried once "
             "the run has ended", status=row.status, job=job, slot=slot,
             hint="Wait for the run to end (or pause or cancel it), then ask again")
-    n = (session.skips.request_retry(row, by=by) if checked is None else
-         session.skips.request_retry(row, by=by, owned_by=checked.dag_id))
+    n = session.skips.request_retry(row, by=by, owned_by=ANY_OWNER if checked is None else checked.dag_id)
     if not n:
         if checked is not None:
             now = session.checkpoints.load(job, slot)

@@ -66,7 +66,7 @@ def pause(store: Store, job: str, slot: str, *, by: str | None = None) -> Checkp
         SlotNotFound: no such slot.
         RequestRefused: the slot is done or paused, or a pause or a restart is pending; nothing changed.
     """
-    return _request(store, job, slot, Action.PAUSE, AttemptEnd.PAUSE_REQUESTED, by)
+    return _request(store, job, slot, Action.PAUSE, by)
 
 
 def resume(store: Store, job: str, slot: str, *, by: str | None = None) -> Checkpoint:
@@ -76,7 +76,7 @@ def resume(store: Store, job: str, slot: str, *, by: str | None = None) -> Check
         SlotNotFound: no such slot.
         RequestRefused: the slot is not paused and no pause is pending; nothing changed.
     """
-    return _request(store, job, slot, Action.RESUME, AttemptEnd.RESUME_REQUESTED, by)
+    return _request(store, job, slot, Action.RESUME, by)
 
 
 def cancel(store: Store, job: str, slot: str, *, by: str | None = None) -> Checkpoint:
@@ -87,7 +87,7 @@ def cancel(store: Store, job: str, slot: str, *, by: str | None = None) -> Check
         SlotNotFound: no such slot.
         RequestRefused: the slot is done, failed or cancelled (nothing runs); nothing changed.
     """
-    return _request(store, job, slot, Action.CANCEL, AttemptEnd.CANCEL_REQUESTED, by)
+    return _request(store, job, slot, Action.CANCEL, by)
 
 
 def restart(store: Store, job: str, slot: str, *, by: str | None = None) -> Checkpoint:
@@ -100,7 +100,7 @@ def restart(store: Store, job: str, slot: str, *, by: str | None = None) -> Chec
         RequestRefused: a live attempt runs the slot (pause or cancel it first), or a restart is
             already pending; nothing changed.
     """
-    return _request(store, job, slot, Action.RESTART, AttemptEnd.RESTART_REQUESTED, by)
+    return _request(store, job, slot, Action.RESTART, by)
 
 
 def release(store: Store, job: str, slot: str, *, by: str | None = None, force: bool = False) -> Checkpoint:
@@ -113,7 +113,7 @@ def release(store: Store, job: str, slot: str, *, by: str | None = None, force: 
         RequestRefused: nobody holds the lease, or the holder is alive and ``force`` is not set;
             nothing changed.
     """
-    return _request(store, job, slot, Action.RELEASE, AttemptEnd.LEASE_RELEASED, by, force=force)
+    return _request(store, job, slot, Action.RELEASE, by, force=force)
 
 
 #: What each request records in the slot's history.
@@ -122,8 +122,7 @@ OUTCOMES = {Action.PAUSE: AttemptEnd.PAUSE_REQUESTED, Action.RESUME: AttemptEnd.
             Action.RELEASE: AttemptEnd.LEASE_RELEASED}
 
 
-def _request(store: Store, job: str, slot: str, action: Action, outcome: AttemptEnd, by: str | None, *,
-             force: bool = False) -> Checkpoint:
+def _request(store: Store, job: str, slot: str, action: Action, by: str | None, *, force: bool = False) -> Checkpoint:
     """Apply ``action``; raise saying why when the row does not take it."""
     with store.open(autocommit=True) as session:
         session.ensure_schema()
