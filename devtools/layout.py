@@ -51,6 +51,18 @@ def modules() -> dict[str, Module]:
     return found
 
 
+def absolute(node: ast.ImportFrom, package: str) -> str:
+    """The module a ``from ... import`` takes from, dotted: a relative one (``from ..x import y``)
+    resolved against ``package``, the importing file's own package. The tests' import rule reads
+    relative imports by it too."""
+    base = node.module or ""
+    if not node.level:
+        return base
+    parts = package.split(".") if package else []
+    up = parts[: len(parts) - node.level + 1]
+    return ".".join([*up, base] if base else up)
+
+
 def imports(module: Module, known: dict[str, Module]) -> Iterator[tuple[str, int]]:
     """The package's modules that importing ``module`` runs directly (anywhere in it, type-only
     too), each with its line: every module it names, and for ``from x import y`` the module ``x``
@@ -62,10 +74,7 @@ def imports(module: Module, known: dict[str, Module]) -> Iterator[tuple[str, int
         if isinstance(node, ast.Import):
             targets = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                up = package.split(".")[: len(package.split(".")) - node.level + 1]
-                base = ".".join([*up, base] if base else up)
+            base = absolute(node, package)
             targets = [base, *(f"{base}.{alias.name}" for alias in node.names)]
         else:
             continue

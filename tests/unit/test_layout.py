@@ -161,17 +161,14 @@ def _test_modules_imported(path: Path, root: Path = ROOT) -> list[tuple[int, str
     """(line, dotted name) of every test module ``path`` imports from, however spelt: ``import a.test_b``,
     ``from a.test_b import c``, ``from a import test_b``, ``from test_b import c``, and relative imports
     resolved against the folder of ``path`` (``from .test_b import c``, ``from . import test_b``)."""
-    package = path.parent.relative_to(root).parts
+    package = ".".join(path.parent.relative_to(root).parts)
     own = ".".join(path.relative_to(root).with_suffix("").parts)
     found: list[tuple[int, str]] = []
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
             found += [(node.lineno, alias.name) for alias in node.names if _is_test_module(alias.name)]
         elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                up = package[: len(package) - node.level + 1]
-                base = ".".join([*up, base] if base else up)
+            base = layout.absolute(node, package)
             if _is_test_module(base):
                 found.append((node.lineno, base))
             else:  # from a package: a name may be a module of it
