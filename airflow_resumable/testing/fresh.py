@@ -30,6 +30,7 @@ import contextlib
 import io
 import logging
 import marshal
+import math
 import os
 import pickle
 import select
@@ -473,8 +474,9 @@ def _reply(fd: int, deadline: float | None) -> Any:
         RuntimeError: the server process ended.
     """
     if deadline is not None:
-        ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
-        if not ready:
+        poller = select.poll()  # not select.select(): it refuses a descriptor numbered past 1,024
+        poller.register(fd, select.POLLIN)
+        if not poller.poll(max(0, math.ceil((deadline - time.monotonic()) * 1000))):
             return None
     message = _receive(fd)
     if message is None:

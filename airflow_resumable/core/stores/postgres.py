@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import select
 import time
 from collections.abc import Callable
@@ -67,6 +68,15 @@ def _psycopg2() -> Any:
             hint="Install it with: pip install 'airflow-resumable[postgres]' (or psycopg2-binary)",
         ) from exc
     return psycopg2
+
+
+def _wait_for_fd(fd: int, events: int, timeout: float | None) -> None:
+    """Wait until ``fd`` is ready for ``events`` (``select.POLLIN``/``POLLOUT``) or ``timeout`` seconds
+    passed. :func:`select.poll`, not :func:`select.select`: a worker may hold more than 1,024 open
+    files, and ``select()`` refuses any descriptor numbered past that ("filedescriptor out of range")."""
+    poller = select.poll()
+    poller.register(fd, events)
+    poller.poll(None if timeout is None else max(0, math.ceil(timeout * 1000)))
 
 
 class PostgresStore(Store):
@@ -199,11 +209,10 @@ class PostgresStore(Store):
                     f"the PostgreSQL checkpoint database {self.describe()} did not answer within {timeout:g}s",
                     hint="Check that the server runs and is reachable from the worker",
                 )
-            fd = conn.fileno()
             if state == extensions.POLL_READ:
-                select.select([fd], [], [], left)
+                _wait_for_fd(conn.fileno(), select.POLLIN, left)
             elif state == extensions.POLL_WRITE:
-                select.select([], [fd], [], left)
+                _wait_for_fd(conn.fileno(), select.POLLOUT, left)
             else:  # pragma: no cover - psycopg2 raises for a failed poll
                 raise extensions.OperationalError(f"unexpected poll state {state!r}")
 

@@ -25,8 +25,10 @@ from airflow_resumable.testing import (
     NotResumable,
     check_chunked,
     check_resumable,
+    fresh,
 )
 from airflow_resumable.testing.fresh import FreshProcesses, handler_payload, store_payload
+from support.descriptors import past_fd_setsize
 
 # -- process_death: a real crash, the run resumed in a new process -------------------------------
 
@@ -122,6 +124,17 @@ def test_a_correct_handler_survives_process_death_at_its_first_and_its_last_chec
     assert [t.point for t in report.trials] == [1, 2, 3, 4] and report.result == 210
     assert all(t.struck and t.attempts == 2 and t.result == 210 for t in report.trials)
     assert [t.position for t in report.trials] == [5, 10, 15, 20]
+
+
+def test_process_death_works_in_a_test_process_holding_more_than_1024_open_files() -> None:
+    # Given a test process whose pipes to the kit's process server are numbered past select()'s 1,024
+    fresh.stop_server()
+    with past_fd_setsize():
+        # When the kit crashes and resumes a handler in new processes
+        report = check_resumable(sums_in_its_state, interruptions=[Interruption.PROCESS_DEATH]).assert_ok()
+        # Then it judges it as anywhere else (it waits on those pipes for each child's end)
+        assert report.result == 210 and all(t.struck and t.attempts == 2 for t in report.trials)
+    fresh.stop_server()  # the next checks start a server whose pipes are not the ones closed here
 
 
 class Tally:

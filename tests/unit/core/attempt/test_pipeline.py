@@ -23,6 +23,7 @@ from airflow_resumable.core.attempt.pipeline import THREAD_PREFIX
 from airflow_resumable.core.model.errors import Cancelled, ConfigurationError, LeaseLost
 from airflow_resumable.core.model.identity import Identity
 from airflow_resumable.core.stores import PostgresStore, Store
+from support.descriptors import past_fd_setsize
 from support.paths import SUPPORT
 from support.stores import spec_of
 from support.waits import wait_until
@@ -54,8 +55,9 @@ def test_a_crash_with_a_checkpoint_in_flight_repeats_at_most_two_chunks(store: S
     try:
         def step(k: int) -> None:
             """Wait (bounded) until the worker is about to work on chunk ``k``."""
-            ready, _, _ = select.select([proc.stdout], [], [], 60)
-            assert ready, f"the worker did not reach chunk {k}"
+            poller = select.poll()
+            poller.register(proc.stdout, select.POLLIN)
+            assert poller.poll(60_000), f"the worker did not reach chunk {k}"
             line = proc.stdout.readline().strip()
             assert line == f"chunk {k}", line or proc.stderr.read()
 
@@ -115,6 +117,21 @@ def test_done_is_written_after_the_last_checkpoint_in_flight(store: Store) -> No
     row = stored(store)
     assert (row.status, row.position, row.processed, row.state, row.result) == ("done", 20, 20, {"sum": 210}, "ok")
     assert outcome.checkpoint.position == 20 and row.lease_owner is None
+
+
+def test_a_worker_holding_more_than_1024_open_files_pipelines_its_checkpoints(store: Store) -> None:
+    # Given a worker process whose next connection's socket is numbered past select()'s 1,024
+    def handler(ctx: Any) -> str:
+        for k in range(1, 6):
+            ctx.checkpoint(k, processed=k)
+        return "ok"
+
+    with past_fd_setsize():
+        # When an attempt pipelines its checkpoints (PostgreSQL: waiting on that socket)
+        outcome = attempt(store).run(handler)
+    # Then it ends done with every checkpoint written
+    row = stored(store)
+    assert (row.status, row.position, outcome.checkpoint.position) == ("done", 5, 5)
 
 
 def test_a_lease_taken_over_is_detected_at_the_next_checkpoint_and_nothing_more_is_written(store: Store) -> None:
