@@ -373,8 +373,21 @@ def unreadable(table: Any, row: Sequence[Any]) -> CorruptCheckpoint | None:
     job, slot = row[names.index("job")], row[names.index("slot")]
     slot_row = table.cls is Checkpoint
     for value, col in zip(row, table.columns, strict=True):
-        if value is None or col.kind not in ("json", "timestamp"):
+        if value is None or col.kind not in ("json", "timestamp", "int", "bigint", "float"):
             continue
+        if col.kind in ("int", "bigint", "float"):
+            if type(value) is int or (col.kind == "float" and type(value) is float):
+                continue
+            number = "a whole number" if col.kind != "float" else "a number"
+            if slot_row:
+                return CorruptCheckpoint(
+                    f"the stored {col.name} {short(value)} is not {number}", job=job, slot=slot,
+                    hint=f"The row was left as it is. Set {col.name} to {number}, or delete the row to start the "
+                    "slot over: " + delete_statement(job, slot))
+            return CorruptCheckpoint(
+                f"the stored {col.name} {short(value)} of a record in {table.name} is not {number}", job=job,
+                slot=slot, hint="The record was left as it is. Correct the column (or delete the record: the slot's "
+                "row is not affected)")
         if col.kind == "json":
             if slot_row:
                 decode(value, what=col.name, job=job, slot=slot)  # raises, saying how to fix the row

@@ -93,6 +93,8 @@ class Table:
         self.select = ", ".join(self.names)
         self._json = tuple(i for i, c in enumerate(self.columns) if c.kind == "json")
         self._times = tuple(i for i, c in enumerate(self.columns) if c.kind == "timestamp")
+        self._ints = tuple(i for i, c in enumerate(self.columns) if c.kind in ("int", "bigint"))
+        self._floats = tuple(i for i, c in enumerate(self.columns) if c.kind == "float")
 
     def ddl(self, type_of: Callable[[Column], str], storage: Callable[[int], str] | None = None) -> list[str]:
         """CREATE statements for this table in its current shape (a fresh database).
@@ -125,7 +127,8 @@ class Table:
         TIMESTAMPTZ), so they are taken as they are.
 
         Raises:
-            ValueError / TypeError: a JSON column holds text that is not JSON (the caller names it).
+            ValueError / TypeError: a JSON column holds text that is not JSON, or (``aware`` false: SQLite,
+                whose columns take any value) a number column holds something else (the caller names it).
         """
         values = list(row)
         for i in self._json:
@@ -137,6 +140,14 @@ class Table:
                 v = values[i]
                 if v is not None:
                     values[i] = to_datetime(v)
+            # SQLite keeps whatever a hand-edit put in a number column ('abc' in an INTEGER); a
+            # typed server (PostgreSQL) refuses it at the UPDATE.
+            for i in self._ints:
+                if type(values[i]) is not int and values[i] is not None:
+                    raise TypeError(f"{self.names[i]} is not an integer")
+            for i in self._floats:
+                if type(values[i]) not in (float, int) and values[i] is not None:
+                    raise TypeError(f"{self.names[i]} is not a number")
         # Filling __dict__ builds the same frozen value as __init__, in a fraction of the time.
         obj: Any = object.__new__(self.cls)
         obj.__dict__.update(zip(self.names, values, strict=True))

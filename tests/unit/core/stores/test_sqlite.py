@@ -273,3 +273,46 @@ def test_a_timestamp_edited_by_hand_into_text_is_reported_naming_the_column_job_
                 read()
             assert (err.value.job, err.value.slot) == (JOB, SLOT) and says in str(err.value)
             assert err.value.message.startswith(f"the stored {column} 'yesterday' ") and "is not a timestamp" in err.value.message
+
+
+@pytest.mark.one_store("only SQLite keeps text in a number column (PostgreSQL refuses the edit itself)")
+def test_a_number_edited_by_hand_into_text_is_reported_naming_the_column_job_and_slot(store: Store) -> None:
+    """Before: the row loaded with processed='abc', and the REST detail failed on it with ``TypeError:
+    can't multiply sequence by non-int`` (a bare 500); an attempt taking the slot failed the same way."""
+    from airflow_resumable.core.model.checkpoint import DeadLetter
+    from airflow_resumable.core.model.errors import CorruptCheckpoint
+
+    def fails_after_a_checkpoint(ctx: Any) -> None:
+        ctx.checkpoint(1, processed=1)
+        raise RuntimeError("stop")
+
+    with pytest.raises(RuntimeError):  # a row with a history record
+        Attempt(store, Identity(job=JOB, slot=SLOT, attempt=1, owner="a"), options=Options()).run(
+            fails_after_a_checkpoint)
+    with store.open(autocommit=True) as s:
+        s.skips.record(DeadLetter(job=JOB, slot=SLOT, position=1, item={"i": 1}, error="E", attempt=1))
+        s.commit()
+        for table, column, value, read, says in (
+            ("resumable_checkpoints", "processed", "'abc'", lambda: s.checkpoints.load(JOB, SLOT), "a whole number"),
+            ("resumable_checkpoints", "total", "2.5", lambda: s.checkpoints.load(JOB, SLOT), "a whole number"),
+            ("resumable_checkpoints", "rate", "'fast'", lambda: s.checkpoints.load(JOB, SLOT), "a number"),
+            ("resumable_attempts", "processed_end", "'abc'", lambda: s.listings.history(JOB, SLOT), "a whole number"),
+            ("resumable_dead_letters", "attempt", "'one'", lambda: s.skips.items(JOB, SLOT), "a whole number"),
+        ):
+            before = s.execute(f"SELECT {column} FROM {table} WHERE job = %(job)s", {"job": JOB}).fetchone()[0]
+            s.execute(f"UPDATE {table} SET {column} = {value} WHERE job = %(job)s", {"job": JOB})
+            s.commit()
+            with pytest.raises(CorruptCheckpoint) as err:
+                read()
+            assert (err.value.job, err.value.slot) == (JOB, SLOT), err.value
+            assert err.value.message.startswith(f"the stored {column} ") and f"is not {says}" in err.value.message, err.value
+            assert ("DELETE FROM" if table == "resumable_checkpoints" else "The record was left") in str(err.value)
+            s.execute(f"UPDATE {table} SET {column} = %(v)s WHERE job = %(job)s", {"job": JOB, "v": before})
+            s.commit()
+    # And an attempt that finds such a row refuses to take the slot, naming it, and leaves it as it is
+    with store.open(autocommit=True) as s:
+        s.execute("UPDATE resumable_checkpoints SET processed = 'abc' WHERE job = %(job)s", {"job": JOB})
+    with pytest.raises(CorruptCheckpoint, match="the stored processed 'abc' is not a whole number"):
+        Attempt(store, Identity(job=JOB, slot=SLOT, attempt=2, owner="b"), options=Options()).run(lambda ctx: None)
+    with store.open() as s:
+        assert s.execute("SELECT processed FROM resumable_checkpoints").fetchone()[0] == "abc"
