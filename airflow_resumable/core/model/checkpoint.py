@@ -367,28 +367,21 @@ def read_record(table: Any, row: Sequence[Any]) -> Any:
 def unreadable(table: Any, row: Sequence[Any]) -> CorruptCheckpoint | None:
     """Why a stored row of ``table`` (a :class:`~airflow_resumable.core.model.columns.Table`) that
     failed to decode cannot be read: the first column edited by hand into what this release does not
-    read (JSON text that is not JSON, a timestamp that is not one), as an error naming the column, the
-    job and the slot; None when each column reads on its own."""
+    read (JSON text that is not JSON, a timestamp that is not one, on SQLite a number column holding
+    something else), as an error naming the column, the job and the slot; None when each column
+    reads on its own."""
     names = table.names
     job, slot = row[names.index("job")], row[names.index("slot")]
     slot_row = table.cls is Checkpoint
     for value, col in zip(row, table.columns, strict=True):
-        if value is None or col.kind not in ("json", "timestamp", "int", "bigint", "float"):
+        if value is None:
             continue
         if col.kind in ("int", "bigint", "float"):
             if type(value) is int or (col.kind == "float" and type(value) is float):
                 continue
-            number = "a whole number" if col.kind != "float" else "a number"
-            if slot_row:
-                return CorruptCheckpoint(
-                    f"the stored {col.name} {short(value)} is not {number}", job=job, slot=slot,
-                    hint=f"The row was left as it is. Set {col.name} to {number}, or delete the row to start the "
-                    "slot over: " + delete_statement(job, slot))
-            return CorruptCheckpoint(
-                f"the stored {col.name} {short(value)} of a record in {table.name} is not {number}", job=job,
-                slot=slot, hint="The record was left as it is. Correct the column (or delete the record: the slot's "
-                "row is not affected)")
-        if col.kind == "json":
+            wanted = "a whole number" if col.kind != "float" else "a number"
+            problem = f"is not {wanted}"
+        elif col.kind == "json":
             if slot_row:
                 decode(value, what=col.name, job=job, slot=slot)  # raises, saying how to fix the row
                 continue
@@ -396,17 +389,19 @@ def unreadable(table: Any, row: Sequence[Any]) -> CorruptCheckpoint | None:
                 json.loads(value)
                 continue
             except (TypeError, ValueError, RecursionError) as exc:
-                problem = f"is not valid JSON ({exc})"
-        else:
+                problem, wanted = f"is not valid JSON ({exc})", "valid JSON"
+        elif col.kind == "timestamp":
             try:
                 to_datetime(value)
                 continue
             except (TypeError, ValueError, OverflowError, OSError):
-                problem = "is not a timestamp"
+                problem, wanted = "is not a timestamp", "NULL or to a time"
+        else:
+            continue
         if slot_row:
             return CorruptCheckpoint(
                 f"the stored {col.name} {short(value)} {problem}", job=job, slot=slot,
-                hint=f"The row was left as it is. Set {col.name} to NULL or to a time, or delete the row to start the "
+                hint=f"The row was left as it is. Set {col.name} to {wanted}, or delete the row to start the "
                 "slot over: " + delete_statement(job, slot))
         return CorruptCheckpoint(
             f"the stored {col.name} {short(value)} of a record in {table.name} {problem}", job=job, slot=slot,
