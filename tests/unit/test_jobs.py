@@ -14,7 +14,7 @@ from airflow_resumable import control
 from airflow_resumable.core.control import requests as core_control
 from airflow_resumable.core.model.errors import RequestRefused, SlotNotFound
 from airflow_resumable.core.stores import Store
-from airflow_resumable.core.work.partitions import Plan, save_plan
+from airflow_resumable.core.work.partitions import Plan, replace_plan, save_plan
 from support.module_cli import resumable_cli
 from support.slots import SLOT, run_slot
 
@@ -124,6 +124,33 @@ def test_once_every_partition_started_the_total_is_the_sum_of_the_ranges_they_co
     assert (line["processed"], line["total"], line["percent"], line["rate"], line["eta_seconds"]) == (35, 35, 100.0,
                                                                                                     None, None)
     assert line["partitions"]["done"] == 2 and line["partitions"]["waiting"] == 0
+
+
+def test_partitions_of_an_earlier_split_into_more_are_not_counted_once_the_plan_split_anew_into_fewer(
+        store: Store) -> None:
+    # Given a job split into 4 partitions that all ran, its plan then split anew into 2 on purpose
+    # (a restart of '<job>#plan'): partitions [2] and [3] keep their rows, of no partition now
+    with store.open(autocommit=True) as s:
+        s.ensure_schema()
+        save_plan(s, "d.exp", SLOT, Plan(4, (10, 20, 30), 40))
+    for i, n in enumerate((10, 10, 10, 10)):
+        run_slot(store, f"d.exp[{i}]", "d", task_id="exp.partition", map_index=i, fail_at=5 if i == 3 else None, n=n)
+    _set(store, "d.exp#plan", request="restart")
+    with store.open(autocommit=True) as s:
+        assert replace_plan(s, "d.exp", SLOT, Plan(2, (25,), 50))
+    core_control.restart(store, "d.exp[0]", SLOT, by="planner")  # as the split asks each partition
+    run_slot(store, "d.exp[0]", "d", task_id="exp.partition", map_index=0, n=25)  # started over: its new range
+    # When the jobs are listed, and the job's partitions
+    line = core_control.jobs(store)[0]
+    detail, rows = core_control.job_partitions(store, "d.exp", "run_1")
+    # Then the line counts the plan's 2 partitions only: [0] done at 25, [1] as it stands, nothing of [2], [3]
+    assert line["partitions"] == {"done": 2, "running": 0, "paused": 0, "failed": 0, "waiting": 0, "other": 0,
+                                  "total": 2}, line
+    assert (line["processed"], line["total"]) == (25 + 10, 25 + 10)
+    assert detail == line and [(i, r.job) for i, r in rows] == [(0, "d.exp[0]"), (1, "d.exp[1]")]
+    # And the rows of the earlier split are still there, untouched
+    with store.open() as s:
+        assert s.checkpoints.load("d.exp[3]", SLOT).status == "failed"
 
 
 def test_a_partitioned_run_s_summary_and_rerun_failed_clear_the_failed_partition_and_the_summary(

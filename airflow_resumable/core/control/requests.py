@@ -355,13 +355,28 @@ def _runs(session: StoreSession, groups: list[tuple[Any, ...]], *, dag_ids: Coll
     pending = session.skips.pending() if chosen else {}
     for run in chosen:
         if (run.name, run.slot) in plans:
-            plan = _readable_plan(session, run.name, run.slot)
-            if plan is not None:
-                run.planned, run.planned_rows = plan.partitions, plan.rows
+            _fold_plan(session, run)
             run.plan_request = _plan_request(session, run.name, run.slot)
         run.skipped = sum(n for (name, slot), n in pending.items()
                           if slot == run.slot and (name == run.name or _MAP_SUFFIX.sub("", name) == run.name))
     return chosen
+
+
+def _fold_plan(session: StoreSession, run: _Run) -> None:
+    """Fold the slot's plan into ``run``: its partitions and rows. Partitions past the plan (rows of
+    an earlier split into more partitions, left by a restart of the plan that split anew into
+    fewer) are no partition of this plan: their rows stay in the table with their history, and are
+    no longer counted in the run's line."""
+    plan = _readable_plan(session, run.name, run.slot)
+    if plan is None:
+        return
+    run.planned, run.planned_rows = plan.partitions, plan.rows
+    if run.last_index < plan.partitions:
+        return
+    beyond = [partition_job(run.name, i) for i in range(plan.partitions, run.last_index + 1)]
+    for cp in session.listings.slots_of(beyond, run.slot):
+        run.add(cp.status, -1, None, None, -cp.processed, -(cp.total or 0), -(cp.total is not None), 0.0)
+    run.last_index = plan.partitions - 1
 
 
 def _plan_request(session: StoreSession, job: str, slot: str) -> dict[str, Any] | None:
@@ -410,9 +425,7 @@ def job_partitions(store: Store, job: str, run_id: str | None = None) -> tuple[d
                                "[map_index]), with the run id it shows")
         run = runs[0]
         if run.mapped and run.planned is None:  # the plan row names no run: found by its slot
-            plan = _readable_plan(session, run.name, run.slot)
-            if plan is not None:
-                run.planned, run.planned_rows = plan.partitions, plan.rows
+            _fold_plan(session, run)
         if not run.mapped:
             return run.line(), [(-1, session.checkpoints.load(run.name, run.slot))]
         count = max(run.last_index + 1, run.planned or 0)

@@ -105,6 +105,15 @@ class Listings:
         c.commit()
         return [tuple(r) for r in rows]
 
+    def slots_of(self, jobs: Collection[str], slot: str) -> list[Checkpoint]:
+        """The rows of ``slot`` of each of ``jobs`` that has one (looked up by key, 500 jobs at a time)."""
+        names, found = list(jobs), []
+        for start in range(0, len(names), 500):
+            part = {f"j{i}": name for i, name in enumerate(names[start:start + 500])}
+            found += self._rows(f"SELECT {SELECT} FROM {TABLE} WHERE slot = %(slot)s AND job IN "
+                                f"({', '.join(f'%({k})s' for k in part)})", {"slot": slot, **part})
+        return found
+
     def dag_ids(self) -> set[str]:
         """The DAGs that own a slot (rows written outside Airflow name none)."""
         c = self._c
