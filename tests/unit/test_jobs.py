@@ -153,6 +153,36 @@ def test_partitions_of_an_earlier_split_into_more_are_not_counted_once_the_plan_
         assert s.checkpoints.load("d.exp[3]", SLOT).status == "failed"
 
 
+@pytest.mark.parametrize("edit", ["another_dag", "another_run", "corrupt_state", "live", "huge_map_index",
+                                  "map_index_not_its_name"])
+def test_partitions_past_the_plan_are_taken_out_of_the_line_only_as_they_were_counted_in_it(
+        store: Store, edit: str) -> None:
+    # Given the job split into 4 then anew into 2, [1] running at 5 items/s, and the old [2] edited
+    with store.open(autocommit=True) as s:
+        s.ensure_schema()
+        save_plan(s, "d.exp", SLOT, Plan(4, (10, 20, 30), 40))
+    for i in range(4):
+        run_slot(store, f"d.exp[{i}]", "d", task_id="exp.partition", map_index=i, n=10)
+    _set(store, "d.exp#plan", request="restart")
+    with store.open(autocommit=True) as s:
+        assert replace_plan(s, "d.exp", SLOT, Plan(2, (25,), 50))
+    _set(store, "d.exp[1]", status="running", processed=5, rate=5.0, lease=True)
+    _set(store, "d.exp[2]", **{
+        "another_dag": {"dag_id": "other_dag"}, "another_run": {"run_id": "run_0"},
+        "corrupt_state": {"state": "["}, "live": {"status": "running", "rate": 100.0},
+        "huge_map_index": {"map_index": 2**31 - 1}, "map_index_not_its_name": {"map_index": 1},
+    }[edit], lease=edit == "live")
+    # When the jobs are listed (as a user who may read DAG d) and the run's partitions
+    line = core_control.jobs(store, dag_ids={"d"})[0]
+    detail, rows = core_control.job_partitions(store, "d.exp", "run_1")
+    # Then both show the plan's 2 partitions: [0] done, [1] running at its own rate; nothing of [2], [3]
+    for shown in (line, detail):
+        assert shown["partitions"] == {"done": 1, "running": 1, "paused": 0, "failed": 0, "waiting": 0, "other": 0,
+                                       "total": 2}, (edit, shown)
+        assert (shown["processed"], shown["rate"]) == (10 + 5, 5.0), (edit, shown)
+    assert [i for i, _ in rows] == [0, 1]
+
+
 def test_a_partitioned_run_s_summary_and_rerun_failed_clear_the_failed_partition_and_the_summary(
     checkpoints: Store, source: Any, run_dag: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:

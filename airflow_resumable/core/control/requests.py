@@ -325,10 +325,11 @@ class _Run:
 
 
 def _runs(session: StoreSession, groups: list[tuple[Any, ...]], *, dag_ids: Collection[str] | None = None,
-          job: str | None = None) -> list[_Run]:
+          job: str | None = None, only_run: str | None = None) -> list[_Run]:
     """Each job's latest run (or, with ``job``, that job's runs only), most recently updated first;
     a partitioned job's ``<job>#plan`` row folded into its job (the plan's partitions that have not
-    started count as ``waiting``), never a job of its own."""
+    started count as ``waiting``), never a job of its own. ``only_run``: the DAG run ``groups`` were
+    read for, if one."""
     plans: dict[tuple[str, str], bool] = {}
     runs: dict[tuple[str, str], _Run] = {}
     for dag_id, task_id, run_id, status, name, count, updated, map_index, slot, processed, total, totals, rate in groups:
@@ -355,27 +356,32 @@ def _runs(session: StoreSession, groups: list[tuple[Any, ...]], *, dag_ids: Coll
     pending = session.skips.pending() if chosen else {}
     for run in chosen:
         if (run.name, run.slot) in plans:
-            _fold_plan(session, run)
+            _fold_plan(session, run, dag_ids=dag_ids, run_id=only_run)
             run.plan_request = _plan_request(session, run.name, run.slot)
         run.skipped = sum(n for (name, slot), n in pending.items()
                           if slot == run.slot and (name == run.name or _MAP_SUFFIX.sub("", name) == run.name))
     return chosen
 
 
-def _fold_plan(session: StoreSession, run: _Run) -> None:
+def _fold_plan(session: StoreSession, run: _Run, *, dag_ids: Collection[str] | None, run_id: str | None) -> None:
     """Fold the slot's plan into ``run``: its partitions and rows. Partitions past the plan (rows of
     an earlier split into more partitions, left by a restart of the plan that split anew into
     fewer) are no partition of this plan: their rows stay in the table with their history, and are
-    no longer counted in the run's line."""
+    taken out of the run's line as they were added to it (``dag_ids`` and ``run_id``: the filters
+    the line was added up with)."""
     plan = _readable_plan(session, run.name, run.slot)
     if plan is None:
         return
     run.planned, run.planned_rows = plan.partitions, plan.rows
-    if run.last_index < plan.partitions:
+    if run.last_index < plan.partitions and run.seen <= plan.partitions:
         return
-    beyond = [partition_job(run.name, i) for i in range(plan.partitions, run.last_index + 1)]
-    for cp in session.listings.slots_of(beyond, run.slot):
-        run.add(cp.status, -1, None, None, -cp.processed, -(cp.total or 0), -(cp.total is not None), 0.0)
+    for dag_id, _task, _run, status, name, count, _u, map_index, _s, processed, total, totals, rate in (
+            session.listings.partitions(run_id=run_id, slot=run.slot, partitions_of=run.name)):
+        index = name[len(run.name) + 1:-1]
+        if (dag_ids is not None and dag_id not in dag_ids) or base_job(name, map_index) != run.name \
+                or not index.isdigit() or int(index) < plan.partitions or name != partition_job(run.name, int(index)):
+            continue
+        run.add(status, -int(count), None, None, -(processed or 0), -(total or 0), -(totals or 0), -(rate or 0.0))
     run.last_index = plan.partitions - 1
 
 
@@ -418,14 +424,14 @@ def job_partitions(store: Store, job: str, run_id: str | None = None) -> tuple[d
     """
     with store.open(autocommit=True) as session:
         session.ensure_schema()
-        runs = _runs(session, session.listings.partitions(run_id=run_id), job=job)
+        runs = _runs(session, session.listings.partitions(run_id=run_id), job=job, only_run=run_id)
         if not runs:
             raise SlotNotFound("no partition of this job ran" + (" in this DAG run" if run_id else ""), job=job,
                                slot=run_id, hint="Name the job as `airflow resumable jobs` lists it (without "
                                "[map_index]), with the run id it shows")
         run = runs[0]
         if run.mapped and run.planned is None:  # the plan row names no run: found by its slot
-            _fold_plan(session, run)
+            _fold_plan(session, run, dag_ids=None, run_id=run_id)
         if not run.mapped:
             return run.line(), [(-1, session.checkpoints.load(run.name, run.slot))]
         count = max(run.last_index + 1, run.planned or 0)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Collection
 from typing import Any
 
@@ -89,30 +90,34 @@ class Listings:
         return self._rows(f"SELECT {SELECT} FROM {TABLE} {clause}ORDER BY updated_at DESC, job, slot LIMIT %(limit)s",
                           params)
 
-    def partitions(self, *, run_id: str | None = None) -> list[tuple[Any, ...]]:
+    def partitions(self, *, run_id: str | None = None, slot: str | None = None,
+                   partitions_of: str | None = None) -> list[tuple[Any, ...]]:
         """Slots counted per (DAG, task, run, slot, status): ``(dag_id, task_id, run_id, status, a
         job of the group, how many, the last update, the largest map index, slot, processed summed,
         total summed, how many have a total, the rate summed over those a live attempt holds)``,
-        the rows a per-job summary adds up. Only the run ``run_id`` when given."""
+        the rows a per-job summary adds up. Only the run ``run_id`` when given; only ``slot``'s rows
+        of the jobs named ``<partitions_of>[...]`` when given, a group per job (the numbers as SQL
+        sums them, so that a row edited by hand counts here as it did in the summary)."""
         c = self._c
-        where = "WHERE run_id = %(run_id)s " if run_id is not None else ""
+        where, group, params = [], "dag_id, task_id, run_id, slot, status", {"run_id": run_id}
+        if run_id is not None:
+            where.append("run_id = %(run_id)s")
+        if slot is not None:
+            where.append("slot = %(slot)s")
+            params["slot"] = slot
+        if partitions_of is not None:
+            where.append("job LIKE %(pattern)s ESCAPE '!'")
+            params["pattern"] = re.sub(r"([!%_])", r"!\1", partitions_of) + "[%"
+            group += ", job"
+        clause = f"WHERE {' AND '.join(where)} " if where else ""
         live = f"status = 'running' AND lease_owner IS NOT NULL AND lease_expires_at > {c.d.now()}"
         rows = c.execute(
             f"SELECT dag_id, task_id, run_id, status, MIN(job), COUNT(*), MAX(updated_at), MAX(map_index), slot, "
             f"SUM(processed), SUM(total), COUNT(total), SUM(CASE WHEN {live} THEN rate END) FROM {TABLE} "
-            f"{where}GROUP BY dag_id, task_id, run_id, slot, status", {"run_id": run_id},
+            f"{clause}GROUP BY {group}", params,
         ).fetchall()
         c.commit()
         return [tuple(r) for r in rows]
-
-    def slots_of(self, jobs: Collection[str], slot: str) -> list[Checkpoint]:
-        """The rows of ``slot`` of each of ``jobs`` that has one (looked up by key, 500 jobs at a time)."""
-        names, found = list(jobs), []
-        for start in range(0, len(names), 500):
-            part = {f"j{i}": name for i, name in enumerate(names[start:start + 500])}
-            found += self._rows(f"SELECT {SELECT} FROM {TABLE} WHERE slot = %(slot)s AND job IN "
-                                f"({', '.join(f'%({k})s' for k in part)})", {"slot": slot, **part})
-        return found
 
     def dag_ids(self) -> set[str]:
         """The DAGs that own a slot (rows written outside Airflow name none)."""
