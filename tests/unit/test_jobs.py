@@ -183,6 +183,23 @@ def test_partitions_past_the_plan_are_taken_out_of_the_line_only_as_they_were_co
     assert [i for i, _ in rows] == [0, 1]
 
 
+@pytest.mark.one_store("only SQLite keeps text or infinity in a number column (PostgreSQL refuses the edit)")
+def test_a_row_edited_by_hand_leaves_its_group_s_numbers_out_of_the_jobs_line_not_the_jobs_list(store: Store) -> None:
+    # Given a job's two partitions, one of them edited by hand: an infinite count and a time as text
+    for i in range(2):
+        run_slot(store, f"d.exp[{i}]", "d", task_id="exp.partition", map_index=i, n=10)
+    run_slot(store, "e.other", "e", n=10)
+    _set(store, "d.exp[1]", processed=float("inf"), updated_at="yesterday")
+    # When the jobs are listed: every job; the edited one's done partitions sum no count (SQL sums them as
+    # one group), before: OverflowError, the whole list a 500
+    lines = {line["job"]: line for line in core_control.jobs(store)}
+    assert set(lines) == {"d.exp", "e.other"} and lines["e.other"]["processed"] == 10
+    assert lines["d.exp"]["partitions"]["done"] == 2 and lines["d.exp"]["processed"] == 0
+    # And a map index edited into text still lists every job (the edited one as its rows name it)
+    _set(store, "d.exp[1]", map_index="")
+    assert "e.other" in {line["job"] for line in core_control.jobs(store)}
+
+
 def test_a_partitioned_run_s_summary_and_rerun_failed_clear_the_failed_partition_and_the_summary(
     checkpoints: Store, source: Any, run_dag: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:

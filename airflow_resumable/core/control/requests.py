@@ -23,11 +23,13 @@ from __future__ import annotations
 
 import dataclasses
 import getpass
+import math
 import os
 import re
 import socket
 from collections.abc import Collection
 from datetime import datetime, timezone
+from decimal import Decimal
 from typing import Any
 
 from airflow_resumable.core.model import request_rules as rules
@@ -267,7 +269,17 @@ _MAP_SUFFIX = re.compile(r"\[\d+\]$")
 
 def base_job(job: str, map_index: int | None) -> str:
     """A mapped partition's job without its ``[map_index]``: the job a person names."""
-    return _MAP_SUFFIX.sub("", job) if map_index is not None and map_index >= 0 else job
+    return _MAP_SUFFIX.sub("", job) if _summed(map_index, -1) >= 0 else job
+
+
+def _summed(value: Any, otherwise: int = 0) -> int | float | Decimal:
+    """A number the listing's SQL gave (a sum, a largest map index), for a line; ``otherwise`` for
+    what a row holds only when edited by hand (SQLite keeps text, infinity or NaN in a number
+    column): such a row's group (its run and status, summed by SQL) counts nothing for that number,
+    and the jobs list stays readable."""
+    if isinstance(value, (int, float, Decimal)) and not isinstance(value, bool) and math.isfinite(value):
+        return value  # (PostgreSQL sums a BIGINT as a NUMERIC: a Decimal)
+    return otherwise
 
 
 @dataclasses.dataclass
@@ -297,15 +309,19 @@ class _Run:
     def add(self, status: str, count: int, updated: Any, map_index: int | None, processed: Any, total: Any,
             totals: Any, rate: Any) -> None:
         self.counts[PARTITION_KINDS.get(Status(status), "other") if status in _STATUSES else "other"] += int(count)
-        self.mapped = self.mapped or (map_index is not None and map_index >= 0)
-        self.last_index = max(self.last_index, -1 if map_index is None else int(map_index))
-        when = to_datetime(updated)
+        index = int(_summed(map_index, -1))
+        self.mapped = self.mapped or index >= 0
+        self.last_index = max(self.last_index, index)
+        try:
+            when = to_datetime(updated)
+        except (TypeError, ValueError, OverflowError, OSError):  # SQLite: a time edited by hand into text
+            when = None
         if when is not None and (self.updated is None or when > self.updated):
             self.updated = when
-        self.processed += int(processed or 0)
-        self.total += int(total or 0)
-        self.totals += int(totals or 0)
-        self.rate += float(rate or 0.0)
+        self.processed += int(_summed(processed))
+        self.total += int(_summed(total))
+        self.totals += int(_summed(totals))
+        self.rate += float(_summed(rate))
 
     @property
     def seen(self) -> int:
