@@ -332,16 +332,20 @@ def jobs(*, conn_id: str = DEFAULT_CONN_ID, dag_ids: Collection[str] | None = No
     return _core.jobs(_store(conn_id), dag_ids=dag_ids)
 
 
-def job_partitions(job: str, run_id: str | None = None, *, conn_id: str = DEFAULT_CONN_ID) -> dict[str, Any]:
+def job_partitions(job: str, run_id: str | None = None, *, conn_id: str = DEFAULT_CONN_ID,
+                   check: Callable[[str | None], None] | None = None) -> dict[str, Any]:
     """One job's line (as :func:`jobs` gives it) for ``run_id`` (default: its latest run), with
     ``partition_rows``: each partition by map index, its row as the Checkpoint tab shows it (the
     figures of :func:`airflow_resumable.core.view.row_view`), or ``{"map_index": i, "status":
     "waiting"}`` for a partition of the plan that has not started.
 
+    ``check(dag_id)``: called with the DAG that ran the job before any partition's row is read
+    (the REST API's permission check).
+
     Raises:
         SlotNotFound: no partition of the job ran (in that run).
     """
-    line, rows = _core.job_partitions(_store(conn_id), job, run_id)
+    line, rows = _core.job_partitions(_store(conn_id), job, run_id, check=check)
     views = []
     for index, row in rows:
         if row is None:

@@ -321,9 +321,8 @@ def create_app() -> FastAPI:
         conn_id: str = conn_query(),
     ) -> dict[str, Any]:
         conn = _conn(conn_id)
-        detail = control.job_partitions(job, run_id, conn_id=conn)
-        _authorize(user, detail["dag_id"], "GET")
-        return detail
+        return control.job_partitions(job, run_id, conn_id=conn,
+                                      check=lambda dag_id: _authorize(user, dag_id, "GET"))
 
     @app.post("/api/v1/jobs/rerun_failed", responses=_responses(400, 401, 403, 404, 409, 422, 500, 503),
               summary="Clear exactly the failed task instances (map indexes) of a job in one DAG run",

@@ -12,7 +12,7 @@ import pytest
 
 from airflow_resumable import control
 from airflow_resumable.core.control import requests as core_control
-from airflow_resumable.core.model.errors import RequestRefused, SlotNotFound
+from airflow_resumable.core.model.errors import CorruptCheckpoint, RequestRefused, SlotNotFound
 from airflow_resumable.core.stores import Store
 from airflow_resumable.core.work.partitions import Plan, replace_plan, save_plan
 from support.module_cli import resumable_cli
@@ -239,3 +239,27 @@ def test_a_partitioned_run_s_summary_and_rerun_failed_clear_the_failed_partition
     assert [h.requested_by for h in control.history(f"{job}[2]", line["slot"]) if h.outcome == "rerun_requested"] == [
         "bob"]
     assert tis[("export.plan", -1)] is not None
+
+
+def test_the_partitions_detail_checks_the_caller_before_it_reads_any_partition_s_row(store: Store) -> None:
+    # Given a job of DAG d whose partition [1] was edited by hand into a row that cannot be read
+    for i in range(2):
+        run_slot(store, f"d.exp[{i}]", "d", task_id="exp.partition", map_index=i, n=10)
+    _set(store, "d.exp[1]", state="[")
+    asked: list[str | None] = []
+
+    class Refused(Exception):
+        pass
+
+    def refuse(dag_id: str | None) -> None:
+        asked.append(dag_id)
+        raise Refused
+
+    # When a caller the check refuses asks for the detail: the check's refusal, nothing of the rows (the REST
+    # API's 403; before, its 500 named the corrupt value and the DELETE to a user who may not read DAG d)
+    with pytest.raises(Refused):
+        core_control.job_partitions(store, "d.exp", "run_1", check=refuse)
+    assert asked == ["d"]
+    # And one it lets through gets the corrupt row's error, naming it
+    with pytest.raises(CorruptCheckpoint, match=r"d\.exp\[1\]"):
+        core_control.job_partitions(store, "d.exp", "run_1", check=asked.append)

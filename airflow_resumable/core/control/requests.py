@@ -27,7 +27,7 @@ import math
 import os
 import re
 import socket
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from datetime import datetime, timezone
 from decimal import Decimal
 from typing import Any
@@ -430,10 +430,14 @@ def jobs(store: Store, *, dag_ids: Collection[str] | None = None) -> list[dict[s
         return [run.line() for run in _runs(session, session.listings.partitions(), dag_ids=dag_ids)]
 
 
-def job_partitions(store: Store, job: str, run_id: str | None = None) -> tuple[dict[str, Any], list[tuple[int, Checkpoint | None]]]:
+def job_partitions(store: Store, job: str, run_id: str | None = None, *,
+                   check: Callable[[str | None], None] | None = None,
+                   ) -> tuple[dict[str, Any], list[tuple[int, Checkpoint | None]]]:
     """One job's line (as :func:`jobs` gives it) for ``run_id`` (default: its latest run), and
     each partition's row by map index (None: a partition of the plan that has not started; an
-    unmapped job has one, index -1).
+    unmapped job has one, index -1). ``check(dag_id)``, if given, is called with the DAG that ran
+    the job before any partition's row is read (a permission check: what it raises goes out, and
+    nothing a row holds, not even a corrupt row's error, reaches a caller it refused).
 
     Raises:
         SlotNotFound: no partition of the job ran (in that run).
@@ -446,6 +450,8 @@ def job_partitions(store: Store, job: str, run_id: str | None = None) -> tuple[d
                                slot=run_id, hint="Name the job as `airflow resumable jobs` lists it (without "
                                "[map_index]), with the run id it shows")
         run = runs[0]
+        if check is not None:
+            check(run.dag_id)
         if run.mapped and run.planned is None:  # the plan row names no run: found by its slot
             _fold_plan(session, run, dag_ids=None, run_id=run_id)
         if not run.mapped:
