@@ -5,7 +5,7 @@ deployment's ``[metrics]`` section configures; nothing is sent when metrics are 
 |---|---|---|
 | ``resumable.checkpoint.duration`` | timer (ms) | how long saving a checkpoint took (sampled: the checkpoint of each progress report) |
 | ``resumable.items_processed`` | counter | items processed (counted at each progress report and when the attempt ends) |
-| ``resumable.cancelled.<reason>`` | counter | attempts that stopped cancelled, by reason (``timeout``, ``user``, ``requested``, ``shutdown``, ``superseded``, ...) |
+| ``resumable.cancelled.<reason>`` | counter | attempts that stopped cancelled, by reason (``timeout``, ``user``, ``requested``, ``shutdown``, ``superseded``, ``handover``, ...) |
 | ``resumable.paused.<reason>`` | counter | pauses, by reason (``paused``, ``throttled``, ``time_slice``) |
 | ``resumable.lease_lost`` | counter | attempts that lost their lease to another attempt |
 | ``resumable.done`` | counter | slots finished (``done``) |

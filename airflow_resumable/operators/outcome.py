@@ -4,6 +4,7 @@
 |---|---|---|
 | ``Cancelled`` (timeout, shutdown, user, terminated) | ``AirflowException``: retry | the checkpoint is kept; the retry resumes |
 | ``Cancelled`` (superseded) | ``AirflowFailException``: no retry | a newer run replaced this one; a retry would fight it. Clear to resume |
+| ``Cancelled`` (handover) | ``AirflowException`` | a newer try of the same task instance waited for the slot: Airflow runs that try already, and it resumes from this checkpoint |
 | ``Cancelled`` (requested) | ``AirflowFailException``: no retry | a person cancelled it through the control API (CLI, UI, REST). Clear to resume |
 | ``Paused`` (paused, throttled, time_slice) | ``TaskDeferred`` (in the operator, which owns the trigger) | wait without a worker slot or a retry, then continue in the same try |
 | ``CheckpointDeleted`` (a kind of ``LeaseLost``) | ``AirflowFailException``: no retry | the slot's row was deleted while the attempt ran and nobody took it over: a retry would start the slot from the beginning unasked. Restore the row and Clear to resume, or Clear to start over |
@@ -192,6 +193,11 @@ def _table(exc: BaseException, *, job: str, slot: str) -> BaseException | None:
             return ResumableSuperseded(
                 f"superseded by a newer run of the job; stopped at a chunk boundary with the checkpoint kept {where}. "
                 "Clear this task to resume it"
+            )
+        if exc.reason == Reason.HANDOVER.value:
+            return ResumableCancelled(
+                f"{exc.message}; stopped at a chunk boundary {where}. Airflow runs the task instance's newer try, "
+                "which resumes from this checkpoint", exc.reason,
             )
         if exc.reason == Reason.REQUESTED.value:
             return ResumableStopped(

@@ -7,11 +7,14 @@ which start and read it through :class:`Worker`.
 Each chunk waits CHUNK_SECONDS on the signal, writes its items to ``sink`` through
 ctx.transaction(), and checkpoints; then a JSON line ``{"event": "checkpoint", ...}`` is printed.
 At the end: ``{"event": "stopped", "error": ..., "reason": ...}``. With ``LEASE_WORKER_GATE`` set
-to a path, the attempt holds (heartbeating) after each checkpoint until that file exists.
+to a path, the attempt holds (heartbeating) after each checkpoint until that file exists; with
+``LEASE_WORKER_ORIGIN`` set to JSON (``dag_id``, ``task_id``, ``run_id``, ``map_index``), the attempt
+runs for that task instance.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import queue
@@ -27,6 +30,7 @@ if _TESTS not in sys.path:  # run as a script (imported by a test, tests/ is on 
     sys.path.insert(0, _TESTS)
 
 from airflow_resumable.core.attempt.runner import Attempt, Options  # noqa: E402
+from airflow_resumable.core.model.checkpoint import Origin  # noqa: E402
 from airflow_resumable.core.model.identity import Identity  # noqa: E402
 from airflow_resumable.core.stores import Store  # noqa: E402
 from support.stores import spec_of, store_of  # noqa: E402
@@ -40,9 +44,10 @@ class Worker:
 
     def __init__(
         self, store: Store, *, attempt: int, items: int, chunk: int, chunk_s: float, lease: float,
-        job: str = JOB, slot: str = SLOT, gate: Path | None = None,
+        job: str = JOB, slot: str = SLOT, gate: Path | None = None, origin: Origin | None = None,
     ):
-        env = {**os.environ, **({"LEASE_WORKER_GATE": str(gate)} if gate else {})}
+        env = {**os.environ, **({"LEASE_WORKER_GATE": str(gate)} if gate else {}),
+               **({"LEASE_WORKER_ORIGIN": json.dumps(dataclasses.asdict(origin))} if origin else {})}
         self.proc = subprocess.Popen(
             [sys.executable, os.path.abspath(__file__), spec_of(store), job, slot, str(items), str(chunk),
              str(chunk_s), str(attempt), str(lease)],
@@ -107,7 +112,8 @@ def main() -> None:
         return i
 
     run = Attempt(
-        store_of(spec), Identity(job=job, slot=slot, attempt=int(attempt), owner=owner),
+        store_of(spec), Identity(job=job, slot=slot, attempt=int(attempt), owner=owner,
+                                 origin=Origin(**json.loads(os.environ.get("LEASE_WORKER_ORIGIN", "{}")))),
         options=Options(lease=float(lease)),
     )
     try:

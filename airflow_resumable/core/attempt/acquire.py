@@ -18,6 +18,7 @@ from airflow_resumable.core.attempt.signal import Reason
 from airflow_resumable.core.model.checkpoint import AttemptEnd, Checkpoint, Status, encode
 from airflow_resumable.core.model.errors import Cancelled, LeaseBusy, OverlapSkip, OverlapWait
 from airflow_resumable.core.model.fence import Fence
+from airflow_resumable.core.model.options import heartbeat_interval
 from airflow_resumable.core.model.request_rules import Action
 from airflow_resumable.core.model.states import Request
 from airflow_resumable.core.stores.base import StoreSession
@@ -66,13 +67,16 @@ def take_lease(given: Given, session: StoreSession) -> Held:
     """
     options, signal = given.options, given.signal
     deadline = time.monotonic() + options.effective_lease_wait
-    announced = False
+    announced = asked = False
     while True:
         got = session.leases.acquire(given.job, given.slot, given.owner, options.lease)
         if got is not None:
             row, created = got
             return Held(session, Fence.of(row), row, created)
         holder = session.checkpoints.load(given.job, given.slot)
+        if not asked and holder is not None and older_try(given, holder):
+            asked = True
+            deadline = max(deadline, _ask_handover(given, session, holder))
         if time.monotonic() >= deadline:
             raise LeaseBusy(
                 f"another attempt ({holder.lease_owner if holder else '?'}) still holds this slot's "
@@ -99,6 +103,39 @@ def take_lease(given: Given, session: StoreSession) -> Held:
         pause = min(max(options.lease / 10.0, 0.05), STOP_POLL, max(0.0, deadline - time.monotonic()))
         if signal.cancelled or signal.wait(pause):
             _stop_waiting(given, holder)
+
+
+def older_try(given: Given, holder: Checkpoint) -> bool:
+    """Whether ``holder`` (the row, as a live holder keeps it) is run by an earlier try of this
+    attempt's own task instance: same DAG, task, DAG run and map index, a lower try number. Airflow
+    runs one try of a task instance at a time, so it gave that one up (its heartbeats to the API server
+    stopped: a network cut, a frozen supervisor) while its process still works and renews the lease."""
+    o = given.origin
+    return (
+        holder.status == Status.RUNNING.value and holder.lease_owner is not None
+        and None not in (o.dag_id, o.task_id, o.run_id)
+        and (holder.dag_id, holder.task_id, holder.run_id, holder.map_index) == (o.dag_id, o.task_id, o.run_id, o.map_index)
+        and holder.attempt < given.attempt
+    )
+
+
+def _ask_handover(given: Given, session: StoreSession, holder: Checkpoint) -> float:
+    """Ask the earlier try holding the slot to stop at its next chunk boundary and hand the slot
+    over (reason ``handover``); returns until when to wait for it: it reads the request with its next
+    heartbeat or checkpoint, then ends its chunk. A stop request already pending (a person's cancel)
+    is left as it is, and waited for the same way."""
+    options = given.options
+    written = session.requests.hand_over(given.job, given.slot, holder.lease_owner or "")
+    wait = max(options.effective_lease_wait, options.lease + heartbeat_interval(options.lease))
+    given.log.warning(
+        "slot is held by try %s of this task instance (%s), which Airflow no longer runs: %s; waiting up to %.0fs "
+        "for it to end its chunk and give the slot over with its checkpoint [job=%s slot=%s attempt=%s]",
+        holder.attempt, holder.lease_owner,
+        "asked it to stop at its next chunk boundary (handover)" if written
+        else f"a stop request is already pending on the row ({holder.cancel_request or 'written meanwhile'})",
+        wait, given.job, given.slot, given.attempt,
+    )
+    return time.monotonic() + wait
 
 
 def _stop_waiting(given: Given, holder: Checkpoint | None) -> None:

@@ -167,6 +167,9 @@ def request_message(reason: str, by: str | None) -> str:
     """How a stop request reads on the row (``last_error``) and in the log: ``cancel requested by
     alice``, naming who asked (the UI's user, the CLI's ``--by``); a request whose author is unknown
     names the ways one is made."""
+    if reason == Reason.HANDOVER.value:
+        return ("a newer try of this task instance waits for the slot (Airflow gave the task instance to it): "
+                "handing the slot over with the checkpoint")
     if reason not in _ASKED:
         return f"{reason}: requested through the checkpoint row"
     what = _ASKED[reason][0]

@@ -147,7 +147,7 @@ class Cancelled(Exception):
     """Raised at a chunk boundary once the run's signal has fired.
 
     ``reason`` is one of :class:`airflow_resumable.core.attempt.signal.Reason` (``timeout``, ``user``,
-    ``shutdown``, ``lease_lost``, ``superseded``, ``terminated``) or a reason of the handler's own.
+    ``shutdown``, ``lease_lost``, ``superseded``, ``handover``, ``terminated``) or a reason of the handler's own.
     """
 
     def __init__(self, reason: str, message: str | None = None):

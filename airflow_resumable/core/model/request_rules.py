@@ -27,7 +27,7 @@ from datetime import datetime
 
 from airflow_resumable.core.model.checkpoint import Checkpoint
 from airflow_resumable.core.model.errors import CorruptCheckpoint
-from airflow_resumable.core.model.states import Action, Request, Status, status_of
+from airflow_resumable.core.model.states import Action, Reason, Request, Status, status_of
 
 __all__ = [
     "ACTIONS", "AT_END", "AT_START", "OTHERWISE", "PARAMETERS", "REFUSALS", "RULES", "Action", "Carry", "Lease",
@@ -436,6 +436,8 @@ class Carry:
     request: frozenset[Request]
     #: The stop request (column ``cancel_request``) is kept when the row was in one of these statuses.
     cancel_request: frozenset[Status]
+    #: Stop requests never kept, whatever the status: they were meant for an earlier holder only.
+    dropped: frozenset[Reason] = frozenset()
 
 
 #: An attempt's start. A pending pause stays, for the runner to honour before the first chunk; a
@@ -443,7 +445,10 @@ class Carry:
 #: earlier attempt held the slot (running), or while its holder was dead (cancelled at once), stays
 #: for the runner to honour before the first chunk: that holder died before it saw it. A paused
 #: slot's cancel was delivered by its waiting task already.
-AT_START = Carry(request=frozenset({Request.PAUSE}), cancel_request=frozenset({Status.RUNNING, Status.CANCELLED}))
+#: A handover was asked of an older try by a newer one (the one starting, or one before it): never
+#: this attempt's to honour.
+AT_START = Carry(request=frozenset({Request.PAUSE}), cancel_request=frozenset({Status.RUNNING, Status.CANCELLED}),
+                 dropped=frozenset({Reason.HANDOVER}))
 
 #: An attempt's end, by the status it writes.
 AT_END: dict[Status, Carry] = {
@@ -464,9 +469,10 @@ def sql_carry(carry: Carry) -> list[str]:
     if carry.request != frozenset(Request):
         kept = f"CASE WHEN request IN ({_literals(carry.request)}) THEN request END" if carry.request else "NULL"
         sets.append(f"request = {kept}")
-    if carry.cancel_request != ANY_STATUS:
-        kept = (f"CASE WHEN status IN ({_literals(carry.cancel_request)}) THEN cancel_request END"
-                if carry.cancel_request else "NULL")
+    if carry.cancel_request != ANY_STATUS or carry.dropped:
+        keep = [f"status IN ({_literals(carry.cancel_request)})"] if carry.cancel_request != ANY_STATUS else []
+        keep += [f"cancel_request NOT IN ({_literals(carry.dropped)})"] if carry.dropped else []
+        kept = f"CASE WHEN {' AND '.join(keep)} THEN cancel_request END" if carry.cancel_request else "NULL"
         sets.append(f"cancel_request = {kept}")
     return sets
 

@@ -156,6 +156,11 @@ class Reason(enum.StrEnum):
     SHUTDOWN = "shutdown"
     LEASE_LOST = "lease_lost"
     SUPERSEDED = "superseded"
+    #: A newer try of the same task instance (same DAG, task, run and map index) waits for the slot
+    #: this older try still holds: Airflow gave the task instance to that try (it judged this one
+    #: gone: its heartbeats to the API server stopped), so this one stops at its next chunk boundary
+    #: and hands the slot over with its checkpoint.
+    HANDOVER = "handover"
     #: A person cancelled the run through the control API (CLI, UI, REST): not retried.
     REQUESTED = "requested"
     #: Stop at the next chunk boundary and continue later, in the same try (not a cancel: see

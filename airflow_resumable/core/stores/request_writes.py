@@ -100,6 +100,18 @@ class Requests:
         c.commit()
         return bool(n > 0)
 
+    def hand_over(self, job: str, slot: str, holder: str) -> bool:
+        """Ask ``holder``, the older try of a task instance that still holds the slot's lease, to
+        stop at its next chunk boundary and hand the slot to the newer try that asks (reason
+        ``handover``). Written only while ``holder`` holds the lease of a running slot with no stop
+        request pending (a person's cancel says more, and stays). Returns whether it was written."""
+        c = self._c
+        n = c.execute(f"UPDATE {TABLE} SET cancel_request = %(reason)s WHERE {KEY} AND lease_owner = %(holder)s "
+                      "AND status = 'running' AND cancel_request IS NULL",
+                      {"job": job, "slot": slot, "holder": holder, "reason": Reason.HANDOVER.value}).rowcount
+        c.commit()
+        return bool(n > 0)
+
     def offers(self, job: str, slot: str) -> dict[str, bool] | None:
         """Which control requests the slot would take now (what the UI enables), evaluated with
         the very conditions the requests' writes use (rendered from the same rules, on the
