@@ -20,6 +20,13 @@ XCOM_KEY = "checkpoint"
 #: preview (the row in the checkpoint table stays whole). The REST listing caps rows by the same rule.
 XCOM_ROW_LIMIT = ROW_LIMIT
 
+#: After a push fails (Airflow's API server unreachable: the supervisor retries each push for about
+#: 20 s, on the task's main thread), the checkpoints' pushes pause for this long, doubling with each
+#: further failure up to :data:`XCOM_BACKOFF_MAX`: a task cut off from Airflow goes on working and
+#: checkpointing instead of spending most of its time in pushes that fail. The end is pushed always.
+XCOM_BACKOFF = 30.0
+XCOM_BACKOFF_MAX = 300.0
+
 
 class AirflowReporter(Reporter):
     """Logs progress and pushes the checkpoint row to XCom (key ``checkpoint``), throttled: every
@@ -44,13 +51,23 @@ class AirflowReporter(Reporter):
         self.where = where
         self._last_push: float | None = None
         self._cut_logged = False
+        #: Pushes that failed in a row, and until when the checkpoints' pushes pause after them.
+        self._failed = 0
+        self._paused_until = 0.0
 
     def push(self, cp: Checkpoint, progress: Progress | None = None) -> None:
         self._last_push = time.monotonic()
         try:
             self.ti.xcom_push(key=XCOM_KEY, value=self.xcom_row(cp, progress))
         except Exception:  # XCom is a report channel; never fail the work over it
-            self.log.warning("could not push the checkpoint row to XCom", exc_info=True)
+            self._failed += 1
+            pause = min(XCOM_BACKOFF_MAX, max(XCOM_BACKOFF, self.xcom_interval) * 2 ** (self._failed - 1))
+            self._paused_until = time.monotonic() + pause
+            self.log.warning("could not push the checkpoint row to XCom (%s failure(s) in a row); the checkpoints go "
+                             "on, their pushes pause for %.0fs [job=%s slot=%s]", self._failed, pause, cp.job, cp.slot,
+                             exc_info=True)
+            return  # the task state store goes through the same channel: it waits for the next push
+        self._failed = 0
         if self.mirror is not None:
             self.mirror.write(cp)
 
@@ -82,7 +99,8 @@ class AirflowReporter(Reporter):
         self._last_push = time.monotonic()
 
     def _xcom_due(self) -> bool:
-        return self._last_push is None or time.monotonic() - self._last_push >= self.xcom_interval
+        now = time.monotonic()
+        return now >= self._paused_until and (self._last_push is None or now - self._last_push >= self.xcom_interval)
 
     def due(self, processed: int, total: int | None) -> bool:
         return self._xcom_due() or super().due(processed, total)

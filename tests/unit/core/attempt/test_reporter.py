@@ -206,6 +206,42 @@ def test_the_row_reaches_xcom_every_xcom_interval_and_at_the_end_but_not_at_the_
     assert pushes == [(XCOM_KEY, "running", 2), (XCOM_KEY, "done", 2)]
 
 
+def test_after_a_failed_push_the_checkpoints_pushes_pause_and_the_end_is_pushed_still(store: Store) -> None:
+    """Given an attempt whose task cannot reach Airflow's API server (each push fails, after about
+    20 s of the supervisor's retries on the task's main thread), When it checkpoints every moment,
+    Then one checkpoint tries a push and the next ones do not, until the pause is over; the end is
+    tried still; a push that goes through again resumes the pace."""
+    from airflow_resumable.core import Attempt, Options
+    from airflow_resumable.operators import reporting
+
+    tried: list[str] = []
+
+    class Unreachable:
+        dag_id, task_id = "d", "t"
+        up = False
+
+        def xcom_push(self, key: str, value: Any) -> None:
+            tried.append(value["status"])
+            if not self.up:
+                raise ConnectionError("the API server is unreachable")
+
+    ti = Unreachable()
+    reporter = reporting.AirflowReporter(logging.getLogger("airflow_resumable"), ti, interval=3600, xcom_interval=0)
+
+    def work(ctx: Any) -> None:
+        for i in range(1, 6):
+            ctx.checkpoint(i, processed=i)
+        assert tried == ["running"], "every checkpoint after a failed push paid for another one"
+        reporter._paused_until = 0.0  # the pause is over
+        ti.up = True
+        ctx.checkpoint(6, processed=6)
+        ctx.checkpoint(7, processed=7)
+
+    Attempt(store, Identity(job="j.xcom-down", slot="s", attempt=1, owner="a"), options=Options(),
+            reporter=reporter).run(work)
+    assert tried == ["running", "running", "running", "done"]
+
+
 def _running(processed: int, *, updated_at: datetime, rate: float | None, total: int | None = 1000) -> Checkpoint:
     return Checkpoint(job="j.stall", slot="s", processed=processed, total=total, status="running", lease_owner="w",
                       lease_token=1, lease_expires_at=updated_at + timedelta(hours=1), heartbeat_at=updated_at,
