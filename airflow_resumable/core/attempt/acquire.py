@@ -33,12 +33,16 @@ class Held:
         fence: the lease: every write the attempt makes names it.
         row: the slot's row as the lease was taken.
         created: whether taking the lease created the row (a slot never run before).
+        stopped_for: a person's stop request (``requested``, ``superseded``) that this attempt saw
+            pending on the holder's row while it waited, and that the holder stopped for: it was
+            meant for the task, so this attempt stops with it before any work (None otherwise).
     """
 
     session: StoreSession
     fence: Fence
     row: Checkpoint
     created: bool
+    stopped_for: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,49 +64,95 @@ class Begun:
 
 def take_lease(given: Given, session: StoreSession) -> Held:
     """Take the slot's lease, waiting (bounded by ``lease_wait``) for a live holder's to end or expire.
+    A holder that is an earlier try of this attempt's own task instance is asked to hand the slot
+    over (:func:`older_try`), and waited for at least a lease and a heartbeat.
 
     Raises:
         LeaseBusy: another live attempt kept the lease past ``lease_wait``.
         Cancelled: the signal fired while waiting (nothing written).
     """
-    options, signal = given.options, given.signal
-    deadline = time.monotonic() + options.effective_lease_wait
-    announced = asked = False
-    while True:
-        got = session.leases.acquire(given.job, given.slot, given.owner, options.lease)
-        if got is not None:
-            row, created = got
-            return Held(session, Fence.of(row), row, created)
-        holder = session.checkpoints.load(given.job, given.slot)
-        if not asked and holder is not None and older_try(given, holder):
-            asked = True
-            deadline = max(deadline, _ask_handover(given, session, holder))
-        if time.monotonic() >= deadline:
-            raise LeaseBusy(
-                f"another attempt ({holder.lease_owner if holder else '?'}) still holds this slot's "
-                f"lease after waiting {options.effective_lease_wait:g}s",
-                holder=holder.lease_owner if holder else None,
-                job=given.job,
-                slot=given.slot,
-                hint="If that attempt is alive it keeps the slot; otherwise its lease expires "
-                f"within {options.lease:g}s and a retry takes over",
-            )
-        if not announced:
-            given.log.warning(
-                "slot is held by %s (lease until %s); waiting up to %.0fs for it to end or expire "
-                "[job=%s slot=%s]",
-                holder.lease_owner if holder else "?",
-                holder.lease_expires_at.isoformat() if holder and holder.lease_expires_at else "?",
-                options.effective_lease_wait, given.job, given.slot,
-            )
-            announced = True
-        # No lease keeper runs yet to ask the stop sources (a worker's drain): ask them here,
-        # at least once a second, so a shutdown does not wait out another holder's lease.
-        if not signal.cancelled and (stop := stop_requested()):
-            signal.cancel(*stop)
-        pause = min(max(options.lease / 10.0, 0.05), STOP_POLL, max(0.0, deadline - time.monotonic()))
-        if signal.cancelled or signal.wait(pause):
-            _stop_waiting(given, holder)
+    options = given.options
+    began = time.monotonic()
+    deadline = began + options.effective_lease_wait
+    announced = False
+    asked: str | None = None  # the holder asked to hand over (its lease owner)
+    written: str | None = None  # ... when this attempt wrote that request itself (it withdraws it)
+    seen: str | None = None  # a person's stop request seen pending on the holder's row
+    try:
+        while True:
+            got = session.leases.acquire(given.job, given.slot, given.owner, options.lease)
+            if got is not None:
+                row, created = got
+                stopped_for = seen if seen and (row.status, row.stop_reason) == (Status.CANCELLED.value, seen) else None
+                return Held(session, Fence.of(row), row, created, stopped_for)
+            holder = session.checkpoints.load(given.job, given.slot)
+            if holder is not None and holder.status == Status.RUNNING.value and holder.cancel_request in _PERSONS:
+                seen = holder.cancel_request
+            if holder is not None and holder.lease_owner != asked and older_try(given, holder):
+                asked = holder.lease_owner
+                mine, until = _ask_handover(given, session, holder)
+                written = asked if mine else written
+                deadline = max(deadline, until)
+                announced = True
+            if time.monotonic() >= deadline:
+                raise _busy(given, holder, time.monotonic() - began)
+            if not announced:
+                given.log.warning(
+                    "slot is held by %s (lease until %s); waiting up to %.0fs for it to end or expire "
+                    "[job=%s slot=%s]",
+                    holder.lease_owner if holder else "?",
+                    holder.lease_expires_at.isoformat() if holder and holder.lease_expires_at else "?",
+                    deadline - began, given.job, given.slot,
+                )
+                announced = True
+            _pause(given, holder, deadline)
+    except BaseException:
+        if written is not None:  # not waited out: the holder, if it has not read it yet, runs on
+            _withdraw(given, session, written)
+        raise
+
+
+#: The stop requests a person (or a newer run) makes: meant for the task, whichever try holds the slot.
+_PERSONS = (Reason.REQUESTED.value, Reason.SUPERSEDED.value)
+
+
+def _busy(given: Given, holder: Checkpoint | None, waited: float) -> LeaseBusy:
+    return LeaseBusy(
+        f"another attempt ({holder.lease_owner if holder else '?'}) still holds this slot's "
+        f"lease after waiting {waited:.1f}s",
+        holder=holder.lease_owner if holder else None,
+        job=given.job,
+        slot=given.slot,
+        hint="If that attempt is alive it keeps the slot; otherwise its lease expires "
+        f"within {given.options.lease:g}s and a retry takes over",
+    )
+
+
+def _pause(given: Given, holder: Checkpoint | None, deadline: float) -> None:
+    """Wait a moment before asking for the lease again, waking for the signal.
+
+    Raises:
+        Cancelled: the signal fired while waiting (nothing written).
+    """
+    signal = given.signal
+    # No lease keeper runs yet to ask the stop sources (a worker's drain): ask them here,
+    # at least once a second, so a shutdown does not wait out another holder's lease.
+    if not signal.cancelled and (stop := stop_requested()):
+        signal.cancel(*stop)
+    pause = min(max(given.options.lease / 10.0, 0.05), STOP_POLL, max(0.0, deadline - time.monotonic()))
+    if signal.cancelled or signal.wait(pause):
+        _stop_waiting(given, holder)
+
+
+def _withdraw(given: Given, session: StoreSession, holder: str) -> None:
+    """Take back the handover this attempt asked of ``holder`` and will not wait out."""
+    try:
+        if session.requests.withdraw_handover(given.job, given.slot, holder):
+            given.log.warning("took back the handover asked of %s: it runs on unless it read the request already "
+                              "[job=%s slot=%s attempt=%s]", holder, given.job, given.slot, given.attempt)
+    except Exception:  # the error that ends the wait is the one to report
+        given.log.warning("could not take back the handover asked of %s [job=%s slot=%s]", holder, given.job,
+                          given.slot, exc_info=True)
 
 
 def older_try(given: Given, holder: Checkpoint) -> bool:
@@ -113,19 +163,20 @@ def older_try(given: Given, holder: Checkpoint) -> bool:
     o = given.origin
     return (
         holder.status == Status.RUNNING.value and holder.lease_owner is not None
-        and None not in (o.dag_id, o.task_id, o.run_id)
+        and None not in (o.dag_id, o.task_id, o.run_id, o.map_index)
         and (holder.dag_id, holder.task_id, holder.run_id, holder.map_index) == (o.dag_id, o.task_id, o.run_id, o.map_index)
         and holder.attempt < given.attempt
     )
 
 
-def _ask_handover(given: Given, session: StoreSession, holder: Checkpoint) -> float:
+def _ask_handover(given: Given, session: StoreSession, holder: Checkpoint) -> tuple[bool, float]:
     """Ask the earlier try holding the slot to stop at its next chunk boundary and hand the slot
-    over (reason ``handover``); returns until when to wait for it: it reads the request with its next
-    heartbeat or checkpoint, then ends its chunk. A stop request already pending (a person's cancel)
-    is left as it is, and waited for the same way."""
+    over (reason ``handover``); returns whether this attempt wrote the request, and until when to
+    wait for it: the holder reads it with its next heartbeat or checkpoint, then ends its chunk. A
+    stop request already pending (a person's cancel, another try's handover) is left as it is, and
+    waited for the same way."""
     options = given.options
-    written = session.requests.hand_over(given.job, given.slot, holder.lease_owner or "")
+    written = session.requests.hand_over(given.job, given.slot, holder.lease_owner or "", given.origin, given.attempt)
     wait = max(options.effective_lease_wait, options.lease + heartbeat_interval(options.lease))
     given.log.warning(
         "slot is held by try %s of this task instance (%s), which Airflow no longer runs: %s; waiting up to %.0fs "
@@ -135,7 +186,7 @@ def _ask_handover(given: Given, session: StoreSession, holder: Checkpoint) -> fl
         else f"a stop request is already pending on the row ({holder.cancel_request or 'written meanwhile'})",
         wait, given.job, given.slot, given.attempt,
     )
-    return time.monotonic() + wait
+    return written, time.monotonic() + wait
 
 
 def _stop_waiting(given: Given, holder: Checkpoint | None) -> None:
@@ -232,12 +283,14 @@ def _restart_reason(given: Given, row: Checkpoint) -> str | None:
     return None
 
 
-def pending_cancel(session: StoreSession, row: Checkpoint) -> Cancelled:
+def pending_cancel(session: StoreSession, row: Checkpoint, *, waited_for: str | None = None) -> Cancelled:
     """The cancel a person (or a newer run) asked for while an earlier attempt held the slot,
-    which that attempt never acted on (it was killed first, or its holder was already dead):
-    this attempt stops with it before any work, as the live holder would have at its next
-    chunk boundary. ``start()`` kept the request for exactly this."""
-    reason = row.cancel_request or Reason.REQUESTED.value
+    which that attempt never acted on (it was killed first, or its holder was already dead, or it
+    had stopped for another reason): this attempt stops with it before any work, as the live holder
+    would have at its next chunk boundary. ``start()`` kept the request for exactly this. With
+    ``waited_for``: the request this attempt saw pending while it waited for the slot, which the
+    holder stopped for (:attr:`Held.stopped_for`)."""
+    reason = waited_for or row.cancel_request or Reason.REQUESTED.value
     if reason == Reason.REQUESTED.value:  # the control API recorded who asked
         asked = [r for r in session.listings.history(row.job, row.slot) if r.outcome == AttemptEnd.CANCEL_REQUESTED]
         what = f"cancelled by {(asked[-1].requested_by if asked else row.requested_by) or '?'}"
@@ -245,6 +298,9 @@ def pending_cancel(session: StoreSession, row: Checkpoint) -> Cancelled:
         what = "superseded by a newer run of the job"
     else:
         what = f"cancelled ({reason})"
+    if waited_for:
+        return Cancelled(reason, f"{what} while this attempt waited for the slot, held by an earlier attempt that "
+                         "stopped for it: the request was the task's, so this attempt stopped before any work too")
     return Cancelled(reason, f"{what} while an earlier attempt held the slot, which ended before it saw the "
                      "request: this attempt stopped before any work")
 

@@ -7,7 +7,9 @@ lease duration, the keeper raises the run's signal with reason ``lease_lost``; a
 on the row (``superseded``, ``user``) is raised the same way. The checkpoint's own statement reads
 the same request (:meth:`~airflow_resumable.core.stores.checkpoint_writes.Checkpoints.save`), so a
 request reaches the holder with its next checkpoint or its next heartbeat, whichever comes first:
-the heartbeat matters for a chunk that runs long. The keeper never logs and never calls
+the heartbeat matters for a chunk that runs long. A ``handover`` (a newer try of the task instance
+waits for the slot) is the exception: only the checkpoint acts on it, so that one the newer try took
+back when it gave up waiting stops nobody. The keeper never logs and never calls
 Airflow: it only sets the signal, which the handler reads at its next chunk boundary. A heartbeat
 still in flight when the attempt asks the keeper to stop says nothing: the attempt's end is fenced
 itself, and its release of the lease would otherwise read as a lost lease on an attempt that
@@ -151,7 +153,9 @@ class LeaseKeeper:
                     continue
                 self.beats += 1
                 last_ok = time.monotonic()
-                if request:
+                # A handover is acted on at the next checkpoint only, where its statement reads that
+                # it still stands (the newer try that asked takes it back when it gives up waiting).
+                if request and request != Reason.HANDOVER.value:
                     raise_request(self.signal, session, self.fence, request)
         finally:
             if session is not None:

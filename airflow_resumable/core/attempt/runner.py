@@ -164,8 +164,8 @@ class Attempt(Given):
         run.keeper.start()
         try:
             run.pipeline()  # with pipeline_checkpoints: connects while the first chunk runs
-            if begun.row.cancel_request:  # accepted, but the attempt it was meant for died first
-                raise pending_cancel(session, begun.row)
+            if begun.row.cancel_request or held.stopped_for:  # accepted, but the attempt it was meant for ended first
+                raise pending_cancel(session, begun.row, waited_for=held.stopped_for)
             if begun.row.request == Request.PAUSE:  # asked before this attempt started: pause before any work
                 raise Paused(Reason.PAUSED.value, f"pause requested by {begun.row.requested_by or '?'}")
             result = run.call(handler)

@@ -438,6 +438,10 @@ class Carry:
     cancel_request: frozenset[Status]
     #: Stop requests never kept, whatever the status: they were meant for an earlier holder only.
     dropped: frozenset[Reason] = frozenset()
+    #: These stop requests (a person's cancel, a newer run's) are kept when this end stopped for
+    #: another reason (``stop_reason``): they arrived after the attempt had stopped for something
+    #: else, and the next attempt honours them.
+    others: frozenset[Reason] = frozenset()
 
 
 #: An attempt's start. A pending pause stays, for the runner to honour before the first chunk; a
@@ -456,7 +460,10 @@ AT_END: dict[Status, Carry] = {
     Status.DONE: Carry(request=frozenset(), cancel_request=frozenset()),
     # The next attempt (a retry, a Clear) still does what was asked; the stop request was this attempt's.
     Status.FAILED: Carry(request=frozenset(Request), cancel_request=frozenset()),
-    Status.CANCELLED: Carry(request=frozenset(Request), cancel_request=frozenset()),
+    # A cancel that came after this attempt stopped for another reason (a person's cancel after a
+    # handover or a timeout) stays for the next attempt; a handover never does.
+    Status.CANCELLED: Carry(request=frozenset(Request), cancel_request=frozenset(),
+                            dropped=frozenset({Reason.HANDOVER}), others=frozenset({Reason.REQUESTED, Reason.SUPERSEDED})),
     # The pause is done, so consumed; a resume or restart that raced it wakes the waiting task, and
     # a cancel stays for it to read.
     Status.PAUSED: Carry(request=frozenset({Request.RESUME, Request.RESTART}), cancel_request=ANY_STATUS),
@@ -469,10 +476,14 @@ def sql_carry(carry: Carry) -> list[str]:
     if carry.request != frozenset(Request):
         kept = f"CASE WHEN request IN ({_literals(carry.request)}) THEN request END" if carry.request else "NULL"
         sets.append(f"request = {kept}")
-    if carry.cancel_request != ANY_STATUS or carry.dropped:
-        keep = [f"status IN ({_literals(carry.cancel_request)})"] if carry.cancel_request != ANY_STATUS else []
+    if carry.cancel_request != ANY_STATUS or carry.dropped or carry.others:
+        keep = []
+        if carry.others:  # the end's own stop reason is its parameter
+            keep.append(f"cancel_request IN ({_literals(carry.others)}) AND cancel_request <> COALESCE(%(stop_reason)s, '')")
+        elif carry.cancel_request != ANY_STATUS:
+            keep.append(f"status IN ({_literals(carry.cancel_request)})")
         keep += [f"cancel_request NOT IN ({_literals(carry.dropped)})"] if carry.dropped else []
-        kept = f"CASE WHEN {' AND '.join(keep)} THEN cancel_request END" if carry.cancel_request else "NULL"
+        kept = f"CASE WHEN {' AND '.join(keep)} THEN cancel_request END" if carry.cancel_request or carry.others else "NULL"
         sets.append(f"cancel_request = {kept}")
     return sets
 

@@ -8,7 +8,7 @@ import os
 import socket
 
 from airflow_resumable.core.model import request_rules as rules
-from airflow_resumable.core.model.checkpoint import AttemptEnd, Checkpoint
+from airflow_resumable.core.model.checkpoint import AttemptEnd, Checkpoint, Origin
 from airflow_resumable.core.model.request_rules import Action
 from airflow_resumable.core.model.states import Reason
 from airflow_resumable.core.model.tables import ATTEMPTS
@@ -100,14 +100,31 @@ class Requests:
         c.commit()
         return bool(n > 0)
 
-    def hand_over(self, job: str, slot: str, holder: str) -> bool:
-        """Ask ``holder``, the older try of a task instance that still holds the slot's lease, to
-        stop at its next chunk boundary and hand the slot to the newer try that asks (reason
-        ``handover``). Written only while ``holder`` holds the lease of a running slot with no stop
-        request pending (a person's cancel says more, and stays). Returns whether it was written."""
+    def hand_over(self, job: str, slot: str, holder: str, origin: Origin, attempt: int) -> bool:
+        """Ask ``holder``, an earlier try of the task instance ``origin`` that still holds the slot's
+        lease, to stop at its next chunk boundary and hand the slot to try ``attempt``, which asks
+        (reason ``handover``). Written only while ``holder`` holds the lease of a running slot that
+        names that task instance and an earlier try (checked again here: the row read before may
+        have changed hands since), with no stop request pending (a person's cancel says more, and
+        stays). Returns whether it was written."""
         c = self._c
         n = c.execute(f"UPDATE {TABLE} SET cancel_request = %(reason)s WHERE {KEY} AND lease_owner = %(holder)s "
-                      "AND status = 'running' AND cancel_request IS NULL",
+                      "AND status = 'running' AND cancel_request IS NULL AND dag_id = %(dag_id)s "
+                      "AND task_id = %(task_id)s AND run_id = %(run_id)s AND map_index = %(map_index)s "
+                      "AND attempt < %(attempt)s",
+                      {"job": job, "slot": slot, "holder": holder, "reason": Reason.HANDOVER.value,
+                       "dag_id": origin.dag_id, "task_id": origin.task_id, "run_id": origin.run_id,
+                       "map_index": origin.map_index, "attempt": attempt}).rowcount
+        c.commit()
+        return bool(n > 0)
+
+    def withdraw_handover(self, job: str, slot: str, holder: str) -> bool:
+        """Take back a handover asked of ``holder`` that the asking try will not wait out (it gave
+        up, or was stopped itself): the holder, if it has not read it yet, runs on. Returns whether
+        one was pending."""
+        c = self._c
+        n = c.execute(f"UPDATE {TABLE} SET cancel_request = NULL WHERE {KEY} AND lease_owner = %(holder)s "
+                      "AND cancel_request = %(reason)s",
                       {"job": job, "slot": slot, "holder": holder, "reason": Reason.HANDOVER.value}).rowcount
         c.commit()
         return bool(n > 0)

@@ -188,6 +188,7 @@
     if (r === "pause" && row.status === "running") return r;
     if (r === "resume" && row.status === "paused") return r;
     if (r === "restart" && row.status !== "running") return r;
+    if (row.cancel_request === "handover" && row.status === "running") return "handover";
     if (row.cancel_request && row.status === "running") return "cancel";
     return null;
   }
@@ -378,7 +379,9 @@
       });
       root.replaceChildren.apply(root, [
         el("h2", {}, ["Checkpoint ", el("span", {"class": "badge " + row.status, id: "status", text: row.status + reason}),
-          pending ? el("span", {"class": "pending", id: "pending", text: pending + " requested by " + (row.requested_by || "?")}) : null,
+          pending ? el("span", {"class": "pending", id: "pending", text: pending === "handover"
+            ? "handover to the task's newer try requested (Airflow runs that try; this one stops at its next chunk boundary)"
+            : pending + " requested by " + (row.requested_by || "?")}) : null,
           tiLine()]),
         bar(row),
         el("div", {id: "figures", "class": "progress", "data-processed": String(row.processed),
