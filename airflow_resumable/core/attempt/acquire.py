@@ -18,7 +18,6 @@ from airflow_resumable.core.attempt.signal import Reason
 from airflow_resumable.core.model.checkpoint import AttemptEnd, Checkpoint, Status, encode
 from airflow_resumable.core.model.errors import Cancelled, LeaseBusy, OverlapSkip, OverlapWait
 from airflow_resumable.core.model.fence import Fence
-from airflow_resumable.core.model.options import heartbeat_interval
 from airflow_resumable.core.model.request_rules import Action
 from airflow_resumable.core.model.states import Request
 from airflow_resumable.core.stores.base import StoreSession
@@ -65,7 +64,7 @@ class Begun:
 def take_lease(given: Given, session: StoreSession) -> Held:
     """Take the slot's lease, waiting (bounded by ``lease_wait``) for a live holder's to end or expire.
     A holder that is an earlier try of this attempt's own task instance is asked to hand the slot
-    over (:func:`older_try`), and waited for at least a lease and a heartbeat.
+    over (:func:`older_try`), and waited for up to :data:`HANDOVER_LEASES` leases.
 
     Raises:
         LeaseBusy: another live attempt kept the lease past ``lease_wait``.
@@ -169,15 +168,21 @@ def older_try(given: Given, holder: Checkpoint) -> bool:
     )
 
 
+#: How long a try that asked for a handover waits for the holder's next checkpoint, in leases (at
+#: least ``lease_wait``): the holder acts on the request at that checkpoint, and a chunk is meant to
+#: be well shorter than a lease. A holder that dies meanwhile lets its lease lapse within one.
+HANDOVER_LEASES = 10
+
+
 def _ask_handover(given: Given, session: StoreSession, holder: Checkpoint) -> tuple[bool, float]:
     """Ask the earlier try holding the slot to stop at its next chunk boundary and hand the slot
     over (reason ``handover``); returns whether this attempt wrote the request, and until when to
-    wait for it: the holder reads it with its next heartbeat or checkpoint, then ends its chunk. A
+    wait for it (:data:`HANDOVER_LEASES`): the holder reads it with its next checkpoint. A
     stop request already pending (a person's cancel, another try's handover) is left as it is, and
     waited for the same way."""
     options = given.options
     written = session.requests.hand_over(given.job, given.slot, holder.lease_owner or "", given.origin, given.attempt)
-    wait = max(options.effective_lease_wait, options.lease + heartbeat_interval(options.lease))
+    wait = max(options.effective_lease_wait, HANDOVER_LEASES * options.lease)
     given.log.warning(
         "slot is held by try %s of this task instance (%s), which Airflow no longer runs: %s; waiting up to %.0fs "
         "for it to end its chunk and give the slot over with its checkpoint [job=%s slot=%s attempt=%s]",

@@ -18,9 +18,9 @@ import psutil
 
 from support.chaos.checker import Anomaly, check_run
 from support.chaos.cluster import HEARTBEAT_TIMEOUT, TASK_QUEUED_CHECK, TASK_QUEUED_TIMEOUT, Chaos
-from support.chaos.faults import KINDS, LEASE, MOMENT_DEADLINE, Fault, fire, plan, thaw
+from support.chaos.faults import KINDS, LEASE, MOMENT_DEADLINE, SLOTS, Fault, fire, plan, thaw
 from support.chaos.verdicts import Shot, judge
-from support.chaos.workloads import WORKLOADS, Run
+from support.chaos.workloads import WORKLOADS, Run, zombie_delay
 
 #: The deadline follows the work: a trial waits for its runs as long as something moves (a slot's
 #: row, a task instance's state or try, a DAG run's state) and gives up once nothing moved for
@@ -107,8 +107,15 @@ def run_trial(chaos: Chaos, seed: int, *, netem: bool, kinds: tuple[str, ...] = 
     api = chaos.cluster.api
     assert api is not None
     started = time.monotonic()
+    # A fault that makes a zombie needs its run to outlast Airflow's giving the cut-off try up.
+    zombies: dict[Any, int] = {}
+    for f in trial.faults:
+        if f.kind == "cut_api" or f.moment == "lease_wait":
+            zombies[SLOTS[f.target][0]] = max(f.k, zombies.get(SLOTS[f.target][0], 0))
     for workload in WORKLOADS:
         run = Run(workload, f"s{seed}_{workload.dag_id}")
+        if workload in zombies:
+            run.delay = zombie_delay(workload, zombies[workload])
         api.trigger(workload.dag_id, run_id=run.run_id, conf=run.conf)
         trial.runs.append(run)
     trial.shots = [Shot(fault) for fault in trial.faults]

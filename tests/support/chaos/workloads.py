@@ -6,6 +6,11 @@ from dataclasses import dataclass, field
 
 ITEMS, CHUNK, DELAY = 32, 4, 0.2  # a run is 6.4 s of work (once its task started): faults find it running
 MAPPED_PARTITIONS, MAPPED_ITEMS = 3, 24
+#: Seconds of work a run keeps after the checkpoint a zombie-making fault waits for (``cut_api``, and
+#: the cause of a ``lease_wait`` fault): longer than Airflow takes to give the cut-off try up and
+#: start the next (the heartbeat timeout, the retry delay, a task's start: 14-46 s measured), so the
+#: zombie is still working when its newer try comes, instead of finishing first.
+ZOMBIE_WORK = 45.0
 BAD_EVERY = 7
 
 
@@ -50,6 +55,15 @@ class Run:
     #: control requests taken (not refused), by job: ["pause", "resume", "cancel", "restart"]
     requests: dict[str, list[str]] = field(default_factory=dict)
 
+    #: seconds each item waits (:data:`DELAY`, longer for a zombie's run: :func:`zombie_delay`)
+    delay: float = DELAY
+
     @property
     def conf(self) -> dict[str, object]:
-        return {"items": self.workload.items, "chunk": CHUNK, "delay": DELAY}
+        return {"items": self.workload.items, "chunk": CHUNK, "delay": self.delay}
+
+
+def zombie_delay(workload: Workload, k: int) -> float:
+    """The item wait that leaves ``workload``'s run :data:`ZOMBIE_WORK` seconds of work after its
+    ``k``-th checkpoint."""
+    return max(DELAY, ZOMBIE_WORK / max(1, workload.items - k * CHUNK))

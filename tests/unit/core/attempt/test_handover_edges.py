@@ -66,24 +66,28 @@ def _noop(ctx: Any) -> int:
     return 1
 
 
-def test_a_try_that_gives_up_waiting_takes_its_handover_back_and_the_holder_runs_on(store: Store) -> None:
-    """Given try 1 in a chunk longer than try 2 will wait, When try 2 asks it to hand over and gives up
-    (LeaseBusy), Then its request is taken back and try 1 runs the slot to the end: a request nobody
-    waits for no longer stops the only attempt left (the slot ended cancelled, nobody to resume it)."""
+@pytest.mark.parametrize("gives_up", ["lease_busy", "timeout"])
+def test_a_try_that_gives_up_waiting_takes_its_handover_back_and_the_holder_runs_on(
+    store: Store, gives_up: str,
+) -> None:
+    """Given try 1 in a chunk longer than try 2 will wait (ten of try 2's 0.3 s leases, or try 2's own
+    timeout), When try 2 asks it to hand over and gives up, Then its request is taken back and try 1
+    runs the slot to the end: a request nobody waits for stops nobody (the slot ended cancelled with
+    nobody left to resume it)."""
     _schema(store)
-    holder = Holder(store, attempt=1, origin=TI, owner="try1", items=4, chunk_s=2.5, lease=1.2)
+    holder = Holder(store, attempt=1, origin=TI, owner="try1", items=2, chunk_s=4.5, lease=1.2)
     holder.wait_checkpoints(1)
-    waiter = Attempt(store, Identity(job=JOB, slot=SLOT, attempt=2, owner="try2", origin=TI),
-                     options=Options(lease=1.2, lease_wait=0.1))
+    options = Options(lease=0.3, lease_wait=0.1) if gives_up == "lease_busy" else Options(lease=1.2, timeout=1.0)
+    waiter = Attempt(store, Identity(job=JOB, slot=SLOT, attempt=2, owner="try2", origin=TI), options=options)
     t0 = time.monotonic()
-    with pytest.raises(LeaseBusy):
+    with pytest.raises(LeaseBusy if gives_up == "lease_busy" else Cancelled):
         waiter.run(_noop)
     gave_up_after = time.monotonic() - t0
     holder.thread.join(30)
     with store.open() as s:
         row = s.checkpoints.load(JOB, SLOT)
     assert holder.error is None and row.status == "done", (holder.error, row.status, row.stop_reason)
-    assert row.cancel_request is None and gave_up_after < 10
+    assert row.cancel_request is None and gave_up_after < 4.5
 
 
 def test_a_holder_of_another_dag_run_that_started_after_the_look_is_not_asked(store: Store) -> None:
