@@ -155,7 +155,7 @@ with _dag("chaos_upsert"):
 
 with _dag("chaos_mapped"):
     ResumableOperator.partial(task_id="work", handler=tx_items, **COMMON).expand(
-        handler_kwargs=[{"items": 24, "chunk": 4, "delay": 0.2} for _ in range(3)]
+        handler_kwargs=[{**KWARGS, "items": "{{ dag_run.conf.get('items', 24) }}"} for _ in range(3)]
     )
 
 with _dag("chaos_pipelined"):

@@ -11,6 +11,9 @@ MAPPED_PARTITIONS, MAPPED_ITEMS = 3, 24
 #: start the next (the heartbeat timeout, the retry delay, a task's start: 14-46 s measured), so the
 #: zombie is still working when its newer try comes, instead of finishing first.
 ZOMBIE_WORK = 45.0
+#: ... and each of its items waits at least this long: a chunk of 10 s or more, the newer try's wait
+#: for the zombie's next checkpoint (a ``lease_wait`` fault's moment) long enough to be seen.
+ZOMBIE_DELAY = 2.5
 BAD_EVERY = 7
 
 
@@ -65,5 +68,5 @@ class Run:
 
 def zombie_delay(workload: Workload, k: int) -> float:
     """The item wait that leaves ``workload``'s run :data:`ZOMBIE_WORK` seconds of work after its
-    ``k``-th checkpoint."""
-    return max(DELAY, ZOMBIE_WORK / max(1, workload.items - k * CHUNK))
+    ``k``-th checkpoint (at least :data:`ZOMBIE_DELAY`)."""
+    return max(ZOMBIE_DELAY, ZOMBIE_WORK / max(1, workload.items - k * CHUNK))
