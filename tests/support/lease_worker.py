@@ -39,6 +39,14 @@ from support.stores import spec_of, store_of  # noqa: E402
 JOB, SLOT = "zombie", "2026-05-01T00:00:00+00:00"
 
 
+def make_sink(store: Store) -> None:
+    """The table a :class:`Worker`'s chunks write to (each item with the owner of the lease that wrote it)."""
+    with store.open() as s:
+        s.ensure_schema()
+        s._execute("CREATE TABLE sink (item INTEGER NOT NULL, owner TEXT NOT NULL)")
+        s.commit()
+
+
 class Worker:
     """A lease_worker subprocess whose JSON events are read on a thread."""
 

@@ -10,17 +10,10 @@ import pytest
 from airflow_resumable.core import Attempt, LeaseBusy, Options, Store
 from airflow_resumable.core.model.checkpoint import Origin
 from airflow_resumable.core.model.identity import Identity
-from support.lease_worker import JOB, SLOT, Worker
+from support.lease_worker import JOB, SLOT, Worker, make_sink
 
 TI = Origin(dag_id="export", task_id="customers", run_id="scheduled__2026-05-01", map_index=-1)
 ITEMS, CHUNK = 300, 5
-
-
-def _sink(store: Store) -> None:
-    with store.open() as s:
-        s.ensure_schema()
-        s._execute("CREATE TABLE sink (item INTEGER NOT NULL, owner TEXT NOT NULL)")
-        s.commit()
 
 
 def _handler(ctx: Any) -> int:
@@ -48,7 +41,7 @@ def _sink_counts(store: Store) -> tuple[list[Any], int]:
 
 
 def test_a_newer_try_takes_the_slot_from_the_live_older_try_it_replaces(store: Store) -> None:
-    _sink(store)
+    make_sink(store)
     # Given try 1 of the task instance still running and renewing its lease (Airflow has given it up)
     older = Worker(store, attempt=1, items=ITEMS, chunk=CHUNK, chunk_s=0.05, lease=1.5, origin=TI)
     older.wait_checkpoints(3)
@@ -90,7 +83,7 @@ def test_a_holder_of_another_task_instance_is_not_asked_to_hand_over(store: Stor
 
 @pytest.mark.parametrize("status", ["running", "cancelled"])
 def test_a_handover_left_on_the_row_does_not_stop_the_try_that_starts(store: Store, status: str) -> None:
-    _sink(store)
+    make_sink(store)
     # Given a handover asked of an older try that died before it read it (its lease lapsed)
     with store.open() as s:
         s.ensure_schema()

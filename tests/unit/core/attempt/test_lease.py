@@ -12,7 +12,7 @@ import pytest
 
 from airflow_resumable.core import Attempt, LeaseBusy, Options, Store
 from airflow_resumable.core.model.identity import Identity
-from support.lease_worker import JOB, SLOT, Worker
+from support.lease_worker import JOB, SLOT, Worker, make_sink
 from support.waits import wait_until
 
 
@@ -27,10 +27,7 @@ def lease_expired(store: Store) -> bool:
 def test_a_stale_attempt_is_fenced_off_and_stops_within_a_heartbeat_and_a_chunk(store: Store) -> None:
     lease, chunk_s, items, chunk = 0.9, 0.1, 300, 10
     heartbeat = lease / 3
-    with store.open() as s:
-        s.ensure_schema()
-        s._execute("CREATE TABLE sink (item INTEGER NOT NULL, owner TEXT NOT NULL)")
-        s.commit()
+    make_sink(store)
     # Given attempt 1 running, then frozen (a partitioned worker: no heartbeats, no progress)
     a = Worker(store, attempt=1, items=items, chunk=chunk, chunk_s=chunk_s, lease=lease)
     frozen_at = a.wait_checkpoints(5)["position"]
