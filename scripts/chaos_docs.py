@@ -8,6 +8,10 @@ table was drawn from the data kept, never typed by hand:
 
     python scripts/chaos_docs.py                          # redraw from docs/chaos/*.json
     python scripts/chaos_docs.py .chaos/celery.json ...   # take new results (a soak's curves too), then redraw
+
+Results of one executor made by runs side by side (``make chaos ... --out`` another folder, other
+seeds) are kept as one run: ``python scripts/chaos_docs.py .chaos/celery.json more/celery.json`` keeps
+every trial of both (never one file's trials in place of the other's), their minutes the longer run's.
 """
 
 from __future__ import annotations
@@ -41,13 +45,34 @@ def page_with_tables(text: str) -> str:
     return MARKER.sub(lambda m: f"{m[1]}\n{table(m['name'])}\n\n{m[4]}", text)
 
 
+def merged(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Runs of one executor made side by side, as one: every trial of each; a seed in two runs is refused."""
+    first, *rest = runs
+    for other in rest:
+        if (other["executor"], other["skipped"], other["replay"]) != (first["executor"], first["skipped"], first["replay"]):
+            raise SystemExit("these runs differ in executor, skipped faults or fault kinds: keep them apart")
+    seeds = [t["seed"] for run in runs for t in run["trials"]]
+    if len(seeds) != len(set(seeds)):
+        raise SystemExit(f"a seed ran in two of these runs: {sorted(s for s in set(seeds) if seeds.count(s) > 1)}")
+    trials = sorted((t for run in runs for t in run["trials"]), key=lambda t: t["seed"])
+    return {**first, "minutes": max(run["minutes"] for run in runs), "trials": trials}
+
+
 def main(argv: list[str]) -> int:
     KEPT.mkdir(parents=True, exist_ok=True)
+    by_name: dict[str, list[Path]] = {}
     for new in map(Path, argv):
-        shutil.copyfile(new, KEPT / new.name)
-        if (curves := new.with_suffix(".png")).exists():
-            shutil.copyfile(curves, KEPT / curves.name)
-        print(f"kept {new} in {KEPT.relative_to(ROOT)}/")
+        by_name.setdefault(new.name, []).append(new)
+    for name, news in by_name.items():
+        if len(news) > 1:
+            runs = [json.loads(new.read_text()) for new in news]
+            (KEPT / name).write_text(json.dumps(merged(runs), indent=1) + "\n")
+        else:
+            shutil.copyfile(news[0], KEPT / name)
+        for new in news:
+            if (curves := new.with_suffix(".png")).exists():
+                shutil.copyfile(curves, KEPT / curves.name)
+        print(f"kept {' + '.join(map(str, news))} in {KEPT.relative_to(ROOT)}/{name}")
     text = PAGE.read_text()
     PAGE.write_text(page_with_tables(text))
     print(f"redrew the tables of {PAGE.relative_to(ROOT)}: {', '.join(m['name'] for m in MARKER.finditer(text))}")
