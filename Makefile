@@ -97,10 +97,12 @@ celery: venv
 ## Chaos trials across network-namespace hosts (root, Redis, PostgreSQL): a table of faults and anomalies.
 ## make chaos TRIALS=100; make chaos SEED=123 replays one trial; MINUTES=60 stops starting new ones;
 ## EXECUTOR=local runs them on LocalExecutor task processes (schedulers on the hosts) instead of Celery workers.
+## Runs side by side: FIRST=<seed> (the first trial's), REDIS_DB=<n> (each run its own broker database) and
+## OUT=<folder> (each its own report); scripts/chaos_docs.py keeps runs of one executor as one.
 TRIALS ?= 100
 EXECUTOR ?= celery
 chaos: venv
-	PYTHONPATH=$(CURDIR):$(CURDIR)/tests $(PY) -m support.chaos --trials $(TRIALS) --executor $(EXECUTOR) $(if $(SEED),--seed $(SEED)) $(if $(MINUTES),--minutes $(MINUTES)) $(if $(FAULTS),--kinds $(FAULTS))
+	PYTHONPATH=$(CURDIR):$(CURDIR)/tests $(PY) -m support.chaos --trials $(TRIALS) --executor $(EXECUTOR) $(if $(SEED),--seed $(SEED)) $(if $(FIRST),--first $(FIRST)) $(if $(MINUTES),--minutes $(MINUTES)) $(if $(FAULTS),--kinds $(FAULTS)) $(if $(REDIS_DB),--redis-db $(REDIS_DB)) $(if $(OUT),--out $(OUT))
 
 ## The soak: the chaos workloads' runs back to back with random faults for MINUTES, each worker's and
 ## the API server's memory, open files and threads and the database connections sampled every minute;
