@@ -9,8 +9,8 @@ table was drawn from the data kept, never typed by hand:
     python scripts/chaos_docs.py                          # redraw from docs/chaos/*.json
     python scripts/chaos_docs.py .chaos/celery.json ...   # take new results (a soak's curves too), then redraw
 
-Results of one executor made by runs side by side (``make chaos ... --out`` another folder, other
-seeds) are kept as one run: ``python scripts/chaos_docs.py .chaos/celery.json more/celery.json`` keeps
+Results of one executor made by runs side by side (``make chaos ... FIRST=<seed> REDIS_DB=<n>
+OUT=<folder>``) are kept as one run: ``python scripts/chaos_docs.py .chaos/celery.json more/celery.json`` keeps
 every trial of both (never one file's trials in place of the other's), their minutes the longer run's.
 """
 
@@ -20,6 +20,7 @@ import json
 import re
 import shutil
 import sys
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -51,9 +52,8 @@ def merged(runs: list[dict[str, Any]]) -> dict[str, Any]:
     for other in rest:
         if (other["executor"], other["skipped"], other["replay"]) != (first["executor"], first["skipped"], first["replay"]):
             raise SystemExit("these runs differ in executor, skipped faults or fault kinds: keep them apart")
-    seeds = [t["seed"] for run in runs for t in run["trials"]]
-    if len(seeds) != len(set(seeds)):
-        raise SystemExit(f"a seed ran in two of these runs: {sorted(s for s in set(seeds) if seeds.count(s) > 1)}")
+    if twice := sorted(seed for seed, n in Counter(t["seed"] for run in runs for t in run["trials"]).items() if n > 1):
+        raise SystemExit(f"a seed ran in two of these runs: {twice}")
     trials = sorted((t for run in runs for t in run["trials"]), key=lambda t: t["seed"])
     return {**first, "minutes": max(run["minutes"] for run in runs), "trials": trials}
 

@@ -5,12 +5,14 @@ exist, and build into a site with no warning."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import re
 import subprocess
 import sys
 from html import escape as html_escape
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -210,11 +212,17 @@ def test_the_benchmark_table_and_plots_are_drawn_from_one_run_s_results() -> Non
             assert f"| {bench_plots.ratio_text(r['ratio'])} |" in text, r["key"]
 
 
-def test_the_chaos_tables_and_curves_are_drawn_from_the_runs_the_docs_keep() -> None:
+def _chaos_docs() -> Any:
+    """scripts/chaos_docs.py, loaded as a module (scripts/ is no package)."""
     spec = importlib.util.spec_from_file_location("chaos_docs", ROOT / "scripts" / "chaos_docs.py")
     assert spec and spec.loader
     chaos_docs = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(chaos_docs)
+    return chaos_docs
+
+
+def test_the_chaos_tables_and_curves_are_drawn_from_the_runs_the_docs_keep() -> None:
+    chaos_docs = _chaos_docs()
     text = page("explanation/chaos.md")
     names = [m["name"] for m in chaos_docs.MARKER.finditer(text)]
     # every configuration's trials and the soak, each from its kept results, never typed by hand
@@ -224,6 +232,20 @@ def test_the_chaos_tables_and_curves_are_drawn_from_the_runs_the_docs_keep() -> 
     for name in names:
         assert (DOCS / "chaos" / f"{name}.json").is_file(), name
     assert "(../chaos/soak-celery.png)" in text and (DOCS / "chaos" / "soak-celery.png").is_file()
+
+
+def test_runs_of_one_executor_made_side_by_side_are_kept_as_one_run_with_every_trial() -> None:
+    chaos_docs = _chaos_docs()
+    kept = json.loads((DOCS / "chaos" / "celery.json").read_text())
+    early, late = kept["trials"][: len(kept["trials"]) // 2], kept["trials"][len(kept["trials"]) // 2:]
+    # Given a run split in two, whichever order they come in, Then every trial is kept once, by seed
+    run = chaos_docs.merged([{**kept, "trials": late, "minutes": 5.0}, {**kept, "trials": early, "minutes": 7.5}])
+    assert run["trials"] == kept["trials"] and run["minutes"] == 7.5
+    # a seed in two runs, or runs of another executor, are refused rather than counted twice or mixed
+    with pytest.raises(SystemExit, match=str(early[0]["seed"])):
+        chaos_docs.merged([{**kept, "trials": early}, {**kept, "trials": early[:1]}])
+    with pytest.raises(SystemExit, match="differ"):
+        chaos_docs.merged([{**kept, "trials": early}, {**kept, "trials": late, "executor": "local"}])
 
 
 @pytest.mark.site
