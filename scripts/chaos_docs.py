@@ -48,6 +48,8 @@ def page_with_tables(text: str) -> str:
 
 def merged(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """Runs of one executor made side by side, as one: every trial of each; a seed in two runs is refused."""
+    if any("samples" in run for run in runs):
+        raise SystemExit("a soak's samples are one deployment's over time: keep one soak, never two merged")
     first, *rest = runs
     for other in rest:
         if (other["executor"], other["skipped"], other["replay"]) != (first["executor"], first["skipped"], first["replay"]):

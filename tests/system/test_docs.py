@@ -246,6 +246,9 @@ def test_runs_of_one_executor_made_side_by_side_are_kept_as_one_run_with_every_t
         chaos_docs.merged([{**kept, "trials": early}, {**kept, "trials": early[:1]}])
     with pytest.raises(SystemExit, match="differ"):
         chaos_docs.merged([{**kept, "trials": early}, {**kept, "trials": late, "executor": "local"}])
+    soak = json.loads((DOCS / "chaos" / "soak-celery.json").read_text())
+    with pytest.raises(SystemExit, match="one soak"):
+        chaos_docs.merged([soak, soak])
 
 
 @pytest.mark.site
