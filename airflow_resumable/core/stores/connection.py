@@ -375,6 +375,12 @@ class Connection:
             problem = self.conn.chunk_problem()
         elif (status := self.conn.info.transaction_status) == 0:  # IDLE: the server ended it, and the driver knows
             problem = "it was committed or rolled back through the driver's own connection (reached around ctx.transaction())"
+        elif (wire := self._driver.wire(self.conn)) != loan.wire:
+            # Server-side code changed how the session's texts are read (statements that set it are refused):
+            # the run's own statements would be read unlike they are sent. The rollback restores it.
+            problem = (f"the session's client_encoding / standard_conforming_strings became {wire.encoding} / "
+                       f"{wire.conforming} (lent as {loan.wire.encoding} / {loan.wire.conforming}): server-side code "
+                       "changed them (a function's body or a DO block)")
         elif status == _INERROR:
             error = _aborted(loan)
             if loan.active and loan.lost is None:
@@ -423,6 +429,7 @@ class Connection:
                 self.conn.lend(loan)  # the witness comes with each chunk's BEGIN IMMEDIATE
             else:
                 _read_write(self.conn)  # every BEGIN the driver sends from now on: BEGIN READ WRITE
+                loan.wire = self._driver.wire(self.conn)  # how the server reads texts: judged only while unchanged
                 self._token = secrets.token_hex(8)  # the driver sends BEGIN first
                 self.conn.cursor().execute(f"SAVEPOINT {loan.marker}; {_witnessed(self._token)}")
         return TransactionConnection(self.conn, self._driver, self._loan)

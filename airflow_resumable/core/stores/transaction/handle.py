@@ -77,6 +77,9 @@ class Loan:
     """
 
     lost: str | None = None
+    #: PostgreSQL: how the server read the session's texts when the connection was lent (client encoding,
+    #: ``standard_conforming_strings``): a statement is judged only while they are unchanged.
+    wire: Any = None
 
     def __init__(self, job: str | None, slot: str | None):
         nonce = secrets.token_hex(4)
@@ -221,7 +224,7 @@ class TransactionConnection:
 
     def __getattr__(self, name: str) -> Any:
         if name in self._driver.readable:
-            return forwarded(getattr(self._conn, name))
+            return self._driver.read(self._conn, name)
         raise AttributeError(
             f"the connection of ctx.transaction() has no {name!r}: it offers cursor(), execute(), executemany() and "
             f"the read-only {', '.join(sorted(self._driver.readable))}"
@@ -319,6 +322,10 @@ class SQLiteDriver:
 
     def cursor(self, guard: TransactionConnection, *args: Any, **kwargs: Any) -> SQLiteCursor:
         return SQLiteCursor(guard._conn.cursor(*args, **kwargs), guard, self)
+
+    @staticmethod
+    def read(conn: Any, name: str) -> Any:
+        return forwarded(getattr(conn, name))
 
 
 class SQLiteCursor:

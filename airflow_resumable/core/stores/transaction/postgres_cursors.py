@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import codecs
 import functools
+import weakref
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
-from airflow_resumable.core.model.errors import TransactionRefused
 from airflow_resumable.core.stores.transaction.handle import Loan, TransactionConnection, forwarded, from_driver
-from airflow_resumable.core.stores.transaction.statements import postgres_refusal, statement_refused
+from airflow_resumable.core.stores.transaction.statements import Wire, postgres_refusal, statement_refused, wire_refusal
 
 # -- psycopg2 ------------------------------------------------------------------------------------
 
@@ -35,39 +35,55 @@ class Psycopg2Driver:
         object.__setattr__(cur, "_resumable_guard", guard)
         return cur
 
+    @staticmethod
+    def read(conn: Any, name: str) -> Any:
+        return forwarded(getattr(conn, name))
+
+    @staticmethod
+    def wire(conn: Any) -> Wire:
+        """How the server reads this session's texts now (libpq's parameter status: no round trip)."""
+        return Wire(conn.get_parameter_status("client_encoding") or "", conn.get_parameter_status(
+            "standard_conforming_strings") or "")
+
 
 #: A connection's settings, refused on a cursor too (where psycopg2's own cursor class would refuse
 #: them as unknown, a Python subclass would keep them, doing nothing).
 _CONNECTION_SETTINGS = frozenset({"autocommit", "isolation_level", "readonly", "deferrable", "cursor_factory",
                                   "encoding"})
 
-#: psycopg2 cursor class -> its checked subclass (made once per class).
+#: psycopg2 cursor class -> its checked class (made once per class).
 _CHECKED: dict[Any, Any] = {}
 
 
 def _checked_class(base: Any) -> Any:
-    """The checked subclass of a psycopg2 cursor class (see :class:`TransactionConnection`)."""
-    if base is None:
-        import psycopg2.extensions
-
-        base = psycopg2.extensions.cursor
+    """The checked class of a psycopg2 cursor class: the check sits *beneath* ``base`` in the method
+    order, right above psycopg2's C cursor, so what ``base``'s own methods send through ``super()`` is
+    judged too (``class Mine(cursor): def execute(self, q, v=None): super().execute("COMMIT")`` is
+    refused), and its rows keep their shape (``DictCursor``, ``NamedTupleCursor``...)."""
+    check = _check_class()
+    if base is None or base is check.__mro__[1]:
+        return check
     checked = _CHECKED.get(base)
     if checked is None:
-        checked = _CHECKED[base] = _make_checked(base)
+        checked = _CHECKED[base] = type(f"Checked{base.__name__}", (base, check), {"__module__": base.__module__})
     return checked
 
 
-def _make_checked(base: Any) -> Any:
+@functools.cache
+def _check_class() -> Any:
     import psycopg2
     from psycopg2 import sql as pgsql
+    from psycopg2.extensions import cursor as c_cursor
     from psycopg2.extensions import quote_ident
 
-    real_connection = base.connection  # the C attribute's descriptor
-    real_rowcount = base.rowcount
+    real_connection = c_cursor.connection  # the C attribute's descriptor
+    real_rowcount = c_cursor.rowcount
+    real_mogrify = c_cursor.mogrify
 
-    class CheckedCursor(base):
-        """A psycopg2 cursor whose every statement is judged by PostgreSQL's parser before it is
-        sent, exactly as it is sent (parameters merged); ``.connection`` is the handle."""
+    class CheckedCursor(c_cursor):
+        """psycopg2's C cursor whose every statement is judged by PostgreSQL's parser before it is
+        sent, exactly as it is sent (parameters merged by the C cursor itself); ``.connection`` is the
+        handle. Every checked class has it right above the C cursor in its method order."""
 
         _resumable_guard: TransactionConnection | None = None
         _resumable_many: int | None = None
@@ -100,8 +116,8 @@ def _make_checked(base: Any) -> Any:
             conn = real_connection.__get__(self)
             if isinstance(query, pgsql.Composable):
                 query = query.as_string(conn)
-            text = super().mogrify(query, vars)
-            judge(conn.get_parameter_status("standard_conforming_strings"), text.decode(_codec(conn.encoding)), loan)
+            text = real_mogrify(self, query, vars)  # the C cursor's: what its execute() would send
+            judge(Psycopg2Driver.wire(conn), text.decode(_codec(conn.encoding)), loan)
             return text
 
         def execute(self, query: Any, vars: Any = None) -> Any:  # noqa: A002 - psycopg2's name
@@ -139,7 +155,7 @@ def _make_checked(base: Any) -> Any:
             if isinstance(sql, pgsql.Composable):
                 sql = sql.as_string(conn)
             text = sql.decode(_codec(conn.encoding)) if isinstance(sql, bytes) else sql
-            judge(conn.get_parameter_status("standard_conforming_strings"), text, guard._loan)
+            judge(Psycopg2Driver.wire(conn), text, guard._loan)
             object.__setattr__(self, "_resumable_many", None)
             return super().copy_expert(sql, file, size)
 
@@ -157,7 +173,6 @@ def _make_checked(base: Any) -> Any:
             return pgsql.SQL("")
         return pgsql.SQL("({})").format(pgsql.SQL(",").join(pgsql.Identifier(c) for c in columns))
 
-    CheckedCursor.__name__ = CheckedCursor.__qualname__ = f"Checked{base.__name__}"
     return CheckedCursor
 
 
@@ -170,23 +185,18 @@ def _codec(encoding: str) -> str:
     return codecs.lookup(encodings.get(encoding, encoding)).name
 
 
-def judge(conforming: Any, text: str, loan: Loan) -> None:
+def judge(now: Wire, text: str, loan: Loan) -> None:
     """Refuse ``text`` if PostgreSQL's parser finds a statement in it that would end the chunk's
-    transaction, or if the session reads strings unlike that parser (``standard_conforming_strings``
-    off: ``'\\'`` would quote differently).
+    transaction, or if the session reads texts unlike that parser does: ``standard_conforming_strings``
+    off (``'\\'`` would quote differently), or a client encoding other than the one lent (the server
+    would convert the bytes unlike the check decoded them).
 
     Raises:
         TransactionRefused: nothing was sent.
     """
-    if conforming not in ("on", b"on"):
-        raise TransactionRefused(
-            f"standard_conforming_strings is {conforming!r} on the checkpoint connection: its statements cannot be "
-            "checked for a COMMIT or ROLLBACK hidden in a string (PostgreSQL's parser reads strings only as with "
-            "it on); nothing was sent",
-            job=loan.job, slot=loan.slot,
-            hint="Leave standard_conforming_strings on (the default since PostgreSQL 9.1) for the checkpoint "
-            "database's role and database, and do not set it off through ctx.transaction()",
-        )
+    wrong = wire_refusal(loan.wire, now, loan.job, loan.slot)
+    if wrong is not None:
+        raise wrong
     refusal = postgres_refusal(text)
     if refusal is not None:
         raise statement_refused(refusal, loan.job, loan.slot)
@@ -196,22 +206,60 @@ def judge(conforming: Any, text: str, loan: Loan) -> None:
 
 
 class Psycopg3Driver:
-    """How ``ctx.transaction()`` lends a psycopg 3 connection (the Postgres provider's hook)."""
+    """How ``ctx.transaction()`` lends a psycopg 3 connection (the Postgres provider's hook).
+
+    **The handler's adapters are its own.** ``tx.adapters`` is a copy of the connection's adapter map,
+    taken when the connection is lent, and the handler's cursors adapt through (copies of) it: a dumper
+    or loader the handler registers there serves its own statements and never the run's, whose cursors
+    copy the connection's map, left as it was (a ``str`` dumper registered on the live map would
+    rewrite the checkpoint's own position).
+    """
 
     readable = frozenset({"adapters", "autocommit", "broken", "closed", "prepare_threshold"})
 
     def __init__(self) -> None:
         self._mogrifier: Any = None
+        self._adapters: Any = None
+
+    def adapters(self, conn: Any) -> Any:
+        """The handler's adapter map: a copy of ``conn``'s, taken once per loan."""
+        if self._adapters is None:
+            from psycopg.adapt import AdaptersMap
+
+            self._adapters = AdaptersMap(conn.adapters)
+        return self._adapters
 
     def cursor(self, guard: TransactionConnection, *args: Any, **kwargs: Any) -> Psycopg3Cursor:
-        return Psycopg3Cursor(guard._conn.cursor(*args, **kwargs), guard)
+        return Psycopg3Cursor(self._lent(guard._conn.cursor(*args, **kwargs), guard._conn), guard)
+
+    def _lent(self, cur: Any, conn: Any) -> Any:
+        """``cur`` (new, nothing sent yet) adapting through the handler's map instead of the connection's.
+        psycopg has no argument for it: the cursor's map is replaced as its own ``__init__`` sets it."""
+        from psycopg.adapt import AdaptersMap
+
+        adapters = AdaptersMap(self.adapters(conn))
+        adapters._register_loader_callback = functools.partial(cur._loaders_changed, weakref.ref(cur))
+        cur._adapters = adapters
+        return cur
+
+    def read(self, conn: Any, name: str) -> Any:
+        if name == "adapters":
+            return self.adapters(conn)
+        return forwarded(getattr(conn, name))
+
+    @staticmethod
+    def wire(conn: Any) -> Wire:
+        """How the server reads this session's texts now (libpq's parameter status: no round trip)."""
+        status = conn.info.parameter_status  # str in psycopg 3
+        return Wire(str(status("client_encoding") or ""), str(status("standard_conforming_strings") or ""))
 
     def merged(self, conn: Any, query: Any, params: Any) -> str:
-        """``query`` with ``params`` merged into it, as psycopg's client-side cursors send it."""
+        """``query`` with ``params`` merged into it, as psycopg's client-side cursors send it (through the
+        handler's adapters)."""
         if self._mogrifier is None:
             import psycopg
 
-            self._mogrifier = psycopg.ClientCursor(conn)
+            self._mogrifier = self._lent(psycopg.ClientCursor(conn), conn)
         return self._mogrifier.mogrify(query, params)
 
 
@@ -265,7 +313,7 @@ class Psycopg3Cursor:
                 query, params = text, None  # the text is what goes (simple query protocol): send what was judged
         if isinstance(text, bytes):
             text = text.decode(conn.info.encoding)
-        judge(conn.info.parameter_status("standard_conforming_strings"), text, guard._loan)
+        judge(Psycopg3Driver.wire(conn), text, guard._loan)
         object.__setattr__(self, "_many", None)
         return query, params
 

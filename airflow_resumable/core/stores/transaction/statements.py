@@ -16,11 +16,25 @@ table on SQLite: see ``stores/connection.py``), so that no ordinary code forges 
   ``psycopg.sql`` objects rendered) is parsed by PostgreSQL's own parser, libpg_query through
   `pglast <https://pypi.org/project/pglast/>`_, and refused if any of its top-level statements is a
   ``TransactionStmt`` of the kinds above, a ``SET``/``RESET`` of a read-only or ``resumable.*``
-  setting (``SET TRANSACTION``, ``SET SESSION CHARACTERISTICS``, ``RESET ALL`` included), or calls
-  ``set_config()``/``current_setting()`` on one (or on a name that is not a constant). A text that parser cannot read is refused too (fail
-  closed): a text the server accepts but pglast's PostgreSQL cannot read (syntax newer than
-  pglast's) is not sent. So is every text while the session's ``standard_conforming_strings`` is
-  off: libpg_query reads strings as the server does only with it on. The verdict is cached per text
+  setting (``SET TRANSACTION``, ``SET SESSION CHARACTERISTICS``, ``RESET ALL`` included) or of a
+  setting that changes how the server reads a statement's text (:data:`WIRE_SETTINGS`:
+  ``client_encoding``, ``SET NAMES``, ``standard_conforming_strings``), a ``SHOW`` of a
+  ``resumable.*`` setting, or calls ``set_config()`` on any of those or ``current_setting()`` on a
+  read-only or ``resumable.*`` one (or either on a name that is not a constant). A text that parser
+  cannot read is refused too (fail closed): a text the server accepts but pglast's PostgreSQL cannot
+  read (syntax newer than pglast's) is not sent.
+
+  **The text is judged as the server will read it.** The server converts the bytes it receives from
+  the session's client encoding and lexes them with its ``standard_conforming_strings``; the check
+  decodes the bytes the driver sends in the driver's encoding and parses them with that setting on.
+  The two agree only while both settings stay what they were when the connection was lent: the
+  cursors compare the server's own report of them (libpq's parameter status, updated after every
+  statement, no round trip) with the lent values before each statement, and the run does before it
+  commits a chunk (``stores/connection.py``); a change (only server-side code can make one: a
+  function body is not parsed here) refuses the statement or the chunk. The lent encoding must be
+  one whose bytes below 0x80 are always ASCII (not the client-only ``SJIS``, ``BIG5``, ``GBK``,
+  ``UHC``, ``GB18030``, ``JOHAB``, where a character's second byte can be a quote or a backslash).
+  The verdict is cached per text
   (texts up to :data:`CACHED_LENGTH` characters); a text holding none of the words a transaction
   statement needs is passed without parsing (a keyword token is made of those letters; sound).
 * **SQLite**: the engine judges every statement as it compiles it: ``sqlite3``'s authorizer denies
@@ -55,11 +69,20 @@ CACHED_LENGTH = 8192
 #: capital into its small letter; what else it turns into ASCII letters only adds matches, and a
 #: match only means the text is parsed.)
 _WORDS = ("begin", "start", "commit", "end", "abort", "rollback", "savepoint", "release", "prepare", "read_only",
-          "transaction", "set_config", "current_setting", "resumable", "reset", "u&")
+          "transaction", "set_config", "current_setting", "resumable", "reset", "u&", "client_encoding", "names",
+          "standard_conforming_strings")
 
 #: Settings the handler may not change: a read-only session would leave the run unable to record
 #: its own checkpoint or failure; ``resumable.*`` holds the run's witness of the chunk's transaction.
 GUARDED_SETTINGS = frozenset({"default_transaction_read_only", "transaction_read_only"})
+#: Settings that change how the server reads a statement's text: the session's client encoding (``SET
+#: NAMES`` too) and whether a backslash escapes in ``'...'``. The check reads the text as the server does
+#: only while they stay as lent, so the handler may not change them.
+WIRE_SETTINGS = frozenset({"client_encoding", "standard_conforming_strings"})
+#: PostgreSQL's client-only encodings: a character's second byte can be below 0x80 (a quote, a
+#: backslash), so a text in them is not lexed alike by a parser that reads another encoding. A connection
+#: in one of them is not lent (:func:`wire_refusal`).
+UNSAFE_ENCODINGS = frozenset({"sjis", "shift_jis_2004", "big5", "gbk", "uhc", "gb18030", "johab"})
 #: The prefix of the run's own settings (the chunk's witness: ``stores/connection.py``).
 RUN_SETTINGS = "resumable."
 #: Functions that read or write a setting by name: refused on a guarded or run's setting, and on a
@@ -130,7 +153,8 @@ def postgres_refusal(sql: str) -> Refusal | None:
     if not ("begin" in low or "start" in low or "commit" in low or "end" in low or "abort" in low
             or "rollback" in low or "savepoint" in low or "release" in low or "prepare" in low
             or "read_only" in low or "transaction" in low or "set_config" in low or "current_setting" in low
-            or "resumable" in low or "reset" in low or "u&" in low):
+            or "resumable" in low or "reset" in low or "u&" in low or "client_encoding" in low or "names" in low
+            or "standard_conforming_strings" in low):
         return None  # _WORDS, spelled out: a generator would cost more than the test
     if len(sql) > CACHED_LENGTH:
         return _judge(sql)
@@ -149,11 +173,13 @@ def _judge(sql: str) -> Refusal | None:
     except parser.ParseError as exc:
         return Refusal(f"a text PostgreSQL's parser (pglast, PostgreSQL {_server_grammar()}) cannot read: {exc}",
                        unreadable=True)
-    if '"TransactionStmt"' not in tree and '"VariableSetStmt"' not in tree and '"FuncCall"' not in tree:
+    if ('"TransactionStmt"' not in tree and '"VariableSetStmt"' not in tree and '"FuncCall"' not in tree
+            and '"VariableShowStmt"' not in tree):
         return None  # the common case: no JSON to load
     for raw in json.loads(tree).get("stmts", ()):
         stmt = raw.get("stmt", {})
-        refusal = _transaction_refusal(stmt.get("TransactionStmt")) or _setting_refusal(stmt.get("VariableSetStmt"))
+        refusal = (_transaction_refusal(stmt.get("TransactionStmt")) or _setting_refusal(stmt.get("VariableSetStmt"))
+                   or _show_refusal(stmt.get("VariableShowStmt")))
         if refusal is None and '"FuncCall"' in tree:
             refusal = _function_refusal(stmt)
         if refusal is not None:
@@ -174,9 +200,11 @@ def _transaction_refusal(stmt: dict[str, Any] | None) -> Refusal | None:
     return Refusal(what)
 
 
-def _guarded_setting(name: str) -> bool:
+def _guarded_setting(name: str, *, reading: bool = False) -> bool:
+    """Whether the handler may not set (or, ``reading``, read) the setting ``name``: the read-only
+    settings and the run's own, and, to set, the :data:`WIRE_SETTINGS`."""
     low = name.lower()
-    return low in GUARDED_SETTINGS or low.startswith(RUN_SETTINGS)
+    return low in GUARDED_SETTINGS or low.startswith(RUN_SETTINGS) or (not reading and low in WIRE_SETTINGS)
 
 
 def _setting_refusal(stmt: dict[str, Any] | None) -> Refusal | None:
@@ -191,6 +219,16 @@ def _setting_refusal(stmt: dict[str, Any] | None) -> Refusal | None:
         return Refusal("RESET ALL", setting=True)
     if _guarded_setting(name):
         return Refusal(f"{'RESET' if kind == 'VAR_RESET' else 'SET'} {_shown(name)}", setting=True)
+    return None
+
+
+def _show_refusal(stmt: dict[str, Any] | None) -> Refusal | None:
+    """``SHOW`` of a setting of the run's own (its value is the chunk's witness)."""
+    if stmt is None:
+        return None
+    name = stmt.get("name") or ""
+    if name.lower().startswith(RUN_SETTINGS):
+        return Refusal(f"SHOW {_shown(name)}", setting=True)
     return None
 
 
@@ -220,7 +258,7 @@ def _function_refusal(node: Any) -> Refusal | None:
                 setting = const.get("sval") if isinstance(const, dict) else None
                 if setting is None:
                     return Refusal(f"{function}() of a setting named by an expression", setting=True)
-                if _guarded_setting(setting):
+                if _guarded_setting(setting, reading=function == "current_setting"):
                     return Refusal(f"{function}('{_shown(setting)}')", setting=True)
         stack.extend(item.values())
     return None
@@ -273,6 +311,52 @@ def sqlite_denial(action: int, arg1: str | None, arg2: str | None) -> Refusal | 
     return None
 
 
+@dataclasses.dataclass(frozen=True)
+class Wire:
+    """How the server reads the statement texts of a session, as it reports them (libpq's parameter
+    status): its client encoding (PostgreSQL's name, ``UTF8``) and ``standard_conforming_strings``."""
+
+    encoding: str
+    conforming: str
+
+
+def wire_refusal(lent: Wire, now: Wire, job: str | None, slot: str | None) -> TransactionRefused | None:
+    """Why no statement may be judged (and sent) on a session whose settings read its text unlike the
+    check does, or None: the encoding lent is a client-only one (:data:`UNSAFE_ENCODINGS`),
+    ``standard_conforming_strings`` is off, or either changed since the connection was lent."""
+    if lent.encoding.lower() in UNSAFE_ENCODINGS:
+        return TransactionRefused(
+            f"the checkpoint connection's client_encoding is {lent.encoding}: in it a character's second byte "
+            "can be a quote or a backslash, so a statement's text is not read by the server as PostgreSQL's parser "
+            "reads it here, and a COMMIT or ROLLBACK hidden in a string could run; nothing was sent",
+            job=job, slot=slot,
+            hint="Connect the checkpoint store with client_encoding UTF8 (the drivers' default: remove the "
+            "PGCLIENTENCODING environment variable, or the role's or database's client_encoding setting)",
+        )
+    if now.conforming != "on":
+        return TransactionRefused(
+            f"standard_conforming_strings is {now.conforming!r} on the checkpoint connection: its statements cannot "
+            "be checked for a COMMIT or ROLLBACK hidden in a string (PostgreSQL's parser reads strings only as with "
+            "it on); nothing was sent",
+            job=job, slot=slot,
+            hint="Leave standard_conforming_strings on (the default since PostgreSQL 9.1) for the checkpoint "
+            "database's role and database, and do not set it off through ctx.transaction() or a function",
+        )
+    if now != lent:
+        return TransactionRefused(
+            f"the session's client_encoding is {now.encoding} where it was {lent.encoding} when the connection was "
+            "lent to the handler: the server now reads a statement's bytes unlike the check that judges them, so a "
+            "COMMIT or ROLLBACK could hide in a string. Statements that set it are refused, so server-side code "
+            "changed it (a function's body or a DO block calling set_config('client_encoding', ...)); nothing was "
+            "sent",
+            job=job, slot=slot,
+            hint="Leave client_encoding and standard_conforming_strings to the run: do not change them in functions "
+            "called through ctx.transaction(). Raise (or let this error propagate) to undo the chunk; its "
+            "transaction's rollback restores them",
+        )
+    return None
+
+
 def statement_refused(refusal: Refusal, job: str | None, slot: str | None) -> TransactionRefused:
     """The error of a statement refused before it ran."""
     if refusal.unreadable:
@@ -288,11 +372,13 @@ def statement_refused(refusal: Refusal, job: str | None, slot: str | None) -> Tr
         return TransactionRefused(
             f"a {refusal.what} statement was sent through ctx.transaction(): it would make the session read-only "
             "(the run could then record neither the checkpoint nor the failure), change how the run's commits are "
-            "kept, or touch what the run keeps to tell that the chunk's writes are intact; nothing was run",
+            "kept or how the server reads the statements' text, or touch what the run keeps to tell that the "
+            "chunk's writes are intact; nothing was run",
             job=job,
             slot=slot,
             hint="Leave the session's settings to the run: do not set default_transaction_read_only, "
-            "transaction_read_only, SET TRANSACTION / SET SESSION CHARACTERISTICS or RESET ALL (PostgreSQL), "
+            "transaction_read_only, client_encoding (SET NAMES), standard_conforming_strings, SET TRANSACTION / "
+            "SET SESSION CHARACTERISTICS or RESET ALL (PostgreSQL), "
             "PRAGMA query_only, journal_mode, locking_mode, synchronous, writable_schema (SQLite), nor anything "
             "named resumable.* / resumable_witness. Set your own settings with SET LOCAL; to read data without "
             "writing, just do not write. Writes commit with the next ctx.checkpoint(); to undo part of a chunk "

@@ -7,6 +7,7 @@ cursor method that sends SQL is judged, and a transactional checkpoint costs no 
 from __future__ import annotations
 
 import io
+import re
 from typing import Any
 
 import pytest
@@ -17,6 +18,7 @@ from airflow_resumable.core.model.identity import Identity
 from airflow_resumable.core.stores import PostgresStore, Store
 from support.escapes import make_sink, sink
 from support.guard import JOB, SLOT, _drivers
+from support.stores import psycopg3_store
 
 PG_REFUSED = [
     "COMMIT", "commit work", "END", "ROLLBACK", "rollback transaction", "ABORT", "BEGIN", "START TRANSACTION",
@@ -33,6 +35,12 @@ PG_REFUSED = [
     "RESET resumable.chunk", "SELECT current_setting('resumable.chunk', true)",
     "SELECT set_config(lower('RESUMABLE.CHUNK'), 'x', true)",
     r'SELECT U&"set\005fconfig"(' + "'resumable.chunk', 'x', true)",
+    # how the server reads the text (the check reads it as lent) and the witness's value
+    "SET client_encoding TO 'SJIS'", "SET NAMES 'GBK'", "SET SESSION client_encoding = 'BIG5'", "RESET client_encoding",
+    "SET LOCAL client_encoding TO DEFAULT", "SELECT set_config('client_encoding', 'SJIS', false)",
+    """SET "client_encoding" = 'UHC'""", "SET standard_conforming_strings = off",
+    "SET LOCAL standard_conforming_strings TO off", "SELECT set_config('standard_conforming_strings', 'off', true)",
+    "SHOW resumable.chunk", 'SHOW "resumable".chunk', "SHOW RESUMABLE.CHUNK",
 ]
 
 PG_ALLOWED = [
@@ -42,6 +50,8 @@ PG_ALLOWED = [
     "UPDATE sink SET item = CASE WHEN item = 1 THEN 1 END WHERE false",
     "SET LOCAL statement_timeout = '5s'", "SELECT current_setting('TimeZone')", "SET LOCAL work_mem = '8MB'",
     "SELECT set_config('application_name', 'mine', true)", "SELECT 'set_config(''resumable.chunk'')'",
+    "SHOW client_encoding", "SELECT current_setting('client_encoding')", "SHOW standard_conforming_strings",
+    "SHOW search_path", "SHOW ALL", "SELECT 'set names sjis'",
 ]
 
 
@@ -86,21 +96,88 @@ def test_a_text_postgresql_s_parser_cannot_read_is_not_sent(driver_store: Store)
     assert sink(driver_store) == [1, 2]
 
 
+#: A function whose body changes a setting: the parser judges the call, not the body (server-side code).
+_SETS_IN_BODY = ("CREATE FUNCTION pg_temp.sets(name text, value text) RETURNS text LANGUAGE sql AS "
+                 "$$ SELECT set_config(name, value, false) $$")
+
+#: Texts with a COMMIT (or the silent-loss pair: the run's savepoint rolled back to and its witness set
+#: again) that only a reader of SJIS sees: in UTF-8, the character before the backslash ends with a byte
+#: that SJIS takes for the first of two, swallowing the backslash, so the quote after it ends the string.
+#: psycopg2 keeps sending UTF-8 after the server switched to SJIS (Á); psycopg 3 follows the switch and
+#: encodes ¥ as the byte of a backslash.
+_HIDDEN = {
+    "psycopg2": ["SELECT E'Á\\'; COMMIT; --'",
+                 "SELECT E'Á\\'; ROLLBACK TO SAVEPOINT resumable_chunk_0; SET LOCAL resumable.chunk = '0'; --'"],
+    "psycopg3": ["SELECT E'¥\\'; COMMIT; --'",
+                 "SELECT E'¥\\'; ROLLBACK TO SAVEPOINT resumable_chunk_0; SET LOCAL resumable.chunk = '0'; --'"],
+}
+
+
 @pytest.mark.parametrize("driver_store", _drivers("psycopg2", "psycopg3"), indirect=True)
-def test_with_standard_conforming_strings_off_no_statement_is_sent(driver_store: Store) -> None:
-    # Given a handler that turns standard_conforming_strings off: '\'' then ends a string early, so
-    # the COMMIT after it would run, where PostgreSQL's parser (with it on) reads one string
-    def off(ctx: Any) -> None:
+@pytest.mark.parametrize(("setting", "value", "named"), [
+    ("client_encoding", "SJIS", "client_encoding is SJIS where it was UTF8"),
+    ("standard_conforming_strings", "off", "standard_conforming_strings is 'off'"),
+])
+def test_a_setting_changed_by_server_side_code_refuses_every_statement_after_it_and_the_chunk(
+    driver_store: Store, request: pytest.FixtureRequest, setting: str, value: str, named: str,
+) -> None:
+    driver = request.node.callspec.params["driver_store"]
+    seen: list[str] = []
+
+    # Given a handler that cannot change how the server reads its texts with a statement (refused), so
+    # has a function's body do it, then sends texts whose COMMIT or ROLLBACK TO only that reading sees
+    def sneaky(ctx: Any) -> None:
         cur = ctx.transaction().cursor()
         cur.execute("INSERT INTO sink (item, attempt) VALUES (%s, %s)", (1, ctx.attempt))
-        cur.execute("SET LOCAL standard_conforming_strings = off")
-        with pytest.raises(TransactionRefused, match="standard_conforming_strings"):
-            cur.execute("SELECT '\\''; COMMIT; --'")
+        with pytest.raises(TransactionRefused, match=setting):
+            cur.execute(f"SET {setting} = '{value}'")
+        cur.execute(_SETS_IN_BODY)
+        cur.execute("SELECT pg_temp.sets(%s, %s)", (setting, value))
+        for text in [*_HIDDEN[driver], "INSERT INTO sink (item, attempt) VALUES (2, 1)"]:
+            with pytest.raises(TransactionRefused, match=re.escape(named)) as caught:
+                cur.execute(text)
+            seen.append(str(caught.value))
+        ctx.checkpoint(2, processed=2)  # the errors were caught: the run still refuses the chunk
+
+    # Then every text after the change is refused, not sent; the chunk's checkpoint is refused too
+    with pytest.raises(TransactionRefused, match="server-side code") as failed:
+        Attempt(driver_store, Identity(job=JOB, slot=SLOT, attempt=1, owner="a")).run(sneaky)
+    assert len(seen) == 3 and all(f"job={JOB!r}" in m for m in seen), seen
+    assert "NOT written" in str(failed.value)
+    # and nothing of the chunk was committed: its rollback also restored the session's setting
+    assert sink(driver_store) == []
+
+    # When the next attempt behaves, the chunk is written once
+    def behaves(ctx: Any) -> None:
+        cur = ctx.transaction().cursor()
+        cur.execute("INSERT INTO sink (item, attempt) VALUES (%s, %s)", (1, ctx.attempt))
+        cur.execute("SELECT E'Á\\\\'")  # the same text, in UTF-8 as lent: one string
         ctx.checkpoint(1, processed=1)
 
-    # Then the statement is refused; the chunk commits once with its checkpoint
-    Attempt(driver_store, Identity(job=JOB, slot=SLOT, attempt=1, owner="a")).run(off)
+    Attempt(driver_store, Identity(job=JOB, slot=SLOT, attempt=2, owner="b")).run(behaves)
     assert sink(driver_store) == [1]
+
+
+@pytest.mark.parametrize("driver", ["psycopg2", "psycopg3"])
+@pytest.mark.postgres
+def test_a_connection_in_a_client_only_encoding_is_not_lent(
+    driver: str, pg_params: dict[str, Any], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Given a checkpoint store whose sessions start in SJIS (libpq takes PGCLIENTENCODING)
+    monkeypatch.setenv("PGCLIENTENCODING", "SJIS")
+    store = PostgresStore(**pg_params) if driver == "psycopg2" else psycopg3_store(pg_params)
+    make_sink(store)
+
+    def writes(ctx: Any) -> None:
+        ctx.transaction().execute("INSERT INTO sink (item, attempt) VALUES (%s, %s)", (1, ctx.attempt))
+        ctx.checkpoint(1, processed=1)
+
+    # Then no statement of the handler is sent, with an error that says what to change
+    with pytest.raises(TransactionRefused, match="client_encoding is SJIS") as caught:
+        Attempt(store, Identity(job=JOB, slot=SLOT, attempt=1, owner="a")).run(writes)
+    assert "UTF8" in (caught.value.hint or "") and f"job={JOB!r}" in str(caught.value)
+    monkeypatch.delenv("PGCLIENTENCODING")
+    assert sink(store) == []
 
 
 @pytest.mark.parametrize("driver_store", _drivers("psycopg2"), indirect=True)
@@ -147,6 +224,80 @@ def test_every_psycopg2_cursor_method_that_sends_sql_is_judged_and_its_helpers_s
 
     Attempt(driver_store, Identity(job=JOB, slot=SLOT, attempt=1, owner="a")).run(helpers)
     assert sink(driver_store) == list(range(1, 9))
+
+
+@pytest.mark.parametrize("driver_store", _drivers("psycopg2"), indirect=True)
+def test_what_a_cursor_factory_sends_through_super_is_judged_too_and_its_rows_keep_their_shape(
+    driver_store: Store,
+) -> None:
+    import psycopg2.extensions
+    import psycopg2.extras
+
+    class Committing(psycopg2.extensions.cursor):
+        """A cursor class of the handler's own that sends a COMMIT of its own through ``super()``."""
+
+        def execute(self, query: Any, vars: Any = None) -> Any:  # noqa: A002 - psycopg2's name
+            super().execute("COMMIT")
+            return super().execute(query, vars)
+
+    class Auditing(psycopg2.extras.DictCursor):
+        def execute(self, query: Any, vars: Any = None) -> Any:  # noqa: A002 - psycopg2's name
+            return super().execute(f"{query}; ROLLBACK", vars)
+
+    def handler(ctx: Any) -> None:
+        tx = ctx.transaction()
+        tx.execute("INSERT INTO sink (item, attempt) VALUES (%s, %s)", (1, ctx.attempt))
+        # Given the handler's cursor classes, whose own methods send a COMMIT or a ROLLBACK through super()
+        for factory in (Committing, Auditing):
+            with pytest.raises(TransactionRefused, match="COMMIT|ROLLBACK"):
+                tx.cursor(cursor_factory=factory).execute("SELECT 1")
+        # and psycopg2's own classes still give their rows' shapes
+        rows = tx.cursor(cursor_factory=psycopg2.extras.RealDictCursor)
+        rows.execute("SELECT item FROM sink")
+        assert rows.fetchall() == [{"item": 1}]
+        named = tx.cursor(cursor_factory=psycopg2.extras.NamedTupleCursor)
+        named.execute("SELECT item FROM sink")
+        assert named.fetchone().item == 1
+        ctx.checkpoint(1, processed=1)
+
+    # Then the check sits beneath them: nothing they send ends the chunk's transaction
+    Attempt(driver_store, Identity(job=JOB, slot=SLOT, attempt=1, owner="a")).run(handler)
+    assert sink(driver_store) == [1]
+
+
+@pytest.mark.parametrize("driver_store", _drivers("psycopg3"), indirect=True)
+def test_a_dumper_registered_on_the_lent_adapters_serves_the_handler_and_never_the_run_s_statements(
+    driver_store: Store,
+) -> None:
+    from psycopg.types.string import StrDumper
+
+    class Shifted(StrDumper):
+        """Ordinary psycopg 3 code: a dumper for ``str``, here one that changes what it sends."""
+
+        def dump(self, obj: str) -> Any:
+            return super().dump(obj.replace("15", "20"))
+
+    def handler(ctx: Any) -> None:
+        tx = ctx.transaction()
+        # Given a handler that registers a str dumper on ctx.transaction()'s adapters in its first chunk
+        tx.adapters.register_dumper(str, Shifted)
+        cur = tx.cursor()
+        cur.execute("INSERT INTO sink (item, attempt) SELECT %s::int, %s", ("15", ctx.attempt))
+        ctx.checkpoint(15, processed=15, state={"note": "15"})
+        tx.cursor().execute("SELECT %s", ("15",))  # a cursor made after the checkpoint adapts through it still
+        raise RuntimeError("the process is interrupted after the checkpoint")
+
+    with pytest.raises(RuntimeError, match="interrupted"):
+        Attempt(driver_store, Identity(job=JOB, slot=SLOT, attempt=1, owner="a")).run(handler)
+    # Then its own statement went through it, and the run's own statements did not: the checkpoint
+    # holds what the handler gave it, so the retry resumes at item 15, not past it
+    assert sink(driver_store) == [20]
+    resumed: list[Any] = []
+    Attempt(driver_store, Identity(job=JOB, slot=SLOT, attempt=2, owner="b")).run(
+        lambda ctx: resumed.append((ctx.position, ctx.state)))
+    assert resumed == [(15, {"note": "15"})]
+    with driver_store.open() as s:
+        s.execute("SELECT 1")  # a new connection of the store: the process's adapters are untouched
 
 
 def test_a_transactional_checkpoint_on_postgresql_costs_no_extra_round_trip(pg_params: dict[str, Any]) -> None:

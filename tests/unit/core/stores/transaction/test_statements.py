@@ -87,7 +87,9 @@ class _Postgres:
 
         self.errors = psycopg2.Error
         self.conn = psycopg2.connect(**params)
-        self.handle = TransactionConnection(self.conn, Psycopg2Driver(), Loan("property", "slot"))
+        loan = Loan("property", "slot")
+        loan.wire = Psycopg2Driver.wire(self.conn)  # as lent: judged only while the session reads texts so
+        self.handle = TransactionConnection(self.conn, Psycopg2Driver(), loan)
 
     def fresh(self) -> None:
         self.conn.rollback()
