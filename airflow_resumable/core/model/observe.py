@@ -14,18 +14,17 @@ no OpenTelemetry here (the Airflow layer turns it into facets and spans: ``airfl
 from __future__ import annotations
 
 import dataclasses
-import re
 from typing import Any, Literal
+
+from airflow_resumable.core.model.outward import ELLIPSIS, TEXT_LIMIT, cut_text, outward_text, without_credentials
 
 __all__ = [
     "MAX_OUTPUTS", "NAME_LIMIT", "REASON_LIMIT", "TEXT_LIMIT", "VALUE_LIMIT", "AttemptFacts", "Part", "Source",
-    "cut_text", "stop_reason_text", "without_credentials", "without_credentials_in",
+    "ELLIPSIS", "cut_text", "outward_text", "stop_reason_text", "without_credentials", "without_credentials_in",
 ]
 
 #: The longest position (and partition bound) an event carries whole, in characters of JSON.
 VALUE_LIMIT = 200
-#: The longest text (a job, a slot, a name) an event carries, in characters, the cut's ``...`` included.
-TEXT_LIMIT = 1000
 #: The longest dataset namespace and dataset name an event carries (a longer one is cut to this).
 NAME_LIMIT = TEXT_LIMIT
 #: The longest stop reason an event carries (the facet schema's ``stopReason`` ``maxLength``).
@@ -33,95 +32,20 @@ REASON_LIMIT = 200
 #: The most inputs (and the most outputs) one attempt's events name; the others are left out, with one
 #: warning per attempt (the task is not affected).
 MAX_OUTPUTS = 100
-#: What ends a cut text.
-ELLIPSIS = "..."
 
 Kind = Literal["table", "query", "file"]
 KINDS: tuple[str, ...] = ("table", "query", "file")
 
 
-def cut_text(text: str, limit: int = TEXT_LIMIT) -> str:
-    """``text``, or, when longer than ``limit`` characters, its start and ``...``: never more than
-    ``limit`` characters in all (a schema's ``maxLength: limit`` holds). Every cut of an event's text
-    goes through here."""
-    if len(text) <= limit:
-        return text
-    if limit < len(ELLIPSIS):
-        return text[:max(limit, 0)]
-    return text[:limit - len(ELLIPSIS)] + ELLIPSIS
-
-
-def without_credentials(url: str) -> str:
-    """A URL without its user, password, query, fragment and path parameters (``s3://key:secret@bucket/k?sig=x``
-    -> ``s3://bucket/k``): what may leave the task. A plain path is returned as it is.
-
-    Read by hand, not by ``urlsplit``: a secret may hold a ``/`` (AWS secret keys do), which ends
-    ``urlsplit``'s authority early and leaves the rest of the secret in the path. What stands before
-    the last ``@`` is taken for credentials when it has no ``/``, or a ``:`` before its first ``/``
-    (``user:pass@host:/path``, ``s3://key:se/cret@bucket/k``); an ``@`` in a path
-    (``s3://bucket/v@2.csv``) stays.
-    """
-    text = url.split("#", 1)[0].split("?", 1)[0]
-    scheme, sep, rest = text.partition("://")
-    if not sep:
-        scheme, rest = "", text
-    before, at, after = rest.rpartition("@")
-    if at and ("/" not in before or ":" in before.split("/", 1)[0]):
-        rest = after
-    if sep:
-        host, slash, path = rest.partition("/")
-        rest = host.lower() + slash + path
-    rest = re.sub(r";[^/]*", "", rest)  # path parameters (;jsessionid=...)
-    return f"{scheme}{sep}{rest}"
-
-
-# Each starts only where a run of its characters starts (the look-behinds): linear in the text's length,
-# a 10 MB message included (without them, a long run of letters took quadratic time).
-_URL_IN_TEXT = re.compile(r"(?<![A-Za-z0-9+.-])[A-Za-z][A-Za-z0-9+.-]*://\S+")
-_URL_TAIL = re.compile(r"[\'\")\]}>.,;:!]+$")
-_PAIR_IN_TEXT = re.compile(r"(?<![A-Za-z0-9_.-])([A-Za-z0-9_.-]+)([\'\"]?[ \t]*[=:][ \t]*[\'\"]?)")
-_PAIR_VALUE = re.compile(r"[^\s\'\",;&]+")
-_SECRET_KEY = re.compile(r"password|passwd|pwd|secret|token|api[_-]?key|access[_-]?key|credential", re.IGNORECASE)
-
-
-def without_credentials_in(text: str, limit: int | None = None) -> str:
-    """A free text (an error's message, a traceback) without the credentials it may hold: each URL in it
-    goes through :func:`without_credentials` (its user, password, query and fragment dropped), and the
-    value of each ``password=``/``token:``/``"secret": "..."``-like pair becomes ``***``. What it cannot
-    see: a secret written with no URL or key around it, or a password holding a space.
-
-    With a ``limit``, the result is at most ``limit`` characters (:func:`cut_text`), and only the start
-    of a longer text is read: the word the limit falls in is dropped whole, so no half of a URL (its
-    ``@`` beyond the limit) is left to keep its password.
-    """
-    if limit is not None and len(text) > limit:
-        start = text[:limit + 1]
-        text = start[:max(start.rfind(" "), start.rfind("\n"), start.rfind("\t"), 0)] + ELLIPSIS
-    def url(match: re.Match[str]) -> str:
-        token = match.group(0)
-        tail = _URL_TAIL.search(token)
-        end = tail.start() if tail else len(token)
-        return without_credentials(token[:end]) + token[end:]
-
-    text = _URL_IN_TEXT.sub(url, text)
-    out: list[str] = []
-    at = 0
-    while (match := _PAIR_IN_TEXT.search(text, at)) is not None:
-        out.append(text[at:match.end()])
-        at = match.end()
-        value = _PAIR_VALUE.match(text, at) if _SECRET_KEY.search(match.group(1)) else None
-        if value is not None:  # else its value may be the next pair's key (``Authorization: token: ...``)
-            out.append("***")
-            at = value.end()
-    scrubbed = "".join(out) + text[at:]
-    return scrubbed if limit is None else cut_text(scrubbed, limit)
-
-
 def stop_reason_text(reason: str) -> str:
-    """A stop reason as an event or a span carries it: without the credentials a handler's own reason may
-    hold (:func:`without_credentials_in`, over the whole text: a cut first could split a URL before its
-    ``@``), then cut to :data:`REASON_LIMIT` characters (a long one-word reason keeps its start)."""
-    return cut_text(without_credentials_in(reason), REASON_LIMIT)
+    """A stop reason as an event or a span carries it: through :func:`~.outward.outward_text` (over the
+    whole text: a cut first could split a URL before its ``@``), then cut to :data:`REASON_LIMIT`
+    characters (a long one-word reason keeps its start)."""
+    return cut_text(outward_text(reason), REASON_LIMIT)
+
+
+#: The name :func:`~.outward.outward_text` had before it covered every outgoing text: the same function.
+without_credentials_in = outward_text
 
 
 @dataclasses.dataclass(frozen=True)
