@@ -16,12 +16,12 @@ from typing import Any
 
 from airflow_resumable.core.model.columns import column, to_datetime
 from airflow_resumable.core.model.errors import CorruptCheckpoint, InvalidCheckpoint
-from airflow_resumable.core.model.states import AttemptEnd, Status
+from airflow_resumable.core.model.states import AttemptEnd, Request, Status
 
 __all__ = [
     "DEPRECATED_KEYS", "ENCODER", "AttemptEnd", "AttemptRecord", "Checkpoint", "DeadLetter", "Origin", "Status", "Write",
-    "decode", "encode",
-    "differences", "error_text", "read_record", "short", "unreadable",
+    "decode", "delete_statement", "encode",
+    "differences", "error_text", "out_of_range", "read_record", "short", "unreadable", "update_statement",
 ]
 
 
@@ -71,7 +71,7 @@ class Checkpoint:
     processed: int = column("bigint", "items processed so far", nullable=False, sql_default="0", default=0)
     total: int | None = column("bigint", "items expected, when known", default=None)
     status: str = column("text", "`running`, `done`, `failed`, `cancelled` or `paused`", nullable=False,
-                         default=Status.RUNNING.value)
+                         default=Status.RUNNING.value, values=Status)
     attempt: int = column("int", "the try number of the attempt that last ran the slot", nullable=False,
                           sql_default="0", default=0)
     attempts: int = column("int", "attempts in the slot's current run", nullable=False, sql_default="0",
@@ -97,12 +97,13 @@ class Checkpoint:
     dag_id: str | None = column("text", "the DAG of the task instance that last ran the slot", default=None)
     task_id: str | None = column("text", "its task", default=None)
     run_id: str | None = column("text", "its DAG run", default=None)
-    map_index: int | None = column("int", "its map index (-1: not mapped)", default=None)
+    map_index: int | None = column("int", "its map index (-1: not mapped)", default=None, least=-1)
     result: Any = column("json", "the handler's return value, kept with `done` (JSON)", default=None)
     confirmed_at: datetime | None = column(
         "timestamp", "when Airflow recorded the task instance of the `done` run as successful "
         "(a Clear after that runs the slot again)", default=None)
-    request: str | None = column("text", "a pending control request: `pause`, `resume` or `restart`", default=None)
+    request: str | None = column("text", "a pending control request: `pause`, `resume` or `restart`", default=None,
+                                 values=Request)
     requested_by: str | None = column("text", "who made the last control request", default=None)
     requested_at: datetime | None = column("timestamp", "when", default=None)
     resume_at: datetime | None = column("timestamp", "when a throttled or time-sliced slot continues on its own",
@@ -188,7 +189,7 @@ class AttemptRecord:
     dag_id: str | None = column("text", "the task instance's DAG", default=None)
     task_id: str | None = column("text", "its task", default=None)
     run_id: str | None = column("text", "its DAG run", default=None)
-    map_index: int | None = column("int", "its map index", default=None)
+    map_index: int | None = column("int", "its map index", default=None, least=-1)
     lease_token: int = column("bigint", "the lease token the attempt held", nullable=False, sql_default="0",
                               default=0)
     started_at: datetime | None = column("timestamp", "when the attempt started", nullable=False, default=None)
@@ -197,7 +198,7 @@ class AttemptRecord:
                           "`already_done`; for a control request `pause_requested`, `resume_requested`, "
                           "`cancel_requested`, `restart_requested`, `lease_released`, `retry_skipped_requested`, "
                           "`rerun_requested` (a re-run of the failed partitions)", nullable=False,
-                          default=AttemptEnd.RUNNING.value)
+                          default=AttemptEnd.RUNNING.value, values=AttemptEnd)
     stop_reason: str | None = column(
         "text", "why it stopped short: a cancel's reason, or `paused`, `throttled`, `time_slice`", default=None)
     resumed_from: Any = column("json", "the position it resumed from (JSON)", default=None)
@@ -232,14 +233,14 @@ class DeadLetter:
     item: Any = column("json", "the item as JSON, or its `repr` as a JSON string (see `item_format`)",
                        default=None)
     item_format: str = column("text", "`json`, or `repr` when the item has no JSON form (it cannot be replayed)",
-                              nullable=False, sql_default="'json'", default="json")
+                              nullable=False, sql_default="'json'", default="json", values=("json", "repr"))
     error: str | None = column("text", "the error it raised (`Type: message`)", default=None)
     attempt: int = column("int", "the try number of the attempt that skipped it", nullable=False,
                           sql_default="0", default=0)
     recorded_at: datetime | None = column("timestamp", "when it was skipped", nullable=False, default=None)
     status: str = column("text", "`skipped`; `retry_requested` until the slot's next attempt replays it; "
                          "`replayed` once a replay processed it", nullable=False,
-                         sql_default="'skipped'", default="skipped")
+                         sql_default="'skipped'", default="skipped", values=("skipped", "retry_requested", "replayed"))
     replayed_at: datetime | None = column("timestamp", "when a replay processed it", default=None)
 
     cancel_reason = _Renamed("stop_reason")  # deprecated alias; not a field
@@ -349,19 +350,87 @@ def decode(text: str | None, *, what: str, job: str, slot: str, mapping: bool = 
     return value
 
 
-def read_record(table: Any, row: Sequence[Any]) -> Any:
-    """A stored row of ``table`` (a history record, a dead letter) as its class.
+#: The JSON columns of a slot's row an attempt resumes from: read back within :data:`MAX_DEPTH` on
+#: every Python. Not the result: it can be large, and no attempt resumes from it.
+_RESUMED_FROM = ("position", "state", "resumed_from")
+
+#: How a slot's row holding a value out of its column's range is put right by hand: column -> (the
+#: value to set, what that does). A column not named here is set to a value in its range by whoever
+#: knows it, or the row deleted.
+_REPAIRS: dict[str, tuple[str, str]] = {
+    "processed": ("0", "the count starts again from 0 (the position, where the slot resumes, is kept)"),
+    "total": ("NULL", "the total is unknown until the handler sets it again"),
+    "rate": ("NULL", "the next attempt measures it anew"),
+    "status": ("'failed'", "the next attempt resumes the slot from its position (set 'done' instead if its work is "
+               "finished)"),
+    "request": ("NULL", "then ask again if it still applies"),
+}
+
+
+def read_record(table: Any, row: Sequence[Any], *, aware: bool = False) -> Any:
+    """A stored row of ``table`` as its class: the one decoder of every row read back from the
+    checkpoint tables (a slot's row, a partitioned job's plan row among them, a history record, a
+    skipped item). ``aware``: the driver gives timestamps as timezone-aware datetimes (PostgreSQL).
+
+    Each column is read as its declaration says (:mod:`~airflow_resumable.core.model.columns`): a
+    number within its column's range (:data:`~airflow_resumable.core.model.columns.MAX_NUMBER`, from
+    0 or the column's ``least``), a ``rate`` finite and >= 0, a status, a pending request, an outcome
+    or an item format one this release writes; a slot's ``state`` is a JSON object (NULL reads as
+    ``{}``). A ``processed`` over the ``total`` is read as it is: a total is the handler's count of
+    what it expected, and rows written into a source while it runs are read too.
 
     Raises:
-        CorruptCheckpoint: a column was edited by hand into what cannot be read (see :func:`unreadable`).
+        CorruptCheckpoint: a column was edited by hand into what cannot be read (see
+            :func:`unreadable`) or into a value out of its column's range, naming the column, the
+            job, the slot and how to put it right; raised before any part of the row is used. The
+            row is left as it is.
     """
+    slot_row = table.cls is Checkpoint
     try:
-        return table.decode(row)
-    except (TypeError, ValueError, RecursionError):
+        record = table.decode(row, aware=aware)
+        if slot_row:
+            # Nested deeper than the limit (text written by hand): corrupt on every Python, not only
+            # where the parser gives up first (3.11's, at its recursion limit; 3.13's reads it).
+            for name in _RESUMED_FROM:
+                text = row[table.names.index(name)]
+                if text is not None and _depth_over(record.__dict__[name], text):
+                    raise RecursionError(f"{name} nested more than {MAX_DEPTH} levels deep")
+    except (TypeError, ValueError, RecursionError, OverflowError):
         found = unreadable(table, row)
         if found is None:
             raise
         raise found from None
+    values = record.__dict__
+    for _, col in table.judged:
+        value = values[col.name]
+        if value is not None and (problem := col.problem(value)) is not None:
+            raise out_of_range(table, record, col.name, value, problem)
+    if slot_row and type(record.state) is not dict:
+        if record.state is not None:  # e.g. '[1,2]' written by hand
+            decode(row[table.names.index("state")], what="state", job=record.job, slot=record.slot, mapping=True)
+        values["state"] = {}
+    return record
+
+
+def out_of_range(table: Any, record: Any, name: str, value: Any, problem: str) -> CorruptCheckpoint:
+    """The error of a row of ``table`` read back with ``value`` in column ``name``, which is
+    ``problem`` (see :meth:`~airflow_resumable.core.model.columns.Column.problem`): naming the
+    column, the job and the slot, and the statement that puts it right."""
+    job, slot = record.job, record.slot
+    if table.cls is Checkpoint:
+        repair = _REPAIRS.get(name)
+        fix = (f"Set it right, e.g. {update_statement(job, slot, f'{name} = {repair[0]}')} ({repair[1]}), "
+               if repair else f"Set {name} to a value in its range, ")
+        return CorruptCheckpoint(
+            f"the stored {name} {short(value)} is {problem}: the row was written by hand or by other code, and "
+            "none of it was used", job=job, slot=slot,
+            hint=f"The row was left as it is. {fix}or delete the row to start the slot over: "
+            + delete_statement(job, slot))
+    where = f" (DELETE FROM {table.name} WHERE id = {record.id})" if type(getattr(record, "id", None)) is int else ""
+    return CorruptCheckpoint(
+        f"the stored {name} {short(value)} of a record in {table.name} is {problem}", job=job, slot=slot,
+        hint=f"The record was left as it is. Correct the column (or delete the record{where}: the slot's row is not "
+        "affected)")
 
 
 def unreadable(table: Any, row: Sequence[Any]) -> CorruptCheckpoint | None:
@@ -418,11 +487,20 @@ def delete_statement(job: str, slot: str) -> str:
     ``standard_conforming_strings`` is off), a line break, a NUL or another unprintable character
     is given as a parameter instead.
     """
-    table = "resumable_checkpoints"
+    return _for_slot("DELETE FROM resumable_checkpoints", job, slot)
+
+
+def update_statement(job: str, slot: str, assignment: str) -> str:
+    """The SQL that sets ``assignment`` (``total = NULL``) on a slot's row, for a person to paste;
+    its names written as :func:`delete_statement` writes them."""
+    return _for_slot(f"UPDATE resumable_checkpoints SET {assignment}", job, slot)
+
+
+def _for_slot(statement: str, job: str, slot: str) -> str:
     if _literal_safe(job) and _literal_safe(slot):
-        return f"DELETE FROM {table} WHERE job = {sql_literal(job)} AND slot = {sql_literal(slot)}"
+        return f"{statement} WHERE job = {sql_literal(job)} AND slot = {sql_literal(slot)}"
     return (
-        f"DELETE FROM {table} WHERE job = ? AND slot = ? (%s on PostgreSQL) with the parameters "
+        f"{statement} WHERE job = ? AND slot = ? (%s on PostgreSQL) with the parameters "
         f"job={job!r} and slot={slot!r} (Python string syntax)"
     )
 

@@ -21,6 +21,17 @@ from typing import Any
 #: dialect's timestamp type (TIMESTAMPTZ, or REAL epoch seconds on SQLite), an aware datetime on read.
 KINDS = ("text", "json", "int", "bigint", "float", "timestamp", "id")
 
+#: The largest whole number a number column may hold when a row is read back, by its kind: what
+#: PostgreSQL's ``INTEGER`` (``int``) and ``BIGINT`` (``bigint``, ``id``) hold. Every count the product
+#: writes stays within it (``ctx.checkpoint()`` refuses a ``processed`` or ``total`` over 2**63-1 with
+#: ``InvalidCheckpoint``; try numbers, process ids and map indexes are Airflow's and the system's
+#: 32-bit ones). SQLite's ``INTEGER`` keeps 64 bits whatever type a column was declared with, so a
+#: hand-edited row there may hold what no PostgreSQL store could; it is refused on both. The least
+#: is 0 (every number column is a count, a try number, a lease token, a process id or an id), or the
+#: column's own ``least`` (``map_index``: -1, not mapped). A ``float`` column (``rate``) holds a
+#: finite number from 0.
+MAX_NUMBER: dict[str, int] = {"int": 2**31 - 1, "bigint": 2**63 - 1, "id": 2**63 - 1}
+
 
 @dataclasses.dataclass(frozen=True)
 class Column:
@@ -30,13 +41,39 @@ class Column:
     #: SQL literal used as the column's DEFAULT (and for NOT NULL columns added by a migration).
     default: str | None = None
     doc: str = ""
+    #: A number column's least value (the most is its kind's, :data:`MAX_NUMBER`).
+    least: int = 0
+    #: A text column that holds one of these values only (a status, an outcome), in the order the
+    #: release declares them; None: any text.
+    values: tuple[str, ...] | None = None
+
+    def problem(self, value: Any) -> str | None:
+        """What is wrong with ``value`` (read back, not None) in this column, as the end of a
+        sentence ("is ..."), or None: a number outside the column's range (see :data:`MAX_NUMBER`),
+        a float that is not finite and >= 0, or a text none of :attr:`values`. Types are the
+        decoder's business (``Table.decode``); this judges what a value of the right type means."""
+        kind = self.kind
+        if kind in MAX_NUMBER:
+            if type(value) is int and self.least <= value <= MAX_NUMBER[kind]:
+                return None
+            return f"out of the column's range ({self.least:,} to {MAX_NUMBER[kind]:,})"
+        if kind == "float":
+            if value >= 0.0 and value != float("inf"):  # NaN compares false
+                return None
+            return "not a finite number >= 0"
+        if self.values is not None and value not in self.values:
+            return f"not one of {', '.join(self.values)}"
+        return None
 
 
 def column(kind: str, doc: str, *, nullable: bool = True, default: Any = dataclasses.MISSING,
-           sql_default: str | None = None, factory: Any = dataclasses.MISSING) -> Any:
-    """A dataclass field that is also a table column."""
+           sql_default: str | None = None, factory: Any = dataclasses.MISSING, least: int = 0,
+           values: Any = None) -> Any:
+    """A dataclass field that is also a table column. ``least``: a number column's least value
+    (0 unless given); ``values``: the only values a text column holds (an enum, or strings)."""
     assert kind in KINDS, kind
-    meta = {"column": (kind, nullable, sql_default, doc)}
+    allowed = None if values is None else tuple(str(getattr(v, "value", v)) for v in values)
+    meta = {"column": (kind, nullable, sql_default, doc, least, allowed)}
     if factory is not dataclasses.MISSING:
         return dataclasses.field(default_factory=factory, metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
@@ -95,6 +132,10 @@ class Table:
         self._times = tuple(i for i, c in enumerate(self.columns) if c.kind == "timestamp")
         self._ints = tuple(i for i, c in enumerate(self.columns) if c.kind in ("int", "bigint"))
         self._floats = tuple(i for i, c in enumerate(self.columns) if c.kind == "float")
+        #: The columns whose values :meth:`Column.problem` judges (numbers, closed texts), by index.
+        self.judged: tuple[tuple[int, Column], ...] = tuple(
+            (i, c) for i, c in enumerate(self.columns)
+            if c.kind in MAX_NUMBER or c.kind == "float" or c.values is not None)
 
     def ddl(self, type_of: Callable[[Column], str], storage: Callable[[int], str] | None = None) -> list[str]:
         """CREATE statements for this table in its current shape (a fresh database).

@@ -17,7 +17,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, Protocol
 
-from airflow_resumable.core.model.checkpoint import Checkpoint, _depth_over, decode, error_text, unreadable
+from airflow_resumable.core.model.checkpoint import Checkpoint, error_text, read_record
 from airflow_resumable.core.model.errors import (
     CheckpointDeleted,
     ConfigurationError,
@@ -36,11 +36,6 @@ __all__ = ["Connection", "Params", "row_deleted", "save_rejected"]
 
 #: The parameters of one statement: a dict for named ``%(name)s`` placeholders, else a sequence.
 Params = Mapping[str, Any] | Sequence[Any]
-
-_STATE = CHECKPOINTS.names.index("state")
-#: The JSON columns an attempt resumes from (index, name): read back within the nesting limit on
-#: every Python (MAX_DEPTH). Not the result: it can be large, and no attempt resumes from it.
-_JSON = tuple((i, name) for i, name in enumerate(CHECKPOINTS.names) if name in ("position", "state", "resumed_from"))
 
 
 class _Connector(Protocol):
@@ -557,27 +552,15 @@ class Connection:
         return f"{socket.gethostname()}:{os.getpid()}"
 
     def row(self, row: Sequence[Any]) -> Checkpoint:
-        """A row of the checkpoint table's columns as a :class:`Checkpoint`.
+        """A row of the checkpoint table's columns as a :class:`Checkpoint`, through the one row
+        decoder (:func:`~airflow_resumable.core.model.checkpoint.read_record`).
 
         Raises:
-            CorruptCheckpoint: a JSON column holds text that is not JSON or nests deeper than
-                ``MAX_DEPTH``, or the state is not a JSON object. The row is left as it is.
+            CorruptCheckpoint: a column edited by hand into what this release does not read (JSON that
+                is not JSON, nests deeper than ``MAX_DEPTH`` or a state that is not an object, a number
+                out of its column's range, a status no release writes...). The row is left as it is.
         """
-        try:
-            cp: Checkpoint = CHECKPOINTS.decode(row, aware=self.d.aware_timestamps)
-            # Nested deeper than the limit (text written by hand): corrupt on every Python, not only
-            # where the parser gives up first (3.11's, at its recursion limit; 3.13's reads it).
-            if any(row[i] is not None and _depth_over(cp.__dict__[name], row[i]) for i, name in _JSON):
-                raise RecursionError
-        except (TypeError, ValueError, RecursionError):
-            found = unreadable(CHECKPOINTS, row)  # (a JSON column raises itself) naming the column
-            if found is not None:
-                raise found from None
-            raise
-        if type(cp.state) is not dict:
-            if cp.state is not None:  # e.g. '[1,2]' written by hand
-                decode(row[_STATE], what="state", job=cp.job, slot=cp.slot, mapping=True)  # raises CorruptCheckpoint
-            cp.__dict__["state"] = {}
+        cp: Checkpoint = read_record(CHECKPOINTS, row, aware=self.d.aware_timestamps)
         return cp
 
     def fenced_out(self, fence: Fence, taken_over: str) -> LeaseLost:
