@@ -41,7 +41,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from airflow_resumable.core.model.checkpoint import ENCODER, Status, short
-from airflow_resumable.core.model.errors import ConfigurationError, ReaderChanged
+from airflow_resumable.core.model.columns import MAX_NUMBER
+from airflow_resumable.core.model.errors import ConfigurationError, CorruptCheckpoint, ReaderChanged
 from airflow_resumable.core.model.identity import PLAN_SUFFIX
 from airflow_resumable.core.model.keys import json_key, json_keys
 from airflow_resumable.core.model.tables import CHECKPOINTS
@@ -51,7 +52,7 @@ from airflow_resumable.core.stores.connection import Connection
 from airflow_resumable.core.stores.shared_sql import insert
 
 __all__ = [
-    "PLAN_SUFFIX", "Plan", "Range", "allowed_failures", "allowed_shortfall", "check_plan_reader", "check_range_reader",
+    "PLAN_SUFFIX", "CorruptPlan", "Plan", "Range", "allowed_failures", "allowed_shortfall", "check_plan_reader", "check_range_reader",
     "load_plan", "orphan_partitions", "partition_job", "partitions_problem", "plan_job", "replace_plan", "save_plan",
     "shortfall_problem", "split", "tolerated_problem",
 ]
@@ -242,39 +243,109 @@ class Plan:
 
     @classmethod
     def from_state(cls, state: dict[str, Any], *, job: str, slot: str) -> Plan:
-        """The plan a plan row holds.
+        """The plan a plan row holds: the one decoder of a plan row's state (``job``: the plan row's
+        job, ``<job>#plan``).
+
+        A plan is read only whole: sealed (:meth:`state`), its seal matching what it holds, a whole
+        number of partitions from 1 to :data:`MAX_PARTITIONS` cut at one boundary fewer, a row
+        count within a count's range, and its boundaries in the key's order (None, before every key,
+        only ahead of the keys; a key repeated where a range came out empty). Where only the
+        source's database can order two keys (text, whose order is its collation's), they are
+        taken as they stand; numbers, and composite keys by their leading columns, are compared here.
 
         Raises:
-            ConfigurationError: the row's state is not a plan (written by hand, or by other code),
-                or its seal does not match (changed by hand after it was stored).
+            CorruptPlan: (a :class:`CorruptCheckpoint` and a :class:`ConfigurationError`) the row's
+                state is not a plan (written by hand, or by other code), holds no seal, its seal does
+                not match (changed by hand after it was stored), or its boundaries are out of order,
+                naming the plan row and the restart that splits the job anew.
         """
-        if isinstance(state, dict) and "seal" in state:
-            sealed = {k: v for k, v in state.items() if k != "seal"}
-            if identity_digest(sealed) != state["seal"]:
-                raise ConfigurationError(
-                    f"the plan row's state was changed after the plan was stored (its seal {short(state['seal'])} "
-                    f"does not match what it holds: {short(sealed, 200)}); ranges read from it could overlap or "
-                    "leave a gap, so none is handed out", job=job, slot=slot,
-                    hint=f"Put the plan back as it was stored, or split the job anew on purpose: `airflow resumable "
-                    f"restart '{job}' '{slot}'`, then Clear the job's tasks in that run (every partition starts over)",
-                )
+        restart = (f"`airflow resumable restart '{job}' '{slot}'`, then Clear the job's tasks in that run (every "
+                   "partition starts over)")
+        not_a_plan = (f"Split the job anew on purpose: {restart}. Deleting the row instead would split anew while "
+                      "the partitions keep the progress they made in the old ranges")
+        if not isinstance(state, dict) or "seal" not in state:
+            raise CorruptPlan(
+                f"the plan row's state is not a plan: it holds no seal (every plan is stored sealed, so its ranges "
+                f"are read only as they were stored), so none is handed out: {short(state)}", job=job, slot=slot,
+                hint=not_a_plan)
+        sealed = {k: v for k, v in state.items() if k != "seal"}
+        if identity_digest(sealed) != state["seal"]:
+            raise CorruptPlan(
+                f"the plan row's state was changed after the plan was stored (its seal {short(state['seal'])} "
+                f"does not match what it holds: {short(sealed, 200)}); ranges read from it could overlap or "
+                "leave a gap, so none is handed out", job=job, slot=slot,
+                hint=f"Put the plan back as it was stored, or split the job anew on purpose: {restart}",
+            )
         try:
-            reader = state.get("reader")
+            partitions, boundaries, rows, reader = (state["partitions"], state["boundaries"], state["rows"],
+                                                    state.get("reader"))
             if reader is not None and not isinstance(reader, dict):
                 raise ValueError(f"its reader is not an identity (a JSON object): {short(reader)}")
-            plan = cls(int(state["partitions"]), tuple(state["boundaries"]), int(state["rows"]), reader)
-            if len(plan.boundaries) != plan.partitions - 1:
-                raise ValueError(f"{len(plan.boundaries)} boundaries for {plan.partitions} partitions")
-            if plan.rows < 0:
-                raise ValueError(f"a negative row count, {plan.rows}")
+            if partitions_problem("partitions", partitions):
+                raise ValueError(f"{short(partitions)} partitions (a whole number from 1 to {MAX_PARTITIONS})")
+            if not isinstance(boundaries, list) or len(boundaries) != partitions - 1:
+                raise ValueError(f"boundaries {short(boundaries)} for {partitions} partitions (a list of "
+                                 f"{partitions - 1})")
+            if type(rows) is not int or not 0 <= rows <= MAX_NUMBER["bigint"]:
+                raise ValueError(f"a row count of {short(rows)} (a whole number from 0 to {MAX_NUMBER['bigint']:,})")
         except (KeyError, TypeError, ValueError) as exc:
-            raise ConfigurationError(
-                f"the plan row's state is not a plan ({exc}): {short(state)}", job=job, slot=slot,
-                hint=f"Split the job anew on purpose: `airflow resumable restart '{job}' '{slot}'`, then Clear the job's "
-                "tasks in that run (every partition starts over). Deleting the row instead would split anew while "
-                "the partitions keep the progress they made in the old ranges",
-            ) from None
-        return plan
+            raise CorruptPlan(f"the plan row's state is not a plan ({exc}): {short(state)}", job=job, slot=slot,
+                              hint=not_a_plan) from None
+        disorder = _out_of_order(boundaries)
+        if disorder is not None:
+            raise CorruptPlan(
+                f"the plan row's boundaries are out of the key's order ({disorder}): ranges cut at them would "
+                f"overlap or leave a gap (a row read twice, or by no partition), so none is handed out; its seal "
+                f"matches, so it was sealed anew after an edit, or written by other code: {short(boundaries, 200)}",
+                job=job, slot=slot, hint=not_a_plan)
+        return cls(partitions, tuple(boundaries), rows, reader)
+
+
+class CorruptPlan(CorruptCheckpoint, ConfigurationError):
+    """A plan row whose state is not a plan this release reads whole (:meth:`Plan.from_state`): a
+    :class:`CorruptCheckpoint` of the plan row, and a :class:`ConfigurationError` as every refused
+    plan was before (the planning task's restart takes such a plan over; the jobs listing shows the
+    job without it)."""
+
+
+def _out_of_order(boundaries: Sequence[Any]) -> str | None:
+    """Where two neighbouring boundaries stand in the wrong order, as a phrase, or None.
+
+    The split writes None (before every key) only ahead of every key, and repeats the boundary
+    before for a row deleted while it split, so neighbours may be equal. A composite key is a list
+    of one length throughout, compared column by column; two values are compared here only when
+    that cannot differ from the database's order: numbers (and equal values). Text is ordered by
+    the source's collation, which only its database knows: a pair that differs in text first is
+    taken as it stands.
+    """
+    previous: Any = None
+    for i, key in enumerate(boundaries):
+        if key is None:
+            if previous is not None:
+                return f"boundary {i} is None, before every key, after boundary {i - 1}, {short(previous)}"
+            continue
+        if previous is not None:
+            if isinstance(key, list) != isinstance(previous, list) or (
+                    isinstance(key, list) and len(key) != len(previous)):
+                return f"boundary {i}, {short(key)}, is not a key of the shape of boundary {i - 1}, {short(previous)}"
+            if _order(previous, key) > 0:
+                return f"boundary {i - 1}, {short(previous)}, comes after boundary {i}, {short(key)}"
+        previous = key
+    return None
+
+
+def _order(a: Any, b: Any) -> int:
+    """-1, 0 or 1 as ``a`` comes before, with or after ``b`` in every database's order; 0 also when
+    only the database can tell (see :func:`_out_of_order`)."""
+    if isinstance(a, list):
+        for x, y in zip(a, b, strict=True):
+            if x != y:
+                return _order(x, y)  # the first column that differs decides, if it can be told here
+        return 0
+    numbers = (int, float)
+    if isinstance(a, numbers) and isinstance(b, numbers) and not isinstance(a, bool) and not isinstance(b, bool):
+        return (a > b) - (a < b)
+    return 0
 
 
 def split(reader: KeysetReader, partitions: int, *, job: str | None = None, slot: str | None = None) -> Plan:

@@ -24,6 +24,7 @@ from airflow_resumable.core import Attempt, Options, chunk_loop
 from airflow_resumable.core.model.errors import ConfigurationError, ReaderChanged
 from airflow_resumable.core.model.identity import Identity
 from airflow_resumable.core.readers import KeysetReader, SequenceReader
+from airflow_resumable.core.readers.base import identity_digest
 from airflow_resumable.core.stores import Store
 from airflow_resumable.core.work.partitions import Plan, load_plan, range_chunks, split
 from support.sources import Source
@@ -407,10 +408,11 @@ def test_a_changed_key_refuses_the_plan_and_the_partition_and_a_restart_of_the_p
         row = s.checkpoints.load(f"{job}[2]", SLOT)
     assert (row.status, row.position, row.processed) == ("failed", stopped.position, 3)
 
-    # And a partition whose plan records no reader (made by an earlier release) refuses on its own
+    # And a partition whose plan records no reader (made before plans recorded one, sealed) refuses on its own
     with checkpoints.open() as s:
         plan = s.checkpoints.load(f"{job}#plan", SLOT).state
         legacy = {k: v for k, v in plan.items() if k not in ("reader", "seal")}
+        legacy["seal"] = identity_digest(legacy)
         s.execute("UPDATE resumable_checkpoints SET state = %s WHERE job = %s", (json.dumps(legacy), f"{job}#plan"))
         s.commit()
     third = _fresh_dag("pt_tolerant", "id", monkeypatch, "c").test(logical_date=DAY)
