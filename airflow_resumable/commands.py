@@ -13,7 +13,13 @@
 Every command takes ``--conn-id`` (the checkpoint store's Airflow connection, default
 ``resumable_default``) and ``--output table|json|yaml|plain``. Requests go through
 :mod:`airflow_resumable.control`; ``--by`` (who asks, kept in the slot's history) defaults to the
-OS user (``user@host``). A refused request exits 1 saying why; nothing was changed then.
+OS user (``user@host``); one holding a control character is refused. A refused request exits 1 saying
+why; nothing was changed then.
+
+What a command prints is :mod:`airflow_resumable.core.view`'s shapes, whose texts went through
+:func:`~airflow_resumable.core.model.outward.outward_text` (no credential, no raw control character);
+a table, YAML or plain output passes every text cell through it once more before the terminal sees
+it, the row's JSON values too.
 
 This module is imported by every ``airflow`` command line: the definitions below import nothing
 heavy, the commands' bodies import what they need.
@@ -208,9 +214,10 @@ def show_command(args: argparse.Namespace) -> None:
 
 def history_command(args: argparse.Namespace) -> None:
     import airflow_resumable.control as control
+    from airflow_resumable.core.view import record_json
 
     _guard(lambda: control.get(args.job, args.slot, conn_id=args.conn_id))  # unknown slot: exit 1, saying so
-    records = [r.to_dict() for r in _guard(lambda: control.history(args.job, args.slot, conn_id=args.conn_id))]
+    records = [record_json(r) for r in _guard(lambda: control.history(args.job, args.slot, conn_id=args.conn_id))]
     _print(records if args.output == "json" else [{k: r.get(k) for k in _HISTORY_COLUMNS} for r in records],
            args.output)
 
@@ -237,7 +244,7 @@ def skipped_retry_command(args: argparse.Namespace) -> None:
         _print({**view, "retry": asked.as_json()}, "json")
         return
     # Which run carries the retry out, or why none will until the task instance is cleared.
-    print(f"retry of {asked.items} skipped item(s) requested: {asked.next_run}",
+    print(_terminal(f"retry of {asked.items} skipped item(s) requested: {asked.next_run}"),
           file=sys.stdout if asked.cleared else sys.stderr)
     _print([{k: _cell(i.get(k)) for k in _SKIPPED_COLUMNS} for i in view["skipped_items"]], args.output)
 
@@ -368,7 +375,7 @@ def _guard(call: Any) -> Any:
     try:
         return call()
     except ResumableError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(_terminal(f"error: {exc}"), file=sys.stderr)
         raise SystemExit(1) from None
 
 
@@ -382,16 +389,35 @@ def _print_slot(args: argparse.Namespace, view: dict[str, Any]) -> None:
 
 
 def _cell(value: Any) -> str:
-    return "" if value is None else value if isinstance(value, str) else json.dumps(value)
+    return "" if value is None else _terminal(value) if isinstance(value, str) else json.dumps(value)
+
+
+def _terminal(text: str) -> str:
+    """``text`` as a terminal may get it: through ``outward_text`` (no credential, every control
+    character and escape sequence written out, never sent raw)."""
+    from airflow_resumable.core.model.outward import outward_text
+
+    return outward_text(text)
+
+
+def _shown(value: Any) -> Any:
+    """A value of a table, YAML or plain output with each of its texts through :func:`_terminal`."""
+    if isinstance(value, str):
+        return _terminal(value)
+    if isinstance(value, dict):
+        return {k: _shown(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_shown(v) for v in value]
+    return value
 
 
 def _print(data: Sequence[Any] | dict[str, Any], output: str) -> None:
-    if output == "json":  # plain JSON on stdout, for scripts (no colours, no wrapping)
+    if output == "json":  # plain JSON on stdout, for scripts (no colours, no wrapping; JSON escapes control characters)
         print(json.dumps(data, default=str))
         return
     from airflow_resumable.version_compat import AirflowConsole
 
-    rows = list(data)
+    rows = [_shown(row) for row in data]
     if output != "table" or not rows:
         AirflowConsole().print_as(data=rows, output=output)
         return

@@ -7,7 +7,11 @@ row as the Checkpoint tab, the jobs page, the REST API and the CLI show it (:fun
 (:func:`facts_json`), and a job's line on the jobs page, its REST listing and ``airflow resumable jobs``
 (:func:`job_line`). Each figure is computed here once: the percent (:func:`percent_of`, capped at
 100), the ETA (:func:`eta_of`) and the lease's liveness; and one rule cuts a value too large for where
-it goes (:func:`cut_value`), so every channel agrees on what a slot shows.
+it goes (:func:`cut_value`), so every channel agrees on what a slot shows. Every text a shape carries
+(an error, a stop reason, who asked, the names) goes through
+:func:`~airflow_resumable.core.model.outward.outward_text` here, once for every channel: no credential,
+no raw control character leaves by REST, the CLI, XCom, the UI, lineage or tracing. The row's JSON
+values (position, state, result, reader) go as they are, as JSON.
 
 The Airflow layer only calls these; nothing here does I/O (the reads are ``airflow_resumable.control``'s).
 """
@@ -23,9 +27,11 @@ from airflow_resumable.core.model.checkpoint import AttemptRecord, Checkpoint, D
 from airflow_resumable.core.model.identity import PLAN_SUFFIX
 from airflow_resumable.core.model.observe import (
     ELLIPSIS,
+    TEXT_LIMIT,
     VALUE_LIMIT,
     AttemptFacts,
     cut_text,
+    outward_text,
     stop_reason_text,
 )
 from airflow_resumable.core.model.request_rules import Lease, lease_of
@@ -33,7 +39,8 @@ from airflow_resumable.core.model.states import FINISHED, Status
 
 __all__ = [
     "CUT_MARKER", "ROW_LIMIT", "STATE_STORE_POSITION_LIMIT", "XCOM_MARKER", "cap_row", "cut_value", "eta_of",
-    "facts_json", "job_line", "listed_row", "percent_of", "row_json", "row_view", "skipped_view", "slot_detail",
+    "facts_json", "job_line", "listed_row", "outward_fields", "percent_of", "record_json", "row_json", "row_view",
+    "skipped_view", "slot_detail",
     "state_store_summary", "task_summary", "xcom_row",
 ]
 
@@ -123,14 +130,48 @@ def cap_row(row: dict[str, Any], *, marker: str = CUT_MARKER, limit: int = ROW_L
     return size, cut
 
 
+# -- the texts --------------------------------------------------------------------------------------
+
+#: The columns that hold JSON values (data, not text about the attempt): they go as they are.
+DATA_FIELDS = frozenset({"position", "state", "resumed_from", "result", "reader", "position_start", "position_end",
+                         "item"})
+
+
+def outward_fields(out: dict[str, Any]) -> dict[str, Any]:
+    """``out`` (a row or a record as plain JSON) with each of its texts through
+    :func:`~airflow_resumable.core.model.outward.outward_text`, in place; the JSON values of
+    :data:`DATA_FIELDS` are left as they are."""
+    for name, value in out.items():
+        if isinstance(value, str) and name not in DATA_FIELDS:
+            out[name] = outward_text(value)
+    return out
+
+
+def _text(value: str | None) -> str | None:
+    return None if value is None else outward_text(value)
+
+
+def _name(name: str) -> str:
+    """A job's or a slot's name as an event carries it: through ``outward_text``, then cut to
+    ``TEXT_LIMIT`` characters (a one-word name keeps its start)."""
+    return cut_text(outward_text(name), TEXT_LIMIT)
+
+
 # -- the shapes -------------------------------------------------------------------------------------
 
 def row_json(cp: Checkpoint) -> dict[str, Any]:
-    """The row as plain JSON (timestamps as ISO 8601, the deprecated names too) with its ``percent``:
-    what every other shape of a whole row starts from."""
-    out = cp.to_dict()
+    """The row as plain JSON (timestamps as ISO 8601, the deprecated names too) with its ``percent``,
+    its texts through :func:`outward_fields`: what every other shape of a whole row starts from."""
+    out = outward_fields(cp.to_dict())
     out["percent"] = percent_of(cp.processed, cp.total)
     return out
+
+
+def record_json(record: AttemptRecord) -> dict[str, Any]:
+    """One record of a slot's history (an attempt, a request) as plain JSON, its texts (the error, the
+    stop reason, who asked) through :func:`outward_fields`: as REST, the Checkpoint tab and
+    ``airflow resumable history`` show it."""
+    return outward_fields(record.to_dict())
 
 
 def xcom_row(cp: Checkpoint, *, rate: float | None = None, eta: float | None = None,
@@ -157,12 +198,13 @@ def task_summary(cp: Checkpoint, *, skipped: int | None = None,
     Built from the stored row only, so an attempt that finds the slot already done returns the same.
     With a skip policy, also ``skipped`` (how many) and ``skipped_items`` (the first few:
     ``position``, ``error`` cut to 200 characters, ``attempt``)."""
-    out = {"job": cp.job, "slot": cp.slot, "position": cp.position, "processed": cp.processed, "total": cp.total,
-           "status": cp.status, "attempts": cp.attempts, "resumed_from": cp.resumed_from}
+    out = {"job": outward_text(cp.job), "slot": outward_text(cp.slot), "position": cp.position,
+           "processed": cp.processed, "total": cp.total, "status": cp.status, "attempts": cp.attempts,
+           "resumed_from": cp.resumed_from}
     if skipped is not None:
         out["skipped"] = skipped
     if skipped_items is not None:
-        out["skipped_items"] = [{"position": d.position, "error": cut_text(d.error or "", SUMMARY_ERROR_LIMIT),
+        out["skipped_items"] = [{"position": d.position, "error": outward_text(d.error or "", SUMMARY_ERROR_LIMIT),
                                  "attempt": d.attempt} for d in skipped_items]
     return out
 
@@ -173,7 +215,8 @@ def state_store_summary(cp: Checkpoint, *, link: str) -> dict[str, Any]:
     ``truncated``), ``processed``, ``total``, ``percent``, ``updated_at`` and ``checkpoint_tab``
     (``link``: the task instance's Checkpoint tab)."""
     position, _ = cut_value(cp.position, marker=CUT_MARKER, limit=STATE_STORE_POSITION_LIMIT)
-    return {"job": cp.job, "slot": cp.slot, "status": cp.status, "position": position, "processed": cp.processed,
+    return {"job": outward_text(cp.job), "slot": outward_text(cp.slot), "status": cp.status, "position": position,
+            "processed": cp.processed,
             "total": cp.total, "percent": percent_of(cp.processed, cp.total),
             "updated_at": cp.updated_at.isoformat() if cp.updated_at else None, "checkpoint_tab": link}
 
@@ -219,7 +262,7 @@ def row_view(cp: Checkpoint, *, history: Sequence[AttemptRecord] | None = None, 
     # Nothing more to watch (the UI stops refreshing): a finished status nobody runs any more.
     out["ended"] = cp.status in FINISHED and lease is not Lease.LIVE
     if history is not None:
-        out["history"] = [h.to_dict() for h in history]
+        out["history"] = [record_json(h) for h in history]
     if offers is not None:
         out["offers"] = offers
     return out
@@ -240,11 +283,11 @@ def skipped_view(letters: Sequence[DeadLetter], counts: Mapping[str, int], asked
     ``retry_requested``), ``skipped_counts`` (how many items are in each state, all of them, not
     only those listed), ``skipped_total`` (those still skipped or waiting for their retry) and
     ``retry_requested_by`` (``asked``: who asked for the retry still pending, else None)."""
-    return {"skipped_items": [{"position": d.position, "error": d.error, "attempt": d.attempt,
-                               "skipped_at": d.recorded_at.isoformat() if d.recorded_at else None, "state": d.status}
-                              for d in letters],
+    return {"skipped_items": [{"position": d.position, "error": _text(d.error), "attempt": d.attempt,
+                               "skipped_at": d.recorded_at.isoformat() if d.recorded_at else None,
+                               "state": outward_text(d.status)} for d in letters],
             "skipped_counts": dict(counts), "skipped_total": counts["skipped"] + counts["retry_requested"],
-            "retry_requested_by": asked}
+            "retry_requested_by": _text(asked)}
 
 
 def slot_detail(cp: Checkpoint, *, history: Sequence[AttemptRecord], offers: dict[str, bool],
@@ -256,7 +299,7 @@ def slot_detail(cp: Checkpoint, *, history: Sequence[AttemptRecord], offers: dic
     slot's :func:`skipped_view`."""
     view = row_view(cp, history=history, offers=offers, now=now)
     if notes is not None:
-        view["offer_notes"] = notes
+        view["offer_notes"] = {action: outward_text(note) for action, note in notes.items()}
     if skipped is not None:
         view.update(skipped)
     return view
@@ -278,8 +321,8 @@ def job_line(*, job: str, dag_id: str | None, task_id: str | None, run_id: str |
         shown = max(shown, processed) if counts.get("done", 0) < n else shown
     live = rate if counts.get("running") and rate > 0 else None
     return {
-        "job": job, "dag_id": dag_id, "task_id": task_id, "run_id": run_id,
-        "slot": slot, "mapped": mapped, "partitioned": partitioned,
+        "job": outward_text(job), "dag_id": _text(dag_id), "task_id": _text(task_id), "run_id": _text(run_id),
+        "slot": outward_text(slot), "mapped": mapped, "partitioned": partitioned,
         "partitions": {**counts, "total": n},
         # The plan's rows (a partitioned job), and the partitions' dead letters not replayed:
         # processed counts them too (a skipped item is read), the summary task tells them apart.
@@ -287,7 +330,7 @@ def job_line(*, job: str, dag_id: str | None, task_id: str | None, run_id: str |
         "percent": percent_of(processed, shown),
         **_rounded(live, eta_of(live, processed, shown)),
         "updated_at": updated.isoformat() if updated else None,
-        "plan_request": plan_request,
+        "plan_request": None if plan_request is None else outward_fields(dict(plan_request)),
     }
 
 
@@ -296,8 +339,8 @@ def facts_json(facts: AttemptFacts) -> dict[str, Any]:
     :data:`~airflow_resumable.core.model.observe.VALUE_LIMIT` characters of JSON are cut
     (:func:`cut_value`, marked ``truncated``), the stop reason (a handler's own may hold a DSN)
     loses its credentials and is cut to :data:`~airflow_resumable.core.model.observe.REASON_LIMIT`
-    characters, names to ``TEXT_LIMIT`` (``cut_text``); None values are left out."""
-    out: dict[str, Any] = {"job": cut_text(facts.job), "slot": None if facts.slot is None else cut_text(facts.slot),
+    characters, names (through ``outward_text`` too) to ``TEXT_LIMIT`` (``cut_text``); None values are left out."""
+    out: dict[str, Any] = {"job": _name(facts.job), "slot": None if facts.slot is None else _name(facts.slot),
                            "attempt": facts.attempt, "status": facts.status, "resumed": facts.resumed,
                            "processed": facts.processed, "total": facts.total, "skipped": facts.skipped,
                            "stop_reason": None if facts.stop_reason is None else stop_reason_text(facts.stop_reason),
@@ -307,7 +350,7 @@ def facts_json(facts: AttemptFacts) -> dict[str, Any]:
             out[name] = cut_value(getattr(facts, name), marker=CUT_MARKER, limit=VALUE_LIMIT)[0]
     if facts.partition is not None:
         p = facts.partition
-        out["partition"] = {"job": cut_text(p.job), "index": p.index, "count": p.count,
+        out["partition"] = {"job": _name(p.job), "index": p.index, "count": p.count,
                             "after": cut_value(p.after, marker=CUT_MARKER, limit=VALUE_LIMIT)[0],
                             "until": cut_value(p.until, marker=CUT_MARKER, limit=VALUE_LIMIT)[0]}
     return {k: v for k, v in out.items() if v is not None}

@@ -13,7 +13,7 @@ from attrs import define
 from openlineage.client.event_v2 import Dataset
 from openlineage.client.facet_v2 import RunFacet, job_dependencies_run
 
-from airflow_resumable.core.model.observe import MAX_OUTPUTS, AttemptFacts, Source, cut_text, without_credentials_in
+from airflow_resumable.core.model.observe import MAX_OUTPUTS, AttemptFacts, Source, cut_text, outward_text
 from airflow_resumable.core.view import facts_json
 from airflow_resumable.lineage import FACET_NAME, PRODUCER, SCHEMA_URL
 from airflow_resumable.lineage.naming import dataset_names
@@ -69,13 +69,13 @@ def look_up(sources: Iterable[Source], log: Any) -> dict[Source, list[tuple[str,
     with a log line saying why; it never fails the task."""
     out: dict[Source, list[tuple[str, str]]] = {}
     for src in sources:
-        what = f"{src.kind} {without_credentials_in(src.name, 80)!r}"  # a query may hold a password literal
+        what = f"{src.kind} {outward_text(src.name, 80)!r}"  # a query may hold a password literal
         try:
             out[src] = dataset_names(src)
         except Exception as exc:
             out[src] = []
             log.warning("OpenLineage: could not name the %s (connection %r: %s: %s); its events go without it",
-                        what, src.connection, type(exc).__name__, without_credentials_in(str(exc), 200))
+                        what, src.connection, type(exc).__name__, outward_text(str(exc), 200))
             continue
         if not out[src] and src.connection is None:
             log.info("OpenLineage: the %s has no Airflow connection to name its datasource by (a reader on a plain "
@@ -110,8 +110,8 @@ def _outlets(outlets: Sequence[Any], log: Any) -> list[Dataset]:
         try:
             dataset = ExtractorManager.convert_to_ol_dataset(outlet)
         except Exception as exc:
-            log.warning("OpenLineage: could not turn the outlet %s into a dataset (%s)", cut_text(repr(outlet), 200),
-                        without_credentials_in(str(exc), 200))
+            log.warning("OpenLineage: could not turn the outlet %s into a dataset (%s)", outward_text(repr(outlet), 200),
+                        outward_text(str(exc), 200))
             continue
         if dataset is not None:
             out.append(dataset)
@@ -139,7 +139,7 @@ def summary_lineage(facts: AttemptFacts, parts: Sequence[dict[str, Any]], *, cou
     (partition ``i``'s last try of task ``task_id``, map index ``i``) as upstream of the summary."""
     from airflow_resumable.version_compat import OpenLineageAdapter, OperatorLineage, openlineage_conf
 
-    shown = [{**part, "job": cut_text(str(part["job"]))} if "job" in part else part for part in parts[:MAX_PARTS]]
+    shown = [{**part, "job": cut_text(outward_text(str(part["job"])))} if "job" in part else part for part in parts[:MAX_PARTS]]
     partitions = {**counts, "parts": shown, "partsOmitted": max(0, len(parts) - MAX_PARTS) or None}
     partitions = {k: v for k, v in partitions.items() if v is not None}
     job = job_dependencies_run.JobIdentifier(namespace=openlineage_conf.namespace(), name=f"{dag_id}.{task_id}")

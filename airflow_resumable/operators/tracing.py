@@ -18,6 +18,9 @@ runner opens none: there the attempt's span is the root of a trace of its own, w
   stop's reason when the attempt ends.
 
 Names and attributes are listed in the docs (``docs/how-to/metrics.md``), beside the metrics.
+Every text an attribute or an event carries (names, the stop reason, an error's message and
+traceback) goes through :func:`~airflow_resumable.core.model.outward.outward_text` first: no
+credential, no raw control character reaches a tracing backend.
 With no tracer provider configured, OpenTelemetry's API hands out spans that record nothing. A
 tracing failure never fails the task: it is logged once, and the attempt goes on untraced.
 """
@@ -36,8 +39,8 @@ from airflow_resumable.core.model.observe import (
     TEXT_LIMIT,
     AttemptFacts,
     cut_text,
+    outward_text,
     stop_reason_text,
-    without_credentials_in,
 )
 from airflow_resumable.core.view import CUT_MARKER, cut_value
 from airflow_resumable.version import __version__
@@ -74,6 +77,12 @@ def _message(exc: BaseException) -> str:
         return f"<{type(exc).__name__}: its message could not be read>"
 
 
+def _name(text: Any) -> str:
+    """A name (a job, a slot, a DAG's or a run's id) as an attribute carries it: through
+    :func:`~airflow_resumable.core.model.observe.outward_text`, cut to ``TEXT_LIMIT`` characters."""
+    return cut_text(outward_text(str(text)), TEXT_LIMIT)
+
+
 def facts_attributes(facts: AttemptFacts) -> dict[str, Any]:
     """The attempt's facts as ``resumable.*`` span attributes (None values left out)."""
     attributes: dict[str, Any] = {
@@ -86,7 +95,7 @@ def facts_attributes(facts: AttemptFacts) -> dict[str, Any]:
         "resumable.position": None if facts.position is None else _json(facts.position),
     }
     if facts.partition is not None:
-        attributes.update({"resumable.partition.job": cut_text(facts.partition.job),
+        attributes.update({"resumable.partition.job": _name(facts.partition.job),
                            "resumable.partition.index": facts.partition.index,
                            "resumable.partition.count": facts.partition.count})
     return {k: v for k, v in attributes.items() if v is not None}
@@ -175,14 +184,14 @@ class AttemptTrace:
 
     def _record_exception(self, exc: BaseException) -> None:
         """OpenTelemetry's ``exception`` event (its semantic conventions' attributes), with the message and
-        the traceback passed through :func:`~airflow_resumable.core.model.observe.without_credentials_in` and cut:
+        the traceback passed through :func:`~airflow_resumable.core.model.observe.outward_text` and cut:
         an error's text may hold a DSN with its password (``span.record_exception`` would send it as it is)."""
         trace = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
         kind = type(exc).__qualname__
         self.span.add_event("exception", {
             "exception.type": kind if type(exc).__module__ == "builtins" else f"{type(exc).__module__}.{kind}",
-            "exception.message": without_credentials_in(_message(exc), TEXT_LIMIT),
-            "exception.stacktrace": without_credentials_in(trace, STACK_LIMIT),
+            "exception.message": outward_text(_message(exc), TEXT_LIMIT),
+            "exception.stacktrace": outward_text(trace, STACK_LIMIT),
             "exception.escaped": True,
         })
 
@@ -213,9 +222,9 @@ def attempt_span(operator: Any, context: Any) -> Iterator[AttemptTrace | None]:
         ti = context["ti"]
         tracer = _trace.get_tracer(TRACER_NAME, __version__)
         span = tracer.start_span(SPAN_ATTEMPT, attributes={
-            "resumable.job": cut_text(operator.job_name(context)), "resumable.slot": cut_text(slot_of(context)[0]),
-            "resumable.attempt": ti.try_number, "airflow.dag_id": ti.dag_id, "airflow.task_id": ti.task_id,
-            "airflow.dag_run.run_id": ti.run_id, "airflow.task_instance.try_number": ti.try_number,
+            "resumable.job": _name(operator.job_name(context)), "resumable.slot": _name(slot_of(context)[0]),
+            "resumable.attempt": ti.try_number, "airflow.dag_id": _name(ti.dag_id), "airflow.task_id": _name(ti.task_id),
+            "airflow.dag_run.run_id": _name(ti.run_id), "airflow.task_instance.try_number": ti.try_number,
             "airflow.task_instance.map_index": getattr(ti, "map_index", -1) if getattr(ti, "map_index", None) is not None
             else -1,
         })

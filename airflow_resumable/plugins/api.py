@@ -22,6 +22,11 @@ The OpenAPI schema says what the API accepts and answers: every parameter that r
 constrained there (no NUL character, which PostgreSQL's text cannot hold; Airflow's id lengths; the
 map index's range; the statuses; the served connections), anything else is refused with 422 naming
 the parameter, and each route lists every status it returns.
+
+What the API answers is :mod:`airflow_resumable.core.view`'s shapes, whose texts went through
+:func:`~airflow_resumable.core.model.outward.outward_text`; so do an error's message and hint. Who asks
+(a request's ``by``) is the user's name, cleaned the same way at entry (its control characters
+written out, its whitespace one space), so no name the auth manager gives can be refused.
 """
 
 from __future__ import annotations
@@ -46,6 +51,7 @@ from airflow_resumable.core.model.errors import (
     SlotNotFound,
     StoreUnavailable,
 )
+from airflow_resumable.core.model.outward import outward_text
 from airflow_resumable.core.model.request_rules import Action
 from airflow_resumable.core.model.states import Status
 from airflow_resumable.core.view import ROW_LIMIT, listed_row
@@ -213,8 +219,8 @@ def create_app() -> FastAPI:
     @app.exception_handler(ResumableError)
     async def _resumable_error(request: Request, exc: ResumableError) -> JSONResponse:
         code = _status_of(exc)
-        body = {"message": exc.message, "job": exc.job, "slot": exc.slot, "hint": exc.hint,
-                "status": getattr(exc, "status", None), "detail": str(exc)}
+        body = {"message": _text(exc.message), "job": _text(exc.job), "slot": _text(exc.slot), "hint": _text(exc.hint),
+                "status": getattr(exc, "status", None), "detail": _text(str(exc))}
         return JSONResponse(body, status_code=code)
 
     @app.get("/api/v1/checkpoints", responses=_responses(400, 401, 403, 422, 500, 503),
@@ -282,7 +288,7 @@ def create_app() -> FastAPI:
               "(`cleared`) and which run carries the retry out, or why none will until it is cleared (`next_run`). "
               "409 while the slot runs or when it has no skipped item that can be replayed.")
     def retry_skipped(user: GetUserDep, job: Job, slot: Slot, conn_id: str = conn_query()) -> dict[str, Any]:
-        return control.act(job, slot, control.RETRY_SKIPPED, conn_id=_conn(conn_id), by=user.get_name(),
+        return control.act(job, slot, control.RETRY_SKIPPED, conn_id=_conn(conn_id), by=_who(user),
                            check=lambda row: _authorize(user, row.dag_id, "PUT"))
 
     @app.post("/api/v1/checkpoint/{action}", responses=_responses(400, 401, 403, 404, 409, 422, 500, 503),
@@ -291,7 +297,7 @@ def create_app() -> FastAPI:
         user: GetUserDep, action: Action, job: Job, slot: Slot, conn_id: str = conn_query(),
         body: Annotated[ActionBody | None, Body()] = None,
     ) -> dict[str, Any]:
-        return control.act(job, slot, action.value, conn_id=_conn(conn_id), by=user.get_name(),
+        return control.act(job, slot, action.value, conn_id=_conn(conn_id), by=_who(user),
                            force=action is Action.RELEASE and bool(body and body.force),
                            check=lambda row: _authorize(user, row.dag_id, "PUT"))
 
@@ -333,7 +339,7 @@ def create_app() -> FastAPI:
         dag_id, _task_id = control.job_task(job, run_id, conn_id=conn)
         _authorize(user, dag_id, "PUT")
         return {"job": job, "run_id": run_id,
-                "cleared": control.rerun_failed(job, run_id, conn_id=conn, by=user.get_name())}
+                "cleared": control.rerun_failed(job, run_id, conn_id=conn, by=_who(user))}
 
     @app.get("/ui/checkpoint", include_in_schema=False, response_model=None)
     def checkpoint_page(request: Request) -> FileResponse | RedirectResponse:
@@ -381,6 +387,16 @@ def overlap_of(dag_id: str, run_id: str, task_id: str, map_index: int = -1) -> d
     return {"policy": value["policy"], "yielded_to": value.get("yielded_to"), "message": str(value.get("message", ""))}
 
 
+def _text(text: str | None) -> str | None:
+    return None if text is None else outward_text(text)
+
+
+def _who(user: Any) -> str:
+    """Who asks, as a request records it: the user's name through ``outward_text`` (a control
+    character written out: the auth manager's name is taken, never refused), its whitespace one space."""
+    return " ".join(outward_text(str(user.get_name())).split()) or "?"
+
+
 def _status_of(exc: ResumableError) -> int:
     if isinstance(exc, ReadBackFailed):  # applied, then the read of the answer failed: that failure's status
         return _status_of(exc.cause) if isinstance(exc.cause, ResumableError) else status.HTTP_500_INTERNAL_SERVER_ERROR
@@ -404,7 +420,7 @@ def _authorize(user: Any, dag_id: str | None, method: Literal["GET", "PUT"]) -> 
                                                 details=details, user=user):
         what = "read" if method == "GET" else "change"
         raise HTTPException(status.HTTP_403_FORBIDDEN,
-                            f"Forbidden: {user.get_name()} may not {what} the task instances of DAG {dag_id!r}")
+                            f"Forbidden: {_who(user)} may not {what} the task instances of DAG {dag_id!r}")
 
 
 def _readable(user: Any, dag_id: str | None, conn_id: str) -> set[str] | None:

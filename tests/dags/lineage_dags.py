@@ -1,9 +1,9 @@
 """DAGs the lineage and tracing tests drive through dag.test(): a ChunkedOperator over a SQL table
 through an Airflow connection (``lineage_source``), a handler-owned loop under ``@task.resumable``,
-a partitioned job, and a task that pauses and resumes.
+a partitioned job, a task that pauses and resumes, and one that stops with the conf's reason.
 
 conf keys: ``fail`` ([attempt, chunk] to raise in), ``die_at`` (the chunk whose process dies: ``os._exit``), ``error`` (the raised error's text), ``position_bytes`` (a position that large, to see
-it cut).
+it cut), ``reason`` (``ol_reason``'s stop reason).
 """
 
 from __future__ import annotations
@@ -103,3 +103,15 @@ with DAG("ol_crash", schedule="@daily", start_date=START, catchup=False) as ol_c
         task_id="sum_loans", read=sql_reader("lineage_source", table="loans", key="id"), process=add_loans,
         chunk_size=10, total=lambda ctx: 50, retries=1, retry_delay=timedelta(0), lease=timedelta(seconds=2),
     )
+
+
+def stop_with_the_conf_s_reason(ctx: RunContext) -> None:
+    """One checkpoint, then a stop with a reason of the handler's own: the conf's ``reason``."""
+    from airflow_resumable.core.model.errors import Cancelled
+
+    ctx.checkpoint(1, processed=1)
+    raise Cancelled(str(_conf()["reason"]))
+
+
+with DAG("ol_reason", schedule="@daily", start_date=START, catchup=False) as ol_reason:
+    ResumableOperator(task_id="work", handler=stop_with_the_conf_s_reason, retries=0)

@@ -18,6 +18,7 @@ from airflow_resumable.core.attempt.signal import Reason
 from airflow_resumable.core.model.checkpoint import AttemptEnd, Checkpoint, Status, encode
 from airflow_resumable.core.model.errors import Cancelled, LeaseBusy, OverlapSkip, OverlapWait
 from airflow_resumable.core.model.fence import Fence
+from airflow_resumable.core.model.outward import outward_text
 from airflow_resumable.core.model.request_rules import Action
 from airflow_resumable.core.model.states import Request
 from airflow_resumable.core.stores.base import StoreSession
@@ -207,7 +208,8 @@ def _stop_waiting(given: Given, holder: Checkpoint | None) -> None:
     given.log.warning(
         "stopped waiting for this slot's lease (held by %s): cancelled (%s): %s; nothing was written, "
         "the row stays as its holder keeps it, and a retry waits again [job=%s slot=%s attempt=%s]",
-        holder.lease_owner if holder else "?", reason, message, given.job, given.slot, given.attempt,
+        holder.lease_owner if holder else "?", outward_text(reason), outward_text(message), given.job, given.slot,
+        given.attempt,
     )
     signal.raise_if_cancelled()
 
@@ -346,7 +348,7 @@ def begin(given: Given, held: Held, rerun_because: str | None) -> Begun:
             log.warning(
                 "attempt %s: resuming from position=%r processed=%s%s (last status %s%s) [job=%s slot=%s]",
                 given.attempt, row.position, row.processed, f"/{row.total}" if row.total is not None else "",
-                row.status, f", {row.stop_reason}" if row.stop_reason else "", given.job, given.slot,
+                row.status, f", {outward_text(row.stop_reason)}" if row.stop_reason else "", given.job, given.slot,
             )
         resumed_from = encode(row.position, what="position", job=given.job, slot=given.slot)
         resumed, record_id = session.checkpoints.start(

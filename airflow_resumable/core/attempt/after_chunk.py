@@ -32,7 +32,7 @@ from airflow_resumable.core.model.errors import (
     ReaderChanged,
     StoreUnavailable,
 )
-from airflow_resumable.core.model.observe import MAX_OUTPUTS, Source, without_credentials_in
+from airflow_resumable.core.model.observe import MAX_OUTPUTS, Source, outward_text
 from airflow_resumable.core.model.options import wait_seconds
 from airflow_resumable.core.stores.transaction.handle import TransactionConnection
 
@@ -286,7 +286,7 @@ class Running:
                     "lineage: more than %s different %ss were declared in this attempt; the others (%s %s, ...) are "
                     "left out of its lineage events. Name the tables or files the handler reads or writes (a prefix "
                     "for many files), not each row or object [job=%s slot=%s]", MAX_OUTPUTS, direction, source.kind,
-                    without_credentials_in(source.name, 80), self.job, self.slot)
+                    outward_text(source.name, 80), self.job, self.slot)
             return
         declared.append(source)
 

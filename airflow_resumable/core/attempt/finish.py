@@ -18,6 +18,7 @@ from airflow_resumable.core.attempt.signal import Reason
 from airflow_resumable.core.model.checkpoint import ENCODER, AttemptEnd, Checkpoint, Status, short
 from airflow_resumable.core.model.checkpoint import error_text as _error_text
 from airflow_resumable.core.model.errors import Cancelled, CheckpointDeleted, InvalidCheckpoint, LeaseLost, Paused
+from airflow_resumable.core.model.outward import outward_text
 from airflow_resumable.core.view import task_summary
 
 
@@ -46,7 +47,7 @@ def already_done(given: Given, held: Held) -> Outcome:
     try:
         result = None if row.result is None else given.hooks.result_codec[1](row.result)
     except Exception as exc:  # the row is done; its copy of the result cannot be read back
-        log.warning("could not read back the stored result of this slot (%s); returning None", exc)
+        log.warning("could not read back the stored result of this slot (%s); returning None", outward_text(str(exc)))
         result = None
     log.warning(
         "this slot already finished at %s (run %s, attempt %s%s): not running it again; returning its "
@@ -94,7 +95,8 @@ def end(
         log.error(
             "could not record status %s%s (%s: %s): the row stays 'running' until its lease expires "
             "(within %gs), and the next attempt resumes from the last checkpoint [job=%s slot=%s attempt=%s]",
-            status, f" with error {short(error)}" if error else "", type(exc).__name__, exc, run.options.lease,
+            status, f" with error {outward_text(short(error))}" if error else "", type(exc).__name__,
+            outward_text(str(exc)), run.options.lease,
             run.job, run.slot, run.attempt,
         )
         raise
@@ -116,7 +118,8 @@ def _failed_instead(run: Running, values: dict[str, Any], exc: Exception) -> boo
         return False
     run.log.error("could not record status done (%s: %s): the writes since the last checkpoint were rolled "
                   "back and the slot recorded failed; the next attempt resumes from the last checkpoint "
-                  "[job=%s slot=%s attempt=%s]", type(exc).__name__, exc, run.job, run.slot, run.attempt)
+                  "[job=%s slot=%s attempt=%s]", type(exc).__name__, outward_text(str(exc)), run.job, run.slot,
+                  run.attempt)
     return True
 
 
@@ -160,12 +163,13 @@ def _end_anew(run: Running, values: dict[str, Any], exc: Exception, *, pending: 
             "could not record status %s%s: the connection was lost (%s) and a new one failed too (%s: %s); the "
             "row stays 'running' until its lease expires (within %gs), and the next attempt resumes from the "
             "last checkpoint [job=%s slot=%s attempt=%s]", values["status"],
-            f" with error {short(values['last_error'])}" if values["last_error"] else "", _error_text(exc, 300),
-            type(again).__name__, again, run.options.lease, run.job, run.slot, run.attempt,
+            f" with error {outward_text(short(values['last_error']))}" if values["last_error"] else "",
+            outward_text(_error_text(exc, 300)), type(again).__name__, outward_text(str(again)), run.options.lease,
+            run.job, run.slot, run.attempt,
         )
         raise gone from exc
     log.warning("the attempt's connection to the checkpoint database was lost (%s); recorded status %s "
-                "through a new one [job=%s slot=%s attempt=%s]", _error_text(exc, 300), final.status,
+                "through a new one [job=%s slot=%s attempt=%s]", outward_text(_error_text(exc, 300)), final.status,
                 run.job, run.slot, run.attempt)
     if tried is Status.DONE and final.status != Status.DONE.value:
         raise gone from exc
@@ -181,7 +185,8 @@ def stopped(run: Running, exc: BaseException) -> None:
         resume_in = None if exc.until is None else max(0.0, (exc.until - utcnow()).total_seconds())
         log.warning(
             "paused (%s: %s) at position=%r processed=%s [job=%s slot=%s attempt=%s]; the checkpoint is kept "
-            "and this try continues from it %s", exc.reason, exc.message, tally.position, tally.processed, run.job,
+            "and this try continues from it %s", outward_text(exc.reason), outward_text(exc.message), tally.position,
+            tally.processed, run.job,
             run.slot, run.attempt, "when resumed" if exc.until is None else f"at {exc.until.isoformat()}",
         )
         end(run, Status.PAUSED, stop_reason=exc.reason, resume_in=resume_in)
@@ -193,7 +198,7 @@ def stopped(run: Running, exc: BaseException) -> None:
         log.warning(
             "cancelled (%s) at position=%r processed=%s [job=%s slot=%s attempt=%s]; "
             "the checkpoint is kept and the next attempt resumes from it",
-            reason, tally.position, tally.processed, run.job, run.slot, run.attempt,
+            outward_text(reason), tally.position, tally.processed, run.job, run.slot, run.attempt,
         )
         end(run, Status.CANCELLED, error=message, stop_reason=reason)
     else:

@@ -48,6 +48,7 @@ from airflow_resumable.core.model.errors import (
     SlotNotFound,
 )
 from airflow_resumable.core.model.keys import json_key
+from airflow_resumable.core.model.outward import outward_text
 from airflow_resumable.core.model.request_rules import slot_of
 from airflow_resumable.core.stores.base import Store, StoreSession
 from airflow_resumable.core.stores.shared_sql import ANY_OWNER
@@ -124,7 +125,7 @@ def skip_item(
                                     error=error_text(error), attempt=attempt))
     log.warning(
         "skipped the item at position %s: %s (%s of at most %s in this slot; recorded in resumable_dead_letters) "
-        "[job=%s slot=%s attempt=%s]", text, error_text(error, 300), count + 1, limit, job, slot, attempt,
+        "[job=%s slot=%s attempt=%s]", text, outward_text(error_text(error, 300)), count + 1, limit, job, slot, attempt,
     )
     return count + 1
 
@@ -294,7 +295,7 @@ def replay_requested(session: StoreSession, *, job: str, slot: str, fn: Callable
             session.skips.end_retry(letter.id, error=error_text(exc))
             failed.append(letter.position)
             log.warning("retried the skipped item at position %s: it failed again: %s; still skipped "
-                        "[job=%s slot=%s]", short(letter.position, 60), error_text(exc, 300), job, slot)
+                        "[job=%s slot=%s]", short(letter.position, 60), outward_text(error_text(exc, 300)), job, slot)
         else:
             session.skips.end_retry(letter.id, attempt=attempt)
             replayed.append(letter.position)

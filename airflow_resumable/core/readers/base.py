@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from airflow_resumable.core.model.checkpoint import differences, short
 from airflow_resumable.core.model.errors import ConfigurationError
 from airflow_resumable.core.model.keys import json_key
-from airflow_resumable.core.model.observe import Source, without_credentials_in
+from airflow_resumable.core.model.observe import Source, outward_text
 
 if TYPE_CHECKING:
     from airflow_resumable.core.attempt.context import RunContext
@@ -114,7 +114,7 @@ class Reader(abc.ABC):
                     log = getattr(ctx, "log", None)
                     if log is not None:
                         log.warning("lineage: could not name what this reader reads (%s: %s); its lineage events go "
-                                    "without it", type(exc).__name__, without_credentials_in(str(exc), 200))
+                                    "without it", type(exc).__name__, outward_text(str(exc), 200))
                 reading(source)
 
     @abc.abstractmethod

@@ -19,6 +19,7 @@ from airflow_resumable.core.model import defaults
 from airflow_resumable.core.model.checkpoint import error_text, short
 from airflow_resumable.core.model.errors import ConfigurationError
 from airflow_resumable.core.model.options import REQUIRED, Option, call_problem, params_doc, problems, seconds
+from airflow_resumable.core.model.outward import outward_text
 from airflow_resumable.core.model.positions import default_key
 from airflow_resumable.core.readers import Batch, Reader
 
@@ -242,7 +243,7 @@ def _process_or_skip(
         if never_skipped(exc):
             raise
         ctx.log.warning("a chunk of %s failed with %s: processing it again item by item to find the bad ones "
-                        "[job=%s slot=%s]", len(batch), error_text(exc, 300), ctx.job, ctx.slot)
+                        "[job=%s slot=%s]", len(batch), outward_text(error_text(exc, 300)), ctx.job, ctx.slot)
     skipped = 0
     for item, key in zip(batch, keys, strict=True):
         one = Batch([item], [key]) if isinstance(batch, Batch) else [item]

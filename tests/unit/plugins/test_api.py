@@ -695,3 +695,32 @@ def test_retry_skipped_of_a_partition_through_rest_clears_it_and_its_next_run_re
     after = as_user("admin", "GET", f"{BASE}/checkpoint", params=slot).json()
     assert [i["state"] for i in after["skipped_items"]] == ["replayed"]
     assert "it had failed with: ValueError: bad row a/13" in after["skipped_items"][0]["error"]
+
+
+def test_a_handler_error_s_password_never_leaves_through_the_rest_api(as_user: Any, fresh: Store) -> None:
+    """Given a slot whose handler failed with an error holding a DSN with its password and a
+    ``password=`` pair (kept on the row and in its history as the handler said it), When the slot is read
+    through GET /checkpoint and listed through GET /checkpoints, Then neither answer holds the password,
+    and the rest of the error stays."""
+    error = "could not connect to postgresql://u:s3cret@h/db (dsn: host=h password=s3cret)"
+
+    def handler(ctx: Any) -> None:
+        ctx.checkpoint(5, processed=5)
+        raise RuntimeError(error)
+
+    attempt = Attempt(fresh, Identity(job=A, slot=SLOT, attempt=1, owner="owner-1",
+                                      origin=Origin(dag_id="dag_a", task_id="export", run_id="run_1", map_index=-1)),
+                      options=Options(lease=3.0), heartbeat=0.05)
+    with pytest.raises(RuntimeError):
+        attempt.run(handler)
+    with fresh.open() as s:
+        assert "s3cret" in (s.checkpoints.load(A, SLOT).last_error or "")
+    one = as_user("admin", "GET", f"{BASE}/checkpoint", params={**q(A), "conn_id": FRESH})
+    listed = as_user("admin", "GET", f"{BASE}/checkpoints", params={"conn_id": FRESH})
+    assert one.status_code == listed.status_code == 200, (one.text, listed.text)
+    for answer in (one, listed):
+        assert "s3cret" not in answer.text, answer.text
+    assert one.json()["last_error"] == ("RuntimeError: could not connect to postgresql://h/db "
+                                        "(dsn: host=h password=***")  # an unquoted value ends at a space
+    assert one.json()["history"][0]["error"] == one.json()["last_error"]
+    assert listed.json()["checkpoints"][0]["last_error"] == one.json()["last_error"]
