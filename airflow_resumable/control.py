@@ -144,7 +144,7 @@ def act(job: str, slot: str, action: _rules.Action | str, *, conn_id: str = DEFA
         raise ConfigurationError(f"force applies to {', '.join(a.value for a in _rules.Action if _rules.forceable(a))} "
                                  f"only, not to {name}", job=job, slot=slot)
     _core.check_keys(job, slot, size=False)  # one too long to be stored is not found, as by GET
-    by = _core.default_by() if by is None else _core.checked_by(by)
+    by = _core.default_by() if by is None else _core.checked_by(by, job=job, slot=slot)
     items = 0
     with _session(conn_id, job, slot) as session:
         for _ in range(OWNER_TRIES):
@@ -389,7 +389,7 @@ def rerun_failed(job: str, run_id: str, *, conn_id: str = DEFAULT_CONN_ID, by: s
 
     from airflow_resumable.version_compat import TaskInstance, TaskInstanceState, clear_task_instances, create_session
 
-    who = _core.default_by() if by is None else _core.checked_by(by)
+    who = _core.default_by() if by is None else _core.checked_by(by, job=job, slot=run_id)
     dag_id, task_id = job_task(job, run_id, conn_id=conn_id)
     with create_session() as session:
         failed = list(session.scalars(select(TaskInstance).where(
@@ -481,7 +481,7 @@ def request_retry_skipped(job: str, slot: str, *, conn_id: str = DEFAULT_CONN_ID
         SlotNotFound: no such slot.
         RequestRefused: the slot runs now, or has no skipped item that can be replayed; nothing changed.
     """
-    by = _core.default_by() if by is None else _core.checked_by(by)
+    by = _core.default_by() if by is None else _core.checked_by(by, job=job, slot=slot)
     with _session(conn_id, job, slot) as session:
         row, items = _skips.request_retry_in(session, job, slot, by=by)
     return _retry_carried(row, items, clear=clear, wait=wait)

@@ -37,6 +37,7 @@ from airflow_resumable.core.model.checkpoint import Checkpoint
 from airflow_resumable.core.model.columns import to_datetime
 from airflow_resumable.core.model.errors import ConfigurationError, OwnerChanged, RequestRefused, SlotNotFound
 from airflow_resumable.core.model.options import key_problem
+from airflow_resumable.core.model.outward import outward_text, visible
 from airflow_resumable.core.model.request_rules import ACTIONS, Action
 from airflow_resumable.core.model.states import AttemptEnd, Request, Status
 from airflow_resumable.core.model.tables import ATTEMPTS
@@ -58,7 +59,7 @@ def default_by() -> str:
         user = getpass.getuser()
     except Exception:  # no user name in this environment (a container without one)
         user = "unknown"
-    return f"{user}@{socket.gethostname()}"
+    return visible(f"{user}@{socket.gethostname()}")
 
 
 def pause(store: Store, job: str, slot: str, *, by: str | None = None) -> Checkpoint:
@@ -143,7 +144,7 @@ def apply(session: StoreSession, job: str, slot: str, action: Action, *, by: str
         SlotNotFound / RequestRefused: as each request says; nothing changed.
         OwnerChanged: the row names another DAG than ``dag_id`` now; nothing changed.
     """
-    by = _by(by)
+    by = _by(by, job=job, slot=slot)
     check_keys(job, slot)
     row = session.requests.apply(job, slot, action, by=by, outcome=OUTCOMES[action], force=force, dag_id=dag_id)
     if row is None:
@@ -170,6 +171,12 @@ def wake(row: Checkpoint | None, *, until: datetime | None, now: datetime) -> di
     """
     if row is None:
         return {"event": "missing", "why": "the slot's checkpoint row was deleted while it was paused"}
+    found = _woken(row, until=until, now=now)
+    # The why is logged by the task and may end it: its texts (who asked, an error) as they may go out.
+    return None if found is None else {**found, "why": outward_text(found["why"])}
+
+
+def _woken(row: Checkpoint, *, until: datetime | None, now: datetime) -> dict[str, str] | None:
     by = row.requested_by or "?"
     if row.status == Status.CANCELLED:
         return {"event": "cancelled", "why": f"{row.last_error or 'cancelled'} while paused"}
@@ -184,27 +191,37 @@ def wake(row: Checkpoint | None, *, until: datetime | None, now: datetime) -> di
     return None
 
 
-def checked_by(by: str) -> str:
-    """``by`` as a request records it (stripped, at most :data:`MAX_BY` characters).
+def checked_by(by: str, *, job: str | None = None, slot: str | None = None) -> str:
+    """``by`` as a request of ``job``'s ``slot`` records it (stripped, at most :data:`MAX_BY` characters).
 
     Raises:
-        ConfigurationError: it is not a non-empty string, or holds what the history cannot (a NUL
-            character, text that is not UTF-8).
+        ConfigurationError: it is not a non-empty string, holds what the history cannot (a NUL
+            character, text that is not UTF-8), or holds a control character (an escape sequence, a
+            line break, a tab, a bidirectional override): who asks is printed by ``airflow resumable
+            history`` and ``show``, where it would reach a terminal. Nothing was read or changed.
     """
-    return _by(by)
+    return _by(by, job=job, slot=slot)
 
 
-def _by(by: str | None) -> str:
+def _by(by: str | None, *, job: str | None = None, slot: str | None = None) -> str:
     if by is None:
         return default_by()
     if not isinstance(by, str) or not by.strip():
-        raise ConfigurationError(f"by must name who asks (a non-empty string), got {by!r}")
+        raise ConfigurationError(f"by must name who asks (a non-empty string), got {by!r}", job=job, slot=slot,
+                                 hint="Name who asks in plain text, e.g. --by alice@example.com")
     by = by.strip()[:MAX_BY]
     # What the history's text column cannot hold (PostgreSQL refused a NUL with its own error);
     # the length is not a problem: it is cut.
     problem = key_problem("by", by)
     if problem is not None:
-        raise ConfigurationError(problem, hint="Name who asks in plain text")
+        raise ConfigurationError(problem, job=job, slot=slot, hint="Name who asks in plain text")
+    if by != visible(by) or "\n" in by or "\t" in by:  # kept in the history, printed to terminals and pages
+        shown = visible(by).replace("\n", "\\n").replace("\t", "\\t")
+        raise ConfigurationError(
+            f"by '{shown}' holds a control character (an escape sequence, a line break, a tab or a "
+            "bidirectional override): who asks goes to the slot's history, which `airflow resumable history` "
+            "and `show` print to a terminal; nothing was changed", job=job, slot=slot,
+            hint="Name who asks in plain text (letters, digits, spaces, @ . - _), e.g. --by alice@example.com")
     return by
 
 
@@ -469,7 +486,7 @@ def record_rerun(store: Store, job: str, run_id: str, map_indexes: Collection[in
     unmapped job's slot) that a re-run of it was asked, by whom: one record each, as a request's
     (outcome ``rerun_requested``). Returns how many slots it recorded on (a partition with no row
     has no history)."""
-    by = _by(by)
+    by = _by(by, job=job, slot=run_id)
     with store.open(autocommit=True) as session:
         session.ensure_schema()
         slots = {slot for _d, _t, _r, _s, name, _c, _u, index, slot, *_ in session.listings.partitions(run_id=run_id)
