@@ -232,19 +232,19 @@ class Checkpoints:
         sql, params = self.save_statement(fence, write)
         if c.d.one_writer:
             with c.conn.own(), c.conn.writing():
-                cur.execute(sql, params)
+                cur.execute(c.qualified(sql), params)
                 rows = cur.fetchall()  # SQLite's statement (and its rowcount) ends with its rows
         elif self._prepared is None or self._prepared.plain is not sql:
-            cur.execute(sql, params)
+            cur.execute(c.qualified(sql), params)
             rows = cur.fetchall()
         else:  # PostgreSQL through psycopg2: by name once prepared (stores/prepared.py)
             text = self._prepared.text(autocommit=c.autocommit)
             try:
-                cur.execute(text, params)
+                cur.execute(c.qualified(text), params)
             except Exception as exc:
                 if not self._prepared.gone(exc, text):
                     raise
-                cur.execute(sql, params)  # the failed EXECUTE changed nothing
+                cur.execute(c.qualified(sql), params)  # the failed EXECUTE changed nothing
             else:
                 self._prepared.sent(text)
             rows = cur.fetchall()

@@ -8,7 +8,9 @@ The operations live in small objects over a :class:`Connection`, one per aggrega
 
 from __future__ import annotations
 
+import functools
 import os
+import re
 import secrets
 import socket
 import sqlite3
@@ -26,7 +28,7 @@ from airflow_resumable.core.model.errors import (
     TransactionRefused,
 )
 from airflow_resumable.core.model.fence import Fence
-from airflow_resumable.core.model.tables import CHECKPOINTS
+from airflow_resumable.core.model.tables import CHECKPOINTS, META, all_tables
 from airflow_resumable.core.stores.dialect import Dialect, writes
 from airflow_resumable.core.stores.transaction.handle import Loan, SQLiteDriver, TransactionConnection
 from airflow_resumable.core.stores.transaction.postgres_cursors import Psycopg2Driver, Psycopg3Driver
@@ -36,6 +38,20 @@ __all__ = ["Connection", "Params", "row_deleted", "save_rejected"]
 
 #: The parameters of one statement: a dict for named ``%(name)s`` placeholders, else a sequence.
 Params = Mapping[str, Any] | Sequence[Any]
+
+
+#: The run's own tables as its statements name them (unqualified: the store's schema is its sessions'
+#: ``search_path``), not inside a longer name nor already qualified.
+_RUN_TABLES = re.compile(r'(?<![\w."])(?:' + "|".join([META, *(t.name for t in all_tables())]) + r')(?![\w"])')
+#: The schema the run's checkpoint table resolves to, read when a connection is lent (quoted if need be).
+_SCHEMA_OF_RUN = (f"SELECT relnamespace::pg_catalog.regnamespace::text FROM pg_catalog.pg_class "
+                  f"WHERE oid = pg_catalog.to_regclass('{CHECKPOINTS.name}')")
+
+
+@functools.lru_cache(maxsize=1024)
+def _qualified(sql: str, schema: str) -> str:
+    """``sql`` (a statement of the run's own) with its tables named in ``schema``."""
+    return _RUN_TABLES.sub(lambda m: f"{schema}.{m[0]}", sql)
 
 
 class _Connector(Protocol):
@@ -212,6 +228,16 @@ class Connection:
         self._token = ""
         #: How many :meth:`savepoint` blocks are open (each depth has a savepoint name of its own).
         self._depth = 0
+        #: PostgreSQL, once lent: the schema of the run's tables (see :meth:`qualified`).
+        self._schema: str | None = None
+
+    def qualified(self, sql: str) -> str:
+        """``sql``, a statement of the run's own, as it is sent: once the connection has been lent to a
+        handler, its tables named in their schema (PostgreSQL: the one they resolved to then; SQLite:
+        ``main``, the store's file), so that the handler's ``SET search_path`` or a TEMP table of its
+        own named like one of the run's never redirects the run's checkpoints, its history or its end."""
+        schema = self._schema
+        return sql if schema is None else _qualified(sql, schema)
 
     def execute(self, sql: str, params: Params = ()) -> Any:
         """Run one statement written with ``%s`` or ``%(name)s`` placeholders (see :class:`Dialect`),
@@ -219,6 +245,7 @@ class Connection:
         cur = self.conn.cursor()
         values = params if isinstance(params, Mapping) else tuple(params)
         if self.d.one_writer:
+            sql = self.qualified(sql)
             with self.conn.own():  # the run's own statement: SQLite's authorizer lets it pass
                 if writes(sql):
                     with self.conn.writing():
@@ -226,7 +253,7 @@ class Connection:
                 else:
                     cur.execute(self.d.placeholders(sql), values)
             return cur
-        cur.execute(self.d.placeholders(sql), values)
+        cur.execute(self.d.placeholders(self.qualified(sql)), values)
         return cur
 
     _execute = execute
@@ -422,11 +449,17 @@ class Connection:
             loan = self._loan = Loan(job, slot)
             if self.d.one_writer:
                 self.conn.lend(loan)  # the witness comes with each chunk's BEGIN IMMEDIATE
+                self._schema = "main"  # the store's file: never a TEMP table of the handler's
             else:
                 _read_write(self.conn)  # every BEGIN the driver sends from now on: BEGIN READ WRITE
                 loan.wire = self._driver.wire(self.conn)  # how the server reads texts: judged only while unchanged
                 self._token = secrets.token_hex(8)  # the driver sends BEGIN first
-                self.conn.cursor().execute(f"SAVEPOINT {loan.marker}; {_witnessed(self._token)}")
+                cur = self.conn.cursor()  # the schema of the run's tables, before the handler can move it
+                cur.execute(f"SAVEPOINT {loan.marker}; {_witnessed(self._token)}; {_SCHEMA_OF_RUN}")
+                while isinstance(self._driver, Psycopg3Driver) and cur.nextset():
+                    pass  # psycopg 3 stands on the first result, psycopg2 on the last
+                found = cur.fetchone()
+                self._schema = None if found is None else found[0]
         return TransactionConnection(self.conn, self._driver, self._loan)
 
     def end_loan(self) -> None:

@@ -4,6 +4,7 @@ as PgBouncer in transaction mode) without losing or repeating a checkpoint."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import psycopg2
@@ -53,7 +54,7 @@ def _saves() -> list[str]:
             out.append("prepare+execute")
         elif sql.startswith("EXECUTE resumable_"):
             out.append("execute")
-        elif sql.startswith("UPDATE resumable_checkpoints SET position"):
+        elif re.match(r"UPDATE (\S+\.)?resumable_checkpoints SET position", sql):  # in its schema, once lent
             out.append("text")
     return out
 
