@@ -197,6 +197,110 @@ def _read_only_then_fail(ctx: Any, cur: Any) -> None:
     SEEN["fail"] = "at the next chunk"
 
 
+# -- ways code written to defeat the guard reaches the driver's connection (the guarantees page lists them) --
+
+def _unguarded_rollback(raw: Any) -> None:
+    _sqlite_unguarded(raw)
+    raw.rollback()
+
+
+def _closure_rollback(ctx: Any, cur: Any) -> None:
+    """The closure of a forwarder the handles give out: a bound method of the driver's object."""
+    tx = ctx.transaction()
+    forwarder = tx.get_backend_pid if hasattr(type(tx._driver), "cursor") and "get_backend_pid" in tx._driver.readable \
+        else cur.fetchone
+    bound = forwarder.__closure__[0].cell_contents
+    owner = bound.__self__
+    raw = getattr(owner, "connection", owner)
+    _unguarded_rollback(raw)
+
+
+class _Grab:
+    """psycopg2's documented adapter protocol: an object that adapts itself gets ``prepare(conn)``
+    with the C connection before it is quoted."""
+
+    grabbed: list[Any] = []
+
+    def __conform__(self, proto: Any) -> Any:
+        return self
+
+    def prepare(self, conn: Any) -> None:
+        _Grab.grabbed.append(conn)
+
+    def getquoted(self) -> bytes:
+        return b"1"
+
+
+def _adapter_rollback(ctx: Any, cur: Any) -> None:
+    cur.execute("SELECT %s", (_Grab(),))
+    _Grab.grabbed[-1].rollback()
+
+
+def _forged_filename_rollback(ctx: Any, cur: Any) -> None:
+    """Code compiled under a file name of the driver's folder: a cursor's ``.connection`` takes it for
+    the driver's own module."""
+    import psycopg2.extras
+
+    scope: dict[str, Any] = {"cur": cur}
+    exec(compile("raw = cur.connection", psycopg2.extras.__file__, "exec"), scope)  # noqa: S102 - the point
+    scope["raw"].rollback()
+
+
+class _Grabbed:
+    pass
+
+
+def _dumper_rollback(ctx: Any, cur: Any) -> None:
+    """psycopg 3's documented adapter protocol: a dumper is given the connection it dumps for."""
+    from psycopg.adapt import Dumper
+
+    found: list[Any] = []
+
+    class Grabber(Dumper):
+        def dump(self, obj: Any) -> bytes:
+            found.append(self.connection)
+            return b"1"
+
+    tx = ctx.transaction()
+    tx.adapters.register_dumper(_Grabbed, Grabber)
+    tx.cursor().execute("SELECT %s::int", (_Grabbed(),))
+    found[-1].rollback()
+
+
+def _frame_rollback(ctx: Any, cur: Any) -> None:
+    """The run's own frames, up the stack from the handler: what their locals hold leads to the store's
+    connection (a few attributes down)."""
+    import sys
+
+    from airflow_resumable.core.stores.connection import Connection
+
+    seen: set[int] = set()
+    frame = sys._getframe(1)
+    while frame is not None:
+        todo = [(v, 0) for v in frame.f_locals.values()]
+        while todo:
+            value, depth = todo.pop()
+            if id(value) in seen or depth > 3:
+                continue
+            seen.add(id(value))
+            if isinstance(value, Connection):
+                _unguarded_rollback(value.conn)
+                return
+            todo += [(v, depth + 1) for v in getattr(value, "__dict__", {}).values()]
+        frame = frame.f_back
+    raise AssertionError("no frame of the run holds its connection")
+
+
+#: Each way code written to defeat the guard reaches the driver's connection, and the drivers it works on.
+REACHES: dict[str, tuple[str, ...]] = {
+    "closure rollback": ("sqlite", "psycopg2", "psycopg3"),
+    "adapter protocol rollback": ("psycopg2",),
+    "forged filename rollback": ("psycopg2", "psycopg3"),
+    "dumper rollback": ("psycopg3",),
+    "frame rollback": ("sqlite", "psycopg2", "psycopg3"),
+}
+
+
 #: Misdeeds that first look at something when their chunk starts, before its first write.
 PEEKS: dict[str, Callable[[Any, Any], None]] = {"descriptor rollback to": _peek_activity}
 
@@ -232,6 +336,12 @@ MISDEEDS: dict[str, Callable[[Any, Any], None]] = {
     "raw transaction read only": _raw_setting("SET transaction_read_only = on"),
     "raw query_only": _raw_setting("PRAGMA query_only = 1"),
     "raw read only then fail": _read_only_then_fail,
+    # code written to defeat the guard (REACHES)
+    "closure rollback": _closure_rollback,
+    "adapter protocol rollback": _adapter_rollback,
+    "forged filename rollback": _forged_filename_rollback,
+    "dumper rollback": _dumper_rollback,
+    "frame rollback": _frame_rollback,
 }
 
 

@@ -259,7 +259,8 @@ class Psycopg3Driver:
         if self._mogrifier is None:
             import psycopg
 
-            self._mogrifier = self._lent(psycopg.ClientCursor(conn), conn)
+            self._mogrifier = psycopg.ClientCursor(conn)
+            self._mogrifier._adapters = self.adapters(conn)  # the handler's map itself: what it registers later too
         return self._mogrifier.mogrify(query, params)
 
 

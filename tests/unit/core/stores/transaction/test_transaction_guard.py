@@ -21,7 +21,7 @@ from airflow_resumable.core import Attempt
 from airflow_resumable.core.model.errors import TransactionRefused
 from airflow_resumable.core.model.identity import Identity
 from airflow_resumable.core.stores import SQLiteStore, Store
-from support.escapes import ITEMS, make_sink, sink
+from support.escapes import ITEMS, REACHES, make_sink, sink
 from support.guard import ALL, JOB, PG, SLOT, _attempt, _drivers, _resume, _row
 
 # The issue's table: (misdeed, drivers, what follows it). A commit's harm shows when the process dies
@@ -323,3 +323,26 @@ def test_sqlite_s_engine_refuses_read_only_pragmas_and_the_run_s_witness(driver_
     Attempt(driver_store, Identity(job=JOB, slot=SLOT, attempt=1, owner="a")).run(send_all)
     assert results == {**dict.fromkeys(SQLITE_REFUSED, "refused"), **dict.fromkeys(SQLITE_ALLOWED, "ran")}
     assert sink(driver_store) == [1]
+
+
+@pytest.mark.parametrize(
+    ("misdeed", "driver_store"),
+    [pytest.param(m, k, marks=[PG] if k != "sqlite" else [], id=f"{m}-{k}") for m, kinds in REACHES.items() for k in kinds],
+    indirect=["driver_store"],
+)
+def test_each_documented_way_past_the_handles_reaches_the_driver_and_the_witness_still_catches_a_rollback(
+    driver_store: Store, misdeed: str,
+) -> None:
+    # Given attempt 1 doing what the guarantees page lists as beyond the handles (code written to
+    # defeat them): the closure of a forwarder, the drivers' adapter protocols, a file name of the
+    # driver's folder, the run's frames; and rolling the chunk back through the connection it found
+    first = _attempt(driver_store, misdeed, "checkpoint")
+    # Then it did reach the driver's connection, as documented
+    assert "done: the misdeed went through" in first.stdout, first.stdout + first.stderr[-3000:]
+    # and the chunk's checkpoint is refused loudly, never written past the rolled-back rows
+    assert first.returncode == 4 and "error: TransactionRefused" in first.stdout, first.stdout + first.stderr[-3000:]
+    assert "not the one this chunk opened" in first.stdout
+    assert (_row(driver_store).status, _row(driver_store).position) == ("failed", 10)
+    # When attempt 2 resumes, every item is written once
+    _resume(driver_store)
+    assert sink(driver_store) == list(range(ITEMS)) and _row(driver_store).status == "done"
