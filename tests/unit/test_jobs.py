@@ -190,14 +190,35 @@ def test_a_row_edited_by_hand_leaves_its_group_s_numbers_out_of_the_jobs_line_no
         run_slot(store, f"d.exp[{i}]", "d", task_id="exp.partition", map_index=i, n=10)
     run_slot(store, "e.other", "e", n=10)
     _set(store, "d.exp[1]", processed=float("inf"), updated_at="yesterday")
-    # When the jobs are listed: every job; the edited one's done partitions sum no count (SQL sums them as
-    # one group), before: OverflowError, the whole list a 500
+    # When the jobs are listed: every job; the edited partition's count is left out of the sum (the
+    # decoder's rule, in SQL), before: OverflowError, the whole list a 500
     lines = {line["job"]: line for line in core_control.jobs(store)}
     assert set(lines) == {"d.exp", "e.other"} and lines["e.other"]["processed"] == 10
-    assert lines["d.exp"]["partitions"]["done"] == 2 and lines["d.exp"]["processed"] == 0
+    assert lines["d.exp"]["partitions"]["done"] == 2 and lines["d.exp"]["processed"] == 10
     # And a map index edited into text still lists every job (the edited one as its rows name it)
     _set(store, "d.exp[1]", map_index="")
     assert "e.other" in {line["job"] for line in core_control.jobs(store)}
+
+
+def test_a_count_edited_by_hand_out_of_its_range_counts_for_nothing_in_the_jobs_line(store: Store) -> None:
+    # Given a job planned in 3 partitions of 10 rows, all done, two of them edited by hand: a negative
+    # total, a negative processed and a rate below zero (the decoder refuses each such row)
+    with store.open(autocommit=True) as s:
+        s.ensure_schema()
+        save_plan(s, "d.exp", SLOT, Plan(3, (10, 20), 30))
+    for i in range(3):
+        run_slot(store, f"d.exp[{i}]", "d", task_id="exp.partition", map_index=i, n=10)
+    _set(store, "d.exp[1]", total=-10)
+    _set(store, "d.exp[2]", processed=-5, rate=-1.0)
+    # When the jobs are listed
+    line = core_control.jobs(store)[0]
+    # Then the line adds up only what the decoder would read, the plan's total standing for the range
+    # it cannot count: never a total or a count below zero (before: total 10, processed 15, 150 %)
+    assert (line["processed"], line["total"], line["percent"]) == (20, 30, pytest.approx(66.7, abs=0.1))
+    assert line["partitions"]["done"] == 3
+    # And the partition's own detail refuses the row, naming it
+    with pytest.raises(CorruptCheckpoint, match="total"):
+        core_control.job_partitions(store, "d.exp", "run_1")
 
 
 def test_a_partitioned_run_s_summary_and_rerun_failed_clear_the_failed_partition_and_the_summary(

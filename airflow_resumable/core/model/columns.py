@@ -66,6 +66,20 @@ class Column:
         return None
 
 
+    def kept(self) -> str:
+        """This column's value where :meth:`problem` would find nothing wrong with it, else NULL, as
+        SQL: the decoder's own rule for a statement that adds rows up in the database (the jobs
+        line), so that a number edited by hand out of its range counts there for nothing, as the
+        decoder refuses it. Both stores (a text in a SQLite number column is not between two numbers;
+        PostgreSQL's NaN is greater than every number)."""
+        name, kind = self.name, self.kind
+        if kind in MAX_NUMBER:
+            return f"CASE WHEN {name} BETWEEN {self.least} AND {MAX_NUMBER[kind]} THEN {name} END"
+        if kind == "float":
+            return f"CASE WHEN {name} >= 0 AND {name} < 1e308 THEN {name} END"
+        raise ValueError(f"column {name} is not a number column")
+
+
 def column(kind: str, doc: str, *, nullable: bool = True, default: Any = dataclasses.MISSING,
            sql_default: str | None = None, factory: Any = dataclasses.MISSING, least: int = 0,
            values: Any = None) -> Any:

@@ -8,9 +8,12 @@ from typing import Any
 
 from airflow_resumable.core.model.checkpoint import AttemptRecord, Checkpoint, read_record
 from airflow_resumable.core.model.identity import PLAN_SUFFIX
-from airflow_resumable.core.model.tables import ATTEMPTS
+from airflow_resumable.core.model.tables import ATTEMPTS, CHECKPOINTS
 from airflow_resumable.core.stores.connection import Connection
 from airflow_resumable.core.stores.shared_sql import HISTORY, KEY, SELECT, TABLE
+
+#: The checkpoint table's columns by name (the numbers the jobs line adds up keep to the decoder's rule).
+_COLUMNS = {c.name: c for c in CHECKPOINTS.columns}
 
 
 class Listings:
@@ -111,9 +114,10 @@ class Listings:
             group += ", job"
         clause = f"WHERE {' AND '.join(where)} " if where else ""
         live = f"status = 'running' AND lease_owner IS NOT NULL AND lease_expires_at > {c.d.now()}"
+        processed, total, rate = (_COLUMNS[name].kept() for name in ("processed", "total", "rate"))
         rows = c.execute(
             f"SELECT dag_id, task_id, run_id, status, MIN(job), COUNT(*), MAX(updated_at), MAX(map_index), slot, "
-            f"SUM(processed), SUM(total), COUNT(total), SUM(CASE WHEN {live} THEN rate END) FROM {TABLE} "
+            f"SUM({processed}), SUM({total}), COUNT({total}), SUM(CASE WHEN {live} THEN {rate} END) FROM {TABLE} "
             f"{clause}GROUP BY {group}", params,
         ).fetchall()
         c.commit()
