@@ -129,8 +129,13 @@ def _check_class() -> Any:
             if self.name is not None:
                 raise psycopg2.ProgrammingError("can't call .executemany() on named cursors")
             texts = [self._resumable_text(query, v) for v in vars_list]  # all judged before any runs
+            guard = self._resumable_guard
+            assert guard is not None
+            conn = real_connection.__get__(self)
             total = 0
             for text in texts:
+                # judged as the session read texts then: a text before it may have changed that (a function's body)
+                unchanged(Psycopg2Driver.wire(conn), guard._loan)
                 super().execute(text)
                 n = real_rowcount.__get__(self)
                 total = -1 if n < 0 or total < 0 else total + n
@@ -185,6 +190,19 @@ def _codec(encoding: str) -> str:
     return codecs.lookup(encodings.get(encoding, encoding)).name
 
 
+def unchanged(now: Wire, loan: Loan) -> None:
+    """Refuse to send anything while the session reads texts unlike the check does (see :func:`judge`):
+    checked again right before each text a call judged up front is sent, since a text sent before it
+    (a function's body) may have changed how the server reads the next.
+
+    Raises:
+        TransactionRefused: nothing was sent.
+    """
+    wrong = wire_refusal(loan.wire, now, loan.job, loan.slot)
+    if wrong is not None:
+        raise wrong
+
+
 def judge(now: Wire, text: str, loan: Loan) -> None:
     """Refuse ``text`` if PostgreSQL's parser finds a statement in it that would end the chunk's
     transaction, or if the session reads texts unlike that parser does: ``standard_conforming_strings``
@@ -194,9 +212,7 @@ def judge(now: Wire, text: str, loan: Loan) -> None:
     Raises:
         TransactionRefused: nothing was sent.
     """
-    wrong = wire_refusal(loan.wire, now, loan.job, loan.slot)
-    if wrong is not None:
-        raise wrong
+    unchanged(now, loan)
     refusal = postgres_refusal(text)
     if refusal is not None:
         raise statement_refused(refusal, loan.job, loan.slot)
@@ -335,8 +351,11 @@ class Psycopg3Cursor:
             self._cur.executemany(query, params_seq, **kwargs)
             return
         sent = [self._sent(query, p) for p in params_seq]  # all judged before any runs
+        guard = self._guard
         total = 0
         for q, p in sent:
+            # judged as the session read texts then: a text before it may have changed that (a function's body)
+            unchanged(Psycopg3Driver.wire(guard._conn), guard._loan)
             self._cur.execute(q, p)
             total += max(self._cur.rowcount, 0)
         object.__setattr__(self, "_many", total)

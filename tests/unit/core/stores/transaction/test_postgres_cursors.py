@@ -158,6 +158,37 @@ def test_a_setting_changed_by_server_side_code_refuses_every_statement_after_it_
     assert sink(driver_store) == [1]
 
 
+#: A function whose body changes the client encoding the first time it is called in the session only.
+_SETS_ONCE = ("CREATE TEMP SEQUENCE calls; CREATE FUNCTION pg_temp.sets_once() RETURNS boolean LANGUAGE plpgsql AS "
+              "$$ BEGIN IF nextval('pg_temp.calls') = 1 THEN PERFORM set_config('client_encoding', 'SJIS', false); "
+              "END IF; RETURN true; END $$")
+
+
+@pytest.mark.parametrize("driver_store", _drivers("psycopg2", "psycopg3"), indirect=True)
+def test_a_setting_changed_by_one_text_of_an_executemany_refuses_the_texts_after_it(
+    driver_store: Store, request: pytest.FixtureRequest,
+) -> None:
+    hidden = _HIDDEN[request.node.callspec.params["driver_store"]][0].removeprefix("SELECT ")
+    caught: list[str] = []
+
+    # Given a handler whose executemany sends one text twice: the first time, a function's body changes the
+    # session's client encoding; read the second time in SJIS, the same text holds a COMMIT
+    def sneaky(ctx: Any) -> None:
+        cur = ctx.transaction().cursor()
+        cur.execute("INSERT INTO sink (item, attempt) VALUES (%s, %s)", (1, ctx.attempt))
+        cur.execute(_SETS_ONCE)
+        with pytest.raises(TransactionRefused, match="client_encoding is SJIS where it was UTF8") as refused:
+            cur.executemany(f"SELECT pg_temp.sets_once(), {hidden} IS NULL", [(), ()])
+        caught.append(str(refused.value))
+        raise RuntimeError("the handler fails after the refusal")
+
+    # Then the second text is not sent: nothing of the chunk was committed, and the handler's error undoes it
+    with pytest.raises(RuntimeError, match="the handler fails"):
+        Attempt(driver_store, Identity(job=JOB, slot=SLOT, attempt=1, owner="a")).run(sneaky)
+    assert caught and f"job={JOB!r}" in caught[0]
+    assert sink(driver_store) == []
+
+
 @pytest.mark.parametrize("driver", ["psycopg2", "psycopg3"])
 @pytest.mark.postgres
 def test_a_connection_in_a_client_only_encoding_is_not_lent(
