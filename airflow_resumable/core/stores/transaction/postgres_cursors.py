@@ -281,9 +281,10 @@ class Psycopg3Driver:
 
 
 class Psycopg3Cursor:
-    """A psycopg 3 cursor, allow-listed: each statement is judged before it is sent, with its
-    parameters merged as a client-side cursor sends it (with server-side parameters the server
-    takes one statement only, so that judges conservatively)."""
+    """A psycopg 3 cursor, allow-listed: each statement is judged before it is sent, as the server
+    parses it: with its parameters merged where they are merged client-side (a ``ClientCursor``, a
+    ``COPY``), else with ``$1``, ``$2``... in their places (server-side parameters: the server never
+    parses their values)."""
 
     __slots__ = ("_cur", "_guard", "_many")
     _SETTABLE = frozenset({"arraysize", "row_factory"})
@@ -324,10 +325,19 @@ class Psycopg3Cursor:
         text = query
         if params is not None:
             client = isinstance(self._cur, psycopg.ClientCursor)
-            # merged by the cursor itself where it merges (its own dumpers), else by one on the connection
-            text = self._cur.mogrify(query, params) if client else guard._driver.merged(conn, query, params)
             if client or not params:
-                query, params = text, None  # the text is what goes (simple query protocol): send what was judged
+                # merged by the cursor itself where it merges (its own dumpers), else by one on the connection;
+                # the text is what goes (simple query protocol): send what was judged
+                text = self._cur.mogrify(query, params) if client else guard._driver.merged(conn, query, params)
+                query, params = text, None
+            else:
+                # Server-side parameters: the server parses the query with $1, $2... in their places, never the
+                # values, so that text is judged (values merged in would be read otherwise: '/*' in a comment
+                # opens a nested one, which hid what followed from the check)
+                cur = self._cur  # converted as the cursor itself converts it (its query class, its adapters)
+                converted = cur._query_cls(psycopg.adapt.Transformer(cur))
+                converted.convert(query, params)
+                text = converted.query
         if isinstance(text, bytes):
             text = text.decode(conn.info.encoding)
         judge(Psycopg3Driver.wire(conn), text, guard._loan)
@@ -344,10 +354,11 @@ class Psycopg3Cursor:
 
         params_seq = list(params_seq)
         if params_seq and not isinstance(self._cur, psycopg.ClientCursor) and all(params_seq):
-            # Server-side parameters: one statement, the same text for every set (the server takes one
-            # statement with parameters, and none that ends a transaction has any), judged once; sent by
-            # psycopg's own executemany (pipelined)
-            self._sent(query, params_seq[0])
+            # Server-side parameters: one statement for every set (the server takes one statement with
+            # parameters), each judged as the server parses it, before any is sent; sent by psycopg's own
+            # executemany (pipelined)
+            for params in params_seq:
+                self._sent(query, params)
             self._cur.executemany(query, params_seq, **kwargs)
             return
         sent = [self._sent(query, p) for p in params_seq]  # all judged before any runs

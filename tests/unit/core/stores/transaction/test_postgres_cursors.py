@@ -189,6 +189,36 @@ def test_a_setting_changed_by_one_text_of_an_executemany_refuses_the_texts_after
     assert sink(driver_store) == []
 
 
+@pytest.mark.parametrize("driver_store", _drivers("psycopg3"), indirect=True)
+def test_a_statement_with_server_side_parameters_is_judged_as_the_server_parses_it(driver_store: Store) -> None:
+    from psycopg.types.json import Jsonb
+
+    # A COMMIT after a comment holding a parameter: with the value '/*' merged into the text (a literal inside
+    # the comment), the comment would nest and seem to run to the end; the server never reads the value there
+    commits = "/* %s */ COMMIT -- */"
+    sent: list[str] = []
+
+    def sneaky(ctx: Any) -> None:
+        tx = ctx.transaction()
+        cur = tx.cursor()
+        cur.execute("INSERT INTO sink (item, attempt) VALUES (%s, %s)", (1, ctx.attempt))
+        for send in (lambda: cur.execute(commits, [Jsonb("/*")]), lambda: cur.executemany(commits, [[Jsonb("/*")]]),
+                     lambda: tx.cursor(binary=True).execute(commits, [Jsonb("/*")]),
+                     lambda: list(cur.stream(commits, [Jsonb("/*")]))):
+            with pytest.raises(TransactionRefused, match="COMMIT"):
+                send()
+            sent.append("refused")
+        cur.execute("SELECT %s::jsonb /* a comment */", [Jsonb("/*")])  # what is not a COMMIT still runs
+        assert cur.fetchone() == ("/*",)
+        raise RuntimeError("the handler fails: the chunk is undone")
+
+    # Then each is refused before it is sent: the chunk's writes were never committed
+    with pytest.raises(RuntimeError, match="the handler fails"):
+        Attempt(driver_store, Identity(job=JOB, slot=SLOT, attempt=1, owner="a")).run(sneaky)
+    assert sent == ["refused"] * 4
+    assert sink(driver_store) == []
+
+
 @pytest.mark.parametrize("driver", ["psycopg2", "psycopg3"])
 @pytest.mark.postgres
 def test_a_connection_in_a_client_only_encoding_is_not_lent(
