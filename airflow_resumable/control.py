@@ -111,10 +111,11 @@ RETRY_SKIPPED = "retry_skipped"
 
 
 def act(job: str, slot: str, action: _rules.Action | str, *, conn_id: str = DEFAULT_CONN_ID, by: str | None = None,
-        force: bool = False, check: Callable[[Checkpoint], None] | None = None) -> dict[str, Any]:
+        force: bool = False, check: Callable[[str | None], None] | None = None) -> dict[str, Any]:
     """One request and the slot as it stands after it, on one connection (one schema check): the
-    slot's row is read, ``check(row)`` may refuse the caller (the REST API's per-DAG permission:
-    whatever it raises goes up, nothing changed), the request is applied (``action``: pause,
+    slot's owning DAG is read alone and ``check(dag_id)`` may refuse the caller (the REST API's per-DAG
+    permission: whatever it raises goes up, nothing changed, no other column read), then its row is
+    read, the request is applied (``action``: pause,
     resume, cancel, restart, release with ``force``, or ``retry_skipped``), and the slot's
     :func:`detail` is read after it; a retry's answer also has ``retry``
     (:meth:`RetryRequested.as_json`).
@@ -148,16 +149,22 @@ def act(job: str, slot: str, action: _rules.Action | str, *, conn_id: str = DEFA
     items = 0
     with _session(conn_id, job, slot) as session:
         for _ in range(OWNER_TRIES):
+            if check is not None:
+                found, owner = session.listings.owner(job, slot)
+                if not found:
+                    raise _core.not_found(job, slot)
+                check(owner)
             row = session.checkpoints.load(job, slot)
             if row is None:
                 raise _core.not_found(job, slot)
-            if check is not None:
-                check(row)
+            if check is not None and row.dag_id != owner:
+                continue  # another DAG's task took the slot over since the check: check its new owner
             try:
                 if wanted is None:
                     row, items = _skips.request_retry_in(session, job, slot, by=by, checked=row)
                 else:
-                    _core.apply(session, job, slot, wanted, by=by, force=force, dag_id=row.dag_id)
+                    _core.apply(session, job, slot, wanted, by=by, force=force,
+                                dag_id=owner if check is not None else row.dag_id)
             except OwnerChanged:
                 continue  # another DAG's task took the slot over since the check: check its new row
             break
@@ -252,16 +259,23 @@ def _explained(session: StoreSession, job: str, slot: str) -> tuple[Checkpoint, 
     return row, found, notes
 
 
-def detail(job: str, slot: str, *, conn_id: str = DEFAULT_CONN_ID, explained: bool = True) -> dict[str, Any]:
+def detail(job: str, slot: str, *, conn_id: str = DEFAULT_CONN_ID, explained: bool = True,
+           check: Callable[[str | None], None] | None = None) -> dict[str, Any]:
     """One slot whole, read on one connection (one schema check): its row with the figures of
     :func:`airflow_resumable.core.view.row_view`, ``history`` and ``offers``; with ``explained`` (the
     REST API, the Checkpoint tab), also ``offer_notes`` and its skipped items (:func:`skipped_view`'s
-    fields). See :func:`airflow_resumable.core.view.slot_detail`.
+    fields). See :func:`airflow_resumable.core.view.slot_detail`. ``check(dag_id)``, given the slot's
+    owning DAG read alone, may refuse the caller before anything else of the slot is read.
 
     Raises:
         SlotNotFound: no such slot.
     """
     with _session(conn_id, job, slot) as session:
+        if check is not None:
+            found, owner = session.listings.owner(job, slot)
+            if not found:
+                raise _core.not_found(job, slot)
+            check(owner)
         return _detail(session, job, slot, explained=explained)
 
 

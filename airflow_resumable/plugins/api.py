@@ -257,9 +257,8 @@ def create_app() -> FastAPI:
     @app.get("/api/v1/checkpoint", responses=_responses(400, 401, 403, 404, 422, 500, 503),
              summary="One slot: its row (whole), figures, history and what it would take now")
     def get_checkpoint(user: GetUserDep, job: Job, slot: Slot, conn_id: str = conn_query()) -> dict[str, Any]:
-        view = control.detail(job, slot, conn_id=_conn(conn_id))  # one connection, one schema check
-        _authorize(user, view["dag_id"], "GET")
-        return view
+        # one connection, one schema check; the caller's permission on the owning DAG before any other column
+        return control.detail(job, slot, conn_id=_conn(conn_id), check=lambda dag_id: _authorize(user, dag_id, "GET"))
 
     @app.get("/api/v1/task-instance", responses=_responses(400, 401, 403, 422, 500, 503),
              summary="The slot a task instance ran (the Checkpoint tab)")
@@ -289,7 +288,7 @@ def create_app() -> FastAPI:
               "409 while the slot runs or when it has no skipped item that can be replayed.")
     def retry_skipped(user: GetUserDep, job: Job, slot: Slot, conn_id: str = conn_query()) -> dict[str, Any]:
         return control.act(job, slot, control.RETRY_SKIPPED, conn_id=_conn(conn_id), by=_who(user),
-                           check=lambda row: _authorize(user, row.dag_id, "PUT"))
+                           check=lambda dag_id: _authorize(user, dag_id, "PUT"))
 
     @app.post("/api/v1/checkpoint/{action}", responses=_responses(400, 401, 403, 404, 409, 422, 500, 503),
               summary="Ask the slot to pause, resume, cancel, restart or release its lease")
@@ -299,7 +298,7 @@ def create_app() -> FastAPI:
     ) -> dict[str, Any]:
         return control.act(job, slot, action.value, conn_id=_conn(conn_id), by=_who(user),
                            force=action is Action.RELEASE and bool(body and body.force),
-                           check=lambda row: _authorize(user, row.dag_id, "PUT"))
+                           check=lambda dag_id: _authorize(user, dag_id, "PUT"))
 
     @app.get("/api/v1/jobs", responses=_responses(400, 401, 403, 422, 500, 503),
              summary="One line per job: its latest run's partitions (done, running, paused, failed, waiting, "

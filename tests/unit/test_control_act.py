@@ -74,10 +74,10 @@ def test_a_request_is_not_written_on_a_slot_another_dag_took_over_after_the_chec
     failed_slot(checkpoints)
     checked: list[str | None] = []
 
-    def check(row: Checkpoint) -> None:
-        checked.append(row.dag_id)
-        if row.dag_id != "dag_a":
-            raise Forbidden(row.dag_id)
+    def check(dag_id: str | None) -> None:
+        checked.append(dag_id)
+        if dag_id != "dag_a":
+            raise Forbidden(dag_id)
         # When dag_b's task takes the slot over (the same job name) right after the caller was let through
         edit(checkpoints, "resumable_checkpoints", "dag_id = 'dag_b'")
 
@@ -96,8 +96,8 @@ def test_a_request_checked_again_on_the_new_owner_goes_through_when_that_one_all
     failed_slot(checkpoints)
     checked: list[str | None] = []
 
-    def check(row: Checkpoint) -> None:
-        checked.append(row.dag_id)
+    def check(dag_id: str | None) -> None:
+        checked.append(dag_id)
         if len(checked) == 1:
             edit(checkpoints, "resumable_checkpoints", "dag_id = 'dag_b'")
 
@@ -112,7 +112,7 @@ def test_a_row_that_names_no_dag_takes_a_request_checked_on_it(checkpoints: Stor
     failed_slot(checkpoints, skipped=False)
     edit(checkpoints, "resumable_checkpoints", "dag_id = NULL")
     checked: list[str | None] = []
-    body = control.act(JOB, SLOT, "pause", by="admin", check=lambda row: checked.append(row.dag_id))
+    body = control.act(JOB, SLOT, "pause", by="admin", check=lambda dag_id: checked.append(dag_id))
     assert checked == [None] and body["request"] == "pause" and body["dag_id"] is None
 
 

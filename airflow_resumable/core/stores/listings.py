@@ -123,6 +123,17 @@ class Listings:
         c.commit()
         return [tuple(r) for r in rows]
 
+    def owner(self, job: str, slot: str) -> tuple[bool, str | None]:
+        """Whether the slot has a row, and the DAG that owns it (its ``dag_id``: None for a row written
+        outside Airflow), read alone: a caller's permission is checked on it before any other column is
+        read (a row edited by hand must not answer a caller who may not see it with its content)."""
+        c = self._c
+        row = c.execute(f"SELECT dag_id FROM {TABLE} WHERE {KEY}", {"job": job, "slot": slot}).fetchone()
+        c.commit()
+        if row is None:
+            return False, None
+        return True, row[0] if isinstance(row[0], str) else None
+
     def dag_ids(self) -> set[str]:
         """The DAGs that own a slot (rows written outside Airflow name none)."""
         c = self._c

@@ -294,7 +294,8 @@ def test_a_hand_edited_slot_is_refused_naming_it_and_an_answer_read_after_the_wr
     assert r.status_code == 500 and (r.json()["job"], r.json()["slot"]) == (A, SLOT)
     assert "'bogus' is not one of" in r.json()["message"] and r.json()["hint"].startswith("The row was left as it is")
     with fresh.open() as s:
-        assert s.checkpoints.load(A, SLOT).lease_owner == "x" and len(s.listings.history(A, SLOT)) == 1
+        lease = s.execute("SELECT lease_owner FROM resumable_checkpoints WHERE job = %(job)s", {"job": A}).fetchone()
+        assert lease[0] == "x" and len(s.listings.history(A, SLOT)) == 1  # the row itself reads only by hand
     # The pause is taken, and the answer that cannot be read says so (before: a bare 500)
     r = as_user("admin", "POST", f"{BASE}/checkpoint/pause", params={**params, "job": B})
     assert r.status_code == 500 and r.json()["job"] == B
@@ -303,6 +304,13 @@ def test_a_hand_edited_slot_is_refused_naming_it_and_an_answer_read_after_the_wr
     assert "do not ask again" in r.json()["hint"]
     with fresh.open() as s:
         assert s.checkpoints.load(B, SLOT).request == "pause"
+    # And a user who may not see dag_b learns nothing of its row edited by hand: 403, before any column
+    # but its owner is read (before: a 500 quoting the edited value and the DELETE that removes it)
+    with fresh.open(autocommit=True) as s:
+        s.execute(f"UPDATE resumable_checkpoints SET status = 'bogus' WHERE job = '{B}'")
+    for method, path in (("GET", "/checkpoint"), ("POST", "/checkpoint/cancel"), ("POST", "/checkpoint/retry_skipped")):
+        r = as_user("alice", method, f"{BASE}{path}", params={**params, "job": B})
+        assert r.status_code == 403 and "bogus" not in r.text, (path, r.status_code, r.text)
 
 
 def test_a_slot_of_a_dag_the_user_may_not_see_is_forbidden(as_user: Any) -> None:
