@@ -400,9 +400,8 @@ class Connection:
         elif (wire := self._driver.wire(self.conn)) != loan.wire:
             # Server-side code changed how the session's texts are read (statements that set it are refused):
             # the run's own statements would be read unlike they are sent. The rollback restores it.
-            problem = (f"the session's client_encoding / standard_conforming_strings became {wire.encoding} / "
-                       f"{wire.conforming} (lent as {loan.wire.encoding} / {loan.wire.conforming}): server-side code "
-                       "changed them (a function's body or a DO block)")
+            problem = (f"the session's {wire.changed(loan.wire)} when the connection was lent: server-side code "
+                       "changed it (a function's body or a DO block)")
         elif status == _INERROR:
             error = _aborted(loan)
             if loan.active and loan.lost is None:

@@ -42,8 +42,9 @@ class Psycopg2Driver:
     @staticmethod
     def wire(conn: Any) -> Wire:
         """How the server reads this session's texts now (libpq's parameter status: no round trip)."""
-        return Wire(conn.get_parameter_status("client_encoding") or "", conn.get_parameter_status(
-            "standard_conforming_strings") or "")
+        status = conn.get_parameter_status
+        return Wire(status("client_encoding") or "", status("standard_conforming_strings") or "",
+                    status("DateStyle") or "")
 
 
 #: A connection's settings, refused on a cursor too (where psycopg2's own cursor class would refuse
@@ -267,7 +268,8 @@ class Psycopg3Driver:
     def wire(conn: Any) -> Wire:
         """How the server reads this session's texts now (libpq's parameter status: no round trip)."""
         status = conn.info.parameter_status  # str in psycopg 3
-        return Wire(str(status("client_encoding") or ""), str(status("standard_conforming_strings") or ""))
+        return Wire(str(status("client_encoding") or ""), str(status("standard_conforming_strings") or ""),
+                    str(status("DateStyle") or ""))
 
     def merged(self, conn: Any, query: Any, params: Any) -> str:
         """``query`` with ``params`` merged into it, as psycopg's client-side cursors send it (through the

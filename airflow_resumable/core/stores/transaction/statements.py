@@ -70,15 +70,18 @@ CACHED_LENGTH = 8192
 #: match only means the text is parsed.)
 _WORDS = ("begin", "start", "commit", "end", "abort", "rollback", "savepoint", "release", "prepare", "read_only",
           "transaction", "set_config", "current_setting", "resumable", "reset", "u&", "client_encoding", "names",
-          "standard_conforming_strings")
+          "standard_conforming_strings", "datestyle")
 
 #: Settings the handler may not change: a read-only session would leave the run unable to record
 #: its own checkpoint or failure; ``resumable.*`` holds the run's witness of the chunk's transaction.
 GUARDED_SETTINGS = frozenset({"default_transaction_read_only", "transaction_read_only"})
 #: Settings that change how the server reads a statement's text: the session's client encoding (``SET
 #: NAMES`` too) and whether a backslash escapes in ``'...'``. The check reads the text as the server does
-#: only while they stay as lent, so the handler may not change them.
-WIRE_SETTINGS = frozenset({"client_encoding", "standard_conforming_strings"})
+#: only while they stay as lent, so the handler may not change them. And ``DateStyle``, how the server
+#: writes the timestamps the run reads back on the same connection: both drivers parse only its ISO
+#: output, so a handler's ``SET DateStyle`` (committed with a checkpoint) made every later statement of the
+#: run fail, recording its failure included, and left the row ``running`` until its lease ran out.
+WIRE_SETTINGS = frozenset({"client_encoding", "standard_conforming_strings", "datestyle"})
 #: PostgreSQL's client-only encodings: a character's second byte can be below 0x80 (a quote, a
 #: backslash), so a text in them is not lexed alike by a parser that reads another encoding. A connection
 #: in one of them is not lent (:func:`wire_refusal`).
@@ -154,7 +157,7 @@ def postgres_refusal(sql: str) -> Refusal | None:
             or "rollback" in low or "savepoint" in low or "release" in low or "prepare" in low
             or "read_only" in low or "transaction" in low or "set_config" in low or "current_setting" in low
             or "resumable" in low or "reset" in low or "u&" in low or "client_encoding" in low or "names" in low
-            or "standard_conforming_strings" in low):
+            or "standard_conforming_strings" in low or "datestyle" in low):
         return None  # _WORDS, spelled out: a generator would cost more than the test
     if len(sql) > CACHED_LENGTH:
         return _judge(sql)
@@ -313,11 +316,19 @@ def sqlite_denial(action: int, arg1: str | None, arg2: str | None) -> Refusal | 
 
 @dataclasses.dataclass(frozen=True)
 class Wire:
-    """How the server reads the statement texts of a session, as it reports them (libpq's parameter
-    status): its client encoding (PostgreSQL's name, ``UTF8``) and ``standard_conforming_strings``."""
+    """How the server reads the statement texts of a session and writes the timestamps it returns, as it
+    reports them (libpq's parameter status): its client encoding (PostgreSQL's name, ``UTF8``),
+    ``standard_conforming_strings`` and ``DateStyle``."""
 
     encoding: str
     conforming: str
+    datestyle: str = ""
+
+    def changed(self, lent: Wire) -> str:
+        """What differs from ``lent``, as a message says it (``client_encoding is SJIS where it was UTF8``)."""
+        names = {"encoding": "client_encoding", "conforming": "standard_conforming_strings", "datestyle": "DateStyle"}
+        return ", ".join(f"{names[f.name]} is {getattr(self, f.name)} where it was {getattr(lent, f.name)}"
+                         for f in dataclasses.fields(self) if getattr(self, f.name) != getattr(lent, f.name))
 
 
 def wire_refusal(lent: Wire, now: Wire, job: str | None, slot: str | None) -> TransactionRefused | None:
@@ -344,14 +355,13 @@ def wire_refusal(lent: Wire, now: Wire, job: str | None, slot: str | None) -> Tr
         )
     if now != lent:
         return TransactionRefused(
-            f"the session's client_encoding is {now.encoding} where it was {lent.encoding} when the connection was "
-            "lent to the handler: the server now reads a statement's bytes unlike the check that judges them, so a "
-            "COMMIT or ROLLBACK could hide in a string. Statements that set it are refused, so server-side code "
-            "changed it (a function's body or a DO block calling set_config('client_encoding', ...)); nothing was "
-            "sent",
+            f"the session's {now.changed(lent)} when the connection was lent to the handler: the server now reads a statement's bytes unlike the check that judges them (a COMMIT or "
+            "ROLLBACK could hide in a string), or writes timestamps the run cannot read back. Statements that set "
+            "them are refused, so server-side code changed one (a function's body or a DO block calling "
+            "set_config('client_encoding', ...)); nothing was sent",
             job=job, slot=slot,
-            hint="Leave client_encoding and standard_conforming_strings to the run: do not change them in functions "
-            "called through ctx.transaction(). Raise (or let this error propagate) to undo the chunk; its "
+            hint="Leave client_encoding, standard_conforming_strings and DateStyle to the run: do not change them in "
+            "functions called through ctx.transaction() (format dates with to_char()). Raise (or let this error propagate) to undo the chunk; its "
             "transaction's rollback restores them",
         )
     return None
@@ -372,12 +382,14 @@ def statement_refused(refusal: Refusal, job: str | None, slot: str | None) -> Tr
         return TransactionRefused(
             f"a {refusal.what} statement was sent through ctx.transaction(): it would make the session read-only "
             "(the run could then record neither the checkpoint nor the failure), change how the run's commits are "
-            "kept or how the server reads the statements' text, or touch what the run keeps to tell that the "
+            "kept, how the server reads the statements' text or writes the timestamps the run reads back, or touch "
+            "what the run keeps to tell that the "
             "chunk's writes are intact; nothing was run",
             job=job,
             slot=slot,
             hint="Leave the session's settings to the run: do not set default_transaction_read_only, "
-            "transaction_read_only, client_encoding (SET NAMES), standard_conforming_strings, SET TRANSACTION / "
+            "transaction_read_only, client_encoding (SET NAMES), standard_conforming_strings, DateStyle (format "
+            "dates with to_char()), SET TRANSACTION / "
             "SET SESSION CHARACTERISTICS or RESET ALL (PostgreSQL), "
             "PRAGMA query_only, journal_mode, locking_mode, synchronous, writable_schema (SQLite), nor anything "
             "named resumable.* / resumable_witness. Set your own settings with SET LOCAL; to read data without "

@@ -41,6 +41,9 @@ PG_REFUSED = [
     """SET "client_encoding" = 'UHC'""", "SET standard_conforming_strings = off",
     "SET LOCAL standard_conforming_strings TO off", "SELECT set_config('standard_conforming_strings', 'off', true)",
     "SHOW resumable.chunk", 'SHOW "resumable".chunk', "SHOW RESUMABLE.CHUNK",
+    # how the server writes the timestamps the run reads back
+    "SET DateStyle = 'SQL, DMY'", "SET LOCAL datestyle TO German", "RESET DateStyle",
+    "SELECT set_config('DateStyle', 'Postgres', false)",
 ]
 
 PG_ALLOWED = [
@@ -51,7 +54,7 @@ PG_ALLOWED = [
     "SET LOCAL statement_timeout = '5s'", "SELECT current_setting('TimeZone')", "SET LOCAL work_mem = '8MB'",
     "SELECT set_config('application_name', 'mine', true)", "SELECT 'set_config(''resumable.chunk'')'",
     "SHOW client_encoding", "SELECT current_setting('client_encoding')", "SHOW standard_conforming_strings",
-    "SHOW search_path", "SHOW ALL", "SELECT 'set names sjis'",
+    "SHOW search_path", "SHOW ALL", "SELECT 'set names sjis'", "SHOW DateStyle", "SET LOCAL TimeZone = 'Asia/Kathmandu'",
 ]
 
 
@@ -117,6 +120,7 @@ _HIDDEN = {
 @pytest.mark.parametrize(("setting", "value", "named"), [
     ("client_encoding", "SJIS", "client_encoding is SJIS where it was UTF8"),
     ("standard_conforming_strings", "off", "standard_conforming_strings is 'off'"),
+    ("DateStyle", "SQL, DMY", "DateStyle is SQL, DMY where it was ISO, MDY"),
 ])
 def test_a_setting_changed_by_server_side_code_refuses_every_statement_after_it_and_the_chunk(
     driver_store: Store, request: pytest.FixtureRequest, setting: str, value: str, named: str,
@@ -156,6 +160,41 @@ def test_a_setting_changed_by_server_side_code_refuses_every_statement_after_it_
 
     Attempt(driver_store, Identity(job=JOB, slot=SLOT, attempt=2, owner="b")).run(behaves)
     assert sink(driver_store) == [1]
+
+
+@pytest.mark.parametrize("driver_store", _drivers("psycopg2", "psycopg3"), indirect=True)
+def test_a_handler_s_datestyle_never_keeps_the_run_from_reading_its_row_and_recording_its_end(driver_store: Store) -> None:
+    # Given a handler that sets DateStyle for its own output (a session setting: it would be committed with
+    # the chunk), which the drivers cannot read the run's timestamps back in
+    def formats(ctx: Any) -> None:
+        tx = ctx.transaction()
+        tx.execute("INSERT INTO sink (item, attempt) VALUES (%s, %s)", (1, ctx.attempt))
+        tx.execute("SET DateStyle = 'SQL, DMY'")
+        ctx.checkpoint(1, processed=1)
+        tx.execute("INSERT INTO sink (item, attempt) VALUES (%s, %s)", (2, ctx.attempt))
+        ctx.checkpoint(2, processed=2)
+
+    # Then it is refused, naming it, and the attempt's failure is recorded: the row is not left running
+    # (before, the failure could not be written either, and the row stayed running until its lease ran out)
+    with pytest.raises(TransactionRefused, match="(?i)datestyle") as caught:
+        Attempt(driver_store, Identity(job=JOB, slot=SLOT, attempt=1, owner="a")).run(formats)
+    assert f"job={JOB!r}" in str(caught.value) and "to_char" in (caught.value.hint or "")
+    with driver_store.open() as s:
+        assert s.checkpoints.load(JOB, SLOT).status == "failed"
+    assert sink(driver_store) == []
+
+    # and the next attempt, formatting its dates with to_char(), does the chunk once and ends done
+    def behaves(ctx: Any) -> None:
+        tx = ctx.transaction()
+        tx.execute("INSERT INTO sink (item, attempt) VALUES (%s, %s)", (1, ctx.attempt))
+        assert tx.execute("SELECT to_char(timestamptz '2026-12-06 00:00+00', 'DD/MM/YYYY')").fetchone() == (
+            "06/12/2026",)
+        ctx.checkpoint(1, processed=1)
+
+    Attempt(driver_store, Identity(job=JOB, slot=SLOT, attempt=2, owner="b")).run(behaves)
+    assert sink(driver_store) == [1]
+    with driver_store.open() as s:
+        assert s.checkpoints.load(JOB, SLOT).status == "done"
 
 
 #: A function whose body changes the client encoding the first time it is called in the session only.
