@@ -220,3 +220,27 @@ def test_a_slot_row_reads_the_same_through_the_store_and_the_decoder(slot: Store
         direct = read_record(CHECKPOINTS, tuple(raw), aware=s.d.aware_timestamps)
     assert isinstance(direct, Checkpoint) and direct == loaded
     assert ATTEMPTS.judged and DEAD_LETTERS.judged
+
+
+def test_another_live_slot_s_row_edited_by_hand_refuses_the_overlap_check_naming_both_slots(slot: Store) -> None:
+    """Before: the error named the other slot as the attempt's own ([slot=...]) and did not say why this
+    attempt read it, nor what to do next."""
+    with slot.open(autocommit=True) as s:  # the other slot's run is under way (paused) and its row edited by hand
+        s.execute("UPDATE resumable_checkpoints SET status = 'paused', total = -10 WHERE job = %(job)s", {"job": JOB})
+        s.commit()
+    later = "2026-02-01T00:00:00+00:00"
+    ran: list[int] = []
+    with pytest.raises(CorruptCheckpoint) as err:
+        Attempt(slot, Identity(job=JOB, slot=later, attempt=1, owner="b"), options=Options(overlap="skip")).run(
+            lambda ctx: ran.append(ctx.processed))
+    # Then the error is this attempt's, names the row that cannot be read and how to put it right
+    assert ran == []
+    assert (err.value.job, err.value.slot) == (JOB, later)
+    assert f"the row of slot {SLOT!r} cannot be read: the stored total -10" in err.value.message
+    assert "overlap policy" in err.value.message
+    assert f"UPDATE resumable_checkpoints SET total = NULL WHERE job = '{JOB}' AND slot = '{SLOT}'" in (
+        err.value.hint or "")
+    assert (err.value.hint or "").endswith("Then Clear this task")
+    with slot.open(autocommit=True) as s:  # the edited row is left as it is
+        assert s.execute("SELECT total FROM resumable_checkpoints WHERE slot = %(slot)s", {"slot": SLOT}).fetchone() == (
+            -10,)
