@@ -284,3 +284,19 @@ def test_the_partitions_detail_checks_the_caller_before_it_reads_any_partition_s
     # And one it lets through gets the corrupt row's error, naming it
     with pytest.raises(CorruptCheckpoint, match=r"d\.exp\[1\]"):
         core_control.job_partitions(store, "d.exp", "run_1", check=asked.append)
+
+
+@pytest.mark.one_store("only SQLite keeps a fraction in an INTEGER column (PostgreSQL refuses the edit)", kind="sqlite")
+def test_a_fraction_edited_into_a_count_counts_for_nothing_in_the_jobs_line(store: Store) -> None:
+    # Given a job's two partitions of 10, one edited by hand into counts with fractions (the decoder
+    # refuses a number column that does not hold a whole number)
+    for i in range(2):
+        run_slot(store, f"d.exp[{i}]", "d", task_id="exp.partition", map_index=i, n=10)
+    _set(store, "d.exp[1]", processed=5.5, total=7.25)
+    # When the jobs are listed, then the line adds up only what the decoder would read (before: 15 of 17,
+    # the fractions summed in and cut off): the edited total counts for nothing, so the job's is unknown
+    line = core_control.jobs(store)[0]
+    assert (line["processed"], line["total"]) == (10, None)
+    assert line["partitions"]["done"] == 2
+    with pytest.raises(CorruptCheckpoint, match="processed"):
+        core_control.job_partitions(store, "d.exp", "run_1")

@@ -70,11 +70,12 @@ class Column:
         """This column's value where :meth:`problem` would find nothing wrong with it, else NULL, as
         SQL: the decoder's own rule for a statement that adds rows up in the database (the jobs
         line), so that a number edited by hand out of its range counts there for nothing, as the
-        decoder refuses it. Both stores (a text in a SQLite number column is not between two numbers;
-        PostgreSQL's NaN is greater than every number)."""
+        decoder refuses it. Both stores (a text in a SQLite number column is not between two numbers, a
+        fraction there is not its own whole part; PostgreSQL's NaN is greater than every number)."""
         name, kind = self.name, self.kind
-        if kind in MAX_NUMBER:
-            return f"CASE WHEN {name} BETWEEN {self.least} AND {MAX_NUMBER[kind]} THEN {name} END"
+        if kind in MAX_NUMBER:  # a whole number (SQLite keeps 5.5 in an INTEGER column), within the range
+            return (f"CASE WHEN {name} BETWEEN {self.least} AND {MAX_NUMBER[kind]} AND CAST({name} AS INTEGER) = {name} "
+                    f"THEN {name} END")
         if kind == "float":
             return f"CASE WHEN {name} >= 0 AND {name} < 1e308 THEN {name} END"
         raise ValueError(f"column {name} is not a number column")
