@@ -319,7 +319,11 @@ def _out_of_order(boundaries: Sequence[Any]) -> str | None:
     taken as it stands.
     """
     previous: Any = None
+    numbers: Any = None  # which of the key's columns hold numbers: in every boundary alike
     for i, key in enumerate(boundaries):
+        columns = key if isinstance(key, list) else [key]
+        if any(_number(v) and v != v for v in columns):  # NaN: after every number in the database, here in no order
+            return f"boundary {i}, {short(key)}, holds NaN, which has no place among the keys"
         if key is None:
             if previous is not None:
                 return f"boundary {i} is None, before every key, after boundary {i - 1}, {short(previous)}"
@@ -330,8 +334,17 @@ def _out_of_order(boundaries: Sequence[Any]) -> str | None:
                 return f"boundary {i}, {short(key)}, is not a key of the shape of boundary {i - 1}, {short(previous)}"
             if _order(previous, key) > 0:
                 return f"boundary {i - 1}, {short(previous)}, comes after boundary {i}, {short(key)}"
+        kinds = tuple(_number(v) for v in columns)
+        if numbers is not None and kinds != numbers:  # '7' among numbers: the database compares it as 7
+            return f"boundary {i}, {short(key)}, is not a key of the shape of the boundaries before it"
+        numbers = kinds
         previous = key
     return None
+
+
+def _number(value: Any) -> bool:
+    """Whether a boundary's value is a number (JSON's: not a bool)."""
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def _order(a: Any, b: Any) -> int:

@@ -79,6 +79,13 @@ def test_a_plan_refused_is_still_taken_over_by_the_restart_that_splits_the_job_a
     ([[2, "x"], [1, "a"]], 3, "boundary 0, [2, 'x'], comes after boundary 1, [1, 'a']"),
     ([["a", 9], "b"], 3, "boundary 1, 'b', is not a key of the shape of boundary 0"),
     ([["a", 9], ["b"]], 3, "boundary 1, ['b'], is not a key of the shape of boundary 0"),
+    # NaN comes after every number in PostgreSQL (ranges up to it take every key above 10, and so does the
+    # last range), a text among numbers compares as its number there, a bool as no key: each passed before
+    ([10, float("nan"), 20], 4, "boundary 1, nan, holds NaN"),
+    ([["a", float("nan")], ["a", 1]], 3, "boundary 0, ['a', nan], holds NaN"),
+    ([10, "7", 5], 4, "boundary 1, '7', is not a key of the shape of the boundaries before it"),
+    ([10, True, 5], 4, "boundary 1, True, is not a key of the shape of the boundaries before it"),
+    ([[1, 2], [1, "2"]], 3, "boundary 1, [1, '2'], is not a key of the shape of the boundaries before it"),
 ])
 def test_boundaries_out_of_the_key_s_order_are_refused(boundaries: list[Any], partitions: int, says: str) -> None:
     state = _sealed({"partitions": partitions, "boundaries": boundaries, "rows": 10})
