@@ -38,6 +38,8 @@ from airflow_resumable.core.model.errors import (
     ConfigurationError,
     CorruptCheckpoint,
     LeaseLost,
+    OverlapSkip,
+    OverlapWait,
     Paused,
     ResumableError,
     StoreUnavailable,
@@ -153,7 +155,13 @@ class Attempt(Given):
             outcome = already_done(self, held)
             self._done = outcome.checkpoint
             return outcome
-        overlap(self, held)
+        try:
+            overlap(self, held)
+        except (OverlapSkip, OverlapWait):
+            raise  # the lease was given back, with the skip in the history
+        except BaseException:
+            _release_quietly(held)  # nothing started: do not hold the slot until the lease runs out
+            raise
         try:
             begun = begin(self, held, rerun_because)
         except BaseException:
@@ -245,3 +253,12 @@ def _deleted(run: Running, exc: BaseException) -> CheckpointDeleted | None:
         return None
     why = run.session.fenced_out(run.fence, exc.message)
     return why if isinstance(why, CheckpointDeleted) else None
+
+
+def _release_quietly(held: Any) -> None:
+    """Give the lease back after the overlap check failed (a row it read cannot be decoded, the store
+    went away): the check's own error is what the caller must see, not a second one of the release."""
+    try:
+        release(held)
+    except Exception:
+        pass

@@ -238,6 +238,11 @@ def test_another_live_slot_s_row_edited_by_hand_refuses_the_overlap_check_naming
     assert (err.value.job, err.value.slot) == (JOB, later)
     assert f"the row of slot {SLOT!r} cannot be read: the stored total -10" in err.value.message
     assert "overlap policy" in err.value.message
+    # And the asking slot's lease was given back at once (before: held until it ran out, the row running)
+    with slot.open(autocommit=True) as s:
+        held = s.execute("SELECT lease_owner FROM resumable_checkpoints WHERE job = %(job)s AND slot = %(slot)s",
+                         {"job": JOB, "slot": later}).fetchone()
+    assert held is None or held[0] is None, held
     assert f"UPDATE resumable_checkpoints SET total = NULL WHERE job = '{JOB}' AND slot = '{SLOT}'" in (
         err.value.hint or "")
     assert (err.value.hint or "").endswith("Then Clear this task")
