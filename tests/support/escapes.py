@@ -291,6 +291,22 @@ def _frame_rollback(ctx: Any, cur: Any) -> None:
     raise AssertionError("no frame of the run holds its connection")
 
 
+def _cursor_class_rollback(ctx: Any, cur: Any) -> None:
+    """A cursor class of the handler's own: psycopg2 builds it with the C connection as the first argument
+    of its ``__init__``."""
+    import psycopg2.extensions
+
+    found: list[Any] = []
+
+    class Grabbing(psycopg2.extensions.cursor):
+        def __init__(self, conn: Any, *args: Any, **kwargs: Any) -> None:
+            found.append(conn)
+            super().__init__(conn, *args, **kwargs)
+
+    ctx.transaction().cursor(cursor_factory=Grabbing)
+    found[-1].rollback()
+
+
 #: Each way code written to defeat the guard reaches the driver's connection, and the drivers it works on.
 REACHES: dict[str, tuple[str, ...]] = {
     "closure rollback": ("sqlite", "psycopg2", "psycopg3"),
@@ -298,6 +314,7 @@ REACHES: dict[str, tuple[str, ...]] = {
     "forged filename rollback": ("psycopg2", "psycopg3"),
     "dumper rollback": ("psycopg3",),
     "frame rollback": ("sqlite", "psycopg2", "psycopg3"),
+    "cursor class rollback": ("psycopg2",),
 }
 
 
@@ -342,6 +359,7 @@ MISDEEDS: dict[str, Callable[[Any, Any], None]] = {
     "forged filename rollback": _forged_filename_rollback,
     "dumper rollback": _dumper_rollback,
     "frame rollback": _frame_rollback,
+    "cursor class rollback": _cursor_class_rollback,
 }
 
 
