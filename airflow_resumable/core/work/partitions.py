@@ -316,10 +316,13 @@ def _out_of_order(boundaries: Sequence[Any]) -> str | None:
     of one length throughout, compared column by column; two values are compared here only when
     that cannot differ from the database's order: numbers (and equal values). Text is ordered by
     the source's collation, which only its database knows: a pair that differs in text first is
-    taken as it stands.
+    taken as it stands, but a value left for another never comes back: in any order, the keys that
+    share a leading column (or leading columns) stand together, so ``["a", 5], ["b", 1], ["a", 3]``
+    is out of order whatever the collation (the readers refuse keys the collation calls equal).
     """
     previous: Any = None
     numbers: Any = None  # which of the key's columns hold numbers: in every boundary alike
+    left: dict[int, set[Any]] = {}  # by prefix length: the leading columns boundaries have moved past
     for i, key in enumerate(boundaries):
         columns = key if isinstance(key, list) else [key]
         if any(_number(v) and v != v for v in columns):  # NaN: after every number in the database, here in no order
@@ -334,12 +337,25 @@ def _out_of_order(boundaries: Sequence[Any]) -> str | None:
                 return f"boundary {i}, {short(key)}, is not a key of the shape of boundary {i - 1}, {short(previous)}"
             if _order(previous, key) > 0:
                 return f"boundary {i - 1}, {short(previous)}, comes after boundary {i}, {short(key)}"
+            before = previous if isinstance(previous, list) else [previous]
+            for n in range(1, len(columns) + 1):
+                was, now = _held(before[:n]), _held(columns[:n])
+                if was != now:
+                    left.setdefault(n, set()).add(was)
+                    if now in left[n]:
+                        return (f"boundary {i}, {short(key)}, comes back to {short(columns[:n])} after boundary "
+                                f"{i - 1}, {short(previous)}, had moved past it")
         kinds = tuple(_number(v) for v in columns)
         if numbers is not None and kinds != numbers:  # '7' among numbers: the database compares it as 7
             return f"boundary {i}, {short(key)}, is not a key of the shape of the boundaries before it"
         numbers = kinds
         previous = key
     return None
+
+
+def _held(values: Sequence[Any]) -> Any:
+    """Leading columns of a key as a set member (equal as the database compares them: 1 as 1.0)."""
+    return tuple(v if isinstance(v, str | int | float | bool) or v is None else repr(v) for v in values)
 
 
 def _number(value: Any) -> bool:

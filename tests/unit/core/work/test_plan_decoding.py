@@ -86,6 +86,10 @@ def test_a_plan_refused_is_still_taken_over_by_the_restart_that_splits_the_job_a
     ([10, "7", 5], 4, "boundary 1, '7', is not a key of the shape of the boundaries before it"),
     ([10, True, 5], 4, "boundary 1, True, is not a key of the shape of the boundaries before it"),
     ([[1, 2], [1, "2"]], 3, "boundary 1, [1, '2'], is not a key of the shape of the boundaries before it"),
+    # a text left for another never comes back in any collation's order (each passed before)
+    (["a", "b", "a"], 4, "boundary 2, 'a', comes back to ['a'] after boundary 1, 'b'"),
+    ([["a", 5], ["b", 1], ["a", 3]], 4, "boundary 2, ['a', 3], comes back to ['a']"),
+    ([["a", "p"], ["a", "q"], ["a", "p"]], 4, "boundary 2, ['a', 'p'], comes back to ['a', 'p']"),
 ])
 def test_boundaries_out_of_the_key_s_order_are_refused(boundaries: list[Any], partitions: int, says: str) -> None:
     state = _sealed({"partitions": partitions, "boundaries": boundaries, "rows": 10})
