@@ -531,9 +531,13 @@ def short(value: Any, limit: int = 80) -> str:
 
 
 def error_text(exc: BaseException, limit: int = 2000) -> str:
-    """``Type: message`` of an error, cut to ``limit`` characters: what the tables keep of it."""
-    text = f"{type(exc).__name__}: {exc}"
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+    """``Type: message`` of an error through ``outward_text``, at most ``limit`` characters: what the
+    tables keep of it and the messages say. Sanitized here, at the source, so no credential reaches the
+    row, and cut by ``outward_text``, which drops the word the limit falls in (a cut by length alone left
+    the start of a URL, its user and half its password, where no ``@`` made it one)."""
+    from airflow_resumable.core.model.outward import outward_text
+
+    return outward_text(f"{type(exc).__name__}: {exc}", limit)
 
 
 @dataclasses.dataclass(frozen=True)
