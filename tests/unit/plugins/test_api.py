@@ -707,7 +707,7 @@ def test_retry_skipped_of_a_partition_through_rest_clears_it_and_its_next_run_re
 
 def test_a_handler_error_s_password_never_leaves_through_the_rest_api(as_user: Any, fresh: Store) -> None:
     """Given a slot whose handler failed with an error holding a DSN with its password and a
-    ``password=`` pair (kept on the row and in its history as the handler said it), When the slot is read
+    ``password=`` pair (on a row written before errors were sanitized at their source), When the slot is read
     through GET /checkpoint and listed through GET /checkpoints, Then neither answer holds the password,
     and the rest of the error stays."""
     error = "could not connect to postgresql://u:s3cret@h/db (dsn: host=h password=s3cret)"
@@ -721,7 +721,12 @@ def test_a_handler_error_s_password_never_leaves_through_the_rest_api(as_user: A
                       options=Options(lease=3.0), heartbeat=0.05)
     with pytest.raises(RuntimeError):
         attempt.run(handler)
-    with fresh.open() as s:
+    with fresh.open(autocommit=True) as s:
+        assert "s3cret" not in (s.checkpoints.load(A, SLOT).last_error or "")  # sanitized at the source
+        # As a row written before the error was sanitized at its source holds it: the way out sanitizes it too.
+        for table, column in (("resumable_checkpoints", "last_error"), ("resumable_attempts", "error")):
+            s.execute(f"UPDATE {table} SET {column} = %(e)s WHERE {column} IS NOT NULL", {"e": f"RuntimeError: {error}"})
+        s.commit()
         assert "s3cret" in (s.checkpoints.load(A, SLOT).last_error or "")
     one = as_user("admin", "GET", f"{BASE}/checkpoint", params={**q(A), "conn_id": FRESH})
     listed = as_user("admin", "GET", f"{BASE}/checkpoints", params={"conn_id": FRESH})
