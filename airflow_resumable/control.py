@@ -41,6 +41,7 @@ from airflow_resumable.core.model.errors import (
     ResumableError,
     SlotNotFound,
 )
+from airflow_resumable.core.model.outward import outward_text, outward_traceback
 from airflow_resumable.core.model.states import AttemptEnd
 from airflow_resumable.core.stores.base import Store, StoreSession
 from airflow_resumable.hooks.resumable import DEFAULT_CONN_ID, ResumableHook
@@ -192,7 +193,8 @@ def _read_back_failed(exc: BaseException, name: str, by: str, asked: RetryReques
     if isinstance(exc, ResumableError):
         why = exc.message if exc.hint is None else f"{exc.message}. {exc.hint}"
     else:
-        _log.exception("the slot job=%r slot=%r could not be read back after a %s request", job, slot, name)
+        _log.error("the slot job=%r slot=%r could not be read back after a %s request: %s", outward_text(job),
+                   outward_text(slot), name, outward_traceback(exc))
         why = f"{type(exc).__name__}; the log of this process has its traceback"
     done = "" if asked is None else f" ({asked.items} item(s): {asked.next_run})"
     return ReadBackFailed(

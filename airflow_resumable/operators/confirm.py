@@ -12,7 +12,8 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from airflow_resumable.core.model.checkpoint import Origin
+from airflow_resumable.core.model.checkpoint import Origin, error_text
+from airflow_resumable.core.model.outward import outward_text
 from airflow_resumable.core.stores.base import StoreSession
 
 __all__ = ["KeptSession", "confirm_on_success"]
@@ -53,7 +54,8 @@ def confirm_on_success(operator: Any, store: Any, job: str, slot: str, origin: O
                 session = store.session(autocommit=True)
             session.checkpoints.confirm(job, slot, origin)
         except Exception as exc:  # a missing mark only means a later Clear finishes instead of redoing
-            log.warning("could not record the success on the checkpoint row: %s [job=%s slot=%s]", exc, job, slot)
+            log.warning("could not record the success on the checkpoint row: %s [job=%s slot=%s]", error_text(exc, 300),
+                        outward_text(job), outward_text(slot))
         finally:
             if session is not None:
                 session.close()

@@ -25,6 +25,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from airflow_resumable.core.model.observe import AttemptFacts, Part, Source
+from airflow_resumable.core.model.outward import outward_traceback
 
 __all__ = ["OpenLineageMethods", "lineage_listening"]
 
@@ -114,9 +115,9 @@ class OpenLineageMethods:
                                          *(facts.outputs if facts else ())]
             names.update(look_up([s for s in sources if s not in names], self.log))
             self._lineage_names = names
-        except Exception:
-            self.log.warning("OpenLineage: could not name this task's datasets; its events go without them",
-                             exc_info=True)
+        except Exception as failed:
+            self.log.warning("OpenLineage: could not name this task's datasets; its events go without them: %s",
+                             outward_traceback(failed))
 
     # -- the one path ----------------------------------------------------------------------------
 
@@ -130,7 +131,7 @@ class OpenLineageMethods:
                 observed = self._facts_without_attempt(get_current_context(), status)
             return operator_lineage(observed, inputs=self._known_inputs(), outlets=list(self.outlets or ()),
                                     names=self._lineage_names or {}, log=self.log)
-        except Exception:
+        except Exception as failed:
             self.log.warning("OpenLineage: could not build this task's lineage; the event goes without it (the task "
-                             "is not affected)", exc_info=True)
+                             "is not affected): %s", outward_traceback(failed))
             return None

@@ -62,6 +62,7 @@ from airflow_resumable.core.model.errors import (
     SkipLimitExceeded,
     StoreUnavailable,
 )
+from airflow_resumable.core.model.outward import outward_traceback
 from airflow_resumable.version_compat import (
     AirflowException,
     AirflowFailException,
@@ -147,8 +148,9 @@ def opinion(policy: RetryPolicy, exc: BaseException, *, try_number: int, max_tri
             return RetryDecision(action=rule.action, retry_delay=rule.retry_delay,
                                  reason=rule.reason or f"matched the rule for {type(exc).__name__}")
         said = policy.evaluate(exception=exc, try_number=try_number, max_tries=max_tries, context=context)
-    except Exception:  # as Airflow does: a broken policy is no decision
-        log.exception("the task's retry_policy raised while judging %s; treated as no opinion", type(exc).__name__)
+    except Exception as failed:  # as Airflow does: a broken policy is no decision
+        log.error("the task's retry_policy raised while judging %s; treated as no opinion: %s", type(exc).__name__,
+                  outward_traceback(failed))
         return None
     if not isinstance(said, RetryDecision) or said.action is RetryAction.DEFAULT:
         return None

@@ -41,6 +41,7 @@ from airflow_resumable.core.model import request_rules as rules
 from airflow_resumable.core.model.checkpoint import Checkpoint
 from airflow_resumable.core.model.errors import ConfigurationError, RequestRefused
 from airflow_resumable.core.model.observe import AttemptFacts, Part
+from airflow_resumable.core.model.outward import outward_traceback
 from airflow_resumable.core.model.states import Action, Request
 from airflow_resumable.core.readers import KeysetReader
 from airflow_resumable.core.stores import Store
@@ -307,9 +308,9 @@ class PartitionSummaryOperator(BaseOperator):
 
             return summary_lineage(observed.facts, observed.parts, counts=observed.counts, dag_id=self.dag_id,
                                    task_id=observed.task_id, logical_date=observed.logical_date)
-        except Exception:
+        except Exception as failed:
             self.log.warning("OpenLineage: could not build the summary's lineage; the event goes without it (the "
-                             "task is not affected)", exc_info=True)
+                             "task is not affected): %s", outward_traceback(failed))
             return None
 
     def execute(self, context: Context) -> dict[str, Any]:

@@ -7,6 +7,7 @@ from typing import Any
 
 from airflow_resumable.core.attempt.reporter import Progress, Reporter
 from airflow_resumable.core.model.checkpoint import Checkpoint
+from airflow_resumable.core.model.outward import outward_text, outward_traceback
 from airflow_resumable.core.view import ROW_LIMIT, xcom_row
 from airflow_resumable.metrics import Metrics
 from airflow_resumable.operators.state_store import StateStoreMirror
@@ -59,13 +60,13 @@ class AirflowReporter(Reporter):
         self._last_push = time.monotonic()
         try:
             self.ti.xcom_push(key=XCOM_KEY, value=self.xcom_row(cp, progress))
-        except Exception:  # XCom is a report channel; never fail the work over it
+        except Exception as failed:  # XCom is a report channel; never fail the work over it
             self._failed += 1
             pause = min(XCOM_BACKOFF_MAX, max(XCOM_BACKOFF, self.xcom_interval) * 2 ** (self._failed - 1))
             self._paused_until = time.monotonic() + pause
             self.log.warning("could not push the checkpoint row to XCom (%s failure(s) in a row); the checkpoints go "
-                             "on, their pushes pause for %.0fs [job=%s slot=%s]", self._failed, pause, cp.job, cp.slot,
-                             exc_info=True)
+                             "on, their pushes pause for %.0fs [job=%s slot=%s]: %s", self._failed, pause,
+                             outward_text(cp.job), outward_text(cp.slot), outward_traceback(failed))
             return  # the task state store goes through the same channel: it waits for the next push
         self._failed = 0
         if self.mirror is not None:

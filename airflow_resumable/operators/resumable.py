@@ -34,6 +34,7 @@ from airflow_resumable.core.model.errors import (
 from airflow_resumable.core.model.observe import Source
 from airflow_resumable.core.model.options import ARGUMENTS, ATTEMPT_OPTIONS, Option, Options, call_problem, params_doc
 from airflow_resumable.core.model.options import problems as option_problems
+from airflow_resumable.core.model.outward import outward_text
 from airflow_resumable.core.readers import Reader
 from airflow_resumable.core.stores import Store
 from airflow_resumable.core.view import task_summary
@@ -233,13 +234,13 @@ class ResumableOperator(OpenLineageMethods, BaseOperator):
         job = self.job_name(context)
         slot, _ = slot_of(context)
         event = dict(event or {"event": "resumed", "why": "the trigger fired"})
-        why = event.get("why", "")
-        where = f"[job={job!r} slot={slot!r}]"
+        why = outward_text(str(event.get("why", "")))  # sanitized by the trigger; an event is data, read again
+        where = outward_text(f"[job={job!r} slot={slot!r}]")
         if event.get("event") == "cancelled":
             raise ResumableStopped(f"{why}: the checkpoint is kept {where}. Not retried: Clear this task to resume it")
         if event.get("event") == "missing":
             raise AirflowFailException(f"{why} {where}; a Clear starts the slot over")
-        self.log.info("continuing in the same try: %s [job=%s slot=%s]", why, job, slot)
+        self.log.info("continuing in the same try: %s %s", why, where)
         with attempt_span(self, context) as self._trace:
             return self._run(context, ran=float(event.get("ran", ran)), first=False)
 
@@ -339,8 +340,9 @@ class ResumableOperator(OpenLineageMethods, BaseOperator):
         until = None if paused.until is None else paused.until.isoformat()
         timeout = self.pause_timeout if paused.until is None else None
         self.log.info(
-            "deferring (%s): the task holds no worker slot until %s [job=%s slot=%s]", paused.reason,
-            "it is resumed (airflow_resumable.control.resume)" if until is None else until, job, slot,
+            "deferring (%s): the task holds no worker slot until %s [job=%s slot=%s]", outward_text(paused.reason),
+            "it is resumed (airflow_resumable.control.resume)" if until is None else until, outward_text(job),
+            outward_text(slot),
         )
         self.defer(
             trigger=SlotResumeTrigger(conn_id=self.conn_id, job=job, slot=slot, until=until, poll=self.resume_poll,
@@ -358,9 +360,9 @@ class ResumableOperator(OpenLineageMethods, BaseOperator):
             if waited > self.overlap_timeout:
                 return AirflowException(
                     f"gave up after waiting {waited:.0f}s (overlap_timeout={self.overlap_timeout:g}s) for an "
-                    f"earlier run to finish: {exc}"
+                    f"earlier run to finish: {outward_text(str(exc))}"
                 )
-        self.log.info("waiting for an earlier run: %s; checking again in %gs", exc, self.overlap_poke)
+        self.log.info("waiting for an earlier run: %s; checking again in %gs", outward_text(str(exc)), self.overlap_poke)
         return AirflowRescheduleException(datetime.now(tz=timezone.utc) + timedelta(seconds=self.overlap_poke))
 
     def on_kill(self) -> None:

@@ -24,6 +24,7 @@ from typing import Any
 from urllib.parse import quote
 
 from airflow_resumable.core.model.checkpoint import Checkpoint
+from airflow_resumable.core.model.outward import outward_traceback
 from airflow_resumable.core.view import STATE_STORE_POSITION_LIMIT, state_store_summary
 
 #: The task state store's key of the summary.
@@ -61,9 +62,9 @@ class StateStoreMirror:
             return
         try:
             self.store.set(STATE_KEY, self.summary(cp))
-        except Exception:  # a report channel: never fail the work over it
+        except Exception as failed:  # a report channel: never fail the work over it
             self.log.warning("could not write the checkpoint summary to Airflow's task state store; it goes to "
-                             "XCom only from now on", exc_info=True)
+                             "XCom only from now on: %s", outward_traceback(failed))
             self.store = None
 
     def summary(self, cp: Checkpoint) -> dict[str, Any]:

@@ -42,6 +42,7 @@ from airflow_resumable.core.model.observe import (
     outward_text,
     stop_reason_text,
 )
+from airflow_resumable.core.model.outward import outward_traceback
 from airflow_resumable.core.view import CUT_MARKER, cut_value
 from airflow_resumable.version import __version__
 
@@ -118,10 +119,10 @@ class AttemptTrace:
             return None
         try:
             return fn()
-        except Exception:
+        except Exception as failed:
             self._failed = True
-            self.log.warning("OpenTelemetry: could not record this attempt's span; the attempt goes on untraced",
-                             exc_info=True)
+            self.log.warning("OpenTelemetry: could not record this attempt's span; the attempt goes on untraced: %s",
+                             outward_traceback(failed))
             return None
 
     def _end_acquire(self, **attributes: Any) -> None:
@@ -229,9 +230,9 @@ def attempt_span(operator: Any, context: Any) -> Iterator[AttemptTrace | None]:
             else -1,
         })
         traced = AttemptTrace(span, tracer, operator.log)
-    except Exception:
-        operator.log.warning("OpenTelemetry: could not open this attempt's span; the attempt goes on untraced",
-                             exc_info=True)
+    except Exception as failed:
+        operator.log.warning("OpenTelemetry: could not open this attempt's span; the attempt goes on untraced: %s",
+                             outward_traceback(failed))
         yield None
         return
     with _trace.use_span(span, end_on_exit=False, record_exception=False, set_status_on_exception=False):

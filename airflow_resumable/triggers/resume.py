@@ -20,6 +20,7 @@ from typing import Any
 from airflow_resumable.core.control.requests import wake
 from airflow_resumable.core.model import defaults
 from airflow_resumable.core.model.checkpoint import Checkpoint
+from airflow_resumable.core.model.outward import outward_text
 from airflow_resumable.core.stores.base import Store, StoreSession
 from airflow_resumable.hooks.resumable import ResumableHook
 from airflow_resumable.version_compat import BaseTrigger, TriggerEvent
@@ -71,7 +72,7 @@ class SlotResumeTrigger(BaseTrigger):
                 event = wake(row, until=until, now=now) if read else None
                 settling = not_before - time.monotonic()
                 if event is not None and settling <= 0:
-                    self.log.info("%s [job=%s slot=%s]", event["why"], self.job, self.slot)
+                    self.log.info("%s", outward_text(f"{event['why']} [job={self.job} slot={self.slot}]"))
                     yield TriggerEvent({**event, "ran": self.ran})
                     return
                 pause = self.poll if until is None else min(self.poll, max(0.0, (until - now).total_seconds()))

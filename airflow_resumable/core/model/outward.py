@@ -45,9 +45,11 @@ from __future__ import annotations
 import functools
 import re
 import sys
+import traceback
 import unicodedata
 
-__all__ = ["ELLIPSIS", "MASK", "TEXT_LIMIT", "cut_text", "outward_text", "secret_key", "visible", "without_credentials"]
+__all__ = ["ELLIPSIS", "MASK", "TEXT_LIMIT", "cut_text", "outward_text", "outward_traceback", "secret_key", "visible",
+           "without_credentials"]
 
 #: What ends a cut text.
 ELLIPSIS = "..."
@@ -391,3 +393,13 @@ def outward_text(text: str, limit: int | None = None) -> str:
 
 def _bearer(text: str) -> str:
     return _BEARER.sub(lambda m: m.group(1) + MASK, text)
+
+
+def outward_traceback(exc: BaseException, limit: int | None = None) -> str:
+    """An error's traceback (its causes included) through :func:`outward_text`: what a log line says in
+    place of ``exc_info=True``, which sends the error's text and every frame's source line as they are."""
+    try:
+        text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    except Exception:  # a message that cannot be read
+        text = f"{type(exc).__name__}: <its message could not be read>"
+    return outward_text(text, limit)
