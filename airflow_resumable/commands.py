@@ -425,15 +425,18 @@ def _print(data: Sequence[Any] | dict[str, Any], output: str) -> None:
 
 
 def _print_table(console: Any, rows: list[dict[str, Any]]) -> None:
-    """Airflow's table, whose cells wrap between words but never inside one: a job, a slot, a run
+    """Airflow's table, whose cells are plain text (a value holding ``[bold]`` or ``[link=...]`` is
+    printed as it is, not as rich's markup) and wrap between words but never inside one: a job, a slot, a run
     id or a time stays whole on its line (each column is at least as wide as its longest word), and
     a table wider than the terminal runs past its edge rather than cut a name."""
+    from rich.text import Text
+
     from airflow_resumable.version_compat import SimpleTable
 
     table = SimpleTable(show_header=console.show_header)
     for column in rows[0]:
         words = [word for row in rows for word in str(row[column]).split()] + [column]
         table.add_column(column, min_width=max(len(word) for word in words))
-    for row in rows:
-        table.add_row(*(str(value) for value in row.values()))
+    for row in rows:  # each cell as text, never read as rich's markup (``[link=...]``, ``[/]``)
+        table.add_row(*(Text(str(value)) for value in row.values()))
     console.print(table, crop=False)

@@ -126,3 +126,21 @@ def test_an_error_cut_at_its_limit_keeps_no_half_of_a_password_in_the_row_or_any
                 code, out, err = resumable_cli(*argv, "--output", output, capsys=capsys)
                 assert code == 0, err
                 assert "alice" not in out and "hunter" not in out, (argv, out)
+
+
+def test_a_value_holding_rich_markup_is_printed_as_it_is_in_a_table(
+        failed: Store, capsys: pytest.CaptureFixture[str]) -> None:
+    """Given a row whose error holds rich's markup (a style, a link, a closing tag with nothing to close),
+    When show, history and list print it as a table, Then it is printed as written: not styled, not made
+    a link, and the command does not fail on it (a stray ``[/]`` raised rich's MarkupError)."""
+    markup = "[bold red]FAKE[/] [link=https://evil.example]click[/link] [/]"
+    with failed.open(autocommit=True) as session:
+        for table, column in (("resumable_checkpoints", "last_error"), ("resumable_attempts", "error")):
+            session.execute(f"UPDATE {table} SET {column} = %(e)s WHERE {column} IS NOT NULL", {"e": markup})
+        session.commit()
+    for argv in (("show", A, SLOT), ("history", A, SLOT)):
+        code, out, err = resumable_cli(*argv, "--output", "table", capsys=capsys)
+        assert code == 0, err
+        assert "[bold red]FAKE[/]" in " ".join(out.split()) and "[link=https://evil.example]" in out, (argv, out)
+    code, out, err = resumable_cli("list", "--output", "table", capsys=capsys)
+    assert code == 0, err
