@@ -144,3 +144,14 @@ def test_a_value_holding_rich_markup_is_printed_as_it_is_in_a_table(
         assert "[bold red]FAKE[/]" in " ".join(out.split()) and "[link=https://evil.example]" in out, (argv, out)
     code, out, err = resumable_cli("list", "--output", "table", capsys=capsys)
     assert code == 0, err
+
+
+@pytest.mark.parametrize("by", ["admin\u200b", "ad\u00admin", "\ufeffadmin", "admin\u2060"])
+def test_a_by_holding_an_invisible_character_is_refused(failed: Store, capsys: pytest.CaptureFixture[str],
+                                                         by: str) -> None:
+    """A zero-width space, a soft hyphen, a byte order mark, a word joiner: ``admin`` and a name that
+    prints as ``admin`` in the history are not the same person; refused as a control character is."""
+    code, out, err = resumable_cli("pause", A, SLOT, "--by", by, capsys=capsys)
+    assert code == 1 and "holds a control character" in err, err
+    with failed.open() as session:
+        assert session.checkpoints.load(A, SLOT).request is None
