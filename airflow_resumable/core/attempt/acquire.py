@@ -18,7 +18,7 @@ from airflow_resumable.core.attempt.signal import Reason
 from airflow_resumable.core.model.checkpoint import AttemptEnd, Checkpoint, Status, encode
 from airflow_resumable.core.model.errors import Cancelled, LeaseBusy, OverlapSkip, OverlapWait
 from airflow_resumable.core.model.fence import Fence
-from airflow_resumable.core.model.outward import outward_text
+from airflow_resumable.core.model.outward import outward_text, outward_traceback
 from airflow_resumable.core.model.request_rules import Action
 from airflow_resumable.core.model.states import Request
 from airflow_resumable.core.stores.base import StoreSession
@@ -150,9 +150,9 @@ def _withdraw(given: Given, session: StoreSession, holder: str) -> None:
         if session.requests.withdraw_handover(given.job, given.slot, holder):
             given.log.warning("took back the handover asked of %s: it runs on unless it read the request already "
                               "[job=%s slot=%s attempt=%s]", holder, given.job, given.slot, given.attempt)
-    except Exception:  # the error that ends the wait is the one to report
-        given.log.warning("could not take back the handover asked of %s [job=%s slot=%s]", holder, given.job,
-                          given.slot, exc_info=True)
+    except Exception as exc:  # the error that ends the wait is the one to report
+        given.log.warning("could not take back the handover asked of %s [job=%s slot=%s]\n%s", holder, given.job,
+                          given.slot, outward_traceback(exc))
 
 
 def older_try(given: Given, holder: Checkpoint) -> bool:

@@ -34,6 +34,7 @@ from airflow_resumable.core.model.errors import (
 )
 from airflow_resumable.core.model.observe import MAX_OUTPUTS, Source, outward_text
 from airflow_resumable.core.model.options import wait_seconds
+from airflow_resumable.core.model.outward import outward_traceback
 from airflow_resumable.core.stores.transaction.handle import TransactionConnection
 
 
@@ -135,9 +136,9 @@ class Running:
         self.keeper.stop(join=False)
         try:
             self.session.rollback()  # a no-op on a lost connection (the server rolled it back)
-        except Exception:  # never in place of the error that stopped the attempt
-            self.log.warning("could not roll back the unfinished chunk [job=%s slot=%s attempt=%s]", self.job,
-                             self.slot, self.attempt, exc_info=True)
+        except Exception as exc:  # never in place of the error that stopped the attempt
+            self.log.warning("could not roll back the unfinished chunk [job=%s slot=%s attempt=%s]\n%s", self.job,
+                             self.slot, self.attempt, outward_traceback(exc))
         self.keeper.stop()
 
     # -- what the run context calls -------------------------------------------------------------

@@ -43,6 +43,7 @@ from typing import Any
 from airflow_resumable.core.attempt.reporter import Log
 from airflow_resumable.core.attempt.signal import Signal
 from airflow_resumable.core.model.errors import AttemptEnded, ConfigurationError
+from airflow_resumable.core.model.outward import outward_traceback
 
 #: The watcher's longest sleep while the run has a timeout: a signal with a clock of its own (a
 #: test's) is read at least this often. With the default clock it wakes at the deadline itself.
@@ -154,8 +155,9 @@ class AsyncBridge:
 
         try:
             asyncio.run_coroutine_threadsafe(close(), self._loop).result(timeout=5)
-        except Exception:  # never in place of the handler's own outcome
-            self.log.debug("async generators did not close [job=%s slot=%s]", self.job, self.slot, exc_info=True)
+        except Exception as exc:  # never in place of the handler's own outcome
+            self.log.debug("async generators did not close [job=%s slot=%s]\n%s", self.job, self.slot,
+                           outward_traceback(exc))
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=5)
         if not self._thread.is_alive():

@@ -18,7 +18,7 @@ from airflow_resumable.core.attempt.signal import Reason
 from airflow_resumable.core.model.checkpoint import ENCODER, AttemptEnd, Checkpoint, Status, short
 from airflow_resumable.core.model.checkpoint import error_text as _error_text
 from airflow_resumable.core.model.errors import Cancelled, CheckpointDeleted, InvalidCheckpoint, LeaseLost, Paused
-from airflow_resumable.core.model.outward import outward_text
+from airflow_resumable.core.model.outward import outward_text, outward_traceback
 from airflow_resumable.core.view import task_summary
 
 
@@ -224,8 +224,8 @@ def _lost(run: Running, exc: BaseException) -> None:
     try:
         run.session.checkpoints.end_record(run.record_id, AttemptEnd.LEASE_LOST, error=_error_text(exc),
                                            stop_reason=Reason.LEASE_LOST.value)
-    except Exception:  # the history is a record, never a reason to hide the real outcome
-        run.log.warning("could not record the lost lease in the attempt history", exc_info=True)
+    except Exception as error:  # the history is a record, never a reason to hide the real outcome
+        run.log.warning("could not record the lost lease in the attempt history\n%s", outward_traceback(error))
 
 
 def result_text(given: Given, result: Any) -> str | None:

@@ -22,6 +22,7 @@ from airflow_resumable.core.model.errors import AttemptEnded, ConfigurationError
 from airflow_resumable.core.model.fence import Fence
 from airflow_resumable.core.model.identity import Hooks, Identity
 from airflow_resumable.core.model.options import MAX_KEY_BYTES, Options, key_problem
+from airflow_resumable.core.model.outward import outward_text, outward_traceback
 from airflow_resumable.core.stores.base import Store
 
 
@@ -130,8 +131,9 @@ class Given:
         if self.hooks.resolve_reason is not None:
             try:
                 resolved = self.hooks.resolve_reason(reason)
-            except Exception:  # never let classification hide the cancel
-                self.log.exception("could not classify cancel reason %r", reason)
+            except Exception as exc:  # never let classification hide the cancel
+                self.log.error("could not classify cancel reason %s\n%s", outward_text(repr(reason)),
+                               outward_traceback(exc))
                 return reason, message
             if isinstance(resolved, tuple):
                 return resolved[0], resolved[1]

@@ -273,6 +273,28 @@ def test_a_classified_sigterm_leaves_signal_and_row_saying_the_same(store: Store
     assert run.signal.reason == "user"
 
 
+def test_the_core_s_own_log_lines_about_errors_carry_no_credential(store: Store, caplog: pytest.LogCaptureFixture) -> None:
+    from airflow_resumable.core.attempt.signal import Reason
+
+    # Given an embedding whose classification of a SIGTERM fails with an error naming a DSN's password
+    def classify(reason: str) -> str:
+        raise RuntimeError("cannot reach postgresql://svc:s3cret-pw@db/airflow password=s3cret-pw")
+
+    run = Attempt(store, Identity(job=JOB, slot=SLOT, attempt=1, owner="o"), hooks=Hooks(resolve_reason=classify))
+
+    def handler(ctx) -> None:
+        ctx.signal.cancel(Reason.TERMINATED, "SIGTERM")
+        ctx.checkpoint(1, processed=1)
+
+    with caplog.at_level("DEBUG"), pytest.raises(Cancelled):
+        run.run(handler)
+    # Then the line that says so, its traceback included, went out without the password
+    said = "\n".join(r.getMessage() + (r.exc_text or "") for r in caplog.records)
+    assert "could not classify cancel reason" in said and "RuntimeError" in said
+    assert "s3cret-pw" not in said
+    assert not any(r.exc_info for r in caplog.records if "classify" in r.getMessage())
+
+
 @pytest.mark.parametrize("value", [float("nan"), float("inf"), 1e12])
 @pytest.mark.parametrize("option", ["lease", "timeout", "lease_wait", "progress_interval"])
 def test_options_that_are_nan_infinite_or_huge_are_refused_naming_the_option(option: str, value: float) -> None:
