@@ -16,6 +16,7 @@ from typing import Any
 
 from airflow_resumable.core.model.columns import column, to_datetime
 from airflow_resumable.core.model.errors import CorruptCheckpoint, InvalidCheckpoint
+from airflow_resumable.core.model.outward import outward_text
 from airflow_resumable.core.model.states import AttemptEnd, Request, Status
 
 __all__ = [
@@ -535,8 +536,6 @@ def error_text(exc: BaseException, limit: int = 2000) -> str:
     tables keep of it and the messages say. Sanitized here, at the source, so no credential reaches the
     row, and cut by ``outward_text``, which drops the word the limit falls in (a cut by length alone left
     the start of a URL, its user and half its password, where no ``@`` made it one)."""
-    from airflow_resumable.core.model.outward import outward_text
-
     return outward_text(f"{type(exc).__name__}: {exc}", limit)
 
 

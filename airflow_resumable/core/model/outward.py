@@ -117,11 +117,20 @@ def _written(code: int) -> str:
     return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
 
 
-#: Each of them and how it is written: ``\\x1b``, ``\\r``, ``\\u202e``, ``\\U000e0041`` (``str.translate``:
-#: one pass in C).
-_WRITTEN = {code: _written(code) for code in range(sys.maxunicode + 1)
-            if unicodedata.category(chr(code)) in UNSAFE_CATEGORIES and chr(code) not in _KEPT}
-_UNSAFE = re.compile("[" + "".join(re.escape(chr(code)) for code in _WRITTEN) + "]")
+#: The ASCII ones (C0 but the line feed and the tab, DEL) and how each is written: all an ASCII text needs.
+_ASCII_WRITTEN = {code: _written(code) for code in range(128)
+                  if unicodedata.category(chr(code)) in UNSAFE_CATEGORIES and chr(code) not in _KEPT}
+_ASCII_UNSAFE = re.compile("[" + "".join(re.escape(chr(code)) for code in _ASCII_WRITTEN) + "]")
+
+
+@functools.cache
+def _unsafe() -> tuple[dict[int, str], re.Pattern[str]]:
+    """Each character of :data:`UNSAFE_CATEGORIES` and how it is written (``\\x1b``, ``\\r``, ``\\u202e``,
+    ``\\U000e0041``: for ``str.translate``, one pass in C), and a pattern that finds one. Made on the first
+    text that is not ASCII (a scan of every code point, ~0.1 s), not when the module is imported."""
+    written = {code: _written(code) for code in range(sys.maxunicode + 1)
+               if unicodedata.category(chr(code)) in UNSAFE_CATEGORIES and chr(code) not in _KEPT}
+    return written, re.compile("[" + "".join(re.escape(chr(code)) for code in written) + "]")
 
 
 def visible(text: str) -> str:
@@ -129,7 +138,10 @@ def visible(text: str) -> str:
     a bidi override or isolate, a zero-width or other format character, a lone surrogate, a line or
     paragraph separator) written out as Python writes it in a string (``\\x1b``, ``\\r``, ``\\u202e``,
     ``\\u200b``); a line feed and a tab stay. Part of :func:`outward_text`, which every outgoing text goes through."""
-    return text.translate(_WRITTEN) if _UNSAFE.search(text) else text
+    if text.isascii():
+        return text.translate(_ASCII_WRITTEN) if _ASCII_UNSAFE.search(text) else text
+    written, unsafe = _unsafe()
+    return text.translate(written) if unsafe.search(text) else text
 
 
 # -- which key names a secret -----------------------------------------------------------------------
