@@ -12,13 +12,13 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
-from airflow_resumable.core.stores.transaction.handle import Loan, TransactionConnection, forwarded, from_driver
+from airflow_resumable.core.stores.transaction.handle import Driver, Loan, TransactionConnection, forwarded, from_driver
 from airflow_resumable.core.stores.transaction.statements import Wire, postgres_refusal, statement_refused, wire_refusal
 
 # -- psycopg2 ------------------------------------------------------------------------------------
 
 
-class Psycopg2Driver:
+class Psycopg2Driver(Driver):
     """How ``ctx.transaction()`` lends a psycopg2 connection."""
 
     readable = frozenset({
@@ -34,10 +34,6 @@ class Psycopg2Driver:
                           withhold=withhold, scrollable=scrollable)
         object.__setattr__(cur, "_resumable_guard", guard)
         return cur
-
-    @staticmethod
-    def read(conn: Any, name: str) -> Any:
-        return forwarded(getattr(conn, name))
 
     @staticmethod
     def wire(conn: Any) -> Wire:
@@ -222,7 +218,7 @@ def judge(now: Wire, text: str, loan: Loan) -> None:
 # -- psycopg 3 -----------------------------------------------------------------------------------
 
 
-class Psycopg3Driver:
+class Psycopg3Driver(Driver):
     """How ``ctx.transaction()`` lends a psycopg 3 connection (the Postgres provider's hook).
 
     **The handler's adapters are its own.** ``tx.adapters`` is a copy of the connection's adapter map,
@@ -262,7 +258,7 @@ class Psycopg3Driver:
     def read(self, conn: Any, name: str) -> Any:
         if name == "adapters":
             return self.adapters(conn)
-        return forwarded(getattr(conn, name))
+        return super().read(conn, name)
 
     @staticmethod
     def wire(conn: Any) -> Wire:
@@ -357,9 +353,12 @@ class Psycopg3Cursor:
         params_seq = list(params_seq)
         if params_seq and not isinstance(self._cur, psycopg.ClientCursor) and all(params_seq):
             # Server-side parameters: one statement for every set (the server takes one statement with
-            # parameters), each judged as the server parses it, before any is sent; sent by psycopg's own
-            # executemany (pipelined)
-            for params in params_seq:
+            # parameters), judged as the server parses it before any is sent; sent by psycopg's own
+            # executemany (pipelined). The server parses the query with $1, $2... in the values' places,
+            # one text for every set of one shape (its names, or how many): judged once a shape, not once
+            # a set (each would be dumped twice: for the check, then by psycopg)
+            shapes = {frozenset(p) if isinstance(p, Mapping) else len(p): p for p in params_seq}
+            for params in shapes.values():
                 self._sent(query, params)
             self._cur.executemany(query, params_seq, **kwargs)
             return
