@@ -65,7 +65,6 @@ class Column:
             return f"not one of {', '.join(self.values)}"
         return None
 
-
     def kept(self) -> str:
         """This column's value where :meth:`problem` would find nothing wrong with it, else NULL, as
         SQL: the decoder's own rule for a statement that adds rows up in the database (the jobs

@@ -152,27 +152,21 @@ class Listings:
                 row's own slot and the statement that puts it right. Refused rather than left out: the
                 row is live, so the run it stands for may well overlap this one.
         """
-        c = self._c
-        now = c.d.now()
-        rows = c.execute(
-            f"SELECT {SELECT} FROM {TABLE} WHERE job = %(job)s AND slot <> %(slot)s AND ((lease_owner IS NOT NULL "
-            f"AND lease_expires_at > {now}) OR status = 'paused') ORDER BY lease_acquired_at, slot",
-            {"job": job, "slot": slot},
-        ).fetchall()
-        c.commit()
-        live = []
-        for row in rows:
-            try:
-                live.append(c.row(row))
-            except CorruptCheckpoint as exc:
-                other = row[CHECKPOINTS.names.index("slot")]
-                raise CorruptCheckpoint(
-                    f"this slot's overlap policy reads the job's other live slots, and the row of slot {other!r} "
-                    f"cannot be read: {exc.message}. Whether that run overlaps this one cannot be told, so this "
-                    "attempt stopped before its handler ran", job=job, slot=slot,
-                    hint=f"For slot {other!r}: {(exc.hint or '').rstrip('.')}. Then Clear this task",
-                ) from exc
-        return live
+        now = self._c.d.now()
+        try:
+            return self._rows(
+                f"SELECT {SELECT} FROM {TABLE} WHERE job = %(job)s AND slot <> %(slot)s AND ((lease_owner IS NOT NULL "
+                f"AND lease_expires_at > {now}) OR status = 'paused') ORDER BY lease_acquired_at, slot",
+                {"job": job, "slot": slot},
+            )
+        except CorruptCheckpoint as exc:  # the decoder's error names the row's own slot
+            other = exc.slot
+            raise CorruptCheckpoint(
+                f"this slot's overlap policy reads the job's other live slots, and the row of slot {other!r} "
+                f"cannot be read: {exc.message}. Whether that run overlaps this one cannot be told, so this "
+                "attempt stopped before its handler ran", job=job, slot=slot,
+                hint=f"For slot {other!r}: {(exc.hint or '').rstrip('.')}. Then Clear this task",
+            ) from exc
 
     def requested_by(self, job: str, slot: str, outcome: str) -> str | None:
         """Who made the slot's latest request recorded as ``outcome`` (e.g. ``cancel_requested``),

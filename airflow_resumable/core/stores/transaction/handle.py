@@ -77,8 +77,9 @@ class Loan:
     """
 
     lost: str | None = None
-    #: PostgreSQL: how the server read the session's texts when the connection was lent (client encoding,
-    #: ``standard_conforming_strings``): a statement is judged only while they are unchanged.
+    #: PostgreSQL: how the server read the session's texts and wrote its timestamps when the connection was
+    #: lent (client encoding, ``standard_conforming_strings``, ``DateStyle``): a statement is judged only
+    #: while they are unchanged.
     wire: Any = None
 
     def __init__(self, job: str | None, slot: str | None):
@@ -312,7 +313,18 @@ def _folders(files: tuple[str | None, ...]) -> tuple[str, ...]:
 # -- SQLite --------------------------------------------------------------------------------------
 
 
-class SQLiteDriver:
+class Driver:
+    """How ``ctx.transaction()`` lends one driver's connection: its cursors (each driver's ``cursor``) and
+    the read-only facts of it the handle offers (:attr:`readable`, each read through :meth:`read`)."""
+
+    readable: frozenset[str] = frozenset()
+
+    def read(self, conn: Any, name: str) -> Any:
+        """The fact ``name`` of ``conn``, as the handle gives it out (a bound method wrapped)."""
+        return forwarded(getattr(conn, name))
+
+
+class SQLiteDriver(Driver):
     """How ``ctx.transaction()`` lends a SQLite connection (``stores/sqlite.py``'s SQLiteConnection)."""
 
     readable = frozenset({"in_transaction", "total_changes", "isolation_level", "row_factory", "text_factory"})
@@ -322,10 +334,6 @@ class SQLiteDriver:
 
     def cursor(self, guard: TransactionConnection, *args: Any, **kwargs: Any) -> SQLiteCursor:
         return SQLiteCursor(guard._conn.cursor(*args, **kwargs), guard, self)
-
-    @staticmethod
-    def read(conn: Any, name: str) -> Any:
-        return forwarded(getattr(conn, name))
 
 
 class SQLiteCursor:
