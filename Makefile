@@ -26,7 +26,9 @@ demo: venv
 
 ## The whole test suite; exits non-zero on any failure. The slow modules (a real Airflow each:
 ## scheduler, celery, browser) run as pytest processes of their own beside the rest (scripts/test.sh).
-test: venv
+## First installs what the browser, chaos and eviction tests run beside Python when it is missing
+## (browser-deps, chaos-deps: Debian's packages, as root or through sudo).
+test: venv browser-deps chaos-deps
 	PY=$(PY) bash scripts/test.sh $(PYTEST_ARGS)
 
 ## The fast part: no real scheduler, no PostgreSQL server, no browser, no fresh venv needed.
@@ -43,18 +45,18 @@ matrix:
 constraints:
 	python3 scripts/constraints.py $(if $(AIRFLOW),$(AIRFLOW) $(or $(FOR_PYTHON),3.11),--all)
 
-## Debian's chromium and chromedriver for the browser tests (installed only if missing).
+## Debian's chromium and chromedriver for the browser tests (installed only if missing; make test runs it).
 browser-deps:
 	@if [ -x /usr/bin/chromium ] && [ -x /usr/bin/chromedriver ]; then echo "chromium: $$(/usr/bin/chromium --version 2>/dev/null)"; \
-	else apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver; fi
+	else bash scripts/apt_install.sh chromium chromium-driver; fi
 
 ## What the chaos and eviction tests run beside Python (Debian's packages, installed only if missing):
-## dumb-init (the worker pod's init), socat (the hosts' relays), iproute2 (ip netns, tc).
+## dumb-init (the worker pod's init), socat (the hosts' relays), iproute2 (ip netns, tc). make test runs it.
 chaos-deps:
 	@missing=""; for pair in dumb-init:dumb-init socat:socat ip:iproute2; do \
 	  command -v $${pair%%:*} >/dev/null 2>&1 || missing="$$missing $${pair#*:}"; done; \
 	if [ -z "$$missing" ]; then echo "chaos: $$(dumb-init --version 2>&1), socat and iproute2 installed"; \
-	else apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; fi
+	else bash scripts/apt_install.sh $$missing; fi
 
 ## The README's screenshots (docs/screenshots/): the browser test against a real airflow standalone.
 screenshots: venv browser-deps
@@ -81,10 +83,11 @@ docs: venv
 docs-serve: venv
 	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs serve --dev-addr 127.0.0.1:8000
 
-## A local Airflow with the example DAGs (UI on :8080); Ctrl-C, SIGTERM to the pid it prints or
-## `make standalone-stop` (from any shell) stops all of it.
+## A local Airflow with the example DAGs (UI on :8080; `make standalone PORT=28080` moves the UI, the
+## REST API and the Execution API together: docs/how-to/ui.md#another-port); Ctrl-C, SIGTERM to the
+## pid it prints or `make standalone-stop` (from any shell) stops all of it.
 standalone: venv
-	@PY=$(PY) bash scripts/standalone.sh
+	@PY=$(PY) PORT=$(PORT) bash scripts/standalone.sh
 
 ## Stop this checkout's `make standalone` (pids in .airflow-home/standalone.pid), every process of it.
 standalone-stop:

@@ -7,6 +7,7 @@
     airflow resumable jobs [--dag-id D]      airflow resumable jobs --job JOB [--run-id R]
     airflow resumable rerun-failed JOB RUN_ID [--by WHO]
     airflow resumable skipped list JOB SLOT  airflow resumable skipped retry JOB SLOT [--by WHO]
+    airflow resumable skipped withdraw JOB SLOT [--by WHO]
     airflow resumable migrate [--sql | --check]
     airflow resumable clean --older-than 30d [--dry-run]
 
@@ -132,6 +133,14 @@ def get_cli_commands() -> list[GroupCommand]:
                                       "Refused (exit 1) while the slot runs or when it has no replayable item.",
                                       func=lazy_load_command(f"{_HERE}.skipped_retry_command"),
                                       args=(ARG_JOB, ARG_SLOT, ARG_BY, ARG_CONN_ID, ARG_OUTPUT)),
+                        ActionCommand(name="withdraw", help="Withdraw a retry of the slot's skipped items that no "
+                                      "run carried out yet",
+                                      description="Put the slot's items still retry_requested back to skipped, their "
+                                      "errors as they were (who asked goes to its history): a retry no run will carry "
+                                      "out (its task instance is removed, say), or one asked by mistake. Refused "
+                                      "(exit 1) while the slot runs or when no retry is pending.",
+                                      func=lazy_load_command(f"{_HERE}.skipped_withdraw_command"),
+                                      args=(ARG_JOB, ARG_SLOT, ARG_BY, ARG_CONN_ID, ARG_OUTPUT)),
                     ],
                 ),
                 ActionCommand(name="jobs", help="One line per job: its latest run's partitions (done, running, paused, "
@@ -249,7 +258,20 @@ def skipped_retry_command(args: argparse.Namespace) -> None:
     _print([{k: _cell(i.get(k)) for k in _SKIPPED_COLUMNS} for i in view["skipped_items"]], args.output)
 
 
-_JOBS_COLUMNS = ("job", "dag_id", "task_id", "run_id", "done", "running", "paused", "failed", "waiting", "total",
+def skipped_withdraw_command(args: argparse.Namespace) -> None:
+    import airflow_resumable.control as control
+
+    items = _guard(lambda: control.withdraw_retry_skipped(args.job, args.slot, conn_id=args.conn_id, by=args.by))
+    view = _guard(lambda: control.skipped_view(args.job, args.slot, conn_id=args.conn_id, limit=MAX_LIMIT))
+    if args.output == "json":
+        _print({**view, "withdrawn": {"items": items}}, "json")
+        return
+    print(_terminal(f"retry of {items} skipped item(s) withdrawn: they are skipped again"))
+    _print([{k: _cell(i.get(k)) for k in _SKIPPED_COLUMNS} for i in view["skipped_items"]], args.output)
+
+
+_JOBS_COLUMNS = ("job", "dag_id", "task_id", "run_id", "done", "running", "stalled", "abandoned", "paused", "failed",
+                 "waiting", "total",
                  "planned", "processed", "skipped", "rate", "eta", "updated_at")
 _PARTITION_COLUMNS = ("map_index", "job", "status", "processed", "rate", "eta", "attempt", "updated_at", "last_error")
 
@@ -275,17 +297,26 @@ def jobs_command(args: argparse.Namespace) -> None:
     if args.job is None:
         if args.run_id is not None:
             raise SystemExit("--run-id needs --job: name the job whose run to show")
-        lines = _guard(lambda: control.jobs(conn_id=args.conn_id, dag_ids={args.dag_id} if args.dag_id else None))
+        lines = _guard(lambda: control.jobs(conn_id=args.conn_id, dag_ids={args.dag_id} if args.dag_id else None,
+                                            task_states=_task_states))
         _print(lines if args.output == "json" else [{k: {**j, **j["partitions"], **_figures(j)}.get(k)
                                                      for k in _JOBS_COLUMNS} for j in lines], args.output)
         return
-    detail = _guard(lambda: control.job_partitions(args.job, args.run_id, conn_id=args.conn_id))
+    detail = _guard(lambda: control.job_partitions(args.job, args.run_id, conn_id=args.conn_id,
+                                                   task_states=_task_states))
     if args.output == "json":
         _print(detail, args.output)
         return
     _print([{k: {**detail, **detail["partitions"], **_figures(detail)}.get(k) for k in _JOBS_COLUMNS}], args.output)
-    _print([{k: _cell({**r, **_figures(r)}.get(k)) for k in _PARTITION_COLUMNS} for r in detail["partition_rows"]],
-           args.output)
+    _print([{k: _cell({**r, **_figures(r), "status": _shown_status(r)}.get(k)) for k in _PARTITION_COLUMNS}
+            for r in detail["partition_rows"]], args.output)
+
+
+def _shown_status(view: dict[str, Any]) -> str:
+    """A slot's status as a table shows it: how it is shown (``stalled``, ``abandoned``), saying
+    what its row holds when that differs (a row whose attempt died still says ``running``)."""
+    shown, stored = view.get("shown_status") or view.get("status"), view.get("status")
+    return str(shown) if shown == stored else f"{shown} (its row says {stored})"
 
 
 def rerun_failed_command(args: argparse.Namespace) -> None:
@@ -355,7 +386,20 @@ def _module_cli(argv: list[str]) -> None:
 def _detail(job: str, slot: str, conn_id: str) -> dict[str, Any]:
     import airflow_resumable.control as control
 
-    return control.detail(job, slot, conn_id=conn_id, explained=False)
+    return control.detail(job, slot, conn_id=conn_id, explained=False, task_states=_task_states)
+
+
+def _task_states(dag_id: str | None, task_id: str | None, run_id: str | None) -> dict[int, str] | None:
+    """Airflow's task instance states, as the jobs page and the Checkpoint tab show a slot by them
+    (:func:`airflow_resumable.control.task_instance_states`): a running row whose task instance ended
+    is ``abandoned`` here too. Without Airflow's metadata database (a machine that has only the
+    checkpoint store's connection) the slot is judged by its lease alone, as the module CLI judges it."""
+    import airflow_resumable.control as control
+
+    try:
+        return control.task_instance_states(dag_id, task_id, run_id)
+    except Exception:  # the metadata database unreachable or not set up: the lease decides
+        return None
 
 
 def server_context() -> None:
@@ -384,6 +428,7 @@ def _print_slot(args: argparse.Namespace, view: dict[str, Any]) -> None:
         _print(view, "json")
         return
     fields = {k: v for k, v in view.items() if k != "history"}
+    fields["status"] = _shown_status(view)
     fields["offers"] = ", ".join(a for a, ok in (view.get("offers") or {}).items() if ok) or "-"
     _print([{"field": k, "value": _cell(v)} for k, v in fields.items()], args.output)
 

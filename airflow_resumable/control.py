@@ -44,14 +44,15 @@ from airflow_resumable.core.model.errors import (
 from airflow_resumable.core.model.outward import outward_text, outward_traceback
 from airflow_resumable.core.model.states import AttemptEnd
 from airflow_resumable.core.stores.base import Store, StoreSession
+from airflow_resumable.core.work import partitions as _partitions
 from airflow_resumable.hooks.resumable import DEFAULT_CONN_ID, ResumableHook
 
 __all__ = [
-    "ACTIONS", "RETRY_SKIPPED", "RequestRefused", "RetryRequested", "SlotNotFound", "act", "cancel", "dag_ids", "dead_letters", "detail", "explained_offers", "find",
+    "ACTIONS", "RETRY_SKIPPED", "WITHDRAW_RETRY", "RequestRefused", "RetryRequested", "SlotNotFound", "act", "cancel", "dag_ids", "dead_letters", "detail", "explained_offers", "find",
     "find_detail", "get",
     "history",
-    "job_partitions", "jobs", "offers", "pause", "recent", "release", "replay", "rerun_failed", "restart", "resume", "request_retry_skipped", "retry_skipped",
-    "skipped_view",
+    "job_partitions", "jobs", "offers", "pause", "recent", "release", "replay", "rerun_candidates", "rerun_failed", "restart", "resume", "request_retry_skipped", "retry_skipped",
+    "skipped_view", "task_instance_states", "withdraw_retry_skipped",
 ]
 
 ACTIONS = _core.ACTIONS
@@ -78,25 +79,25 @@ def pause(job: str, slot: str, *, conn_id: str = DEFAULT_CONN_ID, by: str | None
     """Ask the slot's run to stop at its next chunk boundary and defer until resumed (no worker
     slot held, no retry used). A slot nobody runs now pauses before the first chunk of its next
     attempt. Refused for a finished or paused slot."""
-    return _core.pause(_store(conn_id, job, slot), job, slot, by=by)
+    return _request(conn_id, job, slot, _rules.Action.PAUSE, by)
 
 
 def resume(job: str, slot: str, *, conn_id: str = DEFAULT_CONN_ID, by: str | None = None) -> Checkpoint:
     """Let a paused slot continue from its checkpoint, in the same try (or withdraw a pending
     pause). Refused for a slot that is not paused."""
-    return _core.resume(_store(conn_id, job, slot), job, slot, by=by)
+    return _request(conn_id, job, slot, _rules.Action.RESUME, by)
 
 
 def cancel(job: str, slot: str, *, conn_id: str = DEFAULT_CONN_ID, by: str | None = None) -> Checkpoint:
     """Stop the slot's run: a running one at its next chunk boundary, a paused one at once. Its
     task fails without a retry; the checkpoint is kept, so a Clear resumes it."""
-    return _core.cancel(_store(conn_id, job, slot), job, slot, by=by)
+    return _request(conn_id, job, slot, _rules.Action.CANCEL, by)
 
 
 def restart(job: str, slot: str, *, conn_id: str = DEFAULT_CONN_ID, by: str | None = None) -> Checkpoint:
     """Make the slot's next attempt start from the beginning (a paused slot continues at once,
     from the beginning; otherwise Clear its task). Refused while an attempt runs it."""
-    return _core.restart(_store(conn_id, job, slot), job, slot, by=by)
+    return _request(conn_id, job, slot, _rules.Action.RESTART, by)
 
 
 def release(
@@ -104,11 +105,39 @@ def release(
 ) -> Checkpoint:
     """Free the lease of a holder that died (it missed two heartbeats), so the next attempt takes
     the slot at once. ``force`` also frees a live holder's lease, fencing it out."""
-    return _core.release(_store(conn_id, job, slot), job, slot, by=by, force=force)
+    return _request(conn_id, job, slot, _rules.Action.RELEASE, by, force=force)
 
 
-#: The requests :func:`act` takes: the five of :data:`ACTIONS` and a retry of the skipped items.
+def _request(conn_id: str, job: str, slot: str, action: _rules.Action, by: str | None, *,
+             force: bool = False) -> Checkpoint:
+    """A person's request of one slot, applied by the rules (:func:`airflow_resumable.core.control.requests.apply`,
+    which refuses a partition past its job's current plan in the write's own transaction)."""
+    by = None if by is None else _core.checked_by(by, job=job, slot=slot)
+    with _session(conn_id, job, slot) as session:
+        return _core.apply(session, job, slot, action, by=by, force=force)  # held to the plan there
+
+
+@contextmanager
+def _in_plan(session: StoreSession, job: str, slot: str) -> Iterator[None]:
+    """Refuse a person's request of a partition past its job's current plan (a split anew into
+    fewer partitions left its row; its task instance is removed, so nothing would act on it); else
+    run the block that writes the request in the same transaction, the plan held (a split anew
+    waits for the write: the plan checked is the plan written under).
+
+    Raises:
+        ConfigurationError: the job or the slot is not a valid one (nothing read).
+        RequestRefused: naming the plan (:func:`~airflow_resumable.core.work.partitions.outside_plan`).
+    """
+    _core.check_keys(job, slot, size=False)
+    with session.transaction():
+        _core.held_in_plan(session, slot, job)
+        yield
+
+
+#: The requests :func:`act` takes: the five of :data:`ACTIONS`, a retry of the skipped items, and
+#: the withdrawal of a retry no run carried out yet.
 RETRY_SKIPPED = "retry_skipped"
+WITHDRAW_RETRY = "withdraw_retry"
 
 
 def act(job: str, slot: str, action: _rules.Action | str, *, conn_id: str = DEFAULT_CONN_ID, by: str | None = None,
@@ -117,7 +146,7 @@ def act(job: str, slot: str, action: _rules.Action | str, *, conn_id: str = DEFA
     slot's owning DAG is read alone and ``check(dag_id)`` may refuse the caller (the REST API's per-DAG
     permission: whatever it raises goes up, nothing changed, no other column read), then its row is
     read, the request is applied (``action``: pause,
-    resume, cancel, restart, release with ``force``, or ``retry_skipped``), and the slot's
+    resume, cancel, restart, release with ``force``, ``retry_skipped`` or ``withdraw_retry``), and the slot's
     :func:`detail` is read after it; a retry's answer also has ``retry``
     (:meth:`RetryRequested.as_json`).
 
@@ -127,21 +156,22 @@ def act(job: str, slot: str, action: _rules.Action | str, *, conn_id: str = DEFA
 
     Raises:
         SlotNotFound: no such slot.
-        RequestRefused: the slot does not take the request; nothing changed.
+        RequestRefused: the slot does not take the request (a partition past its job's current plan
+            takes none but ``withdraw_retry``); nothing changed.
         ConfigurationError: ``action`` is none of these, ``force`` is given with a request that has no
             forced form, or the job, slot or ``by`` is not a valid one; nothing was read.
         CorruptCheckpoint: the row holds a status or a request no release writes (edited by hand);
             nothing changed.
         ReadBackFailed: the request was applied and recorded, but the slot could not be read back.
     """
-    wanted: _rules.Action | None = None  # None: the retry of the skipped items
-    if action != RETRY_SKIPPED:
+    wanted: _rules.Action | None = None  # None: the retry of the skipped items, or its withdrawal
+    if action not in (RETRY_SKIPPED, WITHDRAW_RETRY):
         try:
             wanted = _rules.Action(action)
         except ValueError:
-            raise ConfigurationError(f"no request {action!r}: one of {', '.join(ACTIONS)} or {RETRY_SKIPPED}",
-                                     job=job, slot=slot) from None
-    name = RETRY_SKIPPED if wanted is None else wanted.value
+            raise ConfigurationError(f"no request {action!r}: one of {', '.join(ACTIONS)}, {RETRY_SKIPPED} or "
+                                     f"{WITHDRAW_RETRY}", job=job, slot=slot) from None
+    name = str(action) if wanted is None else wanted.value
     if force and (wanted is None or not _rules.forceable(wanted)):
         raise ConfigurationError(f"force applies to {', '.join(a.value for a in _rules.Action if _rules.forceable(a))} "
                                  f"only, not to {name}", job=job, slot=slot)
@@ -161,9 +191,12 @@ def act(job: str, slot: str, action: _rules.Action | str, *, conn_id: str = DEFA
             if check is not None and row.dag_id != owner:
                 continue  # another DAG's task took the slot over since the check: check its new owner
             try:
-                if wanted is None:
-                    row, items = _skips.request_retry_in(session, job, slot, by=by, checked=row)
-                else:
+                if name == WITHDRAW_RETRY:
+                    row, items = _skips.withdraw_retry_in(session, job, slot, by=by, checked=row)
+                elif wanted is None:
+                    with _in_plan(session, job, slot):
+                        row, items = _skips.request_retry_in(session, job, slot, by=by, checked=row)
+                else:  # held to the plan in apply's own transaction
                     _core.apply(session, job, slot, wanted, by=by, force=force,
                                 dag_id=owner if check is not None else row.dag_id)
             except OwnerChanged:
@@ -173,11 +206,13 @@ def act(job: str, slot: str, action: _rules.Action | str, *, conn_id: str = DEFA
             raise OwnerChanged(job=job, slot=slot)
         asked: RetryRequested | None = None
         try:
-            if wanted is None:
+            if name == RETRY_SKIPPED:
                 asked = _retry_carried(row, items, clear=True, wait=FINISHING_WAIT)
             view = _detail(session, job, slot, explained=True)
         except Exception as exc:  # the request stands: say so, not only what failed
             raise _read_back_failed(exc, name, by, asked, job=job, slot=slot) from exc
+    if name == WITHDRAW_RETRY:
+        return {**view, "withdrawn": {"items": items}}
     return view if asked is None else {**view, "retry": asked.as_json()}
 
 
@@ -258,16 +293,27 @@ def _explained(session: StoreSession, job: str, slot: str) -> tuple[Checkpoint, 
     notes = {a.value: _rules.explain(a, row, now, taken=found[a.value]) for a in _rules.Action}
     found["retry_skipped"] = _skips.retry_offered(row, replayable)
     notes["retry_skipped"] = _skips.retry_note(row, replayable, pending)
+    found[WITHDRAW_RETRY] = _skips.withdraw_offered(row, pending)
+    notes[WITHDRAW_RETRY] = _skips.withdraw_note(row, pending)
+    outside = _partitions.outside_plan(session.checkpoints.load, job, slot)
+    if outside is not None:  # nothing runs it: no request but the withdrawal of a retry stuck there
+        for name in found:
+            if name != WITHDRAW_RETRY:
+                found[name], notes[name] = False, f"Not now: {outside.message}. {outside.hint}."
     return row, found, notes
 
 
 def detail(job: str, slot: str, *, conn_id: str = DEFAULT_CONN_ID, explained: bool = True,
-           check: Callable[[str | None], None] | None = None) -> dict[str, Any]:
+           check: Callable[[str | None], None] | None = None,
+           task_states: _core.TaskStates | None = None) -> dict[str, Any]:
     """One slot whole, read on one connection (one schema check): its row with the figures of
     :func:`airflow_resumable.core.view.row_view`, ``history`` and ``offers``; with ``explained`` (the
     REST API, the Checkpoint tab), also ``offer_notes`` and its skipped items (:func:`skipped_view`'s
     fields). See :func:`airflow_resumable.core.view.slot_detail`. ``check(dag_id)``, given the slot's
     owning DAG read alone, may refuse the caller before anything else of the slot is read.
+    ``task_states`` (:func:`task_instance_states`, where Airflow's metadata database is at hand: REST,
+    ``airflow resumable show``): the slot is shown with its task instance's state, as the Checkpoint
+    tab shows it (a running row whose task instance ended: ``abandoned``).
 
     Raises:
         SlotNotFound: no such slot.
@@ -278,24 +324,30 @@ def detail(job: str, slot: str, *, conn_id: str = DEFAULT_CONN_ID, explained: bo
             if not found:
                 raise _core.not_found(job, slot)
             check(owner)
-        return _detail(session, job, slot, explained=explained)
+        return _detail(session, job, slot, explained=explained, task_states=task_states)
 
 
 def find_detail(dag_id: str, task_id: str, run_id: str, map_index: int = -1, *,
-                conn_id: str = DEFAULT_CONN_ID) -> dict[str, Any] | None:
+                conn_id: str = DEFAULT_CONN_ID, ti_state: str | None = None) -> dict[str, Any] | None:
     """The slot a task instance ran last (see :func:`find`) as :func:`detail` gives it, read on one
-    connection; None: the task instance never ran a resumable job in this store."""
+    connection; None: the task instance never ran a resumable job in this store. ``ti_state``: the
+    task instance's state in Airflow, when known: a running row whose task instance ended is shown
+    ``abandoned`` (:func:`airflow_resumable.core.view.liveness_of`)."""
     with _session(conn_id) as session:
         row = session.listings.find(dag_id, task_id, run_id, map_index)
-        return None if row is None else _detail(session, row.job, row.slot, explained=True)
+        return None if row is None else _detail(session, row.job, row.slot, explained=True, ti_state=ti_state)
 
 
-def _detail(session: StoreSession, job: str, slot: str, *, explained: bool) -> dict[str, Any]:
+def _detail(session: StoreSession, job: str, slot: str, *, explained: bool,
+            ti_state: str | None = None, task_states: _core.TaskStates | None = None) -> dict[str, Any]:
     row, found, notes = _explained(session, job, slot)
+    if ti_state is None and task_states is not None:
+        ti_state = (task_states(row.dag_id, row.task_id, row.run_id) or {}).get(
+            -1 if row.map_index is None else row.map_index)
     history = session.listings.history(job, slot)
     if not explained:
-        return _view.slot_detail(row, history=history, offers=found)
-    return _view.slot_detail(row, history=history, offers=found, notes=notes,
+        return _view.slot_detail(row, history=history, offers=found, ti_state=ti_state)
+    return _view.slot_detail(row, history=history, offers=found, notes=notes, ti_state=ti_state,
                              skipped=_skipped(session, job, slot, limit=SKIPPED_LISTED))
 
 
@@ -338,37 +390,46 @@ def replay(job: str, slot: str, fn: Callable[[Any], Any], *, conn_id: str = DEFA
     return _skips.replay(_store(conn_id, job, slot), job, slot, fn, limit=limit)
 
 
-def jobs(*, conn_id: str = DEFAULT_CONN_ID, dag_ids: Collection[str] | None = None) -> list[dict[str, Any]]:
+def jobs(*, conn_id: str = DEFAULT_CONN_ID, dag_ids: Collection[str] | None = None,
+         task_states: _core.TaskStates | None = None) -> list[dict[str, Any]]:
     """One line per job, most recently updated first: its latest run's partitions counted,
     ``{"done", "running", "paused", "failed", "waiting", "other", "total"}`` (failed counts cancelled
     ones too: both end a run unfinished; waiting: planned, not started), and its progress as the
     sum of theirs: ``processed``, ``total``, ``percent``, ``rate`` (items/s, the live partitions'
     rates added up) and ``eta_seconds`` (see :func:`airflow_resumable.core.control.requests.jobs`). A
-    partitioned job's plan row is folded into its line (``partitioned``: True)."""
-    return _core.jobs(_store(conn_id), dag_ids=dag_ids)
+    partitioned job's plan row is folded into its line (``partitioned``: True).
+
+    With ``task_states`` (the REST API and the jobs page: :func:`task_instance_states`), each
+    running partition whose task instance ended in Airflow counts as ``abandoned``, and each line
+    says how Airflow's task instances of its run stand (``task_instances``: ``{state: count}``), so
+    the page can say where they differ from the rows."""
+    return _core.jobs(_store(conn_id), dag_ids=dag_ids, task_states=task_states)
 
 
 def job_partitions(job: str, run_id: str | None = None, *, conn_id: str = DEFAULT_CONN_ID,
-                   check: Callable[[str | None], None] | None = None) -> dict[str, Any]:
+                   check: Callable[[str | None], None] | None = None,
+                   task_states: _core.TaskStates | None = None) -> dict[str, Any]:
     """One job's line (as :func:`jobs` gives it) for ``run_id`` (default: its latest run), with
     ``partition_rows``: each partition by map index, its row as the Checkpoint tab shows it (the
     figures of :func:`airflow_resumable.core.view.row_view`), or ``{"map_index": i, "status":
     "waiting"}`` for a partition of the plan that has not started.
 
     ``check(dag_id)``: called with the DAG that ran the job before any partition's row is read
-    (the REST API's permission check).
+    (the REST API's permission check). ``task_states``: as :func:`jobs` takes it; each partition's
+    row is then shown with its task instance's state (``task_state``).
 
     Raises:
         SlotNotFound: no partition of the job ran (in that run).
     """
-    line, rows = _core.job_partitions(_store(conn_id), job, run_id, check=check)
+    line, rows = _core.job_partitions(_store(conn_id), job, run_id, check=check, task_states=task_states)
+    states = (None if task_states is None else task_states(line["dag_id"], line["task_id"], line["run_id"])) or {}
     views = []
     for index, row in rows:
         if row is None:
             views.append({"map_index": index, "job": job if index < 0 else f"{job}[{index}]", "status": "waiting",
                           "kind": "slot", "dag_id": line["dag_id"], "task_id": line["task_id"], "run_id": line["run_id"]})
             continue
-        views.append(_view.listed_row(row))
+        views.append({**_view.listed_row(row, ti_state=states.get(index)), "task_state": states.get(index)})
     return {**line, "partition_rows": views}
 
 
@@ -401,16 +462,12 @@ def rerun_failed(job: str, run_id: str, *, conn_id: str = DEFAULT_CONN_ID, by: s
         SlotNotFound: no partition of the job ran in that run.
         RequestRefused: none of its task instances failed; nothing changed.
     """
-    from sqlalchemy import select
-
-    from airflow_resumable.version_compat import TaskInstance, TaskInstanceState, clear_task_instances, create_session
+    from airflow_resumable.version_compat import clear_task_instances, create_session
 
     who = _core.default_by() if by is None else _core.checked_by(by, job=job, slot=run_id)
     dag_id, task_id = job_task(job, run_id, conn_id=conn_id)
     with create_session() as session:
-        failed = list(session.scalars(select(TaskInstance).where(
-            TaskInstance.dag_id == dag_id, TaskInstance.run_id == run_id, TaskInstance.task_id == task_id,
-            TaskInstance.state == TaskInstanceState.FAILED)).all())
+        failed = _failed(session, dag_id, run_id, task_id)
         if not failed:
             raise RequestRefused(
                 f"no task instance of DAG {dag_id!r} task {task_id!r} failed in this run", job=job, slot=run_id,
@@ -420,6 +477,50 @@ def rerun_failed(job: str, run_id: str, *, conn_id: str = DEFAULT_CONN_ID, by: s
         _core.record_rerun(_store(conn_id), job, run_id, cleared, by=who)
         clear_task_instances([*failed, *after], session)
         return cleared
+
+
+def rerun_candidates(job: str, run_id: str, *, conn_id: str = DEFAULT_CONN_ID) -> dict[str, Any]:
+    """What :func:`rerun_failed` would clear now, read from the same source (Airflow's task
+    instance states): ``{"job", "run_id", "dag_id", "task_id", "failed": [map indexes]}`` (-1:
+    unmapped), for a confirmation that names what the action does. Changes nothing.
+
+    Raises:
+        SlotNotFound: no partition of the job ran in that run.
+    """
+    from airflow_resumable.version_compat import create_session
+
+    dag_id, task_id = job_task(job, run_id, conn_id=conn_id)
+    with create_session() as session:
+        failed = sorted(ti.map_index for ti in _failed(session, dag_id, run_id, task_id))
+    return {"job": job, "run_id": run_id, "dag_id": dag_id, "task_id": task_id, "failed": failed}
+
+
+def _failed(session: Any, dag_id: str, run_id: str, task_id: str) -> list[Any]:
+    """The task instances of ``task_id`` in ``run_id`` that Airflow has as failed: what a re-run clears."""
+    from sqlalchemy import select
+
+    from airflow_resumable.version_compat import TaskInstance, TaskInstanceState
+
+    return list(session.scalars(select(TaskInstance).where(
+        TaskInstance.dag_id == dag_id, TaskInstance.run_id == run_id, TaskInstance.task_id == task_id,
+        TaskInstance.state == TaskInstanceState.FAILED)).all())
+
+
+def task_instance_states(dag_id: str | None, task_id: str | None, run_id: str | None) -> dict[int, str] | None:
+    """Airflow's task instances of ``task_id`` in ``run_id``, ``{map_index: state}`` ("none": no
+    state yet), as Airflow's UI shows them; None when the row names no DAG, task or run (a job run
+    outside Airflow) or Airflow has no such task instance. Needs Airflow's metadata database (the api-server): the jobs page and the
+    Checkpoint tab show a slot by it (:data:`airflow_resumable.core.control.requests.TaskStates`)."""
+    if not (dag_id and task_id and run_id):
+        return None
+    from sqlalchemy import select
+
+    from airflow_resumable.version_compat import TaskInstance, create_session
+
+    with create_session() as session:
+        rows = session.execute(select(TaskInstance.map_index, TaskInstance.state).where(
+            TaskInstance.dag_id == dag_id, TaskInstance.run_id == run_id, TaskInstance.task_id == task_id)).all()
+    return {int(index): str(getattr(state, "value", state) or "none") for index, state in rows} or None
 
 
 def _after(session: Any, dag_id: str, run_id: str, task_id: str) -> list[Any]:
@@ -453,7 +554,7 @@ def skipped_view(job: str, slot: str, *, conn_id: str = DEFAULT_CONN_ID, limit: 
 def _skipped(session: StoreSession, job: str, slot: str, *, limit: int) -> dict[str, Any]:
     letters = session.skips.items(job, slot, status=None, limit=limit)
     counts = session.skips.counts(job, slot)
-    asked = (session.listings.requested_by(job, slot, AttemptEnd.RETRY_SKIPPED_REQUESTED)
+    asked = (session.requests.requested_by(job, slot, AttemptEnd.RETRY_SKIPPED_REQUESTED)
              if counts["retry_requested"] else None)
     return _view.skipped_view(letters, counts, asked)
 
@@ -495,11 +596,13 @@ def request_retry_skipped(job: str, slot: str, *, conn_id: str = DEFAULT_CONN_ID
 
     Raises:
         SlotNotFound: no such slot.
-        RequestRefused: the slot runs now, or has no skipped item that can be replayed; nothing changed.
+        RequestRefused: the slot runs now, or has no skipped item that can be replayed, or it is a
+            partition past its job's current plan (nothing runs it); nothing changed.
     """
     by = _core.default_by() if by is None else _core.checked_by(by, job=job, slot=slot)
     with _session(conn_id, job, slot) as session:
-        row, items = _skips.request_retry_in(session, job, slot, by=by)
+        with _in_plan(session, job, slot):
+            row, items = _skips.request_retry_in(session, job, slot, by=by)
     return _retry_carried(row, items, clear=clear, wait=wait)
 
 
@@ -529,6 +632,21 @@ def retry_skipped(job: str, slot: str, *, conn_id: str = DEFAULT_CONN_ID, by: st
         RequestRefused: the slot runs now, or has no skipped item that can be replayed; nothing changed.
     """
     return request_retry_skipped(job, slot, conn_id=conn_id, by=by, clear=clear).row
+
+
+def withdraw_retry_skipped(job: str, slot: str, *, conn_id: str = DEFAULT_CONN_ID, by: str | None = None) -> int:
+    """Withdraw a retry of the slot's skipped items that no run carried out yet (one whose task
+    instance will not run again, say): they are ``skipped`` again, their errors as they were, and
+    the withdrawal, with who asked, goes to the slot's history; a retry may be asked again. Returns
+    how many items it put back. A partition past its job's current plan takes it too.
+
+    Raises:
+        SlotNotFound: no such slot.
+        RequestRefused: the slot runs now (it may be replaying them), or no retry is pending; nothing changed.
+    """
+    by = _core.default_by() if by is None else _core.checked_by(by, job=job, slot=slot)
+    with _session(conn_id, job, slot) as session:
+        return _skips.withdraw_retry_in(session, job, slot, by=by)[1]
 
 
 def _ti_name(row: Checkpoint) -> str:

@@ -225,6 +225,7 @@ _LAZY: dict[str, tuple[str, str]] = {
     "TaskInstanceState": ("airflow.utils.state", "TaskInstanceState"),
     "create_session": ("airflow.utils.session", "create_session"),
     "XComModel": ("airflow.models.xcom", "XComModel"),
+    "Log": ("airflow.models.log", "Log"),
     # The running task's context where Airflow does not pass it (the OpenLineage listener's calls).
     "get_current_context": ("airflow.sdk", "get_current_context"),
     # The OpenLineage provider (the `openlineage` extra), asked only when it calls the operators.

@@ -72,7 +72,7 @@ def _one_trial(attempt: Attempt, handler: Callable[[Any], Any], delay: float) ->
     else:
         raise AssertionError(f"{attempt.job} {attempt.slot}: the run finished before it was cancelled")
     killer.join()
-    with attempt.store.open(autocommit=True) as session:  # the row as stored, after the attempt ended
+    with attempt.given.store.open(autocommit=True) as session:  # the row as stored, after the attempt ended
         row = session.checkpoints.load(attempt.job, attempt.slot)
     if row is None or row.status != "cancelled" or row.lease_owner is not None:
         raise AssertionError(f"{attempt.job} {attempt.slot}: did not end cancelled with its lease released: {row}")

@@ -55,7 +55,7 @@ def _bare(rows: list[tuple[int, int]], check: bool = False) -> int:
 
 
 def _ours(rows: list[tuple[int, int]], path: str, saves: bool) -> int:
-    from airflow_resumable.core.attempt.after_chunk import Running
+    from airflow_resumable.core.attempt.context import Running
     from airflow_resumable.core.attempt.runner import Attempt
     from airflow_resumable.core.model.checkpoint import Write
     from airflow_resumable.core.stores import SQLiteStore

@@ -31,7 +31,7 @@ import operator
 import time
 from typing import Any
 
-from airflow_resumable.core.attempt.after_chunk import Running
+from airflow_resumable.core.attempt.context import Running
 from airflow_resumable.core.attempt.runner import Attempt, Options
 from airflow_resumable.core.model.checkpoint import Write
 from airflow_resumable.core.model.identity import Identity

@@ -32,7 +32,7 @@ TASK_COMPONENTS = {
     "hook and store": ("airflow_resumable.hooks.resumable:ResumableHook.get_store",),
     "XCom pushes": ("airflow_resumable.operators.reporting:AirflowReporter.push",),
     "state store mirror": ("airflow_resumable.operators.state_store:StateStoreMirror.write",),
-    "success confirmation": ("airflow_resumable.core.stores.checkpoint_writes:Checkpoints.confirm",),
+    "success confirmation": ("airflow_resumable.core.stores.checkpoints:Checkpoints.confirm",),
 }
 
 

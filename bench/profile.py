@@ -28,14 +28,14 @@ COMPONENTS: dict[str, tuple[str, ...]] = {
     "schema probe": ("airflow_resumable.core.stores.base:StoreSession.ensure_schema",),
     "lease": ("airflow_resumable.core.attempt.runner:take_lease", "airflow_resumable.core.attempt.runner:overlap"),
     "previous run": ("airflow_resumable.core.stores.listings:Listings.previous",),
-    "start+history": ("airflow_resumable.core.stores.checkpoint_writes:Checkpoints.start",),
+    "start+history": ("airflow_resumable.core.stores.checkpoints:Checkpoints.start",),
     "keeper start/stop": ("airflow_resumable.core.attempt.lease:LeaseKeeper.start", "airflow_resumable.core.attempt.lease:LeaseKeeper.stop"),
-    "checkpoint save": ("airflow_resumable.core.attempt.after_chunk:Running._save",),
-    "checkpoint report": ("airflow_resumable.core.attempt.after_chunk:Running._report",),
+    "checkpoint save": ("airflow_resumable.core.attempt.context:Running._save",),
+    "checkpoint report": ("airflow_resumable.core.attempt.context:Running._report",),
     "encoding": ("airflow_resumable.core.attempt.context:RunContext._encode",),
     "order check": ("airflow_resumable.core.work.chunk_loop:_in_order", "airflow_resumable.core.work.chunk_loop:_keys",
                     "airflow_resumable.core.work.chunk_loop:_check_order"),
-    "finish": ("airflow_resumable.core.stores.checkpoint_writes:Checkpoints.finish",),
+    "finish": ("airflow_resumable.core.stores.checkpoints:Checkpoints.finish",),
     "close": ("airflow_resumable.core.stores.connection:Connection.close",),
 }
 #: Added by the bench around the handler's own calls (not ours: the user's work).

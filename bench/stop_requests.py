@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from airflow_resumable.core.attempt.after_chunk import Running
+from airflow_resumable.core.attempt.context import Running
 from airflow_resumable.core.attempt.runner import Attempt, Options
 from airflow_resumable.core.attempt.signal import Reason
 from airflow_resumable.core.model.errors import Cancelled, RequestRefused

@@ -54,6 +54,7 @@ waits on the run's signal, so an interruption ends it at once.
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Sequence
 from contextlib import closing
 from datetime import datetime, timedelta, timezone
@@ -64,7 +65,7 @@ from airflow.providers.common.compat.sdk import AirflowFailException, AirflowNot
 from airflow.sdk import DAG, BaseHook, Param, task
 
 from airflow_resumable import ResumableOperator, RunContext
-from airflow_resumable.readers import KeysetReader
+from airflow_resumable.readers import KeysetReader, connect
 
 #: The connection of the database that holds ``customers``.
 SOURCE_CONN_ID = "export_source"
@@ -139,9 +140,16 @@ def source_connection() -> Any:
     )
 
 
+#: The advisory lock two runs' setups take in turn (the hour's scheduled run beside a manual one):
+#: PostgreSQL's ``CREATE TABLE IF NOT EXISTS`` is not safe against a concurrent one (a unique
+#: violation on ``pg_type``), and both would find ``customers`` empty and fill it.
+SETUP_LOCK = "SELECT pg_advisory_xact_lock(hashtext('customer_export.prepare_source'))"
+
+
 def prepare_customers() -> int:
     """Create ``customers`` with :data:`CUSTOMER_COUNT` rows if it is missing or empty; returns the row count."""
     with closing(source_connection()) as db, db, db.cursor() as cur:
+        cur.execute(SETUP_LOCK)  # held until this transaction ends: a second run's setup waits
         cur.execute(CUSTOMERS_DDL)
         cur.execute("SELECT count(*) FROM customers")
         if cur.fetchone()[0] == 0:
@@ -154,6 +162,19 @@ def prepare_customers() -> int:
             )
         cur.execute("SELECT count(*) FROM customers")
         return int(cur.fetchone()[0])
+
+
+def prepare_warehouse() -> None:
+    """Create ``warehouse_customers`` in the checkpoint store if it is missing, before any run's
+    handler does (its own ``CREATE TABLE IF NOT EXISTS`` is then a no-op, whatever runs beside it)."""
+    with closing(connect(CHECKPOINT_CONN_ID)) as db:
+        if isinstance(db, sqlite3.Connection):
+            db.execute(WAREHOUSE_DDL)  # SQLite creates a table under its write lock: one at a time
+        else:
+            with db.cursor() as cur:
+                cur.execute(SETUP_LOCK)
+                cur.execute(WAREHOUSE_DDL)
+        db.commit()
 
 
 # [START customer_export_batch]
@@ -222,7 +243,8 @@ with DAG(
 
     @task
     def prepare_source() -> int:
-        """Create the demo ``customers`` table if it is missing."""
+        """Create the demo ``customers`` table and the warehouse table if they are missing."""
+        prepare_warehouse()
         return prepare_customers()
 
     export = ResumableOperator(

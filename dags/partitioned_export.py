@@ -46,6 +46,17 @@ def order(i: int) -> tuple[int, str, int]:
     return i, day.isoformat(), (i * 7919) % 10_000 + 100
 
 
+def setup_in_turn(conn: Any) -> None:
+    """Open the setup's transaction holding a lock that a second run's setup waits for: two runs at
+    once (two DAGs, or a scheduled run beside a manual one) would otherwise both find ``orders``
+    empty and both fill it, and PostgreSQL's ``CREATE TABLE IF NOT EXISTS`` is not safe against a
+    concurrent one (a unique violation on ``pg_type``). The lock ends with the transaction."""
+    if isinstance(conn, sqlite3.Connection):
+        conn.execute("BEGIN IMMEDIATE")  # SQLite's write lock, taken before the first read
+    else:
+        conn.cursor().execute("SELECT pg_advisory_xact_lock(hashtext('partitioned_export.prepare_orders'))")
+
+
 # [START partitioned_export_process]
 UPSERT = """
 INSERT INTO orders_export (id, placed_on, amount_cents, partition_job)
@@ -80,6 +91,7 @@ with DAG(
         """Create ``orders`` (filled) and ``orders_export`` when they are missing."""
         with closing(connect(CONN_ID)) as conn:
             mark = "?" if isinstance(conn, sqlite3.Connection) else "%s"
+            setup_in_turn(conn)  # two runs at once set up one after the other
             cur = conn.cursor()
             cur.execute("CREATE TABLE IF NOT EXISTS orders_export (id BIGINT PRIMARY KEY, placed_on TEXT NOT NULL, "
                         "amount_cents BIGINT NOT NULL, partition_job TEXT NOT NULL)")

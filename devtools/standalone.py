@@ -31,6 +31,7 @@ Three commands, each run with the project-local Airflow's environment already ex
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
 import shlex
@@ -244,6 +245,28 @@ def stop_session(sid: int, since: float, *, timeout: float = STOP_TIMEOUT) -> li
     return steps
 
 
+def port_taken(host: str, port: str) -> str | None:
+    """Why the api-server could not listen on ``host``:``port`` (another server does), else None.
+
+    Airflow's api-server would exit at once while ``airflow standalone`` kept its scheduler: every
+    task would call the Execution API of that other server, and the UI link would open it."""
+    import socket
+
+    address = host.strip("[]")
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds: TIME_WAIT is no owner
+        try:
+            probe.bind((address, int(port)))
+        except OSError as exc:
+            if exc.errno != errno.EADDRINUSE:
+                return (f"the api-server cannot listen on {host} port {port} ({exc.strerror}): set "
+                        f"AIRFLOW__API__HOST to an address of this machine, or leave it unset (127.0.0.1)")
+            return (f"port {port} on {host} is taken ({exc.strerror}): another server listens there (another "
+                    f"`make standalone`?); stop it, or give this one another port: make standalone PORT=28080")
+    return None
+
+
 def run(argv: list[str]) -> int:
     """Start ``airflow standalone`` and stop all of it on SIGINT, SIGTERM or SIGHUP."""
     import psutil
@@ -253,6 +276,11 @@ def run(argv: list[str]) -> int:
     if pids and (_alive(pids.get("pid"), pids.get("created")) or _alive(pids.get("airflow_pid"), pids.get("airflow_created"))):
         print(f"a standalone already runs from {home()} (pid {pids['pid']}); stop it first: make standalone-stop",
               file=sys.stderr)
+        return 1
+
+    taken = port_taken(os.environ.get("AIRFLOW__API__HOST") or "127.0.0.1", os.environ.get("AIRFLOW__API__PORT") or "8080")
+    if taken:
+        print(taken, file=sys.stderr)
         return 1
 
     def child_setup() -> None:

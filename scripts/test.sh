@@ -52,10 +52,11 @@ for i in "${!pids[@]}"; do
     *) failed=1 selected=1 ;;
   esac
 done
-# One closing line for the whole suite, summed over the groups' pytest summaries.
-"$PY" - "$LOGS" "${names[@]}" <<'PYEOF'
+# One closing line for the whole suite, summed over the groups' pytest summaries, with its time
+# (minutes:seconds since the script started).
+"$PY" - "$LOGS" "$SECONDS" "${names[@]}" <<'PYEOF'
 import re, sys
-logs, names = sys.argv[1], sys.argv[2:]
+logs, seconds, names = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
 total = {"passed": 0, "failed": 0, "skipped": 0, "error": 0}
 for name in names:
     lines = open(f"{logs}/{name}.log", errors="replace").read().splitlines()
@@ -63,7 +64,7 @@ for name in names:
     for count, word in re.findall(r"(\d+) (passed|failed|skipped|errors?)", last):
         total["error" if word.startswith("error") else word] += int(count)
 extra = f", {total['skipped']} skipped" if total["skipped"] else ""
-print(f"suite: {total['passed']} passed, {total['failed'] + total['error']} failed{extra}")
+print(f"suite: {total['passed']} passed, {total['failed'] + total['error']} failed{extra} in {seconds // 60}:{seconds % 60:02d}")
 PYEOF
 [ "$failed" -eq 0 ] || exit 1
 [ "$selected" -eq 1 ] || exit 5

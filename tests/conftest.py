@@ -7,10 +7,11 @@ time, before any test module imports Airflow.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,7 @@ os.environ["AIRFLOW__RESUMABLE__RESUME_SETTLE"] = "0"
 from airflow_resumable.core.stores import PostgresStore, SQLiteStore, Store  # noqa: E402
 from devtools.dags import DagFolder  # noqa: E402
 from devtools.postgres import Server, dsn  # noqa: E402
+from support.ci import in_ci  # noqa: E402
 from support.sources import Source, source_of  # noqa: E402
 
 # -- PostgreSQL ---------------------------------------------------------------------------------
@@ -199,3 +201,64 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         on_postgres = callspec is not None and callspec.params.get("store_kind") == "postgres"
         if on_postgres or "pg_server" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.postgres)
+
+
+# -- skips in CI ----------------------------------------------------------------------------------
+
+
+def ci_allowed_skips() -> frozenset[str]:
+    """The skip reasons CI accepts, exactly: the Airflow-version gates of ``tests/support/gates.py``
+    as they read on the installed Airflow. A feature of a newer Airflow skips its tests where it is
+    missing (:func:`support.gates.needs_airflow`, the reason :func:`~airflow_resumable.version_compat.needs`
+    gives), and a test of the way an older Airflow does without it skips where it is there
+    (:func:`support.gates.before_airflow`); the matrix (``make matrix``) runs on Airflow 3.1 and 3.2
+    too, where the first kind skips. Nothing else may skip in CI: a missing database, tool or
+    kernel feature fails there (the fixture that needs it may still skip on a developer's machine,
+    saying how to install it)."""
+    from support.gates import gate_reasons
+
+    return gate_reasons()
+
+
+#: Where a skip's reason is read from: pytest's own prefix on ``pytest.skip``'s message.
+_SKIPPED_PREFIX = re.compile(r"^Skipped: ")
+
+
+def _skip_reason(report: pytest.TestReport | pytest.CollectReport) -> str:
+    longrepr = report.longrepr
+    if isinstance(longrepr, tuple) and len(longrepr) == 3:
+        return _SKIPPED_PREFIX.sub("", str(longrepr[2]))
+    return _SKIPPED_PREFIX.sub("", str(longrepr))
+
+
+def _fail_a_skip_in_ci(report: pytest.TestReport | pytest.CollectReport) -> None:
+    """Under ``CI=true``, a skip whose reason is not one of :func:`ci_allowed_skips` becomes a
+    failure that says why (an xfail is pytest's to judge, strictly: setup.cfg's ``xfail_strict``)."""
+    if not report.skipped or hasattr(report, "wasxfail") or not in_ci():
+        return
+    reason = _skip_reason(report)
+    if reason in ci_allowed_skips():
+        return
+    report.outcome = "failed"
+    report.longrepr = (
+        f"skipped under CI=true, which fails every skip but the Airflow-version gates of "
+        f"tests/support/gates.py (docs/contributing.md): {reason}"
+    )
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None],
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    report = yield
+    _fail_a_skip_in_ci(report)
+    return report
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_make_collect_report(
+    collector: pytest.Collector,
+) -> Generator[None, pytest.CollectReport, pytest.CollectReport]:
+    report = yield
+    _fail_a_skip_in_ci(report)
+    return report

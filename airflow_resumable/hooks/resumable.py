@@ -6,7 +6,9 @@ import os
 from typing import Any
 
 from airflow_resumable.core.model import defaults
+from airflow_resumable.core.model.checkpoint import short
 from airflow_resumable.core.model.errors import ConfigurationError
+from airflow_resumable.core.model.outward import outward_text
 from airflow_resumable.core.stores import PostgresStore, SQLiteStore, Store
 from airflow_resumable.core.stores.sqlite_errors import URI_PARAMS
 from airflow_resumable.version_compat import AirflowNotFoundException, BaseHook
@@ -82,8 +84,22 @@ def store_from_connection(conn: Any, *, job: str | None = None, slot: str | None
         extra = conn.extra_dejson or {}
         # A URI's query lands in the extras: sqlite:///file:/abs/x.db?mode=rwc gives {"mode": "rwc"}.
         params = {k: str(v) for k, v in extra.items() if k in URI_PARAMS}
+        given = extra.get("busy_timeout", 30.0)
         try:
-            return SQLiteStore(path, synchronous=str(extra.get("synchronous", "FULL")), params=params)
+            if isinstance(given, bool) or (isinstance(given, str) and "_" in given):
+                raise ValueError(given)
+            busy = float(given)
+            if not 0.1 <= busy <= 86400:
+                raise ValueError(busy)
+        except (TypeError, ValueError):
+            raise ConfigurationError(
+                f"the SQLite connection {conn.conn_id!r} gives busy_timeout={outward_text(short(given), 80)}", job=job,
+                slot=slot, hint="Give the seconds a writer waits for another's write lock before it names the holder "
+                "and gives up, a number from 0.1 to 86400 (the default 30), e.g. ?busy_timeout=60",
+            ) from None
+        try:
+            return SQLiteStore(path, synchronous=str(extra.get("synchronous", "FULL")), params=params,
+                               busy_timeout=busy)
         except ConfigurationError as exc:  # name the connection, the job and the slot too
             raise ConfigurationError(f"the SQLite connection {conn.conn_id!r}: {exc.message}", job=job, slot=slot,
                                      hint=exc.hint) from None

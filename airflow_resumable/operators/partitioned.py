@@ -45,6 +45,7 @@ from airflow_resumable.core.model.outward import outward_traceback
 from airflow_resumable.core.model.states import Action, Request
 from airflow_resumable.core.readers import KeysetReader
 from airflow_resumable.core.stores import Store
+from airflow_resumable.core.stores.decoder import partitions_delete_statement
 from airflow_resumable.core.work.partition_summary import Summary, summarize
 from airflow_resumable.core.work.partitions import (
     Plan,
@@ -132,7 +133,7 @@ class PartitionPlanOperator(BaseOperator):
                     "was made in the ranges of a plan whose row is gone (deleted by hand?). A new split would give "
                     "other ranges, and those partitions would keep what they did in the old ones, so nothing was "
                     f"split [job={job!r} slot={slot!r}]. Put the plan's row back, or start the job over in this run "
-                    f"on purpose: delete its partitions' rows too (job LIKE '{job}[%' and slot = '{slot}'), then Clear "
+                    f"on purpose: delete its partitions' rows too ({partitions_delete_statement(job, slot)}), then Clear "
                     "this task with its downstream tasks")
             made = split(self.read, self.partitions, job=job, slot=slot)
             plan = save_plan(session, job, slot, made)

@@ -90,7 +90,7 @@ class ResumableOperator(OpenLineageMethods, BaseOperator):
     template_fields_renderers = {"handler_kwargs": "json"}
     ui_color = "#e8f4ea"
 
-    # The arguments as stored (a duration as seconds), set in __init__ from their declarations:
+    # The arguments as stored (a duration as seconds), set in __init__ one line each:
     # the types of those this class reads itself (the rest reach the core through Options).
     handler: Callable[..., Any] | None
     conn_id: str
@@ -137,10 +137,28 @@ class ResumableOperator(OpenLineageMethods, BaseOperator):
             raise configuration_error(str(kwargs.get("task_id")), [needs("retry_policy=")],
                                       hint="Nothing was run or written")
         super().__init__(**kwargs)
-        # Each declared argument is a parameter of this signature (a test checks): stored under its name.
-        given = locals()
-        for argument in OPERATOR_ARGUMENTS:
-            setattr(self, argument.name, argument.take(given[argument.name]))
+        # Stored as given, a duration as seconds (each declared argument has its line: a test checks).
+        self.handler = handler
+        self.conn_id = conn_id
+        self.job = job
+        self.restart = restart
+        self.timeout = _seconds(timeout)
+        self.timeout_grace = _seconds(timeout_grace)
+        self.lease = _seconds(lease)
+        self.lease_wait = _seconds(lease_wait)
+        self.overlap = overlap
+        self.overlap_poke = _seconds(overlap_poke)
+        self.overlap_timeout = _seconds(overlap_timeout)
+        self.progress_interval = _seconds(progress_interval)
+        self.xcom_interval = _seconds(xcom_interval)
+        self.throttle = throttle
+        self.defer_after = _seconds(defer_after)
+        self.max_runtime = _seconds(max_runtime)
+        self.pause_timeout = _seconds(pause_timeout)
+        self.resume_poll = _seconds(resume_poll)
+        self.pipeline_checkpoints = pipeline_checkpoints
+        self.handler_kwargs = handler_kwargs
+        self.replay = replay
         # An XCom (handler_kwargs=upstream_task()) is kept as it is: rendering resolves it to a dict.
         if handler_kwargs is None or isinstance(handler_kwargs, Mapping):
             self.handler_kwargs = dict(handler_kwargs or {})
@@ -376,6 +394,11 @@ class ResumableOperator(OpenLineageMethods, BaseOperator):
             attempt.signal.cancel(Reason.TERMINATED, "the task process received SIGTERM")
 
 
+def _seconds(value: Any) -> Any:
+    """A duration as stored: a ``timedelta`` as seconds, anything else (seconds, None) as given."""
+    return value.total_seconds() if isinstance(value, timedelta) else value
+
+
 #: The operators' declared arguments, in the order of ResumableOperator's signature: its
 #: attributes, its docstring's parameters and the docs' table.
 OPERATOR_ARGUMENTS: tuple[Option, ...] = tuple(
@@ -410,7 +433,7 @@ class ChunkedOperator(ResumableOperator):
 
     """
 
-    # The arguments as stored (a duration as seconds), set in __init__ from their declarations.
+    # The arguments as stored (a duration as seconds), set in __init__ one line each.
     read: Callable[..., Sequence[Any]]
     process: Callable[..., Any]
     chunk_size: int
@@ -435,11 +458,17 @@ class ChunkedOperator(ResumableOperator):
         skip_limit: int = defaults.SKIP_LIMIT,
         **kwargs: Any,
     ) -> None:
-        # Each declared argument is a parameter of this signature (a test checks): stored under its
-        # name before ResumableOperator.__init__, whose checks ask _own_problems() about them.
-        given = locals()
-        for argument in CHUNKED_OPTIONS:
-            setattr(self, argument.name, argument.take(given[argument.name]))
+        # Stored before ResumableOperator.__init__, whose checks ask _own_problems() about them (each
+        # declared argument has its line: a test checks).
+        self.read = read
+        self.process = process
+        self.chunk_size = chunk_size
+        self.position = position
+        self.total = total
+        self.start = start
+        self.checkpoint_interval = _seconds(checkpoint_interval)
+        self.skip_on = skip_on
+        self.skip_limit = skip_limit
         super().__init__(**kwargs)
 
     def _chunked(self) -> dict[str, Any]:

@@ -31,6 +31,8 @@ written out, its whitespace one space), so no name the auth manager gives can be
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import urlencode
@@ -258,7 +260,9 @@ def create_app() -> FastAPI:
              summary="One slot: its row (whole), figures, history and what it would take now")
     def get_checkpoint(user: GetUserDep, job: Job, slot: Slot, conn_id: str = conn_query()) -> dict[str, Any]:
         # one connection, one schema check; the caller's permission on the owning DAG before any other column
-        return control.detail(job, slot, conn_id=_conn(conn_id), check=lambda dag_id: _authorize(user, dag_id, "GET"))
+        with _slot_hidden(user, job, slot, "GET"):
+            return control.detail(job, slot, conn_id=_conn(conn_id), check=lambda dag_id: _authorize(user, dag_id, "GET"),
+                                  task_states=control.task_instance_states)
 
     @app.get("/api/v1/task-instance", responses=_responses(400, 401, 403, 422, 500, 503),
              summary="The slot a task instance ran (the Checkpoint tab)")
@@ -268,11 +272,17 @@ def create_app() -> FastAPI:
     ) -> dict[str, Any]:
         _authorize(user, dag_id, "GET")
         conn = _conn(conn_id)
-        view = control.find_detail(dag_id, task_id, run_id, map_index, conn_id=conn)
+        # Airflow's own word on the task instance: a running row whose task instance ended is abandoned
+        ti_state = (control.task_instance_states(dag_id, task_id, run_id) or {}).get(map_index)
+        view = control.find_detail(dag_id, task_id, run_id, map_index, conn_id=conn, ti_state=ti_state)
         if view is None:
             overlap = overlap_of(dag_id, run_id, task_id, map_index)
             if overlap is not None:
                 return {"resumable": False, "overlap": overlap, "message": overlap["message"]}
+            never = None if ti_state in ("running", "deferred", "success", "skipped") else \
+                never_started(dag_id, run_id, task_id, map_index)
+            if never is not None:
+                return {"resumable": False, "never_started": never, "message": never["message"]}
             return {"resumable": False, "message": "This task instance has no checkpoint: it is not a resumable "
                     "task (ResumableOperator, ChunkedOperator, @task.resumable), it has not started yet, or "
                     f"its checkpoints live in another store than the connection {conn!r}."}
@@ -287,8 +297,21 @@ def create_app() -> FastAPI:
               "(`cleared`) and which run carries the retry out, or why none will until it is cleared (`next_run`). "
               "409 while the slot runs or when it has no skipped item that can be replayed.")
     def retry_skipped(user: GetUserDep, job: Job, slot: Slot, conn_id: str = conn_query()) -> dict[str, Any]:
-        return control.act(job, slot, control.RETRY_SKIPPED, conn_id=_conn(conn_id), by=_who(user),
-                           check=lambda dag_id: _authorize(user, dag_id, "PUT"))
+        with _slot_hidden(user, job, slot, "PUT"):
+            return control.act(job, slot, control.RETRY_SKIPPED, conn_id=_conn(conn_id), by=_who(user),
+                               check=lambda dag_id: _authorize(user, dag_id, "PUT"))
+
+    @app.post("/api/v1/checkpoint/withdraw_retry", responses=_responses(400, 401, 403, 404, 409, 422, 500, 503),
+              summary="Withdraw a retry of the slot's skipped items that no run carried out yet",
+              description="The items waiting for the retry (`retry_requested`) are `skipped` again, their errors as "
+              "they were, and the withdrawal, with your user name, goes to the slot's history; a retry can be asked "
+              "again. The answer's `withdrawn.items` says how many. 409 while the slot runs (it may be replaying "
+              "them) or when no retry is pending. A partition past its job's current plan takes it too (nothing "
+              "runs it, so a retry asked there would wait for good).")
+    def withdraw_retry(user: GetUserDep, job: Job, slot: Slot, conn_id: str = conn_query()) -> dict[str, Any]:
+        with _slot_hidden(user, job, slot, "PUT"):
+            return control.act(job, slot, control.WITHDRAW_RETRY, conn_id=_conn(conn_id), by=_who(user),
+                               check=lambda dag_id: _authorize(user, dag_id, "PUT"))
 
     @app.post("/api/v1/checkpoint/{action}", responses=_responses(400, 401, 403, 404, 409, 422, 500, 503),
               summary="Ask the slot to pause, resume, cancel, restart or release its lease")
@@ -296,13 +319,15 @@ def create_app() -> FastAPI:
         user: GetUserDep, action: Action, job: Job, slot: Slot, conn_id: str = conn_query(),
         body: Annotated[ActionBody | None, Body()] = None,
     ) -> dict[str, Any]:
-        return control.act(job, slot, action.value, conn_id=_conn(conn_id), by=_who(user),
-                           force=action is Action.RELEASE and bool(body and body.force),
-                           check=lambda dag_id: _authorize(user, dag_id, "PUT"))
+        with _slot_hidden(user, job, slot, "PUT"):
+            return control.act(job, slot, action.value, conn_id=_conn(conn_id), by=_who(user),
+                               force=action is Action.RELEASE and bool(body and body.force),
+                               check=lambda dag_id: _authorize(user, dag_id, "PUT"))
 
     @app.get("/api/v1/jobs", responses=_responses(400, 401, 403, 422, 500, 503),
-             summary="One line per job: its latest run's partitions (done, running, paused, failed, waiting, "
-             "other, total) and its progress as their sum (processed, total, percent, rate, eta_seconds)")
+             summary="One line per job: its latest run's partitions (done, running, stalled, abandoned, paused, "
+             "failed, waiting, other, total), how Airflow's task instances of the run stand (task_instances), and "
+             "its progress as their sum (processed, total, percent, rate, eta_seconds, stalled_since)")
     def list_jobs(
         user: GetUserDep,
         dag_id: Annotated[str | None, Query(min_length=1, max_length=ID_LEN, pattern=NO_NUL,
@@ -310,7 +335,8 @@ def create_app() -> FastAPI:
         conn_id: str = conn_query(),
     ) -> dict[str, Any]:
         conn = _conn(conn_id)
-        return {"jobs": control.jobs(conn_id=conn, dag_ids=_readable(user, dag_id, conn))}
+        return {"jobs": control.jobs(conn_id=conn, dag_ids=_readable(user, dag_id, conn),
+                                     task_states=control.task_instance_states)}
 
     @app.get("/api/v1/jobs/partitions", responses=_responses(400, 401, 403, 404, 422, 500, 503),
              summary="One job: its line and each partition's row by map index (a way into each partition)",
@@ -326,8 +352,9 @@ def create_app() -> FastAPI:
         conn_id: str = conn_query(),
     ) -> dict[str, Any]:
         conn = _conn(conn_id)
-        return control.job_partitions(job, run_id, conn_id=conn,
-                                      check=lambda dag_id: _authorize(user, dag_id, "GET"))
+        with _job_hidden(user, job, run_id, "GET"):
+            return control.job_partitions(job, run_id, conn_id=conn, task_states=control.task_instance_states,
+                                          check=lambda dag_id: _authorize(user, dag_id, "GET"))
 
     @app.post("/api/v1/jobs/rerun_failed", responses=_responses(400, 401, 403, 404, 409, 422, 500, 503),
               summary="Clear exactly the failed task instances (map indexes) of a job in one DAG run",
@@ -335,10 +362,18 @@ def create_app() -> FastAPI:
                           "cleared partition's history records the re-run with your user name.")
     def rerun_failed(user: GetUserDep, job: Job, run_id: RunId, conn_id: str = conn_query()) -> dict[str, Any]:
         conn = _conn(conn_id)
-        dag_id, _task_id = control.job_task(job, run_id, conn_id=conn)
-        _authorize(user, dag_id, "PUT")
+        _job_authorized(user, job, run_id, conn, "PUT")
         return {"job": job, "run_id": run_id,
                 "cleared": control.rerun_failed(job, run_id, conn_id=conn, by=_who(user))}
+
+    @app.get("/api/v1/jobs/rerun_preview", responses=_responses(400, 401, 403, 404, 422, 500, 503),
+             summary="What POST /api/v1/jobs/rerun_failed would clear now, changing nothing",
+             description="`failed`: the map indexes (-1: unmapped) of the job's task instances Airflow has as "
+             "failed in that run, read as the re-run reads them: what its confirmation names.")
+    def rerun_candidates(user: GetUserDep, job: Job, run_id: RunId, conn_id: str = conn_query()) -> dict[str, Any]:
+        conn = _conn(conn_id)
+        _job_authorized(user, job, run_id, conn, "GET")
+        return control.rerun_candidates(job, run_id, conn_id=conn)
 
     @app.get("/ui/checkpoint", include_in_schema=False, response_model=None)
     def checkpoint_page(request: Request) -> FileResponse | RedirectResponse:
@@ -386,6 +421,48 @@ def overlap_of(dag_id: str, run_id: str, task_id: str, map_index: int = -1) -> d
     return {"policy": value["policy"], "yielded_to": value.get("yielded_to"), "message": str(value.get("message", ""))}
 
 
+def never_started(dag_id: str, run_id: str, task_id: str, map_index: int = -1) -> dict[str, Any] | None:
+    """The latest try of the task instance that Airflow's executor reported failed while it was
+    still queued (Airflow's log event ``state mismatch``), while that try is still the task
+    instance's current one, or the one before a try that waits to start: it never started, so it
+    left no checkpoint. The usual cause is a worker that cannot reach the Execution API (``[core]
+    execution_api_server_url``, else ``[api] base_url`` + ``/execution/``, else port 8080), which
+    the answer names. ``{"try_number", "at", "execution_api", "message"}``, else None."""
+    from sqlalchemy import select
+
+    from airflow_resumable.version_compat import Log, TaskInstance, core_conf, create_session
+
+    with create_session() as session:
+        # The task instance's current try, or the one before while the current one has not started (a
+        # retry or a Clear waiting in the queue): a later try that ran is not the one the executor failed.
+        ti = session.execute(select(TaskInstance.try_number, TaskInstance.state).where(
+            TaskInstance.dag_id == dag_id, TaskInstance.run_id == run_id, TaskInstance.task_id == task_id,
+            TaskInstance.map_index == map_index)).first()
+        found = session.scalars(
+            select(Log).where(Log.dag_id == dag_id, Log.run_id == run_id, Log.task_id == task_id,
+                              Log.map_index == map_index, Log.event == "state mismatch")
+            .order_by(Log.dttm.desc()).limit(1)
+        ).first()
+        if found is None or "is queued" not in (found.extra or "") or ti is None:
+            return None
+        waiting = str(getattr(ti.state, "value", ti.state) or "none") in ("none", "scheduled", "queued")
+        if found.try_number != ti.try_number and not (waiting and found.try_number == ti.try_number - 1):
+            return None
+        try_number, at = found.try_number, found.dttm
+    # As Airflow's executors resolve it (base_executor.get_execution_api_server_url): a base_url that is
+    # a path only, or none, is under http://localhost:8080
+    base = core_conf.get("api", "base_url", fallback="") or ""
+    if not base or base.startswith("/"):
+        base = f"http://localhost:8080{base}"
+    execution = core_conf.get("core", "execution_api_server_url", fallback="") or f"{base.rstrip('/')}/execution/"
+    when = at.isoformat() if at is not None else None
+    message = (f"Try {try_number} failed before it started: Airflow's executor reported it failed while it was "
+               f"still queued, so it left no checkpoint. A task fails so when its worker cannot reach Airflow's "
+               f"Execution API (the scheduler's log says why, e.g. httpx.ConnectError): here that is "
+               f"{execution} ([core] execution_api_server_url), which must be this api-server's address and port.")
+    return {"try_number": try_number, "at": when, "execution_api": _text(execution), "message": _text(message)}
+
+
 def _text(text: str | None) -> str | None:
     return None if text is None else outward_text(text)
 
@@ -420,6 +497,60 @@ def _authorize(user: Any, dag_id: str | None, method: Literal["GET", "PUT"]) -> 
         what = "read" if method == "GET" else "change"
         raise HTTPException(status.HTTP_403_FORBIDDEN,
                             f"Forbidden: {_who(user)} may not {what} the task instances of DAG {dag_id!r}")
+
+
+def _job_authorized(user: Any, job: str, run_id: str, conn_id: str, method: Literal["GET", "PUT"]) -> None:
+    """403 unless ``user`` may read (GET) or edit (PUT) the task instances of the DAG that ran ``job`` in
+    ``run_id``. The user named the job, not its DAG: a user who may not act on every DAG gets the same
+    403, naming no DAG, whether the job ran in that run under a DAG they may not touch or never ran
+    there (a 404 for the one and a 403 for the other told which jobs run in which runs of DAGs hidden
+    from them, and the 403 named the owning DAG of a job whose name was overridden). A user who may
+    act on every DAG gets the 404 of an unknown job."""
+    with _job_hidden(user, job, run_id, method):
+        dag_id, _task_id = control.job_task(job, run_id, conn_id=conn_id)
+        _authorize(user, dag_id, method)
+
+
+@contextlib.contextmanager
+def _job_hidden(user: Any, job: str, run_id: str | None, method: Literal["GET", "PUT"]) -> Iterator[None]:
+    """Around a route that finds a job's DAG from the job's name (see :func:`_hidden`)."""
+    run = "its latest run" if run_id is None else f"run {run_id!r}"
+    with _hidden(user, method, f"job {job!r} in {run}", "or no such job ran there"):
+        yield
+
+
+@contextlib.contextmanager
+def _hidden(user: Any, method: Literal["GET", "PUT"], asked: str, unknown: str) -> Iterator[None]:
+    """Around a route that finds the owning DAG from what the user named (a job, a slot): for a user
+    who may not act on every DAG, an unknown one (404) and one of a DAG hidden from them (403 naming
+    it) both become one 403 naming only what they asked (``asked``, ``unknown``: the sentence's end),
+    so the answers tell no job, slot or DAG they may not see. A user who may act on every DAG gets
+    the 404 of an unknown one (see :func:`_job_authorized`). The auth manager is asked only when the
+    route refused: an answer that goes through costs nothing more."""
+    def everything() -> bool:
+        from airflow_resumable.version_compat import DagAccessEntity, get_auth_manager
+
+        return bool(get_auth_manager().is_authorized_dag(method=method, access_entity=DagAccessEntity.TASK_INSTANCE,
+                                                         user=user))
+
+    what = "read" if method == "GET" else "change"
+    forbidden = HTTPException(status.HTTP_403_FORBIDDEN, f"Forbidden: {_who(user)} may not {what} the task "
+                              f"instances of {asked}, {unknown}")
+    try:
+        yield
+    except SlotNotFound:
+        if everything():
+            raise
+        raise forbidden from None
+    except HTTPException as exc:
+        if exc.status_code != status.HTTP_403_FORBIDDEN or everything():
+            raise
+        raise forbidden from None
+
+
+def _slot_hidden(user: Any, job: str, slot: str, method: Literal["GET", "PUT"]) -> Any:
+    """Around a route on one slot (``job``, ``slot``): see :func:`_hidden`."""
+    return _hidden(user, method, f"the slot job={job!r} slot={slot!r}", "or it has no checkpoint row")
 
 
 def _readable(user: Any, dag_id: str | None, conn_id: str) -> set[str] | None:

@@ -16,7 +16,7 @@ import signal
 from collections.abc import Callable
 from typing import Any, NoReturn
 
-from airflow_resumable.core.attempt.after_chunk import Running
+from airflow_resumable.core.attempt.context import Running
 from airflow_resumable.core.attempt.runner import Attempt, Identity, Outcome
 from airflow_resumable.core.attempt.signal import Reason
 from airflow_resumable.core.control import requests as control
@@ -140,19 +140,19 @@ def interrupted_attempt(plan: _Plan, base: type[Attempt] = Attempt) -> type[Atte
             if kind is Interruption.CRASH_BEFORE_CHECKPOINT:
                 raise SimulatedCrash(f"the worker died before checkpoint {plan.point}")
             if kind is Interruption.PIPELINED_WRITE_LOST:
-                if not self.options.pipeline_checkpoints:  # nothing in flight: the same as a crash before it
+                if not self.given.options.pipeline_checkpoints:  # nothing in flight: the same as a crash before it
                     raise SimulatedCrash(f"the worker died before checkpoint {plan.point}")
                 plan.crash_next = True  # this write never commits; the handler goes on with the next chunk
                 return None
             if kind is Interruption.CANCEL:
-                self.signal.cancel(Reason.USER, "cancelled by the test kit")
+                self.given.signal.cancel(Reason.USER, "cancelled by the test kit")
             elif kind is Interruption.TIMEOUT:
-                self.signal.cancel(Reason.TIMEOUT, "the test kit's timeout ran out")
+                self.given.signal.cancel(Reason.TIMEOUT, "the test kit's timeout ran out")
             elif kind is Interruption.LEASE_LOST:
                 self.flush()  # a pipelined checkpoint in flight lands first, as it would
                 _take_over(self.session)
             elif kind is Interruption.PAUSE_RESUME:  # as the lease keeper does when it finds a pause request
-                self.signal.cancel(Reason.PAUSED, "paused by the test kit")
+                self.given.signal.cancel(Reason.PAUSED, "paused by the test kit")
             super().after_chunk(write, state)
             if kind in (Interruption.CRASH_AFTER_CHECKPOINT, Interruption.PROCESS_DEATH):
                 self.flush()  # the checkpoint is durable, then the worker dies
@@ -176,7 +176,7 @@ def interrupted_attempt(plan: _Plan, base: type[Attempt] = Attempt) -> type[Atte
             if isinstance(exc, SimulatedCrash):
                 # A dead worker records nothing: the row stays `running` under its lease, which lapses.
                 run.session.rollback()
-                expire_lease(self.store, self.job, self.slot)
+                expire_lease(self.given.store, self.job, self.slot)
                 return
             super()._stopped(run, exc)
 

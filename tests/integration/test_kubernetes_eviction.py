@@ -27,6 +27,7 @@ import pytest
 from devtools.postgres import Server
 from support.chaos.cluster import Chaos, chaos_cluster
 from support.chaos.pod import Pod, next_workload
+from support.ci import in_ci
 from support.standalone import wait_for
 
 pytestmark = [pytest.mark.chaos, pytest.mark.celery]
@@ -64,12 +65,12 @@ def find_dumb_init() -> Path | None:
 
 @pytest.fixture(scope="module")
 def dumb_init() -> Path:
-    """The dumb-init binary. Missing, the test fails in CI (``CI=true``, where ``.ci/run`` installs it)
+    """The dumb-init binary. Missing, the test fails in CI (``CI=true``; ``make test`` installs it first)
     and is skipped elsewhere, saying how to install it."""
     found = find_dumb_init()
     if found is None:
         why = f"dumb-init is not on PATH ({os.environ.get('PATH', '')}): {DUMB_INIT_HINT}"
-        if os.environ.get("CI", "").lower() in ("true", "1", "yes"):
+        if in_ci():
             pytest.fail(why)
         pytest.skip(why)
     return found

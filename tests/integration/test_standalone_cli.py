@@ -64,7 +64,10 @@ def _shell_env(**extra: str) -> dict[str, str]:
 
 
 def _port_free(port: int) -> bool:
+    """Free as the next standalone's servers will find it: they bind with SO_REUSEADDR, so the
+    TIME_WAIT left by the requests a test made does not count, a listening socket does."""
     with closing(socket.socket()) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("127.0.0.1", port))
         except OSError:
@@ -73,17 +76,22 @@ def _port_free(port: int) -> bool:
 
 
 @pytest.fixture(scope="module")
-def standalone() -> Iterator[Running]:
+def standalone(pg_server: Any) -> Iterator[Running]:
+    from devtools.postgres import dsn
+
     home = Path(tempfile.mkdtemp(prefix="resumable-make-standalone-"))
+    # The customer export reads a database of its own (as RESUMABLE_EXPORT_SOURCE names one)
+    source = dsn(pg_server.create_database("resumable_standalone_source"))
     ports = {"api": free_port(), "worker_logs": free_port(), "trigger_logs": free_port()}
     base_url = f"http://127.0.0.1:{ports['api']}"
+    # Only the port, as `make standalone PORT=...` passes it: the script moves the base URL and the
+    # Execution API's URL with it (Airflow's own defaults for both say 8080 whatever the port).
     env = _shell_env(
-        AIRFLOW_HOME=str(home), PY=sys.executable, PYTHONUNBUFFERED="1",
-        AIRFLOW__API__HOST="127.0.0.1", AIRFLOW__API__PORT=str(ports["api"]), AIRFLOW__API__BASE_URL=base_url,
-        AIRFLOW__CORE__EXECUTION_API_SERVER_URL=f"{base_url}/execution/",
+        AIRFLOW_HOME=str(home), PY=sys.executable, PYTHONUNBUFFERED="1", PORT=str(ports["api"]),
         AIRFLOW__API_AUTH__JWT_SECRET=secrets.token_urlsafe(32),
         AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT=str(ports["worker_logs"]),
         AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT=str(ports["trigger_logs"]),
+        RESUMABLE_EXPORT_SOURCE=source,
     )
     log = home / "make-standalone.log"
 
@@ -127,6 +135,8 @@ def test_make_standalone_prints_how_to_stop_it_and_how_to_use_the_cli(standalone
     assert f"stop it with Ctrl-C, `make standalone-stop` or `kill {front}`" in out
     assert f"CLI in another shell: source {standalone.home}/env.sh; airflow resumable list" in out
     assert f"checkpoints: sqlite:///{standalone.home}/checkpoints.db " in out
+    # A local setup (SQLite, LocalExecutor, the api-server on 127.0.0.1) is not taken for production
+    assert "looks like production" not in out
 
 
 def test_the_demo_s_run_is_in_the_store_the_standalone_s_checkpoint_tab_reads(standalone: Running) -> None:
@@ -162,6 +172,89 @@ def test_the_cli_in_another_shell_reads_the_standalone_s_store(standalone: Runni
                             timeout=300, env=_shell_env(AIRFLOW_HOME=str(standalone.home)), cwd=tempfile.gettempdir())
     assert listed.returncode == 0, listed.stdout[-3000:] + listed.stderr[-3000:]
     assert "loan_report.loan_report" in listed.stdout
+
+
+def test_on_another_port_a_triggered_task_runs_and_its_tab_shows_its_progress(standalone: Running) -> None:
+    """``make standalone PORT=<not 8080>``: the UI's address it prints, the REST API and the Execution
+    API every task's supervisor calls are all on that port, so a triggered run's task runs to the
+    end (with Airflow's defaults it would fail before it starts, calling 8080) and the Checkpoint
+    tab's route shows its progress."""
+    port = standalone.ports["api"]
+    assert port != 8080
+    assert f"UI: http://localhost:{port}  (user admin;" in standalone.log.read_text()
+    env_sh = (standalone.home / "env.sh").read_text()
+    assert f"export AIRFLOW__CORE__EXECUTION_API_SERVER_URL=http://127.0.0.1:{port}/execution/" in env_sh
+    password = json.loads((standalone.home / PASSWORD_FILE).read_text())["admin"]
+    with httpx.Client(base_url=standalone.base_url, timeout=30) as http:
+        token = http.post("/auth/token", json={"username": "admin", "password": password}).json()["access_token"]
+        auth = {"Authorization": f"Bearer {token}"}
+
+        def parsed() -> bool:
+            return http.get("/api/v2/dags/readings_import", headers=auth).status_code == 200
+
+        wait_for(parsed, timeout=180, interval=1.0, what="the dag-processor to parse readings_import",
+                 on_timeout=standalone.tail)
+        assert http.patch("/api/v2/dags/readings_import", json={"is_paused": False}, headers=auth).status_code == 200
+        run_id = f"port_{port}"
+        triggered = http.post("/api/v2/dags/readings_import/dagRuns", headers=auth,
+                              json={"dag_run_id": run_id, "logical_date": None, "conf": {"seconds_per_reading": 0}})
+        assert triggered.status_code == 200, triggered.text
+
+        def ended() -> str | None:
+            state = http.get(f"/api/v2/dags/readings_import/dagRuns/{run_id}", headers=auth).json()["state"]
+            return state if state in ("success", "failed") else None
+
+        assert wait_for(ended, timeout=240, interval=1.0, what="the run on another port to end",
+                        on_timeout=standalone.tail) == "success"
+        tab = http.get("/resumable/api/v1/task-instance", headers=auth,
+                       params={"dag_id": "readings_import", "run_id": run_id, "task_id": "import_readings"})
+    assert tab.status_code == 200, tab.text
+    view = tab.json()
+    assert (view["status"], view["processed"], view["total"]) == ("done", 600, 600), view
+
+
+#: The example DAGs with a schedule: unpausing one starts its latest scheduled run.
+SCHEDULED = ("chunked_example", "customer_export", "loan_report", "mapped_partitions", "partitioned_export",
+             "partitioned_export_decorated", "taskflow_example")
+
+
+def test_every_scheduled_example_runs_with_its_scheduled_run_beside_a_manual_one(standalone: Running) -> None:
+    """ui.md's step 7, for every example with a schedule: a person triggers the paused example with
+    the dialog's default (unpause), so its scheduled run starts beside the manual one, and both
+    runs' setup steps run at once. Every run ends ``success`` (a run that finds the other's slot
+    live ends its task ``skipped`` under the overlap policy, as the docs say: the run still
+    succeeds), and no task fails."""
+    password = json.loads((standalone.home / PASSWORD_FILE).read_text())["admin"]
+    with httpx.Client(base_url=standalone.base_url, timeout=30) as http:
+        token = http.post("/auth/token", json={"username": "admin", "password": password}).json()["access_token"]
+        auth = {"Authorization": f"Bearer {token}"}
+
+        def parsed() -> bool:
+            return all(http.get(f"/api/v2/dags/{dag}", headers=auth).status_code == 200 for dag in SCHEDULED)
+
+        wait_for(parsed, timeout=180, interval=1.0, what="the dag-processor to parse the examples",
+                 on_timeout=standalone.tail)
+        for dag in SCHEDULED:  # the manual run, then the unpause: the scheduler starts the scheduled one
+            triggered = http.post(f"/api/v2/dags/{dag}/dagRuns", headers=auth,
+                                  json={"dag_run_id": f"manual_{dag}", "logical_date": None})
+            assert triggered.status_code == 200, triggered.text
+            assert http.patch(f"/api/v2/dags/{dag}", json={"is_paused": False}, headers=auth).status_code == 200
+
+        def runs(dag: str) -> list[dict[str, Any]]:
+            return http.get(f"/api/v2/dags/{dag}/dagRuns", headers=auth).json()["dag_runs"]
+
+        def all_ended() -> dict[str, list[tuple[str, str]]] | None:
+            found = {dag: [(r["run_type"], r["state"]) for r in runs(dag)] for dag in SCHEDULED}
+            both = all({"manual", "scheduled"} <= {kind for kind, _ in pairs} for pairs in found.values())
+            ended = all(state in ("success", "failed") for pairs in found.values() for _, state in pairs)
+            return found if both and ended else None
+
+        found = wait_for(all_ended, timeout=600, interval=2.0, what="both runs of every scheduled example to end",
+                         on_timeout=standalone.tail)
+        failed = {dag: [(kind, state) for kind, state in pairs if state != "success"] for dag, pairs in found.items()}
+        for dag in SCHEDULED:
+            http.patch(f"/api/v2/dags/{dag}", json={"is_paused": True}, headers=auth)
+    assert not any(failed.values()), (failed, standalone.tail())
 
 
 def test_make_standalone_stop_ends_every_process_of_it_and_frees_its_ports(standalone: Running) -> None:
@@ -221,3 +314,25 @@ def test_make_standalone_names_the_customer_exports_postgresql_source_when_one_a
     assert f"customer_export reads its customers from: {dsn(params)}" in out
     out, conns = connection(nowhere)
     assert conns["export_source"][3] == params["dbname"]
+
+
+def test_airflow_s_own_port_setting_alone_moves_the_base_url_and_the_execution_api_with_it() -> None:
+    """What ``make standalone`` exports (``devtools.airflow_env --api``): Airflow's own
+    ``AIRFLOW__API__PORT`` alone, or ``PORT``, moves all three; ``PORT`` wins over a base URL left in
+    the shell (a sourced ``env.sh`` of another port); without ``PORT`` a URL set by hand is kept."""
+    from devtools.airflow_env import api_settings
+
+    assert api_settings({"AIRFLOW__API__PORT": "28080"}) == {
+        "AIRFLOW__API__HOST": "127.0.0.1", "AIRFLOW__API__PORT": "28080",
+        "AIRFLOW__API__BASE_URL": "http://localhost:28080",
+        "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": "http://127.0.0.1:28080/execution/",
+    }
+    assert api_settings({})["AIRFLOW__CORE__EXECUTION_API_SERVER_URL"] == "http://127.0.0.1:8080/execution/"
+    stale = {"AIRFLOW__API__PORT": "8080", "AIRFLOW__API__BASE_URL": "http://localhost:8080",
+             "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": "http://127.0.0.1:8080/execution/"}
+    moved = api_settings(stale, "28081")
+    assert (moved["AIRFLOW__API__BASE_URL"], moved["AIRFLOW__CORE__EXECUTION_API_SERVER_URL"]) == (
+        "http://localhost:28081", "http://127.0.0.1:28081/execution/")
+    proxied = api_settings({"AIRFLOW__API__PORT": "28080", "AIRFLOW__API__BASE_URL": "https://airflow.example.com"})
+    assert proxied["AIRFLOW__API__BASE_URL"] == "https://airflow.example.com"
+    assert proxied["AIRFLOW__CORE__EXECUTION_API_SERVER_URL"] == "http://127.0.0.1:28080/execution/"

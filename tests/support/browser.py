@@ -131,7 +131,8 @@ def open_tab(driver: Any, env: Env, dag_id: str, run_id: str, task_id: str) -> t
                   what="the tab's frame")
     driver.switch_to.frame(frame)
     until(lambda: driver.find_elements(By.ID, "figures") or driver.find_elements(By.ID, "not-resumable")
-          or driver.find_elements(By.ID, "overlap") or None, timeout=30, what="the tab's content")
+          or driver.find_elements(By.ID, "overlap") or driver.find_elements(By.ID, "never-started") or None,
+          timeout=30, what="the tab's content")
     return frame, time.monotonic() - clicked
 
 

@@ -1,7 +1,7 @@
 """Rows of the checkpoint tables as the stores give them back (SQLite's shapes: timestamps as epoch
 seconds, JSON as text), generated for property tests: rows the decoder reads, each column within
 its range (numbers across the whole range, its edges drawn often), and rows with one judged column
-out of it (tests/unit/core/model/test_checkpoint.py, tests/unit/lineage/test_facets.py)."""
+out of it (tests/unit/core/stores/test_decoder.py, tests/unit/lineage/test_facets.py)."""
 
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ from airflow_resumable.core.stores import PostgresStore, SQLiteStore, Store
 
 def spec_of(store: Store) -> str:
     if isinstance(store, SQLiteStore):
-        return json.dumps({"sqlite": store.path})
+        return json.dumps({"sqlite": store.path, "busy_timeout": store.busy_timeout})
     assert isinstance(store, PostgresStore)
     if getattr(store, "psycopg3_params", None) is not None:
         return json.dumps({"psycopg3": store.psycopg3_params})  # type: ignore[attr-defined]
@@ -31,7 +31,7 @@ def psycopg3_store(params: dict[str, Any]) -> PostgresStore:
 def store_of(spec: str) -> Store:
     data = json.loads(spec)
     if "sqlite" in data:
-        return SQLiteStore(data["sqlite"])
+        return SQLiteStore(data["sqlite"], busy_timeout=data.get("busy_timeout", 30.0))
     if "psycopg3" in data:
         return psycopg3_store(data["psycopg3"])
     params = dict(data["postgres"])

@@ -49,7 +49,12 @@ def test_the_quick_start_commands_are_make_targets_and_ci_runs_the_test_one() ->
     assert "make demo" in quick and "make test" in quick
     makefile = (ROOT / "Makefile").read_text()
     assert re.search(r"^demo:", makefile, re.M) and re.search(r"^test:", makefile, re.M)
-    assert "make test" in (ROOT / ".ci" / "run").read_text()
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert "make test" in ci
+    # make test sets up what it needs itself, so CI passes where a newcomer's first make test does:
+    # CI installs nothing the README's commands do not
+    assert re.search(r"^test: venv browser-deps chaos-deps$", makefile, re.M)
+    assert not re.search(r"^\s*make (browser-deps|chaos-deps)", ci, re.M)
 
 
 def test_the_docs_commands_are_make_targets_and_ci_builds_the_site() -> None:
@@ -165,6 +170,31 @@ def test_every_relative_link_resolves_to_a_file() -> None:
                 broken.append(f"{where} (outside docs/: the site has no copy of it)")
     assert not broken, "\n".join(broken)
     assert checked > 50
+
+
+def test_every_page_of_the_docs_is_linked_from_the_docs_index() -> None:
+    """docs/index.md's "Where to go from here" reaches every guide, how-to, explanation and
+    reference page (the site's navigation alone hides a page from whoever starts at the index)."""
+    index = page("index.md")
+    linked = {m.split("#")[0] for m in re.findall(r"\]\(([^)\s]+\.md(?:#[^)\s]*)?)\)", index)}
+    pages = {str(path.relative_to(DOCS)) for path in DOCS.rglob("*.md")} - {"index.md"}
+    assert sorted(pages - linked) == []
+
+
+def test_figures_a_command_prints_are_left_to_the_command() -> None:
+    """A test count or a suite's time written by hand goes stale with the next test: the pages
+    name the line that prints them (scripts/test.sh's closing line, in the form it prints), and
+    quote the Checkpoint tab's words as the tab's code writes them."""
+    counts = [(path.name, m.group(0)) for path, text in PAGES.items()
+              for m in re.finditer(r"\b\d[\d,]* tests\b(?! ran)", text)]
+    assert counts == []
+    script = (ROOT / "scripts" / "test.sh").read_text()
+    assert "`suite: N passed, N failed in M:SS`" in page("guides/tutorial.md")
+    assert 'print(f"suite: {total[\'passed\']} passed, {total[\'failed\'] + total[\'error\']} failed{extra} in ' \
+           '{seconds // 60}:{seconds % 60:02d}")' in script
+    tab = (ROOT / "airflow_resumable" / "plugins" / "static" / "resumable.js").read_text()
+    assert "(STALE: the holder missed two heartbeats)" in page("how-to/ui.md")
+    assert '" (STALE: the holder missed two heartbeats)"' in tab
 
 
 def test_every_image_of_the_readme_is_in_the_docs_too() -> None:

@@ -217,7 +217,8 @@ def test_async_export_sends_every_customer_once_50_requests_at_once(
     assert_succeeded(run)
     assert sqlite_rows(sink, "SELECT count(*), min(id), max(id), max(sent) FROM exported") == [(1_000, 1, 1_000, 1)]
     [row] = checkpoint_rows(pg_checkpoints, "async_export.%")
-    assert (row["status"], row["position"], row["processed"]) == ("done", 1_000, 1_000)
+    # with its total from the start: the Checkpoint tab's percent and ETA
+    assert (row["status"], row["position"], row["processed"], row["total"]) == ("done", 1_000, 1_000, 1_000)
     assert xcom(run, "export_customers") == {"exported": 1_000}
 
 

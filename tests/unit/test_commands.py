@@ -17,7 +17,7 @@ import pytest
 
 from airflow_resumable.core import SQLiteStore, Store
 from airflow_resumable.core.work.partitions import Plan, save_plan
-from airflow_resumable.version_compat import needs, supports
+from support.gates import before_airflow, needs_airflow, skip_unless
 from support.module_cli import module_cli
 from support.slots import SLOT, run_slot
 from support.stores import empty_store
@@ -48,8 +48,7 @@ def any_store(store_kind: str, tmp_path: Path, request: pytest.FixtureRequest, m
 
 @pytest.fixture(scope="module")
 def parser() -> Any:
-    if not supports(GROUP):
-        pytest.skip(needs(GROUP))
+    skip_unless(GROUP)
     from airflow.cli import cli_parser
 
     return cli_parser.get_parser()
@@ -147,7 +146,7 @@ def test_a_missing_connection_says_how_to_configure_it(store: Store, parser: Any
     assert code == 1 and "AIRFLOW_CONN_NO_SUCH_CONN" in err
 
 
-@pytest.mark.skipif(not supports(GROUP), reason=needs(GROUP))
+@needs_airflow(GROUP)
 def test_the_airflow_command_line_has_the_group(store: Store, airflow_home: Path) -> None:
     airflow = Path(sys.executable).parent / "airflow"
     result = subprocess.run([str(airflow), "resumable", "list", "--output", "json"], capture_output=True, text=True,
@@ -310,7 +309,7 @@ def test_python_m_airflow_resumable_runs_the_commands_in_a_real_process(store: S
     assert [r["job"] for r in json.loads(result.stdout.strip().splitlines()[-1])] == [B, A]
 
 
-@pytest.mark.skipif(supports(GROUP), reason="this Airflow's own command line has the group")
+@before_airflow(GROUP)
 def test_on_an_airflow_without_provider_commands_the_help_says_where_they_are(
     capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -42,7 +42,7 @@ def test_the_summary_counts_a_mapped_job_s_partitions_and_rerun_failed_clears_on
     line = next(j for j in control.jobs() if j["job"] == JOB)
     assert (line["dag_id"], line["task_id"], line["run_id"], line["mapped"]) == ("rt_jobs_mapped", "part", run.run_id,
                                                                                 True)
-    assert line["partitions"] == {"done": 2, "running": 0, "paused": 0, "failed": 1, "waiting": 0, "other": 0,
+    assert line["partitions"] == {"done": 2, "running": 0, "stalled": 0, "abandoned": 0, "paused": 0, "failed": 1, "waiting": 0, "other": 0,
                                   "total": 3}
     assert (line["processed"], line["total"], line["partitioned"]) == (4 + 2 + 4, 12, False)
     code, out, _ = resumable_cli("jobs", "--output", "json", capsys=capsys)
@@ -65,6 +65,53 @@ def test_the_summary_counts_a_mapped_job_s_partitions_and_rerun_failed_clears_on
     assert code == 1 and "no partition of this job ran in this DAG run" in err
     with pytest.raises(SlotNotFound):
         control.rerun_failed("no_such.job", run.run_id)
+
+
+def test_a_partition_whose_task_instance_failed_while_its_row_says_running_is_abandoned_and_re_run_names_it(
+    checkpoints: Store, run_dag: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Airflow failed two partitions; one's row still says running, its holder's lease not lapsed
+    (its end was never written: the worker was lost). The jobs page counted it running, and the
+    re-run's confirmation counted one failed partition while the re-run cleared two."""
+    # Given such a run
+    run = run_dag("rt_jobs_mapped", conf={"fail_parts": [1, 2]})
+    assert {i: s for i, (s, _) in ti_states(run.run_id).items()} == {0: "success", 1: "failed", 2: "failed"}
+    slot = next(j for j in control.jobs() if j["job"] == JOB)["slot"]
+    with checkpoints.open(autocommit=True) as s, s.transaction():
+        s.execute(f"UPDATE resumable_checkpoints SET status = 'running', lease_owner = 'w2', "
+                  f"lease_expires_at = {s.d.now_plus('3600')}, heartbeat_at = {s.d.now()} "
+                  "WHERE job = %(job)s AND slot = %(slot)s", {"job": f"{JOB}[2]", "slot": slot})
+
+    # When the jobs are listed with Airflow's states (as the REST API and the jobs page list them)
+    line = next(j for j in control.jobs(task_states=control.task_instance_states) if j["job"] == JOB)
+    detail = control.job_partitions(JOB, run.run_id, task_states=control.task_instance_states)
+    tab = control.find_detail("rt_jobs_mapped", "part", run.run_id, 2,
+                              ti_state=control.task_instance_states("rt_jobs_mapped", "part", run.run_id)[2])
+
+    # Then nothing says it runs: the line counts it abandoned and says how Airflow has them
+    for shown in (line, detail):
+        assert {k: v for k, v in shown["partitions"].items() if v} == {"done": 1, "failed": 1, "abandoned": 1,
+                                                                        "total": 3}, shown
+        assert shown["task_instances"] == {"failed": 2, "success": 1} and shown["rate"] is None
+    row = next(r for r in detail["partition_rows"] if r["map_index"] == 2)
+    assert (row["status"], row["shown_status"], row["task_state"]) == ("running", "abandoned", "failed")
+    assert tab is not None and (tab["shown_status"], tab["last_holder"]) == ("abandoned", "w2")
+    assert "task instance is failed" in tab["shown_why"] and tab["offers"]["pause"] is False
+    assert tab["offer_notes"]["pause"].startswith("Not now: nobody runs this slot")
+    # And the CLI says the same: its job line, the job's partitions and the slot's detail
+    code, out, err = resumable_cli("jobs", "--output", "json", capsys=capsys)
+    assert code == 0, err
+    cli_line = next(j for j in json.loads(out) if j["job"] == JOB)
+    assert (cli_line["partitions"]["running"], cli_line["partitions"]["abandoned"]) == (0, 1), cli_line
+    code, out, err = resumable_cli("jobs", "--job", JOB, "--run-id", run.run_id, capsys=capsys)
+    assert code == 0 and "abandoned (its row says running)" in out, out + err
+    code, out, err = resumable_cli("show", f"{JOB}[2]", slot, "--output", "json", capsys=capsys)
+    assert code == 0, err
+    shown = json.loads(out)
+    assert (shown["shown_status"], shown["last_holder"]) == ("abandoned", "w2") and not shown["offers"]["pause"]
+    # And the re-run's confirmation names what the re-run then clears: both failed partitions
+    assert control.rerun_candidates(JOB, run.run_id)["failed"] == [1, 2]
+    assert control.rerun_failed(JOB, run.run_id, by="alice") == [1, 2]
 
 
 # -- a partitioned job as one job -------------------------------------------------------------------
@@ -99,12 +146,13 @@ def test_a_partitioned_job_is_one_line_summing_its_partitions_with_the_plan_fold
     # they stand, its progress the sum of theirs, its ETA from the live partitions' rates
     assert [j["job"] for j in lines] == ["d.exp"]
     line = lines[0]
-    assert line["partitions"] == {"done": 1, "running": 1, "paused": 1, "failed": 1, "waiting": 1, "other": 0,
+    assert line["partitions"] == {"done": 1, "running": 1, "stalled": 0, "abandoned": 0, "paused": 1, "failed": 1, "waiting": 1, "other": 0,
                                   "total": 5}
     assert (line["partitioned"], line["mapped"], line["task_id"], line["run_id"]) == (True, True, "exp.partition",
                                                                                      "run_1")
     assert (line["processed"], line["total"], line["percent"]) == (20 + 10 + 5 + 15, 100, 50.0)
-    assert (line["rate"], line["eta_seconds"]) == (20.0, 2.5)
+    # (the ETA counts down from the running partition's last checkpoint, as that partition's own does)
+    assert line["rate"] == 20.0 and 2.0 < line["eta_seconds"] <= 2.5
 
     # And the job's partitions, by map index, are a way into each: the planned one not started too
     line, rows = core_control.job_partitions(store, "d.exp", "run_1")
@@ -144,7 +192,7 @@ def test_partitions_of_an_earlier_split_into_more_are_not_counted_once_the_plan_
     line = core_control.jobs(store)[0]
     detail, rows = core_control.job_partitions(store, "d.exp", "run_1")
     # Then the line counts the plan's 2 partitions only: [0] done at 25, [1] as it stands, nothing of [2], [3]
-    assert line["partitions"] == {"done": 2, "running": 0, "paused": 0, "failed": 0, "waiting": 0, "other": 0,
+    assert line["partitions"] == {"done": 2, "running": 0, "stalled": 0, "abandoned": 0, "paused": 0, "failed": 0, "waiting": 0, "other": 0,
                                   "total": 2}, line
     assert (line["processed"], line["total"]) == (25 + 10, 25 + 10)
     assert detail == line and [(i, r.job) for i, r in rows] == [(0, "d.exp[0]"), (1, "d.exp[1]")]
@@ -177,7 +225,7 @@ def test_partitions_past_the_plan_are_taken_out_of_the_line_only_as_they_were_co
     detail, rows = core_control.job_partitions(store, "d.exp", "run_1")
     # Then both show the plan's 2 partitions: [0] done, [1] running at its own rate; nothing of [2], [3]
     for shown in (line, detail):
-        assert shown["partitions"] == {"done": 1, "running": 1, "paused": 0, "failed": 0, "waiting": 0, "other": 0,
+        assert shown["partitions"] == {"done": 1, "running": 1, "stalled": 0, "abandoned": 0, "paused": 0, "failed": 0, "waiting": 0, "other": 0,
                                        "total": 2}, (edit, shown)
         assert (shown["processed"], shown["rate"]) == (10 + 5, 5.0), (edit, shown)
     assert [i for i, _ in rows] == [0, 1]
@@ -219,6 +267,26 @@ def test_a_count_edited_by_hand_out_of_its_range_counts_for_nothing_in_the_jobs_
     # And the partition's own detail refuses the row, naming it
     with pytest.raises(CorruptCheckpoint, match="total"):
         core_control.job_partitions(store, "d.exp", "run_1")
+
+
+def test_a_plan_row_edited_into_text_that_is_not_json_leaves_every_job_listed(store: Store) -> None:
+    # Given a partitioned job beside another job, and the plan row's state edited by hand into text
+    # that is not JSON
+    with store.open(autocommit=True) as s:
+        s.ensure_schema()
+        save_plan(s, "d.exp", SLOT, Plan(2, (10,), 20))
+    for i in range(2):
+        run_slot(store, f"d.exp[{i}]", "d", task_id="exp.partition", map_index=i, n=10)
+    run_slot(store, "e.other", "e", task_id="other", n=10)
+    assert {line["job"]: line["partitioned"] for line in core_control.jobs(store)} == {"d.exp": True, "e.other": False}
+    _set(store, "d.exp#plan", state="{not json")
+    # When the jobs are listed
+    lines = {line["job"]: line for line in core_control.jobs(store)}
+    # Then both are (before: every listing failed on the one row's CorruptCheckpoint), the edited one
+    # as its partitions' rows stand, without its plan
+    assert set(lines) == {"d.exp", "e.other"}
+    assert lines["d.exp"]["partitions"]["done"] == 2 and lines["d.exp"]["planned"] is None
+    assert lines["d.exp"]["plan_request"] is None
 
 
 def test_a_partitioned_run_s_summary_and_rerun_failed_clear_the_failed_partition_and_the_summary(

@@ -32,6 +32,7 @@ from airflow_resumable.version_compat import (
     needs,
     supports,
 )
+from support.gates import before_airflow
 from support.paths import ROOT
 
 CONSTRAINTS = ROOT / "constraints"
@@ -152,7 +153,7 @@ def test_a_feature_that_needs_a_newer_airflow_names_itself_the_version_and_what_
     assert supports("retry_policy=") is (AIRFLOW_VERSION[:2] >= (3, 3))
 
 
-@pytest.mark.skipif(supports("retry_policy="), reason="this Airflow has retry policies (3.3)")
+@before_airflow("retry_policy=")
 def test_retry_policy_on_an_airflow_without_it_is_refused_at_parse_time_saying_which_airflow_it_needs() -> None:
     from airflow_resumable import ResumableOperator
 

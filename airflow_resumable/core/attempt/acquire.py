@@ -16,7 +16,7 @@ from airflow_resumable.core.attempt.given import Given
 from airflow_resumable.core.attempt.lease import STOP_POLL, stop_requested
 from airflow_resumable.core.attempt.signal import Reason
 from airflow_resumable.core.model.checkpoint import AttemptEnd, Checkpoint, Status, encode
-from airflow_resumable.core.model.errors import Cancelled, LeaseBusy, OverlapSkip, OverlapWait
+from airflow_resumable.core.model.errors import Cancelled, LeaseBusy, OverlapSkip, OverlapWait, Paused
 from airflow_resumable.core.model.fence import Fence
 from airflow_resumable.core.model.outward import outward_text, outward_traceback
 from airflow_resumable.core.model.request_rules import Action
@@ -36,6 +36,9 @@ class Held:
         stopped_for: a person's stop request (``requested``, ``superseded``) that this attempt saw
             pending on the holder's row while it waited, and that the holder stopped for: it was
             meant for the task, so this attempt stops with it before any work (None otherwise).
+        paused_by: who asked for a pause that this attempt saw pending on the holder's row while it
+            waited, and that the holder carried out (the slot ``paused``): it was meant for the task,
+            so this attempt pauses before any work too (:func:`pending_pause`; None otherwise).
     """
 
     session: StoreSession
@@ -43,6 +46,7 @@ class Held:
     row: Checkpoint
     created: bool
     stopped_for: str | None = None
+    paused_by: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,16 +82,25 @@ def take_lease(given: Given, session: StoreSession) -> Held:
     asked: str | None = None  # the holder asked to hand over (its lease owner)
     written: str | None = None  # ... when this attempt wrote that request itself (it withdraws it)
     seen: str | None = None  # a person's stop request seen pending on the holder's row
+    pause: str | None = None  # who asked for a pause seen pending on the holder's row
     try:
         while True:
             got = session.leases.acquire(given.job, given.slot, given.owner, options.lease)
             if got is not None:
                 row, created = got
                 stopped_for = seen if seen and (row.status, row.stop_reason) == (Status.CANCELLED.value, seen) else None
-                return Held(session, Fence.of(row), row, created, stopped_for)
+                if stopped_for is None and (seen or pause):
+                    stopped_for = _cancel_of_the_pause(row)
+                # (unless someone resumed or restarted the paused slot since: the pause is over)
+                paused = (Status.PAUSED.value, Reason.PAUSED.value) == (row.status, row.stop_reason) and row.request not in (
+                    Request.RESUME, Request.RESTART)
+                paused_by = pause if pause is not None and paused else None
+                return Held(session, Fence.of(row), row, created, stopped_for, paused_by)
             holder = session.checkpoints.load(given.job, given.slot)
             if holder is not None and holder.status == Status.RUNNING.value and holder.cancel_request in _PERSONS:
                 seen = holder.cancel_request
+            if holder is not None and holder.status == Status.RUNNING.value and holder.request == Request.PAUSE:
+                pause = holder.requested_by or "?"
             if holder is not None and holder.lease_owner != asked and older_try(given, holder):
                 asked = holder.lease_owner
                 mine, until = _ask_handover(given, session, holder)
@@ -114,6 +127,19 @@ def take_lease(given: Given, session: StoreSession) -> Held:
 
 #: The stop requests a person (or a newer run) makes: meant for the task, whichever try holds the slot.
 _PERSONS = (Reason.REQUESTED.value, Reason.SUPERSEDED.value)
+
+
+def _cancel_of_the_pause(row: Checkpoint) -> str | None:
+    """A person's cancel of the pause the holder carried out while this attempt waited for the slot:
+    made while the holder ran on to its pause (kept pending on the paused row), or made of the paused
+    slot (cancelled at once). The holder's deferral, which would have read it, is a try Airflow no
+    longer runs: the cancel was the task's, so this attempt stops with it (it must neither pause in its
+    place nor resume the cancelled slot). None otherwise."""
+    if row.status == Status.PAUSED.value and row.cancel_request in _PERSONS:
+        return row.cancel_request
+    if row.status == Status.CANCELLED.value and row.stop_reason in _PERSONS and row.request is None:
+        return row.stop_reason
+    return None
 
 
 def _busy(given: Given, holder: Checkpoint | None, waited: float) -> LeaseBusy:
@@ -310,6 +336,31 @@ def pending_cancel(session: StoreSession, row: Checkpoint, *, waited_for: str | 
                          "stopped for it: the request was the task's, so this attempt stopped before any work too")
     return Cancelled(reason, f"{what} while an earlier attempt held the slot, which ended before it saw the "
                      "request: this attempt stopped before any work")
+
+
+def pending_pause(held: Held, begun: Begun) -> Paused | None:
+    """The pause this attempt honours before any work, or None. A pause asked before this attempt
+    started (kept on the row for it: the holder died, or stopped for another reason such as a
+    handover, before it saw the pause). Or, the rule of a pause met while this attempt waited for the
+    slot (:attr:`Held.paused_by`): a person's pause accepted while an earlier try held the slot (a try
+    Airflow gave up, asked to hand over), which that try carried out, was the task's, not that try's:
+    its deferral is a try Airflow no longer runs, so the pause holds only if this try pauses too,
+    instead of running the slot on; a resume continues it, in this try. The same as a person's cancel
+    met while waiting (:func:`pending_cancel`)."""
+    if begun.row.request == Request.PAUSE:
+        return Paused(Reason.PAUSED.value, f"pause requested by {_pause_asked_by(held.session, begun.row)}")
+    if held.paused_by is not None:
+        return Paused(Reason.PAUSED.value, f"pause requested by {held.paused_by} while this attempt waited for the "
+                      "slot, held by an earlier attempt that paused for it: the request was the task's, so this "
+                      "attempt paused before any work too")
+    return None
+
+
+def _pause_asked_by(session: StoreSession, row: Checkpoint) -> str:
+    """Who asked for the pause pending on ``row``: the history's last pause request (the row's
+    ``requested_by`` names whoever made the last request of any kind: a Release, a cancel...)."""
+    asked = [r for r in session.listings.history(row.job, row.slot) if r.outcome == AttemptEnd.PAUSE_REQUESTED]
+    return (asked[-1].requested_by if asked else row.requested_by) or "?"
 
 
 def begin(given: Given, held: Held, rerun_because: str | None) -> Begun:

@@ -1,29 +1,54 @@
-"""What a handler sees: the run context (and, through ``ctx.transaction()``, a
-:class:`~airflow_resumable.core.stores.transaction.handle.TransactionConnection`)."""
+"""The run while its handler runs, both sides of it in one module: :class:`RunContext`, what the
+handler is given (``ctx``), and :class:`Running`, the attempt behind it, which holds the slot's lease
+and has begun its run. The context calls the attempt directly: each ``ctx.checkpoint()`` is one call,
+:meth:`Running.after_chunk` (save, fenced by the lease; record in the tally; report; then stop or wait
+as asked), and the handler's tools (``ctx.transaction()``, ``ctx.skip()``, ``ctx.savepoint()``) borrow
+the attempt's connection (a :class:`~airflow_resumable.core.stores.transaction.handle.TransactionConnection`
+for the first)."""
 
 from __future__ import annotations
 
 import copy
+import inspect
 import json
 import math
 import operator
+import re
 import threading
+import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator
-from contextlib import AbstractContextManager, contextmanager
-from datetime import datetime
-from typing import Any, Protocol
+from contextlib import contextmanager
+from datetime import datetime, timedelta
+from typing import Any
 
-from airflow_resumable.core.attempt.async_bridge import current_bridge, serving
+from airflow_resumable.core.attempt.acquire import Begun, Held
+from airflow_resumable.core.attempt.async_bridge import current_bridge, drive, serving
 from airflow_resumable.core.attempt.async_map import MAP_DONE, map_items
+from airflow_resumable.core.attempt.given import Given, utcnow
+from airflow_resumable.core.attempt.lease import LeaseKeeper
+from airflow_resumable.core.attempt.pipeline import CheckpointWriter, checkpoint_writer
 from airflow_resumable.core.attempt.reporter import Log
-from airflow_resumable.core.attempt.signal import Signal
+from airflow_resumable.core.attempt.signal import Reason, Signal, raise_request
+from airflow_resumable.core.attempt.skip_policy import replay_requested, skip_item
 from airflow_resumable.core.attempt.tally import Tally
 from airflow_resumable.core.model import defaults
-from airflow_resumable.core.model.checkpoint import ENCODER, Checkpoint, Write, encode
-from airflow_resumable.core.model.errors import ConfigurationError, InvalidCheckpoint
-from airflow_resumable.core.model.identity import Identity
-from airflow_resumable.core.model.observe import Source, without_credentials
+from airflow_resumable.core.model.checkpoint import ENCODER, Checkpoint, Write, differences, encode, short
+from airflow_resumable.core.model.errors import (
+    Cancelled,
+    ConfigurationError,
+    InvalidCheckpoint,
+    LeaseLost,
+    Paused,
+    ReaderChanged,
+    StoreUnavailable,
+)
+from airflow_resumable.core.model.fence import Fence
+from airflow_resumable.core.model.identity import Identity, Named
+from airflow_resumable.core.model.observe import MAX_OUTPUTS, Source, outward_text, without_credentials
+from airflow_resumable.core.model.options import wait_seconds
+from airflow_resumable.core.model.outward import outward_traceback
 from airflow_resumable.core.model.positions import default_key
+from airflow_resumable.core.stores.base import Store, StoreSession
 from airflow_resumable.core.stores.transaction.handle import TransactionConnection
 
 #: The largest count the checkpoint table's BIGINT columns hold.
@@ -34,61 +59,7 @@ _MAX_COUNT = 2**63 - 1
 _UNREAD = object()
 
 
-class AttemptCalls(Protocol):
-    """What the run context asks of its attempt (:class:`~airflow_resumable.core.attempt.after_chunk.Running`):
-    one call per checkpoint, and the handler's tools. Identity and progress are not calls: the
-    context holds the attempt's frozen :class:`~airflow_resumable.core.model.identity.Identity` and reads
-    its :class:`~airflow_resumable.core.attempt.tally.Tally`."""
-
-    def after_chunk(self, write: Write, state: dict[str, Any]) -> None:
-        """Save the encoded checkpoint ``write`` (fenced), record it with the handler's ``state``
-        dict it was encoded from, report it, then stop or wait as asked.
-
-        Raises:
-            AttemptEnded / LeaseLost: nothing was written.
-            Cancelled / Paused: after the save, at this chunk boundary.
-            ConfigurationError: the throttle answered something that is not a wait.
-        """
-
-    def transaction(self) -> TransactionConnection: ...
-
-    def skip(self, item: Any, *, position: Any, error: BaseException, limit: int) -> int: ...
-
-    def savepoint(self) -> AbstractContextManager[None]: ...
-
-    def replay_requested(self, fn: Callable[[Any], Any] | None,
-                         savepoint: Callable[[], AbstractContextManager[None]]) -> Any: ...
-
-    def declare(self, direction: str, source: Source) -> None:
-        """Add ``source`` to what this attempt reads (``"input"``) or writes (``"output"``), for lineage.
-
-        Past :data:`~airflow_resumable.core.model.observe.MAX_OUTPUTS` of them, the others are left out of
-        the lineage events (one warning per attempt); it never raises.
-        """
-
-    def use_reader(self, identity: dict[str, Any]) -> None:
-        """Record the reader whose positions the slot's checkpoint holds, or refuse another's.
-
-        Raises:
-            ReaderChanged: the checkpoint holds positions of a reader with another identity.
-            AttemptEnded / LeaseLost: nothing was written.
-        """
-
-    def thread_bound(self) -> bool:
-        """Whether the attempt's checkpoint connection may be used on the attempt's thread only (SQLite)."""
-
-    def ended(self) -> bool:
-        """Whether the handler returned (every later call is refused with AttemptEnded)."""
-
-    def previous_run(self) -> Checkpoint | None:
-        """The job's previous finished run (``ctx.previous``), read from the store.
-
-        Raises:
-            AttemptEnded: the handler already returned (and never asked for it).
-        """
-
-
-class RunContext:
+class RunContext(Named):
     """The run as its handler sees it.
 
     Attributes:
@@ -107,20 +78,19 @@ class RunContext:
             handler first asks (a handler that never does costs no round trip for it).
     """
 
-    def __init__(self, calls: AttemptCalls, identity: Identity, tally: Tally, *, signal: Signal, log: Log,
-                 resumed: bool):
-        self._attempt = calls
-        self._tally = tally
-        self.job: str = identity.job
-        self.slot: str = identity.slot
-        self.attempt: int = identity.attempt
-        self.scheduled_at: datetime | None = identity.scheduled_at
-        self.signal: Signal = signal
-        self.log: Log = log
+    def __init__(self, run: Running):
+        self._run = run
+        tally = self._tally = run.tally
+        given = run.given
+        #: Who this run is (job, slot, attempt, owner are read from it).
+        self.identity: Identity = given.identity
+        self.scheduled_at: datetime | None = given.identity.scheduled_at
+        self.signal: Signal = given.signal
+        self.log: Log = given.log
         #: True when this attempt continues a checkpoint an earlier attempt saved.
-        self.resumed: bool = resumed
+        self.resumed: bool = run.resumed
         #: The position this attempt started from (None on a fresh start).
-        self.resumed_from: Any = tally.position if resumed else None
+        self.resumed_from: Any = tally.position if run.resumed else None
         self._previous: Checkpoint | None | object = _UNREAD
         #: The attempt's thread: the one that opened the checkpoint database's connection.
         self._home = threading.get_ident()
@@ -143,7 +113,7 @@ class RunContext:
             AttemptEnded: first asked after the handler returned.
         """
         if self._previous is _UNREAD:
-            self._previous = self._at_home("ctx.previous", self._attempt.previous_run)
+            self._previous = self._at_home("ctx.previous", self._run.previous_run)
         return self._previous  # type: ignore[return-value]
 
     @property
@@ -197,15 +167,19 @@ class RunContext:
         ``ctx.state`` (so mutate it in place, or pass a new dict). ``processed``/``total`` default to
         their current values. Writes made through :meth:`transaction` commit in the same transaction.
 
-        Raises:
+        Raises (the one list for the whole step; the calls beneath link here):
             InvalidCheckpoint: position or state is not plain JSON; nothing was written.
             LeaseLost: another attempt holds the slot; nothing was written.
+            AttemptEnded: the handler already returned (a kept ``ctx``, a thread); nothing was written.
             Cancelled: after the save, when the signal has fired: this is a chunk boundary.
             Paused: after the save, when a pause was requested, the throttle asked for a long
                 wait, or ``max_runtime`` ran out (a kind of Cancelled: stop the same way).
+            ConfigurationError: called while a ``ctx.map()`` runs, from another thread on SQLite,
+                or the throttle answered something that is not a wait (after the save).
         """
-        saving = self._checkpoint_call(position, state, processed, total)
-        self._at_home("ctx.checkpoint()", *saving)
+        write, saved = self._write_of(position, state, processed, total)
+        # One way: the attempt saves, records in the tally, reports, then stops or waits.
+        self._at_home("ctx.checkpoint()", self._run.after_chunk, write, saved)
 
     async def acheckpoint(
         self,
@@ -224,24 +198,24 @@ class RunContext:
         checkpoint is written whole, then the cancellation goes on.
 
         Raises:
-            InvalidCheckpoint: position or state is not plain JSON; nothing was written.
-            LeaseLost: another attempt holds the slot; nothing was written.
-            Cancelled: after the save, when the signal has fired (Paused for a pause, as :meth:`checkpoint`).
+            InvalidCheckpoint / LeaseLost / Cancelled / Paused: as :meth:`checkpoint` lists them.
         """
-        await self._asave(self._checkpoint_call(position, state, processed, total))
+        await self._asave(*self._write_of(position, state, processed, total))
 
-    async def _asave(self, saving: tuple[Any, ...]) -> None:
+    async def _asave(self, write: Write, saved: dict[str, Any]) -> None:
+        """:meth:`checkpoint`'s one step for an async handler: the attempt's ``after_chunk`` on its own
+        thread, awaited without blocking the loop."""
         bridge = current_bridge()
         if bridge is None:  # not on the attempt's event loop (a loop the caller runs): where a sync call would run
-            self._at_home("ctx.acheckpoint()", *saving)
+            self._at_home("ctx.acheckpoint()", self._run.after_chunk, write, saved)
             return
-        await bridge.home(*saving)
+        await bridge.home(self._run.after_chunk, write, saved)
 
     async def _asave_mark(self, position: Any, *, processed: int, done: list[Any]) -> None:
         """``ctx.map``'s save: ``acheckpoint(position, processed=processed)``, the saved state also
         naming the items past ``position`` that finished (``done``), which a resumed attempt's
         ``ctx.map`` does not run again (their effects on :attr:`state` are saved already)."""
-        await self._asave(self._checkpoint_call(position, None, processed, None, map_done=done, mapping=True))
+        await self._asave(*self._write_of(position, None, processed, None, map_done=done, mapping=True))
 
     def _take_map_done(self) -> set[str]:
         """The items (their positions' JSON text) the attempt this one resumes had finished past its
@@ -314,13 +288,12 @@ class RunContext:
         finally:
             self._mapping = False
 
-    def _checkpoint_call(self, position: Any, state: dict[str, Any] | None, processed: int | None,
-                         total: int | None, *, map_done: list[Any] | None = None,
-                         mapping: bool = False) -> tuple[Any, ...]:
-        """The attempt's call that saves this checkpoint: its :class:`Write`, encoded and checked
-        now (once: every step after this one hands it on), and the state dict it was encoded from
-        (``map_done``: written into the saved state only, see :meth:`_asave_mark`; ``mapping``:
-        ctx.map's own save).
+    def _write_of(self, position: Any, state: dict[str, Any] | None, processed: int | None,
+                  total: int | None, *, map_done: list[Any] | None = None,
+                  mapping: bool = False) -> tuple[Write, dict[str, Any]]:
+        """This checkpoint's :class:`Write`, encoded and checked now (once: every step after this one
+        hands it on), and the state dict it was encoded from (``map_done``: written into the saved
+        state only, see :meth:`_asave_mark`; ``mapping``: ctx.map's own save).
 
         Raises:
             ConfigurationError: a checkpoint other than ctx.map's own while a ctx.map() runs.
@@ -345,14 +318,12 @@ class RunContext:
         total = tally.total if total is None else self._count("total", total)
         saved = {**state, MAP_DONE: {"after": position, "done": map_done}} if map_done else state
         position_json, state_json = self._encode(position, saved)
-        write = Write(position_json, state_json, processed, total, tally.meter.observe(processed))
-        # One way: the attempt saves, records in the tally, reports, then stops or waits.
-        return (self._attempt.after_chunk, write, state)
+        return Write(position_json, state_json, processed, total, tally.meter.observe(processed)), state
 
     def transaction(self) -> TransactionConnection:
         """The checkpoint database's connection; writes on it commit with the next checkpoint."""
         self._on_attempt_thread("ctx.transaction()")
-        return self._attempt.transaction()
+        return self._run.transaction()
 
     def _at_home(self, call: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """``fn(*args, **kwargs)``, one of the attempt's store calls, run where the checkpoint
@@ -368,7 +339,7 @@ class RunContext:
         bridge = current_bridge()
         if bridge is None and threading.get_ident() != self._home:
             bridge = serving(self._home)
-            if bridge is None and self._attempt.thread_bound() and not self._attempt.ended():
+            if bridge is None and self._run.given.store.thread_bound and not self._run.ended:
                 raise ConfigurationError(
                     f"{call} was called from thread {threading.current_thread().name!r}, not the attempt's own: "
                     "the SQLite checkpoint connection belongs to the thread that runs the handler", job=self.job,
@@ -405,7 +376,7 @@ class RunContext:
                 recorded); let it propagate: the attempt fails without a retry.
             InvalidCheckpoint: ``position`` is not plain JSON.
         """
-        return int(self._at_home("ctx.skip()", self._attempt.skip, item, position=position, error=error, limit=limit))
+        return int(self._at_home("ctx.skip()", self._run.skip, item, position=position, error=error, limit=limit))
 
     def input(self, *, table: str | None = None, file: str | None = None, connection: str | None = None) -> None:
         """Say what the handler reads, for lineage backends (OpenLineage), when no reader says it
@@ -418,7 +389,7 @@ class RunContext:
                 100 inputs in one attempt, the others are left out of the lineage events (one warning), the
                 task goes on.
         """
-        self._attempt.declare("input", self._source("input", table, file, connection))
+        self._run.declare("input", self._source("input", table, file, connection))
 
     def output(self, *, table: str | None = None, file: str | None = None, connection: str | None = None) -> None:
         """Say what the handler writes, for lineage backends (OpenLineage): a ``table`` (optionally
@@ -431,12 +402,12 @@ class RunContext:
                 100 outputs in one attempt, the others are left out of the lineage events (one warning), the
                 task goes on.
         """
-        self._attempt.declare("output", self._source("output", table, file, connection))
+        self._run.declare("output", self._source("output", table, file, connection))
 
     def reading(self, source: Source | None) -> None:
         """A reader's first read in this attempt: its source becomes one of the attempt's inputs."""
         if source is not None:
-            self._attempt.declare("input", source)
+            self._run.declare("input", source)
 
     def _source(self, direction: str, table: Any, file: Any, connection: Any) -> Source:
         name = table if file is None else file
@@ -469,7 +440,7 @@ class RunContext:
             ReaderChanged: the checkpoint holds positions of another reader; names both, the job,
                 the slot and the choices (put the reader back, or restart the slot on purpose).
         """
-        self._at_home("ctx.use_reader()", self._attempt.use_reader, reader.identity())
+        self._at_home("ctx.use_reader()", self._run.use_reader, reader.identity())
 
     def replay_skipped(self, fn: Callable[[Any], Any] | None) -> Any:
         """Replay the slot's skipped items whose retry was requested (``airflow resumable skipped
@@ -484,7 +455,11 @@ class RunContext:
         retry was requested.
         """
         self._on_attempt_thread("ctx.replay_skipped()")
-        report = self._attempt.replay_requested(fn, self.savepoint)
+        run = self._run
+        if run.ended:
+            raise run.given.ended_error("ctx.replay_skipped()")
+        report = replay_requested(run.session, job=self.job, slot=self.slot, fn=fn, savepoint=self.savepoint,
+                                  log=self.log, attempt=self.attempt)
         if report is not None:
             self.checkpoint(self.position, state=self.state)
         return report
@@ -509,7 +484,7 @@ class RunContext:
         self._on_attempt_thread("ctx.savepoint()")
         restore = self._keep_state()
         try:
-            with self._attempt.savepoint():
+            with self._run.session.savepoint(job=self.job, slot=self.slot):
                 yield
         except BaseException:
             restore()
@@ -594,6 +569,375 @@ class RunContext:
             f"RunContext(job={self.job!r}, slot={self.slot!r}, attempt={self.attempt}, "
             f"position={self.position!r}, processed={self.processed}, total={self.total})"
         )
+
+
+
+class Running(Named):
+    """An attempt that holds the slot's lease and has begun its run: one object, made at that moment
+    (:meth:`~airflow_resumable.core.attempt.runner.Attempt.run`), none of its parts None. The run
+    context (:class:`RunContext`) calls it directly.
+
+    Attributes:
+        given: what the attempt was given (identity, options, hooks, log, reporter, signal, store);
+            its job, slot and try number are read from ``identity``, never copied.
+        session: the attempt's connection to the checkpoint database.
+        fence: the lease: every write names it.
+        tally: the attempt's progress, one owner (see core/attempt/tally.py).
+        ctx: the run context the handler gets.
+        keeper: renews the lease from its own thread (started by the attempt).
+        writer: writes the checkpoints: inline, or pipelined (see core/attempt/pipeline.py).
+        resumed / resumed_from: whether the attempt continues a checkpoint, and from where.
+        record_id: the attempt's history record.
+        inputs / outputs: what the attempt read (its readers, ``ctx.input()``) and wrote
+            (``ctx.output()``), for lineage.
+        gone: set when the attempt's connection was lost: what it ends with.
+        final: the row as the attempt's end left it, once written.
+        ended: True once the handler returned or raised: every later call of the context is refused.
+    """
+
+    def __init__(self, given: Given, held: Held, begun: Begun):
+        self.given = given
+        self.identity = given.identity
+        self.session = held.session
+        self.fence = held.fence
+        self.record_id = begun.record_id
+        self.resumed, self.resumed_from = begun.resumed, begun.resumed_from
+        self.tally = Tally(begun.row)
+        self.ctx = RunContext(self)
+        self.keeper = LeaseKeeper(given.store, held.fence, lease_seconds=given.options.lease, signal=given.signal,
+                                  interval=given.heartbeat)
+        self.writer: CheckpointWriter = InlineWriter(given.store, held.session, held.fence, signal=given.signal,
+                                                     tally=self.tally, lease=given.options.lease)
+        self.inputs: list[Source] = []
+        self.outputs: list[Source] = []
+        self.gone: StoreUnavailable | None = None
+        #: The stop a checkpoint raised to the handler (a cancel, a pause, a lost lease): a handler that
+        #: catches it and returns has not done the rest of its work, so the attempt ends with it.
+        self.stop_delivered: Cancelled | LeaseLost | None = None
+        self.final: Checkpoint | None = None
+        #: When the handler began (``max_runtime`` counts from it).
+        self.started = time.monotonic()
+        #: Set (under the lock) once the handler has returned or raised: the run context then
+        #: refuses to write, whichever thread still holds it.
+        self.ended = False
+        self._lock = threading.Lock()
+        #: The identity of the reader this attempt recorded or found on the row (see ``use_reader``).
+        self._reader: dict[str, Any] | None = None
+        #: The directions ("input", "output") past MAX_OUTPUTS in this attempt (warned of once each).
+        self._declared_over: set[str] = set()
+
+    # -- the attempt's own steps ----------------------------------------------------------------
+
+    def pipeline(self) -> None:
+        """With ``pipeline_checkpoints``, write the checkpoints on a second connection, which
+        connects while the first chunk runs.
+
+        Raises:
+            StoreUnavailable: that connection could not be started.
+        """
+        if self.given.options.pipeline_checkpoints:
+            given = self.given
+            self.writer = checkpoint_writer(given.store, self.session, self.fence, signal=given.signal, tally=self.tally,
+                                            lease=given.options.lease)
+
+    def call(self, handler: Callable[[RunContext], Any]) -> Any:
+        """Run the handler; once it returns or raises, its context can no longer write."""
+        self.started = time.monotonic()
+        try:
+            result = handler(self.ctx)
+            if inspect.iscoroutine(result):  # an async def handler: the same attempt, on a loop of its own
+                result = drive(result, self.given.signal, self.given.log, job=self.job, slot=self.slot)
+            return result
+        finally:
+            with self._lock:  # waits for a save another thread has under way
+                self.ended = True
+                self.session.end_loan()  # the handles of ctx.transaction() refuse from now on
+
+    def flush(self, *, close: bool = False) -> None:
+        """Wait for the pipelined checkpoint in flight, if any (raising its failure unless ``close``,
+        which also closes the writer's connection)."""
+        if close:
+            self.writer.close()
+        else:
+            self.writer.flush()
+
+    def quiesce(self) -> None:
+        """Let a pipelined checkpoint in flight finish (a cancel keeps the last chunk; its lost
+        lease shows on the signal), stop heartbeats and roll back the unfinished chunk. The keeper
+        is asked to stop before the rollback and joined after it: on SQLite its connection may be
+        waiting for the write lock this session holds."""
+        self.flush(close=True)
+        self.keeper.stop(join=False)
+        try:
+            self.session.rollback()  # a no-op on a lost connection (the server rolled it back)
+        except Exception as exc:  # never in place of the error that stopped the attempt
+            self.given.log.warning("could not roll back the unfinished chunk [job=%s slot=%s attempt=%s]\n%s", self.job,
+                             self.slot, self.attempt, outward_traceback(exc))
+        self.keeper.stop()
+
+    # -- what the run context calls -------------------------------------------------------------
+
+    def after_chunk(self, write: Write, state: dict[str, Any]) -> None:
+        """The one step after a chunk (``ctx.checkpoint()``): save the checkpoint ``write`` (encoded
+        by the context from the handler's ``state`` dict), record it in the tally, report progress
+        when due (write before report), then stop at this boundary if the signal fired, or end the
+        slice or wait as asked.
+
+        The checkpoint's statement returns the stop request pending on the row (a pause, a cancel):
+        one asked while the chunk ran stops the run here, at the first checkpoint written after it
+        (pipelined, the checkpoint in flight is read at the next one).
+
+        Raises:
+            InvalidCheckpoint / LeaseLost / Cancelled / Paused: as :meth:`RunContext.checkpoint` lists them (the one list for this step).
+        """
+        self._save(write)
+        self.tally.saved(write, state)
+        self._report()
+        try:
+            self.given.signal.raise_if_cancelled()
+            self._between_chunks()
+        except (Cancelled, LeaseLost) as stop:  # Paused is a Cancelled
+            self.stop_delivered = stop
+            raise
+
+    def _save(self, write: Write) -> None:
+        """Write a checkpoint, fenced by the lease, and commit it with the handler's pending writes
+        (or hand it to the pipelined writer). Serialized with the attempt's end: refused once the
+        handler has returned (a kept ``ctx``, a thread). Raises AttemptEnded and LeaseLost as
+        :meth:`RunContext.checkpoint` says."""
+        with self._lock:
+            if self.ended:
+                raise self.given.ended_error("ctx.checkpoint()")
+            if self.given.signal.reason == Reason.LEASE_LOST:
+                self.session.rollback()
+                # the cause, as the lease keeper found it (freed by a request, taken by attempt N, not renewed)
+                why = f" ({self.given.signal.message})" if self.given.signal.message else ""
+                raise LeaseLost(
+                    f"this attempt lost its lease{why}; the checkpoint was not written", job=self.job, slot=self.slot
+                )
+            self.writer.submit(write)  # pipelined: returns at once; raises the previous write's failure
+
+    def _report(self) -> None:
+        """Report the last durable checkpoint (pipelined: what is committed, not what is in flight),
+        when a report is due.
+
+        The row reported is the row as stored (heartbeat and lease expiry move on the keeper's
+        thread), read only then: most checkpoints of a fast loop report nothing.
+        """
+        tally = self.tally
+        durable = tally.durable
+        if durable is None:  # pipelined: the first checkpoint is still in flight
+            return
+        processed, total = durable.processed, durable.total
+        if self.given.reporter.due(processed, total):
+            stored = self.session.checkpoints.load(self.job, self.slot) or tally.row
+            self.given.reporter.on_checkpoint(stored, tally.meter.measure(processed, total, save_seconds=tally.save_seconds))
+
+    def _between_chunks(self) -> None:
+        """After a durable checkpoint: end the time slice, or wait as the throttle asks.
+
+        Raises:
+            Paused: ``max_runtime`` ran out (``time_slice``), or the throttle asked for a wait of
+                ``defer_after`` or more (``throttled``, until then).
+            Cancelled: the signal fired during a short throttle wait.
+            ConfigurationError: the throttle answered something that is not a wait.
+        """
+        options = self.given.options
+        if options.max_runtime is not None and time.monotonic() - self.started >= options.max_runtime:
+            raise Paused(
+                Reason.TIME_SLICE.value,
+                f"ran {time.monotonic() - self.started:.3g}s in one go (max_runtime={options.max_runtime:g}s): "
+                "giving the worker back for a moment",
+                until=utcnow(),
+            )
+        if options.throttle is None:
+            return
+        answer = options.throttle(self.ctx)
+        try:
+            wait = wait_seconds(answer)
+        except ValueError as exc:
+            raise ConfigurationError(
+                f"throttle {getattr(options.throttle, '__qualname__', options.throttle)!r} answered {short(answer)}: "
+                f"{exc}", job=self.job, slot=self.slot,
+                hint="Return the seconds to wait before the next chunk (a number or a timedelta), or None for no "
+                "wait; the checkpoint is kept",
+            ) from None
+        if wait is None:
+            return
+        if wait >= options.defer_after:
+            raise Paused(Reason.THROTTLED.value, f"the throttle asked to wait {wait:g}s",
+                         until=utcnow() + timedelta(seconds=wait))
+        if self.given.signal.wait(wait):
+            self.given.signal.raise_if_cancelled()
+
+    def transaction(self) -> TransactionConnection:
+        """The attempt's connection, lent to the handler (see :class:`TransactionConnection`).
+
+        Raises:
+            AttemptEnded: the handler already returned.
+            ConfigurationError: the attempt pipelines its checkpoints, which commit on another
+                connection than the handler's writes.
+        """
+        if self.ended:
+            raise self.given.ended_error("ctx.transaction()")
+        if self.given.options.pipeline_checkpoints:
+            raise ConfigurationError(
+                "ctx.transaction() cannot be used with pipeline_checkpoints=True: its writes commit with the "
+                "checkpoint on the attempt's connection, while pipelined checkpoints commit on another one, "
+                "during the next chunk",
+                job=self.job,
+                slot=self.slot,
+                hint="Set pipeline_checkpoints=False to keep writes to the checkpoint database exactly once, or "
+                "write to the sink on your own connection, idempotently, and commit before ctx.checkpoint()",
+            )
+        return self.session.lend(self.job, self.slot)
+
+    def skip(self, item: Any, *, position: Any, error: BaseException, limit: int) -> int:
+        """Record a skipped item (see :func:`airflow_resumable.core.attempt.skip_policy.skip_item`)."""
+        if self.ended:
+            raise self.given.ended_error("ctx.skip()")
+        count = skip_item(self.session, job=self.job, slot=self.slot, attempt=self.attempt, item=item,
+                          position=position, error=error, limit=limit, log=self.given.log)
+        self.tally.skipped = count
+        return count
+
+    def declare(self, direction: str, source: Source) -> None:
+        """Add ``source`` to this attempt's ``inputs`` or ``outputs`` (``direction``), once: what a
+        reader reads (its first read in the attempt) and what ``ctx.input()``/``ctx.output()`` name.
+        Past :data:`~airflow_resumable.core.model.observe.MAX_OUTPUTS` of a direction, the others are left
+        out of the lineage events, with one warning in the attempt: lineage never fails a task."""
+        declared = self.inputs if direction == "input" else self.outputs
+        if source in declared:
+            return
+        if len(declared) >= MAX_OUTPUTS:
+            if direction not in self._declared_over:
+                self._declared_over.add(direction)
+                self.given.log.warning(
+                    "lineage: more than %s different %ss were declared in this attempt; the others (%s %s, ...) are "
+                    "left out of its lineage events. Name the tables or files the handler reads or writes (a prefix "
+                    "for many files), not each row or object [job=%s slot=%s]", MAX_OUTPUTS, direction, source.kind,
+                    outward_text(source.name, 80), self.job, self.slot)
+            return
+        declared.append(source)
+
+    def previous_run(self) -> Checkpoint | None:
+        """``ctx.previous``, read when the handler first asks: most handlers never do, and then
+        the attempt sends no statement for it. Inside the handler's open transaction it is read in
+        that transaction (a commit here would commit the handler's pending writes).
+
+        Raises:
+            AttemptEnded: the handler already returned.
+        """
+        with self._lock:  # the session is the checkpoints' too (a handler's other thread)
+            if self.ended:
+                raise self.given.ended_error("ctx.previous")
+            session = self.session
+            return session.listings.previous(self.job, self.slot, by_time=self.given.scheduled_at is not None,
+                                             commit=session.autocommit)
+
+    def use_reader(self, identity: dict[str, Any]) -> None:
+        """Record the reader whose positions the slot's checkpoint holds (once per attempt, one
+        fenced write when the row names none or, without progress, another), or refuse another
+        reader's checkpoint (see :meth:`RunContext.use_reader`).
+
+        Raises:
+            ReaderChanged: the row holds progress of a reader with another identity, or this
+                attempt already reads with another one.
+            InvalidCheckpoint: the identity is not plain JSON.
+            AttemptEnded / LeaseLost: nothing was written.
+        """
+        text = encode(identity, what="reader identity", job=self.job, slot=self.slot)
+        current = json.loads(text)
+        with self._lock:
+            if self.ended:
+                raise self.given.ended_error("ctx.use_reader()")
+            if self._reader is not None:
+                if self._reader == current:
+                    return
+                raise ReaderChanged(
+                    f"this attempt reads with {short(self._reader, 300)} already; a second reader, {short(current, 300)}, "
+                    "would move the same checkpoint through positions of another source", job=self.job, slot=self.slot,
+                    stored=self._reader, current=current,
+                    hint="Read the second source from a position of your own (reader.chunks(ctx, n, after=...)), or in "
+                    "a task of its own", )
+            row = self.tally.row
+            stored = row.reader
+            if stored == current:
+                self._reader = current
+                return
+            progress = row.position is not None or row.processed > 0
+            if stored is not None and progress:
+                raise reader_changed(self.job, self.slot, row.position, row.processed, stored, current)
+            self.session.checkpoints.set_reader(self.fence, text)
+            self.tally.reader_recorded(current)
+            self._reader = current
+        if stored is not None:
+            self.given.log.warning("the slot's row named another reader (%s) but holds no progress: it now names this task's "
+                             "[job=%s slot=%s]", differences(stored, current), self.job, self.slot)
+        elif progress:
+            self.given.log.info("the slot's checkpoint names no reader (written before this release): it now names %s "
+                          "[job=%s slot=%s]", short(current, 300), self.job, self.slot)
+
+
+class InlineWriter(CheckpointWriter):
+    """Writes each checkpoint at once on the attempt's own connection, committing with it whatever
+    the handler wrote there (``ctx.transaction()``): nothing is ever in flight."""
+
+    def __init__(self, store: Store, session: StoreSession, fence: Fence, *, signal: Signal, tally: Tally,
+                 lease: float | None):
+        super().__init__(store, fence, signal=signal, tally=tally, lease=lease)
+        self._session = session
+
+    def submit(self, write: Write) -> None:
+        began = time.perf_counter()
+        request = self._session.checkpoints.save(self.fence, write, self.lease)
+        tally = self.tally
+        tally.save_seconds = time.perf_counter() - began
+        tally.durable = write
+        if request:
+            self._stop_asked(request)
+
+    def flush(self) -> None:
+        return None
+
+    def close(self) -> None:
+        return None
+
+    def _stop_asked(self, request: str) -> None:
+        """A stop request came back with the checkpoint: raise the signal as the lease keeper does,
+        naming who asked (one read, now only). The attempt's connection reads it unless it is lent
+        to the handler (its next chunk's transaction is open there): then a connection of its own."""
+        if self.signal.cancelled:
+            return
+        if self._session.autocommit:
+            raise_request(self.signal, self._session, self.fence, request)
+            return
+        try:
+            with self.store.open(autocommit=True) as session:
+                raise_request(self.signal, session, self.fence, request)
+        except Exception:  # who asked is a courtesy: the stop itself must not wait on it
+            raise_request(self.signal, None, self.fence, request)
+
+
+_PARTITION = re.compile(r"\[\d+\]$")
+
+
+def reader_changed(job: str, slot: str, position: Any, processed: int, stored: Any, current: Any) -> ReaderChanged:
+    """The refusal of a checkpoint written with another reader: both identities, how they differ,
+    and the choices (put the reader back, or start the slot, or its partitioned job, over)."""
+    hint = (f"Put the reader back as it was, then Clear the task: it resumes from its checkpoint. Or start the slot "
+            f"over on purpose with this reader: `airflow resumable restart '{job}' '{slot}'` (or restart=True, or the "
+            "run's conf {\"resumable_restart\": true}), then Clear the task")
+    if _PARTITION.search(job) and isinstance(current, dict) and "range" in current:
+        base = _PARTITION.sub("", job)
+        hint += (f". A partition's range is a range of the plan's reader: when the key or the source changed, "
+                 f"restart the whole job instead: `airflow resumable restart '{base}#plan' '{slot}'`, then Clear the "
+                 "job's tasks in that run (its plan is split anew and every partition starts over)")
+    return ReaderChanged(
+        f"the slot's checkpoint holds positions of another reader than this task's ({differences(stored, current)}): "
+        f"written with {short(stored, 300)}, while this task reads with {short(current, 300)}. Its position "
+        f"{short(position, 60)} ({processed} processed) is a position of the first; read with the second it would skip "
+        "or repeat items, so nothing was read", job=job, slot=slot, stored=stored, current=current, hint=hint)
 
 
 Handler = Callable[[RunContext], Any]

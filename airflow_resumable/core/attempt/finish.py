@@ -2,7 +2,7 @@
 lease, the stored outcome of a slot that was already done, and the :class:`Outcome` returned.
 
 Each is a function of what the attempt has by then: :class:`~airflow_resumable.core.attempt.acquire.Held`
-(the lease) for a slot already done, :class:`~airflow_resumable.core.attempt.after_chunk.Running` once the
+(the lease) for a slot already done, :class:`~airflow_resumable.core.attempt.context.Running` once the
 handler ran.
 """
 
@@ -12,7 +12,7 @@ import dataclasses
 from typing import Any
 
 from airflow_resumable.core.attempt.acquire import Held
-from airflow_resumable.core.attempt.after_chunk import Running
+from airflow_resumable.core.attempt.context import Running
 from airflow_resumable.core.attempt.given import Given, utcnow
 from airflow_resumable.core.attempt.signal import Reason
 from airflow_resumable.core.model.checkpoint import ENCODER, AttemptEnd, Checkpoint, Status, short
@@ -74,7 +74,7 @@ def end(
         StoreUnavailable: the end could not be recorded (see :func:`_end_anew`).
         Exception: the database refused the final write (the row stays ``running`` until its lease expires).
     """
-    session, log = run.session, run.log
+    session, log = run.session, run.given.log
     values: dict[str, Any] = {"status": status, "last_error": error, "stop_reason": stop_reason,
                               "total": run.tally.total, "result": result, "record_id": run.record_id,
                               "resume_in": resume_in, "attempt": run.attempt}
@@ -86,7 +86,7 @@ def end(
     except Exception as exc:
         if session.lost:
             final = _end_anew(run, values, exc, pending=not session.autocommit)
-            run.reporter.on_finish(final)
+            run.given.reporter.on_finish(final)
             return final
         if status is Status.DONE and not session.autocommit and _failed_instead(run, values, exc):
             raise
@@ -96,12 +96,12 @@ def end(
             "could not record status %s%s (%s: %s): the row stays 'running' until its lease expires "
             "(within %gs), and the next attempt resumes from the last checkpoint [job=%s slot=%s attempt=%s]",
             status, f" with error {outward_text(short(error))}" if error else "", type(exc).__name__,
-            outward_text(str(exc)), run.options.lease,
+            outward_text(str(exc)), run.given.options.lease,
             run.job, run.slot, run.attempt,
         )
         raise
     run.final = final
-    run.reporter.on_finish(final)
+    run.given.reporter.on_finish(final)
     return final
 
 
@@ -116,7 +116,7 @@ def _failed_instead(run: Running, values: dict[str, Any], exc: Exception) -> boo
         end(run, Status.FAILED, error=_error_text(exc), stop_reason=values["stop_reason"])
     except Exception:  # the row stays running: said by the caller
         return False
-    run.log.error("could not record status done (%s: %s): the writes since the last checkpoint were rolled "
+    run.given.log.error("could not record status done (%s: %s): the writes since the last checkpoint were rolled "
                   "back and the slot recorded failed; the next attempt resumes from the last checkpoint "
                   "[job=%s slot=%s attempt=%s]", type(exc).__name__, outward_text(str(exc)), run.job, run.slot,
                   run.attempt)
@@ -141,12 +141,12 @@ def _end_anew(run: Running, values: dict[str, Any], exc: Exception, *, pending: 
         LeaseLost: another attempt holds the slot now.
     """
     tried: Status = values["status"]
-    log, fence = run.log, run.fence
+    log, fence = run.given.log, run.fence
     gone = run.gone or run.given.connection_lost(exc)
     if tried is Status.DONE and pending:
         values = {**values, "status": Status.FAILED, "last_error": _error_text(gone), "result": None}
     try:
-        with run.store.open(autocommit=True) as fresh:
+        with run.given.store.open(autocommit=True) as fresh:
             try:
                 final = fresh.checkpoints.finish(fence, **values)
             except LeaseLost:
@@ -164,7 +164,7 @@ def _end_anew(run: Running, values: dict[str, Any], exc: Exception, *, pending: 
             "row stays 'running' until its lease expires (within %gs), and the next attempt resumes from the "
             "last checkpoint [job=%s slot=%s attempt=%s]", values["status"],
             f" with error {outward_text(short(values['last_error']))}" if values["last_error"] else "",
-            outward_text(_error_text(exc, 300)), type(again).__name__, outward_text(str(again)), run.options.lease,
+            outward_text(_error_text(exc, 300)), type(again).__name__, outward_text(str(again)), run.given.options.lease,
             run.job, run.slot, run.attempt,
         )
         raise gone from exc
@@ -178,7 +178,8 @@ def _end_anew(run: Running, values: dict[str, Any], exc: Exception, *, pending: 
 
 def stopped(run: Running, exc: BaseException) -> None:
     """Record how the handler stopped: lease lost, paused, cancelled, or failed (see core/model/states.py)."""
-    tally, signal, log, given = run.tally, run.signal, run.log, run.given
+    tally, given = run.tally, run.given
+    signal, log = given.signal, given.log
     if isinstance(exc, LeaseLost) or signal.reason == Reason.LEASE_LOST:
         _lost(run, exc)
     elif isinstance(exc, Paused):
@@ -213,11 +214,11 @@ def _lost(run: Running, exc: BaseException) -> None:
     """Another attempt owns the slot now: write nothing to the row, only end this attempt's own
     history record."""
     if isinstance(exc, CheckpointDeleted):
-        run.log.error("stopped: %s [attempt=%s]", exc, run.attempt)
-    else:
-        run.log.error(
-            "stopped: another attempt took over this slot's lease; nothing more is written "
-            "[job=%s slot=%s attempt=%s]", run.job, run.slot, run.attempt,
+        run.given.log.error("stopped: %s [attempt=%s]", exc, run.attempt)
+    else:  # the error names the cause: the attempt that holds the lease now, a release, or this one's stall
+        run.given.log.error(
+            "stopped: this attempt lost the slot's lease (%s); nothing more is written [job=%s slot=%s attempt=%s]",
+            outward_text(getattr(exc, "message", None) or str(exc)), run.job, run.slot, run.attempt,
         )
     if run.record_id is None:
         return
@@ -225,7 +226,7 @@ def _lost(run: Running, exc: BaseException) -> None:
         run.session.checkpoints.end_record(run.record_id, AttemptEnd.LEASE_LOST, error=_error_text(exc),
                                            stop_reason=Reason.LEASE_LOST.value)
     except Exception as error:  # the history is a record, never a reason to hide the real outcome
-        run.log.warning("could not record the lost lease in the attempt history\n%s", outward_traceback(error))
+        run.given.log.warning("could not record the lost lease in the attempt history\n%s", outward_traceback(error))
 
 
 def result_text(given: Given, result: Any) -> str | None:

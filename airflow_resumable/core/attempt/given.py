@@ -3,7 +3,7 @@ and store, and the history records and messages every step of it writes.
 
 Nothing here waits for the lease: what exists only once the lease is taken is
 :class:`~airflow_resumable.core.attempt.acquire.Held`, and once the handler runs,
-:class:`~airflow_resumable.core.attempt.after_chunk.Running` (see :mod:`airflow_resumable.core.attempt.runner`).
+:class:`~airflow_resumable.core.attempt.context.Running` (see :mod:`airflow_resumable.core.attempt.runner`).
 """
 
 from __future__ import annotations
@@ -20,15 +20,16 @@ from airflow_resumable.core.attempt.signal import Signal
 from airflow_resumable.core.model.checkpoint import AttemptEnd, AttemptRecord, Checkpoint, Origin, error_text
 from airflow_resumable.core.model.errors import AttemptEnded, ConfigurationError, StoreUnavailable
 from airflow_resumable.core.model.fence import Fence
-from airflow_resumable.core.model.identity import Hooks, Identity
+from airflow_resumable.core.model.identity import Hooks, Identity, Named
 from airflow_resumable.core.model.options import MAX_KEY_BYTES, Options, key_problem
 from airflow_resumable.core.model.outward import outward_text, outward_traceback
 from airflow_resumable.core.stores.base import Store
 
 
-class Given:
+class Given(Named):
     """What one attempt of one (job, slot) is given, none of it optional, and the helpers every
-    step uses. :class:`~airflow_resumable.core.attempt.runner.Attempt` is one."""
+    step uses. :class:`~airflow_resumable.core.attempt.runner.Attempt` holds one (``attempt.given``);
+    its job, slot, try number and owner are its :class:`~airflow_resumable.core.model.identity.Identity`'s."""
 
     def __init__(
         self,
@@ -68,8 +69,6 @@ class Given:
         self.store = store
         self.identity: Identity = identity
         self.hooks: Hooks = hooks or Hooks()
-        # Read on every checkpoint and log line: plain attributes, copied from the frozen identity.
-        self.job, self.slot, self.attempt, self.owner = job, slot, identity.attempt, identity.owner
         self.options = options or Options()
         self.log: Log = log or logging.getLogger("airflow_resumable")
         self.reporter = reporter or Reporter(self.log, interval=self.options.progress_interval)

@@ -3,9 +3,15 @@
 Renewal runs on a separate connection, so it goes on while the handler computes: CPython switches
 threads at least every few milliseconds even in pure-Python loops, and the database drivers release
 the GIL while they wait. When a renewal finds the lease taken over, or cannot renew it for a whole
-lease duration, the keeper raises the run's signal with reason ``lease_lost``; a cancel request left
+lease duration, the keeper raises the run's signal with reason ``lease_lost``, its message naming the
+cause: the attempt that holds the lease now (read off the row and the history), a release, the row
+deleted, or this attempt's own renewals failing for so long (and why). A renewal that waited for
+SQLite's write lock (:class:`~airflow_resumable.core.model.errors.StoreBusy`) does not count: while
+another writer, or this attempt's own chunk, holds that lock nobody can take the lease over, and every
+checkpoint renews the lease in its own fenced write (so a chunk that held the lock past the lease
+renews it as it commits); a cancel request left
 on the row (``superseded``, ``user``) is raised the same way. The checkpoint's own statement reads
-the same request (:meth:`~airflow_resumable.core.stores.checkpoint_writes.Checkpoints.save`), so a
+the same request (:meth:`~airflow_resumable.core.stores.checkpoints.Checkpoints.save`), so a
 request reaches the holder with its next checkpoint or its next heartbeat, whichever comes first:
 the heartbeat matters for a chunk that runs long. A ``handover`` (a newer try of the task instance
 waits for the slot) is the exception: only the checkpoint acts on it, so that one the newer try took
@@ -28,11 +34,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from airflow_resumable.core.attempt.signal import Reason, Signal
-from airflow_resumable.core.model.errors import CheckpointDeleted, LeaseLost
+from airflow_resumable.core.attempt.signal import Reason, Signal, raise_request
+from airflow_resumable.core.model.checkpoint import error_text
+from airflow_resumable.core.model.errors import LeaseLost, StoreBusy
 from airflow_resumable.core.model.fence import Fence
 from airflow_resumable.core.model.options import heartbeat_interval
-from airflow_resumable.core.model.states import AttemptEnd
 from airflow_resumable.core.stores.base import Store
 
 #: A stop source: returns ``(reason, message)`` when the run must stop, None otherwise. It must be
@@ -133,9 +139,18 @@ class LeaseKeeper:
                 except LeaseLost as exc:
                     if self._stop.is_set():  # the attempt is ending: its own end released the lease
                         return
-                    self.signal.cancel(Reason.LEASE_LOST, exc.message if isinstance(exc, CheckpointDeleted)
-                                       else "another attempt took over this slot's lease")
+                    # The store's error names what happened: the row deleted, released, or the attempt
+                    # that holds the lease now; and this keeper says how long it had gone unrenewed.
+                    self.signal.cancel(Reason.LEASE_LOST, exc.message + self._unrenewed(last_ok))
                     return
+                except StoreBusy as exc:
+                    # SQLite's write lock is another writer's (or this attempt's own chunk's): nobody
+                    # can take the lease over while it is held, so the wait does not count against it.
+                    self.errors += 1
+                    self.last_error = exc
+                    if self._stop.is_set():
+                        return
+                    continue
                 except Exception as exc:  # the database blinked: retry until the lease would expire
                     self.errors += 1
                     self.last_error = exc
@@ -147,12 +162,15 @@ class LeaseKeeper:
                     if time.monotonic() - last_ok >= self.lease_seconds:
                         self.signal.cancel(
                             Reason.LEASE_LOST,
-                            f"could not renew the lease for {self.lease_seconds:g}s: {type(exc).__name__}",
+                            f"this attempt could not renew its lease for {time.monotonic() - last_ok:.0f}s (lease "
+                            f"{self.lease_seconds:g}s; {error_text(exc, 300)}); another "
+                            "attempt may take the slot over, so this one writes nothing more",
                         )
                         return
                     continue
                 self.beats += 1
                 last_ok = time.monotonic()
+                self.last_error = None  # what failed before this renewal says nothing of a later stall
                 # A handover is acted on at the next checkpoint only, where its statement reads that
                 # it still stands (the newer try that asked takes it back when it gives up waiting).
                 if request and request != Reason.HANDOVER.value:
@@ -162,47 +180,13 @@ class LeaseKeeper:
                 session.close()
 
 
-#: The stop requests a person makes, by the reason the holder reads, and their history's outcome.
-_ASKED = {Reason.PAUSED.value: ("pause", AttemptEnd.PAUSE_REQUESTED),
-          Reason.REQUESTED.value: ("cancel", AttemptEnd.CANCEL_REQUESTED)}
-
-
-def request_message(reason: str, by: str | None) -> str:
-    """How a stop request reads on the row (``last_error``) and in the log: ``cancel requested by
-    alice``, naming who asked (the UI's user, the CLI's ``--by``); a request whose author is unknown
-    names the ways one is made."""
-    if reason == Reason.HANDOVER.value:
-        return ("a newer try of this task instance waits for the slot (Airflow gave the task instance to it): "
-                "handing the slot over with the checkpoint")
-    if reason not in _ASKED:
-        return f"{reason}: requested through the checkpoint row"
-    what = _ASKED[reason][0]
-    return f"{what} requested by {by}" if by else f"{what} requested through the control API (CLI, UI or REST)"
-
-
-def raise_request(signal: Signal, session: Any, fence: Fence, request: str) -> bool:
-    """Raise the run's ``signal`` for a stop ``request`` read off the slot's row (by a heartbeat or
-    by a checkpoint's own statement: whichever comes first), with the message that names who asked
-    (one read on ``session``, only now). Returns False when the signal was raised already."""
-    if signal.cancelled:
-        return False
-    if request == Reason.LEASE_LOST.value:  # only a run gives it; on the row it was written by hand or a program
-        # The write that read it proved the lease is this attempt's: a cancel, not a lost lease (which
-        # would stop without writing anything, and leave the row running under a lease nobody renews).
-        return signal.cancel(Reason.REQUESTED.value, "cancelled: the checkpoint row asked to stop with the reason "
-                             "'lease_lost', which only a run gives itself (the row was edited by hand or by a "
-                             "program); this attempt still held the lease")
-    return signal.cancel(request, request_message(request, _who_asked(session, fence, request)))
-
-
-def _who_asked(session: Any, fence: Fence, reason: str) -> str | None:
-    """Who made the stop request, from the slot's history: one read, only when a request arrives.
-    None when unknown (a request a program wrote on the row, no session to read with, or the read
-    failed)."""
-    if reason not in _ASKED or session is None:
-        return None
-    try:
-        return session.listings.requested_by(fence.job, fence.slot, _ASKED[reason][1])
-    except Exception:  # who asked is a courtesy: the stop itself must not wait on it
-        return None
-
+    def _unrenewed(self, last_ok: float) -> str:
+        """``; this attempt had not renewed it for 40s (the store was busy: ...)``, when the lease
+        went unrenewed for longer than a lease before it was found taken; else nothing."""
+        gap = time.monotonic() - last_ok
+        if gap < self.lease_seconds:
+            return ""
+        why = f" ({error_text(self.last_error, 300)})" if self.last_error else ""
+        if isinstance(self.last_error, StoreBusy):
+            why = f" (the store was busy: {error_text(self.last_error, 300)})"
+        return f"; this attempt had not renewed it for {gap:.0f}s (lease {self.lease_seconds:g}s){why}"

@@ -19,8 +19,9 @@ that changes, and what it keeps:
 * **the end waits**: the attempt's final status (``done``, ``cancelled``, ``failed``) is written
   after the write in flight finished, so ``done`` always follows the last checkpoint.
 
-Without pipelining, :class:`InlineWriter` writes each checkpoint at once on the attempt's own
-connection (with the writes the handler made through ``ctx.transaction()``). With it, two writers do it:
+Without pipelining, :class:`~airflow_resumable.core.attempt.context.InlineWriter` writes each
+checkpoint at once on the attempt's own connection (with the writes the handler made through
+``ctx.transaction()``). With it, two writers do it:
 
 * on PostgreSQL with psycopg2, :class:`NoWaitWriter`: the connection is in psycopg2's asynchronous
   mode, so sending the UPDATE returns at once, on the handler's own thread, and the next checkpoint
@@ -38,30 +39,26 @@ checkpoint, on the attempt's own connection, and a pipelined checkpoint commits 
 from __future__ import annotations
 
 import abc
-import time
-from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from airflow_resumable.core.attempt.lease import raise_request
-from airflow_resumable.core.attempt.signal import Reason, Signal
+from airflow_resumable.core.attempt.signal import Reason, Signal, raise_request
 from airflow_resumable.core.attempt.tally import Tally
 from airflow_resumable.core.model.checkpoint import Write
 from airflow_resumable.core.model.errors import LeaseLost
 from airflow_resumable.core.model.fence import Fence
 from airflow_resumable.core.stores.base import Store, StoreSession
-from airflow_resumable.core.stores.checkpoint_writes import pending_stop
+from airflow_resumable.core.stores.checkpoints import NoWaitSaves, pending_stop
 from airflow_resumable.core.stores.connection import save_rejected
-from airflow_resumable.core.stores.prepared import PreparedStatement
 
 #: The writer thread's name starts with this (tests and debuggers tell it apart by it).
 THREAD_PREFIX = "resumable-checkpoint-writer"
 
-_LOST = "another attempt took over this slot's lease (a checkpoint was rejected)"
+_LOST = "a checkpoint was rejected: the slot's lease is no longer this attempt's"
 
 
 def checkpoint_writer(
-    store: Store, session: StoreSession, fence: Fence, *, signal: Signal, tally: Tally
+    store: Store, session: StoreSession, fence: Fence, *, signal: Signal, tally: Tally, lease: float | None
 ) -> CheckpointWriter:
     """The writer for one attempt's pipelined checkpoints: :class:`NoWaitWriter` where the store's
     driver can send without waiting, else :class:`ThreadWriter`. Its connection opens now and
@@ -72,25 +69,29 @@ def checkpoint_writer(
     """
     conn = store.connect_nowait(like=session.conn)
     if conn is None:
-        return ThreadWriter(store, fence, signal=signal, tally=tally)
-    return NoWaitWriter(store, session, conn, fence, signal=signal, tally=tally)
+        return ThreadWriter(store, fence, signal=signal, tally=tally, lease=lease)
+    return NoWaitWriter(store, session, conn, fence, signal=signal, tally=tally, lease=lease)
 
 
 class CheckpointWriter(abc.ABC):
     """Writes one attempt's checkpoints while its handler goes on, one in flight at most."""
 
-    def __init__(self, store: Store, fence: Fence, *, signal: Signal, tally: Tally):
+    def __init__(self, store: Store, fence: Fence, *, signal: Signal, tally: Tally, lease: float | None):
         self.store = store
         #: The lease every checkpoint of the attempt names.
         self.fence = fence
         self.signal = signal
         #: The attempt's progress: the writer sets its ``durable`` once a checkpoint is committed.
         self.tally = tally
+        #: Seconds each checkpoint renews the lease by (the attempt's ``lease`` option), in its own
+        #: fenced write: a holder whose keeper waited behind SQLite's write lock keeps its lease.
+        self.lease = lease
 
     @abc.abstractmethod
     def submit(self, write: Write) -> None:
-        """Write a checkpoint: at once (:class:`InlineWriter`), or handed over after the previous one
-        is committed, returning without waiting for it (the pipelined writers).
+        """Write a checkpoint: at once (:class:`~airflow_resumable.core.attempt.context.InlineWriter`),
+        or handed over after the previous one is committed, returning without waiting for it (the
+        pipelined writers).
 
         Raises:
             LeaseLost: this checkpoint (inline) or the previous one (pipelined) found the lease taken
@@ -117,103 +118,32 @@ class CheckpointWriter(abc.ABC):
         return save_rejected(self.fence.job, self.fence.slot)
 
 
-class InlineWriter(CheckpointWriter):
-    """Writes each checkpoint at once on the attempt's own connection, committing with it whatever
-    the handler wrote there (``ctx.transaction()``): nothing is ever in flight."""
-
-    def __init__(self, store: Store, session: StoreSession, fence: Fence, *, signal: Signal, tally: Tally):
-        super().__init__(store, fence, signal=signal, tally=tally)
-        self._session = session
-
-    def submit(self, write: Write) -> None:
-        began = time.perf_counter()
-        request = self._session.checkpoints.save(self.fence, write)
-        tally = self.tally
-        tally.save_seconds = time.perf_counter() - began
-        tally.durable = write
-        if request:
-            self._stop_asked(request)
-
-    def flush(self) -> None:
-        return None
-
-    def close(self) -> None:
-        return None
-
-    def _stop_asked(self, request: str) -> None:
-        """A stop request came back with the checkpoint: raise the signal as the lease keeper does,
-        naming who asked (one read, now only). The attempt's connection reads it unless it is lent
-        to the handler (its next chunk's transaction is open there): then a connection of its own."""
-        if self.signal.cancelled:
-            return
-        if self._session.autocommit:
-            raise_request(self.signal, self._session, self.fence, request)
-            return
-        try:
-            with self.store.open(autocommit=True) as session:
-                raise_request(self.signal, session, self.fence, request)
-        except Exception:  # who asked is a courtesy: the stop itself must not wait on it
-            raise_request(self.signal, None, self.fence, request)
-
-
 class NoWaitWriter(CheckpointWriter):
-    """Sends each checkpoint on a connection that does not wait for the answer, and collects the
-    answer when the next checkpoint (or the attempt's end) comes: all on the handler's thread."""
+    """Sends each checkpoint on a connection that does not wait for the answer
+    (:class:`~airflow_resumable.core.stores.checkpoints.NoWaitSaves`), and collects the answer when
+    the next checkpoint (or the attempt's end) comes: all on the handler's thread."""
 
-    def __init__(self, store: Store, session: StoreSession, conn: Any, fence: Fence, *, signal: Signal, tally: Tally):
-        super().__init__(store, fence, signal=signal, tally=tally)
-        self._statement: Callable[..., tuple[str, dict[str, Any]]] = session.checkpoints.save_statement
+    def __init__(self, store: Store, session: StoreSession, conn: Any, fence: Fence, *, signal: Signal, tally: Tally,
+                 lease: float | None):
+        super().__init__(store, fence, signal=signal, tally=tally, lease=lease)
         #: The attempt's own session (autocommit: a pipelined attempt lends no transaction): who
         #: asked for a stop a checkpoint returned is read there.
         self._session = session
-        self._like = session.conn
-        self._conn: Any = conn
-        self._connected = False
-        self._prepared: PreparedStatement | None = None  # made with the first statement (its text)
-        #: the write in flight: its cursor, the checkpoint it saves, what was sent and its
-        #: parameters (sent again as text when the server process lost the prepared statement)
-        self._pending: tuple[Any, Write, str, dict[str, Any]] | None = None
+        self._saves = NoWaitSaves(store, session, conn)
+        #: The checkpoint in flight.
+        self._pending: Write | None = None
 
     def submit(self, write: Write) -> None:
         self.flush()
-        sql, params = self._statement(self.fence, write)
-        try:
-            if self._conn is None:  # the last one broke: start another
-                self._conn = self.store.connect_nowait(like=self._like)
-            if not self._connected:
-                self.store.wait(self._conn, connecting=True)
-                self._connected = True
-            if self._prepared is None or self._prepared.plain is not sql:
-                self._prepared = PreparedStatement(sql, enabled=self.store.dialect.prepares)
-            text = self._prepared.text(autocommit=True)  # this connection is never in a transaction
-            cur = self._conn.cursor()
-            cur.execute(text, params)
-        except Exception:
-            self._discard()
-            raise
-        self._pending = (cur, write, text, params)
+        self._saves.send(self.fence, write, self.lease)
+        self._pending = write
 
     def flush(self) -> None:
-        pending, self._pending = self._pending, None
-        if pending is None:
+        saved, self._pending = self._pending, None
+        if saved is None:
             return
-        cur, saved, text, params = pending
-        try:
-            try:
-                self.store.wait(self._conn)
-            except Exception as exc:
-                if self._prepared is None or not self._prepared.gone(exc, text):
-                    raise
-                cur.execute(self._prepared.plain, params)  # the failed EXECUTE changed nothing
-                self.store.wait(self._conn)
-            else:
-                if self._prepared is not None:
-                    self._prepared.sent(text)
-            rows = cur.fetchall()
-        except Exception:
-            self._discard()  # a broken connection: the next write opens a new one
-            raise
-        if cur.rowcount != 1:
+        rows, matched = self._saves.answer()
+        if matched != 1:
             raise self._lost()
         self.tally.durable = saved
         request = pending_stop(rows)
@@ -225,24 +155,15 @@ class NoWaitWriter(CheckpointWriter):
             self.flush()
         except Exception:  # a lost lease is on the signal; anything else the attempt's ending reports
             pass
-        self._discard()
-
-    def _discard(self) -> None:
-        self._pending = None
-        self._prepared = None  # a new connection prepares again
-        conn, self._conn, self._connected = self._conn, None, False
-        if conn is not None:
-            try:
-                conn.close()
-            except Exception:  # pragma: no cover - closing a broken connection
-                pass
+        self._saves.close()
 
 
 class ThreadWriter(CheckpointWriter):
     """Writes one attempt's checkpoints on its own thread and connection."""
 
-    def __init__(self, store: Store, fence: Fence, *, signal: Signal, tally: Tally):
-        super().__init__(store, fence, signal=signal, tally=tally)
+    def __init__(self, store: Store, fence: Fence, *, signal: Signal, tally: Tally,
+                 lease: float | None):
+        super().__init__(store, fence, signal=signal, tally=tally, lease=lease)
         # One thread: the session is opened, used and closed on it (SQLite connections belong to
         # the thread that opened them).
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=THREAD_PREFIX)
@@ -275,10 +196,11 @@ class ThreadWriter(CheckpointWriter):
     def _write(self, write: Write) -> None:
         if self._session is None:
             self._session = self.store.session(autocommit=True)
+            self._session.wait_for_writers()
         try:
-            request = self._session.checkpoints.save(self.fence, write)
-        except LeaseLost:
-            self.signal.cancel(Reason.LEASE_LOST, _LOST)
+            request = self._session.checkpoints.save(self.fence, write, self.lease)
+        except LeaseLost as exc:  # it names who holds the lease now
+            self.signal.cancel(Reason.LEASE_LOST, exc.message)
             raise
         except Exception:
             self._close()  # a broken connection: the next write opens a new one

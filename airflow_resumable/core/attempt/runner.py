@@ -8,11 +8,11 @@
 3. apply the overlap policy against the job's other live slots;
 4. decide between resume, start over (the slot was ``done``) and restart (asked for on purpose);
 5. make the running part, one object none of whose parts is None
-   (:class:`~airflow_resumable.core.attempt.after_chunk.Running`: tally, context, lease keeper, writer), and
+   (:class:`~airflow_resumable.core.attempt.context.Running`: tally, context, lease keeper, writer), and
    run the handler with its :class:`~airflow_resumable.core.attempt.context.RunContext`, the lease renewed
    by a :class:`~airflow_resumable.core.attempt.lease.LeaseKeeper` thread; each ``ctx.checkpoint()`` is
    one call, ``after_chunk``: save (fenced by the lease), *then* report progress, *then* check
-   the signal (core/attempt/after_chunk.py); progress is kept in one place (core/attempt/tally.py);
+   the signal (core/attempt/context.py); progress is kept in one place (core/attempt/tally.py);
 6. record how it ended (``done``, ``failed``, ``cancelled`` with the reason) and release the lease.
 
 The class operator, the chunked operator and ``@task.resumable`` all run this; the chunked loop
@@ -24,13 +24,21 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, ClassVar
 
-from airflow_resumable.core.attempt.acquire import begin, overlap, pending_cancel, release, take_lease, why_run_again
-from airflow_resumable.core.attempt.after_chunk import Running
-from airflow_resumable.core.attempt.context import RunContext
+from airflow_resumable.core.attempt.acquire import (
+    begin,
+    overlap,
+    pending_cancel,
+    pending_pause,
+    release,
+    take_lease,
+    why_run_again,
+)
+from airflow_resumable.core.attempt.context import RunContext, Running
 from airflow_resumable.core.attempt.finish import Outcome, already_done, end, result_text, stopped
 from airflow_resumable.core.attempt.given import Given
 from airflow_resumable.core.attempt.lease import LeaseKeeper
-from airflow_resumable.core.attempt.signal import Reason
+from airflow_resumable.core.attempt.reporter import Log, Reporter
+from airflow_resumable.core.attempt.signal import Reason, Signal
 from airflow_resumable.core.model.checkpoint import Checkpoint, Status
 from airflow_resumable.core.model.errors import (
     Cancelled,
@@ -40,11 +48,10 @@ from airflow_resumable.core.model.errors import (
     LeaseLost,
     OverlapSkip,
     OverlapWait,
-    Paused,
     ResumableError,
     StoreUnavailable,
 )
-from airflow_resumable.core.model.identity import Hooks, Identity
+from airflow_resumable.core.model.identity import Hooks, Identity, Named
 from airflow_resumable.core.model.observe import AttemptFacts
 from airflow_resumable.core.model.options import (  # re-exported: the core's public names
     MAX_KEY_BYTES,
@@ -58,8 +65,8 @@ from airflow_resumable.core.model.options import (  # re-exported: the core's pu
     key_problem,
     validate_options,
 )
-from airflow_resumable.core.model.states import Request, check, status_of
-from airflow_resumable.core.stores.base import StoreSession
+from airflow_resumable.core.model.states import check, status_of
+from airflow_resumable.core.stores.base import Store, StoreSession
 
 __all__ = [
     "MAX_KEY_BYTES", "MAX_LEASE", "MAX_SECONDS", "MIN_LEASE", "OVERLAP_POLICIES", "Attempt", "Hooks", "Identity",
@@ -68,15 +75,15 @@ __all__ = [
 ]
 
 
-class Attempt(Given):
+class Attempt(Named):
     """One attempt of one (job, slot): ``Attempt(store, Identity(...), hooks=..., options=...)``, then
     :meth:`run` once.
 
-    What it is given (:class:`~airflow_resumable.core.attempt.given.Given`) is all it has until it
-    takes the lease; then :class:`~airflow_resumable.core.attempt.acquire.Held`, and once the handler
+    What it is given (:attr:`given`, a :class:`~airflow_resumable.core.attempt.given.Given`: the
+    arguments, checked) is all it has until it takes the lease; then :class:`~airflow_resumable.core.attempt.acquire.Held`, and once the handler
     begins, :attr:`running`. The steps are functions of those values: the start
     (:mod:`~airflow_resumable.core.attempt.acquire`), the one step after each chunk
-    (:mod:`~airflow_resumable.core.attempt.after_chunk`) and the end (:mod:`~airflow_resumable.core.attempt.finish`).
+    (:mod:`~airflow_resumable.core.attempt.context`) and the end (:mod:`~airflow_resumable.core.attempt.finish`).
     """
 
     #: Set by the embedding before :meth:`run`: keep the attempt's connection open after a
@@ -91,6 +98,19 @@ class Attempt(Given):
     running_type: ClassVar[type[Running]] = Running
     #: The row of a slot found already done (the handler did not run).
     _done: Checkpoint | None = None
+
+    def __init__(self, store: Store, identity: Identity, *, hooks: Hooks | None = None, options: Options | None = None,
+                 reporter: Reporter | None = None, log: Log | None = None, heartbeat: float | None = None):
+        """See the class docstring; the arguments are :class:`~airflow_resumable.core.attempt.given.Given`'s
+        (its Raises too)."""
+        self.given = Given(store, identity, hooks=hooks, options=options, reporter=reporter, log=log,
+                           heartbeat=heartbeat)
+        self.identity = self.given.identity
+
+    @property
+    def signal(self) -> Signal:
+        """The attempt's cancellation token: the embedding cancels the run through it (SIGTERM, a drain)."""
+        return self.given.signal
 
     def run(self, handler: Callable[[RunContext], Any]) -> Outcome:
         """Run ``handler(ctx)`` from the slot's last checkpoint.
@@ -114,22 +134,23 @@ class Attempt(Given):
                 slot=self.slot,
                 hint="Pass a function taking the run context: handler=fn, where def fn(ctx): ...",
             )
-        if self.options.timeout is not None:
-            self.signal.fire_after(self.options.timeout)
+        if self.given.options.timeout is not None:
+            self.given.signal.fire_after(self.given.options.timeout)
         # Autocommit until the handler asks for ctx.transaction(): a checkpoint is then one
         # statement, one round trip.
         try:
-            session = self.store.session(autocommit=True)
+            session = self.given.store.session(autocommit=True)
         except StoreUnavailable as exc:
             exc.naming(self.job, self.slot)  # the store names the database, the attempt its job and slot
             raise
+        session.wait_for_writers()  # SQLite: another partition's long chunk is waited for, not failed on
         try:
             outcome = self._run_on(session, handler)
         except BaseException as exc:
             if isinstance(exc, StoreUnavailable):  # raised deep in the store: name the attempt
                 exc.naming(self.job, self.slot)
             gone = (self.running.gone if self.running is not None else None) or (
-                self.connection_lost(exc) if session.lost else None)
+                self.given.connection_lost(exc) if session.lost else None)
             session.close()
             if gone is not None and gone is not exc and not isinstance(exc, ResumableError | Cancelled):
                 raise gone from exc  # lost before the handler ran (or its end was recorded anew)
@@ -143,42 +164,43 @@ class Attempt(Given):
     def _run_on(self, session: StoreSession, handler: Callable[[RunContext], Any]) -> Outcome:
         """:meth:`run` on the attempt's open session: the steps of the module docstring, in order."""
         session.ensure_schema()
-        held = take_lease(self, session)
+        held = take_lease(self.given, session)
         try:
             status = status_of(held.row.status, job=self.job, slot=self.slot)
             check(status, Status.RUNNING, job=self.job, slot=self.slot)
         except CorruptCheckpoint:
             release(held)  # leave the hand-edited row as it was
             raise
-        rerun_because = why_run_again(self, held) if status is Status.DONE else None
+        rerun_because = why_run_again(self.given, held) if status is Status.DONE else None
         if status is Status.DONE and rerun_because is None:
-            outcome = already_done(self, held)
+            outcome = already_done(self.given, held)
             self._done = outcome.checkpoint
             return outcome
         try:
-            overlap(self, held)
+            overlap(self.given, held)
         except (OverlapSkip, OverlapWait):
             raise  # the lease was given back, with the skip in the history
         except BaseException:
             _release_quietly(held)  # nothing started: do not hold the slot until the lease runs out
             raise
         try:
-            begun = begin(self, held, rerun_because)
+            begun = begin(self.given, held, rerun_because)
         except BaseException:
             release(held)  # nothing started: do not hold the slot
             raise
-        run = self.running = self.running_type(self, held, begun)
-        self.reporter.on_start(begun.row, resumed=begun.resumed)
+        run = self.running = self.running_type(self.given, held, begun)
+        self.given.reporter.on_start(begun.row, resumed=begun.resumed)
         run.keeper.start()
         try:
             run.pipeline()  # with pipeline_checkpoints: connects while the first chunk runs
             if begun.row.cancel_request or held.stopped_for:  # accepted, but the attempt it was meant for ended first
                 raise pending_cancel(session, begun.row, waited_for=held.stopped_for)
-            if begun.row.request == Request.PAUSE:  # asked before this attempt started: pause before any work
-                raise Paused(Reason.PAUSED.value, f"pause requested by {begun.row.requested_by or '?'}")
+            paused = pending_pause(held, begun)  # asked before this attempt started, or met while it waited
+            if paused is not None:
+                raise paused
             result = run.call(handler)
             if run.stop_delivered is not None:  # caught by the handler, which returned: its work is not done
-                self.log.warning(
+                self.given.log.warning(
                     "the handler caught the stop its checkpoint raised (%s: %s) and returned: the attempt ends "
                     "stopped, not done, and the retry resumes from the last checkpoint; let Cancelled propagate "
                     "[job=%s slot=%s]", type(run.stop_delivered).__name__, run.stop_delivered, self.job, self.slot)
@@ -187,14 +209,14 @@ class Attempt(Given):
             # caught and went on from) or a transaction that is not the chunk's: fail, the retry redoes them.
             session.check_loan()
             # Fails here, before "done", when the value could not be kept (nor given back later).
-            text = result_text(self, result)
+            text = result_text(self.given, result)
             run.flush()  # "done" follows the last checkpoint: wait for a pipelined one in flight
         except BaseException as exc:
             run.quiesce()  # the unfinished chunk's writes go with it
             if session.lost and isinstance(exc, Exception) and not isinstance(exc, ResumableError | Cancelled):
                 # The driver's error (or the handler's, over it) says less than what happened: the
                 # connection is gone, and every write since the last checkpoint with it.
-                run.gone = self.connection_lost(exc)
+                run.gone = self.given.connection_lost(exc)
             stop = run.gone or exc
             deleted = _deleted(run, stop)
             self._stopped(run, deleted or stop)  # through a new connection when this one is lost
@@ -203,7 +225,7 @@ class Attempt(Given):
             if stop is not exc:
                 raise stop from exc
             raise
-        if self.signal.reason == Reason.LEASE_LOST:  # lost after the handler's last checkpoint
+        if self.given.signal.reason == Reason.LEASE_LOST:  # lost after the handler's last checkpoint
             run.quiesce()
             lost = LeaseLost("the lease was lost while the handler ran", job=self.job, slot=self.slot)
             lost = _deleted(run, lost) or lost
@@ -232,7 +254,7 @@ class Attempt(Given):
         Before the lease is taken it knows its identity only; after its end, the final row's figures."""
         run = self.running
         row = self._done if run is None else (run.final or run.tally.row)
-        lost = self.signal.reason == Reason.LEASE_LOST.value
+        lost = self.given.signal.reason == Reason.LEASE_LOST.value
         return AttemptFacts(
             job=self.job, slot=self.slot, attempt=self.attempt,
             status="lease_lost" if lost else (row.status if row is not None else "starting"),

@@ -9,6 +9,9 @@ boundaries (``signal.cancelled``, ``signal.raise_if_cancelled()``) or sleep on i
 lock, so it cannot deadlock against the code it interrupted. From any other thread it also wakes
 ``wait()``. On every thread it calls the functions given to :meth:`Signal.on_cancel` (an async
 handler's watcher wakes so).
+
+A stop request a person left on the slot's row (a pause, a cancel) reaches the holder as this signal:
+:func:`raise_request`, called by whichever reads it first, the checkpoint's own statement or a heartbeat.
 """
 
 from __future__ import annotations
@@ -16,9 +19,11 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 from airflow_resumable.core.model.errors import Cancelled, LeaseLost, Paused
-from airflow_resumable.core.model.states import Reason
+from airflow_resumable.core.model.fence import Fence
+from airflow_resumable.core.model.states import AttemptEnd, Reason
 
 #: How often ``wait()`` re-reads the flag when woken by nothing (a cancel from the main thread,
 #: or a signal handler, does not wake the event).
@@ -113,7 +118,7 @@ class Signal:
         """
         if self.cancelled:
             if self._reason == Reason.LEASE_LOST:
-                raise LeaseLost(self._message or "another attempt took over this slot's lease")
+                raise LeaseLost(self._message or "the slot's lease is no longer this attempt's")
             if self._reason == Reason.PAUSED:
                 raise Paused(Reason.PAUSED.value, self._message)
             raise Cancelled(self._reason or "", self._message)
@@ -173,3 +178,52 @@ class Signal:
 
     def __repr__(self) -> str:
         return f"Signal(cancelled={self.cancelled}, reason={self._reason!r})"
+
+
+# -- a stop request read off the slot's row ------------------------------------------------------
+
+
+#: The stop requests a person makes, by the reason the holder reads, and their history's outcome.
+_ASKED = {Reason.PAUSED.value: ("pause", AttemptEnd.PAUSE_REQUESTED),
+          Reason.REQUESTED.value: ("cancel", AttemptEnd.CANCEL_REQUESTED)}
+
+
+def request_message(reason: str, by: str | None) -> str:
+    """How a stop request reads on the row (``last_error``) and in the log: ``cancel requested by
+    alice``, naming who asked (the UI's user, the CLI's ``--by``); a request whose author is unknown
+    names the ways one is made."""
+    if reason == Reason.HANDOVER.value:
+        return ("a newer try of this task instance waits for the slot (Airflow gave the task instance to it): "
+                "handing the slot over with the checkpoint")
+    if reason not in _ASKED:
+        return f"{reason}: requested through the checkpoint row"
+    what = _ASKED[reason][0]
+    return f"{what} requested by {by}" if by else f"{what} requested through the control API (CLI, UI or REST)"
+
+
+def raise_request(signal: Signal, session: Any, fence: Fence, request: str) -> bool:
+    """Raise the run's ``signal`` for a stop ``request`` read off the slot's row (by a heartbeat or
+    by a checkpoint's own statement: whichever comes first), with the message that names who asked
+    (one read on ``session``, only now). Returns False when the signal was raised already."""
+    if signal.cancelled:
+        return False
+    if request == Reason.LEASE_LOST.value:  # only a run gives it; on the row it was written by hand or a program
+        # The write that read it proved the lease is this attempt's: a cancel, not a lost lease (which
+        # would stop without writing anything, and leave the row running under a lease nobody renews).
+        return signal.cancel(Reason.REQUESTED.value, "cancelled: the checkpoint row asked to stop with the reason "
+                             "'lease_lost', which only a run gives itself (the row was edited by hand or by a "
+                             "program); this attempt still held the lease")
+    return signal.cancel(request, request_message(request, _who_asked(session, fence, request)))
+
+
+def _who_asked(session: Any, fence: Fence, reason: str) -> str | None:
+    """Who made the stop request, from the slot's history: one read, only when a request arrives.
+    None when unknown (a request a program wrote on the row, no session to read with, or the read
+    failed)."""
+    if reason not in _ASKED or session is None:
+        return None
+    try:
+        return session.requests.requested_by(fence.job, fence.slot, _ASKED[reason][1])
+    except Exception:  # who asked is a courtesy: the stop itself must not wait on it
+        return None
+

@@ -54,7 +54,8 @@ from airflow_resumable.core.stores.base import Store, StoreSession
 from airflow_resumable.core.stores.shared_sql import ANY_OWNER
 
 __all__ = ["ReplayReport", "never_skipped", "replay", "replay_requested", "request_retry", "retry_note", "retry_offered",
-           "skip_item", "skip_limit_check", "skip_on_check", "skip_on_problem"]
+           "skip_item", "skip_limit_check", "skip_on_check", "skip_on_problem", "withdraw_note", "withdraw_offered",
+           "withdraw_retry", "withdraw_retry_in"]
 
 #: The longest ``repr`` kept of an item that has no JSON form.
 _REPR_LIMIT = 10_000
@@ -98,7 +99,8 @@ def skip_item(
 ) -> int:
     """Record ``item`` (at ``position``) as skipped because of ``error``; return the slot's count.
 
-    An item already recorded (a retry met it again) is not recorded twice and not counted again.
+    An item already recorded (a retry met it again) is not recorded twice and not counted again:
+    its row then shows this attempt and this error (the latest try that failed it).
 
     Raises:
         SkipLimitExceeded: ``limit`` items of the slot are skipped already; this one is not recorded.
@@ -107,7 +109,11 @@ def skip_item(
     text = encode(position, what="position of the skipped item", job=job, slot=slot)
     known, count = session.skips.status(job, slot, text)
     if known:
-        log.info("the item at position %s was skipped before; still skipped [job=%s slot=%s]", text, job, slot)
+        value, form = _as_json(item)
+        session.skips.record(DeadLetter(job=job, slot=slot, position=position, item=value, item_format=form,
+                                        error=error_text(error), attempt=attempt))
+        log.info("the item at position %s was skipped before and failed again (%s); still skipped, now naming "
+                 "attempt %s [job=%s slot=%s]", text, outward_text(error_text(error, 300)), attempt, job, slot)
         return count
     if count >= limit:
         raise SkipLimitExceeded(
@@ -117,8 +123,8 @@ def skip_item(
             job=job,
             slot=slot,
             hint="Fix the data or the processing (or raise skip_limit), then Clear the task: it resumes from the "
-            "checkpoint. See the skipped items with airflow_resumable.control.dead_letters(job, slot) (or the CLI), or SELECT * FROM "
-            "resumable_dead_letters",
+            "checkpoint. See the skipped items with `airflow resumable skipped list JOB SLOT` or "
+            "airflow_resumable.control.dead_letters(job, slot) (they are rows of the table resumable_dead_letters)",
         ) from error
     value, form = _as_json(item)
     session.skips.record(DeadLetter(job=job, slot=slot, position=position, item=value, item_format=form,
@@ -216,6 +222,23 @@ def retry_note(row: Checkpoint | None, replayable: int, pending: int) -> str:
     return "Not now: the slot has no skipped item that can be replayed (none, or only items kept as repr)."
 
 
+def withdraw_offered(row: Checkpoint | None, pending: int) -> bool:
+    """Whether the slot would take the withdrawal of a retry of its skipped items now: ``pending``
+    (> 0) items wait for it and no attempt runs it."""
+    return row is not None and pending > 0 and not _live(row)
+
+
+def withdraw_note(row: Checkpoint | None, pending: int) -> str:
+    """What withdrawing the slot's pending retry would do now, or why it is refused (the UI's tooltip)."""
+    if not pending:
+        return "Not now: no retry of its skipped items is pending."
+    if row is not None and _live(row):
+        return ("Not now: the slot is running: it may be replaying them. Wait for the run to end: it replays them, "
+                "or puts back those it did not.")
+    return (f"Puts its {pending} item(s) waiting for a retry back to skipped, their errors as they were (a retry no run "
+            "will carry out, or asked by mistake); a retry can be asked again.")
+
+
 def request_retry(store: Store, job: str, slot: str, *, by: str) -> int:
     """Ask the slot's next attempt to replay its skipped items through the task's own code.
 
@@ -242,29 +265,92 @@ def request_retry_in(session: StoreSession, job: str, slot: str, *, by: str,
         SlotNotFound / RequestRefused: as :func:`request_retry`; nothing changed.
         OwnerChanged: another DAG's task took the slot over since ``checked`` was read; nothing changed.
     """
+    row = _requested_row(session, job, slot, checked, why_not_live="its skipped items can be retried once the run has "
+                         "ended", hint="Wait for the run to end (or pause or cancel it), then ask again")
+    n = session.skips.request_retry(row, by=by, owned_by=ANY_OWNER if checked is None else checked.dag_id)
+    if not n:
+        _still_theirs(session, job, slot, checked)
+        pending = session.skips.count(job, slot, status="retry_requested")
+        why = (f"a retry of its {pending} skipped item(s) is already requested" if pending else
+               "the slot has no skipped item that can be replayed (none, or only items kept as repr)")
+        raise RequestRefused(why, status=row.status, job=job, slot=slot,
+                             hint="See its items with `airflow resumable skipped list JOB SLOT`")
+    return row, n
+
+
+def _still_theirs(session: StoreSession, job: str, slot: str, checked: Checkpoint | None) -> None:
+    """After a request about skipped items changed nothing: whether the slot is still the one the
+    caller was authorized on (``checked``), so the refusal that follows says the right thing.
+
+    Raises:
+        SlotNotFound: the row was deleted meanwhile.
+        OwnerChanged: another DAG's task took the slot over since ``checked`` was read.
+    """
+    if checked is None:
+        return
+    now = session.checkpoints.load(job, slot)
+    if now is None:
+        raise SlotNotFound("no checkpoint row for this slot", job=job, slot=slot,
+                           hint="It was deleted while the request was made")
+    if now.dag_id != checked.dag_id:
+        raise OwnerChanged(job=job, slot=slot)
+
+
+def _requested_row(session: StoreSession, job: str, slot: str, checked: Checkpoint | None, *, why_not_live: str,
+                   hint: str) -> Checkpoint:
+    """The slot's row a request about its skipped items is judged on (``checked``: the row the caller
+    read and authorized the request on), refused while an attempt holds the slot (``why_not_live``:
+    why, after "the slot is running now"; ``hint``: what to do).
+
+    Raises:
+        SlotNotFound: no such slot.
+        CorruptCheckpoint: its status or request was edited by hand.
+        RequestRefused: an attempt runs the slot now.
+    """
     row = session.checkpoints.load(job, slot) if checked is None else checked
     if row is None:
         raise SlotNotFound("no checkpoint row for this slot", job=job, slot=slot,
                            hint="Check the job and the slot, as `airflow resumable list` shows them")
     slot_of(row, _now())  # a status or a request edited by hand: CorruptCheckpoint, nothing written
     if _live(row):
-        raise RequestRefused(
-            f"the slot is running now (held by {row.lease_owner}): its skipped items can be retried once "
-            "the run has ended", status=row.status, job=job, slot=slot,
-            hint="Wait for the run to end (or pause or cancel it), then ask again")
-    n = session.skips.request_retry(row, by=by, owned_by=ANY_OWNER if checked is None else checked.dag_id)
+        raise RequestRefused(f"the slot is running now (held by {row.lease_owner}): {why_not_live}",
+                             status=row.status, job=job, slot=slot, hint=hint)
+    return row
+
+
+def withdraw_retry(store: Store, job: str, slot: str, *, by: str) -> int:
+    """Withdraw a requested retry of the slot's skipped items that no run carried out yet: they are
+    ``skipped`` again (their errors as they were) and the withdrawal, with who asked, goes to the
+    slot's history. Returns how many items it put back.
+
+    Raises:
+        SlotNotFound: no such slot.
+        RequestRefused: an attempt runs the slot now (it may be replaying them), or no retry is pending;
+            nothing changed.
+    """
+    with store.open(autocommit=True) as session:
+        session.ensure_schema()
+        return withdraw_retry_in(session, job, slot, by=by)[1]
+
+
+def withdraw_retry_in(session: StoreSession, job: str, slot: str, *, by: str,
+                      checked: Checkpoint | None = None) -> tuple[Checkpoint, int]:
+    """:func:`withdraw_retry` in ``session`` (its schema checked by the caller); ``checked`` as for
+    :func:`request_retry_in`. A partition past its job's current plan (which the control layer
+    refuses every other request) takes it too: a retry pending there, which nothing will carry out,
+    is what it is for.
+
+    Raises:
+        SlotNotFound / RequestRefused: as :func:`withdraw_retry`; nothing changed.
+        OwnerChanged: another DAG's task took the slot over since ``checked`` was read; nothing changed.
+    """
+    row = _requested_row(session, job, slot, checked, why_not_live="it may be replaying the items whose retry was "
+                         "requested", hint="Wait for the run to end: it replays them, or puts back those it did not")
+    n = session.skips.withdraw_retry(row, by=by, owned_by=ANY_OWNER if checked is None else checked.dag_id)
     if not n:
-        if checked is not None:
-            now = session.checkpoints.load(job, slot)
-            if now is None:
-                raise SlotNotFound("no checkpoint row for this slot", job=job, slot=slot,
-                                   hint="It was deleted while the request was made")
-            if now.dag_id != checked.dag_id:
-                raise OwnerChanged(job=job, slot=slot)
-        pending = session.skips.count(job, slot, status="retry_requested")
-        why = (f"a retry of its {pending} skipped item(s) is already requested" if pending else
-               "the slot has no skipped item that can be replayed (none, or only items kept as repr)")
-        raise RequestRefused(why, status=row.status, job=job, slot=slot,
+        _still_theirs(session, job, slot, checked)
+        raise RequestRefused("no retry of its skipped items is pending: there is nothing to withdraw",
+                             status=row.status, job=job, slot=slot,
                              hint="See its items with `airflow resumable skipped list JOB SLOT`")
     return row, n
 
@@ -292,7 +378,7 @@ def replay_requested(session: StoreSession, *, job: str, slot: str, fn: Callable
         except Exception as exc:
             if never_skipped(exc):
                 raise
-            session.skips.end_retry(letter.id, error=error_text(exc))
+            session.skips.end_retry(letter.id, error=error_text(exc), attempt=attempt)
             failed.append(letter.position)
             log.warning("retried the skipped item at position %s: it failed again: %s; still skipped "
                         "[job=%s slot=%s]", short(letter.position, 60), outward_text(error_text(exc, 300)), job, slot)

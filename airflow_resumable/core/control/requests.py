@@ -24,10 +24,9 @@ from __future__ import annotations
 import dataclasses
 import getpass
 import math
-import os
 import re
 import socket
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from datetime import datetime, timezone
 from decimal import Decimal
 from typing import Any
@@ -35,19 +34,35 @@ from typing import Any
 from airflow_resumable.core.model import request_rules as rules
 from airflow_resumable.core.model.checkpoint import Checkpoint
 from airflow_resumable.core.model.columns import to_datetime
-from airflow_resumable.core.model.errors import ConfigurationError, OwnerChanged, RequestRefused, SlotNotFound
+from airflow_resumable.core.model.errors import (
+    ConfigurationError,
+    CorruptCheckpoint,
+    OwnerChanged,
+    RequestRefused,
+    SlotNotFound,
+)
 from airflow_resumable.core.model.options import key_problem
 from airflow_resumable.core.model.outward import outward_text, visible
 from airflow_resumable.core.model.request_rules import ACTIONS, Action
 from airflow_resumable.core.model.states import AttemptEnd, Request, Status
-from airflow_resumable.core.model.tables import ATTEMPTS
 from airflow_resumable.core.stores.base import Store, StoreSession
-from airflow_resumable.core.stores.shared_sql import ANY_OWNER, insert, json_or_none, named
-from airflow_resumable.core.view import job_line
-from airflow_resumable.core.work.partitions import PLAN_SUFFIX, load_plan, partition_job, plan_job
+from airflow_resumable.core.stores.shared_sql import ANY_OWNER
+from airflow_resumable.core.view import Liveness, job_line, liveness_of
+from airflow_resumable.core.work.partitions import (
+    PLAN_SUFFIX,
+    load_plan,
+    outside_plan,
+    partition_index,
+    partition_job,
+    plan_job,
+)
 
-__all__ = ["ACTIONS", "COUNTS", "OUTCOMES", "PARTITION_KINDS", "apply", "base_job", "cancel", "check_keys", "default_by", "job_partitions", "jobs",
+__all__ = ["ACTIONS", "COUNTS", "OUTCOMES", "PARTITION_KINDS", "TaskStates", "apply", "base_job", "cancel", "check_keys", "default_by", "job_partitions", "jobs",
            "pause", "record_rerun", "release", "restart", "resume", "stale", "wake"]
+
+#: How Airflow's task instances of a job's run stand, given its DAG, task and run: ``{map_index:
+#: state}`` (-1: unmapped), or None when not known. The Airflow layer gives it; the core has no Airflow.
+TaskStates = Callable[[str | None, str | None, str | None], Mapping[int, str] | None]
 
 #: The longest ``by`` kept.
 MAX_BY = 200
@@ -141,15 +156,35 @@ def apply(session: StoreSession, job: str, slot: str, action: Action, *, by: str
 
     Raises:
         ConfigurationError: the job, the slot or ``by`` is not a valid one.
-        SlotNotFound / RequestRefused: as each request says; nothing changed.
+        SlotNotFound / RequestRefused: as each request says (a partition past its job's current plan
+            takes none, naming the plan); nothing changed.
         OwnerChanged: the row names another DAG than ``dag_id`` now; nothing changed.
     """
     by = _by(by, job=job, slot=slot)
     check_keys(job, slot)
-    row = session.requests.apply(job, slot, action, by=by, outcome=OUTCOMES[action], force=force, dag_id=dag_id)
+    with session.transaction():  # the plan checked is the plan written under: a replan waits for the write
+        held_in_plan(session, slot, job)
+        row = session.requests.apply(job, slot, action, by=by, outcome=OUTCOMES[action], force=force, dag_id=dag_id)
     if row is None:
         raise _refused(session, job, slot, action, force=force, dag_id=dag_id)
     return row
+
+
+def held_in_plan(session: StoreSession, slot: str, *jobs: str) -> None:
+    """Inside a transaction: hold the plan of each partition among ``jobs`` (``<job>[i]``), once per
+    job it belongs to, so that a split anew waits until the transaction ends, then refuse any of
+    ``jobs`` that is a partition past its job's current plan: nothing would run it, so no request
+    is written there, whoever asks. The one check every request and re-run makes before its write.
+
+    Raises:
+        RequestRefused: naming the plan (:func:`~airflow_resumable.core.work.partitions.outside_plan`).
+    """
+    for partitioned in dict.fromkeys(p[0] for job in jobs if (p := partition_index(job)) is not None):
+        session.plans.hold(partitioned, slot)
+    for job in jobs:
+        outside = outside_plan(session.checkpoints.load, job, slot)
+        if outside is not None:
+            raise outside
 
 
 def not_found(job: str, slot: str) -> SlotNotFound:
@@ -273,13 +308,14 @@ def _now(row: Checkpoint) -> datetime:
 
 #: How a partition's status counts in its job's summary: ``done``; ``failed`` (it ended without
 #: finishing: failed or cancelled, what a Clear resumes, and what ``tolerated_failure`` counts);
-#: ``running``; ``paused``. A partition of the plan that has no row yet counts as ``waiting``
-#: (its task instance has not started), anything else as ``other``.
+#: ``running`` (then ``stalled`` or ``abandoned`` instead when its row is shown so, by
+#: :func:`~airflow_resumable.core.view.liveness_of`); ``paused``. A partition of the plan that has no
+#: row yet counts as ``waiting`` (its task instance has not started), anything else as ``other``.
 PARTITION_KINDS = {Status.DONE: "done", Status.FAILED: "failed", Status.CANCELLED: "failed",
                    Status.RUNNING: "running", Status.PAUSED: "paused"}
 _STATUSES = frozenset(s.value for s in Status)
 #: The counts of a job's line, in the order they are shown.
-COUNTS = ("done", "running", "paused", "failed", "waiting", "other")
+COUNTS = ("done", "running", "stalled", "abandoned", "paused", "failed", "waiting", "other")
 
 _MAP_SUFFIX = re.compile(r"\[\d+\]$")
 
@@ -322,6 +358,10 @@ class _Run:
     #: A request pending on the plan row (a restart of the whole job), with who asked: carried out
     #: by the planning task's next run, or refused there while a partition runs.
     plan_request: dict[str, Any] | None = None
+    #: How each of its running rows is shown (:func:`~airflow_resumable.core.view.liveness_of`).
+    running: list[Liveness] = dataclasses.field(default_factory=list)
+    #: Its run's task instances in Airflow, ``{map_index: state}``, when the caller knows them.
+    task_states: Mapping[int, str] | None = None
 
     def add(self, status: str, count: int, updated: Any, map_index: int | None, processed: Any, total: Any,
             totals: Any, rate: Any) -> None:
@@ -350,15 +390,19 @@ class _Run:
         counts = dict(self.counts)
         if self.planned is not None:
             counts["waiting"] = max(0, self.planned - self.seen)
+        for shown in self.running:  # a running or paused row counts as it is shown
+            if shown.shown != shown.stored and shown.shown in counts and counts.get(shown.stored, 0) > 0:
+                counts[shown.stored] -= 1
+                counts[shown.shown] += 1
         return job_line(job=self.name, dag_id=self.dag_id, task_id=self.task_id, run_id=self.run_id, slot=self.slot,
                         mapped=self.mapped, partitioned=self.planned is not None, counts=counts,
                         processed=self.processed, totals_known=self.totals == self.seen, total=self.total,
-                        planned_rows=self.planned_rows, skipped=self.skipped, rate=self.rate, updated=self.updated,
-                        plan_request=self.plan_request)
+                        planned_rows=self.planned_rows, skipped=self.skipped, running=self.running, updated=self.updated,
+                        plan_request=self.plan_request, task_states=self.task_states)
 
 
 def _runs(session: StoreSession, groups: list[tuple[Any, ...]], *, dag_ids: Collection[str] | None = None,
-          job: str | None = None, only_run: str | None = None) -> list[_Run]:
+          job: str | None = None, only_run: str | None = None, task_states: TaskStates | None = None) -> list[_Run]:
     """Each job's latest run (or, with ``job``, that job's runs only), most recently updated first;
     a partitioned job's ``<job>#plan`` row folded into its job (the plan's partitions that have not
     started count as ``waiting``), never a job of its own. ``only_run``: the DAG run ``groups`` were
@@ -391,9 +435,43 @@ def _runs(session: StoreSession, groups: list[tuple[Any, ...]], *, dag_ids: Coll
         if (run.name, run.slot) in plans:
             _fold_plan(session, run, dag_ids=dag_ids, run_id=only_run)
             run.plan_request = _plan_request(session, run.name, run.slot)
-        run.skipped = sum(n for (name, slot), n in pending.items()
-                          if slot == run.slot and (name == run.name or _MAP_SUFFIX.sub("", name) == run.name))
+        run.skipped = _skipped(run, pending)
+        if task_states is not None:
+            run.task_states = task_states(run.dag_id, run.task_id, run.run_id)
+        if run.counts["running"] or run.counts["paused"]:
+            run.running = _running(session, run, dag_ids=dag_ids, run_id=only_run)
     return chosen
+
+
+def _index(map_index: int | None) -> int:
+    return -1 if map_index is None else int(map_index)
+
+
+def _running(session: StoreSession, run: _Run, *, dag_ids: Collection[str] | None,
+             run_id: str | None) -> list[Liveness]:
+    """How each running or paused row of ``run`` is shown now: by the rule each one's own detail is
+    shown with (:func:`~airflow_resumable.core.view.liveness_of`), so that the line and the slots agree.
+    The rows of partitions past the plan are left out, as :func:`_fold_plan` takes them out."""
+    out = []
+    for row in session.listings.live(run.slot):
+        if (dag_ids is not None and row.dag_id not in dag_ids) or (run_id is not None and row.run_id != run_id):
+            continue
+        if base_job(row.job, row.map_index) != run.name and row.job != run.name:
+            continue
+        if run.planned is not None and row.job != run.name and (row.map_index or 0) >= run.planned:
+            continue
+        ti_state = None if run.task_states is None else run.task_states.get(_index(row.map_index))
+        out.append(liveness_of(row, _now(row), ti_state=ti_state))
+    return out
+
+
+def _skipped(run: _Run, pending: dict[tuple[str, str], int]) -> int:
+    """The dead letters of ``run``'s partitions not replayed (``pending``: as
+    :meth:`~airflow_resumable.core.stores.skips.Skips.pending` counts them). A partition past
+    the plan (a split anew into fewer left its row) counts for nothing, its dead letters neither."""
+    return sum(n for (name, slot), n in pending.items()
+               if slot == run.slot and (name == run.name or (_MAP_SUFFIX.sub("", name) == run.name and (
+                   run.planned is None or int(name[name.rindex("[") + 1:-1]) < run.planned))))
 
 
 def _fold_plan(session: StoreSession, run: _Run, *, dag_ids: Collection[str] | None, run_id: str | None) -> None:
@@ -420,35 +498,42 @@ def _fold_plan(session: StoreSession, run: _Run, *, dag_ids: Collection[str] | N
 
 def _plan_request(session: StoreSession, job: str, slot: str) -> dict[str, Any] | None:
     """The request pending on the job's plan row for ``slot`` (``request``, ``requested_by``), or None."""
-    row = session.checkpoints.load(plan_job(job), slot)
+    try:
+        row = session.checkpoints.load(plan_job(job), slot)
+    except CorruptCheckpoint:  # edited by hand: the listing shows the job without its plan (see _readable_plan)
+        return None
     if row is None or row.request is None:
         return None
     return {"request": str(row.request), "requested_by": row.requested_by}
 
 
 def _readable_plan(session: StoreSession, job: str, slot: str) -> Any:
-    """The slot's plan, or None when there is none or its row does not hold one (changed by hand: the
-    planning task refuses it, saying so; a listing shows the job without it)."""
+    """The slot's plan, or None when there is none or its row does not hold one (changed by hand, even
+    into text that is not JSON: the planning task refuses it, saying so; a listing shows the job
+    without it, and every other job as it is)."""
     try:
         return load_plan(session, job, slot)
-    except ConfigurationError:
+    except (ConfigurationError, CorruptCheckpoint):
         return None
 
 
-def jobs(store: Store, *, dag_ids: Collection[str] | None = None) -> list[dict[str, Any]]:
+def jobs(store: Store, *, dag_ids: Collection[str] | None = None,
+         task_states: TaskStates | None = None) -> list[dict[str, Any]]:
     """One line per job (per DAG and task): its latest run's partitions counted by how they stand
     (:data:`PARTITION_KINDS`), and its progress as the sum of theirs (``processed``, ``total``,
     ``percent``; ``rate``: the sum of the live partitions' rates, each as its attempt measured it;
     ``eta_seconds`` from them, :func:`~airflow_resumable.core.view.eta_of`), most recently
     updated first. An unmapped task is a job of one partition. Only the jobs of ``dag_ids`` when
-    given."""
+    given. With ``task_states``, a running partition whose task instance ended counts as
+    ``abandoned``, and each line says how its run's task instances stand (``task_instances``)."""
     with store.open(autocommit=True) as session:
         session.ensure_schema()
-        return [run.line() for run in _runs(session, session.listings.partitions(), dag_ids=dag_ids)]
+        return [run.line() for run in _runs(session, session.listings.partitions(), dag_ids=dag_ids,
+                                            task_states=task_states)]
 
 
 def job_partitions(store: Store, job: str, run_id: str | None = None, *,
-                   check: Callable[[str | None], None] | None = None,
+                   check: Callable[[str | None], None] | None = None, task_states: TaskStates | None = None,
                    ) -> tuple[dict[str, Any], list[tuple[int, Checkpoint | None]]]:
     """One job's line (as :func:`jobs` gives it) for ``run_id`` (default: its latest run), and
     each partition's row by map index (None: a partition of the plan that has not started; an
@@ -461,7 +546,8 @@ def job_partitions(store: Store, job: str, run_id: str | None = None, *,
     """
     with store.open(autocommit=True) as session:
         session.ensure_schema()
-        runs = _runs(session, session.listings.partitions(run_id=run_id), job=job, only_run=run_id)
+        runs = _runs(session, session.listings.partitions(run_id=run_id), job=job, only_run=run_id,
+                     task_states=task_states)
         if not runs:
             raise SlotNotFound("no partition of this job ran" + (" in this DAG run" if run_id else ""), job=job,
                                slot=run_id, hint="Name the job as `airflow resumable jobs` lists it (without "
@@ -471,43 +557,36 @@ def job_partitions(store: Store, job: str, run_id: str | None = None, *,
             check(run.dag_id)
         if run.mapped and run.planned is None:  # the plan row names no run: found by its slot
             _fold_plan(session, run, dag_ids=None, run_id=run_id)
+            if run.planned is not None:
+                run.skipped = _skipped(run, session.skips.pending(run.slot))
+            if run.planned is not None and (run.counts["running"] or run.counts["paused"]):  # past the plan: left out
+                run.running = _running(session, run, dag_ids=None, run_id=run_id)
         if not run.mapped:
             return run.line(), [(-1, session.checkpoints.load(run.name, run.slot))]
         count = max(run.last_index + 1, run.planned or 0)
         return run.line(), [(i, session.checkpoints.load(partition_job(run.name, i), run.slot)) for i in range(count)]
 
 
-_RERUN_HISTORY = ("job", "slot", "attempt", "outcome", "requested_by", "host", "pid", "dag_id", "task_id", "run_id",
-                  "map_index", "position_start", "processed_start", "position_end", "processed_end", "error")
-
-
 def record_rerun(store: Store, job: str, run_id: str, map_indexes: Collection[int], *, by: str) -> int:
     """Record in each partition's history (``map_indexes`` of ``job`` in ``run_id``; -1: the
     unmapped job's slot) that a re-run of it was asked, by whom: one record each, as a request's
     (outcome ``rerun_requested``). Returns how many slots it recorded on (a partition with no row
-    has no history)."""
+    has no history).
+
+    Raises:
+        RequestRefused: a partition past its job's current plan (nothing runs it again), naming the
+            plan; nothing was recorded. The plan is held while the partitions are checked and the
+            records written, as for a request (a split anew waits for them).
+    """
     by = _by(by, job=job, slot=run_id)
     with store.open(autocommit=True) as session:
         session.ensure_schema()
         slots = {slot for _d, _t, _r, _s, name, _c, _u, index, slot, *_ in session.listings.partitions(run_id=run_id)
                  if base_job(name, index) == job or name == job}
-        d = session.d
-        sql = insert(ATTEMPTS, {**named(*_RERUN_HISTORY), "started_at": d.now(), "ended_at": d.now()})
-        n = 0
-        with session.transaction():
+        names = [job if index < 0 else partition_job(job, index) for index in map_indexes]
+        with session.transaction():  # the plan checked is the plan recorded under
             for slot in sorted(slots):
-                for index in map_indexes:
-                    row = session.checkpoints.load(job if index < 0 else partition_job(job, index), slot)
-                    if row is None:
-                        continue
-                    session.execute(sql, {
-                        "job": row.job, "slot": row.slot, "attempt": row.attempt,
-                        "outcome": AttemptEnd.RERUN_REQUESTED.value, "requested_by": by,
-                        "host": socket.gethostname(), "pid": os.getpid(), "dag_id": row.dag_id,
-                        "task_id": row.task_id, "run_id": row.run_id, "map_index": row.map_index,
-                        "position_start": json_or_none(row.position), "processed_start": row.processed,
-                        "position_end": json_or_none(row.position), "processed_end": row.processed,
-                        "error": f"re-run of the failed task instance requested (it was {row.status})",
-                    })
-                    n += 1
-    return n
+                held_in_plan(session, slot, *names)
+            rows = [row for slot in sorted(slots) for name in names
+                    if (row := session.checkpoints.load(name, slot)) is not None]
+            return session.requests.record_reruns(rows, by=by)

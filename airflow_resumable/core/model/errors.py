@@ -100,6 +100,16 @@ class StoreUnavailable(ResumableError):
     """The checkpoint database could not be reached. Retrying may help."""
 
 
+class StoreBusy(StoreUnavailable):
+    """SQLite's write lock stayed taken by another writer for the whole wait (its message names the
+    holder). Nobody else could write meanwhile: a lease whose renewal waited here was not taken over
+    by then (a checkpoint renews it too, as it commits)."""
+
+    #: The statement that waited did nothing and may be sent again (it waited in SQLite's own busy
+    #: handler, not for its turn).
+    resend = False
+
+
 class LeaseLost(ResumableError):
     """Another attempt holds this slot's lease now; this attempt's writes are rejected."""
 

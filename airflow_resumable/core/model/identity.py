@@ -14,7 +14,7 @@ from typing import Any
 
 from airflow_resumable.core.model.checkpoint import Checkpoint, Origin
 
-__all__ = ["Hooks", "Identity"]
+__all__ = ["Hooks", "Identity", "Named"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,6 +35,30 @@ class Identity:
     owner: str
     scheduled_at: datetime | None = None
     origin: Origin = dataclasses.field(default_factory=Origin)
+
+
+class Named:
+    """What one attempt's :class:`Identity` names, read from it: the one copy of the identity is the
+    frozen ``identity`` each holder points to (the attempt's givens, its running part, the run
+    context), never copied into attributes of their own."""
+
+    identity: Identity
+
+    @property
+    def job(self) -> str:
+        return self.identity.job
+
+    @property
+    def slot(self) -> str:
+        return self.identity.slot
+
+    @property
+    def attempt(self) -> int:
+        return self.identity.attempt
+
+    @property
+    def owner(self) -> str:
+        return self.identity.owner
 
 
 def _same(value: Any) -> Any:
@@ -62,3 +86,13 @@ class Hooks:
 
 #: The planning job of a partitioned job: ``<job>#plan``, one row per slot whose state is the plan.
 PLAN_SUFFIX = "#plan"
+
+
+def plan_job(job: str) -> str:
+    """The job whose checkpoint row holds ``job``'s plan, per slot."""
+    return f"{job}{PLAN_SUFFIX}"
+
+
+def partition_job(job: str, index: int) -> str:
+    """Partition ``index``'s job: the mapped task instance's (``<job>[<map_index>]``)."""
+    return f"{job}[{index}]"

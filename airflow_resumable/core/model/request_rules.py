@@ -126,7 +126,7 @@ class Rule:
     when: When
     then: Then
     #: What taking it does to such a slot, in words (the UI's tooltip; ``{by}``, ``{holder}``,
-    #: ``{status}`` are filled in from the row, see :func:`explain`).
+    #: ``{status}``, ``{gone}`` are filled in from the row, see :func:`explain`).
     does: str = ""
     #: Taken only when the caller forces it (``release(force=True)``).
     forced: bool = False
@@ -136,7 +136,8 @@ class Rule:
 class Refusal:
     """Why ``actions`` are refused by the slots ``when`` covers: the message and the hint of
     :class:`~airflow_resumable.core.model.errors.RequestRefused` (``{action}``, ``{status}``,
-    ``{lease_owner}`` and ``{heartbeat_at}`` are filled in from the row)."""
+    ``{lease_owner}``, ``{heartbeat_at}`` and ``{gone}``, how a gone holder's lease ended, are filled
+    in from the row)."""
 
     actions: frozenset[Action]
     when: When
@@ -151,7 +152,7 @@ RULES: tuple[Rule, ...] = (
     # A running slot's holder stops at its next chunk boundary (it reads the request with its next
     # checkpoint, or its next heartbeat inside a long chunk) and the slot becomes paused. A pending
     # resume is replaced; a pending restart is kept (refused).
-    Rule(A.PAUSE, when(status={P.RUNNING}, request={None, Request.RESUME}), Then(request=Request.PAUSE),
+    Rule(A.PAUSE, when(status={P.RUNNING}, request={None, Request.RESUME}, lease=UNEXPIRED), Then(request=Request.PAUSE),
          "The run stops at its next chunk boundary and waits, deferred (no worker slot held, no retry used), "
          "until resumed."),
     # A failed or cancelled slot pauses before the first chunk of its next attempt.
@@ -184,6 +185,13 @@ RULES: tuple[Rule, ...] = (
                          lease=UNHELD), Then(request=Request.RESTART),
          "Its next attempt starts from the beginning and discards the checkpoint then (not now): Clear the "
          "task instance to run it."),
+    # A running slot whose holder is gone (its lease lapsed or was released: the row is abandoned)
+    # starts from the beginning on its next attempt, like a failed one; the old holder is fenced out
+    # (judged in the write, by the lease's expiry: a live holder is never raced).
+    Rule(A.RESTART, when(status={P.RUNNING}, request={None, Request.PAUSE, Request.RESUME}, lease=UNHELD),
+         Then(request=Request.RESTART, fence=True),
+         "Nobody runs this slot ({gone}): its next attempt starts from the beginning and discards the checkpoint "
+         "then (not now). Clear the task instance to run it, or wait for its retry."),
     # A paused one continues at once, from the beginning.
     Rule(A.RESTART, when(status={P.PAUSED}, request={None, Request.PAUSE, Request.RESUME}, lease=UNHELD),
          Then(request=Request.RESTART),
@@ -210,6 +218,9 @@ REFUSALS: tuple[Refusal, ...] = (
             "It takes effect at the run's next chunk boundary"),
     Refusal(frozenset({A.PAUSE}), when(request={Request.RESTART}), "a restart is pending",
             "Pause it once its next attempt runs"),
+    Refusal(frozenset({A.PAUSE}), when(status={P.RUNNING}, lease=UNHELD),
+            "nobody runs this slot: {gone}, so no run would see a pause",
+            "Restart it, or Clear its task instance in Airflow to resume it from its checkpoint"),
     Refusal(frozenset({A.RESUME}), when(status={P.PAUSED}, request={Request.RESTART}),
             "a restart is pending for this paused slot", "It continues from the beginning"),
     Refusal(frozenset({A.RESUME}), when(), "the slot is {status}, not paused, and no pause is pending",
@@ -226,8 +237,12 @@ REFUSALS: tuple[Refusal, ...] = (
             "the lease holder {lease_owner} is alive (last heartbeat {heartbeat_at})",
             "Pause or cancel it instead; release with force=True only to fence it out "
             "(its next write fails and its task is retried)"),
-    Refusal(frozenset(Action), when(), "the slot cannot take {action} now (status {status})",
-            "Look at its state and try again"),
+    # Reached only as OTHERWISE (every slot above is a rule's or a refusal's): the write refused the
+    # request, and the row read just after it takes it (a lease lapsed, a holder ended in between).
+    Refusal(frozenset(Action), when(),
+            "the slot changed while the {action} was written (it is {status} now: a lease lapsed or a holder "
+            "ended at that moment), so nothing was changed",
+            "Ask for the {action} again (its button, or the same command): the slot as it is now takes it"),
 )
 del P, A
 #: The refusal of a request whose slot changed between the refused write and the look after it.
@@ -302,7 +317,12 @@ def slot_of(row: Checkpoint, now: datetime) -> Slot:
 
 def _fields(action: Action, row: Checkpoint) -> dict[str, str]:
     owner = row.lease_owner or ""
-    return {"action": action.value, "status": row.status, "lease_owner": owner,
+    if owner:
+        expiry = row.lease_expires_at.isoformat() if row.lease_expires_at else "?"
+        gone = f"its lease expired at {expiry} (last holder {owner})"
+    else:
+        gone = f"its lease was released (last holder try {row.attempt})"
+    return {"action": action.value, "status": row.status, "lease_owner": owner, "gone": gone,
             "holder": owner.rsplit("@", 1)[-1] or "?", "by": row.requested_by or "someone",
             "heartbeat_at": row.heartbeat_at.isoformat() if row.heartbeat_at else "?"}
 
@@ -317,7 +337,7 @@ def explain(action: Action, row: Checkpoint, now: datetime, *, taken: bool | Non
     """What ``action`` would do to ``row``'s slot now, in a sentence, or why it is refused (the
     UI's tooltip on each request's button).
 
-    ``taken`` is the database's answer (:meth:`~airflow_resumable.core.stores.request_writes.Requests.offers`),
+    ``taken`` is the database's answer (:meth:`~airflow_resumable.core.stores.requests.Requests.offers`),
     which decides: where this process's clock judges the lease otherwise (a lease lapsing this very
     moment), the sentence says the slot is changing rather than contradict the button.
     """
@@ -442,6 +462,14 @@ class Carry:
     #: another reason (``stop_reason``): they arrived after the attempt had stopped for something
     #: else, and the next attempt honours them.
     others: frozenset[Reason] = frozenset()
+    #: These pending requests are dropped when this end stopped for a person's stop request (a cancel,
+    #: a newer run's): a pause asked before the cancel was overtaken by it, and must not pause the
+    #: Clear that resumes the cancelled slot later.
+    overtaken: frozenset[Request] = frozenset()
+
+
+#: The stop reasons of a person's (or a newer run's) stop request, which overtake a pending pause.
+_OVERTAKING = frozenset({Reason.REQUESTED, Reason.SUPERSEDED})
 
 
 #: An attempt's start. A pending pause stays, for the runner to honour before the first chunk; a
@@ -463,7 +491,8 @@ AT_END: dict[Status, Carry] = {
     # A cancel that came after this attempt stopped for another reason (a person's cancel after a
     # handover or a timeout) stays for the next attempt; a handover never does.
     Status.CANCELLED: Carry(request=frozenset(Request), cancel_request=frozenset(),
-                            dropped=frozenset({Reason.HANDOVER}), others=frozenset({Reason.REQUESTED, Reason.SUPERSEDED})),
+                            dropped=frozenset({Reason.HANDOVER}), others=frozenset({Reason.REQUESTED, Reason.SUPERSEDED}),
+                            overtaken=frozenset({Request.PAUSE})),
     # The pause is done, so consumed; a resume or restart that raced it wakes the waiting task, and
     # a cancel stays for it to read.
     Status.PAUSED: Carry(request=frozenset({Request.RESUME, Request.RESTART}), cancel_request=ANY_STATUS),
@@ -473,8 +502,12 @@ AT_END: dict[Status, Carry] = {
 def sql_carry(carry: Carry) -> list[str]:
     """The SET items that apply ``carry`` (none for a column it keeps whole)."""
     sets = []
-    if carry.request != frozenset(Request):
-        kept = f"CASE WHEN request IN ({_literals(carry.request)}) THEN request END" if carry.request else "NULL"
+    if carry.request != frozenset(Request) or carry.overtaken:
+        keep = [f"request IN ({_literals(carry.request)})"] if carry.request != frozenset(Request) else []
+        if carry.overtaken:
+            keep.append(f"NOT (request IN ({_literals(carry.overtaken)}) AND "
+                        f"COALESCE(%(stop_reason)s, '') IN ({_literals(_OVERTAKING)}))")
+        kept = f"CASE WHEN {' AND '.join(keep)} THEN request END" if carry.request else "NULL"
         sets.append(f"request = {kept}")
     if carry.cancel_request != ANY_STATUS or carry.dropped or carry.others:
         keep = []

@@ -81,6 +81,8 @@ class AttemptEnd(enum.StrEnum):
     LEASE_RELEASED = f"lease_{Action.RELEASE}d"
     #: A retry of the slot's skipped items, which its next attempt replays (``core/attempt/skip_policy.py``).
     RETRY_SKIPPED_REQUESTED = "retry_skipped_requested"
+    #: That retry withdrawn before a run carried it out: the items are ``skipped`` again.
+    RETRY_SKIPPED_WITHDRAWN = "retry_skipped_withdrawn"
     #: A Clear of the slot's failed task instance asked through ``rerun_failed`` (``core/control/requests.py``).
     RERUN_REQUESTED = "rerun_requested"
 
@@ -117,6 +119,7 @@ SLOT_STATUS: dict[AttemptEnd, Status | None] = {
     AttemptEnd.RESTART_REQUESTED: None,
     AttemptEnd.LEASE_RELEASED: None,
     AttemptEnd.RETRY_SKIPPED_REQUESTED: None,
+    AttemptEnd.RETRY_SKIPPED_WITHDRAWN: None,
     AttemptEnd.RERUN_REQUESTED: None,
 }
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import itertools
 import operator
 from collections.abc import Callable, Sequence
@@ -18,7 +19,7 @@ from airflow_resumable.core.readers.sql import IDENTIFIER, MARKERS, paramstyle_o
 if TYPE_CHECKING:
     from airflow_resumable.core.attempt.context import RunContext
 
-__all__ = ["KeysetReader"]
+__all__ = ["KeysetReader", "SplitKeys"]
 
 #: How often a page whose guard failed is read again when the failure is gone by the time it is asked
 #: about (the source changed in between).
@@ -479,6 +480,76 @@ class KeysetReader(Reader):
             "on purpose (restart=True)",
         )
 
+    # -- a split into ranges ----------------------------------------------------------------------
+
+    def split_keys(self, parts: int) -> SplitKeys:
+        """Where ``parts`` ranges of about equal size (within one row) end in this reader's rows,
+        counted by the source's database now, on a connection of its own (ended before returning).
+
+        Part ``j`` (0-based) ends at row ``floor((j + 1) * n / parts)`` of the key's order (1-based);
+        each boundary's key is read at its row number: on PostgreSQL in one pass over the key (an
+        index scan in its order, ``row_number()``), elsewhere one ``OFFSET`` query per boundary, each
+        from the boundary before (so boundaries come in the key's order, whatever is written meanwhile). A
+        row whose key is NULL stops it first (``null_key``): such a row is neither before nor after a
+        boundary. ``where``/``query``/``until`` apply.
+
+        Raises:
+            ConfigurationError: ``parts`` is not a whole number of at least 1 (nothing is read).
+        """
+        if isinstance(parts, bool) or not isinstance(parts, int) or parts < 1:
+            raise ConfigurationError(
+                f"{self.name}: parts must be a whole number of at least 1 (how many ranges to split the rows "
+                f"into), got {parts!r}; nothing was read", hint="Give the number of ranges, e.g. split_keys(4)")
+        conn = self.connect()
+        try:
+            marker = self._marker(conn)
+            keys = ", ".join(self.keys)
+            nulls = " OR ".join(f"{k} IS NULL" for k in self.keys)
+            sql, args = self._rows([(f"({nulls})", ())], what=keys, marker=marker, bounded=False)
+            null = _one(conn, f"{sql} LIMIT 1", args)
+            if null is not None:
+                return SplitKeys(rows=0, at=(), keys={}, null_key=null)
+            sql, args = self._rows([], what=keys, marker=marker)
+            count = _one(conn, f"SELECT count(*) FROM ({sql}) AS keyset_count", args)
+            rows = int(count[0]) if count else 0
+            at = tuple((j * rows) // parts for j in range(1, parts))
+            return SplitKeys(rows=rows, at=at, keys=self._keys_at(conn, sorted({r for r in at if r > 0}), marker))
+        finally:
+            try:
+                conn.rollback()
+            except Exception:  # an autocommit connection, or one already broken
+                pass
+            close_quietly(conn)
+
+    def _keys_at(self, conn: Any, at: list[int], marker: str) -> dict[int, tuple[Any, ...]]:
+        """The key of each row number in ``at`` (1-based, in the key's order)."""
+        if not at:
+            return {}
+        keys = ", ".join(self.keys)
+        if type(conn).__module__.split(".")[0] in ("psycopg2", "psycopg"):  # window functions, one pass
+            sql, args = self._rows([], what=f"{keys}, row_number() OVER (ORDER BY {keys}) AS keyset_rn", marker=marker)
+            wanted = ", ".join(str(int(r)) for r in at)
+            cur = conn.cursor()
+            try:
+                cur.execute(f"SELECT * FROM ({sql}) AS keyset_plan WHERE keyset_rn IN ({wanted})", args)
+                return {int(row[-1]): tuple(row[:-1]) for row in cur.fetchall()}
+            finally:
+                cur.close()
+        # Each boundary is looked for after the one before (its key, then the rows between): the
+        # queries are statements apart, and rows written between them (keys before a boundary
+        # already read) must not bring a later boundary back before it, where the ranges would overlap.
+        out: dict[int, tuple[Any, ...]] = {}
+        previous_at, previous = 0, None
+        for r in at:
+            sql, args = self._rows([] if previous is None else [self._after(list(previous), marker)], what=keys,
+                                   marker=marker)
+            row = _one(conn, f"{sql} ORDER BY {keys} LIMIT 1 OFFSET {marker}", [*args, r - previous_at - 1])
+            if row is None:  # rows deleted while the split was made
+                break
+            out[r] = row
+            previous_at, previous = r, row
+        return out
+
     def _show(self, key: tuple[Any, ...]) -> str:
         return ", ".join(f"{k}={short(v, 40)}" for k, v in zip(self.keys, key, strict=True))
 
@@ -487,3 +558,25 @@ class KeysetReader(Reader):
         close_quietly(conn)
         super().close()
 
+
+@dataclasses.dataclass(frozen=True)
+class SplitKeys:
+    """What :meth:`KeysetReader.split_keys` found: ``rows`` counted, the row number each range ends
+    at (``at``: 0 stands before every key), the key found at each (``keys``; a row number missing:
+    rows deleted while the split was made), or a row whose key is NULL (``null_key``, and nothing else
+    read)."""
+
+    rows: int
+    at: tuple[int, ...]
+    keys: dict[int, tuple[Any, ...]]
+    null_key: tuple[Any, ...] | None = None
+
+
+def _one(conn: Any, sql: str, args: Sequence[Any]) -> tuple[Any, ...] | None:
+    cur = conn.cursor()
+    try:
+        cur.execute(sql, tuple(args))
+        row = cur.fetchone()
+        return None if row is None else tuple(row)
+    finally:
+        cur.close()

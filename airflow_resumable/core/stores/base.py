@@ -11,6 +11,7 @@ with the operations the run needs, one small object per aggregate:
 ``session.listings``     reads across slots and the attempt history (``stores/listings.py``)
 ``session.retention``    clean finished slots, delete one (``stores/retention.py``)
 ``session.skips``        skipped items (dead letters) and their replays (``stores/skips.py``)
+``session.plans``        a partitioned job's split per slot (``stores/plans.py``)
 ======================  ==============================================================
 
 The run holds two sessions: the main one (checkpoints, and the handler's writes through
@@ -29,15 +30,16 @@ from contextlib import contextmanager
 from typing import Any
 
 from airflow_resumable.core.model.tables import META, all_tables
-from airflow_resumable.core.stores.checkpoint_writes import Checkpoints
+from airflow_resumable.core.stores.checkpoints import Checkpoints
 from airflow_resumable.core.stores.connection import Connection, row_deleted, save_rejected
-from airflow_resumable.core.stores.dead_letters import Skips
 from airflow_resumable.core.stores.dialect import Dialect
 from airflow_resumable.core.stores.leases import Leases
 from airflow_resumable.core.stores.listings import Listings
 from airflow_resumable.core.stores.migrations import SCHEMA_VERSION, migrate
-from airflow_resumable.core.stores.request_writes import Requests
+from airflow_resumable.core.stores.plans import Plans
+from airflow_resumable.core.stores.requests import Requests
 from airflow_resumable.core.stores.retention import Cleaned, Retention
+from airflow_resumable.core.stores.skips import Skips
 
 __all__ = ["SCHEMA_VERSION", "Cleaned", "Dialect", "Store", "StoreSession", "row_deleted", "save_rejected"]
 
@@ -105,6 +107,7 @@ class StoreSession(Connection):
         self.listings = Listings(self)
         self.retention = Retention(self)
         self.skips = Skips(self)
+        self.plans = Plans(self, self.checkpoints)
 
     def ensure_schema(self, *, apply: bool = True) -> int:
         """Create the tables on first use, or apply the migrations an older database lacks; refuse a

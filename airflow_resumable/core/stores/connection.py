@@ -19,7 +19,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, Protocol
 
-from airflow_resumable.core.model.checkpoint import Checkpoint, error_text, read_record
+from airflow_resumable.core.model.checkpoint import Checkpoint, error_text, short
 from airflow_resumable.core.model.errors import (
     CheckpointDeleted,
     ConfigurationError,
@@ -28,7 +28,9 @@ from airflow_resumable.core.model.errors import (
     TransactionRefused,
 )
 from airflow_resumable.core.model.fence import Fence
-from airflow_resumable.core.model.tables import CHECKPOINTS, META, all_tables
+from airflow_resumable.core.model.outward import outward_text
+from airflow_resumable.core.model.tables import ATTEMPTS, CHECKPOINTS, META, all_tables
+from airflow_resumable.core.stores.decoder import read_record
 from airflow_resumable.core.stores.dialect import Dialect, writes
 from airflow_resumable.core.stores.transaction.handle import Loan, SQLiteDriver, TransactionConnection
 from airflow_resumable.core.stores.transaction.postgres_cursors import Psycopg2Driver, Psycopg3Driver
@@ -85,6 +87,45 @@ def row_deleted(job: str, slot: str) -> CheckpointDeleted:
         hint="Not retried: a retry would start the slot from the beginning. If the delete was a mistake, restore the "
         "row from a backup and Clear the task: it resumes from it. To start the slot over, Clear the task",
     )
+
+
+#: How a fenced write's message says "taken over", rewritten when no attempt took it (a request freed it).
+_TAKEN = re.compile(r"taken over( by another attempt)?")
+
+
+def _holder_now(fence: Fence, holder: tuple[Any, ...] | None) -> str:
+    """``: attempt 3 (owner ...) holds it now``: who holds the lease a fenced write found taken, read
+    off the row and the attempt history (``holder``: ``(attempt, run_id, owner)``, or ``(attempt,
+    run_id, owner, outcome, requested_by)`` of the newer record when nobody holds it, ``()`` when the
+    row holds no lease, None when the look failed)."""
+    if holder is None:
+        return ""
+    if not holder:
+        return ("; no attempt holds it now: it was released while this attempt held it (a forced Release or a "
+                "Restart, from the CLI, UI or REST)")
+    if len(holder) == 5:  # no holder now; a later attempt took the lease and has ended, or a request freed it
+        attempt, run_id, owner, outcome, by = holder
+        if owner is None:  # a request's record (a forced Release, a Restart): a person, not an attempt
+            return (f"; {_said(by or '?')} freed it while this attempt held it ({_said(outcome or '?')}: a forced "
+                    "Release or a Restart, from the CLI, UI or REST), no other attempt; nobody holds it now")
+        return (f": attempt {attempt} (owner {_said(owner)}{_run(run_id)}) took it over since, and ended "
+                f"{_said(outcome or 'without recording how')}; nobody holds it now")
+    attempt, run_id, owner = holder
+    if owner == fence.owner:
+        return f" (taken anew by this same owner {_said(owner)}: lease token {fence.token} is not the row's)"
+    if attempt is None:
+        return f": {_said(owner)} holds it now (its attempt has not recorded its start yet)"
+    return f": attempt {attempt} (owner {_said(owner)}{_run(run_id)}) holds it now"
+
+
+def _said(value: Any) -> str:
+    """A value read off a row, as an error message may carry it: quoted, cut, without credentials or
+    control characters (an owner is free text a program or a hand may have written)."""
+    return outward_text(short(value), 200)
+
+
+def _run(run_id: Any) -> str:
+    return "" if run_id is None else f", run {_said(run_id)}"
 
 
 def _undo_failed(exc: BaseException, undo: Exception, job: str | None, slot: str | None) -> Exception:
@@ -239,6 +280,14 @@ class Connection:
         schema = self._schema
         return sql if schema is None else _qualified(sql, schema)
 
+    def wait_for_writers(self) -> None:
+        """Make this connection's writes wait for the write lock as long as its holder runs, past
+        the busy timeout (SQLite's one writer: see ``WriteTurns.patient``); a no-op elsewhere. An
+        attempt's own sessions do, a lease keeper's and a control request's do not."""
+        turns = getattr(self.conn, "turns", None)
+        if turns is not None:
+            turns.patient = True
+
     def execute(self, sql: str, params: Params = ()) -> Any:
         """Run one statement written with ``%s`` or ``%(name)s`` placeholders (see :class:`Dialect`),
         with a sequence or a dict of values."""
@@ -248,8 +297,7 @@ class Connection:
             sql = self.qualified(sql)
             with self.conn.own():  # the run's own statement: SQLite's authorizer lets it pass
                 if writes(sql):
-                    with self.conn.writing():
-                        cur.execute(self.d.placeholders(sql), values)
+                    self.conn.write(lambda: cur.execute(self.d.placeholders(sql), values))
                 else:
                     cur.execute(self.d.placeholders(sql), values)
             return cur
@@ -585,7 +633,7 @@ class Connection:
 
     def row(self, row: Sequence[Any]) -> Checkpoint:
         """A row of the checkpoint table's columns as a :class:`Checkpoint`, through the one row
-        decoder (:func:`~airflow_resumable.core.model.checkpoint.read_record`).
+        decoder (:func:`~airflow_resumable.core.stores.decoder.read_record`).
 
         Raises:
             CorruptCheckpoint: a column edited by hand into what this release does not read (JSON that
@@ -600,13 +648,33 @@ class Connection:
         this failure path): :class:`CheckpointDeleted` when the row is gone, else :class:`LeaseLost`
         with the message ``taken_over``. A look that fails itself says what was known before it."""
         job, slot = fence.job, fence.slot
+        key = {"job": job, "slot": slot}
+        gone = False
+        holder: tuple[Any, ...] | None = None
         try:
-            gone = self.execute(f"SELECT 1 FROM {CHECKPOINTS.name} WHERE job = %(job)s AND slot = %(slot)s",
-                                {"job": job, "slot": slot}).fetchone() is None
+            row = self.execute(f"SELECT lease_owner, lease_token FROM {CHECKPOINTS.name} "
+                               "WHERE job = %(job)s AND slot = %(slot)s", key).fetchone()
+            gone = row is None
+            if row is not None and row[0] is not None:
+                holder = self.execute(
+                    f"SELECT attempt, run_id FROM {ATTEMPTS.name} WHERE job = %(job)s AND slot = %(slot)s "
+                    "AND owner = %(owner)s AND lease_token = %(token)s ORDER BY id DESC LIMIT 1",
+                    {**key, "owner": row[0], "token": row[1]}).fetchone() or (None, None)
+                holder = (*holder, row[0])
+            elif row is not None:  # nobody holds it: released, or taken by an attempt that has ended since
+                later = self.execute(
+                    f"SELECT attempt, run_id, owner, outcome, requested_by FROM {ATTEMPTS.name} WHERE job = %(job)s "
+                    "AND slot = %(slot)s AND lease_token > %(token)s ORDER BY id DESC LIMIT 1",
+                    {**key, "token": fence.token}).fetchone()
+                holder = () if later is None else tuple(later)
         except Exception:  # the database blinked: the write was refused all the same
-            gone = False
+            pass
         try:
             self.commit()  # lent, after the fenced write's rollback: refused (Loan.lost), which changes nothing
         except Exception:
             pass
-        return row_deleted(job, slot) if gone else LeaseLost(taken_over, job=job, slot=slot)
+        if gone:
+            return row_deleted(job, slot)
+        if holder is not None and len(holder) == 5 and holder[2] is None:  # a person's request freed it: no takeover
+            taken_over = _TAKEN.sub("freed by a request", taken_over)
+        return LeaseLost(f"{taken_over}{_holder_now(fence, holder)}", job=job, slot=slot)

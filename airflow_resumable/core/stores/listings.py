@@ -6,11 +6,12 @@ import re
 from collections.abc import Collection
 from typing import Any
 
-from airflow_resumable.core.model.checkpoint import AttemptRecord, Checkpoint, read_record
+from airflow_resumable.core.model.checkpoint import AttemptRecord, Checkpoint
 from airflow_resumable.core.model.errors import CorruptCheckpoint
 from airflow_resumable.core.model.identity import PLAN_SUFFIX
 from airflow_resumable.core.model.tables import ATTEMPTS, CHECKPOINTS
 from airflow_resumable.core.stores.connection import Connection
+from airflow_resumable.core.stores.decoder import read_record
 from airflow_resumable.core.stores.shared_sql import HISTORY, KEY, SELECT, TABLE
 
 #: The checkpoint table's columns by name (the numbers the jobs line adds up keep to the decoder's rule).
@@ -44,6 +45,12 @@ class Listings:
         """
         return self._rows(f"SELECT {SELECT} FROM {TABLE} WHERE job = %(job)s ORDER BY started_at DESC, slot DESC "
                           "LIMIT %(limit)s", {"job": job, "limit": int(limit)})
+
+    def live(self, slot: str) -> list[Checkpoint]:
+        """The slot's rows whose status is ``running`` or ``paused`` (each job's, for a job's line to
+        show each as its own detail does), by job."""
+        return self._rows(f"SELECT {SELECT} FROM {TABLE} WHERE slot = %(slot)s AND status IN ('running', 'paused') "
+                          "ORDER BY job", {"slot": slot})
 
     def find(self, dag_id: str, task_id: str, run_id: str, map_index: int = -1) -> Checkpoint | None:
         """The slot a task instance ran last (the row's owning DAG/task/run/map index), if any; the
@@ -167,15 +174,6 @@ class Listings:
                 "attempt stopped before its handler ran", job=job, slot=slot,
                 hint=f"For slot {other!r}: {(exc.hint or '').rstrip('.')}. Then Clear this task",
             ) from exc
-
-    def requested_by(self, job: str, slot: str, outcome: str) -> str | None:
-        """Who made the slot's latest request recorded as ``outcome`` (e.g. ``cancel_requested``),
-        from its history; None when there is none."""
-        c = self._c
-        row = c.execute(f"SELECT requested_by FROM {HISTORY} WHERE {KEY} AND outcome = %(outcome)s "
-                        "ORDER BY id DESC LIMIT 1", {"job": job, "slot": slot, "outcome": str(outcome)}).fetchone()
-        c.commit()
-        return None if row is None else row[0]
 
     def history(self, job: str, slot: str) -> list[AttemptRecord]:
         """The slot's attempts, oldest first."""

@@ -4,19 +4,29 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import logging
+import math
 import os
 import secrets
 import sqlite3
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
-from typing import Any
+from typing import Any, TypeVar
 
-from airflow_resumable.core.model.errors import ConfigurationError, StoreUnavailable
+from airflow_resumable.core.model.errors import ConfigurationError, StoreBusy, StoreUnavailable
 from airflow_resumable.core.stores.base import Store
 from airflow_resumable.core.stores.connection import escaped
 from airflow_resumable.core.stores.dialect import Dialect
-from airflow_resumable.core.stores.sqlite_errors import Location, locked, parse_location, readonly, unwritable
+from airflow_resumable.core.stores.sqlite_errors import (
+    NOBODY,
+    Location,
+    live_writer,
+    locked,
+    parse_location,
+    readonly,
+    unwritable,
+)
 from airflow_resumable.core.stores.transaction.handle import Loan
 from airflow_resumable.core.stores.transaction.statements import WITNESS_TABLE, Refusal, sqlite_denial
 
@@ -34,6 +44,12 @@ _ENDED = ("it was rolled back by SQLite itself (a conflict clause: INSERT OR ROL
           "around ctx.transaction())")
 _WITNESS_INSERT = f"INSERT INTO temp.{WITNESS_TABLE} (token) VALUES (?)"
 
+log = logging.getLogger("airflow_resumable")
+T = TypeVar("T")
+
+#: The busy timeouts (seconds) a store takes: SQLite keeps one as whole milliseconds in a C int.
+MIN_BUSY_TIMEOUT, MAX_BUSY_TIMEOUT = 0.001, 86400.0
+
 #: SQLite's ``synchronous`` modes, the values a connection's ``synchronous`` may take.
 SYNCHRONOUS_MODES = ("OFF", "NORMAL", "FULL", "EXTRA")
 
@@ -42,6 +58,9 @@ SYNCHRONOUS_MODES = ("OFF", "NORMAL", "FULL", "EXTRA")
 #: writer already waiting takes to notice it is free (:data:`TURN_POLL`, plus the turn's holder
 #: noticing the write lock free, :data:`LOCK_POLL`), so that one takes the next turn.
 LATECOMER_WAIT = 0.005
+#: How many busy timeouts an attempt's own write waits for one holder that runs and keeps the lock
+#: (then it fails naming the holder: a chunk that long, or a deadlock).
+PATIENCE = 10
 #: How often a waiting writer tries the turnstile again, and the turn's holder the write lock.
 TURN_POLL = 0.001
 LOCK_POLL = 0.0005
@@ -67,7 +86,27 @@ class WriteTurns:
 
     ``flock`` locks belong to an open file, so the connections of one process exclude one another
     as those of two processes do; each connection opens the file once.
+
+    A writer gives up after the busy timeout, naming who holds the lock, unless it is
+    :attr:`patient`: an attempt's own connections are (its checkpoints, its chunks' transactions).
+    Those wait on, past the busy timeout, for as long as the holder is another process of this host
+    that runs (:func:`~airflow_resumable.core.stores.sqlite_errors.live_writer`): a partition whose
+    chunk holds its transaction for minutes makes the others wait their turn, never fail. A holder
+    that is stopped, gone, this very process, or not to be seen (no ``/proc/locks``) still ends
+    the wait at the busy timeout. The lease keeper's connection is not patient: its renewal gives up
+    (:class:`~airflow_resumable.core.model.errors.StoreBusy`) and tries again, and the keeper does
+    not count that wait against the lease, since nobody else can write, and so take the lease over,
+    while the lock is held.
     """
+
+    #: Wait past the busy timeout while the lock's holder runs (see the class docstring).
+    patient = False
+    #: When the current wait began (a patient wait spans several busy timeouts), and how many busy
+    #: timeouts in a row the lock table named no holder.
+    _since: float | None = None
+    _unseen = 0
+    #: The holder at the last look (its description), while a patient writer waits.
+    _holder: str | None = None
 
     def __init__(self, location: Location, timeout: float):
         """Open (or create) the turnstile file beside the database.
@@ -76,8 +115,10 @@ class WriteTurns:
             OSError: the file cannot be opened (the folder is not writable).
         """
         self.location = location
-        self.db_path = location.path
-        self.path = f"{location.path}-turns"
+        # The file as SQLite opens it: through a symbolic link, its -wal and -shm files (and so the
+        # lock table's lines) are beside the file the link points to, and so must the turnstile be.
+        self.db_path = os.path.realpath(location.path)
+        self.path = f"{self.db_path}-turns"
         self.timeout = timeout
         self._fd: int | None = None
         self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
@@ -106,20 +147,61 @@ class WriteTurns:
             # Polled, not blocking: a deadline bounds it, and SIGTERM's handler (the cancel flag)
             # runs between two tries.
             if time.monotonic() >= deadline:
-                raise locked(self.db_path, self.timeout, turn=True)
+                self.wait_on(turn=True)
+                deadline = time.monotonic() + self.timeout
             time.sleep(pause)
             pause = TURN_POLL
         try:
             yield
+            self._since = self._holder = None
         except sqlite3.Error as exc:
             if getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_BUSY:  # the statement waited out the timeout
-                raise locked(self.db_path, self.timeout, turn=False) from exc
+                busy = locked(self.db_path, self.timeout, turn=False)
+                busy.resend = True  # it did nothing: a patient writer may send it again (Connection.execute)
+                raise busy from exc
             translated = readonly(exc, self.location)
             if translated is None:
                 raise
             raise translated from exc
         finally:
             fcntl.flock(fd, fcntl.LOCK_UN)
+
+    def wait_on(self, *, turn: bool) -> None:
+        """A writer has waited another busy timeout: return to wait one more, or raise.
+
+        A patient writer goes on while the holder runs an attempt (:func:`live_writer`), saying so in
+        the log each time, for at most :data:`PATIENCE` busy timeouts of one holder's hold (a chunk
+        that long, or a deadlock: two attempts each waiting for what the other holds, the write lock
+        and a lock of their own); a wait behind a queue of writers that take their turns starts the
+        count again at each new holder. A holder the lock table does not name is given one more busy
+        timeout (the lock was just let go), not more (another PID namespace hides its holder).
+
+        Raises:
+            StoreBusy: not patient, or the holder is not worth waiting for, or the patience ran out;
+                naming the holder.
+        """
+        now = time.monotonic()
+        if self._since is None:
+            self._since = now - self.timeout
+        holder = live_writer(self.db_path) if self.patient else None
+        if holder == NOBODY:
+            self._unseen += 1
+            holder = holder if self._unseen <= 1 else None
+        else:
+            self._unseen = 0
+            if holder is not None and holder != self._holder:
+                # Another holder than at the last look: the writers ahead took their turns, so the
+                # wait makes progress; the patience counts one holder's hold, not the queue's length
+                self._since, self._holder = now - self.timeout, holder
+        waited = now - self._since
+        if holder is None or waited >= PATIENCE * self.timeout:
+            self._since, self._unseen, self._holder = None, 0, None
+            raise locked(self.db_path, self.timeout, turn=turn, waited=waited if holder is not None else None)
+        log.warning(
+            "still waiting for the write lock of %r after %.0fs (another busy timeout of %gs), %s: waiting on while "
+            "it runs, up to %.0fs (SQLite has one writer: chunks that write through ctx.transaction() take turns)",
+            self.db_path, waited, self.timeout, holder, PATIENCE * self.timeout,
+        )
 
     def close(self) -> None:
         if self._fd is not None:
@@ -262,6 +344,7 @@ class SQLiteConnection(sqlite3.Connection):
                         # Lent: a text the handler cannot send by chance (SQLite would reuse the compiled
                         # statement of an identical text without asking the authorizer again).
                         self.execute("BEGIN IMMEDIATE" if loan is None else f"BEGIN IMMEDIATE /* {loan.marker} */")
+                        turns._since = turns._holder = None
                         self.ran = True
                         if loan is not None and loan.active:
                             self._witness()
@@ -270,7 +353,11 @@ class SQLiteConnection(sqlite3.Connection):
                         if getattr(exc, "sqlite_errorcode", None) != sqlite3.SQLITE_BUSY:
                             raise
                         if time.monotonic() >= deadline:
-                            raise locked(turns.db_path, turns.timeout, turn=False) from exc
+                            try:
+                                turns.wait_on(turn=False)
+                            except StoreBusy as busy:
+                                raise busy from exc
+                            deadline = time.monotonic() + turns.timeout
                     time.sleep(LOCK_POLL)
             finally:
                 self.execute(f"PRAGMA busy_timeout = {int(turns.timeout * 1000)}")
@@ -305,6 +392,26 @@ class SQLiteConnection(sqlite3.Connection):
             return self.turns.turn()
         self.begin()
         return self.readonly
+
+    def write(self, send: Callable[[], T]) -> T:
+        """Run ``send`` (a statement that may write, and the reading of its rows) in :meth:`writing`,
+        and run it again when it waited out SQLite's own busy handler while this writer is patient
+        (it did nothing: see :attr:`WriteTurns.patient`).
+
+        Raises:
+            StoreBusy: as :meth:`writing`, once the wait is over.
+        """
+        while True:
+            try:
+                with self.writing():
+                    return send()
+            except StoreBusy as exc:
+                if self.in_transaction or not exc.resend:
+                    raise
+                try:
+                    self.turns.wait_on(turn=False)
+                except StoreBusy as busy:
+                    raise busy from exc
 
     def close(self) -> None:
         try:
@@ -374,7 +481,16 @@ class SQLiteStore(Store):
                 hint=f"Use one of {', '.join(SYNCHRONOUS_MODES)} (case does not matter), e.g. "
                 "?synchronous=NORMAL in the connection URI, or leave it out for FULL",
             )
-        self.busy_timeout = busy_timeout
+        # SQLite holds its busy timeout as whole milliseconds in a C int: below 1 ms it is no wait at all,
+        # above 2**31 - 1 ms it wraps to none either; the connection's extra takes 0.1 to 86400 s.
+        if isinstance(busy_timeout, bool) or not isinstance(busy_timeout, int | float) or not (
+                math.isfinite(busy_timeout) and MIN_BUSY_TIMEOUT <= busy_timeout <= MAX_BUSY_TIMEOUT):
+            raise ConfigurationError(
+                f"the SQLite checkpoint file {self.path!r} is given busy_timeout={busy_timeout!r}",
+                hint=f"Give the seconds a writer waits for another's write lock, a number from {MIN_BUSY_TIMEOUT:g} "
+                f"to {MAX_BUSY_TIMEOUT:g} (default 30)",
+            )
+        self.busy_timeout = float(busy_timeout)
         self.synchronous = synchronous.upper()
 
     def connect(self, *, autocommit: bool = False) -> Any:

@@ -21,9 +21,10 @@ from collections.abc import Mapping
 from contextlib import closing
 from urllib.parse import parse_qsl, quote, unquote, urlsplit
 
-from airflow_resumable.core.model.errors import ConfigurationError, StoreUnavailable
+from airflow_resumable.core.model.errors import ConfigurationError, StoreBusy, StoreUnavailable
+from airflow_resumable.core.model.process import RUNS, read_stat
 
-__all__ = ["Location", "locked", "parse_location", "readonly", "unwritable"]
+__all__ = ["Location", "live_writer", "locked", "parse_location", "readonly", "unwritable"]
 
 #: SQLite's URI query parameters (https://sqlite.org/uri.html), and what the store does with each.
 URI_PARAMS = ("mode", "cache", "vfs", "immutable", "nolock", "psow", "modeof")
@@ -199,47 +200,58 @@ class Holder:
     pid: int
     kind: str  # "write lock" or "turn"
 
-    def describe(self, db_path: str) -> str:
+    def describe(self, db_path: str, record: tuple[object, ...] | None = None) -> str:
+        """Who holds it, in words (``record``: its running record of the attempt history when the
+        caller read it already, else read here)."""
         host = socket.gethostname()
         if self.pid <= 0:
             return f"held ({self.kind}) by a process in another container or PID namespace (the lock table gives no pid)"
         if self.pid == os.getpid():
             return (f"held ({self.kind}) by this very process (pid {self.pid} on {host}): another of its connections "
                     "to the file, opened by the handler or another thread, has a transaction open")
-        return f"held ({self.kind}) by pid {self.pid} on {host}{_process(self.pid)}{_attempt_of(db_path, host, self.pid)}"
+        if record is None:
+            record = _running_record(db_path, host, self.pid)
+        return f"held ({self.kind}) by pid {self.pid} on {host}{_process(self.pid)}{_attempt_of(record)}"
 
 
 def _process(pid: int) -> str:
     """`` (python3, stopped: ...)``: the process's name and any state worth saying, from /proc."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read().decode(errors="replace")
-    except OSError:
+    found = read_stat(pid)
+    if found is None:
         return ""
-    name, _, rest = stat.partition("(")[2].rpartition(")")
-    state = rest.split()[0] if rest.split() else "?"
+    name, state = found.name, found.state
     says = {"T": "stopped: SIGSTOP, a debugger or Ctrl-Z", "t": "stopped by a debugger", "D": "waiting on the disk",
             "Z": "a zombie"}.get(state)
     return f" ({name}{', ' + says if says else ''})"
 
 
-def _attempt_of(db_path: str, host: str, pid: int) -> str:
-    """``, which runs attempt 2 of job=... slot=...``: the attempt history's running record of that
-    process, read through a read-only connection (SQLite keeps its own locks on the file whole)."""
+_RUNS_ATTEMPT = ", which runs attempt "
+
+
+def _running_record(db_path: str, host: str, pid: int) -> tuple[object, ...] | None:
+    """The attempt history's running record of that process (its attempt, job, slot, dag_id,
+    task_id, run_id, map_index, started_at), read through a read-only connection (SQLite keeps its
+    own locks on the file whole); None when there is none or it cannot be read."""
     try:
         with closing(sqlite3.connect(f"file:{quote(db_path)}?mode=ro", uri=True, timeout=1.0)) as conn:
             row = conn.execute(
-                "SELECT attempt, job, slot, dag_id, task_id, run_id, map_index FROM resumable_attempts "
+                "SELECT attempt, job, slot, dag_id, task_id, run_id, map_index, started_at FROM resumable_attempts "
                 "WHERE host = ? AND pid = ? AND ended_at IS NULL ORDER BY id DESC LIMIT 1", (host, pid)).fetchone()
     except sqlite3.Error:
-        return ""
+        return None
+    return None if row is None else tuple(row)
+
+
+def _attempt_of(row: tuple[object, ...] | None) -> str:
+    """``, which runs attempt 2 of job=... slot=...``: the attempt history's running record of the
+    holder's process (:func:`_running_record`), or that it has none."""
     if row is None:
         return ", which runs no attempt this store knows of (a lease keeper's or control request's would; a program " \
                "outside airflow-resumable, a backup, the sqlite3 shell?)"
-    attempt, job, slot, dag_id, task_id, run_id, map_index = row
+    attempt, job, slot, dag_id, task_id, run_id, map_index, _ = row
     task = f" (DAG {dag_id}, task {task_id}{'' if map_index in (None, -1) else f'[{map_index}]'}, run {run_id})" \
         if dag_id else ""
-    return f", which runs attempt {attempt} of job={job!r} slot={slot!r}{task}"
+    return f"{_RUNS_ATTEMPT}{attempt} of job={job!r} slot={slot!r}{task}"
 
 
 def _lock_table() -> list[list[str]] | None:
@@ -277,16 +289,59 @@ def _int(text: str) -> int:
         return -1
 
 
-def locked(db_path: str, timeout: float, *, turn: bool) -> StoreUnavailable:
+def live_writer(db_path: str) -> str | None:
+    """Whether a writer that has waited its busy timeout should go on waiting, and for whom.
+
+    Returns the holder of the write lock (or, while nobody holds it, of the turn at it: a writer
+    about to take it), described, when that is another process of this host that is running and
+    runs an attempt of this store (the attempt history's running record of its host and pid): it
+    will commit its chunk and let go, as one writer at a time is what SQLite allows. None when
+    waiting on would not help or cannot be judged: the lock table is unknown (not Linux), the holder
+    is this very process (another of its connections), a process in another PID namespace, one that
+    is stopped (SIGSTOP, a debugger), a zombie or gone, or one that runs no attempt (a program
+    outside airflow-resumable, such as a shell with a transaction open). The lock momentarily free reads as worth
+    waiting (``"nobody (the lock was just let go)"``).
+    """
+    table = _lock_table()
+    if table is None:
+        return None
+    held = (_holder(f"{db_path}-shm", "the write lock", table, posix_byte=WAL_WRITE_LOCK)
+            or _holder(f"{db_path}-turns", "the turn at the write lock", table, posix_byte=None))
+    if held is None:
+        return NOBODY
+    if held.pid <= 0 or held.pid == os.getpid():
+        return None
+    found = read_stat(held.pid)
+    if found is None or found.state not in RUNS:
+        return None
+    record = _running_record(db_path, socket.gethostname(), held.pid)
+    if record is None:
+        return None  # a program outside airflow-resumable (a shell's open transaction) may hold it for good
+    started = found.started
+    if started is not None and isinstance(record[-1], int | float) and started > float(record[-1]) + 2.0:
+        return None  # the pid is another process's now: the attempt recorded under it was killed long ago
+    return held.describe(db_path, record)
+
+
+#: What :func:`live_writer` says when the lock table names no holder: the lock was just let go, or
+#: its holder is not to be seen from here (another PID namespace leaves no line in ``/proc/locks``).
+NOBODY = "nobody (the lock was just let go, or its holder cannot be seen from here)"
+
+
+def locked(db_path: str, timeout: float, *, turn: bool, waited: float | None = None) -> StoreBusy:
     """The error of a writer that waited ``timeout`` seconds for SQLite's write lock (``turn``: for
-    the turnstile, while another writer waited for the lock), naming who holds it and how to find it."""
+    the turnstile, while another writer waited for the lock), naming who holds it and how to find it;
+    ``waited``: a patient writer's whole wait, when it gave up on a holder that ran all along."""
     table = _lock_table()
     held = None
     if table is not None:
         held = (_holder(f"{db_path}-shm", "the write lock", table, posix_byte=WAL_WRITE_LOCK)
                 or _holder(f"{db_path}-turns", "the turn at the write lock", table, posix_byte=None))
-    waited = (f"another writer of {db_path!r} kept its turn at the write lock for {timeout:g}s (the busy timeout)"
-              if turn else f"the write lock of {db_path!r} stayed taken for {timeout:g}s (the busy timeout)")
+    how_long = f"{timeout:g}s (the busy timeout)" if waited is None else (
+        f"{waited:.0f}s, as long as this attempt waits for one holder that runs and keeps the lock (ten busy "
+        "timeouts: a chunk that long, or a deadlock: a holder that waits for something this attempt holds)")
+    waited_text = (f"another writer of {db_path!r} kept its turn at the write lock for {how_long}"
+                   if turn else f"the write lock of {db_path!r} stayed taken for {how_long}")
     if held is not None:
         who = held.describe(db_path)
         find = (f"Find it with `ps -o pid,stat,etime,args -p {held.pid}`" if held.pid > 0 else
@@ -299,8 +354,10 @@ def locked(db_path: str, timeout: float, *, turn: bool) -> StoreUnavailable:
         who = "by a process the lock table does not name" + ("" if table is not None else " (this system has no "
                                                             f"{_PROC_LOCKS})")
         find = f"Find the processes that have the file open with `fuser -v {db_path}-shm` or `lsof {db_path}-shm`"
-    return StoreUnavailable(
-        f"database is locked: {waited}, {who}",
-        hint=f"{find}. A chunk writing through ctx.transaction() holds the lock until its checkpoint: keep such "
-        "chunks well under the busy timeout (or use PostgreSQL). A retry resumes from the last checkpoint",
+    return StoreBusy(
+        f"database is locked: {waited_text}, {who}",
+        hint=f"{find}. An attempt's own writes wait as long as a holder that runs (another attempt's long chunk); "
+        "this wait ended at the busy timeout because the holder is stopped, gone, this process or not to be seen, "
+        "or the writer is a control request or a lease renewal (the connection's busy_timeout extra sets it). A "
+        "retry resumes from the last checkpoint",
     )

@@ -37,42 +37,71 @@ import dataclasses
 import json
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from airflow_resumable.core.model.checkpoint import ENCODER, Status, short
+from airflow_resumable.core.model.checkpoint import ENCODER, short
 from airflow_resumable.core.model.columns import MAX_NUMBER
-from airflow_resumable.core.model.errors import ConfigurationError, CorruptCheckpoint, ReaderChanged
-from airflow_resumable.core.model.identity import PLAN_SUFFIX
+from airflow_resumable.core.model.errors import ConfigurationError, CorruptCheckpoint, ReaderChanged, RequestRefused
+from airflow_resumable.core.model.identity import PLAN_SUFFIX, partition_job, plan_job
 from airflow_resumable.core.model.keys import json_key, json_keys
-from airflow_resumable.core.model.tables import CHECKPOINTS
-from airflow_resumable.core.readers.base import close_quietly, differences, identity_digest
+from airflow_resumable.core.readers.base import differences, identity_digest
 from airflow_resumable.core.readers.keyset import KeysetReader
-from airflow_resumable.core.stores.connection import Connection
-from airflow_resumable.core.stores.shared_sql import insert
+from airflow_resumable.core.stores.base import StoreSession
 
 __all__ = [
     "PLAN_SUFFIX", "CorruptPlan", "Plan", "Range", "allowed_failures", "allowed_shortfall", "check_plan_reader", "check_range_reader",
-    "load_plan", "orphan_partitions", "partition_job", "partitions_problem", "plan_job", "replace_plan", "save_plan",
-    "shortfall_problem", "split", "tolerated_problem",
+    "load_plan", "orphan_partitions", "outside_plan", "partition_index", "partition_job", "partitions_problem",
+    "plan_job", "replace_plan", "save_plan", "shortfall_problem", "split", "tolerated_problem",
 ]
 
 #: The most partitions a job may have: each is a mapped task instance and a checkpoint row.
 MAX_PARTITIONS = 10_000
 
-TABLE_NAME = CHECKPOINTS.name
-
 _PERCENT = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*%\s*$")
 
 
-def plan_job(job: str) -> str:
-    """The job whose checkpoint row holds ``job``'s plan, per slot."""
-    return f"{job}{PLAN_SUFFIX}"
+_PARTITION = re.compile(r"^(.+)\[(\d+)\]$")
 
 
-def partition_job(job: str, index: int) -> str:
-    """Partition ``index``'s job: the mapped task instance's (``<job>[<map_index>]``)."""
-    return f"{job}[{index}]"
+def partition_index(job: str) -> tuple[str, int] | None:
+    """``(<job>, i)`` of a partition's job name ``<job>[i]``; None for any other name."""
+    m = _PARTITION.match(job)
+    return None if m is None else (m.group(1), int(m.group(2)))
+
+
+def outside_plan(load: Callable[[str, str], Any], job: str, slot: str) -> RequestRefused | None:
+    """Why the partition ``job`` (``<job>[i]``) of ``slot`` is no partition of its job's current plan,
+    or None: it is one (or ``job`` names no partition, or its job has no plan for the slot, or one
+    this release cannot read). A job split anew into fewer partitions keeps the rows, history and dead
+    letters of the partitions past the new plan; their task instances are ``removed`` in Airflow, so
+    nothing runs them: they count for nothing in the job's line and take no request. ``load(job,
+    slot)`` reads a checkpoint row (``session.checkpoints.load``)."""
+    found = partition_index(job)
+    if found is None:
+        return None
+    base, index = found
+    try:
+        row = load(plan_job(base), slot)
+    except CorruptCheckpoint:  # the plan's own row edited by hand: it cannot say, and must not block its partitions
+        return None
+    if row is None:
+        return None
+    try:
+        plan = Plan.from_state(row.state, job=plan_job(base), slot=slot)
+    except CorruptPlan:
+        return None
+    if index < plan.partitions:
+        return None
+    when = row.started_at.isoformat(timespec="seconds") if row.started_at else "?"
+    return RequestRefused(
+        f"partition {index} is not in job {base}'s current plan of {plan.partitions} partition(s) (planned at "
+        f"{when}): its row, history and skipped items are kept from an earlier split into more partitions, but "
+        "nothing runs it any more (its task instance is removed), so it takes no request and counts for nothing "
+        "in the job's line", status=row.status, job=job, slot=slot,
+        hint=f"Ask the plan's partitions ({partition_job(base, 0)} to {partition_job(base, plan.partitions - 1)}); "
+        f"to split the job anew, restart '{plan_job(base)}'",
+    )
 
 
 # -- arguments -----------------------------------------------------------------------------------
@@ -385,153 +414,68 @@ def split(reader: KeysetReader, partitions: int, *, job: str | None = None, slot
     after (see the module's docstring). ``reader``'s ``where``/``query``/``until`` apply.
 
     Raises:
-        ConfigurationError: a bad count, or a row with a NULL key (it would be in no range),
-            naming the job and the slot.
+        ConfigurationError: a bad count, a row with a NULL key (it would be in no range), or a
+            boundary key with no exact JSON form (bytes...), naming the job and the slot.
     """
     problem = partitions_problem("partitions", partitions)
     if problem:
         raise ConfigurationError(problem, job=job, slot=slot, hint="Give partitions= a whole number, e.g. 16")
-    conn = reader.connect()
-    try:
-        marker = reader._marker(conn)
-        keys = ", ".join(reader.keys)
-        nulls = " OR ".join(f"{k} IS NULL" for k in reader.keys)
-        sql, args = reader._rows([(f"({nulls})", ())], what=keys, marker=marker, bounded=False)
-        null = _one(conn, f"{sql} LIMIT 1", args)
-        if null is not None:
-            where = " AND ".join(f"{k} IS NOT NULL" for k in reader.keys)
-            raise ConfigurationError(
-                f"{reader.name}: a row has a NULL key ({', '.join(f'{k}={short(v, 40)}' for k, v in zip(reader.keys, null, strict=True))}): "
-                "a NULL is neither before nor after a boundary, so no partition would read that row. Nothing was "
-                "split or read", job=job, slot=slot,
-                hint=f"Filter them out (where='{where}') or partition on columns that are NOT NULL",
-            )
-        sql, args = reader._rows([], what=keys, marker=marker)
-        count = _one(conn, f"SELECT count(*) FROM ({sql}) AS keyset_count", args)
-        rows = int(count[0]) if count else 0
-        # Partition j (0-based) ends at row floor((j + 1) * n / N) of the key's order (1-based): sizes
-        # differ by one row at most. Row 0 stands before every key: the partitions up to it are empty.
-        at = [(j * rows) // partitions for j in range(1, partitions)]
-        found = _keys_at(conn, reader, sorted({r for r in at if r > 0}), marker, postgres=_is_postgres(conn))
-        convert = json_key if len(reader.keys) == 1 else json_keys
-        boundaries: list[Any] = []
-        for r in at:
-            if r in found:
-                boundaries.append(convert(found[r] if len(reader.keys) > 1 else found[r][0]))
-            else:  # row 0, or a row deleted while the split was made: the boundary before stands in
-                boundaries.append(boundaries[-1] if boundaries else None)
-    finally:
-        _end(conn)
-    return Plan(partitions, tuple(boundaries), rows, reader.identity())
-
-
-def _is_postgres(conn: Any) -> bool:
-    return type(conn).__module__.split(".")[0] in ("psycopg2", "psycopg")
-
-
-def _keys_at(conn: Any, reader: KeysetReader, at: list[int], marker: str, *, postgres: bool) -> dict[int, tuple[Any, ...]]:
-    """The key of each row number in ``at`` (1-based, in the key's order)."""
-    if not at:
-        return {}
-    keys = ", ".join(reader.keys)
-    if postgres:  # one pass over the key (an index scan in its order), whatever the number of boundaries
-        sql, args = reader._rows([], what=f"{keys}, row_number() OVER (ORDER BY {keys}) AS keyset_rn", marker=marker)
-        wanted = ", ".join(str(int(r)) for r in at)
-        cur = conn.cursor()
-        try:
-            cur.execute(f"SELECT * FROM ({sql}) AS keyset_plan WHERE keyset_rn IN ({wanted})", args)
-            return {int(row[-1]): tuple(row[:-1]) for row in cur.fetchall()}
-        finally:
-            cur.close()
-    out: dict[int, tuple[Any, ...]] = {}
-    sql, args = reader._rows([], what=keys, marker=marker)
-    statement = f"{sql} ORDER BY {keys} LIMIT 1 OFFSET {marker}"
-    for r in at:
-        row = _one(conn, statement, [*args, r - 1])
-        if row is None:  # rows deleted while the split was made
-            break
-        out[r] = row
-    return out
-
-
-def _one(conn: Any, sql: str, args: Sequence[Any]) -> tuple[Any, ...] | None:
-    cur = conn.cursor()
-    try:
-        cur.execute(sql, tuple(args))
-        row = cur.fetchone()
-        return None if row is None else tuple(row)
-    finally:
-        cur.close()
-
-
-def _end(conn: Any) -> None:
-    try:
-        conn.rollback()
-    except Exception:  # an autocommit connection, or one already broken
-        pass
-    close_quietly(conn)
+    found = reader.split_keys(partitions)
+    if found.null_key is not None:
+        where = " AND ".join(f"{k} IS NOT NULL" for k in reader.keys)
+        raise ConfigurationError(
+            f"{reader.name}: a row has a NULL key ({', '.join(f'{k}={short(v, 40)}' for k, v in zip(reader.keys, found.null_key, strict=True))}): "
+            "a NULL is neither before nor after a boundary, so no partition would read that row. Nothing was "
+            "split or read", job=job, slot=slot,
+            hint=f"Filter them out (where='{where}') or partition on columns that are NOT NULL",
+        )
+    convert = json_key if len(reader.keys) == 1 else json_keys
+    boundaries: list[Any] = []
+    for r in found.at:
+        if r in found.keys:
+            try:
+                boundaries.append(convert(found.keys[r] if len(reader.keys) > 1 else found.keys[r][0]))
+            except TypeError as exc:  # the plan is stored as JSON: a boundary must have an exact JSON form
+                raise ConfigurationError(
+                    f"{reader.name}: {exc}, so no boundary of the split can be stored in the plan. Nothing was "
+                    "split or read", job=job, slot=slot,
+                    hint="Partition on columns whose values are numbers, text, timestamps, dates, decimals or UUIDs",
+                ) from None
+        else:  # row 0, or a row deleted while the split was made: the boundary before stands in
+            boundaries.append(boundaries[-1] if boundaries else None)
+    return Plan(partitions, tuple(boundaries), found.rows, reader.identity())
 
 
 # -- where the plan is kept ------------------------------------------------------------------------
 
 
-def _insert_sql(c: Connection) -> str:
-    now = c.d.now()
-    return insert(CHECKPOINTS, {
-        "job": "%(job)s", "slot": "%(slot)s", "status": f"'{Status.DONE.value}'", "state": "%(state)s",
-        "processed": "%(rows)s", "total": "%(rows)s", "runs": "1", "attempts": "1", "started_at": now,
-        "updated_at": now, "finished_at": now,
-    }) + " ON CONFLICT (job, slot) DO NOTHING"
-
-
-def load_plan(session: Any, job: str, slot: str) -> Plan | None:
-    """The plan stored for ``job``'s ``slot`` (``session``: a store session), or None."""
-    row = session.checkpoints.load(plan_job(job), slot)
+def load_plan(session: StoreSession, job: str, slot: str) -> Plan | None:
+    """The plan stored for ``job``'s ``slot``, or None."""
+    row = session.plans.load(job, slot)
     return None if row is None else Plan.from_state(row.state, job=plan_job(job), slot=slot)
 
 
-def orphan_partitions(session: Any, job: str, slot: str, partitions: int, *, limit: int = 10) -> list[str]:
+def orphan_partitions(session: StoreSession, job: str, slot: str, partitions: int, *, limit: int = 10) -> list[str]:
     """Up to ``limit`` of ``job``'s first ``partitions`` partitions that have a row for ``slot``
     (progress made in a plan's ranges): none before the slot's first plan, unless its plan row was
-    deleted by hand. Looked up by key, 500 at a time."""
-    found: list[str] = []
-    for start in range(0, partitions, 500):
-        names = [partition_job(job, i) for i in range(start, min(partitions, start + 500))]
-        marks = ", ".join(f"%(j{n})s" for n in range(len(names)))
-        rows = session.execute(
-            f"SELECT job FROM {TABLE_NAME} WHERE slot = %(slot)s AND job IN ({marks})",
-            {"slot": slot, **{f"j{n}": name for n, name in enumerate(names)}}).fetchall()
-        found += sorted((str(r[0]) for r in rows), key=names.index)
-        if len(found) >= limit:
-            break
-    return found[:limit]
+    deleted by hand."""
+    return session.plans.partitions_with_rows(job, slot, partitions, limit=limit)
 
 
-def save_plan(session: Any, job: str, slot: str, plan: Plan) -> Plan:
+def save_plan(session: StoreSession, job: str, slot: str, plan: Plan) -> Plan:
     """Store ``plan`` for ``job``'s ``slot`` unless one is stored already; return the slot's plan
     (the one stored first: two planners racing agree on the winner's)."""
-    with session.transaction():
-        session.execute(_insert_sql(session), {
-            "job": plan_job(job), "slot": slot, "state": ENCODER.encode(plan.state()), "rows": plan.rows,
-        })
+    session.plans.add(job, slot, plan.state(), plan.rows)
     stored = load_plan(session, job, slot)
     assert stored is not None, "the plan row was inserted or already there"
     return stored
 
 
-def replace_plan(session: Any, job: str, slot: str, plan: Plan) -> bool:
+def replace_plan(session: StoreSession, job: str, slot: str, plan: Plan) -> bool:
     """Replace the slot's plan with ``plan`` when a restart of it is pending (``airflow resumable
     restart '<job>#plan' SLOT``), taking the request in the same write; False when none was pending
     (another planner took it first). The row's ``runs`` counts the splits."""
-    now = session.d.now()
-    with session.transaction():
-        n = session.execute(
-            f"UPDATE {TABLE_NAME} SET state = %(state)s, processed = %(rows)s, total = %(rows)s, runs = runs + 1, "
-            f"request = NULL, started_at = {now}, updated_at = {now}, finished_at = {now} "
-            "WHERE job = %(job)s AND slot = %(slot)s AND request = 'restart'",
-            {"job": plan_job(job), "slot": slot, "state": ENCODER.encode(plan.state()), "rows": plan.rows},
-        ).rowcount
-    return bool(n == 1)
+    return session.plans.replace(job, slot, plan.state(), plan.rows)
 
 
 # -- one reader for the whole job -------------------------------------------------------------------

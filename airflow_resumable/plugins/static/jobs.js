@@ -5,7 +5,9 @@
   "use strict";
   var el = R.el, num = R.num, host = R.host, request = R.request, API = R.API, params = R.params, uiBase = R.uiBase,
     link = R.link, tabPath = R.tabPath, bar = R.bar, pace = R.pace, cell = R.cell, when = R.when, clock = R.clock,
-    zone = R.zone, LIST_REFRESH_MS = R.LIST_REFRESH_MS;
+    zone = R.zone, LIST_REFRESH_MS = R.LIST_REFRESH_MS, shown = R.shown, shownWhy = R.shownWhy;
+  // A job's partitions by how they are shown (core/view.py liveness_of), in the order the line lists them.
+  var KINDS = ["done", "running", "stalled", "abandoned", "paused", "failed", "waiting", "other"];
 
   // -- the Resumable jobs page -------------------------------------------------------------------
   var STATUSES = ["running", "paused", "failed", "cancelled", "done"];
@@ -98,7 +100,7 @@
       var path = tabPath(row);
       return el("tr", {"data-job": row.job, "data-slot": row.slot}, [
         el("td", {"class": "name"}, [name(row.job)]), cell(row.slot, {"class": "code"}),
-        el("td", {}, [el("span", {"class": "badge " + row.status, text: row.status})]),
+        el("td", {}, [el("span", {"class": "badge " + shown(row), title: shownWhy(row) || null, text: shown(row)})]),
         el("td", {"class": "progress"}, [bar(row), row.percent == null ? "" : row.percent.toFixed(0) + "%"]),
         cell(num(row.processed) + (row.total != null ? " / " + num(row.total) : ""), {"class": "nowrap"}),
         cell(when(row.updated_at), {"class": "nowrap"}),
@@ -116,16 +118,31 @@
     function standing(job) {
       var p = job.partitions || {};
       if (!(job.mapped || job.partitioned)) {
-        var only = ["done", "running", "paused", "failed", "waiting", "other"].filter(function (k) { return p[k]; })[0];
+        var only = KINDS.filter(function (k) { return p[k]; })[0];
         var slot = rows.filter(function (r) { return r.job === job.job && r.slot === job.slot; })[0];
-        var shown = slot ? slot.status : only === "other" || !only ? "unknown" : only;
-        return [el("span", {"class": "badge " + shown, "data-count": only || "", text: shown})];
+        // The line's own count first: it is judged with Airflow's task instance state, the listing is not.
+        var one = only && only !== "other" ? only : slot ? shown(slot) : "unknown";
+        return [el("span", {"class": "badge " + one, "data-count": only || "", text: one}), differs(job)];
       }
-      var counts = ["done", "running", "paused", "failed", "waiting", "other"].filter(function (k) { return p[k]; }).map(function (k) {
-        return el("span", {"class": "badge " + (k === "other" || k === "waiting" ? "" : k), "data-count": k, text: num(p[k]) + " " + k});
+      var counts = KINDS.filter(function (k) { return p[k]; }).map(function (k) {
+        return el("span", {"class": "badge " + (k === "other" || k === "waiting" ? "" : k), "data-count": k, text: num(p[k]) + " " + k,
+          title: k === "abandoned" ? "Their rows still say running, but nobody runs them: the lease expired, or Airflow ended " +
+            "the task instance. Restart or release them on their Checkpoint tab, or re-run the failed ones." : null});
       });
       return counts.reduce(function (a, c) { return a.concat([c, " "]); }, [])
-        .concat([el("span", {"class": "muted", text: "of " + plural(p.total || 0, "partition", "partitions")})]);
+        .concat([el("span", {"class": "muted", text: "of " + plural(p.total || 0, "partition", "partitions")}), differs(job)]);
+    }
+    // Where Airflow's task instance states differ from the partitions' rows, say so and why.
+    function differs(job) {
+      var t = job.task_instances, p = job.partitions || {};
+      if (!t) return null;
+      var failed = t.failed || 0, rowsFailed = p.failed || 0;
+      var running = (t.running || 0), rowsRunning = (p.running || 0) + (p.stalled || 0);
+      if (failed === rowsFailed && running === rowsRunning) return null;
+      var airflow = Object.keys(t).map(function (k) { return num(t[k]) + " " + k; }).join(", ");
+      var why = p.abandoned ? " — " + plural(p.abandoned, "row", "rows") + " still say running after " +
+        (p.abandoned === 1 ? "its" : "their") + " attempt ended (abandoned)" : "";
+      return el("div", {"class": "note ti-differs", text: "Airflow's task instances: " + airflow + why + "."});
     }
     function renderSummary(data, dag) {
       if (!data || !data.jobs) { summary.hidden = true; return; }
@@ -133,13 +150,17 @@
       var jobs = data.jobs.filter(function (j) { return !needle || String(j.dag_id || "").toLowerCase().indexOf(needle) >= 0; });
       summary.hidden = !jobs.length;
       summaryBody.replaceChildren.apply(summaryBody, jobs.map(function (job) {
-        var p = job.partitions || {}, several = job.mapped || job.partitioned, runId = several && p.failed ? failedRun(job) : null;
+        var p = job.partitions || {}, several = job.mapped || job.partitioned;
+        // Offered when Airflow has failed task instances (what the re-run clears), else when a row says so.
+        var tiFailed = job.task_instances ? job.task_instances.failed || 0 : p.failed;
+        var runId = several && tiFailed ? failedRun(job) : null;
         var actions = [];
         if (runId) {  // first: the one that changes something
           var rerun = el("button", {type: "button", "class": "rerun-failed", text: "Re-run failed partitions",
-            title: "Clears the " + plural(p.failed, "failed partition", "failed partitions") + " of run " + runId +
-              " in Airflow: each resumes from its own checkpoint, the others keep their state."});
-          rerun.addEventListener("click", function () { asking = {job: job.job, run_id: runId, failed: p.failed}; renderAsk(); });
+            title: "Clears the " + plural(tiFailed, "failed partition", "failed partitions") + " of run " + runId +
+              " in Airflow (its task instances Airflow has as failed): each resumes from its own checkpoint, the " +
+              "others keep their state."});
+          rerun.addEventListener("click", function () { ask({job: job.job, run_id: runId}); });
           actions.push(rerun);
         }
         if (several) {
@@ -161,7 +182,7 @@
           el("td", {"class": "name"}, [name(job.job), planRequest(job), el("div", {"class": "actions"}, actions)]),
           el("td", {"class": "name"}, [task]),
           el("td", {"class": "standing"}, p.total ? standing(job) : [el("span", {"class": "muted", text: "none"})]),
-          el("td", {"class": "progress"}, [bar({percent: job.percent, status: p.failed ? "failed" : p.total && p.done === p.total ? "done" : "running"}),
+          el("td", {"class": "progress"}, [bar({percent: job.percent, status: p.failed || p.abandoned ? "failed" : p.total && p.done === p.total ? "done" : "running"}),
             job.percent == null ? "" : job.percent.toFixed(0) + "%"]),
           // The plan's rows, and the dead letters among the processed ones (the summary task tells them apart).
           cell(num(job.processed) + (job.total != null ? " / " + num(job.total) : "") +
@@ -191,15 +212,16 @@
         var p = d.partitions || {};
         document.getElementById("partitions-title").replaceChildren(
           "Partitions of " + d.job + (d.run_id ? " (run " + d.run_id + ")" : "") + ": " +
-          ["done", "running", "paused", "failed", "waiting"].filter(function (k) { return p[k]; }).map(function (k) { return num(p[k]) + " " + k; }).join(", "),
+          KINDS.filter(function (k) { return p[k] && k !== "other"; }).map(function (k) { return num(p[k]) + " " + k; }).join(", "),
           " ", (function () { var b = el("button", {type: "button", id: "close-partitions", text: "Close"});
             b.addEventListener("click", function () { opened = null; panel.hidden = true; keepInAddress(filters()); }); return b; })());
         panelBody.replaceChildren.apply(panelBody, (d.partition_rows || []).map(function (row) {
           var path = row.status === "waiting" ? null : tabPath(row);
           var error = row.status === "failed" || row.status === "cancelled" ? row.last_error || "" : "";
-          return el("tr", {"data-partition": String(row.map_index), "data-status": row.status}, [
+          return el("tr", {"data-partition": String(row.map_index), "data-status": shown(row)}, [
             cell(row.map_index >= 0 ? "[" + row.map_index + "]" : "—", {"class": "code"}),
-            el("td", {}, [el("span", {"class": "badge " + (row.status === "waiting" ? "" : row.status), text: row.status})]),
+            el("td", {}, [el("span", {"class": "badge " + (row.status === "waiting" ? "" : shown(row)), title: shownWhy(row) || null,
+              text: shown(row) + (row.task_state && row.task_state !== "none" ? " · task instance " + row.task_state : "")})]),
             el("td", {"class": "progress"}, [bar(row), row.percent == null ? "" : row.percent.toFixed(0) + "%"]),
             cell(row.status === "waiting" ? "not started" : num(row.processed) + (row.total != null ? " / " + num(row.total) : ""), {"class": "nowrap"}),
             cell(pace(row), {"class": "nowrap"}), cell(when(row.updated_at), {"class": "nowrap"}),
@@ -213,6 +235,14 @@
         document.getElementById("partitions-title").replaceChildren(el("span", {"class": "error", text: err.message}));
         panelBody.replaceChildren();
       });
+    }
+    // The confirmation names what the re-run clears, read as the re-run reads it (Airflow's states, now).
+    function ask(target) {
+      asking = null;
+      summaryMsg.replaceChildren(el("span", {"class": "muted", text: "Reading Airflow's failed task instances…"}));
+      request("GET", API + "jobs/rerun_preview?" + conn(new URLSearchParams({job: target.job, run_id: target.run_id})))
+        .then(function (d) { asking = {job: target.job, run_id: target.run_id, failed: d.failed || []}; renderAsk(); })
+        .catch(function (err) { summaryMsg.replaceChildren(el("span", {"class": "error", text: "Re-run: " + err.message})); });
     }
     function renderAsk() {
       if (!asking) { summaryMsg.replaceChildren(); return; }
@@ -232,9 +262,19 @@
           }).catch(function (err) { summaryMsg.replaceChildren(el("span", {"class": "error", text: "Re-run refused: " + err.message})); })
           .then(load);
       });
+      var failed = target.failed, one = failed.length === 1;
+      if (!failed.length) {
+        summaryMsg.replaceChildren(el("span", {id: "rerun-none", text: "No task instance of " + target.job + " in run " +
+          target.run_id + " is failed in Airflow now: nothing to re-run."}));
+        asking = null;
+        return;
+      }
+      var what = one && failed[0] < 0 ? "the failed task instance" : one ? "failed partition " + failed[0]
+        : "failed partitions " + sentenceList(failed.map(String));
       summaryMsg.replaceChildren(el("div", {id: "confirmation", role: "alertdialog", "class": "confirm"},
-        [el("span", {text: "Re-run the " + plural(target.failed || 0, "failed partition", "failed partitions") + " of " + target.job +
-          " in run " + target.run_id + "? Their task instances are cleared in Airflow and each resumes from its checkpoint. "}), yes, no]));
+        [el("span", {text: "Re-run " + what + " of " + target.job + " in run " + target.run_id + " (as Airflow has " +
+          (one ? "it" : "them") + " now)? " + (one ? "Its task instance is" : "Their task instances are") +
+          " cleared in Airflow and each resumes from its checkpoint. "}), yes, no]));
     }
     var typing = null;
     form.elements.dag_id.addEventListener("input", function () { clearTimeout(typing); typing = setTimeout(load, 250); });

@@ -15,10 +15,11 @@
   var TI_ACTIVE = ["queued", "running", "deferred", "restarting"];
   var ACTIONS = ["pause", "resume", "cancel", "restart", "release"];
   var LABEL = {pause: "Pause", resume: "Resume", cancel: "Cancel", restart: "Restart", release: "Release",
-    retry_skipped: "Retry skipped items"};
+    retry_skipped: "Retry skipped items", withdraw_retry: "Withdraw the retry"};
   // The confirmation asks this, then says what the request will do to this slot now (the button's tooltip).
   var QUESTION = {pause: "Pause this slot?", resume: "Resume this slot?", cancel: "Cancel this slot's run?",
-    restart: "Restart this slot?", release: "Release this slot's lease?", retry_skipped: "Retry its skipped items?"};
+    restart: "Restart this slot?", release: "Release this slot's lease?", retry_skipped: "Retry its skipped items?",
+    withdraw_retry: "Withdraw the retry of its skipped items?"};
   var params = new URLSearchParams(location.search);
   var root = document.getElementById("root");
 
@@ -158,9 +159,18 @@
     var at = owner.lastIndexOf("@");
     return el("span", {title: owner, text: at >= 0 ? owner.slice(at + 1) : owner});
   }
+  // How a slot is shown: the server's one rule (core/view.py liveness_of): its status, or for a
+  // running row whose holder is stuck or gone, "stalled" or "abandoned".
+  function shown(row) { return row.shown_status || row.status; }
+  // Since when, and why, a slot is stalled or abandoned (the badge's tooltip and the tab's note).
+  function shownWhy(row) {
+    if (shown(row) === row.status || !row.shown_why) return "";
+    return shown(row) + (row.shown_since ? " since " + clock(new Date(row.shown_since)) : "") + ": " + row.shown_why +
+      " (its row still says " + row.status + ")";
+  }
   function bar(row, cls) {
     var pct = row.percent == null ? (row.status === "done" ? 100 : 0) : row.percent;
-    var outer = el("div", {"class": "bar " + row.status + (cls ? " " + cls : ""), role: "progressbar",
+    var outer = el("div", {"class": "bar " + shown(row) + (cls ? " " + cls : ""), role: "progressbar",
       "aria-valuemin": "0", "aria-valuemax": "100", "aria-valuenow": String(pct)});
     var inner = el("div"); inner.style.width = pct + "%"; outer.appendChild(inner);
     return outer;
@@ -187,7 +197,7 @@
     var r = row.request;
     if (r === "pause" && row.status === "running") return r;
     if (r === "resume" && row.status === "paused") return r;
-    if (r === "restart" && row.status !== "running") return r;
+    if (r === "restart" && (row.status !== "running" || shown(row) === "abandoned")) return r;
     if (row.cancel_request === "handover" && row.status === "running") return "handover";
     if (row.cancel_request && row.status === "running") return "cancel";
     return null;
@@ -262,6 +272,8 @@
           retryAnswer = {job: current.job, slot: current.slot, next_run: String(retry.next_run || ""),
             waiting: !retry.cleared && /not carried out/.test(String(retry.next_run || ""))};
           say(LABEL[action] + " requested: " + retryAnswer.next_run, retryAnswer.waiting);
+        } else if (answer && answer.withdrawn) {
+          say(LABEL[action] + ": " + num(answer.withdrawn.items) + " item(s) skipped again.");
         } else {
           say(LABEL[action] + ": sent.");
         }
@@ -288,6 +300,9 @@
           other ? el("span", {}, ["It yielded to run ", other, y.slot ? " (slot " + y.slot + (y.started_at ? ", started " : "") : "",
             y.started_at ? when(y.started_at) : "", y.slot ? ")" : "", "."]) : null
         ]));
+      } else if (note && note.never_started) {
+        // A try the executor failed while still queued: it never started (no Execution API, usually)
+        parts.push(el("p", {id: "never-started", "class": "error", text: note.never_started.message}));
       } else {
         var waiting = ti && TI_ACTIVE.concat(["scheduled", "up_for_retry", "up_for_reschedule"]).indexOf(ti.state) >= 0;
         parts.push(el("p", {id: "not-resumable", "class": "muted",
@@ -335,7 +350,8 @@
       var pending = counts.retry_requested ? el("div", {id: "retry-pending", "class": "note"}, [
         "Retry of " + num(counts.retry_requested) + " skipped item(s) requested" +
           (row.retry_requested_by ? " by " + row.retry_requested_by : "") +
-          ": the task's next run replays them before its other work.", nextRun]) : null;
+          ": the task's next run replays them before its other work.", nextRun, " ",
+        actionButton(row, "withdraw_retry")]) : null;
       return [heading, pending, table, actionButton(row, "retry_skipped")];
     }
     function render() {
@@ -347,7 +363,7 @@
       if (row.rate != null) figures.push(rate(row.rate) + "/s");
       if (row.eta_seconds != null) figures.push("ETA " + duration(row.eta_seconds));
       else if (row.stalled_since) figures.push("stalled since " + clock(new Date(row.stalled_since)) + " (past its ETA, no checkpoint)");
-      else if (row.status === "running" && row.rate == null) figures.push("measuring the rate…");
+      else if (shown(row) === "running" && row.rate == null) figures.push("measuring the rate…");
       var lease = row.lease_owner ? [holder(row.lease_owner), " — heartbeat " + row.heartbeat_age_seconds + " s ago" +
         (row.lease === "stale" ? " (STALE: the holder missed two heartbeats)" : row.lease === "expired" ? " (expired)" : "")] : ["none"];
       var why = stopReason(row);
@@ -366,7 +382,7 @@
       }
       // The task instance moved on (a new try queued or running) while the slot shows the last one.
       var next = null;
-      if (ti && ti.try_number > row.attempt && row.status !== "running") {
+      if (ti && ti.try_number > row.attempt && shown(row) !== "running") {
         next = el("div", {id: "next-try", "class": "note", text: "Try " + ti.try_number + " is " + ti.state +
           ": it resumes from this checkpoint when it starts."});
       }
@@ -378,7 +394,8 @@
           cell([h.stop_reason !== undefined ? h.stop_reason : h.cancel_reason, h.error].filter(Boolean).join(": "))]));
       });
       root.replaceChildren.apply(root, [
-        el("h2", {}, ["Checkpoint ", el("span", {"class": "badge " + row.status, id: "status", text: row.status + reason}),
+        el("h2", {}, ["Checkpoint ", el("span", {"class": "badge " + shown(row), id: "status", "data-status": row.status,
+          title: shownWhy(row) || null, text: shown(row) + reason}),
           pending ? el("span", {"class": "pending", id: "pending", text: pending === "handover"
             ? "handover to the task's newer try requested (Airflow runs that try; this one stops at its next chunk boundary)"
             : pending + " requested by " + (row.requested_by || "?")}) : null,
@@ -387,6 +404,7 @@
         el("div", {id: "figures", "class": "progress", "data-processed": String(row.processed),
           "data-eta": row.eta_seconds == null ? "" : String(row.eta_seconds), text: figures.join(" · ")}),
         next,
+        shownWhy(row) ? el("div", {id: "liveness", "class": "note " + shown(row), text: shownWhy(row) + "."}) : null,
         el("dl", {}, [
           el("dt", {text: "job"}), el("dd", {}, [row.job, row.map_index != null && row.map_index >= 0 ? el("span", {}, [" — a partition of ",
             // In this frame: the jobs page of the whole job, its partitions listed, each linking back to its tab.
@@ -416,7 +434,7 @@
   followTheme();
   // What the jobs page (jobs.js, loaded after this file) shares with the tab.
   window.ResumableUI = {el: el, num: num, host: host, request: request, API: API, params: params, uiBase: uiBase,
-    link: link, tabPath: tabPath, bar: bar, pace: pace, cell: cell, when: when, clock: clock, zone: zone,
+    link: link, tabPath: tabPath, bar: bar, pace: pace, shown: shown, shownWhy: shownWhy, cell: cell, when: when, clock: clock, zone: zone,
     LIST_REFRESH_MS: LIST_REFRESH_MS};
   if (root.dataset.page === "checkpoint") checkpointPage();
 })();

@@ -548,6 +548,9 @@ def test_the_jobs_page_counts_a_mapped_jobs_partitions_and_re_runs_the_failed_on
                  what="the mapped job's line")
     # When they press "Re-run failed partitions" and confirm
     line.find_element(By.CSS_SELECTOR, "button.rerun-failed").click()
+    # (the confirmation names what the re-run clears, read from Airflow's states as the re-run reads them)
+    asked = until(lambda: frame_text(driver, "#confirmation") or None, timeout=30, what="the confirmation")
+    assert asked.startswith(f"Re-run failed partition 1 of ui_parts.part in run {run_id} (as Airflow has it now)?"), asked
     press(driver, "confirm", what="the confirmation")
     clicked = time.monotonic()
     # Then partition 1 alone is cleared (the answer is a sentence), and its next try resumes it to done

@@ -58,6 +58,7 @@ def test_every_request_button_is_enabled_exactly_where_the_rules_offer_it_and_sa
     from airflow_resumable.core.model import request_rules as rules
     from airflow_resumable.core.model.request_rules import Action, Lease, Slot
     from airflow_resumable.core.model.states import Status
+    from airflow_resumable.core.view import liveness_of
     from support.rule_rows import JOB as RULES_JOB
     from support.rule_rows import REQUESTS, seed, set_row
 
@@ -75,10 +76,14 @@ def test_every_request_button_is_enabled_exactly_where_the_rules_offer_it_and_sa
         row = set_row(env.store, Slot(status, request, lease), None)
         now = now_of(row)
         expected = rules.offers(rules.slot_of(row, now))
+        # the badge shows the slot as the one rule does: a running row nobody holds is abandoned
+        badge = liveness_of(row, now).shown
         driver.get(url)
-        until(lambda status=status: frame_text(driver, "#status").startswith(status.value) and
+        until(lambda badge=badge: frame_text(driver, "#status").startswith(badge) and
               driver.find_elements(By.CSS_SELECTOR, "#actions button") or None, timeout=30,
-              what=f"the tab of a {status} slot", on_timeout=lambda: shown(driver, "body"))
+              what=f"the tab of a {status} slot shown {badge}", on_timeout=lambda: shown(driver, "body"))
+        if badge == "abandoned":  # says so, and why, beside the badge
+            assert "nobody runs this slot" in frame_text(driver, "#liveness"), f"{status}/{request}/{lease}"
         # every button's state and tooltip in one script (a refresh between two reads re-renders them)
         states = driver.execute_script(
             "return arguments[0].map(function (a) { var b = document.getElementById('action-' + a);"

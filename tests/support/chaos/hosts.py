@@ -224,13 +224,22 @@ class Network:
         _remove(self.tag)
 
 
+#: How :func:`netem_available` begins its answer when the kernel itself has no netem qdisc (built
+#: without ``CONFIG_NET_SCH_NETEM``): nothing to install, the ``lossy`` fault's proxy brings the same
+#: latency and loss. Any other answer is a tool or a permission missing, which CI fails on.
+NO_KERNEL_NETEM = "the kernel has no sch_netem"
+
+
 def netem_available() -> str | None:
     """None when ``tc qdisc ... netem`` works here, else why not (the latency/loss fault is skipped)."""
     ns = f"{PREFIX}probe{os.getpid() % 1000}"
     try:
         sh("ip", "netns", "add", ns)
         done = sh(*in_ns(ns, "tc", "qdisc", "add", "dev", "lo", "root", "netem", "delay", "10ms"), check=False)
-        return None if done.returncode == 0 else f"the kernel has no sch_netem ({done.stderr.strip()})"
+        if done.returncode == 0:
+            return None
+        unknown = "qdisc kind is unknown" in done.stderr
+        return f"{NO_KERNEL_NETEM} ({done.stderr.strip()})" if unknown else f"tc netem failed: {done.stderr.strip()}"
     except (RuntimeError, FileNotFoundError) as exc:
         return str(exc)
     finally:

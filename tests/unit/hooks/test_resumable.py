@@ -59,6 +59,25 @@ def test_a_relative_sqlite_path_is_refused_naming_the_four_slash_form() -> None:
     assert "relative path 'var/lib/x.db'" in text and "sqlite:////var/lib/x.db" in text and "job='j'" in text
 
 
+@pytest.mark.parametrize(("query", "busy"), [("", 30.0), ("?busy_timeout=2.5", 2.5), ("?busy_timeout=0", None), ("?busy_timeout=1e-9", None), ("?busy_timeout=5_0", None),
+                                             ("?busy_timeout=soon", None), ("?busy_timeout=nan", None)])
+def test_a_sqlite_connection_s_busy_timeout_extra_sets_how_long_a_writer_waits(
+    tmp_path: Path, query: str, busy: float | None,
+) -> None:
+    from airflow.sdk import Connection
+
+    from airflow_resumable.core.model.errors import ConfigurationError
+    from airflow_resumable.hooks.resumable import store_from_connection
+
+    conn = Connection.from_uri(f"sqlite:///{tmp_path}/x.db{query}", conn_id="resumable_default")
+    if busy is None:
+        with pytest.raises(ConfigurationError, match="gives busy_timeout=") as err:
+            store_from_connection(conn, job="j", slot="s")
+        assert "job='j'" in str(err.value) and "?busy_timeout=60" in str(err.value)
+        return
+    assert store_from_connection(conn).busy_timeout == busy  # type: ignore[attr-defined]
+
+
 def test_a_postgres_connection_takes_every_extra_the_postgres_provider_supports(pg_params: dict[str, Any]) -> None:
     from airflow.sdk import Connection
 

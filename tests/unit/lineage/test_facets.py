@@ -17,11 +17,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from airflow_resumable.core import Attempt
-from airflow_resumable.core.model.checkpoint import Checkpoint, read_record
+from airflow_resumable.core.model.checkpoint import Checkpoint
 from airflow_resumable.core.model.errors import CorruptCheckpoint
 from airflow_resumable.core.model.identity import Identity
 from airflow_resumable.core.model.tables import CHECKPOINTS
 from airflow_resumable.core.stores import SQLiteStore
+from airflow_resumable.core.stores.decoder import read_record
 from airflow_resumable.core.work.partition_summary import summarize
 from airflow_resumable.core.work.partitions import Plan
 from support.paths import ROOT

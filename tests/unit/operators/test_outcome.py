@@ -17,11 +17,11 @@ import pytest
 
 from airflow_resumable.core.control import requests as control
 from airflow_resumable.core.stores import Store
-from airflow_resumable.version_compat import needs, supports
+from support.gates import needs_airflow
 from support.request_worker import killed_holder
 
 #: retry_policy= is Airflow 3.3's: on an older Airflow its tests are skipped, saying so.
-needs_retry_policies = pytest.mark.skipif(not supports("retry_policy="), reason=needs("retry_policy="))
+needs_retry_policies = needs_airflow("retry_policy=")
 
 DAY = datetime(2026, 3, 1, tzinfo=timezone.utc)
 SLOT = DAY.isoformat()

@@ -192,6 +192,11 @@ def test_the_operator_takes_exactly_the_declared_arguments_keyword_only_with_the
     assert list(_ResumableDecoratedOperator.template_fields) == ["op_args", "op_kwargs", "job", "restart"]
     # The class's attribute types (for the arguments it reads itself) name declared arguments only.
     assert set(ResumableOperator.__annotations__) - {"template_fields"} <= set(ARGUMENTS)
+    # Each is stored by a line of its own, a duration through _seconds (read as written, no loop)
+    source = inspect.getsource(ResumableOperator.__init__)
+    for name, declared in ARGUMENTS.items():
+        stored = f"self.{name} = _seconds({name})" if declared.seconds else f"self.{name} = {name}"
+        assert f"        {stored}\n" in source, name
 
 
 def test_the_chunked_operator_and_loop_take_exactly_their_declared_arguments_keyword_only_with_their_defaults(
@@ -220,6 +225,9 @@ def test_the_chunked_operator_and_loop_take_exactly_their_declared_arguments_key
         assert f":param {name}: " in (ChunkedOperator.__doc__ or ""), name
         assert f"\n        {name}: " in (chunk_loop.__doc__ or ""), name
     assert set(ChunkedOperator.__annotations__) == set(declared)
+    source = inspect.getsource(ChunkedOperator.__init__)
+    for name, option in declared.items():
+        assert (f"self.{name} = _seconds({name})" if option.seconds else f"self.{name} = {name}") in source, name
     op = ChunkedOperator(task_id="c", read=lambda ctx, after, limit: [], process=lambda ctx, batch: None,
                          chunk_size=3, checkpoint_interval=timedelta(seconds=2), skip_on=ValueError, skip_limit=4)
     assert (op.chunk_size, op.checkpoint_interval, op.skip_on, op.skip_limit) == (3, 2.0, ValueError, 4)

@@ -10,11 +10,10 @@ from typing import Any
 import pytest
 
 from airflow_resumable.core.stores import Store
-from airflow_resumable.version_compat import needs, supports
+from support.gates import needs_airflow
 
 #: Airflow's own task state store (the Storage tab) arrived in 3.3; below it the mirror is not written.
-pytestmark = pytest.mark.skipif(not supports("the task state store mirror"),
-                                reason=needs("the task state store mirror"))
+pytestmark = needs_airflow("the task state store mirror")
 
 
 def stored(dag_id: str, run_id: str, task_id: str = "work", map_index: int = -1) -> dict[str, Any]:

@@ -194,7 +194,7 @@ def test_a_slot_shows_its_row_history_and_what_it_would_take(as_user: Any) -> No
     assert (body["job"], body["slot"], body["status"], body["position"], body["dag_id"]) == (A, SLOT, "failed", 10, "dag_a")
     assert [h["outcome"] for h in body["history"]] == ["failed"]
     assert body["offers"] == {"pause": True, "resume": False, "cancel": False, "restart": True, "release": False,
-                              "retry_skipped": False}
+                              "retry_skipped": False, "withdraw_retry": False}
     assert body["lease"] == "none" and body["rate"] is None and body["eta_seconds"] is None
     assert (body["skipped_items"], body["skipped_total"]) == ([], 0)
 
@@ -271,7 +271,9 @@ def test_a_slot_another_dag_takes_over_after_the_check_is_checked_again_before_t
 
     monkeypatch.setattr(api, "_authorize", then_taken_over)
     r = as_user("alice", "POST", f"{BASE}/checkpoint/{action}", params={**q("shared.export"), "conn_id": FRESH})
-    assert r.status_code == 403 and "dag_b" in r.json()["message"] and asked == ["dag_a", "dag_b"]
+    # (refused as any slot alice may not see: the answer names no DAG she may not read)
+    assert r.status_code == 403 and "dag_b" not in r.json()["message"] and asked == ["dag_a", "dag_b"]
+    assert "shared.export" in r.json()["message"]
     with fresh.open() as s:
         assert [h.outcome for h in s.listings.history("shared.export", SLOT)] == ["failed"]
         assert [d.status for d in s.skips.items("shared.export", SLOT)] == ["skipped"]
@@ -645,7 +647,7 @@ def test_jobs_gives_one_line_per_job_with_its_partitions_only_of_readable_dags(a
     body = as_user("admin", "GET", f"{BASE}/jobs").json()
     parts = next(j for j in body["jobs"] if j["job"] == "dag_a.parts")
     assert (parts["dag_id"], parts["task_id"], parts["run_id"], parts["mapped"]) == ("dag_a", "parts", "run_1", True)
-    assert parts["partitions"] == {"done": 0, "running": 0, "paused": 0, "failed": 2, "waiting": 0, "other": 0,
+    assert parts["partitions"] == {"done": 0, "running": 0, "stalled": 0, "abandoned": 0, "paused": 0, "failed": 2, "waiting": 0, "other": 0,
                                    "total": 2}
     assert (parts["processed"], parts["total"], parts["percent"]) == (5 + 10, 60, 25.0)
     detail = as_user("alice", "GET", f"{BASE}/jobs/partitions", params={"job": "dag_a.parts"}).json()
@@ -737,3 +739,93 @@ def test_a_handler_error_s_password_never_leaves_through_the_rest_api(as_user: A
                                         "(dsn: host=h password=***")  # an unquoted value ends at a space
     assert one.json()["history"][0]["error"] == one.json()["last_error"]
     assert listed.json()["checkpoints"][0]["last_error"] == one.json()["last_error"]
+
+
+# -- a slot whose attempt is gone ------------------------------------------------------------------
+
+
+def _abandon(store: Store, job: str, slot: str, *, lapsed: bool) -> None:
+    """Put ``job``'s row as a holder killed mid-run leaves it: ``running``, its lease lapsed a
+    minute ago (``lapsed``) or still live for an hour (the task instance failed meanwhile)."""
+    with store.open(autocommit=True) as s, s.transaction():
+        expiry = s.d.now_plus("-60" if lapsed else "3600")
+        s.execute(f"UPDATE resumable_checkpoints SET status = 'running', lease_owner = 'ti-9/try1@host-9:42', "
+                  f"lease_expires_at = {expiry}, heartbeat_at = {s.d.now_plus('-90')} "
+                  "WHERE job = %(job)s AND slot = %(slot)s", {"job": job, "slot": slot})
+
+
+def test_a_slot_whose_holder_died_is_shown_abandoned_through_rest_and_takes_restart_not_pause(
+        as_user: Any, fresh: Store) -> None:
+    # Given a slot whose holder was killed: its row says running, its lease lapsed
+    run_slot(fresh, "dag_a.dead", "dag_a", fail_at=10)
+    _abandon(fresh, "dag_a.dead", SLOT, lapsed=True)
+    slot = {**q("dag_a.dead"), "conn_id": FRESH}
+    # When it is read, and its job listed
+    view = as_user("alice", "GET", f"{BASE}/checkpoint", params=slot).json()
+    line = next(j for j in as_user("alice", "GET", f"{BASE}/jobs", params={"conn_id": FRESH}).json()["jobs"]
+                if j["job"] == "dag_a.dead")
+    # Then both say abandoned (since its lease's expiry, naming the last holder), not running
+    assert (view["status"], view["shown_status"], view["last_holder"]) == ("running", "abandoned", "ti-9/try1@host-9:42")
+    assert view["shown_since"] and "nobody runs this slot" in view["shown_why"]
+    assert {k: v for k, v in line["partitions"].items() if v} == {"abandoned": 1, "total": 1}
+    assert (line["rate"], line["eta_seconds"], line["abandoned_since"]) == (None, None, view["shown_since"])
+    # And it offers what a slot nobody runs takes: Restart and Release, not Pause, whose note says why
+    assert {a: view["offers"][a] for a in ("pause", "restart", "release")} == {
+        "pause": False, "restart": True, "release": True}
+    assert view["offer_notes"]["pause"].startswith("Not now: nobody runs this slot: its lease expired at ")
+    assert "Restart it, or Clear its task instance" in view["offer_notes"]["pause"]
+    r = as_user("alice", "POST", f"{BASE}/checkpoint/pause", params=slot)
+    assert r.status_code == 409 and r.json()["message"].startswith("nobody runs this slot"), r.text
+    r = as_user("alice", "POST", f"{BASE}/checkpoint/restart", params=slot)
+    assert r.status_code == 200, r.text
+    assert (r.json()["request"], r.json()["lease_owner"]) == ("restart", None), "the old holder is fenced out"
+
+
+def test_a_failed_task_instance_whose_row_says_running_is_abandoned_and_the_rerun_confirmation_names_both(
+        as_user: Any, fresh: Store, store_kind: str, run_dag: Any, request: pytest.FixtureRequest) -> None:
+    """What the jobs page and the Checkpoint tab read: Airflow failed partitions 2 and 3 of 4, and
+    partition 2's row still says running with a live lease (its end was never written)."""
+    from datetime import datetime, timezone
+
+    from support.partition_source import table
+    from support.sources import source_of
+
+    day = datetime(2026, 3, 1, tzinfo=timezone.utc)
+    source = source_of(store_kind, path=getattr(fresh, "path", None),
+                       pg_params=request.getfixturevalue("pg_params") if store_kind == "postgres" else None)
+    table(source, [("a", i) for i in range(40)])
+    run = run_dag("pt_skips_fresh", conf={"bad": list(range(20, 40))}, logical_date=day)
+    _abandon(fresh, "pt_skips_fresh.export[2]", day.isoformat(), lapsed=False)
+    job = {"job": "pt_skips_fresh.export", "run_id": run.run_id, "conn_id": FRESH}
+
+    line = next(j for j in as_user("admin", "GET", f"{BASE}/jobs", params={"conn_id": FRESH}).json()["jobs"]
+                if j["job"] == "pt_skips_fresh.export")
+    parts = as_user("admin", "GET", f"{BASE}/jobs/partitions", params={"job": job["job"], "conn_id": FRESH}).json()
+    tab = as_user("admin", "GET", f"{BASE}/task-instance", params={
+        "dag_id": "pt_skips_fresh", "task_id": line["task_id"], "run_id": run.run_id, "map_index": 2,
+        "conn_id": FRESH}).json()
+
+    # The line counts it abandoned, and says how Airflow has the task instances
+    assert {k: v for k, v in line["partitions"].items() if v} == {"done": 2, "failed": 1, "abandoned": 1,
+                                                                    "total": 4}, line
+    assert line["task_instances"]["failed"] == 2 and line["task_instances"]["success"] == 2
+    assert [(r["map_index"], r["shown_status"], r["task_state"]) for r in parts["partition_rows"]][2:] == [
+        (2, "abandoned", "failed"), (3, "failed", "failed")]
+    assert (tab["status"], tab["shown_status"], tab["offers"]["pause"]) == ("running", "abandoned", False)
+    assert "task instance is failed" in tab["shown_why"]
+    # The re-run's confirmation names the partitions the re-run then clears, from Airflow's states
+    preview = as_user("viewer", "GET", f"{BASE}/jobs/rerun_preview", params=job)
+    assert preview.status_code == 200 and preview.json()["failed"] == [2, 3], preview.text
+    r = as_user("admin", "POST", f"{BASE}/jobs/rerun_failed", params=job)
+    assert r.status_code == 200 and r.json()["cleared"] == preview.json()["failed"], r.text
+
+
+def test_the_rerun_preview_is_read_only_and_checked_like_the_rerun(as_user: Any) -> None:
+    r = as_user("viewer", "GET", f"{BASE}/jobs/rerun_preview", params={"job": "dag_a.parts", "run_id": "run_1"})
+    assert r.status_code == 200 and r.json()["failed"] == [], "no task instance of that run failed in Airflow"
+    assert as_user("alice", "GET", f"{BASE}/jobs/rerun_preview",
+                   params={"job": B, "run_id": "run_1"}).status_code == 403
+    assert as_user("admin", "GET", f"{BASE}/jobs/rerun_preview",
+                   params={"job": "dag_a.parts", "run_id": "run_x"}).status_code == 404
+    assert as_user(None, "GET", f"{BASE}/jobs/rerun_preview",
+                   params={"job": "dag_a.parts", "run_id": "run_1"}).status_code == 401

@@ -164,8 +164,9 @@ def test_counts_that_are_not_whole_numbers_are_refused_and_nothing_is_written(
 def test_the_nesting_limit_is_ours_the_same_on_every_python() -> None:
     """600 levels: within Python 3.11's recursion limit and 3.13's parser, refused on both (a value
     one worker stores, every worker must read back); 500 levels are kept."""
-    from airflow_resumable.core.model.checkpoint import decode, encode
+    from airflow_resumable.core.model.checkpoint import encode
     from airflow_resumable.core.model.errors import CorruptCheckpoint
+    from airflow_resumable.core.stores.decoder import decode
 
     with pytest.raises(InvalidCheckpoint, match=f"more than {MAX_DEPTH} levels"):
         encode(_nested(TOO_DEEP), what="position", job=JOB, slot=SLOT)

@@ -3,6 +3,9 @@ while that try's process still works (cut off from the API server, not from the 
 
 from __future__ import annotations
 
+import dataclasses
+import threading
+import time
 from typing import Any
 
 import pytest
@@ -11,6 +14,7 @@ from airflow_resumable.core import Attempt, LeaseBusy, Options, Store
 from airflow_resumable.core.model.checkpoint import Origin
 from airflow_resumable.core.model.identity import Identity
 from support.lease_worker import JOB, SLOT, Worker, make_sink
+from support.waits import wait_until
 
 TI = Origin(dag_id="export", task_id="customers", run_id="scheduled__2026-05-01", map_index=-1)
 ITEMS, CHUNK = 300, 5
@@ -27,6 +31,12 @@ def _handler(ctx: Any) -> int:
         i = batch[-1] + 1
         ctx.checkpoint(i, processed=i, total=ITEMS)
     return i
+
+
+def _schema(store: Store) -> None:
+    with store.open() as s:
+        s.ensure_schema()
+        s.commit()
 
 
 def _sink_counts(store: Store) -> tuple[list[Any], int]:
@@ -64,21 +74,66 @@ def test_a_newer_try_takes_the_slot_from_the_live_older_try_it_replaces(store: S
     assert row.cancel_request is None and row.stop_reason is None
 
 
-def test_a_holder_of_another_task_instance_is_not_asked_to_hand_over(store: Store) -> None:
-    # Given the slot held by a live attempt of another DAG run (two runs sharing a slot)
-    with store.open() as s:
-        s.ensure_schema()
-        assert s.leases.acquire(JOB, SLOT, "other-run", 30) is not None
-        s.execute("UPDATE resumable_checkpoints SET attempt = 1, dag_id = %s, task_id = %s, run_id = %s, "
-                  "map_index = -1 WHERE job = %s AND slot = %s", (TI.dag_id, TI.task_id, "manual__1", JOB, SLOT))
-        s.commit()
+class _LiveHolder:
+    """An attempt on a thread whose chunks are short: it checkpoints every few milliseconds until
+    ``finish`` is set, then once more and ends, so a handover asked of it meanwhile stops it at
+    once (its next checkpoint reads the request)."""
+
+    def __init__(self, store: Store, *, attempt: int, origin: Origin, lease: float):
+        self.finish, self.checkpoints = threading.Event(), 0
+        self.outcome: Any = None
+        self.error: BaseException | None = None
+        self._attempt = Attempt(store, Identity(job=JOB, slot=SLOT, attempt=attempt, owner=f"try{attempt}",
+                                                origin=origin), options=Options(lease=lease))
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _handler(self, ctx: Any) -> int:
+        i = ctx.position or 0
+        while True:
+            last = self.finish.wait(0.01)
+            i += 1
+            ctx.checkpoint(i, processed=i)
+            self.checkpoints += 1
+            if last:
+                return i
+
+    def _run(self) -> None:
+        try:
+            self.outcome = self._attempt.run(self._handler)
+        except BaseException as exc:  # noqa: BLE001
+            self.error = exc
+
+
+@pytest.mark.parametrize("differs", ["dag_id", "task_id", "run_id", "map_index"])
+def test_a_holder_of_another_task_instance_is_not_asked_to_hand_over(store: Store, differs: str) -> None:
+    # Given the slot held by live try 1 of another task instance (two DAG runs, two tasks or two
+    # mapped instances sharing a slot), checkpointing all along
+    _schema(store)
+    other = dataclasses.replace(TI, **{differs: 3 if differs == "map_index" else "other"})
+    holder = _LiveHolder(store, attempt=1, origin=other, lease=30)
+    wait_until(lambda: holder.checkpoints >= 2 or holder.error, "the holder's first checkpoints")
+    # When try 2 of this task instance waits for the slot
     run = Attempt(store, Identity(job=JOB, slot=SLOT, attempt=2, owner="try2", origin=TI),
-                  options=Options(lease=30, lease_wait=0.3))
-    # When this try waits for it, Then it gives up as before, and asked nothing of the holder
-    with pytest.raises(LeaseBusy):
-        run.run(_handler)
+                  options=Options(lease=3, lease_wait=0.3))
+    began = time.monotonic()
+    with pytest.raises(LeaseBusy) as busy:
+        run.run(lambda ctx: ctx.checkpoint(1, processed=1))
+    waited = time.monotonic() - began
+    seen = holder.checkpoints
+    holder.finish.set()
+    holder.thread.join(30)
+    # Then it gave up after its lease_wait, as for any holder (a try that asked would wait ten of its
+    # leases, 30 s, for the holder's next checkpoint), naming the holder
+    assert waited < 5 and busy.value.holder == "try1", (waited, busy.value)
+    # and the holder, asked nothing, checkpointed on through the wait and ran to its end
+    assert holder.error is None and holder.outcome.checkpoint.status == "done", holder.error
+    assert holder.checkpoints > seen >= 2
     with store.open() as s:
-        assert s.checkpoints.load(JOB, SLOT).cancel_request is None
+        history = [(r.attempt, r.outcome, r.stop_reason) for r in s.listings.history(JOB, SLOT)]
+        row = s.checkpoints.load(JOB, SLOT)
+    assert history == [(1, "done", None)], history
+    assert (row.attempt, row.status, row.cancel_request, row.stop_reason) == (1, "done", None, None)
 
 
 @pytest.mark.parametrize("status", ["running", "cancelled"])

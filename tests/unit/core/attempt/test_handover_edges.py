@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
+from datetime import datetime, timezone
 from typing import Any
 
 import pytest
@@ -14,6 +15,8 @@ from airflow_resumable.core.attempt import acquire
 from airflow_resumable.core.model.checkpoint import Origin
 from airflow_resumable.core.model.errors import Cancelled
 from airflow_resumable.core.model.identity import Identity
+from airflow_resumable.core.stores.leases import Leases
+from support.waits import wait_until
 
 JOB, SLOT = "zombie", "2026-05-01T00:00:00+00:00"
 TI = Origin(dag_id="export", task_id="customers", run_id="scheduled__2026-05-01", map_index=-1)
@@ -26,9 +29,11 @@ def _schema(store: Store) -> None:
 
 
 class Holder:
-    """An attempt run on a thread; its chunks sleep ``chunk_s`` ignoring the signal (a long, real chunk)."""
+    """An attempt run on a thread; its chunks sleep ``chunk_s`` ignoring the signal (a long, real chunk),
+    or each chunk its own of a tuple of them."""
 
-    def __init__(self, store: Store, *, attempt: int, origin: Origin, owner: str, items: int, chunk_s: float,
+    def __init__(self, store: Store, *, attempt: int, origin: Origin, owner: str, items: int,
+                 chunk_s: float | tuple[float, ...],
                  lease: float, job: str = JOB, slot: str = SLOT):
         self.attempt = Attempt(store, Identity(job=job, slot=slot, attempt=attempt, owner=owner, origin=origin),
                                options=Options(lease=lease))
@@ -42,7 +47,8 @@ class Holder:
     def _handler(self, ctx: Any) -> int:
         i = ctx.position or 0
         while i < self.items:
-            time.sleep(self.chunk_s)  # a chunk of real work: the signal is read at its boundary only
+            chunk_s = self.chunk_s[i] if isinstance(self.chunk_s, tuple) else self.chunk_s
+            time.sleep(chunk_s)  # a chunk of real work: the signal is read at its boundary only
             i += 1
             ctx.checkpoint(i, processed=i, total=self.items)
             self.checkpoints += 1
@@ -55,15 +61,42 @@ class Holder:
             self.error = exc
 
     def wait_checkpoints(self, n: int, timeout: float = 30) -> None:
-        deadline = time.monotonic() + timeout
-        while self.checkpoints < n:
-            assert time.monotonic() < deadline and self.thread.is_alive(), (self.checkpoints, self.error)
-            time.sleep(0.02)
+        wait_until(lambda: self.checkpoints >= n or not self.thread.is_alive(), f"{n} checkpoint(s) of the holder",
+                   timeout)
+        assert self.checkpoints >= n, (self.checkpoints, self.error)
 
 
 def _noop(ctx: Any) -> int:
     ctx.checkpoint(1, processed=1)
     return 1
+
+
+def _row(store: Store) -> Any:
+    with store.open() as s:
+        row = s.checkpoints.load(JOB, SLOT)
+        s.commit()
+    return row
+
+
+def _history(store: Store) -> list[tuple[Any, ...]]:
+    """The slot's attempts, oldest first: (try, owner, outcome, stop reason)."""
+    with store.open() as s:
+        return [(r.attempt, r.owner, r.outcome, r.stop_reason) for r in s.listings.history(JOB, SLOT)]
+
+
+def _in_thread(run: Any) -> tuple[threading.Thread, dict[str, Any]]:
+    """``run()`` on a thread; its result or error lands in the dict under ``"out"``."""
+    box: dict[str, Any] = {}
+
+    def go() -> None:
+        try:
+            box["out"] = run()
+        except BaseException as exc:  # noqa: BLE001
+            box["out"] = exc
+
+    thread = threading.Thread(target=go, daemon=True)
+    thread.start()
+    return thread, box
 
 
 @pytest.mark.parametrize("gives_up", ["lease_busy", "timeout"])
@@ -75,19 +108,26 @@ def test_a_try_that_gives_up_waiting_takes_its_handover_back_and_the_holder_runs
     runs the slot to the end: a request nobody waits for stops nobody (the slot ended cancelled with
     nobody left to resume it)."""
     _schema(store)
-    holder = Holder(store, attempt=1, origin=TI, owner="try1", items=2, chunk_s=4.5, lease=1.2)
+    holder = Holder(store, attempt=1, origin=TI, owner="try1", items=2, chunk_s=(0.05, 4.5), lease=1.2)
     holder.wait_checkpoints(1)
     options = Options(lease=0.3, lease_wait=0.1) if gives_up == "lease_busy" else Options(lease=1.2, timeout=1.0)
     waiter = Attempt(store, Identity(job=JOB, slot=SLOT, attempt=2, owner="try2", origin=TI), options=options)
     t0 = time.monotonic()
-    with pytest.raises(LeaseBusy if gives_up == "lease_busy" else Cancelled):
-        waiter.run(_noop)
+    thread, waited = _in_thread(lambda: waiter.run(_noop))
+    # try 2 asked: the request is on the holder's row while it waits
+    wait_until(lambda: _row(store).cancel_request == "handover" or not thread.is_alive(), "try 2's handover request")
+    assert thread.is_alive(), ("try 2 ended before it asked", waited)
+    thread.join(30)
     gave_up_after = time.monotonic() - t0
+    # and gave up (within try 1's chunk), taking the request back
+    assert isinstance(waited["out"], LeaseBusy if gives_up == "lease_busy" else Cancelled), waited
+    assert gave_up_after < 4.5 and _row(store).cancel_request is None, gave_up_after
+    # Then try 1 ran the slot to its end: its checkpoint after the chunk found no request
     holder.thread.join(30)
-    with store.open() as s:
-        row = s.checkpoints.load(JOB, SLOT)
-    assert holder.error is None and row.status == "done", (holder.error, row.status, row.stop_reason)
-    assert row.cancel_request is None and gave_up_after < 4.5
+    row = _row(store)
+    assert holder.error is None and holder.checkpoints == 2, holder.error
+    assert (row.attempt, row.status, row.stop_reason, row.cancel_request) == (1, "done", None, None)
+    assert _history(store) == [(1, "try1", "done", None)]
 
 
 def test_a_holder_of_another_dag_run_that_started_after_the_look_is_not_asked(store: Store) -> None:
@@ -102,7 +142,7 @@ def test_a_holder_of_another_dag_run_that_started_after_the_look_is_not_asked(st
                   "run_id = %s, map_index = -1 WHERE job = %s AND slot = %s",
                   (TI.dag_id, TI.task_id, TI.run_id, JOB, SLOT))
         s.commit()
-    time.sleep(0.3)
+    wait_until(lambda: _row(store).lease_expires_at < datetime.now(timezone.utc), "try 1's lease to lapse")
     other = Origin(dag_id="export", task_id="customers", run_id="manual__other", map_index=-1)
     # Y, another DAG run's try 1, takes the lapsed lease first; hold it just after acquire (before start)
     y_acquired, y_go = threading.Event(), threading.Event()
@@ -116,31 +156,43 @@ def test_a_holder_of_another_dag_run_that_started_after_the_look_is_not_asked(st
         return held
 
     # W's look happens while Y has acquired but not started; its write after Y's start
-    real_older = acquire.older_try
-    y_started = threading.Event()
+    real_older, real_ask = acquire.older_try, acquire._ask_handover
+    y_started, w_asked = threading.Event(), threading.Event()
+    written: list[bool] = []
 
     def w_older(given, holder):
         ok = real_older(given, holder)
         if given.owner == "try2" and ok:
             y_go.set()
-            y_started.wait(10)
-            time.sleep(0.3)
+            assert y_started.wait(30), "Y did not start"
         return ok
+
+    def w_ask(given, session, holder):
+        mine, until = real_ask(given, session, holder)
+        written.append(mine)
+        w_asked.set()
+        return mine, until
 
     import airflow_resumable.core.attempt.runner as runner_mod
     mp = pytest.MonkeyPatch()
     mp.setattr(runner_mod, "take_lease", y_take)
     mp.setattr(acquire, "older_try", w_older)
+    mp.setattr(acquire, "_ask_handover", w_ask)
     y_err: list[BaseException] = []
     y_checkpoints = []
 
     def y_handler(ctx):
+        # Y checkpoints until W has written (or been refused), then once more: a request on its row
+        # would stop it there
         y_started.set()
-        for i in range(40):
-            time.sleep(0.1)
-            ctx.checkpoint(i + 1, processed=i + 1)
+        i = 0
+        while True:
+            last = w_asked.wait(0.05)
+            i += 1
+            ctx.checkpoint(i, processed=i)
             y_checkpoints.append(i)
-        return 40
+            if last:
+                return i
 
     def run_y():
         try:
@@ -170,30 +222,59 @@ def test_a_holder_of_another_dag_run_that_started_after_the_look_is_not_asked(st
         mp.undo()
     with store.open() as s:
         hist = [(r.attempt, r.owner, r.run_id, r.outcome, r.stop_reason) for r in s.listings.history(JOB, SLOT)]
-    assert not (y_err and isinstance(y_err[0], Cancelled) and y_err[0].reason == "handover"), (y_err, hist)
+    # W looked at a row naming try 1 of its task instance, and its write found Y's run there instead
+    assert written == [False], (written, hist)
+    # Y checkpointed after that write and ran on to its end; W then found the slot done
+    assert not y_err and not w_err and y_checkpoints, (y_err, w_err, hist)
+    assert hist == [(1, "Y", "manual__other", "done", None), (2, "try2", TI.run_id, "already_done", None)], hist
+    assert _row(store).status == "done"
 
 
-@pytest.mark.parametrize("value", ["'one'", "1.5", "NULL"])
-def test_hand_edited_attempt_on_a_held_row(store: Store, value: str) -> None:
+#: Hand edits of a held row's try number, and the stores whose column refuses each (PostgreSQL's is
+#: an INTEGER: text is refused and 1.5 rounds to 2; SQLite's column keeps what it is given; both are
+#: NOT NULL).
+HAND_EDITS = [("'one'", {"postgres": "invalid input syntax for type integer"}), ("1.5", {}),
+              ("NULL", {"sqlite": "NOT NULL constraint failed", "postgres": "violates not-null constraint"})]
+
+
+@pytest.mark.parametrize(("value", "refused"), HAND_EDITS, ids=[v for v, _ in HAND_EDITS])
+def test_hand_edited_attempt_on_a_held_row(store: Store, store_kind: str, value: str, refused: dict[str, str]) -> None:
     """Given a live holder's row whose try number was edited by hand, When a newer try compares it with
     its own, Then it fails as before the handover (LeaseBusy after lease_wait, or CorruptCheckpoint
-    naming the column), never with a TypeError."""
+    naming the column), never with a TypeError; where the store refuses the edit, the row keeps its own."""
     _schema(store)
+    edit = (f"UPDATE resumable_checkpoints SET status = 'running', attempt = {value}, dag_id = %s, "
+            "task_id = %s, run_id = %s, map_index = -1 WHERE job = %s AND slot = %s")
     with store.open() as s:
         assert s.leases.acquire(JOB, SLOT, "holder", 30) is not None
-        try:
-            s.execute(f"UPDATE resumable_checkpoints SET status = 'running', attempt = {value}, dag_id = %s, "
-                      "task_id = %s, run_id = %s, map_index = -1 WHERE job = %s AND slot = %s",
-                      (TI.dag_id, TI.task_id, TI.run_id, JOB, SLOT))
-            s.commit()
-        except Exception as exc:  # noqa: BLE001
-            pytest.skip(f"the store refuses it: {exc}")
+        s.commit()
+        if store_kind in refused:
+            with pytest.raises(Exception, match=refused[store_kind]):
+                s.execute(edit, (TI.dag_id, TI.task_id, TI.run_id, JOB, SLOT))
+            s.rollback()
+            assert s.checkpoints.load(JOB, SLOT).attempt == 0
+            return
+        s.execute(edit, (TI.dag_id, TI.task_id, TI.run_id, JOB, SLOT))
+        s.commit()
     run = Attempt(store, Identity(job=JOB, slot=SLOT, attempt=2, owner="try2", origin=TI),
-                  options=Options(lease=30, lease_wait=0.3))
+                  options=Options(lease=3, lease_wait=0.3))
     from airflow_resumable.core.model.errors import CorruptCheckpoint
+    began = time.monotonic()
     with pytest.raises((LeaseBusy, CorruptCheckpoint)) as info:
         run.run(_noop)
-    assert JOB in str(info.value)
+    # (a try that asked for a handover would wait ten of its leases, 30 s, not its lease_wait)
+    assert JOB in str(info.value) and time.monotonic() - began < 5, info.value
+    assert (_row_as_stored(store), _history(store)) == (("running", "holder", None), []), info.value
+
+
+def _row_as_stored(store: Store) -> tuple[Any, ...]:
+    """The row's status, lease owner and stop request, read without decoding it (its try number may
+    not be one)."""
+    with store.open() as s:
+        got = s.execute("SELECT status, lease_owner, cancel_request FROM resumable_checkpoints").fetchall()
+        s.commit()
+    assert len(got) == 1, got
+    return tuple(got[0])
 
 
 def test_an_async_holder_hands_over_at_its_checkpoint(store: Store) -> None:
@@ -203,7 +284,7 @@ def test_an_async_holder_hands_over_at_its_checkpoint(store: Store) -> None:
 
     async def handler(ctx: Any) -> int:
         i = ctx.position or 0
-        while i < 200:
+        while i < 60:
             await asyncio.sleep(0.05)
             i += 1
             await ctx.acheckpoint(i, processed=i)
@@ -219,49 +300,63 @@ def test_an_async_holder_hands_over_at_its_checkpoint(store: Store) -> None:
 
     t = threading.Thread(target=run1, daemon=True)
     t.start()
-    while state["n"] < 3:
-        time.sleep(0.02)
+    wait_until(lambda: state["n"] >= 3 or not t.is_alive(), "try 1's third checkpoint")
+    assert state["n"] >= 3, state
     out = Attempt(store, Identity(job=JOB, slot=SLOT, attempt=2, owner="try2", origin=TI),
                   options=Options(lease=1.2, lease_wait=0.1)).run(handler)
     t.join(10)
     assert isinstance(state["err"], Cancelled) and state["err"].reason == "handover", state["err"]
-    assert out.checkpoint.status == "done" and out.resumed_from, out
+    assert out.checkpoint.status == "done" and out.resumed_from and out.checkpoint.processed == 60, out
+    assert _history(store) == [(1, "try1", "cancelled", "handover"), (2, "try2", "done", None)]
 
 
-def test_a_third_try_asks_the_second_try_that_took_the_slot_in_turn(store: Store) -> None:
+def test_a_third_try_asks_the_second_try_that_took_the_slot_in_turn(
+    store: Store, monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """Given tries 2 and 3 both waiting on try 1 (try 3 finds try 2's handover pending), When try 2 takes
     the slot, Then try 3 asks try 2 in turn and runs the slot: it was asked once per waiter, not once
     per holder, and failed LeaseBusy while try 2, which Airflow no longer runs, kept the slot."""
     _schema(store)
     holder = Holder(store, attempt=1, origin=TI, owner="try1", items=3, chunk_s=1.0, lease=1.2)
     holder.wait_checkpoints(1)
-    res: dict[str, Any] = {}
+    # try 2 takes the slot first: try 3's looks find it held until then
+    try2_took = threading.Event()
+    real_acquire = Leases.acquire
 
-    def slow(ctx: Any) -> int:
+    def acquire_in_turn(self: Leases, job: str, slot: str, owner: str, lease_seconds: float) -> Any:
+        if owner == "try3" and not try2_took.is_set():
+            return None
+        got = real_acquire(self, job, slot, owner, lease_seconds)
+        if owner == "try2" and got is not None:
+            try2_took.set()
+        return got
+
+    monkeypatch.setattr(Leases, "acquire", acquire_in_turn)
+
+    def until_stopped(ctx: Any) -> int:
         i = ctx.position or 0
-        while i < 200:
-            time.sleep(0.1)
+        while i < 400:
+            time.sleep(0.05)  # a chunk of work; try 3's request stops it at the next checkpoint
             i += 1
             ctx.checkpoint(i, processed=i)
         return i
 
-    def go(name: str, attempt: int, lease: float) -> None:
-        try:
-            res[name] = Attempt(store, Identity(job=JOB, slot=SLOT, attempt=attempt, owner=name, origin=TI),
-                                options=Options(lease=lease, lease_wait=0.1)).run(slow)
-        except BaseException as exc:  # noqa: BLE001
-            res[name] = exc
+    def try_(name: str, attempt: int, handler: Any) -> Any:
+        return lambda: Attempt(store, Identity(job=JOB, slot=SLOT, attempt=attempt, owner=name, origin=TI),
+                               options=Options(lease=1.2, lease_wait=0.1)).run(handler)
 
-    t2 = threading.Thread(target=go, args=("try2", 2, 1.2), daemon=True)
-    t2.start()
-    time.sleep(0.2)
-    t3 = threading.Thread(target=go, args=("try3", 3, 6.0), daemon=True)  # polls slower: try 2 wins the slot
-    t3.start()
+    t2, try2 = _in_thread(try_("try2", 2, until_stopped))
+    wait_until(lambda: _row(store).cancel_request == "handover" or not t2.is_alive(), "try 2's handover request")
+    t3, try3 = _in_thread(try_("try3", 3, _noop))
     t3.join(60)
     t2.join(60)
-    with store.open() as s:
-        hist = [(r.attempt, r.outcome, r.stop_reason) for r in s.listings.history(JOB, SLOT)]
-    assert not isinstance(res["try3"], BaseException), (res, hist)
+    holder.thread.join(30)
+    hist = _history(store)
+    assert isinstance(try2["out"], Cancelled) and try2["out"].reason == "handover", (try2, hist)
+    assert not isinstance(try3["out"], BaseException) and try3["out"].checkpoint.status == "done", (try3, hist)
+    assert isinstance(holder.error, Cancelled) and holder.error.reason == "handover", holder.error
+    assert hist == [(1, "try1", "cancelled", "handover"), (2, "try2", "cancelled", "handover"),
+                    (3, "try3", "done", None)], hist
 
 
 def _cancel(store: Store, by: str = "alice") -> Any:

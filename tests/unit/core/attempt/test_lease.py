@@ -6,6 +6,7 @@ import os
 import signal
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -234,3 +235,120 @@ def test_a_takeover_is_still_reported_as_one_and_retried(store: Store) -> None:
     assert not isinstance(err.value, CheckpointDeleted)
     airflow = to_airflow(err.value, job=JOB, slot=SLOT)
     assert isinstance(airflow, AirflowException) and not isinstance(airflow, AirflowFailException)
+
+
+def test_a_lost_lease_names_the_attempt_that_took_it_over(store: Store) -> None:
+    from airflow_resumable.core.model.errors import LeaseLost
+
+    took, go_on = threading.Event(), threading.Event()
+    second: dict[str, Any] = {}
+
+    def other(ctx: Any) -> None:  # attempt 2 runs while attempt 1 is still inside its chunk
+        took.set()
+        go_on.wait(30)
+        ctx.checkpoint(5, processed=5)
+
+    def first(ctx: Any) -> None:
+        ctx.checkpoint(1, processed=1)
+        with store.open() as s:  # the lease lapses (as a frozen holder's does)
+            s.execute(f"UPDATE resumable_checkpoints SET lease_expires_at = {s.d.now()} WHERE job = %s AND slot = %s",
+                      (JOB, SLOT))
+            s.commit()
+        runner = threading.Thread(target=lambda: second.update(
+            outcome=Attempt(store, Identity(job=JOB, slot=SLOT, attempt=2, owner="worker-b/try2")).run(other)))
+        runner.start()
+        second["thread"] = runner
+        assert took.wait(30), "attempt 2 never started"
+        ctx.checkpoint(2, processed=2)
+
+    with pytest.raises(LeaseLost) as err:
+        Attempt(store, Identity(job=JOB, slot=SLOT, attempt=1, owner="worker-a/try1")).run(first)
+    go_on.set()
+    second["thread"].join(30)
+    # The error, and the history's record of attempt 1, say who holds the slot now
+    assert "attempt 2 (owner 'worker-b/try2'" in err.value.message, err.value.message
+    with store.open() as s:
+        (error,) = s.execute("SELECT error FROM resumable_attempts WHERE job = %s AND attempt = 1", (JOB,)).fetchone()
+        s.commit()
+    assert "attempt 2 (owner 'worker-b/try2'" in error
+    assert second["outcome"].checkpoint.status == "done"
+
+
+def test_a_lease_released_while_held_is_not_blamed_on_another_attempt(store: Store) -> None:
+    from airflow_resumable.core.model.errors import LeaseLost
+
+    def handler(ctx: Any) -> None:
+        ctx.checkpoint(1, processed=1)
+        with store.open() as s:  # what a forced Release writes
+            s.execute("UPDATE resumable_checkpoints SET lease_owner = NULL, lease_expires_at = NULL "
+                      "WHERE job = %s AND slot = %s", (JOB, SLOT))
+            s.commit()
+        ctx.checkpoint(2, processed=2)
+
+    with pytest.raises(LeaseLost) as err:
+        Attempt(store, Identity(job=JOB, slot=SLOT, attempt=1, owner="o1")).run(handler)
+    assert "no attempt holds it now: it was released" in err.value.message, err.value.message
+
+
+def test_a_lease_taken_by_an_attempt_that_has_ended_since_names_that_attempt_not_a_release(store: Store) -> None:
+    from airflow_resumable.core.model.errors import LeaseLost
+
+    def first(ctx: Any) -> None:
+        ctx.checkpoint(1, processed=1)
+        with store.open() as s:  # the lease lapses (as a frozen holder's does), and attempt 2 runs to the end
+            s.execute(f"UPDATE resumable_checkpoints SET lease_expires_at = {s.d.now()} WHERE job = %s AND slot = %s",
+                      (JOB, SLOT))
+            s.commit()
+        runner = threading.Thread(target=lambda: Attempt(
+            store, Identity(job=JOB, slot=SLOT, attempt=2, owner="worker-b/try2")).run(lambda c: c.checkpoint(5)))
+        runner.start()
+        runner.join(30)
+        ctx.checkpoint(2, processed=2)
+
+    with pytest.raises(LeaseLost) as err:
+        Attempt(store, Identity(job=JOB, slot=SLOT, attempt=1, owner="worker-a/try1")).run(first)
+    assert "attempt 2 (owner 'worker-b/try2'" in err.value.message and "ended 'done'" in err.value.message, \
+        err.value.message
+    assert "released" not in err.value.message
+
+
+def test_a_lost_lease_s_message_carries_no_credential_a_hand_wrote_into_the_owner(store: Store) -> None:
+    from airflow_resumable.core.model.errors import LeaseLost
+
+    def handler(ctx: Any) -> None:
+        ctx.checkpoint(1, processed=1)
+        with store.open() as s:
+            s.execute("UPDATE resumable_checkpoints SET lease_owner = %s, lease_token = lease_token + 1 "
+                      "WHERE job = %s AND slot = %s", ("postgresql://admin:Sup3rS3cret@db/prod\x1b[2J", JOB, SLOT))
+            s.commit()
+        ctx.checkpoint(2, processed=2)
+
+    with pytest.raises(LeaseLost) as err:
+        Attempt(store, Identity(job=JOB, slot=SLOT, attempt=1, owner="o1")).run(handler)
+    assert "Sup3rS3cret" not in str(err.value) and "\x1b" not in str(err.value), str(err.value)
+    assert "holds it now" in str(err.value)
+
+
+def test_a_holder_whose_own_renewals_fail_for_a_whole_lease_stops_saying_so_and_why(tmp_path: Path) -> None:
+    from airflow_resumable.core import SQLiteStore
+    from airflow_resumable.core.attempt.lease import LeaseKeeper
+    from airflow_resumable.core.attempt.signal import Reason, Signal
+    from airflow_resumable.core.model.fence import Fence
+
+    store = SQLiteStore(tmp_path / "checkpoints.db")
+    with store.open() as s:
+        s.ensure_schema()
+        row, _ = s.leases.acquire(JOB, SLOT, "o1", 0.9)  # type: ignore[misc]
+        # The checkpoint table goes away under the holder (a restore gone wrong): every renewal fails,
+        # and not because another writer holds the lock
+        s.execute("ALTER TABLE resumable_checkpoints RENAME TO gone")
+        s.commit()
+    signal = Signal()
+    keeper = LeaseKeeper(store, Fence.of(row), lease_seconds=0.9, signal=signal, interval=0.1).start()
+    try:
+        assert signal.wait(10), "the keeper never gave the lease up"
+    finally:
+        keeper.stop()
+    assert signal.reason == Reason.LEASE_LOST
+    assert (signal.message or "").startswith("this attempt could not renew its lease for "), signal.message
+    assert "no such table" in (signal.message or "") and "another attempt may take the slot over" in (signal.message or "")

@@ -138,7 +138,7 @@ def test_a_lease_taken_over_is_detected_at_the_next_checkpoint_and_nothing_more_
     # Given a pipelined attempt whose slot another attempt takes over after its first checkpoint
     def handler(ctx: Any) -> None:
         ctx.checkpoint(1, processed=1)
-        ctx._attempt.flush()  # checkpoint 1 committed: the takeover comes after it
+        ctx._run.flush()  # checkpoint 1 committed: the takeover comes after it
         with store.open() as s:
             s.execute(f"UPDATE resumable_checkpoints SET lease_expires_at = {s.d.now()} WHERE job = %s", (JOB,))
             s.commit()
@@ -188,13 +188,13 @@ def test_progress_is_reported_from_committed_checkpoints_only(store: Store) -> N
             ctx.checkpoint(k, processed=k)
 
     run = attempt(store, progress_interval=0)
-    original = run.reporter.on_checkpoint
+    original = run.given.reporter.on_checkpoint
 
     def on_checkpoint(row: Any, figures: Any) -> None:
         reported.append((figures.processed, stored(store).processed))
         original(row, figures)
 
-    run.reporter.on_checkpoint = on_checkpoint  # type: ignore[method-assign]
+    run.given.reporter.on_checkpoint = on_checkpoint  # type: ignore[method-assign]
     run.run(handler)
     assert reported and all(shown <= durable for shown, durable in reported)
 
@@ -220,7 +220,7 @@ def test_a_checkpoint_returns_while_its_write_waits_for_the_database(store: Stor
 
     def handler(ctx: Any) -> None:
         ctx.checkpoint(1, processed=1)
-        ctx._attempt.flush()
+        ctx._run.flush()
         if store_kind == "sqlite":
             blocker.execute("BEGIN IMMEDIATE")  # the database's write lock
         else:
@@ -255,8 +255,8 @@ def test_a_connection_lost_with_a_write_in_flight_fails_the_attempt_and_a_retry_
 
     def handler(ctx: Any) -> None:
         ctx.checkpoint(1, processed=1)
-        ctx._attempt.flush()
-        writer = ctx._attempt.writer._conn
+        ctx._run.flush()
+        writer = ctx._run.writer._saves._conn
         with store.open(autocommit=True) as admin:
             admin.execute("SELECT pg_terminate_backend(%s)", (writer.get_backend_pid(),))
         ctx.checkpoint(2, processed=2)  # sent on a dead connection, or collected from one
@@ -293,9 +293,9 @@ def test_a_store_on_a_connect_function_pipelines_with_that_connection_s_paramete
     def handler(ctx: Any) -> None:
         for k in range(1, 4):
             ctx.checkpoint(k, processed=k)
-        writer = ctx._attempt.writer
+        writer = ctx._run.writer
         # Then the writer connects to the same database with the same parameters, without a thread
-        assert writer._conn.info.dbname == pg_params["dbname"] and _writer_threads() == []
+        assert writer._saves._conn.info.dbname == pg_params["dbname"] and _writer_threads() == []
 
     outcome = attempt(store).run(handler)
     assert outcome.checkpoint.position == 3 and stored(store).status == "done"

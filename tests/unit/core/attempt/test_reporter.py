@@ -197,13 +197,13 @@ def test_the_row_reaches_xcom_every_xcom_interval_and_at_the_end_but_not_at_the_
         assert pushes == [], "a push at the start or within the interval costs a task a round trip to Airflow"
         reporter.xcom_interval = 0  # the interval elapses
         ctx.checkpoint(2, processed=2)
-        assert pushes == [(XCOM_KEY, "running", 2)]
+        assert pushes == [(XCOM_KEY, "checkpointed", 2)]
 
     Attempt(
         store, Identity(job="j.xcom-pace", slot="s", attempt=1, owner="a"), options=Options(), reporter=reporter,
     ).run(work)
     # Then the end is pushed too: the row XCom keeps for the try is the final one
-    assert pushes == [(XCOM_KEY, "running", 2), (XCOM_KEY, "done", 2)]
+    assert pushes == [(XCOM_KEY, "checkpointed", 2), (XCOM_KEY, "done", 2)]
 
 
 def test_after_a_failed_push_the_checkpoints_pushes_pause_and_the_end_is_pushed_still(store: Store) -> None:
@@ -231,7 +231,7 @@ def test_after_a_failed_push_the_checkpoints_pushes_pause_and_the_end_is_pushed_
     def work(ctx: Any) -> None:
         for i in range(1, 6):
             ctx.checkpoint(i, processed=i)
-        assert tried == ["running"], "every checkpoint after a failed push paid for another one"
+        assert tried == ["checkpointed"], "every checkpoint after a failed push paid for another one"
         reporter._paused_until = 0.0  # the pause is over
         ti.up = True
         ctx.checkpoint(6, processed=6)
@@ -239,7 +239,7 @@ def test_after_a_failed_push_the_checkpoints_pushes_pause_and_the_end_is_pushed_
 
     Attempt(store, Identity(job="j.xcom-down", slot="s", attempt=1, owner="a"), options=Options(),
             reporter=reporter).run(work)
-    assert tried == ["running", "running", "running", "done"]
+    assert tried == ["checkpointed", "checkpointed", "checkpointed", "done"]
 
 
 def _running(processed: int, *, updated_at: datetime, rate: float | None, total: int | None = 1000) -> Checkpoint:

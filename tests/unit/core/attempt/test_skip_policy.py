@@ -120,9 +120,60 @@ def test_a_retry_that_meets_a_skipped_item_again_does_not_record_or_count_it_twi
     assert outcome.checkpoint.status == "done"
     [letter] = letters(store)
     assert letter.position == 7
-    # (a plain sink's record committed at once and was kept from attempt 1; a transactional one's
-    # rolled back with the chunk, and attempt 2 recorded it)
-    assert letter.attempt == (2 if transactional else 1)
+    # (a plain sink's record committed at once and was kept from attempt 1, then met again by attempt
+    # 2; a transactional one's rolled back with the chunk, and attempt 2 recorded it): either way it
+    # names attempt 2, the latest try that failed it
+    assert letter.attempt == 2
+
+
+class TryErrors(Sink):
+    """A sink whose bad items fail with an error naming the try (a fix half made between tries)."""
+
+    def __call__(self, ctx: Any, batch: list[int]) -> None:
+        for i in batch:
+            if i in self.bad:
+                raise ValueError(f"bad item {i} in try {ctx.attempt}")
+            if self.crash_at == (ctx.attempt, i):
+                raise Crash(f"the worker died at item {i}")
+            self.plain.append(i)
+
+
+def test_an_item_a_later_try_fails_again_shows_that_try_and_its_error_counted_once(store: Store) -> None:
+    """Given try 1 skipped item 7 ("bad item 7 in try 1") and died before its chunk's checkpoint,
+    When try 2 redoes the chunk and item 7 fails again with another error, Then its one row names try
+    2 and try 2's error (before: try 1 and the first error, as if try 2 had not met it), counted once."""
+    sink = TryErrors({7}, transactional=False, crash_at=(1, 9))
+    with pytest.raises(Crash):
+        run(store, sink, 1, limit=1)
+    [first] = letters(store)
+    assert (first.attempt, first.error) == (1, "ValueError: bad item 7 in try 1")
+    outcome = run(store, sink, 2, limit=1)
+    assert outcome.checkpoint.status == "done" and outcome.result["skipped"] == 1
+    [letter] = letters(store)
+    assert (letter.position, letter.status, letter.attempt, letter.error) == (
+        7, "skipped", 2, "ValueError: bad item 7 in try 2")
+    assert letter.recorded_at >= first.recorded_at
+
+
+def test_a_requested_retry_that_fails_again_shows_the_retrying_try_and_its_error(store: Store) -> None:
+    """Given try 1 finished the slot with item 19 skipped, and a retry of it requested, When try 2
+    replays it through the task's own code and it fails again, Then it is skipped with try 2 and try
+    2's error (before: the new error under "try 1")."""
+    from airflow_resumable.core.attempt.skip_policy import request_retry
+
+    run(store, TryErrors({19}, transactional=False), 1, limit=3)
+    assert request_retry(store, JOB, SLOT, by="alice") == 1
+    sink = TryErrors({19}, transactional=False)
+    loop = chunk_loop(SequenceReader(ITEMS), sink, chunk_size=5, skip_on=ValueError, skip_limit=3)
+
+    def again(ctx: Any) -> Any:
+        report = ctx.replay_skipped(lambda item: sink(ctx, [item]))
+        assert (report.replayed, report.failed) == ([], [19])
+        return loop(ctx)
+
+    Attempt(store, Identity(job=JOB, slot=SLOT, attempt=2, owner="o2")).run(again)
+    [letter] = letters(store, status=None)
+    assert (letter.status, letter.attempt, letter.error) == ("skipped", 2, "ValueError: bad item 19 in try 2")
 
 
 def test_skipped_items_are_replayed_on_purpose_and_marked(store: Store) -> None:

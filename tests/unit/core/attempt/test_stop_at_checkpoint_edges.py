@@ -16,7 +16,7 @@ import pytest
 
 from airflow_resumable.core import Attempt, Cancelled, LeaseLost, Options, Paused, Store, control
 from airflow_resumable.core.model.identity import Identity
-from airflow_resumable.core.stores import listings
+from airflow_resumable.core.stores import requests as request_store
 from support.checkpoint_stops import (
     ASK_AT,
     DAY,
@@ -142,7 +142,7 @@ def test_a_pause_in_a_transactional_chunk_keeps_each_write_once_across_a_resume_
         if hiccup == "open":
             monkeypatch.setattr(type(store), "open", boom)
         elif hiccup == "read":
-            monkeypatch.setattr(listings.Listings, "requested_by", boom)
+            monkeypatch.setattr(request_store.Requests, "requested_by", boom)
 
     # When the run goes on
     with pytest.raises(Paused) as stopped:

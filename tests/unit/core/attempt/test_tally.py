@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import types
 from typing import Any
 
 import pytest
@@ -125,13 +126,20 @@ def test_a_checkpoint_makes_one_call_into_the_attempt_and_the_tally_holds_the_pr
 
     calls: list[tuple[str, tuple[Any, ...]]] = []
 
-    class Calls:
+    tally = Tally(Checkpoint(job=JOB, slot=SLOT, position=3, processed=3, state={"sum": 1}))
+
+    class Run:  # the attempt behind the context: what it reads of it, and every call recorded
+        resumed = True
+
+        def __init__(self) -> None:
+            self.tally = tally
+            self.given = types.SimpleNamespace(identity=Identity(job=JOB, slot=SLOT, attempt=2, owner="o"),
+                                               signal=Signal(), log=logging.getLogger("test"))
+
         def __getattr__(self, name: str) -> Any:
             return lambda *args, **kwargs: calls.append((name, args))
 
-    tally = Tally(Checkpoint(job=JOB, slot=SLOT, position=3, processed=3, state={"sum": 1}))
-    ctx = RunContext(Calls(), Identity(job=JOB, slot=SLOT, attempt=2, owner="o"), tally, signal=Signal(),  # type: ignore[arg-type]
-                     log=logging.getLogger("test"), resumed=True)
+    ctx = RunContext(Run())  # type: ignore[arg-type]
     assert (ctx.job, ctx.slot, ctx.attempt, ctx.position, ctx.processed, ctx.state) == (JOB, SLOT, 2, 3, 3, {"sum": 1})
     ctx.checkpoint([4, "x"], state={"sum": 2}, processed=4, total=9)
     [(name, (write, state))] = calls

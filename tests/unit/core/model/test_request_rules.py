@@ -110,10 +110,21 @@ def test_every_request_in_every_state_says_what_it_would_do_now_or_why_not() -> 
         found = rules.decide(action, Slot(status, request, lease))
         text = rules.explain(action, row, now)
         assert "{" not in text and "}" not in text, text
+        gone = (f"its lease was released (last holder try {row.attempt})" if lease is Lease.NONE
+                else f"its lease expired at {row.lease_expires_at.isoformat()} (last holder ti/try1@host-1:42)")
         if isinstance(found, Rule):
-            assert text == found.does.format(by="<b>alice</b>", holder="host-1:42", status=status.value), text
+            assert text == found.does.format(by="<b>alice</b>", holder="host-1:42", status=status.value,
+                                             gone=gone), text
         else:
             assert text.startswith("Not now: ") and rules.refusal_text(found, action, row)[0] in text, text
         # The database's answer decides: a sentence never contradicts the button
         other = rules.explain(action, row, now, taken=not isinstance(found, Rule))
         assert "changing" in other, other
+        # No tooltip is the last resort's, which only a slot that changed under the write gets
+        assert found is not rules.OTHERWISE, (action, status, request, lease)
+    # ... and that one says exactly what to do: the same request again, which the slot now takes
+    row = Checkpoint(job=JOB, slot=SLOT, status="running", lease_owner=None)
+    message, hint = rules.refusal_text(rules.OTHERWISE, Action.RESTART, row)
+    assert message == ("the slot changed while the restart was written (it is running now: a lease lapsed or a "
+                       "holder ended at that moment), so nothing was changed")
+    assert hint == "Ask for the restart again (its button, or the same command): the slot as it is now takes it"

@@ -394,3 +394,69 @@ def _counting_steps(db: sqlite3.Connection, sql: str, args: tuple[Any, ...]) -> 
         return db.execute(sql, args).fetchall(), counter[0]
     finally:
         db.set_progress_handler(None, 100)
+
+
+# -- split_keys -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("parts", [0, -3, True, 2.5, "3", None])
+def test_split_keys_refuses_a_count_of_parts_that_is_not_a_whole_number_from_one_naming_the_fix(parts: Any) -> None:
+    # A count of 0 or less used to come back as one range over everything (no boundary), and a
+    # bool as 1: a split other than the one asked for, without a word
+    def connect() -> Any:
+        raise AssertionError("nothing is read for a bad count")
+
+    reader = KeysetReader(connect=connect, table="t", key="id")
+    with pytest.raises(ConfigurationError) as err:
+        reader.split_keys(parts)
+    assert "parts must be a whole number of at least 1" in str(err.value) and repr(parts) in str(err.value)
+    assert err.value.hint and "split_keys(4)" in err.value.hint
+
+
+class _Wrapped:
+    """A DB-API connection behind a proxy (a pool's, a hook's): no window function is assumed for it.
+    ``before_boundary(n)`` runs before the ``n``-th boundary's query (1-based)."""
+
+    def __init__(self, conn: Any, before_boundary: Any):
+        self._conn, self._before, self._n = conn, before_boundary, 0
+
+    def cursor(self) -> Any:
+        outer, cur = self, self._conn.cursor()
+
+        class Cursor:
+            def execute(self, sql: str, args: Any = ()) -> Any:
+                if " OFFSET " in sql:
+                    outer._n += 1
+                    outer._before(outer._n)
+                return cur.execute(sql, args)
+
+            def __getattr__(self, name: str) -> Any:
+                return getattr(cur, name)
+
+        return Cursor()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._conn, name)
+
+
+def test_split_keys_boundaries_stay_in_key_order_when_rows_before_them_are_inserted_while_splitting(
+    store: Store, source: Source
+) -> None:
+    # Given 30 text keys "m00".."m29", split in 3 by one query per boundary, and 20 keys before all
+    # of them ("a00".."a19") committed between the first boundary's query and the second's
+    source.run("CREATE TABLE split_src (id VARCHAR(10) PRIMARY KEY)")
+    source.run("INSERT INTO split_src (id) VALUES (%s)", [(f"m{i:02d}",) for i in range(30)])
+
+    def insert_before(n: int) -> None:
+        if n == 2:
+            source.run("INSERT INTO split_src (id) VALUES (%s)", [(f"a{i:02d}",) for i in range(20)])
+
+    reader = KeysetReader(connect=lambda: _Wrapped(source.connect(), insert_before), table="split_src", key="id",
+                          paramstyle="qmark" if source.kind == "sqlite" else "format")
+    found = reader.split_keys(3)
+
+    # Then the second boundary still comes after the first (it used to be "a19", before "m09": the
+    # range after it re-read m00..m09, which the first range read too)
+    assert found.rows == 30 and found.at == (10, 20)
+    first, second = found.keys[10][0], found.keys[20][0]
+    assert first == "m09" and second > first, found.keys

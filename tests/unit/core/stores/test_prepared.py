@@ -12,9 +12,9 @@ import psycopg2.extensions
 import pytest
 
 from airflow_resumable.core import Attempt, Cancelled, Options, control
-from airflow_resumable.core.attempt.pipeline import NoWaitWriter
 from airflow_resumable.core.model.identity import Identity
 from airflow_resumable.core.stores import PostgresStore
+from airflow_resumable.core.stores.checkpoints import NoWaitSaves
 
 JOB = "prepared"
 
@@ -152,29 +152,30 @@ def test_a_pipelined_checkpoint_whose_prepared_statement_the_server_lost_is_sent
     recorded: tuple[PostgresStore, list[Any]], monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     store, _ = recorded
-    # Given the pipelined writer's server process forgets its prepared statements once two
-    # checkpoints are durable
-    flush = NoWaitWriter.flush
-    flushed: list[int] = []
+    # Given the pipelined writer's server process forgets its prepared statements once the first
+    # checkpoint is durable (checkpoint 2's EXECUTE, sent next, then fails)
+    answer = NoWaitSaves.answer
+    answered: list[int] = []
 
-    def forgetful(self: NoWaitWriter) -> None:
-        flush(self)
-        flushed.append(1)
-        if len(flushed) == 2 and self._conn is not None:
+    def forgetful(self: NoWaitSaves) -> tuple[list[Any], int]:
+        out = answer(self)
+        answered.append(1)
+        if len(answered) == 1 and self._conn is not None:
             cur = self._conn.cursor()
             cur.execute("DEALLOCATE ALL")
-            self.store.wait(self._conn)
+            self._store.wait(self._conn)
+        return out
 
-    monkeypatch.setattr(NoWaitWriter, "flush", forgetful)
+    monkeypatch.setattr(NoWaitSaves, "answer", forgetful)
     written: list[str] = []
-    send = NoWaitWriter.submit
+    send = NoWaitSaves.send
 
-    def recording(self: NoWaitWriter, write: Any) -> None:
-        send(self, write)
+    def recording(self: NoWaitSaves, fence: Any, write: Any, lease: Any) -> None:
+        send(self, fence, write, lease)
         assert self._pending is not None
-        written.append(self._pending[2].split(" ", 1)[0])
+        written.append(self._pending[1].split(" ", 1)[0])
 
-    monkeypatch.setattr(NoWaitWriter, "submit", recording)
+    monkeypatch.setattr(NoWaitSaves, "send", recording)
 
     # When an attempt pipelines six checkpoints
     def handler(ctx: Any) -> None:

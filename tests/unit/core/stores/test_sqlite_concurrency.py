@@ -12,10 +12,12 @@ renewals are the database's own timestamps, not an observer's.
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -182,3 +184,152 @@ def test_a_live_transactional_runs_lease_keeps_a_non_forced_release_refused(sqli
     assert _sink(sqlite_store) == {slot: (items, items)}
     gap, _ = _longest_gap(sqlite_store, job, slot)
     assert gap < lease * 2 / 3, f"the lease went {gap:.2f}s unrenewed (lease {lease:g}s)"
+
+
+def _history(store: SQLiteStore, job: str) -> list[tuple[int, str | None, str | None]]:
+    """The slot's attempts as the history keeps them: ``(attempt, outcome, error)``."""
+    with store.open() as s:
+        rows = s.execute("SELECT attempt, outcome, error FROM resumable_attempts WHERE job = %s ORDER BY id",
+                         (job,)).fetchall()
+        s.commit()
+    return [(int(a), o, e) for a, o, e in rows]
+
+
+@pytest.fixture
+def quick_store(tmp_path: Path) -> SQLiteStore:
+    """A store whose writers give up after 1.5 s (the default 30 s, made test-sized)."""
+    store = SQLiteStore(tmp_path / "checkpoints.db", busy_timeout=1.5)
+    _prepare(store)
+    return store
+
+
+def test_partitions_side_by_side_wait_their_turn_behind_a_chunk_longer_than_the_busy_timeout_and_lease(
+    quick_store: SQLiteStore,
+) -> None:
+    # Given one slot whose chunks hold the write lock 5 s each (a skip policy replaying a chunk item
+    # by item inside its transaction), past the busy timeout (1.5 s) and its own lease (2 s)
+    long = _start(quick_store, "side.long", "l", 4, 2, 5.0, lease=2.0)
+    wait_until(lambda: _processed(quick_store, "side.long", "l") >= 2, "the long slot's first checkpoint")
+    # When two slots checkpoint short chunks beside it, each with the same lease
+    steady = {slot: _start(quick_store, f"side.{slot}", slot, 300, 10, 0.05, lease=2.0) for slot in ("a", "b")}
+    ends = {slot: _stopped(proc, timeout=90) for slot, proc in {**steady, "l": long}.items()}
+    # Then every slot finished done, every item written exactly once: the steady ones waited their
+    # turn past the busy timeout while the long one held the lock, and the long one kept its lease
+    # although its own transaction kept its renewals waiting
+    for slot, end in ends.items():
+        assert (end["status"], end["error"]) == ("done", None), f"slot {slot}: {end}"
+    assert _sink(quick_store) == {"l": (4, 4), "a": (300, 300), "b": (300, 300)}
+    for job in ("side.long", "side.a", "side.b"):
+        assert [outcome for _, outcome, _ in _history(quick_store, job)] == ["done"], _history(quick_store, job)
+
+
+def _stop_while_holding(store: SQLiteStore, proc: subprocess.Popen[str], job: str) -> None:
+    """SIGSTOP ``proc`` at a moment it holds the write lock (checked in the lock table after the
+    signal: a chunk's hold can end between seeing it and stopping the process, so try again)."""
+    from airflow_resumable.core.stores.sqlite_errors import WAL_WRITE_LOCK, _holder, _lock_table, live_writer
+
+    for _ in range(10):
+        wait_until(lambda: job in (live_writer(store.path) or ""), f"{job} to hold the write lock")
+        proc.send_signal(signal.SIGSTOP)
+        table = _lock_table() or []
+        held = _holder(f"{store.path}-shm", "the write lock", table, posix_byte=WAL_WRITE_LOCK)
+        if held is not None and held.pid == proc.pid:
+            return
+        proc.send_signal(signal.SIGCONT)
+    raise AssertionError(f"{job} was never stopped while holding the write lock")
+
+
+def test_a_stopped_lock_holder_is_not_waited_for_past_the_busy_timeout_and_is_named(quick_store: SQLiteStore) -> None:
+    # Given a slot frozen (SIGSTOP) inside a chunk's transaction, holding the write lock
+    frozen = _start(quick_store, "stop.frozen", "f", 10, 2, 3.0)
+    _stop_while_holding(quick_store, frozen, "stop.frozen")
+    try:
+        # When another slot writes beside it
+        end = _stopped(_start(quick_store, "stop.other", "o", 20, 10, 0.0), timeout=60)
+    finally:
+        frozen.send_signal(signal.SIGCONT)
+    # Then that writer gave up (a stopped holder commits nothing while stopped), naming the holder
+    # as stopped, rather than waiting on it for good
+    assert end["status"] is None and end["error"].startswith("StoreBusy"), end
+    assert f"pid {frozen.pid}" in end["error"] and "stopped" in end["error"], end
+    assert _stopped(frozen, timeout=60)["status"] == "done"
+
+
+def test_a_patient_writer_gives_up_after_ten_busy_timeouts_naming_a_holder_that_never_lets_go(
+    tmp_path: Path,
+) -> None:
+    # Given a slot whose one chunk holds the write lock for minutes (a deadlock with a lock of the
+    # handler's own looks the same from outside: a live attempt that never commits)
+    store = SQLiteStore(tmp_path / "checkpoints.db", busy_timeout=0.5)
+    _prepare(store)
+    long = _start(store, "cap.long", "l", 4, 2, 120.0)
+    try:
+        from airflow_resumable.core.stores.sqlite_errors import live_writer
+
+        wait_until(lambda: "cap.long" in (live_writer(store.path) or ""), "the long slot to hold the write lock")
+        # When another attempt writes beside it
+        began = time.monotonic()
+        end = _stopped(_start(store, "cap.other", "o", 20, 10, 0.0), timeout=60)
+        took = time.monotonic() - began
+    finally:
+        long.kill()
+        long.wait(30)
+    # Then it waited on the live holder past its busy timeout, but not for good: ten busy timeouts,
+    # then it failed naming the holder and the attempt it runs
+    assert end["error"].startswith("StoreBusy") and "ten busy timeouts" in end["error"], end
+    assert f"pid {long.pid}" in end["error"] and "cap.long" in end["error"], end
+    assert 4.5 <= took < 30, took
+
+
+def test_a_store_opened_through_a_symbolic_link_takes_turns_with_one_opened_by_the_file_s_own_path(
+    tmp_path: Path,
+) -> None:
+    real = tmp_path / "data" / "checkpoints.db"
+    real.parent.mkdir()
+    (tmp_path / "link").symlink_to(real.parent)
+    through_link = SQLiteStore(tmp_path / "link" / "checkpoints.db").connect()
+    direct = SQLiteStore(real).connect()
+    try:
+        # SQLite keeps -wal and -shm beside the file the link points to: so must the turnstile be
+        assert through_link.turns.path == direct.turns.path == f"{real}-turns"
+    finally:
+        through_link.close()
+        direct.close()
+
+
+def test_a_handler_without_transactions_waits_its_turn_too_its_checkpoints_sent_again(quick_store: SQLiteStore) -> None:
+    from airflow_resumable.core import Attempt
+    from airflow_resumable.core.model.identity import Identity
+    from airflow_resumable.core.stores.sqlite_errors import live_writer
+
+    # Given a slot whose chunk holds the write lock 4 s (past the 1.5 s busy timeout)
+    long = _start(quick_store, "plain.long", "l", 2, 2, 4.0)
+    try:
+        wait_until(lambda: "plain.long" in (live_writer(quick_store.path) or ""), "the long slot to hold the lock")
+
+        # When an attempt that never opens a transaction checkpoints beside it (each checkpoint a
+        # statement of its own, which waits in SQLite's busy handler and is sent again)
+        def plain(ctx: Any) -> int:
+            for i in range(1, 6):
+                ctx.checkpoint(i, processed=i)
+            return 5
+
+        outcome = Attempt(quick_store, Identity(job="plain.other", slot="o", attempt=1, owner="o-1")).run(plain)
+    finally:
+        end = _stopped(long, timeout=60)
+    # Then both finished done
+    assert (outcome.checkpoint.status, outcome.checkpoint.position) == ("done", 5)
+    assert (end["status"], end["error"]) == ("done", None), end
+
+
+def test_a_checkpoint_renews_its_holder_s_lease_in_its_own_write(quick_store: SQLiteStore) -> None:
+    from airflow_resumable.core.model.checkpoint import Write
+    from airflow_resumable.core.model.fence import Fence
+
+    with quick_store.open() as s:
+        row, _ = s.leases.acquire("renew", "s", "o", 1.0)  # type: ignore[misc]
+        s.execute(f"UPDATE resumable_checkpoints SET lease_expires_at = {s.d.now()} - 5 WHERE job = 'renew'")
+        s.commit()
+        s.checkpoints.save(Fence.of(row), Write(position="1", state="{}", processed=1, total=None), 30.0)
+        s.commit()
+        assert s.checkpoints.load("renew", "s").lease_expires_at > row.lease_expires_at  # type: ignore[union-attr]

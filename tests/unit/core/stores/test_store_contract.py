@@ -9,7 +9,7 @@ import re
 import pytest
 
 from airflow_resumable.core.model.checkpoint import Status, Write
-from airflow_resumable.core.model.errors import CorruptCheckpoint, LeaseLost, SchemaVersionError
+from airflow_resumable.core.model.errors import ConfigurationError, CorruptCheckpoint, LeaseLost, SchemaVersionError
 from airflow_resumable.core.model.fence import Fence
 from airflow_resumable.core.model.tables import CHECKPOINTS
 from airflow_resumable.core.stores import SCHEMA_VERSION, Store
@@ -261,8 +261,30 @@ def test_the_delete_statement_of_a_corrupt_row_is_valid_sql_whatever_the_names_c
         assert s.checkpoints.load(job, SLOT) is None
 
 
+@pytest.mark.parametrize("job", ["pt_tolerant.export", "50%_off", "o'brien_export", "back\\slash_job"])
+def test_the_statement_deleting_a_job_s_partitions_deletes_no_other_job_s_rows(store: Store, job: str) -> None:
+    # A LIKE 'pt_tolerant.export[%' read the "_" as any character: it deleted ptXtolerant.export's partitions too
+    from airflow_resumable.core.stores.decoder import partitions_delete_statement
+
+    lookalike = job.replace("_", "X").replace("%", "Y")
+    keep = [(f"{lookalike}[0]", SLOT), (f"{job}#plan", SLOT), (job, SLOT), (f"{job}[0]", "2026-01-02T00:00:00+00:00")]
+    gone = [(f"{job}[0]", SLOT), (f"{job}[12]", SLOT)]
+    with store.open() as s:
+        s.ensure_schema()
+        for name, slot in keep + gone:
+            assert s.leases.acquire(name, slot, "a", 30) is not None
+        s.commit()
+        statement = partitions_delete_statement(job, SLOT)
+        if " = ?" in statement:  # names a literal cannot carry safely are given as parameters
+            s._execute(statement.split(" (%s on PostgreSQL)")[0].replace("?", "%s"), (f"{job}[", SLOT))
+        else:
+            s.conn.cursor().execute(statement)
+        s.commit()
+        assert [(n, sl) for n, sl in keep + gone if s.checkpoints.load(n, sl) is not None] == keep
+
+
 def test_sql_literals_double_their_quotes() -> None:
-    from airflow_resumable.core.model.checkpoint import delete_statement, sql_literal
+    from airflow_resumable.core.stores.decoder import delete_statement, sql_literal
 
     assert sql_literal("o'brien") == "'o''brien'"
     assert delete_statement("a'b", "s") == "DELETE FROM resumable_checkpoints WHERE job = 'a''b' AND slot = 's'"
@@ -323,4 +345,44 @@ def test_the_checkpoint_statement_is_built_once_per_dialect_not_per_call(store: 
         again, _ = two.checkpoints.save_statement(fence, Write(position="2", state="{}", processed=2, total=None))
         assert again is first, "the hot path's SQL text is one object for the dialect"
         assert "%(" not in first if store.dialect.marker == "?" else ":job" not in first
-        assert params == {"position": "1", "state": "{}", "processed": 1, "total": None, "rate": None, **fence.params()}
+        assert params == {"position": "1", "state": "{}", "processed": 1, "total": None, "rate": None, "lease": None,
+                          **fence.params()}
+
+
+# -- session.plans ----------------------------------------------------------------------------------
+
+
+def _partition_rows(store: Store, job: str, indexes: list[int]) -> None:
+    with store.open(autocommit=True) as s:
+        s.ensure_schema()
+        for i in indexes:
+            assert s.leases.acquire(f"{job}[{i}]", SLOT, "a", 30.0) is not None  # the partition's row
+
+
+def test_partitions_with_rows_looks_past_one_batch_of_500_and_stops_at_the_limit(store: Store) -> None:
+    _partition_rows(store, "pj", [0, 499, 500, 501, 1200])
+    with store.open(autocommit=True) as s:
+        assert s.plans.partitions_with_rows("pj", SLOT, 1201) == ["pj[0]", "pj[499]", "pj[500]", "pj[501]", "pj[1200]"]
+        assert s.plans.partitions_with_rows("pj", SLOT, 501) == ["pj[0]", "pj[499]", "pj[500]"]
+        assert s.plans.partitions_with_rows("pj", SLOT, 1201, limit=3) == ["pj[0]", "pj[499]", "pj[500]"]
+        assert s.plans.partitions_with_rows("pj", SLOT, 0) == []
+        assert s.plans.partitions_with_rows("pj", SLOT, 1201, limit=0) == []
+
+
+@pytest.mark.parametrize("limit", [-1, True, 2.5, None])
+def test_partitions_with_rows_refuses_a_limit_that_is_not_a_count(store: Store, limit: object) -> None:
+    # -1 used to give the first batch's rows but its last ([:-1]), True one row, as if they were counts
+    _partition_rows(store, "pj", [0, 1, 2])
+    with store.open(autocommit=True) as s, pytest.raises(ConfigurationError, match="limit must be a whole number"):
+        s.plans.partitions_with_rows("pj", SLOT, 3, limit=limit)  # type: ignore[arg-type]
+
+
+def test_holding_a_plan_outside_a_transaction_is_refused_instead_of_holding_nothing(store: Store) -> None:
+    # Outside a transaction the share lock (PostgreSQL) ends with its statement, and SQLite takes no
+    # write lock: a replan could come between the check it was to guard and the write
+    with store.open(autocommit=True) as s:
+        s.ensure_schema()
+        with pytest.raises(ConfigurationError, match="inside a transaction"):
+            s.plans.hold("pj", SLOT)
+        with s.transaction():
+            s.plans.hold("pj", SLOT)

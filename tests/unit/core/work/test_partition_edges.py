@@ -4,6 +4,7 @@ hand edits between attempts, and odd arguments. On both stores; the DAG runs thr
 
 from __future__ import annotations
 
+import re
 import threading
 from datetime import datetime, timezone
 from typing import Any
@@ -146,11 +147,18 @@ def test_a_plan_row_deleted_by_hand_is_not_split_anew_under_partitions_that_kept
         assert s.checkpoints.load(f"{JOB}#plan", SLOT) is None
     assert rows_of(checkpoints, JOB)[1].processed == 3  # partition 1 kept its checkpoint, nothing was read
 
-    # And once the partitions' rows are deleted too, the job starts over in this run: every row once
+    # And once the partitions' rows are deleted too, with the statement the error names (a look-alike
+    # job's partition, which a LIKE 'pt_tolerant...' would have matched, kept), the job starts over in
+    # this run: every row once
+    lookalike = Attempt(checkpoints, Identity(job="ptXtolerant.export[0]", slot=SLOT, attempt=1, owner="o"))
+    lookalike.run(lambda ctx: None)
+    statement = re.search(r"DELETE FROM resumable_checkpoints WHERE .*? AND slot = '[^']*'", said)
+    assert statement, said[-2000:]
     with checkpoints.open() as s:
-        for i in range(4):
-            s.execute("DELETE FROM resumable_checkpoints WHERE job = %s", (f"{JOB}[{i}]",))
+        s.execute(statement.group(0))
         s.commit()
+        assert s.checkpoints.load("ptXtolerant.export[0]", SLOT) is not None
+    assert rows_of(checkpoints, JOB) == [None] * 4
     third = run_dag("pt_tolerant", logical_date=DAY)
     assert str(third.state) == "success"
     summary = xcom(third, "export.summary", required=True)

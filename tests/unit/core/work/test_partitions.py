@@ -146,6 +146,21 @@ def test_a_null_key_is_refused_before_anything_is_split_naming_the_job_the_slot_
     assert "where='grp IS NOT NULL AND id IS NOT NULL'" in str(err.value)
 
 
+def test_a_key_whose_values_have_no_json_form_is_refused_when_split_naming_the_job_the_slot_and_the_fix(
+    store: Store, source: Source
+) -> None:
+    # A boundary is stored as JSON: bytes have no exact JSON form (the split used to end in a bare TypeError)
+    source.run(f"CREATE TABLE pt_bytes (id {'BLOB' if source.kind == 'sqlite' else 'BYTEA'} PRIMARY KEY)")
+    source.run("INSERT INTO pt_bytes (id) VALUES (%s)", [(bytes([i]),) for i in range(10)])
+
+    with pytest.raises(ConfigurationError, match="has no exact JSON form") as err:
+        split(KeysetReader(connect=source.connect, table="pt_bytes", key="id"), 3, job="pt.export", slot=SLOT)
+
+    assert err.value.job == "pt.export" and err.value.slot == SLOT
+    assert "pt_bytes" in str(err.value) and "Nothing was split" in str(err.value)
+    assert err.value.hint and "Partition on columns whose values are numbers, text" in err.value.hint
+
+
 def test_a_bounded_reader_still_refuses_a_null_key_outside_its_range(store: Store, source: Source) -> None:
     # A NULL key is in no range: a partition that looked only inside its own would lose that row silently
     source.run("CREATE TABLE pt_nulls (grp TEXT, id INTEGER)")

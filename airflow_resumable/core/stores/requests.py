@@ -16,6 +16,7 @@ from airflow_resumable.core.stores.connection import Connection
 from airflow_resumable.core.stores.dialect import Dialect
 from airflow_resumable.core.stores.shared_sql import (
     ANY_OWNER,
+    HISTORY,
     KEY,
     SELECT,
     TABLE,
@@ -46,6 +47,16 @@ def _rule_sql(d: Dialect, rule: rules.Rule, owner: str = "any") -> str:
 @functools.cache
 def _history_sql(d: Dialect) -> str:
     return insert(ATTEMPTS, {**named(*_HISTORY), "started_at": d.now(), "ended_at": d.now()})
+
+
+#: The history record of a re-run's request (Airflow clears the task instance; the row is unchanged).
+_RERUN_HISTORY = ("job", "slot", "attempt", "outcome", "requested_by", "host", "pid", "dag_id", "task_id", "run_id",
+                  "map_index", "position_start", "processed_start", "position_end", "processed_end", "error")
+
+
+@functools.cache
+def _rerun_sql(d: Dialect) -> str:
+    return insert(ATTEMPTS, {**named(*_RERUN_HISTORY), "started_at": d.now(), "ended_at": d.now()})
 
 
 @functools.cache
@@ -91,6 +102,33 @@ class Requests:
                 "position_end": json_or_none(cp.position), "processed_end": cp.processed,
             })
         return cp
+
+    def record_reruns(self, rows: list[Checkpoint], *, by: str) -> int:
+        """Record in each row's history that a re-run of its failed task instance was asked, by whom
+        (outcome ``rerun_requested``, the row's position as it stands), in one transaction: Airflow
+        does the re-run (a Clear), so nothing of the rows changes. Returns how many were recorded."""
+        c = self._c
+        with c.transaction():
+            for row in rows:
+                c.execute(_rerun_sql(c.d), {
+                    "job": row.job, "slot": row.slot, "attempt": row.attempt,
+                    "outcome": AttemptEnd.RERUN_REQUESTED.value, "requested_by": by,
+                    "host": socket.gethostname(), "pid": os.getpid(), "dag_id": row.dag_id,
+                    "task_id": row.task_id, "run_id": row.run_id, "map_index": row.map_index,
+                    "position_start": json_or_none(row.position), "processed_start": row.processed,
+                    "position_end": json_or_none(row.position), "processed_end": row.processed,
+                    "error": f"re-run of the failed task instance requested (it was {row.status})",
+                })
+        return len(rows)
+
+    def requested_by(self, job: str, slot: str, outcome: str) -> str | None:
+        """Who made the slot's latest request recorded as ``outcome`` (e.g. ``cancel_requested``),
+        from its history; None when there is none."""
+        c = self._c
+        row = c.execute(f"SELECT requested_by FROM {HISTORY} WHERE {KEY} AND outcome = %(outcome)s "
+                        "ORDER BY id DESC LIMIT 1", {"job": job, "slot": slot, "outcome": str(outcome)}).fetchone()
+        c.commit()
+        return None if row is None else row[0]
 
     def cancel(self, job: str, slot: str, reason: str) -> bool:
         """Ask the attempt holding the slot's lease to stop at its next chunk boundary."""

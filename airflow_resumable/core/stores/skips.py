@@ -14,10 +14,11 @@ import socket
 from datetime import datetime, timezone
 from typing import Any
 
-from airflow_resumable.core.model.checkpoint import ENCODER, Checkpoint, DeadLetter, read_record
+from airflow_resumable.core.model.checkpoint import ENCODER, Checkpoint, DeadLetter
 from airflow_resumable.core.model.states import AttemptEnd
 from airflow_resumable.core.model.tables import ATTEMPTS, DEAD_LETTERS
 from airflow_resumable.core.stores.connection import Connection
+from airflow_resumable.core.stores.decoder import read_record
 from airflow_resumable.core.stores.dialect import Dialect
 from airflow_resumable.core.stores.shared_sql import (
     ANY_OWNER,
@@ -90,16 +91,16 @@ class Skips:
         return known is not None, int(count)
 
     def record(self, record: DeadLetter) -> None:
-        """Record a skipped item, once per (job, slot, position): a replayed item that fails again
-        is skipped again; one already skipped is left as first recorded."""
+        """Record a skipped item, once per (job, slot, position): an item met again and failing
+        again (a later try that redid its chunk, a replayed item) is the same row, which then shows
+        that latest try, its error and when (``recorded_at``), skipped again."""
         c = self._c
         c.execute(
             f"INSERT INTO {SKIPPED} (job, slot, position, item, item_format, error, attempt, recorded_at, status) "
             "VALUES (%(job)s, %(slot)s, %(position)s, %(item)s, %(item_format)s, %(error)s, %(attempt)s, "
             f"{c.d.now()}, 'skipped') ON CONFLICT (job, slot, position) DO UPDATE SET "
             "item = excluded.item, item_format = excluded.item_format, error = excluded.error, "
-            "attempt = excluded.attempt, recorded_at = excluded.recorded_at, status = 'skipped', replayed_at = NULL "
-            f"WHERE {SKIPPED}.status <> 'skipped'",
+            "attempt = excluded.attempt, recorded_at = excluded.recorded_at, status = 'skipped', replayed_at = NULL",
             {"job": record.job, "slot": record.slot, "position": ENCODER.encode(record.position),
              "item": ENCODER.encode(record.item), "item_format": record.item_format, "error": record.error,
              "attempt": record.attempt},
@@ -168,6 +169,24 @@ class Skips:
         ``owned_by``, once the row names another owning DAG than that one, the DAG the caller was
         authorized for: see :func:`~airflow_resumable.core.stores.shared_sql.owned`; the conditions
         are part of the write)."""
+        return self._turn(row, by=by, owned_by=owned_by, to="retry_requested",
+                          where="status = 'skipped' AND item_format = 'json'",
+                          outcome=AttemptEnd.RETRY_SKIPPED_REQUESTED, said="requested")
+
+    def withdraw_retry(self, row: Checkpoint, *, by: str, owned_by: Any = ANY_OWNER) -> int:
+        """Put the slot's items still ``retry_requested`` back to ``skipped``, their errors as they
+        were (a retry nothing will carry out, or one asked by mistake), and record it, with who
+        asked, in the slot's history: one transaction. Returns how many (none while an attempt holds
+        a live lease on the slot: it may be replaying them; nor, with ``owned_by``, once the row
+        names another owning DAG: as :meth:`request_retry`)."""
+        return self._turn(row, by=by, owned_by=owned_by, to="skipped", where="status = 'retry_requested'",
+                          outcome=AttemptEnd.RETRY_SKIPPED_WITHDRAWN, said="withdrawn")
+
+    def _turn(self, row: Checkpoint, *, by: str, owned_by: Any, to: str, where: str, outcome: AttemptEnd,
+              said: str) -> int:
+        """Set the slot's items matching ``where`` to status ``to`` and record ``outcome`` with who
+        asked in the history, in one transaction, unless an attempt holds a live lease on the slot or
+        (``owned_by``) the row names another owning DAG: the conditions are part of the write."""
         c = self._c
         owner, owner_params = owned(owned_by)
         key = {"job": row.job, "slot": row.slot}
@@ -176,16 +195,16 @@ class Skips:
         mine = ("" if owner == "any" else f" AND EXISTS (SELECT 1 FROM {TABLE} AS mine WHERE mine.job = %(job)s "
                 f"AND mine.slot = %(slot)s{owned_sql(owner, 'mine')})")
         with c.transaction():
-            n = c.execute(f"UPDATE {SKIPPED} SET status = 'retry_requested' WHERE {KEY} AND status = 'skipped' "
-                          f"AND item_format = 'json' AND NOT EXISTS ({live}){mine}", {**key, **owner_params}).rowcount
+            n = c.execute(f"UPDATE {SKIPPED} SET status = '{to}' WHERE {KEY} AND {where} "
+                          f"AND NOT EXISTS ({live}){mine}", {**key, **owner_params}).rowcount
             if n:
                 c.execute(_history_sql(c.d), {
-                    **key, "attempt": row.attempt, "outcome": AttemptEnd.RETRY_SKIPPED_REQUESTED.value,
+                    **key, "attempt": row.attempt, "outcome": outcome.value,
                     "requested_by": by, "host": socket.gethostname(), "pid": os.getpid(), "dag_id": row.dag_id,
                     "task_id": row.task_id, "run_id": row.run_id, "map_index": row.map_index,
                     "position_start": json_or_none(row.position), "processed_start": row.processed,
                     "position_end": json_or_none(row.position), "processed_end": row.processed,
-                    "error": f"retry of {n} skipped item(s) requested",
+                    "error": f"retry of {n} skipped item(s) {said}",
                 })
         return int(n)
 
@@ -193,12 +212,13 @@ class Skips:
         """End the retry of one dead letter inside the attempt, without a commit of its own (it
         commits with the attempt's next checkpoint): ``replayed`` (its ``error`` then says so, when
         and by which attempt, followed by the error it had failed with), or ``skipped`` again with
-        the new ``error``."""
+        the new ``error``, the ``attempt`` that met it (when given) and when."""
         c = self._c
         if error is None:
             how = "by the task's own code" + (f" (attempt {attempt}), as requested" if attempt is not None else "")
             c.execute(f"UPDATE {SKIPPED} SET status = 'replayed', replayed_at = {c.d.now()}, error = {_REPLAYED} "
                       "WHERE id = %(id)s", {"id": record_id, "note": replayed_note(how)})
         else:
-            c.execute(f"UPDATE {SKIPPED} SET status = 'skipped', error = %(error)s WHERE id = %(id)s",
-                      {"id": record_id, "error": error})
+            met = "" if attempt is None else f", attempt = %(attempt)s, recorded_at = {c.d.now()}"
+            c.execute(f"UPDATE {SKIPPED} SET status = 'skipped', error = %(error)s{met} WHERE id = %(id)s",
+                      {"id": record_id, "error": error, "attempt": attempt})

@@ -12,7 +12,6 @@ from airflow_resumable.core.model.checkpoint import AttemptEnd, AttemptRecord, C
 from airflow_resumable.core.model.fence import WHERE, Fence
 from airflow_resumable.core.model.tables import ATTEMPTS
 from airflow_resumable.core.stores.connection import Connection, save_rejected
-from airflow_resumable.core.stores.dead_letters import unclaimed_note, unclaimed_sql
 from airflow_resumable.core.stores.dialect import Dialect
 from airflow_resumable.core.stores.prepared import PreparedStatement, preparable
 from airflow_resumable.core.stores.shared_sql import (
@@ -28,6 +27,7 @@ from airflow_resumable.core.stores.shared_sql import (
     json_or_none,
     named,
 )
+from airflow_resumable.core.stores.skips import unclaimed_note, unclaimed_sql
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,7 +89,9 @@ def _sql(d: Dialect) -> _SQL:
         load=f"SELECT {SELECT} FROM {TABLE} WHERE {KEY}",
         save=d.placeholders(
             f"UPDATE {TABLE} SET position = %(position)s, state = %(state)s, processed = %(processed)s, "
-            f"total = %(total)s, rate = %(rate)s, updated_at = {now} WHERE {WHERE} RETURNING {PENDING_STOP}"
+            f"total = %(total)s, rate = %(rate)s, updated_at = {now}, "
+            f"lease_expires_at = COALESCE({d.now_plus('%(lease)s')}, lease_expires_at) "
+            f"WHERE {WHERE} RETURNING {PENDING_STOP}"
         ),
         start=starts,
         start_history=insert(ATTEMPTS, {**named(*HISTORY_COLUMNS), "started_at": now}, returning="id"),
@@ -213,8 +215,10 @@ class Checkpoints:
         if c.execute(_sql(c.d).set_reader, {**fence.params(), "reader": reader}).rowcount != 1:
             raise c.fenced_out(fence, "the reader could not be recorded: the lease was taken over")
 
-    def save(self, fence: Fence, write: Write) -> str | None:
-        """Write a checkpoint and commit it, together with whatever else this connection wrote.
+    def save(self, fence: Fence, write: Write, lease: float | None = None) -> str | None:
+        """Write a checkpoint and commit it, together with whatever else this connection wrote, and
+        renew the lease by ``lease`` seconds (the holder's own commit proves it alive; None: leave
+        the lease as the keeper renewed it).
 
         Returns the stop request pending on the row, read by the checkpoint's own statement (see
         :func:`pending_stop`): a cancel's reason (``requested``, ``superseded``...), ``paused``
@@ -229,11 +233,10 @@ class Checkpoints:
         cur = self._save_cursor
         if cur is None:  # one cursor for every checkpoint of the session
             cur = self._save_cursor = c.conn.cursor()
-        sql, params = self.save_statement(fence, write)
+        sql, params = self.save_statement(fence, write, lease)
         if c.d.one_writer:
-            with c.conn.own(), c.conn.writing():
-                cur.execute(c.qualified(sql), params)
-                rows = cur.fetchall()  # SQLite's statement (and its rowcount) ends with its rows
+            with c.conn.own():  # SQLite's statement (and its rowcount) ends with its rows
+                rows = c.conn.write(lambda: cur.execute(c.qualified(sql), params).fetchall())
         elif self._prepared is None or self._prepared.plain is not sql:
             cur.execute(c.qualified(sql), params)
             rows = cur.fetchall()
@@ -254,14 +257,14 @@ class Checkpoints:
         c.commit()
         return pending_stop(rows)
 
-    def save_statement(self, fence: Fence, write: Write) -> tuple[str, dict[str, Any]]:
+    def save_statement(self, fence: Fence, write: Write, lease: float | None = None) -> tuple[str, dict[str, Any]]:
         """The checkpoint's fenced UPDATE, in this driver's placeholders, and its parameters: it
         changes one row, or none once another attempt holds the lease, and returns the row's
         pending stop request (:func:`pending_stop` reads it). Sent by :meth:`save`, or without
         waiting by a pipelined writer (core/attempt/pipeline.py)."""
         return _sql(self._c.d).save, {
             "position": write.position, "state": write.state, "processed": write.processed, "total": write.total,
-            "rate": write.rate,
+            "rate": write.rate, "lease": lease,
             "job": fence.job, "slot": fence.slot, "owner": fence.owner, "token": fence.token,
         }
 
@@ -348,3 +351,82 @@ class Checkpoints:
             "id": record_id, "outcome": outcome.value, "stop_reason": stop_reason, "error": error,
             "position": json_or_none(position), "processed": processed,
         })
+
+
+class NoWaitSaves:
+    """One attempt's checkpoints sent on a connection of their own that does not wait for the
+    answer (PostgreSQL's non-blocking libpq: :meth:`Store.connect_nowait`), the answer collected
+    when the next one is sent (or the attempt ends): the handler's next chunk runs meanwhile. The
+    statement is the session's :meth:`Checkpoints.save_statement`, prepared on that connection
+    where the server keeps it, sent again as text when the server lost it. A connection that broke
+    is dropped, and the next send opens another."""
+
+    def __init__(self, store: Any, session: Any, conn: Any):
+        self._store = store
+        self._statement = session.checkpoints.save_statement
+        self._like = session.conn
+        self._conn: Any = conn
+        self._connected = False
+        self._prepared: PreparedStatement | None = None  # made with the first statement (its text)
+        #: the statement in flight: its cursor, what was sent and its parameters
+        self._pending: tuple[Any, str, dict[str, Any]] | None = None
+
+    def send(self, fence: Fence, write: Write, lease: float | None) -> None:
+        """Send ``write``'s checkpoint, fenced by ``fence``, without waiting for its answer.
+
+        Raises:
+            Exception: the driver's, when it could not be sent (the connection is dropped).
+        """
+        sql, params = self._statement(fence, write, lease)
+        try:
+            if self._conn is None:  # the last one broke: start another
+                self._conn = self._store.connect_nowait(like=self._like)
+            if not self._connected:
+                self._store.wait(self._conn, connecting=True)
+                self._connected = True
+            if self._prepared is None or self._prepared.plain is not sql:
+                self._prepared = PreparedStatement(sql, enabled=self._store.dialect.prepares)
+            text = self._prepared.text(autocommit=True)  # this connection is never in a transaction
+            cur = self._conn.cursor()
+            cur.execute(text, params)
+        except Exception:
+            self.close()
+            raise
+        self._pending = (cur, text, params)
+
+    def answer(self) -> tuple[list[Any], int]:
+        """Wait for the answer of the checkpoint in flight: the rows it returned (see
+        :func:`pending_stop`) and how many rows it matched (0: fenced out).
+
+        Raises:
+            Exception: the driver's, when it failed (the connection is dropped).
+        """
+        pending, self._pending = self._pending, None
+        assert pending is not None, "answer() after send()"
+        cur, text, params = pending
+        try:
+            try:
+                self._store.wait(self._conn)
+            except Exception as exc:
+                if self._prepared is None or not self._prepared.gone(exc, text):
+                    raise
+                cur.execute(self._prepared.plain, params)  # the failed EXECUTE changed nothing
+                self._store.wait(self._conn)
+            else:
+                if self._prepared is not None:
+                    self._prepared.sent(text)
+            return cur.fetchall(), cur.rowcount
+        except Exception:
+            self.close()  # a broken connection: the next send opens a new one
+            raise
+
+    def close(self) -> None:
+        """Drop the connection (and anything in flight)."""
+        self._pending = None
+        self._prepared = None  # a new connection prepares again
+        conn, self._conn, self._connected = self._conn, None, False
+        if conn is not None:
+            try:
+                conn.close()
+            except Exception:  # pragma: no cover - closing a broken connection
+                pass
