@@ -206,6 +206,9 @@ class Holder:
         host = socket.gethostname()
         if self.pid <= 0:
             return f"held ({self.kind}) by a process in another container or PID namespace (the lock table gives no pid)"
+        if self.pid == os.getpid() and self.kind != "the write lock":
+            return (f"held ({self.kind}) by this very process (pid {self.pid} on {host}): another of its connections "
+                    "(a lease renewal, a control request) waits for the write lock")
         if self.pid == os.getpid():
             return (f"held ({self.kind}) by this very process (pid {self.pid} on {host}): another of its connections "
                     "to the file, opened by the handler or another thread, has a transaction open")
@@ -300,13 +303,20 @@ def live_writer(db_path: str) -> str | None:
     is this very process (another of its connections), a process in another PID namespace, one that
     is stopped (SIGSTOP, a debugger), a zombie or gone, or one that runs no attempt (a program
     outside airflow-resumable, such as a shell with a transaction open). The lock momentarily free reads as worth
-    waiting (``"nobody (the lock was just let go)"``).
+    waiting (:data:`NOBODY`), and so does the turn at it held by this process while nobody holds the lock
+    (:data:`OWN_TURN`: the writer itself between two polls, or another thread's short write next).
     """
     table = _lock_table()
     if table is None:
         return None
-    held = (_holder(f"{db_path}-shm", "the write lock", table, posix_byte=WAL_WRITE_LOCK)
-            or _holder(f"{db_path}-turns", "the turn at the write lock", table, posix_byte=None))
+    held = _holder(f"{db_path}-shm", "the write lock", table, posix_byte=WAL_WRITE_LOCK)
+    if held is None:
+        held = _holder(f"{db_path}-turns", "the turn at the write lock", table, posix_byte=None)
+        if held is not None and held.pid == os.getpid():
+            # The write lock is free and a connection of this process holds the turn: this writer
+            # itself, polling for the lock, or another thread's (the lease keeper's renewal, a
+            # control request) about to take it. Neither holds the lock, so neither is a deadlock.
+            return OWN_TURN
     if held is None:
         return NOBODY
     if held.pid <= 0 or held.pid == os.getpid():
@@ -322,6 +332,10 @@ def live_writer(db_path: str) -> str | None:
         return None  # the pid is another process's now: the attempt recorded under it was killed long ago
     return held.describe(db_path, record)
 
+
+#: What :func:`live_writer` says when nobody holds the write lock and a connection of this very
+#: process holds the turn at it (it takes the lock next, and lets go of it after a short write).
+OWN_TURN = "nobody (the lock was just let go; a connection of this process has the turn at it)"
 
 #: What :func:`live_writer` says when the lock table names no holder: the lock was just let go, or
 #: its holder is not to be seen from here (another PID namespace leaves no line in ``/proc/locks``).

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from airflow_resumable.core import Attempt, ConfigurationError, SQLiteStore
+from airflow_resumable.core.model.errors import StoreBusy
 from airflow_resumable.core.model.identity import Identity
 
 
@@ -40,3 +41,55 @@ def test_a_busy_timeout_below_a_millisecond_is_refused_as_the_connection_s_extra
     """1e-9 s is PRAGMA busy_timeout = 0: no wait at all, while the error says it waited 1e-09 s."""
     with pytest.raises(ConfigurationError, match="busy_timeout"):
         SQLiteStore(tmp_path / "checkpoints.db", busy_timeout=1e-9)
+
+
+def test_an_attempt_s_write_waits_behind_the_turn_another_thread_of_its_process_holds(tmp_path: Path) -> None:
+    """Partitions side by side in one process's view: the lease keeper's renewal (another connection
+    of the attempt's own process) holds the turn at the write lock while it waits for the lock. The
+    attempt's checkpoint, waiting for that turn, used to give up at its busy timeout, naming "this very
+    process" as if a connection of the handler's own held a transaction open."""
+    import fcntl
+    import os
+
+    from airflow_resumable.core.stores.sqlite_errors import OWN_TURN, live_writer
+
+    path = tmp_path / "checkpoints.db"
+    store = SQLiteStore(path, busy_timeout=0.2)
+    with store.open() as s:
+        s.ensure_schema()
+    # Given a connection of this process holding the turn (the keeper's, as WriteTurns.turn takes it)
+    # while nobody holds the write lock
+    turn = os.open(f"{os.path.realpath(path)}-turns", os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        fcntl.flock(turn, fcntl.LOCK_EX)
+        assert live_writer(os.path.realpath(path)) == OWN_TURN
+        # When an attempt checkpoints meanwhile, the turn let go after five busy timeouts
+        threading.Timer(1.0, lambda: fcntl.flock(turn, fcntl.LOCK_UN)).start()
+        out = Attempt(store, Identity(job="j", slot="s", attempt=1, owner="w")).run(
+            lambda ctx: ctx.checkpoint(1, processed=1))
+    finally:
+        os.close(turn)
+    # Then it waited its turn and finished, rather than failing with StoreBusy at 0.2 s
+    assert out.checkpoint.status == "done"
+
+
+def test_a_write_lock_held_by_another_connection_of_this_process_still_ends_the_wait(tmp_path: Path) -> None:
+    """The deadlock the rule is for: the handler's own connection holds a transaction open, so
+    waiting on would never end; the write fails at the busy timeout naming this process."""
+    from airflow_resumable.core.stores.sqlite_errors import live_writer
+
+    path = tmp_path / "checkpoints.db"
+    store = SQLiteStore(path, busy_timeout=0.2)
+    with store.open() as s:
+        s.ensure_schema()
+    other = sqlite3.connect(path, isolation_level=None)
+    try:
+        other.execute("BEGIN IMMEDIATE")
+        import os
+
+        assert live_writer(os.path.realpath(path)) is None
+        with pytest.raises(StoreBusy, match="this very process"):
+            Attempt(store, Identity(job="j", slot="s", attempt=1, owner="w")).run(
+                lambda ctx: ctx.checkpoint(1, processed=1))
+    finally:
+        other.close()
