@@ -25,6 +25,11 @@ whichever worker. Three things make it correct:
   (:meth:`~airflow_resumable.core.readers.Reader.identity`), each range carries its digest, and
   each partition's checkpoint records its reader with the range: a planning task, or a partition,
   whose reader differs (another key, source, condition or bound) refuses before reading.
+* **Splits keep it so.** A plan may also hold splits (:class:`Split`): a range cut in two at a key
+  inside it, the keys after the cut read as a range of their own (``<job>[i].n``, :meth:`Range.job`).
+  :meth:`Plan.current` gives the ranges as the splits left them, which hold every key once as the
+  planned ones do; a split at or outside its range's ends is refused where the plan can order the
+  keys (numbers), and the seal covers the splits as it covers the boundaries.
 * **The job as a whole** (:mod:`airflow_resumable.core.work.partition_summary`): which partitions finished,
   whether more of them failed than ``tolerated_failure`` allows, and the plan's rows accounted for.
 
@@ -50,7 +55,7 @@ from airflow_resumable.core.readers.keyset import KeysetReader
 from airflow_resumable.core.stores.base import StoreSession
 
 __all__ = [
-    "PLAN_SUFFIX", "CorruptPlan", "Plan", "Range", "allowed_failures", "allowed_shortfall", "check_plan_reader", "check_range_reader",
+    "PLAN_SUFFIX", "CorruptPlan", "Plan", "Range", "Split", "allowed_failures", "allowed_shortfall", "check_plan_reader", "check_range_reader",
     "load_plan", "orphan_partitions", "outside_plan", "partition_index", "partition_job", "partitions_problem",
     "plan_job", "replace_plan", "save_plan", "shortfall_problem", "split", "tolerated_problem",
 ]
@@ -167,12 +172,29 @@ class Range:
     #: The job's partitions (None: a range handed over by a release that did not say).
     count: int | None = None
     reader: str | None = None
+    #: The number of the split that took this range from a running slot (:class:`Split`), or None:
+    #: the range of partition :attr:`index` as planned (or what its splits left it).
+    split: int | None = None
+
+    @property
+    def name(self) -> str:
+        """The range's name in its plan: its partition's index (``"3"``), or for a range a split
+        took, the index of the partition whose line it descends from and the split's number
+        (``"3.5"``)."""
+        return str(self.index) if self.split is None else f"{self.index}.{self.split}"
+
+    def job(self, base: str) -> str:
+        """The job that reads this range: ``<base>[3]`` (the mapped task instance's), or for a split's
+        range ``<base>[3].5``."""
+        return partition_job(base, self.index) + ("" if self.split is None else f".{self.split}")
 
     def as_json(self) -> dict[str, Any]:
         out = {"partition": self.index, "after": self.after, "until": self.until, "empty": self.empty,
                "partitions": self.count}
         if self.reader is not None:
             out["reader"] = self.reader
+        if self.split is not None:
+            out["split"] = self.split
         return out
 
     @classmethod
@@ -187,9 +209,11 @@ class Range:
                                      f"{short(value)}", hint="Pass the planning task's output, as .partitioned() does")
         count = value.get("partitions")
         reader = value.get("reader")
+        number = value.get("split")
         return cls(int(value["partition"]), value["after"], value["until"], bool(value.get("empty", False)),
                    count=count if isinstance(count, int) and not isinstance(count, bool) else None,
-                   reader=reader if isinstance(reader, str) else None)
+                   reader=reader if isinstance(reader, str) else None,
+                   split=number if isinstance(number, int) and not isinstance(number, bool) else None)
 
 
 def range_chunks(reader: KeysetReader, rng: Range, *, total: Any = None) -> dict[str, Any]:
@@ -222,6 +246,26 @@ class RangeCount:
 
 
 @dataclasses.dataclass(frozen=True)
+class Split:
+    """A range taken from a slot of the job while it ran (dynamic rebalancing): the range named
+    :attr:`of` (``"3"``, or an earlier split's ``"3.2"``) keeps its keys up to :attr:`at`, inclusive,
+    and this split's range, named ``"<i>.<number>"`` (``i``: the partition whose line it descends
+    from), holds the keys after :attr:`at` up to where :attr:`of` ended before. Splits are numbered
+    1, 2, ... in the order they were agreed; each applies to the ranges as the splits before it left
+    them. :attr:`by` names who asked for it and :attr:`when` when it was agreed (ISO 8601), for the
+    record."""
+
+    number: int
+    of: str
+    at: Any
+    by: str | None = None
+    when: str | None = None
+
+    def as_json(self) -> dict[str, Any]:
+        return {"number": self.number, "of": self.of, "at": self.at, "by": self.by, "when": self.when}
+
+
+@dataclasses.dataclass(frozen=True)
 class Plan:
     """A job's split for one slot: ``partitions`` ranges cut at ``boundaries`` (``partitions - 1``
     keys in the key's order, as JSON positions; None: before every key), made when the source had
@@ -232,9 +276,12 @@ class Plan:
     boundaries: tuple[Any, ...]
     rows: int
     reader: dict[str, Any] | None = None
+    #: The ranges taken from running slots since, in the order they were agreed.
+    splits: tuple[Split, ...] = ()
 
     def ranges(self) -> list[Range]:
-        """Every partition's range, in order: together they hold every key once."""
+        """Every partition's range as planned, in order: together they hold every key once (the
+        mapped task instances' ranges; :meth:`current` gives them as the splits left them)."""
         out = []
         digest = None if self.reader is None else identity_digest(self.reader)
         for i in range(self.partitions):
@@ -247,6 +294,33 @@ class Plan:
             out.append(Range(i, lower, upper, empty=upper is None or (lower is not None and lower == upper),
                              count=self.partitions, reader=digest))
         return out
+
+    def current(self) -> dict[str, Range]:
+        """Every range of the job as its splits left them, by name (:attr:`Range.name`): the
+        partitions' (a split partition's up to the key it was cut at) and each split's. Together
+        they hold every key once, as the planned ranges do: a split cuts one range in two at a key
+        inside it."""
+        found = {rng.name: rng for rng in self.ranges()}
+        for cut in self.splits:
+            source = found[cut.of]
+            found[cut.of] = dataclasses.replace(source, until=cut.at)
+            taken = Range(source.index, cut.at, source.until, count=source.count, reader=source.reader,
+                          split=cut.number)
+            found[taken.name] = taken
+        return found
+
+    def with_split(self, of: str, at: Any, *, by: str | None = None, when: str | None = None) -> Plan:
+        """This plan with one more split: range ``of`` cut after key ``at`` (a JSON position).
+
+        Raises:
+            ConfigurationError: no range of that name, an empty one, or a key that is not inside it
+                where that can be told here (numbers; see :func:`_out_of_order`).
+        """
+        problem = _split_problem(self.current(), Split(len(self.splits) + 1, of, at, by, when))
+        if problem is not None:
+            raise ConfigurationError(f"range {of!r} cannot be split at {short(at)}: {problem}",
+                                     hint="Split a range that holds keys after the cut (the victim's remaining ones)")
+        return dataclasses.replace(self, splits=(*self.splits, Split(len(self.splits) + 1, of, at, by, when)))
 
     def planned(self) -> list[int]:
         """How many of :attr:`rows` each partition's range held when the plan was made: the split
@@ -267,6 +341,8 @@ class Plan:
         out: dict[str, Any] = {"partitions": self.partitions, "boundaries": list(self.boundaries), "rows": self.rows}
         if self.reader is not None:
             out["reader"] = self.reader
+        if self.splits:  # absent while there are none: a plan stored before splits keeps its seal
+            out["splits"] = [cut.as_json() for cut in self.splits]
         out["seal"] = identity_digest(out)
         return out
 
@@ -327,7 +403,53 @@ class Plan:
                 f"overlap or leave a gap (a row read twice, or by no partition), so none is handed out; its seal "
                 f"matches, so it was sealed anew after an edit, or written by other code: {short(boundaries, 200)}",
                 job=job, slot=slot, hint=not_a_plan)
-        return cls(partitions, tuple(boundaries), rows, reader)
+        plan = cls(partitions, tuple(boundaries), rows, reader)
+        splits = state.get("splits", [])
+        if not isinstance(splits, list):
+            raise CorruptPlan(f"the plan row's splits are not a list: {short(splits)}", job=job, slot=slot,
+                              hint=not_a_plan)
+        current = plan.current()
+        for n, value in enumerate(splits, start=1):
+            cut = _split_of(value, n)
+            problem = cut if isinstance(cut, str) else _split_problem(current, cut)
+            if problem is not None:
+                raise CorruptPlan(
+                    f"the plan row's split {n} is not one this release reads ({problem}): ranges cut by it could "
+                    f"overlap or leave a gap, so none is handed out: {short(value, 200)}", job=job, slot=slot,
+                    hint=not_a_plan)
+            assert not isinstance(cut, str)
+            plan = dataclasses.replace(plan, splits=(*plan.splits, cut))
+            current = plan.current()
+        return plan
+
+
+def _split_of(value: Any, number: int) -> Split | str:
+    """A split as :meth:`Split.as_json` wrote it (the ``number``-th), or what is wrong with it."""
+    if not isinstance(value, dict) or not {"number", "of", "at"} <= set(value):
+        return "not a dict of number, of and at"
+    if value["number"] != number or type(value["number"]) is not int:
+        return f"numbered {short(value['number'])} where {number} comes"
+    of, by, when = value["of"], value.get("by"), value.get("when")
+    if not isinstance(of, str) or not all(isinstance(x, str | None) for x in (by, when)):
+        return "of, by and when must be texts"
+    return Split(number, of, value["at"], by, when)
+
+
+def _split_problem(current: dict[str, Range], cut: Split) -> str | None:
+    """What keeps ``cut`` from applying to the ranges as the splits before it left them, or None."""
+    source = current.get(cut.of)
+    if source is None:
+        return f"it splits {cut.of!r}, which is no range of the plan"
+    if source.empty:
+        return f"range {cut.of!r} holds no key"
+    if cut.at is None:
+        return "it is cut before every key"
+    probe = [k for k in (source.after, cut.at, source.until) if k is not None]
+    if _out_of_order(probe) is not None or any(a == b for a, b in zip(probe, probe[1:], strict=False)):
+        # only keys the plan can order here (numbers, leading columns) are told apart; a cut at a
+        # range's own end, or outside it, would leave a range empty or read a key twice
+        return f"key {short(cut.at)} is not inside range {cut.of!r} ({short(source.after)}, {short(source.until)}]"
+    return None
 
 
 class CorruptPlan(CorruptCheckpoint, ConfigurationError):
