@@ -521,6 +521,37 @@ class KeysetReader(Reader):
                 pass
             close_quietly(conn)
 
+    def split_point(self, after: Any) -> SplitPoint | None:
+        """Where to cut the rows after ``after`` (None: all of them) in two of about equal size: the
+        key of the middle row, up to which (inclusive) the rows are kept and after which they are
+        taken, counted by the source's database now on a connection of its own (ended before
+        returning): a count and one ``OFFSET`` look-up, both over the key's index. ``where``,
+        ``query``, ``until`` and the range of :meth:`within` apply. None when fewer than two rows
+        remain (nothing to cut), or the middle row was deleted between the two queries.
+
+        Raises:
+            ConfigurationError: ``after`` is not a position of this reader's key.
+        """
+        values = None if after is None else self._after_values(after)
+        conn = self.connect()
+        try:
+            marker = self._marker(conn)
+            keys = ", ".join(self.keys)
+            sql, args = self._rows([] if values is None else [self._after(values, marker)], what=keys, marker=marker)
+            count = _one(conn, f"SELECT count(*) FROM ({sql}) AS keyset_count", args)
+            rows = int(count[0]) if count else 0
+            if rows < 2:
+                return None
+            kept = rows // 2
+            key = _one(conn, f"{sql} ORDER BY {keys} LIMIT 1 OFFSET {marker}", [*args, kept - 1])
+            return None if key is None else SplitPoint(key=key, kept=kept, taken=rows - kept)
+        finally:
+            try:
+                conn.rollback()
+            except Exception:  # an autocommit connection, or one already broken
+                pass
+            close_quietly(conn)
+
     def _keys_at(self, conn: Any, at: list[int], marker: str) -> dict[int, tuple[Any, ...]]:
         """The key of each row number in ``at`` (1-based, in the key's order)."""
         if not at:
@@ -570,6 +601,16 @@ class SplitKeys:
     at: tuple[int, ...]
     keys: dict[int, tuple[Any, ...]]
     null_key: tuple[Any, ...] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class SplitPoint:
+    """What :meth:`KeysetReader.split_point` found: the middle row's ``key`` (a tuple of the key's
+    columns), and how many of the rows counted are ``kept`` (up to it) and ``taken`` (after it)."""
+
+    key: tuple[Any, ...]
+    kept: int
+    taken: int
 
 
 def _one(conn: Any, sql: str, args: Sequence[Any]) -> tuple[Any, ...] | None:

@@ -460,3 +460,28 @@ def test_split_keys_boundaries_stay_in_key_order_when_rows_before_them_are_inser
     assert found.rows == 30 and found.at == (10, 20)
     first, second = found.keys[10][0], found.keys[20][0]
     assert first == "m09" and second > first, found.keys
+
+
+# -- split_point ----------------------------------------------------------------------------------
+
+
+def test_split_point_cuts_the_rows_after_a_position_at_their_middle_key_within_the_range(
+    store: Store, source: Source
+) -> None:
+    # Given keys 1..100 and a reader of the range (20, 80]: a slot that has read up to 40
+    source.run("CREATE TABLE cut_src (id INTEGER PRIMARY KEY)")
+    source.run("INSERT INTO cut_src (id) VALUES (%s)", [(i,) for i in range(1, 101)])
+    reader = KeysetReader(connect=source.connect, table="cut_src", key="id",
+                          paramstyle="qmark" if source.kind == "sqlite" else "format").within(80, after=20)
+    # When the rest of its range is cut in two
+    found = reader.split_point(40)
+    # Then it keeps 41..60 and the other half, 61..80, is taken; nothing past the range's end counts
+    assert found is not None and (found.key, found.kept, found.taken) == ((60,), 20, 20)
+    assert reader.split_point(78) is not None and reader.split_point(78).key == (79,)  # type: ignore[union-attr]
+    # And fewer than two rows left: nothing to cut
+    assert reader.split_point(79) is None and reader.split_point(80) is None
+    # A composite key's position is a key of every column
+    pair = KeysetReader(connect=source.connect, table="cut_src", key=("id", "id"),
+                        paramstyle="qmark" if source.kind == "sqlite" else "format")
+    with pytest.raises(ConfigurationError, match="is not a key of 2 values"):
+        pair.split_point(5)
