@@ -494,12 +494,12 @@ class KeysetReader(Reader):
         boundary. ``where``/``query``/``until`` apply.
 
         Raises:
-            ConfigurationError: ``parts`` is not a whole number of at least 1 (nothing is read).
+            ConfigurationError: ``parts`` is not a whole number from 1 to :data:`MAX_PARTS` (nothing is read).
         """
-        if isinstance(parts, bool) or not isinstance(parts, int) or parts < 1:
+        if isinstance(parts, bool) or not isinstance(parts, int) or not 1 <= parts <= MAX_PARTS:
             raise ConfigurationError(
-                f"{self.name}: parts must be a whole number of at least 1 (how many ranges to split the rows "
-                f"into), got {parts!r}; nothing was read", hint="Give the number of ranges, e.g. split_keys(4)")
+                f"{self.name}: parts must be a whole number from 1 to {MAX_PARTS:,} (how many ranges to split the "
+                f"rows into), got {short(parts)}; nothing was read", hint="Give the number of ranges, e.g. split_keys(4)")
         conn = self.connect()
         try:
             marker = self._marker(conn)
@@ -588,6 +588,11 @@ class KeysetReader(Reader):
         conn, self._conn = self._conn, None
         close_quietly(conn)
         super().close()
+
+
+#: The most ranges :meth:`KeysetReader.split_keys` splits rows into (a partitioned job's most
+#: partitions): the boundaries' row numbers are held in memory at once.
+MAX_PARTS = 10_000
 
 
 @dataclasses.dataclass(frozen=True)

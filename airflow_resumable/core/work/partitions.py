@@ -51,7 +51,7 @@ from airflow_resumable.core.model.errors import ConfigurationError, CorruptCheck
 from airflow_resumable.core.model.identity import PLAN_SUFFIX, partition_job, plan_job
 from airflow_resumable.core.model.keys import json_key, json_keys
 from airflow_resumable.core.readers.base import differences, identity_digest
-from airflow_resumable.core.readers.keyset import KeysetReader
+from airflow_resumable.core.readers.keyset import MAX_PARTS, KeysetReader
 from airflow_resumable.core.stores.base import StoreSession
 
 __all__ = [
@@ -60,8 +60,9 @@ __all__ = [
     "plan_job", "replace_plan", "save_plan", "shortfall_problem", "split", "tolerated_problem",
 ]
 
-#: The most partitions a job may have: each is a mapped task instance and a checkpoint row.
-MAX_PARTITIONS = 10_000
+#: The most partitions a job may have: each is a mapped task instance and a checkpoint row (the
+#: most ranges a reader splits rows into).
+MAX_PARTITIONS = MAX_PARTS
 
 _PERCENT = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*%\s*$")
 

@@ -399,17 +399,18 @@ def _counting_steps(db: sqlite3.Connection, sql: str, args: tuple[Any, ...]) -> 
 # -- split_keys -----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("parts", [0, -3, True, 2.5, "3", None])
+@pytest.mark.parametrize("parts", [0, -3, True, 2.5, "3", None, 10_001, 10**12])
 def test_split_keys_refuses_a_count_of_parts_that_is_not_a_whole_number_from_one_naming_the_fix(parts: Any) -> None:
     # A count of 0 or less used to come back as one range over everything (no boundary), and a
-    # bool as 1: a split other than the one asked for, without a word
+    # bool as 1: a split other than the one asked for, without a word; a huge count allocated its
+    # boundaries' row numbers at once
     def connect() -> Any:
         raise AssertionError("nothing is read for a bad count")
 
     reader = KeysetReader(connect=connect, table="t", key="id")
     with pytest.raises(ConfigurationError) as err:
         reader.split_keys(parts)
-    assert "parts must be a whole number of at least 1" in str(err.value) and repr(parts) in str(err.value)
+    assert "parts must be a whole number from 1 to 10,000" in str(err.value) and str(parts) in str(err.value)
     assert err.value.hint and "split_keys(4)" in err.value.hint
 
 
