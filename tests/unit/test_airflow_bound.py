@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from support.paths import TESTS
+from support.pins import pins
 
 FILES = {
     "conftest.py": (
@@ -64,14 +65,6 @@ def test_the_airflow_minors_pins_on_one_python_agree_on_every_library_the_core_i
     providers = importlib.metadata.packages_distributions()
     used = {re.sub(r"[-_.]+", "-", d).lower() for name in names for d in providers.get(name, ())}
     assert {"psycopg2-binary", "pglast"} <= used, used
-
-    def pins(path: Path) -> dict[str, str]:
-        found = {}
-        for line in path.read_text().splitlines():
-            if "==" in line and not line.startswith("#"):
-                name, version = line.split("==", 1)
-                found[re.sub(r"[-_.]+", "-", name).lower()] = version.strip()
-        return found
 
     by_python: dict[str, list[Path]] = {}
     for path in sorted((root / "constraints").glob("airflow-*-py*.txt")):

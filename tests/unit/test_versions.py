@@ -34,6 +34,7 @@ from airflow_resumable.version_compat import (
 )
 from support.gates import before_airflow
 from support.paths import ROOT
+from support.pins import pins
 
 CONSTRAINTS = ROOT / "constraints"
 #: The supported pairs: every Airflow minor on Python 3.11, and the newest Airflow on every Python.
@@ -47,15 +48,6 @@ def requirement(name: str) -> Requirement:
     parser.read(ROOT / "setup.cfg")
     lines = [line.strip() for line in parser["options"]["install_requires"].splitlines()]
     return next(Requirement(line) for line in lines if line and Requirement(line).name == name)
-
-
-def pins(path: Path) -> dict[str, str]:
-    found = {}
-    for line in path.read_text().splitlines():
-        if "==" in line and not line.startswith("#"):
-            name, version = line.split("==", 1)
-            found[re.sub(r"[-_.]+", "-", name).lower()] = version.strip()
-    return found
 
 
 def generator() -> ModuleType:

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import itertools
 import operator
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from airflow_resumable.core.model.checkpoint import short
@@ -500,8 +501,7 @@ class KeysetReader(Reader):
             raise ConfigurationError(
                 f"{self.name}: parts must be a whole number from 1 to {MAX_PARTS:,} (how many ranges to split the "
                 f"rows into), got {short(parts)}; nothing was read", hint="Give the number of ranges, e.g. split_keys(4)")
-        conn = self.connect()
-        try:
+        with self._own_connection() as conn:
             marker = self._marker(conn)
             keys = ", ".join(self.keys)
             nulls = " OR ".join(f"{k} IS NULL" for k in self.keys)
@@ -514,12 +514,6 @@ class KeysetReader(Reader):
             rows = int(count[0]) if count else 0
             at = tuple((j * rows) // parts for j in range(1, parts))
             return SplitKeys(rows=rows, at=at, keys=self._keys_at(conn, sorted({r for r in at if r > 0}), marker))
-        finally:
-            try:
-                conn.rollback()
-            except Exception:  # an autocommit connection, or one already broken
-                pass
-            close_quietly(conn)
 
     def split_point(self, after: Any) -> SplitPoint | None:
         """Where to cut the rows after ``after`` (None: all of them) in two of about equal size: the
@@ -533,8 +527,7 @@ class KeysetReader(Reader):
             ConfigurationError: ``after`` is not a position of this reader's key.
         """
         values = None if after is None else self._after_values(after)
-        conn = self.connect()
-        try:
+        with self._own_connection() as conn:
             marker = self._marker(conn)
             keys = ", ".join(self.keys)
             sql, args = self._rows([] if values is None else [self._after(values, marker)], what=keys, marker=marker)
@@ -545,6 +538,14 @@ class KeysetReader(Reader):
             kept = rows // 2
             key = _one(conn, f"{sql} ORDER BY {keys} LIMIT 1 OFFSET {marker}", [*args, kept - 1])
             return None if key is None else SplitPoint(key=key, kept=kept, taken=rows - kept)
+
+    @contextlib.contextmanager
+    def _own_connection(self) -> Iterator[Any]:
+        """A connection of its own for a look at the rows (the split's): its transaction rolled back
+        and the connection closed at the end, whatever happened."""
+        conn = self.connect()
+        try:
+            yield conn
         finally:
             try:
                 conn.rollback()
