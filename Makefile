@@ -85,9 +85,10 @@ docs-serve: venv
 
 ## A local Airflow with the example DAGs (UI on :8080; `make standalone PORT=28080` moves the UI, the
 ## REST API and the Execution API together: docs/how-to/ui.md#another-port); Ctrl-C, SIGTERM to the
-## pid it prints or `make standalone-stop` (from any shell) stops all of it.
+## pid it prints or `make standalone-stop` (from any shell) stops all of it. Only a PORT given to make
+## counts: one exported by the shell (many hosts set PORT for their own servers) does not move it.
 standalone: venv
-	@PY=$(PY) PORT=$(PORT) bash scripts/standalone.sh
+	@PY=$(PY) PORT=$(if $(filter command line,$(origin PORT)),$(PORT)) bash scripts/standalone.sh
 
 ## Stop this checkout's `make standalone` (pids in .airflow-home/standalone.pid), every process of it.
 standalone-stop:

@@ -80,3 +80,20 @@ def test_a_base_url_with_a_path_prefix_keeps_it_in_the_execution_api_address(bas
     app.mount("/execution", inner)
     with TestClient(app) as client:
         assert client.get(urlsplit(execution).path + "health").status_code == 200
+
+
+def test_a_port_the_shell_exports_does_not_move_make_standalone_only_one_given_to_make_does() -> None:
+    """Many hosts export ``PORT`` for their own servers (3000, 5000): ``make standalone`` read it as
+    its own and moved the UI there without a word, where the docs promise 8080."""
+    import os
+    import subprocess
+
+    from support.paths import ROOT
+
+    def recipe(*args: str, env: dict[str, str]) -> str:
+        out = subprocess.run(["make", "-n", "standalone", *args], cwd=ROOT, env={**os.environ, **env},
+                             capture_output=True, text=True, timeout=60, check=True).stdout
+        return next(line for line in out.splitlines() if "scripts/standalone.sh" in line)
+
+    assert "PORT= " in recipe(env={"PORT": "3000"})
+    assert "PORT=28080 " in recipe("PORT=28080", env={"PORT": "3000"})
