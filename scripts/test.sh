@@ -22,6 +22,10 @@ GROUPS_=(
   "dist=dist and not (scheduler or celery or browser)"
 )
 mkdir -p "$LOGS"
+# The whole suite needs PostgreSQL and Redis beside it: say so now, not after half an hour.
+if [ "$#" -eq 0 ] && ! "$PY" -m devtools.services; then
+  exit 1
+fi
 
 names=() pids=()
 for group in "${GROUPS_[@]}"; do
