@@ -208,13 +208,14 @@ _HISTORY_COLUMNS = ("id", "attempt", "outcome", "requested_by", "owner", "starte
 
 def list_command(args: argparse.Namespace) -> None:
     import airflow_resumable.control as control
-    from airflow_resumable.core.view import row_view
 
     rows = _guard(lambda: control.recent(conn_id=args.conn_id, dag_ids={args.dag_id} if args.dag_id else None,
                                          status=args.status, limit=args.limit, plans=args.include_plans))
-    views = [row_view(r) for r in rows]
+    # as show and jobs judge a slot: a running row whose holder died, or whose task instance ended, is abandoned
+    views = control.listed(rows, _task_states)
     columns = ("kind", *_LIST_COLUMNS) if args.include_plans else _LIST_COLUMNS
-    _print(views if args.output == "json" else [{k: v.get(k) for k in columns} for v in views], args.output)
+    _print(views if args.output == "json" else [{k: _shown_status(v) if k == "status" else v.get(k) for k in columns}
+                                                for v in views], args.output)
 
 
 def show_command(args: argparse.Namespace) -> None:

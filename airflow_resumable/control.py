@@ -24,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -42,7 +42,7 @@ from airflow_resumable.core.model.errors import (
     SlotNotFound,
 )
 from airflow_resumable.core.model.outward import outward_text, outward_traceback
-from airflow_resumable.core.model.states import AttemptEnd
+from airflow_resumable.core.model.states import AttemptEnd, Status
 from airflow_resumable.core.stores.base import Store, StoreSession
 from airflow_resumable.core.work import partitions as _partitions
 from airflow_resumable.hooks.resumable import DEFAULT_CONN_ID, ResumableHook
@@ -372,6 +372,27 @@ def recent(*, conn_id: str = DEFAULT_CONN_ID, dag_ids: Collection[str] | None = 
     they hold the job's split, not work (:func:`jobs` folds them into their job)."""
     with _session(conn_id) as session:
         return session.listings.recent(dag_ids=dag_ids, status=status, limit=limit, plans=plans)
+
+
+def listed(rows: Sequence[Checkpoint], task_states: _core.TaskStates | None = None) -> list[dict[str, Any]]:
+    """``rows`` as a listing shows them (:func:`~airflow_resumable.core.view.listed_row`), each running
+    row judged with its task instance's state in Airflow as the Checkpoint tab and the jobs page judge
+    it (a running row whose task instance ended is ``abandoned``), ``task_states`` asked once per task
+    of a run; without it, or when it fails (no metadata database), by the lease alone."""
+    asked: dict[tuple[str, str, str], Mapping[int, str] | None] = {}
+    out = []
+    for row in rows:
+        state = None
+        if task_states is not None and row.status == Status.RUNNING.value and row.dag_id and row.task_id and row.run_id:
+            key = (row.dag_id, row.task_id, row.run_id)
+            if key not in asked:
+                try:
+                    asked[key] = task_states(*key)
+                except Exception:  # the metadata database unreachable: the lease decides
+                    asked[key] = None
+            state = (asked[key] or {}).get(-1 if row.map_index is None else row.map_index)
+        out.append(_view.listed_row(row, ti_state=state))
+    return out
 
 
 def dead_letters(job: str, slot: str, *, conn_id: str = DEFAULT_CONN_ID, status: str | None = "skipped",

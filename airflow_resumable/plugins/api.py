@@ -56,7 +56,7 @@ from airflow_resumable.core.model.errors import (
 from airflow_resumable.core.model.outward import outward_text
 from airflow_resumable.core.model.request_rules import Action
 from airflow_resumable.core.model.states import Status
-from airflow_resumable.core.view import ROW_LIMIT, listed_row
+from airflow_resumable.core.view import ROW_LIMIT
 from airflow_resumable.version_compat import GetUserDep
 
 STATIC = Path(__file__).parent / "static"
@@ -254,7 +254,7 @@ def create_app() -> FastAPI:
             if not readable:
                 return {"checkpoints": [], "total_entries": 0}
         rows = control.recent(conn_id=conn, dag_ids=readable, status=status_, limit=limit, plans=include_plans)
-        return {"checkpoints": [listed_row(r) for r in rows], "total_entries": len(rows)}
+        return {"checkpoints": control.listed(rows, control.task_instance_states), "total_entries": len(rows)}
 
     @app.get("/api/v1/checkpoint", responses=_responses(400, 401, 403, 404, 422, 500, 503),
              summary="One slot: its row (whole), figures, history and what it would take now")

@@ -109,6 +109,12 @@ def test_a_partition_whose_task_instance_failed_while_its_row_says_running_is_ab
     assert code == 0, err
     shown = json.loads(out)
     assert (shown["shown_status"], shown["last_holder"]) == ("abandoned", "w2") and not shown["offers"]["pause"]
+    # And the list of slots (it printed the row's running)
+    code, out, err = resumable_cli("list", "--dag-id", "rt_jobs_mapped", "--output", "json", capsys=capsys)
+    assert code == 0, err
+    assert [r["shown_status"] for r in json.loads(out) if r["job"] == f"{JOB}[2]"] == ["abandoned"], out
+    code, out, err = resumable_cli("list", "--dag-id", "rt_jobs_mapped", capsys=capsys)
+    assert code == 0 and "abandoned (its row says" in out and " running " not in out, out + err
     # And the re-run's confirmation names what the re-run then clears: both failed partitions
     assert control.rerun_candidates(JOB, run.run_id)["failed"] == [1, 2]
     assert control.rerun_failed(JOB, run.run_id, by="alice") == [1, 2]

@@ -813,6 +813,10 @@ def test_a_failed_task_instance_whose_row_says_running_is_abandoned_and_the_reru
         (2, "abandoned", "failed"), (3, "failed", "failed")]
     assert (tab["status"], tab["shown_status"], tab["offers"]["pause"]) == ("running", "abandoned", False)
     assert "task instance is failed" in tab["shown_why"]
+    # The listing of slots (the jobs page's slot list) says so too, though the lease has not lapsed
+    listed = as_user("admin", "GET", f"{BASE}/checkpoints", params={"conn_id": FRESH}).json()["checkpoints"]
+    assert [(r["status"], r["shown_status"]) for r in listed if r["job"] == "pt_skips_fresh.export[2]"] == [
+        ("running", "abandoned")], listed
     # The re-run's confirmation names the partitions the re-run then clears, from Airflow's states
     preview = as_user("viewer", "GET", f"{BASE}/jobs/rerun_preview", params=job)
     assert preview.status_code == 200 and preview.json()["failed"] == [2, 3], preview.text
