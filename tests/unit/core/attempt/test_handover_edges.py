@@ -186,8 +186,10 @@ def test_a_holder_of_another_dag_run_that_started_after_the_look_is_not_asked(st
         # would stop it there
         y_started.set()
         i = 0
+        deadline = time.monotonic() + 30
         while True:
             last = w_asked.wait(0.05)
+            assert last or time.monotonic() < deadline, "W never wrote nor was refused within 30 s"
             i += 1
             ctx.checkpoint(i, processed=i)
             y_checkpoints.append(i)
