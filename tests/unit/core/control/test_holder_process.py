@@ -32,15 +32,20 @@ from airflow_resumable.core import Attempt, Options
 from airflow_resumable.core.model.identity import Identity
 from support.stores import store_of
 
-job, lease, hold = sys.argv[2], float(sys.argv[3]), sys.argv[5] == "hold"
+job, lease, hold = sys.argv[2], float(sys.argv[3]), sys.argv[5]
 
 def work(ctx):
     ctx.total = 1000
     ctx.checkpoint(10, processed=10)
     print("holding", flush=True)
-    if hold:
+    if hold == "hold":
         ctx.transaction().execute("CREATE TABLE IF NOT EXISTS held (n INTEGER)")
         print("locked", flush=True)
+    if hold == "block":  # a row another partition's transaction holds: this chunk waits for it
+        print("blocking", flush=True)
+        ctx.transaction().execute("UPDATE shared SET n = n + 1 WHERE id = 1")
+        ctx.checkpoint(20, processed=20)
+        return
     time.sleep(600)
 
 owner = f"ti-1/try1@{socket.gethostname()}:{os.getpid()}"
@@ -48,8 +53,9 @@ Attempt(store_of(sys.argv[1]), Identity(job=job, slot="s", attempt=1, owner=owne
 """
 
 
-def _holder(spec: str, job: str, *, lease: float, hold: bool = False) -> subprocess.Popen[str]:
-    proc = subprocess.Popen([sys.executable, "-c", _HOLDER, spec, job, str(lease), str(TESTS), "hold" if hold else "-"],
+def _holder(spec: str, job: str, *, lease: float, hold: bool | str = False) -> subprocess.Popen[str]:
+    mode = hold if isinstance(hold, str) else "hold" if hold else "-"
+    proc = subprocess.Popen([sys.executable, "-c", _HOLDER, spec, job, str(lease), str(TESTS), mode],
                             stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None and proc.stdout.readline().strip() == "holding"
     return proc
@@ -168,3 +174,55 @@ def test_a_lease_lapsed_long_ago_is_abandoned_whatever_runs_under_its_pid_now() 
                      lease_expires_at=now - timedelta(seconds=10), updated_at=now - timedelta(seconds=20))
     assert liveness_of(row, now).shown == "stalled"  # lapsed 10 s ago, its process runs: it may be waiting
     assert liveness_of(row, now + timedelta(minutes=5)).shown == "abandoned"  # lapsed long ago: not its holder
+
+
+def test_on_postgresql_a_holder_blocked_on_another_partition_s_long_transaction_keeps_its_lease_and_finishes(
+        pg_params: dict[str, Any], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """PostgreSQL's analogue of SQLite's one writer: a chunk that waits for a row another partition's
+    open transaction holds. Its lease is renewed on a connection of its own meanwhile, so it is shown
+    running with a live lease for as long as it waits, never stalled past its lease nor taken over,
+    and it finishes once the row is let go."""
+    import psycopg2
+
+    from airflow_resumable.core import PostgresStore
+    from devtools.postgres import dsn
+
+    store = PostgresStore(**pg_params)
+    with store.open(autocommit=True) as s:
+        s.ensure_schema()
+        s.execute("CREATE TABLE shared (id INTEGER PRIMARY KEY, n INTEGER NOT NULL)")
+        s.execute("INSERT INTO shared VALUES (1, 0)")
+    monkeypatch.setenv("AIRFLOW_CONN_RESUMABLE_DEFAULT", dsn(pg_params))
+    # Given another partition's transaction holding the row for as long as the test says
+    other = psycopg2.connect(**pg_params)
+    holder = None
+    try:
+        other.cursor().execute("UPDATE shared SET n = n + 100 WHERE id = 1")
+        # When a holder with a 1 s lease waits for that row inside its chunk for three leases
+        holder = _holder(spec_of(store), "j.blocked", lease=1.0, hold="block")
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "blocking"
+        started = _show(capsys, "j.blocked")["heartbeat_at"]
+        deadline = time.monotonic() + 30
+        renewed = 0
+        while renewed < 3 and time.monotonic() < deadline:  # three renewals seen while it waits
+            time.sleep(0.2)
+            view = _show(capsys, "j.blocked")
+            if view["heartbeat_at"] != started:
+                renewed, started = renewed + 1, view["heartbeat_at"]
+            # Then at every look it is shown running with a live lease
+            assert (view["shown_status"], view["lease"]) == ("running", "live"), view
+        assert renewed >= 3 and holder.poll() is None, "the holder waited, renewing its lease"
+        other.commit()
+        # And once the row is let go it finishes, its one attempt done: no lease lost, nothing twice
+        assert holder.wait(30) == 0
+    finally:
+        other.close()
+        if holder is not None and holder.poll() is None:
+            holder.kill()
+            holder.wait(30)
+    with store.open() as s:
+        row = s.checkpoints.load("j.blocked", "s")
+        history = s.listings.history("j.blocked", "s")
+        n = s.execute("SELECT n FROM shared WHERE id = 1").fetchone()[0]
+    assert row is not None and (row.status, row.processed) == ("done", 20)
+    assert [r.outcome for r in history] == ["done"] and n == 101
