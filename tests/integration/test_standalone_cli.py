@@ -31,6 +31,7 @@ import psutil
 import pytest
 
 from devtools import standalone as script
+from support.examples import SCHEDULED
 from support.paths import ROOT
 from support.standalone import PASSWORD_FILE, free_port, kill, wait_for
 
@@ -213,9 +214,6 @@ def test_on_another_port_a_triggered_task_runs_and_its_tab_shows_its_progress(st
     assert (view["status"], view["processed"], view["total"]) == ("done", 600, 600), view
 
 
-#: The example DAGs with a schedule: unpausing one starts its latest scheduled run.
-SCHEDULED = ("chunked_example", "customer_export", "loan_report", "mapped_partitions", "partitioned_export",
-             "partitioned_export_decorated", "taskflow_example")
 
 
 def test_every_scheduled_example_runs_with_its_scheduled_run_beside_a_manual_one(standalone: Running) -> None:

@@ -25,6 +25,7 @@ import psycopg2
 import pytest
 
 from devtools.postgres import Server, dsn
+from support.examples import SCHEDULED
 from support.paths import ROOT
 from support.xcoms import xcom as support_xcom
 
@@ -117,6 +118,7 @@ for dag in bag.dags.values():
         "catchup": dag.catchup,
         "doc_md": bool((dag.doc_md or "").strip()),
         "tasks": len(dag.tasks),
+        "scheduled": type(dag.timetable).__name__ != "NullTimetable",
     })
 print(json.dumps({"errors": {k: str(v) for k, v in bag.import_errors.items()}, "files": files}))
 """
@@ -149,6 +151,9 @@ def test_every_dag_file_imports_without_errors_or_a_database(tmp_path: Path) -> 
             assert dag["doc_md"], dag
     found = sorted(d["dag_id"] for dags in report["files"].values() for d in dags)
     assert found == EXAMPLE_DAG_IDS, "a DAG added to dags/ needs a run test in this file"
+    scheduled = sorted(d["dag_id"] for dags in report["files"].values() for d in dags if d["scheduled"])
+    assert scheduled == sorted(SCHEDULED), ("support/examples.py's SCHEDULED lists the examples whose scheduled "
+                                            "run the standalone test starts beside a manual one")
 
 
 def test_snippet_markers_are_balanced() -> None:
