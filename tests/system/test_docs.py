@@ -55,6 +55,9 @@ def test_the_quick_start_commands_are_make_targets_and_ci_runs_the_test_one() ->
     # CI installs nothing the README's commands do not
     assert re.search(r"^test: venv browser-deps chaos-deps$", makefile, re.M)
     assert not re.search(r"^\s*make (browser-deps|chaos-deps)", ci, re.M)
+    # and CI calls only what the README says it runs
+    called = re.findall(r"^(?:[A-Z_]+=\S+ |[A-Z_]+=\"[^\"]*\" )*make (\w[\w-]*)", ci, re.M)
+    assert called and all(f"`make {target}`" in README for target in called), called
 
 
 def test_the_docs_commands_are_make_targets_and_ci_builds_the_site() -> None:
