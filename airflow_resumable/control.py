@@ -376,14 +376,16 @@ def recent(*, conn_id: str = DEFAULT_CONN_ID, dag_ids: Collection[str] | None = 
 
 def listed(rows: Sequence[Checkpoint], task_states: _core.TaskStates | None = None) -> list[dict[str, Any]]:
     """``rows`` as a listing shows them (:func:`~airflow_resumable.core.view.listed_row`), each running
-    row judged with its task instance's state in Airflow as the Checkpoint tab and the jobs page judge
-    it (a running row whose task instance ended is ``abandoned``), ``task_states`` asked once per task
-    of a run; without it, or when it fails (no metadata database), by the lease alone."""
+    or paused row judged with its task instance's state in Airflow as the Checkpoint tab and the jobs
+    page judge it (a running row whose task instance ended, or a paused one whose task instance ended
+    other than for a retry, is ``abandoned``), ``task_states`` asked once per task of a run; without
+    it, or when it fails (no metadata database), by the lease alone."""
     asked: dict[tuple[str, str, str], Mapping[int, str] | None] = {}
     out = []
+    judged = (Status.RUNNING.value, Status.PAUSED.value)
     for row in rows:
         state = None
-        if task_states is not None and row.status == Status.RUNNING.value and row.dag_id and row.task_id and row.run_id:
+        if task_states is not None and row.status in judged and row.dag_id and row.task_id and row.run_id:
             key = (row.dag_id, row.task_id, row.run_id)
             if key not in asked:
                 try:

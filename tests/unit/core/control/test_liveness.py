@@ -245,3 +245,28 @@ def test_a_holder_killed_with_sigkill_is_shown_abandoned_by_show_once_its_lease_
     assert (view["status"], view["shown_status"], view["last_holder"]) == ("running", "abandoned", "victim@host:1")
     assert view["offers"]["pause"] is False and view["offers"]["restart"] is True
     assert view["rate"] is None and view["eta_seconds"] is None
+
+
+def test_a_listing_shows_a_paused_slot_whose_task_instance_ended_abandoned_as_its_detail_does() -> None:
+    from airflow_resumable import control
+
+    # A paused partition whose task instance a person marked failed (or whose pause_timeout ended
+    # its last try): its detail and the job's line say nobody waits for a resume
+    paused = _row(job="j[0]", status="paused", lease_owner=None, lease_expires_at=None, dag_id="d", task_id="t",
+                  run_id="r", map_index=0)
+    running = _row(job="j[1]", dag_id="d", task_id="t", run_id="r", map_index=1)
+    asked: list[tuple[Any, ...]] = []
+
+    def states(*key: Any) -> dict[int, str]:
+        asked.append(key)
+        return {0: "failed", 1: "failed"}
+
+    detail = slot_detail(paused, history=[], offers={"resume": True}, ti_state="failed")
+    assert detail["shown_status"] == "abandoned"
+    listed = control.listed([paused, running], states)
+    # The listing (airflow resumable list, GET /api/v1/checkpoints) shows both as their details do
+    assert [(r["job"], r["status"], r["shown_status"]) for r in listed] == [
+        ("j[0]", "paused", "abandoned"), ("j[1]", "running", "abandoned")], listed
+    assert asked == [("d", "t", "r")], "Airflow is asked once for the task of a run"
+    # A paused slot whose try waits for a retry still waits for its resume
+    assert [r["shown_status"] for r in control.listed([paused], lambda *_: {0: "up_for_retry"})] == ["paused"]
