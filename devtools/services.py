@@ -10,6 +10,7 @@ says so in the first second, with what to install or start.
 from __future__ import annotations
 
 import os
+import re
 import socket
 import sys
 from collections.abc import Callable
@@ -31,6 +32,28 @@ def _redis_answers(address: tuple[str, int]) -> str | None:
     return None if reply.startswith(b"+PONG") else f"it answered {reply[:40]!r} to PING"
 
 
+def _secrets(dsn: str) -> set[str]:
+    """The passwords written in ``dsn`` (a URI's ``user:password@`` or ``?password=``, a keyword
+    string's ``password=``), as written and unquoted, even where the rest of it does not parse."""
+    found = set()
+    for shape in (r"^[A-Za-z][A-Za-z0-9+.-]*://([^@/?#]*)@", r"^[A-Za-z][A-Za-z0-9+.-]*://(.*)@"):  # first @, last @
+        userinfo = re.match(shape, dsn)
+        if userinfo and ":" in userinfo.group(1):
+            found.add(userinfo.group(1).split(":", 1)[1])
+    found.update(re.findall(r"[?&]password=([^&#]*)", dsn))
+    for value in re.findall(r"password\s*=\s*('(?:[^'\\]|\\.)*'?|\S+)", dsn):
+        found.update({value, value.strip("'")})
+    return {secret for secret in found if secret}
+
+
+def _redacted(text: str, dsn: str) -> str:
+    """``text`` (a driver's error about ``dsn``, which may echo the DSN or a part of it) with the
+    passwords ``dsn`` holds replaced by ``***``."""
+    for secret in sorted(_secrets(dsn), key=len, reverse=True):
+        text = text.replace(secret, "***")
+    return text
+
+
 def missing(*, pg_dsn: str | None = None, redis: tuple[str, int] = REDIS,
             pg_bin: Callable[[str], str | None] = _pg_bin) -> list[str]:
     """What the whole suite needs and does not find, each with what to do (empty: all there)."""
@@ -39,7 +62,8 @@ def missing(*, pg_dsn: str | None = None, redis: tuple[str, int] = REDIS,
     problem = _can_connect(given or DEFAULT_DSN)
     if problem is not None:
         if given:
-            found.append(f"PostgreSQL: RESUMABLE_TEST_PG_DSN does not answer ({problem}); fix it or unset it")
+            found.append(f"PostgreSQL: RESUMABLE_TEST_PG_DSN does not answer ({_redacted(problem, given)}); fix it or "
+                         "unset it")
         elif pg_bin("initdb") is None or pg_bin("pg_ctl") is None:
             found.append(f"PostgreSQL: nothing answers at {DEFAULT_DSN} ({problem}) and PostgreSQL's binaries "
                          "(initdb, pg_ctl) are not installed for a throwaway cluster: apt-get install postgresql "

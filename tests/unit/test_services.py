@@ -37,3 +37,32 @@ def test_postgresql_s_binaries_are_enough_where_no_server_answers(monkeypatch) -
 def test_this_machine_has_what_the_suite_needs() -> None:
     """CI's machine and a newcomer's after the README's steps: nothing missing."""
     assert missing() == []
+
+
+def test_a_dsn_that_does_not_parse_is_named_without_its_password() -> None:
+    """libpq echoes a URI it cannot parse, or the token it choked on, in its error: the check's
+    line goes to a CI log and must not carry the password."""
+    port = _closed_port()
+    for dsn in ("postgresql://postgres:s3cretpw@[::1", f"postgresql://postgres:s3c%zzpw@127.0.0.1:{port}/postgres",
+                f"postgresql://postgres:s3c%00pw@127.0.0.1:{port}/postgres",
+                f"host=127.0.0.1 port={port} password='s3cretpw"):
+        found = missing(pg_dsn=dsn, redis=("127.0.0.1", port), pg_bin=lambda name: None)
+        assert found[0].startswith("PostgreSQL: RESUMABLE_TEST_PG_DSN does not answer"), found
+        assert "s3c" not in found[0], found[0]
+    # What does not parse is still named
+    assert "IPv6" in missing(pg_dsn="postgresql://postgres:s3cretpw@[::1", redis=("127.0.0.1", port))[0]
+
+
+def test_a_port_that_takes_the_connection_and_never_answers_is_named_within_seconds() -> None:
+    import time
+
+    with closing(socket.socket()) as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(4)
+        port = int(silent.getsockname()[1])
+        started = time.monotonic()
+        found = missing(pg_dsn=f"postgresql://postgres@127.0.0.1:{port}/postgres", redis=("127.0.0.1", port),
+                        pg_bin=lambda name: None)
+        assert time.monotonic() - started < 20, "each check has a timeout of its own"
+    assert [line.split(":")[0] for line in found] == ["PostgreSQL", "Redis"], found
+    assert "timed out" in found[1] and "timeout expired" in found[0], found
