@@ -317,11 +317,22 @@ class Plan:
             ConfigurationError: no range of that name, an empty one, or a key that is not inside it
                 where that can be told here (numbers; see :func:`_out_of_order`).
         """
-        problem = _split_problem(self.current(), Split(len(self.splits) + 1, of, at, by, when))
+        problem = _split_problem(self.current(), Split(len(self.splits) + 1, of, at, by, when), self.key_columns())
         if problem is not None:
             raise ConfigurationError(f"range {of!r} cannot be split at {short(at)}: {problem}",
                                      hint="Split a range that holds keys after the cut (the victim's remaining ones)")
         return dataclasses.replace(self, splits=(*self.splits, Split(len(self.splits) + 1, of, at, by, when)))
+
+    def key_columns(self) -> int | None:
+        """How many columns the plan's key has, as its reader's identity or its boundaries say
+        (None: neither says: a plan of one range made before readers were recorded)."""
+        key = None if self.reader is None else self.reader.get("key")
+        if isinstance(key, list) and key:
+            return len(key)
+        for boundary in self.boundaries:
+            if boundary is not None:
+                return len(boundary) if isinstance(boundary, list) else 1
+        return None
 
     def planned(self) -> list[int]:
         """How many of :attr:`rows` each partition's range held when the plan was made: the split
@@ -412,7 +423,7 @@ class Plan:
         current = plan.current()
         for n, value in enumerate(splits, start=1):
             cut = _split_of(value, n)
-            problem = cut if isinstance(cut, str) else _split_problem(current, cut)
+            problem = cut if isinstance(cut, str) else _split_problem(current, cut, plan.key_columns())
             if problem is not None:
                 raise CorruptPlan(
                     f"the plan row's split {n} is not one this release reads ({problem}): ranges cut by it could "
@@ -436,8 +447,9 @@ def _split_of(value: Any, number: int) -> Split | str:
     return Split(number, of, value["at"], by, when)
 
 
-def _split_problem(current: dict[str, Range], cut: Split) -> str | None:
-    """What keeps ``cut`` from applying to the ranges as the splits before it left them, or None."""
+def _split_problem(current: dict[str, Range], cut: Split, columns: int | None = None) -> str | None:
+    """What keeps ``cut`` from applying to the ranges as the splits before it left them, or None
+    (``columns``: how many the plan's key has, when known)."""
     source = current.get(cut.of)
     if source is None:
         return f"it splits {cut.of!r}, which is no range of the plan"
@@ -445,11 +457,35 @@ def _split_problem(current: dict[str, Range], cut: Split) -> str | None:
         return f"range {cut.of!r} holds no key"
     if cut.at is None:
         return "it is cut before every key"
+    shape = _position_problem(cut.at, columns)
+    if shape is not None:
+        return shape
     probe = [k for k in (source.after, cut.at, source.until) if k is not None]
     if _out_of_order(probe) is not None or any(a == b for a, b in zip(probe, probe[1:], strict=False)):
         # only keys the plan can order here (numbers, leading columns) are told apart; a cut at a
         # range's own end, or outside it, would leave a range empty or read a key twice
         return f"key {short(cut.at)} is not inside range {cut.of!r} ({short(source.after)}, {short(source.until)}]"
+    return None
+
+
+def _position_problem(at: Any, columns: int | None) -> str | None:
+    """What keeps ``at`` from being a JSON position of a key of ``columns`` columns (None: of any),
+    or None: a text or a number for one column, a list of them for several (a reader's tuple, as
+    :meth:`~airflow_resumable.core.readers.keyset.KeysetReader.split_point` gives a key, is not:
+    stored as JSON it would read back as another shape)."""
+    scalar = (str, int, float)
+    if isinstance(at, list):
+        if columns == 1:
+            return f"key {short(at)} is a list, but the plan's key has one column (give the value itself)"
+        if columns is not None and len(at) != columns:
+            return f"key {short(at)} has {len(at)} values, but the plan's key has {columns} columns"
+        if not at or not all(isinstance(v, scalar) for v in at):
+            return f"key {short(at)} is not a list of texts and numbers"
+        return None
+    if not isinstance(at, scalar):
+        return f"key {short(at)} is not a JSON position (a text or a number, or a list of them for a composite key)"
+    if columns is not None and columns > 1:
+        return f"key {short(at)} is one value, but the plan's key has {columns} columns (give a list)"
     return None
 
 

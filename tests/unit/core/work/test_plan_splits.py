@@ -96,3 +96,32 @@ def test_a_plan_row_whose_splits_were_edited_is_refused_even_sealed_anew(edit: A
     with pytest.raises(CorruptPlan, match="changed after the plan was stored"):
         Plan.from_state({**state, "seal": Plan(4, (10, 20, 30), 40, READER).with_split("1", 15).state()["seal"]},
                         job=JOB, slot=SLOT)
+
+
+@pytest.mark.parametrize(("plan", "at", "why"), [
+    # A plan of one range has no boundary to compare the cut's shape with: its key's columns decide
+    (Plan(1, (), 40, READER), (15,), "not a JSON position"),  # split_point's key, a tuple: read back as [15]
+    (Plan(1, (), 40, READER), [15], "a list, but the plan's key has one column"),
+    (Plan(1, (), 40, READER), {"id": 15}, "not a JSON position"),
+    (Plan(1, (), 40, {**READER, "key": ["day", "id"]}), 15, "one value, but the plan's key has 2 columns"),
+    (Plan(1, (), 40, {**READER, "key": ["day", "id"]}), ["2026-03-01"], "1 values, but the plan's key has 2"),
+    (Plan(1, (), 40, {**READER, "key": ["day", "id"]}), ["2026-03-01", None], "not a list of texts and numbers"),
+    (Plan(1, (), 40), {"id": 15}, "not a JSON position"),  # no reader recorded
+])
+def test_a_split_at_a_key_of_another_shape_than_the_plans_is_refused_and_so_is_one_edited_in(
+        plan: Plan, at: Any, why: str) -> None:
+    # Its ranges would be read as `id <= [15]`: every partition reading it would fail at its first chunk
+    with pytest.raises(ConfigurationError, match=why):
+        plan.with_split("0", at)
+    state = plan.with_split("0", ["2026-03-01", 7] if plan.key_columns() == 2 else 15).state()
+    state["splits"][0]["at"] = list(at) if isinstance(at, tuple) else at
+    with pytest.raises(CorruptPlan, match="split 1 is not one this release reads"):
+        Plan.from_state(_resealed(state), job=JOB, slot=SLOT)
+
+
+def test_a_split_of_a_one_range_plan_at_a_key_of_its_shape_is_read_back_as_agreed() -> None:
+    for plan, at in ((Plan(1, (), 40, READER), 15), (Plan(1, (), 40, {**READER, "key": ["day", "id"]}), ["d", 7]),
+                     (Plan(1, (), 40), "m")):
+        split = plan.with_split("0", at)
+        assert Plan.from_state(split.state(), job=JOB, slot=SLOT) == split
+        assert (split.current()["0"].until, split.current()["0.1"].after) == (at, at)
