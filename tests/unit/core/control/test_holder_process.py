@@ -198,11 +198,11 @@ def test_on_postgresql_a_holder_blocked_on_another_partition_s_long_transaction_
     holder = None
     try:
         other.cursor().execute("UPDATE shared SET n = n + 100 WHERE id = 1")
-        # When a holder with a 1 s lease waits for that row inside its chunk for three leases
-        holder = _holder(spec_of(store), "j.blocked", lease=1.0, hold="block")
+        # When a holder with a 3 s lease waits for that row inside its chunk through three renewals
+        holder = _holder(spec_of(store), "j.blocked", lease=3.0, hold="block")
         assert holder.stdout is not None and holder.stdout.readline().strip() == "blocking"
         started = _show(capsys, "j.blocked")["heartbeat_at"]
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 60
         renewed = 0
         while renewed < 3 and time.monotonic() < deadline:  # three renewals seen while it waits
             time.sleep(0.2)
