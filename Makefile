@@ -33,7 +33,7 @@ test: venv browser-deps chaos-deps
 
 ## The fast part: no real scheduler, no PostgreSQL server, no browser, no fresh venv needed.
 fast: venv
-	$(PY) -m pytest -p no:cacheprovider -ra -m "not scheduler and not postgres and not browser and not celery and not chaos and not dist" $(PYTEST_ARGS)
+	$(PY) -m pytest -p no:cacheprovider -ra -m "not scheduler and not postgres and not browser and not celery and not chaos and not dist and not trials" $(PYTEST_ARGS)
 
 ## The fast suite on every other supported (Airflow, Python) pair, each in .venvs/<pair>/ from its
 ## constraints file; prints a table and exits non-zero if any pair fails (scripts/matrix.sh).

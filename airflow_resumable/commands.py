@@ -273,8 +273,25 @@ def skipped_withdraw_command(args: argparse.Namespace) -> None:
 
 _JOBS_COLUMNS = ("job", "dag_id", "task_id", "run_id", "done", "running", "stalled", "abandoned", "paused", "failed",
                  "waiting", "total",
-                 "planned", "processed", "skipped", "rate", "eta", "updated_at")
+                 "planned", "processed", "skipped", "rate", "eta", "splits", "updated_at")
 _PARTITION_COLUMNS = ("map_index", "job", "status", "processed", "rate", "eta", "attempt", "updated_at", "last_error")
+#: A split of a partitioned job (rebalancing): the range it took (``1.2``, read by ``job``), from
+#: which range, the keys it holds, who asked and when, and who runs it now (``map_index``).
+_SPLIT_COLUMNS = ("range", "job", "from", "after", "until", "by", "when", "map_index", "status", "processed")
+
+
+def _splits(line: dict[str, Any]) -> str:
+    """A job's splits as a cell of its line: ``1.1 of 1 (running)``, one per split."""
+    return "; ".join(f"{s['range']} of {s['of']} ({s.get('shown_status') or s['status']})"
+                     for s in line.get("splits") or [])
+
+
+def _split_row(split: dict[str, Any]) -> dict[str, Any]:
+    shown, stored = split.get("shown_status") or split["status"], split["status"]
+    figures = _figures(split)["processed"] if split.get("processed") is not None else "not started"
+    return {k: _cell({**split, "processed": figures,
+                      "status": shown if shown == stored else f"{shown} (its row says {stored})"}.get(k))
+            for k in _SPLIT_COLUMNS}
 
 
 def _figures(line: dict[str, Any]) -> dict[str, Any]:
@@ -300,7 +317,8 @@ def jobs_command(args: argparse.Namespace) -> None:
             raise SystemExit("--run-id needs --job: name the job whose run to show")
         lines = _guard(lambda: control.jobs(conn_id=args.conn_id, dag_ids={args.dag_id} if args.dag_id else None,
                                             task_states=_task_states))
-        _print(lines if args.output == "json" else [{k: {**j, **j["partitions"], **_figures(j)}.get(k)
+        _print(lines if args.output == "json" else [{k: {**j, **j["partitions"], **_figures(j),
+                                                         "splits": _splits(j)}.get(k)
                                                      for k in _JOBS_COLUMNS} for j in lines], args.output)
         return
     detail = _guard(lambda: control.job_partitions(args.job, args.run_id, conn_id=args.conn_id,
@@ -308,9 +326,12 @@ def jobs_command(args: argparse.Namespace) -> None:
     if args.output == "json":
         _print(detail, args.output)
         return
-    _print([{k: {**detail, **detail["partitions"], **_figures(detail)}.get(k) for k in _JOBS_COLUMNS}], args.output)
+    _print([{k: {**detail, **detail["partitions"], **_figures(detail), "splits": _splits(detail)}.get(k)
+             for k in _JOBS_COLUMNS}], args.output)
     _print([{k: _cell({**r, **_figures(r), "status": _shown_status(r)}.get(k)) for k in _PARTITION_COLUMNS}
             for r in detail["partition_rows"]], args.output)
+    if detail.get("splits"):  # the ranges rebalancing took: which from which, when, who runs each now
+        _print([_split_row(split) for split in detail["splits"]], args.output)
 
 
 def _shown_status(view: dict[str, Any]) -> str:

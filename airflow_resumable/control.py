@@ -328,14 +328,27 @@ def detail(job: str, slot: str, *, conn_id: str = DEFAULT_CONN_ID, explained: bo
 
 
 def find_detail(dag_id: str, task_id: str, run_id: str, map_index: int = -1, *,
-                conn_id: str = DEFAULT_CONN_ID, ti_state: str | None = None) -> dict[str, Any] | None:
-    """The slot a task instance ran last (see :func:`find`) as :func:`detail` gives it, read on one
-    connection; None: the task instance never ran a resumable job in this store. ``ti_state``: the
+                conn_id: str = DEFAULT_CONN_ID, ti_state: str | None = None,
+                job: str | None = None) -> dict[str, Any] | None:
+    """The slot a task instance ran last (see :func:`find`), or its slot of ``job``, as :func:`detail`
+    gives it, read on one connection; None: the task instance never ran a resumable job (or never
+    ran ``job``) in this store. When it ran several (a partition that took ranges by rebalancing),
+    ``ran`` lists each (``job``, ``slot``, ``status``), most recently updated first. ``ti_state``: the
     task instance's state in Airflow, when known: a running row whose task instance ended is shown
     ``abandoned`` (:func:`airflow_resumable.core.view.liveness_of`)."""
     with _session(conn_id) as session:
-        row = session.listings.find(dag_id, task_id, run_id, map_index)
-        return None if row is None else _detail(session, row.job, row.slot, explained=True, ti_state=ti_state)
+        ran = session.listings.ran(dag_id, task_id, run_id, map_index)
+        if job is None:
+            row = next(iter(ran), None)
+        else:  # looked up by itself: the list stops at its limit
+            row = next(iter(session.listings.ran(dag_id, task_id, run_id, map_index, limit=1, job=job)), None)
+        if row is None:
+            return None
+        view = _detail(session, row.job, row.slot, explained=True, ti_state=ti_state)
+        if len(ran) > 1:
+            view["ran"] = [{"job": outward_text(r.job), "slot": outward_text(r.slot), "status": str(r.status)}
+                           for r in ran]
+        return view
 
 
 def _detail(session: StoreSession, job: str, slot: str, *, explained: bool,
@@ -346,9 +359,14 @@ def _detail(session: StoreSession, job: str, slot: str, *, explained: bool,
             -1 if row.map_index is None else row.map_index)
     history = session.listings.history(job, slot)
     if not explained:
-        return _view.slot_detail(row, history=history, offers=found, ti_state=ti_state)
-    return _view.slot_detail(row, history=history, offers=found, notes=notes, ti_state=ti_state,
-                             skipped=_skipped(session, job, slot, limit=SKIPPED_LISTED))
+        view = _view.slot_detail(row, history=history, offers=found, ti_state=ti_state)
+    else:
+        view = _view.slot_detail(row, history=history, offers=found, notes=notes, ti_state=ti_state,
+                                 skipped=_skipped(session, job, slot, limit=SKIPPED_LISTED))
+    rebalanced = _core.range_view(session, job, slot)
+    if rebalanced is not None:  # a range a split took, or a partition ranges were taken from
+        view["range"] = rebalanced
+    return view
 
 
 def find(dag_id: str, task_id: str, run_id: str, map_index: int = -1, *,

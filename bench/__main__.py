@@ -42,6 +42,7 @@ _RUNNERS = {
     "17": ("bench.statements", "run"),
     "18": ("bench.stop_requests", "run"),
     "19": ("bench.async_items", "run"),
+    "20": ("bench.rebalancing", "run"),
 }
 ROWS = tuple(_RUNNERS)
 

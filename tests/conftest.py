@@ -35,7 +35,7 @@ airflow_env.apply(airflow_env.environment(_HOME, _DAGS, log_level=os.environ.get
 os.environ["AIRFLOW__RESUMABLE__RESUME_SETTLE"] = "0"
 
 from airflow_resumable.core.stores import PostgresStore, SQLiteStore, Store  # noqa: E402
-from devtools.dags import DagFolder  # noqa: E402
+from devtools.dags import DagFolder, only_file  # noqa: E402
 from devtools.postgres import Server, dsn  # noqa: E402
 from support.ci import in_ci  # noqa: E402
 from support.sources import Source, source_of  # noqa: E402
@@ -149,7 +149,8 @@ def airflow_home() -> Path:
 
 
 #: The DAG object with an id, from the dags folder.
-_load_dag = DagFolder(_DAGS, "_resumable_dags_").load
+_dags = DagFolder(_DAGS, "_resumable_dags_")
+_load_dag = _dags.load
 
 
 @pytest.fixture
@@ -171,11 +172,12 @@ def run_dag(airflow_home: Path):
 
     def run(dag_id: str, *, conf: dict[str, Any] | None = None, logical_date: Any = "default") -> Any:
         """``logical_date=None`` makes a run without one (as manual runs may be in Airflow 3)."""
-        dag = _load_dag(dag_id)
+        dag, path = _dags.find(dag_id)
         kwargs: dict[str, Any] = {"run_conf": conf or {}}
         if logical_date != "default":
             kwargs["logical_date"] = logical_date
-        return dag.test(**kwargs)
+        with only_file(path):
+            return dag.test(**kwargs)
 
     return run
 
@@ -185,10 +187,13 @@ def run_dag(airflow_home: Path):
 
 #: The folders under tests/ and the marker each gives its tests (``-m unit``, ``-m "not integration"``).
 FOLDER_MARKERS = ("unit", "integration", "system")
+#: ``tests/unit/core/``'s marker: the core's tests (``-m core``).
+CORE_FOLDER = ("unit", "core")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark every test with its folder (``unit``, ``integration``, ``system``), and every test that
+    """Mark every test with its folder (``unit``, ``integration``, ``system``; ``core`` too under
+    ``tests/unit/core/``), and every test that
     needs PostgreSQL ``postgres``, so ``-m "not postgres"`` runs the rest without a server: those
     that use the server's fixtures, and the PostgreSQL half of the tests parametrized over both
     stores."""
@@ -197,6 +202,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         path = Path(item.path)
         if path.is_relative_to(tests) and path.relative_to(tests).parts[0] in FOLDER_MARKERS:
             item.add_marker(path.relative_to(tests).parts[0])
+            if path.relative_to(tests).parts[:2] == CORE_FOLDER:
+                item.add_marker(pytest.mark.core)
         callspec = getattr(item, "callspec", None)
         on_postgres = callspec is not None and callspec.params.get("store_kind") == "postgres"
         if on_postgres or "pg_server" in getattr(item, "fixturenames", ()):

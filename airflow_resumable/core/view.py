@@ -486,7 +486,8 @@ def slot_detail(cp: Checkpoint, *, history: Sequence[AttemptRecord], offers: dic
 def job_line(*, job: str, dag_id: str | None, task_id: str | None, run_id: str | None, slot: str, mapped: bool,
              partitioned: bool, counts: Mapping[str, int], processed: int, totals_known: bool, total: int,
              planned_rows: int | None, skipped: int, running: Sequence[Liveness], updated: datetime | None,
-             plan_request: dict[str, Any] | None, task_states: Mapping[int, str] | None = None) -> dict[str, Any]:
+             plan_request: dict[str, Any] | None, task_states: Mapping[int, str] | None = None,
+             splits: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
     """A job's line (the jobs page, its REST listing, ``airflow resumable jobs``): its partitions
     counted by how they are shown (``counts``, ``waiting`` included: a running row is counted as
     :func:`liveness_of` shows it, ``running``, ``stalled`` or ``abandoned``), and its progress as the
@@ -501,7 +502,10 @@ def job_line(*, job: str, dag_id: str | None, task_id: str | None, run_id: str |
     is stalled, the line is ``stalled_since`` the earliest such partition, with no ETA (the rate no
     longer says when it ends). ``task_states`` (Airflow's task instances of the run by map index,
     when the caller knows them) give ``task_instances``: how many are in each state, as Airflow
-    shows them (None: not known)."""
+    shows them (None: not known). ``splits``: the ranges rebalancing took from running partitions,
+    in the order they were agreed, each as the caller read it, its texts through ``outward_text``
+    already (a partitioned job's; a partition with ranges taken from it is still counted once, as
+    its line stands)."""
     n = sum(counts.values())
     shown: int | None = total if totals_known and not counts.get("waiting") else planned_rows
     if shown is not None:
@@ -526,6 +530,7 @@ def job_line(*, job: str, dag_id: str | None, task_id: str | None, run_id: str |
         "updated_at": updated.isoformat() if updated else None,
         "plan_request": None if plan_request is None else outward_fields(dict(plan_request)),
         "task_instances": None if task_states is None else _tally(task_states.values()),
+        "splits": [dict(split) for split in splits],
     }
 
 

@@ -41,9 +41,12 @@ class KeptSession:
         return session
 
 
-def confirm_on_success(operator: Any, store: Any, job: str, slot: str, origin: Origin) -> KeptSession:
+def confirm_on_success(operator: Any, store: Any, job: str, slot: str, origin: Origin, *,
+                       more: bool = False) -> KeptSession:
     """Add the confirming success callback to ``operator`` (replacing an earlier try's) and return
-    the holder the attempt gives its connection to."""
+    the holder the attempt gives its connection to. ``more``: the slot is one more this execution
+    runs after another (a partition's range taken by rebalancing, after its own): the callbacks
+    confirming the others stay, so that each slot the task instance finished is confirmed."""
     log = operator.log
     kept = KeptSession()
 
@@ -61,6 +64,6 @@ def confirm_on_success(operator: Any, store: Any, job: str, slot: str, origin: O
                 session.close()
 
     setattr(confirm, "resumable_confirm", True)  # noqa: B010 - a mark mypy cannot see on a function
-    others = [cb for cb in operator.on_success_callback or () if not getattr(cb, "resumable_confirm", False)]
+    others = [cb for cb in operator.on_success_callback or () if more or not getattr(cb, "resumable_confirm", False)]
     operator.on_success_callback = [*others, confirm]
     return kept

@@ -30,22 +30,25 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import time
 import warnings
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
 # TaskGroup: the task SDK's public name (no version difference to adapt to yet).
+from airflow_resumable.core.attempt.runner import Outcome
 from airflow_resumable.core.control import requests as core_control
 from airflow_resumable.core.model import request_rules as rules
-from airflow_resumable.core.model.checkpoint import Checkpoint
-from airflow_resumable.core.model.errors import ConfigurationError, RequestRefused
+from airflow_resumable.core.model.checkpoint import ENCODER, Checkpoint, short
+from airflow_resumable.core.model.errors import ConfigurationError, LeaseBusy, RequestRefused
 from airflow_resumable.core.model.observe import AttemptFacts, Part
 from airflow_resumable.core.model.outward import outward_traceback
 from airflow_resumable.core.model.states import Action, Request
 from airflow_resumable.core.readers import KeysetReader
 from airflow_resumable.core.stores import Store
 from airflow_resumable.core.stores.decoder import partitions_delete_statement
+from airflow_resumable.core.work import rebalance
 from airflow_resumable.core.work.partition_summary import Summary, summarize
 from airflow_resumable.core.work.partitions import (
     Plan,
@@ -69,7 +72,7 @@ from airflow_resumable.operators import task_instance
 from airflow_resumable.operators.outcome import to_airflow
 from airflow_resumable.operators.resumable import ChunkedOperator
 from airflow_resumable.operators.task_instance import slot_of
-from airflow_resumable.version_compat import AirflowFailException, BaseOperator, Context, TaskGroup
+from airflow_resumable.version_compat import AirflowFailException, BaseOperator, Context, TaskDeferred, TaskGroup
 
 __all__ = ["PartitionOperator", "PartitionPlanOperator", "PartitionSummaryOperator", "partitioned"]
 
@@ -166,26 +169,30 @@ class PartitionPlanOperator(BaseOperator):
             old = None
         by = f"{row.requested_by or '?'} (restart of {plan_job(job)})"
         count = max(old.partitions if old else 0, made.partitions, self.partitions)
-        parts = [(i, session.checkpoints.load(partition_job(job, i), slot)) for i in range(count)]
-        asking = [i for i, part in parts if part is not None and part.request != Request.RESTART]
+        # The ranges the old plan's splits took start over too: the new plan numbers its splits
+        # from 1 again, and a done row of the same name would stand in for a range nobody read.
+        names = [partition_job(job, i) for i in range(count)]
+        names += [] if old is None else [rng.job(job) for rng in old.current().values() if rng.split is not None]
+        parts = [(name, session.checkpoints.load(name, slot)) for name in names]
+        asking = [name for name, part in parts if part is not None and part.request != Request.RESTART]
         refused = []
-        for i, part in parts:
-            if i not in asking:
+        for name, part in parts:
+            if name not in asking:
                 continue
             found = rules.decide(Action.RESTART, rules.slot_of(part, core_control.now_of(part)))
             if not isinstance(found, rules.Rule):
                 message, _ = rules.refusal_text(found, Action.RESTART, part)
-                refused.append(f"{partition_job(job, i)}: {message}")
+                refused.append(f"{name}: {message}")
         asked: list[str] = []
         if not refused:
-            for i in asking:
+            for name in asking:
                 try:
-                    core_control.restart(store, partition_job(job, i), slot, by=by)
-                    asked.append(partition_job(job, i))
+                    core_control.restart(store, name, slot, by=by)
+                    asked.append(name)
                 except RequestRefused as exc:  # it changed since it was looked at (an attempt took it)
-                    again = session.checkpoints.load(partition_job(job, i), slot)
+                    again = session.checkpoints.load(name, slot)
                     if again is None or again.request != Request.RESTART:  # else another planner asked first
-                        refused.append(f"{partition_job(job, i)}: {exc.message}")
+                        refused.append(f"{name}: {exc.message}")
         if refused:
             started = (f" {', '.join(asked[:10])}{' ...' if len(asked) > 10 else ''} had been asked to start over "
                        "already (each does on its next attempt)." if asked else " No partition was asked to start over.")
@@ -206,25 +213,169 @@ class PartitionPlanOperator(BaseOperator):
 class PartitionOperator(ChunkedOperator):
     """One partition of a partitioned job: :class:`ChunkedOperator` over the keys of its range only.
 
+    Its range is the plan row's, as the splits agreed so far left it (the planning task's output
+    names which one). With ``rebalance``, once its own range is done it takes more work while any is
+    left (:mod:`airflow_resumable.core.work.rebalance`): first the ranges splits took that nobody
+    runs, then the upper half of what the running partition with the most rows left still has, asked
+    of it and agreed at its next checkpoint; each taken range runs as a slot of its own
+    (``<job>[i].n``) in this task instance.
+
     :param partition_range: the range (what the planning task returns, one per mapped instance).
     :param partition_group: the partitioned job's task id (its task group's id).
+    :param rebalance: take work from other partitions once this one's range is done.
     """
 
-    def __init__(self, *, partition_range: Mapping[str, Any] | None = None, partition_group: str, **kwargs: Any) -> None:
+    #: How long an idle partition waits for the asked partition's answer (its next checkpoint)
+    #: before it withdraws the ask.
+    split_wait: float = rebalance.SPLIT_WAIT
+
+    def __init__(self, *, partition_range: Mapping[str, Any] | None = None, partition_group: str,
+                 rebalance: bool = True, **kwargs: Any) -> None:
         self.partition_range = partition_range
         self.partition_group = partition_group
+        self.rebalance = rebalance
+        #: The range this task instance runs now when it is not its own (rebalancing), else None.
+        self._taking: Range | None = None
+        #: When this try began (``time.monotonic()``), less the running time of its executions before a pause.
+        self._try_began = time.monotonic()
         super().__init__(**kwargs)
 
     def job_name(self, context: Context) -> str:
-        """``<job>[<map_index>]``: the partitioned job's name and the partition's index."""
-        return task_instance.job_name(_base_job(self.job, self.dag_id, self.partition_group), context["ti"],
-                                      dag_id=self.dag_id, task_id=self.task_id)
+        """``<job>[<map_index>]``: the partitioned job's name and the partition's index; while it
+        runs a range it took, that range's job (``<job>[i].n``)."""
+        base = _base_job(self.job, self.dag_id, self.partition_group)
+        if self._taking is not None:
+            return self._taking.job(base)
+        return task_instance.job_name(base, context["ti"], dag_id=self.dag_id, task_id=self.task_id)
+
+    def _run(self, context: Context, *, ran: float, first: bool) -> Any:
+        # When this try began, as its running time counts it: the ranges it takes later run within
+        # the same cooperative timeout (and Airflow's execution_timeout backstop is the try's).
+        self._try_began = time.monotonic() - ran
+        result = super()._run(context, ran=ran, first=first)
+        if self.rebalance and self._taking is None and isinstance(self.read, KeysetReader):
+            self._take_more(context)
+        return result
+
+    def _confirms_more(self) -> bool:
+        return self._taking is not None  # a taken range, after the partition's own: both are confirmed
+
+    def _resume_kwargs(self, ran: float) -> dict[str, Any]:
+        """A taken range that paused resumes in this task instance: the range goes with the trigger."""
+        kwargs = super()._resume_kwargs(ran)
+        if self._taking is not None:
+            kwargs["taking"] = self._taking.as_json()
+        return kwargs
+
+    def execute_resumed(self, context: Context, event: Mapping[str, Any] | None = None, ran: float = 0.0,
+                        taking: Mapping[str, Any] | None = None) -> Any:
+        """Where a paused task continues. When what paused was a range it took (``taking``), that
+        range continues from its checkpoint, then the partition looks for more work as after its
+        own range, and returns its own range's summary."""
+        if taking is None:
+            return super().execute_resumed(context, event, ran)
+        self._taking = self._still_taken(taking, context)
+        try:
+            super().execute_resumed(context, event, ran)
+        finally:
+            self._taking = None
+        if self.rebalance:
+            self._take_more(context)
+        return self._own_summary(context)
+
+    def _still_taken(self, taking: Any, context: Context) -> Range:
+        """The range a paused task instance goes on with (``taking``, from its deferral), as the plan
+        holds it now: refused, before anything runs, unless it is a range a split took and the plan
+        still holds it with the same keys (the plan was split anew while it waited, a restart of the
+        job; or the deferral's kwargs were changed): it would read keys the plan gives another range.
+
+        Raises:
+            AirflowFailException: the range is not the plan's now.
+        """
+        base = _base_job(self.job, self.dag_id, self.partition_group)
+        slot, _ = slot_of(context)
+        try:
+            rng = Range.from_json(taking)
+            plan = self._plan_now(slot)
+        except ConfigurationError as exc:
+            raise AirflowFailException(f"{exc} [job={base!r} slot={slot!r}]") from exc
+        current = None if plan is None or rng.split is None else plan.current().get(rng.name)
+        if current is None or not _same_range(current, rng):
+            now = "is not in it" if current is None else f"holds the keys after {short(current.after, 80)} up to " \
+                                                          f"{short(current.until, 80)}"
+            raise AirflowFailException(
+                f"this task instance paused on the range {rng.name!r} a split took (keys after {short(rng.after, 80)} "
+                f"up to {short(rng.until, 80)}), and the slot's plan {now}: the plan was split anew while it waited "
+                f"(a restart of the job), or the deferral was changed. Nothing was run [job={base!r} slot={slot!r}]. "
+                "Clear the partitioned job's tasks to run what the plan gives them")
+        return current
+
+    def _own_summary(self, context: Context) -> dict[str, Any]:
+        """The partition's own range's summary, read from its row (its range finished before it took
+        any other)."""
+        job = self.job_name(context)
+        slot, _ = slot_of(context)
+        store = ResumableHook(self.conn_id, job=job, slot=slot).get_store()
+        with store.open(autocommit=True) as session:
+            row = session.checkpoints.load(job, slot)
+        if row is None:
+            raise AirflowFailException(
+                f"the partition's own row is gone (deleted by hand?) after it ran a range it took [job={job!r} "
+                f"slot={slot!r}]: Clear this task to run its range again")
+        return self._summary(Outcome(result=None, checkpoint=row, resumed_from=None), store, job, slot)
+
+    def _take_more(self, context: Context) -> None:
+        """Run other partitions' work while any is worth taking (see the class's docstring). A
+        range that pauses here defers this task instance; it continues when the range is resumed."""
+        base = _base_job(self.job, self.dag_id, self.partition_group)
+        slot, _ = slot_of(context)
+        me = f"{self.job_name(context)} (try {context['ti'].try_number})"
+        store = ResumableHook(self.conn_id, job=base, slot=slot).get_store()
+
+        def run(rng: Range) -> bool:
+            self.log.info("rebalancing: running %s (keys after %s up to %s) [job=%s slot=%s]", rng.job(base),
+                          rng.after, rng.until, base, slot)
+            self._taking = rng
+            try:
+                super(PartitionOperator, self)._run(context, ran=time.monotonic() - self._try_began, first=False)
+            except TaskDeferred:
+                # paused: this task instance defers on the taken range and goes on with it when it is
+                # resumed (execute_resumed), as a partition does with its own range
+                self.log.info("rebalancing: %s paused; this task instance waits for it to be resumed [job=%s slot=%s]",
+                              rng.job(base), base, slot)
+                raise
+            except Exception as exc:
+                if not isinstance(exc, LeaseBusy) and not isinstance(exc.__cause__, LeaseBusy):
+                    raise
+                # another idle partition claimed the same range at the same moment: it runs it
+                self.log.info("rebalancing: %s is run by another task instance; looking for other work "
+                              "[job=%s slot=%s]", rng.job(base), base, slot)
+            finally:
+                self._taking = None
+            return True
+
+        map_index = context["ti"].map_index
+        with store.open(autocommit=True) as session:
+            plan = load_plan(session, base, slot)
+            mine = [] if plan is None or map_index is None else rebalance.left_by(session, base, slot, plan, map_index)
+        for rng in mine:  # what this task instance ran and left paused or cancelled: taken up again first
+            self.log.info("rebalancing: %s was left paused or cancelled by this task instance; taking it up again "
+                          "[job=%s slot=%s]", rng.job(base), base, slot)
+            run(rng)
+        # No range is taken once the try's cooperative timeout is spent (one taken before runs until its
+        # next chunk boundary after it, stopped as any attempt is: its task's retry takes it up again).
+        until = None if self.timeout is None else self._try_began + float(self.timeout)
+        rebalance.take_more(store, base, slot, me, run, more_than=2 * int(self.chunk_size), wait=self.split_wait,
+                            log=self.log, until=until)
 
     def _partition_place(self, context: Context) -> Part | None:
-        try:
-            rng = Range.from_json(self.partition_range)
-        except ConfigurationError:
-            return None
+        if self._taking is not None:
+            rng = self._taking
+        else:
+            try:
+                rng = Range.from_json(self.partition_range)
+            except ConfigurationError:
+                return None
         return Part(job=_base_job(self.job, self.dag_id, self.partition_group), index=rng.index, count=rng.count,
                     after=rng.after, until=rng.until)
 
@@ -234,10 +385,13 @@ class PartitionOperator(ChunkedOperator):
         range was planned with another reader (see :func:`check_range_reader`)."""
         job = self.job_name(context)
         slot, _ = slot_of(context)
-        try:
-            rng = Range.from_json(self.partition_range)
-        except ConfigurationError as exc:
-            raise AirflowFailException(f"{exc} [job={job!r}]") from exc
+        if self._taking is not None:
+            rng = self._taking
+        else:
+            try:
+                rng = self._current(Range.from_json(self.partition_range), slot)
+            except ConfigurationError as exc:
+                raise AirflowFailException(f"{exc} [job={job!r}]") from exc
         reader = self.read
         assert isinstance(reader, KeysetReader)
         try:
@@ -249,15 +403,32 @@ class PartitionOperator(ChunkedOperator):
             process = functools.partial(self.process, **self.handler_kwargs)
         return {**self._chunked(), "process": process, **range_chunks(reader, rng, total=self.total)}
 
+    def _current(self, rng: Range, slot: str) -> Range:
+        """``rng`` as the plan row holds it now: narrowed by the splits agreed since it was handed
+        out (a partition that gave part of its range away and died resumes on what it kept)."""
+        if rng.split is not None or not isinstance(self.read, KeysetReader):
+            return rng
+        plan = self._plan_now(slot)
+        return rng if plan is None or not plan.splits else plan.current().get(rng.name, rng)
+
+    def _plan_now(self, slot: str) -> Plan | None:
+        """The job's plan row for ``slot`` as it stands now (None: none), on a connection of its own."""
+        job = _base_job(self.job, self.dag_id, self.partition_group)
+        with ResumableHook(self.conn_id, job=job, slot=slot).get_store().open(autocommit=True) as session:
+            return load_plan(session, job, slot)
+
     def _planned_with(self, slot: str) -> dict[str, Any] | None:
         """The whole identity of the reader the slot's plan was split with (for an error), if it can be read."""
-        job = _base_job(self.job, self.dag_id, self.partition_group)
         try:
-            with ResumableHook(self.conn_id, job=job, slot=slot).get_store().open(autocommit=True) as session:
-                plan = load_plan(session, job, slot)
+            plan = self._plan_now(slot)
         except Exception:  # the error names the digest instead
             return None
         return None if plan is None else plan.reader
+
+
+def _same_range(a: Range, b: Range) -> bool:
+    """Whether two ranges are the same range of a plan, compared as JSON (keys as stored)."""
+    return bool(ENCODER.encode(a.as_json()) == ENCODER.encode(b.as_json()))
 
 
 class PartitionSummaryOperator(BaseOperator):
@@ -336,10 +507,13 @@ class PartitionSummaryOperator(BaseOperator):
                 raise AirflowFailException(
                     f"the slot has no plan: the planning task did not run or failed [job={job!r} slot={slot!r}]. "
                     f"Clear the task group's planning task ({self.partition_group}.plan) with its downstream tasks")
-            names = [partition_job(job, i) for i in range(plan.partitions)]
-            rows = [session.checkpoints.load(name, slot) for name in names]
+            # Each partition's line: its own range and the ranges splits took from it (rebalancing).
+            lines = [rebalance.line_jobs(job, plan, i) for i in range(plan.partitions)]
+            loaded = {name: session.checkpoints.load(name, slot) for jobs in lines for name in jobs}
+            rows = [rebalance.line_row([loaded[name] for name in jobs], jobs) for jobs in lines]
+            splits = rebalance.split_records(job, plan, loaded)
             pending = session.skips.pending(slot)
-            skipped = [pending.get((name, slot), 0) for name in names]
+            skipped = [sum(pending.get((name, slot), 0) for name in jobs) for jobs in lines]
         summary = summarize(job, slot, rows, tolerated=self.tolerated_failure, plan=plan, skipped=skipped,
                             count=self._counter(plan), tolerated_shortfall=self.tolerated_shortfall)
         self._observed = _summary_facts(summary, rows, attempt=context["ti"].try_number, dag_run=context["dag_run"],
@@ -355,11 +529,19 @@ class PartitionSummaryOperator(BaseOperator):
             self.log.warning("the job succeeds without %s, within tolerated_failure=%r: their rows were not processed; "
                              "Clear them (rerun-failed) to finish them %s",
                              ", ".join(summary.describe(i) for i in summary.failed), self.tolerated_failure, where)
+        # The ranges as they are now: which range took what from which, when, and who ran it.
+        shown = [core_control.outward_split(taken) for taken in splits]
+        for taken in shown:
+            self.log.info("range %s (%s) taken from %s after key %s by %s at %s: %s %s",
+                          taken["range"], taken["job"], taken["from"], short(taken["after"], 80), taken["by"] or "?",
+                          taken["when"] or "?", "nobody started it" if taken["map_index"] is None
+                          else f"run by [{taken['map_index']}], {taken['status']},",
+                          "" if taken["processed"] is None else f"{taken['processed']}/{taken['total']}")
         error = summary.error()
         if error is not None:
             self.log.error("%s", error)
             raise AirflowFailException(str(error))
-        return summary.as_json()
+        return {**summary.as_json(), "splits": shown} if shown else summary.as_json()
 
     def _counter(self, plan: Plan) -> Any:
         """How many rows a partition's range holds now, within the reader's bounds (None: no reader)."""
@@ -415,6 +597,7 @@ def partitioned(
     tolerated_failure: Any = 0,
     tolerated_shortfall: Any = 0,
     partition_total: Any = None,
+    rebalance: bool = True,
     **kwargs: Any,
 ) -> TaskGroup:
     """One job over ``read``'s key in ``partitions`` ranges of about equal size, each a mapped
@@ -440,6 +623,10 @@ def partitioned(
         partition_total: each partition's item count (an int, or ``fn(ctx)`` asked once per
             partition run), for its progress; default: its range's rows, counted when it starts.
             ``total=`` is its old name, deprecated: it was never the whole job's total.
+        rebalance: a partition whose range is done takes work from the others while any is worth
+            taking (ranges splits took that nobody runs, then half of what the partition with the
+            most rows left still has, agreed at its next checkpoint); False: each partition reads
+            its planned range only.
         kwargs: :class:`ChunkedOperator`'s arguments (``process``, ``chunk_size``, ``retries``...),
             for every partition; the planning and summary tasks take ``conn_id``, ``job``,
             ``retries``, ``retry_delay``, ``queue``, ``pool``, ``owner`` and ``executor`` too.
@@ -469,6 +656,8 @@ def partitioned(
                         f"airflow_resumable.readers.sql_reader(conn_id, table=..., key=...)), got {read!r}")
     if both:
         problems.append("give partition_total= only: total= is its deprecated name")
+    if not isinstance(rebalance, bool):
+        problems.append(f"rebalance must be True or False, got {rebalance!r}")
     for taken in ("start", "position"):
         if kwargs.get(taken) is not None:
             problems.append(f"{taken}= is not taken by a partitioned job: each partition starts where its range does "
@@ -480,7 +669,8 @@ def partitioned(
     with group:
         plan = PartitionPlanOperator(task_id="plan", read=read, partitions=partitions, partition_group=task_id, **shared)
         parts = PartitionOperator.partial(task_id="partition", read=read, partition_group=task_id,
-                                          total=partition_total, **kwargs).expand(partition_range=plan.output)
+                                          total=partition_total, rebalance=rebalance,
+                                          **kwargs).expand(partition_range=plan.output)
         summary = PartitionSummaryOperator(task_id="summary", partition_group=task_id, tolerated_failure=tolerated_failure,
                                            tolerated_shortfall=tolerated_shortfall, read=read, **shared)
         parts >> summary

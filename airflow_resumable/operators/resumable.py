@@ -304,7 +304,7 @@ class ResumableOperator(OpenLineageMethods, BaseOperator):
             self._attempt = attempt
             if self._terminated:  # SIGTERM came while the store was being opened
                 attempt.signal.cancel(Reason.TERMINATED, "the task process received SIGTERM")
-            kept = confirm_on_success(self, store, job, slot, origin)
+            kept = confirm_on_success(self, store, job, slot, origin, more=self._confirms_more())
             attempt.keep_session = True  # the confirmation below writes on it instead of connecting again
             outcome = attempt.run(self._handler(context))
             kept.give(attempt.kept_session)
@@ -336,6 +336,11 @@ class ResumableOperator(OpenLineageMethods, BaseOperator):
             return outcome.result
         return self._summary(outcome, store, job, slot)
 
+    def _confirms_more(self) -> bool:
+        """Whether this run is of one more slot after another in the same execution, whose success
+        callback must stay (see :func:`confirm_on_success`)."""
+        return False
+
     def _to_airflow(self, exc: BaseException, context: Context, job: str, slot: str) -> BaseException | None:
         """The Airflow exception for ``exc`` (None: raise it unchanged), combining the outcome
         table with the task's ``retry_policy`` (see :mod:`airflow_resumable.operators.outcome`)."""
@@ -366,9 +371,13 @@ class ResumableOperator(OpenLineageMethods, BaseOperator):
             trigger=SlotResumeTrigger(conn_id=self.conn_id, job=job, slot=slot, until=until, poll=self.resume_poll,
                                       ran=ran, settle=resume_settle()),
             method_name="execute_resumed",
-            kwargs={"ran": ran},
+            kwargs=self._resume_kwargs(ran),
             timeout=None if timeout is None else timedelta(seconds=timeout),
         )
+
+    def _resume_kwargs(self, ran: float) -> dict[str, Any]:
+        """What ``execute_resumed`` is called with when the trigger fires: how long the try ran."""
+        return {"ran": ran}
 
     def _wait_or_give_up(self, context: Context, exc: OverlapWait) -> BaseException:
         """``overlap="wait"``: reschedule (no worker slot, no retry used) until ``overlap_timeout``."""

@@ -269,12 +269,17 @@ def create_app() -> FastAPI:
     def task_instance_checkpoint(
         user: GetUserDep, dag_id: DagId, run_id: RunId, task_id: TaskId, map_index: MapIndex = -1,
         conn_id: str = conn_query(),
+        job: Annotated[str | None, Query(min_length=1, pattern=NO_NUL, description="the task instance's slot of "
+                                         "this job (one of those `ran` lists), instead of the one it ran last")] = None,
     ) -> dict[str, Any]:
         _authorize(user, dag_id, "GET")
         conn = _conn(conn_id)
         # Airflow's own word on the task instance: a running row whose task instance ended is abandoned
         ti_state = (control.task_instance_states(dag_id, task_id, run_id) or {}).get(map_index)
-        view = control.find_detail(dag_id, task_id, run_id, map_index, conn_id=conn, ti_state=ti_state)
+        view = control.find_detail(dag_id, task_id, run_id, map_index, conn_id=conn, ti_state=ti_state, job=job)
+        if view is None and job is not None:
+            return {"resumable": False, "message": f"This task instance ran no slot of the job {_text(job)!r}; "
+                    "without job=, its tab shows the slot it ran last."}
         if view is None:
             overlap = overlap_of(dag_id, run_id, task_id, map_index)
             if overlap is not None:

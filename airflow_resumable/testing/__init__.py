@@ -30,9 +30,11 @@ from airflow_resumable.testing.kit import (
     expire_lease,
     store_of,
 )
+from airflow_resumable.testing.splits import SplitStep
 
 __all__ = [
     "ALL_INTERRUPTIONS", "IN_PROCESS_INTERRUPTIONS", "Interruption", "NotImportable", "NotResumable",
-    "PartitionedReport", "Report", "SimulatedCrash", "Trial", "check_chunked", "check_partitioned", "check_resumable",
+    "PartitionedReport", "Report", "SimulatedCrash", "SplitStep", "Trial", "check_chunked", "check_partitioned",
+    "check_resumable",
     "expire_lease", "store_of",
 ]

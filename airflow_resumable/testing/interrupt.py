@@ -102,7 +102,7 @@ def expire_lease(store: Store, job: str, slot: str) -> None:
                   {"back": -3600.0, "job": job, "slot": slot})
 
 
-def _take_over(session: Any) -> None:
+def _take_over(session: Any, job: str = JOB, slot: str = SLOT) -> None:
     """Another attempt takes the slot's lease (a new token), so that this attempt's checkpoint is
     fenced out. Written on the attempt's own connection: on SQLite a taker would wait for the
     chunk's transaction, which commits only with the checkpoint. Inside that transaction the
@@ -111,7 +111,7 @@ def _take_over(session: Any) -> None:
     d = session.d
     session.execute(f"UPDATE {CHECKPOINTS.name} SET lease_token = lease_token + 1, lease_owner = 'test-kit-taker', "
                     f"lease_expires_at = {d.now_plus('%(back)s')} WHERE job = %(job)s AND slot = %(slot)s",
-                    {"back": -3600.0, "job": JOB, "slot": SLOT})
+                    {"back": -3600.0, "job": job, "slot": slot})
 
 
 def die() -> NoReturn:
@@ -150,7 +150,7 @@ def interrupted_attempt(plan: _Plan, base: type[Attempt] = Attempt) -> type[Atte
                 self.given.signal.cancel(Reason.TIMEOUT, "the test kit's timeout ran out")
             elif kind is Interruption.LEASE_LOST:
                 self.flush()  # a pipelined checkpoint in flight lands first, as it would
-                _take_over(self.session)
+                _take_over(self.session, self.job, self.slot)
             elif kind is Interruption.PAUSE_RESUME:  # as the lease keeper does when it finds a pause request
                 self.given.signal.cancel(Reason.PAUSED, "paused by the test kit")
             super().after_chunk(write, state)

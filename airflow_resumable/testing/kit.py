@@ -46,7 +46,8 @@ from airflow_resumable.core.model.tables import ATTEMPTS, CHECKPOINTS, DEAD_LETT
 from airflow_resumable.core.readers import KeysetReader
 from airflow_resumable.core.stores import PostgresStore, SQLiteStore, Store
 from airflow_resumable.core.work.chunk_loop import chunk_loop
-from airflow_resumable.core.work.partitions import Plan, range_chunks, split
+from airflow_resumable.core.work.partitions import Plan, Range, range_chunks, split
+from airflow_resumable.testing import splits
 from airflow_resumable.testing.fresh import (
     FreshProcesses,
     NotImportable,
@@ -514,7 +515,7 @@ class PartitionedReport:
 
 def check_partitioned(read: KeysetReader, process: Any, *, partitions: int, chunk_size: int,
                       only: Iterable[int] | None = None, chunked: dict[str, Any] | None = None,
-                      **kwargs: Any) -> PartitionedReport:
+                      rebalance: bool = True, **kwargs: Any) -> PartitionedReport:
     """:func:`check_chunked` for a partitioned job (``partitioned(...)``,
     ``@task.resumable.partitioned``): split ``read``'s key into ``partitions`` ranges as the planning
     task does when a run first starts (counted by the source's database now), then check each
@@ -525,6 +526,14 @@ def check_partitioned(read: KeysetReader, process: Any, *, partitions: int, chun
     The sink is the whole of ``snapshot``: ``reset`` empties it before each run, so each
     partition's runs are compared with that partition's uninterrupted run. ``kwargs`` are
     :func:`check_resumable`'s (``snapshot``, ``reset``, ``interruptions``, ``points``, ``store``...).
+
+    With ``rebalance`` (as ``partitioned(rebalance=True)`` runs), each partition is also asked at
+    each of those checkpoints for half of what it has left, and each of a split's own steps is
+    struck (:class:`~airflow_resumable.testing.splits.SplitStep`: the asker dies before starting
+    the taken range, the partition dies right after agreeing, the asker loses the taken range's
+    lease at its first checkpoint); the sink must then be what the partition's uninterrupted run
+    under the same job names wrote (a sink that records ``ctx.job`` sees the taken rows under
+    ``<job>[i].1``). These trials run in the test's process.
     """
     label = kwargs.pop("name", None) or f"read={read.name}, process={getattr(process, '__qualname__', process)!s}"
     plan = split(read, partitions, job=label)
@@ -545,4 +554,40 @@ def check_partitioned(read: KeysetReader, process: Any, *, partitions: int, chun
         reports[rng.index] = check_chunked(args.pop("read"), process, chunk_size=chunk_size,
                                            chunked={**options, **args},
                                            name=f"{label} (partition {rng.index} of {plan.partitions})", **kwargs)
+        if rebalance:
+            reports[rng.index].trials += _split_trials(read, process, chunk_size, dict(chunked or {}), plan, rng,
+                                                       reports[rng.index].points, kwargs)
     return PartitionedReport(name=label, plan=plan, reports=reports, empty=empty)
+
+
+def _split_trials(read: KeysetReader, process: Any, chunk_size: int, chunked: dict[str, Any], plan: Plan,
+                  rng: Range, points: list[int], kwargs: dict[str, Any]) -> list[Trial]:
+    """The split trials of partition ``rng.index`` at ``points`` (see :func:`check_partitioned`)."""
+    snapshot, reset = kwargs.get("snapshot"), kwargs.get("reset")
+    options = kwargs.get("options") or Options()
+    max_attempts = int(kwargs.get("max_attempts", 20))
+    with tempfile.TemporaryDirectory(prefix="resumable-kit-splits-") as tmp:
+        root = Path(tmp)
+        make_store = _store_factory(kwargs.get("store"), root)
+
+        def fresh(tag: str) -> Store:
+            directory = root / tag
+            directory.mkdir()
+            made = make_store(directory)
+            with made.open(autocommit=True) as s:
+                s.ensure_schema()
+                for table in (CHECKPOINTS, ATTEMPTS, DEAD_LETTERS):
+                    s.execute(f"DELETE FROM {table.name} WHERE job LIKE %(like)s AND slot = %(slot)s",
+                              {"like": f"{splits.BASE}%", "slot": SLOT})
+            _call_with_store(reset, made)
+            return made
+
+        def snap(store: Store) -> Any:
+            return None if snapshot is None else _call_with_store(snapshot, store)
+
+        expected = splits.reference(read=read, process=process, chunk_size=chunk_size, chunked=chunked, plan=plan,
+                                    rng=rng, store=fresh("reference"), snapshot=snap, options=options)
+        return [splits.split_trial(read=read, process=process, chunk_size=chunk_size, chunked=chunked, plan=plan,
+                                   rng=rng, point=point, step=step, store=fresh(f"{step.value}-{point}"),
+                                   snapshot=snap, expected=expected, options=options, max_attempts=max_attempts)
+                for step in splits.SplitStep for point in points]

@@ -4,6 +4,7 @@ whose :meth:`~Report.assert_ok` says, in one message, what went wrong first and 
 from __future__ import annotations
 
 import dataclasses
+import enum
 from typing import Any
 
 from airflow_resumable.testing.interrupt import Interruption, NotResumable
@@ -22,7 +23,8 @@ class Trial:
     the kit compares with the uninterrupted one in the test's process before any crash.
     """
 
-    interruption: Interruption
+    #: An :class:`Interruption`, or one of a split's steps (:class:`~airflow_resumable.testing.splits.SplitStep`).
+    interruption: Interruption | enum.StrEnum
     point: int
     #: The position the handler was checkpointing when the interruption struck.
     position: Any = None
@@ -135,7 +137,7 @@ class Report:
                 "ctx.state (or the position) everything the next chunk needs")
 
     def summary(self) -> str:
-        by_kind: dict[Interruption, list[Trial]] = {}
+        by_kind: dict[Interruption | enum.StrEnum, list[Trial]] = {}
         for t in self.trials:
             by_kind.setdefault(t.interruption, []).append(t)
         sample = f" (at {len(self.points)} of them, sampled with seed={self.seed})" if self.seed is not None else ""

@@ -14,9 +14,15 @@ history: no write may commit after another attempt took the lease.
 - ``chaos_pipelined``: the upsert sink with ``pipeline_checkpoints=True``: at most two chunks.
 - ``chaos_skip``: a ChunkedOperator whose every seventh item raises ``ValueError`` (skip policy);
   the good ones go through ``ctx.transaction()``, the bad ones to the dead-letter table once.
+- ``chaos_rebalance``: ``partitioned(..., rebalance=True)`` over the ids of ``chaos_source`` in three
+  ranges, each id through ``ctx.transaction()`` (the item is the id, the job the range's:
+  ``chaos_rebalance.work[i]`` or a taken range's ``chaos_rebalance.work[i].n``); the ids below
+  ``slow_below`` cost ``slow`` times the others, so the partitions that finish early take part of
+  the first one's range.
 
 Tables (created by the suite, in the checkpoint database): ``chaos_tx_log`` and ``chaos_plain_log``
-(one row per committed write), ``chaos_upsert`` (the upsert's target).
+(one row per committed write), ``chaos_upsert`` (the upsert's target), ``chaos_source`` (the ids
+``chaos_rebalance`` reads).
 
 Every connection a task process opens to the checkpoint database (the store's, the lease keeper's,
 the sinks') is named ``chaos-task:<pid>`` (libpq's ``PGAPPNAME``, set when the task process parses
@@ -33,6 +39,8 @@ from typing import Any
 from airflow.sdk import DAG
 
 from airflow_resumable import ChunkedOperator, ResumableOperator, RunContext
+from airflow_resumable.operators.partitioned import partitioned
+from airflow_resumable.readers import sql_reader
 
 START = datetime(2024, 1, 1)
 KWARGS = {
@@ -140,12 +148,24 @@ def process_numbers(ctx: RunContext, batch: list[int], *, items: Any, chunk: Any
         _tx_write(ctx, item)
 
 
+def process_ids(ctx: RunContext, batch: list[tuple[Any, ...]], *, items: Any, chunk: Any, delay: Any,
+                slow_below: Any = 0, slow: Any = 1) -> None:
+    """chaos_rebalance's rows: each id waits ``delay`` (``slow`` times that below ``slow_below``), then
+    goes through ``ctx.transaction()`` as the item of the range's job."""
+    for (item,) in batch:
+        ctx.signal.wait(float(delay) * (float(slow) if int(item) < int(slow_below) else 1.0))
+        ctx.signal.raise_if_cancelled()
+        _tx_write(ctx, int(item))
+
+
 def _dag(dag_id: str, **kwargs: Any) -> DAG:
     return DAG(dag_id=dag_id, schedule=None, start_date=START, catchup=False, max_active_runs=16,
                max_active_tasks=16, default_args=DEFAULTS, tags=["resumable-tests"], **kwargs)
 
 
 COMMON: dict[str, Any] = {"lease": LEASE, "overlap": "allow", "progress_interval": 2, "xcom_interval": 1}
+REBALANCE_KWARGS = {**KWARGS, "slow_below": "{{ dag_run.conf.get('slow_below', 0) }}",
+                    "slow": "{{ dag_run.conf.get('slow', 1) }}"}
 
 with _dag("chaos_tx"):
     ResumableOperator(task_id="work", handler=tx_items, handler_kwargs=KWARGS, **COMMON)
@@ -165,6 +185,10 @@ with _dag("chaos_pipelined"):
 with _dag("chaos_skip"):
     ChunkedOperator(task_id="work", read=read_numbers, process=process_numbers, chunk_size=4,
                     position=lambda item: item, skip_on=ValueError, skip_limit=50, handler_kwargs=KWARGS, **COMMON)
+
+with _dag("chaos_rebalance"):
+    partitioned(task_id="work", read=sql_reader("resumable_default", table="chaos_source", key="id"),
+                process=process_ids, partitions=3, chunk_size=4, handler_kwargs=REBALANCE_KWARGS, **COMMON)
 
 
 def pod_items(ctx: RunContext, *, items: Any, chunk: Any, delay: Any) -> dict[str, Any]:

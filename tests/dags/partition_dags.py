@@ -5,7 +5,8 @@ Each reads ``pt_source (grp, id)`` on a composite key from the checkpoint store'
 ``ctx.transaction()``, so a write commits with its chunk's checkpoint. Behaviour comes from the
 DAG run's conf: ``fail`` maps a partition's index to the attempts in which its second chunk fails
 (after writing its rows: the failure undoes them); ``cancel`` lists partitions that a person
-cancels during their first chunk; ``resumable_restart`` starts the partitions over.
+cancels during their first chunk; ``ask`` maps a partition's index to an asker that asks it for a
+split during its first chunk and goes away; ``resumable_restart`` starts the partitions over.
 """
 
 from __future__ import annotations
@@ -28,8 +29,9 @@ _CHUNKS: Counter[str] = Counter()
 
 
 def partition_of(ctx: RunContext) -> int:
-    """The partition's index, from its job: ``<job>[<index>]``."""
-    return int(ctx.job.rsplit("[", 1)[1].rstrip("]"))
+    """The partition's index, from its job: ``<job>[<index>]``, or ``<job>[<index>].<n>`` for a range a
+    split took from that partition's line (rebalancing)."""
+    return int(ctx.job.rsplit("[", 1)[1].split("]")[0])
 
 
 def write_rows(ctx: RunContext, batch: list[Any]) -> None:
@@ -44,6 +46,16 @@ def write_rows(ctx: RunContext, batch: list[Any]) -> None:
 
         control.cancel(ctx.job, ctx.slot, by="carol")
         ctx.signal.wait(60)
+    asker = conf.get("ask", {}).get(str(part))
+    if asker and ctx.job.endswith("]") and not _CHUNKS[str(context["ti"].id)]:
+        # An idle partition asks this one for half of what it has left during its first chunk
+        # (before the chunk's first write: SQLite has one writer), then goes away: the taken range
+        # is left for whoever comes by (rebalancing).
+        from airflow_resumable.core.work import rebalance
+        from airflow_resumable.hooks.resumable import ResumableHook
+
+        with ResumableHook("resumable_default").get_store().open(autocommit=True) as s:
+            rebalance.ask(s, ctx.job, ctx.slot, asker)
     tx = ctx.transaction()
     tx.execute("CREATE TABLE IF NOT EXISTS pt_sink (grp TEXT, id INTEGER, part INTEGER, attempt INTEGER)")
     for grp, ident in batch:

@@ -34,7 +34,7 @@ def export_row(ctx: RunContext, batch: list[tuple[Any, ...]]) -> None:
         if order_id == BAD:
             raise ValueError(f"order {order_id} is malformed")
         tx.execute("INSERT INTO side_export (id, amount, part) VALUES (%s, %s, %s)",
-                   (order_id, amount, ctx.job.rsplit("[", 1)[1].rstrip("]")))
+                   (order_id, amount, ctx.job.rsplit("[", 1)[1].split("]")[0]))
 
 
 with DAG(dag_id="sqlite_side_by_side", schedule=None, start_date=datetime(2026, 1, 1), catchup=False) as dag:

@@ -30,9 +30,14 @@ from typing import Any
 import psycopg2
 import pytest
 
+from airflow_resumable.core import chunk_loop
 from airflow_resumable.core.attempt.runner import Attempt, Options
 from airflow_resumable.core.model.identity import Identity
+from airflow_resumable.core.readers import KeysetReader
 from airflow_resumable.core.stores import PostgresStore
+from airflow_resumable.core.work import rebalance
+from airflow_resumable.core.work.partition_summary import summarize
+from airflow_resumable.core.work.partitions import load_plan, range_chunks, save_plan, split
 from devtools.postgres import Server
 from support.chaos import hosts, soak
 from support.chaos.checker import check_run
@@ -59,6 +64,7 @@ EXECUTORS = [e for e in os.environ.get("RESUMABLE_CHAOS_EXECUTORS", "celery").sp
 
 TX = WORKLOADS[0]  # chaos_tx
 PLAIN = WORKLOADS[1]  # chaos_upsert
+REBALANCE = next(w for w in WORKLOADS if w.rebalance)  # chaos_rebalance
 
 
 # -- the hosts ---------------------------------------------------------------------------------
@@ -285,6 +291,102 @@ def test_the_checker_holds_an_unsettled_run_to_the_safety_checks(slot_db: Any) -
     assert {a.check for a in anomalies} == {"exactly once"}, [str(a) for a in anomalies]
 
 
+def _run_range(store: PostgresStore, conn: Any, reader: KeysetReader, slot: str, rng: Any, *,
+               ask: str | None = None, delay: float = 0.0, owner: str | None = None) -> None:
+    """One attempt over a range of the rebalanced workload's plan, as its DAG runs it: each key through
+    ``ctx.transaction()`` into the sink with the attempt's token, ``delay`` seconds of work each;
+    ``ask``: an idle partition asks it for part of its range during its first chunk (it answers at
+    that chunk's checkpoint)."""
+    job = rng.job(REBALANCE.base)
+
+    def process(ctx: Any, batch: Any) -> None:
+        if ask is not None and ctx.processed == 0:
+            with store.open(autocommit=True) as session:
+                assert rebalance.ask(session, job, slot, ask)
+        cur = conn.cursor()
+        cur.execute("SELECT lease_token, runs FROM resumable_checkpoints WHERE job = %s AND slot = %s", (job, slot))
+        token, runs = cur.fetchone()
+        for (item,) in batch:
+            time.sleep(delay)
+            ctx.transaction().execute("INSERT INTO chaos_tx_log (job, slot, item, attempt, token, runs, pid) VALUES "
+                                      "(%s, %s, %s, %s, %s, %s, %s)", (job, slot, item, ctx.attempt, token, runs,
+                                                                       os.getpid()))
+
+    handler = chunk_loop(process=process, chunk_size=CHUNK, **range_chunks(reader, rng))
+    Attempt(store, Identity(job=job, slot=slot, attempt=1, owner=owner or f"checker/{job}"),
+            options=Options(lease=30, overlap="allow")).run(handler)
+
+
+def _rebalanced(slot_db: Any) -> tuple[Any, Run, dict[str, Any]]:
+    """The rebalanced workload's run, honest: the source planned in three ranges; partition 0, asked
+    by partition 1 during its first chunk, gives the upper half of what it has left (range 0.1); the
+    taken range and the other partitions run; and the summary the summary task computes from them."""
+    store, conn, params = slot_db
+    run = Run(REBALANCE, f"slot-{random.randrange(10**6)}")
+    base, slot = REBALANCE.base, run.run_id
+    reader = KeysetReader(connect=lambda: _connect(params), table="chaos_source", key="id")
+    with store.open(autocommit=True) as session:
+        plan = save_plan(session, base, slot, split(reader, REBALANCE.partitions, job=base, slot=slot))
+    first, *others = plan.ranges()
+    _run_range(store, conn, reader, slot, first, ask=f"{base}[1] (try 1)")
+    with store.open(autocommit=True) as session:
+        plan = load_plan(session, base, slot)
+    assert plan is not None and len(plan.splits) == 1, plan
+    for rng in (plan.current()["0.1"], *others):
+        _run_range(store, conn, reader, slot, rng)
+    with store.open(autocommit=True) as session:
+        lines = [rebalance.line_jobs(base, plan, i) for i in range(plan.partitions)]
+        rows = [rebalance.line_row([session.checkpoints.load(job, slot) for job in jobs], jobs) for jobs in lines]
+    summary = summarize(base, slot, rows, tolerated=0, plan=plan, skipped=[0] * plan.partitions).as_json()
+    return conn, run, summary
+
+
+def test_the_checker_finds_nothing_wrong_in_an_honest_rebalanced_run(slot_db: Any) -> None:
+    conn, run, summary = _rebalanced(slot_db)
+    anomalies, counts = check_run(conn, run, "success", summary=summary)
+    assert anomalies == [], "\n".join(map(str, anomalies))
+    assert counts["items"] == REBALANCE.items and counts["splits"] == 1, counts
+
+
+_VICTIM, _TAKEN = f"{REBALANCE.base}[0]", f"{REBALANCE.base}[0].1"
+
+
+@pytest.mark.parametrize(
+    ("forge", "check", "said"),
+    [
+        # the victim read on past its cut: a key of the taken range committed by both ranges
+        (f"INSERT INTO chaos_tx_log (job, slot, item, attempt, token, runs, pid) SELECT job, slot, "
+         f"(SELECT min(item) FROM chaos_tx_log WHERE job = '{_TAKEN}'), attempt, token, runs, pid FROM chaos_tx_log "
+         f"WHERE job = '{_VICTIM}' LIMIT 1", "exactly once", "committed by more than one range"),
+        # the victim kept less than the plan says (its row reads up to two keys below the cut), and nobody
+        # read the keys in between: a split that leaves a gap
+        (f"UPDATE resumable_checkpoints SET reader = jsonb_set(reader::jsonb, '{{range,until}}', "
+         f"to_jsonb((reader::jsonb #>> '{{range,until}}')::int - 2))::text WHERE job = '{_VICTIM}'; "
+         f"DELETE FROM chaos_tx_log WHERE job = '{_VICTIM}' AND item > (SELECT max(item) - 2 FROM chaos_tx_log "
+         f"WHERE job = '{_VICTIM}')", "tiling", "left to no range"),
+        # the plan's split cut outside the range it split: the ranges overlap
+        (f"UPDATE resumable_checkpoints SET state = jsonb_set(state::jsonb, '{{splits,0,at}}', '40')::text "
+         f"WHERE job = '{REBALANCE.base}#plan'", "tiling", "not inside it"),
+        # the plan row holds no plan: the ranges cannot be told
+        (f"UPDATE resumable_checkpoints SET state = '{{\"seal\": \"x\"}}' WHERE job = '{REBALANCE.base}#plan'",
+         "tiling", "not a plan"),
+    ],
+    ids=["duplicate-across-split", "gap", "split-outside-its-range", "no-plan"],
+)
+def test_the_checker_reports_a_forged_anomaly_of_a_rebalanced_run(slot_db: Any, forge: str, check: str,
+                                                                   said: str) -> None:
+    conn, run, summary = _rebalanced(slot_db)
+    conn.cursor().execute(forge)
+    anomalies, _ = check_run(conn, run, "success", summary=summary)
+    assert any(a.check == check and said in a.detail for a in anomalies), [str(a) for a in anomalies]
+
+
+def test_the_checker_reports_a_summary_that_disagrees_with_the_rows(slot_db: Any) -> None:
+    conn, run, summary = _rebalanced(slot_db)
+    anomalies, _ = check_run(conn, run, "success", summary={**summary, "processed": summary["processed"] - 1})
+    assert {a.check for a in anomalies} == {"summary"}, [str(a) for a in anomalies]
+
+
 # -- the faults' verdicts ----------------------------------------------------------------------
 
 
@@ -351,6 +453,53 @@ def test_a_fault_that_struck_a_running_attempt_is_a_hit_once_the_history_shows_i
     assert finisher.verdict == "unconfirmed", finisher
     anomalies, counts = check_run(conn, run, "success")
     assert anomalies == [] and counts["interruptions"] == 1, (anomalies, counts)
+
+
+def _working_range(params: dict[str, Any], slot: str, name: str, ask: str | None) -> None:
+    """A range of the rebalanced workload's plan (``name``) in a process of its own, named as the chaos
+    DAGs name a task process, one key every DELAY seconds; ``ask``: asked for part of it at once."""
+    store = PostgresStore(**params, application_name=f"chaos-task:{os.getpid()}")
+    reader = KeysetReader(connect=lambda: _connect(params), table="chaos_source", key="id")
+    with store.open(autocommit=True) as session:
+        plan = load_plan(session, REBALANCE.base, slot)
+    assert plan is not None
+    with closing(_connect(params)) as conn:
+        _run_range(store, conn, reader, slot, plan.current()[name], ask=ask, delay=DELAY,
+                   owner=f"ti/try1@host:{os.getpid()}")
+
+
+def test_faults_on_a_rebalanced_job_find_the_range_a_split_cut_and_a_taken_range_s_holder(slot_db: Any) -> None:
+    # Given the rebalanced workload's plan, and partition 0 working in a process of its own, asked
+    # for part of its range by an idle partition
+    store, _, params = slot_db
+    run = Run(REBALANCE, f"slot-{random.randrange(10**6)}")
+    reader = KeysetReader(connect=lambda: _connect(params), table="chaos_source", key="id")
+    with store.open(autocommit=True) as session:
+        save_plan(session, REBALANCE.base, run.run_id, split(reader, REBALANCE.partitions, job=REBALANCE.base,
+                                                               slot=run.run_id))
+    fork = multiprocessing.get_context("fork")
+    children = [fork.Process(target=_working_range, args=(params, run.run_id, "0", f"{REBALANCE.base}[1] (try 1)"))]
+    children[0].start()
+    try:
+        # When a fault waits for a split to be agreed
+        victim, why = wait_for_moment(lambda: _connect(params), "split", run, f"{REBALANCE.base}[0]", 0,
+                                      deadline=time.monotonic() + 60)
+        # Then it finds the range the split cut, still working past the checkpoint that agreed it
+        assert victim is not None, why
+        assert (victim.job, victim.pid, victim.attempt) == (_VICTIM, children[0].pid, 1) and victim.processed >= CHUNK
+        # And when the taken range runs in another process, a fault on the ranges splits took (known
+        # only from the plan row) finds its holder inside a chunk
+        children.append(fork.Process(target=_working_range, args=(params, run.run_id, "0.1", None)))
+        children[1].start()
+        victim, why = wait_for_moment(lambda: _connect(params), "chunk", run, f"{REBALANCE.base}[*]", 0,
+                                      deadline=time.monotonic() + 60)
+        assert victim is not None, why
+        assert (victim.job, victim.pid) == (_TAKEN, children[1].pid), victim
+    finally:
+        for child in children:
+            if child.pid is not None:
+                os.kill(child.pid, signal.SIGKILL)
+            child.join(timeout=60)
 
 
 def _samples(rss: list[float], threads: list[int], connections: list[int]) -> list[dict[str, Any]]:

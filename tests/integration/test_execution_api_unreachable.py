@@ -61,25 +61,11 @@ def test_a_task_that_cannot_reach_the_execution_api_is_named_on_its_tab_not_left
 
 def _the_tab_in_a_browser(airflow: Standalone, tmp_path: Path) -> str:
     """The Checkpoint tab's text for the run's task instance, as a person signed in sees it."""
-    import os
-
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
     from airflow_resumable.core import SQLiteStore
-    from support.browser import CHROMEDRIVER, CHROMIUM, CHROMIUM_ARGS, Env, login, open_tab, shown, until
+    from support.browser import Env, chromium, login, open_tab, shown, until
 
-    os.environ.setdefault("SE_OFFLINE", "true")  # Selenium Manager: never look for a driver online
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for arg in (*CHROMIUM_ARGS, f"--user-data-dir={tmp_path / 'chromium'}"):
-        options.add_argument(arg)
-    driver = webdriver.Chrome(options=options, service=Service(executable_path=CHROMEDRIVER))
-    driver.set_page_load_timeout(60)
-    try:
+    with chromium() as driver:
         env = Env(airflow, SQLiteStore(tmp_path / "checkpoints.db"))
         login(driver, env)
         open_tab(driver, env, "readings_import", "unreachable", "import_readings")
         return until(lambda: shown(driver, "#never-started") or None, timeout=30, what="the tab's never-started line")
-    finally:
-        driver.quit()

@@ -66,11 +66,12 @@ def test_the_second_of_two_simultaneous_attempts_finds_the_slot_done_and_does_no
             return bool(row and row.status == "running" and row.lease_owner)
 
         # and the first process holding the slot (its handler waits at the gate)
-        wait_for(held, timeout=120, interval=0.2, what="the first DAG to hold the slot",
+        # (a cold `airflow dags test` on a loaded machine: its task alone took 46 s to start beside CI)
+        wait_for(held, timeout=300, interval=0.2, what="the first DAG to hold the slot",
                  on_timeout=lambda: out_a.read_text()[-3000:])
         # When the second process reaches the same slot and waits for its lease
         turn.touch()
-        wait_for(lambda: "slot is held by" in out_b.read_text(), timeout=120, interval=0.2,
+        wait_for(lambda: "slot is held by" in out_b.read_text(), timeout=300, interval=0.2,
                  what="the second DAG to wait for the lease", on_timeout=lambda: out_b.read_text()[-3000:])
         gate.touch()  # and the first one finishes
         assert a.wait(timeout=120) == 0, out_a.read_text()[-3000:]

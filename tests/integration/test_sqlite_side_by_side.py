@@ -56,8 +56,10 @@ def test_four_partitions_side_by_side_on_sqlite_with_a_skip_policy_finish_with_e
         history = _rows(checkpoints, "SELECT job, attempt, outcome, error, started_at, ended_at FROM resumable_attempts "
                                      "WHERE job LIKE 'sqlite_side_by_side.export[%' ORDER BY id")
         assert state == "success", (slots, history, airflow.tail(80))
-        assert [(status, error) for _, status, error in slots] == [("done", None)] * 4, slots
-        assert [(attempt, outcome) for _, attempt, outcome, *_ in history] == [(1, "done")] * 4, history
+        # (4 partitions, and any range one of them took from another once its own was done: rebalancing)
+        assert len(slots) >= 4 and {(status, error) for _, status, error in slots} == {("done", None)}, slots
+        assert len(history) == len(slots), history
+        assert {(attempt, outcome) for _, attempt, outcome, *_ in history} == {(1, "done")}, history
         # And every row was written exactly once, the bad one skipped (recorded once)
         written = _rows(checkpoints, "SELECT id, count(*) FROM side_export GROUP BY id")
         assert sorted(i for i, _ in written) == [i for i in range(1, ROWS + 1) if i != BAD]

@@ -233,9 +233,16 @@ def test_every_scheduled_example_runs_with_its_scheduled_run_beside_a_manual_one
         wait_for(parsed, timeout=180, interval=1.0, what="the dag-processor to parse the examples",
                  on_timeout=standalone.tail)
         for dag in SCHEDULED:  # the manual run, then the unpause: the scheduler starts the scheduled one
-            triggered = http.post(f"/api/v2/dags/{dag}/dagRuns", headers=auth,
-                                  json={"dag_run_id": f"manual_{dag}", "logical_date": None})
-            assert triggered.status_code == 200, triggered.text
+            for _ in range(3):
+                triggered = http.post(f"/api/v2/dags/{dag}/dagRuns", headers=auth,
+                                      json={"dag_run_id": f"manual_{dag}", "logical_date": None})
+                # Airflow's api-server on its SQLite metadata database answers 500 "Database error" when
+                # the write meets the scheduler's (seen once under CI's load): a person presses again
+                if triggered.status_code != 500 or "Database error" not in triggered.text:
+                    break
+                time.sleep(2)
+            # (409: the first press had created the run after all)
+            assert triggered.status_code in (200, 409), triggered.text + "\n" + standalone.tail()
             assert http.patch(f"/api/v2/dags/{dag}", json={"is_paused": False}, headers=auth).status_code == 200
 
         def runs(dag: str) -> list[dict[str, Any]]:
@@ -269,7 +276,7 @@ def test_make_standalone_stop_ends_every_process_of_it_and_frees_its_ports(stand
     assert stop.returncode == 0, stop.stdout + stop.stderr
     assert f"standalone of {standalone.home} stopped" in stop.stdout
     print(f"\nmake standalone-stop: {len(before)} processes stopped in {took:.1f}s")
-    assert standalone.process.wait(timeout=30) == 0
+    assert standalone.process.wait(timeout=30) == 0, standalone.tail()  # (non-zero: Airflow ended on its own before)
     assert script.session_members(sid, pids["airflow_created"]) == []
     assert [p.pid for p in before if p.is_running() and p.status() != psutil.STATUS_ZOMBIE] == []
     assert all(_port_free(port) for port in standalone.ports.values()), standalone.ports

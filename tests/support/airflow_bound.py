@@ -29,10 +29,13 @@ from typing import Any
 
 import pytest
 
+from support import selection
+from support.selection import keep_only
+
 _EDGES: dict[str, set[str]] = defaultdict(set)
 # Imported before this plugin: their imports were not seen, except this module's own package chain
-# (``support``, whose ``__init__`` is empty, and this file, which imports no Airflow).
-_SEEN_BEFORE = frozenset(sys.modules) - {__name__, __name__.rsplit(".", 1)[0]}
+# (``support``, whose ``__init__`` is empty, and this file) and its helper, none of which imports Airflow.
+_SEEN_BEFORE = frozenset(sys.modules) - {__name__, __name__.rsplit(".", 1)[0], selection.__name__}
 #: The project's folder (pytest's rootdir): a module whose file is in it is ours, outside its venvs.
 _ROOT: list[Path] = []
 _real_import = builtins.__import__
@@ -155,25 +158,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     _ROOT[:] = [Path(config.rootpath).resolve()]
     under = (Path(config.rootpath) / folder).resolve()
     memo: dict[str, bool] = {}
-    kept, left = [], []
-    for item in items:
+
+    def keeps(item: pytest.Item) -> bool:
         path = Path(str(item.path)).resolve()
         module = getattr(item, "module", None)
         if under not in path.parents or module is None:
-            kept.append(item)
-            continue
+            return True
         roots = {module.__name__}
         info = getattr(item, "_fixtureinfo", None)
         for defs in (info.name2fixturedefs.values() if info is not None else ()):
             for d in defs:
                 roots.update(_uses(d.func))
-        if any(r and _reaches_airflow(r, memo) for r in roots):
-            kept.append(item)
-        else:
-            left.append(item)
-    if left:
-        config.hook.pytest_deselected(items=left)
-        items[:] = kept
+        return any(r and _reaches_airflow(r, memo) for r in roots)
+
+    keep_only(config, items, keeps)
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:

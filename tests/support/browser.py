@@ -7,8 +7,12 @@ deadline; the times measured go next to the screenshots.
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -35,6 +39,48 @@ CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
 CHROMIUM_ARGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
                  "--disable-dev-shm-usage", "--window-size=1440,1000")
+
+
+def need_chromium() -> None:
+    """Fail the test, saying what to install, when Debian's Chromium or its chromedriver is missing
+    (before a test starts Airflow: minutes of it would be wasted)."""
+    import pytest
+
+    for path in (CHROMIUM, CHROMEDRIVER):
+        if not os.access(path, os.X_OK):
+            pytest.fail(f"{path} is missing: apt-get install -y chromium chromium-driver (make browser-deps)",
+                        pytrace=False)
+
+
+@contextmanager
+def chromium() -> Iterator[Any]:
+    """Headless Chromium (Debian's, driven by its chromedriver through Selenium; nothing is
+    downloaded), on a profile of its own, quit and its profile removed at the end."""
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    need_chromium()
+    os.environ.setdefault("SE_OFFLINE", "true")  # Selenium Manager: never look for a driver online
+    profile = tempfile.mkdtemp(prefix="resumable-chromium-")
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for arg in (*CHROMIUM_ARGS, f"--user-data-dir={profile}"):
+        options.add_argument(arg)
+    driver = webdriver.Chrome(options=options, service=Service(executable_path=CHROMEDRIVER))
+    driver.set_page_load_timeout(60)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+        shutil.rmtree(profile, ignore_errors=True)
+
+
+def screenshots() -> Path:
+    """Where screenshots (and measurements.json) go: ``$RESUMABLE_SCREENSHOTS`` (``make screenshots``
+    sets ``docs/screenshots``), else a temporary folder."""
+    folder = Path(os.environ.get("RESUMABLE_SCREENSHOTS") or tempfile.mkdtemp(prefix="resumable-shots-"))
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
 
 
 #: The tab's refresh period while the slot is live (resumable.js REFRESH_MS); the issue asks <= 5 s.
@@ -72,14 +118,19 @@ def until(condition: Callable[[], T | None], *, timeout: float, what: str,
 
 
 def login(driver: Any, env: Env) -> None:
+    sign_in(driver, env.airflow)
+
+
+def sign_in(driver: Any, airflow: Standalone) -> None:
+    """Sign in to ``airflow``'s UI as admin through its login form (once per browser)."""
     from selenium.webdriver.common.by import By
 
-    if driver.current_url.startswith(env.airflow.base_url) and driver.get_cookie("_token"):
+    if driver.current_url.startswith(airflow.base_url) and driver.get_cookie("_token"):
         return  # signed in by an earlier test of the module
-    driver.get(env.airflow.base_url + "/")
+    driver.get(airflow.base_url + "/")
     until(lambda: driver.find_element(By.CSS_SELECTOR, "input[name=username]"), timeout=60, what="the login form")
     driver.find_element(By.CSS_SELECTOR, "input[name=username]").send_keys("admin")
-    driver.find_element(By.CSS_SELECTOR, "input[name=password]").send_keys(env.airflow.admin_password())
+    driver.find_element(By.CSS_SELECTOR, "input[name=password]").send_keys(airflow.admin_password())
     driver.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
     until(lambda: driver.get_cookie("_token"), timeout=60, what="the session cookie after signing in")
 
@@ -118,10 +169,15 @@ def record(shots: Path, **values: Any) -> None:
 def open_tab(driver: Any, env: Env, dag_id: str, run_id: str, task_id: str) -> tuple[Any, float]:
     """Open the task instance's page, click its Checkpoint tab, switch into the tab's frame; how
     long from the click to the tab showing the slot (or saying why not)."""
+    return open_checkpoint_tab(driver, f"{env.airflow.base_url}/dags/{dag_id}/runs/{run_id}/tasks/{task_id}")
+
+
+def open_checkpoint_tab(driver: Any, address: str) -> tuple[Any, float]:
+    """:func:`open_tab` for the task instance page at ``address`` (a mapped one's ends ``/mapped/<i>``)."""
     from selenium.webdriver.common.by import By
 
     driver.switch_to.default_content()
-    driver.get(f"{env.airflow.base_url}/dags/{dag_id}/runs/{run_id}/tasks/{task_id}")
+    driver.get(address)
     tab = until(lambda: driver.find_element(
         By.XPATH, "//*[self::a or self::button][.//text()[normalize-space()='Checkpoint']]"),
         timeout=60, what="the Checkpoint tab on the task instance page")

@@ -70,6 +70,7 @@ def _count(store_kind: str, store_uri: str, pg: dict[str, Any], table: str, on_s
         return int(cur.fetchone()[0])
 
 
+@pytest.mark.trials  # 60 fresh interpreters importing Airflow: minutes, run beside the built wheel's tests
 @pytest.mark.parametrize("setup", sorted(SETUPS))
 def test_two_runs_setting_up_an_example_at_once_both_succeed_and_fill_it_once(
     setup: str, airflow_home: Path, store_kind: str, store_uri: str, pg_database: dict[str, Any],

@@ -78,3 +78,56 @@ def test_the_airflow_minors_pins_on_one_python_agree_on_every_library_the_core_i
             assert not differ, f"{files[0].name} and {other.name} pin {sorted(differ)} apart"
             compared += 1
     assert compared >= 2
+
+
+SHARED = {
+    "conftest.py": (
+        "import pytest\n\n"
+        "def pytest_collection_modifyitems(items):\n"
+        "    for item in items:\n"
+        "        if '/core/' in str(item.path):\n"
+        "            item.add_marker(pytest.mark.core)\n"
+    ),
+    "core/__init__.py": "",
+    "core/test_logic.py": "".join(f"def test_core_{i}():\n    pass\n\n" for i in range(5)),
+    "other/__init__.py": "",
+    "other/test_layer.py": "".join(f"def test_layer_{i}():\n    pass\n\n" for i in range(40)),
+}
+
+
+def test_the_pairs_that_share_a_suite_run_every_test_once_between_them(tmp_path: Path) -> None:
+    for name, text in SHARED.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    env = {**os.environ, "PYTHONPATH": f"{TESTS}{os.pathsep}{tmp_path}"}
+    shares = []
+    for share in ("1/3", "2/3", "3/3"):
+        out = subprocess.run(
+            [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "support.share", f"--share={share}",
+             "--collect-only", "-q", "--rootdir", str(tmp_path), "-c", os.devnull],
+            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+        shares.append({line.split("::")[1] for line in out.stdout.splitlines() if "::" in line})
+    every = sorted(t for share in shares for t in share)
+    assert every == sorted([f"test_core_{i}" for i in range(5)] + [f"test_layer_{i}" for i in range(40)])
+    assert all(shares), shares  # each pair has a share (45 tests in 3: none empty)
+
+
+def test_make_test_s_module_shares_run_every_test_once_and_keep_each_module_in_one_process(tmp_path: Path) -> None:
+    for name, text in SHARED.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    for i in range(6):
+        (tmp_path / "other" / f"test_more_{i}.py").write_text("def test_a():\n    pass\n\ndef test_b():\n    pass\n")
+    env = {**os.environ, "PYTHONPATH": f"{TESTS}{os.pathsep}{tmp_path}"}
+    runs = []
+    for modules in ("3,4,5/5", "1,2/5"):  # scripts/test.sh's fast and fast-2
+        out = subprocess.run(
+            [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "support.share", f"--modules={modules}",
+             "--collect-only", "-q", "--rootdir", str(tmp_path), "-c", os.devnull],
+            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+        runs.append([line for line in out.stdout.splitlines() if "::" in line])
+    every = sorted(runs[0] + runs[1])
+    assert len(every) == len(set(every)) == 5 + 40 + 12, every
+    assert all(runs), runs
+    files = [{line.split("::")[0] for line in run} for run in runs]
+    assert not files[0] & files[1]

@@ -374,3 +374,79 @@ def test_a_fraction_edited_into_a_count_counts_for_nothing_in_the_jobs_line(stor
     assert line["partitions"]["done"] == 2
     with pytest.raises(CorruptCheckpoint, match="processed"):
         core_control.job_partitions(store, "d.exp", "run_1")
+
+
+# -- rebalancing: ranges taken from running partitions --------------------------------------------
+
+
+@pytest.mark.parametrize(("own", "taken", "counts", "processed", "total"), [
+    # [1] runs on what it kept, [2]'s task instance runs what it took: line 1 is running
+    ("running", "running", {"done": 2, "running": 1}, 10 + 3 + 10 + 2, 30),
+    # [1] finished what it kept, the taken range still runs: line 1 is running, not done
+    ("done", "running", {"done": 2, "running": 1}, 10 + 5 + 10 + 2, 30),
+    # both finished: line 1 is done once, the job's total the ranges' added up
+    ("done", "done", {"done": 3}, 10 + 5 + 10 + 5, 30),
+    # the taker died before it started the range: line 1 is unfinished, its total not known yet
+    ("done", None, {"done": 2, "failed": 1}, 10 + 5 + 10, 30),
+])
+def test_a_partitioned_job_s_line_counts_a_partition_with_a_range_taken_from_it_once_and_lists_the_split(
+        store: Store, own: str, taken: str | None, counts: dict[str, int], processed: int, total: int,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from support.slots import SPLIT_WHEN, split_job
+
+    # Given a job of 3 partitions whose [2] took the upper half of [1]'s range (<job>[1].1, run by [2])
+    split_job(store, "d.exp", "d", own=own, taken=taken)
+
+    # When the jobs are listed, and the job's partitions
+    line = core_control.jobs(store)[0]
+    detail, rows = core_control.job_partitions(store, "d.exp", "run_1")
+
+    # Then the job is one line of the plan's 3 partitions (the taken range is part of [1]'s line,
+    # no partition of its own, no job of its own), its figures the ranges' added up
+    for shown in (line, detail):
+        assert [j["job"] for j in core_control.jobs(store)] == ["d.exp"]
+        assert {k: v for k, v in shown["partitions"].items() if v} == {**counts, "total": 3}, shown
+        assert (shown["processed"], shown["total"]) == (processed, total), shown
+        # And the split says which range took what from whom, when, and who runs it now, how far
+        assert shown["splits"] == [{
+            "number": 1, "range": "1.1", "job": "d.exp[1].1", "partition": 1, "of": "1", "from": "d.exp[1]",
+            "after": 15, "until": 20, "by": "d.exp[2]", "when": SPLIT_WHEN,
+            "status": taken or "waiting", "shown_status": taken or "waiting",
+            "map_index": None if taken is None else 2,
+            "processed": None if taken is None else 2 if taken == "running" else 5,
+            "total": None if taken is None else 5}], shown["splits"]
+    assert [(i, r.job if r else None) for i, r in rows] == [(0, "d.exp[0]"), (1, "d.exp[1]"), (2, "d.exp[2]")]
+
+
+def test_the_cli_shows_a_partitioned_job_s_splits_under_its_line(
+        checkpoints: Store, capsys: pytest.CaptureFixture[str]) -> None:
+    """Before: ``airflow resumable jobs`` counted the taken range as a fourth partition, and nothing
+    said which partition took what from whom."""
+    from support.slots import SPLIT_WHEN, split_job
+
+    # Given a job of 3 partitions whose [2] took the upper half of [1]'s range, still running it
+    split_job(checkpoints, "d.exp", "d", own="done", taken="running")
+    # When the jobs are listed, as JSON and as a table, and the job's partitions
+    code, out, err = resumable_cli("jobs", "--output", "json", capsys=capsys)
+    assert code == 0, err
+    line = next(j for j in json.loads(out) if j["job"] == "d.exp")
+    code, table, err = resumable_cli("jobs", capsys=capsys)
+    assert code == 0, err
+    code, detail, err = resumable_cli("jobs", "--job", "d.exp", "--run-id", "run_1", capsys=capsys)
+    assert code == 0, err
+    # Then the line counts the plan's 3 partitions and names the split; the job's view lists it
+    assert (line["partitions"]["total"], line["partitions"]["running"], line["processed"]) == (3, 1, 27), line
+    assert [(s["range"], s["from"], s["by"], s["when"], s["map_index"]) for s in line["splits"]] == [
+        ("1.1", "d.exp[1]", "d.exp[2]", SPLIT_WHEN, 2)]
+    assert "1.1 of 1" in table and "(running)" in table and "d.exp[1].1" not in table, table
+    assert "d.exp[1].1" in detail and SPLIT_WHEN in detail and "2/5" in detail, detail
+    # And each slot's own detail says where rebalancing put it: the taken range, and what [1] kept
+    code, out, err = resumable_cli("show", "d.exp[1].1", SLOT, "--output", "json", capsys=capsys)
+    assert code == 0, err
+    assert {k: json.loads(out)["range"][k] for k in ("range", "from", "after", "until", "by", "when")} == {
+        "range": "1.1", "from": "d.exp[1]", "after": 15, "until": 20, "by": "d.exp[2]", "when": SPLIT_WHEN}
+    code, out, err = resumable_cli("show", "d.exp[1]", SLOT, "--output", "json", capsys=capsys)
+    assert code == 0, err
+    assert json.loads(out)["range"] == {"range": "1", "after": 10, "until": 15, "taken": ["d.exp[1].1"]}
+    code, out, err = resumable_cli("show", "d.exp[0]", SLOT, "--output", "json", capsys=capsys)
+    assert code == 0 and "range" not in json.loads(out), out

@@ -187,3 +187,43 @@ def test_a_replan_waits_for_a_retry_checked_against_the_plan_so_none_lands_past_
     # Then the replan waited for the retry's write (without the hold it was done in well under 5 s)
     assert waited, "the replan went in between the retry's check and its write"
     assert not [e for e in errors if not isinstance(e, RequestRefused)], errors
+
+
+@pytest.mark.parametrize("action", ["pause", "cancel"])
+def test_a_range_a_split_took_takes_requests_and_one_no_split_of_the_plan_took_takes_none(
+        checkpoints: Store, action: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """Before: a request of ``<job>[1].2``, a range of no split of the current plan (a row an earlier
+    plan left), was taken (exit 0): nothing runs it, and the job's line counted it as a fourth
+    partition."""
+    from support.slots import hold, split_job
+
+    # Given a job of 3 partitions whose [2] took part of [1]'s range (<job>[1].1, running), and the
+    # row of a range <job>[1].2 that no split of the current plan took, held by a live attempt
+    split_job(checkpoints, JOB, "d", own="done", taken="running")
+    run_slot(checkpoints, f"{JOB}[1].2", "d", task_id="exp.partition", map_index=0, n=5)
+    hold(checkpoints, f"{JOB}[1].2", processed=1)
+    with checkpoints.open() as s:
+        assert outside_plan(s.checkpoints.load, f"{JOB}[1].1", SLOT) is None
+        refused = outside_plan(s.checkpoints.load, f"{JOB}[1].2", SLOT)
+        assert refused is not None and refused.message.startswith(f"range 1.2 is not in job {JOB}'s current plan")
+        assert f"restart '{JOB}#plan'" in refused.hint
+    # When a request is made of each through the CLI
+    code, _out, err = resumable_cli(action, f"{JOB}[1].2", SLOT, "--by", "alice", capsys=capsys)
+    # Then the range outside the plan takes none, naming the plan, and nothing changed
+    assert code == 1 and f"range 1.2 is not in job {JOB}'s current plan" in err, (code, err)
+    with checkpoints.open() as s:
+        row = s.checkpoints.load(f"{JOB}[1].2", SLOT)
+        assert (row.status, row.request, row.cancel_request) == ("running", None, None)
+    offers, notes = control.explained_offers(f"{JOB}[1].2", SLOT)
+    assert not any(offers.values()) and notes[action].startswith("Not now: range 1.2 is not in job"), notes
+    # And the range the plan's split took takes it as any running slot does
+    code, _out, err = resumable_cli(action, f"{JOB}[1].1", SLOT, "--by", "alice", capsys=capsys)
+    assert code == 0, err
+    with checkpoints.open() as s:
+        row = s.checkpoints.load(f"{JOB}[1].1", SLOT)
+        assert (row.request if action == "pause" else row.cancel_request) is not None, row
+        assert s.listings.history(f"{JOB}[1].1", SLOT)[-1].requested_by == "alice"
+    # And the job's line counts the plan's 3 partitions, nothing of the range outside it
+    line = core_control.jobs(checkpoints)[0]
+    assert (line["job"], line["partitions"]["total"], line["processed"]) == (JOB, 3, 10 + 5 + 10 + 2), line
+    assert [s["job"] for s in line["splits"]] == [f"{JOB}[1].1"]

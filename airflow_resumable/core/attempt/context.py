@@ -40,6 +40,7 @@ from airflow_resumable.core.model.errors import (
     LeaseLost,
     Paused,
     ReaderChanged,
+    SplitWithdrawn,
     StoreUnavailable,
 )
 from airflow_resumable.core.model.fence import Fence
@@ -441,6 +442,42 @@ class RunContext(Named):
                 the slot and the choices (put the reader back, or restart the slot on purpose).
         """
         self._at_home("ctx.use_reader()", self._run.use_reader, reader.identity())
+
+    @property
+    def split_asked(self) -> str | None:
+        """Who asked, as the last checkpoint read back from the row, for the upper part of this
+        slot's remaining range (an idle partition of the same partitioned job: rebalancing), or
+        None. The chunk loop answers it with :meth:`answer_split` right after that checkpoint."""
+        return self._run.tally.split_asked
+
+    def answer_split(self, reader: Any = None, *, total: int | None = None,
+                     agree: Callable[[Any], None] | None = None) -> None:
+        """Answer the split asked of this slot (:attr:`split_asked`), fenced by the lease, in one
+        store transaction: ``agree(session)`` (the split recorded in the job's plan; it raises to
+        refuse), the ask cleared and, when given, ``reader`` (the reader of what the slot kept: the
+        row's reader identity from now on) and ``total`` recorded. Without ``reader``: the ask is
+        declined (cleared, nothing else changes).
+
+        The chunk loop calls it right after the checkpoint that read the ask back, where nothing of
+        the handler's is pending: writes made through :meth:`transaction` since the last checkpoint
+        would commit with this answer, without a checkpoint of their own.
+
+        Raises:
+            ConfigurationError: ``reader`` without ``agree``: the row would name a narrowed range
+                the plan does not hold, and the slot's next attempt would refuse it. Nothing was written.
+            LeaseLost / AttemptEnded: nothing was written.
+            SplitWithdrawn: the ask is no longer pending (its asker withdrew it); nothing was written.
+            Exception: what ``agree`` raised; nothing was written (the ask is still pending).
+        """
+        if reader is not None and agree is None:
+            raise ConfigurationError(
+                "ctx.answer_split(reader) records the range the slot keeps, which only the split's agreement with "
+                "the job's plan makes true: without agree=, the row would name a range the plan does not hold, and "
+                "the slot's next attempt would refuse its own checkpoint", job=self.job, slot=self.slot,
+                hint="Give agree= the agreement (the chunk loop's rebalance.answer does), or call ctx.answer_split() "
+                "with no reader to decline")
+        identity = None if reader is None else reader.identity()
+        self._at_home("ctx.answer_split()", self._run.answer_split, identity, total, agree)
 
     def replay_skipped(self, fn: Callable[[Any], Any] | None) -> Any:
         """Replay the slot's skipped items whose retry was requested (``airflow resumable skipped
@@ -879,6 +916,55 @@ class Running(Named):
                           "[job=%s slot=%s]", short(current, 300), self.job, self.slot)
 
 
+    def answer_split(self, identity: dict[str, Any] | None, total: int | None,
+                     agree: Callable[[Any], None] | None) -> None:
+        """:meth:`RunContext.answer_split`: after the checkpoint in flight (pipelined) is durable,
+        one transaction on the attempt's session; the attempt's reader and total follow.
+
+        On a session lent to the handler (``ctx.transaction()``) that transaction is the chunk's,
+        which the run must not roll back (a rollback there ends the attempt, ``Loan.lost``): a
+        refusal undoes only the answer's own writes (a savepoint), and the rest commits as a
+        checkpoint's does (right after a checkpoint, as the chunk loop answers, nothing else is
+        pending)."""
+        text = None if identity is None else encode(identity, what="reader identity", job=self.job, slot=self.slot)
+        session = self.session
+
+        asker = self.tally.split_asked
+
+        def answer() -> None:
+            if agree is not None:
+                agree(session)
+            if not session.checkpoints.answer_split(self.fence, asker=asker, reader=text, total=total):
+                raise SplitWithdrawn(f"the split asked by {short(asker, 120)} was withdrawn before it was agreed; "
+                                     "nothing was written", job=self.job, slot=self.slot)
+
+        with self._lock:
+            if self.ended:
+                raise self.given.ended_error("ctx.answer_split()")
+            self.writer.flush()
+            if session.autocommit:
+                with session.transaction():
+                    answer()
+            else:
+                refused: Exception | None = None
+                with session.transaction():
+                    try:
+                        with session.savepoint(job=self.job, slot=self.slot):
+                            answer()
+                    except LeaseLost:
+                        raise
+                    except Exception as exc:
+                        refused = exc
+                if refused is not None:
+                    raise refused
+            self.tally.split_asked = None
+            if text is not None:
+                self._reader = json.loads(text)
+                self.tally.reader_recorded(self._reader)
+            if total is not None:
+                self.tally.total = total
+
+
 class InlineWriter(CheckpointWriter):
     """Writes each checkpoint at once on the attempt's own connection, committing with it whatever
     the handler wrote there (``ctx.transaction()``): nothing is ever in flight."""
@@ -890,12 +976,13 @@ class InlineWriter(CheckpointWriter):
 
     def submit(self, write: Write) -> None:
         began = time.perf_counter()
-        request = self._session.checkpoints.save(self.fence, write, self.lease)
+        answer = self._session.checkpoints.save(self.fence, write, self.lease)
         tally = self.tally
         tally.save_seconds = time.perf_counter() - began
         tally.durable = write
-        if request:
-            self._stop_asked(request)
+        tally.split_asked = answer.split
+        if answer.stop:
+            self._stop_asked(answer.stop)
 
     def flush(self) -> None:
         return None

@@ -48,7 +48,7 @@ from airflow_resumable.core.model.checkpoint import Write
 from airflow_resumable.core.model.errors import LeaseLost
 from airflow_resumable.core.model.fence import Fence
 from airflow_resumable.core.stores.base import Store, StoreSession
-from airflow_resumable.core.stores.checkpoints import NoWaitSaves, pending_stop
+from airflow_resumable.core.stores.checkpoints import Answer, NoWaitSaves
 from airflow_resumable.core.stores.connection import save_rejected
 
 #: The writer thread's name starts with this (tests and debuggers tell it apart by it).
@@ -146,9 +146,10 @@ class NoWaitWriter(CheckpointWriter):
         if matched != 1:
             raise self._lost()
         self.tally.durable = saved
-        request = pending_stop(rows)
-        if request:
-            raise_request(self.signal, self._session, self.fence, request)
+        answer = Answer.of(rows)
+        self.tally.split_asked = answer.split
+        if answer.stop:
+            raise_request(self.signal, self._session, self.fence, answer.stop)
 
     def close(self) -> None:
         try:
@@ -198,7 +199,7 @@ class ThreadWriter(CheckpointWriter):
             self._session = self.store.session(autocommit=True)
             self._session.wait_for_writers()
         try:
-            request = self._session.checkpoints.save(self.fence, write, self.lease)
+            answer = self._session.checkpoints.save(self.fence, write, self.lease)
         except LeaseLost as exc:  # it names who holds the lease now
             self.signal.cancel(Reason.LEASE_LOST, exc.message)
             raise
@@ -206,8 +207,9 @@ class ThreadWriter(CheckpointWriter):
             self._close()  # a broken connection: the next write opens a new one
             raise
         self.tally.durable = write
-        if request:  # read on this thread's own session
-            raise_request(self.signal, self._session, self.fence, request)
+        self.tally.split_asked = answer.split
+        if answer.stop:  # read on this thread's own session
+            raise_request(self.signal, self._session, self.fence, answer.stop)
 
     def _close(self) -> None:
         if self._session is not None:

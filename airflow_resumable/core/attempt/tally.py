@@ -33,10 +33,12 @@ class Tally:
         checkpoints: how many checkpoints this attempt saved (lineage and tracing report it).
         skipped: the slot's skipped items after this attempt's last skip, None before its first.
         meter: the rate and ETA of this attempt's checkpoints (written with each, reported with progress).
+        split_asked: who asked, as the last durable checkpoint read back, for part of the slot's
+            remaining range (an idle partition of its job, rebalancing), or None.
     """
 
     __slots__ = ("_base", "_row", "_position", "_position_json", "state", "processed", "total", "saved_at",
-                 "durable", "save_seconds", "checkpoints", "skipped", "meter")
+                 "durable", "save_seconds", "checkpoints", "skipped", "meter", "split_asked")
 
     def __init__(self, row: Checkpoint):
         self._base = row
@@ -52,6 +54,7 @@ class Tally:
         self.checkpoints = 0
         self.skipped: int | None = None
         self.meter = ProgressMeter(row.processed)
+        self.split_asked: str | None = None
 
     @property
     def position(self) -> Any:

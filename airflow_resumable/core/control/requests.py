@@ -47,18 +47,20 @@ from airflow_resumable.core.model.request_rules import ACTIONS, Action
 from airflow_resumable.core.model.states import AttemptEnd, Request, Status
 from airflow_resumable.core.stores.base import Store, StoreSession
 from airflow_resumable.core.stores.shared_sql import ANY_OWNER
-from airflow_resumable.core.view import Liveness, job_line, liveness_of
+from airflow_resumable.core.view import Liveness, cut_value, job_line, liveness_of
+from airflow_resumable.core.work import rebalance
 from airflow_resumable.core.work.partitions import (
     PLAN_SUFFIX,
+    Plan,
     load_plan,
     outside_plan,
-    partition_index,
     partition_job,
     plan_job,
+    range_index,
 )
 
 __all__ = ["ACTIONS", "COUNTS", "OUTCOMES", "PARTITION_KINDS", "TaskStates", "apply", "base_job", "cancel", "check_keys", "default_by", "job_partitions", "jobs",
-           "pause", "record_rerun", "release", "restart", "resume", "stale", "wake"]
+           "pause", "range_view", "record_rerun", "release", "restart", "resume", "stale", "wake"]
 
 #: How Airflow's task instances of a job's run stand, given its DAG, task and run: ``{map_index:
 #: state}`` (-1: unmapped), or None when not known. The Airflow layer gives it; the core has no Airflow.
@@ -171,7 +173,8 @@ def apply(session: StoreSession, job: str, slot: str, action: Action, *, by: str
 
 
 def held_in_plan(session: StoreSession, slot: str, *jobs: str) -> None:
-    """Inside a transaction: hold the plan of each partition among ``jobs`` (``<job>[i]``), once per
+    """Inside a transaction: hold the plan of each partition among ``jobs`` (``<job>[i]``, or a range a
+    split took, ``<job>[i].n``), once per
     job it belongs to, so that a split anew waits until the transaction ends, then refuse any of
     ``jobs`` that is a partition past its job's current plan: nothing would run it, so no request
     is written there, whoever asks. The one check every request and re-run makes before its write.
@@ -179,7 +182,7 @@ def held_in_plan(session: StoreSession, slot: str, *jobs: str) -> None:
     Raises:
         RequestRefused: naming the plan (:func:`~airflow_resumable.core.work.partitions.outside_plan`).
     """
-    for partitioned in dict.fromkeys(p[0] for job in jobs if (p := partition_index(job)) is not None):
+    for partitioned in dict.fromkeys(p[0] for job in jobs if (p := range_index(job)) is not None):
         session.plans.hold(partitioned, slot)
     for job in jobs:
         outside = outside_plan(session.checkpoints.load, job, slot)
@@ -317,11 +320,14 @@ _STATUSES = frozenset(s.value for s in Status)
 #: The counts of a job's line, in the order they are shown.
 COUNTS = ("done", "running", "stalled", "abandoned", "paused", "failed", "waiting", "other")
 
-_MAP_SUFFIX = re.compile(r"\[\d+\]$")
+#: ``[map_index]``, or ``[i].n`` (a range rebalancing took from partition ``i``: run by another
+#: partition's task instance, so its map index is that one's).
+_MAP_SUFFIX = re.compile(r"\[\d+\](?:\.\d+)?$")
 
 
 def base_job(job: str, map_index: int | None) -> str:
-    """A mapped partition's job without its ``[map_index]``: the job a person names."""
+    """A mapped partition's job without its ``[map_index]`` (or a range a split took, without its
+    ``[i].n``): the job a person names."""
     return _MAP_SUFFIX.sub("", job) if _summed(map_index, -1) >= 0 else job
 
 
@@ -362,6 +368,19 @@ class _Run:
     running: list[Liveness] = dataclasses.field(default_factory=list)
     #: Its run's task instances in Airflow, ``{map_index: state}``, when the caller knows them.
     task_states: Mapping[int, str] | None = None
+    #: The running rows that stand for their partition's line (the others' rates count, not their
+    #: status: a line with ranges taken from it is counted once, :func:`_fold_lines`).
+    recount: list[Liveness] = dataclasses.field(default_factory=list)
+    #: The jobs of the ranges splits took (``<job>[i].n``) that the current plan holds.
+    taken: set[str] = dataclasses.field(default_factory=set)
+    #: The jobs whose running row does not stand for its line (another range of the line does).
+    uncounted: set[str] = dataclasses.field(default_factory=set)
+    #: A range taken by a split has no row or no total yet: the lines' totals are not all known.
+    unknown_totals: bool = False
+    #: The plan's splits as the line shows them (:func:`_fold_lines`), in the order they were agreed,
+    #: and each by the job of the range it took.
+    splits: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    split_of: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
 
     def add(self, status: str, count: int, updated: Any, map_index: int | None, processed: Any, total: Any,
             totals: Any, rate: Any) -> None:
@@ -390,15 +409,22 @@ class _Run:
         counts = dict(self.counts)
         if self.planned is not None:
             counts["waiting"] = max(0, self.planned - self.seen)
-        for shown in self.running:  # a running or paused row counts as it is shown
+        for shown in self.recount:  # a running or paused row counts as it is shown
             if shown.shown != shown.stored and shown.shown in counts and counts.get(shown.stored, 0) > 0:
                 counts[shown.stored] -= 1
                 counts[shown.shown] += 1
         return job_line(job=self.name, dag_id=self.dag_id, task_id=self.task_id, run_id=self.run_id, slot=self.slot,
                         mapped=self.mapped, partitioned=self.planned is not None, counts=counts,
-                        processed=self.processed, totals_known=self.totals == self.seen, total=self.total,
-                        planned_rows=self.planned_rows, skipped=self.skipped, running=self.running, updated=self.updated,
-                        plan_request=self.plan_request, task_states=self.task_states)
+                        processed=self.processed, totals_known=self.totals == self.seen and not self.unknown_totals,
+                        total=self.total, planned_rows=self.planned_rows, skipped=self.skipped, running=self.running,
+                        updated=self.updated, plan_request=self.plan_request, task_states=self.task_states,
+                        splits=self.splits)
+
+    def live(self) -> bool:
+        """Whether a row of it is running or paused (a line's, or a taken range's behind a line that
+        stands otherwise)."""
+        return bool(self.counts["running"] or self.counts["paused"]
+                    or any(s["status"] in (Status.RUNNING.value, Status.PAUSED.value) for s in self.splits))
 
 
 def _runs(session: StoreSession, groups: list[tuple[Any, ...]], *, dag_ids: Collection[str] | None = None,
@@ -438,8 +464,8 @@ def _runs(session: StoreSession, groups: list[tuple[Any, ...]], *, dag_ids: Coll
         run.skipped = _skipped(run, pending)
         if task_states is not None:
             run.task_states = task_states(run.dag_id, run.task_id, run.run_id)
-        if run.counts["running"] or run.counts["paused"]:
-            run.running = _running(session, run, dag_ids=dag_ids, run_id=only_run)
+        if run.live():
+            _running(session, run, dag_ids=dag_ids, run_id=only_run)
     return chosen
 
 
@@ -447,31 +473,49 @@ def _index(map_index: int | None) -> int:
     return -1 if map_index is None else int(map_index)
 
 
-def _running(session: StoreSession, run: _Run, *, dag_ids: Collection[str] | None,
-             run_id: str | None) -> list[Liveness]:
+def _running(session: StoreSession, run: _Run, *, dag_ids: Collection[str] | None, run_id: str | None) -> None:
     """How each running or paused row of ``run`` is shown now: by the rule each one's own detail is
-    shown with (:func:`~airflow_resumable.core.view.liveness_of`), so that the line and the slots agree.
-    The rows of partitions past the plan are left out, as :func:`_fold_plan` takes them out."""
-    out = []
+    shown with (:func:`~airflow_resumable.core.view.liveness_of`), so that the line and the slots agree
+    (``run.running``; ``run.recount``: those that stand for their partition's line). The rows of
+    partitions past the plan are left out, as :func:`_fold_plan` takes them out, and so are those of
+    ranges taken by splits the plan does not hold. A taken range is judged by the task instance that
+    runs it (its row's map index)."""
+    run.running, run.recount = [], []
+    by_job = run.split_of
     for row in session.listings.live(run.slot):
         if (dag_ids is not None and row.dag_id not in dag_ids) or (run_id is not None and row.run_id != run_id):
             continue
         if base_job(row.job, row.map_index) != run.name and row.job != run.name:
             continue
-        if run.planned is not None and row.job != run.name and (row.map_index or 0) >= run.planned:
+        found = range_index(row.job)
+        if run.planned is not None and found is not None and found[2] is not None:
+            if row.job not in run.taken:
+                continue
+        elif run.planned is not None and row.job != run.name and (row.map_index or 0) >= run.planned:
             continue
         ti_state = None if run.task_states is None else run.task_states.get(_index(row.map_index))
-        out.append(liveness_of(row, _now(row), ti_state=ti_state))
-    return out
+        shown = liveness_of(row, _now(row), ti_state=ti_state)
+        run.running.append(shown)
+        if row.job not in run.uncounted:
+            run.recount.append(shown)
+        if row.job in by_job:
+            by_job[row.job]["shown_status"] = shown.shown
 
 
 def _skipped(run: _Run, pending: dict[tuple[str, str], int]) -> int:
     """The dead letters of ``run``'s partitions not replayed (``pending``: as
     :meth:`~airflow_resumable.core.stores.skips.Skips.pending` counts them). A partition past
     the plan (a split anew into fewer left its row) counts for nothing, its dead letters neither."""
-    return sum(n for (name, slot), n in pending.items()
-               if slot == run.slot and (name == run.name or (_MAP_SUFFIX.sub("", name) == run.name and (
-                   run.planned is None or int(name[name.rindex("[") + 1:-1]) < run.planned))))
+    out = 0
+    for (name, slot), n in pending.items():
+        found = range_index(name)
+        if slot != run.slot or (name != run.name and (found is None or found[0] != run.name)):
+            continue
+        if name == run.name or run.planned is None or found is None:
+            out += n
+        elif found[1] < run.planned and (found[2] is None or name in run.taken):  # a range of the plan's lines
+            out += n
+    return out
 
 
 def _fold_plan(session: StoreSession, run: _Run, *, dag_ids: Collection[str] | None, run_id: str | None) -> None:
@@ -484,16 +528,115 @@ def _fold_plan(session: StoreSession, run: _Run, *, dag_ids: Collection[str] | N
     if plan is None:
         return
     run.planned, run.planned_rows = plan.partitions, plan.rows
-    if run.last_index < plan.partitions and run.seen <= plan.partitions:
+    if not plan.splits and run.last_index < plan.partitions and run.seen <= plan.partitions:
         return
+    current = plan.current()
     for dag_id, _task, _run, status, name, count, _u, map_index, _s, processed, total, totals, rate in (
             session.listings.partitions(run_id=run_id, slot=run.slot, partitions_of=run.name)):
-        index = name[len(run.name) + 1:-1]
+        found = range_index(name)
         if (dag_ids is not None and dag_id not in dag_ids) or base_job(name, map_index) != run.name \
-                or not index.isdigit() or int(index) < plan.partitions or name != partition_job(run.name, int(index)):
+                or found is None or found[0] != run.name:
+            continue
+        _base, index, number = found
+        canonical = partition_job(run.name, index) + ("" if number is None else f".{number}")
+        if name != canonical or (number is None and index < plan.partitions):
+            continue
+        if number is not None and index < plan.partitions and f"{index}.{number}" in current:
+            # A range a split took: part of its partition's line (counted there, :func:`_fold_lines`),
+            # its items and its total added to the job's, its rate too.
+            run.add(status, -int(count), None, None, 0, 0, -(totals or 0), 0.0)
+            run.taken.add(name)
             continue
         run.add(status, -int(count), None, None, -(processed or 0), -(total or 0), -(totals or 0), -(rate or 0.0))
     run.last_index = plan.partitions - 1
+    if plan.splits:
+        _fold_lines(session, run, plan, dag_ids=dag_ids, run_id=run_id)
+
+
+def _load(session: StoreSession, job: str, slot: str) -> Checkpoint | None:
+    try:
+        return session.checkpoints.load(job, slot)
+    except CorruptCheckpoint:  # edited by hand: shown as not there (its own detail says what is wrong)
+        return None
+
+
+def _fold_lines(session: StoreSession, run: _Run, plan: Plan, *, dag_ids: Collection[str] | None,
+                run_id: str | None) -> None:
+    """Count each partition that ranges were taken from once, as its line stands
+    (:func:`~airflow_resumable.core.work.rebalance.line_row`, as the summary task counts it): ``done``
+    when every range of the line is, else as the first range that is not (a taken range nobody
+    started: ``failed``); and list the splits (``run.splits``): which range took what from whom, when,
+    and who runs it now, how it stands and how far it got."""
+    current = plan.current()
+    rows: dict[str, Checkpoint | None] = {}
+    for index in range(plan.partitions):
+        jobs = rebalance.line_jobs(run.name, plan, index)
+        if len(jobs) < 2:
+            continue
+        line = [_load(session, job, run.slot) for job in jobs]
+        rows.update(zip(jobs, line, strict=True))
+        own = line[0]
+        if own is None:
+            continue
+        if any(r is None or r.total is None for r in line[1:]):
+            run.unknown_totals = True
+        whole = rebalance.line_row(line, jobs)
+        assert whole is not None
+        counted = (dag_ids is None or own.dag_id in dag_ids) and (run_id is None or own.run_id == run_id)
+        if counted and whole.status != own.status:
+            run.counts[_kind(own.status)] -= 1
+            run.counts[_kind(whole.status)] += 1
+        # the range the line stands as (the first one not done) is the one whose liveness counts
+        standing = next((job for job, r in zip(jobs, line, strict=True)
+                         if r is None or r.status != Status.DONE.value), None)
+        run.uncounted.update(job for job in jobs if job != standing)
+    for rng in current.values():
+        job = rng.job(run.name)
+        if rng.split is not None and job not in rows:
+            rows[job] = _load(session, job, run.slot)
+    for split in rebalance.split_records(run.name, plan, rows):
+        view = outward_split(split)
+        view["shown_status"] = view["status"]  # a live one's as it is shown, by _running
+        run.split_of[split["job"]] = view
+        run.splits.append(view)
+
+
+def outward_split(split: dict[str, Any]) -> dict[str, Any]:
+    """A split of :func:`~airflow_resumable.core.work.rebalance.split_records` as it may leave the
+    process: its texts through ``outward_text``, its keys cut as every position is (``cut_value``)."""
+    return {**split, **{k: None if split[k] is None else outward_text(str(split[k]))
+                        for k in ("job", "from", "by", "when", "status")},
+            "after": cut_value(split["after"])[0], "until": cut_value(split["until"])[0]}
+
+
+def range_view(session: StoreSession, job: str, slot: str) -> dict[str, Any] | None:
+    """Where rebalancing put the slot of ``job`` (a slot's detail: ``show``, ``GET .../checkpoint``):
+    for a range a split took (``<job>[i].n``), that split (which range it came from, the keys it
+    holds now, who asked, when); for a partition ranges were taken from (``<job>[i]``), the keys it
+    holds now and the jobs of the ranges taken from its line (``taken``). None: neither, or no
+    readable plan."""
+    found = range_index(job)
+    if found is None:
+        return None
+    base, index, number = found
+    plan = _readable_plan(session, base, slot)
+    if plan is None or not plan.splits or index >= plan.partitions:
+        return None
+    current = plan.current()
+    if number is None:
+        jobs = rebalance.line_jobs(base, plan, index)
+        own = current[str(index)]
+        return None if len(jobs) < 2 else {
+            "range": own.name, "after": cut_value(own.after)[0], "until": cut_value(own.until)[0],
+            "taken": [outward_text(j) for j in jobs[1:]]}
+    splits = [split for split in rebalance.split_records(base, plan, {}) if split["range"] == f"{index}.{number}"]
+    if not splits:
+        return None
+    return {k: v for k, v in outward_split(splits[0]).items() if k not in ("status", "map_index", "processed", "total")}
+
+
+def _kind(status: Any) -> str:
+    return PARTITION_KINDS.get(Status(status), "other") if status in _STATUSES else "other"
 
 
 def _plan_request(session: StoreSession, job: str, slot: str) -> dict[str, Any] | None:
@@ -559,8 +702,8 @@ def job_partitions(store: Store, job: str, run_id: str | None = None, *,
             _fold_plan(session, run, dag_ids=None, run_id=run_id)
             if run.planned is not None:
                 run.skipped = _skipped(run, session.skips.pending(run.slot))
-            if run.planned is not None and (run.counts["running"] or run.counts["paused"]):  # past the plan: left out
-                run.running = _running(session, run, dag_ids=None, run_id=run_id)
+            if run.planned is not None and run.live():  # past the plan: left out
+                _running(session, run, dag_ids=None, run_id=run_id)
         if not run.mapped:
             return run.line(), [(-1, session.checkpoints.load(run.name, run.slot))]
         count = max(run.last_index + 1, run.planned or 0)

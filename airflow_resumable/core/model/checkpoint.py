@@ -114,6 +114,10 @@ class Checkpoint:
         "json", "the identity of the reader whose positions `position` holds (JSON: its kind, what it reads from, "
         "its key and bounds), recorded when an attempt first reads; an attempt whose reader differs refuses before "
         "reading. None: no reader drives the slot, or it last ran before schema 8", default=None)
+    split_request: str | None = column(
+        "text", "who asked the holder for the upper part of its remaining range (an idle partition of the same "
+        "partitioned job, rebalancing): the holder cuts it at its next checkpoint, or declines, and clears this; "
+        "so do the asker's withdrawal and the attempt's start and end", default=None)
 
     cancel_reason = _Renamed("stop_reason")  # deprecated alias; not a field
 

@@ -114,6 +114,11 @@ class LeaseLost(ResumableError):
     """Another attempt holds this slot's lease now; this attempt's writes are rejected."""
 
 
+class SplitWithdrawn(ResumableError):
+    """The split asked of a slot was withdrawn (or asked by another since) before the slot agreed
+    it: nothing was written (rebalancing)."""
+
+
 class CheckpointDeleted(LeaseLost):
     """The slot's checkpoint row was deleted while this attempt held its lease (by hand, or a script).
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any
+from typing import Any, NamedTuple
 
 from airflow_resumable.core.model import request_rules as rules
 from airflow_resumable.core.model.checkpoint import AttemptEnd, AttemptRecord, Checkpoint, Origin, Status, Write
@@ -34,8 +34,9 @@ from airflow_resumable.core.stores.skips import unclaimed_note, unclaimed_sql
 class _SQL:
     load: str
     #: The checkpoint, already in the driver's placeholders: a run sends it after every chunk. It
-    #: returns the stop request pending on the row, so the holder learns of a pause or a cancel
-    #: with the checkpoint it writes anyway (no statement of its own).
+    #: returns the stop request pending on the row and the split asked of it, so the holder learns
+    #: of a pause, a cancel or an idle partition's ask with the checkpoint it writes anyway (no
+    #: statement of its own).
     save: str
     start: dict[bool, str]
     start_history: str
@@ -45,6 +46,14 @@ class _SQL:
     clear_skipped: str
     #: The reader whose positions the row holds (fenced).
     set_reader: str
+    #: The holder's agreement to a split asked of it (fenced, and only while that asker's ask is
+    #: pending): the ask cleared, the reader of what it kept and the total.
+    answer_split: str
+    #: The holder's refusal of a split asked of it (fenced): that asker's ask cleared (another's,
+    #: written since it was withdrawn, stays for the next checkpoint).
+    decline_split: str
+    #: Whether the fence still holds (after a conditional fenced write that matched no row).
+    fenced: str
     confirm: str
     end_record: str
     #: PostgreSQL: the end and the history record's end in one statement (by status and case).
@@ -81,7 +90,7 @@ def _sql(d: Dialect) -> _SQL:
         # The requests pending on the row that a start carries on (rules.AT_START; SET reads
         # the row as it was).
         f"{', '.join(rules.sql_carry(rules.AT_START))}, "
-        f"finished_at = NULL, confirmed_at = NULL, updated_at = {now}, resume_at = NULL, rate = NULL, "
+        f"finished_at = NULL, confirmed_at = NULL, updated_at = {now}, resume_at = NULL, rate = NULL, split_request = NULL, "
         "dag_id = %(dag_id)s, task_id = %(task_id)s, run_id = %(run_id)s, map_index = %(map_index)s "
         f"WHERE {WHERE} RETURNING {SELECT}"
     ) for reset, sets in ((True, fresh), (False, resumed))}
@@ -91,13 +100,18 @@ def _sql(d: Dialect) -> _SQL:
             f"UPDATE {TABLE} SET position = %(position)s, state = %(state)s, processed = %(processed)s, "
             f"total = %(total)s, rate = %(rate)s, updated_at = {now}, "
             f"lease_expires_at = COALESCE({d.now_plus('%(lease)s')}, lease_expires_at) "
-            f"WHERE {WHERE} RETURNING {PENDING_STOP}"
+            f"WHERE {WHERE} RETURNING {PENDING_STOP}, split_request"
         ),
         start=starts,
         start_history=insert(ATTEMPTS, {**named(*HISTORY_COLUMNS), "started_at": now}, returning="id"),
         start_one={reset: _start_one(sql, clear=reset) for reset, sql in starts.items()} if d.writable_ctes else None,
         clear_skipped=f"DELETE FROM {SKIPPED} WHERE {KEY} AND status IN ('skipped', 'retry_requested')",
         set_reader=f"UPDATE {TABLE} SET reader = %(reader)s WHERE {WHERE}",
+        answer_split=f"UPDATE {TABLE} SET split_request = NULL, reader = COALESCE(%(reader)s, reader), "
+        f"total = COALESCE(%(total)s, total), updated_at = {now} WHERE {WHERE} AND split_request = %(asker)s",
+        decline_split=f"UPDATE {TABLE} SET split_request = CASE WHEN split_request = %(asker)s THEN NULL "
+        f"ELSE split_request END, updated_at = {now} WHERE {WHERE}",
+        fenced=f"SELECT 1 FROM {TABLE} WHERE {WHERE}",
         confirm=f"UPDATE {TABLE} SET confirmed_at = {now} WHERE {KEY} AND status = 'done' "
         "AND dag_id = %(dag_id)s AND task_id = %(task_id)s AND run_id = %(run_id)s AND map_index = %(map_index)s",
         end_record=f"UPDATE {HISTORY} SET ended_at = {now}, outcome = %(outcome)s, stop_reason = %(stop_reason)s, "
@@ -121,7 +135,8 @@ def _finish_sql(d: Dialect, status: Status, resumes: bool) -> str:
     return (
         f"UPDATE {TABLE} SET status = %(status)s, last_error = {last_error}, stop_reason = %(stop_reason)s, "
         f"total = COALESCE(%(total)s, total), result = %(result)s, resume_at = {resume_at}, "
-        f"finished_at = {now if done else 'NULL'}, updated_at = {now}, lease_owner = NULL, lease_expires_at = NULL"
+        f"finished_at = {now if done else 'NULL'}, updated_at = {now}, lease_owner = NULL, lease_expires_at = NULL, "
+        "split_request = NULL"
         f"{requests} WHERE {WHERE} RETURNING {SELECT}"
     )
 
@@ -143,6 +158,25 @@ def pending_stop(rows: list[Any]) -> str | None:
     """The stop request a checkpoint's UPDATE returned (``rows``: what it fetched): a cancel's
     reason, ``paused``, or None (none pending, or the write was fenced out)."""
     return str(rows[0][0]) if rows and rows[0][0] is not None else None
+
+
+def pending_split(rows: list[Any]) -> str | None:
+    """Who asked the holder for part of its range, as a checkpoint's UPDATE returned it (``rows``),
+    or None (nobody, or the write was fenced out)."""
+    return str(rows[0][1]) if rows and len(rows[0]) > 1 and rows[0][1] is not None else None
+
+
+class Answer(NamedTuple):
+    """What a checkpoint's write brought back from the row."""
+
+    #: The stop request pending (see :func:`pending_stop`).
+    stop: str | None
+    #: Who asked for part of the holder's range (see :func:`pending_split`).
+    split: str | None
+
+    @classmethod
+    def of(cls, rows: list[Any]) -> Answer:
+        return cls(pending_stop(rows), pending_split(rows))
 
 
 class Checkpoints:
@@ -215,14 +249,14 @@ class Checkpoints:
         if c.execute(_sql(c.d).set_reader, {**fence.params(), "reader": reader}).rowcount != 1:
             raise c.fenced_out(fence, "the reader could not be recorded: the lease was taken over")
 
-    def save(self, fence: Fence, write: Write, lease: float | None = None) -> str | None:
+    def save(self, fence: Fence, write: Write, lease: float | None = None) -> Answer:
         """Write a checkpoint and commit it, together with whatever else this connection wrote, and
         renew the lease by ``lease`` seconds (the holder's own commit proves it alive; None: leave
         the lease as the keeper renewed it).
 
-        Returns the stop request pending on the row, read by the checkpoint's own statement (see
-        :func:`pending_stop`): a cancel's reason (``requested``, ``superseded``...), ``paused``
-        when a pause was asked, or None.
+        Returns what the checkpoint's own statement read back from the row (:class:`Answer`): the
+        stop request pending on it (a cancel's reason, ``requested``, ``superseded``..., ``paused``
+        when a pause was asked, or None) and who asked for part of its range (or None).
 
         Raises:
             LeaseLost: another attempt holds the lease; nothing was committed.
@@ -255,18 +289,42 @@ class Checkpoints:
             c.rollback()
             raise c.fenced_out(fence, save_rejected(fence.job, fence.slot).message)
         c.commit()
-        return pending_stop(rows)
+        return Answer.of(rows)
 
     def save_statement(self, fence: Fence, write: Write, lease: float | None = None) -> tuple[str, dict[str, Any]]:
         """The checkpoint's fenced UPDATE, in this driver's placeholders, and its parameters: it
         changes one row, or none once another attempt holds the lease, and returns the row's
-        pending stop request (:func:`pending_stop` reads it). Sent by :meth:`save`, or without
+        pending stop request and split ask (:class:`Answer` reads them). Sent by :meth:`save`, or without
         waiting by a pipelined writer (core/attempt/pipeline.py)."""
         return _sql(self._c.d).save, {
             "position": write.position, "state": write.state, "processed": write.processed, "total": write.total,
             "rate": write.rate, "lease": lease,
             "job": fence.job, "slot": fence.slot, "owner": fence.owner, "token": fence.token,
         }
+
+    def answer_split(self, fence: Fence, *, asker: str | None, reader: str | None = None,
+                     total: int | None = None) -> bool:
+        """Answer ``asker``'s split asked of the holder, fenced, without a commit of its own (inside
+        the agreement's transaction, or at once in autocommit mode). With ``reader`` (JSON text) and
+        ``total``: agree, recording what the holder kept of its range, only while ``asker``'s ask is
+        still pending; False: it is not (withdrawn: its asker went away, so nothing was written and
+        the split must not be agreed). Without: decline, clearing ``asker``'s ask if it is pending.
+
+        Raises:
+            LeaseLost: another attempt holds the lease (:class:`CheckpointDeleted`: the row is gone).
+        """
+        c = self._c
+        sql = _sql(c.d)
+        params = {**fence.params(), "asker": asker}
+        if reader is None and total is None:
+            if c.execute(sql.decline_split, params).rowcount != 1:
+                raise c.fenced_out(fence, "the split asked of the slot was not answered: the lease was taken over")
+            return True
+        if c.execute(sql.answer_split, {**params, "reader": reader, "total": total}).rowcount == 1:
+            return True
+        if c.execute(sql.fenced, fence.params()).fetchone() is None:
+            raise c.fenced_out(fence, "the split asked of the slot was not answered: the lease was taken over")
+        return False
 
     def finish(
         self,

@@ -52,14 +52,24 @@ class Listings:
         return self._rows(f"SELECT {SELECT} FROM {TABLE} WHERE slot = %(slot)s AND status IN ('running', 'paused') "
                           "ORDER BY job", {"slot": slot})
 
+    def ran(self, dag_id: str, task_id: str, run_id: str, map_index: int = -1, *, limit: int = 50,
+            job: str | None = None) -> list[Checkpoint]:
+        """The slots a task instance ran (the row's owning DAG/task/run/map index), most recently
+        updated first: one, or several when it ran several jobs (a partition that took ranges of its
+        job's plan by rebalancing runs each as a job of its own); only its slots of ``job`` when given."""
+        return self._rows(
+            f"SELECT {SELECT} FROM {TABLE} WHERE dag_id = %(dag_id)s AND task_id = %(task_id)s "
+            "AND run_id = %(run_id)s AND map_index = %(map_index)s "
+            f"{'' if job is None else 'AND job = %(job)s '}ORDER BY updated_at DESC, job LIMIT %(limit)s",
+            {"dag_id": dag_id, "task_id": task_id, "run_id": run_id, "map_index": int(map_index), "limit": int(limit),
+             "job": job},
+        )
+
     def find(self, dag_id: str, task_id: str, run_id: str, map_index: int = -1) -> Checkpoint | None:
         """The slot a task instance ran last (the row's owning DAG/task/run/map index), if any; the
-        most recently updated one when two jobs were run by it."""
-        return self._one(
-            f"SELECT {SELECT} FROM {TABLE} WHERE dag_id = %(dag_id)s AND task_id = %(task_id)s "
-            "AND run_id = %(run_id)s AND map_index = %(map_index)s ORDER BY updated_at DESC LIMIT 1",
-            {"dag_id": dag_id, "task_id": task_id, "run_id": run_id, "map_index": int(map_index)},
-        )
+        most recently updated one when two jobs were run by it (the first of :meth:`ran`)."""
+        rows = self.ran(dag_id, task_id, run_id, map_index, limit=1)
+        return rows[0] if rows else None
 
     def previous(self, job: str, slot: str, *, by_time: bool, commit: bool = True) -> Checkpoint | None:
         """The job's previous finished run, as seen from ``slot``: where an incremental run starts.

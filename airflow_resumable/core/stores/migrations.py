@@ -162,6 +162,13 @@ def _v8(d: Dialect) -> list[str]:
     return [f"ALTER TABLE {CHECKPOINTS.name} ADD COLUMN reader TEXT"]
 
 
+def _v9(d: Dialect) -> list[str]:
+    """Rebalancing: an idle partition's ask for part of a running one's range, returned to the holder
+    by its checkpoint. A plan row may now hold splits, which an older release would not see (it
+    would hand out the ranges as planned): from this version on it refuses the database instead."""
+    return [f"ALTER TABLE {CHECKPOINTS.name} ADD COLUMN split_request TEXT"]
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "checkpoint table and schema stamp", _v1),
     Migration(2, "owning task instance, result and success confirmation on the row; attempt history table", _v2),
@@ -171,6 +178,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(6, "cancel_reason renamed stop_reason (it also says why an attempt paused or was throttled)", _v6),
     Migration(7, "the holder's measured rate on the row, written with each checkpoint", _v7),
     Migration(8, "the identity of the reader whose positions the checkpoint holds", _v8),
+    Migration(9, "a pending ask to split a running partition's range (rebalancing)", _v9),
 )
 
 #: The schema this code reads and writes.

@@ -17,7 +17,7 @@ from airflow_resumable.core.model.states import Request, Status
 from airflow_resumable.core.model.tables import CHECKPOINTS
 from airflow_resumable.core.stores.checkpoints import Checkpoints
 from airflow_resumable.core.stores.connection import Connection
-from airflow_resumable.core.stores.shared_sql import TABLE, insert
+from airflow_resumable.core.stores.shared_sql import SELECT, TABLE, insert
 
 #: Partitions looked up by key at a time (a statement's parameters stay few).
 _BATCH = 500
@@ -38,11 +38,12 @@ class Plans:
         """
         return self._checkpoints.load(plan_job(job), slot)
 
-    def hold(self, job: str, slot: str) -> None:
+    def hold(self, job: str, slot: str, *, exclusive: bool = False) -> None:
         """Inside a transaction: keep ``job``'s plan for ``slot`` from being replaced until it ends, so
         that a request checked against the plan is written under that same plan (PostgreSQL: a
         share lock on the plan row, which :meth:`replace` waits for; SQLite: the transaction's own
-        write lock, taken at its start, does it already).
+        write lock, taken at its start, does it already). ``exclusive``: to change the plan (a
+        split), keeping every other writer of it waiting too (PostgreSQL: ``FOR UPDATE``).
 
         Raises:
             ConfigurationError: not inside :meth:`~airflow_resumable.core.stores.connection.Connection.transaction`
@@ -57,7 +58,7 @@ class Plans:
                 "check and the write it guards")
         if c.d.one_writer:
             return
-        c.execute(f"SELECT 1 FROM {TABLE} WHERE job = %(job)s AND slot = %(slot)s FOR SHARE",
+        c.execute(f"SELECT 1 FROM {TABLE} WHERE job = %(job)s AND slot = %(slot)s FOR {'UPDATE' if exclusive else 'SHARE'}",
                   {"job": plan_job(job), "slot": slot}).fetchall()
 
     def add(self, job: str, slot: str, state: dict[str, Any], rows: int) -> None:
@@ -87,6 +88,70 @@ class Plans:
                 {"job": plan_job(job), "slot": slot, "state": ENCODER.encode(state), "rows": rows},
             ).rowcount
         return bool(n == 1)
+
+    def write(self, job: str, slot: str, state: dict[str, Any]) -> None:
+        """Inside the transaction that holds the plan (:meth:`hold`, ``exclusive``): store ``state``
+        as ``job``'s plan for ``slot`` (a split agreed).
+
+        Raises:
+            ConfigurationError: not inside a transaction, or the plan row is gone.
+        """
+        c = self._c
+        if not c.in_transaction:
+            raise ConfigurationError(f"the plan of job {job!r} for slot {slot!r} is written only inside the "
+                                     "transaction that holds it", job=plan_job(job), slot=slot,
+                                     hint="Write the plan inside `with session.transaction():` after plans.hold()")
+        n = c.execute(f"UPDATE {TABLE} SET state = %(state)s, updated_at = {c.d.now()} "
+                      "WHERE job = %(job)s AND slot = %(slot)s",
+                      {"job": plan_job(job), "slot": slot, "state": ENCODER.encode(state)}).rowcount
+        if n != 1:
+            raise ConfigurationError(f"the plan of job {job!r} for slot {slot!r} is gone (deleted by hand?): the "
+                                     "split was not agreed", job=plan_job(job), slot=slot,
+                                     hint="Let the partitions run the ranges they hold")
+
+    def ask_split(self, job: str, slot: str, by: str) -> bool:
+        """Ask the holder of ``job``'s ``slot`` (a running partition whose lease is live, with no
+        stop pending and no other ask) for the upper part of its remaining range: it answers at its
+        next checkpoint (see :meth:`Checkpoints.answer_split`). ``by`` names the asker. False: not
+        asked (the slot is not such a holder now)."""
+        c = self._c
+        now = c.d.now()
+        with c.transaction():
+            n = c.execute(
+                f"UPDATE {TABLE} SET split_request = %(by)s WHERE job = %(job)s AND slot = %(slot)s "
+                f"AND status = '{Status.RUNNING.value}' AND split_request IS NULL AND cancel_request IS NULL "
+                f"AND request IS NULL AND lease_expires_at > {now}",
+                {"job": job, "slot": slot, "by": by}).rowcount
+        return bool(n == 1)
+
+    def withdraw_split(self, job: str, slot: str, by: str) -> bool:
+        """Withdraw ``by``'s ask of ``job``'s ``slot`` if the holder has not answered it; False: it
+        had been answered (or withdrawn) already."""
+        c = self._c
+        with c.transaction():
+            n = c.execute(f"UPDATE {TABLE} SET split_request = NULL WHERE job = %(job)s AND slot = %(slot)s "
+                          "AND split_request = %(by)s", {"job": job, "slot": slot, "by": by}).rowcount
+        return bool(n == 1)
+
+    def rows(self, jobs: list[str], slot: str) -> dict[str, Checkpoint]:
+        """The rows of ``jobs`` for ``slot`` that exist, by job: looked up by key, 500 at a time
+        (the ranges of a plan, read at once instead of one statement each).
+
+        Raises:
+            CorruptCheckpoint: one of the rows cannot be read.
+        """
+        c = self._c
+        found: dict[str, Checkpoint] = {}
+        for start in range(0, len(jobs), _BATCH):
+            names = jobs[start:start + _BATCH]
+            marks = ", ".join(f"%(j{n})s" for n in range(len(names)))
+            rows = c.execute(f"SELECT {SELECT} FROM {TABLE} WHERE slot = %(slot)s AND job IN ({marks})",
+                             {"slot": slot, **{f"j{n}": name for n, name in enumerate(names)}}).fetchall()
+            c.commit()
+            for r in rows:
+                row = c.row(r)
+                found[row.job] = row
+        return found
 
     def partitions_with_rows(self, job: str, slot: str, partitions: int, *, limit: int = 10) -> list[str]:
         """Up to ``limit`` of ``job``'s first ``partitions`` partitions that have a row for ``slot``

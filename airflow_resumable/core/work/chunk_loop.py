@@ -22,6 +22,7 @@ from airflow_resumable.core.model.options import REQUIRED, Option, call_problem,
 from airflow_resumable.core.model.outward import outward_text
 from airflow_resumable.core.model.positions import default_key
 from airflow_resumable.core.readers import Batch, Reader
+from airflow_resumable.core.work import rebalance
 
 ReadFn = Callable[[RunContext, Any, int], Sequence[Any]]
 ProcessFn = Callable[[RunContext, Sequence[Any]], Any]
@@ -209,6 +210,8 @@ def chunk_loop(
             if checkpoint_interval is None or time.monotonic() - saved_at >= checkpoint_interval:
                 ctx.checkpoint(after, processed=processed)
                 saved_at, pending = time.monotonic(), False
+                if ctx.split_asked is not None:  # an idle partition asks for part of what is left
+                    rebalance.answer(ctx, read, after, processed)
             else:
                 pending = True
         if pending:

@@ -56,7 +56,7 @@ from airflow_resumable.core.stores.base import StoreSession
 
 __all__ = [
     "PLAN_SUFFIX", "CorruptPlan", "Plan", "Range", "Split", "allowed_failures", "allowed_shortfall", "check_plan_reader", "check_range_reader",
-    "load_plan", "orphan_partitions", "outside_plan", "partition_index", "partition_job", "partitions_problem",
+    "load_plan", "orphan_partitions", "outside_plan", "partition_index", "partition_job", "range_index", "partitions_problem",
     "plan_job", "replace_plan", "save_plan", "shortfall_problem", "split", "tolerated_problem",
 ]
 
@@ -76,17 +76,30 @@ def partition_index(job: str) -> tuple[str, int] | None:
     return None if m is None else (m.group(1), int(m.group(2)))
 
 
+#: ``<job>[i]`` and ``<job>[i].n`` (the range split ``n`` took from partition ``i``'s line).
+_RANGE = re.compile(r"^(.+)\[(\d+)\](?:\.(\d+))?$")
+
+
+def range_index(job: str) -> tuple[str, int, int | None] | None:
+    """``(<job>, i, n)`` of the job reading a range of ``<job>``'s plan: ``<job>[i]`` (``n`` None)
+    or, for a range rebalancing took, ``<job>[i].n``; None for any other name."""
+    m = _RANGE.match(job)
+    return None if m is None else (m.group(1), int(m.group(2)), None if m.group(3) is None else int(m.group(3)))
+
+
 def outside_plan(load: Callable[[str, str], Any], job: str, slot: str) -> RequestRefused | None:
-    """Why the partition ``job`` (``<job>[i]``) of ``slot`` is no partition of its job's current plan,
-    or None: it is one (or ``job`` names no partition, or its job has no plan for the slot, or one
-    this release cannot read). A job split anew into fewer partitions keeps the rows, history and dead
-    letters of the partitions past the new plan; their task instances are ``removed`` in Airflow, so
-    nothing runs them: they count for nothing in the job's line and take no request. ``load(job,
-    slot)`` reads a checkpoint row (``session.checkpoints.load``)."""
-    found = partition_index(job)
+    """Why the partition ``job`` (``<job>[i]``, or ``<job>[i].n``: a range a split took from
+    partition ``i``'s line) of ``slot`` is no range of its job's current plan, or None: it is one
+    (or ``job`` names no partition, or its job has no plan for the slot, or one this release cannot
+    read). A job split anew into fewer partitions keeps the rows, history and dead letters of the
+    partitions past the new plan; their task instances are ``removed`` in Airflow, so nothing runs
+    them: they count for nothing in the job's line and take no request. So do the rows of ranges
+    taken by a split the current plan does not hold (an earlier plan's). ``load(job, slot)`` reads a
+    checkpoint row (``session.checkpoints.load``)."""
+    found = range_index(job)
     if found is None:
         return None
-    base, index = found
+    base, index, number = found
     try:
         row = load(plan_job(base), slot)
     except CorruptCheckpoint:  # the plan's own row edited by hand: it cannot say, and must not block its partitions
@@ -97,9 +110,21 @@ def outside_plan(load: Callable[[str, str], Any], job: str, slot: str) -> Reques
         plan = Plan.from_state(row.state, job=plan_job(base), slot=slot)
     except CorruptPlan:
         return None
+    when = row.started_at.isoformat(timespec="seconds") if row.started_at else "?"
+    if number is not None and index < plan.partitions:
+        if f"{index}.{number}" in plan.current():
+            return None
+        return RequestRefused(
+            f"range {index}.{number} is not in job {base}'s current plan (planned at {when}, "
+            f"{len(plan.splits)} split(s) since): its row, history and skipped items are kept from an earlier "
+            "plan, but nothing runs it any more, so it takes no request and counts for nothing in the job's line",
+            status=row.status, job=job, slot=slot,
+            hint=f"Ask the plan's partitions ({partition_job(base, 0)} to {partition_job(base, plan.partitions - 1)}) "
+            f"or the ranges its splits took (`airflow resumable jobs --job '{base}'` lists them); to split the job "
+            f"anew, restart '{plan_job(base)}'",
+        )
     if index < plan.partitions:
         return None
-    when = row.started_at.isoformat(timespec="seconds") if row.started_at else "?"
     return RequestRefused(
         f"partition {index} is not in job {base}'s current plan of {plan.partitions} partition(s) (planned at "
         f"{when}): its row, history and skipped items are kept from an earlier split into more partitions, but "

@@ -5,7 +5,7 @@
   "use strict";
   var el = R.el, num = R.num, host = R.host, request = R.request, API = R.API, params = R.params, uiBase = R.uiBase,
     link = R.link, tabPath = R.tabPath, bar = R.bar, pace = R.pace, cell = R.cell, when = R.when, clock = R.clock,
-    zone = R.zone, LIST_REFRESH_MS = R.LIST_REFRESH_MS, shown = R.shown, shownWhy = R.shownWhy;
+    zone = R.zone, LIST_REFRESH_MS = R.LIST_REFRESH_MS, shown = R.shown, shownWhy = R.shownWhy, rangeKeys = R.rangeKeys;
   // A job's partitions by how they are shown (core/view.py liveness_of), in the order the line lists them.
   var KINDS = ["done", "running", "stalled", "abandoned", "paused", "failed", "waiting", "other"];
 
@@ -179,7 +179,8 @@
         return el("tr", {"data-job": job.job, hidden: status && !p[status] ? "" : null}, [
           // The job's actions under its name: in view however narrow the window (the table may
           // scroll sideways, from the right).
-          el("td", {"class": "name"}, [name(job.job), planRequest(job), el("div", {"class": "actions"}, actions)]),
+          el("td", {"class": "name"}, [name(job.job), planRequest(job), splitsList(job),
+            el("div", {"class": "actions"}, actions)]),
           el("td", {"class": "name"}, [task]),
           el("td", {"class": "standing"}, p.total ? standing(job) : [el("span", {"class": "muted", text: "none"})]),
           el("td", {"class": "progress"}, [bar({percent: job.percent, status: p.failed || p.abandoned ? "failed" : p.total && p.done === p.total ? "done" : "running"}),
@@ -201,6 +202,21 @@
       return el("div", {"class": "note plan-request", text: r.request + " of the whole job requested" +
         (r.requested_by ? " by " + r.requested_by : "") + ": not carried out yet; the planning task's next run " +
         "(Clear it) splits the job anew, or says why not"});
+    }
+    // The ranges rebalancing took from running partitions, in the order they were agreed: which range
+    // took what (the keys it holds now) from which, when, by whom, and who runs it now, how far. Each
+    // is part of its partition's line (the counts above count the partition once). Their texts come through the server's
+    // outward_text, and go in as text nodes here, never as markup.
+    function splitsList(job) {
+      var splits = job.splits || [];
+      if (!splits.length) return null;
+      return el("ul", {"class": "note splits", title: "Ranges taken from running partitions (rebalancing)"},
+        splits.map(function (s) {
+          var runner = s.map_index == null ? "nobody has started it" : "run by [" + s.map_index + "], " +
+            (s.shown_status || s.status) + ", " + num(s.processed) + (s.total != null ? " / " + num(s.total) : "");
+          return el("li", {"data-range": s.range}, ["range " + s.range + " (" + s.job + ", " + rangeKeys(s) + ") taken from " +
+            s.from + (s.by ? " by " + s.by : "") + (s.when ? " at " : ""), s.when ? when(s.when) : null, ": " + runner]);
+        }));
     }
     // One job's partitions, each a way into its Checkpoint tab (the job of ?job=&run_id=, or the one opened).
     function loadPartitions() {

@@ -43,8 +43,9 @@
     return [row.rate != null ? rate(row.rate) + "/s" : null, row.eta_seconds != null ? "ETA " + duration(row.eta_seconds) : null,
       row.stalled_since ? "stalled since " + clock(new Date(row.stalled_since)) : null].filter(Boolean).join(" · ");
   }
-  // A mapped partition's job without its [map_index]: the whole job's name.
-  function wholeJob(job) { return String(job || "").replace(/\[\d+\]$/, ""); }
+  // A mapped partition's job without its [map_index], or a range rebalancing took (<job>[i].n)
+  // without its [i].n: the whole job's name.
+  function wholeJob(job) { return String(job || "").replace(/\[\d+\](\.\d+)?$/, ""); }
 
   // -- the host: the Airflow UI page around the frame ---------------------------------------------
   function host() {
@@ -203,6 +204,22 @@
     return null;
   }
 
+  // The keys a range of a partitioned job's plan holds: after one key (else from the first) up to
+  // another, inclusive (else to the last).
+  function rangeKeys(r) {
+    return "keys " + (r.after == null ? "from the first" : "after " + readable(r.after)) +
+      (r.until == null ? " to the last" : " up to " + readable(r.until));
+  }
+  // A slot's range: one a split took (where from, who asked, when), or a partition's own with the
+  // ranges taken from it.
+  function rangeText(r) {
+    var head = r.range + " of the job's plan: " + rangeKeys(r);
+    if (r.from) return [head + ", taken from " + r.from + (r.by ? " by " + r.by : "") + (r.when ? " at " : ""),
+      r.when ? when(r.when) : null];
+    var taken = r.taken || [];
+    return [head + (taken.length ? "; ranges taken from it: " + taken.join(", ") : "")];
+  }
+
   // -- the Checkpoint tab ------------------------------------------------------------------------
   function checkpointPage() {
     var dagId = params.get("dag_id") || "", runId = params.get("run_id") || "", taskId = params.get("task_id") || "";
@@ -210,6 +227,9 @@
     if (mapIndex == null || mapIndex === "" || mapIndex === "{MAP_INDEX}") mapIndex = "-1";
     var query = new URLSearchParams({dag_id: dagId, run_id: runId, task_id: taskId, map_index: mapIndex});
     if (params.get("conn_id")) query.set("conn_id", params.get("conn_id"));
+    // One of the slots the task instance ran (a partition that took ranges by rebalancing ran several):
+    // its ?job=, else the one it ran last.
+    if (params.get("job")) query.set("job", params.get("job"));
     // Airflow's own record of the task instance: its try and state (a new try, a Clear, a deferral).
     var tiUrl = uiBase() + "/api/v2/dags/" + encodeURIComponent(dagId) + "/dagRuns/" + encodeURIComponent(runId) +
       "/taskInstances/" + encodeURIComponent(taskId) + (Number(mapIndex) >= 0 ? "/" + mapIndex : "");
@@ -406,12 +426,24 @@
         next,
         shownWhy(row) ? el("div", {id: "liveness", "class": "note " + shown(row), text: shownWhy(row) + "."}) : null,
         el("dl", {}, [
-          el("dt", {text: "job"}), el("dd", {}, [row.job, row.map_index != null && row.map_index >= 0 ? el("span", {}, [" — a partition of ",
+          el("dt", {text: "job"}), el("dd", {}, [row.job, row.map_index != null && row.map_index >= 0 ? el("span", {}, [
+            row.range && row.range.from ? " — a range of " : " — a partition of ",
             // In this frame: the jobs page of the whole job, its partitions listed, each linking back to its tab.
             el("a", {id: "whole-job", href: "jobs?" + new URLSearchParams(Object.assign({job: wholeJob(row.job)},
               row.run_id ? {run_id: row.run_id} : {}, params.get("conn_id") ? {conn_id: params.get("conn_id")} : {})),
               text: wholeJob(row.job) + " (the whole job)"})]) : null]),
           el("dt", {text: "slot"}), el("dd", {text: row.slot}),
+          // The task instance ran several slots: each a link that shows it in this tab.
+          row.ran ? el("dt", {text: "its task instance ran"}) : null,
+          row.ran ? el("dd", {id: "ran"}, row.ran.reduce(function (a, r, i) {
+            var item = r.job === row.job ? el("strong", {"data-job": r.job, text: r.job + " (shown)"})
+              : el("a", {"data-job": r.job, href: "?" + new URLSearchParams(Object.assign(
+                Object.fromEntries(params.entries()), {job: r.job})), text: r.job + " (" + r.status + ")"});
+            return a.concat(i ? [", ", item] : [item]);
+          }, [])) : null,
+          // Where rebalancing put this slot: the range of the plan it reads now (the server's range_view).
+          row.range ? el("dt", {text: "range"}) : null,
+          row.range ? el("dd", {id: "range", "data-range": row.range.range}, rangeText(row.range)) : null,
           el("dt", {text: "position"}), el("dd", {id: "position", "class": "code", title: JSON.stringify(row.position), text: readable(row.position)}),
           // The reader whose positions these are: an attempt with another one refuses before reading.
           row.reader ? el("dt", {text: "of reader"}) : null,
@@ -435,6 +467,6 @@
   // What the jobs page (jobs.js, loaded after this file) shares with the tab.
   window.ResumableUI = {el: el, num: num, host: host, request: request, API: API, params: params, uiBase: uiBase,
     link: link, tabPath: tabPath, bar: bar, pace: pace, shown: shown, shownWhy: shownWhy, cell: cell, when: when, clock: clock, zone: zone,
-    LIST_REFRESH_MS: LIST_REFRESH_MS};
+    rangeKeys: rangeKeys, LIST_REFRESH_MS: LIST_REFRESH_MS};
   if (root.dataset.page === "checkpoint") checkpointPage();
 })();

@@ -4,9 +4,6 @@ headless Chromium for every browser test of this folder, and the folder for the 
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,16 +13,13 @@ import pytest
 
 from airflow_resumable.core import SQLiteStore
 from devtools.postgres import Server, dsn
-from support.browser import CHROMEDRIVER, CHROMIUM, CHROMIUM_ARGS, DAG_FILE, DAG_ID, MARKUP_USER, TOUR_DAG_FILE, Env
+from support.browser import DAG_FILE, DAG_ID, MARKUP_USER, TOUR_DAG_FILE, Env, chromium, need_chromium, screenshots
 from support.standalone import Standalone, wait_for
 
 
 @pytest.fixture(scope="package")
 def env(pg_server: Server, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
-    for path in (CHROMIUM, CHROMEDRIVER):
-        if not os.access(path, os.X_OK):
-            pytest.fail(f"{path} is missing: apt-get install -y chromium chromium-driver (make browser-deps)",
-                        pytrace=False)
+    need_chromium()
     metadata = pg_server.create_database("resumable_browser_meta")
     store = SQLiteStore(tmp_path_factory.mktemp("browser") / "checkpoints.db")
     with store.open() as session:
@@ -67,26 +61,10 @@ def warm_up(airflow: Standalone) -> None:
 
 @pytest.fixture(scope="package")
 def browser(env: Env) -> Iterator[Any]:
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    os.environ.setdefault("SE_OFFLINE", "true")  # Selenium Manager: never look for a driver online
-    profile = tempfile.mkdtemp(prefix="resumable-chromium-")
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for arg in (*CHROMIUM_ARGS, f"--user-data-dir={profile}"):
-        options.add_argument(arg)
-    driver = webdriver.Chrome(options=options, service=Service(executable_path=CHROMEDRIVER))
-    driver.set_page_load_timeout(60)
-    try:
+    with chromium() as driver:
         yield driver
-    finally:
-        driver.quit()
-        shutil.rmtree(profile, ignore_errors=True)
 
 
 @pytest.fixture(scope="package")
 def shots() -> Path:
-    folder = Path(os.environ.get("RESUMABLE_SCREENSHOTS") or tempfile.mkdtemp(prefix="resumable-shots-"))
-    folder.mkdir(parents=True, exist_ok=True)
-    return folder
+    return screenshots()

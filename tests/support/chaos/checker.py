@@ -22,6 +22,22 @@ the sinks' logs, the dead letters, the DAG runs' states) and proves, per slot of
   history) but not to the end state; a slot of it ``running`` with its lease expired and its
   holder's process gone is an anomaly (nothing will finish it).
 
+A partitioned job with rebalancing (``chaos_rebalance``) has slots known only from its plan row
+(``<job>#plan``): its partitions' ranges and the ranges splits took from them while they ran
+(``<job>[i].n``). :func:`plan_ranges` works them out from the row's boundaries and splits, apart from
+the product's own reading of it, and each range is held to the checks above over the source's keys
+it holds; and across the ranges:
+
+- **tiling**: the plan's ranges hold every key of the source once (no split overlaps another range
+  or leaves a gap), each split cuts inside the range it splits, each range's row reads the range
+  the plan gives it (a victim that kept more, or less, than the plan says would read keys twice, or
+  leave some to nobody), no row runs a range the plan does not hold, and every key was written by
+  the range that holds it;
+- **exactly once across ranges**: no key committed by two ranges (a duplicate across a split);
+- **summary**: the summary task's figures (the REST API's, when the trial read them) agree with
+  the rows: ``planned = processed + skipped``, the source's rows planned, the ranges' processed
+  added up, every key written counted once; every partition done when the run succeeded.
+
 Each violation is an :class:`Anomaly` naming the slot and what was seen.
 """
 
@@ -64,18 +80,144 @@ def _no_pid(owner: str | None) -> bool | None:
     return None
 
 
+def _holds(rng: tuple[Any, Any], key: int) -> bool:
+    """Whether the range ``(after, until]`` (None: open at that end) holds ``key``."""
+    after, until = rng
+    return (after is None or key > after) and (until is None or key <= until)
+
+
+def _shown(rng: tuple[Any, Any]) -> str:
+    after, until = rng
+    return f"({'start' if after is None else after}, {'end' if until is None else until}]"
+
+
+def plan_ranges(state: dict[str, Any], base: str) -> tuple[dict[str, tuple[Any, Any]], list[str]]:
+    """The ranges a plan row's ``state`` gives, by job (``<base>[i]``, ``<base>[i].n``), as
+    ``(after, until]`` keys (None: open at that end), and what is wrong with its splits (a cut that
+    does not lie inside the range it splits). Read from the row's JSON as stored: planned ranges cut
+    at ``boundaries``, then each split in order cuts range ``of`` after key ``at``, the keys after it
+    up to where ``of`` ended becoming range ``<i>.<number>``."""
+    boundaries = list(state.get("boundaries") or [])
+    count = int(state["partitions"])
+    ranges: dict[str, tuple[Any, Any]] = {}
+    for i in range(count):
+        ranges[str(i)] = (boundaries[i - 1] if i > 0 else None, boundaries[i] if i < count - 1 else None)
+    problems = []
+    for cut in state.get("splits") or []:
+        of, at, number = str(cut["of"]), cut["at"], cut["number"]
+        if of not in ranges:
+            problems.append(f"split {number} cuts range {of!r}, which the plan does not hold")
+            continue
+        after, until = ranges[of]
+        if at is None or (after is not None and at <= after) or (until is not None and at >= until):
+            problems.append(f"split {number} cuts range {of} {_shown((after, until))} after key {at}, not inside it")
+        ranges[of] = (after, at)
+        ranges[f"{of.split('.')[0]}.{number}"] = (at, until)
+    return {f"{base}[{name.split('.')[0]}]" + (f".{name.split('.')[1]}" if "." in name else ""): rng
+            for name, rng in ranges.items()}, problems
+
+
+def check_plan(cur: Any, run: Run, dag_state: str, summary: dict[str, Any] | None,
+               bad: Callable[..., None]) -> dict[str, set[int]] | None:
+    """The cross-range checks of a rebalanced job's run (see the module's docstring); returns each
+    range's keys by job (None: no plan row)."""
+    w, slot = run.workload, run.run_id
+    plan_job = f"{w.base}#plan"
+    found = _rows(cur, "SELECT state FROM resumable_checkpoints WHERE job = %s AND slot = %s", plan_job, slot)
+    if not found:
+        if dag_state in ("success", "failed"):
+            bad("end state", f"no plan row (DAG run {dag_state})", job=plan_job)
+        return None
+    state = found[0]["state"]
+    state = json.loads(state) if isinstance(state, str) else state
+    try:
+        ranges, problems = plan_ranges(state, w.base)
+    except (KeyError, TypeError, ValueError) as exc:
+        bad("tiling", f"the plan row's state is not a plan ({exc!r}): {str(state)[:200]}", job=plan_job)
+        return None
+    for problem in problems:
+        bad("tiling", problem, job=plan_job)
+    keys = set(range(w.items))
+    holders = {key: [job for job, rng in ranges.items() if _holds(rng, key)] for key in keys}
+    gap = sorted(k for k, jobs in holders.items() if not jobs)
+    twice = {k: jobs for k, jobs in holders.items() if len(jobs) > 1}
+    if gap:
+        bad("tiling", f"the plan's ranges leave keys {gap[:10]} to no range", job=plan_job)
+    if twice:
+        bad("tiling", f"the plan's ranges overlap: {sorted(twice.items())[:5]}", job=plan_job)
+
+    rows = {r["job"]: r for r in _rows(cur, "SELECT job, status, processed, runs, reader FROM resumable_checkpoints "
+                                            "WHERE job LIKE %s AND slot = %s AND job <> %s", f"{w.base}[%", slot,
+                                       plan_job)}
+    for job, r in rows.items():
+        if job not in ranges:
+            bad("tiling", f"a row ran a range the plan does not hold ({r['status']}, {r['processed']} processed)",
+                job=job)
+            continue
+        reader = r["reader"]
+        reader = json.loads(reader) if isinstance(reader, str) else reader
+        reads = (reader or {}).get("range")
+        if reads is not None and (reads.get("after"), reads.get("until")) != ranges[job]:
+            left = sorted(k for k in keys if _holds(ranges[job], k) and not _holds((reads.get("after"),
+                                                                                      reads.get("until")), k))
+            more = sorted(k for k in keys if _holds((reads.get("after"), reads.get("until")), k)
+                          and not _holds(ranges[job], k))
+            bad("tiling", f"its row reads {_shown((reads.get('after'), reads.get('until')))}, the plan gives it "
+                          f"{_shown(ranges[job])}: keys {left[:10]} left to no range, {more[:10]} read by two",
+                job=job)
+
+    writes = _rows(cur, "SELECT job, item, runs FROM chaos_tx_log WHERE job LIKE %s AND slot = %s", f"{w.base}[%",
+                   slot)
+    current = [x for x in writes if x["job"] in rows and x["runs"] == rows[x["job"]]["runs"]]
+    by_item: dict[int, list[str]] = {}
+    for x in current:
+        by_item.setdefault(x["item"], []).append(x["job"])
+        if x["job"] in ranges and not _holds(ranges[x["job"]], x["item"]):
+            bad("tiling", f"key {x['item']} written by a range that does not hold it {_shown(ranges[x['job']])}",
+                job=x["job"])
+    across = {k: sorted(jobs) for k, jobs in by_item.items() if len(set(jobs)) > 1}
+    if across:
+        bad("exactly once", f"keys committed by more than one range: {sorted(across.items())[:5]}", job=w.base)
+
+    if summary is not None:
+        planned, processed, skipped = (summary.get(k) for k in ("planned", "processed", "skipped"))
+        counted = sum(int(rows[job]["processed"]) for job in ranges if job in rows)
+        if None in (planned, processed, skipped) or planned != processed + skipped:
+            bad("summary", f"planned {planned} != processed {processed} + skipped {skipped}", job=w.base)
+        if planned != w.items:
+            bad("summary", f"planned {planned}, the source holds {w.items} rows", job=w.base)
+        if processed != counted:
+            bad("summary", f"processed {processed}, the ranges' rows add up to {counted}", job=w.base)
+        if dag_state == "success" and processed != len(by_item):
+            bad("summary", f"processed {processed}, {len(by_item)} keys were written", job=w.base)
+        if dag_state == "success" and (summary.get("done"), summary.get("unfinished")) != (w.partitions, 0):
+            bad("summary", f"done {summary.get('done')} of {w.partitions}, unfinished {summary.get('unfinished')} "
+                           "in a run that succeeded", job=w.base)
+    return {job: {k for k in keys if _holds(rng, k)} for job, rng in ranges.items()}
+
+
 def check_run(conn: Any, run: Run, dag_state: str, *, holder_alive: Callable[[str | None], bool | None] = _no_pid,
-              ) -> tuple[list[Anomaly], dict[str, int]]:
+              summary: dict[str, Any] | None = None) -> tuple[list[Anomaly], dict[str, int]]:
     """The anomalies of one DAG run's slots, and counts (items committed, repeats, interruptions).
 
     :param dag_state: the DAG run's state; one not ``success``/``failed`` is unsettled (see above).
-    :param holder_alive: whether a lease owner's process lives (None: cannot tell)."""
+    :param holder_alive: whether a lease owner's process lives (None: cannot tell).
+    :param summary: a partitioned job's summary task's return value (None: not read)."""
     anomalies: list[Anomaly] = []
     settled = dag_state in ("success", "failed")
     counts = Counter[str]()
     cur = conn.cursor()
     w = run.workload
-    for job in w.jobs():
+    expected_of: dict[str, set[int]] = {job: w.good_items() for job in w.jobs()}
+    if w.rebalance:
+        def plan_bad(check: str, detail: str, job: str) -> None:
+            anomalies.append(Anomaly(check, job, run.run_id, detail))
+
+        ranges = check_plan(cur, run, dag_state, summary, plan_bad)
+        if ranges is not None:
+            expected_of = ranges
+            counts["splits"] += sum("]." in job for job in ranges)
+    for job, expected_range in expected_of.items():
         slot = run.run_id
 
         def bad(check: str, detail: str, job: str = job, slot: str = slot) -> None:
@@ -95,7 +237,8 @@ def check_run(conn: Any, run: Run, dag_state: str, *, holder_alive: Callable[[st
                             "WHERE job = %s AND slot = %s ORDER BY written_at", job, slot)
         current = [x for x in writes if x["runs"] == row["runs"]]
         requests = run.requests.get(job, [])
-        expected_items = w.good_items()
+        expected_items = set(expected_range)
+        expected_count = len(expected_items) if w.rebalance else w.items
         # The next item: the position itself (a handler's loop), or the one after it (the chunked
         # operator's position is the last item read).
         position = row["position"]
@@ -120,8 +263,8 @@ def check_run(conn: Any, run: Run, dag_state: str, *, holder_alive: Callable[[st
             expected_items = {i for i in expected_items if i < stop}
             if dag_state != "failed":
                 bad("end state", f"cancelled slot but its DAG run is {dag_state}")
-        elif row["status"] != "done" or row["processed"] != w.items:
-            bad("end state", f"status {row['status']} processed {row['processed']}/{w.items} "
+        elif row["status"] != "done" or row["processed"] != expected_count:
+            bad("end state", f"status {row['status']} processed {row['processed']}/{expected_count} "
                              f"(requests {requests or 'none'}, DAG run {dag_state}, last error {row['last_error']!r})")
             continue
         elif dag_state != "success" and not any("cancel" in asked for asked in run.requests.values()):

@@ -25,6 +25,7 @@ import psycopg2
 from airflow_resumable.core.stores import PostgresStore
 from support.celery_cluster import REDIS_PORT, CeleryDeployment, Component, redis_client
 from support.chaos.hosts import STATE_DIR, HostPostgres, Network
+from support.chaos.workloads import REBALANCE_ITEMS
 from support.standalone import free_port
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -53,6 +54,9 @@ TABLES = (
     "CREATE TABLE chaos_plain_log (LIKE chaos_tx_log INCLUDING DEFAULTS)",
     "CREATE TABLE chaos_upsert (job TEXT NOT NULL, slot TEXT NOT NULL, item INTEGER NOT NULL, attempt INTEGER NOT "
     "NULL, PRIMARY KEY (job, slot, item))",
+    # chaos_rebalance's source: the ids its partitions split (support.chaos.workloads.REBALANCE_ITEMS)
+    "CREATE TABLE chaos_source (id INTEGER PRIMARY KEY)",
+    f"INSERT INTO chaos_source (id) SELECT g FROM generate_series(0, {REBALANCE_ITEMS - 1}) AS g",
 )
 
 

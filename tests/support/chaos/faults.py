@@ -6,8 +6,8 @@ the history once the trial ends (:mod:`.verdicts`).
 
 | kind | moments | what it does to the victim | until |
 |---|---|---|---|
-| ``kill_task`` | chunk, boundary, transaction, lease_wait | SIGKILL of its task process (the OOM killer) | at once |
-| ``kill_worker`` | chunk, transaction | SIGKILL of its worker's whole tree (a lost machine); a new worker | at once |
+| ``kill_task`` | chunk, boundary, transaction, lease_wait, split | SIGKILL of its task process (the OOM killer) | at once |
+| ``kill_worker`` | chunk, transaction, split | SIGKILL of its worker's whole tree (a lost machine); a new worker | at once |
 | ``freeze_task`` | chunk, transaction | SIGSTOP of its task process and its supervisor (the zombie: Airflow's heartbeats stop too) | another attempt took the lease over |
 | ``freeze_worker`` | chunk | SIGSTOP of its worker's whole tree | another attempt took the lease over |
 | ``cut_host`` | chunk | its host's only link down | another attempt took the lease over |
@@ -44,14 +44,14 @@ import psutil
 
 from support.celery_cluster import Component
 from support.chaos.cluster import HEARTBEAT_TIMEOUT, TCP_USER_TIMEOUT, Chaos
-from support.chaos.moments import Victim, row, wait_for_moment
+from support.chaos.moments import TAKEN, Victim, row, wait_for_moment
 from support.chaos.verdicts import KINDS, Shot
 from support.chaos.workloads import WORKLOADS, Run
 
 LEASE = 4
 MOMENTS_OF = {
-    "kill_task": ("chunk", "boundary", "transaction", "lease_wait"),
-    "kill_worker": ("chunk", "transaction"),
+    "kill_task": ("chunk", "boundary", "transaction", "lease_wait", "split"),
+    "kill_worker": ("chunk", "transaction", "split"),
     "freeze_task": ("chunk", "transaction"),
     "freeze_worker": ("chunk",),
     "cut_host": ("chunk",),
@@ -66,6 +66,11 @@ MOMENTS_OF = {
     "cancel": ("chunk", "boundary"),
     "restart": ("paused",),
 }
+#: The kinds a rebalanced job's slots are not struck with: a person's requests (a range paused or
+#: cancelled by a person is left as they asked, and fails the job: nothing for the checker to prove
+#: there), and the zombie makers (``cut_api``, the ``lease_wait`` moment), whose runs are lengthened
+#: by :func:`~.workloads.zombie_delay` over items the job splits as it likes.
+NOT_REBALANCED = ("pause", "cancel", "restart", "deploy_paused", "cut_api")
 #: The workloads whose chunks write through ``ctx.transaction()`` (the ``transaction`` moment).
 TX_SINK = "tx"
 #: Seconds after the trial's start by which a fault's condition must have come (its runs wait for a
@@ -89,8 +94,10 @@ class Fault:
             f"/{self.hold:.0f}s" if self.hold else "")
 
 
-#: Every slot of a trial, (workload, job), in the order a fault's ``target`` indexes them.
-SLOTS = [(w, job) for w in WORKLOADS for job in w.jobs()]
+#: Every slot of a trial, (workload, job), in the order a fault's ``target`` indexes them; a rebalanced
+#: job's ``<job>[*]`` stands for the ranges its splits take (:data:`~.moments.TAKEN`: the victim is
+#: chosen among those its plan row names when the fault's condition holds).
+SLOTS = [(w, job) for w in WORKLOADS for job in [*w.jobs(), *([w.base + TAKEN] if w.rebalance else [])]]
 
 
 def plan(rng: random.Random, *, netem: bool, kinds: tuple[str, ...] = KINDS) -> list[Fault]:
@@ -98,14 +105,23 @@ def plan(rng: random.Random, *, netem: bool, kinds: tuple[str, ...] = KINDS) -> 
     ``transaction`` moment), at a moment of its kind."""
     kinds = tuple(k for k in kinds if netem or k != "netem")
     faults: list[Fault] = []
-    for _ in range(rng.choice((1, 1, 2, 2, 3))):
+    wanted = rng.choice((1, 1, 2, 2, 3))
+    while len(faults) < wanted:
         kind = rng.choice(kinds)
         moment = rng.choice(MOMENTS_OF[kind])
         free = [i for i, (w, _) in enumerate(SLOTS) if i not in {f.target for f in faults}
-                and (moment != "transaction" or w.sink == TX_SINK)]
+                and (moment != "transaction" or w.sink == TX_SINK)
+                and (moment != "split" or w.rebalance)
+                and (not w.rebalance or (kind not in NOT_REBALANCED and moment != "lease_wait"))]
+        if not free:  # (the split moment with the rebalanced job's slots taken) another draw
+            continue
         hold = {"netem": rng.uniform(5, 10), "lossy": rng.uniform(LEASE + 2, LEASE + 10),
                 "pause": rng.uniform(2, 8)}.get(kind, 0.0)
-        faults.append(Fault(kind, moment, rng.choice(free), rng.randint(1, 4), hold))
+        target = rng.choice(free)
+        k = rng.randint(1, 4)
+        if SLOTS[target][1].endswith(TAKEN):
+            k = 0  # a taken range is a few chunks long: any of its chunks
+        faults.append(Fault(kind, moment, target, k, hold))
     return faults
 
 

@@ -9,7 +9,11 @@ as survived.
 | ``boundary`` | between chunks: as ``chunk``, but the k-th (or a later) checkpoint was saved less than half an item's wait ago: the next chunk has not begun |
 | ``transaction`` | holding a transaction: the holder's task process has a transaction open on the checkpoint database with a lock on ``chaos_tx_log`` (its chunk's writes through ``ctx.transaction()``, not committed yet); the chaos DAGs name each task process's connections ``chaos-task:<pid>`` |
 | ``paused`` | paused (its task deferred): the row is ``paused`` and no attempt holds its lease |
+| ``split`` | right after a split was agreed (a rebalanced job only): the plan row gained a split since the fault began waiting, and the range it cut (the victim) is ``running`` under a live lease whose holder's process lives: it gave part of its range away and reads on, narrowed |
 | ``lease_wait`` | waiting on a lease: Airflow runs the slot's task in another process than the lease holder's (a later try, or the same try again after a LocalExecutor scheduler's tasks were reset; the REST API says which) and that process is connected to the checkpoint database, while the row's lease is live (the victim is the waiting process) |
+
+A rebalanced job's slot named ``<job>[*]`` (:data:`TAKEN`) is a range a split took, chosen when the
+condition holds among those the plan row names then (``<job>[i].n``): known only from it.
 
 The attempt found is the :class:`Victim`: its lease token names it in the history, where the
 verdict (:mod:`.verdicts`) later confirms what the fault did to it.
@@ -17,6 +21,7 @@ verdict (:mod:`.verdicts`) later confirms what the fault did to it.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,9 +30,12 @@ from typing import Any
 
 import psutil
 
+from support.chaos.checker import plan_ranges
 from support.chaos.workloads import CHUNK, DELAY, Run
 
-MOMENTS = ("chunk", "boundary", "transaction", "paused", "lease_wait")
+MOMENTS = ("chunk", "boundary", "transaction", "paused", "lease_wait", "split")
+#: The end of a rebalanced job's slot that stands for the ranges its splits took (``<job>[*]``).
+TAKEN = "[*]"
 #: How often a fault's condition is read (a chunk is CHUNK * DELAY = 0.8 s of work).
 POLL = 0.02
 #: How often a condition that asks the REST API is read.
@@ -35,7 +43,7 @@ API_POLL = 0.25
 #: A chunk saved longer ago than this is not being worked on (its attempt is stalled or dead).
 STALE = 4 * CHUNK * DELAY
 
-_ROW = ("SELECT status, stop_reason, attempt, processed, lease_token, lease_owner, runs, "
+_ROW = ("SELECT status, stop_reason, attempt, processed, total, lease_token, lease_owner, runs, "
         "lease_expires_at > now() AS live, extract(epoch FROM now() - updated_at) AS since_saved, "
         "extract(epoch FROM lease_expires_at - now()) AS lease_left, now() AS now "
         "FROM resumable_checkpoints WHERE job = %s AND slot = %s")
@@ -118,7 +126,8 @@ def holds(cur: Any, moment: str, run: Run, job: str, k: int,
         return victim if r["status"] == "paused" and r["lease_owner"] is None else None
     if r["status"] != "running" or not r["live"] or not alive(pid):
         return None
-    items = run.workload.items
+    # (a range of a rebalanced job holds what its row's total says: splits narrow it)
+    items = (r["total"] or 0) if run.workload.rebalance else run.workload.items
     if not k * CHUNK <= r["processed"] < items or r["since_saved"] is None:
         return None
     since = float(r["since_saved"])
@@ -132,6 +141,60 @@ def holds(cur: Any, moment: str, run: Run, job: str, k: int,
         cur.execute(_OPEN_TRANSACTION, (f"chaos-task:{pid}",))
         return victim if cur.fetchone()[0] else None
     raise ValueError(f"unknown moment {moment!r}: one of {MOMENTS}")
+
+
+def plan_state(cur: Any, run: Run) -> dict[str, Any] | None:
+    """The rebalanced job's plan row's state for the run's slot (None: not planned yet)."""
+    cur.execute("SELECT state FROM resumable_checkpoints WHERE job = %s AND slot = %s",
+                (f"{run.workload.base}#plan", run.run_id))
+    found = cur.fetchone()
+    if found is None or found[0] is None:
+        return None
+    return json.loads(found[0]) if isinstance(found[0], str) else found[0]
+
+
+def targets(cur: Any, run: Run, job: str) -> list[str]:
+    """The slots a fault on ``job`` may strike now: ``job`` itself, or for ``<job>[*]`` the ranges
+    the plan row says splits took (none before the first split)."""
+    if not job.endswith(TAKEN):
+        return [job]
+    state = plan_state(cur, run)
+    if state is None:
+        return []
+    return [name for name in plan_ranges(state, run.workload.base)[0] if "]." in name]
+
+
+def split_victim(cur: Any, run: Run, before: int | None, alive: Callable[[int | None], bool]
+                 ) -> tuple[Victim | None, int]:
+    """The ``split`` moment: the range the newest split cut, if the plan row holds more splits than
+    ``before`` (None: the first look, which only counts them) and that range's attempt still runs;
+    and the splits counted now (a split whose victim already ended is passed over)."""
+    state = plan_state(cur, run)
+    splits = [] if state is None else list(state.get("splits") or [])
+    if before is None or len(splits) <= before:
+        return None, len(splits) if before is None else before
+    of = str(splits[-1]["of"])
+    index, _, number = of.partition(".")
+    job = f"{run.workload.base}[{index}]" + (f".{number}" if number else "")
+    r = row(cur, job, run.run_id)
+    if r is None or r["status"] != "running" or not r["live"] or not alive(owner_pid(r["lease_owner"])):
+        return None, len(splits)
+    return Victim(job, run.run_id, int(r["lease_token"]), int(r["attempt"]), owner_pid(r["lease_owner"]),
+                  int(r["processed"]), int(r["runs"]), r["now"], float(r["lease_left"] or 0.0)), len(splits)
+
+
+def job_ended(cur: Any, run: Run) -> str | None:
+    """For a fault on the rebalanced job as a whole (``<job>[*]``, the ``split`` moment): what says
+    its work is over (every range of its plan ``done``), else None."""
+    state = plan_state(cur, run)
+    if state is None:
+        return None
+    ranges = plan_ranges(state, run.workload.base)[0]
+    cur.execute("SELECT count(*) FROM resumable_checkpoints WHERE job = ANY(%s) AND slot = %s AND status = 'done'",
+                (list(ranges), run.run_id))
+    done = cur.fetchone()[0]
+    return f"all {len(ranges)} ranges of the plan done ({len(state.get('splits') or [])} splits)" \
+        if done == len(ranges) else None
 
 
 def ended(r: dict[str, Any]) -> bool:
@@ -148,6 +211,7 @@ def wait_for_moment(connect: Callable[[], Any], moment: str, run: Run, job: str,
     not, in words. A database that does not answer (another fault restarted it) is waited out."""
     conn = None
     seen = "the slot never started"
+    splits: int | None = None  # the ``split`` moment: the splits the plan held at the first look
     try:
         while True:
             if stopping():
@@ -158,11 +222,20 @@ def wait_for_moment(connect: Callable[[], Any], moment: str, run: Run, job: str,
                 if conn is None:
                     conn = connect()
                 with conn.cursor() as cur:
-                    victim = holds(cur, moment, run, job, k, alive, api)
+                    if moment == "split":
+                        victim, splits = split_victim(cur, run, splits, alive)
+                    else:
+                        victim = next((v for target in targets(cur, run, job)
+                                       if (v := holds(cur, moment, run, target, k, alive, api)) is not None), None)
                     if victim is not None:
                         return victim, ""
-                    r = row(cur, job, run.run_id)
-                    if r is not None:
+                    if moment == "split" or job.endswith(TAKEN):
+                        seen = f"{splits or 0} split(s) seen" if moment == "split" else (
+                            f"taken ranges {targets(cur, run, job) or 'none yet'}")
+                        over = job_ended(cur, run)
+                        if over is not None:
+                            return None, f"the job ended first ({over}; {seen})"
+                    elif (r := row(cur, job, run.run_id)) is not None:
                         seen = f"last seen {r['status']} try {r['attempt']} at {r['processed']}"
                         if ended(r):
                             return None, f"the slot ended first ({seen})"

@@ -5,6 +5,7 @@ and prints the report (:mod:`.report`); tests/integration/test_chaos.py runs a f
 
 from __future__ import annotations
 
+import json
 import random
 import threading
 import time
@@ -140,7 +141,8 @@ def run_trial(chaos: Chaos, seed: int, *, netem: bool, kinds: tuple[str, ...] = 
     trial.counts["settle seconds"] = round(waited)
     with closing(chaos.connect()) as conn:
         for run in trial.runs:
-            anomalies, counts = check_run(conn, run, states[run.run_id], holder_alive=holder_alive)
+            anomalies, counts = check_run(conn, run, states[run.run_id], holder_alive=holder_alive,
+                                          summary=summary_of(chaos, run, states[run.run_id], trial.log))
             trial.anomalies += anomalies
             trial.counts.update(counts)
         judge(conn, trial.shots)
@@ -149,6 +151,23 @@ def run_trial(chaos: Chaos, seed: int, *, netem: bool, kinds: tuple[str, ...] = 
 
 
 FINISHED = ("success", "failed")
+
+
+def summary_of(chaos: Chaos, run: Run, state: str, log: list[str]) -> dict[str, Any] | None:
+    """A rebalanced run's summary task's return value, as the REST API gives it (None: another
+    workload, or a run that did not succeed; one that succeeded without it is said in the log, and
+    the checker then checks the rows without it)."""
+    if not run.workload.rebalance or state != "success":
+        return None
+    api = chaos.cluster.api
+    assert api is not None
+    try:
+        value = api.get(f"/dags/{run.workload.dag_id}/dagRuns/{run.run_id}/taskInstances/work.summary/xcomEntries/"
+                        "return_value")["value"]
+        return json.loads(value) if isinstance(value, str) else value
+    except Exception as exc:  # noqa: BLE001 - said in the trial's log
+        log.append(f"{run.run_id}: could not read the summary task's return value: {exc!r}"[:300])
+        return None
 
 
 def _snapshot(chaos: Chaos, runs: list[Run]) -> tuple[dict[str, str], Any]:

@@ -15,6 +15,11 @@ ZOMBIE_WORK = 45.0
 #: for the zombie's next checkpoint (a ``lease_wait`` fault's moment) long enough to be seen.
 ZOMBIE_DELAY = 2.5
 BAD_EVERY = 7
+#: chaos_rebalance: a table of this many ids (0 ..), split in REBALANCE_PARTITIONS ranges of the same
+#: size; the rows of the first range cost SLOW times an item's wait, so the others finish early and
+#: take the upper half of what it has left (rebalancing), again while it has more than two chunks left.
+REBALANCE_ITEMS, REBALANCE_PARTITIONS, SLOW = 96, 3, 4
+SLOW_BELOW = REBALANCE_ITEMS // REBALANCE_PARTITIONS
 
 
 @dataclass(frozen=True)
@@ -26,8 +31,18 @@ class Workload:
     partitions: int = 0  # mapped: jobs <dag_id>.work[i]
     items: int = ITEMS
     skips: bool = False
+    #: ``partitioned(..., rebalance=True)`` over ``chaos_source``: its ranges are the plan row's
+    #: (``<dag_id>.work[i]`` and the ranges splits took, ``<dag_id>.work[i].n``), known only from it
+    rebalance: bool = False
+
+    @property
+    def base(self) -> str:
+        """The partitioned job's name (its plan row is ``<base>#plan``)."""
+        return f"{self.dag_id}.work"
 
     def jobs(self) -> list[str]:
+        """The slots known before the run: a partitioned job's planned partitions (not the ranges
+        rebalancing takes from them: :func:`support.chaos.checker.plan_ranges` reads those)."""
         if self.partitions:
             return [f"{self.dag_id}.work[{i}]" for i in range(self.partitions)]
         return [f"{self.dag_id}.work"]
@@ -45,6 +60,7 @@ WORKLOADS = (
     Workload("chaos_mapped", "tx", partitions=MAPPED_PARTITIONS, items=MAPPED_ITEMS),
     Workload("chaos_pipelined", "plain", repeat_chunks=2),
     Workload("chaos_skip", "tx", skips=True),
+    Workload("chaos_rebalance", "tx", partitions=REBALANCE_PARTITIONS, items=REBALANCE_ITEMS, rebalance=True),
 )
 DAG_IDS = [w.dag_id for w in WORKLOADS]
 
@@ -63,7 +79,10 @@ class Run:
 
     @property
     def conf(self) -> dict[str, object]:
-        return {"items": self.workload.items, "chunk": CHUNK, "delay": self.delay}
+        conf: dict[str, object] = {"items": self.workload.items, "chunk": CHUNK, "delay": self.delay}
+        if self.workload.rebalance:
+            conf.update(slow_below=SLOW_BELOW, slow=SLOW)
+        return conf
 
 
 def zombie_delay(workload: Workload, k: int) -> float:

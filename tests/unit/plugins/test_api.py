@@ -833,3 +833,65 @@ def test_the_rerun_preview_is_read_only_and_checked_like_the_rerun(as_user: Any)
                    params={"job": "dag_a.parts", "run_id": "run_x"}).status_code == 404
     assert as_user(None, "GET", f"{BASE}/jobs/rerun_preview",
                    params={"job": "dag_a.parts", "run_id": "run_1"}).status_code == 401
+
+
+# -- rebalancing: ranges taken from running partitions ---------------------------------------------
+
+
+def test_jobs_count_a_partition_with_a_range_taken_from_it_once_and_list_the_split_with_outward_texts(
+        as_user: Any, fresh: Store) -> None:
+    """Before: the taken range ``<job>[1].1`` counted as a fourth partition of a job of 3 (and [1],
+    done with what it kept, as done), and nothing said which range took what from whom."""
+    import json
+
+    from support.slots import SPLIT_WHEN, split_job
+
+    # Given a job of 3 partitions whose [2] took the upper half of [1]'s range, the taken range still
+    # running, and an asker's name holding an escape sequence and a password (a plan edited by other code)
+    split_job(fresh, "dag_a.sp", "dag_a", own="done", taken="running", by="dag_a.sp[2] \x1b[31m password=hunter2")
+    # When its line and its partitions are read through REST
+    body = as_user("alice", "GET", f"{BASE}/jobs", params={"conn_id": FRESH}).json()
+    detail = as_user("alice", "GET", f"{BASE}/jobs/partitions", params={"job": "dag_a.sp", "conn_id": FRESH}).json()
+    # Then the job is one line of its plan's 3 partitions: [1]'s line runs while its taken range does
+    assert [j["job"] for j in body["jobs"]] == ["dag_a.sp"], body
+    line = body["jobs"][0]
+    for shown in (line, detail):
+        assert {k: v for k, v in shown["partitions"].items() if v} == {"done": 2, "running": 1, "total": 3}, shown
+        assert (shown["processed"], shown["total"]) == (10 + 5 + 10 + 2, 30), shown
+    assert [r["map_index"] for r in detail["partition_rows"]] == [0, 1, 2]
+    # And the split: range 1.1 taken from [1] after key 15, when, by whom (through outward_text), run
+    # now by [2]'s task instance, running at 2 of 5
+    split = line["splits"][0]
+    assert (split["range"], split["from"], split["after"], split["until"], split["when"]) == (
+        "1.1", "dag_a.sp[1]", 15, 20, SPLIT_WHEN)
+    assert (split["job"], split["map_index"], split["status"], split["processed"], split["total"]) == (
+        "dag_a.sp[1].1", 2, "running", 2, 5)
+    assert split["by"] == "dag_a.sp[2] \\x1b[31m password=***", split["by"]
+    assert "hunter2" not in json.dumps(body) + json.dumps(detail) and detail["splits"] == line["splits"]
+    # And the taken range takes a request as a range of the plan, through REST
+    r = as_user("alice", "POST", f"{BASE}/checkpoint/pause",
+                params={"job": "dag_a.sp[1].1", "slot": SLOT, "conn_id": FRESH})
+    assert r.status_code == 200 and r.json()["request"] == "pause", r.text
+
+
+def test_the_tab_of_a_partition_that_took_a_range_lists_every_slot_it_ran_and_shows_the_one_asked_for(
+        as_user: Any, fresh: Store) -> None:
+    """Before: the tab showed only the slot its task instance ran last (the taken range), with no way
+    to its own partition's row: the jobs page's link for ``<job>[2]`` opened ``<job>[1].1``."""
+    from support.slots import split_job
+
+    # Given partition [2], done with its own range, then done with the range it took from [1]
+    split_job(fresh, "dag_a.sp", "dag_a", own="done", taken="done")
+    ti = {"dag_id": "dag_a", "run_id": "run_1", "task_id": "exp.partition", "map_index": 2, "conn_id": FRESH}
+    # When its Checkpoint tab asks for its slot
+    body = as_user("alice", "GET", f"{BASE}/task-instance", params=ti).json()
+    # Then it shows the one it ran last, the taken range, and lists both slots it ran, newest first
+    assert (body["job"], body["range"]["range"]) == ("dag_a.sp[1].1", "1.1"), body
+    assert body["ran"] == [{"job": "dag_a.sp[1].1", "slot": SLOT, "status": "done"},
+                           {"job": "dag_a.sp[2]", "slot": SLOT, "status": "done"}], body["ran"]
+    # And asked for its own partition's job, it shows that slot
+    own = as_user("alice", "GET", f"{BASE}/task-instance", params={**ti, "job": "dag_a.sp[2]"}).json()
+    assert (own["resumable"], own["job"], own["processed"], own["ran"]) == (True, "dag_a.sp[2]", 10, body["ran"])
+    # And a job another task instance ran is not shown through this one
+    other = as_user("alice", "GET", f"{BASE}/task-instance", params={**ti, "job": "dag_a.sp[1]"}).json()
+    assert other["resumable"] is False and "ran no slot of the job 'dag_a.sp[1]'" in other["message"], other

@@ -35,6 +35,7 @@ from airflow_resumable.testing import (
     check_partitioned,
     check_resumable,
 )
+from airflow_resumable.testing.splits import SplitStep
 from support.paths import ROOT
 
 
@@ -125,10 +126,15 @@ def test_each_partition_of_the_partitioned_export_is_resumable_on_both_stores(
     report = check_partitioned(**partition_task(m.dag), only=only, store=checkpoints, snapshot=exported,
                                reset=empty_export, name="export_orders").assert_ok()
     assert (report.plan.partitions, report.plan.rows, report.empty) == (4, m.ORDER_COUNT, [])
-    # 500 orders a partition in chunks of 100: five checkpoints each, each interrupted by each kind
+    # 500 orders a partition in chunks of 100: five checkpoints each, each interrupted by each kind,
+    # and asked for a split at each, each step of the split struck (at the last checkpoint nothing
+    # is left to give away: the split is declined there)
     assert {i: r.checkpoints for i, r in report.reports.items()} == {i: 5 for i in only or range(4)}
-    assert all(t.struck for r in report.reports.values() for t in r.trials)
-    assert all(len(r.trials) == 5 * len(ALL_INTERRUPTIONS) for r in report.reports.values())
+    assert all(len(r.trials) == 5 * (len(ALL_INTERRUPTIONS) + len(SplitStep)) for r in report.reports.values())
+    assert all(t.struck for r in report.reports.values() for t in r.trials
+               if not isinstance(t.interruption, SplitStep) or t.point < 5)
+    assert not any(t.struck for r in report.reports.values() for t in r.trials
+                   if isinstance(t.interruption, SplitStep) and t.point == 5)
     # the partitions' uninterrupted runs export every order of their ranges once: all of them together
     ids = sorted(row[0] for r in report.reports.values() for row in r.snapshot)
     assert len(ids) == len(set(ids)) == 500 * len(report.reports)
@@ -144,7 +150,7 @@ def test_the_decorated_partitioned_export_proves_one_partition_with_the_kit(
     m.prepare_orders.function()
     report = check_partitioned(**partition_task(m.decorated_dag), only=[2], store=checkpoints, snapshot=exported,
                                reset=empty_export, name="export_orders").assert_ok()
-    assert list(report.reports) == [2] and len(report.reports[2].trials) == 5 * len(ALL_INTERRUPTIONS)
+    assert list(report.reports) == [2] and len(report.reports[2].trials) == 5 * (len(ALL_INTERRUPTIONS) + len(SplitStep))
     assert "export_orders: 2000 rows in 4 partitions, 1 checked" in report.summary()
 
 
@@ -160,7 +166,11 @@ def test_a_partition_that_is_not_idempotent_is_caught_and_named(airflow_home: Pa
     report = check_partitioned(task["read"], appends, partitions=task["partitions"], chunk_size=task["chunk_size"],
                                only=[1], snapshot=lambda: sorted(seen), reset=seen.clear, name="appends",
                                interruptions=[Interruption.CRASH_BEFORE_CHECKPOINT])
-    assert not report.ok and [i for i, _ in report.failures] == [1] * 5
+    # the crashes before a checkpoint, and a split's taker taken over (its fenced-out chunk runs again)
+    assert not report.ok and {i for i, _ in report.failures} == {1}
+    assert {(t.interruption, t.point) for _, t in report.failures} == {
+        *((Interruption.CRASH_BEFORE_CHECKPOINT, p) for p in range(1, 6)),
+        *((SplitStep.TAKER_TAKEN_OVER, p) for p in range(1, 5))}
     with pytest.raises(NotResumable, match=r"^partition 1 of 4: appends \(partition 1 of 4\) is not resumable: "
                                            r"crash_before_checkpoint at checkpoint 1"):
         report.assert_ok()

@@ -14,6 +14,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from airflow_resumable.core.stores import Store
 from support.paths import SUPPORT
 from support.stores import spec_of
@@ -29,6 +31,7 @@ def _processed(store: Store) -> int:
     return row.processed if row else 0
 
 
+@pytest.mark.trials
 def test_sigkill_at_random_points_leaves_every_item_written_exactly_once(store: Store) -> None:
     rng = random.Random(1729)
     with store.open() as s:
