@@ -28,11 +28,13 @@ ITEMS = 6
 
 class Holder:
     """Try 1 of ``TI`` on a thread: chunks of ``chunk_s`` seconds deaf to the signal, read at each
-    boundary; its lease keeper renews every ``heartbeat`` seconds (and reads a pause with it)."""
+    boundary; its lease keeper renews every ``heartbeat`` seconds (0.4 s unless told: it reads a pause
+    with it). The lease is 6 s either way: a loaded machine's late renewal must not let try 2 take the
+    slot over as lapsed, where a test waits for try 1 to stop at its boundary."""
 
     def __init__(self, store: Store, *, chunk_s: float, heartbeat: float | None = None):
         self.attempt = Attempt(store, Identity(job=JOB, slot=SLOT, attempt=1, owner="try1", origin=TI),
-                               options=Options(lease=6.0 if heartbeat else 1.2), heartbeat=heartbeat)
+                               options=Options(lease=6.0), heartbeat=heartbeat or 0.4)
         self.chunk_s = chunk_s
         self.checkpoints = 0
         #: Set when a chunk begins; a chunk ends only while ``go`` is set (a test holds try 1 inside one).
