@@ -249,15 +249,23 @@ class KeysetReader(Reader):
         tested again on each row for a few instructions), and a page whose guard fails comes back
         empty (see :meth:`_diagnose`). Not in ``LIMIT CASE WHEN ... END``, which SQLite would test
         once only: PostgreSQL plans a ``LIMIT`` it cannot read for a tenth of the table, which can
-        turn a page into a sort."""
+        turn a page into a sort.
+
+        Each look-up is ordered by the key with a constant ``LIMIT``, so the key's index is the
+        cheaper plan whatever the statistics say. A plain ``NOT EXISTS (... key IS NULL)`` is not:
+        on a PostgreSQL table never analyzed (a bulk load read before autovacuum's first look, or
+        autovacuum off) the planner guesses that 0.5 % of the keys are NULL and scans the whole
+        table for the first one, on every page (40 ms a page at 800,000 rows, growing with the
+        table); ordered by the key, the index answers in one look-up."""
         guard: list[_Condition] = []
+        order = f"ORDER BY {', '.join(self.keys)}"
         if values is not None:
             sql, args = self._rows([self._equal(values, marker)], what="1", marker=marker)
-            guard.append((f"(SELECT count(*) FROM ({sql} LIMIT 2) AS keyset_equal) < 2", args))
+            guard.append((f"(SELECT count(*) FROM ({sql} {order} LIMIT 2) AS keyset_equal) < 2", args))
         # A NULL key is in no range: a bounded reader looks for it in the whole source.
         for probe in self._unseen_nulls(values, marker):
             sql, args = self._rows([probe], what="1", bounded=False)
-            guard.append((f"NOT EXISTS ({sql})", args))
+            guard.append((f"({sql} {order} LIMIT 1) IS NULL", args))
         return guard
 
     def statement(self, after: Any, limit: int, *, marker: str = "%s", guarded: bool = True
