@@ -58,9 +58,11 @@ chaos-deps:
 	if [ -z "$$missing" ]; then echo "chaos: $$(dumb-init --version 2>&1), socat and iproute2 installed"; \
 	else bash scripts/apt_install.sh $$missing; fi
 
-## The README's screenshots (docs/screenshots/): the browser test against a real airflow standalone.
+## The docs' screenshots (docs/screenshots/): the browser tests against a real airflow standalone,
+## and the rebalancing test's (a rebalanced job's splits on the jobs page, a taken range's tab).
 screenshots: venv browser-deps
-	RESUMABLE_SCREENSHOTS=$(CURDIR)/docs/screenshots $(PY) -m pytest -p no:cacheprovider -ra -s tests/integration/browser/
+	RESUMABLE_SCREENSHOTS=$(CURDIR)/docs/screenshots $(PY) -m pytest -p no:cacheprovider -ra -s tests/integration/browser/ \
+		tests/integration/test_rebalance_scheduler.py
 
 ## The release artifacts: wheel and sdist in dist/, checked by twine check --strict (scripts/dist.sh).
 dist: venv
