@@ -37,11 +37,12 @@ from datetime import datetime
 from typing import Any
 
 # TaskGroup: the task SDK's public name (no version difference to adapt to yet).
+from airflow_resumable.core.attempt.context import RunContext
 from airflow_resumable.core.attempt.runner import Outcome
 from airflow_resumable.core.control import requests as core_control
 from airflow_resumable.core.model import request_rules as rules
 from airflow_resumable.core.model.checkpoint import ENCODER, Checkpoint, short
-from airflow_resumable.core.model.errors import ConfigurationError, LeaseBusy, RequestRefused
+from airflow_resumable.core.model.errors import ConfigurationError, LeaseBusy, ReaderChanged, RequestRefused
 from airflow_resumable.core.model.observe import AttemptFacts, Part
 from airflow_resumable.core.model.outward import outward_traceback
 from airflow_resumable.core.model.states import Action, Request
@@ -56,6 +57,7 @@ from airflow_resumable.core.work.partitions import (
     check_plan_reader,
     check_range_reader,
     load_plan,
+    narrowed_since,
     orphan_partitions,
     partition_job,
     partitions_problem,
@@ -214,11 +216,12 @@ class PartitionOperator(ChunkedOperator):
     """One partition of a partitioned job: :class:`ChunkedOperator` over the keys of its range only.
 
     Its range is the plan row's, as the splits agreed so far left it (the planning task's output
-    names which one). With ``rebalance``, once its own range is done it takes more work while any is
-    left (:mod:`airflow_resumable.core.work.rebalance`): first the ranges splits took that nobody
-    runs, then the upper half of what the running partition with the most rows left still has, asked
-    of it and agreed at its next checkpoint; each taken range runs as a slot of its own
-    (``<job>[i].n``) in this task instance.
+    names which one): read before its attempt begins, and again once the attempt holds the slot's
+    lease when a split agreed in between narrowed it. With ``rebalance``, once its own range is done
+    it takes more work while any is left (:mod:`airflow_resumable.core.work.rebalance`): first the
+    ranges splits took that nobody runs, then the upper half of what the running partition with the
+    most rows left still has, asked of it and agreed at its next checkpoint; each taken range runs
+    as a slot of its own (``<job>[i].n``) in this task instance.
 
     :param partition_range: the range (what the planning task returns, one per mapped instance).
     :param partition_group: the partitioned job's task id (its task group's id).
@@ -236,6 +239,9 @@ class PartitionOperator(ChunkedOperator):
         self.rebalance = rebalance
         #: The range this task instance runs now when it is not its own (rebalancing), else None.
         self._taking: Range | None = None
+        #: The partition's own range as the attempt about to begin reads it, and the plan it was read
+        #: from (None: none): set by ``_loop_arguments``, taken by ``_arguments_held``.
+        self._own: tuple[Range, Plan | None] | None = None
         #: When this try began (``time.monotonic()``), less the running time of its executions before a pause.
         self._try_began = time.monotonic()
         super().__init__(**kwargs)
@@ -385,13 +391,19 @@ class PartitionOperator(ChunkedOperator):
         range was planned with another reader (see :func:`check_range_reader`)."""
         job = self.job_name(context)
         slot, _ = slot_of(context)
+        self._own = None
         if self._taking is not None:
             rng = self._taking
         else:
             try:
-                rng = self._current(Range.from_json(self.partition_range), slot)
+                rng, plan = self._current(Range.from_json(self.partition_range), slot)
             except ConfigurationError as exc:
                 raise AirflowFailException(f"{exc} [job={job!r}]") from exc
+            self._own = (rng, plan)
+        return self._range_arguments(rng, job, slot)
+
+    def _range_arguments(self, rng: Range, job: str, slot: str) -> dict[str, Any]:
+        """The chunk loop's arguments over ``rng`` (see :meth:`_loop_arguments`)."""
         reader = self.read
         assert isinstance(reader, KeysetReader)
         try:
@@ -403,13 +415,57 @@ class PartitionOperator(ChunkedOperator):
             process = functools.partial(self.process, **self.handler_kwargs)
         return {**self._chunked(), "process": process, **range_chunks(reader, rng, total=self.total)}
 
-    def _current(self, rng: Range, slot: str) -> Range:
+    def _arguments_held(self, ctx: RunContext, arguments: dict[str, Any]) -> dict[str, Any]:
+        """Once the attempt holds the slot's lease: the loop over the partition's own range as the
+        plan holds it then. The plan was read before the attempt began; the slot's holder until then
+        (an earlier try handing the slot over, or one still running) may have agreed a split of the
+        range since, narrowing it and the reader its checkpoint names. That checkpoint refuses the
+        range as read: when the plan is the one read with splits added since, one of them this
+        range's, and the checkpoint takes the range as the plan holds it now, the attempt reads that
+        one. Any other refusal stands as it was raised (a reader changed for real).
+
+        Raises:
+            ReaderChanged: the checkpoint holds positions of another reader, not only of a narrower range.
+        """
+        own, self._own = self._own, None
+        read = arguments["read"]
+        if own is None or not isinstance(read, KeysetReader):
+            return arguments  # a taken range (see _still_taken), or an empty one
+        rng, before = own
+        if before is None:
+            return arguments  # no plan read to compare with
+        try:
+            ctx.use_reader(read)
+            return arguments
+        except ReaderChanged as refused:
+            try:
+                now = self._plan_now(ctx.slot)
+            except ConfigurationError:
+                raise refused from None
+            narrowed = None if now is None else narrowed_since(before, now, rng.name)
+            if narrowed is None:
+                raise
+            held = self._range_arguments(narrowed, ctx.job, ctx.slot)
+            try:
+                ctx.use_reader(held["read"])
+            except ReaderChanged:
+                held["read"].close()
+                raise refused from None
+        read.close()
+        self.log.info("a split of this partition's range was agreed while its attempt waited for the slot's lease (the "
+                      "slot's holder until then gave the keys after %s away): it reads the range as the plan holds it "
+                      "now, the keys after %s up to %s [job=%s slot=%s]", short(narrowed.until, 80),
+                      short(narrowed.after, 80), short(narrowed.until, 80), ctx.job, ctx.slot)
+        return held
+
+    def _current(self, rng: Range, slot: str) -> tuple[Range, Plan | None]:
         """``rng`` as the plan row holds it now: narrowed by the splits agreed since it was handed
-        out (a partition that gave part of its range away and died resumes on what it kept)."""
+        out (a partition that gave part of its range away and died resumes on what it kept); and
+        the plan it was read from (None: none, or none read)."""
         if rng.split is not None or not isinstance(self.read, KeysetReader):
-            return rng
+            return rng, None
         plan = self._plan_now(slot)
-        return rng if plan is None or not plan.splits else plan.current().get(rng.name, rng)
+        return (rng if plan is None or not plan.splits else plan.current().get(rng.name, rng)), plan
 
     def _plan_now(self, slot: str) -> Plan | None:
         """The job's plan row for ``slot`` as it stands now (None: none), on a connection of its own."""

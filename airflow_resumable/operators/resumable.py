@@ -511,10 +511,12 @@ class ChunkedOperator(ResumableOperator):
 
     def _handler(self, context: Context) -> Callable[[RunContext], Any]:
         arguments = self._loop_arguments(context)
-        read, process = arguments["read"], arguments["process"]
-        loop = chunk_loop(**arguments)
+        first = chunk_loop(**arguments)  # its arguments checked before the attempt begins
 
         def handler(ctx: RunContext) -> None:
+            held = self._arguments_held(ctx, arguments)
+            loop = first if held is arguments else chunk_loop(**held)
+            read, process = held["read"], held["process"]
             if isinstance(read, Reader):  # a checkpoint of another reader is refused before anything runs
                 ctx.use_reader(read)
             # Skipped items whose retry was requested go first, one at a time through process; an
@@ -525,6 +527,12 @@ class ChunkedOperator(ResumableOperator):
             return None  # the summary is the return value
 
         return handler
+
+    def _arguments_held(self, ctx: RunContext, arguments: dict[str, Any]) -> dict[str, Any]:
+        """The chunk loop's arguments once the attempt holds the slot's lease, before anything is
+        read: ``arguments`` (:meth:`_loop_arguments`', made before the attempt began), or others in
+        their place (a partition's range as its plan holds it then)."""
+        return arguments
 
     def _summary(self, outcome: Outcome, store: Store, job: str, slot: str) -> dict[str, Any]:
         """With a skip policy, also the slot's skipped items, counted and the first few (from the store)."""

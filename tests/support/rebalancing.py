@@ -24,17 +24,18 @@ def ids_table(source: Source, n: int = 100) -> KeysetReader:
     return KeysetReader(connect=source.connect, table="rb_ids", key="id")
 
 
-def run_range(store: Store, job: str, reader: KeysetReader, rng: Any, *, during: Any = None, chunk: int = 5) -> list[int]:
-    """Every id one attempt of ``job`` processes over ``rng``; ``during(chunk_number)`` is called in
-    each chunk's process, before its checkpoint."""
-    seen: list[int] = []
+def run_range(store: Store, job: str, reader: KeysetReader, rng: Any, *, during: Any = None, chunk: int = 5,
+              rows: bool = False) -> list[Any]:
+    """Every id one attempt of ``job`` processes over ``rng`` (``rows``: every row, as a tuple);
+    ``during(chunk_number)`` is called in each chunk's process, before its checkpoint."""
+    seen: list[Any] = []
     chunks = [0]
 
     def process(ctx: Any, batch: Any) -> None:
         chunks[0] += 1
         if during is not None:
             during(chunks[0])
-        seen.extend(r[0] for r in batch)
+        seen.extend(tuple(r) if rows else r[0] for r in batch)
 
     handler = chunk_loop(process=process, chunk_size=chunk, **range_chunks(reader, rng))
     Attempt(store, Identity(job=job, slot=SLOT, attempt=1, owner=f"{job}-1")).run(handler)
@@ -61,3 +62,35 @@ def ask_at(store: Store, job: str, when: int, by: str = "thief") -> Any:
 
     during.asked = asked  # type: ignore[attr-defined]
     return during
+
+
+class Stopped(RuntimeError):
+    """The failure :func:`give_away_then_stop` injects in its attempt's third chunk."""
+
+
+def give_away_then_stop(store: Store, job: str, reader: KeysetReader, rng: Any, *, by: str = "thief",
+                        chunk: int = 3) -> list[tuple[Any, ...]]:
+    """One attempt of ``job`` over ``rng``, as the slot's holder of the moment: ``by`` asks it for a
+    split during its second chunk, it agrees the split at that chunk's checkpoint (narrowing its
+    range and its row's reader), and its third chunk fails, undone, so its row keeps the checkpoint
+    after the second. Returns the rows of its first two chunks (the ones it committed)."""
+    seen: list[tuple[Any, ...]] = []
+    chunks = [0]
+    asked = ask_at(store, job, 2, by)
+
+    def process(ctx: Any, batch: Any) -> None:
+        chunks[0] += 1
+        asked(chunks[0])
+        if chunks[0] == 3:
+            raise Stopped(f"{job} stops in its third chunk")
+        seen.extend(tuple(r) for r in batch)
+
+    handler = chunk_loop(process=process, chunk_size=chunk, **range_chunks(reader, rng))
+    try:
+        Attempt(store, Identity(job=job, slot=SLOT, attempt=1, owner=f"{job}-holder")).run(handler)
+    except Stopped:
+        pass
+    else:
+        raise AssertionError(f"{job}'s holder finished its range: nothing was left for a split")
+    assert asked.asked == [True], f"{by} could not ask {job} for a split"  # type: ignore[attr-defined]
+    return seen

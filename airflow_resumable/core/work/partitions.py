@@ -56,8 +56,8 @@ from airflow_resumable.core.stores.base import StoreSession
 
 __all__ = [
     "PLAN_SUFFIX", "CorruptPlan", "Plan", "Range", "Split", "allowed_failures", "allowed_shortfall", "check_plan_reader", "check_range_reader",
-    "load_plan", "orphan_partitions", "outside_plan", "partition_index", "partition_job", "range_index", "partitions_problem",
-    "plan_job", "replace_plan", "save_plan", "shortfall_problem", "split", "tolerated_problem",
+    "load_plan", "narrowed_since", "orphan_partitions", "outside_plan", "partition_index", "partition_job", "range_index",
+    "partitions_problem", "plan_job", "replace_plan", "save_plan", "shortfall_problem", "split", "tolerated_problem",
 ]
 
 #: The most partitions a job may have: each is a mapped task instance and a checkpoint row (the
@@ -628,6 +628,19 @@ def split(reader: KeysetReader, partitions: int, *, job: str | None = None, slot
         else:  # row 0, or a row deleted while the split was made: the boundary before stands in
             boundaries.append(boundaries[-1] if boundaries else None)
     return Plan(partitions, tuple(boundaries), found.rows, reader.identity())
+
+
+def narrowed_since(before: Plan, now: Plan, name: str) -> Range | None:
+    """The range ``name`` as ``now`` holds it when only splits agreed since ``before`` was read
+    changed it: ``now`` is ``before`` with more splits, and one of them cut that range (a split
+    keeps the range's keys up to the cut: the same range up to a lower key). None otherwise: no
+    split since cut it, or the plan changed in another way (split anew, a restart of the job)."""
+    seen = len(before.splits)
+    if dataclasses.replace(now, splits=now.splits[:seen]) != before:
+        return None
+    if not any(cut.of == name for cut in now.splits[seen:]):
+        return None
+    return now.current().get(name)
 
 
 # -- where the plan is kept ------------------------------------------------------------------------

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from airflow_resumable.core.model.errors import ConfigurationError
 from airflow_resumable.core.readers.base import identity_digest
-from airflow_resumable.core.work.partitions import CorruptPlan, Plan, Range
+from airflow_resumable.core.work.partitions import CorruptPlan, Plan, Range, narrowed_since
 
 JOB, SLOT = "pt.export#plan", "2026-03-01T00:00:00+00:00"
 READER = {"kind": "keyset", "table": "pt_ids", "key": ["id"]}
@@ -55,6 +55,27 @@ def test_whatever_splits_are_agreed_every_key_is_in_exactly_one_range(cuts: list
     for key in range(-10, 220):
         assert len(_owner(plan, key)) == 1, (key, _owner(plan, key), plan.splits)
     assert Plan.from_state(plan.state(), job=JOB, slot=SLOT) == plan
+
+
+def test_a_range_is_narrowed_since_a_read_of_its_plan_only_by_a_split_of_it_agreed_since() -> None:
+    # Given a plan read once its range 0.1 was taken from range 0
+    before = Plan(4, (10, 20, 30), 40, READER).with_split("0", 5)
+    # Then a split of range 1 agreed since narrows range 1 (the same range up to the cut), and
+    # leaves the others as they were read
+    now = before.with_split("1", 15).with_split("2", 25)
+    assert narrowed_since(before, now, "1") == Range(1, 10, 15, count=4, reader=identity_digest(READER))
+    assert narrowed_since(before, now, "1") == now.current()["1"] != before.current()["1"]
+    # (cut twice since: as the last cut left it)
+    assert narrowed_since(before, now.with_split("1", 12), "1") == Range(1, 10, 12, count=4,
+                                                                         reader=identity_digest(READER))
+    assert narrowed_since(before, now, "3") is None
+    assert narrowed_since(before, before, "1") is None
+    assert narrowed_since(before, before.with_split("0.1", 7), "0.1") == before.with_split("0.1", 7).current()["0.1"]
+    # And a plan changed otherwise since (split anew: other boundaries, or no longer its splits) is no narrowing
+    anew = Plan(4, (10, 18, 30), 40, READER)
+    assert narrowed_since(before, anew.with_split("0", 5).with_split("1", 15), "1") is None
+    assert narrowed_since(before, Plan(4, (10, 20, 30), 40, READER).with_split("1", 15), "1") is None
+    assert narrowed_since(before, Plan(4, (10, 20, 30), 41, READER).with_split("0", 5).with_split("1", 15), "1") is None
 
 
 @pytest.mark.parametrize(("of", "at", "why"), [
