@@ -426,6 +426,8 @@ class PartitionOperator(ChunkedOperator):
 
         Raises:
             ReaderChanged: the checkpoint holds positions of another reader, not only of a narrower range.
+            ConfigurationError: refused so, the plan row no longer reads (a :class:`~airflow_resumable.core.work.partitions.CorruptPlan`:
+                changed by hand since it was first read), naming the row and what to do.
         """
         own, self._own = self._own, None
         read = arguments["read"]
@@ -440,8 +442,10 @@ class PartitionOperator(ChunkedOperator):
         except ReaderChanged as refused:
             try:
                 now = self._plan_now(ctx.slot)
-            except ConfigurationError:
-                raise refused from None
+            except ConfigurationError as unreadable:
+                # The plan row no longer reads (changed by hand, say): that is what to put right, and
+                # what a retry would be refused with; the refusal stays in the chain.
+                raise unreadable from refused
             narrowed = None if now is None else narrowed_since(before, now, rng.name)
             if narrowed is None:
                 raise

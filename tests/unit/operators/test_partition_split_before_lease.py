@@ -108,3 +108,43 @@ def test_a_reader_changed_for_real_is_refused_though_a_split_narrowed_the_range_
     assert row is not None and (row.status, row.position, row.processed) == ("failed", ["a", 15], 6)
     assert ReaderChanged.__name__ in (row.last_error or "")
     assert "where" in (row.last_error or "")
+
+
+def test_a_plan_row_changed_by_hand_before_the_second_read_is_named_not_hidden_behind_the_refusal(
+    checkpoints: Store, source: Source, run_dag: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given the same race, and the plan row changed by hand (its seal no longer matching) after the
+    # split was agreed, before partition 1 reads the plan again once it holds the lease
+    import json
+
+    from airflow_resumable.operators.partitioned import PartitionOperator
+
+    table(source, ROWS)
+    raced = race_partition_1(monkeypatch, checkpoints)
+    racing = PartitionOperator._plan_now
+    edited: list[bool] = []
+
+    def plan_now(self: Any, slot: str) -> Any:
+        if "after" in raced and not edited and self._taking is None and self.partition_range["partition"] == 1:
+            edited.append(True)
+            with checkpoints.open(autocommit=True) as s:
+                row = s.checkpoints.load(f"{JOB}#plan", SLOT)
+                assert row is not None
+                state = dict(row.state, rows=row.state["rows"] + 1)
+                s.execute("UPDATE resumable_checkpoints SET state = %s WHERE job = %s", (json.dumps(state), f"{JOB}#plan"))
+        return racing(self, slot)
+
+    monkeypatch.setattr(PartitionOperator, "_plan_now", plan_now)
+
+    # When the run goes
+    run = run_dag("pt_export", logical_date=DAY)
+
+    # Then partition 1 failed before it read anything (its row holds the holder's checkpoint), and
+    # its error names the plan row's edit (what to put back), not only the checkpoint's refusal of
+    # the range it read before the lease
+    assert edited == [True]
+    assert str(run.get_task_instance("export.partition", map_index=1).state) == "failed"
+    with checkpoints.open() as s:
+        row = s.checkpoints.load(f"{JOB}[1]", SLOT)
+    assert row is not None and (row.status, row.position, row.processed) == ("failed", ["a", 15], 6)
+    assert "changed after the plan was stored" in (row.last_error or ""), row.last_error
