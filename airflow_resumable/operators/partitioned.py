@@ -426,8 +426,9 @@ class PartitionOperator(ChunkedOperator):
 
         Raises:
             ReaderChanged: the checkpoint holds positions of another reader, not only of a narrower range.
-            ConfigurationError: refused so, the plan row no longer reads (a :class:`~airflow_resumable.core.work.partitions.CorruptPlan`:
-                changed by hand since it was first read), naming the row and what to do.
+            ConfigurationError: refused so, the plan row no longer reads (changed by hand since it
+                was first read: :class:`~airflow_resumable.core.work.partitions.CorruptPlan`),
+                naming the row and what to do.
         """
         own, self._own = self._own, None
         read = arguments["read"]
