@@ -240,7 +240,7 @@ class PartitionOperator(ChunkedOperator):
         #: The range this task instance runs now when it is not its own (rebalancing), else None.
         self._taking: Range | None = None
         #: The partition's own range as the attempt about to begin reads it, and the plan it was read
-        #: from (None: none): set by ``_loop_arguments``, taken by ``_arguments_held``.
+        #: from (None: none): set by ``_loop_arguments``, taken by ``_arguments_refused``.
         self._own: tuple[Range, Plan | None] | None = None
         #: When this try began (``time.monotonic()``), less the running time of its executions before a pause.
         self._try_began = time.monotonic()
@@ -415,12 +415,12 @@ class PartitionOperator(ChunkedOperator):
             process = functools.partial(self.process, **self.handler_kwargs)
         return {**self._chunked(), "process": process, **range_chunks(reader, rng, total=self.total)}
 
-    def _arguments_held(self, ctx: RunContext, arguments: dict[str, Any]) -> dict[str, Any]:
-        """Once the attempt holds the slot's lease: the loop over the partition's own range as the
-        plan holds it then. The plan was read before the attempt began; the slot's holder until then
-        (an earlier try handing the slot over, or one still running) may have agreed a split of the
-        range since, narrowing it and the reader its checkpoint names. That checkpoint refuses the
-        range as read: when the plan is the one read with splits added since, one of them this
+    def _arguments_refused(self, ctx: RunContext, arguments: dict[str, Any], refused: ReaderChanged) -> dict[str, Any]:
+        """Once the attempt holds the slot's lease and its checkpoint refused the range as read: the
+        loop over the partition's own range as the plan holds it then. The plan was read before the
+        attempt began; the slot's holder until then (an earlier try handing the slot over, or one
+        still running) may have agreed a split of the range since, narrowing it and the reader its
+        checkpoint names. When the plan is the one read with splits added since, one of them this
         range's, and the checkpoint takes the range as the plan holds it now, the attempt reads that
         one. Any other refusal stands as it was raised (a reader changed for real).
 
@@ -432,30 +432,24 @@ class PartitionOperator(ChunkedOperator):
         """
         own, self._own = self._own, None
         read = arguments["read"]
-        if own is None or not isinstance(read, KeysetReader):
-            return arguments  # a taken range (see _still_taken), or an empty one
-        rng, before = own
-        if before is None:
-            return arguments  # no plan read to compare with
+        rng, before = own if own is not None else (None, None)
+        if rng is None or before is None or not isinstance(read, KeysetReader):
+            raise refused  # a taken range (see _still_taken), an empty one, or no plan read to compare with
         try:
-            ctx.use_reader(read)
-            return arguments
-        except ReaderChanged as refused:
-            try:
-                now = self._plan_now(ctx.slot)
-            except ConfigurationError as unreadable:
-                # The plan row no longer reads (changed by hand, say): that is what to put right, and
-                # what a retry would be refused with; the refusal stays in the chain.
-                raise unreadable from refused
-            narrowed = None if now is None else narrowed_since(before, now, rng.name)
-            if narrowed is None:
-                raise
-            held = self._range_arguments(narrowed, ctx.job, ctx.slot)
-            try:
-                ctx.use_reader(held["read"])
-            except ReaderChanged:
-                held["read"].close()
-                raise refused from None
+            now = self._plan_now(ctx.slot)
+        except ConfigurationError as unreadable:
+            # The plan row no longer reads (changed by hand, say): that is what to put right, and
+            # what a retry would be refused with; the refusal stays in the chain.
+            raise unreadable from refused
+        narrowed = None if now is None else narrowed_since(before, now, rng.name)
+        if narrowed is None:
+            raise refused
+        held = self._range_arguments(narrowed, ctx.job, ctx.slot)
+        try:
+            ctx.use_reader(held["read"])
+        except ReaderChanged:
+            held["read"].close()
+            raise refused from None
         read.close()
         self.log.info("a split of this partition's range was agreed while its attempt waited for the slot's lease (the "
                       "slot's holder until then gave the keys after %s away): it reads the range as the plan holds it "

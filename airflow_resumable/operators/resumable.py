@@ -30,6 +30,7 @@ from airflow_resumable.core.model.errors import (
     OverlapSkip,
     OverlapWait,
     Paused,
+    ReaderChanged,
 )
 from airflow_resumable.core.model.observe import Source
 from airflow_resumable.core.model.options import ARGUMENTS, ATTEMPT_OPTIONS, Option, Options, call_problem, params_doc
@@ -514,11 +515,13 @@ class ChunkedOperator(ResumableOperator):
         first = chunk_loop(**arguments)  # its arguments checked before the attempt begins
 
         def handler(ctx: RunContext) -> None:
-            held = self._arguments_held(ctx, arguments)
-            loop = first if held is arguments else chunk_loop(**held)
-            read, process = held["read"], held["process"]
+            loop, read, process = first, arguments["read"], arguments["process"]
             if isinstance(read, Reader):  # a checkpoint of another reader is refused before anything runs
-                ctx.use_reader(read)
+                try:
+                    ctx.use_reader(read)
+                except ReaderChanged as refused:
+                    held = self._arguments_refused(ctx, arguments, refused)
+                    loop, process = chunk_loop(**held), held["process"]
             # Skipped items whose retry was requested go first, one at a time through process; an
             # async process runs on the attempt's event loop, shared with the chunk loop's.
             with SyncCalls(ctx.signal, ctx.log, job=ctx.job, slot=ctx.slot) as calls:
@@ -528,11 +531,16 @@ class ChunkedOperator(ResumableOperator):
 
         return handler
 
-    def _arguments_held(self, ctx: RunContext, arguments: dict[str, Any]) -> dict[str, Any]:
-        """The chunk loop's arguments once the attempt holds the slot's lease, before anything is
-        read: ``arguments`` (:meth:`_loop_arguments`', made before the attempt began), or others in
-        their place (a partition's range as its plan holds it then)."""
-        return arguments
+    def _arguments_refused(self, ctx: RunContext, arguments: dict[str, Any], refused: ReaderChanged) -> dict[str, Any]:
+        """Once the attempt holds the slot's lease and its checkpoint refused ``arguments``' reader
+        (:meth:`_loop_arguments`', made before the attempt began): the chunk loop's arguments to
+        read with instead, their reader accepted by the checkpoint (a partition's range as its plan
+        holds it then), or the refusal raised. Here: the refusal stands.
+
+        Raises:
+            ReaderChanged: ``refused``.
+        """
+        raise refused
 
     def _summary(self, outcome: Outcome, store: Store, job: str, slot: str) -> dict[str, Any]:
         """With a skip policy, also the slot's skipped items, counted and the first few (from the store)."""
