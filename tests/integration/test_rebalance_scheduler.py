@@ -31,7 +31,7 @@ from support.browser import (
     until,
 )
 from support.paths import TESTS
-from support.standalone import Standalone, wait_for
+from support.standalone import Standalone
 
 DAG_ID = "rebalance_skewed"
 ROWS = 400
@@ -65,8 +65,8 @@ def test_four_skewed_partitions_rebalance_and_write_every_row_once(pg_server: Se
         # Given the skewed job, triggered once
         api.trigger(DAG_ID, run_id="skew_1")
         # When it runs to its end
-        state = wait_for(lambda: (s := api.dag_run(DAG_ID, "skew_1")["state"]) in ("success", "failed") and s,
-                         timeout=300, interval=1.0, what="the run to end", on_timeout=lambda: airflow.tail(80))
+        state = api.run_state(DAG_ID, "skew_1", timeout=300, interval=1.0, what="the run to end",
+                              on_timeout=lambda: airflow.tail(80))
         slots = _rows(store, f"SELECT job, status, processed, total, last_error FROM resumable_checkpoints "
                              f"WHERE job LIKE '{JOB}[%' ORDER BY job")
         assert state == "success", (slots, airflow.tail(80))

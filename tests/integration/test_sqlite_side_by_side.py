@@ -17,7 +17,7 @@ import pytest
 
 from devtools.postgres import Server, dsn
 from support.paths import TESTS
-from support.standalone import Standalone, wait_for
+from support.standalone import Standalone
 
 DAG_ID = "sqlite_side_by_side"
 ROWS, BAD = 160, 57
@@ -48,8 +48,8 @@ def test_four_partitions_side_by_side_on_sqlite_with_a_skip_policy_finish_with_e
         # Given the newcomer's job, triggered once
         api.trigger(DAG_ID, run_id="side_1")
         # When it runs to its end
-        state = wait_for(lambda: (s := api.dag_run(DAG_ID, "side_1")["state"]) in ("success", "failed") and s,
-                         timeout=300, interval=1.0, what="the run to end", on_timeout=lambda: airflow.tail(80))
+        state = api.run_state(DAG_ID, "side_1", timeout=300, interval=1.0, what="the run to end",
+                              on_timeout=lambda: airflow.tail(80))
         # Then it succeeded: every partition done, no attempt lost its lease or failed
         slots = _rows(checkpoints, "SELECT job, status, last_error FROM resumable_checkpoints "
                                    "WHERE job LIKE 'sqlite_side_by_side.export[%' ORDER BY job")

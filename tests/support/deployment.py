@@ -132,11 +132,7 @@ class Env:
                         on_timeout=lambda: self.explain(run_id))
 
     def run_state(self, run_id: str, states: tuple[str, ...], timeout: float = 180, dag_id: str = DAG_ID) -> str:
-        return wait_for(
-            lambda: (s := self.api.dag_run(dag_id, run_id)["state"]) in states and s,
-            timeout=timeout, interval=0.5, what=f"DAG run {run_id} to reach {states}",
-            on_timeout=lambda: self.explain(run_id),
-        )
+        return self.api.run_state(dag_id, run_id, states, timeout=timeout, on_timeout=lambda: self.explain(run_id))
 
     def explain(self, run_id: str) -> str:
         """What to look at when a wait fails: the row, the task instance, the logs."""

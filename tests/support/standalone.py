@@ -137,6 +137,13 @@ class ApiClient:
     def dag_run(self, dag_id: str, run_id: str) -> dict[str, Any]:
         return self.get(f"/dags/{dag_id}/dagRuns/{run_id}")
 
+    def run_state(self, dag_id: str, run_id: str, states: tuple[str, ...] = ("success", "failed"), *,
+                  timeout: float, interval: float = 0.5, what: str | None = None,
+                  on_timeout: Callable[[], str] | None = None) -> str:
+        """Wait until the DAG run's state is one of ``states``; return it."""
+        return wait_for(lambda: (s := self.dag_run(dag_id, run_id)["state"]) in states and s, timeout=timeout,
+                        interval=interval, what=what or f"DAG run {run_id} to reach {states}", on_timeout=on_timeout)
+
     def set_task_state(self, dag_id: str, run_id: str, task_id: str, state: str, map_index: int | None = None) -> Any:
         """Mark a task instance ``failed`` / ``success``, as the UI's buttons do."""
         path = f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}"

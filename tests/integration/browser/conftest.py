@@ -14,7 +14,7 @@ import pytest
 from airflow_resumable.core import SQLiteStore
 from devtools.postgres import Server, dsn
 from support.browser import DAG_FILE, DAG_ID, MARKUP_USER, TOUR_DAG_FILE, Env, chromium, need_chromium, screenshots
-from support.standalone import Standalone, wait_for
+from support.standalone import Standalone
 
 
 @pytest.fixture(scope="package")
@@ -50,8 +50,8 @@ def warm_up(airflow: Standalone) -> None:
     for n in range(3):
         run_id = f"warm_up_{n}_{uuid.uuid4().hex[:6]}"
         api.trigger(DAG_ID, run_id=run_id, conf={"items": 1, "delay": 0})
-        state = wait_for(lambda run_id=run_id: (s := api.dag_run(DAG_ID, run_id)["state"]) in ("success", "failed")
-                         and s, timeout=300, interval=1.0, what="a warm-up run to end", on_timeout=airflow.tail)
+        state = api.run_state(DAG_ID, run_id, timeout=300, interval=1.0, what="a warm-up run to end",
+                              on_timeout=airflow.tail)
         states.append(state)
         if state == "success":
             return

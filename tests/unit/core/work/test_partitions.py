@@ -368,7 +368,7 @@ def test_with_a_real_scheduler_a_failed_partition_is_cleared_alone_and_resumes_f
 ) -> None:
 
     from support.deployment import databases
-    from support.standalone import Standalone, wait_for
+    from support.standalone import Standalone
 
     dag_id, run_id = "pt_workers", "pt_workers_1"
     with databases(pg_server, "partitions") as db:
@@ -387,8 +387,7 @@ def test_with_a_real_scheduler_a_failed_partition_is_cleared_alone_and_resumes_f
             assert api is not None
 
             def run_state(states: tuple[str, ...]) -> str:
-                return wait_for(lambda: (s := api.dag_run(dag_id, run_id)["state"]) in states and s, timeout=300,
-                                interval=0.5, what=f"{run_id} to reach {states}", on_timeout=lambda: airflow.tail(60))
+                return api.run_state(dag_id, run_id, states, timeout=300, on_timeout=lambda: airflow.tail(60))
 
             def rows() -> list[Checkpoint]:
                 with db.store.open(autocommit=True) as s:
