@@ -22,6 +22,7 @@ from airflow_resumable.core.model.outward import outward_text, outward_traceback
 from airflow_resumable.core.model.request_rules import Action
 from airflow_resumable.core.model.states import Request
 from airflow_resumable.core.stores.base import StoreSession
+from airflow_resumable.core.stores.leases import Start
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,6 +40,9 @@ class Held:
         paused_by: who asked for a pause that this attempt saw pending on the holder's row while it
             waited, and that the holder carried out (the slot ``paused``): it was meant for the task,
             so this attempt pauses before any work too (:func:`pending_pause`; None otherwise).
+        begun: the run, when it started with the lease (a new row, nothing else of the job live: see
+            :meth:`~airflow_resumable.core.stores.leases.Leases.acquire`); the overlap check and
+            :func:`begin` are then done. None otherwise.
     """
 
     session: StoreSession
@@ -47,6 +51,7 @@ class Held:
     created: bool
     stopped_for: str | None = None
     paused_by: str | None = None
+    begun: Begun | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,11 +88,17 @@ def take_lease(given: Given, session: StoreSession) -> Held:
     written: str | None = None  # ... when this attempt wrote that request itself (it withdraws it)
     seen: str | None = None  # a person's stop request seen pending on the holder's row
     pause: str | None = None  # who asked for a pause seen pending on the holder's row
+    # A slot with no row yet starts with the lease, in one statement, where the store can.
+    start = Start(given.attempt, given.record(Fence(given.job, given.slot, given.owner, 1)),
+                  check=options.overlap != "allow")
     try:
         while True:
-            got = session.leases.acquire(given.job, given.slot, given.owner, options.lease)
+            got = session.leases.acquire(given.job, given.slot, given.owner, options.lease, start=start)
             if got is not None:
-                row, created = got
+                row, created, record_id = got
+                if record_id is not None:
+                    starting(given)
+                    return Held(session, Fence.of(row), row, created, begun=Begun(row, False, None, record_id))
                 stopped_for = seen if seen and (row.status, row.stop_reason) == (Status.CANCELLED.value, seen) else None
                 if stopped_for is None and (seen or pause):
                     stopped_for = _cancel_of_the_pause(row)
@@ -377,7 +388,7 @@ def begin(given: Given, held: Held, rerun_because: str | None) -> Begun:
     # A done slot asked to retry its skipped items resumes at its end: they are replayed, not the run.
     replaying = row.status == Status.DONE.value and not restart and _retry_pending(given, session)
     if held.created or (not has_progress and row.status != Status.DONE.value):
-        log.info("starting from the beginning %s", where)
+        starting(given)
     elif row.status == Status.DONE.value and not replaying:
         log.warning(
             "this slot finished at %s (run %s, attempt %s); running it again from the start because %s %s",
@@ -411,6 +422,11 @@ def begin(given: Given, held: Held, rerun_because: str | None) -> Begun:
         held.fence, given.attempt, reset=True, resumed_from=None, record=given.record(held.fence),
     )
     return Begun(fresh, False, None, record_id)
+
+
+def starting(given: Given) -> None:
+    """Say that the attempt starts the slot from the beginning (a new row, or one without progress)."""
+    given.log.info("starting from the beginning [job=%s slot=%s attempt=%s]", given.job, given.slot, given.attempt)
 
 
 def yielded(other: dict[str, Any], *, more: int = 0) -> str:

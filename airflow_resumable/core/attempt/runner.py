@@ -25,6 +25,8 @@ from collections.abc import Callable
 from typing import Any, ClassVar
 
 from airflow_resumable.core.attempt.acquire import (
+    Begun,
+    Held,
     begin,
     overlap,
     pending_cancel,
@@ -165,29 +167,10 @@ class Attempt(Named):
         """:meth:`run` on the attempt's open session: the steps of the module docstring, in order."""
         session.ensure_schema()
         held = take_lease(self.given, session)
-        try:
-            status = status_of(held.row.status, job=self.job, slot=self.slot)
-            check(status, Status.RUNNING, job=self.job, slot=self.slot)
-        except CorruptCheckpoint:
-            release(held)  # leave the hand-edited row as it was
-            raise
-        rerun_because = why_run_again(self.given, held) if status is Status.DONE else None
-        if status is Status.DONE and rerun_because is None:
-            outcome = already_done(self.given, held)
-            self._done = outcome.checkpoint
-            return outcome
-        try:
-            overlap(self.given, held)
-        except (OverlapSkip, OverlapWait):
-            raise  # the lease was given back, with the skip in the history
-        except BaseException:
-            _release_quietly(held)  # nothing started: do not hold the slot until the lease runs out
-            raise
-        try:
-            begun = begin(self.given, held, rerun_because)
-        except BaseException:
-            release(held)  # nothing started: do not hold the slot
-            raise
+        # A new slot's run may start with its lease (nothing else of the job live).
+        begun = held.begun if held.begun is not None else self._begin(held)
+        if isinstance(begun, Outcome):
+            return begun
         run = self.running = self.running_type(self.given, held, begun)
         self.given.reporter.on_start(begun.row, resumed=begun.resumed)
         run.keeper.start()
@@ -240,6 +223,33 @@ class Attempt(Named):
             run.keeper.stop()
         return Outcome(result=result, checkpoint=final, resumed_from=begun.resumed_from)
 
+    def _begin(self, held: Held) -> Begun | Outcome:
+        """Steps 3 and 4 on the row whose lease the attempt holds: the slot's status, the overlap
+        policy, resume or start over. An :class:`Outcome` when the slot was done already."""
+        try:
+            status = status_of(held.row.status, job=self.job, slot=self.slot)
+            check(status, Status.RUNNING, job=self.job, slot=self.slot)
+        except CorruptCheckpoint:
+            release(held)  # leave the hand-edited row as it was
+            raise
+        rerun_because = why_run_again(self.given, held) if status is Status.DONE else None
+        if status is Status.DONE and rerun_because is None:
+            outcome = already_done(self.given, held)
+            self._done = outcome.checkpoint
+            return outcome
+        try:
+            overlap(self.given, held)
+        except (OverlapSkip, OverlapWait):
+            raise  # the lease was given back, with the skip in the history
+        except BaseException:
+            _release_quietly(held)  # nothing started: do not hold the slot until the lease runs out
+            raise
+        try:
+            return begin(self.given, held, rerun_because)
+        except BaseException:
+            release(held)  # nothing started: do not hold the slot
+            raise
+
     def _stopped(self, run: Running, exc: BaseException) -> None:
         """Record how the handler stopped (see :func:`~airflow_resumable.core.attempt.finish.stopped`)."""
         stopped(run, exc)
@@ -277,7 +287,7 @@ def _deleted(run: Running, exc: BaseException) -> CheckpointDeleted | None:
     return why if isinstance(why, CheckpointDeleted) else None
 
 
-def _release_quietly(held: Any) -> None:
+def _release_quietly(held: Held) -> None:
     """Give the lease back after the overlap check failed (a row it read cannot be decoded, the store
     went away): the check's own error is what the caller must see, not a second one of the release."""
     try:

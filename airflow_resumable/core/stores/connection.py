@@ -32,6 +32,7 @@ from airflow_resumable.core.model.outward import outward_text
 from airflow_resumable.core.model.tables import ATTEMPTS, CHECKPOINTS, META, all_tables
 from airflow_resumable.core.stores.decoder import read_record
 from airflow_resumable.core.stores.dialect import Dialect, writes
+from airflow_resumable.core.stores.prepared import preparable
 from airflow_resumable.core.stores.transaction.handle import Loan, SQLiteDriver, TransactionConnection
 from airflow_resumable.core.stores.transaction.postgres_cursors import Psycopg2Driver, Psycopg3Driver
 from airflow_resumable.core.stores.transaction.statements import WITNESS_TABLE, scrubbed
@@ -64,6 +65,13 @@ class _Connector(Protocol):
     def set_autocommit(self, conn: Any, on: bool) -> None: ...
     def describe(self) -> str: ...
     def lost(self, conn: Any) -> bool: ...
+
+
+def _several_statements(conn: Any) -> bool:
+    """Whether ``conn`` takes several statements in one query with parameters: psycopg2's connections
+    (it sends them with the simple query protocol); psycopg 3 binds parameters on the server, one
+    statement a query."""
+    return preparable(conn)
 
 
 def save_rejected(job: str, slot: str) -> LeaseLost:
@@ -305,6 +313,25 @@ class Connection:
         return cur
 
     _execute = execute
+
+    def execute_locked(self, sql: str, params: Mapping[str, Any]) -> Any:
+        """Run ``sql`` under the dialect's lock on ``params["job"]`` (:attr:`Dialect.job_lock`), in
+        one transaction: the statement's snapshot is taken once the lock is held, so it sees what
+        the job's previous holder of the lock committed. Where a write transaction already excludes
+        every other writer (SQLite), just ``sql``.
+
+        psycopg2 in autocommit mode sends the lock and the statement as one query, one round trip
+        (the server runs a query of several statements as one transaction, each statement with a
+        snapshot of its own); otherwise they run in a transaction of their own, or join the open one.
+        """
+        lock = self.d.job_lock
+        if lock is None:
+            return self.execute(sql, params)
+        if self.autocommit and not self._in_transaction and _several_statements(self.conn):
+            return self.execute(f"{lock}; {sql}", params)
+        with self.transaction():
+            self.execute(lock, params)
+            return self.execute(sql, params)
 
     @property
     def in_transaction(self) -> bool:

@@ -36,6 +36,12 @@ class Dialect:
     id_type: str = ""
     #: Statements that serialize schema changes between processes, run first in their transaction.
     schema_lock: tuple[str, ...] = ()
+    #: A statement that takes a lock on one job (named parameter ``job``) until its transaction
+    #: ends, or None where a write transaction already excludes every other writer (SQLite). An
+    #: attempt's overlap check reads the job's other live slots under it, and so does a start made
+    #: with the lease in one statement (``stores/leases.py``): two starters of one job take turns,
+    #: and each sees the other's lease once the first committed.
+    job_lock: str | None = None
     #: Statements run at the start of every migration step's transaction (e.g. a lock timeout).
     migration_setup: tuple[str, ...] = ()
     #: Whether the database has one writer at a time (SQLite): the store's connections then open

@@ -12,7 +12,7 @@ from airflow_resumable.core.model.identity import PLAN_SUFFIX
 from airflow_resumable.core.model.tables import ATTEMPTS, CHECKPOINTS
 from airflow_resumable.core.stores.connection import Connection
 from airflow_resumable.core.stores.decoder import read_record
-from airflow_resumable.core.stores.shared_sql import HISTORY, KEY, SELECT, TABLE
+from airflow_resumable.core.stores.shared_sql import HISTORY, KEY, SELECT, TABLE, live
 
 #: The checkpoint table's columns by name (the numbers the jobs line adds up keep to the decoder's rule).
 _COLUMNS = {c.name: c for c in CHECKPOINTS.columns}
@@ -169,13 +169,16 @@ class Listings:
                 row's own slot and the statement that puts it right. Refused rather than left out: the
                 row is live, so the run it stands for may well overlap this one.
         """
-        now = self._c.d.now()
+        c = self._c
         try:
-            return self._rows(
-                f"SELECT {SELECT} FROM {TABLE} WHERE job = %(job)s AND slot <> %(slot)s AND ((lease_owner IS NOT NULL "
-                f"AND lease_expires_at > {now}) OR status = 'paused') ORDER BY lease_acquired_at, slot",
-                {"job": job, "slot": slot},
-            )
+            # Under the job's lock: a start made with its lease in one statement (Leases.acquire)
+            # commits before this snapshot is taken, or after this check's transaction ended.
+            rows = c.execute_locked(
+                f"SELECT {SELECT} FROM {TABLE} WHERE job = %(job)s AND slot <> %(slot)s AND {live(c.d.now())} "
+                "ORDER BY lease_acquired_at, slot", {"job": job, "slot": slot},
+            ).fetchall()
+            c.commit()
+            return [c.row(r) for r in rows]
         except CorruptCheckpoint as exc:  # the decoder's error names the row's own slot
             other = exc.slot
             raise CorruptCheckpoint(

@@ -25,6 +25,8 @@ class PostgresDialect(Dialect):
     id_type = "BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY"
     # Two workers creating or migrating the schema at once would race on the DDL.
     schema_lock = ("SELECT pg_advisory_xact_lock(7241730117)",)
+    # Two int4 keys (a space apart from the schema lock's one bigint key): the product's class, the job's hash.
+    job_lock = "SELECT pg_advisory_xact_lock(724173011, hashtext(%(job)s))"
     # ALTER TABLE waits for every open transaction on the table (a long transactional chunk) and
     # blocks the table's readers meanwhile: give up after a while instead, and retry.
     migration_setup = ("SET LOCAL lock_timeout = '30s'",)

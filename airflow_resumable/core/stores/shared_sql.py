@@ -22,6 +22,12 @@ KEY = "job = %(job)s AND slot = %(slot)s"
 #: was asked, else NULL.
 PENDING_STOP = "COALESCE(cancel_request, CASE WHEN request = 'pause' THEN 'paused' END)"
 
+def live(now: str) -> str:
+    """The condition of a slot's row that is live at ``now`` (the dialect's current time): its lease
+    held and not expired, or paused (a paused run is still under way)."""
+    return f"((lease_owner IS NOT NULL AND lease_expires_at > {now}) OR status = 'paused')"
+
+
 #: A control request's expected owning DAG when none is given: it takes the slot whichever DAG owns
 #: it (the CLI, the Python API; the REST API gives the DAG it authorized the user for).
 ANY_OWNER: Any = object()

@@ -113,7 +113,7 @@ def test_a_drain_raised_while_waiting_for_another_holders_lease_stops_the_wait_a
     monkeypatch.setenv(drain.DRAIN_FILE_ENV, str(flag))
     with store.open() as s:
         s.ensure_schema()
-        held, _ = s.leases.acquire("drain", "s3", "other-holder", 600)
+        held = s.leases.acquire("drain", "s3", "other-holder", 600).row  # type: ignore[union-attr]
     lines: list[str] = []
     log = logging.getLogger("test_drain.waiting")
     log.addHandler(_Lines(lines))

@@ -325,10 +325,10 @@ def test_a_third_try_asks_the_second_try_that_took_the_slot_in_turn(
     try2_took = threading.Event()
     real_acquire = Leases.acquire
 
-    def acquire_in_turn(self: Leases, job: str, slot: str, owner: str, lease_seconds: float) -> Any:
+    def acquire_in_turn(self: Leases, job: str, slot: str, owner: str, lease_seconds: float, **start: Any) -> Any:
         if owner == "try3" and not try2_took.is_set():
             return None
-        got = real_acquire(self, job, slot, owner, lease_seconds)
+        got = real_acquire(self, job, slot, owner, lease_seconds, **start)
         if owner == "try2" and got is not None:
             try2_took.set()
         return got

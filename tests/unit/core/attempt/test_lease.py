@@ -338,7 +338,7 @@ def test_a_holder_whose_own_renewals_fail_for_a_whole_lease_stops_saying_so_and_
     store = SQLiteStore(tmp_path / "checkpoints.db")
     with store.open() as s:
         s.ensure_schema()
-        row, _ = s.leases.acquire(JOB, SLOT, "o1", 0.9)  # type: ignore[misc]
+        row = s.leases.acquire(JOB, SLOT, "o1", 0.9).row  # type: ignore[union-attr]
         # The checkpoint table goes away under the holder (a restore gone wrong): every renewal fails,
         # and not because another writer holds the lock
         s.execute("ALTER TABLE resumable_checkpoints RENAME TO gone")

@@ -36,7 +36,7 @@ def test_checkpoints_and_heartbeats_are_in_place_updates(pg_database: dict[str, 
     store = PostgresStore(**pg_database)
     with store.open(autocommit=True) as s:
         s.ensure_schema()
-        row, _ = s.leases.acquire(JOB, SLOT, OWNER, 30)
+        row = s.leases.acquire(JOB, SLOT, OWNER, 30).row  # type: ignore[union-attr]
         fence = Fence.of(row)
         s.checkpoints.start(fence, 1, reset=True, resumed_from=None)
         # When it saves 500 checkpoints and renews its lease in between

@@ -65,7 +65,7 @@ def aged(store: Store) -> Store:
         finish(store, slot, how)
     with store.open() as s:
         assert s.leases.acquire(JOB, "old-leased", "a-retry", 30) is not None  # a retry took it, not started yet
-        row, _ = s.leases.acquire(JOB, "old-running", "dead", 30)
+        row = s.leases.acquire(JOB, "old-running", "dead", 30).row  # type: ignore[union-attr]
         s.checkpoints.start(Fence(JOB, "old-running", "dead", row.lease_token), 1, reset=True, resumed_from=None)
         s.execute("UPDATE resumable_checkpoints SET lease_owner = NULL WHERE slot = 'old-running'")  # lapsed, released
         s.commit()

@@ -327,7 +327,7 @@ def test_a_checkpoint_renews_its_holder_s_lease_in_its_own_write(quick_store: SQ
     from airflow_resumable.core.model.fence import Fence
 
     with quick_store.open() as s:
-        row, _ = s.leases.acquire("renew", "s", "o", 1.0)  # type: ignore[misc]
+        row = s.leases.acquire("renew", "s", "o", 1.0).row  # type: ignore[union-attr]
         s.execute(f"UPDATE resumable_checkpoints SET lease_expires_at = {s.d.now()} - 5 WHERE job = 'renew'")
         s.commit()
         s.checkpoints.save(Fence.of(row), Write(position="1", state="{}", processed=1, total=None), 30.0)

@@ -8,11 +8,12 @@ import re
 
 import pytest
 
-from airflow_resumable.core.model.checkpoint import Status, Write
+from airflow_resumable.core.model.checkpoint import AttemptRecord, Status, Write
 from airflow_resumable.core.model.errors import ConfigurationError, CorruptCheckpoint, LeaseLost, SchemaVersionError
 from airflow_resumable.core.model.fence import Fence
 from airflow_resumable.core.model.tables import CHECKPOINTS
 from airflow_resumable.core.stores import SCHEMA_VERSION, Store
+from airflow_resumable.core.stores.leases import Start
 
 JOB, SLOT = "export", "2026-01-01T12:00:00+00:00"
 
@@ -20,7 +21,7 @@ JOB, SLOT = "export", "2026-01-01T12:00:00+00:00"
 def acquire(session, owner: str = "a", lease: float = 30.0, slot: str = SLOT):
     got = session.leases.acquire(JOB, slot, owner, lease)
     assert got is not None, "the lease should have been free"
-    return got
+    return got.row, got.created
 
 
 def test_schema_is_created_once_and_stamped(store: Store) -> None:
@@ -59,6 +60,41 @@ def test_first_acquire_creates_the_row_and_a_save_round_trips_json(store: Store)
         assert got.position == position and got.state == {"total": 7}
         assert (got.processed, got.total) == (10, 30)
         assert got.updated_at is not None and got.updated_at.tzinfo is not None
+
+
+@pytest.mark.parametrize("check", [False, True])
+def test_a_new_slot_starts_with_its_lease_where_the_store_can_and_only_while_nothing_else_of_the_job_is_live(
+    store: Store, check: bool
+) -> None:
+    record = AttemptRecord(job=JOB, slot=SLOT, attempt=3, owner="a", dag_id="d", task_id="t", run_id="r",
+                           map_index=-1, outcome="running")
+    start = Start(attempt=3, record=record, check=check)
+    with store.open() as s:
+        s.ensure_schema()
+        # a slot with no row: PostgreSQL creates it started, with the history record, in one statement
+        got = s.leases.acquire(JOB, SLOT, "a", 30, start=start)
+        assert got is not None and got.created and got.row.lease_token == 1
+        if store.dialect.writable_ctes:
+            assert got.record_id is not None
+            assert (got.row.runs, got.row.attempts, got.row.attempt, got.row.dag_id, got.row.map_index) == (
+                1, 1, 3, "d", -1)
+            [history] = s.listings.history(JOB, SLOT)
+            assert (history.id, history.attempt, history.lease_token, history.outcome, history.run_id) == (
+                got.record_id, 3, 1, "running", "r")
+        else:  # SQLite: the lease only; the attempt starts as on a row that was there
+            assert got.record_id is None and got.row.runs == 0 and s.listings.history(JOB, SLOT) == []
+        # another slot of the same job, while that one is live: started only when the policy does not look
+        other = s.leases.acquire(JOB, "other", "b", 30, start=dataclasses.replace(start, record=dataclasses.replace(
+            record, slot="other", owner="b")))
+        assert other is not None and other.created and other.row.lease_owner == "b"
+        started = store.dialect.writable_ctes and not check
+        assert (other.record_id is not None, other.row.runs) == (started, int(started))
+        # a slot that has a row: its lease is taken, nothing started
+        assert s.leases.acquire(JOB, SLOT, "c", 30, start=start) is None  # live
+        s.execute(f"UPDATE resumable_checkpoints SET lease_expires_at = {s.d.now()} WHERE slot = %s", (SLOT,))
+        s.commit()
+        again = s.leases.acquire(JOB, SLOT, "c", 30, start=start)
+        assert again is not None and not again.created and again.record_id is None and again.row.lease_token == 2
 
 
 def test_a_live_lease_is_not_taken_and_an_expired_one_is(store: Store) -> None:

@@ -1,0 +1,94 @@
+"""Starters of one job at once, each on a new slot: the overlap policy lets one handler run.
+
+On PostgreSQL a new slot's run starts with its lease in one statement, the overlap check inside
+it; that statement and every attempt's own overlap check run under the job's lock (see
+``Leases.acquire`` and ``Listings.live_others``). Without that lock two such starts each miss the
+other and both run. The attempts here are threads with connections of their own, released together
+by a barrier, many rounds; each handler keeps its slot live until every attempt of its round decided.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from airflow_resumable.core.attempt.runner import Attempt, Identity, Options
+from airflow_resumable.core.model.errors import OverlapSkip, OverlapWait
+from airflow_resumable.core.stores.base import Store
+from airflow_resumable.core.stores.postgres import PostgresStore
+from airflow_resumable.core.stores.sqlite import SQLiteStore
+from tests.support.stores import psycopg3_store
+
+STARTERS = 4
+ROUNDS = 25
+DEADLINE = 20.0
+
+
+@pytest.fixture(params=["sqlite", "psycopg2", "psycopg3", "both drivers"])
+def stores(request: pytest.FixtureRequest, tmp_path: Path) -> list[Store]:
+    """One store per starter: a SQLite file, or the PostgreSQL database through psycopg2, psycopg 3,
+    or half through each (a deployment whose workers differ)."""
+    if request.param == "sqlite":
+        store = SQLiteStore(tmp_path / "checkpoints.db")
+        return [store] * STARTERS
+    params: dict[str, Any] = request.getfixturevalue("pg_params")
+    two, three = PostgresStore(**params), psycopg3_store(params)
+    return {"psycopg2": [two] * STARTERS, "psycopg3": [three] * STARTERS,
+            "both drivers": [two, three] * (STARTERS // 2)}[request.param]
+
+
+@pytest.mark.parametrize("policy", ["skip", "wait"])
+def test_starters_of_one_job_at_once_on_new_slots_run_one_handler(stores: list[Store], policy: str) -> None:
+    with stores[0].open(autocommit=True) as s:
+        s.ensure_schema()
+    for n in range(ROUNDS):
+        # Given STARTERS attempts of one job, each on a slot never run, released at once
+        ran, yielded, failed = _at_once(stores, f"at-once-{policy}-{n}", policy)
+        # Then exactly one of them ran its handler, and every other yielded to it
+        assert not failed, failed
+        assert len(ran) == 1, f"round {n}: handlers ran on {sorted(ran)} at once; yielded: {sorted(yielded)}"
+        assert len(yielded) == STARTERS - 1
+
+
+def _at_once(stores: list[Store], job: str, policy: str) -> tuple[list[str], list[str], list[BaseException]]:
+    """One round: the slots whose handler ran, the slots that yielded, and any other error."""
+    barrier = threading.Barrier(STARTERS)
+    decided = threading.Condition()
+    counts = {"decided": 0}
+    ran: list[str] = []
+    yielded: list[str] = []
+    failed: list[BaseException] = []
+
+    def decide() -> None:
+        with decided:
+            counts["decided"] += 1
+            decided.notify_all()
+
+    def handler(ctx: Any) -> None:
+        ran.append(ctx.slot)
+        decide()
+        with decided:  # keep the slot live until every starter of the round decided
+            assert decided.wait_for(lambda: counts["decided"] == STARTERS, timeout=DEADLINE)
+
+    def start(i: int) -> None:
+        attempt = Attempt(stores[i], Identity(job=job, slot=f"s{i}", attempt=1, owner=f"owner-{i}"),
+                          options=Options(overlap=policy, lease=30))
+        barrier.wait(timeout=DEADLINE)
+        try:
+            attempt.run(handler)
+        except (OverlapSkip, OverlapWait):
+            yielded.append(f"s{i}")
+            decide()
+        except BaseException as exc:
+            failed.append(exc)
+            decide()
+
+    threads = [threading.Thread(target=start, args=(i,)) for i in range(STARTERS)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=2 * DEADLINE)
+    return ran, yielded, failed
