@@ -323,13 +323,20 @@ class Connection:
         psycopg2 in autocommit mode sends the lock and the statement as one query, one round trip
         (the server runs a query of several statements as one transaction, each statement with a
         snapshot of its own); otherwise they run in a transaction of their own, or join the open one.
+        A transaction of their own reads committed data whatever the session's default isolation
+        (:attr:`Dialect.job_lock_isolation`): under ``REPEATABLE READ`` the snapshot would be taken by
+        the lock's statement, before the lock is granted. A transaction joined keeps its isolation.
         """
         lock = self.d.job_lock
         if lock is None:
             return self.execute(sql, params)
+        isolation = self.d.job_lock_isolation
         if self.autocommit and not self._in_transaction and _several_statements(self.conn):
-            return self.execute(f"{lock}; {sql}", params)
+            return self.execute("; ".join(filter(None, (isolation, lock, sql))), params)
+        fresh = not self._in_transaction and self.conn.info.transaction_status == 0  # nothing run yet: IDLE
         with self.transaction():
+            if fresh and isolation:
+                self.execute(isolation)
             self.execute(lock, params)
             return self.execute(sql, params)
 

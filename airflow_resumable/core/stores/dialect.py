@@ -42,6 +42,11 @@ class Dialect:
     #: with the lease in one statement (``stores/leases.py``): two starters of one job take turns,
     #: and each sees the other's lease once the first committed.
     job_lock: str | None = None
+    #: A statement that makes the transaction :attr:`job_lock` opens read what was committed before
+    #: each of its statements (PostgreSQL: ``READ COMMITTED``, whatever the session's default): a
+    #: snapshot taken once for the whole transaction (``REPEATABLE READ``, ``SERIALIZABLE``) would be
+    #: taken before the lock is granted, and miss what the lock's previous holder committed.
+    job_lock_isolation: str | None = None
     #: Statements run at the start of every migration step's transaction (e.g. a lock timeout).
     migration_setup: tuple[str, ...] = ()
     #: Whether the database has one writer at a time (SQLite): the store's connections then open

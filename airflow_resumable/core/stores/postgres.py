@@ -27,6 +27,9 @@ class PostgresDialect(Dialect):
     schema_lock = ("SELECT pg_advisory_xact_lock(7241730117)",)
     # Two int4 keys (a space apart from the schema lock's one bigint key): the product's class, the job's hash.
     job_lock = "SELECT pg_advisory_xact_lock(724173011, hashtext(%(job)s))"
+    # A database or role whose default_transaction_isolation is 'repeatable read' would otherwise take
+    # the locked statement's snapshot before the lock is granted.
+    job_lock_isolation = "SET TRANSACTION ISOLATION LEVEL READ COMMITTED"
     # ALTER TABLE waits for every open transaction on the table (a long transactional chunk) and
     # blocks the table's readers meanwhile: give up after a while instead, and retry.
     migration_setup = ("SET LOCAL lock_timeout = '30s'",)
