@@ -196,7 +196,11 @@ class Leases:
         c.commit()
         *row, record_id, others_live = got
         if row[0] is not None:
-            return Taken(c.row(tuple(row)), True, int(record_id))
+            try:
+                return Taken(c.row(tuple(row)), True, int(record_id))
+            except CorruptCheckpoint:  # e.g. a map index out of range: give the lease back, as a start after it does
+                self.release(Fence(params["job"], params["slot"], params["owner"], int(row[_TOKEN])))
+                raise
         if not others_live:
             return None  # the slot has a row: take its lease
         row = c.execute(_sql(c.d).create, params).fetchone()  # another slot is live: the lease only

@@ -10,6 +10,7 @@ import pytest
 
 from airflow_resumable.core.attempt.runner import Attempt, Identity, Options
 from airflow_resumable.core.model.checkpoint import Origin
+from airflow_resumable.core.model.errors import CorruptCheckpoint
 from airflow_resumable.core.model.tables import ATTEMPTS, CHECKPOINTS
 from airflow_resumable.core.stores.leases import Leases
 
@@ -48,3 +49,18 @@ def test_a_run_started_with_its_lease_leaves_the_rows_of_a_start_after_it(store:
     run("old")
     assert seen["new running"] == seen["old running"]
     assert seen["new done"] == seen["old done"]
+
+
+def test_a_start_whose_row_cannot_be_read_back_gives_the_lease_back(store: Any) -> None:
+    # Given a new slot's attempt whose task instance has a map index out of the column's range
+    with store.open(autocommit=True) as s:
+        s.ensure_schema()
+    attempt = Attempt(store, Identity(job="odd", slot="s", attempt=1, owner="o", origin=Origin("d", "t", "r", -5)),
+                      options=Options(overlap="skip"))
+    # When it starts, the row it wrote cannot be read back
+    with pytest.raises(CorruptCheckpoint, match=r"map_index -5 .*\[job='odd' slot='s'\]"):
+        attempt.run(lambda ctx: None)
+    # Then the lease is given back, as when the start came after the lease: a retry need not wait it out
+    with store.open(autocommit=True) as s:
+        owner = s.execute(f"SELECT lease_owner FROM {CHECKPOINTS.name} WHERE job = 'odd'").fetchone()[0]
+    assert owner is None
