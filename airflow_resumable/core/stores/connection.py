@@ -74,6 +74,12 @@ def _several_statements(conn: Any) -> bool:
     return preparable(conn)
 
 
+def _psycopg3(conn: Any) -> bool:
+    """Whether ``conn`` is psycopg 3's (it names a transaction's isolation level in its own ``BEGIN``)."""
+    psycopg = sys.modules.get("psycopg")
+    return psycopg is not None and isinstance(conn, psycopg.Connection)
+
+
 def save_rejected(job: str, slot: str) -> LeaseLost:
     """The error of a checkpoint that matched no row: the lease is another attempt's."""
     return LeaseLost(
@@ -333,9 +339,21 @@ class Connection:
         isolation = self.d.job_lock_isolation
         if self.autocommit and not self._in_transaction and _several_statements(self.conn):
             return self.execute("; ".join(filter(None, (isolation, lock, sql))), params)
-        fresh = not self._in_transaction and self.conn.info.transaction_status == 0  # nothing run yet: IDLE
+        fresh = bool(isolation) and not self._in_transaction and self.conn.info.transaction_status == 0  # IDLE
+        if fresh and _psycopg3(self.conn):  # in the driver's BEGIN: no round trip of its own
+            import psycopg
+
+            before = self.conn.isolation_level
+            self.conn.isolation_level = psycopg.IsolationLevel.READ_COMMITTED
+            try:
+                with self.transaction():
+                    self.execute(lock, params)
+                    return self.execute(sql, params)
+            finally:
+                if not self.lost:
+                    self.conn.isolation_level = before
         with self.transaction():
-            if fresh and isolation:
+            if fresh:
                 self.execute(isolation)
             self.execute(lock, params)
             return self.execute(sql, params)
