@@ -82,8 +82,10 @@ def _start_one(start: str, clear: bool) -> str:
 def _sql(d: Dialect) -> _SQL:
     """The checkpoint's statements, built once per dialect."""
     now = d.now()
+    # A run starting over began when its lease was taken, before the attempt's overlap check: a
+    # starter of the job that checks between that check and this start sees it as the earlier run.
     fresh = ("position = NULL, state = '{}', processed = 0, total = NULL, attempts = 1, runs = runs + 1, "
-             f"resumed_from = NULL, started_at = {now}, last_error = NULL, result = NULL, reader = NULL")
+             "resumed_from = NULL, started_at = lease_acquired_at, last_error = NULL, result = NULL, reader = NULL")
     resumed = "attempts = attempts + 1, resumed_from = %(resumed_from)s"
     starts = {reset: (
         f"UPDATE {TABLE} SET {sets}, status = 'running', attempt = %(attempt)s, stop_reason = NULL, "
