@@ -353,7 +353,7 @@ class Connection:
                 if not self.lost:
                     self.conn.isolation_level = before
         with self.transaction():
-            if fresh:
+            if fresh and isolation:
                 self.execute(isolation)
             self.execute(lock, params)
             return self.execute(sql, params)

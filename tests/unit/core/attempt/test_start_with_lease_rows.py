@@ -25,7 +25,7 @@ def _rows(store: Any, job: str) -> dict[str, list[dict[str, Any]]]:
         for table in (CHECKPOINTS, ATTEMPTS):
             names = [n for n in table.names if n not in _TIMES and n != "job"]
             got = c.execute(f"SELECT {', '.join(names)} FROM {table.name} WHERE job = %(job)s ORDER BY 1", {"job": job})
-            out[table.name] = [dict(zip(names, r)) for r in got.fetchall()]
+            out[table.name] = [dict(zip(names, r, strict=True)) for r in got.fetchall()]
         return out
 
 
