@@ -53,6 +53,21 @@ def test_starters_of_one_job_at_once_on_new_slots_run_one_handler(stores: list[S
         assert len(yielded) == STARTERS - 1
 
 
+
+@pytest.mark.parametrize("driver", ["psycopg2", "psycopg3"])
+def test_starters_at_once_under_repeatable_read_run_one_handler(pg_params: dict[str, Any], driver: str) -> None:
+    """On a database whose sessions default to REPEATABLE READ (``default_transaction_isolation``, a
+    role's or a database's setting the store does not override) the lock's own statement would take
+    the snapshot before the lock is granted: the job's lock runs in a READ COMMITTED transaction."""
+    params = {**pg_params, "options": f"{pg_params.get('options', '')} -c default_transaction_isolation=repeatable\\ read"}
+    store = PostgresStore(**params) if driver == "psycopg2" else psycopg3_store(params)
+    with store.open(autocommit=True) as s:
+        s.ensure_schema()
+    for n in range(15):
+        ran, yielded, failed = _at_once([store] * STARTERS, f"rr-{n}", "skip")
+        assert not failed, failed
+        assert len(ran) == 1, f"round {n}: handlers ran on {sorted(ran)} at once; yielded: {sorted(yielded)}"
+
 def _at_once(stores: list[Store], job: str, policy: str) -> tuple[list[str], list[str], list[BaseException]]:
     """One round: the slots whose handler ran, the slots that yielded, and any other error."""
     barrier = threading.Barrier(STARTERS)
