@@ -24,6 +24,7 @@ from airflow_resumable.core.model.errors import (
     CheckpointDeleted,
     ConfigurationError,
     LeaseLost,
+    StoreBusy,
     StoreUnavailable,
     TransactionRefused,
 )
@@ -262,6 +263,10 @@ def _read_write(conn: Any) -> None:
         conn.read_only = False
 
 
+#: SQLSTATE lock_not_available: a lock not granted within ``lock_timeout``.
+_LOCK_NOT_AVAILABLE = "55P03"
+
+
 def _sqlstate(exc: BaseException) -> str | None:
     """A PostgreSQL error's SQLSTATE (psycopg2's ``pgcode``, psycopg 3's ``sqlstate``)."""
     return getattr(exc, "pgcode", None) or getattr(exc, "sqlstate", None)
@@ -332,7 +337,25 @@ class Connection:
         A transaction of their own reads committed data whatever the session's default isolation
         (:attr:`Dialect.job_lock_isolation`): under ``REPEATABLE READ`` the snapshot would be taken by
         the lock's statement, before the lock is granted. A transaction joined keeps its isolation.
+
+        Raises:
+            StoreBusy: the lock was not granted within the connection's ``lock_timeout`` (another
+                attempt of the job held it that long); nothing was written.
         """
+        try:
+            return self._execute_locked(sql, params)
+        except Exception as exc:
+            if _sqlstate(exc) != _LOCK_NOT_AVAILABLE:
+                raise
+            raise StoreBusy(
+                "the job's lock, which an attempt takes to apply its overlap policy (and to start a new slot), was "
+                f"not granted within this connection's lock_timeout: {outward_text(str(exc).strip())}; nothing was "
+                "written", job=params.get("job"), slot=params.get("slot"),
+                hint="Another attempt of the job held it that long (each holds it only while it decides): a retry decides "
+                "again. If it recurs, raise or unset lock_timeout on the checkpoint connection",
+            ) from exc
+
+    def _execute_locked(self, sql: str, params: Mapping[str, Any]) -> Any:
         lock = self.d.job_lock
         if lock is None:
             return self.execute(sql, params)
