@@ -331,9 +331,10 @@ class Connection:
         the job's previous holder of the lock committed. Where a write transaction already excludes
         every other writer (SQLite), just ``sql``.
 
-        psycopg2 in autocommit mode sends the lock and the statement as one query, one round trip
-        (the server runs a query of several statements as one transaction, each statement with a
-        snapshot of its own); otherwise they run in a transaction of their own, or join the open one.
+        In autocommit mode the lock and the statement go as one query, one round trip (psycopg2's
+        cursors, psycopg 3's ``ClientCursor``: parameters bound on the client; the server runs a
+        query of several statements as one transaction, each statement with a snapshot of its own);
+        otherwise they run in a transaction of their own, or join the open one.
         A transaction of their own reads committed data whatever the session's default isolation
         (:attr:`Dialect.job_lock_isolation`): under ``REPEATABLE READ`` the snapshot would be taken by
         the lock's statement, before the lock is granted. A transaction joined keeps its isolation.
@@ -360,8 +361,18 @@ class Connection:
         if lock is None:
             return self.execute(sql, params)
         isolation = self.d.job_lock_isolation
-        if self.autocommit and not self._in_transaction and _several_statements(self.conn):
-            return self.execute("; ".join(filter(None, (isolation, lock, sql))), params)
+        if self.autocommit and not self._in_transaction:
+            text = "; ".join(filter(None, (isolation, lock, sql)))
+            if _several_statements(self.conn):
+                return self.execute(text, params)
+            if _psycopg3(self.conn):  # its client-side binding cursor sends a query of several statements too
+                import psycopg
+
+                cur = psycopg.ClientCursor(self.conn)
+                cur.execute(self.qualified(text), params)
+                while cur.nextset():  # to the last statement's rows
+                    pass
+                return cur
         fresh = bool(isolation) and not self._in_transaction and self.conn.info.transaction_status == 0  # IDLE
         if fresh and _psycopg3(self.conn):  # in the driver's BEGIN: no round trip of its own
             import psycopg

@@ -133,3 +133,43 @@ def test_a_job_lock_not_granted_within_lock_timeout_is_a_clear_error_and_writes_
     assert "lock_timeout" in str(raised.value) and "a retry decides again" in (raised.value.hint or "")
     with store.open(autocommit=True) as s:
         assert s.checkpoints.load("locked job", "s1") is None and s.listings.history("locked job", "s1") == []
+
+
+def test_an_attempt_on_a_new_slot_through_psycopg3_sends_three_queries(pg_params: dict[str, Any], tmp_path: Path) -> None:
+    """Airflow's Postgres provider connects with psycopg 3: there too the job's lock and the start go
+    as one query (its ``ClientCursor``), so an empty attempt under ``skip`` sends the schema probe, that
+    query and its end (read from libpq's trace: a ``Query`` or a ``Sync`` ends each round trip)."""
+    import psycopg
+
+    params = {k: v for k, v in pg_params.items() if k != "application_name"}
+    traces: list[Path] = []
+    files: list[Any] = []  # kept open: libpq writes to the descriptor
+
+    class Traced(psycopg.Connection):  # type: ignore[type-arg]
+        def close(self) -> None:
+            if not self.closed:
+                self.pgconn.untrace()  # flushes libpq's buffer
+            super().close()
+
+    def connect() -> Any:
+        conn = Traced.connect(**params)
+        traces.append(tmp_path / f"trace-{len(traces)}.txt")
+        files.append(open(traces[-1], "w"))  # noqa: SIM115 - libpq writes to it until the connection closes
+        conn.pgconn.trace(files[-1].fileno())
+        return conn
+
+    store = PostgresStore.from_connect(connect, host=params.get("host"), dbname=params.get("dbname"))
+    try:
+        with store.open(autocommit=True) as s:
+            s.ensure_schema()
+        traces.clear()
+        outcome = Attempt(store, Identity(job="traced", slot="s1", attempt=1, owner="o"),
+                          options=Options(overlap="skip", lease=30)).run(lambda ctx: None)
+    finally:
+        for f in files:
+            f.close()
+    assert outcome.checkpoint.status == "done"
+    sent = [line.split("\t")[3:] for trace in traces for line in trace.read_text().splitlines()
+            if line.split("\t")[1:2] == ["F"] and line.split("\t")[3] in ("Query", "Sync")]
+    assert len(sent) == 3, sent
+    assert "pg_advisory_xact_lock" in sent[1][1] and "INSERT INTO" in sent[1][1], sent[1]
