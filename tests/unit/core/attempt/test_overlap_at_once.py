@@ -173,3 +173,21 @@ def test_an_attempt_on_a_new_slot_through_psycopg3_sends_three_queries(pg_params
             if line.split("\t")[1:2] == ["F"] and line.split("\t")[3] in ("Query", "Sync")]
     assert len(sent) == 3, sent
     assert "pg_advisory_xact_lock" in sent[1][1] and "INSERT INTO" in sent[1][1], sent[1]
+
+
+@pytest.mark.parametrize("driver", ["psycopg2", "psycopg3"])
+def test_odd_job_and_slot_names_go_through_the_one_query_start_as_values(pg_params: dict[str, Any], driver: str) -> None:
+    # Given names a query of several statements, bound on the client, must quote as values
+    store = PostgresStore(**pg_params) if driver == "psycopg2" else psycopg3_store(pg_params)
+    with store.open(autocommit=True) as s:
+        s.ensure_schema()
+    for job in ["a'b", "a\\b'c", "x; DROP TABLE y --", "%(job)s", "%s %%", "é ☃ \u200b", "$1 $$q$$"]:
+        for slot in ["s", "s'2"]:
+            # When each runs on a new slot under skip (the first is done when the second starts)
+            out = Attempt(store, Identity(job=job, slot=slot, attempt=1, owner="o"),
+                          options=Options(overlap="skip", lease=30)).run(lambda ctx: ctx.checkpoint(1, processed=1))
+            # Then its row and its history record hold the names as given
+            assert (out.checkpoint.status, out.checkpoint.job, out.checkpoint.slot) == ("done", job, slot)
+            with store.open(autocommit=True) as s:
+                [record] = s.listings.history(job, slot)
+            assert (record.job, record.slot, record.outcome) == (job, slot, "done")
