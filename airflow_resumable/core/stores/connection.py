@@ -33,7 +33,6 @@ from airflow_resumable.core.model.outward import outward_text
 from airflow_resumable.core.model.tables import ATTEMPTS, CHECKPOINTS, META, all_tables
 from airflow_resumable.core.stores.decoder import read_record
 from airflow_resumable.core.stores.dialect import Dialect, writes
-from airflow_resumable.core.stores.prepared import preparable
 from airflow_resumable.core.stores.transaction.handle import Loan, SQLiteDriver, TransactionConnection
 from airflow_resumable.core.stores.transaction.postgres_cursors import Psycopg2Driver, Psycopg3Driver
 from airflow_resumable.core.stores.transaction.statements import WITNESS_TABLE, scrubbed
@@ -68,15 +67,14 @@ class _Connector(Protocol):
     def lost(self, conn: Any) -> bool: ...
 
 
-def _several_statements(conn: Any) -> bool:
-    """Whether ``conn`` takes several statements in one query with parameters: psycopg2's connections
-    (it sends them with the simple query protocol); psycopg 3 binds parameters on the server, one
-    statement a query."""
-    return preparable(conn)
+def _psycopg2(conn: Any) -> bool:
+    """Whether ``conn`` is psycopg2's (it binds parameters on the client: a query may hold several statements)."""
+    psycopg2 = sys.modules.get("psycopg2.extensions")
+    return psycopg2 is not None and isinstance(conn, psycopg2.connection)
 
 
 def _psycopg3(conn: Any) -> bool:
-    """Whether ``conn`` is psycopg 3's (it names a transaction's isolation level in its own ``BEGIN``)."""
+    """Whether ``conn`` is psycopg 3's (it binds parameters on the server, except through a ``ClientCursor``)."""
     psycopg = sys.modules.get("psycopg")
     return psycopg is not None and isinstance(conn, psycopg.Connection)
 
@@ -237,11 +235,9 @@ def driver_of(conn: Any, placeholders: Any) -> Any:
     """
     if isinstance(conn, sqlite3.Connection):
         return SQLiteDriver(placeholders)
-    psycopg2 = sys.modules.get("psycopg2.extensions")
-    if psycopg2 is not None and isinstance(conn, psycopg2.connection):
+    if _psycopg2(conn):
         return Psycopg2Driver()
-    psycopg = sys.modules.get("psycopg")
-    if psycopg is not None and isinstance(conn, psycopg.Connection):
+    if _psycopg3(conn):
         return Psycopg3Driver()
     raise ConfigurationError(
         f"ctx.transaction() cannot lend a connection of {type(conn).__module__}.{type(conn).__qualname__}: only "
@@ -363,7 +359,7 @@ class Connection:
         isolation = self.d.job_lock_isolation
         if self.autocommit and not self._in_transaction:
             text = "; ".join(filter(None, (isolation, lock, sql)))
-            if _several_statements(self.conn):
+            if _psycopg2(self.conn):
                 return self.execute(text, params)
             if _psycopg3(self.conn):  # its client-side binding cursor sends a query of several statements too
                 import psycopg
@@ -373,19 +369,7 @@ class Connection:
                 while cur.nextset():  # to the last statement's rows
                     pass
                 return cur
-        fresh = bool(isolation) and not self._in_transaction and self.conn.info.transaction_status == 0  # IDLE
-        if fresh and _psycopg3(self.conn):  # in the driver's BEGIN: no round trip of its own
-            import psycopg
-
-            before = self.conn.isolation_level
-            self.conn.isolation_level = psycopg.IsolationLevel.READ_COMMITTED
-            try:
-                with self.transaction():
-                    self.execute(lock, params)
-                    return self.execute(sql, params)
-            finally:
-                if not self.lost:
-                    self.conn.isolation_level = before
+        fresh = not self._in_transaction and self.conn.info.transaction_status == 0  # IDLE: the BEGIN is ours
         with self.transaction():
             if fresh and isolation:
                 self.execute(isolation)

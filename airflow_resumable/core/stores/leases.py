@@ -166,11 +166,12 @@ class Leases:
         c = self._c
         sql = _sql(c.d)
         params = {"job": job, "slot": slot, "owner": owner, "lease": lease_seconds}
+        create = True  # the slot may have no row yet
         if start is not None and sql.create_started is not None:
-            got = self._create_started(sql.create_started[start.check], params, start)
+            got, create = self._create_started(sql.create_started[start.check], params, start)
             if got is not None:
                 return got
-        else:
+        if create:
             row = c.execute(sql.create, params).fetchone()
             if row is not None:
                 c.commit()
@@ -185,8 +186,9 @@ class Leases:
             self.release(Fence(job, slot, owner, int(row[_TOKEN])))  # leave the unreadable row as it was, lease included
             raise
 
-    def _create_started(self, text: str, params: dict[str, Any], start: Start) -> Taken | None:
-        """:meth:`acquire`'s new row, created started if it can be; None when the slot has a row."""
+    def _create_started(self, text: str, params: dict[str, Any], start: Start) -> tuple[Taken | None, bool]:
+        """:meth:`acquire`'s new row, created started if it can be; else None, and whether the slot may
+        still have no row (another slot of the job was live: it is then created with the lease only)."""
         c = self._c
         history = history_params(start.record)
         values = {**params, "attempt": start.attempt, "dag_id": start.record.dag_id, "task_id": start.record.task_id,
@@ -195,17 +197,13 @@ class Leases:
         got = (c.execute_locked(text, values) if start.check else c.execute(text, values)).fetchone()
         c.commit()
         *row, record_id, others_live = got
-        if row[0] is not None:
-            try:
-                return Taken(c.row(tuple(row)), True, int(record_id))
-            except CorruptCheckpoint:  # e.g. a map index out of range: give the lease back, as a start after it does
-                self.release(Fence(params["job"], params["slot"], params["owner"], int(row[_TOKEN])))
-                raise
-        if not others_live:
-            return None  # the slot has a row: take its lease
-        row = c.execute(_sql(c.d).create, params).fetchone()  # another slot is live: the lease only
-        c.commit()
-        return None if row is None else Taken(c.row(row), True)
+        if row[0] is None:
+            return None, bool(others_live)
+        try:
+            return Taken(c.row(tuple(row)), True, int(record_id)), False
+        except CorruptCheckpoint:  # e.g. a map index out of range: give the lease back, as a start after it does
+            self.release(Fence(params["job"], params["slot"], params["owner"], int(row[_TOKEN])))
+            raise
 
     def release(self, fence: Fence, *, delete: bool = False, record: AttemptRecord | None = None) -> None:
         """Give back the lease without touching the row's progress (nothing was started).

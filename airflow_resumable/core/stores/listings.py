@@ -24,9 +24,10 @@ class Listings:
     def __init__(self, connection: Connection):
         self._c = connection
 
-    def _rows(self, sql: str, params: dict[str, Any]) -> list[Checkpoint]:
+    def _rows(self, sql: str, params: dict[str, Any], *, locked: bool = False) -> list[Checkpoint]:
+        """The rows of ``sql``, decoded; ``locked``: read under the job's lock (:meth:`Connection.execute_locked`)."""
         c = self._c
-        rows = c.execute(sql, params).fetchall()
+        rows = (c.execute_locked(sql, params) if locked else c.execute(sql, params)).fetchall()
         c.commit()
         return [c.row(r) for r in rows]
 
@@ -169,16 +170,13 @@ class Listings:
                 row's own slot and the statement that puts it right. Refused rather than left out: the
                 row is live, so the run it stands for may well overlap this one.
         """
-        c = self._c
         try:
             # Under the job's lock: a start made with its lease in one statement (Leases.acquire)
             # commits before this snapshot is taken, or after this check's transaction ended.
-            rows = c.execute_locked(
-                f"SELECT {SELECT} FROM {TABLE} WHERE job = %(job)s AND slot <> %(slot)s AND {live(c.d.now())} "
-                "ORDER BY lease_acquired_at, slot", {"job": job, "slot": slot},
-            ).fetchall()
-            c.commit()
-            return [c.row(r) for r in rows]
+            return self._rows(
+                f"SELECT {SELECT} FROM {TABLE} WHERE job = %(job)s AND slot <> %(slot)s AND {live(self._c.d.now())} "
+                "ORDER BY lease_acquired_at, slot", {"job": job, "slot": slot}, locked=True,
+            )
         except CorruptCheckpoint as exc:  # the decoder's error names the row's own slot
             other = exc.slot
             raise CorruptCheckpoint(
