@@ -145,7 +145,7 @@ def unwritable(location: Location) -> StoreUnavailable | None:
             "sqlite:////var/lib/airflow/checkpoints.db; a retry resumes from the last checkpoint",
         )
     if os.path.exists(path):
-        if not os.access(path, os.R_OK | os.W_OK):
+        if _refused(path):
             return StoreUnavailable(f"the SQLite checkpoint file {path!r} is read-only for this process ({_who()}): "
                                     "the store writes a checkpoint after every chunk",
                                     hint=fix.format(what=path))
@@ -160,13 +160,25 @@ def unwritable(location: Location) -> StoreUnavailable | None:
         )
     for suffix in ("-wal", "-shm", "-turns"):
         companion = path + suffix
-        if os.path.exists(companion) and not os.access(companion, os.R_OK | os.W_OK):
+        if _refused(companion):
             return StoreUnavailable(
                 f"{companion!r}, beside the SQLite checkpoint file {path!r}, is read-only for this process "
                 f"({_who()}): it was made by another user",
                 hint=fix.format(what=companion),
             )
     return None
+
+
+def _refused(path: str) -> bool:
+    """Whether ``path`` is there and this process may not read and write it. SQLite deletes the
+    ``-wal`` and ``-shm`` files when another process closes the file's last connection, and may
+    create them again at once, so a file seen and then gone (``access()`` says no for a missing
+    file too) is asked again: only a file that is there after a refusal, three times over, is
+    refused; a race that turns a file another process just deleted into "read-only" is not."""
+    for _ in range(3):
+        if os.access(path, os.R_OK | os.W_OK) or not os.path.exists(path):
+            return False
+    return True
 
 
 def _missing(location: Location) -> StoreUnavailable:

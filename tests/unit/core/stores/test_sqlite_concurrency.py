@@ -12,6 +12,7 @@ renewals are the database's own timestamps, not an observer's.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -333,3 +334,44 @@ def test_a_checkpoint_renews_its_holder_s_lease_in_its_own_write(quick_store: SQ
         s.checkpoints.save(Fence.of(row), Write(position="1", state="{}", processed=1, total=None), 30.0)
         s.commit()
         assert s.checkpoints.load("renew", "s").lease_expires_at > row.lease_expires_at  # type: ignore[union-attr]
+
+
+_CHURN = """
+import sys
+from airflow_resumable.core.stores import SQLiteStore
+store = SQLiteStore(sys.argv[1])
+for _ in range(int(sys.argv[2])):
+    conn = store.connect(autocommit=True)
+    conn.execute("INSERT INTO sink VALUES ('churn', 1)")
+    conn.close()  # the file's last connection: SQLite deletes -wal and -shm
+"""
+
+
+def test_a_store_opened_while_another_process_closes_the_file_is_not_taken_for_read_only(
+    sqlite_store: SQLiteStore,
+) -> None:
+    from airflow_resumable.core.stores.sqlite_errors import unwritable
+
+    # Given another process opening and closing the file's last connection, over and over, so that
+    # SQLite deletes and makes again its -wal and -shm files
+    churn = subprocess.Popen([sys.executable, "-c", _CHURN, str(sqlite_store.path), "1500"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # When this process checks, as every connect() does first, that it may write the file and the
+    # files beside it, all the while
+    refused: list[str] = []
+    checks, wal_seen, wal_gone = 0, 0, 0
+    deadline = time.monotonic() + 120
+    while churn.poll() is None and time.monotonic() < deadline:
+        found = unwritable(sqlite_store.location)
+        if found is not None:
+            refused.append(str(found))
+        checks += 1
+        if os.path.exists(f"{sqlite_store.path}-wal"):
+            wal_seen += 1
+        else:
+            wal_gone += 1
+    out, err = churn.communicate(timeout=60)
+    assert churn.returncode == 0, err[-2000:]
+    # Then none of those checks calls a file the other process just deleted read-only
+    assert wal_seen and wal_gone, (checks, wal_seen, wal_gone)  # the race was there to be lost
+    assert not refused, f"{len(refused)} of {checks} checks refused the store: {refused[0]}"
