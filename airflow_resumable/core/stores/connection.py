@@ -261,6 +261,8 @@ def _read_write(conn: Any) -> None:
 
 #: SQLSTATE lock_not_available: a lock not granted within ``lock_timeout``.
 _LOCK_NOT_AVAILABLE = "55P03"
+#: SQLSTATE query_canceled: ``statement_timeout`` fired, or a cancel request came (``pg_cancel_backend()``).
+_QUERY_CANCELED = "57014"
 
 
 def _sqlstate(exc: BaseException) -> str | None:
@@ -337,19 +339,27 @@ class Connection:
 
         Raises:
             StoreBusy: the lock was not granted within the connection's ``lock_timeout`` (another
-                attempt of the job held it that long); nothing was written.
+                attempt of the job held it that long), or the wait or the statement was cancelled
+                (``statement_timeout``, a cancel request); nothing was written.
         """
         try:
             return self._execute_locked(sql, params)
         except Exception as exc:
-            if _sqlstate(exc) != _LOCK_NOT_AVAILABLE:
+            state = _sqlstate(exc)
+            lock = "the job's lock, which an attempt takes to apply its overlap policy (and to start a new slot)"
+            if state == _LOCK_NOT_AVAILABLE:
+                what, setting = f"{lock}, was not granted within this connection's lock_timeout", "lock_timeout"
+            elif state == _QUERY_CANCELED:
+                what = (f"the wait for {lock}, or the statement under it, was cancelled before it ended (this "
+                        "connection's statement_timeout, or a cancel request)")
+                setting = "statement_timeout"
+            else:
                 raise
             raise StoreBusy(
-                "the job's lock, which an attempt takes to apply its overlap policy (and to start a new slot), was "
-                f"not granted within this connection's lock_timeout: {outward_text(str(exc).strip())}; nothing was "
-                "written", job=params.get("job"), slot=params.get("slot"),
+                f"{what}: "
+                f"{outward_text(str(exc).strip())}; nothing was written", job=params.get("job"), slot=params.get("slot"),
                 hint="Another attempt of the job held it that long (each holds it only while it decides): a retry decides "
-                "again. If it recurs, raise or unset lock_timeout on the checkpoint connection",
+                f"again. If it recurs, raise or unset {setting} on the checkpoint connection",
             ) from exc
 
     def _execute_locked(self, sql: str, params: Mapping[str, Any]) -> Any:
