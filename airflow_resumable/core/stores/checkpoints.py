@@ -268,7 +268,7 @@ class Checkpoints:
         c.check_loan()  # a lent connection's transaction must still be the chunk's (no round trip)
         cur = self._save_cursor
         if cur is None:  # one cursor for every checkpoint of the session
-            cur = self._save_cursor = c.conn.cursor()
+            cur = self._save_cursor = c.cursor()
         sql, params = self.save_statement(fence, write, lease)
         if c.d.one_writer:
             with c.conn.own():  # SQLite's statement (and its rowcount) ends with its rows

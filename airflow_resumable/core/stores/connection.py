@@ -79,6 +79,23 @@ def _psycopg3(conn: Any) -> bool:
     return psycopg is not None and isinstance(conn, psycopg.Connection)
 
 
+def _tuple_rows(conn: Any) -> dict[str, Any]:
+    """The arguments of ``conn.cursor()`` that make its rows tuples, whatever the connection's
+    default: an Airflow Postgres connection's ``cursor`` extra (``dictcursor``...) has the hook set
+    psycopg 3's ``row_factory`` or psycopg2's ``cursor_factory``, and the run reads its rows by position."""
+    if _psycopg3(conn):
+        from psycopg.rows import tuple_row
+
+        return {"row_factory": tuple_row}
+    if _psycopg2(conn):  # a cursor class of the connection's own that keeps tuples (one that logs) stays
+        from psycopg2.extensions import cursor
+        from psycopg2.extras import DictCursorBase
+
+        factory = conn.cursor_factory
+        return {"cursor_factory": cursor} if isinstance(factory, type) and issubclass(factory, DictCursorBase) else {}
+    return {}
+
+
 def save_rejected(job: str, slot: str) -> LeaseLost:
     """The error of a checkpoint that matched no row: the lease is another attempt's."""
     return LeaseLost(
@@ -288,6 +305,12 @@ class Connection:
         self._depth = 0
         #: PostgreSQL, once lent: the schema of the run's tables (see :meth:`qualified`).
         self._schema: str | None = None
+        self._tuples = _tuple_rows(conn)
+
+    def cursor(self) -> Any:
+        """A cursor for the run's own statements: its rows are tuples (the handler's cursors on
+        ``ctx.transaction()`` keep the connection's own row shape)."""
+        return self.conn.cursor(**self._tuples)
 
     def qualified(self, sql: str) -> str:
         """``sql``, a statement of the run's own, as it is sent: once the connection has been lent to a
@@ -308,7 +331,7 @@ class Connection:
     def execute(self, sql: str, params: Params = ()) -> Any:
         """Run one statement written with ``%s`` or ``%(name)s`` placeholders (see :class:`Dialect`),
         with a sequence or a dict of values."""
-        cur = self.conn.cursor()
+        cur = self.cursor()
         values = params if isinstance(params, Mapping) else tuple(params)
         if self.d.one_writer:
             sql = self.qualified(sql)
@@ -374,7 +397,7 @@ class Connection:
             if _psycopg3(self.conn):  # its client-side binding cursor sends a query of several statements too
                 import psycopg
 
-                cur = psycopg.ClientCursor(self.conn)
+                cur = psycopg.ClientCursor(self.conn, **self._tuples)
                 cur.execute(self.qualified(text), params)
                 while cur.nextset():  # to the last statement's rows
                     pass
@@ -433,7 +456,7 @@ class Connection:
                 self._loan = None
         elif loan.active:  # the next chunk's transaction, its savepoint and witness, in the same round trip
             try:
-                self.conn.cursor().execute(f"ROLLBACK; {self._opening(loan)}")
+                self.cursor().execute(f"ROLLBACK; {self._opening(loan)}")
             except Exception:
                 self.conn.rollback()
                 raise
@@ -469,7 +492,7 @@ class Connection:
             check = f"RELEASE SAVEPOINT {loan.marker}; {_check_witness(self._token)}"
             reopen = f"; COMMIT; {self._opening(loan)}" if loan.active else ""
             try:
-                self.conn.cursor().execute(check + reopen)
+                self.cursor().execute(check + reopen)
             except Exception as exc:
                 state = _sqlstate(exc)
                 if state == _NO_WITNESS:
@@ -581,7 +604,7 @@ class Connection:
                 _read_write(self.conn)  # every BEGIN the driver sends from now on: BEGIN READ WRITE
                 loan.wire = self._driver.wire(self.conn)  # how the server reads texts: judged only while unchanged
                 self._token = secrets.token_hex(8)  # the driver sends BEGIN first
-                cur = self.conn.cursor()  # the schema of the run's tables, before the handler can move it
+                cur = self.cursor()  # the schema of the run's tables, before the handler can move it
                 cur.execute(f"SAVEPOINT {loan.marker}; {_witnessed(self._token)}; {_SCHEMA_OF_RUN}")
                 while isinstance(self._driver, Psycopg3Driver) and cur.nextset():
                     pass  # psycopg 3 stands on the first result, psycopg2 on the last
