@@ -96,6 +96,21 @@ def _tuple_rows(conn: Any) -> dict[str, Any]:
     return {}
 
 
+def _client_encoding(conn: Any) -> tuple[str, str] | None:
+    """The session's client encoding (PostgreSQL's name) and the Python codec its driver encodes
+    parameters with; None where they go as UTF-8 (SQLite, a UTF8 session, psycopg 3 in SQL_ASCII)."""
+    if _psycopg3(conn):
+        codec = conn.info.encoding
+        return None if codec in ("utf-8", "ascii") else (conn.info.parameter_status("client_encoding") or codec, codec)
+    if _psycopg2(conn):
+        from psycopg2.extensions import encodings
+
+        name = conn.encoding
+        codec = encodings.get(name, name)
+        return None if codec in ("utf_8", "utf-8") else (name, codec)
+    return None
+
+
 def save_rejected(job: str, slot: str) -> LeaseLost:
     """The error of a checkpoint that matched no row: the lease is another attempt's."""
     return LeaseLost(
@@ -319,6 +334,36 @@ class Connection:
         own named like one of the run's never redirects the run's checkpoints, its history or its end."""
         schema = self._schema
         return sql if schema is None else _qualified(sql, schema)
+
+    def check_names(self, job: str, slot: str) -> None:
+        """Make sure the session's client encoding carries ``job`` and ``slot`` as given: a character
+        it lacks fails in the driver, and one its codec turns into another (Python's ``shift_jis``
+        sends the yen sign as a backslash) would name another job's or slot's row.
+
+        Raises:
+            ConfigurationError: it does not (nothing was sent).
+        """
+        found = _client_encoding(self.conn)
+        if found is None:
+            return
+        name, codec = found
+        for what, value in (("job", job), ("slot", slot)):
+            try:
+                back = value.encode(codec).decode(codec)
+            except UnicodeError as exc:
+                bad = value[exc.start:exc.end] if isinstance(exc, UnicodeEncodeError) else ""
+                why = f"it has no {bad!r}" if bad else "it cannot encode it"
+            else:
+                if back == value:
+                    continue
+                why = f"it would be stored as {short(back, 60)}, another name"
+            raise ConfigurationError(
+                f"the {what} name {short(value, 60)} cannot be sent as given on this checkpoint connection, whose "
+                f"client_encoding is {name}: {why}; nothing was written", job=job, slot=slot,
+                hint="Connect the checkpoint store with client_encoding UTF8 (remove the client_encoding extra of "
+                "the Airflow connection, the PGCLIENTENCODING environment variable, or the role's or database's "
+                f"client_encoding setting), or name the {what} in characters {name} has",
+            )
 
     def wait_for_writers(self) -> None:
         """Make this connection's writes wait for the write lock as long as its holder runs, past

@@ -162,8 +162,11 @@ class Leases:
 
         Raises:
             CorruptCheckpoint: the row cannot be read; its lease is given back, the row left as it was.
+            ConfigurationError: the session's client encoding cannot carry ``job`` or ``slot`` as
+                given (:meth:`Connection.check_names`); nothing was sent.
         """
         c = self._c
+        c.check_names(job, slot)
         sql = _sql(c.d)
         params = {"job": job, "slot": slot, "owner": owner, "lease": lease_seconds}
         create = True  # the slot may have no row yet

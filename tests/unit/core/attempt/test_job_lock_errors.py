@@ -1,6 +1,7 @@
 """How the job's lock (``Connection.execute_locked``: the overlap check, and a new slot's start with its
-lease) fails on PostgreSQL when something other than the lock's holder ends the wait: the error names
-the job and the slot, says nothing was written, and the next attempt decides again."""
+lease) fails on PostgreSQL when something other than the lock's holder ends the wait, and how a job or
+slot name the connection's client encoding cannot carry as given is refused before anything is sent:
+the error names the job and the slot and says nothing was written."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Any
 import pytest
 
 from airflow_resumable.core.attempt.runner import Attempt, Identity, Options
-from airflow_resumable.core.model.errors import StoreBusy
+from airflow_resumable.core.model.errors import ConfigurationError, StoreBusy
 from airflow_resumable.core.stores.postgres import PostgresStore
 from tests.support.stores import psycopg3_store
 
@@ -48,3 +49,46 @@ def test_a_statement_timeout_while_the_job_lock_waits_is_a_clear_error_and_write
     Attempt(store, Identity(job="slow job", slot="s1", attempt=2, owner="o"),
             options=Options(overlap="skip", lease=30)).run(lambda ctx: ran.append(ctx.slot))
     assert ran == ["s1"]
+
+
+@pytest.mark.parametrize(("driver", "encoding", "job"), [
+    ("psycopg3", "SJIS", "sales\u00a5report"),  # the yen sign: Python's shift_jis sends a backslash's byte for it
+    ("psycopg3", "LATIN1", "\u65e5\u672c"),  # characters LATIN1 lacks
+    ("psycopg2", "LATIN1", "\u65e5\u672c"),
+    ("psycopg2", "SJIS", "sales\u00a5report"),
+])
+@pytest.mark.parametrize("policy", ["skip", "allow"])
+def test_a_name_the_client_encoding_cannot_carry_as_given_is_refused_naming_it_and_writes_nothing(
+    pg_params: dict[str, Any], driver: str, encoding: str, job: str, policy: str
+) -> None:
+    # Given a checkpoint connection in a client encoding other than UTF8
+    store = _store(pg_params, driver, f"client_encoding={encoding}")
+    with store.open(autocommit=True) as s:
+        s.ensure_schema()
+    # When an attempt starts whose job name that encoding cannot carry as given
+    with pytest.raises(ConfigurationError) as raised:
+        Attempt(store, Identity(job=job, slot="s1", attempt=1, owner="o"),
+                options=Options(overlap=policy, lease=30)).run(lambda ctx: None)
+    # Then the error names the job, the slot and the encoding, and nothing was written under any name
+    assert (raised.value.job, raised.value.slot) == (job, "s1")
+    assert f"client_encoding is {encoding}" in str(raised.value) and "nothing was written" in str(raised.value)
+    assert "UTF8" in (raised.value.hint or "")
+    with PostgresStore(**pg_params).open(autocommit=True) as s:
+        assert s.execute("SELECT count(*) FROM resumable_checkpoints").fetchone()[0] == 0
+        assert s.execute("SELECT count(*) FROM resumable_attempts").fetchone()[0] == 0
+
+
+@pytest.mark.parametrize("driver", ["psycopg2", "psycopg3"])
+def test_a_name_the_client_encoding_carries_is_stored_as_given(pg_params: dict[str, Any], driver: str) -> None:
+    # Given a checkpoint connection in LATIN1, and a job name of LATIN1's characters, quotes and backslashes
+    store = _store(pg_params, driver, "client_encoding=LATIN1")
+    with store.open(autocommit=True) as s:
+        s.ensure_schema()
+    job = "caf\u00e9 \\'\u00a5"
+    ran: list[str] = []
+    Attempt(store, Identity(job=job, slot="s\u00fc", attempt=1, owner="o"),
+            options=Options(overlap="skip", lease=30)).run(lambda ctx: ran.append(ctx.slot))
+    # Then it ran, and the row holds the names as given (read back in UTF8)
+    assert ran == ["s\u00fc"]
+    with PostgresStore(**pg_params).open(autocommit=True) as s:
+        assert s.execute("SELECT job, slot FROM resumable_checkpoints").fetchall() == [(job, "s\u00fc")]
