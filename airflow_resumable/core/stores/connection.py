@@ -98,7 +98,8 @@ def _tuple_rows(conn: Any) -> dict[str, Any]:
 
 def _client_encoding(conn: Any) -> tuple[str, str] | None:
     """The session's client encoding (PostgreSQL's name) and the Python codec its driver encodes
-    parameters with; None where they go as UTF-8 (SQLite, a UTF8 session, psycopg 3 in SQL_ASCII)."""
+    parameters with; None where they go as UTF-8 (SQLite, a UTF8 session, psycopg 3 in SQL_ASCII:
+    refused by :meth:`Connection.check_names`)."""
     if _psycopg3(conn):
         codec = conn.info.encoding
         return None if codec in ("utf-8", "ascii") else (conn.info.parameter_status("client_encoding") or codec, codec)
@@ -341,8 +342,15 @@ class Connection:
         sends the yen sign as a backslash) would name another job's or slot's row.
 
         Raises:
-            ConfigurationError: it does not (nothing was sent).
+            ConfigurationError: it does not, or the session is psycopg 3's in ``SQL_ASCII`` (nothing was sent).
         """
+        if _psycopg3(self.conn) and self.conn.info.encoding == "ascii":
+            raise ConfigurationError(
+                "this checkpoint connection's client_encoding is SQL_ASCII, in which psycopg 3 reads every text "
+                "column as bytes: the run could not read its own rows back; nothing was written", job=job, slot=slot,
+                hint="Connect the checkpoint store with client_encoding UTF8 (the client_encoding extra of the "
+                "Airflow connection, the PGCLIENTENCODING environment variable, or the role's client_encoding setting)",
+            )
         found = _client_encoding(self.conn)
         if found is None:
             return

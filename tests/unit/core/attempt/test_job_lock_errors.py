@@ -92,3 +92,20 @@ def test_a_name_the_client_encoding_carries_is_stored_as_given(pg_params: dict[s
     assert ran == ["s\u00fc"]
     with PostgresStore(**pg_params).open(autocommit=True) as s:
         assert s.execute("SELECT job, slot FROM resumable_checkpoints").fetchall() == [(job, "s\u00fc")]
+
+
+def test_a_psycopg3_connection_in_sql_ascii_is_refused_before_anything_is_written(pg_params: dict[str, Any]) -> None:
+    # Given a checkpoint connection through psycopg 3 in SQL_ASCII (it then reads every text column as bytes)
+    store = _store(pg_params, "psycopg3", "client_encoding=SQL_ASCII")
+    with store.open(autocommit=True) as s:
+        s.ensure_schema()
+    # When an attempt starts
+    with pytest.raises(ConfigurationError) as raised:
+        Attempt(store, Identity(job="plain", slot="s1", attempt=1, owner="o"),
+                options=Options(overlap="skip", lease=30)).run(lambda ctx: None)
+    # Then the error names the encoding and the fix, and no row holds a lease nobody will give back
+    assert (raised.value.job, raised.value.slot) == ("plain", "s1")
+    assert "SQL_ASCII" in str(raised.value) and "nothing was written" in str(raised.value)
+    assert "UTF8" in (raised.value.hint or "")
+    with PostgresStore(**pg_params).open(autocommit=True) as s:
+        assert s.execute("SELECT count(*) FROM resumable_checkpoints").fetchone()[0] == 0
