@@ -303,6 +303,24 @@ def _sqlstate(exc: BaseException) -> str | None:
     return getattr(exc, "pgcode", None) or getattr(exc, "sqlstate", None)
 
 
+#: SQLSTATE read_only_sql_transaction: a write in a read-only transaction.
+_READ_ONLY = "25006"
+
+
+def read_only(exc: BaseException, job: str, slot: str) -> StoreUnavailable | None:
+    """The error of a write the checkpoint database refused because the session's transactions are
+    read-only (a hot standby, ``default_transaction_read_only``), or None for another error. The
+    server names the statement's top command (``cannot execute SELECT``: a WITH that inserts)."""
+    if _sqlstate(exc) != _READ_ONLY:
+        return None
+    return StoreUnavailable(
+        f"the checkpoint database refused to write: this connection's transactions are read-only "
+        f"({outward_text(str(exc).strip())}); nothing was written", job=job, slot=slot,
+        hint="Connect the checkpoint store to the primary server, not a standby (target_session_attrs=read-write "
+        "lets libpq pick it), and leave default_transaction_read_only off for its role and database",
+    )
+
+
 class Connection:
     """One DB-API connection on the checkpoint database, and how statements run on it."""
 

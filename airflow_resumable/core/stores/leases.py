@@ -11,7 +11,7 @@ from airflow_resumable.core.model.checkpoint import AttemptRecord, Checkpoint
 from airflow_resumable.core.model.errors import CorruptCheckpoint
 from airflow_resumable.core.model.fence import WHERE, Fence
 from airflow_resumable.core.model.tables import ATTEMPTS, CHECKPOINTS
-from airflow_resumable.core.stores.connection import Connection
+from airflow_resumable.core.stores.connection import Connection, read_only
 from airflow_resumable.core.stores.dialect import Dialect
 from airflow_resumable.core.stores.shared_sql import (
     HISTORY,
@@ -164,9 +164,20 @@ class Leases:
             CorruptCheckpoint: the row cannot be read; its lease is given back, the row left as it was.
             ConfigurationError: the session's client encoding cannot carry ``job`` or ``slot`` as
                 given (:meth:`Connection.check_names`); nothing was sent.
+            StoreUnavailable: the session's transactions are read-only (:func:`read_only`); nothing
+                was written.
         """
+        self._c.check_names(job, slot)
+        try:
+            return self._acquire(job, slot, owner, lease_seconds, start)
+        except Exception as exc:
+            refused = read_only(exc, job, slot)
+            if refused is None:
+                raise
+            raise refused from exc
+
+    def _acquire(self, job: str, slot: str, owner: str, lease_seconds: float, start: Start | None) -> Taken | None:
         c = self._c
-        c.check_names(job, slot)
         sql = _sql(c.d)
         params = {"job": job, "slot": slot, "owner": owner, "lease": lease_seconds}
         create = True  # the slot may have no row yet

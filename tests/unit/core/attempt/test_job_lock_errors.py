@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from airflow_resumable.core.attempt.runner import Attempt, Identity, Options
-from airflow_resumable.core.model.errors import ConfigurationError, StoreBusy
+from airflow_resumable.core.model.errors import ConfigurationError, StoreBusy, StoreUnavailable
 from airflow_resumable.core.stores.postgres import PostgresStore
 from tests.support.stores import psycopg3_store
 
@@ -109,3 +109,24 @@ def test_a_psycopg3_connection_in_sql_ascii_is_refused_before_anything_is_writte
     assert "UTF8" in (raised.value.hint or "")
     with PostgresStore(**pg_params).open(autocommit=True) as s:
         assert s.execute("SELECT count(*) FROM resumable_checkpoints").fetchone()[0] == 0
+
+
+@pytest.mark.parametrize("driver", ["psycopg2", "psycopg3"])
+@pytest.mark.parametrize("policy", ["skip", "allow"])
+def test_a_read_only_checkpoint_connection_is_named_as_such_and_writes_nothing(
+    pg_params: dict[str, Any], driver: str, policy: str
+) -> None:
+    # Given a checkpoint connection whose transactions are read-only (as on a hot standby)
+    with PostgresStore(**pg_params).open(autocommit=True) as s:
+        s.ensure_schema()
+    store = _store(pg_params, driver, "default_transaction_read_only=on")
+    # When an attempt starts on a new slot
+    with pytest.raises(StoreUnavailable) as raised:
+        Attempt(store, Identity(job="ro job", slot="s1", attempt=1, owner="o"),
+                options=Options(overlap=policy, lease=30)).run(lambda ctx: None)
+    # Then the error names the job, the slot and the read-only session (not "cannot execute SELECT"), nothing written
+    assert (raised.value.job, raised.value.slot) == ("ro job", "s1")
+    assert "read-only" in str(raised.value) and "nothing was written" in str(raised.value)
+    assert "default_transaction_read_only" in (raised.value.hint or "")
+    with PostgresStore(**pg_params).open(autocommit=True) as s:
+        assert s.checkpoints.load("ro job", "s1") is None
