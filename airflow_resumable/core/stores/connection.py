@@ -346,6 +346,17 @@ class Connection:
         ``ctx.transaction()`` keep the connection's own row shape)."""
         return self.conn.cursor(**self._tuples)
 
+    def send(self, text: str) -> Any:
+        """Send ``text``, statements of the run's own without parameters, as one query (one round
+        trip), never as a prepared statement, which holds only one: psycopg 3 prepares a query once
+        it has run ``prepare_threshold`` times (0: from the first). Returns the cursor."""
+        cur = self.cursor()
+        if _psycopg3(self.conn):
+            cur.execute(text, prepare=False)
+        else:
+            cur.execute(text)
+        return cur
+
     def qualified(self, sql: str) -> str:
         """``sql``, a statement of the run's own, as it is sent: once the connection has been lent to a
         handler, its tables named in their schema (PostgreSQL: the one they resolved to then; SQLite:
@@ -527,7 +538,7 @@ class Connection:
                 self._loan = None
         elif loan.active:  # the next chunk's transaction, its savepoint and witness, in the same round trip
             try:
-                self.cursor().execute(f"ROLLBACK; {self._opening(loan)}")
+                self.send(f"ROLLBACK; {self._opening(loan)}")
             except Exception:
                 self.conn.rollback()
                 raise
@@ -563,7 +574,7 @@ class Connection:
             check = f"RELEASE SAVEPOINT {loan.marker}; {_check_witness(self._token)}"
             reopen = f"; COMMIT; {self._opening(loan)}" if loan.active else ""
             try:
-                self.cursor().execute(check + reopen)
+                self.send(check + reopen)
             except Exception as exc:
                 state = _sqlstate(exc)
                 if state == _NO_WITNESS:
@@ -675,8 +686,8 @@ class Connection:
                 _read_write(self.conn)  # every BEGIN the driver sends from now on: BEGIN READ WRITE
                 loan.wire = self._driver.wire(self.conn)  # how the server reads texts: judged only while unchanged
                 self._token = secrets.token_hex(8)  # the driver sends BEGIN first
-                cur = self.cursor()  # the schema of the run's tables, before the handler can move it
-                cur.execute(f"SAVEPOINT {loan.marker}; {_witnessed(self._token)}; {_SCHEMA_OF_RUN}")
+                # the schema of the run's tables, before the handler can move it
+                cur = self.send(f"SAVEPOINT {loan.marker}; {_witnessed(self._token)}; {_SCHEMA_OF_RUN}")
                 while isinstance(self._driver, Psycopg3Driver) and cur.nextset():
                     pass  # psycopg 3 stands on the first result, psycopg2 on the last
                 found = cur.fetchone()
