@@ -305,20 +305,33 @@ def _sqlstate(exc: BaseException) -> str | None:
 
 #: SQLSTATE read_only_sql_transaction: a write in a read-only transaction.
 _READ_ONLY = "25006"
+#: SQLSTATE untranslatable_character: a character the database's encoding lacks.
+_UNTRANSLATABLE = "22P05"
 
 
-def read_only(exc: BaseException, job: str, slot: str) -> StoreUnavailable | None:
-    """The error of a write the checkpoint database refused because the session's transactions are
-    read-only (a hot standby, ``default_transaction_read_only``), or None for another error. The
-    server names the statement's top command (``cannot execute SELECT``: a WITH that inserts)."""
-    if _sqlstate(exc) != _READ_ONLY:
-        return None
-    return StoreUnavailable(
-        f"the checkpoint database refused to write: this connection's transactions are read-only "
-        f"({outward_text(str(exc).strip())}); nothing was written", job=job, slot=slot,
-        hint="Connect the checkpoint store to the primary server, not a standby (target_session_attrs=read-write "
-        "lets libpq pick it), and leave default_transaction_read_only off for its role and database",
-    )
+def lease_refused(exc: BaseException, job: str, slot: str) -> StoreUnavailable | ConfigurationError | None:
+    """The error of an attempt's first write (its lease) the checkpoint database refused for a reason
+    of the database's own, or None for another error: the session's transactions are read-only (a
+    hot standby, ``default_transaction_read_only``; the server names the statement's top command,
+    ``cannot execute SELECT`` for a WITH that inserts), or a name holds a character the database's
+    encoding lacks."""
+    state = _sqlstate(exc)
+    said = outward_text(str(exc).strip())
+    if state == _READ_ONLY:
+        return StoreUnavailable(
+            f"the checkpoint database refused to write: this connection's transactions are read-only ({said}); "
+            "nothing was written", job=job, slot=slot,
+            hint="Connect the checkpoint store to the primary server, not a standby (target_session_attrs=read-write "
+            "lets libpq pick it), and leave default_transaction_read_only off for its role and database",
+        )
+    if state == _UNTRANSLATABLE:
+        return ConfigurationError(
+            "a name this attempt writes (its job or slot, or its task instance's DAG, task or run id) holds a "
+            f"character the checkpoint database's encoding lacks ({said}); nothing was written", job=job, slot=slot,
+            hint="Keep the checkpoint tables in a database created with ENCODING 'UTF8', or name the job and slot in "
+            "characters its encoding has",
+        )
+    return None
 
 
 class Connection:

@@ -11,7 +11,7 @@ from airflow_resumable.core.model.checkpoint import AttemptRecord, Checkpoint
 from airflow_resumable.core.model.errors import CorruptCheckpoint
 from airflow_resumable.core.model.fence import WHERE, Fence
 from airflow_resumable.core.model.tables import ATTEMPTS, CHECKPOINTS
-from airflow_resumable.core.stores.connection import Connection, read_only
+from airflow_resumable.core.stores.connection import Connection, lease_refused
 from airflow_resumable.core.stores.dialect import Dialect
 from airflow_resumable.core.stores.shared_sql import (
     HISTORY,
@@ -163,15 +163,16 @@ class Leases:
         Raises:
             CorruptCheckpoint: the row cannot be read; its lease is given back, the row left as it was.
             ConfigurationError: the session's client encoding cannot carry ``job`` or ``slot`` as
-                given (:meth:`Connection.check_names`); nothing was sent.
-            StoreUnavailable: the session's transactions are read-only (:func:`read_only`); nothing
-                was written.
+                given (:meth:`Connection.check_names`: nothing was sent), or a name holds a character
+                the database's encoding lacks (nothing was written).
+            StoreUnavailable: the session's transactions are read-only; nothing was written (see
+                :func:`~airflow_resumable.core.stores.connection.lease_refused`).
         """
         self._c.check_names(job, slot)
         try:
             return self._acquire(job, slot, owner, lease_seconds, start)
         except Exception as exc:
-            refused = read_only(exc, job, slot)
+            refused = lease_refused(exc, job, slot)
             if refused is None:
                 raise
             raise refused from exc

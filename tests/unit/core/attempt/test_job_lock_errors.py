@@ -130,3 +130,31 @@ def test_a_read_only_checkpoint_connection_is_named_as_such_and_writes_nothing(
     assert "default_transaction_read_only" in (raised.value.hint or "")
     with PostgresStore(**pg_params).open(autocommit=True) as s:
         assert s.checkpoints.load("ro job", "s1") is None
+
+
+@pytest.mark.parametrize("driver", ["psycopg2", "psycopg3"])
+def test_a_name_the_database_encoding_lacks_is_refused_naming_it_and_writes_nothing(pg_server: Any, driver: str) -> None:
+    import uuid
+    from contextlib import closing
+
+    import psycopg2
+
+    # Given a checkpoint database in LATIN1, its connection in UTF8
+    name = f"resumable_test_latin1_{uuid.uuid4().hex[:10]}"
+    with closing(psycopg2.connect(pg_server.admin_dsn)) as admin:
+        admin.autocommit = True
+        admin.cursor().execute(f"CREATE DATABASE {name} ENCODING 'LATIN1' LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0")
+    pg_server.databases.append(name)  # dropped with the others
+    params = {**psycopg2.extensions.parse_dsn(pg_server.admin_dsn), "dbname": name}
+    store = _store(params, driver, "client_encoding=UTF8")
+    with store.open(autocommit=True) as s:
+        s.ensure_schema()
+    # When an attempt starts whose job name holds characters LATIN1 lacks
+    with pytest.raises(ConfigurationError) as raised:
+        Attempt(store, Identity(job="\u65e5\u672c", slot="s1", attempt=1, owner="o"),
+                options=Options(overlap="skip", lease=30)).run(lambda ctx: None)
+    # Then the error names the job, the slot and the database's encoding, and nothing was written
+    assert (raised.value.job, raised.value.slot) == ("\u65e5\u672c", "s1")
+    assert "LATIN1" in str(raised.value) and "nothing was written" in str(raised.value)
+    with PostgresStore(**params).open(autocommit=True) as s:
+        assert s.execute("SELECT count(*) FROM resumable_checkpoints").fetchone()[0] == 0
