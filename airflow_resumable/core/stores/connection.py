@@ -8,6 +8,7 @@ The operations live in small objects over a :class:`Connection`, one per aggrega
 
 from __future__ import annotations
 
+import codecs
 import functools
 import os
 import re
@@ -108,7 +109,11 @@ def _client_encoding(conn: Any) -> tuple[str, str] | None:
 
         name = conn.encoding
         codec = encodings.get(name, name)
-        return None if codec in ("utf_8", "utf-8") else (name, codec)
+        try:
+            utf8 = codecs.lookup(codec).name == "utf-8"
+        except LookupError:  # an encoding psycopg2 has no codec for: it cannot send the names either way
+            return None
+        return None if utf8 else (name, codec)
     return None
 
 
