@@ -113,7 +113,7 @@ def _client_encoding(conn: Any) -> tuple[str, str] | None:
             utf8 = codecs.lookup(codec).name == "utf-8"
         except LookupError:  # an encoding psycopg2 has no codec for: it cannot send the names either way
             return None
-        return None if utf8 else (name, codec)
+        return None if utf8 else (conn.get_parameter_status("client_encoding") or name, codec)
     return None
 
 
@@ -312,6 +312,8 @@ def _sqlstate(exc: BaseException) -> str | None:
 _READ_ONLY = "25006"
 #: SQLSTATE untranslatable_character: a character the database's encoding lacks.
 _UNTRANSLATABLE = "22P05"
+#: SQLSTATE character_not_in_repertoire: bytes the client encoding has no character for.
+_NOT_IN_REPERTOIRE = "22021"
 
 
 def lease_refused(exc: BaseException, job: str, slot: str) -> StoreUnavailable | ConfigurationError | None:
@@ -385,11 +387,14 @@ class Connection:
 
     def check_names(self, job: str, slot: str) -> None:
         """Make sure the session's client encoding carries ``job`` and ``slot`` as given: a character
-        it lacks fails in the driver, and one its codec turns into another (Python's ``shift_jis``
-        sends the yen sign as a backslash) would name another job's or slot's row.
+        it lacks fails in the driver, and one that arrives as another (Python's ``shift_jis`` sends
+        the yen sign as a backslash; PostgreSQL reads the wave dash its codecs send in ``SJIS`` or
+        ``EUC_JP`` as a fullwidth tilde) would name another job's or slot's row. Outside UTF8 the
+        server is asked how it would store them (one round trip; none in UTF8).
 
         Raises:
-            ConfigurationError: it does not, or the session is psycopg 3's in ``SQL_ASCII`` (nothing was sent).
+            ConfigurationError: it does not, or the session is psycopg 3's in ``SQL_ASCII``; nothing
+                was written.
         """
         if _psycopg3(self.conn) and self.conn.info.encoding == "ascii":
             raise ConfigurationError(
@@ -401,24 +406,44 @@ class Connection:
         found = _client_encoding(self.conn)
         if found is None:
             return
-        name, codec = found
-        for what, value in (("job", job), ("slot", slot)):
+        encoding, codec = found
+
+        def refused(what: str, value: str, why: str) -> ConfigurationError:
+            return ConfigurationError(
+                f"the {what} name {short(value, 60)} cannot be sent as given on this checkpoint connection, whose "
+                f"client_encoding is {encoding}: {why}; nothing was written", job=job, slot=slot,
+                hint="Connect the checkpoint store with client_encoding UTF8 (remove the client_encoding extra of "
+                "the Airflow connection, the PGCLIENTENCODING environment variable, or the role's or database's "
+                f"client_encoding setting), or name the {what} in characters {encoding} has",
+            )
+
+        names = (("job", job), ("slot", slot))
+        for what, value in names:
             try:
                 back = value.encode(codec).decode(codec)
             except UnicodeError as exc:
                 bad = value[exc.start:exc.end] if isinstance(exc, UnicodeEncodeError) else ""
-                why = f"it has no {bad!r}" if bad else "it cannot encode it"
-            else:
-                if back == value:
-                    continue
-                why = f"it would be stored as {short(back, 60)}, another name"
+                raise refused(what, value, f"it has no {bad!r}" if bad else "it cannot encode it") from None
+            if back != value:
+                raise refused(what, value, f"it would be stored as {short(back, 60)}, another name")
+        try:  # the server's conversion tables are not Python's codecs
+            stored = self.execute("SELECT convert_to(%(job)s, 'UTF8'), convert_to(%(slot)s, 'UTF8')",
+                                  {"job": job, "slot": slot}).fetchone()
+            self.commit()
+        except Exception as exc:
+            if _sqlstate(exc) not in (_UNTRANSLATABLE, _NOT_IN_REPERTOIRE):
+                raise
+            self.rollback()
             raise ConfigurationError(
-                f"the {what} name {short(value, 60)} cannot be sent as given on this checkpoint connection, whose "
-                f"client_encoding is {name}: {why}; nothing was written", job=job, slot=slot,
-                hint="Connect the checkpoint store with client_encoding UTF8 (remove the client_encoding extra of "
-                "the Airflow connection, the PGCLIENTENCODING environment variable, or the role's or database's "
-                f"client_encoding setting), or name the {what} in characters {name} has",
-            )
+                f"the job name {short(job, 60)} or the slot name {short(slot, 60)} cannot be sent as given on this "
+                f"checkpoint connection, whose client_encoding is {encoding}: the server refused it "
+                f"({outward_text(str(exc).strip())}); nothing was written", job=job, slot=slot,
+                hint=refused("job and slot", job, "").hint,
+            ) from exc
+        for (what, value), got in zip(names, stored, strict=True):
+            text = bytes(got).decode("utf-8", "replace")
+            if text != value:
+                raise refused(what, value, f"the server would store it as {short(text, 60)}, another name")
 
     def wait_for_writers(self) -> None:
         """Make this connection's writes wait for the write lock as long as its holder runs, past

@@ -56,6 +56,10 @@ def test_a_statement_timeout_while_the_job_lock_waits_is_a_clear_error_and_write
     ("psycopg3", "LATIN1", "\u65e5\u672c"),  # characters LATIN1 lacks
     ("psycopg2", "LATIN1", "\u65e5\u672c"),
     ("psycopg2", "SJIS", "sales\u00a5report"),
+    # the wave dash: Python's codecs send it as the byte pair PostgreSQL's conversion reads as a fullwidth tilde
+    ("psycopg3", "SJIS", "q4 10\u6708\u301c12\u6708"),
+    ("psycopg2", "EUC_JP", "q4 10\u6708\u301c12\u6708"),
+    ("psycopg2", "SJIS", "x\x80"),  # psycopg2's cp932 sends bytes PostgreSQL's SJIS refuses
 ])
 @pytest.mark.parametrize("policy", ["skip", "allow"])
 def test_a_name_the_client_encoding_cannot_carry_as_given_is_refused_naming_it_and_writes_nothing(
