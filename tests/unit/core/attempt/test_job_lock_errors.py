@@ -21,11 +21,12 @@ def _store(pg_params: dict[str, Any], driver: str, setting: str) -> PostgresStor
 
 
 @pytest.mark.parametrize("driver", ["psycopg2", "psycopg3"])
-def test_a_statement_timeout_while_the_job_lock_waits_is_a_clear_error_and_writes_nothing(
-    pg_params: dict[str, Any], driver: str
+@pytest.mark.parametrize("timeout", ["lock_timeout", "statement_timeout"])
+def test_a_timeout_while_the_job_lock_waits_is_a_clear_error_and_writes_nothing(
+    pg_params: dict[str, Any], driver: str, timeout: str
 ) -> None:
-    # Given a checkpoint connection with a short statement_timeout (no lock_timeout), and the job's lock held elsewhere
-    store = _store(pg_params, driver, "statement_timeout=200")
+    # Given a checkpoint connection with a short lock_timeout or statement_timeout, and the job's lock held elsewhere
+    store = _store(pg_params, driver, f"{timeout}=200")
     with store.open(autocommit=True) as s:
         s.ensure_schema()
     holder = PostgresStore(**pg_params).session()
@@ -40,8 +41,8 @@ def test_a_statement_timeout_while_the_job_lock_waits_is_a_clear_error_and_write
         holder.close()
     # Then the error names the job, the slot, the timeout and what to do, and nothing was written
     assert (raised.value.job, raised.value.slot) == ("slow job", "s1")
-    assert "statement_timeout" in str(raised.value) and "nothing was written" in str(raised.value)
-    assert "a retry decides again" in (raised.value.hint or "")
+    assert timeout in str(raised.value) and "nothing was written" in str(raised.value)
+    assert "a retry decides again" in (raised.value.hint or "") and timeout in (raised.value.hint or "")
     with store.open(autocommit=True) as s:
         assert s.checkpoints.load("slow job", "s1") is None and s.listings.history("slow job", "s1") == []
     # And once the lock is free, the next attempt runs

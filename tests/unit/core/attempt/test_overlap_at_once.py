@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from airflow_resumable.core.attempt.runner import Attempt, Identity, Options
-from airflow_resumable.core.model.errors import OverlapSkip, OverlapWait, StoreBusy
+from airflow_resumable.core.model.errors import OverlapSkip, OverlapWait
 from airflow_resumable.core.stores.base import Store
 from airflow_resumable.core.stores.postgres import PostgresStore
 from airflow_resumable.core.stores.sqlite import SQLiteStore
@@ -107,32 +107,6 @@ def _at_once(stores: list[Store], job: str, policy: str) -> tuple[list[str], lis
     for t in threads:
         t.join(timeout=2 * DEADLINE)
     return ran, yielded, failed
-
-
-@pytest.mark.parametrize("driver", ["psycopg2", "psycopg3"])
-def test_a_job_lock_not_granted_within_lock_timeout_is_a_clear_error_and_writes_nothing(
-    pg_params: dict[str, Any], driver: str
-) -> None:
-    # Given a checkpoint connection with a short lock_timeout, and the job's lock held elsewhere
-    params = {**pg_params, "options": f"{pg_params.get('options', '')} -c lock_timeout=200"}
-    store = PostgresStore(**params) if driver == "psycopg2" else psycopg3_store(params)
-    with store.open(autocommit=True) as s:
-        s.ensure_schema()
-    holder = PostgresStore(**pg_params).session()
-    try:
-        holder.execute(f"{PostgresStore.dialect.job_lock}", {"job": "locked job"})  # a transaction left open
-        # When an attempt of that job starts on a new slot under a policy that looks at the job's other slots
-        with pytest.raises(StoreBusy) as raised:
-            Attempt(store, Identity(job="locked job", slot="s1", attempt=1, owner="o"),
-                    options=Options(overlap="skip", lease=30)).run(lambda ctx: None)
-    finally:
-        holder.rollback()
-        holder.close()
-    # Then the error names the job, the slot and what to do, and nothing was written
-    assert (raised.value.job, raised.value.slot) == ("locked job", "s1")
-    assert "lock_timeout" in str(raised.value) and "a retry decides again" in (raised.value.hint or "")
-    with store.open(autocommit=True) as s:
-        assert s.checkpoints.load("locked job", "s1") is None and s.listings.history("locked job", "s1") == []
 
 
 def test_an_attempt_on_a_new_slot_through_psycopg3_sends_three_queries(pg_params: dict[str, Any], tmp_path: Path) -> None:
