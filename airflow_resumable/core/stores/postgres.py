@@ -24,9 +24,10 @@ class PostgresDialect(Dialect):
     prepares = True
     id_type = "BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY"
     # Two workers creating or migrating the schema at once would race on the DDL.
-    schema_lock = ("SELECT pg_advisory_xact_lock(7241730117)",)
+    schema_lock = ("SELECT pg_catalog.pg_advisory_xact_lock(7241730117)",)
     # Two int4 keys (a space apart from the schema lock's one bigint key): the product's class, the job's hash.
-    job_lock = "SELECT pg_advisory_xact_lock(724173011, hashtext(%(job)s))"
+    # Qualified: a function of the same name in a schema the search path puts before pg_catalog is not the lock.
+    job_lock = "SELECT pg_catalog.pg_advisory_xact_lock(724173011, pg_catalog.hashtext(%(job)s))"
     # A database or role whose default_transaction_isolation is 'repeatable read' would otherwise take
     # the locked statement's snapshot before the lock is granted.
     job_lock_isolation = "SET TRANSACTION ISOLATION LEVEL READ COMMITTED"

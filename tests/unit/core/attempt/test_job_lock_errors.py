@@ -163,3 +163,24 @@ def test_a_name_the_database_encoding_lacks_is_refused_naming_it_and_writes_noth
     assert "LATIN1" in str(raised.value) and "nothing was written" in str(raised.value)
     with PostgresStore(**params).open(autocommit=True) as s:
         assert s.execute("SELECT count(*) FROM resumable_checkpoints").fetchone()[0] == 0
+
+
+@pytest.mark.parametrize("driver", ["psycopg2", "psycopg3"])
+def test_the_job_lock_is_postgresql_s_own_whatever_functions_the_search_path_finds_first(
+    pg_params: dict[str, Any], driver: str
+) -> None:
+    # Given functions named like the job lock's, in a schema the search path looks in before pg_catalog
+    schema = pg_params["options"].split("search_path=")[1].split()[0]
+    with PostgresStore(**pg_params).open(autocommit=True) as s:
+        s.ensure_schema()
+        for signature in ("pg_advisory_xact_lock(integer, integer) RETURNS void", "hashtext(text) RETURNS integer"):
+            s.execute(f"CREATE FUNCTION {schema}.{signature} LANGUAGE plpgsql AS "
+                      "$$ BEGIN RAISE EXCEPTION 'a function of the search path ran'; END $$")
+    params = {**pg_params, "options": f"{pg_params['options']} -c search_path={schema},pg_catalog"}
+    store = PostgresStore(**params) if driver == "psycopg2" else psycopg3_store(params)
+    # When an attempt starts on a new slot under a policy that takes the job's lock
+    ran: list[str] = []
+    Attempt(store, Identity(job="shadowed", slot="s1", attempt=1, owner="o"),
+            options=Options(overlap="skip", lease=30)).run(lambda ctx: ran.append(ctx.slot))
+    # Then the lock taken is PostgreSQL's own (the functions of the search path never run)
+    assert ran == ["s1"]
